@@ -1,0 +1,250 @@
+"""EnvConfig: the environment configuration an engineer proposes, and its projection onto the legal space.
+
+`EnvConfig` is the one definition: the database stores its JSON, the web page builds its form from
+`KNOBS`, the engineer's prompt shows its JSON schema. Every untrusted config (an LLM's answer, a
+person's edit, a file) goes through `project`, which names the field and the legal range of every
+problem it finds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from envsim.rules import MAX_AGENTS, MAX_SIZE, MIN_AGENTS, MIN_SIZE
+
+# Per-size knobs and their legal ranges.
+KNOBS: dict[str, tuple[float, float]] = {
+    "data_ratio": (0.0, 1.0),
+    "hole_ratio": (0.0, 0.5),
+    "wait_ratio": (0.0, 1.0),
+}
+# Global knobs and their legal ranges.
+GLOBALS: dict[str, tuple[int, int]] = {
+    "num_agents": (MIN_AGENTS, MAX_AGENTS),
+    "num_instances": (1, 100_000),
+}
+KNOB_HELP: dict[str, str] = {
+    "data_ratio": "share of the stage's training instances drawn at this map size (the shares sum to 1)",
+    "hole_ratio": "share of the board's cells that are holes",
+    "wait_ratio": "share of this size's instances whose optimal plans need a WAIT",
+    "num_agents": "agents per training board",
+    "num_instances": "training instances in the stage",
+}
+DEFAULT_SIZES = tuple(range(3, 11))
+SUM_TOLERANCE = 1e-6
+
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+
+
+class ConfigError(ValueError):
+    """An unreadable or illegal config; `problems` lists each one, naming the field and its legal range."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("; ".join(problems))
+
+
+class EnvConfig(BaseModel):
+    """Per map size: data, hole and wait ratios; globally: training agents and instance count."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    data_ratio: dict[int, Finite]
+    hole_ratio: dict[int, Finite]
+    wait_ratio: dict[int, Finite]
+    num_agents: int = 2
+    num_instances: int = 256
+
+    @model_validator(mode="after")
+    def _legal(self) -> EnvConfig:
+        problems = _range_problems(self.model_dump())
+        total = sum(self.data_ratio.values())
+        if abs(total - 1.0) > SUM_TOLERANCE:
+            problems.append(f"data_ratio sums to {total:.6g}; it must sum to 1")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return tuple(sorted(self.data_ratio))
+
+    @classmethod
+    def default(cls, sizes: tuple[int, ...] = DEFAULT_SIZES, *, hole_ratio: float = 0.2, wait_ratio: float = 0.25,
+                num_agents: int = 2, num_instances: int = 256) -> EnvConfig:
+        """The round-0 config: uniform over sizes, the same hole and wait ratio everywhere."""
+        return cls(data_ratio={s: 1 / len(sizes) for s in sizes}, hole_ratio={s: hole_ratio for s in sizes},
+                   wait_ratio={s: wait_ratio for s in sizes}, num_agents=num_agents, num_instances=num_instances)
+
+    def knob_rows(self) -> list[dict[str, float]]:
+        """One row per size: `{"size": s, "data_ratio": ..., "hole_ratio": ..., "wait_ratio": ...}`."""
+        return [{"size": s, **{k: getattr(self, k)[s] for k in KNOBS}} for s in self.sizes]
+
+
+def _range_problems(d: Mapping[str, Any]) -> list[str]:
+    problems = []
+    sizes = set(d["data_ratio"])
+    for knob, (lo, hi) in KNOBS.items():
+        if set(d[knob]) != sizes:
+            problems.append(f"{knob} covers sizes {sorted(d[knob])} but data_ratio covers {sorted(sizes)}")
+        for s, v in d[knob].items():
+            if not MIN_SIZE <= s <= MAX_SIZE:
+                problems.append(f"{knob}: size {s} is outside {MIN_SIZE}..{MAX_SIZE}")
+            if not lo <= v <= hi:
+                problems.append(f"{knob}[{s}] = {v:g} is outside {lo:g}..{hi:g}")
+    for name, (lo, hi) in GLOBALS.items():
+        if not lo <= d[name] <= hi:
+            problems.append(f"{name} = {d[name]} is outside {lo}..{hi}")
+    if not sizes:
+        problems.append("no map sizes: data_ratio is empty")
+    return problems
+
+
+@dataclass(frozen=True)
+class Adjustment:
+    """One change the projection made: `field` is e.g. `hole_ratio[5]` or `num_agents`."""
+
+    field: str
+    old: Any
+    new: Any
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.old!r} -> {self.new!r} ({self.reason})"
+
+
+@dataclass(frozen=True)
+class Projection:
+    config: EnvConfig
+    adjustments: tuple[Adjustment, ...]
+
+
+def _number(value: Any, field: str, problems: list[str]) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        problems.append(f"{field} must be a number, got {value!r:.40}")
+        return None
+    if not math.isfinite(value):
+        problems.append(f"{field} must be a finite number, got {value!r}")
+        return None
+    return float(value)
+
+
+def _size_key(key: Any, knob: str, problems: list[str]) -> int | None:
+    try:
+        size = int(str(key).strip())
+    except ValueError:
+        problems.append(f"{knob} has key {key!r:.40}; keys are map sizes {MIN_SIZE}..{MAX_SIZE}")
+        return None
+    if not MIN_SIZE <= size <= MAX_SIZE:
+        problems.append(f"{knob}: size {size} is outside {MIN_SIZE}..{MAX_SIZE}")
+        return None
+    return size
+
+
+def project(raw: Any, base: EnvConfig | None = None, *, strict: bool = False) -> Projection:
+    """Read an untrusted config into a legal `EnvConfig`, reporting each adjustment.
+
+    Non-strict (an engineer's proposal): out-of-range values are clamped, sizes the answer left out
+    keep `base`'s value, and `data_ratio` is renormalised; each change is an `Adjustment`.
+    Strict (a person's edit): an out-of-range or missing value is refused; only the renormalisation
+    of `data_ratio` is applied. Structural problems (not a mapping, unknown keys, non-numbers, NaN,
+    sizes outside the run's set) raise `ConfigError` in both modes.
+    """
+    if isinstance(raw, BaseModel):
+        raw = raw.model_dump()
+    if not isinstance(raw, Mapping):
+        raise ConfigError([f"a config must be a JSON object with keys {list(KNOBS) + list(GLOBALS)}, "
+                           f"got {type(raw).__name__}"])
+    problems: list[str] = []
+    adjustments: list[Adjustment] = []
+    unknown = [k for k in raw if k not in KNOBS and k not in GLOBALS]
+    if unknown:
+        problems.append(f"unknown keys {unknown!r:.80}; allowed: {list(KNOBS) + list(GLOBALS)}")
+    values: dict[str, Any] = {}
+    for knob, (lo, hi) in KNOBS.items():
+        given = raw.get(knob)
+        if given is None:
+            given = {}
+        if not isinstance(given, Mapping):
+            problems.append(f"{knob} must be an object mapping map size to a number, got {type(given).__name__}")
+            continue
+        per_size: dict[int, float] = {}
+        for key, value in given.items():
+            size = _size_key(key, knob, problems)
+            v = _number(value, f"{knob}[{key}]", problems)
+            if size is None or v is None:
+                continue
+            if base is not None and size not in base.data_ratio:
+                problems.append(f"{knob}: size {size} is not one of the run's sizes {list(base.sizes)}")
+                continue
+            if not lo <= v <= hi:
+                if strict:
+                    problems.append(f"{knob}[{size}] = {v:g} is outside {lo:g}..{hi:g}")
+                    continue
+                clamped = min(max(v, lo), hi)
+                adjustments.append(Adjustment(f"{knob}[{size}]", v, clamped, f"clamped into {lo:g}..{hi:g}"))
+                v = clamped
+            per_size[size] = v
+        values[knob] = per_size
+    for name, (lo, hi) in GLOBALS.items():
+        given = raw.get(name)
+        if given is None:
+            values[name] = getattr(base, name) if base is not None else EnvConfig.model_fields[name].default
+            continue
+        v = _number(given, name, problems)
+        if v is None:
+            continue
+        if v != int(v):
+            problems.append(f"{name} must be a whole number, got {given!r}")
+            continue
+        if not lo <= v <= hi:
+            if strict:
+                problems.append(f"{name} = {int(v)} is outside {lo}..{hi}")
+                continue
+            clamped = int(min(max(v, lo), hi))
+            adjustments.append(Adjustment(name, int(v) if abs(v) < 1e18 else v, clamped, f"clamped into {lo}..{hi}"))
+            v = clamped
+        values[name] = int(v)
+    if problems:
+        raise ConfigError(problems)
+
+    sizes = list(base.sizes) if base is not None else sorted(set().union(*(values[k] for k in KNOBS)))
+    if not sizes:
+        raise ConfigError(["no map sizes given: data_ratio, hole_ratio and wait_ratio map sizes to numbers"])
+    for knob in KNOBS:
+        for s in sizes:
+            if s in values[knob]:
+                continue
+            if strict or base is None:
+                problems.append(f"{knob}[{s}] is missing")
+            else:
+                values[knob][s] = getattr(base, knob)[s]
+                adjustments.append(Adjustment(f"{knob}[{s}]", None, values[knob][s], "missing: kept the current value"))
+    if problems:
+        raise ConfigError(problems)
+
+    data = values["data_ratio"]
+    total = sum(data.values())
+    if total <= 0:
+        if strict:
+            raise ConfigError(["data_ratio sums to 0; at least one size needs a positive share"])
+        for s in sizes:
+            adjustments.append(Adjustment(f"data_ratio[{s}]", data[s], 1 / len(sizes), "all shares were 0: uniform"))
+            data[s] = 1 / len(sizes)
+    elif abs(total - 1.0) > 1e-12:
+        for s in sizes:
+            new = data[s] / total
+            if abs(new - data[s]) > 1e-12:
+                adjustments.append(Adjustment(f"data_ratio[{s}]", data[s], new, f"renormalised (sum was {total:.6g})"))
+            data[s] = new
+    ordered = {k: {s: values[k][s] for s in sizes} for k in KNOBS}
+    try:
+        config = EnvConfig(**ordered, num_agents=values["num_agents"], num_instances=values["num_instances"])
+    except ValidationError as err:  # unreachable if the checks above are complete; kept as a clear message
+        raise ConfigError([f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors()]) from err
+    return Projection(config, tuple(adjustments))
