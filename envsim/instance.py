@@ -99,7 +99,8 @@ class Instance(BaseModel):
 
     def to_str(self) -> str:
         """Canonical text: board rows, then `A<i> (r,c) -> (r,c)` per agent."""
-        agents = [f"A{i} ({s[0]},{s[1]}) -> ({g[0]},{g[1]})" for i, (s, g) in enumerate(zip(self.starts, self.goals))]
+        pairs = enumerate(zip(self.starts, self.goals, strict=True))
+        agents = [f"A{i} ({s[0]},{s[1]}) -> ({g[0]},{g[1]})" for i, (s, g) in pairs]
         return "\n".join(self.rows() + agents)
 
     def picture(self) -> str:

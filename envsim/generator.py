@@ -1,0 +1,162 @@
+"""Training instances from an EnvConfig: a pure, seeded function of (config, n, seed).
+
+Per map size `s` the generator draws `count[s]` boards (largest-remainder shares of `n` by
+`data_ratio`), each with exactly `round_half_up(hole_ratio[s] * s^2)` holes and every start and goal
+in the board's largest ice component, labels each with the exact solver, and keeps exactly
+`round_half_up(wait_ratio[s] * count[s])` boards that need a wait (rejection sampling, stratified by the
+`needs_wait` label). Each size draws from its own random stream, so changing one size's knobs never
+changes another size's boards.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterator
+
+import numpy as np
+
+from envsim.config import EnvConfig
+from envsim.instance import Instance
+from envsim.solver import NODE_BUDGET, Unsolved, label
+
+TRAINING, VALIDATION, BENCHMARK = 0, 1, 2  # seed namespaces: the three never share a random stream
+TRIES_PER_INSTANCE = 200
+MIN_TRIES = 2000
+
+
+class GenerationError(ValueError):
+    """The config cannot be met; the message names the map size and the knob."""
+
+
+def round_half_up(x: float) -> int:
+    return math.floor(x + 0.5)
+
+
+def size_counts(config: EnvConfig, n: int) -> dict[int, int]:
+    """Largest-remainder split of `n` instances over sizes by `data_ratio` (ties: smaller size first)."""
+    quotas = {s: config.data_ratio[s] * n for s in config.sizes}
+    counts = {s: math.floor(q) for s, q in quotas.items()}
+    rest = n - sum(counts.values())
+    for s in sorted(quotas, key=lambda s: (-(quotas[s] - counts[s]), s))[:rest]:
+        counts[s] += 1
+    return counts
+
+
+def _components(size: int, holes: set[tuple[int, int]]) -> list[list[tuple[int, int]]]:
+    seen: set[tuple[int, int]] = set()
+    comps = []
+    for r in range(size):
+        for c in range(size):
+            if (r, c) in holes or (r, c) in seen:
+                continue
+            comp, stack = [], [(r, c)]
+            seen.add((r, c))
+            while stack:
+                cr, cc = stack.pop()
+                comp.append((cr, cc))
+                for nr, nc in ((cr - 1, cc), (cr + 1, cc), (cr, cc - 1), (cr, cc + 1)):
+                    if 0 <= nr < size and 0 <= nc < size and (nr, nc) not in holes and (nr, nc) not in seen:
+                        seen.add((nr, nc))
+                        stack.append((nr, nc))
+            comps.append(sorted(comp))
+    return comps
+
+
+def random_board(size: int, num_holes: int, num_agents: int, rng: np.random.Generator) -> Instance | None:
+    """One unlabelled board, or None when the largest ice component cannot hold 2K starts and goals."""
+    cells = [(r, c) for r in range(size) for c in range(size)]
+    picks = rng.choice(len(cells), size=num_holes, replace=False) if num_holes else []
+    holes = {cells[i] for i in picks}
+    comps = _components(size, holes)
+    if not comps:
+        return None
+    comp = max(comps, key=len)  # ties: the first found, in row-major order
+    if len(comp) < 2 * num_agents:
+        return None
+    order = rng.permutation(len(comp))
+    starts = [comp[i] for i in order[:num_agents]]
+    goal_order = rng.permutation(len(comp))
+    goals: list[tuple[int, int]] = []
+    for i in goal_order:
+        cell = comp[i]
+        if cell not in goals and cell != starts[len(goals)]:
+            goals.append(cell)
+            if len(goals) == num_agents:
+                break
+    return Instance(size=size, holes=tuple(sorted(holes)), starts=tuple(starts), goals=tuple(goals))
+
+
+def stratified(draw: Callable[[np.random.Generator], Instance | None], count: int, wait_count: int,
+               rng: np.random.Generator, what: str, budget: int = NODE_BUDGET,
+               stats: dict | None = None) -> Iterator[Instance]:
+    """Labelled boards from `draw`, exactly `wait_count` of `count` needing a wait.
+
+    Raises GenerationError after a bounded number of draws, saying which stratum ran short.
+    `stats["slowest"]`, when given a dict, becomes (seconds, board id) of the slowest board kept.
+    """
+    want = {True: wait_count, False: count - wait_count}
+    tries = max(MIN_TRIES, TRIES_PER_INSTANCE * count)
+    seen: set[str] = set()
+    empty = unsolved = 0
+    for _ in range(tries):
+        if want[True] == 0 and want[False] == 0:
+            return
+        board = draw(rng)
+        if board is None:
+            empty += 1
+            continue
+        if board.id in seen:
+            continue
+        seen.add(board.id)
+        t0 = time.perf_counter()
+        labelled = label(board, budget)
+        seconds = time.perf_counter() - t0
+        if isinstance(labelled, Unsolved):
+            unsolved += 1
+            continue
+        if want[labelled.needs_wait] > 0:
+            want[labelled.needs_wait] -= 1
+            if stats is not None and seconds > stats.get("slowest", (0.0, ""))[0]:
+                stats["slowest"] = (seconds, labelled.id)
+            yield labelled
+    if want[True] or want[False]:
+        short = "needing a wait" if want[True] else "solvable without a wait"
+        raise GenerationError(
+            f"{what}: found only {count - want[True] - want[False]} of {count} boards after {tries} tries "
+            f"(still short of {want[True] or want[False]} {short}; {empty} boards too small for the agents, "
+            f"{unsolved} unsolvable or over the solver's budget)")
+
+
+def generate(config: EnvConfig, n: int | None = None, seed: int = 0,
+             on_board: Callable[[Instance], None] | None = None) -> list[Instance]:
+    """`n` (default `config.num_instances`) labelled training instances; the same seed gives the same list.
+
+    `on_board` is called with each board as it is kept (for progress bars).
+    """
+    n = config.num_instances if n is None else n
+    out: list[Instance] = []
+    for size, count in size_counts(config, n).items():
+        if count == 0:
+            continue
+        num_holes = round_half_up(config.hole_ratio[size] * size * size)
+        k = config.num_agents
+        if size * size - num_holes < 2 * k:
+            raise GenerationError(
+                f"size {size}: hole_ratio {config.hole_ratio[size]:g} leaves {size * size - num_holes} ice cells, "
+                f"too few for {k} agents' starts and goals ({2 * k} cells)")
+        rng = np.random.default_rng([TRAINING, seed, size])
+        wait_count = round_half_up(config.wait_ratio[size] * count)
+        if k == 1 and wait_count:
+            raise GenerationError(f"size {size}: wait_ratio {config.wait_ratio[size]:g} asks for boards that need "
+                                  f"a wait, and a lone agent never needs one (set it to 0 or train 2+ agents)")
+        what = (f"size {size} (hole_ratio {config.hole_ratio[size]:g}, wait_ratio {config.wait_ratio[size]:g}, "
+                f"{k} agents)")
+        def draw(r: np.random.Generator, s: int = size, h: int = num_holes, k: int = k) -> Instance | None:
+            return random_board(s, h, k, r)
+
+        for board in stratified(draw, count, wait_count, rng, what):
+            out.append(board)
+            if on_board is not None:
+                on_board(board)
+    return out

@@ -1,0 +1,186 @@
+"""The paper's benchmark suite, the 2-agent validation set, and the tables scored episodes make.
+
+Benchmark: agents 3, 4, 5; sizes max(3, K)..10; wait subsets 0.25 / 0.50 / 0.75; 50 boards per
+(agents, size, subset) cell: 3,150 boards fixed by one seed. Each board's hole ratio is drawn
+uniformly from 0 to 0.5 and lowered one hole at a time only while the largest ice component cannot
+hold the agents' starts and goals. Validation: the same construction with 2 agents on sizes 3..10,
+10 boards per cell (240 in all), drawn from a separate seed namespace so no board is shared.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from envsim.generator import BENCHMARK, VALIDATION, random_board, round_half_up, stratified
+from envsim.instance import Instance
+
+SUITE_SEED = 2606
+WAIT_SUBSETS = (0.25, 0.50, 0.75)
+MAX_SIZE = 10
+
+Split = Literal["benchmark", "validation"]
+
+
+class Entry(BaseModel):
+    """One suite board with where it belongs: its split and wait subset (agents and size are the board's)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    split: Split
+    subset: float
+    instance: Instance
+
+    @property
+    def agents(self) -> int:
+        return self.instance.num_agents
+
+    @property
+    def size(self) -> int:
+        return self.instance.size
+
+
+@dataclass(frozen=True)
+class SuiteCell:
+    split: Split
+    agents: int
+    size: int
+    subset: float
+    count: int
+
+
+def cells(split: Split) -> list[SuiteCell]:
+    """The (agents, size, subset) cells of a split, in table order."""
+    if split == "benchmark":
+        agents, per_cell = (3, 4, 5), 50
+    else:
+        agents, per_cell = (2,), 10
+    return [SuiteCell(split, k, s, w, per_cell) for k in agents for s in range(max(3, k), MAX_SIZE + 1)
+            for w in WAIT_SUBSETS]
+
+
+def _draw(size: int, agents: int):
+    def draw(rng: np.random.Generator) -> Instance | None:
+        ratio = rng.uniform(0.0, 0.5)
+        holes = min(round_half_up(ratio * size * size), size * size - 2 * agents)
+        while holes >= 0:
+            board = random_board(size, holes, agents, rng)
+            if board is not None:
+                return board
+            holes -= 1
+        return None
+
+    return draw
+
+
+def build_cell(cell: SuiteCell, seed: int = SUITE_SEED) -> tuple[list[Entry], float, str]:
+    """The cell's boards, plus the slowest single board's labelling time and its id (for reports)."""
+    namespace = BENCHMARK if cell.split == "benchmark" else VALIDATION
+    rng = np.random.default_rng([namespace, seed, cell.agents, cell.size, WAIT_SUBSETS.index(cell.subset)])
+    wait_count = round_half_up(cell.subset * cell.count)
+    what = f"{cell.split} cell (agents {cell.agents}, size {cell.size}, wait subset {cell.subset})"
+    stats: dict = {}
+    entries = [Entry(split=cell.split, subset=cell.subset, instance=inst)
+               for inst in stratified(_draw(cell.size, cell.agents), cell.count, wait_count, rng, what, stats=stats)]
+    return entries, *stats.get("slowest", (0.0, ""))
+
+
+def build(split: Split, seed: int = SUITE_SEED, workers: int = 2, progress: bool = False) -> tuple[list[Entry], dict]:
+    """All boards of a split in table order, and build stats (seconds, slowest board)."""
+    todo = cells(split)
+    t0 = time.perf_counter()
+    entries: list[Entry] = []
+    slowest = (0.0, "")
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=sum(c.count for c in todo), desc=f"{split} suite", unit="board")
+    with ProcessPoolExecutor(max_workers=max(1, workers)) as pool:
+        for part, seconds, board in pool.map(build_cell, todo, [seed] * len(todo)):
+            entries.extend(part)
+            slowest = max(slowest, (seconds, board))
+            if bar is not None:
+                bar.update(len(part))
+    if bar is not None:
+        bar.close()
+    stats = {"boards": len(entries), "seconds": time.perf_counter() - t0, "slowest_seconds": slowest[0],
+             "slowest_board": slowest[1]}
+    return entries, stats
+
+
+def write_jsonl(entries: Iterable[Entry], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        for e in entries:
+            f.write(e.model_dump_json() + "\n")
+
+
+def read_jsonl(path: Path) -> list[Entry]:
+    """Suite rows, or plain instance rows (given split "validation", subset from the label if any)."""
+    out = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            out.append(Entry.model_validate_json(line))
+        except ValueError as err:
+            raise ValueError(f"{path}:{n}: not a suite row: {str(err).splitlines()[0]}") from err
+    return out
+
+
+@dataclass(frozen=True)
+class Report:
+    """The paper's tables: rates per (agents, size), the mean over sizes, and per (agents, wait subset)."""
+
+    by_size: dict[tuple[int, int], tuple[float, float, int]]  # (agents, size) -> (valid, optimal, n)
+    mean_over_sizes: dict[int, tuple[float, float]]
+    by_subset: dict[tuple[int, float], tuple[float, float, int]]
+
+    def to_markdown(self) -> str:
+        agents = sorted(self.mean_over_sizes)
+        sizes = sorted({s for _, s in self.by_size})
+        lines = ["| agents | " + " | ".join(f"{s}x{s}" for s in sizes) + " | mean |",
+                 "|---" * (len(sizes) + 2) + "|"]
+        for k in agents:
+            row = []
+            for s in sizes:
+                v = self.by_size.get((k, s))
+                row.append(f"{v[0]:.1%} / {v[1]:.1%}" if v else "-")
+            m = self.mean_over_sizes[k]
+            lines.append(f"| {k} | " + " | ".join(row) + f" | {m[0]:.1%} / {m[1]:.1%} |")
+        subsets = sorted({w for _, w in self.by_subset})
+        lines += ["", "| agents | " + " | ".join(f"wait {w:.2f}" for w in subsets) + " |",
+                  "|---" * (len(subsets) + 1) + "|"]
+        for k in agents:
+            cellv = [self.by_subset.get((k, w)) for w in subsets]
+            lines.append(f"| {k} | " + " | ".join(f"{v[0]:.1%} / {v[1]:.1%}" if v else "-" for v in cellv) + " |")
+        return "valid rate / optimal rate\n\n" + "\n".join(lines)
+
+
+def report(entries: Sequence[Entry], valid: Sequence[bool], optimal: Sequence[bool]) -> Report:
+    """Tables from scored episodes, one per entry in the same order."""
+    if not (len(entries) == len(valid) == len(optimal)):
+        raise ValueError(f"{len(entries)} entries but {len(valid)} valid flags and {len(optimal)} optimal flags")
+    size_acc: dict[tuple[int, int], list[int]] = defaultdict(lambda: [0, 0, 0])
+    subset_acc: dict[tuple[int, float], list[int]] = defaultdict(lambda: [0, 0, 0])
+    for e, v, o in zip(entries, valid, optimal, strict=True):
+        for acc in (size_acc[(e.agents, e.size)], subset_acc[(e.agents, e.subset)]):
+            acc[0] += bool(v)
+            acc[1] += bool(o)
+            acc[2] += 1
+    by_size = {key: (a[0] / a[2], a[1] / a[2], a[2]) for key, a in sorted(size_acc.items())}
+    by_subset = {key: (a[0] / a[2], a[1] / a[2], a[2]) for key, a in sorted(subset_acc.items())}
+    mean: dict[int, tuple[float, float]] = {}
+    for k in sorted({k for k, _ in by_size}):
+        rows = [v for (kk, _), v in by_size.items() if kk == k]
+        mean[k] = (sum(r[0] for r in rows) / len(rows), sum(r[1] for r in rows) / len(rows))
+    return Report(by_size, mean, by_subset)

@@ -1,0 +1,218 @@
+"""The `envlab` command line: build the benchmark suite, generate, score and show instances."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+from tqdm import tqdm
+
+from envsim.config import ConfigError, EnvConfig, project
+from envsim.generator import GenerationError, generate
+from envsim.instance import Instance
+from envsim.scoring import Outcome, score, score_answer
+from envsim.suite import SUITE_SEED, Entry, build, report, write_jsonl
+
+
+class UsageError(Exception):
+    """Bad input on the command line or in a file; printed as one clear line, exit status 2."""
+
+
+def read_instances(path: Path) -> list[Entry | Instance]:
+    """JSONL rows that are suite entries (`envlab bench-suite`) or plain instances (`envlab generate`)."""
+    if not path.exists():
+        raise UsageError(f"{path}: no such file")
+    rows: list[Entry | Instance] = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            data = json.loads(line)
+            rows.append(Entry.model_validate(data) if "instance" in data else Instance.model_validate(data))
+        except (ValueError, TypeError) as err:
+            raise UsageError(f"{path}:{n}: not an instance or suite row: {str(err).splitlines()[0]}") from err
+    return rows
+
+
+def _instance(row: Entry | Instance) -> Instance:
+    return row.instance if isinstance(row, Entry) else row
+
+
+def read_config(path: Path | None) -> EnvConfig:
+    if path is None:
+        return EnvConfig.default()
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError as err:
+        raise UsageError(f"{path}: no such file") from err
+    except json.JSONDecodeError as err:
+        raise UsageError(f"{path}: not JSON ({err})") from err
+    try:
+        return project(raw, strict=True).config
+    except ConfigError as err:
+        raise UsageError(f"{path}: {err}") from err
+
+
+def cmd_bench_suite(args: argparse.Namespace) -> None:
+    for split in args.split:
+        entries, stats = build(split, seed=args.seed, workers=args.workers, progress=True)
+        out = args.out / f"{split}.jsonl"
+        write_jsonl(entries, out)
+        print(f"{split}: {stats['boards']} boards in {stats['seconds']:.1f} s -> {out} "
+              f"(slowest board {stats['slowest_board']}: {stats['slowest_seconds'] * 1000:.0f} ms)")
+
+
+def cmd_generate(args: argparse.Namespace) -> None:
+    config = read_config(args.config)
+    n = args.n if args.n is not None else config.num_instances
+    with tqdm(total=n, desc="generate", unit="board") as bar:
+        boards = generate(config, n, seed=args.seed, on_board=lambda _: bar.update())
+    text = "".join(b.to_json() + "\n" for b in boards)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text)
+        print(f"{len(boards)} boards -> {args.out}")
+    else:
+        sys.stdout.write(text)
+
+
+def read_answers(path: Path, rows: list[Entry | Instance]) -> list[str]:
+    """Answers as JSONL `{"id": ..., "answer": ...}` (matched by instance id) or `{"answer": ...}` in order."""
+    if not path.exists():
+        raise UsageError(f"{path}: no such file")
+    answers: list[dict] = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise UsageError(f"{path}:{n}: not JSON ({err})") from err
+        if not isinstance(row, dict) or not isinstance(row.get("answer"), str):
+            raise UsageError(f'{path}:{n}: each row needs an "answer" string')
+        answers.append(row)
+    if all("id" in a for a in answers):
+        by_id = {a["id"]: a["answer"] for a in answers}
+        missing = [_instance(r).id for r in rows if _instance(r).id not in by_id]
+        if missing:
+            raise UsageError(f"{path}: no answer for {len(missing)} instances (first: {missing[0]})")
+        return [by_id[_instance(r).id] for r in rows]
+    if len(answers) != len(rows):
+        raise UsageError(f"{path}: {len(answers)} answers for {len(rows)} instances (give ids to match a subset)")
+    return [a["answer"] for a in answers]
+
+
+def cmd_score(args: argparse.Namespace) -> None:
+    rows = read_instances(args.instances)
+    answers = read_answers(args.answers, rows)
+    outcomes: list[Outcome] = []
+    out = args.out.open("w") if args.out else None
+    for row, answer in tqdm(list(zip(rows, answers, strict=True)), desc="score", unit="episode", disable=None):
+        inst = _instance(row)
+        outcome = score_answer(inst, answer)
+        outcomes.append(outcome)
+        if out:
+            out.write(json.dumps({"id": inst.id, **outcome.to_dict()}) + "\n")
+    if out:
+        out.close()
+    n = len(outcomes)
+    valid = sum(o.valid for o in outcomes)
+    optimal = sum(o.optimal for o in outcomes)
+    print(f"{n} episodes: valid {valid / max(n, 1):.1%}, optimal {optimal / max(n, 1):.1%}")
+    for failure, count in Counter(o.failure for o in outcomes if o.failure).most_common():
+        print(f"  {failure}: {count}")
+    if rows and all(isinstance(r, Entry) for r in rows):
+        print(report(rows, [o.valid for o in outcomes], [o.optimal for o in outcomes]).to_markdown())
+
+
+def render_positions(inst: Instance, positions: tuple) -> str:
+    """The board at one time step: agents as digits, holes `H`, goals `a, b, ...` where no agent stands."""
+    grid = [list(row) for row in inst.rows()]
+    for i, (r, c) in enumerate(inst.goals):
+        grid[r][c] = chr(ord("a") + i)
+    for i, (r, c) in enumerate(positions):
+        grid[r][c] = str(i)
+    return "\n".join("".join(row) for row in grid)
+
+
+def cmd_show(args: argparse.Namespace) -> None:
+    rows = read_instances(args.instances)
+    if args.id:
+        matches = [r for r in rows if _instance(r).id == args.id]
+        if not matches:
+            raise UsageError(f"{args.instances}: no instance with id {args.id}")
+        inst = _instance(matches[0])
+    else:
+        if not 0 <= args.index < len(rows):
+            raise UsageError(f"--index {args.index} is outside 0..{len(rows) - 1}")
+        inst = _instance(rows[args.index])
+    labels = (f"opt_soc {inst.opt_soc}, opt_makespan {inst.opt_makespan}, needs_wait {inst.needs_wait}"
+              if inst.labelled else "unlabelled")
+    print(f"instance {inst.id}: {inst.size}x{inst.size}, {inst.num_agents} agents, {len(inst.holes)} holes; {labels}")
+    print(inst.picture())
+    for i, (s, g) in enumerate(zip(inst.starts, inst.goals, strict=True)):
+        print(f"agent {i} ({chr(ord('A') + i)} -> {chr(ord('a') + i)}): {s} -> {g}")
+    if args.plan is None and not args.reference:
+        return
+    if args.reference:
+        if not inst.labelled:
+            raise UsageError("this instance has no reference plan (it is unlabelled)")
+        outcome = score(inst, inst.reference_plan)
+    else:
+        outcome = score_answer(inst, args.plan)
+    for t, positions in enumerate(outcome.positions):
+        events = [f"{e.type} (agents {', '.join(map(str, e.agents))})" for e in outcome.events if e.time == t]
+        print(f"\nt={t}" + (f": {'; '.join(events)}" if events else ""))
+        print(render_positions(inst, positions))
+    print(f"\n{outcome.message}")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="envlab", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("bench-suite", help="write the benchmark (3,150 boards) and validation sets as JSONL")
+    s.add_argument("--out", type=Path, default=Path("data/suite"))
+    s.add_argument("--seed", type=int, default=SUITE_SEED)
+    s.add_argument("--workers", type=int, default=2)
+    s.add_argument("--split", nargs="+", choices=["validation", "benchmark"], default=["validation", "benchmark"])
+    s.set_defaults(fn=cmd_bench_suite)
+
+    s = sub.add_parser("generate", help="generate labelled training boards from an EnvConfig JSON file")
+    s.add_argument("--config", type=Path, help="EnvConfig JSON (default: the round-0 config)")
+    s.add_argument("--n", type=int, help="number of boards (default: the config's num_instances)")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--out", type=Path, help="JSONL file (default: standard output)")
+    s.set_defaults(fn=cmd_generate)
+
+    s = sub.add_parser("score", help="score answers against instances; print rates, failures and tables")
+    s.add_argument("--instances", type=Path, required=True)
+    s.add_argument("--answers", type=Path, required=True, help='JSONL rows {"id"?: ..., "answer": "..."}')
+    s.add_argument("--out", type=Path, help="JSONL outcomes")
+    s.set_defaults(fn=cmd_score)
+
+    s = sub.add_parser("show", help="print a board, and step through a plan on it")
+    s.add_argument("--instances", type=Path, required=True)
+    s.add_argument("--index", type=int, default=0)
+    s.add_argument("--id")
+    s.add_argument("--plan", help='an answer, e.g. "Agent 0: R D\\nAgent 1: U"')
+    s.add_argument("--reference", action="store_true", help="step through the solver's reference plan")
+    s.set_defaults(fn=cmd_show)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        args.fn(args)
+    except (UsageError, GenerationError) as err:
+        print(f"envlab {args.command}: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

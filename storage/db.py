@@ -1,0 +1,151 @@
+"""One engine, one session helper, and the Alembic upgrade the lab runs when it starts.
+
+The database is one setting: `ENVLAB_DB`, a file path (SQLite) or a full SQLAlchemy URL such as
+`postgresql+psycopg://user@host/envlab` for a lab shared by several people or worker machines.
+Without it the lab uses `runs/envlab.db` under the working directory.
+
+A SQLite file is shared by the web page and a worker process, so each connection turns on WAL
+(readers do not block the writer), foreign keys (off by default in SQLite) and a busy timeout
+(a writer waits for the other writer instead of failing at once).
+
+Schema changes go through the migrations in `storage/migrations`; nothing calls `create_all`.
+Nothing in the lab updates a decision row in place or deletes any row: the tables are the audit trail.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import Connection, Engine, create_engine, event, text
+from sqlalchemy.engine import make_url
+from sqlmodel import Session
+
+DB_SETTING = "ENVLAB_DB"
+DEFAULT_DB_PATH = "runs/envlab.db"
+BUSY_TIMEOUT_MS = 30_000
+MIGRATIONS = Path(__file__).parent / "migrations"
+# Any constant shared by every process that migrates: PostgreSQL's advisory lock key.
+_MIGRATION_LOCK_KEY = 0x656E766C6162
+
+
+def database_url(setting: str | None = None) -> str:
+    """The SQLAlchemy URL for `setting`, else `$ENVLAB_DB`, else `runs/envlab.db`.
+
+    A value without "://" is a SQLite file path; its folder is created so a fresh checkout starts.
+    """
+    value = setting or os.environ.get(DB_SETTING) or DEFAULT_DB_PATH
+    if "://" in value:
+        return value
+    path = Path(value).expanduser()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{path}"
+
+
+def _sqlite_pragmas(dbapi_connection, _record) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+    _use_wal(cursor)
+    cursor.execute("PRAGMA synchronous=NORMAL")  # WAL's own advice: a sync per checkpoint, not per commit
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.close()
+
+
+def _use_wal(cursor: sqlite3.Cursor) -> None:
+    # WAL is a property of the file, so only its first connection switches it. The switch needs an
+    # exclusive lock, and SQLite answers at once (an error, or the old mode) rather than wait for it:
+    # when two processes open a new file together, the one that loses retries.
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            mode = cursor.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if mode in ("wal", "memory"):  # an in-memory database has no journal file to switch
+                return
+        except sqlite3.OperationalError:
+            if time.monotonic() > deadline:
+                raise
+        if time.monotonic() > deadline:
+            raise sqlite3.OperationalError(f"could not switch the database to WAL; it stays in {mode} mode")
+        time.sleep(0.05)
+
+
+def make_engine(url: str | None = None) -> Engine:
+    """The engine for a URL or SQLite path (default: the `ENVLAB_DB` setting); make one per process."""
+    url = database_url(url)
+    if make_url(url).get_backend_name() != "sqlite":
+        return create_engine(url, pool_pre_ping=True)
+    # Connections move between threads through the pool (a web server's request threads).
+    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": BUSY_TIMEOUT_MS / 1000})
+    event.listen(engine, "connect", _sqlite_pragmas)
+    return engine
+
+
+@contextmanager
+def session(engine: Engine) -> Iterator[Session]:
+    """A session that rolls back whatever was not committed when the block ends.
+
+    Objects stay readable after commit (`expire_on_commit=False`): a web page reads the rows it
+    just wrote after the session has closed.
+    """
+    with Session(engine, expire_on_commit=False) as s:
+        yield s
+
+
+def alembic_config(connection: Connection | None = None) -> Config:
+    """An Alembic config pointing at the migrations inside this package, from any working directory.
+
+    With `connection`, the migrations run on it; without, `env.py` opens `make_engine()`.
+    """
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    if connection is not None:
+        config.attributes["connection"] = connection
+    return config
+
+
+def _lock_for_migrations(connection: Connection) -> None:
+    # The web page and its worker start together: the first to lock migrates, the other finds
+    # the schema already at head.
+    if connection.dialect.name == "sqlite":
+        # pysqlite opens no transaction before DDL by itself; BEGIN IMMEDIATE takes the write lock
+        # now and makes the whole upgrade one transaction (SQLite DDL is transactional).
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+    elif connection.dialect.name == "postgresql":
+        connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK_KEY})
+
+
+def upgrade(engine: Engine, revision: str = "head") -> None:
+    """Bring the schema to `revision`: create a fresh database, or upgrade one an earlier version made.
+
+    Safe to call from several processes at once; all migrations run in one transaction.
+    """
+    with engine.connect() as connection:
+        sqlite = connection.dialect.name == "sqlite"
+        if sqlite:
+            # SQLite alters a table by copying it and dropping the old one, and with foreign keys on
+            # that drop fails for a table others reference. The pragma only works outside a transaction.
+            connection.exec_driver_sql("PRAGMA foreign_keys=OFF")
+            connection.commit()
+        try:
+            with connection.begin():
+                _lock_for_migrations(connection)
+                command.upgrade(alembic_config(connection), revision)
+                if sqlite and (broken := connection.exec_driver_sql("PRAGMA foreign_key_check").all()):
+                    raise RuntimeError(f"migration broke foreign keys (table, rowid, ...): {broken[:5]}")
+        finally:
+            if sqlite:
+                connection.exec_driver_sql("PRAGMA foreign_keys=ON")
+                connection.commit()
+
+
+def current_revision(engine: Engine) -> str | None:
+    """The revision the database is at (None for an empty database)."""
+    with engine.connect() as connection:
+        return MigrationContext.configure(connection).get_current_revision()

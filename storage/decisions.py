@@ -1,0 +1,67 @@
+"""Decisions: what a person (or auto-apply) did with a proposal, exactly once per proposal.
+
+Two people may click "accept" and "reject" on the same proposal at the same moment, from two
+browser tabs or two machines. A read-then-write check ("no decision yet? then insert") lets both
+through. So the rule lives in the database: `decisions.proposal_id` is UNIQUE, the second INSERT
+fails, and the loser is told who won. Decisions are never updated or deleted; changing one's
+mind is a new proposal, not an edit of the audit trail.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session, select
+
+from storage.models import ACTIONS, Decision, Proposal
+
+
+class AlreadyDecided(Exception):
+    """The proposal already has a decision; `decision` is the one that stands."""
+
+    def __init__(self, decision: Decision):
+        self.decision = decision
+        when = decision.created_at.strftime("%Y-%m-%d %H:%M:%S UTC")
+        super().__init__(
+            f"proposal {decision.proposal_id} was already decided: {decision.action} by "
+            f"{decision.user!r} at {when} (decision {decision.id})"
+        )
+
+
+def record_decision(
+    session: Session,
+    proposal_id: int,
+    action: str,
+    user: str,
+    config_json: dict[str, Any] | None,
+    note: str = "",
+) -> Decision:
+    """Store the one decision on a proposal and commit it.
+
+    `config_json` is the config actually applied: the proposal's projected config for "accept" and
+    "auto", the person's edited config for "edit", None for "reject".
+
+    Raises:
+        AlreadyDecided: the proposal had a decision already (or another one won a race just now).
+        LookupError: no such proposal.
+        ValueError: an unknown action, or a config that does not fit the action.
+    """
+    if action not in ACTIONS:
+        raise ValueError(f"action must be one of {', '.join(ACTIONS)}; got {action!r}")
+    if (action == "reject") != (config_json is None):
+        need = "no config" if action == "reject" else "the config it applies"
+        raise ValueError(f"a decision to {action} takes {need}")
+    decision = Decision(proposal_id=proposal_id, action=action, user=user, config=config_json, note=note)
+    session.add(decision)
+    try:
+        session.commit()
+    except IntegrityError:
+        session.rollback()
+        winner = session.exec(select(Decision).where(Decision.proposal_id == proposal_id)).one_or_none()
+        if winner is not None:
+            raise AlreadyDecided(winner) from None
+        if session.get(Proposal, proposal_id) is None:
+            raise LookupError(f"no proposal {proposal_id}") from None
+        raise
+    return decision

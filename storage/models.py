@@ -1,0 +1,257 @@
+"""The lab's tables: runs, stages, proposals, decisions, jobs, episodes, stage metrics, training logs.
+
+Configs, instances, plans and outcomes are stored as JSON: `storage` knows nothing of `envsim`,
+so the shapes are whatever the lab writes (an `EnvConfig`'s `model_dump(mode="json")` and so on).
+JSON columns do not track edits made inside a dict: assign a new value to change one.
+
+Rows are an audit trail. The lab inserts rows and moves job and stage rows through their
+statuses; it never updates a decision in place and never deletes a row. That is why there are no
+ON DELETE rules and why `decisions.proposal_id` is UNIQUE: the database itself, not the code,
+keeps "one decision per proposal" true when two people click at once.
+
+Evaluation rows (episodes, stage metrics) and training logs are keyed by `(run_id, stage_index)`
+rather than by a stage row, so the same query shape serves every per-stage chart, including an
+evaluation of a policy that no stage row describes (e.g. the checkpoint before the first stage).
+
+Timestamps are timezone-aware UTC on both SQLite (which stores no zone) and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import JSON, CheckConstraint, DateTime, Index, Text, UniqueConstraint
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.engine import Dialect
+from sqlalchemy.types import TypeDecorator
+from sqlmodel import Field, SQLModel
+
+# Deterministic constraint names: the same on SQLite and PostgreSQL, so migrations can name them.
+SQLModel.metadata.naming_convention = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+ACTIONS = ("accept", "edit", "reject", "auto")
+JOB_STATUSES = ("queued", "running", "done", "failed", "cancelled")
+
+# JSONB on PostgreSQL (comparable, indexable), JSON text elsewhere.
+JSONType = JSON().with_variant(JSONB(), "postgresql")
+
+
+def utcnow() -> datetime:
+    """The current time, timezone-aware UTC (the only kind of datetime the tables accept)."""
+    return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A `timestamptz` on PostgreSQL; on SQLite a naive UTC string that reads back as aware UTC.
+
+    Naive datetimes are refused on the way in: a naive local time written by one machine would be
+    read as UTC by another.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"naive datetime {value!r}: pass a timezone-aware one (storage.models.utcnow())")
+        value = value.astimezone(UTC)
+        return value if dialect.name == "postgresql" else value.replace(tzinfo=None)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def _in(column: str, values: tuple[str, ...]) -> str:
+    return f"{column} IN ({', '.join(repr(v) for v in values)})"
+
+
+class Run(SQLModel, table=True):
+    """A sequence of stages with its own policy, engineer, settings and seed.
+
+    `settings` holds the run's knobs as the lab defines them (including `auto_apply`: accept
+    proposals without a person). `status` is the lab's word for where the run stands
+    (e.g. "created", "running", "waiting", "done", "failed").
+    """
+
+    __tablename__ = "runs"
+
+    id: int | None = Field(default=None, primary_key=True)
+    name: str
+    description: str = Field(default="", sa_column_kwargs={"server_default": ""})
+    policy: str
+    engineer: str
+    engineer_backend: str
+    settings: dict[str, Any] = Field(default_factory=dict, sa_type=JSONType)
+    seed: int
+    status: str = "created"
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
+class Stage(SQLModel, table=True):
+    """One GRPO training stage of a run on one environment config; `index` counts from 0 within the run."""
+
+    __tablename__ = "stages"
+    __table_args__ = (UniqueConstraint("run_id", "index"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: int = Field(foreign_key="runs.id")
+    index: int
+    config: dict[str, Any] = Field(sa_type=JSONType)
+    status: str = "pending"
+    checkpoint: str | None = None
+    started_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    finished_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+
+
+class Proposal(SQLModel, table=True):
+    """What an engineer returned for the stage after `after_stage`, kept whole even when it failed.
+
+    `parsed_config` is what the answer said (None when it could not be read), `projected_config`
+    is that config moved onto the legal space (None when nothing legal could be made of it),
+    `adjustments` lists what the projection changed, `diff` compares the projected config with the
+    current one, and `error` says why a failed proposal failed.
+    """
+
+    __tablename__ = "proposals"
+    __table_args__ = (Index(None, "run_id", "after_stage"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: int = Field(foreign_key="runs.id")
+    after_stage: int
+    engineer: str
+    prompt: str = Field(sa_type=Text)
+    raw_answer: str = Field(sa_type=Text)
+    parsed_config: dict[str, Any] | None = Field(default=None, sa_type=JSONType)
+    projected_config: dict[str, Any] | None = Field(default=None, sa_type=JSONType)
+    adjustments: list[Any] = Field(default_factory=list, sa_type=JSONType)
+    rationale: str = Field(default="", sa_type=Text)
+    diff: dict[str, Any] = Field(default_factory=dict, sa_type=JSONType)
+    error: str | None = Field(default=None, sa_type=Text)
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
+class Decision(SQLModel, table=True):
+    """What was done with a proposal: at most one per proposal (UNIQUE), never updated or deleted.
+
+    `config` is the config actually applied: the projected one for accept and auto, the person's
+    edited one for edit, None for reject. Write it with `storage.decisions.record_decision`.
+    """
+
+    __tablename__ = "decisions"
+    __table_args__ = (
+        UniqueConstraint("proposal_id"),
+        CheckConstraint(_in("action", ACTIONS), name="action"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    proposal_id: int = Field(foreign_key="proposals.id")
+    action: str
+    user: str
+    config: dict[str, Any] | None = Field(default=None, sa_type=JSONType)
+    note: str = Field(default="", sa_type=Text)
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
+class Job(SQLModel, table=True):
+    """A unit of background work (e.g. "train_stage", "evaluate") that a worker claims and reports on.
+
+    Move jobs through their statuses with `storage.queue` only: it is what keeps a job claimed by
+    one worker at a time. `log_tail` holds the last `storage.queue.LOG_TAIL_LINES` lines.
+    """
+
+    __tablename__ = "jobs"
+    __table_args__ = (
+        Index(None, "status", "id"),
+        CheckConstraint(_in("status", JOB_STATUSES), name="status"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    kind: str
+    payload: dict[str, Any] = Field(default_factory=dict, sa_type=JSONType)
+    status: str = "queued"
+    worker: str | None = None
+    step: int = 0
+    total: int | None = None
+    heartbeat_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    cancel_requested: bool = False
+    log_tail: str = Field(default="", sa_type=Text)
+    error: str | None = Field(default=None, sa_type=Text)
+    result: dict[str, Any] | None = Field(default=None, sa_type=JSONType)
+    attempts: int = 0
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    started_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    finished_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+
+
+class Episode(SQLModel, table=True):
+    """One evaluation instance, the policy's answer and its outcome; `failure` is None when optimal.
+
+    `split` names the instance set ("validation", "benchmark"); `size` and `num_agents` are copied
+    out of the instance JSON so that per-size queries need no JSON functions.
+    """
+
+    __tablename__ = "episodes"
+    __table_args__ = (Index(None, "run_id", "stage_index", "split"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: int = Field(foreign_key="runs.id")
+    stage_index: int
+    split: str
+    instance_id: str
+    instance: dict[str, Any] = Field(sa_type=JSONType)
+    size: int
+    num_agents: int
+    completion: str = Field(sa_type=Text)
+    plan: dict[str, Any] | list[Any] | None = Field(default=None, sa_type=JSONType)
+    outcome: dict[str, Any] = Field(default_factory=dict, sa_type=JSONType)
+    valid: bool
+    optimal: bool
+    failure: str | None = None
+
+
+class StageMetric(SQLModel, table=True):
+    """A stage's evaluation summed per map size: one row per (run, stage, split, size).
+
+    Valid rate per size is `valid / episodes` of a row; the size x failure-type table is
+    `{(row.size, kind): n for row in rows for kind, n in row.failures.items()}`.
+    `failures` counts episodes per failure type (types with no episode are left out).
+    """
+
+    __tablename__ = "stage_metrics"
+    __table_args__ = (UniqueConstraint("run_id", "stage_index", "split", "size"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: int = Field(foreign_key="runs.id")
+    stage_index: int
+    split: str
+    size: int
+    episodes: int
+    valid: int
+    optimal: int
+    failures: dict[str, int] = Field(default_factory=dict, sa_type=JSONType)
+
+
+class TrainingLog(SQLModel, table=True):
+    """One logged training step of a stage; `metrics` holds what the trainer reported
+    (reward, loss, kl, completion length, step time, ...)."""
+
+    __tablename__ = "training_logs"
+    __table_args__ = (Index(None, "run_id", "stage_index", "step"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: int = Field(foreign_key="runs.id")
+    stage_index: int
+    step: int
+    metrics: dict[str, Any] = Field(default_factory=dict, sa_type=JSONType)
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)

@@ -1,0 +1,207 @@
+"""The job queue: the web page enqueues work, worker processes claim it, report on it and end it.
+
+A job moves queued -> running -> done | failed | cancelled, and back to queued only through
+`requeue`. The claim is one UPDATE whose subquery picks the oldest queued job, so two workers
+never get the same job: on PostgreSQL the subquery is `FOR UPDATE SKIP LOCKED` (a second worker
+skips the row the first has locked and takes the next one), on SQLite the UPDATE runs under the
+database's single write lock, and the `status = 'queued'` test in the UPDATE itself is the last word.
+
+Every function here is one transaction and commits it. Progress, log lines and the end of a job are
+written only while the job is still running, so a worker whose job was reaped as stale (or ended
+by someone else) learns it from `LostJob` instead of overwriting what happened meanwhile.
+Jobs are never deleted.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import update
+from sqlmodel import Session, select
+
+from storage.models import Job, utcnow
+
+LOG_TAIL_LINES = 200
+
+
+class LostJob(RuntimeError):
+    """The job is no longer running (reaped as stale, cancelled, or ended already)."""
+
+
+def enqueue(session: Session, kind: str, payload: dict[str, Any]) -> Job:
+    """Queue a job of `kind` (e.g. "train_stage", "evaluate"); `payload` is whatever its worker needs."""
+    job = Job(kind=kind, payload=payload)
+    session.add(job)
+    session.commit()
+    session.refresh(job)
+    return job
+
+
+def claim(session: Session, worker_id: str) -> Job | None:
+    """Take the oldest queued job for `worker_id` and mark it running; None when the queue is empty.
+
+    Oldest by first enqueueing: a requeued job keeps its id and so its place ahead of newer jobs.
+    """
+    now = utcnow()
+    oldest = (
+        select(Job.id)
+        .where(Job.status == "queued")
+        .order_by(Job.id)
+        .limit(1)
+        .with_for_update(skip_locked=True)  # PostgreSQL; SQLite renders no locking clause
+        .scalar_subquery()
+    )
+    claimed = session.exec(
+        _jobs(Job.id == oldest, Job.status == "queued")
+        .values(
+            status="running",
+            worker=worker_id,
+            started_at=now,
+            heartbeat_at=now,
+            attempts=Job.attempts + 1,
+        )
+        .returning(Job.id)
+    ).scalar_one_or_none()
+    session.commit()
+    return None if claimed is None else _reload(session, claimed)
+
+
+def heartbeat(
+    session: Session,
+    job_id: int,
+    step: int,
+    total: int | None,
+    log_line: str | None = None,
+    result: dict[str, Any] | None = None,
+) -> bool:
+    """Report progress (and optionally a log line, and a partial result such as the latest
+    checkpoint, which `requeue` keeps for the next attempt); returns whether cancellation was requested.
+
+    Raises:
+        LostJob: the job is not running any more; the worker should stop working on it.
+    """
+    job = _reload(session, job_id)
+    values: dict[str, Any] = {"step": step, "total": total, "heartbeat_at": utcnow()}
+    if log_line is not None:
+        values["log_tail"] = _append(job.log_tail, log_line)
+    if result is not None:
+        values["result"] = result
+    _update_running(session, job_id, values)
+    return _reload(session, job_id).cancel_requested
+
+
+def finish(session: Session, job_id: int, result: dict[str, Any] | None) -> Job:
+    """End a running job as done with its result."""
+    _update_running(session, job_id, {"status": "done", "result": result, "finished_at": utcnow()})
+    return _reload(session, job_id)
+
+
+def fail(session: Session, job_id: int, error: str) -> Job:
+    """End a running job as failed with `error`; as cancelled when a cancel had been requested
+    (a worker stops a cancelled job by raising, and both paths end here)."""
+    job = _reload(session, job_id)
+    status = "cancelled" if job.cancel_requested else "failed"
+    _update_running(session, job_id, {"status": status, "error": error, "finished_at": utcnow()})
+    return _reload(session, job_id)
+
+
+def request_cancel(session: Session, job_id: int) -> Job:
+    """Ask for a job to stop: a queued job is cancelled at once, a running one when its worker next
+    checks; an ended job is left as it is."""
+    now = utcnow()
+    session.exec(
+        _jobs(Job.id == job_id, Job.status == "queued").values(
+            status="cancelled", cancel_requested=True, finished_at=now
+        )
+    )
+    session.exec(_jobs(Job.id == job_id, Job.status == "running").values(cancel_requested=True))
+    session.commit()
+    return _reload(session, job_id)
+
+
+def cancel_requested(session: Session, job_id: int) -> bool:
+    """Whether someone asked this job to stop (a worker checks between steps)."""
+    return _reload(session, job_id).cancel_requested
+
+
+def reap_stale(session: Session, max_age_s: float) -> list[Job]:
+    """Fail the running jobs whose worker has sent no heartbeat for `max_age_s` seconds.
+
+    A worker that died (killed, machine lost) never ends its job; this is how the page finds out.
+    A heartbeat that lands between the read and the update keeps its job running.
+    """
+    cutoff = utcnow() - timedelta(seconds=max_age_s)
+    stale = session.exec(select(Job).where(Job.status == "running", Job.heartbeat_at < cutoff)).all()
+    reaped = []
+    for job in stale:
+        error = (
+            f"worker stopped sending heartbeats (last at {job.heartbeat_at:%Y-%m-%d %H:%M:%S} UTC "
+            f"from worker {job.worker!r})"
+        )
+        changed = session.exec(
+            _jobs(Job.id == job.id, Job.status == "running", Job.heartbeat_at < cutoff).values(
+                status="failed", error=error, finished_at=utcnow()
+            )
+        ).rowcount
+        if changed:
+            reaped.append(job.id)
+    session.commit()
+    return [_reload(session, job_id) for job_id in reaped]
+
+
+def requeue(session: Session, job_id: int) -> Job:
+    """Queue a failed or cancelled job again for a new attempt.
+
+    Its payload and result stay as they are, so a worker that recorded a checkpoint in either
+    resumes from it; the previous attempt's error moves into the log tail.
+
+    Raises:
+        ValueError: the job is queued, running or done.
+    """
+    job = _reload(session, job_id)
+    if job.status not in ("failed", "cancelled"):
+        raise ValueError(f"job {job_id} is {job.status}; only a failed or cancelled job can be requeued")
+    note = f"-- requeued after attempt {job.attempts} ended {job.status}: {job.error or 'no error given'}"
+    changed = session.exec(
+        _jobs(Job.id == job_id, Job.status == job.status).values(
+            status="queued",
+            worker=None,
+            step=0,
+            heartbeat_at=None,
+            cancel_requested=False,
+            error=None,
+            started_at=None,
+            finished_at=None,
+            log_tail=_append(job.log_tail, note),
+        )
+    ).rowcount
+    session.commit()
+    if not changed:
+        raise ValueError(f"job {job_id} changed while being requeued; look again")
+    return _reload(session, job_id)
+
+
+def _jobs(*where: Any):
+    # Rows are re-read after every change (`_reload`), so the session need not patch its objects.
+    return update(Job).where(*where).execution_options(synchronize_session=False)
+
+
+def _append(tail: str, text: str) -> str:
+    lines = tail.splitlines() + text.splitlines()
+    return "\n".join(lines[-LOG_TAIL_LINES:])
+
+
+def _update_running(session: Session, job_id: int, values: dict[str, Any]) -> None:
+    changed = session.exec(_jobs(Job.id == job_id, Job.status == "running").values(**values)).rowcount
+    session.commit()
+    if not changed:
+        status = _reload(session, job_id).status
+        raise LostJob(f"job {job_id} is {status}, not running: stop working on it")
+
+
+def _reload(session: Session, job_id: int) -> Job:
+    job = session.get(Job, job_id, populate_existing=True)
+    if job is None:
+        raise LookupError(f"no job {job_id}")
+    return job

@@ -1,0 +1,122 @@
+"""Database fixtures: every storage test runs on a SQLite file and on a real PostgreSQL server.
+
+The PostgreSQL server is a throwaway cluster started once per test session from Debian's
+`postgresql` binaries (under /usr/lib/postgresql/*/bin), as the `postgres` user when the tests run
+as root, with its data and unix socket in a temporary folder and TCP on 127.0.0.1 at a free port.
+Each test gets a fresh database. Without the binaries the PostgreSQL tests skip, unless
+ENVLAB_REQUIRE_POSTGRES=1 (CI sets it), which makes that a failure.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib.util
+import itertools
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, create_engine, text
+
+from storage.db import make_engine, upgrade
+
+_database_numbers = itertools.count()
+
+
+def _postgres_bin() -> Path | None:
+    # Debian installs each major version beside the others; take the newest.
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"), key=lambda p: float(Path(p).parts[4]))
+    if found:
+        return Path(found[-1]).parent
+    on_path = shutil.which("pg_ctl")
+    return Path(on_path).resolve().parent if on_path else None
+
+
+def _no_postgres(reason: str) -> None:
+    if os.environ.get("ENVLAB_REQUIRE_POSTGRES") == "1":
+        pytest.fail(f"ENVLAB_REQUIRE_POSTGRES=1 but {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[str]:
+    """The URL (without database name) of a PostgreSQL server that lives for the test session."""
+    if importlib.util.find_spec("psycopg") is None:
+        _no_postgres("the psycopg driver is not installed (pip install -e '.[dev]')")
+    bindir = _postgres_bin()
+    if bindir is None:
+        _no_postgres(
+            "PostgreSQL is not installed (no initdb/pg_ctl under /usr/lib/postgresql/*/bin or on PATH)"
+        )
+    as_user: list[str] = []
+    base = Path(tempfile.mkdtemp(prefix="envlab-pg-"))
+    if os.geteuid() == 0:  # initdb refuses to run as root
+        try:
+            postgres = pwd.getpwnam("postgres")
+        except KeyError:
+            _no_postgres("running as root and there is no 'postgres' user to run the server")
+        os.chown(base, postgres.pw_uid, postgres.pw_gid)
+        as_user = ["runuser", "-u", "postgres", "--"]
+    data, port = base / "data", _free_port()
+    subprocess.run(
+        [*as_user, bindir / "initdb", "-D", data, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync"],
+        check=True,
+        capture_output=True,
+    )
+    # Durability off: a test cluster is thrown away, and fsync would dominate the run time.
+    options = f"-p {port} -k {base} -c listen_addresses=127.0.0.1 -c fsync=off -c full_page_writes=off"
+    started = subprocess.run(
+        [*as_user, bindir / "pg_ctl", "-D", data, "-o", options, "-l", base / "log", "-w", "start"],
+        capture_output=True,
+        text=True,
+    )
+    if started.returncode != 0:
+        log = (base / "log").read_text() if (base / "log").exists() else ""
+        pytest.fail(f"PostgreSQL did not start: {started.stderr}\n{log}", pytrace=False)
+    try:
+        yield f"postgresql+psycopg://postgres@127.0.0.1:{port}"
+    finally:
+        subprocess.run(
+            [*as_user, bindir / "pg_ctl", "-D", data, "-m", "immediate", "stop"], capture_output=True
+        )
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """The URL of an empty database: a SQLite file, or a fresh database on the test PostgreSQL server."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'envlab.db'}"
+        return
+    server = request.getfixturevalue("postgres_server")
+    name = f"envlab_test_{os.getpid()}_{next(_database_numbers)}"
+    admin = create_engine(f"{server}/postgres", isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield f"{server}/{name}"
+    finally:
+        with admin.connect() as connection:
+            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture
+def engine(db_url: str) -> Iterator[Engine]:
+    """An engine on a database migrated to head."""
+    engine = make_engine(db_url)
+    upgrade(engine)
+    yield engine
+    engine.dispose()

@@ -1,0 +1,96 @@
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from envsim.config import GLOBALS, KNOBS, ConfigError, EnvConfig, project
+
+
+def test_default_config():
+    c = EnvConfig.default()
+    assert c.sizes == (3, 4, 5, 6, 7, 8, 9, 10)
+    assert c.data_ratio[3] == 0.125 and c.hole_ratio[10] == 0.2 and c.wait_ratio[5] == 0.25
+    assert (c.num_agents, c.num_instances) == (2, 256)
+    assert EnvConfig.model_validate_json(c.model_dump_json()) == c
+
+
+def test_projection_clamps_renormalises_and_reports_each_change():
+    raw = {"data_ratio": {"3": 2, "4": 1}, "hole_ratio": {"3": 0.9, "4": 0.1}, "wait_ratio": {"3": 0, "4": 1},
+           "num_agents": 12}
+    p = project(raw)
+    assert p.config.data_ratio == {3: 0.5, 4: 0.5}
+    assert p.config.hole_ratio == {3: 0.5, 4: 0.1}
+    assert p.config.num_agents == 8
+    assert [str(a) for a in p.adjustments] == [
+        "data_ratio[3]: 2.0 -> 1.0 (clamped into 0..1)",
+        "hole_ratio[3]: 0.9 -> 0.5 (clamped into 0..0.5)",
+        "num_agents: 12 -> 8 (clamped into 1..8)",
+        "data_ratio[3]: 1.0 -> 0.5 (renormalised (sum was 2))",
+        "data_ratio[4]: 1.0 -> 0.5 (renormalised (sum was 2))",
+    ]
+
+
+def test_missing_sizes_keep_the_current_value_in_a_proposal_but_not_in_an_edit():
+    base = EnvConfig.default(sizes=(3, 4))
+    p = project({"hole_ratio": {"3": 0.3}}, base)
+    assert p.config.hole_ratio == {3: 0.3, 4: 0.2}
+    assert "hole_ratio[4]: None -> 0.2 (missing: kept the current value)" in [str(a) for a in p.adjustments]
+    with pytest.raises(ConfigError, match=r"hole_ratio\[4\] is missing"):
+        project({**base.model_dump(), "hole_ratio": {3: 0.3}}, base, strict=True)
+
+
+@pytest.mark.parametrize(("raw", "message"), [
+    ("[1, 2]", "a config must be a JSON object"),
+    ({"hole_ratio": {"5": 0.7}}, r"hole_ratio\[5\] = 0.7 is outside 0..0.5"),
+    ({"wait_ratio": {"5": float("nan")}}, r"wait_ratio\[5\] must be a finite number, got nan"),
+    ({"wait_ratio": {"5": "high"}}, r"wait_ratio\[5\] must be a number, got 'high'"),
+    ({"data_ratio": {"11": 0.1}}, r"data_ratio: size 11 is not one of the run's sizes \[3, 4, 5, 6, 7, 8, 9, 10\]"),
+    ({"temperature": 1.0}, r"unknown keys \['temperature'\]"),
+    ({"num_agents": 2.5}, "num_agents must be a whole number, got 2.5"),
+    ({"num_instances": 0}, "num_instances = 0 is outside 1..100000"),
+])
+def test_a_strict_edit_is_refused_naming_field_and_range(raw, message):
+    base = EnvConfig.default()
+    edit = raw if isinstance(raw, str) else {**base.model_dump(), **{
+        k: ({**base.model_dump()[k], **v} if isinstance(v, dict) else v) for k, v in raw.items()}}
+    with pytest.raises(ConfigError, match=message):
+        project(edit, base, strict=True)
+
+
+def test_the_model_itself_refuses_illegal_values():
+    with pytest.raises(ValueError, match="data_ratio sums to 0.5; it must sum to 1"):
+        EnvConfig(data_ratio={3: 0.5}, hole_ratio={3: 0.1}, wait_ratio={3: 0.1})
+    with pytest.raises(ValueError, match=r"hole_ratio\[3\] = 0.6 is outside 0..0.5"):
+        EnvConfig(data_ratio={3: 1}, hole_ratio={3: 0.6}, wait_ratio={3: 0.1})
+
+
+numbers = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-10**30, 10**30))
+junk = st.one_of(numbers, st.text(max_size=5), st.none(), st.booleans(), st.lists(numbers, max_size=2))
+size_keys = st.one_of(st.integers(0, 40), st.sampled_from(["3", " 4", "x", "10.5"]))
+raw_configs = st.dictionaries(
+    st.sampled_from([*KNOBS, *GLOBALS, "extra"]),
+    st.one_of(st.dictionaries(size_keys, st.one_of(numbers, junk), max_size=10), junk), max_size=6)
+
+
+@given(raw_configs, st.booleans(), st.booleans())
+def test_projection_yields_a_legal_config_or_a_clear_error(raw, strict, with_base):
+    base = EnvConfig.default() if with_base else None
+    try:
+        p = project(raw, base, strict=strict)
+    except ConfigError as err:
+        assert err.problems and all(isinstance(m, str) and m for m in err.problems)
+        return
+    c = p.config
+    assert abs(sum(c.data_ratio.values()) - 1) <= 1e-6
+    for knob, (lo, hi) in KNOBS.items():
+        assert set(getattr(c, knob)) == set(c.sizes)
+        assert all(lo <= v <= hi and math.isfinite(v) for v in getattr(c, knob).values())
+    assert 1 <= c.num_agents <= 8 and 1 <= c.num_instances <= 100_000
+
+
+@given(st.dictionaries(st.integers(2, 32), st.floats(0, 1e6), min_size=1, max_size=8))
+def test_projection_of_any_nonnegative_shares_sums_to_one(shares):
+    raw = {"data_ratio": shares, "hole_ratio": {s: 0.1 for s in shares}, "wait_ratio": {s: 0.5 for s in shares}}
+    c = project(raw).config
+    assert abs(sum(c.data_ratio.values()) - 1) <= 1e-9

@@ -1,0 +1,73 @@
+import hashlib
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from envsim.config import EnvConfig
+from envsim.generator import GenerationError, _components, generate, round_half_up, size_counts
+from envsim.scoring import score
+
+SMALL = EnvConfig(data_ratio={3: 0.25, 4: 0.25, 5: 0.5}, hole_ratio={3: 0.2, 4: 0.3, 5: 0.5},
+                  wait_ratio={3: 0.5, 4: 0.25, 5: 0.0}, num_agents=2, num_instances=20)
+
+
+def test_size_counts_follow_the_data_ratio_by_largest_remainder():
+    assert size_counts(SMALL, 20) == {3: 5, 4: 5, 5: 10}
+    assert size_counts(SMALL, 7) == {3: 2, 4: 2, 5: 3}  # 1.75, 1.75, 3.5: the two .75 remainders win
+    assert sum(size_counts(EnvConfig.default(), 101).values()) == 101
+
+
+def test_every_board_meets_its_size_knobs_exactly():
+    boards = generate(SMALL, seed=3)
+    assert [b.size for b in boards] == [3] * 5 + [4] * 5 + [5] * 10
+    for size, wait_count in ((3, 3), (4, 1), (5, 0)):  # round_half_up(0.5 * 5) = 3, (0.25 * 5) = 1
+        group = [b for b in boards if b.size == size]
+        assert sum(b.needs_wait for b in group) == wait_count
+        assert all(len(b.holes) == round_half_up(SMALL.hole_ratio[size] * size * size) for b in group)
+    for b in boards:
+        assert b.num_agents == 2 and b.labelled
+        comps = _components(b.size, b.hole_set)
+        home = next(c for c in comps if b.starts[0] in c)
+        assert all(cell in home for cell in b.starts + b.goals)
+
+
+def test_same_seed_same_bytes_other_seed_other_boards():
+    def digest(boards):
+        return hashlib.sha256("\n".join(b.to_json() for b in boards).encode()).hexdigest()
+
+    assert digest(generate(SMALL, seed=7)) == digest(generate(SMALL, seed=7))
+    assert digest(generate(SMALL, seed=7)) != digest(generate(SMALL, seed=8))
+
+
+def test_changing_one_size_leaves_the_other_sizes_boards_alone():
+    a = generate(SMALL, seed=1)
+    b = generate(SMALL.model_copy(update={"hole_ratio": {**SMALL.hole_ratio, 3: 0.0}}), seed=1)
+    assert [x for x in a if x.size != 3] == [x for x in b if x.size != 3]
+    assert [x for x in a if x.size == 3] != [x for x in b if x.size == 3]
+
+
+def test_impossible_configs_fail_naming_the_size_and_knob():
+    crowded = EnvConfig(data_ratio={3: 1.0}, hole_ratio={3: 0.5}, wait_ratio={3: 0.0}, num_agents=5)
+    with pytest.raises(GenerationError, match="size 3: hole_ratio 0.5 leaves 4 ice cells, too few for 5 agents"):
+        generate(crowded, 4)
+    lone = EnvConfig(data_ratio={4: 1.0}, hole_ratio={4: 0.0}, wait_ratio={4: 0.5}, num_agents=1)
+    with pytest.raises(GenerationError, match="size 4: wait_ratio 0.5 asks for boards that need a wait, and a lone"):
+        generate(lone, 4)
+    # On an open 2x2 board two agents always pass without waiting: the wait stratum runs dry.
+    never_waits = EnvConfig(data_ratio={2: 1.0}, hole_ratio={2: 0.0}, wait_ratio={2: 1.0}, num_agents=2)
+    with pytest.raises(GenerationError, match=r"size 2 \(hole_ratio 0, wait_ratio 1, 2 agents\): found only 0 of 3 "
+                                              r"boards after 2000 tries \(still short of 3 needing a wait"):
+        generate(never_waits, 3)
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(0, 10**6), st.integers(2, 4))
+def test_reference_plans_score_valid_and_optimal(seed, agents):
+    config = EnvConfig(data_ratio={4: 0.5, 6: 0.5}, hole_ratio={4: 0.25, 6: 0.3}, wait_ratio={4: 0.5, 6: 0.5},
+                       num_agents=agents, num_instances=4)
+    for board in generate(config, seed=seed):
+        outcome = score(board, board.reference_plan)
+        assert outcome.valid and outcome.soc_optimal and outcome.soc == board.opt_soc
+        assert outcome.makespan >= board.opt_makespan
+        assert outcome.optimal == (outcome.makespan == board.opt_makespan)

@@ -1,0 +1,425 @@
+"""Storage on SQLite and PostgreSQL: migrations, JSON and time columns, one decision per proposal."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+import traceback
+from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import Engine, Float, cast, column, func, insert, inspect, table, text
+from sqlalchemy.exc import IntegrityError, StatementError
+from sqlalchemy.sql.expression import TableClause
+from sqlmodel import SQLModel, select
+
+from storage.db import current_revision, database_url, make_engine, session, upgrade
+from storage.decisions import AlreadyDecided, record_decision
+from storage.models import Decision, Episode, Job, Proposal, Run, Stage, StageMetric, TrainingLog
+
+CONFIG = {"data_ratio": {"3": 0.5, "4": 0.5}, "hole_ratio": {"3": 0.1, "4": 0.2}, "num_agents": 2}
+FORK = multiprocessing.get_context("fork")
+
+
+def _run(s, **fields) -> Run:
+    run = Run(name="r", policy="tiny", engineer="self", engineer_backend="in-process", seed=7, **fields)
+    s.add(run)
+    s.commit()
+    return run
+
+
+def _proposal(s, run: Run) -> Proposal:
+    proposal = Proposal(
+        run_id=run.id, after_stage=0, engineer="self", prompt="p", raw_answer="a", projected_config=CONFIG
+    )
+    s.add(proposal)
+    s.commit()
+    return proposal
+
+
+def _as_first_written(model, *without: str) -> TableClause:
+    """The model's table with only the columns the first schema had (and no Python-side defaults)."""
+    return table(
+        model.__tablename__, *(column(c.name, c.type) for c in model.__table__.c if c.name not in without)
+    )
+
+
+def _schema_diff(engine: Engine) -> list:
+    with engine.connect() as connection:
+        return compare_metadata(MigrationContext.configure(connection), SQLModel.metadata)
+
+
+def _report(target, barrier, results, index: int, *args) -> None:
+    try:
+        results.put((index, True, target(barrier, *args)))
+    except BaseException:
+        results.put((index, False, traceback.format_exc()))
+
+
+def in_processes(target, args_per_process: list[tuple], engine: Engine) -> list:
+    """Run `target(barrier, *args)` in forked processes that pass `barrier.wait()` together; their results.
+
+    A failing child fails the test with its traceback (a child that never reached the barrier breaks
+    it for the others after a timeout).
+    """
+    engine.dispose()  # no pooled connection crosses the fork
+    barrier, results = FORK.Barrier(len(args_per_process), timeout=30), FORK.Queue()
+    procs = [
+        FORK.Process(target=_report, args=(target, barrier, results, i, *args))
+        for i, args in enumerate(args_per_process)
+    ]
+    for p in procs:
+        p.start()
+    reports = sorted(results.get(timeout=90) for _ in procs)
+    for p in procs:
+        p.join(timeout=30)
+    failures = [value for _, ok, value in reports if not ok]
+    assert not failures, "a child process failed:\n" + failures[0]
+    return [value for _, _, value in reports]
+
+
+# --- the database setting and engine -------------------------------------------------------------
+
+
+def test_database_setting_is_a_path_or_a_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("ENVLAB_DB", raising=False)
+    assert database_url() == "sqlite:///runs/envlab.db"
+    assert (tmp_path / "runs").is_dir()
+    monkeypatch.setenv("ENVLAB_DB", "lab/a.db")
+    assert database_url() == "sqlite:///lab/a.db" and (tmp_path / "lab").is_dir()
+    monkeypatch.setenv("ENVLAB_DB", "postgresql+psycopg://u@h/envlab")
+    assert database_url() == "postgresql+psycopg://u@h/envlab"
+    assert database_url("other.db") == "sqlite:///other.db"
+
+
+def test_sqlite_connections_share_the_file_safely(tmp_path: Path):
+    engine = make_engine(str(tmp_path / "x.db"))
+    with engine.connect() as connection:
+        names = ("journal_mode", "synchronous", "foreign_keys", "busy_timeout")
+        values = [connection.exec_driver_sql(f"PRAGMA {name}").scalar() for name in names]
+    assert values == ["wal", 1, 1, 30_000]  # synchronous 1 is NORMAL
+    engine.dispose()
+
+
+# --- migrations ---------------------------------------------------------------------------------
+
+
+def test_models_agree_with_the_head_migration(engine: Engine):
+    assert current_revision(engine) == "0002"
+    assert _schema_diff(engine) == []
+
+
+def test_database_made_by_the_first_schema_upgrades_with_its_data(db_url: str):
+    engine = make_engine(db_url)
+    upgrade(engine, "0001")
+    assert [d[0] for d in _schema_diff(engine)] == ["add_column"]  # the comparison does see differences
+    created = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
+    runs, stages, proposals, decisions = (
+        _as_first_written(Run, "description"),
+        *map(_as_first_written, (Stage, Proposal, Decision)),
+    )
+    with engine.begin() as c:
+        run_id = c.execute(
+            insert(runs).returning(runs.c.id),
+            dict(
+                name="old",
+                policy="tiny",
+                engineer="self",
+                engineer_backend="in-process",
+                settings={"auto_apply": True},
+                seed=3,
+                status="done",
+                created_at=created,
+            ),
+        ).scalar_one()
+        c.execute(insert(stages), dict(run_id=run_id, index=0, config=CONFIG, status="done"))
+        proposal_id = c.execute(
+            insert(proposals).returning(proposals.c.id),
+            dict(
+                run_id=run_id,
+                after_stage=0,
+                engineer="self",
+                prompt="p",
+                raw_answer="{}",
+                adjustments=[],
+                rationale="",
+                diff={},
+                created_at=created,
+            ),
+        ).scalar_one()
+        c.execute(
+            insert(decisions),
+            dict(
+                proposal_id=proposal_id,
+                action="auto",
+                user="auto",
+                config=CONFIG,
+                note="",
+                created_at=created,
+            ),
+        )
+    upgrade(engine)
+    upgrade(engine)  # at head already: nothing to do
+    assert current_revision(engine) == "0002"
+    assert "description" in {c["name"] for c in inspect(engine).get_columns("runs")}
+    assert _schema_diff(engine) == []
+    with session(engine) as s:
+        run = s.exec(select(Run)).one()
+        assert (run.name, run.description, run.settings, run.created_at) == (
+            "old",
+            "",
+            {"auto_apply": True},
+            created,
+        )
+        assert s.exec(select(Stage)).one().config == CONFIG
+        decision = s.exec(select(Decision)).one()
+        assert (decision.proposal_id, decision.action, decision.config) == (proposal_id, "auto", CONFIG)
+        _run(s, description="a new run")  # the new column takes writes
+    engine.dispose()
+
+
+def _upgrade_in_child(barrier, url: str) -> str:
+    engine = make_engine(url)
+    barrier.wait()
+    upgrade(engine)
+    return current_revision(engine)
+
+
+def test_two_processes_starting_together_both_upgrade_a_fresh_database(db_url: str):
+    engine = make_engine(db_url)
+    assert in_processes(_upgrade_in_child, [(db_url,), (db_url,)], engine) == ["0002", "0002"]
+    assert _schema_diff(engine) == []
+    engine.dispose()
+
+
+# --- columns ------------------------------------------------------------------------------------
+
+
+def test_json_columns_round_trip(engine: Engine):
+    settings = {"auto_apply": False, "lr": 1e-6, "sizes": [3, 4, 10], "note": "ümlaut ✓", "none": None}
+    instance = {"size": 3, "holes": [[0, 1]], "starts": [[0, 0], [2, 2]], "goals": [[2, 0], [0, 2]]}
+    plan = [["RIGHT", "DOWN"], ["WAIT", "UP"]]
+    with session(engine) as s:
+        run = _run(s, settings=settings)
+        s.add(
+            Proposal(
+                run_id=run.id,
+                after_stage=1,
+                engineer="self",
+                prompt="p",
+                raw_answer="garbage",
+                error="no JSON object in the answer",
+            )
+        )
+        s.add(
+            Episode(
+                run_id=run.id,
+                stage_index=1,
+                split="validation",
+                instance_id="v-3-0",
+                instance=instance,
+                size=3,
+                num_agents=2,
+                completion="Agent 0: R D",
+                plan=plan,
+                outcome={"valid": False, "failure": "collision", "events": [{"time": 2}]},
+                valid=False,
+                optimal=False,
+                failure="collision",
+            )
+        )
+        s.add(TrainingLog(run_id=run.id, stage_index=1, step=10, metrics={"reward": 0.25, "kl": 0.001}))
+        s.add(Job(kind="evaluate", payload={"run_id": run.id, "splits": ["validation"]}))
+        s.commit()
+    with session(engine) as s:
+        assert s.exec(select(Run)).one().settings == settings
+        proposal = s.exec(select(Proposal)).one()
+        assert (proposal.parsed_config, proposal.projected_config, proposal.adjustments, proposal.diff) == (
+            None,
+            None,
+            [],
+            {},
+        )
+        episode = s.exec(select(Episode)).one()
+        assert (episode.instance, episode.plan, episode.outcome["events"]) == (instance, plan, [{"time": 2}])
+        assert s.exec(select(TrainingLog)).one().metrics == {"reward": 0.25, "kl": 0.001}
+        assert s.exec(select(Job)).one().payload == {"run_id": run.id, "splits": ["validation"]}
+
+
+def test_timestamps_are_timezone_aware_utc(engine: Engine):
+    paris = timezone(timedelta(hours=2))
+    started = datetime(2026, 6, 1, 14, 0, 0, 123456, tzinfo=paris)
+    with session(engine) as s:
+        run = _run(s)
+        s.add(Stage(run_id=run.id, index=0, config=CONFIG, started_at=started))
+        s.commit()
+    with session(engine) as s:
+        created = s.exec(select(Run.created_at)).one()
+        assert created.tzinfo == UTC and abs(datetime.now(UTC) - created) < timedelta(minutes=1)
+        stage = s.exec(select(Stage)).one()
+        assert stage.started_at == started and stage.started_at.tzinfo == UTC
+        assert stage.started_at.hour == 12
+        later = s.exec(
+            select(func.count())
+            .select_from(Stage)
+            .where(Stage.started_at > datetime(2026, 6, 1, 11, 59, tzinfo=UTC))
+        ).one()
+        assert later == 1
+        s.add(Stage(run_id=run.id, index=1, config=CONFIG, started_at=datetime(2026, 6, 1)))
+        with pytest.raises(StatementError, match="naive datetime"):
+            s.commit()
+
+
+def test_stage_metrics_answer_valid_rate_per_size_and_size_by_failure(engine: Engine):
+    with session(engine) as s:
+        run = _run(s)
+        for size, episodes, valid, failures in [
+            (3, 20, 18, {"collision": 2}),
+            (4, 20, 10, {"collision": 4, "hole": 6}),
+        ]:
+            s.add(
+                StageMetric(
+                    run_id=run.id,
+                    stage_index=1,
+                    split="validation",
+                    size=size,
+                    episodes=episodes,
+                    valid=valid,
+                    optimal=valid - 1,
+                    failures=failures,
+                )
+            )
+        s.commit()
+        rate = cast(StageMetric.valid, Float) / StageMetric.episodes
+        rows = s.exec(
+            select(StageMetric.size, rate)
+            .where(StageMetric.run_id == run.id, StageMetric.stage_index == 1)
+            .order_by(StageMetric.size)
+        ).all()
+        assert [(size, round(r, 3)) for size, r in rows] == [(3, 0.9), (4, 0.5)]
+        metrics = s.exec(select(StageMetric).where(StageMetric.stage_index == 1)).all()
+        table = {(m.size, kind): n for m in metrics for kind, n in m.failures.items()}
+        assert table == {(3, "collision"): 2, (4, "collision"): 4, (4, "hole"): 6}
+        s.add(
+            StageMetric(
+                run_id=run.id, stage_index=1, split="validation", size=3, episodes=1, valid=1, optimal=1
+            )
+        )
+        with pytest.raises(IntegrityError):
+            s.commit()
+
+
+# --- decisions ----------------------------------------------------------------------------------
+
+
+def test_a_proposal_takes_one_decision_and_the_second_names_the_first(engine: Engine):
+    with session(engine) as s:
+        proposal = _proposal(s, _run(s))
+        edited = {**CONFIG, "num_agents": 3}
+        first = record_decision(s, proposal.id, "edit", "alice", edited, "more agents")
+        with pytest.raises(
+            AlreadyDecided, match=f"proposal {proposal.id} was already decided: edit by 'alice'"
+        ) as e:
+            record_decision(s, proposal.id, "reject", "bob", None, "")
+        assert e.value.decision.id == first.id and e.value.decision.config == edited
+        assert s.exec(select(func.count()).select_from(Decision)).one() == 1
+
+
+def test_the_database_itself_refuses_a_second_decision_row(engine: Engine):
+    with session(engine) as s:
+        proposal = _proposal(s, _run(s))
+        record_decision(s, proposal.id, "accept", "alice", CONFIG)
+        s.add(Decision(proposal_id=proposal.id, action="reject", user="bob"))
+        with pytest.raises(IntegrityError):
+            s.commit()
+        s.rollback()
+        s.add(Decision(proposal_id=_proposal(s, s.get(Run, proposal.run_id)).id, action="maybe", user="bob"))
+        with pytest.raises(IntegrityError):  # the action CHECK constraint
+            s.commit()
+
+
+@pytest.mark.parametrize(
+    ("action", "config", "error"),
+    [
+        ("approve", CONFIG, "action must be one of accept, edit, reject, auto"),
+        ("reject", CONFIG, "a decision to reject takes no config"),
+        ("accept", None, "a decision to accept takes the config it applies"),
+    ],
+)
+def test_a_decision_must_fit_its_action(engine: Engine, action: str, config, error: str):
+    with session(engine) as s:
+        proposal = _proposal(s, _run(s))
+        with pytest.raises(ValueError, match=error):
+            record_decision(s, proposal.id, action, "alice", config)
+
+
+def test_deciding_a_missing_proposal_says_so(engine: Engine):
+    with session(engine) as s, pytest.raises(LookupError, match="no proposal 999"):
+        record_decision(s, 999, "accept", "alice", CONFIG)
+
+
+def test_two_threads_deciding_at_once_store_exactly_one_decision(engine: Engine):
+    with session(engine) as s:
+        run = _run(s)
+        proposal_ids = [_proposal(s, run).id for _ in range(4)]
+    for proposal_id in proposal_ids:
+        barrier, outcomes = threading.Barrier(2), {}
+
+        def decide(
+            user: str, action: str, config, proposal_id=proposal_id, barrier=barrier, outcomes=outcomes
+        ):
+            with session(engine) as s:
+                barrier.wait()
+                try:
+                    outcomes[user] = record_decision(s, proposal_id, action, user, config).user
+                except AlreadyDecided as e:
+                    outcomes[user] = f"lost to {e.decision.user}"
+
+        threads = [
+            threading.Thread(target=decide, args=a)
+            for a in [("alice", "accept", CONFIG), ("bob", "reject", None)]
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        winner = outcomes["alice"] if outcomes["alice"] == "alice" else outcomes["bob"]
+        loser = "bob" if winner == "alice" else "alice"
+        assert outcomes == {winner: winner, loser: f"lost to {winner}"}
+        with session(engine) as s:
+            stored = s.exec(select(Decision).where(Decision.proposal_id == proposal_id)).all()
+            assert [d.user for d in stored] == [winner]
+
+
+def _decide_in_child(barrier, url: str, proposal_ids: list[int], user: str, action: str) -> dict[int, str]:
+    engine = make_engine(url)
+    with session(engine) as s:
+        s.exec(text("SELECT 1"))  # connected before the start line
+        barrier.wait()
+        outcome = {}
+        for proposal_id in proposal_ids:
+            config = None if action == "reject" else CONFIG
+            try:
+                outcome[proposal_id] = record_decision(s, proposal_id, action, user, config).user
+            except AlreadyDecided as e:
+                outcome[proposal_id] = e.decision.user
+    return outcome
+
+
+def test_two_processes_deciding_at_once_store_exactly_one_decision_each(db_url: str, engine: Engine):
+    with session(engine) as s:
+        run = _run(s)
+        proposal_ids = [_proposal(s, run).id for _ in range(20)]
+    outcomes = in_processes(
+        _decide_in_child,
+        [(db_url, proposal_ids, "alice", "accept"), (db_url, proposal_ids, "bob", "reject")],
+        engine,
+    )
+    with session(engine) as s:
+        stored = {d.proposal_id: d.user for d in s.exec(select(Decision))}
+    # Each process saw the same winner for every proposal: its own decision or the one it lost to.
+    assert outcomes[0] == outcomes[1] == stored and set(stored) == set(proposal_ids)

@@ -1,0 +1,194 @@
+"""The job queue on SQLite and PostgreSQL: concurrent claims, heartbeats, cancel, reaping, requeue."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import Engine, text, update
+from sqlmodel import select
+
+from storage import queue
+from storage.db import make_engine, session
+from storage.models import Job, utcnow
+from storage.queue import LOG_TAIL_LINES, LostJob
+from tests.test_storage import in_processes
+
+
+def test_claim_takes_the_oldest_queued_job_and_marks_it_running(engine: Engine):
+    with session(engine) as s:
+        ids = [queue.enqueue(s, "train_stage", {"stage": i}).id for i in range(3)]
+        first = queue.claim(s, "gpu-0")
+        assert (first.id, first.status, first.worker, first.attempts, first.payload) == (
+            ids[0],
+            "running",
+            "gpu-0",
+            1,
+            {"stage": 0},
+        )
+        assert first.started_at == first.heartbeat_at and first.started_at.tzinfo is not None
+        assert [queue.claim(s, "gpu-1").id, queue.claim(s, "gpu-0").id] == ids[1:]
+        assert queue.claim(s, "gpu-0") is None
+
+
+def _work_in_child(barrier, url: str, worker: str) -> list[int]:
+    engine = make_engine(url)
+    claimed = []
+    with session(engine) as s:
+        s.exec(text("SELECT 1"))  # connected before the start line
+        barrier.wait()
+        while (job := queue.claim(s, worker)) is not None:
+            claimed.append(job.id)
+            queue.heartbeat(s, job.id, 1, 1, f"{worker} on job {job.id}")
+            queue.finish(s, job.id, {"worker": worker})
+    return claimed
+
+
+def test_concurrent_worker_processes_claim_every_job_exactly_once(db_url: str, engine: Engine):
+    with session(engine) as s:
+        ids = [queue.enqueue(s, "evaluate", {"n": i}).id for i in range(40)]
+    workers = ["w0", "w1", "w2"]
+    claimed = dict(
+        zip(workers, in_processes(_work_in_child, [(db_url, w) for w in workers], engine), strict=True)
+    )
+    every_claim = [job_id for w in workers for job_id in claimed[w]]
+    assert sorted(every_claim) == ids  # none lost, none claimed twice
+    with session(engine) as s:
+        jobs = s.exec(select(Job).order_by(Job.id)).all()
+        assert {j.status for j in jobs} == {"done"} and {j.attempts for j in jobs} == {1}
+        owner = {job_id: w for w in workers for job_id in claimed[w]}
+        assert all(j.worker == j.result["worker"] == owner[j.id] for j in jobs)
+
+
+def test_a_claim_racing_another_workers_claim_takes_the_next_job(db_url: str, engine: Engine):
+    sqlite = db_url.startswith("sqlite")
+    with session(engine) as s:
+        first, second = (queue.enqueue(s, "evaluate", {}).id for _ in range(2))
+
+    def claim_once() -> Job | None:
+        with session(engine) as s:
+            return queue.claim(s, "me")
+
+    with engine.connect() as other, ThreadPoolExecutor(1) as pool:
+        # Another worker is in the middle of claiming the oldest job, its transaction still open:
+        # on PostgreSQL it holds that row's lock, on SQLite the database's one write lock.
+        if sqlite:
+            other.exec_driver_sql("BEGIN IMMEDIATE")
+        other.execute(update(Job).where(Job.id == first).values(status="running", worker="other"))
+        mine = pool.submit(claim_once)
+        if sqlite:
+            time.sleep(0.3)  # the claim is now waiting for the write lock (busy_timeout)
+            assert not mine.done()
+        else:
+            assert mine.result(timeout=10).id == second  # SKIP LOCKED: no waiting for the other worker
+        other.commit()
+        assert mine.result(timeout=30).id == second
+    with session(engine) as s:
+        assert [(j.id, j.worker) for j in s.exec(select(Job).order_by(Job.id))] == [
+            (first, "other"),
+            (second, "me"),
+        ]
+
+
+def test_heartbeat_records_progress_and_keeps_a_bounded_log(engine: Engine):
+    with session(engine) as s:
+        job = queue.enqueue(s, "train_stage", {"run_id": 1})
+        claimed_at = queue.claim(s, "w").heartbeat_at
+        assert queue.heartbeat(s, job.id, 0, 300, "step 0") is False
+        queue.heartbeat(s, job.id, 248, 300, "\n".join(f"step {i}" for i in range(1, LOG_TAIL_LINES + 49)))
+        assert queue.heartbeat(s, job.id, 249, 300, "loss 0.5\nreward 0.25") is False
+        job = s.get(Job, job.id)
+        lines = job.log_tail.splitlines()
+        assert len(lines) == LOG_TAIL_LINES and lines[-3:] == ["step 248", "loss 0.5", "reward 0.25"]
+        assert (job.step, job.total) == (249, 300) and job.heartbeat_at > claimed_at
+        queue.heartbeat(s, job.id, 250, 300, result={"checkpoint": "runs/1/stage-1/step-250"})
+        assert s.get(Job, job.id).result == {"checkpoint": "runs/1/stage-1/step-250"}
+
+
+def test_finish_ends_a_running_job_once(engine: Engine):
+    with session(engine) as s:
+        job = queue.enqueue(s, "evaluate", {})
+        with pytest.raises(LostJob, match="is queued, not running"):
+            queue.finish(s, job.id, {"valid_rate": 0.5})
+        queue.claim(s, "w")
+        done = queue.finish(s, job.id, {"valid_rate": 0.5})
+        assert (done.status, done.result, done.finished_at is not None) == ("done", {"valid_rate": 0.5}, True)
+        with pytest.raises(LostJob, match="is done"):
+            queue.fail(s, job.id, "late failure")
+        with pytest.raises(LookupError, match="no job 999"):
+            queue.cancel_requested(s, 999)
+
+
+def test_cancel_stops_a_queued_job_at_once_and_a_running_one_through_its_worker(engine: Engine):
+    with session(engine) as s:
+        running, waiting, done = (queue.enqueue(s, "evaluate", {"n": i}).id for i in range(3))
+        assert queue.claim(s, "w").id == running
+        cancelled = queue.request_cancel(s, waiting)
+        assert (cancelled.status, cancelled.cancel_requested, cancelled.finished_at is not None) == (
+            "cancelled",
+            True,
+            True,
+        )
+        assert queue.claim(s, "w2").id == done  # the cancelled job is never claimed
+        assert queue.claim(s, "w2") is None
+
+        assert queue.cancel_requested(s, running) is False
+        assert queue.request_cancel(s, running).status == "running"  # the worker decides when to stop
+        assert queue.cancel_requested(s, running) is True
+        assert queue.heartbeat(s, running, 5, 10) is True
+        assert queue.fail(s, running, "stopped: cancel requested").status == "cancelled"
+
+        queue.finish(s, done, None)
+        assert queue.request_cancel(s, done).status == "done"  # an ended job stays as it ended
+
+
+def test_stale_running_jobs_are_reaped_and_their_worker_learns_it(engine: Engine):
+    with session(engine) as s:
+        stale, alive = (queue.enqueue(s, "train_stage", {}).id for _ in range(2))
+        queue.claim(s, "lost-machine")
+        queue.claim(s, "w")
+        ten_minutes_ago = utcnow() - timedelta(minutes=10)
+        s.exec(update(Job).where(Job.id == stale).values(heartbeat_at=ten_minutes_ago))
+        s.commit()
+        reaped = queue.reap_stale(s, max_age_s=60)
+        assert [j.id for j in reaped] == [stale]
+        stamp = ten_minutes_ago.strftime("%Y-%m-%d %H:%M:%S")
+        assert reaped[0].status == "failed"
+        assert (
+            reaped[0].error
+            == f"worker stopped sending heartbeats (last at {stamp} UTC from worker 'lost-machine')"
+        )
+        assert s.get(Job, alive).status == "running"
+        assert queue.reap_stale(s, max_age_s=60) == []
+        with pytest.raises(LostJob, match=f"job {stale} is failed, not running"):
+            queue.heartbeat(s, stale, 3, 10)
+
+
+def test_requeue_gives_a_failed_job_a_new_attempt_that_resumes_from_its_checkpoint(engine: Engine):
+    with session(engine) as s:
+        job = queue.enqueue(s, "train_stage", {"run_id": 1, "stage": 2})
+        queue.claim(s, "w0")
+        queue.heartbeat(s, job.id, 40, 100, "step 40", result={"checkpoint": "runs/1/stage-2/step-40"})
+        queue.fail(s, job.id, "CUDA out of memory")
+        with pytest.raises(ValueError, match="only a failed or cancelled job"):
+            queue.requeue(s, queue.enqueue(s, "evaluate", {}).id)
+
+        again = queue.requeue(s, job.id)
+        assert (again.status, again.worker, again.error, again.step, again.heartbeat_at) == (
+            "queued",
+            None,
+            None,
+            0,
+            None,
+        )
+        assert again.payload == {"run_id": 1, "stage": 2}
+        assert again.result == {"checkpoint": "runs/1/stage-2/step-40"}
+        assert (
+            again.log_tail.splitlines()[-1] == "-- requeued after attempt 1 ended failed: CUDA out of memory"
+        )
+        resumed = queue.claim(s, "w1")
+        assert (resumed.id, resumed.attempts, resumed.worker) == (job.id, 2, "w1")
+        with pytest.raises(ValueError, match="is running"):
+            queue.requeue(s, job.id)

@@ -1,0 +1,52 @@
+from envsim.generator import round_half_up
+from envsim.suite import Entry, build, build_cell, cells, read_jsonl, report, write_jsonl
+
+
+def test_the_benchmark_layout_is_the_papers():
+    bench = cells("benchmark")
+    assert len(bench) == (8 + 7 + 6) * 3
+    assert sum(c.count for c in bench) == 3150
+    assert {(c.agents, min(x.size for x in bench if x.agents == c.agents)) for c in bench} == {(3, 3), (4, 4), (5, 5)}
+    assert {c.subset for c in bench} == {0.25, 0.5, 0.75}
+    assert sum(c.count for c in cells("validation")) == 240
+
+
+def test_a_benchmark_cell_hits_its_wait_subset_exactly():
+    cell = next(c for c in cells("benchmark") if (c.agents, c.size, c.subset) == (4, 6, 0.75))
+    entries, slowest, board = build_cell(cell)
+    assert len(entries) == 50
+    assert sum(e.instance.needs_wait for e in entries) == round_half_up(0.75 * 50) == 38
+    assert all(e.agents == 4 and e.size == 6 and e.subset == 0.75 for e in entries)
+    assert all(len(e.instance.holes) <= round_half_up(0.5 * 36) for e in entries)
+    assert slowest > 0 and board in {e.instance.id for e in entries}
+    assert build_cell(cell)[0] == entries  # fixed by the seed
+
+
+def test_validation_set_is_disjoint_from_the_benchmark(tmp_path):
+    validation, stats = build("validation", workers=2)
+    assert stats["boards"] == len(validation) == 240
+    assert all(e.agents == 2 for e in validation)
+    assert len({e.instance.id for e in validation}) == 240
+    two_agent_sized = [c for c in cells("benchmark") if c.agents == 3 and c.size <= 4]
+    bench_ids = {e.instance.id for c in two_agent_sized for e in build_cell(c)[0]}
+    assert not bench_ids & {e.instance.id for e in validation}
+    write_jsonl(validation, tmp_path / "v.jsonl")
+    assert read_jsonl(tmp_path / "v.jsonl") == validation
+
+
+def test_report_tables_from_known_outcomes():
+    def entry(agents, size, subset):
+        from envsim.instance import Instance
+        starts = tuple((0, i) for i in range(agents))
+        goals = tuple((size - 1, i) for i in range(agents))
+        board = Instance(size=size, holes=(), starts=starts, goals=goals)
+        return Entry(split="benchmark", subset=subset, instance=board)
+
+    entries = [entry(3, 3, 0.25), entry(3, 3, 0.75), entry(3, 4, 0.25), entry(4, 4, 0.25)]
+    r = report(entries, valid=[True, False, True, True], optimal=[True, False, False, True])
+    assert r.by_size == {(3, 3): (0.5, 0.5, 2), (3, 4): (1.0, 0.0, 1), (4, 4): (1.0, 1.0, 1)}
+    assert r.mean_over_sizes == {3: (0.75, 0.25), 4: (1.0, 1.0)}
+    assert r.by_subset == {(3, 0.25): (1.0, 0.5, 2), (3, 0.75): (0.0, 0.0, 1), (4, 0.25): (1.0, 1.0, 1)}
+    md = r.to_markdown()
+    assert "| 3 | 50.0% / 50.0% | 100.0% / 0.0% | 75.0% / 25.0% |" in md
+    assert "| 4 | - | 100.0% / 100.0% | 100.0% / 100.0% |" in md
