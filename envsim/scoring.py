@@ -2,9 +2,10 @@
 
 Two paths share one set of rules. `score` steps one episode and records every event, which is what a
 replay and the database need. `score_batch` plays many episodes at once on numpy arrays for rewards and
-evaluation. Those need only the episode's first failure, and before the first failure every agent is on
-the board and no two share a cell, so the batch path can find conflicts with one occupancy grid per
-episode instead of comparing every pair of agents. A property test holds it to `score`, field by field.
+evaluation. Those need only the episode's first failure, and until then every agent is on the board and no
+two share a cell, so the batch path finds conflicts by writing each agent's index into a grid of cells and a
+grid of edges and reading it back, instead of comparing every pair of agents. A property test holds the
+batch path to `score`, field by field.
 """
 
 from __future__ import annotations
@@ -115,7 +116,7 @@ def score(instance: Instance, plan: Plan | Parsed) -> Outcome:
         valid=valid,
         optimal=valid and makespan == instance.opt_makespan,
         soc_optimal=valid and soc == instance.opt_soc,
-        failure=first and first.type, failure_time=first and first.time,
+        failure=first.type if first else None, failure_time=first.time if first else None,
         failure_agents=first.agents if first else (),
         events=tuple(events), arrivals=arrivals, makespan=makespan, soc=soc,
         isr=sum(on_goal) / len(on_goal), positions=tuple(positions),
@@ -269,8 +270,8 @@ def score_batch(instances: Sequence[Instance], plans: Sequence[Plan]) -> BatchSc
     if len(plans) != b:
         raise ValueError(f"{b} instances but {len(plans)} plans")
     rows = list(map(_FIELDS, instances))  # one pass over the objects is cheaper than one per field
-    sizes, starts, goals, holes, opt_makespan, opt_soc = (list(map(itemgetter(f), rows)) for f in range(6))
-    sizes = np.fromiter(sizes, np.intp, b)
+    size_of, starts, goals, holes, opt_makespan, opt_soc = (list(map(itemgetter(f), rows)) for f in range(6))
+    sizes = np.fromiter(size_of, np.intp, b)
     k_of = np.fromiter(map(len, starts), np.intp, b)
     slot0 = np.concatenate([[0], np.cumsum(k_of)])  # episode e's agents are slots slot0[e] .. slot0[e+1]-1
     slot_episode = np.repeat(np.arange(b), k_of)
@@ -353,7 +354,7 @@ def score_batch(instances: Sequence[Instance], plans: Sequence[Plan]) -> BatchSc
 
 
 _FIELDS = attrgetter("size", "starts", "goals", "holes", "opt_makespan", "opt_soc")
-_ICE, _HOLE, _OFF = 0, 1, 2  # kinds of board cells, in the order their failures rank (a larger one wins)
+_ICE, _HOLE, _OFF = 0, 1, 2  # kinds of board cells; _OFF is the border and beyond a smaller board's edge
 
 
 def _per_episode_max(values: np.ndarray, slot0: np.ndarray) -> np.ndarray:
@@ -377,12 +378,12 @@ def _boards(sizes: np.ndarray, width: int) -> np.ndarray:
     line = np.arange(width)
     inside = (line >= 1) & (line <= kinds[:, None])
     template = np.where(inside[:, :, None] & inside[:, None, :], _ICE, _OFF).astype(np.int8)
-    return template.reshape(len(kinds), -1)[which].reshape(-1)
+    return template.reshape(len(kinds), width * width)[which].reshape(-1)
 
 
 @dataclass(frozen=True)
 class _Grids:
-    """The flat boards, two scratch grids, and the stream of moves (index offsets) and crossing offsets."""
+    """The flat boards, the two grids agents write into, and per stream entry its move and crossing offset."""
 
     board: np.ndarray
     occupant: np.ndarray  # per cell: the last agent written there this step
