@@ -170,6 +170,108 @@ def cmd_show(args: argparse.Namespace) -> None:
     print(f"\n{outcome.message}")
 
 
+def _engine(db: str | None):
+    from storage.db import make_engine, upgrade
+
+    engine = make_engine(db)
+    upgrade(engine)
+    return engine
+
+
+def lab_handlers() -> dict:
+    """Every job kind a worker of the lab runs: training's (stage, benchmark) and the engineer's (propose)."""
+    from lab.loop import run_propose_job
+    from training.worker import training_handlers
+
+    return {**training_handlers(), "propose": run_propose_job}
+
+
+def cmd_worker(args: argparse.Namespace) -> None:
+    from lab.loop import after_job
+    from training.worker import run_from_args
+
+    raise SystemExit(run_from_args(args, lab_handlers(), after=after_job))
+
+
+def _grpo_overrides(pairs: list[str]) -> dict:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise UsageError(f"--grpo {pair!r}: give KEY=VALUE, e.g. --grpo max_steps=20")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def cmd_run(args: argparse.Namespace) -> None:
+    from sqlmodel import select
+
+    from lab.loop import LoopError, after_job, create_run, drive, resume
+    from storage.db import session
+    from storage.models import Run, StageMetric
+    from training.worker import run_worker
+
+    engine = _engine(args.db)
+    with session(engine) as s:
+        if args.resume is not None:
+            run = s.get(Run, args.resume)
+            if run is None:
+                raise UsageError(f"--resume {args.resume}: no such run")
+            stages = run.settings["stages"]
+        else:
+            config = read_config(args.config)
+            if args.instances is not None:
+                config = config.model_copy(update={"num_instances": args.instances})
+            try:
+                run = create_run(s, name=args.name, config=config, stages=args.stages, policy=args.policy,
+                                 engineer=args.engineer, engineer_backend=args.backend or "",
+                                 auto_apply=args.auto_apply, seed=args.seed, grpo=_grpo_overrides(args.grpo),
+                                 base_url=args.base_url)
+            except LoopError as err:
+                raise UsageError(str(err)) from err
+            stages = args.stages
+    if args.resume is not None:
+        requeued = resume(engine, run.id)
+        print(f"run {run.id}: resumed ({len(requeued)} jobs queued again)")
+    handlers = lab_handlers()
+    with tqdm(total=stages + 1, desc=f"run {run.id}", unit="stage") as bar:
+        def on_state(state: str) -> None:
+            from lab.loop import stages_of
+
+            with session(engine) as s:
+                done = sum(st.status == "done" for st in stages_of(s, run.id))
+            bar.update(done - bar.n)
+            bar.set_postfix_str(state[:60])
+            if state.startswith("waiting") and not args.auto_apply:
+                bar.write(f"{state}: decide in the web lab (envlab serve), or rerun with --auto-apply")
+
+        state = drive(engine, run.id, lambda: run_worker(engine, handlers, once=True, after=after_job) > 0,
+                      on_state=on_state)
+    with session(engine) as s:
+        rows = s.exec(select(StageMetric).where(StageMetric.run_id == run.id, StageMetric.split == "validation")
+                      .order_by(StageMetric.stage_index, StageMetric.size)).all()
+    by_stage: dict[int, list] = {}
+    for r in rows:
+        by_stage.setdefault(r.stage_index, []).append(r)
+    for k, rs in sorted(by_stage.items()):
+        n = sum(r.episodes for r in rs)
+        sizes = " ".join(f"{r.size}:{r.valid / max(r.episodes, 1):.0%}" for r in rs)
+        print(f"stage {k}: valid {sum(r.valid for r in rs) / max(n, 1):.1%}, "
+              f"optimal {sum(r.optimal for r in rs) / max(n, 1):.1%} ({n} boards; by size {sizes})")
+    print(f"run {run.id}: {state}")
+    if state.startswith("failed"):
+        raise UsageError(f"run {run.id} {state}; resume it with: envlab run --resume {run.id}")
+
+
+def cmd_serve(args: argparse.Namespace) -> None:
+    import app
+
+    raise SystemExit(app.main(args.rest))
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="envlab", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -201,6 +303,32 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--plan", help='an answer, e.g. "Agent 0: R D\\nAgent 1: U"')
     s.add_argument("--reference", action="store_true", help="step through the solver's reference plan")
     s.set_defaults(fn=cmd_show)
+
+    s = sub.add_parser("run", help="run stages headless: train, evaluate, propose, decide, repeat")
+    s.add_argument("--stages", type=int, default=3)
+    s.add_argument("--engineer", default="heuristic", help="fixed, random, heuristic or llm")
+    s.add_argument("--backend", help="the llm engineer's backend: hf:policy, hf:gemma3-270m, openai:<model>")
+    s.add_argument("--base-url", help="base URL of an OpenAI-compatible server (openai: backends)")
+    s.add_argument("--auto-apply", action="store_true", help="apply every proposal without waiting for a person")
+    s.add_argument("--policy", default="tiny", help="tiny, gemma3-270m, a checkpoint folder or a model name")
+    s.add_argument("--config", type=Path, help="initial EnvConfig JSON (default: the round-0 config)")
+    s.add_argument("--instances", type=int, help="training instances per stage")
+    s.add_argument("--grpo", action="append", default=[], metavar="KEY=VALUE", help="a GRPOConfig field")
+    s.add_argument("--name", default="run")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--resume", type=int, metavar="RUN_ID", help="continue a run that was interrupted")
+    s.add_argument("--db", help="database path or URL (default: $ENVLAB_DB or runs/envlab.db)")
+    s.set_defaults(fn=cmd_run)
+
+    s = sub.add_parser("worker", help="run queued jobs (training stages, evaluations, proposals)")
+    from training.worker import add_arguments
+
+    add_arguments(s)
+    s.set_defaults(fn=cmd_worker)
+
+    s = sub.add_parser("serve", help="start the web lab (and a worker beside it when none runs)")
+    s.add_argument("rest", nargs=argparse.REMAINDER, help="options for the web lab: --host, --port, --auth ...")
+    s.set_defaults(fn=cmd_serve)
     return p
 
 

@@ -1,0 +1,299 @@
+"""What an engineer reads: the evidence of a run so far, and the context text built from it.
+
+`Evidence` is plain data: the stage just evaluated (`current`), the stages before it, and the round's
+bookkeeping. `load_stage_result` reads one stage's part of it from the database. `build_context` turns
+evidence into deterministic text, one section per context module; `ContextModules` says which sections
+appear. The paper's best context (`ContextModules.paper_best()`) is the failure breakdown, the guideline,
+the history without the round-0 default, and the bookkeeping.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, fields
+from typing import Any
+
+from sqlmodel import Session, select
+
+from envsim.config import GLOBALS, KNOB_HELP, KNOBS, EnvConfig
+from envsim.instance import Instance
+from envsim.rules import Failure
+from envsim.scoring import Outcome, score_answer
+from storage.models import Episode, Stage, StageMetric
+
+SPLIT = "validation"
+ANSWER_CHARS = 600  # a failure case shows at most this much of the policy's answer
+
+
+@dataclass(frozen=True)
+class SizeResult:
+    """A stage's validation results at one map size; `failures` counts episodes per failure type."""
+
+    size: int
+    episodes: int
+    valid: int
+    optimal: int
+    failures: dict[str, int]
+
+    @property
+    def valid_rate(self) -> float:
+        return self.valid / self.episodes if self.episodes else 0.0
+
+    @property
+    def optimal_rate(self) -> float:
+        return self.optimal / self.episodes if self.episodes else 0.0
+
+
+@dataclass(frozen=True)
+class FailureCase:
+    """One failed validation episode: the board, what the policy answered, and how it went."""
+
+    instance: Instance
+    completion: str
+    outcome: Outcome
+
+
+@dataclass(frozen=True)
+class StageResult:
+    """A stage's config and its validation results per map size, with a few failed episodes."""
+
+    stage_index: int
+    config: EnvConfig
+    by_size: dict[int, SizeResult]
+    cases: tuple[FailureCase, ...] = ()
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """Everything an engineer may read when it proposes the config of the next stage.
+
+    `history` holds the stages before `current`, oldest first; stage 0 (when present) was evaluated on the
+    round-0 default config. `round_index` is the stage the proposal is for, `rounds_left` the training
+    stages still to come counting that one, `instances_per_stage` the training instances per stage.
+    """
+
+    current: StageResult
+    history: tuple[StageResult, ...] = ()
+    round_index: int = 1
+    rounds_left: int = 1
+    instances_per_stage: int | None = None  # None: the current config's num_instances
+    hyperparameters: dict[str, Any] | None = None
+    self_summary: str | None = None
+
+
+@dataclass(frozen=True)
+class ContextModules:
+    """Which sections the context text holds (the paper's context modules).
+
+    `history` shows the earlier stages without stage 0; `history_with_default` shows them with stage 0,
+    the round-0 default (either flag turns the history section on).
+    """
+
+    failure_breakdown: bool = True
+    guideline: bool = True
+    history: bool = True
+    history_with_default: bool = False
+    bookkeeping: bool = True
+    failure_cases: bool = False
+    self_summary: bool = False
+    hyperparameters: bool = False
+
+    @classmethod
+    def paper_best(cls) -> ContextModules:
+        """Failure breakdown + guideline + history without the default + bookkeeping."""
+        return cls()
+
+    @classmethod
+    def every(cls) -> ContextModules:
+        return cls(**{f.name: True for f in fields(cls)})
+
+    @classmethod
+    def none(cls) -> ContextModules:
+        return cls(**{f.name: False for f in fields(cls)})
+
+
+# ---------------------------------------------------------------- from the database
+
+
+def load_stage_result(session: Session, run_id: int, stage_index: int, cases: int = 3) -> StageResult:
+    """A stage's config, its per-size validation metrics and up to `cases` failed validation episodes.
+
+    Cases are picked one per failure type, the most common type first (ties: the rule order), then a
+    second of each type, and so on; within a type the earliest stored episode comes first.
+    Raises LookupError when the run has no such stage.
+    """
+    stage = session.exec(select(Stage).where(Stage.run_id == run_id, Stage.index == stage_index)).first()
+    if stage is None:
+        raise LookupError(f"run {run_id} has no stage {stage_index}")
+    metrics = session.exec(select(StageMetric).where(
+        StageMetric.run_id == run_id, StageMetric.stage_index == stage_index, StageMetric.split == SPLIT,
+    ).order_by(StageMetric.size)).all()
+    by_size = {m.size: SizeResult(m.size, m.episodes, m.valid, m.optimal, dict(m.failures)) for m in metrics}
+    return StageResult(stage_index, EnvConfig.model_validate(stage.config), by_size,
+                       _failure_cases(session, run_id, stage_index, cases) if cases > 0 else ())
+
+
+def _failure_cases(session: Session, run_id: int, stage_index: int, n: int) -> tuple[FailureCase, ...]:
+    failed = session.exec(select(Episode).where(
+        Episode.run_id == run_id, Episode.stage_index == stage_index, Episode.split == SPLIT,
+        Episode.valid == False,  # noqa: E712 (SQL, not Python)
+    ).order_by(Episode.id)).all()
+    by_type: dict[str, list[Episode]] = {}
+    for ep in failed:
+        by_type.setdefault(ep.failure or "unknown", []).append(ep)
+    order = sorted(by_type, key=lambda f: (-len(by_type[f]), _failure_rank(f)))
+    picked: list[Episode] = []
+    for depth in range(n):
+        picked += [by_type[f][depth] for f in order if depth < len(by_type[f])]
+    return tuple(_case(ep) for ep in picked[:n])
+
+
+def _case(ep: Episode) -> FailureCase:
+    instance = Instance.model_validate(ep.instance)
+    # An episode stored without its outcome is scored again: the rules are deterministic.
+    outcome = Outcome.from_dict(ep.outcome) if ep.outcome else score_answer(instance, ep.completion)
+    return FailureCase(instance, ep.completion, outcome)
+
+
+def _failure_rank(name: str) -> int:
+    order = [f.value for f in Failure]
+    return order.index(name) if name in order else len(order)
+
+
+# ---------------------------------------------------------------- the text
+
+
+def build_context(evidence: Evidence, modules: ContextModules | None = None) -> str:
+    """The context text: the sections `modules` turns on, in a fixed order, separated by blank lines."""
+    modules = modules or ContextModules.paper_best()
+    sections = []
+    if modules.bookkeeping:
+        sections.append(_bookkeeping(evidence))
+    if modules.failure_breakdown:
+        sections.append(_breakdown(evidence.current))
+    if modules.history or modules.history_with_default:
+        sections.append(_history(evidence, with_default=modules.history_with_default))
+    if modules.failure_cases:
+        sections.append(_cases(evidence.current))
+    if modules.guideline:
+        sections.append(guideline(evidence.current.config))
+    if modules.hyperparameters:
+        sections.append(_hyperparameters(evidence.hyperparameters))
+    if modules.self_summary:
+        sections.append(_self_summary(evidence.self_summary))
+    return "\n\n".join(sections)
+
+
+def _bookkeeping(ev: Evidence) -> str:
+    return (f"## Round\n"
+            f"You are choosing the environment config of stage {ev.round_index}, after stage "
+            f"{ev.current.stage_index} was evaluated. Training stages left, this one included: {ev.rounds_left}. "
+            f"Each stage trains on {ev.instances_per_stage or ev.current.config.num_instances} instances.")
+
+
+def _breakdown(result: StageResult) -> str:
+    head = f"## Failure breakdown of stage {result.stage_index} ({SPLIT} set, per map size)"
+    if not result.by_size:
+        return f"{head}\nNo {SPLIT} results were recorded for this stage."
+    return f"{head}\n{_results_table(result)}"
+
+
+def _failure_types(results: list[SizeResult]) -> list[str]:
+    """The failure types that occur in `results`, in the rule order (unknown names last, sorted)."""
+    seen = {f for r in results for f, n in r.failures.items() if n}
+    return sorted(seen, key=lambda f: (_failure_rank(f), f))
+
+
+def _results_table(result: StageResult) -> str:
+    rows = [result.by_size[s] for s in sorted(result.by_size)]
+    kinds = _failure_types(rows)
+    total = SizeResult(0, sum(r.episodes for r in rows), sum(r.valid for r in rows), sum(r.optimal for r in rows),
+                       dict(sum((Counter(r.failures) for r in rows), Counter())))
+    lines = ["| size | episodes | valid | optimal | " + " | ".join(kinds) + " |" if kinds else
+             "| size | episodes | valid | optimal |", "|---" * (4 + len(kinds)) + "|"]
+    for label, r in [*((str(r.size), r) for r in rows), ("all", total)]:
+        cells = [label, str(r.episodes), _pct(r.valid_rate), _pct(r.optimal_rate),
+                 *(str(r.failures.get(k, 0)) for k in kinds)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _history(ev: Evidence, *, with_default: bool) -> str:
+    stages = [s for s in ev.history if with_default or s.stage_index != 0]
+    head = "## Earlier stages (oldest first): config and results per map size"
+    if not stages:
+        return f"{head}\nNone yet."
+    parts = [head]
+    for s in stages:
+        title = f"### Stage {s.stage_index}" + (" (the round-0 default config)" if s.stage_index == 0 else "")
+        parts.append(f"{title}\n{_config_and_results(s)}")
+    return "\n".join(parts)
+
+
+def _config_and_results(result: StageResult) -> str:
+    """One table of a stage's knobs and its results, size by size; the globals on a line above it."""
+    config = result.config
+    glob = ", ".join(f"{name} {getattr(config, name)}" for name in GLOBALS)
+    lines = [glob, "| size | " + " | ".join(KNOBS) + " | valid | optimal | most common failure |",
+             "|---" * (len(KNOBS) + 4) + "|"]
+    for s in config.sizes:
+        r = result.by_size.get(s)
+        top = max(r.failures.items(), key=lambda kv: (kv[1], -_failure_rank(kv[0])), default=None) if r else None
+        cells = [str(s), *(_num(getattr(config, k)[s]) for k in KNOBS),
+                 _pct(r.valid_rate) if r else "-", _pct(r.optimal_rate) if r else "-",
+                 f"{top[0]} ({top[1]})" if top and top[1] else "-"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _cases(result: StageResult) -> str:
+    head = f"## Failed answers from stage {result.stage_index}"
+    if not result.cases:
+        return f"{head}\nNo failed answers were recorded."
+    parts = [head]
+    for n, case in enumerate(result.cases, 1):
+        inst, outcome = case.instance, case.outcome
+        answer = case.completion.strip()
+        if len(answer) > ANSWER_CHARS:
+            answer = answer[:ANSWER_CHARS] + f" ... ({len(answer) - ANSWER_CHARS} more characters)"
+        failure = outcome.failure.value if outcome.failure else "none"
+        parts.append(f"### Case {n}: size {inst.size}, {inst.num_agents} agents, {failure}\n"
+                     f"Board (A, B, ... starts; a, b, ... goals; H holes):\n{inst.picture()}\n"
+                     f"Answer:\n{answer or '(empty)'}\n"
+                     f"Outcome: {outcome.message}")
+    return "\n".join(parts)
+
+
+def guideline(config: EnvConfig) -> str:
+    """What each knob does and its legal range, from `envsim.config` (the one source of truth)."""
+    sizes = ", ".join(map(str, config.sizes))
+    per_size = [f"- {k}: {KNOB_HELP[k]}; {_num(lo)} to {_num(hi)}" for k, (lo, hi) in KNOBS.items()]
+    globals_ = [f"- {k}: {KNOB_HELP[k]}; {lo} to {hi}" for k, (lo, hi) in GLOBALS.items()]
+    return "\n".join([
+        "## The knobs",
+        f"Per map size (the keys are the map sizes {sizes}):", *per_size,
+        "Global:", *globals_,
+        "A value outside its range is clamped into it, and data_ratio is rescaled to sum to 1.",
+    ])
+
+
+def _hyperparameters(hp: dict[str, Any] | None) -> str:
+    head = "## Training hyperparameters"
+    if not hp:
+        return f"{head}\nNot given."
+    lines = [f"- {k}: {json.dumps(v, sort_keys=True, default=str)}" for k, v in sorted(hp.items())]
+    return "\n".join([head, *lines])
+
+
+def _self_summary(summary: str | None) -> str:
+    return "## Your summary of the earlier rounds\n" + (summary.strip() if summary and summary.strip() else "None yet.")
+
+
+def _pct(x: float) -> str:
+    return f"{x:.0%}"
+
+
+def _num(x: float) -> str:
+    """A knob value for people: at most 3 decimals, no trailing zeros (0.125, 0.2, 0)."""
+    return f"{x:.3f}".rstrip("0").rstrip(".") or "0"

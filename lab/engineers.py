@@ -1,0 +1,376 @@
+"""Environment engineers: from the evidence of a run, the config of its next stage.
+
+Each engineer is a function `engineer(evidence, *, seed, **options) -> EngineerAnswer`, chosen by name
+from `ENGINEERS`. Options an engineer does not use are ignored, so a caller passes the same ones to all.
+
+- `fixed` keeps the current config (the paper's fixed-environment baseline).
+- `random` draws a legal config from the seed and the round (the paper's random baseline).
+- `heuristic` is a transparent curriculum rule; its rationale has one line per change it makes.
+- `llm` asks a language model (the policy itself, Gemma, or any OpenAI-compatible server) and reads its
+  JSON back through `envsim.config.project`, retrying with the error shown when the answer is unusable.
+
+An answer whose `projection` is None has failed: `error` says why, and the caller keeps the previous
+config. No engineer raises on anything a model writes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from envsim.config import GLOBALS, KNOBS, EnvConfig, Projection, project
+from lab.context import ContextModules, Evidence, SizeResult, build_context
+from lab.llm import LLMError, Messages, complete
+
+Complete = Callable[[Messages], str]
+
+
+@dataclass(frozen=True)
+class EngineerAnswer:
+    """What an engineer returned. `proposed` is the config as the answer gave it (None when unreadable),
+    `projection` the legal config made of it (None when the proposal failed, and `error` says why)."""
+
+    prompt: str
+    raw: str
+    proposed: dict[str, Any] | None
+    projection: Projection | None
+    rationale: str
+    error: str | None = None
+    attempts: int = 1
+
+
+def _answer(config: EnvConfig, base: EnvConfig, rationale: str) -> EngineerAnswer:
+    """The answer of an engineer that builds its config itself (it is legal by construction)."""
+    proposed = config.model_dump(mode="json")
+    return EngineerAnswer(prompt="", raw=json.dumps(proposed, indent=2), proposed=proposed,
+                          projection=project(proposed, base=base), rationale=rationale)
+
+
+SHARE_STEP = 0.001
+
+
+def shares(weights: dict[int, float], step: float = SHARE_STEP) -> dict[int, float]:
+    """Weights as shares that are multiples of `step` and sum to 1 (largest remainder; ties: smaller size)."""
+    units = round(1 / step)
+    total = sum(weights.values())
+    quotas = {s: w / total * units for s, w in weights.items()}
+    counts = {s: math.floor(q) for s, q in quotas.items()}
+    for s in sorted(quotas, key=lambda s: (counts[s] - quotas[s], s))[:units - sum(counts.values())]:
+        counts[s] += 1
+    return {s: round(c * step, 6) for s, c in counts.items()}
+
+
+# ---------------------------------------------------------------- fixed and random baselines
+
+
+def fixed(evidence: Evidence, *, seed: int = 0, **_options: Any) -> EngineerAnswer:
+    """Keep the current config: the paper's fixed-environment baseline."""
+    config = evidence.current.config
+    return _answer(config, config, "fixed environment: keeps the current config")
+
+
+def random_config(evidence: Evidence, *, seed: int, **_options: Any) -> EngineerAnswer:
+    """A random legal config from (seed, round): data shares from a flat Dirichlet, hole and wait ratios
+    uniform over their ranges, rounded to 0.001 and 0.01; the global knobs are kept."""
+    base = evidence.current.config
+    rng = np.random.default_rng([seed, evidence.round_index])
+    sizes = base.sizes
+    data = shares(dict(zip(sizes, rng.dirichlet(np.ones(len(sizes))).tolist(), strict=True)))
+    (hole_lo, hole_hi), (wait_lo, wait_hi) = KNOBS["hole_ratio"], KNOBS["wait_ratio"]
+    hole = {s: round(float(rng.uniform(hole_lo, hole_hi)), 2) for s in sizes}
+    wait = {s: round(float(rng.uniform(wait_lo, wait_hi)), 2) for s in sizes}
+    config = base.model_copy(update={"data_ratio": data, "hole_ratio": hole, "wait_ratio": wait})
+    return _answer(EnvConfig.model_validate(config.model_dump()), base,
+                   f"random baseline: a config drawn from seed {seed} and round {evidence.round_index}")
+
+
+# ---------------------------------------------------------------- a transparent curriculum rule
+
+FLOOR = 0.05  # the least learnability weight: mastered and unsolved sizes keep some data
+UNLEARNED = 0.2  # a valid rate below this: the size is not learned yet
+MASTERED = 0.9  # a valid rate at or above this: the size is mastered
+DOMINANT = 0.5  # a failure kind "dominates" at a size when it is at least this share of the failures
+HOLE_STEP = 0.05
+WAIT_STEP = 0.1
+CONFLICTS = ("vertex_conflict", "edge_conflict")
+
+
+def heuristic(evidence: Evidence, *, seed: int = 0, **_options: Any) -> EngineerAnswer:
+    """A deterministic curriculum rule over the current stage's validation results, size by size:
+
+    - data_ratio by learnability p(1-p), p the valid rate, never below `FLOOR` (keeps what works);
+    - wait_ratio + `WAIT_STEP` where conflicts are at least half of the failures;
+    - hole_ratio - `HOLE_STEP` where holes are at least half of the failures and p < `UNLEARNED`,
+      hole_ratio + `HOLE_STEP` where p >= `MASTERED`.
+
+    A size without validation episodes keeps its hole and wait ratios and gets the floor weight.
+    """
+    base = evidence.current.config
+    results = evidence.current.by_size
+    known = {s: r for s, r in results.items() if s in base.data_ratio and r.episodes}
+    data = shares({s: max(known[s].valid_rate * (1 - known[s].valid_rate), FLOOR) if s in known else FLOOR
+                   for s in base.sizes})
+    if all(abs(data[s] - base.data_ratio[s]) < SHARE_STEP for s in base.sizes):
+        data = dict(base.data_ratio)  # a difference below the rounding step is no change
+    hole, wait = dict(base.hole_ratio), dict(base.wait_ratio)
+    (hole_lo, hole_hi), wait_hi = KNOBS["hole_ratio"], KNOBS["wait_ratio"][1]
+    lines: list[str] = []
+    for s in base.sizes:
+        if data[s] != base.data_ratio[s]:
+            lines.append(f"size {s}: data_ratio {_num(base.data_ratio[s])} -> {_num(data[s])} "
+                         f"({_learnability(known.get(s))})")
+        r = known.get(s)
+        if r is None:
+            continue
+        p, failed = r.valid_rate, r.episodes - r.valid
+        conflicts = sum(r.failures.get(k, 0) for k in CONFLICTS)
+        holes = r.failures.get("hole", 0)
+        if failed and conflicts >= DOMINANT * failed and wait[s] < wait_hi:
+            wait[s] = round(min(wait[s] + WAIT_STEP, wait_hi), 3)
+            lines.append(f"size {s}: wait_ratio {_num(base.wait_ratio[s])} -> {_num(wait[s])} "
+                         f"(conflicts are {conflicts} of {failed} failures)")
+        if failed and holes >= DOMINANT * failed and p < UNLEARNED and hole[s] > hole_lo:
+            hole[s] = round(max(hole[s] - HOLE_STEP, hole_lo), 3)
+            lines.append(f"size {s}: hole_ratio {_num(base.hole_ratio[s])} -> {_num(hole[s])} "
+                         f"(valid {p:.0%} and holes are {holes} of {failed} failures)")
+        elif p >= MASTERED and hole[s] < hole_hi:
+            hole[s] = round(min(hole[s] + HOLE_STEP, hole_hi), 3)
+            lines.append(f"size {s}: hole_ratio {_num(base.hole_ratio[s])} -> {_num(hole[s])} "
+                         f"(valid {p:.0%}: mastered, so harder boards)")
+    config = EnvConfig(data_ratio=data, hole_ratio=hole, wait_ratio=wait, num_agents=base.num_agents,
+                       num_instances=base.num_instances)
+    return _answer(config, base, "\n".join(lines) or "no change: nothing in the validation results calls for one")
+
+
+def _learnability(r: SizeResult | None) -> str:
+    if r is None or r.episodes == 0:
+        return f"no validation episodes: floor weight {FLOOR:g}"
+    p = r.valid_rate
+    if p * (1 - p) < FLOOR:
+        return f"valid {p:.0%}: p(1-p) = {p * (1 - p):.2f} is below the floor weight {FLOOR:g}"
+    return f"valid {p:.0%}: learnability p(1-p) = {p * (1 - p):.2f}"
+
+
+def _num(x: float) -> str:
+    return f"{x:.3f}".rstrip("0").rstrip(".") or "0"
+
+
+# ---------------------------------------------------------------- an LLM engineer
+
+MAX_ANSWER_CHARS = 50_000  # the reader looks at the last this-many characters of an answer
+MAX_NUMBER_DIGITS = 300  # a JSON integer longer than this is refused (it does not fit in a float)
+RATIONALE_CHARS = 2_000
+
+INSTRUCTIONS = """\
+You are the environment engineer of a reinforcement-learning curriculum. A policy model is trained in stages \
+to plan collision-free paths for several agents on MAPF-FrozenLake boards: square grids of ice and holes, \
+where agents must reach their goals without falling into a hole, leaving the grid, or colliding. After each \
+stage you choose the environment config of the next stage: for each map size, the share of training \
+instances, the hole ratio and the wait ratio. Choose the config that will most improve the policy's valid \
+and optimal rates on all map sizes by the end of training."""
+
+ANSWER_FORMAT = """\
+## Your answer
+First the complete config of the next stage as one JSON object in a ```json fence, with every knob for \
+every map size (keys are map sizes), following this JSON schema:
+{schema}
+
+Then one paragraph that explains your choice."""
+
+RETRY = """\
+Your answer could not be used: {error}
+Answer again: the complete config as one JSON object in a ```json fence, then one paragraph of rationale."""
+
+
+class Unreadable(ValueError):
+    """An answer holds no JSON object that can be read; the message says what was found instead."""
+
+
+def llm(evidence: Evidence, *, seed: int, backend: str = "hf:policy", complete_fn: Complete | None = None,
+        modules: ContextModules | None = None, max_attempts: int = 3, max_tokens: int = 1024,
+        temperature: float = 0.7, base_url: str | None = None, policy_path: str | None = None,
+        timeout: float = 120.0, **_options: Any) -> EngineerAnswer:
+    """Ask a language model for the next config; read and project its answer, retrying on failure.
+
+    `complete_fn(messages) -> text` replaces the backend call when given (scripted answers in tests);
+    otherwise `lab.llm.complete(backend, ...)` answers. An unreadable or illegal answer is retried, the
+    error shown to the model, up to `max_attempts` answers in all. A backend failure (`LLMError`) ends the
+    proposal at once: asking again would fail again. Seeds of successive attempts are `seed`, `seed + 1`, ...
+    """
+    base = evidence.current.config
+    prompt = engineer_prompt(evidence, modules)
+    messages: Messages = [{"role": "user", "content": prompt}]
+    raw, proposed, error = "", None, "no answer"
+    attempts = 0
+    for attempt in range(max(1, max_attempts)):
+        attempts = attempt + 1
+        if attempt:
+            messages = [*messages, {"role": "assistant", "content": raw},
+                        {"role": "user", "content": RETRY.format(error=error)}]
+        try:
+            raw = (complete_fn(messages) if complete_fn is not None else
+                   complete(backend, messages, max_tokens=max_tokens, temperature=temperature, seed=seed + attempt,
+                            base_url=base_url, policy_path=policy_path, timeout=timeout))
+        except LLMError as err:
+            return EngineerAnswer(_transcript(messages), raw, proposed, None, "", f"backend failed: {err}", attempts)
+        if not isinstance(raw, str):
+            raw, proposed, error = repr(raw), None, f"the backend returned {type(raw).__name__}, not text"
+            continue
+        try:
+            proposed, span = read_config(raw)
+        except Unreadable as err:
+            proposed, error = None, str(err)
+            continue
+        try:
+            projection = project(proposed, base=base)
+        except (ValueError, TypeError, OverflowError) as err:  # ConfigError is a ValueError
+            error = f"the config is not legal: {err}"
+            continue
+        return EngineerAnswer(_transcript(messages), raw, proposed, projection, _rationale(raw, span), None, attempts)
+    return EngineerAnswer(_transcript(messages), raw, proposed, None, "",
+                          f"no usable config after {attempts} answer{'s' * (attempts > 1)}: {error}", attempts)
+
+
+def engineer_prompt(evidence: Evidence, modules: ContextModules | None = None) -> str:
+    """The first message to the model: instructions, the context, the current config and the answer format."""
+    schema = json.dumps(EnvConfig.model_json_schema(), separators=(",", ":"))
+    current = json.dumps(evidence.current.config.model_dump(mode="json"), separators=(", ", ": "))
+    return "\n\n".join([INSTRUCTIONS, build_context(evidence, modules),
+                        f"## The current config (stage {evidence.current.stage_index})\n{current}",
+                        ANSWER_FORMAT.format(schema=schema)])
+
+
+_FENCE = re.compile(r"```[ \t]*+([A-Za-z0-9_+-]*+)[^\n`]*+\n?(.*?)```", re.DOTALL)
+# A JSON string (escapes included) or a brace: the scanner skips strings, so braces inside them do not count.
+_BRACE = re.compile(r'"(?:[^"\\]|\\.)*+"|[{}]', re.DOTALL)
+_CONFIG_KEYS = frozenset(KNOBS) | frozenset(GLOBALS)
+
+
+def read_config(text: str) -> tuple[dict[str, Any], tuple[int, int]]:
+    """The config object an answer gives, and where it stands in the text (start, end).
+
+    The last ```json (or bare ```) fenced block holding a JSON object with a config key wins; without
+    one, the last top-level balanced `{...}` of the text that is a JSON object, those with a config key
+    first. NaN, infinities and numbers too large for a float are refused, so what comes back is strict
+    JSON. Raises `Unreadable` naming what was wrong.
+    """
+    offset = max(0, len(text) - MAX_ANSWER_CHARS)
+    tail = text[offset:]
+    if not tail.strip():
+        raise Unreadable("the answer is empty")
+    problem = ""
+    for fence in reversed(list(_FENCE.finditer(tail))):
+        if fence.group(1).lower() not in ("", "json", "json5", "javascript", "js"):
+            continue
+        found = _last_object(fence.group(2))
+        if isinstance(found, str):
+            problem = problem or f"the ```json block holds no usable JSON object: {found}"
+        elif _CONFIG_KEYS & set(found[0]):
+            return found[0], (offset + fence.start(), offset + fence.end())
+    found = _last_object(tail)
+    if isinstance(found, str):
+        raise Unreadable(problem or found)
+    obj, (start, end) = found
+    return obj, (offset + start, offset + end)
+
+
+def _spans(text: str) -> tuple[list[tuple[int, int]], int | None]:
+    """The top-level balanced `{...}` spans (start, end) of `text`, and the first brace never closed.
+
+    A brace that is never closed does not hide what follows it: the spans are the matched pairs that no
+    other matched pair contains.
+    """
+    stack: list[int] = []
+    pairs: list[tuple[int, int]] = []
+    for m in _BRACE.finditer(text):
+        if m.group() == "{":
+            stack.append(m.start())
+        elif m.group() == "}" and stack:
+            pairs.append((stack.pop(), m.end()))
+    pairs.sort()
+    top: list[tuple[int, int]] = []
+    for start, end in pairs:
+        if not top or start >= top[-1][1]:
+            top.append((start, end))
+    return top, (stack[0] if stack else None)
+
+
+def _last_object(text: str) -> tuple[dict[str, Any], tuple[int, int]] | str:
+    """The last top-level JSON object of `text` and its span (one with a config key first), or why none."""
+    decoder = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite_float, parse_int=_bounded_int)
+    spans, unclosed = _spans(text)
+    other: tuple[dict[str, Any], tuple[int, int]] | None = None
+    error = ""
+    for start, end in reversed(spans):
+        try:
+            value = decoder.decode(text[start:end])
+        except (ValueError, RecursionError) as err:
+            error = error or _json_error(err, start)
+            continue
+        if isinstance(value, dict):
+            if _CONFIG_KEYS & set(value):
+                return value, (start, end)
+            other = other or (value, (start, end))
+    if unclosed is not None:
+        return f"the JSON object that starts at character {unclosed} is never closed (was the answer cut off?)"
+    if other is not None:
+        return other
+    if error:
+        return f"the JSON object is not valid: {error}"
+    return "no JSON object in the answer (expected a ```json block holding the config)"
+
+
+def _json_error(err: Exception, start: int) -> str:
+    if isinstance(err, RecursionError):
+        return "it is nested too deeply"
+    if isinstance(err, json.JSONDecodeError):
+        return f"{err.msg} at character {start + err.pos}"
+    return str(err)
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number JSON allows; give a finite number")
+
+
+def _finite_float(literal: str) -> float:
+    value = float(literal)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {literal[:40]} is too large")
+    return value
+
+
+def _bounded_int(literal: str) -> int:
+    if len(literal.lstrip("-")) > MAX_NUMBER_DIGITS:
+        raise ValueError(f"a number with {len(literal)} digits is too large")
+    return int(literal)
+
+
+def _rationale(raw: str, span: tuple[int, int]) -> str:
+    """The prose around the config: what follows it, else what precedes it (fences and tags removed)."""
+    after, before = raw[span[1]:], raw[:span[0]]
+    for part in (after, before):
+        text = " ".join(part.replace("```json", " ").replace("```", " ").split())
+        if text:
+            return text[:RATIONALE_CHARS]
+    return ""
+
+
+def _transcript(messages: Messages) -> str:
+    """The prompt as stored: the first message alone, or every turn of a retried conversation."""
+    if len(messages) == 1:
+        return messages[0]["content"]
+    return "\n\n".join(f"--- {m['role']} ---\n{m['content']}" for m in messages)
+
+
+ENGINEERS: dict[str, Callable[..., EngineerAnswer]] = {
+    "fixed": fixed,
+    "random": random_config,
+    "heuristic": heuristic,
+    "llm": llm,
+}

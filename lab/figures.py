@@ -1,0 +1,333 @@
+"""Figures of the web lab: boards and replays, rates per size, curves across stages, failures, training.
+
+Pure functions of envsim objects and plain data, so the page, the tests and the benchmarks draw the same
+thing. A board puts cell `(row, col)` at `x = col`, `y = row` with the y axis reversed (row 0 on top, as in
+docs/rules.md), so a test reads an agent's cell straight off its trace: `(y[0], x[0])`.
+
+Trace names are part of the contract (tests and the browser read them): `board`, `goals`, `starts`,
+`ghost path {i}`, then the moving ones `path {i}`, `agent {i}`, `solver's plan` (the ghost), `events`.
+
+Gradio's `gr.Plot` draws a figure with `Plotly.react(data, layout)` and drops `frames`, so the page steps a
+replay on the server (`board_figure(..., step=t)` from a slider); `replay_figure` carries every step as a
+Plotly frame with its own slider and play button, for a replay saved as a standalone HTML file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import plotly.graph_objects as go
+import plotly.io as pio
+from plotly.subplots import make_subplots
+
+from envsim.instance import Instance
+from envsim.rules import Failure
+from envsim.scoring import Event, Outcome, score
+
+AGENT_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
+ICE, HOLE, EVENT = "#eaf4fb", "#1d2b4a", "#d62728"
+FAILURES = tuple(f.value for f in Failure)
+_FONT = dict(family="system-ui, sans-serif", size=13)
+
+
+def colour(agent: int) -> str:
+    return AGENT_COLOURS[agent % len(AGENT_COLOURS)]
+
+
+def ghost_positions(instance: Instance) -> tuple[tuple[tuple[int, int], ...], ...] | None:
+    """Where the solver's reference plan puts every agent at each time (None for an unlabelled board)."""
+    if instance.reference_plan is None:
+        return None
+    return score(instance, instance.reference_plan).positions
+
+
+def last_step(outcome: Outcome | None) -> int:
+    return 0 if outcome is None else len(outcome.positions) - 1
+
+
+# ---------------------------------------------------------------- one board at one step
+
+
+def _static_traces(instance: Instance, ghost: Sequence[Sequence[tuple[int, int]]] | None,
+                   axes: dict[str, str]) -> list[dict[str, Any]]:
+    n, k = instance.size, instance.num_agents
+    holes = instance.hole_set
+    z = [[1 if (r, c) in holes else 0 for c in range(n)] for r in range(n)]
+    hover = [[f"({r},{c}) {'hole' if (r, c) in holes else 'ice'}" for c in range(n)] for r in range(n)]
+    traces: list[dict[str, Any]] = [dict(
+        type="heatmap", name="board", z=z, x=list(range(n)), y=list(range(n)), zmin=0, zmax=1,
+        colorscale=[[0, ICE], [0.5, ICE], [0.5, HOLE], [1, HOLE]], showscale=False, xgap=1, ygap=1,
+        hovertext=hover, hoverinfo="text", **axes)]
+    traces.append(dict(
+        type="scatter", name="goals", mode="markers+text", x=[g[1] for g in instance.goals],
+        y=[g[0] for g in instance.goals], text=[chr(ord("a") + i) for i in range(k)],
+        textfont=dict(color=[colour(i) for i in range(k)], size=14),
+        marker=dict(symbol="square-open", size=26, line=dict(width=3), color=[colour(i) for i in range(k)]),
+        hovertext=[f"goal of agent {i} {g}" for i, g in enumerate(instance.goals)], hoverinfo="text",
+        showlegend=False, **axes))
+    traces.append(dict(
+        type="scatter", name="starts", mode="text", x=[s[1] for s in instance.starts],
+        y=[s[0] for s in instance.starts], text=[chr(ord("A") + i) for i in range(k)],
+        textposition="top left", textfont=dict(color=[colour(i) for i in range(k)], size=11),
+        hovertext=[f"start of agent {i} {s}" for i, s in enumerate(instance.starts)], hoverinfo="text",
+        showlegend=False, **axes))
+    if ghost is not None:
+        for i in range(k):
+            cells = [row[i] for row in ghost]
+            traces.append(dict(
+                type="scatter", name=f"ghost path {i}", mode="lines", x=[c[1] for c in cells],
+                y=[c[0] for c in cells], line=dict(color=colour(i), width=2, dash="dot"), opacity=0.45,
+                hoverinfo="skip", showlegend=False, **axes))
+    return traces
+
+
+def _offset(i: int, k: int) -> float:
+    """Paths of different agents are drawn a little apart so that shared corridors stay readable."""
+    return (i - (k - 1) / 2) * 0.08
+
+
+def _moving_traces(instance: Instance, outcome: Outcome | None, step: int,
+                   ghost: Sequence[Sequence[tuple[int, int]]] | None, axes: dict[str, str],
+                   legend: bool = True) -> list[dict[str, Any]]:
+    """Paths up to `step`, agents at `step`, the ghost at `step`, and the events up to `step`."""
+    k = instance.num_agents
+    positions = outcome.positions if outcome is not None else (instance.starts,)
+    now = positions[min(step, len(positions) - 1)]
+    traces: list[dict[str, Any]] = []
+    for i in range(k):
+        cells = [row[i] for row in positions[:step + 1]]
+        d = _offset(i, k)
+        traces.append(dict(
+            type="scatter", name=f"path {i}", mode="lines", x=[c[1] + d for c in cells], y=[c[0] + d for c in cells],
+            line=dict(color=colour(i), width=4), opacity=0.7, hoverinfo="skip", showlegend=False, **axes))
+    for i in range(k):
+        traces.append(dict(
+            type="scatter", name=f"agent {i}", legendgroup=f"agent {i}", mode="markers+text",
+            x=[now[i][1]], y=[now[i][0]], text=[str(i)], textfont=dict(color="white", size=13),
+            marker=dict(size=24, color=colour(i), line=dict(color="white", width=2)),
+            hovertext=[f"agent {i} at ({now[i][0]},{now[i][1]}), t={step}"], hoverinfo="text",
+            showlegend=legend, **axes))
+    if ghost is not None:
+        at = ghost[min(step, len(ghost) - 1)]
+        traces.append(dict(
+            type="scatter", name="solver's plan", mode="markers", x=[c[1] for c in at], y=[c[0] for c in at],
+            marker=dict(symbol="circle-open", size=30, line=dict(width=2), color=[colour(i) for i in range(k)]),
+            opacity=0.6, hovertext=[f"solver's plan: agent {i} at ({c[0]},{c[1]})" for i, c in enumerate(at)],
+            hoverinfo="text", showlegend=legend, **axes))
+    shown = [e for e in (outcome.events if outcome else ()) if e.cell is not None and e.time <= step]
+    cells = [_on_board(e.cell, instance.size) for e in shown]
+    traces.append(dict(
+        type="scatter", name="events", mode="markers", x=[c[1] for c in cells], y=[c[0] for c in cells],
+        marker=dict(symbol="x", color=EVENT, line=dict(color="white", width=1),
+                    size=[26 if e.time == step else 14 for e in shown],
+                    opacity=[1.0 if e.time == step else 0.55 for e in shown]),
+        hovertext=[describe(e) for e in shown], hoverinfo="text", showlegend=False, **axes))
+    return traces
+
+
+def _on_board(cell: tuple[int, int], size: int) -> tuple[float, float]:
+    """Where to draw an event: its cell, or for a move off the grid the board's edge it ran into."""
+    return tuple(min(max(v, -0.5), size - 0.5) for v in cell)
+
+
+def describe(event: Event) -> str:
+    who = " and ".join(f"agent {a}" for a in event.agents) or "the plan"
+    where = f" at ({event.cell[0]},{event.cell[1]})" if event.cell is not None else ""
+    return f"t={event.time}: {event.type.value}, {who}{where}"
+
+
+def step_caption(outcome: Outcome | None, step: int) -> str:
+    """One line for the figure's title: the time and what happens at it."""
+    if outcome is None:
+        return "the board (no plan yet)"
+    now = [e for e in outcome.events if e.time == step]
+    text = f"t = {step} / {last_step(outcome)}"
+    if now:
+        text += ": " + "; ".join(f"{e.type.value} ({', '.join(map(str, e.agents)) or 'plan'})" for e in now)
+    elif step == last_step(outcome):
+        text += ": " + ("valid" if outcome.valid else (outcome.failure.value if outcome.failure else ""))
+    return text
+
+
+def _board_layout(instance: Instance, title: str, height: int = 460) -> dict[str, Any]:
+    n = instance.size
+    return dict(
+        title=dict(text=title, x=0.02, font=dict(size=15)), height=height, margin=dict(l=30, r=10, t=50, b=30),
+        font=_FONT, plot_bgcolor="white", paper_bgcolor="white", hovermode="closest",
+        xaxis=dict(range=[-0.5, n - 0.5], dtick=1, showgrid=False, zeroline=False, constrain="domain",
+                   side="top", fixedrange=True),
+        yaxis=dict(range=[n - 0.5, -0.5], dtick=1, showgrid=False, zeroline=False, scaleanchor="x",
+                   constrain="domain", fixedrange=True),
+        legend=dict(orientation="h", y=-0.02, yanchor="top"))
+
+
+def board_figure(instance: Instance, outcome: Outcome | None = None, step: int | None = None, *,
+                 ghost: bool = True, title: str | None = None, height: int = 460) -> go.Figure:
+    """The board at time `step` (default: the end): each agent's path so far and cell now, the solver's
+    plan as a ghost, and every event up to `step` (those at `step` drawn large)."""
+    step = last_step(outcome) if step is None else max(0, min(step, last_step(outcome)))
+    ghosts = ghost_positions(instance) if ghost else None
+    axes = dict(xaxis="x", yaxis="y")
+    data = _static_traces(instance, ghosts, axes) + _moving_traces(instance, outcome, step, ghosts, axes)
+    layout = _board_layout(instance, step_caption(outcome, step) if title is None else title, height)
+    plan_level = [e for e in (outcome.events if outcome else ()) if e.cell is None]
+    if plan_level:
+        layout["annotations"] = [dict(text="; ".join(describe(e) for e in plan_level), xref="paper", yref="paper",
+                                      x=0.5, y=0.5, showarrow=False, font=dict(color=EVENT, size=15),
+                                      bgcolor="rgba(255,255,255,0.85)")]
+    return go.Figure(data=data, layout=layout)
+
+
+def replay_figure(instance: Instance, outcome: Outcome, *, ghost: bool = True) -> dict[str, Any]:
+    """Every step of an episode as a Plotly frame, with a time slider and a play/pause button.
+
+    Returned as the plain figure dict Plotly.js reads (`write_replay_html` saves it): building `go.Frame`
+    objects validates every property of every frame, five times the cost of the drawing itself. Frames
+    carry only the moving traces, the same dicts `board_figure` draws (and validates).
+    """
+    ghosts = ghost_positions(instance) if ghost else None
+    axes = dict(xaxis="x", yaxis="y")
+    static = _static_traces(instance, ghosts, axes)
+    moving = list(range(len(static), len(static) + 2 * instance.num_agents + (ghosts is not None) + 1))
+    end = last_step(outcome)
+    frames = [dict(name=str(t), data=_moving_traces(instance, outcome, t, ghosts, axes), traces=moving,
+                   layout=dict(title=dict(text=step_caption(outcome, t)))) for t in range(end + 1)]
+    layout = _board_layout(instance, step_caption(outcome, 0), height=520)
+    layout["margin"]["b"] = 90
+    animate = dict(frame=dict(duration=500, redraw=False), transition=dict(duration=0), mode="immediate")
+    layout["updatemenus"] = [dict(type="buttons", direction="left", x=0, y=-0.06, xanchor="left", yanchor="top",
+                                  showactive=False, buttons=[
+                                      dict(label="▶ play", method="animate", args=[None, {**animate, "fromcurrent": True}]),
+                                      dict(label="❚❚ pause", method="animate",
+                                           args=[[None], {**animate, "frame": dict(duration=0, redraw=False)}])])]
+    layout["sliders"] = [dict(active=0, x=0.2, len=0.8, y=-0.04, yanchor="top", currentvalue=dict(prefix="t = "),
+                              steps=[dict(label=str(t), method="animate", args=[[str(t)], animate])
+                                     for t in range(end + 1)])]
+    first = _moving_traces(instance, outcome, 0, ghosts, axes)
+    return dict(data=static + first, layout=layout, frames=frames)
+
+
+def write_replay_html(figure: dict[str, Any], path: str) -> None:
+    """A standalone HTML file (Plotly.js inlined, so it opens offline) of a `replay_figure`."""
+    pio.write_html(figure, path, include_plotlyjs=True, validate=False, auto_play=False)
+
+
+def boards_figure(panels: Sequence[tuple[Instance, Outcome | None, str]], *, ghost: bool = False,
+                  columns: int = 4, height: int = 300) -> go.Figure:
+    """Small boards side by side, each `(instance, outcome or None, title)`, drawn at the episode's end
+    (the proposal preview and the "same board across stages" strip)."""
+    if not panels:
+        return empty_figure("nothing to show")
+    columns = min(columns, len(panels))
+    rows = -(-len(panels) // columns)
+    fig = make_subplots(rows=rows, cols=columns, subplot_titles=[p[2] for p in panels],
+                        horizontal_spacing=0.03, vertical_spacing=0.1)
+    for n, (instance, outcome, _) in enumerate(panels):
+        suffix = "" if n == 0 else str(n + 1)
+        axes = dict(xaxis=f"x{suffix}", yaxis=f"y{suffix}")
+        ghosts = ghost_positions(instance) if ghost else None
+        fig.add_traces(_static_traces(instance, ghosts, axes)
+                       + _moving_traces(instance, outcome, last_step(outcome), ghosts, axes, legend=False))
+        size = instance.size
+        fig.update_layout({f"xaxis{suffix}": dict(range=[-0.5, size - 0.5], showticklabels=False, showgrid=False,
+                                                  zeroline=False, constrain="domain", fixedrange=True),
+                           f"yaxis{suffix}": dict(range=[size - 0.5, -0.5], showticklabels=False, showgrid=False,
+                                                  zeroline=False, scaleanchor=f"x{suffix}", constrain="domain",
+                                                  fixedrange=True)})
+    fig.update_layout(height=height * rows + 30, margin=dict(l=10, r=10, t=70, b=10), font=_FONT, showlegend=False,
+                      plot_bgcolor="white")
+    fig.update_annotations(font_size=12)
+    return fig
+
+
+# ---------------------------------------------------------------- rates, curves, failures, training
+
+
+def empty_figure(message: str, height: int = 260) -> go.Figure:
+    """A blank figure that says why it is blank (no stage yet, no logs, ...)."""
+    return go.Figure(layout=dict(
+        height=height, xaxis=dict(visible=False), yaxis=dict(visible=False), plot_bgcolor="white",
+        annotations=[dict(text=message, showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5,
+                          font=dict(size=15, color="#555"))]))
+
+
+def _rate(num: int, den: int) -> float:
+    return num / den if den else 0.0
+
+
+def rates_figure(rows: Sequence[Mapping[str, Any]], title: str = "") -> go.Figure:
+    """Valid and optimal rate per map size; `rows` hold `size`, `episodes`, `valid`, `optimal`."""
+    if not rows:
+        return empty_figure("no evaluation yet")
+    rows = sorted(rows, key=lambda r: r["size"])
+    sizes = [f"{r['size']}x{r['size']}" for r in rows]
+    fig = go.Figure()
+    for key, name, col in (("valid", "valid rate", "#2b8cbe"), ("optimal", "optimal rate", "#31a354")):
+        rates = [_rate(r[key], r["episodes"]) for r in rows]
+        fig.add_bar(name=name, x=sizes, y=rates, marker_color=col, text=[f"{v:.0%}" for v in rates],
+                    textposition="outside", customdata=[r["episodes"] for r in rows],
+                    hovertemplate="%{x}: %{y:.1%} of %{customdata} episodes<extra>" + name + "</extra>")
+    fig.update_layout(title=title, barmode="group", height=320, yaxis=dict(range=[0, 1.12], tickformat=".0%"),
+                      margin=dict(l=40, r=10, t=40, b=30), font=_FONT, legend=dict(orientation="h", y=1.12),
+                      plot_bgcolor="white")
+    return fig
+
+
+def curves_figure(per_stage: Mapping[int, Sequence[Mapping[str, Any]]]) -> go.Figure:
+    """Across stages: the mean valid and optimal rate over sizes (thick) and each size's valid rate (thin)."""
+    stages = sorted(s for s, rows in per_stage.items() if rows)
+    if not stages:
+        return empty_figure("no evaluated stage yet")
+    fig = go.Figure()
+    sizes = sorted({r["size"] for s in stages for r in per_stage[s]})
+    for size in sizes:
+        xs, ys = [], []
+        for s in stages:
+            row = next((r for r in per_stage[s] if r["size"] == size), None)
+            if row:
+                xs.append(s)
+                ys.append(_rate(row["valid"], row["episodes"]))
+        fig.add_scatter(x=xs, y=ys, mode="lines+markers", name=f"valid {size}x{size}", line=dict(width=1),
+                        opacity=0.5, legendgroup="sizes")
+    for key, name, col in (("valid", "mean valid", "#2b8cbe"), ("optimal", "mean optimal", "#31a354")):
+        ys = [sum(_rate(r[key], r["episodes"]) for r in per_stage[s]) / len(per_stage[s]) for s in stages]
+        fig.add_scatter(x=stages, y=ys, mode="lines+markers", name=name, line=dict(width=4, color=col))
+    fig.update_layout(height=340, xaxis=dict(title="stage", dtick=1, range=[stages[0] - 0.3, stages[-1] + 0.3]), yaxis=dict(range=[0, 1.02], tickformat=".0%"),
+                      margin=dict(l=40, r=10, t=30, b=40), font=_FONT, plot_bgcolor="white")
+    return fig
+
+
+def failure_heatmap(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
+    """Episodes per (map size, failure type); `rows` hold `size` and `failures` ({type: count})."""
+    if not rows:
+        return empty_figure("no evaluation yet")
+    rows = sorted(rows, key=lambda r: r["size"])
+    kinds = [f for f in FAILURES if any(r["failures"].get(f) for r in rows)]
+    if not kinds:
+        return empty_figure("no failures at this stage")
+    z = [[r["failures"].get(f, 0) for f in kinds] for r in rows]
+    fig = go.Figure(go.Heatmap(z=z, x=kinds, y=[f"{r['size']}x{r['size']}" for r in rows], colorscale="Reds",
+                               text=[[str(v) if v else "" for v in line] for line in z], texttemplate="%{text}",
+                               hovertemplate="%{y}, %{x}: %{z} episodes<extra></extra>", showscale=False))
+    fig.update_layout(height=320, margin=dict(l=50, r=10, t=30, b=40), font=_FONT,
+                      yaxis=dict(autorange="reversed", title="map size"))
+    return fig
+
+
+TRAINING_KEYS = (("reward", "reward"), ("loss", "loss"), ("kl", "KL"))
+
+
+def training_figure(logs: Sequence[tuple[int, Mapping[str, Any]]]) -> go.Figure:
+    """Reward, loss and KL per training step; `logs` is `(step, metrics)` in step order."""
+    if not logs:
+        return empty_figure("no training logs for this stage (stage 0 is evaluated, not trained)")
+    fig = make_subplots(rows=1, cols=3, subplot_titles=[t for _, t in TRAINING_KEYS], horizontal_spacing=0.07)
+    for n, (key, _) in enumerate(TRAINING_KEYS, 1):
+        points = [(step, m[key]) for step, m in logs if isinstance(m.get(key), int | float)]
+        fig.add_scatter(x=[p[0] for p in points], y=[p[1] for p in points], mode="lines+markers", name=key,
+                        row=1, col=n, marker=dict(size=4))
+    fig.update_layout(height=280, showlegend=False, margin=dict(l=40, r=10, t=40, b=30), font=_FONT,
+                      plot_bgcolor="white")
+    fig.update_xaxes(title_text="step")
+    return fig

@@ -1,0 +1,110 @@
+"""Proposals and decisions: what an engineer returned, its diff against the config in force, and what a
+person (or auto-apply) did with it.
+
+A proposal is stored before anyone decides. A decision goes through `storage.decisions.record_decision`,
+whose UNIQUE constraint makes "one decision per proposal" a fact of the database: when two people click
+at once, one wins and the other gets `AlreadyDecided` naming the winner.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from sqlmodel import Session, select
+
+from envsim.config import GLOBALS, KNOBS, EnvConfig, project
+from lab.engineers import EngineerAnswer
+from storage.decisions import AlreadyDecided, record_decision
+from storage.models import Decision, Proposal, Stage
+
+__all__ = ["AlreadyDecided", "Change", "ProposalError", "decide", "diff", "store_proposal"]
+
+
+class ProposalError(ValueError):
+    """A decision that cannot be taken as asked (e.g. accepting a proposal that failed)."""
+
+
+@dataclass(frozen=True)
+class Change:
+    """One knob of one size (`size` None for a global knob): old and new values, and whether projection
+    had to adjust the engineer's value."""
+
+    knob: str
+    size: int | None
+    old: float
+    new: float
+    change: float
+    adjusted: bool
+
+
+def _field(knob: str, size: int | None) -> str:
+    return knob if size is None else f"{knob}[{size}]"
+
+
+def diff(old: EnvConfig, new: EnvConfig, adjusted_fields: frozenset[str] = frozenset()) -> list[Change]:
+    """Every knob of every size, in table order (sizes, then knobs, then globals), changed or not."""
+    out = [Change(k, s, getattr(old, k)[s], getattr(new, k)[s], getattr(new, k)[s] - getattr(old, k)[s],
+                  _field(k, s) in adjusted_fields)
+           for s in new.sizes for k in KNOBS]
+    out += [Change(g, None, getattr(old, g), getattr(new, g), getattr(new, g) - getattr(old, g), g in adjusted_fields)
+            for g in GLOBALS]
+    return out
+
+
+def store_proposal(session: Session, run_id: int, after_stage: int, engineer: str, answer: EngineerAnswer,
+                   current: EnvConfig) -> Proposal:
+    """Keep everything an engineer returned, with its diff; a failed answer is kept too, with its error."""
+    projection = answer.projection
+    changes: list[Change] = []
+    if projection is not None:
+        adjusted = frozenset(a.field for a in projection.adjustments)
+        changes = diff(current, projection.config, adjusted)
+    row = Proposal(
+        run_id=run_id, after_stage=after_stage, engineer=engineer, prompt=answer.prompt, raw_answer=answer.raw,
+        parsed_config=answer.proposed,
+        projected_config=projection.config.model_dump(mode="json") if projection else None,
+        adjustments=[{"field": a.field, "old": _json(a.old), "new": _json(a.new), "reason": a.reason}
+                     for a in (projection.adjustments if projection else ())],
+        rationale=answer.rationale, diff={"changes": [asdict(c) for c in changes]}, error=answer.error,
+    )
+    session.add(row)
+    session.commit()
+    session.refresh(row)
+    return row
+
+
+def _json(value: Any) -> Any:
+    """Adjustment values can be NaN-free floats, ints, None or (for huge clamped numbers) anything: keep it JSON."""
+    return value if value is None or isinstance(value, int | float | str) else repr(value)
+
+
+def decision_of(session: Session, proposal_id: int) -> Decision | None:
+    return session.exec(select(Decision).where(Decision.proposal_id == proposal_id)).one_or_none()
+
+
+def decide(session: Session, proposal_id: int, action: str, user: str, edited: Any = None,
+           note: str = "") -> Decision:
+    """Record what was done with a proposal and return the decision.
+
+    accept / auto: the proposal's projected config. edit: `edited` (a config JSON object, e.g. the
+    page's table) validated strictly and projected against the proposal's base; an invalid edit raises
+    `ConfigError` naming the field and range, and nothing is stored. reject: no config (the loop asks
+    the engineer again). Raises `AlreadyDecided` when someone else decided first.
+    """
+    proposal = session.get(Proposal, proposal_id)
+    if proposal is None:
+        raise LookupError(f"no proposal {proposal_id}")
+    config: dict | None = None
+    if action in ("accept", "auto"):
+        if proposal.projected_config is None:
+            raise ProposalError(f"proposal {proposal_id} failed ({proposal.error}); edit it or reject it instead")
+        config = proposal.projected_config
+    elif action == "edit":
+        in_force = session.exec(select(Stage).where(Stage.run_id == proposal.run_id,
+                                                    Stage.index == proposal.after_stage)).one()
+        base = EnvConfig.model_validate(in_force.config)
+        config = project(edited, base, strict=True).config.model_dump(mode="json")
+    elif action != "reject":
+        raise ProposalError(f"unknown action {action!r}: accept, edit, reject or auto")
+    return record_decision(session, proposal_id, action, user, config, note)

@@ -1,0 +1,232 @@
+"""The web lab end to end in a real headless browser: Debian's Chromium driven by Playwright.
+
+The page is served on 127.0.0.1 at a free port over a temporary SQLite database that `tests.test_app.seed_lab`
+fills through the real lab functions. Needs `pip install playwright` and `apt-get install chromium` (never
+`playwright install`, which downloads a browser); without them the tests skip, unless ENVLAB_REQUIRE_BROWSER=1
+(CI), which makes that a failure.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlmodel import select
+
+import app
+from storage.db import make_engine, session
+from storage.models import Decision, Run, Stage, utcnow
+from tests.test_app import record_evaluation, seed_lab
+from training.worker import run_worker
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--no-first-run", "--disable-sync"]
+TIMEOUT_MS = 20_000
+
+
+def _missing() -> str | None:
+    if importlib.util.find_spec("playwright") is None:
+        return "the playwright package is not installed (pip install -e '.[dev]')"
+    if not Path(CHROMIUM).exists() and not shutil.which("chromium"):
+        return "Chromium is not installed (apt-get install chromium)"
+    return None
+
+
+@pytest.fixture(scope="module")
+def browser():
+    reason = _missing()
+    if reason:
+        if os.environ.get("ENVLAB_REQUIRE_BROWSER") == "1":
+            pytest.fail(f"ENVLAB_REQUIRE_BROWSER=1 but {reason}", pytrace=False)
+        pytest.skip(reason)
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM if Path(CHROMIUM).exists() else shutil.which("chromium"),
+                                    args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def lab(tmp_path: Path) -> Iterator[tuple[str, object, dict[str, int]]]:
+    """The page on a seeded database: (its URL, the engine, the seeded ids)."""
+    engine = make_engine(str(tmp_path / "lab.db"))
+    ids = seed_lab(engine)
+    demo = app.build_demo(engine)
+    port = _free_port()
+    app.launch(demo, port=port, block=False)
+    yield f"http://127.0.0.1:{port}/", engine, ids
+    demo.close()
+    engine.dispose()
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    page.set_default_timeout(TIMEOUT_MS)
+    yield page
+    context.close()
+
+
+def plotted(page, elem_id: str, name: str) -> list[tuple[float, float]]:
+    """The (row, col) points of the trace `name` that Plotly drew in the plot `elem_id`."""
+    xy = page.evaluate("""([id, name]) => {
+        const t = document.querySelector(`#${id} .js-plotly-plot`).data.find(t => t.name === name);
+        return [Array.from(t.y), Array.from(t.x)];
+    }""", [elem_id, name])
+    return list(zip(*xy, strict=True))
+
+
+def wait_plotted(page, elem_id: str, name: str, expected: list[tuple[int, int]]) -> None:
+    page.wait_for_function("""([id, name, want]) => {
+        const div = document.querySelector(`#${id} .js-plotly-plot`);
+        const t = div && div.data && div.data.find(t => t.name === name);
+        return t && JSON.stringify(Array.from(t.y).map((y, i) => [y, t.x[i]])) === JSON.stringify(want);
+    }""", arg=[elem_id, name, [list(c) for c in expected]])
+
+
+def decisions(engine) -> list[Decision]:
+    with session(engine) as s:
+        return list(s.exec(select(Decision).order_by(Decision.id)))
+
+
+def edit_cell(page, table_id: str, row: int, col: int, value: str) -> None:
+    """Type into one cell of an editable Gradio table (row and column counted from 0, header excluded)."""
+    cell = page.locator(f'#{table_id} [data-testid="cell-{row}-{col}"]')
+    cell.dblclick()
+    field = cell.locator("textarea, input").first
+    field.fill(value)
+    field.press("Enter")
+
+
+# ---------------------------------------------------------------- the tests
+
+
+def test_create_a_run(lab, page):
+    url, engine, _ = lab
+    page.goto(url)
+    page.locator("#new-name textarea, #new-name input").first.fill("browser run")
+    page.click("#create-run")
+    page.locator("#train-msg").get_by_text("Created run #3").wait_for()  # the page moves on to the Train tab
+    page.locator("#train-status").get_by_text("Run #3 browser run is active").wait_for()
+    with session(engine) as s:
+        run = s.get(Run, 3)
+    assert (run.name, run.engineer, run.settings["stages"]) == ("browser run", "heuristic", 3)
+    page.get_by_role("tab", name="Runs").click()
+    page.locator("#runs-table").get_by_text("browser run").wait_for()
+
+
+def test_open_a_failed_episode_from_the_gallery_and_step_the_replay(lab, page):
+    url, _, ids = lab
+    page.goto(f"{url}?run={ids['history']}")
+    page.get_by_role("tab", name="Stage review").click()
+    page.locator("#gallery [role=gridcell]", has_text="vertex_conflict").first.click()
+    page.get_by_text(f"Episode {ids['clash']}").first.wait_for()
+    wait_plotted(page, "replay", "agent 0", [(0, 1)])  # t = 0: the starts
+    assert plotted(page, "replay", "agent 1") == [(1, 0)]
+    page.locator("#replay-step input[type=range]").focus()
+    page.keyboard.press("ArrowRight")  # t = 1: both agents in (1,1), the conflict marked there
+    wait_plotted(page, "replay", "agent 0", [(1, 1)])
+    assert plotted(page, "replay", "agent 1") == [(1, 1)]
+    assert plotted(page, "replay", "events") == [(1, 1)]
+    assert plotted(page, "replay", "solver's plan") == [(0, 1), (1, 1)]  # the ghost waits a step first
+    page.get_by_text("At this step: t=1: vertex_conflict").wait_for()
+    page.click("#replay-play")  # plays on to the end (t = 2) and stops
+    wait_plotted(page, "replay", "agent 1", [(1, 2)])
+    page.locator("#replay-play").get_by_text("Play").wait_for()
+    assert "RIGHT RIGHT" in page.locator("#raw-answer textarea").input_value()
+
+
+def test_an_invalid_edit_is_refused_then_a_valid_one_applied(lab, page):
+    url, engine, ids = lab
+    page.goto(f"{url}?proposal={ids['pending']}")
+    page.get_by_text(f"Proposal #{ids['pending']}").first.wait_for()
+    page.get_by_text("Edit before applying").click()
+    edit_cell(page, "edit-config", 1, 2, "0.8")  # hole_ratio of size 4
+    page.click("#submit-edit")
+    page.get_by_text("Not saved, the edit is not valid: hole_ratio[4] = 0.8 is outside 0..0.5").wait_for()
+    assert [d.proposal_id for d in decisions(engine)] == [ids["accepted"]]
+    edit_cell(page, "edit-config", 1, 2, "0.45")
+    page.click("#submit-edit")
+    page.get_by_text(f"Proposal #{ids['pending']} edited by local").wait_for()
+    d = decisions(engine)[-1]
+    assert (d.proposal_id, d.action, d.user, d.config["hole_ratio"]["4"]) == (ids["pending"], "edit", "local", 0.45)
+    page.get_by_text("edited by local at").wait_for()  # the page says who decided what and when
+
+
+def test_accept_a_proposal_while_a_second_tab_is_told_it_lost(lab, page, browser):
+    url, engine, ids = lab
+    page.goto(f"{url}?proposal={ids['second']}")
+    other = browser.new_page()
+    other.goto(f"{url}?proposal={ids['second']}")
+    for p in (page, other):
+        p.get_by_text("Waiting for a decision").wait_for(timeout=TIMEOUT_MS)
+    page.click("#accept")
+    page.get_by_text(f"Proposal #{ids['second']} accepted by local").wait_for()
+    other.click("#reject")
+    other.get_by_text("Someone decided first").wait_for(timeout=TIMEOUT_MS)
+    other.close()
+    assert [(d.proposal_id, d.action) for d in decisions(engine)][-1] == (ids["second"], "accept")
+
+
+def test_queue_a_stage_and_watch_its_progress_to_done(lab, page):
+    """A real worker (`run_worker`) runs the queued stage job. Its `stage` handler is written here: it
+    reports six steps and records an evaluation instead of training, since training is tested elsewhere."""
+    url, engine, ids = lab
+    run_id = ids["waiting"]
+
+    def stage(engine, job, progress):
+        for step in range(1, 7):
+            progress(step, 6, f"step {step} of 6")
+            time.sleep(0.6)
+        record_evaluation(engine, run_id, job.payload["stage_index"])
+        with session(engine) as s:
+            row = s.exec(select(Stage).where(Stage.run_id == run_id,
+                                             Stage.index == job.payload["stage_index"])).one()
+            row.status, row.finished_at = "done", utcnow()
+            s.add(row)
+            s.commit()
+        return {"stage_index": job.payload["stage_index"]}
+
+    page.goto(f"{url}?proposal={ids['pending']}")
+    page.click("#accept")
+    page.get_by_text("Next: queued stage 1").wait_for()
+    page.get_by_role("tab", name="Train").click()
+    bar = page.locator("#job-progress")
+    assert bar.get_attribute("data-status") == "queued"
+    stop = threading.Event()
+    worker = threading.Thread(target=run_worker, args=(engine, {"stage": stage}),
+                              kwargs={"poll_s": 0.2, "stop": stop}, daemon=True)
+    worker.start()
+    try:
+        seen = set()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            state = (bar.get_attribute("data-status"), bar.get_attribute("data-step"))
+            seen.add(state)
+            if state == ("done", "6"):
+                break
+            time.sleep(0.1)
+        assert ("done", "6") in seen
+        assert any(status == "running" and 0 < int(step) < 6 for status, step in seen), seen
+        page.get_by_text("Stage 1 results").wait_for()
+        assert "step 6 of 6" in page.locator("#log-tail textarea").input_value()
+    finally:
+        stop.set()
+        worker.join(timeout=10)

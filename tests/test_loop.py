@@ -1,0 +1,195 @@
+"""The headless stage loop with the fixed and heuristic engineers on recorded episodes.
+
+Training is tested in tests/test_stage.py; here the `stage` job replays a recorded set of answers
+(real boards, real scores) so the loop's bookkeeping can be checked exactly.
+"""
+
+import threading
+
+import pytest
+from sqlmodel import select
+
+from envsim.config import ConfigError, EnvConfig
+from envsim.generator import generate
+from envsim.parser import format_plan
+from envsim.scoring import score_answer
+from lab.engineers import EngineerAnswer
+from lab.loop import LoopError, advance, after_job, create_run, drive, jobs_of, run_propose_job, set_auto_apply, stages_of
+from lab.proposals import AlreadyDecided, ProposalError, decide, diff, store_proposal
+from storage.db import session
+from storage.models import Decision, Proposal, Run, Stage
+from training.evaluate import EpisodeResult, store_evaluation
+from training.worker import run_worker
+
+CONFIG = EnvConfig(data_ratio={3: 0.5, 4: 0.5}, hole_ratio={3: 0.2, 4: 0.2}, wait_ratio={3: 0.25, 4: 0.25},
+                   num_agents=2, num_instances=8)
+BOARDS = generate(CONFIG, 8, seed=11)
+
+
+def recorded_stage(engine, job, progress):
+    """Stage k answers the first 2k + 2 boards with the reference plan and the rest with garbage."""
+    run_id, k = job.payload["run_id"], job.payload["stage_index"]
+    solved = 2 * k + 2
+    results = [EpisodeResult(b, format_plan(b.reference_plan) if i < solved else "I am not sure.",
+                             score_answer(b, format_plan(b.reference_plan) if i < solved else "I am not sure."))
+               for i, b in enumerate(BOARDS)]
+    progress(1, 2, f"stage {k}: recorded answers")
+    with session(engine) as s:
+        store_evaluation(s, run_id, k, "validation", results)
+        stage = s.exec(select(Stage).where(Stage.run_id == run_id, Stage.index == k)).one()
+        stage.status, stage.checkpoint = "done", f"recorded/stage-{k}"
+        s.add(stage)
+        s.commit()
+    progress(2, 2)
+    return {"valid": solved}
+
+
+HANDLERS = {"stage": recorded_stage, "propose": run_propose_job}
+
+
+def work(engine) -> bool:
+    return run_worker(engine, HANDLERS, once=True, poll_s=0.01, after=after_job) > 0
+
+
+def test_diff_lists_every_knob_and_flags_adjustments():
+    new = CONFIG.model_copy(update={"hole_ratio": {3: 0.2, 4: 0.5}, "num_instances": 16})
+    changes = diff(CONFIG, new, frozenset({"hole_ratio[4]"}))
+    assert len(changes) == 2 * 3 + 2
+    hole4 = next(c for c in changes if c.knob == "hole_ratio" and c.size == 4)
+    assert (hole4.old, hole4.new, hole4.adjusted) == (0.2, 0.5, True)
+    assert hole4.change == pytest.approx(0.3)
+    instances = next(c for c in changes if c.knob == "num_instances")
+    assert (instances.size, instances.old, instances.new, instances.change) == (None, 8, 16, 8)
+    assert [c for c in changes if c.change != 0 and c.knob not in ("hole_ratio", "num_instances")] == []
+
+
+def test_create_run_refuses_bad_settings(engine):
+    with session(engine) as s:
+        with pytest.raises(LoopError, match="unknown engineer 'oracle': one of fixed, random, heuristic, llm"):
+            create_run(s, name="x", config=CONFIG, stages=2, engineer="oracle")
+        with pytest.raises(LoopError, match="the llm engineer needs a backend"):
+            create_run(s, name="x", config=CONFIG, stages=2, engineer="llm")
+
+
+def test_auto_applied_heuristic_run_goes_to_the_end(engine):
+    with session(engine) as s:
+        run = create_run(s, name="auto", config=CONFIG, stages=2, engineer="heuristic", auto_apply=True, seed=3)
+    states = []
+    assert drive(engine, run.id, lambda: work(engine), on_state=states.append, poll_s=0.01) == "done"
+    with session(engine) as s:
+        stages = stages_of(s, run.id)
+        assert [(st.index, st.status) for st in stages] == [(0, "done"), (1, "done"), (2, "done")]
+        proposals = list(s.exec(select(Proposal).where(Proposal.run_id == run.id).order_by(Proposal.id)))
+        assert [p.after_stage for p in proposals] == [0, 1]
+        decisions = [s.exec(select(Decision).where(Decision.proposal_id == p.id)).one() for p in proposals]
+        assert [(d.action, d.user) for d in decisions] == [("auto", "auto-apply")] * 2
+        # each stage trains on the config its predecessor's decision applied
+        assert [st.config for st in stages[1:]] == [d.config for d in decisions]
+        assert stages[1].config != stages[0].config  # the heuristic moved something after stage 0
+        assert s.get(Run, run.id).status == "done"
+        assert all(j.status == "done" for j in jobs_of(s, run.id))
+    assert states[-1] == "done"
+
+
+def test_a_person_decides_and_an_invalid_edit_stores_nothing(engine):
+    with session(engine) as s:
+        run = create_run(s, name="manual", config=CONFIG, stages=1, engineer="fixed")
+    work(engine)
+    assert advance(engine, run.id).startswith("waiting: proposal")
+    with session(engine) as s:
+        proposal = s.exec(select(Proposal).where(Proposal.run_id == run.id)).one()
+        assert proposal.projected_config == CONFIG.model_dump(mode="json")
+        assert s.get(Run, run.id).status == "waiting"
+        bad = {**CONFIG.model_dump(mode="json"), "hole_ratio": {"3": 0.2, "4": 0.9}}
+        with pytest.raises(ConfigError, match=r"hole_ratio\[4\] = 0.9 is outside 0..0.5"):
+            decide(s, proposal.id, "edit", "alice", bad)
+        assert s.exec(select(Decision)).all() == []
+        good = {**CONFIG.model_dump(mode="json"), "hole_ratio": {"3": 0.1, "4": 0.3}}
+        decision = decide(s, proposal.id, "edit", "alice", good)
+        assert decision.config["hole_ratio"] == {"3": 0.1, "4": 0.3}
+        with pytest.raises(AlreadyDecided, match="edit by 'alice'"):
+            decide(s, proposal.id, "accept", "bob")
+    assert advance(engine, run.id) == "queued stage 1 (edit by alice)"
+    work(engine)
+    assert advance(engine, run.id) == "done"
+
+
+def test_reject_asks_the_engineer_again_and_auto_apply_can_be_switched_on(engine):
+    with session(engine) as s:
+        run = create_run(s, name="reject", config=CONFIG, stages=1, engineer="random", seed=5)
+    work(engine)
+    advance(engine, run.id)
+    with session(engine) as s:
+        first = s.exec(select(Proposal).where(Proposal.run_id == run.id)).one()
+        decide(s, first.id, "reject", "carol", note="too many holes")
+    assert advance(engine, run.id) == f"proposal {first.id} rejected: asking the engineer again"
+    work(engine)
+    with session(engine) as s:
+        set_auto_apply(s, run.id, True)
+    assert advance(engine, run.id) == "queued stage 1 (auto by auto-apply)"
+    with session(engine) as s:
+        proposals = list(s.exec(select(Proposal).where(Proposal.run_id == run.id).order_by(Proposal.id)))
+        assert len(proposals) == 2 and proposals[0].projected_config == proposals[1].projected_config  # same seed
+
+
+def test_a_failed_proposal_keeps_the_config_in_force(engine):
+    with session(engine) as s:
+        run = create_run(s, name="failed", config=CONFIG, stages=1, engineer="fixed")
+    work(engine)
+    failed = EngineerAnswer(prompt="p", raw="{not json", proposed=None, projection=None, rationale="",
+                            error="no usable config after 3 answers: truncated JSON", attempts=3)
+    with session(engine) as s:
+        proposal = store_proposal(s, run.id, 0, "llm", failed, CONFIG)
+        with pytest.raises(ProposalError, match="failed \\(no usable config after 3 answers"):
+            decide(s, proposal.id, "accept", "dave")
+        assert proposal.diff == {"changes": []} and proposal.raw_answer == "{not json"
+        set_auto_apply(s, run.id, True)
+    # the newest proposal is the failed one: auto-apply keeps the config in force and says why
+    assert advance(engine, run.id) == "queued stage 1 (auto by auto-apply)"
+    with session(engine) as s:
+        assert stages_of(s, run.id)[1].config == CONFIG.model_dump(mode="json")
+        note = s.exec(select(Decision).where(Decision.proposal_id == proposal.id)).one().note
+        assert note.startswith("the proposal failed (no usable config")
+
+
+def test_two_people_deciding_at_once_store_exactly_one_decision(engine):
+    with session(engine) as s:
+        run = create_run(s, name="race", config=CONFIG, stages=1, engineer="fixed")
+    work(engine)
+    with session(engine) as s:
+        proposal_id = s.exec(select(Proposal).where(Proposal.run_id == run.id)).one().id
+    outcomes = []
+    barrier = threading.Barrier(2)
+
+    def click(user):
+        with session(engine) as s:
+            barrier.wait()
+            try:
+                outcomes.append(decide(s, proposal_id, "accept", user).user)
+            except AlreadyDecided as err:
+                outcomes.append(f"told: {err}")
+
+    threads = [threading.Thread(target=click, args=(u,)) for u in ("erin", "frank")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    winners = [o for o in outcomes if not o.startswith("told")]
+    assert len(winners) == 1 and len(outcomes) == 2
+    with session(engine) as s:
+        assert len(s.exec(select(Decision).where(Decision.proposal_id == proposal_id)).all()) == 1
+
+
+def test_a_failed_stage_fails_the_run_and_resume_requeues_it(engine):
+    def broken_stage(engine, job, progress):
+        raise RuntimeError("checkpoint runs/1/stage-0 is corrupt")
+
+    with session(engine) as s:
+        run = create_run(s, name="broken", config=CONFIG, stages=1, engineer="fixed", auto_apply=True)
+    run_worker(engine, {"stage": broken_stage}, once=True, poll_s=0.01)
+    state = advance(engine, run.id)
+    assert state.startswith("failed: stage 0 job") and "checkpoint runs/1/stage-0 is corrupt" in state
+    from lab.loop import resume
+
+    assert len(resume(engine, run.id)) == 1
+    assert drive(engine, run.id, lambda: work(engine), poll_s=0.01) == "done"

@@ -1,0 +1,229 @@
+"""GRPO stages with a tiny policy and a tiny budget: the real trainer, the real rewards, the real database.
+
+The policy is a very small Qwen3 (two layers, width 64) taught the answer format with a few supervised
+steps first: a randomly initialised model never writes a plan, so every reward would be 0, every
+advantage 0, and GRPO would (correctly) not move a single weight.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+from sqlalchemy import Engine
+from sqlmodel import select
+
+from envsim.config import EnvConfig
+from envsim.generator import generate
+from envsim.prompts import compact_answer
+from storage import queue
+from storage.db import make_engine, session, upgrade
+from storage.models import Episode, Job, Run, Stage, StageMetric, TrainingLog
+from training.policy import build_tiny, load_policy
+from training.stage import (
+    StageArgs,
+    StageError,
+    grpo_config,
+    run_stage_job,
+    stage_args,
+    stage_seed,
+    train,
+    validation_boards,
+)
+from training.tokenizer import compact_text
+from training.worker import Cancelled, run_worker
+
+SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+             num_key_value_heads=2, head_dim=32)
+CONFIG = EnvConfig.default(sizes=(3,), num_instances=8)
+GRPO = dict(max_steps=3, num_generations=4, per_device_train_batch_size=8, learning_rate=1e-3, save_steps=2,
+            temperature=1.0)
+PROBE = "model.layers.0.mlp.up_proj.weight"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Models this small run fastest on one thread; on a shared 2-core machine two threads can be 20x slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def writer(one_thread, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small policy that writes `Agent i : ...` lines (some right, most wrong), saved as a checkpoint."""
+    torch.manual_seed(0)
+    policy = build_tiny(0, **SMALL)
+    tok = policy.tokenizer
+    boards = generate(CONFIG, 16, seed=99)
+    rows, prompt_lengths = [], []
+    for b in boards:
+        prompt = tok(policy.prompt(b))["input_ids"]
+        answer = tok(compact_text(compact_answer(b.reference_plan)))["input_ids"] + [tok.eos_token_id]
+        rows.append(prompt + answer)
+        prompt_lengths.append(len(prompt))
+    width = max(map(len, rows))
+    ids = torch.full((len(rows), width), tok.pad_token_id)
+    labels = torch.full((len(rows), width), -100)
+    for r, (row, n) in enumerate(zip(rows, prompt_lengths, strict=True)):
+        ids[r, :len(row)] = torch.tensor(row)
+        labels[r, n:len(row)] = torch.tensor(row[n:])
+    mask = (torch.arange(width)[None] < torch.tensor(list(map(len, rows)))[:, None]).long()
+    optimizer = torch.optim.AdamW(policy.model.parameters(), lr=3e-3)
+    policy.model.train()
+    for _ in range(40):
+        loss = policy.model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return policy.save(tmp_path_factory.mktemp("writer") / "policy")
+
+
+@pytest.fixture
+def lab(tmp_path: Path) -> Engine:
+    engine = make_engine(f"sqlite:///{tmp_path / 'envlab.db'}")
+    upgrade(engine)
+    yield engine
+    engine.dispose()
+
+
+def _run(engine: Engine, policy: str, runs_dir: Path, stages: int = 2, **settings) -> int:
+    with session(engine) as s:
+        run = Run(name="t", policy=policy, engineer="fixed", engineer_backend="", seed=7,
+                  settings={"grpo": GRPO, "runs_dir": str(runs_dir), "validation_boards": 8, **settings})
+        s.add(run)
+        s.commit()
+        for k in range(stages):
+            s.add(Stage(run_id=run.id, index=k, config=CONFIG.model_dump(mode="json"), status="queued"))
+        s.commit()
+        return run.id
+
+
+def _probe(policy) -> torch.Tensor:
+    return dict(policy.model.named_parameters())[PROBE].detach().clone()
+
+
+def test_a_grpo_stage_moves_the_weights_logs_each_step_and_resumes_after_a_cancel(lab: Engine, writer: Path,
+                                                                                  tmp_path: Path):
+    run_id = _run(lab, str(writer), tmp_path / "runs")
+    args = StageArgs(run_id=run_id, stage_index=1, seed=stage_seed(7, 1), policy=str(writer), config=CONFIG,
+                     run_dir=tmp_path / "runs" / str(run_id))
+    reports: list[tuple] = []
+
+    def cancel_at_step_2(step, total, line=None, result=None) -> bool:
+        reports.append((step, total, line, result))
+        return step >= 2
+
+    policy = load_policy(str(writer))
+    before = _probe(policy)
+    with pytest.raises(Cancelled, match=r"cancelled at step 2/3; requeue to resume from .*checkpoint-2"):
+        train(lab, args, policy, GRPO, cancel_at_step_2)
+    assert (args.trainer_dir / "checkpoint-2").is_dir()  # saved on the way out
+    assert not args.policy_dir.exists()
+    assert (2, 3, "saved " + str(args.trainer_dir / "checkpoint-2"),
+            {"checkpoint": str(args.trainer_dir / "checkpoint-2")}) in reports
+
+    # A new attempt (a fresh process would load the same starting policy) resumes from checkpoint-2.
+    reports.clear()
+    policy = load_policy(str(writer))
+    summary = train(lab, args, policy, GRPO, lambda *a, **k: reports.append(a + (k.get("result"),)) and False)
+    assert summary["steps"] == 3 and summary["resumed_from"] == str(args.trainer_dir / "checkpoint-2")
+    assert summary["train_runtime"] > 0
+    assert (0, None, f"resuming from {args.trainer_dir / 'checkpoint-2'}",
+            {"checkpoint": str(args.trainer_dir / "checkpoint-2")}) in reports
+
+    trained = load_policy(str(args.policy_dir))
+    assert not torch.equal(_probe(trained), before)
+    assert torch.equal(_probe(trained), _probe(policy))
+
+    with session(lab) as s:
+        logs = s.exec(select(TrainingLog).where(TrainingLog.run_id == run_id).order_by(TrainingLog.id)).all()
+    assert [(log.stage_index, log.step) for log in logs] == [(1, 1), (1, 2), (1, 3)]
+    for log in logs:
+        assert {"reward", "reward_std", "loss", "rewards/validity_reward/mean", "rewards/format_reward/mean",
+                "completions/mean_length", "step_time", "learning_rate"} <= set(log.metrics)
+    assert any(log.metrics["reward_std"] > 0 for log in logs)  # some group had something to learn from
+
+
+def test_stage_jobs_through_the_worker_evaluate_then_train_and_record(lab: Engine, writer: Path, tmp_path: Path):
+    run_id = _run(lab, str(writer), tmp_path / "runs", grpo=dict(GRPO, max_steps=2))
+    ran = []
+    for k in (0, 1):
+        with session(lab) as s:
+            queue.enqueue(s, "stage", {"run_id": run_id, "stage_index": k})
+        ran.append(run_worker(lab, {"stage": run_stage_job}, poll_s=0.01, once=True))
+    assert ran == [1, 1]
+    with session(lab) as s:
+        jobs = s.exec(select(Job).order_by(Job.id)).all()
+        stages = s.exec(select(Stage).where(Stage.run_id == run_id).order_by(Stage.index)).all()
+        episodes = s.exec(select(Episode).where(Episode.run_id == run_id)).all()
+        metrics = s.exec(select(StageMetric).where(StageMetric.run_id == run_id)).all()
+        steps = s.exec(select(TrainingLog.step).where(TrainingLog.run_id == run_id)).all()
+    assert [(j.status, j.error) for j in jobs] == [("done", None), ("done", None)]
+    run_dir = tmp_path / "runs" / str(run_id)
+    assert [(st.status, st.checkpoint) for st in stages] == [
+        ("done", str(writer.resolve())), ("done", str(run_dir / "stage-1" / "policy"))]
+    assert all(st.started_at <= st.finished_at for st in stages)
+    assert [(j.result["stage_index"], j.result["episodes"], j.result["train"].get("steps")) for j in jobs] == [
+        (0, 8, None), (1, 8, 2)]
+    sizes = [b.size for b in validation_boards(8)]
+    assert sizes == list(range(3, 11))  # spread over the set: one board per size
+    assert sorted((e.stage_index, e.size) for e in episodes) == sorted((k, s) for k in (0, 1) for s in sizes)
+    assert {(m.stage_index, m.episodes) for m in metrics} == {(k, 1) for k in (0, 1)}
+    assert len(metrics) == 16
+    assert sorted(steps) == [1, 2]
+    assert "evaluating on 8 validation boards" in jobs[1].log_tail and "step 2/2 reward" in jobs[1].log_tail
+
+
+@pytest.mark.parametrize("damage", ["missing", "truncated"])
+def test_a_missing_or_corrupt_starting_checkpoint_fails_the_job_with_a_clear_error(lab: Engine, writer: Path,
+                                                                                   tmp_path: Path, damage: str):
+    broken = tmp_path / "stage-0-policy"
+    if damage == "truncated":
+        broken.mkdir()
+        for f in writer.iterdir():
+            data = f.read_bytes()
+            (broken / f.name).write_bytes(data[: len(data) // 2] if f.suffix == ".safetensors" else data)
+    run_id = _run(lab, str(writer), tmp_path / "runs")
+    with session(lab) as s:
+        stage0 = s.exec(select(Stage).where(Stage.run_id == run_id, Stage.index == 0)).one()
+        stage0.status, stage0.checkpoint = "done", str(broken)
+        s.add(stage0)
+        s.commit()
+        job_id = queue.enqueue(s, "stage", {"run_id": run_id, "stage_index": 1}).id
+    assert run_worker(lab, {"stage": run_stage_job}, poll_s=0.01, once=True) == 1
+    with session(lab) as s:
+        job = s.get(Job, job_id)
+        stage1 = s.exec(select(Stage).where(Stage.run_id == run_id, Stage.index == 1)).one()
+    assert job.status == "failed" and stage1.status == "failed"
+    assert job.error.startswith("training.stage.StageError: cannot load the starting policy of stage 1 "
+                                f"(stage 0's checkpoint '{broken}'): ")
+    why = "no checkpoint folder there" if damage == "missing" else "truncated safetensors file"
+    assert why in job.error
+
+
+def test_a_stage_whose_previous_stage_has_no_checkpoint_is_refused(lab: Engine, tmp_path: Path):
+    run_id = _run(lab, "tiny", tmp_path / "runs")
+    with pytest.raises(StageError, match="stage 0 of run 1 has no checkpoint \\(it is queued\\); run it first"):
+        stage_args(lab, run_id, 1)
+    args, grpo = stage_args(lab, run_id, 0)
+    assert (args.policy, args.seed, grpo) == ("tiny", stage_seed(7, 0), GRPO)
+    assert stage_seed(7, 0) != stage_seed(7, 1) != stage_seed(8, 1)
+
+
+def test_grpo_config_is_our_defaults_under_the_runs_overrides(tmp_path: Path):
+    args = StageArgs(run_id=1, stage_index=2, seed=123, policy="x", config=CONFIG, run_dir=tmp_path)
+    config = grpo_config(args, {"num_generations": 2, "report_to": ["tensorboard"], "use_vllm": True,
+                                "vllm_mode": "server"}, max_completion_length=40, prompt_style="compact")
+    assert (config.output_dir, config.seed, config.max_completion_length, config.num_generations) == (
+        str(tmp_path / "stage-2" / "trl"), 123, 40, 2)
+    assert (config.use_cpu, config.bf16, config.learning_rate, config.reward_weights) == (
+        not torch.cuda.is_available(), False, 1e-4, [1.0, 1.0, 0.2, 0.2])
+    assert config.report_to == ["tensorboard"] and config.vllm_mode == "server"
+    assert config.use_vllm is (importlib.util.find_spec("vllm") is not None)  # no vLLM here: transformers
+    assert grpo_config(args, {}, 40).learning_rate == 1e-6  # an LLM: TRL's own default
+    with pytest.raises(StageError, match=r"settings\['grpo'\] has 'max_stepz': not GRPOConfig fields"):
+        grpo_config(args, {"max_stepz": 3}, 40)

@@ -1,0 +1,174 @@
+"""The worker on SQLite and PostgreSQL: a killed worker's job is reaped and resumed from its checkpoint,
+workers never share a job, cancel stops a running job, a failing handler fails only its job."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from sqlalchemy import Engine, text
+from sqlmodel import select
+
+from storage import queue
+from storage.db import make_engine, session, upgrade
+from storage.models import Job
+from tests.test_storage import FORK, in_processes
+from training.worker import Cancelled, run_worker
+
+# Handlers live at module level so forked worker processes run the same code.
+
+
+def resumable(engine, job, progress) -> dict:
+    """Records a checkpoint, then works silently for a long time; a later attempt reports where it resumed."""
+    if job.result and "checkpoint" in job.result:
+        progress(2, 2, f"resuming from {job.result['checkpoint']}")
+        return {"resumed_from": job.result["checkpoint"], "attempt": job.attempts}
+    progress(1, 2, "saved step 1", result={"checkpoint": "stage-1/trl/checkpoint-1"})
+    time.sleep(120)  # a long silent step: only the heartbeat thread speaks
+    return {"finished": True}
+
+
+def noted(engine, job, progress) -> dict:
+    progress(1, 1, f"pid {os.getpid()}")
+    time.sleep(0.02)
+    return {"pid": os.getpid()}
+
+
+def patient(engine, job, progress) -> dict:
+    step = 0
+    while not progress(step, None):
+        step += 1
+        time.sleep(0.02)
+    raise Cancelled
+
+
+def broken(engine, job, progress) -> dict:
+    progress(0, 3, "loading")
+    raise ValueError(f"checkpoint for job {job.id} is unreadable")
+
+
+def _job(engine: Engine, job_id: int) -> Job:
+    with session(engine) as s:
+        return s.get(Job, job_id, populate_existing=True)
+
+
+def _wait_for(predicate, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def _doomed_worker(url: str) -> None:
+    run_worker(make_engine(url), {"train": resumable}, worker_id="doomed", poll_s=0.02, stale_s=0.4)
+
+
+def test_a_killed_workers_job_is_reaped_then_requeued_and_resumed_from_its_checkpoint(db_url: str, engine: Engine):
+    with session(engine) as s:
+        job_id = queue.enqueue(s, "train", {"run_id": 1, "stage_index": 1}).id
+    engine.dispose()  # no pooled connection crosses the fork
+    worker = FORK.Process(target=_doomed_worker, args=(db_url,))
+    worker.start()
+    try:
+        _wait_for(lambda: (_job(engine, job_id).result or {}).get("checkpoint") is not None)
+        first_beat = _job(engine, job_id).heartbeat_at
+        # the handler sleeps, yet the heartbeat thread keeps the job fresh
+        _wait_for(lambda: _job(engine, job_id).heartbeat_at > first_beat)
+    finally:
+        worker.kill()  # SIGKILL: no cleanup of any kind
+        worker.join(timeout=10)
+    assert worker.exitcode == -9
+    assert _job(engine, job_id).status == "running"  # nobody ended it
+
+    time.sleep(0.5)
+    # A second worker's first poll reaps the dead worker's job; nothing else is queued, so it returns.
+    assert run_worker(engine, {"train": resumable}, worker_id="second", poll_s=0.02, stale_s=0.4, once=True) == 0
+    dead = _job(engine, job_id)
+    assert (dead.status, dead.attempts, dead.worker) == ("failed", 1, "doomed")
+    assert dead.error.startswith("worker stopped sending heartbeats") and "'doomed'" in dead.error
+    assert dead.result == {"checkpoint": "stage-1/trl/checkpoint-1"}
+
+    with session(engine) as s:
+        queue.requeue(s, job_id)
+    assert run_worker(engine, {"train": resumable}, worker_id="second", poll_s=0.02, stale_s=0.4, once=True) == 1
+    resumed = _job(engine, job_id)
+    assert (resumed.status, resumed.attempts, resumed.worker) == ("done", 2, "second")
+    assert resumed.result == {"resumed_from": "stage-1/trl/checkpoint-1", "attempt": 2}
+    assert "resuming from stage-1/trl/checkpoint-1" in resumed.log_tail
+    assert "requeued after attempt 1 ended failed: worker stopped sending heartbeats" in resumed.log_tail
+
+
+def _worker_in_child(barrier, url: str, name: str) -> int:
+    engine = make_engine(url)
+    with session(engine) as s:
+        s.exec(text("SELECT 1"))  # connected before the start line
+    barrier.wait()
+    return run_worker(engine, {"note": noted}, worker_id=name, poll_s=0.01, once=True)
+
+
+def test_two_worker_processes_never_take_the_same_job(db_url: str, engine: Engine):
+    with session(engine) as s:
+        ids = [queue.enqueue(s, "note", {"n": i}).id for i in range(30)]
+    ran = in_processes(_worker_in_child, [(db_url, "w0"), (db_url, "w1")], engine)
+    assert sum(ran) == len(ids) and min(ran) > 0  # every job ran once, and both workers took part
+    with session(engine) as s:
+        jobs = s.exec(select(Job).order_by(Job.id)).all()
+    assert [j.id for j in jobs] == ids
+    assert {(j.status, j.attempts) for j in jobs} == {("done", 1)}
+    pid_of = {w: {j.result["pid"] for j in jobs if j.worker == w} for w in ("w0", "w1")}
+    assert len(pid_of["w0"]) == len(pid_of["w1"]) == 1 and pid_of["w0"] != pid_of["w1"]
+    assert sorted(ran) == sorted(sum(j.worker == w for j in jobs) for w in ("w0", "w1"))
+
+
+def test_cancel_stops_a_running_job_and_the_after_hook_sees_it(engine: Engine):
+    with session(engine) as s:
+        job_id = queue.enqueue(s, "wait", {}).id
+    seen: list[tuple[int, str]] = []
+
+    def after(engine: Engine, job: Job) -> None:
+        seen.append((job.id, job.status))
+
+    worker = threading.Thread(target=run_worker, args=(engine, {"wait": patient}),
+                              kwargs=dict(poll_s=0.02, once=True, after=after))
+    worker.start()
+    _wait_for(lambda: _job(engine, job_id).step >= 3)
+    with session(engine) as s:
+        queue.request_cancel(s, job_id)
+    worker.join(timeout=30)
+    assert not worker.is_alive()
+    job = _job(engine, job_id)
+    assert (job.status, job.error) == ("cancelled", "cancelled")
+    assert seen == [(job_id, "cancelled")]
+
+
+def test_a_failing_handler_fails_only_its_job_with_the_last_traceback_line(engine: Engine):
+    with session(engine) as s:
+        bad, odd, good = (queue.enqueue(s, kind, {}).id for kind in ("train", "mystery", "note"))
+    ran = run_worker(engine, {"train": broken, "note": noted}, poll_s=0.02, once=True)
+    assert ran == 3
+    failed = _job(engine, bad)
+    assert (failed.status, failed.error) == ("failed", f"ValueError: checkpoint for job {bad} is unreadable")
+    assert "Traceback (most recent call last)" in failed.log_tail and "loading" in failed.log_tail
+    assert _job(engine, odd).error == "LookupError: no handler for job kind 'mystery' (this worker runs train, note)"
+    assert _job(engine, good).status == "done"
+
+
+def test_the_worker_command_runs_the_queue_once_and_exits(tmp_path):
+    url = f"sqlite:///{tmp_path / 'envlab.db'}"
+    engine = make_engine(url)
+    upgrade(engine)
+    with session(engine) as s:
+        job_id = queue.enqueue(s, "mystery", {}).id
+    done = subprocess.run([sys.executable, "-m", "training.worker", "--db", url, "--once", "--poll", "0.01",
+                           "--worker-id", "cli"], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 0, done.stderr
+    assert "worker cli: stopped after 1 jobs" in done.stderr
+    job = _job(engine, job_id)
+    assert (job.status, job.worker) == ("failed", "cli")
+    assert job.error.startswith("LookupError: no handler for job kind 'mystery' (this worker runs stage")
+    engine.dispose()

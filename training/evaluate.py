@@ -1,0 +1,170 @@
+"""Evaluation: a policy answers a set of boards (greedy, batched), envsim scores each answer, and the
+episodes and per-size sums go into the database.
+
+Generation is the only costly part, so every board of a set is answered in length-sorted batches
+(`Policy.generate`); scoring is exact and cheap. The same functions serve the per-stage validation
+(called from the stage job), the warm start's progress report and the 3,150-board benchmark job.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine
+from sqlmodel import Session, select
+
+from envsim import suite
+from envsim.instance import Instance
+from envsim.parser import parse
+from envsim.scoring import Outcome, score
+from storage.db import session
+from storage.models import Episode, Run, Stage, StageMetric
+from training.policy import Policy, load_policy
+from training.worker import Cancelled
+
+BENCHMARK_FILE = "benchmark.jsonl"
+
+
+@dataclass(frozen=True)
+class EpisodeResult:
+    """One board, the policy's completion and its scored outcome."""
+
+    instance: Instance
+    completion: str
+    outcome: Outcome
+
+
+def answer_budget(policy: Policy, instance: Instance) -> int:
+    """New tokens enough for a plan of the instance's horizon-free length (compact: ~3 moves per cell row).
+
+    A compact answer line is `Agent i :` plus the actions plus `<nl>`; solver plans on these boards stay
+    well under `3 * size` moves per agent. Chat models write words of several tokens and may think first.
+    """
+    if policy.prompt_style == "compact":
+        return instance.num_agents * (4 + 3 * instance.size)
+    return 512
+
+
+def evaluate(policy: Policy, instances: Sequence[Instance], batch_size: int = 64, max_new_tokens: int | None = None,
+             progress: Callable[[int, int], bool] | None = None) -> list[EpisodeResult]:
+    """Greedy answers to `instances`, scored, in the same order.
+
+    Boards are generated size by size (so a batch shares one token budget); `progress(done, total)` is
+    called after each size and may return True to cancel (raises `Cancelled`).
+    """
+    by_budget: dict[int, list[int]] = defaultdict(list)
+    for i, inst in enumerate(instances):
+        by_budget[max_new_tokens or answer_budget(policy, inst)].append(i)
+    completions: list[str] = [""] * len(instances)
+    done = 0
+    for budget, idx in sorted(by_budget.items()):
+        outs = policy.generate([policy.prompt(instances[i]) for i in idx], max_new_tokens=budget,
+                               batch_size=batch_size)
+        for i, text in zip(idx, outs, strict=True):
+            completions[i] = text
+        done += len(idx)
+        if progress is not None and progress(done, len(instances)):
+            raise Cancelled(f"cancelled after {done} of {len(instances)} episodes")
+    return [EpisodeResult(inst, text, score(inst, parse(text, inst.num_agents)))
+            for inst, text in zip(instances, completions, strict=True)]
+
+
+def size_metrics(results: Sequence[EpisodeResult]) -> dict[int, dict[str, Any]]:
+    """Per map size: episodes, valid, optimal, and failures counted per type (types with none left out)."""
+    out: dict[int, dict[str, Any]] = {}
+    for r in results:
+        m = out.setdefault(r.instance.size, {"episodes": 0, "valid": 0, "optimal": 0, "failures": Counter()})
+        m["episodes"] += 1
+        m["valid"] += r.outcome.valid
+        m["optimal"] += r.outcome.optimal
+        if r.outcome.failure is not None:
+            m["failures"][r.outcome.failure.value] += 1
+    return {s: {**m, "failures": dict(sorted(m["failures"].items()))} for s, m in sorted(out.items())}
+
+
+def metrics_table(metrics: dict[int, dict[str, Any]]) -> str:
+    """A short text table of valid and optimal rates per size (for logs)."""
+    lines = ["size  n    valid  optimal  top failure"]
+    for s, m in metrics.items():
+        top = max(m["failures"].items(), key=lambda kv: kv[1], default=("-", 0))
+        n = m["episodes"]
+        lines.append(f"{s:>4} {n:>3} {m['valid'] / n:>7.1%} {m['optimal'] / n:>8.1%}  {top[0]} ({top[1]})")
+    return "\n".join(lines)
+
+
+def store_evaluation(session: Session, run_id: int, stage_index: int, split: str,
+                     results: Sequence[EpisodeResult]) -> None:
+    """Write one Episode row per result and one StageMetric row per size, then commit.
+
+    An evaluation is stored once per (run, stage, split): the StageMetric rows are UNIQUE on that key, so
+    storing the same evaluation twice fails instead of double-counting.
+    """
+    for r in results:
+        parsed = parse(r.completion, r.instance.num_agents)
+        session.add(Episode(
+            run_id=run_id, stage_index=stage_index, split=split, instance_id=r.instance.id,
+            instance=r.instance.model_dump(mode="json"), size=r.instance.size, num_agents=r.instance.num_agents,
+            completion=r.completion, plan=None if parsed.plan is None else [list(a) for a in parsed.plan],
+            outcome=r.outcome.to_dict(), valid=r.outcome.valid, optimal=r.outcome.optimal,
+            failure=None if r.outcome.failure is None else r.outcome.failure.value))
+    for size, m in size_metrics(results).items():
+        session.add(StageMetric(run_id=run_id, stage_index=stage_index, split=split, size=size,
+                                episodes=m["episodes"], valid=m["valid"], optimal=m["optimal"],
+                                failures=m["failures"]))
+    session.commit()
+
+
+def benchmark_entries(run_dir: Path) -> list[suite.Entry]:
+    """The 3,150 benchmark boards, built once (a few minutes of solver time) and cached as JSONL in `run_dir`."""
+    path = run_dir / BENCHMARK_FILE
+    if path.is_file():
+        return suite.read_jsonl(path)
+    entries, _ = suite.build("benchmark")
+    tmp = path.with_suffix(".jsonl.tmp")
+    suite.write_jsonl(entries, tmp)
+    tmp.replace(path)  # a crash mid-write never leaves a short cache behind
+    return entries
+
+
+def run_benchmark_job(engine: Engine, job: Any, progress: Callable[..., bool]) -> dict[str, Any]:
+    """Job `benchmark` (docs/loop.md): evaluate a stage's checkpoint on the benchmark and store the episodes.
+
+    The stage row's `checkpoint` names the policy; a stage without one (stage 0 before it ran) falls back
+    to the run's starting policy. Returns the paper's tables: valid and optimal rate per (agents, size).
+    """
+    run_id, stage_index = int(job.payload["run_id"]), int(job.payload["stage_index"])
+    with session(engine) as s:
+        run = s.get(Run, run_id)
+        stage = s.exec(select(Stage).where(Stage.run_id == run_id, Stage.index == stage_index)).first()
+        if run is None or stage is None:
+            raise ValueError(f"run {run_id} has no stage {stage_index}")
+        spec = stage.checkpoint or run.policy
+        from training.stage import runs_dir  # the one rule for where a run's files live (imports TRL: lazily)
+
+        run_dir = runs_dir(run) / str(run_id)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    progress(0, None, f"building or reading the benchmark boards in {run_dir / BENCHMARK_FILE}")
+    entries = benchmark_entries(run_dir)
+    policy = load_policy(spec, device=_device())
+    progress(0, len(entries), f"evaluating {spec} on {len(entries)} benchmark boards")
+    results = evaluate(policy, [e.instance for e in entries], progress=lambda done, total: progress(done, total))
+    with session(engine) as s:
+        store_evaluation(s, run_id, stage_index, "benchmark", results)
+    table = suite.report(entries, [r.outcome.valid for r in results], [r.outcome.optimal for r in results])
+    progress(len(entries), len(entries), table.to_markdown())
+    return {
+        "checkpoint": spec, "episodes": len(results),
+        "valid": sum(r.outcome.valid for r in results), "optimal": sum(r.outcome.optimal for r in results),
+        "by_size": {f"{k}x{s}": {"valid": v[0], "optimal": v[1], "n": v[2]} for (k, s), v in table.by_size.items()},
+        "mean_over_sizes": {str(k): {"valid": v[0], "optimal": v[1]} for k, v in table.mean_over_sizes.items()},
+    }
+
+
+def _device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"

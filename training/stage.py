@@ -1,0 +1,384 @@
+"""One stage of a run: GRPO (TRL) on the stage's environment config, then evaluation on the validation set.
+
+Reads top to bottom as the stage does: config, data, rewards, trainer, save, record.
+
+Why it is this short: TRL's `GRPOTrainer` is the algorithm (group-relative advantages, clipping, KL,
+generation, checkpoints, logging to Trackio/W&B/TensorBoard), and `GRPOConfig` is the training config.
+A run's `settings["grpo"]` holds `GRPOConfig` field overrides that are passed straight through on top of
+the few defaults below (the ones a CPU or a tiny model needs); nothing here re-declares TRL's fields. What
+is ours is `StageArgs` (where the stage lives, its seed, its starting policy and its `EnvConfig`), the
+data (boards from `envsim.generate` with the stage's seed, as prompts plus the board's JSON that the
+rewards read), the reward functions (`training.rewards`) and a callback that writes TRL's logs into the
+lab's database, reports progress and stops the trainer when someone cancels the job.
+
+Files of run `r` live in `<runs_dir>/<r>/` (runs_dir: `Run.settings["runs_dir"]`, else `$ENVLAB_RUNS`,
+else `runs`): stage `k`'s trained policy in `stage-<k>/policy/` (an ordinary Hugging Face folder that
+`training.policy.load_policy` reads back) and TRL's own checkpoints in `stage-<k>/trl/checkpoint-<step>/`.
+A stage attempt that finds a TRL checkpoint there (the worker died, or the job was cancelled and
+requeued) resumes from it with the optimizer, scheduler and data order as they were.
+
+Stage 0 is not trained: it evaluates the run's starting policy. Multi-GPU stages run outside the worker
+under `accelerate launch -m training.stage` (docs/worker.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import logging
+import math
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from datasets import Dataset
+from sqlalchemy import Engine
+from sqlmodel import select
+from transformers import TrainerCallback
+from transformers.trainer_callback import PrinterCallback
+from transformers.trainer_utils import get_last_checkpoint
+from trl import GRPOConfig, GRPOTrainer
+
+from envsim.config import EnvConfig
+from envsim.generator import generate
+from envsim.instance import Instance
+from envsim.suite import build
+from storage.db import make_engine, session
+from storage.models import Job, Run, Stage, TrainingLog, utcnow
+from training import evaluate as evaluation
+from training.policy import TINY_DIR, Policy, PolicyError, load_policy
+from training.rewards import DEFAULT_WEIGHTS, REWARDS
+from training.worker import Cancelled, Progress
+
+log = logging.getLogger("envlab.stage")
+
+
+class StageError(RuntimeError):
+    """A stage cannot run as asked (missing rows, no starting checkpoint, bad settings); the message says why."""
+
+
+# ---------------------------------------------------------------- config
+
+
+@dataclass(frozen=True)
+class StageArgs:
+    """What a stage needs beyond TRL's config: where it lives, its seed, where it starts, what it trains on."""
+
+    run_id: int
+    stage_index: int
+    seed: int
+    policy: str  # the starting checkpoint: the previous stage's, or the run's policy spec for stage 0
+    config: EnvConfig
+    run_dir: Path
+    validation_boards: int | None = None  # None: all 240
+
+    @property
+    def stage_dir(self) -> Path:
+        return self.run_dir / f"stage-{self.stage_index}"
+
+    @property
+    def policy_dir(self) -> Path:
+        return self.stage_dir / "policy"
+
+    @property
+    def trainer_dir(self) -> Path:
+        return self.stage_dir / "trl"
+
+
+LEARNING_RATE = {"compact": 1e-4, "chat": 1e-6}  # by the policy's prompt style: tiny from scratch, or an LLM
+
+
+def stage_seed(run_seed: int, stage_index: int) -> int:
+    """The stage's seed: a hash of (run seed, stage index), so no two stages or runs share a data stream."""
+    return int(np.random.SeedSequence([run_seed, stage_index]).generate_state(1)[0])
+
+
+def runs_dir(run: Run) -> Path:
+    return Path(run.settings.get("runs_dir") or os.environ.get("ENVLAB_RUNS") or "runs")
+
+
+def grpo_config(args: StageArgs, overrides: dict[str, Any], max_completion_length: int,
+                prompt_style: str = "chat") -> GRPOConfig:
+    """TRL's config: our defaults for this machine and task, then the run's `settings["grpo"]` on top.
+
+    Defaults: CPU when there is no CUDA device (GPUs follow CUDA_VISIBLE_DEVICES), bf16 only on a GPU
+    that has it, activation checkpointing only on a GPU (it slows a tiny CPU model down), 4 generations
+    per prompt in batches of 8 completions, one epoch over the stage's boards, a learning rate by
+    policy kind (`LEARNING_RATE`: TRL's 1e-6 suits a pretrained LLM, and is too timid for the tiny policy
+    trained from scratch), a completion budget from the board sizes, a log line per step, a TRL checkpoint
+    every 50 steps (2 kept), the stage's seed, `training.rewards.DEFAULT_WEIGHTS`. `report_to` is TRL's
+    (none unless asked: "trackio", "wandb", "tensorboard"). `use_vllm` (with `vllm_mode` "colocate" or
+    "server") is honoured when vLLM is importable; without it the stage says so and generates with
+    transformers.
+    """
+    known = {f.name for f in dataclasses.fields(GRPOConfig)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise StageError(f"settings['grpo'] has {', '.join(map(repr, unknown))}: not GRPOConfig fields")
+    cuda = torch.cuda.is_available()
+    fields: dict[str, Any] = dict(
+        output_dir=str(args.trainer_dir),
+        use_cpu=not cuda,
+        bf16=cuda and torch.cuda.is_bf16_supported(),
+        activation_checkpointing=cuda,
+        num_generations=4,
+        per_device_train_batch_size=8,
+        num_train_epochs=1,
+        learning_rate=LEARNING_RATE[prompt_style],
+        max_completion_length=max_completion_length,
+        logging_steps=1,
+        save_strategy="steps",
+        save_steps=50,
+        save_total_limit=2,
+        seed=args.seed,
+        reward_weights=list(DEFAULT_WEIGHTS),
+        disable_tqdm=True,
+    )
+    fields.update(overrides)
+    if fields.get("use_vllm") and importlib.util.find_spec("vllm") is None:
+        log.warning("use_vllm was asked for but vLLM is not installed (pip install 'envlab[vllm]'): "
+                    "generating with transformers")
+        fields["use_vllm"] = False
+    return GRPOConfig(**fields)
+
+
+# ---------------------------------------------------------------- data
+
+
+def dataset(policy: Policy, instances: Sequence[Instance]) -> Dataset:
+    """One row per board: the policy's prompt, and the board's JSON for the reward functions."""
+    return Dataset.from_dict({"prompt": [policy.prompt(i) for i in instances],
+                              "instance": [i.to_json() for i in instances]})
+
+
+@lru_cache(maxsize=1)
+def validation_set() -> tuple[Instance, ...]:
+    """The 240 validation boards (2 agents, sizes 3..10), built once per process (~1 s)."""
+    return tuple(entry.instance for entry in build("validation")[0])
+
+
+def validation_boards(limit: int | None = None) -> list[Instance]:
+    """The validation boards, or `limit` of them spread evenly over the set (so every size keeps a share)."""
+    boards = validation_set()
+    if limit is None or limit >= len(boards):
+        return list(boards)
+    return [boards[i * len(boards) // limit] for i in range(limit)]
+
+
+# ---------------------------------------------------------------- record
+
+
+class Record(TrainerCallback):
+    """Writes each logged step into `TrainingLog`, reports progress, records checkpoints, stops on cancel.
+
+    Only the main process writes (under `accelerate launch` every process runs the callback).
+    """
+
+    def __init__(self, engine: Engine, args: StageArgs, progress: Progress):
+        self.engine, self.args, self.progress = engine, args, progress
+        self.cancelled = False
+        self.summary: dict[str, float] = {}
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or not logs:
+            return
+        numbers = {k: float(v) for k, v in logs.items()
+                   if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)}
+        if "train_runtime" in logs:  # the end-of-training summary, not a step
+            self.summary = numbers
+            return
+        with session(self.engine) as s:
+            s.add(TrainingLog(run_id=self.args.run_id, stage_index=self.args.stage_index, step=state.global_step,
+                              metrics=numbers))
+            s.commit()
+        line = f"step {state.global_step}/{state.max_steps}" + "".join(
+            f" {k} {numbers[k]:.4g}" for k in ("reward", "loss", "kl", "completions/mean_length") if k in numbers)
+        if self.progress(state.global_step, state.max_steps, line):
+            self._stop(control)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.is_world_process_zero and self.progress(state.global_step, state.max_steps):
+            self._stop(control)
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            checkpoint = str(Path(args.output_dir) / f"checkpoint-{state.global_step}")
+            self.progress(state.global_step, state.max_steps, f"saved {checkpoint}", result={"checkpoint": checkpoint})
+
+    def _stop(self, control) -> None:
+        # Save on the way out, so a requeued attempt resumes here instead of from the last periodic checkpoint.
+        self.cancelled = True
+        control.should_training_stop = True
+        control.should_save = True
+
+
+# ---------------------------------------------------------------- the stage
+
+
+def train(engine: Engine, args: StageArgs, policy: Policy, grpo: dict[str, Any], progress: Progress) -> dict[str, Any]:
+    """GRPO on `args.config` from `policy` (trained in place); saves it to `args.policy_dir`; TRL's summary."""
+    # data
+    n = args.config.num_instances
+    made = 0
+
+    def on_board(_: Instance) -> None:
+        nonlocal made
+        made += 1
+        if made % 64 == 0 or made == n:
+            progress(0, None, f"generated {made}/{n} training boards")
+
+    instances = generate(args.config, n, seed=args.seed, on_board=on_board)
+    budget = max(evaluation.answer_budget(policy, i) for i in instances)
+    # trainer
+    config = grpo_config(args, grpo, budget, policy.prompt_style)
+    record = Record(engine, args, progress)
+    trainer = GRPOTrainer(model=policy.model, reward_funcs=list(REWARDS), args=config,
+                          train_dataset=dataset(policy, instances), processing_class=policy.tokenizer,
+                          callbacks=[record])
+    trainer.remove_callback(PrinterCallback)  # with tqdm off it prints every log dict; `record` reports them
+    resume = get_last_checkpoint(str(args.trainer_dir)) if args.trainer_dir.is_dir() else None
+    if resume is not None:
+        progress(0, None, f"resuming from {resume}", result={"checkpoint": resume})
+    progress(0, None, f"GRPO: {len(instances)} boards, {config.num_generations} generations each, "
+                      f"up to {budget} new tokens, {'vLLM' if config.use_vllm else 'transformers'} generation "
+                      f"on {config.device}")
+    trainer.train(resume_from_checkpoint=resume)
+    if record.cancelled:
+        raise Cancelled(f"cancelled at step {trainer.state.global_step}/{trainer.state.max_steps}; "
+                        f"requeue to resume from {get_last_checkpoint(str(args.trainer_dir))}")
+    # save
+    if trainer.accelerator.is_main_process:
+        policy.save(args.policy_dir)
+    return {"steps": trainer.state.global_step, "resumed_from": resume, **record.summary}
+
+
+def start_policy(args: StageArgs, device: str) -> Policy:
+    """Load the stage's starting policy, or fail with a message that names the stage and the checkpoint."""
+    what = "the run's policy" if args.stage_index == 0 else f"stage {args.stage_index - 1}'s checkpoint"
+    try:
+        return load_policy(args.policy, device=device)
+    except PolicyError as err:
+        raise StageError(f"cannot load the starting policy of stage {args.stage_index} ({what} "
+                         f"{args.policy!r}): {err}") from err
+
+
+def checkpoint_path(spec: str) -> str:
+    """Where a policy spec lives on disk when it does (`tiny` is the shipped folder); else the spec itself."""
+    if spec == "tiny":
+        return str(TINY_DIR)
+    path = Path(spec).expanduser()
+    return str(path.resolve()) if path.exists() else spec
+
+
+def stage_args(engine: Engine, run_id: int, stage_index: int) -> tuple[StageArgs, dict[str, Any]]:
+    """The stage's arguments and the run's GRPO overrides, read from the Run and Stage rows."""
+    with session(engine) as s:
+        run = s.get(Run, run_id)
+        if run is None:
+            raise StageError(f"no run {run_id}")
+        stages = {st.index: st for st in s.exec(select(Stage).where(Stage.run_id == run_id))}
+    if stage_index not in stages:
+        raise StageError(f"run {run_id} has no stage {stage_index}")
+    if stage_index == 0:
+        start = run.policy
+    else:
+        previous = stages.get(stage_index - 1)
+        if previous is None or previous.checkpoint is None:
+            status = "missing" if previous is None else previous.status
+            raise StageError(f"cannot load the starting policy of stage {stage_index}: stage {stage_index - 1} "
+                             f"of run {run_id} has no checkpoint (it is {status}); run it first")
+        start = previous.checkpoint
+    args = StageArgs(run_id=run_id, stage_index=stage_index, seed=stage_seed(run.seed, stage_index), policy=start,
+                     config=EnvConfig.model_validate(stages[stage_index].config),
+                     run_dir=runs_dir(run) / str(run_id), validation_boards=run.settings.get("validation_boards"))
+    return args, dict(run.settings.get("grpo") or {})
+
+
+def _device() -> str:
+    # Under `accelerate launch` each process has its own GPU; the worker's single process takes the first.
+    return f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if torch.cuda.is_available() else "cpu"
+
+
+def _set_stage(engine: Engine, args: StageArgs, **values: Any) -> None:
+    with session(engine) as s:
+        stage = s.exec(select(Stage).where(Stage.run_id == args.run_id, Stage.index == args.stage_index)).one()
+        for key, value in values.items():
+            setattr(stage, key, value)
+        s.add(stage)
+        s.commit()
+
+
+def run_stage(engine: Engine, args: StageArgs, grpo: dict[str, Any], progress: Progress) -> dict[str, Any]:
+    """Train (stage > 0), evaluate on the validation set, store episodes and metrics, mark the stage done."""
+    device = _device()
+    _set_stage(engine, args, status="running", started_at=utcnow(), finished_at=None)
+    try:
+        progress(0, None, f"stage {args.stage_index} of run {args.run_id}: loading {args.policy}")
+        policy = start_policy(args, device)
+        if args.stage_index == 0:
+            trained, checkpoint = {}, checkpoint_path(args.policy)
+        else:
+            trained, checkpoint = train(engine, args, policy, grpo, progress), str(args.policy_dir)
+        # record: the validation set
+        boards = validation_boards(args.validation_boards)
+        progress(0, len(boards), f"evaluating on {len(boards)} validation boards")
+        results = evaluation.evaluate(policy, boards, progress=lambda done, total: progress(done, total))
+        with session(engine) as s:
+            evaluation.store_evaluation(s, args.run_id, args.stage_index, "validation", results)
+        metrics = evaluation.size_metrics(results)
+        progress(len(boards), len(boards), evaluation.metrics_table(metrics))
+        _set_stage(engine, args, status="done", checkpoint=checkpoint, finished_at=utcnow())
+    except BaseException:
+        _set_stage(engine, args, status="failed", finished_at=utcnow())
+        raise
+    valid = sum(r.outcome.valid for r in results)
+    optimal = sum(r.outcome.optimal for r in results)
+    return {"run_id": args.run_id, "stage_index": args.stage_index, "checkpoint": checkpoint,
+            "episodes": len(results), "valid_rate": valid / len(results), "optimal_rate": optimal / len(results),
+            "train": trained}
+
+
+def run_stage_job(engine: Engine, job: Job, progress: Progress) -> dict[str, Any]:
+    """The `stage` job (docs/loop.md): payload `{"run_id", "stage_index"}`."""
+    args, grpo = stage_args(engine, job.payload["run_id"], job.payload["stage_index"])
+    return run_stage(engine, args, grpo, progress)
+
+
+# ---------------------------------------------------------------- multi-GPU entry point
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`accelerate launch -m training.stage --run R --stage K`: one stage outside the worker, on every GPU
+    that accelerate gives it. Every process trains; only the main one writes rows and files."""
+    parser = argparse.ArgumentParser(prog="python -m training.stage", description=main.__doc__.splitlines()[0])
+    parser.add_argument("--run", type=int, required=True)
+    parser.add_argument("--stage", type=int, required=True)
+    parser.add_argument("--db", help="database path or URL (default: $ENVLAB_DB, else runs/envlab.db)")
+    opts = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
+    engine = make_engine(opts.db)
+    main_process = int(os.environ.get("RANK", "0")) == 0
+
+    def progress(step: int, total: int | None, line: str | None = None, result: dict | None = None) -> bool:
+        if line and main_process:
+            log.info("%s/%s %s", step, total, line)
+        return False
+
+    args, grpo = stage_args(engine, opts.run, opts.stage)
+    if not main_process:  # the others train with it; evaluation and rows are the main process's
+        policy = start_policy(args, _device())
+        train(engine, args, policy, grpo, progress)
+        return 0
+    print(run_stage(engine, args, grpo, progress))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,249 @@
+"""The worker: a loop that claims queued jobs, runs their handlers, and reports on them.
+
+The web page never trains in its own process; it queues a job (`storage.queue.enqueue`) and a worker
+process picks it up. The contract (docs/loop.md) is a dict of handlers by job kind, each
+`handler(engine, job, progress) -> dict`, where `progress(step, total, line=None, result=None) -> bool`
+writes a heartbeat (and a log line, and a partial result such as the latest checkpoint) and returns True
+once someone asked the job to stop; the handler then raises `Cancelled`.
+
+Why a heartbeat thread as well: a handler can be silent for minutes (loading a 4B model, one long
+generation batch), and a job whose heartbeat is older than `stale_s` looks like one whose worker died.
+So while a handler runs, a background thread repeats its last reported step every `stale_s / 4`
+seconds. A worker that is killed stops both; the next worker's poll reaps the job (`reap_stale`) as
+failed with the heartbeat reason, and `requeue` gives it a new attempt that finds the previous attempt's
+`result` (the checkpoint it recorded) on the job row.
+
+A handler that raises fails its job and nothing else: the error is the traceback's last line (the full
+traceback goes to the job's log tail and to stderr) and the worker goes on with the next job.
+
+Several workers may share one PostgreSQL database (the claim skips rows another worker has locked); on
+SQLite one worker at a time is enough (claims are still exclusive, but writes queue behind one lock).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from sqlalchemy import Engine
+
+from storage import queue
+from storage.db import make_engine, session, upgrade
+from storage.models import Job
+from storage.queue import LostJob
+
+log = logging.getLogger("envlab.worker")
+
+TRACEBACK_LINES = 40  # of a failed job's traceback, kept in its log tail
+
+
+class Progress(Protocol):
+    def __call__(self, step: int, total: int | None, line: str | None = None,
+                 result: dict[str, Any] | None = None) -> bool: ...
+
+
+Handler = Callable[[Engine, Job, Progress], dict[str, Any] | None]
+After = Callable[[Engine, Job], None]
+
+
+class Cancelled(Exception):
+    """Raised by a handler that stopped because a cancel was requested; the job ends `cancelled`."""
+
+
+class _Heartbeat(threading.Thread):
+    """Repeats the job's last reported step every `interval` seconds while its handler runs.
+
+    It also learns the cancel flag and whether the job was lost (reaped or ended elsewhere), so the
+    next `progress` call can answer from them without waiting for its own round trip to fail.
+    """
+
+    def __init__(self, engine: Engine, job_id: int, interval: float):
+        super().__init__(name=f"heartbeat-{job_id}", daemon=True)
+        self.engine, self.job_id, self.interval = engine, job_id, interval
+        self.step, self.total = 0, None
+        self.cancelled = False
+        self.lost: LostJob | None = None
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(self.interval):
+            try:
+                with session(self.engine) as s:
+                    self.cancelled = queue.heartbeat(s, self.job_id, self.step, self.total) or self.cancelled
+            except LostJob as err:
+                self.lost = err
+                return
+            except Exception:  # a database hiccup: the next beat tries again
+                log.exception("job %s: heartbeat failed", self.job_id)
+
+
+def run_job(engine: Engine, job: Job, handler: Handler, *, stale_s: float = 60.0) -> Job:
+    """Run one claimed job to its end (done, failed or cancelled) and return its row as it ended."""
+    beat = _Heartbeat(engine, job.id, interval=max(0.05, stale_s / 4))
+
+    def progress(step: int, total: int | None, line: str | None = None,
+                 result: dict[str, Any] | None = None) -> bool:
+        if beat.lost is not None:
+            raise beat.lost
+        beat.step, beat.total = step, total
+        with session(engine) as s:
+            cancelled = queue.heartbeat(s, job.id, step, total, line, result)
+        if line is not None:
+            log.info("job %s: %s", job.id, line)
+        beat.cancelled = beat.cancelled or cancelled
+        return beat.cancelled
+
+    beat.start()
+    try:
+        result = handler(engine, job, progress)
+        with session(engine) as s:
+            ended = queue.finish(s, job.id, result)
+        log.info("job %s (%s) done", job.id, job.kind)
+    except LostJob as err:
+        log.warning("job %s: %s", job.id, err)
+        with session(engine) as s:
+            return s.get(Job, job.id, populate_existing=True)
+    except Exception as err:
+        ended = _fail(engine, job, err)
+    except KeyboardInterrupt as err:  # a second SIGINT/SIGTERM: end the job as failed, then stop
+        _fail(engine, job, err)
+        raise
+    finally:
+        beat.done.set()
+        beat.join()
+    return ended
+
+
+def _fail(engine: Engine, job: Job, err: BaseException) -> Job:
+    error = "cancelled" if isinstance(err, Cancelled) else traceback.format_exception_only(err)[-1].strip()
+    if isinstance(err, Cancelled):
+        log.info("job %s (%s) cancelled", job.id, job.kind)
+        lines = None
+    else:
+        log.error("job %s (%s) failed", job.id, job.kind, exc_info=err)
+        lines = "".join(traceback.format_exception(err)).splitlines()[-TRACEBACK_LINES:]
+    try:
+        with session(engine) as s:
+            if lines:
+                queue.heartbeat(s, job.id, job.step, job.total, "\n".join(lines))
+            return queue.fail(s, job.id, error)
+    except LostJob as lost:
+        log.warning("job %s: %s", job.id, lost)
+        with session(engine) as s:
+            return s.get(Job, job.id, populate_existing=True)
+
+
+def _unknown_kind(kinds: Sequence[str]) -> Handler:
+    def handler(engine: Engine, job: Job, progress: Progress) -> dict[str, Any]:
+        raise LookupError(f"no handler for job kind {job.kind!r} (this worker runs {', '.join(kinds)})")
+
+    return handler
+
+
+def run_worker(engine: Engine, handlers: dict[str, Handler], *, worker_id: str | None = None,
+               poll_s: float = 1.0, stale_s: float = 60.0, once: bool = False, after: After | None = None,
+               stop: threading.Event | None = None) -> int:
+    """Claim and run jobs until `stop` is set; returns how many jobs this worker ran.
+
+    Each poll first reaps running jobs with no heartbeat for `stale_s` seconds (their worker died), then
+    claims the oldest queued job. `after(engine, job)` runs after every job that ended (done, failed or
+    cancelled; the lab queues what comes next there). With `once`, the worker returns when it finds the
+    queue empty instead of waiting for more work (jobs that `after` queues still run first).
+    A job of a kind with no handler is claimed and failed with a message naming the kinds this worker runs.
+    """
+    worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}"
+    stop = stop or threading.Event()
+    ran = 0
+    log.info("worker %s: polling every %gs for %s", worker_id, poll_s, ", ".join(handlers))
+    while not stop.is_set():
+        with session(engine) as s:
+            for reaped in queue.reap_stale(s, stale_s):
+                log.warning("job %s (%s) reaped: %s", reaped.id, reaped.kind, reaped.error)
+            job = queue.claim(s, worker_id)
+        if job is None:
+            if once:
+                break
+            stop.wait(poll_s)
+            continue
+        log.info("job %s (%s) claimed, attempt %d: %s", job.id, job.kind, job.attempts, job.payload)
+        handler = handlers.get(job.kind) or _unknown_kind(list(handlers))
+        ended = run_job(engine, job, handler, stale_s=stale_s)
+        ran += 1
+        if after is not None:
+            try:
+                after(engine, ended)
+            except Exception:
+                log.exception("job %s: the after hook failed", job.id)
+    log.info("worker %s: stopped after %d jobs", worker_id, ran)
+    return ran
+
+
+# ---------------------------------------------------------------- the `envlab worker` command
+
+
+def training_handlers() -> dict[str, Handler]:
+    """The handlers `training` owns (`stage`, and `benchmark` where the evaluation module provides it).
+
+    Imported here rather than at the top so that starting a worker costs no torch import until a job needs it.
+    """
+    from training import evaluate, stage
+
+    handlers: dict[str, Handler] = {"stage": stage.run_stage_job}
+    if hasattr(evaluate, "run_benchmark_job"):
+        handlers["benchmark"] = evaluate.run_benchmark_job
+    return handlers
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The worker's options, for `envlab worker` (lab.cli) and `python -m training.worker`."""
+    parser.add_argument("--db", help="database path or URL (default: $ENVLAB_DB, else runs/envlab.db)")
+    parser.add_argument("--worker-id", help="name in the jobs table (default: host:pid)")
+    parser.add_argument("--poll", type=float, default=1.0, help="seconds between polls of an empty queue")
+    parser.add_argument("--stale", type=float, default=60.0,
+                        help="seconds without a heartbeat after which a running job counts as dead")
+    parser.add_argument("--once", action="store_true", help="exit when the queue is empty")
+
+
+def run_from_args(args: argparse.Namespace, handlers: dict[str, Handler], after: After | None = None) -> int:
+    """Migrate the database, then run a worker until SIGINT/SIGTERM (the first stops after the current
+    job, a second interrupts it) or, with `--once`, until the queue is empty."""
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    engine = make_engine(args.db)
+    upgrade(engine)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        log.info("signal %d: stopping after the current job (again to interrupt it)", signum)
+        stop.set()
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, on_signal)
+        signal.signal(signal.SIGTERM, on_signal)
+    try:
+        return run_worker(engine, handlers, worker_id=args.worker_id, poll_s=args.poll, stale_s=args.stale,
+                          once=args.once, after=after, stop=stop)
+    finally:
+        engine.dispose()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m training.worker`: a worker for training's own job kinds (lab.cli adds `propose`)."""
+    parser = argparse.ArgumentParser(prog="python -m training.worker", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    run_from_args(parser.parse_args(argv), training_handlers())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
