@@ -21,6 +21,7 @@ from envsim.instance import Instance
 from envsim.rules import Cell, action_between, horizon
 
 NODE_BUDGET = 500
+CARDINAL_PROBE = 4  # conflicts of a node tried for a cardinal one before splitting
 
 Path = tuple[int, ...]  # cell index at t = 0..arrival
 # A constraint forbids agent `agent` to be in `cell` at time `t` (vertex) or to move `prev -> cell`
@@ -147,11 +148,11 @@ def _plan_path(grid: _Grid, agent: int, cons: Sequence[Constraint], allow_wait: 
     return None
 
 
-def _first_conflict(paths: Sequence[Path]) -> tuple[tuple, int]:
-    """The earliest conflict (vertex before edge, lower agents first) and the number of conflicts."""
+def _conflicts(paths: Sequence[Path], limit: int) -> tuple[list[tuple], int]:
+    """Up to `limit` conflicts in time order (vertex before edge, lower agents first), and the total count."""
     k = len(paths)
     end = max(len(p) for p in paths)
-    first = None
+    found: list[tuple] = []
     count = 0
     for t in range(1, end):
         pos = [p[t] if t < len(p) else p[-1] for p in paths]
@@ -160,13 +161,13 @@ def _first_conflict(paths: Sequence[Path]) -> tuple[tuple, int]:
             for j in range(i + 1, k):
                 if pos[i] == pos[j]:
                     count += 1
-                    if first is None:
-                        first = ("v", i, j, pos[i], t)
+                    if len(found) < limit:
+                        found.append(((i, -1, pos[i], t), (j, -1, pos[i], t)))
                 elif pos[i] == prv[j] and pos[j] == prv[i]:
                     count += 1
-                    if first is None:
-                        first = ("e", i, j, prv[i], pos[i], t)
-    return first, count
+                    if len(found) < limit:
+                        found.append(((i, prv[i], pos[i], t), (j, prv[j], pos[j], t)))
+    return found, count
 
 
 def _cbs(grid: _Grid, allow_wait: bool, by_makespan: bool, bound: int, budget: int) -> tuple[list | None, int, bool]:
@@ -174,7 +175,9 @@ def _cbs(grid: _Grid, allow_wait: bool, by_makespan: bool, bound: int, budget: i
 
     Nodes are ordered by (sum of costs, conflicts) or (makespan, sum of costs, conflicts); nodes whose
     primary cost is above `bound` are pruned. `exhausted` is True when the open list ran dry (no plan
-    within the bound), False when the budget ran out.
+    within the bound), False when the budget ran out. A node splits on a cardinal conflict when one of
+    its first few has both children costlier (then semi-cardinal, then the earliest), as in ICBS: the
+    choice changes how many nodes the search needs, never its answer.
     """
     k = len(grid.starts)
     paths = []
@@ -190,38 +193,41 @@ def _cbs(grid: _Grid, allow_wait: bool, by_makespan: bool, bound: int, budget: i
             return (max(len(p) - 1 for p in ps), soc, conflicts, serial)
         return (soc, conflicts, serial)
 
-    conflict, count = _first_conflict(paths)
+    conflicts, count = _conflicts(paths, CARDINAL_PROBE)
     serial = 0
-    # node: (key, paths, constraints tuple, first conflict)
-    open_ = [(key(paths, count, serial), paths, (), conflict)]
+    open_ = [(key(paths, count, serial), paths, (), conflicts)]
     nodes = 0
     while open_:
-        k0, paths, cons, conflict = heapq.heappop(open_)
+        k0, paths, cons, conflicts = heapq.heappop(open_)
         if k0[0] > bound:
             return None, nodes, True
-        if conflict is None:
+        if not conflicts:
             return paths, nodes, True
         nodes += 1
         if nodes > budget:
             return None, nodes, False
-        if conflict[0] == "v":
-            _, i, j, cell, t = conflict
-            children = ((i, -1, cell, t), (j, -1, cell, t))
-        else:
-            _, i, j, u, v, t = conflict
-            children = ((i, u, v, t), (j, v, u, t))
-        for c in children:
-            agent = c[0]
-            new_cons = cons + (c,)
-            p = _plan_path(grid, agent, [x for x in new_cons if x[0] == agent], allow_wait)
+        chosen, best_rank = None, -1
+        for pair in conflicts:
+            children = []
+            rank = 0
+            for c in pair:
+                agent = c[0]
+                new_cons = cons + (c,)
+                p = _plan_path(grid, agent, [x for x in new_cons if x[0] == agent], allow_wait)
+                children.append((new_cons, agent, p))
+                rank += p is None or len(p) > len(paths[agent])
+            if rank > best_rank:
+                chosen, best_rank = children, rank
+            if rank == 2:
+                break
+        for new_cons, agent, p in chosen:
             if p is None:
                 continue
             new_paths = list(paths)
             new_paths[agent] = p
-            nk = key(new_paths, 0, 0)
-            if nk[0] > bound:
+            if key(new_paths, 0, 0)[0] > bound:
                 continue
-            conf, cnt = _first_conflict(new_paths)
+            conf, cnt = _conflicts(new_paths, CARDINAL_PROBE)
             serial += 1
             heapq.heappush(open_, (key(new_paths, cnt, serial), new_paths, new_cons, conf))
     return None, nodes, True
