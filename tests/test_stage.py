@@ -8,6 +8,9 @@ advantage 0, and GRPO would (correctly) not move a single weight.
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -177,6 +180,17 @@ def test_stage_jobs_through_the_worker_evaluate_then_train_and_record(lab: Engin
     assert sorted(steps) == [1, 2]
     assert "evaluating on 8 validation boards" in jobs[1].log_tail and "step 2/2 reward" in jobs[1].log_tail
 
+    # An attempt after one that died between storing its evaluation and ending its job: the trained policy and
+    # the stored evaluation are kept, neither redone.
+    lines: list[str] = []
+    again = run_stage_job(lab, jobs[1], lambda step, total, line=None, result=None: bool(lines.append(line)))
+    assert again == jobs[1].result
+    assert again["train"]["steps"] == 2 and again["train"]["train_runtime"] > 0
+    assert f"stage 1 was trained by an earlier attempt: loading {run_dir / 'stage-1' / 'policy'}" in lines
+    assert "the validation results of an earlier attempt are stored already: kept" in lines
+    with session(lab) as s:
+        assert len(s.exec(select(Episode).where(Episode.run_id == run_id)).all()) == 16
+
 
 @pytest.mark.parametrize("damage", ["missing", "truncated"])
 def test_a_missing_or_corrupt_starting_checkpoint_fails_the_job_with_a_clear_error(lab: Engine, writer: Path,
@@ -227,3 +241,19 @@ def test_grpo_config_is_our_defaults_under_the_runs_overrides(tmp_path: Path):
     assert grpo_config(args, {}, 40).learning_rate == 1e-6  # an LLM: TRL's own default
     with pytest.raises(StageError, match=r"settings\['grpo'\] has 'max_stepz': not GRPOConfig fields"):
         grpo_config(args, {"max_stepz": 3}, 40)
+
+
+def test_the_stage_command_runs_one_stage_outside_the_worker(writer: Path, tmp_path: Path):
+    url = f"sqlite:///{tmp_path / 'envlab.db'}"
+    engine = make_engine(url)
+    upgrade(engine)
+    run_id = _run(engine, str(writer), tmp_path / "runs", validation_boards=2)
+    done = subprocess.run([sys.executable, "-m", "training.stage", "--run", str(run_id), "--stage", "0", "--db", url],
+                          capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parent.parent,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr
+    assert f"'checkpoint': '{writer.resolve()}', 'episodes': 2" in done.stdout
+    with session(engine) as s:
+        stage = s.exec(select(Stage).where(Stage.run_id == run_id, Stage.index == 0)).one()
+    assert (stage.status, stage.checkpoint) == ("done", str(writer.resolve()))
+    engine.dispose()

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.util
+import json
 import logging
 import math
 import os
@@ -51,7 +52,7 @@ from envsim.generator import generate
 from envsim.instance import Instance
 from envsim.suite import build
 from storage.db import make_engine, session
-from storage.models import Job, Run, Stage, TrainingLog, utcnow
+from storage.models import Job, Run, Stage, StageMetric, TrainingLog, utcnow
 from training import evaluate as evaluation
 from training.policy import TINY_DIR, Policy, PolicyError, load_policy
 from training.rewards import DEFAULT_WEIGHTS, REWARDS
@@ -90,6 +91,10 @@ class StageArgs:
     @property
     def trainer_dir(self) -> Path:
         return self.stage_dir / "trl"
+
+    @property
+    def trained_marker(self) -> Path:
+        return self.stage_dir / "trained.json"
 
 
 LEARNING_RATE = {"compact": 1e-4, "chat": 1e-6}  # by the policy's prompt style: tiny from scratch, or an LLM
@@ -253,10 +258,12 @@ def train(engine: Engine, args: StageArgs, policy: Policy, grpo: dict[str, Any],
     if record.cancelled:
         raise Cancelled(f"cancelled at step {trainer.state.global_step}/{trainer.state.max_steps}; "
                         f"requeue to resume from {get_last_checkpoint(str(args.trainer_dir))}")
-    # save
+    # save (the marker last: its presence means the policy folder is complete)
+    summary = {"steps": trainer.state.global_step, "resumed_from": resume, **record.summary}
     if trainer.accelerator.is_main_process:
         policy.save(args.policy_dir)
-    return {"steps": trainer.state.global_step, "resumed_from": resume, **record.summary}
+        args.trained_marker.write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
 
 
 def start_policy(args: StageArgs, device: str) -> Policy:
@@ -320,29 +327,42 @@ def run_stage(engine: Engine, args: StageArgs, grpo: dict[str, Any], progress: P
     device = _device()
     _set_stage(engine, args, status="running", started_at=utcnow(), finished_at=None)
     try:
-        progress(0, None, f"stage {args.stage_index} of run {args.run_id}: loading {args.policy}")
-        policy = start_policy(args, device)
-        if args.stage_index == 0:
-            trained, checkpoint = {}, checkpoint_path(args.policy)
+        if args.stage_index > 0 and args.trained_marker.is_file():
+            # An earlier attempt trained and saved the policy, then died before recording its evaluation.
+            progress(0, None, f"stage {args.stage_index} was trained by an earlier attempt: loading {args.policy_dir}")
+            policy = load_policy(str(args.policy_dir), device=device)
+            trained = json.loads(args.trained_marker.read_text())
         else:
-            trained, checkpoint = train(engine, args, policy, grpo, progress), str(args.policy_dir)
-        # record: the validation set
-        boards = validation_boards(args.validation_boards)
-        progress(0, len(boards), f"evaluating on {len(boards)} validation boards")
-        results = evaluation.evaluate(policy, boards, progress=lambda done, total: progress(done, total))
-        with session(engine) as s:
-            evaluation.store_evaluation(s, args.run_id, args.stage_index, "validation", results)
-        metrics = evaluation.size_metrics(results)
-        progress(len(boards), len(boards), evaluation.metrics_table(metrics))
+            progress(0, None, f"stage {args.stage_index} of run {args.run_id}: loading {args.policy}")
+            policy = start_policy(args, device)
+            trained = {} if args.stage_index == 0 else train(engine, args, policy, grpo, progress)
+        checkpoint = checkpoint_path(args.policy) if args.stage_index == 0 else str(args.policy_dir)
+        # record: the validation set (once: an attempt that died after storing it leaves it stored)
+        if not _validation_metrics(engine, args):
+            boards = validation_boards(args.validation_boards)
+            progress(0, len(boards), f"evaluating on {len(boards)} validation boards")
+            results = evaluation.evaluate(policy, boards, progress=lambda done, total: progress(done, total))
+            with session(engine) as s:
+                evaluation.store_evaluation(s, args.run_id, args.stage_index, "validation", results)
+            progress(len(boards), len(boards), evaluation.metrics_table(evaluation.size_metrics(results)))
+        else:
+            progress(0, None, "the validation results of an earlier attempt are stored already: kept")
         _set_stage(engine, args, status="done", checkpoint=checkpoint, finished_at=utcnow())
     except BaseException:
         _set_stage(engine, args, status="failed", finished_at=utcnow())
         raise
-    valid = sum(r.outcome.valid for r in results)
-    optimal = sum(r.outcome.optimal for r in results)
-    return {"run_id": args.run_id, "stage_index": args.stage_index, "checkpoint": checkpoint,
-            "episodes": len(results), "valid_rate": valid / len(results), "optimal_rate": optimal / len(results),
+    rows = _validation_metrics(engine, args)
+    n = sum(m.episodes for m in rows)
+    return {"run_id": args.run_id, "stage_index": args.stage_index, "checkpoint": checkpoint, "episodes": n,
+            "valid_rate": sum(m.valid for m in rows) / n, "optimal_rate": sum(m.optimal for m in rows) / n,
             "train": trained}
+
+
+def _validation_metrics(engine: Engine, args: StageArgs) -> list[StageMetric]:
+    with session(engine) as s:
+        return list(s.exec(select(StageMetric).where(StageMetric.run_id == args.run_id,
+                                                     StageMetric.stage_index == args.stage_index,
+                                                     StageMetric.split == "validation")))
 
 
 def run_stage_job(engine: Engine, job: Job, progress: Progress) -> dict[str, Any]:
@@ -372,9 +392,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return False
 
     args, grpo = stage_args(engine, opts.run, opts.stage)
-    if not main_process:  # the others train with it; evaluation and rows are the main process's
-        policy = start_policy(args, _device())
-        train(engine, args, policy, grpo, progress)
+    if not main_process:  # the others train with it (unless it is trained); evaluation and rows are the main's
+        if not args.trained_marker.is_file():
+            train(engine, args, start_policy(args, _device()), grpo, progress)
         return 0
     print(run_stage(engine, args, grpo, progress))
     return 0

@@ -214,7 +214,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_from_args(args: argparse.Namespace, handlers: dict[str, Handler], after: After | None = None) -> int:
     """Migrate the database, then run a worker until SIGINT/SIGTERM (the first stops after the current
-    job, a second interrupts it) or, with `--once`, until the queue is empty."""
+    job, a second interrupts it) or, with `--once`, until the queue is empty. Returns the exit status (0)."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     engine = make_engine(args.db)
@@ -231,18 +231,18 @@ def run_from_args(args: argparse.Namespace, handlers: dict[str, Handler], after:
         signal.signal(signal.SIGINT, on_signal)
         signal.signal(signal.SIGTERM, on_signal)
     try:
-        return run_worker(engine, handlers, worker_id=args.worker_id, poll_s=args.poll, stale_s=args.stale,
-                          once=args.once, after=after, stop=stop)
+        run_worker(engine, handlers, worker_id=args.worker_id, poll_s=args.poll, stale_s=args.stale,
+                   once=args.once, after=after, stop=stop)
     finally:
         engine.dispose()
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`python -m training.worker`: a worker for training's own job kinds (lab.cli adds `propose`)."""
     parser = argparse.ArgumentParser(prog="python -m training.worker", description=__doc__.splitlines()[0])
     add_arguments(parser)
-    run_from_args(parser.parse_args(argv), training_handlers())
-    return 0
+    return run_from_args(parser.parse_args(argv), training_handlers())
 
 
 if __name__ == "__main__":
