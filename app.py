@@ -21,6 +21,7 @@ import atexit
 import html
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -34,16 +35,16 @@ import numpy as np
 from sqlalchemy import Engine
 from sqlmodel import select
 
-from envsim.config import GLOBALS, KNOB_HELP, KNOBS, ConfigError, EnvConfig, project
+from envsim.config import KNOB_HELP, KNOBS, ConfigError, EnvConfig, project
 from envsim.generator import GenerationError, generate, random_board, round_half_up
 from envsim.instance import Instance
-from envsim.rules import MAX_SIZE, MIN_SIZE
-from envsim.scoring import Outcome, score, score_answer
+from envsim.rules import MIN_SIZE
+from envsim.scoring import Outcome, score_answer
 from envsim.solver import Unsolved, label
 from envsim.suite import Entry, report
 from lab import figures
 from lab.engineers import ENGINEERS
-from lab.loop import LoopError, advance, create_run, jobs_of, set_auto_apply, stages_of
+from lab.loop import LoopError, advance, create_run, jobs_of, resume, set_auto_apply, stages_of
 from lab.proposals import AlreadyDecided, ProposalError, decide, decision_of
 from storage.db import make_engine, session, upgrade
 from storage.models import Episode, Job, Proposal, Run, StageMetric, TrainingLog, utcnow
@@ -281,7 +282,7 @@ def review(engine: Engine, run_id: int | None, stage_index: int | None) -> dict[
     return dict(
         note=note, stages=[(f"stage {st.index} ({st.status})", st.index) for st in stages], stage=stage_index,
         table=_table(["stage", "status", "config from", "valid", "optimal", "episodes"], rows),
-        rates=figures.rates_figure(_metric_dicts(current), f"stage {stage_index}") if current else empty(why),
+        rates=figures.rates_figure(_metric_dicts(current)) if current else empty(why),
         curves=figures.curves_figure({k: _metric_dicts(v) for k, v in metrics.items()}),
         failures=figures.failure_heatmap(_metric_dicts(current)) if current else empty(why),
         training=figures.training_figure(logs), sizes=sorted(m.size for m in current), kinds=kinds)
@@ -438,8 +439,9 @@ def proposal_view(engine: Engine, proposal_id: int | None) -> dict[str, Any]:
     else:
         status = f"{title}  \n**Waiting for a decision.**"
     changed = sum(1 for r in rows if r[4] not in ("0", "+0"))
-    rationale = (p.rationale or "_The engineer gave no rationale._") + \
-        f"\n\n{changed} of {len(rows)} values change" + (f"; the projection adjusted {len(reasons)}." if reasons else ".")
+    summary = f"{changed} of {len(rows)} values change"
+    summary += f"; the projection adjusted {len(reasons)}." if reasons else "."
+    rationale = f"{p.rationale or '_The engineer gave no rationale._'}\n\n{summary}"
     return dict(status=status, rationale=rationale, raw=p.raw_answer, diff=_table(headers, rows),
                 edit=config_rows(config), agents=config.num_agents, instances=config.num_instances,
                 auto=bool(run.settings.get("auto_apply")), pending=d is None, run_id=p.run_id)
@@ -538,11 +540,13 @@ def train_view(engine: Engine, run_id: int | None) -> dict[str, Any]:
         label = f"{shown.kind} job {shown.id} ({_job_target(shown)}): {shown.status}"
         label += f", step {shown.step} of {total}" if total else ""
         share = 1.0 if shown.status == "done" else (shown.step / total if total else 0.0)
+        error = f'<div class="error">{html.escape(shown.error)}</div>' if shown.error else ""
         progress = (f'<div class="lab-progress {shown.status}"><div>{html.escape(label)}</div>'
                     f'<div class="bar" id="job-progress" data-step="{shown.step}" data-total="{total}" '
-                    f'data-status="{shown.status}"><span style="width: {share:.0%}"></span></div></div>')
+                    f'data-status="{shown.status}"><span style="width: {share:.0%}"></span></div>{error}</div>')
     trained = sum(st.status == "done" for st in stages[1:])
-    waiting = " **A proposal waits for your decision in the Proposal tab.**" if run.status == "waiting" else ""
+    waiting = {"waiting": " **A proposal waits for your decision in the Proposal tab.**",
+               "failed": " **A job failed** (its error is below): fix the cause, then *Resume*."}.get(run.status, "")
     status = (f"Run #{run.id} **{run.name}** is **{run.status}**: {trained} of {run.settings['stages']} "
               f"training stages done; stages: " + ", ".join(f"{st.index} {st.status}" for st in stages) + "." + waiting)
     last_done = next((st for st in reversed(stages) if st.index in metrics), None)
@@ -573,6 +577,15 @@ def advance_run(engine: Engine, run_id: int | None) -> str:
         return f"Run #{run_id}: {advance(engine, run_id)}."
     except LoopError as err:
         return f"✗ {err}"
+
+
+def resume_run(engine: Engine, run_id: int | None) -> str:
+    if run_id is None:
+        return "No run is open."
+    requeued = resume(engine, run_id)
+    if not requeued:
+        return f"Run #{run_id}: nothing had failed; now {advance(engine, run_id)}."
+    return f"Run #{run_id}: queued job(s) {', '.join(map(str, requeued))} again (a stage resumes from its checkpoint)."
 
 
 def cancel_run_jobs(engine: Engine, run_id: int | None) -> str:
@@ -640,9 +653,10 @@ def play_plan(view: dict | None, text: str) -> tuple[dict | None, str, int]:
 def verdict(instance: Instance, outcome: Outcome) -> str:
     if outcome.valid:
         head = "✓ **valid**" + (" and **optimal**" if outcome.optimal else ", not optimal")
-    else:
-        head = f"✗ **{outcome.failure}**"
-    return f"{head}: {outcome.message}. Agents on their goal: {outcome.isr:.0%}."
+        return f"{head}: {outcome.message}."
+    what = outcome.message.removeprefix(f"{outcome.failure}: ")
+    on_goal = f" Agents on their goal at the end: {outcome.isr:.0%}." if outcome.failure == "goal_not_reached" else ""
+    return f"✗ **{outcome.failure}**: {what}.{on_goal}"
 
 
 # ---------------------------------------------------------------- leaderboard
@@ -689,8 +703,10 @@ def leaderboard(engine: Engine, keys: Sequence[str]) -> tuple[dict[str, Any], di
                  for a, w in rows_subset]
     labels = dict((v, lbl) for lbl, v in checkpoint_choices(engine))
     columns = [labels.get(k, k) for k in keys]
-    return (_table(["agents", "size", *columns], by_size), _table(["agents", "wait subset", *columns], by_subset),
-            "Each cell: valid rate / optimal rate.")
+    note = "Each cell: valid rate / optimal rate."
+    if any(w < 0 for _, w in rows_subset):
+        note += " Wait subset “unknown”: those episodes were stored without their suite entry's subset."
+    return _table(["agents", "size", *columns], by_size), _table(["agents", "wait subset", *columns], by_subset), note
 
 
 def queue_benchmark(engine: Engine, run_id: int | None, stage_index: Any) -> str:
@@ -733,13 +749,13 @@ def build_demo(engine: Engine) -> gr.Blocks:
                     with gr.Row():
                         name = gr.Textbox(label="Name", value="my run", elem_id="new-name")
                         policy = gr.Textbox(label="Policy", value="tiny",
-                                            info="`tiny` (ships in assets/, trains on a CPU) or a Hugging Face "
-                                                 "model path or name")
+                                            info="`tiny` (ships in assets/, trains on a CPU), `gemma3-270m`, a "
+                                                 "checkpoint folder or a Hugging Face model name")
                         engineer = gr.Dropdown(label="Engineer", choices=list(ENGINEERS), value="heuristic",
                                                elem_id="new-engineer")
                         backend = gr.Textbox(label="LLM backend", placeholder="hf:policy", visible=False,
-                                             info="hf:policy (the policy itself, as in the paper), hf:<path> or "
-                                                  "openai:<model>")
+                                             info="hf:policy (the policy itself, as in the paper), hf:gemma3-270m, "
+                                                  "or openai:<model> with a server URL")
                         base_url = gr.Textbox(label="Server URL (openai backend)", visible=False,
                                               placeholder="http://localhost:8000/v1")
                     with gr.Row():
@@ -841,6 +857,7 @@ def build_demo(engine: Engine) -> gr.Blocks:
                 train_status = gr.Markdown(elem_id="train-status")
                 with gr.Row():
                     queue_next = gr.Button("Queue what comes next", variant="primary", elem_id="queue-next")
+                    resume_button = gr.Button("Resume (queue failed jobs again)", elem_id="resume")
                     cancel = gr.Button("Cancel this run's jobs", variant="stop", elem_id="cancel")
                 gr.Markdown("_Queue what comes next_ moves the run one step along the loop: it queues the next "
                             "stage or asks the engineer for a proposal (nothing, while a proposal waits for you). "
@@ -1053,16 +1070,25 @@ def build_demo(engine: Engine) -> gr.Blocks:
                 return decide_proposal(engine, pid, action, user_of(request), note_text, table, n_agents, n_instances)
             return handler
 
+        def after_decision(run_id, proposal_id):
+            """Status, diff and buttons again, but not the edit table: a refused edit stays as typed."""
+            pick, status, rationale_text, raw_text, diff, _, _, _, *rest = show_proposals(run_id, proposal_id)
+            return pick, status, rationale_text, raw_text, diff, *rest
+
+        decided_out = [proposal_pick, proposal_status, rationale, raw, diff_df, auto_toggle, accept, submit_edit,
+                       reject]
         for button, action in ((accept, "accept"), (submit_edit, "edit"), (reject, "reject")):
             button.click(on_decide(action), [proposal_pick, note, edit_df, edit_agents, edit_instances], decision_md) \
-                .then(show_proposals, [run_pick, proposal_pick], [proposal_pick, *proposal_out]) \
+                .then(after_decision, [run_pick, proposal_pick], decided_out) \
                 .then(show_train, run_pick, train_out)
         auto_toggle.input(lambda run_id, on: toggle_auto_apply(engine, run_id, on), [run_pick, auto_toggle],
                           decision_md) \
-            .then(show_proposals, [run_pick, proposal_pick], [proposal_pick, *proposal_out])
+            .then(after_decision, [run_pick, proposal_pick], decided_out)
 
         # train
         queue_next.click(lambda run_id: advance_run(engine, run_id), run_pick, train_msg) \
+            .then(show_train, run_pick, train_out)
+        resume_button.click(lambda run_id: resume_run(engine, run_id), run_pick, train_msg) \
             .then(show_train, run_pick, train_out)
         cancel.click(lambda run_id: cancel_run_jobs(engine, run_id), run_pick, train_msg) \
             .then(show_train, run_pick, train_out)
@@ -1180,6 +1206,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("a worker is already at work on this database: not starting another", file=sys.stderr)
     else:
         start_worker(args.db)
+    # SIGTERM ends the page like Ctrl-C does, so the atexit hook stops the worker it started.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     launch(build_demo(engine), args.host, args.port, auth)
     return 0
 

@@ -196,11 +196,11 @@ def replay_figure(instance: Instance, outcome: Outcome, *, ghost: bool = True) -
     layout = _board_layout(instance, step_caption(outcome, 0), height=520)
     layout["margin"]["b"] = 90
     animate = dict(frame=dict(duration=500, redraw=False), transition=dict(duration=0), mode="immediate")
+    play = dict(label="▶ play", method="animate", args=[None, {**animate, "fromcurrent": True}])
+    still = {**animate, "frame": dict(duration=0, redraw=False)}
+    pause = dict(label="❚❚ pause", method="animate", args=[[None], still])
     layout["updatemenus"] = [dict(type="buttons", direction="left", x=0, y=-0.06, xanchor="left", yanchor="top",
-                                  showactive=False, buttons=[
-                                      dict(label="▶ play", method="animate", args=[None, {**animate, "fromcurrent": True}]),
-                                      dict(label="❚❚ pause", method="animate",
-                                           args=[[None], {**animate, "frame": dict(duration=0, redraw=False)}])])]
+                                  showactive=False, buttons=[play, pause])]
     layout["sliders"] = [dict(active=0, x=0.2, len=0.8, y=-0.04, yanchor="top", currentvalue=dict(prefix="t = "),
                               steps=[dict(label=str(t), method="animate", args=[[str(t)], animate])
                                      for t in range(end + 1)])]
@@ -293,7 +293,8 @@ def curves_figure(per_stage: Mapping[int, Sequence[Mapping[str, Any]]]) -> go.Fi
     for key, name, col in (("valid", "mean valid", "#2b8cbe"), ("optimal", "mean optimal", "#31a354")):
         ys = [sum(_rate(r[key], r["episodes"]) for r in per_stage[s]) / len(per_stage[s]) for s in stages]
         fig.add_scatter(x=stages, y=ys, mode="lines+markers", name=name, line=dict(width=4, color=col))
-    fig.update_layout(height=340, xaxis=dict(title="stage", dtick=1, range=[stages[0] - 0.3, stages[-1] + 0.3]), yaxis=dict(range=[0, 1.02], tickformat=".0%"),
+    fig.update_layout(height=340, xaxis=dict(title="stage", dtick=1, range=[stages[0] - 0.3, stages[-1] + 0.3]),
+                      yaxis=dict(range=[0, 1.02], tickformat=".0%"),
                       margin=dict(l=40, r=10, t=30, b=40), font=_FONT, plot_bgcolor="white")
     return fig
 

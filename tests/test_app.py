@@ -7,9 +7,16 @@ Only what a trained policy would have answered is scripted (`seed_lab`), since t
 
 from __future__ import annotations
 
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
 from collections import Counter
 from pathlib import Path
 
+import gradio as gr
 import pytest
 from sqlmodel import select
 
@@ -22,8 +29,8 @@ from lab.engineers import EngineerAnswer
 from lab.loop import advance, create_run, run_propose_job, stages_of
 from lab.proposals import store_proposal
 from storage.db import make_engine, session, upgrade
-from storage.models import Decision, Episode, Job, Proposal, Stage, StageMetric, TrainingLog, utcnow
-from storage.queue import claim, finish
+from storage.models import Decision, Episode, Job, Stage, StageMetric, TrainingLog, utcnow
+from storage.queue import claim, fail, finish
 from tests.boards import CROSSING, OPEN
 
 SIZES = (3, 4)
@@ -278,7 +285,8 @@ def test_the_diff_flags_what_the_projection_changed(lab):
     v = app.proposal_view(engine, ids["pending"])
     rows = {(r[0], r[1]): r for r in v["diff"]["data"]}
     assert rows[(4, "hole_ratio")][2:5] == ["0.2", "0.5", "+0.3"]
-    assert rows[(4, "hole_ratio")][5].startswith("⚠ clamped into 0..0.5") and "engineer said 0.9" in rows[(4, "hole_ratio")][5]
+    flag = rows[(4, "hole_ratio")][5]
+    assert flag.startswith("⚠ clamped into 0..0.5") and "engineer said 0.9" in flag
     assert rows[(3, "data_ratio")][2:5] == ["0.5", "0.25", "-0.25"] and rows[(3, "data_ratio")][5] == ""
     assert v["pending"] and "Waiting for a decision" in v["status"]
     assert v["edit"] == [[3, 0.25, 0.2, 0.25], [4, 0.75, 0.5, 0.25]]
@@ -434,8 +442,64 @@ def test_auth_reads_a_pair_or_a_users_file(tmp_path: Path):
         app.read_auth("nopassword")
 
 
-def test_user_of_a_request_without_login_is_local():
+def test_decisions_record_the_login_name_or_local():
     assert app.user_of(None) == "local"
+    assert app.user_of(gr.Request()) == "local"
+    assert app.user_of(gr.Request(username="ann")) == "ann"
+
+
+def test_a_failed_stage_is_said_plainly_and_resumed(lab):
+    engine, ids = lab
+    app.decide_proposal(engine, ids["pending"], "accept", "alice")
+    with session(engine) as s:
+        job = claim(s, "w1")
+        fail(s, job.id, "StageError: no checkpoint folder there")
+    assert advance(engine, ids["waiting"]).startswith("failed: stage 1")
+    t = app.train_view(engine, ids["waiting"])
+    assert "is **failed**" in t["status"] and "StageError: no checkpoint folder there" in t["progress"]
+    assert app.resume_run(engine, ids["waiting"]) == f"Run #{ids['waiting']}: queued job(s) {job.id} again " \
+                                                      "(a stage resumes from its checkpoint)."
+    assert app.worker_status(engine)[0] == "waiting"
+
+
+def _children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(c) for c in path.read_text().split()] if path.exists() else []
+
+
+def _serving(url: str, proc: subprocess.Popen, seconds: float = 120) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                return response.status == 200
+        except OSError:
+            time.sleep(0.5)
+    return False
+
+
+def test_python_app_py_serves_the_lab_with_a_worker_and_stops_both(tmp_path: Path):
+    """The entry point end to end: `python app.py` migrates a fresh database, starts `envlab worker` beside
+    the page, serves it, and on SIGTERM stops the page and the worker it started."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    root = Path(app.__file__).parent
+    proc = subprocess.Popen([sys.executable, str(root / "app.py"), "--port", str(port), "--db",
+                             str(tmp_path / "lab.db")], cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        assert _serving(f"http://127.0.0.1:{port}/", proc), proc.stderr.read().decode()[-2000:] if proc.poll() else ""
+        workers = [c for c in _children(proc.pid) if b"lab.cli\x00worker" in Path(f"/proc/{c}/cmdline").read_bytes()]
+        assert len(workers) == 1
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{workers[0]}").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not Path(f"/proc/{workers[0]}").exists()  # reaped by the page on its way out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
 
 
 def test_the_demo_builds_on_an_empty_database(tmp_path: Path):

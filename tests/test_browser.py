@@ -162,6 +162,7 @@ def test_an_invalid_edit_is_refused_then_a_valid_one_applied(lab, page):
     page.click("#submit-edit")
     page.get_by_text("Not saved, the edit is not valid: hole_ratio[4] = 0.8 is outside 0..0.5").wait_for()
     assert [d.proposal_id for d in decisions(engine)] == [ids["accepted"]]
+    page.locator('#edit-config [data-testid="cell-1-2"]').get_by_text("0.8").wait_for()  # the edit stays as typed
     edit_cell(page, "edit-config", 1, 2, "0.45")
     page.click("#submit-edit")
     page.get_by_text(f"Proposal #{ids['pending']} edited by local").wait_for()
@@ -230,3 +231,24 @@ def test_queue_a_stage_and_watch_its_progress_to_done(lab, page):
     finally:
         stop.set()
         worker.join(timeout=10)
+
+
+def test_with_auth_a_decision_records_who_logged_in(browser, tmp_path: Path):
+    engine = make_engine(str(tmp_path / "lab.db"))
+    ids = seed_lab(engine)
+    demo = app.build_demo(engine)
+    port = _free_port()
+    app.launch(demo, port=port, auth=[("ann", "secret")], block=False)
+    page = browser.new_page()
+    try:
+        page.goto(f"http://127.0.0.1:{port}/?proposal={ids['pending']}")
+        page.get_by_label("username").fill("ann")
+        page.get_by_label("password").fill("secret")
+        page.get_by_role("button", name="Login").click()
+        page.click("#accept", timeout=TIMEOUT_MS)
+        page.get_by_text(f"Proposal #{ids['pending']} accepted by ann").wait_for(timeout=TIMEOUT_MS)
+        assert (decisions(engine)[-1].user, decisions(engine)[-1].action) == ("ann", "accept")
+    finally:
+        page.close()
+        demo.close()
+        engine.dispose()
