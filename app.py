@@ -140,7 +140,7 @@ def start_worker(db: str | None) -> subprocess.Popen:
     env = dict(os.environ)
     if db:
         env["ENVLAB_DB"] = db
-    proc = subprocess.Popen([sys.executable, "-m", "lab.cli", "worker"], env=env, cwd=Path(__file__).parent)
+    proc = subprocess.Popen([sys.executable, "-m", "lab.cli", "worker"], env=env)  # same working directory
 
     def stop() -> None:
         if proc.poll() is None:

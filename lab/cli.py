@@ -266,12 +266,6 @@ def cmd_run(args: argparse.Namespace) -> None:
         raise UsageError(f"run {run.id} {state}; resume it with: envlab run --resume {run.id}")
 
 
-def cmd_serve(args: argparse.Namespace) -> None:
-    import app
-
-    raise SystemExit(app.main(args.rest))
-
-
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="envlab", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -326,13 +320,16 @@ def parser() -> argparse.ArgumentParser:
     add_arguments(s)
     s.set_defaults(fn=cmd_worker)
 
-    s = sub.add_parser("serve", help="start the web lab (and a worker beside it when none runs)")
-    s.add_argument("rest", nargs=argparse.REMAINDER, help="options for the web lab: --host, --port, --auth ...")
-    s.set_defaults(fn=cmd_serve)
+    sub.add_parser("serve", help="start the web lab and a worker beside it (envlab serve --help for options)")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["serve"]:  # the web lab parses its own options (--host, --port, --auth, --db, --no-worker)
+        import app
+
+        return app.main(argv[1:])
     args = parser().parse_args(argv)
     try:
         args.fn(args)
