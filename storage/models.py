@@ -195,10 +195,11 @@ class Job(SQLModel, table=True):
 
 
 class Episode(SQLModel, table=True):
-    """One evaluation instance, the policy's answer and its outcome; `failure` is None when optimal.
+    """One evaluation instance, the policy's answer and its outcome; `failure` is None when valid.
 
     `split` names the instance set ("validation", "benchmark"); `size` and `num_agents` are copied
-    out of the instance JSON so that per-size queries need no JSON functions.
+    out of the instance JSON so that per-size queries need no JSON functions; `subset` is a benchmark
+    board's wait subset (0.25, 0.5, 0.75), for the leaderboard's per-subset table.
     """
 
     __tablename__ = "episodes"
@@ -218,6 +219,7 @@ class Episode(SQLModel, table=True):
     valid: bool
     optimal: bool
     failure: str | None = None
+    subset: float | None = None
 
 
 class StageMetric(SQLModel, table=True):

@@ -23,6 +23,8 @@ from storage.models import Decision, Episode, Job, Proposal, Run, Stage, StageMe
 CONFIG = {"data_ratio": {"3": 0.5, "4": 0.5}, "hole_ratio": {"3": 0.1, "4": 0.2}, "num_agents": 2}
 FORK = multiprocessing.get_context("fork")
 
+HEAD = "0003"  # the newest migration
+
 
 def _run(s, **fields) -> Run:
     run = Run(name="r", policy="tiny", engineer="self", engineer_backend="in-process", seed=7, **fields)
@@ -109,14 +111,15 @@ def test_sqlite_connections_share_the_file_safely(tmp_path: Path):
 
 
 def test_models_agree_with_the_head_migration(engine: Engine):
-    assert current_revision(engine) == "0002"
+    assert current_revision(engine) == HEAD
     assert _schema_diff(engine) == []
 
 
 def test_database_made_by_the_first_schema_upgrades_with_its_data(db_url: str):
     engine = make_engine(db_url)
     upgrade(engine, "0001")
-    assert [d[0] for d in _schema_diff(engine)] == ["add_column"]  # the comparison does see differences
+    # the comparison does see differences: the columns that later revisions add
+    assert sorted(d[2] + "." + d[3].name for d in _schema_diff(engine)) == ["episodes.subset", "runs.description"]
     created = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
     runs, stages, proposals, decisions = (
         _as_first_written(Run, "description"),
@@ -164,8 +167,9 @@ def test_database_made_by_the_first_schema_upgrades_with_its_data(db_url: str):
         )
     upgrade(engine)
     upgrade(engine)  # at head already: nothing to do
-    assert current_revision(engine) == "0002"
+    assert current_revision(engine) == HEAD
     assert "description" in {c["name"] for c in inspect(engine).get_columns("runs")}
+    assert "subset" in {c["name"] for c in inspect(engine).get_columns("episodes")}
     assert _schema_diff(engine) == []
     with session(engine) as s:
         run = s.exec(select(Run)).one()
@@ -191,7 +195,7 @@ def _upgrade_in_child(barrier, url: str) -> str:
 
 def test_two_processes_starting_together_both_upgrade_a_fresh_database(db_url: str):
     engine = make_engine(db_url)
-    assert in_processes(_upgrade_in_child, [(db_url,), (db_url,)], engine) == ["0002", "0002"]
+    assert in_processes(_upgrade_in_child, [(db_url,), (db_url,)], engine) == [HEAD, HEAD]
     assert _schema_diff(engine) == []
     engine.dispose()
 
