@@ -1,7 +1,7 @@
 """How well Gemma 3 270M (base) serves as the llm engineer: parse rate, projection adjustments, seconds.
 
 Run: `python benchmarks/bench_gemma_engineer.py [--n 10] [--max-tokens 384] [--max-attempts 3] [--seed 0]
-[--show]`.
+[--threads 1] [--show]`.
 
 Builds `n` seeded evidence samples from scored episodes: labelled boards for sizes 3..10 (the generator),
 each answered by the solver's reference plan with a per-size skill drawn for the sample, or else by a random
@@ -25,6 +25,7 @@ import time  # noqa: E402
 from collections import Counter  # noqa: E402
 
 import numpy as np  # noqa: E402
+import torch  # noqa: E402
 
 from envsim.config import EnvConfig, project  # noqa: E402
 from envsim.generator import generate  # noqa: E402
@@ -93,8 +94,11 @@ def main() -> None:
     p.add_argument("--max-attempts", type=int, default=3)
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads (on a busy 2-core machine, 2 threads run ~6x slower than 1)")
     p.add_argument("--show", action="store_true", help="print every raw answer")
     args = p.parse_args()
+    torch.set_num_threads(args.threads)
 
     t0 = time.perf_counter()
     boards = generate(EnvConfig.default(), 48, seed=args.seed)  # 6 labelled boards per size 3..10
@@ -145,7 +149,7 @@ def main() -> None:
     errors = Counter(a["error"].split(":")[0] + ": " + a["error"].split(": ", 2)[-1][:70]
                      for a in answers if not a["legal"])
     print(f"\n{BACKEND}, {args.n} proposals, max {args.max_attempts} answers each, {args.max_tokens} new tokens max,"
-          f" temperature {args.temperature}")
+          f" temperature {args.temperature}, {args.threads} torch thread(s)")
     print(f"answers: {n_answers}; held a readable JSON object: {read} ({read / n_answers:.0%}); "
           f"projected to a legal config: {legal} ({legal / n_answers:.0%})")
     print(f"first answers readable: {sum(a['read'] for a in first)}/{args.n}, legal: {sum(a['legal'] for a in first)}"

@@ -128,10 +128,14 @@ def _number(value: Any, field: str, problems: list[str]) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         problems.append(f"{field} must be a number, got {value!r:.40}")
         return None
-    if not math.isfinite(value):
-        problems.append(f"{field} must be a finite number, got {value!r}")
+    try:
+        number = float(value)
+    except OverflowError:  # an integer too large for a float
+        number = math.inf
+    if not math.isfinite(number):
+        problems.append(f"{field} must be a finite number, got {str(value)[:40]}")
         return None
-    return float(value)
+    return number
 
 
 def _size_key(key: Any, knob: str, problems: list[str]) -> int | None:
@@ -164,7 +168,8 @@ def project(raw: Any, base: EnvConfig | None = None, *, strict: bool = False) ->
     adjustments: list[Adjustment] = []
     unknown = [k for k in raw if k not in KNOBS and k not in GLOBALS]
     if unknown:
-        problems.append(f"unknown keys {unknown!r:.80}; allowed: {list(KNOBS) + list(GLOBALS)}")
+        named = ", ".join(repr(str(k)[:30]) for k in unknown[:5]) + (", ..." if len(unknown) > 5 else "")
+        problems.append(f"unknown keys {named}; allowed: {', '.join([*KNOBS, *GLOBALS])}")
     values: dict[str, Any] = {}
     for knob, (lo, hi) in KNOBS.items():
         given = raw.get(knob)

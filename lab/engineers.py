@@ -85,9 +85,9 @@ def random_config(evidence: Evidence, *, seed: int, **_options: Any) -> Engineer
     (hole_lo, hole_hi), (wait_lo, wait_hi) = KNOBS["hole_ratio"], KNOBS["wait_ratio"]
     hole = {s: round(float(rng.uniform(hole_lo, hole_hi)), 2) for s in sizes}
     wait = {s: round(float(rng.uniform(wait_lo, wait_hi)), 2) for s in sizes}
-    config = base.model_copy(update={"data_ratio": data, "hole_ratio": hole, "wait_ratio": wait})
-    return _answer(EnvConfig.model_validate(config.model_dump()), base,
-                   f"random baseline: a config drawn from seed {seed} and round {evidence.round_index}")
+    config = EnvConfig(data_ratio=data, hole_ratio=hole, wait_ratio=wait, num_agents=base.num_agents,
+                       num_instances=base.num_instances)
+    return _answer(config, base, f"random baseline: a config drawn from seed {seed} and round {evidence.round_index}")
 
 
 # ---------------------------------------------------------------- a transparent curriculum rule

@@ -47,13 +47,13 @@ def complete(spec: str, messages: Messages, *, max_tokens: int, temperature: flo
                           base_url=base_url, policy_path=policy_path, timeout=timeout)
 
 
-NEXT_TURN = "\nUser:"
+NEXT_TURNS = ("\nUser:", "\nAssistant:")
 
 
 def plain_text(messages: Messages) -> str:
     """Messages as one text for a model without a chat template; it ends where the answer begins.
 
-    A base model continuing it often writes the next turn itself, so generation stops at `NEXT_TURN`."""
+    A base model continuing it often writes the next turn itself, so generation stops at `NEXT_TURNS`."""
     turns = [f"{m['role'].capitalize()}:\n{m['content']}" for m in messages]
     return "\n\n".join([*turns, "Assistant:\n"])
 
@@ -64,6 +64,7 @@ def plain_text(messages: Messages) -> str:
 def _hf(name: str, messages: Messages, *, max_tokens: int, temperature: float, seed: int,
         policy_path: str | None, **_: Any) -> str:
     import torch
+    from transformers import StoppingCriteriaList
 
     if name == POLICY:
         if not policy_path:
@@ -87,14 +88,32 @@ def _hf(name: str, messages: Messages, *, max_tokens: int, temperature: float, s
     else:
         ids = tokenizer(plain_text(messages), return_tensors="pt")["input_ids"]
         # A base model goes on to write the next turn itself: stop there.
-        options |= {"stop_strings": [NEXT_TURN], "tokenizer": tokenizer}
+        options["stopping_criteria"] = StoppingCriteriaList([_StopAt(NEXT_TURNS, tokenizer, ids.shape[1])])
     torch.manual_seed(seed)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     with torch.no_grad():
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
                              pad_token_id=pad, **options)
     text = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
-    return text.removesuffix(NEXT_TURN) if not tokenizer.chat_template else text
+    if not tokenizer.chat_template:
+        for marker in NEXT_TURNS:
+            text = text.split(marker)[0]
+    return text
+
+
+class _StopAt:
+    """Stop generating once the last few new tokens contain one of `texts` (asked after every token).
+    transformers' own `stop_strings` builds tables over the whole vocabulary on every call: seconds for
+    Gemma's 262k tokens."""
+
+    def __init__(self, texts: tuple[str, ...], tokenizer: Any, prompt_length: int):
+        self.texts, self.tokenizer, self.start = texts, tokenizer, prompt_length
+
+    def __call__(self, input_ids: Any, scores: Any, **_: Any) -> Any:
+        import torch
+
+        tail = self.tokenizer.decode(input_ids[0, max(self.start, input_ids.shape[1] - 8):])
+        return torch.full((input_ids.shape[0],), any(t in tail for t in self.texts), dtype=torch.bool)
 
 
 @lru_cache(maxsize=2)  # the policy checkpoint changes every stage: keep the last two, not all of them

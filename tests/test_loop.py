@@ -14,7 +14,17 @@ from envsim.generator import generate
 from envsim.parser import format_plan
 from envsim.scoring import score_answer
 from lab.engineers import EngineerAnswer
-from lab.loop import LoopError, advance, after_job, create_run, drive, jobs_of, run_propose_job, set_auto_apply, stages_of
+from lab.loop import (
+    LoopError,
+    advance,
+    after_job,
+    create_run,
+    drive,
+    jobs_of,
+    run_propose_job,
+    set_auto_apply,
+    stages_of,
+)
 from lab.proposals import AlreadyDecided, ProposalError, decide, diff, store_proposal
 from storage.db import session
 from storage.models import Decision, Proposal, Run, Stage

@@ -11,6 +11,7 @@ checkpoint folder; every later call returns that folder at once. The folder serv
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import shutil
 import tempfile
