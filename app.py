@@ -78,16 +78,6 @@ def _ago(t) -> str:
     return f"{seconds:.0f} s ago" if seconds < 120 else f"{seconds / 60:.0f} min ago"
 
 
-def instance_of(data: dict[str, Any]) -> tuple[Instance, float | None]:
-    """An episode's board and its benchmark wait subset, from an `Instance` or a suite `Entry` dump."""
-    if "instance" in data:
-        entry = Entry.model_validate(data)
-        return entry.instance, entry.subset
-    data = dict(data)
-    subset = data.pop("subset", None)
-    return Instance.model_validate(data), subset
-
-
 def outcome_of(ep: Episode, instance: Instance) -> Outcome:
     """The stored outcome, or the answer scored again when the row holds no replayable one."""
     if ep.outcome and "positions" in ep.outcome:
@@ -339,7 +329,7 @@ def episode_view(engine: Engine, episode_id: Any) -> dict[str, Any]:
         same = list(s.exec(select(Episode).where(
             Episode.run_id == ep.run_id, Episode.instance_id == ep.instance_id, Episode.split == ep.split)
             .order_by(Episode.stage_index, Episode.id)))
-    instance, _ = instance_of(ep.instance)
+    instance = Instance.model_validate(ep.instance)
     outcome = outcome_of(ep, instance)
     header = (f"**Episode {ep.id}**: run #{ep.run_id}, stage {ep.stage_index}, {ep.split} board `{ep.instance_id}` "
               f"({instance.size}x{instance.size}, {instance.num_agents} agents, optimal makespan "
@@ -680,10 +670,8 @@ def leaderboard(engine: Engine, keys: Sequence[str]) -> tuple[dict[str, Any], di
             run_id, stage_index = map(int, key.split(":"))
             episodes = list(s.exec(select(Episode).where(Episode.run_id == run_id, Episode.stage_index == stage_index,
                                                          Episode.split == "benchmark")))
-            entries = []
-            for ep in episodes:
-                instance, subset = instance_of(ep.instance)
-                entries.append(Entry(split="benchmark", subset=-1.0 if subset is None else subset, instance=instance))
+            entries = [Entry(split="benchmark", subset=-1.0 if ep.subset is None else ep.subset,
+                             instance=Instance.model_validate(ep.instance)) for ep in episodes]
             reports[key] = report(entries, [ep.valid for ep in episodes], [ep.optimal for ep in episodes])
     if not reports:
         note = ("No checkpoint is chosen, or none has been evaluated on the benchmark yet: pick a run and stage "
@@ -705,7 +693,7 @@ def leaderboard(engine: Engine, keys: Sequence[str]) -> tuple[dict[str, Any], di
     columns = [labels.get(k, k) for k in keys]
     note = "Each cell: valid rate / optimal rate."
     if any(w < 0 for _, w in rows_subset):
-        note += " Wait subset “unknown”: those episodes were stored without their suite entry's subset."
+        note += " Wait subset “unknown”: those episodes were stored before episodes kept their subset."
     return _table(["agents", "size", *columns], by_size), _table(["agents", "wait subset", *columns], by_subset), note
 
 

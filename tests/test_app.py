@@ -417,7 +417,7 @@ def test_the_leaderboard_puts_checkpoints_side_by_side(lab):
             for inst, text, subset in zip((b["crossing"], b["open"]), texts, (0.25, 0.75), strict=True):
                 o = score_answer(inst, text)
                 s.add(Episode(run_id=ids["history"], stage_index=stage_index, split="benchmark", instance_id=inst.id,
-                              instance={**inst.model_dump(mode="json"), "subset": subset}, size=3, num_agents=2,
+                              instance=inst.model_dump(mode="json"), size=3, num_agents=2, subset=subset,
                               completion=text, outcome=o.to_dict(), valid=o.valid, optimal=o.optimal,
                               failure=None if o.failure is None else o.failure.value))
         s.commit()
@@ -517,8 +517,8 @@ def test_an_episode_stored_without_its_outcome_is_scored_again(lab):
     engine, ids = lab
     with session(engine) as s:
         ep = s.get(Episode, ids["clash"])
-    inst, subset = app.instance_of(ep.instance)
+    inst = Instance.model_validate(ep.instance)
     expected = score(inst, (("DOWN", "DOWN"), ("RIGHT", "RIGHT")))
-    assert subset is None and app.outcome_of(ep, inst) == expected
+    assert ep.subset is None and app.outcome_of(ep, inst) == expected
     ep.outcome = {}
     assert app.outcome_of(ep, inst) == expected
