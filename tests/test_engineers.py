@@ -220,7 +220,7 @@ def test_llm_retries_with_the_error_shown_and_stores_the_conversation() -> None:
     ("{'hole_ratio': {3: 0.1}}", "Expecting property name enclosed in double quotes"),
     ('{"hole_ratio": {"3": "low"}}', "hole_ratio[3] must be a number, got 'low'"),
     ('{"hole_ratio": [0.1, 0.2]}', "hole_ratio must be an object mapping map size to a number, got list"),
-    ('{"learning_rate": 0.1, "hole_ratio": {}}', "unknown keys ['learning_rate']"),
+    ('{"learning_rate": 0.1, "hole_ratio": {}}', "unknown keys 'learning_rate'; allowed: data_ratio"),
     ('{"data_ratio": {"11": 1}}', "data_ratio: size 11 is not one of the run's sizes [3, 4, 5]"),
     ('{"data_ratio": {"three": 1}}', "data_ratio has key 'three'"),
     ('{"num_agents": 2.5}', "num_agents must be a whole number, got 2.5"),
