@@ -26,16 +26,20 @@ WIDE = Instance(size=12, holes=((0, 11),), starts=((11, 10),), goals=((0, 0),))
 
 def test_compact_prompt_of_a_small_board() -> None:
     assert compact_prompt(SMALL) == (
-        "size 3 agents 2 | . . H | . . . | H . . | "
+        "size 3 agents 2 | holes 0 , 2 ; 2 , 0 | "
         "agent 0 start 0 , 0 goal 2 , 2 | agent 1 start 1 , 0 goal 0 , 1 | plan"
     )
 
 
+def test_compact_prompt_of_a_board_without_holes() -> None:
+    board = Instance(size=2, holes=(), starts=((0, 0),), goals=((1, 1),))
+    assert compact_prompt(board) == "size 2 agents 1 | holes | agent 0 start 0 , 0 goal 1 , 1 | plan"
+
+
 def test_compact_prompt_spells_numbers_digit_by_digit() -> None:
-    ice = " ".join(["."] * 12)
-    rows = [ice[:-1] + "H"] + [ice] * 11
-    assert compact_prompt(WIDE) == " | ".join(
-        ["size 1 2 agents 1", *rows, "agent 0 start 1 1 , 1 0 goal 0 , 0", "plan"])
+    wider = WIDE.model_copy(update={"holes": ((0, 11), (10, 3))})
+    assert compact_prompt(wider) == " | ".join(
+        ["size 1 2 agents 1", "holes 0 , 1 1 ; 1 0 , 3", "agent 0 start 1 1 , 1 0 goal 0 , 0", "plan"])
 
 
 def test_compact_answer_uses_short_forms_one_agent_per_line() -> None:

@@ -8,7 +8,7 @@ Generation is the only costly part, so every board of a set is answered in lengt
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,13 +39,14 @@ class EpisodeResult:
 
 
 def answer_budget(policy: Policy, instance: Instance) -> int:
-    """New tokens enough for a plan of the instance's horizon-free length (compact: ~3 moves per cell row).
+    """New tokens enough for any sensible answer to `instance`.
 
-    A compact answer line is `Agent i :` plus the actions plus `<nl>`; solver plans on these boards stay
-    well under `3 * size` moves per agent. Chat models write words of several tokens and may think first.
+    A compact answer line is `Agent i :`, the actions and `<nl>`; solver plans on these boards stay well under
+    `4 * size` moves per agent, and generation stops at eos anyway, so the budget only bounds a babbling
+    model. Chat models write words of several tokens and may reason first.
     """
     if policy.prompt_style == "compact":
-        return instance.num_agents * (4 + 3 * instance.size)
+        return instance.num_agents * (4 + 4 * instance.size)
     return 512
 
 
@@ -53,20 +54,20 @@ def evaluate(policy: Policy, instances: Sequence[Instance], batch_size: int = 64
              progress: Callable[[int, int], bool] | None = None) -> list[EpisodeResult]:
     """Greedy answers to `instances`, scored, in the same order.
 
-    Boards are generated size by size (so a batch shares one token budget); `progress(done, total)` is
-    called after each size and may return True to cancel (raises `Cancelled`).
+    Boards are answered in full batches of similar prompt length (sorted by length, so little padding), each
+    batch with the largest token budget of its boards. `progress(done, total)` is called after each batch
+    and may return True to cancel (raises `Cancelled`).
     """
-    by_budget: dict[int, list[int]] = defaultdict(list)
-    for i, inst in enumerate(instances):
-        by_budget[max_new_tokens or answer_budget(policy, inst)].append(i)
+    prompts = [policy.prompt(inst) for inst in instances]
+    order = sorted(range(len(instances)), key=lambda i: (len(prompts[i]), i))
     completions: list[str] = [""] * len(instances)
-    done = 0
-    for budget, idx in sorted(by_budget.items()):
-        outs = policy.generate([policy.prompt(instances[i]) for i in idx], max_new_tokens=budget,
-                               batch_size=batch_size)
-        for i, text in zip(idx, outs, strict=True):
+    for start in range(0, len(order), batch_size):
+        chunk = order[start:start + batch_size]
+        budget = max_new_tokens or max(answer_budget(policy, instances[i]) for i in chunk)
+        outs = policy.generate([prompts[i] for i in chunk], max_new_tokens=budget, batch_size=batch_size)
+        for i, text in zip(chunk, outs, strict=True):
             completions[i] = text
-        done += len(idx)
+        done = start + len(chunk)
         if progress is not None and progress(done, len(instances)):
             raise Cancelled(f"cancelled after {done} of {len(instances)} episodes")
     return [EpisodeResult(inst, text, score(inst, parse(text, inst.num_agents)))
@@ -97,20 +98,23 @@ def metrics_table(metrics: dict[int, dict[str, Any]]) -> str:
 
 
 def store_evaluation(session: Session, run_id: int, stage_index: int, split: str,
-                     results: Sequence[EpisodeResult]) -> None:
+                     results: Sequence[EpisodeResult], subsets: Sequence[float] | None = None) -> None:
     """Write one Episode row per result and one StageMetric row per size, then commit.
+
+    `subsets` gives each benchmark board's wait subset (same order as `results`), for the leaderboard.
 
     An evaluation is stored once per (run, stage, split): the StageMetric rows are UNIQUE on that key, so
     storing the same evaluation twice fails instead of double-counting.
     """
-    for r in results:
+    for i, r in enumerate(results):
         parsed = parse(r.completion, r.instance.num_agents)
         session.add(Episode(
             run_id=run_id, stage_index=stage_index, split=split, instance_id=r.instance.id,
             instance=r.instance.model_dump(mode="json"), size=r.instance.size, num_agents=r.instance.num_agents,
             completion=r.completion, plan=None if parsed.plan is None else [list(a) for a in parsed.plan],
             outcome=r.outcome.to_dict(), valid=r.outcome.valid, optimal=r.outcome.optimal,
-            failure=None if r.outcome.failure is None else r.outcome.failure.value))
+            failure=None if r.outcome.failure is None else r.outcome.failure.value,
+            subset=None if subsets is None else subsets[i]))
     for size, m in size_metrics(results).items():
         session.add(StageMetric(run_id=run_id, stage_index=stage_index, split=split, size=size,
                                 episodes=m["episodes"], valid=m["valid"], optimal=m["optimal"],
@@ -153,7 +157,7 @@ def run_benchmark_job(engine: Engine, job: Any, progress: Callable[..., bool]) -
     progress(0, len(entries), f"evaluating {spec} on {len(entries)} benchmark boards")
     results = evaluate(policy, [e.instance for e in entries], progress=lambda done, total: progress(done, total))
     with session(engine) as s:
-        store_evaluation(s, run_id, stage_index, "benchmark", results)
+        store_evaluation(s, run_id, stage_index, "benchmark", results, [e.subset for e in entries])
     table = suite.report(entries, [r.outcome.valid for r in results], [r.outcome.optimal for r in results])
     progress(len(entries), len(entries), table.to_markdown())
     return {

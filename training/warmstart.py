@@ -5,26 +5,28 @@ trained from scratch starts out writing noise. So the tiny policy first learns, 
 prediction, to copy the solver's SoC-optimal reference plans: prompt = the compact board line, target =
 `compact_answer(reference_plan)` + eos, with the loss on the target tokens only.
 
-Boards are streamed fresh (labelling costs about a millisecond), drawn the way the validation and
-benchmark boards are drawn (a hole ratio uniform in 0..0.5 per board, half of them needing a wait) but
-from the training seed namespace. Each step's batch holds boards of one size, so there is no padding to
-pay for; the size is drawn from a curriculum that starts on small boards and opens up to 10x10 over the
-first part of training, weighted toward 3..6 throughout. The schedule depends only on `--steps` and
-`--seed`, so the same command writes the same checkpoint, unless the machine is too slow to make
-`--steps` steps within `--minutes`: then the learning-rate schedule follows the clock so that it still ends
-annealed at the time cap (and the checkpoint depends on how many steps fitted).
+Boards are streamed fresh, made a few steps ahead by a second process (the solver labels a board in a few
+milliseconds, which adds up to about as much CPU as a training step), drawn the way the validation and
+benchmark boards are drawn (a hole ratio uniform in 0..0.5 per board) but from the training seed namespace,
+a third of them needing a wait. Each step's batch holds boards of one size, so there is no padding to pay
+for; the size is drawn from a curriculum that starts on 3..5 and opens up to 10x10 over the first 30% of
+training, weighted toward 3..6 throughout.
 
-    python -m training.warmstart --out assets/tiny-policy --steps 3000 --seed 0
+Learning rate and curriculum follow `progress = max(step / steps, elapsed / minutes)`: with enough CPU the
+run makes `--steps` steps and is a pure function of `--seed`; on a slower or busier machine the schedule
+compresses to end annealed at the time cap, and the checkpoint then depends on how many steps fitted.
+
+    python -m training.warmstart --out assets/tiny-policy --minutes 45 --seed 0 --threads 1
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import math
 import multiprocessing
 import time
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,6 +41,7 @@ from training.evaluate import evaluate, metrics_table, size_metrics
 from training.policy import Policy, build_tiny
 from training.tokenizer import compact_text
 
+PREFETCH = 3  # steps' boards made ahead by the labelling process
 # Share of steps per size once every size is open: small boards are cheap and are what GRPO stages start on.
 SIZE_WEIGHTS = {3: 0.16, 4: 0.18, 5: 0.18, 6: 0.18, 7: 0.09, 8: 0.08, 9: 0.07, 10: 0.06}
 
@@ -48,22 +51,24 @@ class Args:
     out: str = "assets/tiny-policy"
     """where the checkpoint is written"""
     seed: int = 0
-    steps: int = 3000
-    """optimizer steps; the learning-rate schedule and curriculum span exactly these"""
-    minutes: float = 50.0
+    steps: int = 6000
+    """optimizer steps, unless the time cap comes first"""
+    minutes: float = 45.0
     """wall-clock cap: the schedule ends (annealed) and training stops when it is reached"""
-    batch_size: int = 32
-    lr: float = 1e-3
+    batch_size: int = 16
+    """small batches: more updates per CPU-minute, which is what a tiny model short of compute needs"""
+    lr: float = 2e-3
     min_lr_ratio: float = 0.05
-    warmup: int = 100
+    warmup: int = 50
     weight_decay: float = 0.05
     open_at: float = 0.3
     """share of training after which every size is drawn (before: sizes open one by one from 3..5)"""
-    eval_every: int = 500
-    """steps between validation runs (0: only at the end)"""
+    eval_every: int = 600
+    """steps between validation runs on `eval_sizes` (the end runs one on all sizes); 0: no validation at all"""
     eval_sizes: str = "3,4,5,6"
     """sizes of the validation boards checked every `eval_every` steps (the end checks all of 3..10)"""
     threads: int = 2
+    """torch threads; on a machine shared with other jobs 1 is faster (2 threads stall on each other)"""
     shape: str = ""
     """overrides of the tiny model's shape, e.g. "hidden_size=192,num_hidden_layers=8" """
 
@@ -94,10 +99,10 @@ def boards(size: int, count: int, rng: np.random.Generator) -> list[Instance]:
     return list(stratified(draw, count, count // 3, rng, f"warm start size {size}"))
 
 
-def step_boards(args: Args, step: int) -> tuple[int, list[Instance]]:
-    """The size and boards of one step: a pure function of (seed, step), so any process can make them."""
+def step_boards(args: Args, step: int, progress: float) -> tuple[int, list[Instance]]:
+    """The size and boards of one step: a pure function of (seed, step, progress), so any process can make them."""
     rng = np.random.default_rng([TRAINING, args.seed, 7919, step])
-    weights = size_weights(step / args.steps, args.open_at)
+    weights = size_weights(progress, args.open_at)
     size = int(rng.choice(list(weights), p=list(weights.values())))
     return size, boards(size, args.batch_size, rng)
 
@@ -148,23 +153,31 @@ def train(args: Args) -> tuple[Policy, list[float]]:
     optim = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
                                {"params": no_decay, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.95))
     eval_sizes = {int(s) for s in args.eval_sizes.split(",")}
-    validation = [e.instance for e in build("validation")[0]]
+    validation = [e.instance for e in build("validation")[0]] if args.eval_every > 0 else []
     params = sum(p.numel() for p in model.parameters())
     print(f"tiny policy: {params:,} parameters; {args.steps} steps of {args.batch_size}; "
           f"{len(validation)} validation boards", flush=True)
 
     losses: list[float] = []
     t0 = time.perf_counter()
-    # Labelling boards costs about as much CPU as a training step, so a second process makes them ahead.
+    # Progress is the share of steps done or of the time cap used, whichever is larger: on a loaded machine
+    # the schedule (learning rate and curriculum) compresses to end inside the time cap instead of being cut off.
+    def progress_at(step: int) -> float:
+        # In whole steps' worth, so that a run the clock never overtakes is exactly a function of its seed.
+        clock = math.floor((time.perf_counter() - t0) / 60 / args.minutes * args.steps)
+        return min(1.0, max(step, clock) / args.steps)
+
+    # Labelling boards costs about as much CPU as a training step, so a second process makes them a few
+    # steps ahead (a few only: boards made for steps the time cap never reaches would be CPU thrown away).
     pool = multiprocessing.get_context("spawn").Pool(1)
-    stream = pool.imap(functools.partial(step_boards, args), range(args.steps))
+    ahead: deque = deque(pool.apply_async(step_boards, (args, s, progress_at(s))) for s in range(PREFETCH))
     bar = tqdm(range(args.steps), desc="warm start", mininterval=10)
     for step in bar:
-        size, instances = next(stream)
+        size, instances = ahead.popleft().get()
+        if step + PREFETCH < args.steps:
+            ahead.append(pool.apply_async(step_boards, (args, step + PREFETCH, progress_at(step + PREFETCH))))
         data = batch(policy, instances)
-        # Progress is the share of steps done or of the time cap used, whichever is larger: on a loaded machine
-        # the schedule compresses to end (learning rate annealed) inside the time cap instead of being cut off.
-        progress = max(step / args.steps, (time.perf_counter() - t0) / 60 / args.minutes)
+        progress = progress_at(step)
         for group in optim.param_groups:
             group["lr"] = lr_at(progress, args)
         loss = model(**data).loss
@@ -175,10 +188,11 @@ def train(args: Args) -> tuple[Policy, list[float]]:
         losses.append(loss.item())
         bar.set_postfix(loss=f"{np.mean(losses[-50:]):.3f}", size=size)
         last = step + 1 == args.steps or (time.perf_counter() - t0) / 60 >= args.minutes
-        if last or (args.eval_every and (step + 1) % args.eval_every == 0):
+        if validation and (last or (step + 1) % args.eval_every == 0):
             print(f"\nstep {step + 1}, {(time.perf_counter() - t0) / 60:.1f} min, "
                   f"loss {np.mean(losses[-50:]):.4f}", flush=True)
             validate(policy, validation if last else [i for i in validation if i.size in eval_sizes])
+            policy.save(args.out)  # a run cut short still leaves its latest checkpoint
             model.train()
         if last:
             break
