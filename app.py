@@ -431,7 +431,9 @@ def proposal_view(engine: Engine, proposal_id: int | None) -> dict[str, Any]:
     changed = sum(1 for r in rows if r[4] not in ("0", "+0"))
     summary = f"{changed} of {len(rows)} values change"
     summary += f"; the projection adjusted {len(reasons)}." if reasons else "."
-    rationale = f"{p.rationale or '_The engineer gave no rationale._'}\n\n{summary}"
+    # Markdown joins single newlines; the heuristic engineer writes one line per change, so keep them apart.
+    written = p.rationale.replace("\n", "  \n") if p.rationale else "_The engineer gave no rationale._"
+    rationale = f"{written}\n\n{summary}"
     return dict(status=status, rationale=rationale, raw=p.raw_answer, diff=_table(headers, rows),
                 edit=config_rows(config), agents=config.num_agents, instances=config.num_instances,
                 auto=bool(run.settings.get("auto_apply")), pending=d is None, run_id=p.run_id)

@@ -29,7 +29,7 @@ from lab.engineers import EngineerAnswer
 from lab.loop import advance, create_run, run_propose_job, stages_of
 from lab.proposals import store_proposal
 from storage.db import make_engine, session, upgrade
-from storage.models import Decision, Episode, Job, Stage, StageMetric, TrainingLog, utcnow
+from storage.models import Decision, Episode, Job, Proposal, Stage, StageMetric, TrainingLog, utcnow
 from storage.queue import claim, fail, finish
 from tests.boards import CROSSING, OPEN
 
@@ -290,6 +290,18 @@ def test_the_diff_flags_what_the_projection_changed(lab):
     assert rows[(3, "data_ratio")][2:5] == ["0.5", "0.25", "-0.25"] and rows[(3, "data_ratio")][5] == ""
     assert v["pending"] and "Waiting for a decision" in v["status"]
     assert v["edit"] == [[3, 0.25, 0.2, 0.25], [4, 0.75, 0.5, 0.25]]
+
+
+def test_a_rationale_keeps_one_line_per_change(lab):
+    engine, ids = lab
+    with session(engine) as s:
+        run_id = s.get(Proposal, ids["pending"]).run_id
+        base = EnvConfig.model_validate(stages_of(s, run_id)[-1].config)
+        answer = EngineerAnswer(prompt="p", raw="r", proposed={}, projection=project({}, base),
+                                rationale="size 3: wait_ratio 0.25 -> 0.35\nsize 4: hole_ratio 0.2 -> 0.15")
+        proposal_id = store_proposal(s, run_id, stages_of(s, run_id)[-1].index, "heuristic", answer, base).id
+    rationale = app.proposal_view(engine, proposal_id)["rationale"]
+    assert rationale.startswith("size 3: wait_ratio 0.25 -> 0.35  \nsize 4: hole_ratio 0.2 -> 0.15\n\n")
 
 
 def test_an_invalid_edit_is_refused_naming_field_and_range_and_nothing_is_stored(lab):
