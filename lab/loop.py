@@ -22,7 +22,8 @@ from lab.context import ContextModules, Evidence, load_stage_result
 from lab.engineers import ENGINEERS
 from lab.proposals import decide, decision_of, store_proposal
 from storage.db import session as open_session
-from storage.models import Job, Proposal, Run, Stage, utcnow
+from storage.decisions import record_decision
+from storage.models import Decision, Job, Proposal, Run, Stage, utcnow
 from storage.queue import enqueue, fail, requeue
 
 ACTIVE = ("queued", "running")
@@ -139,12 +140,10 @@ def after_job(engine: Engine, job: Job) -> None:
         advance(engine, job.payload["run_id"])
 
 
-def _auto_decide(s: Session, proposal: Proposal, last: Stage):
+def _auto_decide(s: Session, proposal: Proposal, last: Stage) -> Decision:
     """Auto-apply: the projected config, or, for a failed proposal, the config in force (said in the note)."""
     if proposal.projected_config is not None:
         return decide(s, proposal.id, "auto", "auto-apply")
-    from storage.decisions import record_decision
-
     return record_decision(s, proposal.id, "auto", "auto-apply", last.config,
                            note=f"the proposal failed ({proposal.error}); the previous config stays in force")
 

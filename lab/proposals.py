@@ -18,7 +18,7 @@ from lab.engineers import EngineerAnswer
 from storage.decisions import AlreadyDecided, record_decision
 from storage.models import Decision, Proposal, Stage
 
-__all__ = ["AlreadyDecided", "Change", "ProposalError", "decide", "diff", "store_proposal"]
+__all__ = ["AlreadyDecided", "Change", "ProposalError", "decide", "decision_of", "diff", "store_proposal"]
 
 
 class ProposalError(ValueError):
