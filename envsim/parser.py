@@ -22,6 +22,12 @@ Grammar:
    whitespace, `,` `;` `.` `|` `=` `-` `>` `<`, brackets, straight and curly quotes, backticks, `*` `_`
    and the arrows `→ ⇒ ⟶ ➔ ➜` (so `->` and `=>` separate too). Every word must be an action, long or short
    (`UP DOWN LEFT RIGHT WAIT`, `U D L R W`), in any case. Nothing after the colon is a legal empty list.
+   A *cell note*, two whole numbers joined by a comma and bracketed or not (`(0, 1)`, `[0,1]`, `0 , 1`),
+   may stand anywhere in the list: `R (0,1) D (1,1)` is the list `RIGHT DOWN`. Notes are the writer's
+   trace of where each move leads; they are skipped, never checked: the actions alone are the plan. The
+   tiny policy writes one after each move (`envsim.prompts.compact_answer`), its numbers spelled digit
+   by digit (`1 0 , 3` is the cell (10, 3)): digits with only spaces between them are one number. A
+   number that is not part of a note (`R 3`, `0 , 1 , 2`) is an unknown word.
 4. **Checks**, the first that fails decides: an unknown word (`parse_error`, the first in reading order);
    no agent line at all (`parse_error`); an agent index outside 0..K-1, an agent with two lines, an agent
    with no line (`wrong_agent_count`). Messages name the word, the agent and the line (counted within the
@@ -64,6 +70,9 @@ _HEADER = re.compile(
     r"[\s*_`]*+[:=]",  # bold closing before the colon
     re.IGNORECASE,
 )
+_SPACED_DIGITS = re.compile(r"(?<=[0-9])[^\S\n]++(?=[0-9])")  # `1 2`: a number spelled digit by digit
+_CELL_NOTE = re.compile(  # starts only at a bracket or at a number's first digit, so junk costs one pass
+    r"(?:[(\[][^\S\n]*+)?+(?<![0-9])[0-9]++[^\S\n]*+,[^\S\n]*+[0-9]++(?:[^\S\n]*+[)\]])?+")
 _WORD = re.compile(r"[^\s,;.|=<>\-\[\](){}\"'`*_→⇒⟶➔➜“”‘’]+")
 _CANON: dict[str, str] = {a: a for a in ACTIONS} | SHORT  # upper-case spelling -> canonical word
 _MAX_INDEX_DIGITS = 6  # longer indices are reported as too large without converting them
@@ -90,7 +99,8 @@ def parse(text: str, num_agents: int) -> Parsed:
         index = int(digits) if len(digits) <= _MAX_INDEX_DIGITS else -1
         label = digits if index >= 0 else digits[:_MAX_INDEX_DIGITS] + "..."
         actions = []
-        for word in _WORD.findall(line, header.end()):
+        listed = _CELL_NOTE.sub(" ", _SPACED_DIGITS.sub("", line[header.end():]))
+        for word in _WORD.findall(listed):
             action = _CANON.get(word.upper())
             if action is None:
                 shown = word if len(word) <= 20 else word[:20] + "..."

@@ -38,6 +38,13 @@ READABLE = [
     ("Agent 1: UP\nAgent 0: DOWN", 2, ((D,), (U,))),
     ("\r\n  Agent 0: UP\r\nAgent 1: DOWN\r\n", 2, ((U,), (D,))),
     ("Agent 0 <nl> Agent 0 : R D <nl> Agent 1 : L", 2, ((R, D), (L,))),
+    # Cell notes (where a move leads) are skipped, bracketed or not, wherever they stand.
+    ("Agent 0: R (0,1) D [1, 1]\nAgent 1: (2,0) U (1,0)", 2, ((R, D), (U,))),
+    ("Agent 0 : 0 , 0 R 0 , 1 <nl> Agent 1 : 1 , 0 W 1 , 0", 2, ((R,), (W,))),
+    ("Agent 0: RIGHT -> (0, 1), DOWN -> (1, 1)", 1, ((R, D),)),
+    ("Agent 0: R(0,1)D(1,1)", 1, ((R, D),)),
+    ("Agent 0: 0 , 0\nAgent 1: 12,10 L 12,9", 2, ((), (L,))),
+    ("Agent 0 : 1 0 , 1 0 U 9 , 1 0 L 9 , 9", 1, ((U, L),)),
     # Prose around the plan is skipped: no colon right after the agent label.
     ("Agent 0 should go right first, then down.\nAgent 1 waits.\nAgent 0: R D\nAgent 1: W\nDone.",
      2, ((R, D), (W,))),
@@ -64,6 +71,10 @@ UNREADABLE = [
      "unknown action 'go' for agent 1 on line 3"),
     ("Agent 0: start (0,0)\nAgent 0: R", 1, Failure.PARSE_ERROR,
      "unknown action 'start' for agent 0 on line 1"),
+    ("Agent 0: R 3", 1, Failure.PARSE_ERROR, "unknown action '3' for agent 0 on line 1"),
+    ("Agent 0: R 1 2", 1, Failure.PARSE_ERROR, "unknown action '12' for agent 0 on line 1"),
+    ("Agent 0: R 0 , 1 , 2", 1, Failure.PARSE_ERROR, "unknown action '2' for agent 0 on line 1"),
+    ("Agent 0: R (0,-1)", 1, Failure.PARSE_ERROR, "unknown action '0' for agent 0 on line 1"),
     ("Agent 0: UP/DOWN", 1, Failure.PARSE_ERROR, "unknown action 'UP/DOWN' for agent 0 on line 1"),
     ("Agent 0: R Agent 1: L", 2, Failure.PARSE_ERROR, "unknown action 'Agent' for agent 0 on line 1"),
     ("Agent 0: " + "X" * 50, 1, Failure.PARSE_ERROR, f"unknown action '{'X' * 20}...' for agent 0 on line 1"),
@@ -125,6 +136,11 @@ MEGABYTES = [
     ("Agent 0" + "*" * 1_000_000 + ":", ((),)),
     ("- " * 500_000 + "Agent 0: UP", ((U,),)),
     ("Agent 0: " + "R " * 500_000, ((R,) * 500_000,)),
+    ("Agent 0: " + "1" * 1_000_000, None),
+    ("Agent 0: " + "(1 ," * 250_000, None),
+    ("Agent 0: " + "1 " * 500_000, None),
+    ("Agent 0: (" + " " * 1_000_000, ((),)),
+    ("Agent 0: " + "R 0 , 1 " * 125_000, ((R,) * 125_000,)),
 ]
 
 

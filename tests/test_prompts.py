@@ -26,20 +26,21 @@ WIDE = Instance(size=12, holes=((0, 11),), starts=((11, 10),), goals=((0, 0),))
 
 def test_compact_prompt_of_a_small_board() -> None:
     assert compact_prompt(SMALL) == (
-        "size 3 agents 2 | holes 0 , 2 ; 2 , 0 | "
-        "agent 0 start 0 , 0 goal 2 , 2 | agent 1 start 1 , 0 goal 0 , 1 | plan"
+        "size 3 agents 2 | holes (0,2) (2,0) | "
+        "agent 0 start (0,0) goal (2,2) | agent 1 start (1,0) goal (0,1) | plan"
     )
 
 
 def test_compact_prompt_of_a_board_without_holes() -> None:
     board = Instance(size=2, holes=(), starts=((0, 0),), goals=((1, 1),))
-    assert compact_prompt(board) == "size 2 agents 1 | holes | agent 0 start 0 , 0 goal 1 , 1 | plan"
+    assert compact_prompt(board) == "size 2 agents 1 | holes | agent 0 start (0,0) goal (1,1) | plan"
 
 
-def test_compact_prompt_spells_numbers_digit_by_digit() -> None:
+def test_compact_prompt_spells_numbers_digit_by_digit_and_cells_as_one_word() -> None:
     wider = WIDE.model_copy(update={"holes": ((0, 11), (10, 3))})
     assert compact_prompt(wider) == " | ".join(
-        ["size 1 2 agents 1", "holes 0 , 1 1 ; 1 0 , 3", "agent 0 start 1 1 , 1 0 goal 0 , 0", "plan"])
+        ["size 1 2 agents 1", "holes (0,11) (10,3)", "agent 0 start (11,10) goal (0,0)", "plan"])
+    assert compact_tokens(compact_prompt(wider))[:8] == ["size", "1", "2", "agents", "1", "|", "holes", "(0,11)"]
 
 
 def test_compact_answer_uses_short_forms_one_agent_per_line() -> None:
@@ -49,9 +50,22 @@ def test_compact_answer_uses_short_forms_one_agent_per_line() -> None:
         "Agent", "0", ":", "R", "D", "W", "D", "<nl>", "Agent", "1", ":", "<nl>", "Agent", "2", ":", "U", "L"]
 
 
+def test_compact_answer_with_the_board_is_a_trace_of_cells() -> None:
+    plan = (("RIGHT", "DOWN", "DOWN", "RIGHT"), ("UP", "RIGHT"))
+    assert compact_answer(plan, SMALL) == (
+        "Agent 0: (0,0) R (0,1) D (1,1) D (2,1) R (2,2)\nAgent 1: (1,0) U (0,0) R (0,1)")
+    assert parse(compact_answer(plan, SMALL), 2) == Parsed(plan=plan)
+
+
+def test_a_trace_keeps_an_agent_in_place_after_a_move_off_the_grid() -> None:
+    plan = (("UP", "LEFT", "WAIT", "DOWN"), ())
+    assert compact_answer(plan, SMALL) == "Agent 0: (0,0) U (0,0) L (0,0) W (0,0) D (1,0)\nAgent 1: (1,0)"
+
+
 def test_compact_vocab_is_closed_and_has_no_repeats() -> None:
     assert len(set(COMPACT_VOCAB)) == len(COMPACT_VOCAB)
     assert COMPACT_VOCAB[:4] == ("<pad>", "<unk>", "<eos>", "<nl>")
+    assert COMPACT_VOCAB[33:35] == ("(0,0)", "(0,1)") and COMPACT_VOCAB[-1] == f"({MAX_SIZE - 1},{MAX_SIZE - 1})"
     assert not any(ch.isspace() for token in COMPACT_VOCAB for ch in token)
 
 
@@ -83,6 +97,9 @@ def test_compact_texts_use_only_the_vocabulary(instance: Instance, data: st.Data
     assert set(tokens) <= set(COMPACT_VOCAB)
     assert compact_tokens(" ".join(tokens)) == tokens
     assert parse(" ".join(tokens), k) == Parsed(plan=plan)
+    trace = compact_tokens(compact_answer(plan, instance))
+    assert set(trace) <= set(COMPACT_VOCAB)
+    assert parse(" ".join(trace), k) == Parsed(plan=plan)
 
 
 def test_a_word_level_tokenizer_round_trips_compact_text() -> None:
@@ -91,7 +108,7 @@ def test_a_word_level_tokenizer_round_trips_compact_text() -> None:
         vocab={t: i for i, t in enumerate(COMPACT_VOCAB)}, unk_token="<unk>"))
     tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
     plan = (("RIGHT", "DOWN", "DOWN", "RIGHT"), ("UP", "RIGHT"))
-    for text in (compact_prompt(SMALL), compact_prompt(WIDE), compact_answer(plan)):
+    for text in (compact_prompt(SMALL), compact_prompt(WIDE), compact_answer(plan), compact_answer(plan, SMALL)):
         joined = " ".join(compact_tokens(text))
         ids = tokenizer.encode(joined).ids
         assert COMPACT_VOCAB.index("<unk>") not in ids
@@ -99,6 +116,9 @@ def test_a_word_level_tokenizer_round_trips_compact_text() -> None:
     decoded = tokenizer.decode(tokenizer.encode(" ".join(compact_tokens(compact_answer(plan)))).ids)
     assert decoded == "Agent 0 : R D D R <nl> Agent 1 : U R"
     assert parse(decoded, 2) == Parsed(plan=plan)
+    trace = tokenizer.decode(tokenizer.encode(" ".join(compact_tokens(compact_answer(plan, SMALL)))).ids)
+    assert trace == "Agent 0 : (0,0) R (0,1) D (1,1) D (2,1) R (2,2) <nl> Agent 1 : (1,0) U (0,0) R (0,1)"
+    assert parse(trace, 2) == Parsed(plan=plan)
 
 
 def test_chat_prompt_holds_the_board_the_agents_and_the_answer_format() -> None:

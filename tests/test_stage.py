@@ -65,7 +65,7 @@ def writer(one_thread, tmp_path_factory: pytest.TempPathFactory) -> Path:
     rows, prompt_lengths = [], []
     for b in boards:
         prompt = tok(policy.prompt(b))["input_ids"]
-        answer = tok(compact_text(compact_answer(b.reference_plan)))["input_ids"] + [tok.eos_token_id]
+        answer = tok(compact_text(compact_answer(b.reference_plan, b)))["input_ids"] + [tok.eos_token_id]
         rows.append(prompt + answer)
         prompt_lengths.append(len(prompt))
     width = max(map(len, rows))

@@ -40,5 +40,5 @@ def test_a_few_steps_lower_the_loss_and_write_a_checkpoint(tmp_path: Path) -> No
     loaded = load_policy(args.out)
     assert loaded.prompt_style == "compact"
     _, boards = step_boards(args, 0, 0.0)
-    answer = compact_text(compact_answer(boards[0].reference_plan))
+    answer = compact_text(compact_answer(boards[0].reference_plan, boards[0]))
     assert loaded.tokenizer.decode(loaded.tokenizer(answer)["input_ids"]) == answer

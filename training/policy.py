@@ -14,6 +14,7 @@ vLLM or `transformers serve` can read.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -119,9 +120,36 @@ def build_tiny(seed: int = 0, **overrides: Any) -> Policy:
     torch.manual_seed(seed)
     tok = build_tokenizer()
     model = Qwen3ForCausalLM(tiny_config(**overrides))
+    _place_cells(model, tok)
     model.generation_config = GenerationConfig(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
                                                bos_token_id=None, do_sample=False)
     return Policy(model=model, tokenizer=tok, name="tiny", prompt_style="compact")
+
+
+def _place_cells(model: Any, tokenizer: Any) -> None:
+    """Give each cell word `(r,c)` an embedding that says where the cell is, before training starts.
+
+    A quarter of the width holds cos/sin waves of the row, another quarter of the column, at geometric
+    frequencies (the rest keeps its random start). A step to a neighbour is then a fixed rotation of those
+    features, the same for every cell, so "which cell does DOWN lead to" and "is that cell in the hole list"
+    are linear maps that one attention head can learn, instead of a table of a thousand cells learnt one by
+    one from scratch. The embeddings are tied to the output layer, so writing the next cell gains too.
+    """
+    weight = model.get_input_embeddings().weight
+    width = weight.shape[1] // 8  # waves per axis; each is a cos and a sin
+    std = model.config.initializer_range
+    freqs = torch.pi / 2 * torch.pow(torch.tensor(1 / 16), torch.arange(width) / max(1, width - 1))
+    vocab = tokenizer.get_vocab()
+    with torch.no_grad():
+        for word, index in vocab.items():
+            cell = re.fullmatch(r"\(([0-9]+),([0-9]+)\)", word)
+            if cell is None:
+                continue
+            for axis, value in enumerate(map(int, cell.groups())):
+                angle = value * freqs
+                start = axis * 2 * width
+                weight[index, start:start + width] = std * 2**0.5 * torch.cos(angle)
+                weight[index, start + width:start + 2 * width] = std * 2**0.5 * torch.sin(angle)
 
 
 def load_policy(spec: str, device: str = "cpu", lora: bool = False) -> Policy:
