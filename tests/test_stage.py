@@ -235,10 +235,13 @@ def test_grpo_config_is_our_defaults_under_the_runs_overrides(tmp_path: Path):
     assert (config.output_dir, config.seed, config.max_completion_length, config.num_generations) == (
         str(tmp_path / "stage-2" / "trl"), 123, 40, 2)
     assert (config.use_cpu, config.bf16, config.learning_rate, config.reward_weights) == (
-        not torch.cuda.is_available(), False, 1e-4, [1.0, 1.0, 0.2, 0.2])
+        not torch.cuda.is_available(), False, 2e-5, [1.0, 1.0, 0.2, 0.2])
+    assert (config.per_device_train_batch_size, config.scale_rewards) == (32, "none")
     assert config.report_to == ["tensorboard"] and config.vllm_mode == "server"
     assert config.use_vllm is (importlib.util.find_spec("vllm") is not None)  # no vLLM here: transformers
-    assert grpo_config(args, {}, 40).learning_rate == 1e-6  # an LLM: TRL's own default
+    llm = grpo_config(args, {}, 40)  # an LLM: TRL's own learning rate and reward scaling
+    assert (llm.learning_rate, llm.num_generations, llm.per_device_train_batch_size, llm.scale_rewards) == (
+        1e-6, 4, 8, "group")
     with pytest.raises(StageError, match=r"settings\['grpo'\] has 'max_stepz': not GRPOConfig fields"):
         grpo_config(args, {"max_stepz": 3}, 40)
 
@@ -256,4 +259,28 @@ def test_the_stage_command_runs_one_stage_outside_the_worker(writer: Path, tmp_p
     with session(engine) as s:
         stage = s.exec(select(Stage).where(Stage.run_id == run_id, Stage.index == 0)).one()
     assert (stage.status, stage.checkpoint) == ("done", str(writer.resolve()))
+    engine.dispose()
+
+
+def test_a_stage_trains_in_two_processes_and_records_each_step_once(writer: Path, tmp_path: Path):
+    """Data-parallel training as `accelerate launch` does it on GPUs, here with torchrun and gloo on the CPU."""
+    url = f"sqlite:///{tmp_path / 'envlab.db'}"
+    engine = make_engine(url)
+    upgrade(engine)
+    run_id = _run(engine, str(writer), tmp_path / "runs", validation_boards=2)
+    stage = ["--run", str(run_id), "--db", url, "--stage"]
+    two = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "training.stage", "--"]
+    for command in ([sys.executable, "-m", "training.stage", *stage, "0"], [*two, *stage, "1"]):  # evaluate, train
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300, env={**os.environ,
+                              "OMP_NUM_THREADS": "1"}, cwd=Path(__file__).resolve().parent.parent)
+        assert done.returncode == 0, done.stderr[-3000:]
+    with session(engine) as s:
+        logs = s.exec(select(TrainingLog).where(TrainingLog.run_id == run_id)).all()
+        episodes = s.exec(select(Episode).where(Episode.run_id == run_id, Episode.stage_index == 1)).all()
+        stage = s.exec(select(Stage).where(Stage.run_id == run_id, Stage.index == 1)).one()
+    assert sorted(log.step for log in logs) == [1, 2, 3]  # one row per step: only the main process writes
+    assert (stage.status, len(episodes)) == ("done", 2)
+    # two processes of 8 completions each: 3 steps read 48 of the stage's 8 boards x 4 generations = 1.5 epochs
+    summary = (tmp_path / "runs" / str(run_id) / "stage-1" / "trained.json").read_text()
+    assert '"epoch": 1.5' in summary
     engine.dispose()

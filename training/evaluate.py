@@ -41,13 +41,13 @@ class EpisodeResult:
 def answer_budget(policy: Policy, instance: Instance) -> int:
     """New tokens enough for any sensible answer to `instance`.
 
-    A compact answer line is `Agent i :`, the start cell and each action with the cell it leads to (4 tokens a
+    A compact answer line is `Agent i :`, the start cell, each action with the cell it leads to (2 tokens a
     move), then `<nl>`; solver plans on these boards stay under `3 * size` moves per agent, and generation
     stops at eos anyway, so the budget only bounds a babbling model. Chat models write words of several
     tokens and may reason first.
     """
     if policy.prompt_style == "compact":
-        return instance.num_agents * (8 + 12 * instance.size)
+        return instance.num_agents * (6 + 6 * instance.size)
     return 512
 
 
