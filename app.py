@@ -398,7 +398,7 @@ def proposal_view(engine: Engine, proposal_id: int | None) -> dict[str, Any]:
     headers = ["size", "knob", "old", "new", "change", "projection"]
     if proposal_id is None:
         return dict(status="No proposal yet: the engineer proposes after a stage has been evaluated.",
-                    rationale="", raw="", diff=_table(headers, []), edit=[], agents=2, instances=256,
+                    rationale="", raw="", diff=_table(headers, []), edit=[], agents=2, instances=512,
                     auto=False, pending=False, run_id=None)
     with session(engine) as s:
         p = s.get(Proposal, int(proposal_id))

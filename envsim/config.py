@@ -58,7 +58,7 @@ class EnvConfig(BaseModel):
     hole_ratio: dict[int, Finite]
     wait_ratio: dict[int, Finite]
     num_agents: int = 2
-    num_instances: int = 256
+    num_instances: int = 512
 
     @model_validator(mode="after")
     def _legal(self) -> EnvConfig:
@@ -76,7 +76,7 @@ class EnvConfig(BaseModel):
 
     @classmethod
     def default(cls, sizes: tuple[int, ...] = DEFAULT_SIZES, *, hole_ratio: float = 0.2, wait_ratio: float = 0.25,
-                num_agents: int = 2, num_instances: int = 256) -> EnvConfig:
+                num_agents: int = 2, num_instances: int = 512) -> EnvConfig:
         """The round-0 config: uniform over sizes, the same hole and wait ratio everywhere."""
         return cls(data_ratio={s: 1 / len(sizes) for s in sizes}, hole_ratio={s: hole_ratio for s in sizes},
                    wait_ratio={s: wait_ratio for s in sizes}, num_agents=num_agents, num_instances=num_instances)

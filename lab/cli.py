@@ -229,7 +229,7 @@ def cmd_run(args: argparse.Namespace) -> None:
                 run = create_run(s, name=args.name, config=config, stages=args.stages, policy=args.policy,
                                  engineer=args.engineer, engineer_backend=args.backend or "",
                                  auto_apply=args.auto_apply, seed=args.seed, grpo=_grpo_overrides(args.grpo),
-                                 base_url=args.base_url)
+                                 base_url=args.base_url, lora=args.lora)
             except LoopError as err:
                 raise UsageError(str(err)) from err
             stages = args.stages
@@ -308,6 +308,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--config", type=Path, help="initial EnvConfig JSON (default: the round-0 config)")
     s.add_argument("--instances", type=int, help="training instances per stage")
     s.add_argument("--grpo", action="append", default=[], metavar="KEY=VALUE", help="a GRPOConfig field")
+    s.add_argument("--lora", type=int, default=0, metavar="RANK",
+                   help="train LoRA adapters of this rank (needs peft), e.g. 16 for a large policy; 0: every weight")
     s.add_argument("--name", default="run")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--resume", type=int, metavar="RUN_ID", help="continue a run that was interrupted")

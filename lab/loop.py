@@ -36,15 +36,21 @@ class LoopError(ValueError):
 def create_run(s: Session, *, name: str, config: EnvConfig, stages: int, policy: str = "tiny",
                engineer: str = "heuristic", engineer_backend: str = "", auto_apply: bool = False, seed: int = 0,
                grpo: dict[str, Any] | None = None, context: ContextModules | None = None,
-               base_url: str | None = None, description: str = "") -> Run:
-    """Store a run, its stage 0 (the starting policy, evaluated on `config`) and queue that stage."""
+               base_url: str | None = None, description: str = "", lora: int = 0) -> Run:
+    """Store a run, its stage 0 (the starting policy, evaluated on `config`) and queue that stage.
+
+    `lora` > 0 trains LoRA adapters of that rank in each stage (folded into the weights when it ends) instead
+    of every weight: the option for large policies.
+    """
     if engineer not in ENGINEERS:
         raise LoopError(f"unknown engineer {engineer!r}: one of {', '.join(ENGINEERS)}")
     if engineer == "llm" and not engineer_backend:
         raise LoopError("the llm engineer needs a backend, e.g. hf:policy, hf:gemma3-270m or openai:<model>")
     if stages < 1:
         raise LoopError(f"stages = {stages}: a run trains at least 1 stage")
-    settings = {"stages": stages, "auto_apply": auto_apply, "grpo": grpo or {},
+    if lora < 0:
+        raise LoopError(f"lora = {lora}: a LoRA rank is a positive number (0: no LoRA)")
+    settings = {"stages": stages, "auto_apply": auto_apply, "grpo": grpo or {}, "lora": lora,
                 "context": asdict(context or ContextModules.paper_best()), "base_url": base_url}
     run = Run(name=name, description=description, policy=policy, engineer=engineer, engineer_backend=engineer_backend,
               settings=settings, seed=seed, status="active")

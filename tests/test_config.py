@@ -11,7 +11,7 @@ def test_default_config():
     c = EnvConfig.default()
     assert c.sizes == (3, 4, 5, 6, 7, 8, 9, 10)
     assert c.data_ratio[3] == 0.125 and c.hole_ratio[10] == 0.2 and c.wait_ratio[5] == 0.25
-    assert (c.num_agents, c.num_instances) == (2, 256)
+    assert (c.num_agents, c.num_instances) == (2, 512)
     assert EnvConfig.model_validate_json(c.model_dump_json()) == c
 
 

@@ -62,7 +62,7 @@ included: 2. Each stage trains on 128 instances.""",
     "history": """\
 ## Earlier stages (oldest first): config and results per map size
 ### Stage 1
-num_agents 2, num_instances 256
+num_agents 2, num_instances 512
 | size | data_ratio | hole_ratio | wait_ratio | valid | optimal | most common failure |
 |---|---|---|---|---|---|---|
 | 3 | 0.333 | 0.2 | 0.25 | 60% | 40% | hole (3) |
@@ -71,14 +71,14 @@ num_agents 2, num_instances 256
     "history_with_default": """\
 ## Earlier stages (oldest first): config and results per map size
 ### Stage 0 (the round-0 default config)
-num_agents 2, num_instances 256
+num_agents 2, num_instances 512
 | size | data_ratio | hole_ratio | wait_ratio | valid | optimal | most common failure |
 |---|---|---|---|---|---|---|
 | 3 | 0.333 | 0.2 | 0.25 | 50% | 50% | hole (5) |
 | 4 | 0.333 | 0.2 | 0.25 | - | - | - |
 | 5 | 0.333 | 0.2 | 0.25 | - | - | - |
 ### Stage 1
-num_agents 2, num_instances 256
+num_agents 2, num_instances 512
 | size | data_ratio | hole_ratio | wait_ratio | valid | optimal | most common failure |
 |---|---|---|---|---|---|---|
 | 3 | 0.333 | 0.2 | 0.25 | 60% | 40% | hole (3) |
@@ -152,7 +152,7 @@ def test_empty_evidence_says_so_instead_of_leaving_a_section_blank() -> None:
     assert "No failed answers were recorded." in text
     assert "## Training hyperparameters\nNot given." in text
     assert "## Your summary of the earlier rounds\nNone yet." in text
-    assert "Each stage trains on 256 instances." in text  # the config's num_instances when not given
+    assert "Each stage trains on 512 instances." in text  # the config's num_instances when not given
 
 
 def test_a_long_answer_is_cut_in_the_failure_case() -> None:

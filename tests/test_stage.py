@@ -151,6 +151,25 @@ def test_a_grpo_stage_moves_the_weights_logs_each_step_and_resumes_after_a_cance
     assert any(log.metrics["reward_std"] > 0 for log in logs)  # some group had something to learn from
 
 
+def test_a_lora_stage_trains_adapters_and_saves_a_whole_model(lab: Engine, writer: Path, tmp_path: Path):
+    run_id = _run(lab, str(writer), tmp_path / "runs", lora=4)
+    args, grpo = stage_args(lab, run_id, 0)
+    assert args.lora == 4
+    args = StageArgs(run_id=run_id, stage_index=1, seed=stage_seed(7, 1), policy=str(writer), config=CONFIG,
+                     run_dir=tmp_path / "runs" / str(run_id), lora=4)
+    policy = load_policy(str(writer))
+    before = {name: p.detach().clone() for name, p in policy.model.named_parameters()}
+    summary = train(lab, args, policy, GRPO, lambda *a, **k: False)
+    assert summary["steps"] == 3
+    assert not (args.policy_dir / "adapter_config.json").exists()  # the adapters are folded in
+    trained = load_policy(str(args.policy_dir))
+    after = dict(trained.model.named_parameters())
+    assert set(after) == set(before)  # the same plain model, no adapter weights left
+    changed = [name for name in before if not torch.equal(before[name], after[name])]
+    # LoRA touches only the linear layers' weights: embeddings and norms stay as they were
+    assert changed and all(name.endswith("proj.weight") for name in changed)
+
+
 def test_stage_jobs_through_the_worker_evaluate_then_train_and_record(lab: Engine, writer: Path, tmp_path: Path):
     run_id = _run(lab, str(writer), tmp_path / "runs", grpo=dict(GRPO, max_steps=2))
     ran = []

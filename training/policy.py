@@ -173,14 +173,21 @@ def load_policy(spec: str, device: str = "cpu", lora: bool = False) -> Policy:
     return with_lora(policy) if lora else policy
 
 
-def with_lora(policy: Policy, r: int = 16, alpha: int | None = None, dropout: float = 0.05) -> Policy:
-    """The same policy with LoRA adapters on every linear layer (needs the optional `peft` package)."""
+def lora_config(r: int = 16, alpha: int | None = None, dropout: float = 0.05) -> Any:
+    """peft's `LoraConfig` for adapters on every linear layer (needs the optional `peft` package)."""
     try:
-        from peft import LoraConfig, get_peft_model
+        from peft import LoraConfig
     except ImportError as e:
         raise PolicyError("LoRA needs the peft package: pip install peft") from e
-    config = LoraConfig(r=r, lora_alpha=alpha or 2 * r, lora_dropout=dropout, target_modules="all-linear",
-                        task_type="CAUSAL_LM")
+    return LoraConfig(r=r, lora_alpha=alpha or 2 * r, lora_dropout=dropout, target_modules="all-linear",
+                      task_type="CAUSAL_LM")
+
+
+def with_lora(policy: Policy, r: int = 16, alpha: int | None = None, dropout: float = 0.05) -> Policy:
+    """The same policy with LoRA adapters on every linear layer (needs the optional `peft` package)."""
+    from peft import get_peft_model
+
+    config = lora_config(r, alpha, dropout)
     return Policy(model=get_peft_model(policy.model, config), tokenizer=policy.tokenizer, name=policy.name,
                   prompt_style=policy.prompt_style)
 
