@@ -5,6 +5,10 @@ The PostgreSQL server is a throwaway cluster started once per test session from 
 as root, with its data and unix socket in a temporary folder and TCP on 127.0.0.1 at a free port.
 Each test gets a fresh database. Without the binaries the PostgreSQL tests skip, unless
 ENVLAB_REQUIRE_POSTGRES=1 (CI sets it), which makes that a failure.
+
+Property tests run under one Hypothesis profile: no per-example deadline and no "input generation is slow"
+health check, since both measure the machine's load, not the code (a 300-digit integer takes a while to
+draw on a busy 2-core machine). Every other health check stays on.
 """
 
 from __future__ import annotations
@@ -22,9 +26,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 from sqlalchemy import Engine, create_engine, text
 
 from storage.db import make_engine, upgrade
+
+settings.register_profile("envlab", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("envlab")
 
 _database_numbers = itertools.count()
 

@@ -1,7 +1,7 @@
 import math
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from envsim.config import GLOBALS, KNOBS, ConfigError, EnvConfig, project
@@ -75,8 +75,6 @@ raw_configs = st.dictionaries(
     st.one_of(st.dictionaries(size_keys, st.one_of(numbers, junk), max_size=10), junk), max_size=6)
 
 
-# Drawing 300-digit integers is slow on a loaded machine; that is the point of them, not a problem to report.
-@settings(suppress_health_check=[HealthCheck.too_slow])
 @given(raw_configs, st.booleans(), st.booleans())
 def test_projection_yields_a_legal_config_or_a_clear_error(raw, strict, with_base):
     base = EnvConfig.default() if with_base else None
