@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -146,3 +147,9 @@ def test_shipped_tiny_policy_solves_validation_boards() -> None:
     answers = policy.generate([policy.prompt(b) for b in boards], max_new_tokens=100)
     valid = [score_answer(b, a).valid for b, a in zip(boards, answers, strict=True)]
     assert sum(valid) == 16  # of these 20 boards, greedy, deterministic on a CPU
+
+
+def test_lora_without_peft_names_the_missing_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "peft", None)  # as if it were not installed: importing it fails
+    with pytest.raises(PolicyError, match=r"^LoRA needs the peft package: pip install peft$"):
+        with_lora(build_tiny(seed=0, **SMALL_SHAPE))

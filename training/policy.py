@@ -185,9 +185,9 @@ def lora_config(r: int = 16, alpha: int | None = None, dropout: float = 0.05) ->
 
 def with_lora(policy: Policy, r: int = 16, alpha: int | None = None, dropout: float = 0.05) -> Policy:
     """The same policy with LoRA adapters on every linear layer (needs the optional `peft` package)."""
+    config = lora_config(r, alpha, dropout)  # first: it names the missing package
     from peft import get_peft_model
 
-    config = lora_config(r, alpha, dropout)
     return Policy(model=get_peft_model(policy.model, config), tokenizer=policy.tokenizer, name=policy.name,
                   prompt_style=policy.prompt_style)
 
