@@ -116,7 +116,7 @@ def compact_answer(plan: Plan, board: Instance | None = None) -> str:
     """The completion a compact prompt expects: `Agent i: R D W` lines in short forms.
 
     With `board`, each line is a trace (the tiny policy's form): the agent's start cell, then every action
-    followed by the cell it leads to, `Agent 0: 0 , 0 R 0 , 1 D 1 , 1`. The cells are notes the parser
+    followed by the cell it leads to, `Agent 0: (0,0) R (0,1) D (1,1)`. The cells are notes the parser
     skips (envsim.parser, rule 3); writing them lets a small model read where it is from the line itself
     and check the next cell against the hole list, instead of summing its own moves. A move off the grid
     leaves the agent where it is, as in the rules.
