@@ -41,18 +41,30 @@ from envsim.instance import Instance
 from envsim.rules import MIN_SIZE
 from envsim.scoring import Outcome, score_answer
 from envsim.solver import Unsolved, label
-from envsim.suite import Entry, report
+from envsim.suite import Entry, Split, report
 from lab import figures
 from lab.engineers import ENGINEERS
-from lab.loop import LoopError, advance, create_run, jobs_of, resume, set_auto_apply, stages_of
-from lab.proposals import AlreadyDecided, ProposalError, decide, decision_of
+from lab.loop import LoopError, advance, cancel, create_run, jobs_of, resume, set_auto_apply, stages_of, switch_engineer
+from lab.loop import queue_benchmark as loop_queue_benchmark
+from lab.proposals import AlreadyDecided, ProposalError, decide, decision_of, superseded_by
 from storage.db import make_engine, session, upgrade
-from storage.models import Episode, Job, Proposal, Run, StageMetric, TrainingLog, utcnow
-from storage.queue import enqueue, request_cancel
+from storage.models import (
+    ACTIVE_JOB,
+    Episode,
+    Job,
+    JobStatus,
+    Proposal,
+    Run,
+    RunStatus,
+    StageMetric,
+    StageStatus,
+    TrainingLog,
+    utcnow,
+)
+from storage.queue import stale_after_s
 
 ASSETS = Path(__file__).parent / "assets"
 KNOB_COLUMNS = ["size", *KNOBS]
-HEARTBEAT_FRESH_S = 90  # a running job whose heartbeat is younger than this has a live worker
 QUEUE_PATIENCE_S = 20  # a job queued longer than this with nobody running anything: the worker looks down
 POLL_S = 2.0
 PLAY_S = 0.6
@@ -93,9 +105,9 @@ def worker_status(engine: Engine) -> tuple[str, str]:
     one of "busy", "down", "waiting", "idle"."""
     now = utcnow()
     with session(engine) as s:
-        running = list(s.exec(select(Job).where(Job.status == "running").order_by(Job.id)))
-        queued = list(s.exec(select(Job).where(Job.status == "queued").order_by(Job.id)))
-    fresh = [j for j in running if j.heartbeat_at and now - j.heartbeat_at < timedelta(seconds=HEARTBEAT_FRESH_S)]
+        running = list(s.exec(select(Job).where(Job.status == JobStatus.RUNNING).order_by(Job.id)))
+        queued = list(s.exec(select(Job).where(Job.status == JobStatus.QUEUED).order_by(Job.id)))
+    fresh = [j for j in running if j.heartbeat_at and now - j.heartbeat_at < timedelta(seconds=stale_after_s())]
     if fresh:
         j = fresh[0]
         step = f", step {j.step}/{j.total}" if j.total else ""
@@ -158,7 +170,7 @@ def runs_table(engine: Engine) -> dict[str, Any]:
     with session(engine) as s:
         for r in s.exec(select(Run).order_by(Run.id.desc())):
             stages = stages_of(s, r.id)
-            done = sum(st.status == "done" for st in stages)
+            done = sum(st.status == StageStatus.DONE for st in stages)
             engineer = r.engineer + (f" ({r.engineer_backend})" if r.engineer_backend else "")
             rows.append([r.id, r.name, r.status, r.policy, engineer,
                          f"{max(done - 1, 0)}/{r.settings.get('stages', '?')} trained",
@@ -223,7 +235,7 @@ def _metric_dicts(rows: Sequence[StageMetric]) -> list[dict[str, Any]]:
              "failures": m.failures} for m in rows]
 
 
-def _metrics(s, run_id: int, split: str = "validation") -> dict[int, list[StageMetric]]:
+def _metrics(s, run_id: int, split: Split = Split.VALIDATION) -> dict[int, list[StageMetric]]:
     out: dict[int, list[StageMetric]] = {}
     query = select(StageMetric).where(StageMetric.run_id == run_id, StageMetric.split == split)
     for m in s.exec(query.order_by(StageMetric.stage_index, StageMetric.size)):
@@ -296,7 +308,7 @@ def gallery(engine: Engine, run_id: int | None, stage_index: int | None, size: A
         return _table(headers, []), "No stage to show: open a run first."
     with session(engine) as s:
         query = select(Episode).where(Episode.run_id == run_id, Episode.stage_index == stage_index,
-                                      Episode.split == "validation", Episode.failure.is_not(None))
+                                      Episode.split == Split.VALIDATION, Episode.failure.is_not(None))
         if size not in (None, ALL, ""):
             query = query.where(Episode.size == int(size))
         if failure not in (None, ALL, ""):
@@ -336,7 +348,7 @@ def episode_view(engine: Engine, episode_id: Any) -> dict[str, Any]:
               f"{instance.opt_makespan if instance.opt_makespan is not None else '?'}).  \n"
               f"{verdict(instance, outcome)} [Link to this episode](?episode={ep.id})")
     panels, strip_rows = [], []
-    if ep.split == "validation" and len(same) > 1:
+    if ep.split == Split.VALIDATION and len(same) > 1:
         for other in same:
             o = outcome if other.id == ep.id else outcome_of(other, instance)
             tag = "valid" if o.valid else str(o.failure)
@@ -389,6 +401,8 @@ def proposal_choices(engine: Engine, run_id: int | None) -> list[tuple[str, int]
         for p in s.exec(select(Proposal).where(Proposal.run_id == run_id).order_by(Proposal.id.desc())):
             d = decision_of(s, p.id)
             state = f"{DECIDED[d.action]} by {d.user}" if d else ("failed, pending" if p.error else "pending")
+            if d is None and superseded_by(s, p):
+                state = "superseded"
             out.append((f"#{p.id} for stage {p.after_stage + 1}: {state}", p.id))
     return out
 
@@ -406,6 +420,7 @@ def proposal_view(engine: Engine, proposal_id: int | None) -> dict[str, Any]:
             return proposal_view(engine, None) | {"status": f"There is no proposal {proposal_id}."}
         run = s.get(Run, p.run_id)
         d = decision_of(s, p.id)
+        superseded = superseded_by(s, p) if d is None else None
         base = EnvConfig.model_validate(stages_of(s, p.run_id)[p.after_stage].config)
     reasons = {a["field"]: a["reason"] for a in p.adjustments}
     rows = []
@@ -423,6 +438,8 @@ def proposal_view(engine: Engine, proposal_id: int | None) -> dict[str, Any]:
     if d is not None:
         status = f"{title}  \n✔ **{DECIDED[d.action]}** by **{d.user}** at {_when(d.created_at)}" + \
                  (f": “{d.note}”" if d.note else ".")
+    elif superseded:
+        status = f"{title}  \n**Superseded**: {superseded}. It can no longer be decided."
     elif p.error:
         status = f"{title}  \n✗ **The proposal failed**: {p.error}. The config in force stays; edit it " \
                  "below or reject to ask the engineer again."
@@ -436,7 +453,7 @@ def proposal_view(engine: Engine, proposal_id: int | None) -> dict[str, Any]:
     rationale = f"{written}\n\n{summary}"
     return dict(status=status, rationale=rationale, raw=p.raw_answer, diff=_table(headers, rows),
                 edit=config_rows(config), agents=config.num_agents, instances=config.num_instances,
-                auto=bool(run.settings.get("auto_apply")), pending=d is None, run_id=p.run_id)
+                auto=bool(run.settings.get("auto_apply")), pending=d is None and not superseded, run_id=p.run_id)
 
 
 def _fmt(value: Any, signed: bool = False) -> str:
@@ -521,9 +538,9 @@ def train_view(engine: Engine, run_id: int | None) -> dict[str, Any]:
         stages = stages_of(s, run_id)
         metrics = _metrics(s, run_id)
     rows = [[j.id, j.kind, _job_target(j), j.status, f"{j.step}/{j.total}" if j.total else str(j.step),
-             _ago(j.heartbeat_at) if j.heartbeat_at and j.status == "running" else "", j.error or ""]
+             _ago(j.heartbeat_at) if j.heartbeat_at and j.status == JobStatus.RUNNING else "", j.error or ""]
             for j in reversed(jobs)]
-    active = next((j for j in jobs if j.status in ("running", "queued")), None)
+    active = next((j for j in jobs if j.status in ACTIVE_JOB), None)
     shown = active or (jobs[-1] if jobs else None)
     if shown is None:
         progress = "<p>No jobs for this run yet.</p>"
@@ -531,14 +548,16 @@ def train_view(engine: Engine, run_id: int | None) -> dict[str, Any]:
         total = shown.total or 0
         label = f"{shown.kind} job {shown.id} ({_job_target(shown)}): {shown.status}"
         label += f", step {shown.step} of {total}" if total else ""
-        share = 1.0 if shown.status == "done" else (shown.step / total if total else 0.0)
+        share = 1.0 if shown.status == JobStatus.DONE else (shown.step / total if total else 0.0)
         error = f'<div class="error">{html.escape(shown.error)}</div>' if shown.error else ""
         progress = (f'<div class="lab-progress {shown.status}"><div>{html.escape(label)}</div>'
                     f'<div class="bar" id="job-progress" data-step="{shown.step}" data-total="{total}" '
                     f'data-status="{shown.status}"><span style="width: {share:.0%}"></span></div>{error}</div>')
-    trained = sum(st.status == "done" for st in stages[1:])
-    waiting = {"waiting": " **A proposal waits for your decision in the Proposal tab.**",
-               "failed": " **A job failed** (its error is below): fix the cause, then *Resume*."}.get(run.status, "")
+    trained = sum(st.status == StageStatus.DONE for st in stages[1:])
+    waiting = {RunStatus.WAITING: " **A proposal waits for your decision in the Proposal tab.**",
+               RunStatus.FAILED: f" **{run.status_reason}**. Fix the cause, then *Resume* (retry), or switch "
+                                 "the engineer below.",
+               RunStatus.CANCELLED: f" {run.status_reason}. *Resume* picks it up again."}.get(run.status, "")
     status = (f"Run #{run.id} **{run.name}** is **{run.status}**: {trained} of {run.settings['stages']} "
               f"training stages done; stages: " + ", ".join(f"{st.index} {st.status}" for st in stages) + "." + waiting)
     last_done = next((st for st in reversed(stages) if st.index in metrics), None)
@@ -583,14 +602,22 @@ def resume_run(engine: Engine, run_id: int | None) -> str:
 def cancel_run_jobs(engine: Engine, run_id: int | None) -> str:
     if run_id is None:
         return "No run is open."
-    with session(engine) as s:
-        active = jobs_of(s, run_id, ("queued", "running"))
-        for job in active:
-            request_cancel(s, job.id)
+    active = cancel(engine, run_id)
     if not active:
-        return "Nothing to cancel: no job of this run is queued or running."
-    return "Cancel requested for job(s) " + ", ".join(str(j.id) for j in active) + \
-        ": a queued job stops at once, a running one when its worker next reports."
+        return f"Run #{run_id} is cancelled; no job of it was queued or running. *Resume* picks it up again."
+    return f"Run #{run_id} is cancelled. Cancel requested for job(s) " + ", ".join(map(str, active)) + \
+        ": a queued job stops at once, a running one when its worker next reports. *Resume* picks the run up again."
+
+
+def switch_run_engineer(engine: Engine, run_id: int | None, engineer: str, backend: str) -> str:
+    if run_id is None:
+        return "No run is open."
+    try:
+        requeued = switch_engineer(engine, run_id, engineer, (backend or "").strip())
+    except LoopError as err:
+        return f"✗ {err}"
+    return f"Run #{run_id} now asks the `{engineer}` engineer; resumed ({len(requeued)} job(s) queued again). " \
+        f"Now: {advance(engine, run_id)}."
 
 
 # ---------------------------------------------------------------- playground
@@ -657,7 +684,7 @@ def verdict(instance: Instance, outcome: Outcome) -> str:
 def checkpoint_choices(engine: Engine) -> list[tuple[str, str]]:
     """Every (run, stage) with episodes on the benchmark."""
     with session(engine) as s:
-        pairs = list(s.exec(select(Episode.run_id, Episode.stage_index).where(Episode.split == "benchmark")
+        pairs = list(s.exec(select(Episode.run_id, Episode.stage_index).where(Episode.split == Split.BENCHMARK)
                             .distinct().order_by(Episode.run_id, Episode.stage_index)))
         names = {r.id: r.name for r in s.exec(select(Run))}
     return [(f"run #{r} {names.get(r, '')}, stage {k}", f"{r}:{k}") for r, k in pairs]
@@ -671,8 +698,8 @@ def leaderboard(engine: Engine, keys: Sequence[str]) -> tuple[dict[str, Any], di
         for key in keys:
             run_id, stage_index = map(int, key.split(":"))
             episodes = list(s.exec(select(Episode).where(Episode.run_id == run_id, Episode.stage_index == stage_index,
-                                                         Episode.split == "benchmark")))
-            entries = [Entry(split="benchmark", subset=-1.0 if ep.subset is None else ep.subset,
+                                                         Episode.split == Split.BENCHMARK)))
+            entries = [Entry(split=Split.BENCHMARK, subset=-1.0 if ep.subset is None else ep.subset,
                              instance=Instance.model_validate(ep.instance)) for ep in episodes]
             reports[key] = report(entries, [ep.valid for ep in episodes], [ep.optimal for ep in episodes])
     if not reports:
@@ -702,8 +729,10 @@ def leaderboard(engine: Engine, keys: Sequence[str]) -> tuple[dict[str, Any], di
 def queue_benchmark(engine: Engine, run_id: int | None, stage_index: Any) -> str:
     if run_id is None or stage_index in (None, ""):
         return "Pick a run and one of its evaluated stages first."
-    with session(engine) as s:
-        job = enqueue(s, "benchmark", {"run_id": int(run_id), "stage_index": int(stage_index)})
+    try:
+        job = loop_queue_benchmark(engine, int(run_id), int(stage_index))
+    except LoopError as err:
+        return f"✗ {err}"
     return f"Queued benchmark job {job.id} for run #{run_id}, stage {stage_index}: the worker evaluates 3,150 boards."
 
 
@@ -847,8 +876,13 @@ def build_demo(engine: Engine) -> gr.Blocks:
                 train_status = gr.Markdown(elem_id="train-status")
                 with gr.Row():
                     queue_next = gr.Button("Queue what comes next", variant="primary", elem_id="queue-next")
-                    resume_button = gr.Button("Resume (queue failed jobs again)", elem_id="resume")
-                    cancel = gr.Button("Cancel this run's jobs", variant="stop", elem_id="cancel")
+                    resume_button = gr.Button("Resume (retry what failed)", elem_id="resume")
+                    cancel = gr.Button("Cancel this run", variant="stop", elem_id="cancel")
+                with gr.Row():
+                    switch_to = gr.Dropdown(list(ENGINEERS), value="heuristic", label="Switch the engineer to",
+                                            elem_id="switch-engineer", scale=1)
+                    switch_backend = gr.Textbox(label="Backend (llm only)", placeholder="hf:policy", scale=1)
+                    switch_button = gr.Button("Switch engineer and resume", elem_id="switch", scale=1)
                 gr.Markdown("_Queue what comes next_ moves the run one step along the loop: it queues the next "
                             "stage or asks the engineer for a proposal (nothing, while a proposal waits for you). "
                             "The worker runs what is queued; this page never trains.")
@@ -1082,6 +1116,8 @@ def build_demo(engine: Engine) -> gr.Blocks:
             .then(show_train, run_pick, train_out)
         cancel.click(lambda run_id: cancel_run_jobs(engine, run_id), run_pick, train_msg) \
             .then(show_train, run_pick, train_out)
+        switch_button.click(lambda run_id, e, b: switch_run_engineer(engine, run_id, e, b),
+                            [run_pick, switch_to, switch_backend], train_msg).then(show_train, run_pick, train_out)
 
         # playground
         def pg_show(v, t=None):

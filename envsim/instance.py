@@ -104,7 +104,14 @@ class Instance(BaseModel):
         return "\n".join(self.rows() + agents)
 
     def picture(self) -> str:
-        """The board with start letters `A, B, ...` and goal letters `a, b, ...` drawn in (starts win a shared cell)."""
+        """The board with start letters `A, B, ...` and goal letters `a, b, ...` drawn in, which `from_str` reads
+        back to this board (labels aside).
+
+        A goal may lie under another agent's start (agents swap places, say), and one cell holds one letter:
+        such a board is drawn in the canonical text form instead, whose agent lines say where each one is.
+        """
+        if set(self.starts) & set(self.goals):
+            return self.to_str()
         grid = [list(row) for row in self.rows()]
         for i, (r, c) in enumerate(self.goals):
             grid[r][c] = chr(ord("a") + i)

@@ -14,8 +14,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
@@ -27,7 +27,11 @@ SUITE_SEED = 2606
 WAIT_SUBSETS = (0.25, 0.50, 0.75)
 MAX_SIZE = 10
 
-Split = Literal["benchmark", "validation"]
+class Split(StrEnum):
+    """The instance sets: the 3,150-board benchmark and the 240-board validation set."""
+
+    BENCHMARK = "benchmark"
+    VALIDATION = "validation"
 
 
 class Entry(BaseModel):
@@ -59,7 +63,7 @@ class SuiteCell:
 
 def cells(split: Split) -> list[SuiteCell]:
     """The (agents, size, subset) cells of a split, in table order."""
-    if split == "benchmark":
+    if split == Split.BENCHMARK:
         agents, per_cell = (3, 4, 5), 50
     else:
         agents, per_cell = (2,), 10
@@ -83,7 +87,7 @@ def _draw(size: int, agents: int):
 
 def build_cell(cell: SuiteCell, seed: int = SUITE_SEED) -> tuple[list[Entry], float, str]:
     """The cell's boards, plus the slowest single board's labelling time and its id (for reports)."""
-    namespace = BENCHMARK if cell.split == "benchmark" else VALIDATION
+    namespace = BENCHMARK if cell.split == Split.BENCHMARK else VALIDATION
     rng = np.random.default_rng([namespace, seed, cell.agents, cell.size, WAIT_SUBSETS.index(cell.subset)])
     wait_count = round_half_up(cell.subset * cell.count)
     what = f"{cell.split} cell (agents {cell.agents}, size {cell.size}, wait subset {cell.subset})"

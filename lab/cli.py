@@ -181,9 +181,10 @@ def _engine(db: str | None):
 def lab_handlers() -> dict:
     """Every job kind a worker of the lab runs: training's (stage, benchmark) and the engineer's (propose)."""
     from lab.loop import run_propose_job
+    from storage.models import JobKind
     from training.worker import training_handlers
 
-    return {**training_handlers(), "propose": run_propose_job}
+    return {**training_handlers(), JobKind.PROPOSE: run_propose_job}
 
 
 def cmd_worker(args: argparse.Namespace) -> None:
@@ -209,9 +210,10 @@ def _grpo_overrides(pairs: list[str]) -> dict:
 def cmd_run(args: argparse.Namespace) -> None:
     from sqlmodel import select
 
-    from lab.loop import LoopError, after_job, create_run, drive, resume
+    from envsim.suite import Split
+    from lab.loop import LoopError, after_job, create_run, drive, resume, switch_engineer
     from storage.db import session
-    from storage.models import Run, StageMetric
+    from storage.models import Run, StageMetric, StageStatus
     from training.worker import run_worker
 
     engine = _engine(args.db)
@@ -227,14 +229,18 @@ def cmd_run(args: argparse.Namespace) -> None:
                 config = config.model_copy(update={"num_instances": args.instances})
             try:
                 run = create_run(s, name=args.name, config=config, stages=args.stages, policy=args.policy,
-                                 engineer=args.engineer, engineer_backend=args.backend or "",
+                                 engineer=args.engineer or "heuristic", engineer_backend=args.backend or "",
                                  auto_apply=args.auto_apply, seed=args.seed, grpo=_grpo_overrides(args.grpo),
                                  base_url=args.base_url, lora=args.lora)
             except LoopError as err:
                 raise UsageError(str(err)) from err
             stages = args.stages
     if args.resume is not None:
-        requeued = resume(engine, run.id)
+        try:
+            requeued = (switch_engineer(engine, run.id, args.engineer, args.backend or "") if args.engineer
+                        else resume(engine, run.id))
+        except LoopError as err:
+            raise UsageError(str(err)) from err
         print(f"run {run.id}: resumed ({len(requeued)} jobs queued again)")
     handlers = lab_handlers()
     with tqdm(total=stages + 1, desc=f"run {run.id}", unit="stage") as bar:
@@ -242,7 +248,7 @@ def cmd_run(args: argparse.Namespace) -> None:
             from lab.loop import stages_of
 
             with session(engine) as s:
-                done = sum(st.status == "done" for st in stages_of(s, run.id))
+                done = sum(st.status == StageStatus.DONE for st in stages_of(s, run.id))
             bar.update(done - bar.n)
             bar.set_postfix_str(state[:60])
             if state.startswith("waiting") and not args.auto_apply:
@@ -251,7 +257,7 @@ def cmd_run(args: argparse.Namespace) -> None:
         state = drive(engine, run.id, lambda: run_worker(engine, handlers, once=True, after=after_job) > 0,
                       on_state=on_state)
     with session(engine) as s:
-        rows = s.exec(select(StageMetric).where(StageMetric.run_id == run.id, StageMetric.split == "validation")
+        rows = s.exec(select(StageMetric).where(StageMetric.run_id == run.id, StageMetric.split == Split.VALIDATION)
                       .order_by(StageMetric.stage_index, StageMetric.size)).all()
     by_stage: dict[int, list] = {}
     for r in rows:
@@ -262,8 +268,9 @@ def cmd_run(args: argparse.Namespace) -> None:
         print(f"stage {k}: valid {sum(r.valid for r in rs) / max(n, 1):.1%}, "
               f"optimal {sum(r.optimal for r in rs) / max(n, 1):.1%} ({n} boards; by size {sizes})")
     print(f"run {run.id}: {state}")
-    if state.startswith("failed"):
-        raise UsageError(f"run {run.id} {state}; resume it with: envlab run --resume {run.id}")
+    if state.startswith(("failed", "cancelled")):
+        raise UsageError(f"run {run.id} {state}; resume it with: envlab run --resume {run.id} "
+                         "(add --engineer NAME to switch its engineer)")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -300,7 +307,8 @@ def parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("run", help="run stages headless: train, evaluate, propose, decide, repeat")
     s.add_argument("--stages", type=int, default=3)
-    s.add_argument("--engineer", default="heuristic", help="fixed, random, heuristic or llm")
+    s.add_argument("--engineer", help="fixed, random, heuristic or llm (default heuristic; with --resume: switch "
+                                      "the run's engineer, e.g. after the llm engineer failed)")
     s.add_argument("--backend", help="the llm engineer's backend: hf:policy, hf:gemma3-270m, openai:<model>")
     s.add_argument("--base-url", help="base URL of an OpenAI-compatible server (openai: backends)")
     s.add_argument("--auto-apply", action="store_true", help="apply every proposal without waiting for a person")

@@ -10,23 +10,41 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import Any
 
 from sqlalchemy import Engine
+from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
 from envsim.config import EnvConfig
+from envsim.suite import Split
 from lab.context import ContextModules, Evidence, load_stage_result
 from lab.engineers import ENGINEERS
-from lab.proposals import decide, decision_of, store_proposal
+from lab.proposals import current_proposal, decide, decision_of, store_proposal
+from storage.db import checkpoint_of, lock_run
 from storage.db import session as open_session
 from storage.decisions import record_decision
-from storage.models import Decision, Job, Proposal, Run, Stage, utcnow
-from storage.queue import enqueue, fail, requeue
+from storage.models import (
+    ACTIVE_JOB,
+    Action,
+    Decision,
+    Episode,
+    Job,
+    JobKind,
+    JobStatus,
+    Proposal,
+    Run,
+    RunStatus,
+    Stage,
+    StageStatus,
+    utcnow,
+)
+from storage.queue import enqueue, fail, request_cancel, requeue, stale_after_s
 
-ACTIVE = ("queued", "running")
+LOOP_KINDS = (JobKind.STAGE, JobKind.PROPOSE)  # the jobs that move a run; a benchmark job never blocks it
+PROPOSE_ATTEMPTS = 3  # a propose job that raises is tried this many times, then the run fails for a person
 
 
 class LoopError(ValueError):
@@ -42,10 +60,7 @@ def create_run(s: Session, *, name: str, config: EnvConfig, stages: int, policy:
     `lora` > 0 trains LoRA adapters of that rank in each stage (folded into the weights when it ends) instead
     of every weight: the option for large policies.
     """
-    if engineer not in ENGINEERS:
-        raise LoopError(f"unknown engineer {engineer!r}: one of {', '.join(ENGINEERS)}")
-    if engineer == "llm" and not engineer_backend:
-        raise LoopError("the llm engineer needs a backend, e.g. hf:policy, hf:gemma3-270m or openai:<model>")
+    check_engineer(engineer, engineer_backend)
     if stages < 1:
         raise LoopError(f"stages = {stages}: a run trains at least 1 stage")
     if lora < 0:
@@ -53,14 +68,23 @@ def create_run(s: Session, *, name: str, config: EnvConfig, stages: int, policy:
     settings = {"stages": stages, "auto_apply": auto_apply, "grpo": grpo or {}, "lora": lora,
                 "context": asdict(context or ContextModules.paper_best()), "base_url": base_url}
     run = Run(name=name, description=description, policy=policy, engineer=engineer, engineer_backend=engineer_backend,
-              settings=settings, seed=seed, status="active")
+              settings=settings, seed=seed, status=RunStatus.ACTIVE)
     s.add(run)
     s.commit()
     s.refresh(run)
-    s.add(Stage(run_id=run.id, index=0, config=config.model_dump(mode="json"), status="queued"))
+    s.add(Stage(run_id=run.id, index=0, config=config.model_dump(mode="json"), status=StageStatus.QUEUED))
     s.commit()
-    enqueue(s, "stage", {"run_id": run.id, "stage_index": 0})
+    _enqueue(s, JobKind.STAGE, run.id, 0)
+    s.commit()
     return run
+
+
+def check_engineer(engineer: str, backend: str) -> None:
+    """Refuse an engineer the loop cannot run, before any run depends on it."""
+    if engineer not in ENGINEERS:
+        raise LoopError(f"unknown engineer {engineer!r}: one of {', '.join(ENGINEERS)}")
+    if engineer == "llm" and not backend:
+        raise LoopError("the llm engineer needs a backend, e.g. hf:policy, hf:gemma3-270m or openai:<model>")
 
 
 def set_auto_apply(s: Session, run_id: int, on: bool) -> Run:
@@ -75,82 +99,160 @@ def stages_of(s: Session, run_id: int) -> list[Stage]:
     return list(s.exec(select(Stage).where(Stage.run_id == run_id).order_by(Stage.index)))
 
 
-def jobs_of(s: Session, run_id: int, statuses: tuple[str, ...] | None = None) -> list[Job]:
-    """A run's jobs, oldest first (payloads are JSON, so the run filter is applied here)."""
-    query = select(Job).order_by(Job.id)
+def jobs_of(s: Session, run_id: int, statuses: Sequence[JobStatus] | None = None,
+            kinds: Sequence[JobKind] | None = None) -> list[Job]:
+    """A run's jobs, oldest first."""
+    query = select(Job).where(Job.run_id == run_id).order_by(Job.id)
     if statuses:
         query = query.where(Job.status.in_(statuses))
-    return [j for j in s.exec(query) if j.payload.get("run_id") == run_id]
+    if kinds:
+        query = query.where(Job.kind.in_(kinds))
+    return list(s.exec(query))
 
 
-def _set_status(s: Session, run: Run, status: str) -> None:
-    if run.status != status:
-        run.status = status
-        s.add(run)
-        s.commit()
+def _last_job(s: Session, run_id: int, kind: JobKind, target: int) -> Job | None:
+    return s.exec(select(Job).where(Job.run_id == run_id, Job.kind == kind, Job.target == target)
+                  .order_by(Job.id.desc())).first()
+
+
+_TARGET_KEY = {JobKind.STAGE: "stage_index", JobKind.PROPOSE: "after_stage", JobKind.BENCHMARK: "stage_index"}
+
+
+def _enqueue(s: Session, kind: JobKind, run_id: int, target: int, **payload: Any) -> Job:
+    """Queue a job of the run inside the caller's transaction (committed with the rest of its step)."""
+    return enqueue(s, kind, {"run_id": run_id, _TARGET_KEY[kind]: target, **payload}, run_id=run_id,
+                   target=target, commit=False)
+
+
+def _set_status(run: Run, status: RunStatus, reason: str = "") -> None:
+    run.status, run.status_reason = status, reason
 
 
 def advance(engine: Engine, run_id: int) -> str:
-    """Queue what comes next for a run and return a one-line description of where it stands."""
+    """Queue what comes next for a run and return a one-line description of where it stands.
+
+    One transaction under the run's lock: any number of processes may call it at once (the worker's hook,
+    the page, `envlab run`), and each step is taken once.
+    """
     with open_session(engine) as s:
-        run = s.get(Run, run_id)
+        run = lock_run(s, run_id)
         if run is None:
             raise LoopError(f"no run {run_id}")
-        if run.status == "done":
-            return "done"
-        active = jobs_of(s, run_id, ACTIVE)
-        if active:
-            _set_status(s, run, "active")
-            job = active[0]
-            return f"{job.status}: {job.kind} job {job.id}" + (f" ({job.step}/{job.total})" if job.total else "")
-        last = stages_of(s, run_id)[-1]
-        if last.status != "done":
-            ended = [j for j in jobs_of(s, run_id) if j.kind == "stage" and j.payload.get("stage_index") == last.index]
-            if not ended:
-                enqueue(s, "stage", {"run_id": run_id, "stage_index": last.index})
-                return f"queued stage {last.index}"
-            last.status = "failed"
-            s.add(last)
-            _set_status(s, run, "failed")
-            why = ended[-1].error or ended[-1].status
-            return f"failed: stage {last.index} job {ended[-1].id} ended {ended[-1].status} ({why})"
-        if last.index >= run.settings["stages"]:
-            _set_status(s, run, "done")
-            return "done"
-        proposal = s.exec(select(Proposal).where(Proposal.run_id == run_id, Proposal.after_stage == last.index)
-                          .order_by(Proposal.id.desc())).first()
-        if proposal is None:
-            enqueue(s, "propose", {"run_id": run_id, "after_stage": last.index})
-            _set_status(s, run, "active")
-            return f"queued a proposal after stage {last.index}"
-        decision = decision_of(s, proposal.id)
-        if decision is None:
-            if not run.settings.get("auto_apply"):
-                _set_status(s, run, "waiting")
-                return f"waiting: proposal {proposal.id} needs a decision"
-            decision = _auto_decide(s, proposal, last)
-        if decision.action == "reject":
-            enqueue(s, "propose", {"run_id": run_id, "after_stage": last.index})
-            _set_status(s, run, "active")
-            return f"proposal {proposal.id} rejected: asking the engineer again"
-        s.add(Stage(run_id=run_id, index=last.index + 1, config=decision.config, status="queued"))
+        state = _step(s, run)
+        s.add(run)
         s.commit()
-        enqueue(s, "stage", {"run_id": run_id, "stage_index": last.index + 1})
-        _set_status(s, run, "active")
-        return f"queued stage {last.index + 1} ({decision.action} by {decision.user})"
+        return state
+
+
+def _step(s: Session, run: Run) -> str:
+    if run.status in (RunStatus.DONE, RunStatus.CANCELLED):
+        return str(run.status) + (f": {run.status_reason}" if run.status_reason else "")
+    if run.status == RunStatus.FAILED:
+        return f"failed: {run.status_reason}"
+    active = jobs_of(s, run.id, ACTIVE_JOB, LOOP_KINDS)
+    if active:
+        _set_status(run, RunStatus.ACTIVE)
+        job = active[0]
+        return f"{job.status}: {job.kind} job {job.id}" + (f" ({job.step}/{job.total})" if job.total else "")
+    last = stages_of(s, run.id)[-1]
+    if last.status != StageStatus.DONE:
+        return _stage_ended(s, run, last)
+    if last.index >= run.settings["stages"]:
+        _set_status(run, RunStatus.DONE)
+        return "done"
+    proposal = current_proposal(s, run.id)
+    decision = decision_of(s, proposal.id) if proposal else None
+    if proposal is None or (decision is not None and decision.action == Action.REJECT):
+        return _ask_engineer(s, run, last.index, replaces=proposal.id if proposal else None)
+    if decision is None:
+        if not run.settings.get("auto_apply"):
+            _set_status(run, RunStatus.WAITING)
+            return f"waiting: proposal {proposal.id} needs a decision"
+        decision = _auto_decide(s, proposal, last)
+    s.add(Stage(run_id=run.id, index=last.index + 1, config=decision.config, status=StageStatus.QUEUED))
+    _enqueue(s, JobKind.STAGE, run.id, last.index + 1)
+    _set_status(run, RunStatus.ACTIVE)
+    return f"queued stage {last.index + 1} ({decision.action} by {decision.user})"
+
+
+def _stage_ended(s: Session, run: Run, stage: Stage) -> str:
+    """The last stage is not done and no job works on it: queue it, or stop the run saying why."""
+    job = _last_job(s, run.id, JobKind.STAGE, stage.index)
+    if job is None:
+        _enqueue(s, JobKind.STAGE, run.id, stage.index)
+        _set_status(run, RunStatus.ACTIVE)
+        return f"queued stage {stage.index}"
+    stage.status = StageStatus.FAILED
+    s.add(stage)
+    if job.status == JobStatus.CANCELLED:
+        _set_status(run, RunStatus.CANCELLED, f"stage {stage.index} was cancelled (job {job.id})")
+        return f"cancelled: {run.status_reason}"
+    _set_status(run, RunStatus.FAILED, f"stage {stage.index} failed: {job.error or job.status} (job {job.id})")
+    return f"failed: {run.status_reason}"
+
+
+def _ask_engineer(s: Session, run: Run, after: int, replaces: int | None) -> str:
+    """Queue a propose job, or retry one that raised (`PROPOSE_ATTEMPTS` in all), or fail the run.
+
+    `replaces` is the rejected proposal a new one answers (None for the first ask after a stage), so a
+    job is matched to the request it serves.
+    """
+    job = _last_job(s, run.id, JobKind.PROPOSE, after)
+    if job is None or job.payload.get("replaces") != replaces:
+        _enqueue(s, JobKind.PROPOSE, run.id, after, replaces=replaces)
+        _set_status(run, RunStatus.ACTIVE)
+        if replaces is not None:
+            return f"proposal {replaces} rejected: asking the engineer again"
+        return f"queued a proposal after stage {after}"
+    if job.status == JobStatus.CANCELLED:
+        _set_status(run, RunStatus.CANCELLED, f"the proposal after stage {after} was cancelled (job {job.id})")
+        return f"cancelled: {run.status_reason}"
+    if job.status == JobStatus.FAILED and job.attempts < PROPOSE_ATTEMPTS:
+        requeue(s, job.id, commit=False)
+        _set_status(run, RunStatus.ACTIVE)
+        return f"retrying the proposal after stage {after} (attempt {job.attempts + 1} of {PROPOSE_ATTEMPTS})"
+    why = job.error or f"job {job.id} ended {job.status} without a proposal"
+    _set_status(run, RunStatus.FAILED, f"proposal after stage {after} failed: {why}")
+    return f"failed: {run.status_reason}"
+
+
+def queue_benchmark(engine: Engine, run_id: int, stage_index: int) -> Job:
+    """Queue the 3,150-board benchmark for a stage's checkpoint, once: a stage evaluated on the benchmark
+    already, or with a benchmark job queued or running, is refused with a message saying when and which."""
+    with open_session(engine) as s:
+        stage = s.exec(select(Stage).where(Stage.run_id == run_id, Stage.index == stage_index)).first()
+        if stage is None:
+            raise LoopError(f"run {run_id} has no stage {stage_index}")
+        if stage.status != StageStatus.DONE:
+            raise LoopError(f"stage {stage_index} of run {run_id} is {stage.status}: it has no checkpoint to evaluate")
+        evaluated = s.exec(select(Episode.id).where(Episode.run_id == run_id, Episode.stage_index == stage_index,
+                                                    Episode.split == Split.BENCHMARK)).first()
+        if evaluated is not None:
+            job = s.exec(select(Job).where(Job.run_id == run_id, Job.kind == JobKind.BENCHMARK,
+                                           Job.target == stage_index, Job.status == JobStatus.DONE)).first()
+            when = f" at {job.finished_at:%Y-%m-%d %H:%M:%S} UTC (job {job.id})" if job and job.finished_at else ""
+            raise LoopError(f"stage {stage_index} of run {run_id} was evaluated on the benchmark{when}")
+        try:
+            job = _enqueue(s, JobKind.BENCHMARK, run_id, stage_index)
+            s.commit()
+        except IntegrityError:
+            s.rollback()
+            raise LoopError(f"stage {stage_index} of run {run_id} has a benchmark job queued or running "
+                            "already") from None
+        return job
 
 
 def after_job(engine: Engine, job: Job) -> None:
     """The worker's `after` hook: once any job of a run ends, queue what comes next for that run."""
-    if "run_id" in job.payload:
-        advance(engine, job.payload["run_id"])
+    if job.run_id is not None and job.kind in LOOP_KINDS:
+        advance(engine, job.run_id)
 
 
 def _auto_decide(s: Session, proposal: Proposal, last: Stage) -> Decision:
     """Auto-apply: the projected config, or, for a failed proposal, the config in force (said in the note)."""
     if proposal.projected_config is not None:
-        return decide(s, proposal.id, "auto", "auto-apply")
-    return record_decision(s, proposal.id, "auto", "auto-apply", last.config,
+        return decide(s, proposal.id, Action.AUTO, "auto-apply", commit=False)
+    return record_decision(s, proposal.id, Action.AUTO, "auto-apply", last.config, commit=False,
                            note=f"the proposal failed ({proposal.error}); the previous config stays in force")
 
 
@@ -174,7 +276,8 @@ def run_propose_job(engine: Engine, job: Job, progress: Callable[..., bool]) -> 
         options: dict[str, Any] = {}
         if run.engineer == "llm":
             options = {"backend": run.engineer_backend, "base_url": run.settings.get("base_url"),
-                       "policy_path": stage.checkpoint, "modules": ContextModules(**run.settings["context"])}
+                       "policy_path": checkpoint_of(engine, stage),
+                       "modules": ContextModules(**run.settings["context"])}
         answer = ENGINEERS[run.engineer](evidence, seed=run.seed * 1000 + after, **options)
         proposal = store_proposal(s, run_id, after, run.engineer, answer, evidence.current.config)
         progress(1, 1, f"proposal {proposal.id}" + (f" failed: {answer.error}" if answer.error else ""))
@@ -182,29 +285,83 @@ def run_propose_job(engine: Engine, job: Job, progress: Callable[..., bool]) -> 
 
 
 def resume(engine: Engine, run_id: int) -> list[int]:
-    """Put a stopped run back in the queue: jobs of dead local workers and failed or cancelled stage jobs
-    are queued again (a stage resumes from its last checkpoint). Returns the requeued job ids."""
-    host = socket.gethostname()
-    requeued = []
+    """Put a stopped run (failed, cancelled, or cut off with its worker) back in the queue; returns the ids of
+    the jobs queued again.
+
+    Only dead work is touched: a running job is failed first if its worker is gone (a local process that
+    no longer exists, or no heartbeat for `stale_after_s()` seconds, from any host); a running job with a
+    fresh heartbeat, on this host or another, is left to its worker. Then the run's last failed or cancelled
+    stage or propose job is queued again (a stage resumes from its last checkpoint).
+    """
     with open_session(engine) as s:
-        for job in jobs_of(s, run_id, ("running",)):
-            worker_host, _, pid = (job.worker or "").rpartition(":")
-            if worker_host == host and pid.isdigit() and not _alive(int(pid)):
-                fail(s, job.id, f"worker {job.worker} is gone (found on resume at {utcnow():%H:%M:%S} UTC)")
-        for stage in stages_of(s, run_id):
-            if stage.status in ("failed", "running", "queued"):
-                ended = [j for j in jobs_of(s, run_id) if j.kind == "stage"
-                         and j.payload.get("stage_index") == stage.index]
-                if ended and ended[-1].status in ("failed", "cancelled"):
-                    requeue(s, ended[-1].id)
-                    requeued.append(ended[-1].id)
-                stage.status = "queued"
-                s.add(stage)
-        run = s.get(Run, run_id)
-        run.status = "active"
+        run = lock_run(s, run_id)
+        if run is None:
+            raise LoopError(f"no run {run_id}")
+        for job in jobs_of(s, run_id, (JobStatus.RUNNING,)):
+            if (why := _dead(job)) is not None:
+                fail(s, job.id, why, commit=False)
+        requeued = []
+        last = stages_of(s, run_id)[-1]
+        kind = JobKind.STAGE if last.status != StageStatus.DONE else JobKind.PROPOSE
+        job = _last_job(s, run_id, kind, last.index)
+        if job is not None and job.status in (JobStatus.FAILED, JobStatus.CANCELLED):
+            requeue(s, job.id, commit=False)
+            requeued.append(job.id)
+        if last.status == StageStatus.FAILED:
+            last.status = StageStatus.QUEUED
+            s.add(last)
+        if run.status != RunStatus.DONE:
+            _set_status(run, RunStatus.ACTIVE)
         s.add(run)
         s.commit()
     return requeued
+
+
+def switch_engineer(engine: Engine, run_id: int, engineer: str, backend: str = "") -> list[int]:
+    """Give a run another engineer from its next proposal on (e.g. after the llm engineer failed), then resume.
+
+    The change is kept in the run's settings (`engineer_history`), so the run's record says who proposed what.
+    """
+    check_engineer(engineer, backend)
+    with open_session(engine) as s:
+        run = lock_run(s, run_id)
+        if run is None:
+            raise LoopError(f"no run {run_id}")
+        history = [*run.settings.get("engineer_history", []),
+                   {"engineer": run.engineer, "backend": run.engineer_backend, "until": utcnow().isoformat()}]
+        run.settings = {**run.settings, "engineer_history": history}
+        run.engineer, run.engineer_backend = engineer, backend
+        s.add(run)
+        s.commit()
+    return resume(engine, run_id)
+
+
+def cancel(engine: Engine, run_id: int) -> list[int]:
+    """Stop a run: its queued and running jobs are cancelled and the run stays cancelled until resumed
+    (the worker's hook never undoes it). Returns the ids of the jobs asked to stop."""
+    with open_session(engine) as s:
+        run = lock_run(s, run_id)
+        if run is None:
+            raise LoopError(f"no run {run_id}")
+        jobs = jobs_of(s, run_id, ACTIVE_JOB)
+        for job in jobs:
+            request_cancel(s, job.id, commit=False)
+        if run.status != RunStatus.DONE:
+            _set_status(run, RunStatus.CANCELLED, f"cancelled at {utcnow():%Y-%m-%d %H:%M:%S} UTC")
+        s.add(run)
+        s.commit()
+    return [j.id for j in jobs]
+
+
+def _dead(job: Job) -> str | None:
+    """Why a running job's worker counts as gone, or None while it may still be working."""
+    worker_host, _, pid = (job.worker or "").rpartition(":")
+    if worker_host == socket.gethostname() and pid.isdigit() and not _alive(int(pid)):
+        return f"worker {job.worker} is gone (found on resume at {utcnow():%H:%M:%S} UTC)"
+    age = (utcnow() - job.heartbeat_at).total_seconds() if job.heartbeat_at else float("inf")
+    if age > stale_after_s():
+        return f"worker {job.worker} sent no heartbeat for {age:.0f} s (found on resume)"
+    return None
 
 
 def _alive(pid: int) -> bool:
@@ -225,7 +382,7 @@ def drive(engine: Engine, run_id: int, work: Callable[[], bool], on_state: Calla
         state = advance(engine, run_id)
         if on_state:
             on_state(state)
-        if state == "done" or state.startswith("failed"):
+        if state == "done" or state.startswith(("failed", "cancelled")):
             return state
         if not work():
             time.sleep(poll_s)

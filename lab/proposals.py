@@ -15,14 +15,20 @@ from sqlmodel import Session, select
 
 from envsim.config import GLOBALS, KNOBS, EnvConfig, project
 from lab.engineers import EngineerAnswer
+from storage.db import lock_run
 from storage.decisions import AlreadyDecided, record_decision
-from storage.models import Decision, Proposal, Stage
+from storage.models import Action, Decision, Proposal, Stage
 
-__all__ = ["AlreadyDecided", "Change", "ProposalError", "decide", "decision_of", "diff", "store_proposal"]
+__all__ = ["AlreadyDecided", "Change", "ProposalError", "Superseded", "current_proposal", "decide", "decision_of",
+           "diff", "store_proposal"]
 
 
 class ProposalError(ValueError):
     """A decision that cannot be taken as asked (e.g. accepting a proposal that failed)."""
+
+
+class Superseded(ProposalError):
+    """The proposal is no longer its run's current one (a newer one replaced it, or its stage has passed)."""
 
 
 @dataclass(frozen=True)
@@ -83,28 +89,67 @@ def decision_of(session: Session, proposal_id: int) -> Decision | None:
     return session.exec(select(Decision).where(Decision.proposal_id == proposal_id)).one_or_none()
 
 
+def current_proposal(session: Session, run_id: int) -> Proposal | None:
+    """The proposal that decides the run's next stage: the newest one after the run's last stage.
+
+    Every other undecided proposal of the run is superseded: it can be read, never decided.
+    """
+    last = session.exec(select(Stage.index).where(Stage.run_id == run_id).order_by(Stage.index.desc())).first()
+    if last is None:
+        return None
+    return session.exec(select(Proposal).where(Proposal.run_id == run_id, Proposal.after_stage == last)
+                        .order_by(Proposal.id.desc())).first()
+
+
+def superseded_by(session: Session, proposal: Proposal) -> str | None:
+    """Why `proposal` can no longer be decided, or None while it is the run's current one."""
+    current = current_proposal(session, proposal.run_id)
+    if current is not None and current.id == proposal.id:
+        return None
+    if current is not None and current.after_stage == proposal.after_stage:
+        return f"proposal {proposal.id} was superseded by proposal {current.id}"
+    return f"proposal {proposal.id} was superseded: stage {proposal.after_stage + 1} has its config already"
+
+
 def decide(session: Session, proposal_id: int, action: str, user: str, edited: Any = None,
-           note: str = "") -> Decision:
+           note: str = "", *, commit: bool = True) -> Decision:
     """Record what was done with a proposal and return the decision.
 
     accept / auto: the proposal's projected config. edit: `edited` (a config JSON object, e.g. the
     page's table) validated strictly and projected against the proposal's base; an invalid edit raises
     `ConfigError` naming the field and range, and nothing is stored. reject: no config (the loop asks
-    the engineer again). Raises `AlreadyDecided` when someone else decided first.
+    the engineer again). The run's lock is held from the check to the write, so a decision never lands on a
+    proposal that another process has just replaced. Raises `AlreadyDecided` when someone else decided
+    first, `Superseded` when the proposal is no longer the run's current one.
     """
     proposal = session.get(Proposal, proposal_id)
     if proposal is None:
         raise LookupError(f"no proposal {proposal_id}")
-    config: dict | None = None
-    if action in ("accept", "auto"):
+    lock_run(session, proposal.run_id)
+    try:
+        config = _applied_config(session, proposal, action, edited)
+        return record_decision(session, proposal_id, action, user, config, note, commit=commit)
+    except BaseException as err:
+        if isinstance(err, AlreadyDecided) and err.decision in session:
+            session.expunge(err.decision)  # the caller reads who won after the rollback below
+        session.rollback()  # and so let go of the run's lock
+        raise
+
+
+def _applied_config(session: Session, proposal: Proposal, action: str, edited: Any) -> dict | None:
+    if (earlier := decision_of(session, proposal.id)) is not None:
+        raise AlreadyDecided(earlier)
+    if (why := superseded_by(session, proposal)) is not None:
+        raise Superseded(why)
+    if action in (Action.ACCEPT, Action.AUTO):
         if proposal.projected_config is None:
-            raise ProposalError(f"proposal {proposal_id} failed ({proposal.error}); edit it or reject it instead")
-        config = proposal.projected_config
-    elif action == "edit":
+            raise ProposalError(f"proposal {proposal.id} failed ({proposal.error}); edit it or reject it instead")
+        return proposal.projected_config
+    if action == Action.EDIT:
         in_force = session.exec(select(Stage).where(Stage.run_id == proposal.run_id,
                                                     Stage.index == proposal.after_stage)).one()
         base = EnvConfig.model_validate(in_force.config)
-        config = project(edited, base, strict=True).config.model_dump(mode="json")
-    elif action != "reject":
+        return project(edited, base, strict=True).config.model_dump(mode="json")
+    if action != Action.REJECT:
         raise ProposalError(f"unknown action {action!r}: accept, edit, reject or auto")
-    return record_decision(session, proposal_id, action, user, config, note)
+    return None

@@ -9,7 +9,8 @@ A SQLite file is shared by the web page and a worker process, so each connection
 (a writer waits for the other writer instead of failing at once).
 
 Schema changes go through the migrations in `storage/migrations`; nothing calls `create_all`.
-Nothing in the lab updates a decision row in place or deletes any row: the tables are the audit trail.
+Nothing in the lab updates a decision row in place or deletes any row but the training logs of a dead
+stage attempt past the checkpoint its successor resumes from: the tables are the audit trail.
 """
 
 from __future__ import annotations
@@ -26,9 +27,12 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
-from sqlmodel import Session
+from sqlmodel import Session, select
+
+from storage.models import Run, Stage
 
 DB_SETTING = "ENVLAB_DB"
+RUNS_SETTING = "ENVLAB_RUNS"
 DEFAULT_DB_PATH = "runs/envlab.db"
 BUSY_TIMEOUT_MS = 30_000
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -74,6 +78,44 @@ def _use_wal(cursor: sqlite3.Cursor) -> None:
         if time.monotonic() > deadline:
             raise sqlite3.OperationalError(f"could not switch the database to WAL; it stays in {mode} mode")
         time.sleep(0.05)
+
+
+def runs_root(engine: Engine) -> Path:
+    """The folder every stored file path of this database is relative to (`$ENVLAB_RUNS`, else the SQLite
+    file's folder, else `./runs` for a server database), absolute.
+
+    A run's files live in `<runs root>/<run uuid>/`, so any worker, started in any folder or on any machine
+    that sees this folder at the same place, finds them, and two databases never share a run's folder.
+    """
+    if value := os.environ.get(RUNS_SETTING):
+        return Path(value).expanduser().resolve()
+    url = engine.url
+    if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
+        return Path(url.database).expanduser().resolve().parent
+    return Path("runs").resolve()
+
+
+def checkpoint_of(engine: Engine, stage: Stage) -> str | None:
+    """Where a stage's policy is: stage 0 keeps the run's policy spec as it is ("tiny", a model name, an
+    absolute folder); a trained stage's folder is stored relative to the runs root and resolved here."""
+    if stage.checkpoint is None or stage.index == 0:
+        return stage.checkpoint
+    return str(runs_root(engine) / stage.checkpoint)
+
+
+def lock_run(s: Session, run_id: int) -> Run | None:
+    """Take run `run_id`'s row lock for the rest of the session's transaction and return the run.
+
+    Whoever holds it may read a run's state and write what comes next without another process doing the
+    same in between. PostgreSQL locks the row (`SELECT ... FOR UPDATE`); SQLite has one lock for the whole
+    file and takes it now (`BEGIN IMMEDIATE`), so this must come before any write in the transaction.
+    """
+    connection = s.connection()
+    if connection.dialect.name == "sqlite":
+        if not connection.connection.dbapi_connection.in_transaction:
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
+        return s.get(Run, run_id, populate_existing=True)
+    return s.exec(select(Run).where(Run.id == run_id).with_for_update()).first()
 
 
 def make_engine(url: str | None = None) -> Engine:

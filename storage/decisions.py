@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
-from storage.models import ACTIONS, Decision, Proposal
+from storage.models import Action, Decision, Proposal
 
 
 class AlreadyDecided(Exception):
@@ -36,24 +36,30 @@ def record_decision(
     user: str,
     config_json: dict[str, Any] | None,
     note: str = "",
+    *,
+    commit: bool = True,
 ) -> Decision:
     """Store the one decision on a proposal and commit it.
 
-    `config_json` is the config actually applied: the proposal's projected config for "accept" and
-    "auto", the person's edited config for "edit", None for "reject".
+    `config_json` is the config actually applied: the proposal's projected config for accept and
+    auto, the person's edited config for edit, None for reject. With `commit=False` the row is only
+    flushed, for a caller that holds the run's lock and commits the rest of its step with it.
 
     Raises:
         AlreadyDecided: the proposal had a decision already (or another one won a race just now).
         LookupError: no such proposal.
         ValueError: an unknown action, or a config that does not fit the action.
     """
-    if action not in ACTIONS:
-        raise ValueError(f"action must be one of {', '.join(ACTIONS)}; got {action!r}")
-    if (action == "reject") != (config_json is None):
-        need = "no config" if action == "reject" else "the config it applies"
+    if action not in tuple(Action):
+        raise ValueError(f"action must be one of {', '.join(Action)}; got {action!r}")
+    if (action == Action.REJECT) != (config_json is None):
+        need = "no config" if action == Action.REJECT else "the config it applies"
         raise ValueError(f"a decision to {action} takes {need}")
-    decision = Decision(proposal_id=proposal_id, action=action, user=user, config=config_json, note=note)
+    decision = Decision(proposal_id=proposal_id, action=Action(action), user=user, config=config_json, note=note)
     session.add(decision)
+    if not commit:
+        session.flush()
+        return decision
     try:
         session.commit()
     except IntegrityError:

@@ -18,14 +18,18 @@ Timestamps are timezone-aware UTC on both SQLite (which stores no zone) and Post
 
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, datetime
+from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import JSON, CheckConstraint, DateTime, Index, Text, UniqueConstraint
+from sqlalchemy import JSON, CheckConstraint, DateTime, Index, Text, UniqueConstraint, text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
-from sqlmodel import Field, SQLModel
+from sqlmodel import AutoString, Field, SQLModel
+
+from envsim.suite import Split
 
 # Deterministic constraint names: the same on SQLite and PostgreSQL, so migrations can name them.
 SQLModel.metadata.naming_convention = {
@@ -36,8 +40,55 @@ SQLModel.metadata.naming_convention = {
     "pk": "pk_%(table_name)s",
 }
 
-ACTIONS = ("accept", "edit", "reject", "auto")
-JOB_STATUSES = ("queued", "running", "done", "failed", "cancelled")
+
+
+# The lab's vocabulary: every status, kind and action is one of these names, and a CHECK constraint on its
+# column keeps the database to them (the columns are plain strings: no database enum type to migrate). `Split` (the instance sets) lives with the suite that builds them.
+
+
+class RunStatus(StrEnum):
+    """Where a run stands. `failed` and `cancelled` wait for a person (resume, retry, switch engineer)."""
+
+    ACTIVE = "active"  # a stage or a proposal is queued or running
+    WAITING = "waiting"  # a proposal waits for a person's decision
+    FAILED = "failed"  # a job failed for good; `Run.status_reason` says which and why
+    CANCELLED = "cancelled"  # a person stopped it
+    DONE = "done"  # every stage trained and evaluated
+
+
+class StageStatus(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+
+
+class JobStatus(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class JobKind(StrEnum):
+    """What a job does; its `target` names the stage it is about."""
+
+    STAGE = "stage"  # train stage `target` (stage 0: evaluate the starting policy)
+    PROPOSE = "propose"  # ask the engineer for the config after stage `target`
+    BENCHMARK = "benchmark"  # evaluate stage `target`'s checkpoint on the 3,150-board benchmark
+
+
+class Action(StrEnum):
+    """What was done with a proposal."""
+
+    ACCEPT = "accept"
+    EDIT = "edit"
+    REJECT = "reject"
+    AUTO = "auto"
+
+
+ACTIVE_JOB = (JobStatus.QUEUED, JobStatus.RUNNING)
 
 # JSONB on PostgreSQL (comparable, indexable), JSON text elsewhere.
 JSONType = JSON().with_variant(JSONB(), "postgresql")
@@ -72,21 +123,28 @@ class UTCDateTime(TypeDecorator[datetime]):
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
-def _in(column: str, values: tuple[str, ...]) -> str:
-    return f"{column} IN ({', '.join(repr(v) for v in values)})"
+def _in(column: str, values: type[StrEnum]) -> str:
+    return f"{column} IN ({', '.join(repr(str(v)) for v in values)})"
+
+
+def new_uuid() -> str:
+    return uuid.uuid4().hex
 
 
 class Run(SQLModel, table=True):
     """A sequence of stages with its own policy, engineer, settings and seed.
 
     `settings` holds the run's knobs as the lab defines them (including `auto_apply`: accept
-    proposals without a person). `status` is the lab's word for where the run stands
-    (e.g. "created", "running", "waiting", "done", "failed").
+    proposals without a person). `status` says where the run stands and `status_reason` why, when it
+    stopped (e.g. "proposal after stage 2 failed: ..."). `uuid` names the run's folder under the runs
+    root: run ids restart at 1 in every database, so two labs that share a folder never share files.
     """
 
     __tablename__ = "runs"
+    __table_args__ = (UniqueConstraint("uuid"), CheckConstraint(_in("status", RunStatus), name="status"))
 
     id: int | None = Field(default=None, primary_key=True)
+    uuid: str = Field(default_factory=new_uuid)
     name: str
     description: str = Field(default="", sa_column_kwargs={"server_default": ""})
     policy: str
@@ -94,21 +152,26 @@ class Run(SQLModel, table=True):
     engineer_backend: str
     settings: dict[str, Any] = Field(default_factory=dict, sa_type=JSONType)
     seed: int
-    status: str = "created"
+    status: RunStatus = Field(default=RunStatus.ACTIVE, sa_type=AutoString)
+    status_reason: str = Field(default="", sa_type=Text, sa_column_kwargs={"server_default": ""})
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
 
 
 class Stage(SQLModel, table=True):
-    """One GRPO training stage of a run on one environment config; `index` counts from 0 within the run."""
+    """One GRPO training stage of a run on one environment config; `index` counts from 0 within the run.
+
+    `checkpoint` is the trained policy's folder relative to the runs root (`storage.db.runs_root`), or,
+    for stage 0, the run's policy spec ("tiny", a model name or an absolute folder).
+    """
 
     __tablename__ = "stages"
-    __table_args__ = (UniqueConstraint("run_id", "index"),)
+    __table_args__ = (UniqueConstraint("run_id", "index"), CheckConstraint(_in("status", StageStatus), name="status"))
 
     id: int | None = Field(default=None, primary_key=True)
     run_id: int = Field(foreign_key="runs.id")
     index: int
     config: dict[str, Any] = Field(sa_type=JSONType)
-    status: str = "pending"
+    status: StageStatus = Field(default=StageStatus.QUEUED, sa_type=AutoString)
     checkpoint: str | None = None
     started_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     finished_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
@@ -151,12 +214,12 @@ class Decision(SQLModel, table=True):
     __tablename__ = "decisions"
     __table_args__ = (
         UniqueConstraint("proposal_id"),
-        CheckConstraint(_in("action", ACTIONS), name="action"),
+        CheckConstraint(_in("action", Action), name="action"),
     )
 
     id: int | None = Field(default=None, primary_key=True)
     proposal_id: int = Field(foreign_key="proposals.id")
-    action: str
+    action: Action = Field(sa_type=AutoString)
     user: str
     config: dict[str, Any] | None = Field(default=None, sa_type=JSONType)
     note: str = Field(default="", sa_type=Text)
@@ -164,22 +227,30 @@ class Decision(SQLModel, table=True):
 
 
 class Job(SQLModel, table=True):
-    """A unit of background work (e.g. "train_stage", "evaluate") that a worker claims and reports on.
+    """A unit of background work (a `JobKind`) on stage `target` of run `run_id`, claimed by one worker.
 
     Move jobs through their statuses with `storage.queue` only: it is what keeps a job claimed by
     one worker at a time. `log_tail` holds the last `storage.queue.LOG_TAIL_LINES` lines.
+    A run has at most one queued or running job of each kind and target: a partial unique index, so
+    two processes that advance one run at the same moment cannot queue the same work twice.
     """
 
     __tablename__ = "jobs"
     __table_args__ = (
         Index(None, "status", "id"),
-        CheckConstraint(_in("status", JOB_STATUSES), name="status"),
+        Index("uq_jobs_active_target", "run_id", "kind", "target", unique=True,
+              sqlite_where=text("status IN ('queued', 'running')"),
+              postgresql_where=text("status IN ('queued', 'running')")),
+        CheckConstraint(_in("status", JobStatus), name="status"),
+        CheckConstraint(_in("kind", JobKind), name="kind"),
     )
 
     id: int | None = Field(default=None, primary_key=True)
-    kind: str
+    kind: JobKind = Field(sa_type=AutoString)
+    run_id: int | None = Field(default=None, foreign_key="runs.id", index=True)
+    target: int | None = None
     payload: dict[str, Any] = Field(default_factory=dict, sa_type=JSONType)
-    status: str = "queued"
+    status: JobStatus = Field(default=JobStatus.QUEUED, sa_type=AutoString)
     worker: str | None = None
     step: int = 0
     total: int | None = None
@@ -197,18 +268,18 @@ class Job(SQLModel, table=True):
 class Episode(SQLModel, table=True):
     """One evaluation instance, the policy's answer and its outcome; `failure` is None when valid.
 
-    `split` names the instance set ("validation", "benchmark"); `size` and `num_agents` are copied
+    `split` names the instance set (`Split`); `size` and `num_agents` are copied
     out of the instance JSON so that per-size queries need no JSON functions; `subset` is a benchmark
     board's wait subset (0.25, 0.5, 0.75), for the leaderboard's per-subset table.
     """
 
     __tablename__ = "episodes"
-    __table_args__ = (Index(None, "run_id", "stage_index", "split"),)
+    __table_args__ = (Index(None, "run_id", "stage_index", "split"), CheckConstraint(_in("split", Split), name="split"))
 
     id: int | None = Field(default=None, primary_key=True)
     run_id: int = Field(foreign_key="runs.id")
     stage_index: int
-    split: str
+    split: Split = Field(sa_type=AutoString)
     instance_id: str
     instance: dict[str, Any] = Field(sa_type=JSONType)
     size: int
@@ -231,12 +302,13 @@ class StageMetric(SQLModel, table=True):
     """
 
     __tablename__ = "stage_metrics"
-    __table_args__ = (UniqueConstraint("run_id", "stage_index", "split", "size"),)
+    __table_args__ = (UniqueConstraint("run_id", "stage_index", "split", "size"),
+                      CheckConstraint(_in("split", Split), name="split"))
 
     id: int | None = Field(default=None, primary_key=True)
     run_id: int = Field(foreign_key="runs.id")
     stage_index: int
-    split: str
+    split: Split = Field(sa_type=AutoString)
     size: int
     episodes: int
     valid: int

@@ -14,26 +14,65 @@ Jobs are never deleted.
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import update
+from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
-from storage.models import Job, utcnow
+from storage.models import ACTIVE_JOB, Job, JobKind, JobStatus, utcnow
 
 LOG_TAIL_LINES = 200
+STALE_SETTING = "ENVLAB_STALE_S"
+
+
+def stale_after_s() -> float:
+    """Seconds without a heartbeat after which a running job, and its worker, count as dead.
+
+    One rule for everyone: the worker reaps such jobs, the page calls such a worker down, and
+    `resume` requeues only such jobs. `$ENVLAB_STALE_S`, else 60.
+    """
+    return float(os.environ.get(STALE_SETTING) or 60.0)
 
 
 class LostJob(RuntimeError):
     """The job is no longer running (reaped as stale, cancelled, or ended already)."""
 
 
-def enqueue(session: Session, kind: str, payload: dict[str, Any]) -> Job:
-    """Queue a job of `kind` (e.g. "train_stage", "evaluate"); `payload` is whatever its worker needs."""
-    job = Job(kind=kind, payload=payload)
+class AlreadyQueued(ValueError):
+    """The run has a queued or running job of this kind and target already; `job` is that one."""
+
+    def __init__(self, job: Job):
+        self.job = job
+        super().__init__(f"{job.kind} job {job.id} for run {job.run_id}, stage {job.target} is {job.status} already")
+
+
+def enqueue(session: Session, kind: JobKind, payload: dict[str, Any], *, run_id: int | None = None,
+            target: int | None = None, commit: bool = True) -> Job:
+    """Queue a job of `kind` about stage `target` of run `run_id`; `payload` is whatever its worker needs.
+
+    With `commit=False` the row is only flushed (a caller holding the run's lock commits it with the rest).
+
+    Raises:
+        AlreadyQueued: that run has a queued or running job of this kind and target (the database's
+            partial unique index says so, whoever asked first).
+    """
+    job = Job(kind=JobKind(kind), payload=payload, run_id=run_id, target=target)
     session.add(job)
-    session.commit()
+    if not commit:
+        session.flush()
+        return job
+    try:
+        session.commit()
+    except IntegrityError:
+        session.rollback()
+        existing = session.exec(select(Job).where(Job.run_id == run_id, Job.kind == kind, Job.target == target,
+                                                  Job.status.in_(ACTIVE_JOB))).first()
+        if existing is None:
+            raise
+        raise AlreadyQueued(existing) from None
     session.refresh(job)
     return job
 
@@ -46,16 +85,16 @@ def claim(session: Session, worker_id: str) -> Job | None:
     now = utcnow()
     oldest = (
         select(Job.id)
-        .where(Job.status == "queued")
+        .where(Job.status == JobStatus.QUEUED)
         .order_by(Job.id)
         .limit(1)
         .with_for_update(skip_locked=True)  # PostgreSQL; SQLite renders no locking clause
         .scalar_subquery()
     )
     claimed = session.exec(
-        _jobs(Job.id == oldest, Job.status == "queued")
+        _jobs(Job.id == oldest, Job.status == JobStatus.QUEUED)
         .values(
-            status="running",
+            status=JobStatus.RUNNING,
             worker=worker_id,
             started_at=now,
             heartbeat_at=now,
@@ -93,30 +132,31 @@ def heartbeat(
 
 def finish(session: Session, job_id: int, result: dict[str, Any] | None) -> Job:
     """End a running job as done with its result."""
-    _update_running(session, job_id, {"status": "done", "result": result, "finished_at": utcnow()})
+    _update_running(session, job_id, {"status": JobStatus.DONE, "result": result, "finished_at": utcnow()})
     return _reload(session, job_id)
 
 
-def fail(session: Session, job_id: int, error: str) -> Job:
+def fail(session: Session, job_id: int, error: str, *, commit: bool = True) -> Job:
     """End a running job as failed with `error`; as cancelled when a cancel had been requested
     (a worker stops a cancelled job by raising, and both paths end here)."""
     job = _reload(session, job_id)
-    status = "cancelled" if job.cancel_requested else "failed"
-    _update_running(session, job_id, {"status": status, "error": error, "finished_at": utcnow()})
+    status = JobStatus.CANCELLED if job.cancel_requested else JobStatus.FAILED
+    _update_running(session, job_id, {"status": status, "error": error, "finished_at": utcnow()}, commit=commit)
     return _reload(session, job_id)
 
 
-def request_cancel(session: Session, job_id: int) -> Job:
+def request_cancel(session: Session, job_id: int, *, commit: bool = True) -> Job:
     """Ask for a job to stop: a queued job is cancelled at once, a running one when its worker next
     checks; an ended job is left as it is."""
     now = utcnow()
     session.exec(
-        _jobs(Job.id == job_id, Job.status == "queued").values(
-            status="cancelled", cancel_requested=True, finished_at=now
+        _jobs(Job.id == job_id, Job.status == JobStatus.QUEUED).values(
+            status=JobStatus.CANCELLED, cancel_requested=True, finished_at=now
         )
     )
-    session.exec(_jobs(Job.id == job_id, Job.status == "running").values(cancel_requested=True))
-    session.commit()
+    session.exec(_jobs(Job.id == job_id, Job.status == JobStatus.RUNNING).values(cancel_requested=True))
+    if commit:
+        session.commit()
     return _reload(session, job_id)
 
 
@@ -132,7 +172,7 @@ def reap_stale(session: Session, max_age_s: float) -> list[Job]:
     A heartbeat that lands between the read and the update keeps its job running.
     """
     cutoff = utcnow() - timedelta(seconds=max_age_s)
-    stale = session.exec(select(Job).where(Job.status == "running", Job.heartbeat_at < cutoff)).all()
+    stale = session.exec(select(Job).where(Job.status == JobStatus.RUNNING, Job.heartbeat_at < cutoff)).all()
     reaped = []
     for job in stale:
         error = (
@@ -140,8 +180,8 @@ def reap_stale(session: Session, max_age_s: float) -> list[Job]:
             f"from worker {job.worker!r})"
         )
         changed = session.exec(
-            _jobs(Job.id == job.id, Job.status == "running", Job.heartbeat_at < cutoff).values(
-                status="failed", error=error, finished_at=utcnow()
+            _jobs(Job.id == job.id, Job.status == JobStatus.RUNNING, Job.heartbeat_at < cutoff).values(
+                status=JobStatus.FAILED, error=error, finished_at=utcnow()
             )
         ).rowcount
         if changed:
@@ -150,7 +190,7 @@ def reap_stale(session: Session, max_age_s: float) -> list[Job]:
     return [_reload(session, job_id) for job_id in reaped]
 
 
-def requeue(session: Session, job_id: int) -> Job:
+def requeue(session: Session, job_id: int, *, commit: bool = True) -> Job:
     """Queue a failed or cancelled job again for a new attempt.
 
     Its payload and result stay as they are, so a worker that recorded a checkpoint in either
@@ -160,12 +200,25 @@ def requeue(session: Session, job_id: int) -> Job:
         ValueError: the job is queued, running or done.
     """
     job = _reload(session, job_id)
-    if job.status not in ("failed", "cancelled"):
+    if job.status not in (JobStatus.FAILED, JobStatus.CANCELLED):
         raise ValueError(f"job {job_id} is {job.status}; only a failed or cancelled job can be requeued")
     note = f"-- requeued after attempt {job.attempts} ended {job.status}: {job.error or 'no error given'}"
+    try:
+        changed = _requeue(session, job, note, commit)
+    except IntegrityError:
+        session.rollback()
+        raise AlreadyQueued(session.exec(select(Job).where(
+            Job.run_id == job.run_id, Job.kind == job.kind, Job.target == job.target,
+            Job.status.in_(ACTIVE_JOB))).one()) from None
+    if not changed:
+        raise ValueError(f"job {job_id} changed while being requeued; look again")
+    return _reload(session, job_id)
+
+
+def _requeue(session: Session, job: Job, note: str, commit: bool) -> int:
     changed = session.exec(
-        _jobs(Job.id == job_id, Job.status == job.status).values(
-            status="queued",
+        _jobs(Job.id == job.id, Job.status == job.status).values(
+            status=JobStatus.QUEUED,
             worker=None,
             step=0,
             heartbeat_at=None,
@@ -176,10 +229,9 @@ def requeue(session: Session, job_id: int) -> Job:
             log_tail=_append(job.log_tail, note),
         )
     ).rowcount
-    session.commit()
-    if not changed:
-        raise ValueError(f"job {job_id} changed while being requeued; look again")
-    return _reload(session, job_id)
+    if commit:
+        session.commit()
+    return changed
 
 
 def _jobs(*where: Any):
@@ -192,9 +244,10 @@ def _append(tail: str, text: str) -> str:
     return "\n".join(lines[-LOG_TAIL_LINES:])
 
 
-def _update_running(session: Session, job_id: int, values: dict[str, Any]) -> None:
-    changed = session.exec(_jobs(Job.id == job_id, Job.status == "running").values(**values)).rowcount
-    session.commit()
+def _update_running(session: Session, job_id: int, values: dict[str, Any], commit: bool = True) -> None:
+    changed = session.exec(_jobs(Job.id == job_id, Job.status == JobStatus.RUNNING).values(**values)).rowcount
+    if commit:
+        session.commit()
     if not changed:
         status = _reload(session, job_id).status
         raise LostJob(f"job {job_id} is {status}, not running: stop working on it")

@@ -371,8 +371,9 @@ def test_train_view_shows_the_active_job_and_the_last_results(lab):
     assert "stage job" in t["progress"] and "waits for your decision" not in t["status"]
     assert "Stage 0 results" in t["results"] and "| 3x3 | 0% | 0% | 2 |" in t["results"]
     message = app.cancel_run_jobs(engine, ids["waiting"])
-    assert message.startswith("Cancel requested for job")
+    assert message.startswith(f"Run #{ids['waiting']} is cancelled. Cancel requested for job")
     assert app.train_view(engine, ids["waiting"])["jobs"]["data"][0][3] == "cancelled"
+    assert app.advance_run(engine, ids["waiting"]).startswith(f"Run #{ids['waiting']}: cancelled: cancelled at ")
 
 
 def test_worker_status_tells_a_queue_nobody_serves_from_an_idle_one(lab):

@@ -61,3 +61,24 @@ def test_text_and_json_round_trip(size, data):
     inst = Instance(size=size, holes=holes, starts=tuple(starts), goals=tuple(goals))
     assert Instance.from_str(inst.to_str()) == inst
     assert Instance.from_json(inst.to_json()) == inst
+
+
+SWAP = Instance(size=3, holes=(), starts=((0, 0), (0, 2)), goals=((0, 2), (0, 0)))  # each goal under the other's start
+
+
+def test_a_goal_under_another_agents_start_is_drawn_in_text_form():
+    assert SWAP.picture() == SWAP.to_str() == "...\n...\n...\nA0 (0,0) -> (0,2)\nA1 (0,2) -> (0,0)"
+    assert Instance.from_str(SWAP.picture()) == SWAP
+
+
+@given(size=st.integers(3, 8), agents=st.integers(2, 5), hole_share=st.floats(0, 0.4), seed=st.integers(0, 2**32 - 1))
+def test_every_generated_boards_picture_reads_back_to_the_same_board(size, agents, hole_share, seed):
+    import numpy as np
+
+    from envsim.generator import random_board
+
+    board = random_board(size, int(hole_share * size * size), agents, np.random.default_rng(seed))
+    if board is None:  # too few connected cells for the agents: the generator draws again
+        return
+    labelled = board.with_labels(opt_soc=1, opt_makespan=1, needs_wait=False, reference_plan=((),) * agents)
+    assert Instance.from_str(labelled.picture()) == board

@@ -198,7 +198,9 @@ def test_a_failed_stage_fails_the_run_and_resume_requeues_it(engine):
         run = create_run(s, name="broken", config=CONFIG, stages=1, engineer="fixed", auto_apply=True)
     run_worker(engine, {"stage": broken_stage}, once=True, poll_s=0.01)
     state = advance(engine, run.id)
-    assert state.startswith("failed: stage 0 job") and "checkpoint runs/1/stage-0 is corrupt" in state
+    assert state == "failed: stage 0 failed: RuntimeError: checkpoint runs/1/stage-0 is corrupt (job 1)"
+    with session(engine) as s:
+        assert s.get(Run, run.id).status_reason == state.removeprefix("failed: ")
     from lab.loop import resume
 
     assert len(resume(engine, run.id)) == 1

@@ -22,7 +22,7 @@ from envsim.config import EnvConfig
 from envsim.generator import generate
 from envsim.prompts import compact_answer
 from storage import queue
-from storage.db import make_engine, session, upgrade
+from storage.db import make_engine, runs_root, session, upgrade
 from storage.models import Episode, Job, Run, Stage, StageMetric, TrainingLog
 from training.policy import build_tiny, load_policy
 from training.stage import (
@@ -93,10 +93,10 @@ def lab(tmp_path: Path) -> Engine:
     engine.dispose()
 
 
-def _run(engine: Engine, policy: str, runs_dir: Path, stages: int = 2, **settings) -> int:
+def _run(engine: Engine, policy: str, stages: int = 2, **settings) -> int:
     with session(engine) as s:
         run = Run(name="t", policy=policy, engineer="fixed", engineer_backend="", seed=7,
-                  settings={"grpo": GRPO, "runs_dir": str(runs_dir), "validation_boards": 8, **settings})
+                  settings={"grpo": GRPO, "validation_boards": 8, **settings})
         s.add(run)
         s.commit()
         for k in range(stages):
@@ -105,15 +105,20 @@ def _run(engine: Engine, policy: str, runs_dir: Path, stages: int = 2, **setting
         return run.id
 
 
+def _run_dir(engine: Engine, run_id: int) -> Path:
+    with session(engine) as s:
+        return runs_root(engine) / s.get(Run, run_id).uuid
+
+
 def _probe(policy) -> torch.Tensor:
     return dict(policy.model.named_parameters())[PROBE].detach().clone()
 
 
 def test_a_grpo_stage_moves_the_weights_logs_each_step_and_resumes_after_a_cancel(lab: Engine, writer: Path,
                                                                                   tmp_path: Path):
-    run_id = _run(lab, str(writer), tmp_path / "runs")
+    run_id = _run(lab, str(writer))
     args = StageArgs(run_id=run_id, stage_index=1, seed=stage_seed(7, 1), policy=str(writer), config=CONFIG,
-                     run_dir=tmp_path / "runs" / str(run_id))
+                     run_dir=_run_dir(lab, run_id), run_uuid="u")
     reports: list[tuple] = []
 
     def cancel_at_step_2(step, total, line=None, result=None) -> bool:
@@ -152,11 +157,11 @@ def test_a_grpo_stage_moves_the_weights_logs_each_step_and_resumes_after_a_cance
 
 
 def test_a_lora_stage_trains_adapters_and_saves_a_whole_model(lab: Engine, writer: Path, tmp_path: Path):
-    run_id = _run(lab, str(writer), tmp_path / "runs", lora=4)
+    run_id = _run(lab, str(writer), lora=4)
     args, grpo = stage_args(lab, run_id, 0)
     assert args.lora == 4
     args = StageArgs(run_id=run_id, stage_index=1, seed=stage_seed(7, 1), policy=str(writer), config=CONFIG,
-                     run_dir=tmp_path / "runs" / str(run_id), lora=4)
+                     run_dir=_run_dir(lab, run_id), run_uuid="u", lora=4)
     policy = load_policy(str(writer))
     before = {name: p.detach().clone() for name, p in policy.model.named_parameters()}
     summary = train(lab, args, policy, GRPO, lambda *a, **k: False)
@@ -171,7 +176,7 @@ def test_a_lora_stage_trains_adapters_and_saves_a_whole_model(lab: Engine, write
 
 
 def test_stage_jobs_through_the_worker_evaluate_then_train_and_record(lab: Engine, writer: Path, tmp_path: Path):
-    run_id = _run(lab, str(writer), tmp_path / "runs", grpo=dict(GRPO, max_steps=2))
+    run_id = _run(lab, str(writer), grpo=dict(GRPO, max_steps=2))
     ran = []
     for k in (0, 1):
         with session(lab) as s:
@@ -185,9 +190,9 @@ def test_stage_jobs_through_the_worker_evaluate_then_train_and_record(lab: Engin
         metrics = s.exec(select(StageMetric).where(StageMetric.run_id == run_id)).all()
         steps = s.exec(select(TrainingLog.step).where(TrainingLog.run_id == run_id)).all()
     assert [(j.status, j.error) for j in jobs] == [("done", None), ("done", None)]
-    run_dir = tmp_path / "runs" / str(run_id)
+    run_dir = _run_dir(lab, run_id)
     assert [(st.status, st.checkpoint) for st in stages] == [
-        ("done", str(writer.resolve())), ("done", str(run_dir / "stage-1" / "policy"))]
+        ("done", str(writer.resolve())), ("done", f"{run_dir.name}/stage-1/policy")]
     assert all(st.started_at <= st.finished_at for st in stages)
     assert [(j.result["stage_index"], j.result["episodes"], j.result["train"].get("steps")) for j in jobs] == [
         (0, 8, None), (1, 8, 2)]
@@ -220,7 +225,7 @@ def test_a_missing_or_corrupt_starting_checkpoint_fails_the_job_with_a_clear_err
         for f in writer.iterdir():
             data = f.read_bytes()
             (broken / f.name).write_bytes(data[: len(data) // 2] if f.suffix == ".safetensors" else data)
-    run_id = _run(lab, str(writer), tmp_path / "runs")
+    run_id = _run(lab, str(writer))
     with session(lab) as s:
         stage0 = s.exec(select(Stage).where(Stage.run_id == run_id, Stage.index == 0)).one()
         stage0.status, stage0.checkpoint = "done", str(broken)
@@ -239,7 +244,7 @@ def test_a_missing_or_corrupt_starting_checkpoint_fails_the_job_with_a_clear_err
 
 
 def test_a_stage_whose_previous_stage_has_no_checkpoint_is_refused(lab: Engine, tmp_path: Path):
-    run_id = _run(lab, "tiny", tmp_path / "runs")
+    run_id = _run(lab, "tiny")
     with pytest.raises(StageError, match="stage 0 of run 1 has no checkpoint \\(it is queued\\); run it first"):
         stage_args(lab, run_id, 1)
     args, grpo = stage_args(lab, run_id, 0)
@@ -248,7 +253,7 @@ def test_a_stage_whose_previous_stage_has_no_checkpoint_is_refused(lab: Engine, 
 
 
 def test_grpo_config_is_our_defaults_under_the_runs_overrides(tmp_path: Path):
-    args = StageArgs(run_id=1, stage_index=2, seed=123, policy="x", config=CONFIG, run_dir=tmp_path)
+    args = StageArgs(run_id=1, stage_index=2, seed=123, policy="x", config=CONFIG, run_dir=tmp_path, run_uuid="u")
     config = grpo_config(args, {"num_generations": 2, "report_to": ["tensorboard"], "use_vllm": True,
                                 "vllm_mode": "server"}, max_completion_length=40, prompt_style="compact")
     assert (config.output_dir, config.seed, config.max_completion_length, config.num_generations) == (
@@ -269,7 +274,7 @@ def test_the_stage_command_runs_one_stage_outside_the_worker(writer: Path, tmp_p
     url = f"sqlite:///{tmp_path / 'envlab.db'}"
     engine = make_engine(url)
     upgrade(engine)
-    run_id = _run(engine, str(writer), tmp_path / "runs", validation_boards=2)
+    run_id = _run(engine, str(writer), validation_boards=2)
     done = subprocess.run([sys.executable, "-m", "training.stage", "--run", str(run_id), "--stage", "0", "--db", url],
                           capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parent.parent,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -286,7 +291,7 @@ def test_a_stage_trains_in_two_processes_and_records_each_step_once(writer: Path
     url = f"sqlite:///{tmp_path / 'envlab.db'}"
     engine = make_engine(url)
     upgrade(engine)
-    run_id = _run(engine, str(writer), tmp_path / "runs", validation_boards=2)
+    run_id = _run(engine, str(writer), validation_boards=2)
     stage = ["--run", str(run_id), "--db", url, "--stage"]
     two = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "training.stage", "--"]
     for command in ([sys.executable, "-m", "training.stage", *stage, "0"], [*two, *stage, "1"]):  # evaluate, train
@@ -300,6 +305,6 @@ def test_a_stage_trains_in_two_processes_and_records_each_step_once(writer: Path
     assert sorted(log.step for log in logs) == [1, 2, 3]  # one row per step: only the main process writes
     assert (stage.status, len(episodes)) == ("done", 2)
     # two processes of 8 completions each: 3 steps read 48 of the stage's 8 boards x 4 generations = 1.5 epochs
-    summary = (tmp_path / "runs" / str(run_id) / "stage-1" / "trained.json").read_text()
+    summary = (_run_dir(engine, run_id) / "stage-1" / "trained.json").read_text()
     assert '"epoch": 1.5' in summary
     engine.dispose()

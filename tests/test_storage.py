@@ -23,7 +23,7 @@ from storage.models import Decision, Episode, Job, Proposal, Run, Stage, StageMe
 CONFIG = {"data_ratio": {"3": 0.5, "4": 0.5}, "hole_ratio": {"3": 0.1, "4": 0.2}, "num_agents": 2}
 FORK = multiprocessing.get_context("fork")
 
-HEAD = "0003"  # the newest migration
+HEAD = "0004"  # the newest migration
 
 
 def _run(s, **fields) -> Run:
@@ -119,10 +119,12 @@ def test_database_made_by_the_first_schema_upgrades_with_its_data(db_url: str):
     engine = make_engine(db_url)
     upgrade(engine, "0001")
     # the comparison does see differences: the columns that later revisions add
-    assert sorted(d[2] + "." + d[3].name for d in _schema_diff(engine)) == ["episodes.subset", "runs.description"]
+    added = sorted(d[2] + "." + d[3].name for d in _schema_diff(engine) if d[0] == "add_column")
+    assert added == ["episodes.subset", "jobs.run_id", "jobs.target", "runs.description", "runs.status_reason",
+                     "runs.uuid"]
     created = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
     runs, stages, proposals, decisions = (
-        _as_first_written(Run, "description"),
+        _as_first_written(Run, "description", "uuid", "status_reason"),
         *map(_as_first_written, (Stage, Proposal, Decision)),
     )
     with engine.begin() as c:
@@ -237,7 +239,7 @@ def test_json_columns_round_trip(engine: Engine):
             )
         )
         s.add(TrainingLog(run_id=run.id, stage_index=1, step=10, metrics={"reward": 0.25, "kl": 0.001}))
-        s.add(Job(kind="evaluate", payload={"run_id": run.id, "splits": ["validation"]}))
+        s.add(Job(kind="benchmark", payload={"run_id": run.id, "splits": ["validation"]}))
         s.commit()
     with session(engine) as s:
         assert s.exec(select(Run)).one().settings == settings

@@ -19,7 +19,7 @@ from tests.test_storage import in_processes
 
 def test_claim_takes_the_oldest_queued_job_and_marks_it_running(engine: Engine):
     with session(engine) as s:
-        ids = [queue.enqueue(s, "train_stage", {"stage": i}).id for i in range(3)]
+        ids = [queue.enqueue(s, "stage", {"stage": i}).id for i in range(3)]
         first = queue.claim(s, "gpu-0")
         assert (first.id, first.status, first.worker, first.attempts, first.payload) == (
             ids[0],
@@ -48,7 +48,7 @@ def _work_in_child(barrier, url: str, worker: str) -> list[int]:
 
 def test_concurrent_worker_processes_claim_every_job_exactly_once(db_url: str, engine: Engine):
     with session(engine) as s:
-        ids = [queue.enqueue(s, "evaluate", {"n": i}).id for i in range(40)]
+        ids = [queue.enqueue(s, "benchmark", {"n": i}).id for i in range(40)]
     workers = ["w0", "w1", "w2"]
     claimed = dict(
         zip(workers, in_processes(_work_in_child, [(db_url, w) for w in workers], engine), strict=True)
@@ -65,7 +65,7 @@ def test_concurrent_worker_processes_claim_every_job_exactly_once(db_url: str, e
 def test_a_claim_racing_another_workers_claim_takes_the_next_job(db_url: str, engine: Engine):
     sqlite = db_url.startswith("sqlite")
     with session(engine) as s:
-        first, second = (queue.enqueue(s, "evaluate", {}).id for _ in range(2))
+        first, second = (queue.enqueue(s, "benchmark", {}).id for _ in range(2))
 
     def claim_once() -> Job | None:
         with session(engine) as s:
@@ -94,7 +94,7 @@ def test_a_claim_racing_another_workers_claim_takes_the_next_job(db_url: str, en
 
 def test_heartbeat_records_progress_and_keeps_a_bounded_log(engine: Engine):
     with session(engine) as s:
-        job = queue.enqueue(s, "train_stage", {"run_id": 1})
+        job = queue.enqueue(s, "stage", {"run_id": 1})
         claimed_at = queue.claim(s, "w").heartbeat_at
         assert queue.heartbeat(s, job.id, 0, 300, "step 0") is False
         queue.heartbeat(s, job.id, 248, 300, "\n".join(f"step {i}" for i in range(1, LOG_TAIL_LINES + 49)))
@@ -109,7 +109,7 @@ def test_heartbeat_records_progress_and_keeps_a_bounded_log(engine: Engine):
 
 def test_finish_ends_a_running_job_once(engine: Engine):
     with session(engine) as s:
-        job = queue.enqueue(s, "evaluate", {})
+        job = queue.enqueue(s, "benchmark", {})
         with pytest.raises(LostJob, match="is queued, not running"):
             queue.finish(s, job.id, {"valid_rate": 0.5})
         queue.claim(s, "w")
@@ -123,7 +123,7 @@ def test_finish_ends_a_running_job_once(engine: Engine):
 
 def test_cancel_stops_a_queued_job_at_once_and_a_running_one_through_its_worker(engine: Engine):
     with session(engine) as s:
-        running, waiting, done = (queue.enqueue(s, "evaluate", {"n": i}).id for i in range(3))
+        running, waiting, done = (queue.enqueue(s, "benchmark", {"n": i}).id for i in range(3))
         assert queue.claim(s, "w").id == running
         cancelled = queue.request_cancel(s, waiting)
         assert (cancelled.status, cancelled.cancel_requested, cancelled.finished_at is not None) == (
@@ -146,7 +146,7 @@ def test_cancel_stops_a_queued_job_at_once_and_a_running_one_through_its_worker(
 
 def test_stale_running_jobs_are_reaped_and_their_worker_learns_it(engine: Engine):
     with session(engine) as s:
-        stale, alive = (queue.enqueue(s, "train_stage", {}).id for _ in range(2))
+        stale, alive = (queue.enqueue(s, "stage", {}).id for _ in range(2))
         queue.claim(s, "lost-machine")
         queue.claim(s, "w")
         ten_minutes_ago = utcnow() - timedelta(minutes=10)
@@ -168,12 +168,12 @@ def test_stale_running_jobs_are_reaped_and_their_worker_learns_it(engine: Engine
 
 def test_requeue_gives_a_failed_job_a_new_attempt_that_resumes_from_its_checkpoint(engine: Engine):
     with session(engine) as s:
-        job = queue.enqueue(s, "train_stage", {"run_id": 1, "stage": 2})
+        job = queue.enqueue(s, "stage", {"run_id": 1, "stage": 2})
         queue.claim(s, "w0")
         queue.heartbeat(s, job.id, 40, 100, "step 40", result={"checkpoint": "runs/1/stage-2/step-40"})
         queue.fail(s, job.id, "CUDA out of memory")
         with pytest.raises(ValueError, match="only a failed or cancelled job"):
-            queue.requeue(s, queue.enqueue(s, "evaluate", {}).id)
+            queue.requeue(s, queue.enqueue(s, "benchmark", {}).id)
 
         again = queue.requeue(s, job.id)
         assert (again.status, again.worker, again.error, again.step, again.heartbeat_at) == (

@@ -64,12 +64,12 @@ def _wait_for(predicate, timeout: float = 30.0) -> None:
 
 
 def _doomed_worker(url: str) -> None:
-    run_worker(make_engine(url), {"train": resumable}, worker_id="doomed", poll_s=0.02, stale_s=0.4)
+    run_worker(make_engine(url), {"stage": resumable}, worker_id="doomed", poll_s=0.02, stale_s=0.4)
 
 
 def test_a_killed_workers_job_is_reaped_then_requeued_and_resumed_from_its_checkpoint(db_url: str, engine: Engine):
     with session(engine) as s:
-        job_id = queue.enqueue(s, "train", {"run_id": 1, "stage_index": 1}).id
+        job_id = queue.enqueue(s, "stage", {"run_id": 1, "stage_index": 1}).id
     engine.dispose()  # no pooled connection crosses the fork
     worker = FORK.Process(target=_doomed_worker, args=(db_url,))
     worker.start()
@@ -86,7 +86,7 @@ def test_a_killed_workers_job_is_reaped_then_requeued_and_resumed_from_its_check
 
     time.sleep(0.5)
     # A second worker's first poll reaps the dead worker's job; nothing else is queued, so it returns.
-    assert run_worker(engine, {"train": resumable}, worker_id="second", poll_s=0.02, stale_s=0.4, once=True) == 0
+    assert run_worker(engine, {"stage": resumable}, worker_id="second", poll_s=0.02, stale_s=0.4, once=True) == 0
     dead = _job(engine, job_id)
     assert (dead.status, dead.attempts, dead.worker) == ("failed", 1, "doomed")
     assert dead.error.startswith("worker stopped sending heartbeats") and "'doomed'" in dead.error
@@ -94,7 +94,7 @@ def test_a_killed_workers_job_is_reaped_then_requeued_and_resumed_from_its_check
 
     with session(engine) as s:
         queue.requeue(s, job_id)
-    assert run_worker(engine, {"train": resumable}, worker_id="second", poll_s=0.02, stale_s=0.4, once=True) == 1
+    assert run_worker(engine, {"stage": resumable}, worker_id="second", poll_s=0.02, stale_s=0.4, once=True) == 1
     resumed = _job(engine, job_id)
     assert (resumed.status, resumed.attempts, resumed.worker) == ("done", 2, "second")
     assert resumed.result == {"resumed_from": "stage-1/trl/checkpoint-1", "attempt": 2}
@@ -107,12 +107,12 @@ def _worker_in_child(barrier, url: str, name: str) -> int:
     with session(engine) as s:
         s.exec(text("SELECT 1"))  # connected before the start line
     barrier.wait()
-    return run_worker(engine, {"note": noted}, worker_id=name, poll_s=0.01, once=True)
+    return run_worker(engine, {"benchmark": noted}, worker_id=name, poll_s=0.01, once=True)
 
 
 def test_two_worker_processes_never_take_the_same_job(db_url: str, engine: Engine):
     with session(engine) as s:
-        ids = [queue.enqueue(s, "note", {"n": i}).id for i in range(30)]
+        ids = [queue.enqueue(s, "benchmark", {"n": i}).id for i in range(30)]
     ran = in_processes(_worker_in_child, [(db_url, "w0"), (db_url, "w1")], engine)
     assert sum(ran) == len(ids) and min(ran) > 0  # every job ran once, and both workers took part
     with session(engine) as s:
@@ -126,13 +126,13 @@ def test_two_worker_processes_never_take_the_same_job(db_url: str, engine: Engin
 
 def test_cancel_stops_a_running_job_and_the_after_hook_sees_it(engine: Engine):
     with session(engine) as s:
-        job_id = queue.enqueue(s, "wait", {}).id
+        job_id = queue.enqueue(s, "stage", {}).id
     seen: list[tuple[int, str]] = []
 
     def after(engine: Engine, job: Job) -> None:
         seen.append((job.id, job.status))
 
-    worker = threading.Thread(target=run_worker, args=(engine, {"wait": patient}),
+    worker = threading.Thread(target=run_worker, args=(engine, {"stage": patient}),
                               kwargs=dict(poll_s=0.02, once=True, after=after))
     worker.start()
     _wait_for(lambda: _job(engine, job_id).step >= 3)
@@ -147,13 +147,13 @@ def test_cancel_stops_a_running_job_and_the_after_hook_sees_it(engine: Engine):
 
 def test_a_failing_handler_fails_only_its_job_with_the_last_traceback_line(engine: Engine):
     with session(engine) as s:
-        bad, odd, good = (queue.enqueue(s, kind, {}).id for kind in ("train", "mystery", "note"))
-    ran = run_worker(engine, {"train": broken, "note": noted}, poll_s=0.02, once=True)
+        bad, odd, good = (queue.enqueue(s, kind, {}).id for kind in ("stage", "propose", "benchmark"))
+    ran = run_worker(engine, {"stage": broken, "benchmark": noted}, poll_s=0.02, once=True)
     assert ran == 3
     failed = _job(engine, bad)
     assert (failed.status, failed.error) == ("failed", f"ValueError: checkpoint for job {bad} is unreadable")
     assert "Traceback (most recent call last)" in failed.log_tail and "loading" in failed.log_tail
-    assert _job(engine, odd).error == "LookupError: no handler for job kind 'mystery' (this worker runs train, note)"
+    assert _job(engine, odd).error == "LookupError: no handler for job kind 'propose' (this worker runs stage, benchmark)"
     assert _job(engine, good).status == "done"
 
 
@@ -162,7 +162,7 @@ def test_the_worker_command_runs_the_queue_once_and_exits(tmp_path):
     engine = make_engine(url)
     upgrade(engine)
     with session(engine) as s:
-        job_id = queue.enqueue(s, "mystery", {}).id
+        job_id = queue.enqueue(s, "propose", {}).id
     done = subprocess.run([sys.executable, "-m", "training.worker", "--db", url, "--once", "--poll", "0.01",
                            "--worker-id", "cli"], capture_output=True, text=True, timeout=120,
                           cwd=Path(__file__).resolve().parent.parent)
@@ -170,5 +170,5 @@ def test_the_worker_command_runs_the_queue_once_and_exits(tmp_path):
     assert "worker cli: stopped after 1 jobs" in done.stderr
     job = _job(engine, job_id)
     assert (job.status, job.worker) == ("failed", "cli")
-    assert job.error.startswith("LookupError: no handler for job kind 'mystery' (this worker runs stage")
+    assert job.error.startswith("LookupError: no handler for job kind 'propose' (this worker runs stage")
     engine.dispose()

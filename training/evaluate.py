@@ -21,7 +21,8 @@ from envsim import suite
 from envsim.instance import Instance
 from envsim.parser import parse
 from envsim.scoring import Outcome, score
-from storage.db import session
+from envsim.suite import Split
+from storage.db import checkpoint_of, runs_root, session
 from storage.models import Episode, Run, Stage, StageMetric
 from training.policy import Policy, load_policy
 from training.worker import Cancelled
@@ -128,7 +129,7 @@ def benchmark_entries(run_dir: Path) -> list[suite.Entry]:
     path = run_dir / BENCHMARK_FILE
     if path.is_file():
         return suite.read_jsonl(path)
-    entries, _ = suite.build("benchmark")
+    entries, _ = suite.build(Split.BENCHMARK)
     tmp = path.with_suffix(".jsonl.tmp")
     suite.write_jsonl(entries, tmp)
     tmp.replace(path)  # a crash mid-write never leaves a short cache behind
@@ -147,18 +148,16 @@ def run_benchmark_job(engine: Engine, job: Any, progress: Callable[..., bool]) -
         stage = s.exec(select(Stage).where(Stage.run_id == run_id, Stage.index == stage_index)).first()
         if run is None or stage is None:
             raise ValueError(f"run {run_id} has no stage {stage_index}")
-        spec = stage.checkpoint or run.policy
-        from training.stage import runs_dir  # the one rule for where a run's files live (imports TRL: lazily)
-
-        run_dir = runs_dir(run) / str(run_id)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    progress(0, None, f"building or reading the benchmark boards in {run_dir / BENCHMARK_FILE}")
-    entries = benchmark_entries(run_dir)
+        spec = checkpoint_of(engine, stage) or run.policy
+    cache = runs_root(engine)  # the boards are the same for every run: one cache per runs root
+    cache.mkdir(parents=True, exist_ok=True)
+    progress(0, None, f"building or reading the benchmark boards in {cache / BENCHMARK_FILE}")
+    entries = benchmark_entries(cache)
     policy = load_policy(spec, device=_device())
     progress(0, len(entries), f"evaluating {spec} on {len(entries)} benchmark boards")
     results = evaluate(policy, [e.instance for e in entries], progress=lambda done, total: progress(done, total))
     with session(engine) as s:
-        store_evaluation(s, run_id, stage_index, "benchmark", results, [e.subset for e in entries])
+        store_evaluation(s, run_id, stage_index, Split.BENCHMARK, results, [e.subset for e in entries])
     table = suite.report(entries, [r.outcome.valid for r in results], [r.outcome.optimal for r in results])
     progress(len(entries), len(entries), table.to_markdown())
     return {

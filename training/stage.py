@@ -11,11 +11,14 @@ data (boards from `envsim.generate` with the stage's seed, as prompts plus the b
 rewards read), the reward functions (`training.rewards`) and a callback that writes TRL's logs into the
 lab's database, reports progress and stops the trainer when someone cancels the job.
 
-Files of run `r` live in `<runs_dir>/<r>/` (runs_dir: `Run.settings["runs_dir"]`, else `$ENVLAB_RUNS`,
-else `runs`): stage `k`'s trained policy in `stage-<k>/policy/` (an ordinary Hugging Face folder that
-`training.policy.load_policy` reads back) and TRL's own checkpoints in `stage-<k>/trl/checkpoint-<step>/`.
-A stage attempt that finds a TRL checkpoint there (the worker died, or the job was cancelled and
-requeued) resumes from it with the optimizer, scheduler and data order as they were.
+Files of a run live in `<runs root>/<run uuid>/` (`storage.db.runs_root`: `$ENVLAB_RUNS`, else the SQLite
+file's folder): stage `k`'s trained policy in `stage-<k>/policy/` (an ordinary Hugging Face folder that
+`training.policy.load_policy` reads back; the stage row stores it relative to the runs root) and TRL's own
+checkpoints in `stage-<k>/trl/checkpoint-<step>/`. A stage attempt that finds a TRL checkpoint there (the
+worker died, or the job was cancelled and requeued) resumes from it with the optimizer, scheduler and data
+order as they were, and the dead attempt's training-log rows past that step are replaced by the new ones.
+`stage-<k>/trained.json` marks a finished training; it names its run and stage config, and an attempt adopts
+only a marker written for its own.
 
 Stage 0 is not trained: it evaluates the run's starting policy. Multi-GPU stages run outside the worker
 under `accelerate launch -m training.stage` (docs/worker.md).
@@ -41,7 +44,7 @@ import numpy as np
 import torch
 from datasets import Dataset
 from sqlalchemy import Engine
-from sqlmodel import select
+from sqlmodel import delete, select
 from transformers import TrainerCallback
 from transformers.trainer_callback import PrinterCallback
 from transformers.trainer_utils import get_last_checkpoint
@@ -50,9 +53,9 @@ from trl import GRPOConfig, GRPOTrainer
 from envsim.config import EnvConfig
 from envsim.generator import generate
 from envsim.instance import Instance
-from envsim.suite import build
-from storage.db import make_engine, session
-from storage.models import Job, Run, Stage, StageMetric, TrainingLog, utcnow
+from envsim.suite import Split, build
+from storage.db import RUNS_SETTING, checkpoint_of, make_engine, runs_root, session
+from storage.models import Job, Run, Stage, StageMetric, StageStatus, TrainingLog, utcnow
 from training import evaluate as evaluation
 from training.policy import TINY_DIR, Policy, PolicyError, load_policy, lora_config
 from training.rewards import DEFAULT_WEIGHTS, REWARDS
@@ -77,7 +80,8 @@ class StageArgs:
     seed: int
     policy: str  # the starting checkpoint: the previous stage's, or the run's policy spec for stage 0
     config: EnvConfig
-    run_dir: Path
+    run_dir: Path  # <runs root>/<run uuid>
+    run_uuid: str
     validation_boards: int | None = None  # None: all 240
     lora: int = 0  # LoRA rank for training (the run's settings["lora"]); 0: every weight trains
 
@@ -97,6 +101,27 @@ class StageArgs:
     def trained_marker(self) -> Path:
         return self.stage_dir / "trained.json"
 
+    @property
+    def stored_checkpoint(self) -> str:
+        """The trained policy's folder as the stage row stores it: relative to the runs root."""
+        return f"{self.run_uuid}/stage-{self.stage_index}/policy"
+
+    def marker_key(self) -> dict[str, Any]:
+        """What a trained-stage marker must name for this stage to adopt it."""
+        return {"run_uuid": self.run_uuid, "stage_index": self.stage_index,
+                "config": self.config.model_dump(mode="json")}
+
+    def adoptable_marker(self) -> dict[str, Any] | None:
+        """The summary an earlier attempt of this very stage left, or None (no marker, or another's)."""
+        if not self.trained_marker.is_file():
+            return None
+        try:
+            marker = json.loads(self.trained_marker.read_text())
+        except ValueError:
+            return None
+        key = self.marker_key()
+        return marker if all(marker.get(k) == v for k, v in key.items()) else None
+
 
 # GRPO settings by the policy's prompt style, over TRL's defaults. For a pretrained LLM (chat): 4 generations per
 # board in batches of 8 completions, TRL's learning rate for LLMs. For the tiny policy (compact), measured on
@@ -114,10 +139,6 @@ STYLE_DEFAULTS: dict[str, dict[str, Any]] = {
 def stage_seed(run_seed: int, stage_index: int) -> int:
     """The stage's seed: a hash of (run seed, stage index), so no two stages or runs share a data stream."""
     return int(np.random.SeedSequence([run_seed, stage_index]).generate_state(1)[0])
-
-
-def runs_dir(run: Run) -> Path:
-    return Path(run.settings.get("runs_dir") or os.environ.get("ENVLAB_RUNS") or "runs")
 
 
 def grpo_config(args: StageArgs, overrides: dict[str, Any], max_completion_length: int,
@@ -174,7 +195,7 @@ def dataset(policy: Policy, instances: Sequence[Instance]) -> Dataset:
 @lru_cache(maxsize=1)
 def validation_set() -> tuple[Instance, ...]:
     """The 240 validation boards (2 agents, sizes 3..10), built once per process (~1 s)."""
-    return tuple(entry.instance for entry in build("validation")[0])
+    return tuple(entry.instance for entry in build(Split.VALIDATION)[0])
 
 
 def validation_boards(limit: int | None = None) -> list[Instance]:
@@ -208,6 +229,9 @@ class Record(TrainerCallback):
             self.summary = numbers
             return
         with session(self.engine) as s:
+            s.exec(delete(TrainingLog).where(TrainingLog.run_id == self.args.run_id,  # a dead attempt's row
+                                             TrainingLog.stage_index == self.args.stage_index,
+                                             TrainingLog.step == state.global_step))
             s.add(TrainingLog(run_id=self.args.run_id, stage_index=self.args.stage_index, step=state.global_step,
                               metrics=numbers))
             s.commit()
@@ -257,6 +281,7 @@ def train(engine: Engine, args: StageArgs, policy: Policy, grpo: dict[str, Any],
                           callbacks=[record], peft_config=lora_config(args.lora) if args.lora else None)
     trainer.remove_callback(PrinterCallback)  # with tqdm off it prints every log dict; `record` reports them
     resume = get_last_checkpoint(str(args.trainer_dir)) if args.trainer_dir.is_dir() else None
+    forget_logs_after(engine, args, _step_of(resume))
     if resume is not None:
         progress(0, None, f"resuming from {resume}", result={"checkpoint": resume})
     engine_name = "vLLM" if config.use_vllm else "transformers"
@@ -272,8 +297,21 @@ def train(engine: Engine, args: StageArgs, policy: Policy, grpo: dict[str, Any],
     summary = {"steps": trainer.state.global_step, "resumed_from": resume, **record.summary}
     if trainer.accelerator.is_main_process:
         policy.save(args.policy_dir)
-        args.trained_marker.write_text(json.dumps(summary, indent=2) + "\n")
+        args.trained_marker.write_text(json.dumps({**args.marker_key(), **summary}, indent=2) + "\n")
     return summary
+
+
+def _step_of(checkpoint: str | None) -> int:
+    return 0 if checkpoint is None else int(Path(checkpoint).name.rpartition("-")[2])
+
+
+def forget_logs_after(engine: Engine, args: StageArgs, step: int) -> None:
+    """Drop the stage's training-log rows past `step`: a dead attempt logged them, and the attempt that
+    resumes from `step` logs those steps again. Each step then has one row, from the last attempt."""
+    with session(engine) as s:
+        s.exec(delete(TrainingLog).where(TrainingLog.run_id == args.run_id, TrainingLog.stage_index == args.stage_index,
+                                         TrainingLog.step > step))
+        s.commit()
 
 
 def start_policy(args: StageArgs, device: str) -> Policy:
@@ -311,11 +349,15 @@ def stage_args(engine: Engine, run_id: int, stage_index: int) -> tuple[StageArgs
             status = "missing" if previous is None else previous.status
             raise StageError(f"cannot load the starting policy of stage {stage_index}: stage {stage_index - 1} "
                              f"of run {run_id} has no checkpoint (it is {status}); run it first")
-        start = previous.checkpoint
+        start = checkpoint_of(engine, previous)
+        if not Path(start).is_dir():
+            raise StageError(f"cannot load the starting policy of stage {stage_index}: stage {stage_index - 1}'s "
+                             f"checkpoint {start} is missing (runs root {runs_root(engine)}: set {RUNS_SETTING} "
+                             f"to the folder that holds run {run.uuid})")
     args = StageArgs(run_id=run_id, stage_index=stage_index, seed=stage_seed(run.seed, stage_index), policy=start,
                      config=EnvConfig.model_validate(stages[stage_index].config),
-                     run_dir=runs_dir(run) / str(run_id), validation_boards=run.settings.get("validation_boards"),
-                     lora=int(run.settings.get("lora") or 0))
+                     run_dir=runs_root(engine) / run.uuid, run_uuid=run.uuid,
+                     validation_boards=run.settings.get("validation_boards"), lora=int(run.settings.get("lora") or 0))
     return args, dict(run.settings.get("grpo") or {})
 
 
@@ -336,31 +378,30 @@ def _set_stage(engine: Engine, args: StageArgs, **values: Any) -> None:
 def run_stage(engine: Engine, args: StageArgs, grpo: dict[str, Any], progress: Progress) -> dict[str, Any]:
     """Train (stage > 0), evaluate on the validation set, store episodes and metrics, mark the stage done."""
     device = _device()
-    _set_stage(engine, args, status="running", started_at=utcnow(), finished_at=None)
+    _set_stage(engine, args, status=StageStatus.RUNNING, started_at=utcnow(), finished_at=None)
     try:
-        if args.stage_index > 0 and args.trained_marker.is_file():
+        if args.stage_index > 0 and (trained := args.adoptable_marker()) is not None:
             # An earlier attempt trained and saved the policy, then died before recording its evaluation.
             progress(0, None, f"stage {args.stage_index} was trained by an earlier attempt: loading {args.policy_dir}")
             policy = load_policy(str(args.policy_dir), device=device)
-            trained = json.loads(args.trained_marker.read_text())
         else:
             progress(0, None, f"stage {args.stage_index} of run {args.run_id}: loading {args.policy}")
             policy = start_policy(args, device)
             trained = {} if args.stage_index == 0 else train(engine, args, policy, grpo, progress)
-        checkpoint = checkpoint_path(args.policy) if args.stage_index == 0 else str(args.policy_dir)
+        checkpoint = checkpoint_path(args.policy) if args.stage_index == 0 else args.stored_checkpoint
         # record: the validation set (once: an attempt that died after storing it leaves it stored)
         if not _validation_metrics(engine, args):
             boards = validation_boards(args.validation_boards)
             progress(0, len(boards), f"evaluating on {len(boards)} validation boards")
             results = evaluation.evaluate(policy, boards, progress=lambda done, total: progress(done, total))
             with session(engine) as s:
-                evaluation.store_evaluation(s, args.run_id, args.stage_index, "validation", results)
+                evaluation.store_evaluation(s, args.run_id, args.stage_index, Split.VALIDATION, results)
             progress(len(boards), len(boards), evaluation.metrics_table(evaluation.size_metrics(results)))
         else:
             progress(0, None, "the validation results of an earlier attempt are stored already: kept")
-        _set_stage(engine, args, status="done", checkpoint=checkpoint, finished_at=utcnow())
+        _set_stage(engine, args, status=StageStatus.DONE, checkpoint=checkpoint, finished_at=utcnow())
     except BaseException:
-        _set_stage(engine, args, status="failed", finished_at=utcnow())
+        _set_stage(engine, args, status=StageStatus.FAILED, finished_at=utcnow())
         raise
     rows = _validation_metrics(engine, args)
     n = sum(m.episodes for m in rows)
@@ -373,7 +414,7 @@ def _validation_metrics(engine: Engine, args: StageArgs) -> list[StageMetric]:
     with session(engine) as s:
         return list(s.exec(select(StageMetric).where(StageMetric.run_id == args.run_id,
                                                      StageMetric.stage_index == args.stage_index,
-                                                     StageMetric.split == "validation")))
+                                                     StageMetric.split == Split.VALIDATION)))
 
 
 def run_stage_job(engine: Engine, job: Job, progress: Progress) -> dict[str, Any]:
@@ -404,7 +445,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args, grpo = stage_args(engine, opts.run, opts.stage)
     if not main_process:  # the others train with it (unless it is trained); evaluation and rows are the main's
-        if not args.trained_marker.is_file():
+        if args.adoptable_marker() is None:
             train(engine, args, start_policy(args, _device()), grpo, progress)
         return 0
     print(run_stage(engine, args, grpo, progress))

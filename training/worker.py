@@ -37,8 +37,8 @@ from sqlalchemy import Engine
 
 from storage import queue
 from storage.db import make_engine, session, upgrade
-from storage.models import Job
-from storage.queue import LostJob
+from storage.models import Job, JobKind, JobStatus
+from storage.queue import LostJob, stale_after_s
 
 log = logging.getLogger("envlab.worker")
 
@@ -85,8 +85,9 @@ class _Heartbeat(threading.Thread):
                 log.exception("job %s: heartbeat failed", self.job_id)
 
 
-def run_job(engine: Engine, job: Job, handler: Handler, *, stale_s: float = 60.0) -> Job:
+def run_job(engine: Engine, job: Job, handler: Handler, *, stale_s: float | None = None) -> Job:
     """Run one claimed job to its end (done, failed or cancelled) and return its row as it ended."""
+    stale_s = stale_after_s() if stale_s is None else stale_s
     beat = _Heartbeat(engine, job.id, interval=max(0.05, stale_s / 4))
 
     def progress(step: int, total: int | None, line: str | None = None,
@@ -123,7 +124,7 @@ def run_job(engine: Engine, job: Job, handler: Handler, *, stale_s: float = 60.0
 
 
 def _fail(engine: Engine, job: Job, err: BaseException) -> Job:
-    error = "cancelled" if isinstance(err, Cancelled) else traceback.format_exception_only(err)[-1].strip()
+    error = JobStatus.CANCELLED.value if isinstance(err, Cancelled) else traceback.format_exception_only(err)[-1].strip()
     if isinstance(err, Cancelled):
         log.info("job %s (%s) cancelled", job.id, job.kind)
         lines = None
@@ -149,7 +150,7 @@ def _unknown_kind(kinds: Sequence[str]) -> Handler:
 
 
 def run_worker(engine: Engine, handlers: dict[str, Handler], *, worker_id: str | None = None,
-               poll_s: float = 1.0, stale_s: float = 60.0, once: bool = False, after: After | None = None,
+               poll_s: float = 1.0, stale_s: float | None = None, once: bool = False, after: After | None = None,
                stop: threading.Event | None = None) -> int:
     """Claim and run jobs until `stop` is set; returns how many jobs this worker ran.
 
@@ -160,6 +161,7 @@ def run_worker(engine: Engine, handlers: dict[str, Handler], *, worker_id: str |
     A job of a kind with no handler is claimed and failed with a message naming the kinds this worker runs.
     """
     worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}"
+    stale_s = stale_after_s() if stale_s is None else stale_s
     stop = stop or threading.Event()
     ran = 0
     log.info("worker %s: polling every %gs for %s", worker_id, poll_s, ", ".join(handlers))
@@ -196,9 +198,9 @@ def training_handlers() -> dict[str, Handler]:
     """
     from training import evaluate, stage
 
-    handlers: dict[str, Handler] = {"stage": stage.run_stage_job}
+    handlers: dict[str, Handler] = {JobKind.STAGE: stage.run_stage_job}
     if hasattr(evaluate, "run_benchmark_job"):
-        handlers["benchmark"] = evaluate.run_benchmark_job
+        handlers[JobKind.BENCHMARK] = evaluate.run_benchmark_job
     return handlers
 
 
@@ -207,8 +209,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--db", help="database path or URL (default: $ENVLAB_DB, else runs/envlab.db)")
     parser.add_argument("--worker-id", help="name in the jobs table (default: host:pid)")
     parser.add_argument("--poll", type=float, default=1.0, help="seconds between polls of an empty queue")
-    parser.add_argument("--stale", type=float, default=60.0,
-                        help="seconds without a heartbeat after which a running job counts as dead")
+    parser.add_argument("--stale", type=float, default=None,
+                        help="seconds without a heartbeat after which a running job counts as dead "
+                             "(default: $ENVLAB_STALE_S, else 60; the page and resume use the same rule)")
     parser.add_argument("--once", action="store_true", help="exit when the queue is empty")
 
 
