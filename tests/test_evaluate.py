@@ -11,7 +11,7 @@ from sqlmodel import select
 from envsim.scoring import score_answer
 from envsim.solver import label
 from envsim.suite import Entry, write_jsonl
-from storage.db import make_engine, session, upgrade
+from storage.db import make_engine, runs_root, session, upgrade
 from storage.models import Episode, Job, Run, Stage, StageMetric
 from tests.boards import CROSSING, OPEN
 from training.evaluate import BENCHMARK_FILE, EpisodeResult, evaluate, run_benchmark_job, size_metrics, store_evaluation
@@ -89,13 +89,13 @@ def test_store_evaluation_writes_episodes_and_metrics(engine) -> None:
 
 
 def test_benchmark_job_evaluates_the_stage_checkpoint(engine, tmp_path: Path) -> None:
-    run_id = _run(engine, runs_dir=str(tmp_path / "runs"))
+    run_id = _run(engine)
     checkpoint = build_tiny(seed=4, **SMALL_SHAPE).save(tmp_path / "stage-0")
     with session(engine) as s:
         s.add(Stage(run_id=run_id, index=0, config={}, status="done", checkpoint=str(checkpoint)))
         s.commit()
     # A cached benchmark file is read instead of building the 3,150 boards.
-    cache = tmp_path / "runs" / str(run_id) / BENCHMARK_FILE
+    cache = runs_root(engine) / BENCHMARK_FILE  # one cache for every run of the database
     write_jsonl([Entry(split="benchmark", subset=0.25, instance=b) for b in (OPEN_L, CROSSING_L)], cache)
     lines = []
     result = run_benchmark_job(engine, Job(kind="benchmark", payload={"run_id": run_id, "stage_index": 0}),

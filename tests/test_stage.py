@@ -8,6 +8,7 @@ advantage 0, and GRPO would (correctly) not move a single weight.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -308,3 +309,85 @@ def test_a_stage_trains_in_two_processes_and_records_each_step_once(writer: Path
     summary = (_run_dir(engine, run_id) / "stage-1" / "trained.json").read_text()
     assert '"epoch": 1.5' in summary
     engine.dispose()
+
+
+def test_a_stage_killed_mid_training_and_resumed_logs_each_step_once(lab: Engine, writer: Path):
+    run_id = _run(lab, str(writer))
+    args = StageArgs(run_id=run_id, stage_index=1, seed=stage_seed(7, 1), policy=str(writer), config=CONFIG,
+                     run_dir=_run_dir(lab, run_id), run_uuid="u")
+
+    def killed_after_logging_step_3(step, total, line=None, result=None) -> bool:
+        if line and line.startswith("step 3/3"):
+            raise SystemExit("killed")  # as kill -9 would: nothing after this runs, checkpoint-2 is the last
+        return False
+
+    with pytest.raises(SystemExit):
+        train(lab, args, load_policy(str(writer)), GRPO, killed_after_logging_step_3)
+    with session(lab) as s:
+        assert sorted(s.exec(select(TrainingLog.step).where(TrainingLog.run_id == run_id)).all()) == [1, 2, 3]
+    summary = train(lab, args, load_policy(str(writer)), GRPO, lambda *a, **k: False)
+    assert summary["resumed_from"] == str(args.trainer_dir / "checkpoint-2")
+    with session(lab) as s:
+        logs = s.exec(select(TrainingLog).where(TrainingLog.run_id == run_id).order_by(TrainingLog.step)).all()
+    assert [log.step for log in logs] == [1, 2, 3]  # step 3 once: the new attempt's row
+
+
+def test_a_trained_stage_marker_of_another_run_or_config_is_never_adopted(tmp_path: Path):
+    mine = StageArgs(run_id=1, stage_index=1, seed=1, policy="x", config=CONFIG, run_dir=tmp_path, run_uuid="a")
+    mine.stage_dir.mkdir(parents=True)
+    other_run = StageArgs(run_id=1, stage_index=1, seed=1, policy="x", config=CONFIG, run_dir=tmp_path, run_uuid="b")
+    other_config = StageArgs(run_id=1, stage_index=1, seed=1, policy="x", run_dir=tmp_path, run_uuid="a",
+                             config=CONFIG.model_copy(update={"num_instances": 16}))
+    for marker in (other_run.marker_key(), other_config.marker_key(), {"steps": 3}):
+        mine.trained_marker.write_text(json.dumps({**marker, "steps": 3}))
+        assert mine.adoptable_marker() is None
+    mine.trained_marker.write_text(json.dumps({**mine.marker_key(), "steps": 3}))
+    assert mine.adoptable_marker() == {"steps": 3}
+
+
+def _stage_job(engine: Engine, run_id: int, k: int) -> int:
+    with session(engine) as s:
+        return queue.enqueue(s, "stage", {"run_id": run_id, "stage_index": k}, run_id=run_id, target=k).id
+
+
+def test_workers_anywhere_find_a_runs_files_and_two_databases_in_one_folder_keep_their_own(
+        writer: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    folder = tmp_path / "lab"
+    engines = {name: make_engine(str(folder / f"{name}.db")) for name in ("a", "b")}
+    for engine in engines.values():
+        upgrade(engine)
+    runs = {name: _run(engine, str(writer), stages=3, grpo=dict(GRPO, max_steps=2), validation_boards=2)
+            for name, engine in engines.items()}
+    assert runs == {"a": 1, "b": 1}  # ids restart in every database
+    for where, engine in zip(("w1", "w2"), engines.values(), strict=True):
+        (tmp_path / where).mkdir()
+        monkeypatch.chdir(tmp_path / where)  # each lab's worker in a working directory of its own
+        for k in (0, 1):
+            _stage_job(engine, 1, k)
+            assert run_worker(engine, {"stage": run_stage_job}, poll_s=0.01, once=True) == 1
+    # stage 2 of database a, by a worker process started in yet another folder
+    job_id = _stage_job(engines["a"], 1, 2)
+    (tmp_path / "w3").mkdir()
+    done = subprocess.run([sys.executable, "-m", "lab.cli", "worker", "--db", str(folder / "a.db"), "--once",
+                           "--poll", "0.01"], capture_output=True, text=True, timeout=300, cwd=tmp_path / "w3",
+                          env={**os.environ, "OMP_NUM_THREADS": "1",
+                               "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    dirs = {name: _run_dir(engine, 1) for name, engine in engines.items()}
+    assert dirs["a"] != dirs["b"] and dirs["a"].parent == dirs["b"].parent == folder.resolve()
+    with session(engines["a"]) as s:
+        job = s.get(Job, job_id)
+        stages = s.exec(select(Stage).where(Stage.run_id == 1).order_by(Stage.index)).all()
+    assert job.status == "done" and job.result["train"]["steps"] == 2
+    assert f"loading {dirs['a'] / 'stage-1' / 'policy'}" in job.log_tail  # stage 2 starts from a's stage 1
+    assert [st.checkpoint for st in stages[1:]] == [f"{dirs['a'].name}/stage-{k}/policy" for k in (1, 2)]
+    with session(engines["b"]) as s:
+        b_jobs = s.exec(select(Job).order_by(Job.id)).all()
+    assert [j.result["train"].get("steps") for j in b_jobs] == [None, 2]  # b trained its own stage 1
+    assert "trained by an earlier attempt" not in b_jobs[1].log_tail
+    for name, k in (("a", 1), ("a", 2), ("b", 1)):
+        marker = json.loads((dirs[name] / f"stage-{k}" / "trained.json").read_text())
+        assert (marker["run_uuid"], marker["stage_index"]) == (dirs[name].name, k)
+    assert not any((tmp_path / w / "runs").exists() for w in ("w1", "w2", "w3"))
+    for engine in engines.values():
+        engine.dispose()

@@ -120,7 +120,9 @@ class StageArgs:
         except ValueError:
             return None
         key = self.marker_key()
-        return marker if all(marker.get(k) == v for k, v in key.items()) else None
+        if any(marker.get(k) != v for k, v in key.items()):
+            return None
+        return {k: v for k, v in marker.items() if k not in key}  # the training summary
 
 
 # GRPO settings by the policy's prompt style, over TRL's defaults. For a pretrained LLM (chat): 4 generations per
@@ -350,7 +352,7 @@ def stage_args(engine: Engine, run_id: int, stage_index: int) -> tuple[StageArgs
             raise StageError(f"cannot load the starting policy of stage {stage_index}: stage {stage_index - 1} "
                              f"of run {run_id} has no checkpoint (it is {status}); run it first")
         start = checkpoint_of(engine, previous)
-        if not Path(start).is_dir():
+        if stage_index > 1 and not Path(start).is_dir():  # a trained stage's folder (stage 0's is the run's spec)
             raise StageError(f"cannot load the starting policy of stage {stage_index}: stage {stage_index - 1}'s "
                              f"checkpoint {start} is missing (runs root {runs_root(engine)}: set {RUNS_SETTING} "
                              f"to the folder that holds run {run.uuid})")
