@@ -273,6 +273,27 @@ def cmd_run(args: argparse.Namespace) -> None:
                          "(add --engineer NAME to switch its engineer)")
 
 
+def cmd_export(args: argparse.Namespace) -> None:
+    from lab.archive import ArchiveError, export_run
+
+    try:
+        out = export_run(_engine(args.db), args.run, args.out, checkpoints=args.checkpoints)
+    except ArchiveError as err:
+        raise UsageError(str(err)) from err
+    print(f"run {args.run} -> {out} ({out.stat().st_size / 1e6:.1f} MB)")
+
+
+def cmd_import(args: argparse.Namespace) -> None:
+    from lab.archive import ArchiveError, import_run, read_manifest
+
+    try:
+        run = read_manifest(args.file)["run"]
+        run_id = import_run(_engine(args.db), args.file)
+    except ArchiveError as err:
+        raise UsageError(str(err)) from err
+    print(f"{args.file}: run {run['uuid']} ({run['name']}) -> run {run_id}")
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="envlab", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -329,6 +350,18 @@ def parser() -> argparse.ArgumentParser:
 
     add_arguments(s)
     s.set_defaults(fn=cmd_worker)
+
+    s = sub.add_parser("export", help="write a run (its rows, optionally its checkpoints) to one file")
+    s.add_argument("run", type=int, metavar="RUN_ID")
+    s.add_argument("--out", type=Path, required=True, help="the file to write, e.g. run-3.zip")
+    s.add_argument("--checkpoints", action="store_true", help="include the checkpoint folders of its stages")
+    s.add_argument("--db", help="database path or URL (default: $ENVLAB_DB or runs/envlab.db)")
+    s.set_defaults(fn=cmd_export)
+
+    s = sub.add_parser("import", help="load a run exported by `envlab export` into this database, with new ids")
+    s.add_argument("file", type=Path)
+    s.add_argument("--db", help="database path or URL (default: $ENVLAB_DB or runs/envlab.db)")
+    s.set_defaults(fn=cmd_import)
 
     sub.add_parser("serve", help="start the web lab and a worker beside it (envlab serve --help for options)")
     return p
