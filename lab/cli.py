@@ -156,6 +156,8 @@ def cmd_show(args: argparse.Namespace) -> None:
     for i, (s, g) in enumerate(zip(inst.starts, inst.goals, strict=True)):
         print(f"agent {i} ({chr(ord('A') + i)} -> {chr(ord('a') + i)}): {s} -> {g}")
     if args.plan is None and not args.reference:
+        if args.gif:
+            raise UsageError("--gif replays a plan: give --plan or --reference")
         return
     if args.reference:
         if not inst.labelled:
@@ -168,6 +170,11 @@ def cmd_show(args: argparse.Namespace) -> None:
         print(f"\nt={t}" + (f": {'; '.join(events)}" if events else ""))
         print(render_positions(inst, positions))
     print(f"\n{outcome.message}")
+    if args.gif:
+        from lab.replay import replay_gif
+
+        path = replay_gif(inst, outcome, args.gif)
+        print(f"replay: {path} ({len(outcome.positions)} frames)")
 
 
 def _engine(db: str | None):
@@ -296,6 +303,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--id")
     s.add_argument("--plan", help='an answer, e.g. "Agent 0: R D\\nAgent 1: U"')
     s.add_argument("--reference", action="store_true", help="step through the solver's reference plan")
+    s.add_argument("--gif", type=Path, metavar="FILE", help="also write the replay as an animated GIF (for slides)")
     s.set_defaults(fn=cmd_show)
 
     s = sub.add_parser("run", help="run stages headless: train, evaluate, propose, decide, repeat")
