@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -18,6 +19,8 @@ from envsim.instance import Instance
 from envsim.parser import format_plan
 from envsim.suite import read_jsonl
 from lab.cli import main
+from lab.context import load_stage_result
+from storage.db import make_engine, session
 
 SMALL = EnvConfig(data_ratio={3: 0.5, 4: 0.5}, hole_ratio={3: 0.1, 4: 0.2}, wait_ratio={3: 0.5, 4: 0.0},
                   num_agents=2, num_instances=6)
@@ -143,3 +146,40 @@ def test_serve_on_a_taken_port_says_so_in_one_line(tmp_path: Path):
     assert out == ""
     assert err == f"envlab serve: port {port} is taken; choose another with --port N or GRADIO_SERVER_PORT\n"
     assert not (tmp_path / "x.db").exists()  # it stopped before touching the database
+
+
+# ---------------------------------------------------------------- envlab run, its output in a file
+
+STAGE_LINE = re.compile(r"stage (\d)/2 done: validation valid (\d+\.\d%) optimal (\d+\.\d%) "
+                        r"\((?:\d+s|\d+m \d\ds); 2 boards, valid by size 3:\d+% 7:\d+%\)")
+
+
+def test_run_into_a_file_writes_one_line_per_stage_and_no_bars_or_warnings(tmp_path: Path):
+    """A 2-stage run on the tiny policy, 1 GRPO step a stage and 2 validation boards, output to a file."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "ENVLAB_RUNS": str(tmp_path / "runs")}
+    db = tmp_path / "x.db"
+    command = [sys.executable, "-m", "lab.cli", "run", "--stages", "2", "--instances", "2", "--validation-boards", "2",
+               "--grpo", "max_steps=1", "--grpo", "num_generations=2", "--grpo", "per_device_train_batch_size=2",
+               "--auto-apply", "--db", str(db)]
+    with (tmp_path / "out.txt").open("w") as out:
+        done = subprocess.run(command, cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=600)
+    text = (tmp_path / "out.txt").read_text()
+    assert done.returncode == 0, text[-3000:]
+    lines = text.splitlines()
+    assert lines[-1] == "run 1: done"
+    matches = [STAGE_LINE.fullmatch(line) for line in lines[:-1]]
+    assert all(matches), lines
+    assert [int(m[1]) for m in matches] == [0, 1, 2]
+    engine = make_engine(str(db))
+    with session(engine) as s:
+        for m in matches:
+            total = load_stage_result(s, 1, int(m[1]), cases=0).total
+            assert (m[2], m[3]) == (f"{total.valid_rate:.1%}", f"{total.optimal_rate:.1%}")
+    engine.dispose()
+    assert "Loading" not in text and "it/s" not in text and "Warning" not in text
+
+
+def test_run_refuses_zero_validation_boards(tmp_path: Path, capsys):
+    assert main(["run", "--validation-boards", "0", "--db", str(tmp_path / "x.db")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "envlab run: validation_boards = 0: evaluate on at least 1 board (None: all 240)")
