@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import errno
 import html
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -1203,26 +1205,60 @@ def read_auth(value: str | None) -> list[tuple[str, str]] | None:
 
 def launch(demo: gr.Blocks, host: str = "127.0.0.1", port: int | None = None,
            auth: list[tuple[str, str]] | None = None, block: bool = True) -> None:
-    demo.launch(server_name=host, server_port=port, auth=auth, prevent_thread_lock=not block, quiet=not block,
+    """Serve the page; with `block`, say where in one line and serve until interrupted. Raises OSError when
+    the port is taken."""
+    demo.launch(server_name=host, server_port=port, auth=auth, prevent_thread_lock=True, quiet=True,
                 css_paths=[ASSETS / "lab.css"], theme=gr.themes.Soft(), footer_links=[], ssr_mode=False,
                 show_error=True)
+    if block:
+        print(f"envlab: serving on http://{host}:{demo.server_port}", flush=True)
+        demo.block_thread()
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="envlab serve", description="The envlab web lab.")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 to expose the lab; use --auth)")
-    p.add_argument("--port", type=int, default=7860)
+    p.add_argument("--host", help="address to bind (0.0.0.0 to expose the lab; use --auth); "
+                                   "default: $GRADIO_SERVER_NAME, else 127.0.0.1")
+    p.add_argument("--port", type=int, help="default: $GRADIO_SERVER_PORT, else 7860")
     p.add_argument("--auth", help="user:password, or a file with one user:password per line")
     p.add_argument("--db", help="database path or URL (default: $ENVLAB_DB, else runs/envlab.db)")
     p.add_argument("--no-worker", action="store_true", help="do not start a worker beside the page")
     return p
 
 
+def address(host: str | None, port: int | None) -> tuple[str, int]:
+    """Where to serve: the flags, else Gradio's own GRADIO_SERVER_NAME and GRADIO_SERVER_PORT, else
+    127.0.0.1:7860."""
+    host = host or os.environ.get("GRADIO_SERVER_NAME") or "127.0.0.1"
+    if port is None:
+        raw = os.environ.get("GRADIO_SERVER_PORT") or "7860"
+        if not raw.isdigit():
+            raise SystemExit(f"envlab serve: GRADIO_SERVER_PORT={raw!r} is not a port number")
+        port = int(raw)
+    return host, port
+
+
+def port_free(host: str, port: int) -> bool:
+    """Whether the page can listen on `(host, port)`; any reason but a taken port ends the command."""
+    try:
+        socket.create_server((host, port)).close()
+    except OSError as err:
+        if err.errno == errno.EADDRINUSE:
+            return False
+        raise SystemExit(f"envlab serve: cannot serve on {host}:{port}: {err.strerror or err}") from None
+    return True
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    host, port = address(args.host, args.port)
+    taken = f"envlab serve: port {port} is taken; choose another with --port N or GRADIO_SERVER_PORT"
+    if not port_free(host, port):  # before the worker starts and the page is built
+        print(taken, file=sys.stderr)
+        return 2
     auth = read_auth(args.auth)
-    if args.host not in ("127.0.0.1", "localhost") and not auth:
-        print(f"warning: serving on {args.host} without --auth: anyone who can reach it can decide proposals",
+    if host not in ("127.0.0.1", "localhost") and not auth:
+        print(f"warning: serving on {host} without --auth: anyone who can reach it can decide proposals",
               file=sys.stderr)
     engine = make_engine(args.db)
     upgrade(engine)
@@ -1234,7 +1270,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         start_worker(args.db)
     # SIGTERM ends the page like Ctrl-C does, so the atexit hook stops the worker it started.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
-    launch(build_demo(engine), args.host, args.port, auth)
+    try:
+        launch(build_demo(engine), host, port, auth)
+    except OSError:
+        if port_free(host, port):
+            raise
+        print(taken, file=sys.stderr)  # taken between the check and the launch
+        return 2
     return 0
 
 

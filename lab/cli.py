@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
@@ -15,6 +17,11 @@ from envsim.generator import GenerationError, generate
 from envsim.instance import Instance
 from envsim.scoring import Outcome, score, score_answer
 from envsim.suite import SUITE_SEED, Entry, build, report, write_jsonl
+
+if TYPE_CHECKING:
+    from sqlmodel import Session
+
+    from storage.models import Stage
 
 
 class UsageError(Exception):
@@ -156,6 +163,8 @@ def cmd_show(args: argparse.Namespace) -> None:
     for i, (s, g) in enumerate(zip(inst.starts, inst.goals, strict=True)):
         print(f"agent {i} ({chr(ord('A') + i)} -> {chr(ord('a') + i)}): {s} -> {g}")
     if args.plan is None and not args.reference:
+        if args.gif:
+            raise UsageError("--gif replays a plan: give --plan or --reference")
         return
     if args.reference:
         if not inst.labelled:
@@ -168,6 +177,11 @@ def cmd_show(args: argparse.Namespace) -> None:
         print(f"\nt={t}" + (f": {'; '.join(events)}" if events else ""))
         print(render_positions(inst, positions))
     print(f"\n{outcome.message}")
+    if args.gif:
+        from lab.replay import replay_gif
+
+        path = replay_gif(inst, outcome, args.gif)
+        print(f"replay: {path} ({len(outcome.positions)} frames)")
 
 
 def _engine(db: str | None):
@@ -207,15 +221,51 @@ def _grpo_overrides(pairs: list[str]) -> dict:
     return out
 
 
-def cmd_run(args: argparse.Namespace) -> None:
-    from sqlmodel import select
+def quiet_libraries() -> None:
+    """For a run whose output goes to a file or a pipe: no progress bars from the libraries (transformers'
+    weight loading and saving, datasets' maps) and no FutureWarning or DeprecationWarning that a library
+    raises about itself or another library (ours still show)."""
+    import datasets
+    from transformers.utils import logging as hf_logging
 
-    from envsim.suite import Split
-    from lab.loop import LoopError, after_job, create_run, drive, resume, switch_engineer
+    hf_logging.disable_progress_bar()
+    datasets.disable_progress_bars()
+    for category in (FutureWarning, DeprecationWarning):
+        warnings.filterwarnings("ignore", category=category, module=r"(?!(envsim|lab|training|storage|app)\b)")
+
+
+def duration(seconds: float) -> str:
+    """`42s`, `1m 42s`, `2h 05m`."""
+    s = round(seconds)
+    if s < 60:
+        return f"{s}s"
+    return f"{s // 60}m {s % 60:02d}s" if s < 3600 else f"{s // 3600}h {s % 3600 // 60:02d}m"
+
+
+def stage_line(s: Session, stage: Stage, stages: int) -> str:
+    """One line for a finished stage: its validation rates, how long it took, the valid rate per size."""
+    from lab.context import load_stage_result
+
+    result = load_stage_result(s, stage.run_id, stage.index, cases=0)
+    total = result.total
+    took = (duration((stage.finished_at - stage.started_at).total_seconds())
+            if stage.started_at and stage.finished_at else "time unknown")
+    sizes = " ".join(f"{r.size}:{r.valid_rate:.0%}" for _, r in sorted(result.by_size.items()))
+    return (f"stage {stage.index}/{stages} done: validation valid {total.valid_rate:.1%} "
+            f"optimal {total.optimal_rate:.1%} ({took}; {total.episodes} boards, valid by size {sizes})")
+
+
+def cmd_run(args: argparse.Namespace) -> None:
+    """Without a terminal (a file, a pipe, a job scheduler's log) a run writes one line per stage and no
+    progress bars; in a terminal a progress bar of stages runs below those lines."""
+    from lab.loop import LoopError, after_job, create_run, drive, resume, stages_of, switch_engineer
     from storage.db import session
-    from storage.models import Run, StageMetric, StageStatus
+    from storage.models import Run, StageStatus
     from training.worker import run_worker
 
+    quiet = not sys.stdout.isatty()
+    if quiet:
+        quiet_libraries()
     engine = _engine(args.db)
     with session(engine) as s:
         if args.resume is not None:
@@ -231,7 +281,7 @@ def cmd_run(args: argparse.Namespace) -> None:
                 run = create_run(s, name=args.name, config=config, stages=args.stages, policy=args.policy,
                                  engineer=args.engineer or "heuristic", engineer_backend=args.backend or "",
                                  auto_apply=args.auto_apply, seed=args.seed, grpo=_grpo_overrides(args.grpo),
-                                 base_url=args.base_url, lora=args.lora)
+                                 base_url=args.base_url, lora=args.lora, validation_boards=args.validation_boards)
             except LoopError as err:
                 raise UsageError(str(err)) from err
             stages = args.stages
@@ -241,33 +291,30 @@ def cmd_run(args: argparse.Namespace) -> None:
                         else resume(engine, run.id))
         except LoopError as err:
             raise UsageError(str(err)) from err
-        print(f"run {run.id}: resumed ({len(requeued)} jobs queued again)")
+        print(f"run {run.id}: resumed ({len(requeued)} jobs queued again)", flush=True)
     handlers = lab_handlers()
-    with tqdm(total=stages + 1, desc=f"run {run.id}", unit="stage") as bar:
-        def on_state(state: str) -> None:
-            from lab.loop import stages_of
+    shown: set[int] = set()
+    last = ""
+    with tqdm(total=stages + 1, desc=f"run {run.id}", unit="stage", disable=quiet) as bar:
+        say = (lambda line: print(line, flush=True)) if quiet else bar.write
 
+        def on_state(state: str) -> None:
+            nonlocal last
             with session(engine) as s:
-                done = sum(st.status == StageStatus.DONE for st in stages_of(s, run.id))
-            bar.update(done - bar.n)
+                done = [st for st in stages_of(s, run.id) if st.status == StageStatus.DONE]
+                lines = [stage_line(s, st, stages) for st in done if st.index not in shown]
+            shown.update(st.index for st in done)
+            for line in lines:
+                say(line)
+            bar.update(len(done) - bar.n)
             bar.set_postfix_str(state[:60])
-            if state.startswith("waiting") and not args.auto_apply:
-                bar.write(f"{state}: decide in the web lab (envlab serve), or rerun with --auto-apply")
+            if state.startswith("waiting") and not args.auto_apply and state != last:
+                say(f"{state}: decide in the web lab (envlab serve), or rerun with --auto-apply")
+            last = state
 
         state = drive(engine, run.id, lambda: run_worker(engine, handlers, once=True, after=after_job) > 0,
                       on_state=on_state)
-    with session(engine) as s:
-        rows = s.exec(select(StageMetric).where(StageMetric.run_id == run.id, StageMetric.split == Split.VALIDATION)
-                      .order_by(StageMetric.stage_index, StageMetric.size)).all()
-    by_stage: dict[int, list] = {}
-    for r in rows:
-        by_stage.setdefault(r.stage_index, []).append(r)
-    for k, rs in sorted(by_stage.items()):
-        n = sum(r.episodes for r in rs)
-        sizes = " ".join(f"{r.size}:{r.valid / max(r.episodes, 1):.0%}" for r in rs)
-        print(f"stage {k}: valid {sum(r.valid for r in rs) / max(n, 1):.1%}, "
-              f"optimal {sum(r.optimal for r in rs) / max(n, 1):.1%} ({n} boards; by size {sizes})")
-    print(f"run {run.id}: {state}")
+    print(f"run {run.id}: {state}", flush=True)
     if state.startswith(("failed", "cancelled")):
         raise UsageError(f"run {run.id} {state}; resume it with: envlab run --resume {run.id} "
                          "(add --engineer NAME to switch its engineer)")
@@ -324,6 +371,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--id")
     s.add_argument("--plan", help='an answer, e.g. "Agent 0: R D\\nAgent 1: U"')
     s.add_argument("--reference", action="store_true", help="step through the solver's reference plan")
+    s.add_argument("--gif", type=Path, metavar="FILE", help="also write the replay as an animated GIF (for slides)")
     s.set_defaults(fn=cmd_show)
 
     s = sub.add_parser("run", help="run stages headless: train, evaluate, propose, decide, repeat")
@@ -336,6 +384,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--policy", default="tiny", help="tiny, gemma3-270m, a checkpoint folder or a model name")
     s.add_argument("--config", type=Path, help="initial EnvConfig JSON (default: the round-0 config)")
     s.add_argument("--instances", type=int, help="training instances per stage")
+    s.add_argument("--validation-boards", type=int, metavar="N",
+                   help="evaluate each stage on N of the 240 validation boards, spread over the sizes (default: all)")
     s.add_argument("--grpo", action="append", default=[], metavar="KEY=VALUE", help="a GRPOConfig field")
     s.add_argument("--lora", type=int, default=0, metavar="RANK",
                    help="train LoRA adapters of this rank (needs peft), e.g. 16 for a large policy; 0: every weight")

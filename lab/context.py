@@ -63,6 +63,13 @@ class StageResult:
     by_size: dict[int, SizeResult]
     cases: tuple[FailureCase, ...] = ()
 
+    @property
+    def total(self) -> SizeResult:
+        """Every size together (as size 0): the stage's overall validation rates."""
+        rows = self.by_size.values()
+        return SizeResult(0, sum(r.episodes for r in rows), sum(r.valid for r in rows),
+                          sum(r.optimal for r in rows), dict(sum((Counter(r.failures) for r in rows), Counter())))
+
 
 @dataclass(frozen=True)
 class Evidence:
@@ -208,11 +215,9 @@ def _failure_types(results: list[SizeResult]) -> list[str]:
 def _results_table(result: StageResult) -> str:
     rows = [result.by_size[s] for s in sorted(result.by_size)]
     kinds = _failure_types(rows)
-    total = SizeResult(0, sum(r.episodes for r in rows), sum(r.valid for r in rows), sum(r.optimal for r in rows),
-                       dict(sum((Counter(r.failures) for r in rows), Counter())))
     lines = ["| size | episodes | valid | optimal | " + " | ".join(kinds) + " |" if kinds else
              "| size | episodes | valid | optimal |", "|---" * (4 + len(kinds)) + "|"]
-    for label, r in [*((str(r.size), r) for r in rows), ("all", total)]:
+    for label, r in [*((str(r.size), r) for r in rows), ("all", result.total)]:
         cells = [label, str(r.episodes), _pct(r.valid_rate), _pct(r.optimal_rate),
                  *(str(r.failures.get(k, 0)) for k in kinds)]
         lines.append("| " + " | ".join(cells) + " |")

@@ -54,19 +54,25 @@ class LoopError(ValueError):
 def create_run(s: Session, *, name: str, config: EnvConfig, stages: int, policy: str = "tiny",
                engineer: str = "heuristic", engineer_backend: str = "", auto_apply: bool = False, seed: int = 0,
                grpo: dict[str, Any] | None = None, context: ContextModules | None = None,
-               base_url: str | None = None, description: str = "", lora: int = 0) -> Run:
+               base_url: str | None = None, description: str = "", lora: int = 0,
+               validation_boards: int | None = None) -> Run:
     """Store a run, its stage 0 (the starting policy, evaluated on `config`) and queue that stage.
 
     `lora` > 0 trains LoRA adapters of that rank in each stage (folded into the weights when it ends) instead
-    of every weight: the option for large policies.
+    of every weight: the option for large policies. `validation_boards` evaluates each stage on that many of
+    the 240 validation boards, spread over the sizes (None: all of them), for a quick look.
     """
     check_engineer(engineer, engineer_backend)
     if stages < 1:
         raise LoopError(f"stages = {stages}: a run trains at least 1 stage")
     if lora < 0:
         raise LoopError(f"lora = {lora}: a LoRA rank is a positive number (0: no LoRA)")
+    if validation_boards is not None and validation_boards < 1:
+        raise LoopError(f"validation_boards = {validation_boards}: evaluate on at least 1 board (None: all 240)")
     settings = {"stages": stages, "auto_apply": auto_apply, "grpo": grpo or {}, "lora": lora,
                 "context": asdict(context or ContextModules.paper_best()), "base_url": base_url}
+    if validation_boards is not None:
+        settings["validation_boards"] = validation_boards
     run = Run(name=name, description=description, policy=policy, engineer=engineer, engineer_backend=engineer_backend,
               settings=settings, seed=seed, status=RunStatus.ACTIVE)
     s.add(run)

@@ -1,12 +1,26 @@
 """The `envlab` command line, end to end with tiny budgets."""
 
 import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
 
+import pytest
+
+import lab
 from envsim.config import EnvConfig
 from envsim.instance import Instance
 from envsim.parser import format_plan
 from envsim.suite import read_jsonl
 from lab.cli import main
+from lab.context import load_stage_result
+from storage.db import make_engine, session
 
 SMALL = EnvConfig(data_ratio={3: 0.5, 4: 0.5}, hole_ratio={3: 0.1, 4: 0.2}, wait_ratio={3: 0.5, 4: 0.0},
                   num_agents=2, num_instances=6)
@@ -66,3 +80,106 @@ def test_bad_input_gets_one_clear_line_and_exit_status_2(tmp_path, capsys):
                                       "num_agents": 5}))
     assert main(["generate", "--config", str(impossible)]) == 2
     assert "size 3: hole_ratio 0.5 leaves 4 ice cells, too few for 5 agents" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- envlab serve
+
+ROOT = Path(lab.__file__).parent.parent
+
+
+def _serve(tmp_path: Path, *flags: str, port: int, **popen) -> subprocess.Popen:
+    """`envlab serve --no-worker` in a process of its own, with GRADIO_SERVER_PORT set to `port`."""
+    env = {k: v for k, v in os.environ.items() if k != "GRADIO_SERVER_NAME"}
+    env.update(GRADIO_SERVER_PORT=str(port), PYTHONPATH=str(ROOT))
+    return subprocess.Popen([sys.executable, "-m", "lab.cli", "serve", "--no-worker", "--db", str(tmp_path / "x.db"),
+                             *flags], cwd=tmp_path, env=env, text=True, **popen)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_serve_takes_its_address_from_the_flags_then_gradios_variables(monkeypatch):
+    import app
+
+    monkeypatch.delenv("GRADIO_SERVER_NAME", raising=False)
+    monkeypatch.delenv("GRADIO_SERVER_PORT", raising=False)
+    assert app.address(None, None) == ("127.0.0.1", 7860)
+    monkeypatch.setenv("GRADIO_SERVER_NAME", "0.0.0.0")
+    monkeypatch.setenv("GRADIO_SERVER_PORT", "8123")
+    assert app.address(None, None) == ("0.0.0.0", 8123)
+    assert app.address("localhost", 9000) == ("localhost", 9000)
+    monkeypatch.setenv("GRADIO_SERVER_PORT", "eighty")
+    with pytest.raises(SystemExit, match="GRADIO_SERVER_PORT='eighty' is not a port number"):
+        app.address(None, None)
+
+
+def test_serve_listens_on_gradio_server_port_and_says_where(tmp_path: Path):
+    port = _free_port()
+    proc = _serve(tmp_path, port=port, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline, status = time.monotonic() + 120, None
+        while status is None and time.monotonic() < deadline and proc.poll() is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2) as response:
+                    status = response.status
+            except OSError:
+                time.sleep(0.3)
+        assert status == 200, proc.stderr.read()[-2000:] if proc.poll() is not None else "no answer"
+        assert proc.stdout.readline() == f"envlab: serving on http://127.0.0.1:{port}\n"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_serve_on_a_taken_port_says_so_in_one_line(tmp_path: Path):
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        proc = _serve(tmp_path, "--port", str(port), port=_free_port(), stdout=subprocess.PIPE,
+                      stderr=subprocess.PIPE)  # the flag wins over GRADIO_SERVER_PORT
+        out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2
+    assert out == ""
+    assert err == f"envlab serve: port {port} is taken; choose another with --port N or GRADIO_SERVER_PORT\n"
+    assert not (tmp_path / "x.db").exists()  # it stopped before touching the database
+
+
+# ---------------------------------------------------------------- envlab run, its output in a file
+
+STAGE_LINE = re.compile(r"stage (\d)/2 done: validation valid (\d+\.\d%) optimal (\d+\.\d%) "
+                        r"\((?:\d+s|\d+m \d\ds); 2 boards, valid by size 3:\d+% 7:\d+%\)")
+
+
+def test_run_into_a_file_writes_one_line_per_stage_and_no_bars_or_warnings(tmp_path: Path):
+    """A 2-stage run on the tiny policy, 1 GRPO step a stage and 2 validation boards, output to a file."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "ENVLAB_RUNS": str(tmp_path / "runs")}
+    db = tmp_path / "x.db"
+    command = [sys.executable, "-m", "lab.cli", "run", "--stages", "2", "--instances", "2", "--validation-boards", "2",
+               "--grpo", "max_steps=1", "--grpo", "num_generations=2", "--grpo", "per_device_train_batch_size=2",
+               "--auto-apply", "--db", str(db)]
+    with (tmp_path / "out.txt").open("w") as out:
+        done = subprocess.run(command, cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=600)
+    text = (tmp_path / "out.txt").read_text()
+    assert done.returncode == 0, text[-3000:]
+    lines = text.splitlines()
+    assert lines[-1] == "run 1: done"
+    matches = [STAGE_LINE.fullmatch(line) for line in lines[:-1]]
+    assert all(matches), lines
+    assert [int(m[1]) for m in matches] == [0, 1, 2]
+    engine = make_engine(str(db))
+    with session(engine) as s:
+        for m in matches:
+            total = load_stage_result(s, 1, int(m[1]), cases=0).total
+            assert (m[2], m[3]) == (f"{total.valid_rate:.1%}", f"{total.optimal_rate:.1%}")
+    engine.dispose()
+    assert "Loading" not in text and "it/s" not in text and "Warning" not in text
+
+
+def test_run_refuses_zero_validation_boards(tmp_path: Path, capsys):
+    assert main(["run", "--validation-boards", "0", "--db", str(tmp_path / "x.db")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "envlab run: validation_boards = 0: evaluate on at least 1 board (None: all 240)")
