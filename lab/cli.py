@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import NoReturn
 
 from tqdm import tqdm
 
@@ -41,7 +43,8 @@ def _instance(row: Entry | Instance) -> Instance:
     return row.instance if isinstance(row, Entry) else row
 
 
-def read_config(path: Path | None) -> EnvConfig:
+def config_file(path: Path | None) -> EnvConfig:
+    """The EnvConfig in a JSON file, checked strictly (the round-0 default without a file)."""
     if path is None:
         return EnvConfig.default()
     try:
@@ -66,7 +69,7 @@ def cmd_bench_suite(args: argparse.Namespace) -> None:
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
-    config = read_config(args.config)
+    config = config_file(args.config)
     n = args.n if args.n is not None else config.num_instances
     with tqdm(total=n, desc="generate", unit="board") as bar:
         boards = generate(config, n, seed=args.seed, on_board=lambda _: bar.update())
@@ -178,20 +181,10 @@ def _engine(db: str | None):
     return engine
 
 
-def lab_handlers() -> dict:
-    """Every job kind a worker of the lab runs: training's (stage, benchmark) and the engineer's (propose)."""
-    from lab.loop import run_propose_job
-    from storage.models import JobKind
-    from training.worker import training_handlers
-
-    return {**training_handlers(), JobKind.PROPOSE: run_propose_job}
-
-
 def cmd_worker(args: argparse.Namespace) -> None:
-    from lab.loop import after_job
-    from training.worker import run_from_args
+    from lab.worker import run_from_args
 
-    raise SystemExit(run_from_args(args, lab_handlers(), after=after_job))
+    raise SystemExit(run_from_args(args))
 
 
 def _grpo_overrides(pairs: list[str]) -> dict:
@@ -208,13 +201,11 @@ def _grpo_overrides(pairs: list[str]) -> dict:
 
 
 def cmd_run(args: argparse.Namespace) -> None:
-    from sqlmodel import select
-
-    from envsim.suite import Split
     from lab.loop import LoopError, after_job, create_run, drive, resume, switch_engineer
+    from lab.results import stage_summaries
+    from lab.worker import handlers, run_worker
     from storage.db import session
-    from storage.models import Run, StageMetric, StageStatus
-    from training.worker import run_worker
+    from storage.models import Run, StageStatus
 
     engine = _engine(args.db)
     with session(engine) as s:
@@ -224,7 +215,7 @@ def cmd_run(args: argparse.Namespace) -> None:
                 raise UsageError(f"--resume {args.resume}: no such run")
             stages = run.settings["stages"]
         else:
-            config = read_config(args.config)
+            config = config_file(args.config)
             if args.instances is not None:
                 config = config.model_copy(update={"num_instances": args.instances})
             try:
@@ -242,7 +233,7 @@ def cmd_run(args: argparse.Namespace) -> None:
         except LoopError as err:
             raise UsageError(str(err)) from err
         print(f"run {run.id}: resumed ({len(requeued)} jobs queued again)")
-    handlers = lab_handlers()
+    lab_handlers = handlers()
     with tqdm(total=stages + 1, desc=f"run {run.id}", unit="stage") as bar:
         def on_state(state: str) -> None:
             from lab.loop import stages_of
@@ -254,26 +245,22 @@ def cmd_run(args: argparse.Namespace) -> None:
             if state.startswith("waiting") and not args.auto_apply:
                 bar.write(f"{state}: decide in the web lab (envlab serve), or rerun with --auto-apply")
 
-        state = drive(engine, run.id, lambda: run_worker(engine, handlers, once=True, after=after_job) > 0,
+        state = drive(engine, run.id, lambda: run_worker(engine, lab_handlers, once=True, after=after_job) > 0,
                       on_state=on_state)
     with session(engine) as s:
-        rows = s.exec(select(StageMetric).where(StageMetric.run_id == run.id, StageMetric.split == Split.VALIDATION)
-                      .order_by(StageMetric.stage_index, StageMetric.size)).all()
-    by_stage: dict[int, list] = {}
-    for r in rows:
-        by_stage.setdefault(r.stage_index, []).append(r)
-    for k, rs in sorted(by_stage.items()):
-        n = sum(r.episodes for r in rs)
-        sizes = " ".join(f"{r.size}:{r.valid / max(r.episodes, 1):.0%}" for r in rs)
-        print(f"stage {k}: valid {sum(r.valid for r in rs) / max(n, 1):.1%}, "
-              f"optimal {sum(r.optimal for r in rs) / max(n, 1):.1%} ({n} boards; by size {sizes})")
+        summaries = stage_summaries(s, run.id)
+    for k, summary in sorted(summaries.items()):
+        pooled = summary.pooled
+        sizes = " ".join(f"{size}:{t.valid_rate:.0%}" for size, t in summary.by_size.items())
+        print(f"stage {k}: valid {pooled.valid_rate:.1%}, optimal {pooled.optimal_rate:.1%} "
+              f"({pooled.episodes} boards; by size {sizes})")
     print(f"run {run.id}: {state}")
     if state.startswith(("failed", "cancelled")):
         raise UsageError(f"run {run.id} {state}; resume it with: envlab run --resume {run.id} "
                          "(add --engineer NAME to switch its engineer)")
 
 
-def parser() -> argparse.ArgumentParser:
+def arguments() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="envlab", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -325,7 +312,7 @@ def parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_run)
 
     s = sub.add_parser("worker", help="run queued jobs (training stages, evaluations, proposals)")
-    from training.worker import add_arguments
+    from lab.worker import add_arguments
 
     add_arguments(s)
     s.set_defaults(fn=cmd_worker)
@@ -334,13 +321,21 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def serve(argv: list[str]) -> NoReturn:
+    """`envlab serve`: this process becomes `python -m app` (the web lab, which parses its own options:
+    --host, --port, --auth, --db, --no-worker). The page sits above the lab, so the lab starts it as a
+    program, as the page starts `envlab worker`, instead of importing it; the process keeps its id, so
+    signals reach the page."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-m", "app", *argv])
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["serve"]:  # the web lab parses its own options (--host, --port, --auth, --db, --no-worker)
-        import app
-
-        return app.main(argv[1:])
-    args = parser().parse_args(argv)
+    if argv[:1] == ["serve"]:
+        serve(argv[1:])
+    args = arguments().parse_args(argv)
     try:
         args.fn(args)
     except (UsageError, GenerationError) as err:

@@ -21,10 +21,10 @@ import pytest
 from sqlmodel import select
 
 import app
+from lab.worker import run_worker
 from storage.db import make_engine, session
 from storage.models import Decision, Run, Stage, utcnow
 from tests.test_app import record_evaluation, seed_lab
-from training.worker import run_worker
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
