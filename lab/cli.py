@@ -16,7 +16,7 @@ from envsim.config import ConfigError, EnvConfig, project
 from envsim.generator import GenerationError, generate
 from envsim.instance import Instance
 from envsim.scoring import Outcome, score, score_answer
-from envsim.suite import SUITE_SEED, Entry, build, report, write_jsonl
+from envsim.suite import SUITE_SEED, Entry, Split, build, report, write_jsonl
 
 
 class UsageError(Exception):
@@ -205,7 +205,7 @@ def cmd_run(args: argparse.Namespace) -> None:
     from lab.results import stage_summaries
     from lab.worker import handlers, run_worker
     from storage.db import session
-    from storage.models import Run, StageStatus
+    from storage.models import Run, RunStatus, StageStatus
 
     engine = _engine(args.db)
     with session(engine) as s:
@@ -242,7 +242,7 @@ def cmd_run(args: argparse.Namespace) -> None:
                 done = sum(st.status == StageStatus.DONE for st in stages_of(s, run.id))
             bar.update(done - bar.n)
             bar.set_postfix_str(state[:60])
-            if state.startswith("waiting") and not args.auto_apply:
+            if state.startswith(RunStatus.WAITING) and not args.auto_apply:
                 bar.write(f"{state}: decide in the web lab (envlab serve), or rerun with --auto-apply")
 
         state = drive(engine, run.id, lambda: run_worker(engine, lab_handlers, once=True, after=after_job) > 0,
@@ -255,7 +255,7 @@ def cmd_run(args: argparse.Namespace) -> None:
         print(f"stage {k}: valid {pooled.valid_rate:.1%}, optimal {pooled.optimal_rate:.1%} "
               f"({pooled.episodes} boards; by size {sizes})")
     print(f"run {run.id}: {state}")
-    if state.startswith(("failed", "cancelled")):
+    if state.startswith((RunStatus.FAILED, RunStatus.CANCELLED)):
         raise UsageError(f"run {run.id} {state}; resume it with: envlab run --resume {run.id} "
                          "(add --engineer NAME to switch its engineer)")
 
@@ -268,7 +268,8 @@ def arguments() -> argparse.ArgumentParser:
     s.add_argument("--out", type=Path, default=Path("data/suite"))
     s.add_argument("--seed", type=int, default=SUITE_SEED)
     s.add_argument("--workers", type=int, default=2)
-    s.add_argument("--split", nargs="+", choices=["validation", "benchmark"], default=["validation", "benchmark"])
+    splits = [Split.VALIDATION.value, Split.BENCHMARK.value]
+    s.add_argument("--split", nargs="+", choices=splits, default=splits)
     s.set_defaults(fn=cmd_bench_suite)
 
     s = sub.add_parser("generate", help="generate labelled training boards from an EnvConfig JSON file")

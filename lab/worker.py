@@ -38,6 +38,7 @@ import threading
 import traceback
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
+from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import Engine
@@ -261,9 +262,17 @@ def ago(t: datetime) -> str:
     return f"{seconds:.0f} s ago" if seconds < 120 else f"{seconds / 60:.0f} min ago"
 
 
-def worker_status(engine: Engine) -> tuple[str, str]:
-    """Whether a worker is picking up jobs, read from the jobs table: (state, one line for a person), state
-    one of "busy", "down", "waiting", "idle"."""
+class WorkerState(StrEnum):
+    """Whether a worker is at work, as the page's badge shows it."""
+
+    BUSY = "busy"  # a running job has a fresh heartbeat
+    DOWN = "down"  # a running job's heartbeat is stale, or queued jobs wait too long with nothing running
+    WAITING = "waiting"  # jobs are queued, for less than `QUEUE_PATIENCE_S` so far
+    IDLE = "idle"  # nothing queued or running
+
+
+def worker_status(engine: Engine) -> tuple[WorkerState, str]:
+    """Whether a worker is picking up jobs, read from the jobs table: (state, one line for a person)."""
     now = utcnow()
     with session(engine) as s:
         running = list(s.exec(select(Job).where(Job.status == JobStatus.RUNNING).order_by(Job.id)))
@@ -273,23 +282,23 @@ def worker_status(engine: Engine) -> tuple[str, str]:
         j = fresh[0]
         step = f", step {j.step}/{j.total}" if j.total else ""
         more = f"; {len(queued)} queued" if queued else ""
-        return "busy", f"Worker busy: {j.kind} job {j.id}{step} (heartbeat {ago(j.heartbeat_at)}){more}."
+        return WorkerState.BUSY, f"Worker busy: {j.kind} job {j.id}{step} (heartbeat {ago(j.heartbeat_at)}){more}."
     if running:
         j = running[0]
-        return "down", (f"Job {j.id} ({j.kind}) has sent no heartbeat since {ago(j.heartbeat_at)}: its worker "
-                        f"({j.worker}) seems to be down. Start one with `envlab worker`; it fails the stale job, "
-                        "and the Train tab can queue it again.")
+        return WorkerState.DOWN, (f"Job {j.id} ({j.kind}) has sent no heartbeat since {ago(j.heartbeat_at)}: its "
+                                  f"worker ({j.worker}) seems to be down. Start one with `envlab worker`; it fails the "
+                                  "stale job, and the Train tab can queue it again.")
     if queued:
         waited = (now - queued[0].created_at).total_seconds()
         if waited > QUEUE_PATIENCE_S:
-            return "down", (f"{len(queued)} job(s) queued, the oldest for {waited:.0f} s, and no worker has taken "
-                            "one: no worker seems to be running. Start one with `envlab worker`.")
-        return "waiting", f"{len(queued)} job(s) queued, waiting for a worker."
-    return "idle", "Worker idle: no jobs queued."
+            return WorkerState.DOWN, (f"{len(queued)} job(s) queued, the oldest for {waited:.0f} s, and no worker "
+                                      "has taken one: no worker seems to be running. Start one with `envlab worker`.")
+        return WorkerState.WAITING, f"{len(queued)} job(s) queued, waiting for a worker."
+    return WorkerState.IDLE, "Worker idle: no jobs queued."
 
 
 def worker_busy(engine: Engine) -> bool:
-    return worker_status(engine)[0] == "busy"
+    return worker_status(engine)[0] == WorkerState.BUSY
 
 
 def start_worker(db: str | None) -> subprocess.Popen:
