@@ -115,9 +115,9 @@ def run_job(engine: Engine, job: Job, handler: Handler, *, stale_s: float | None
         with session(engine) as s:
             return s.get(Job, job.id, populate_existing=True)
     except Exception as err:
-        ended = _fail(engine, job, err)
+        ended = _fail_job(engine, job, err)
     except KeyboardInterrupt as err:  # a second SIGINT/SIGTERM: end the job as failed, then stop
-        _fail(engine, job, err)
+        _fail_job(engine, job, err)
         raise
     finally:
         beat.done.set()
@@ -125,7 +125,7 @@ def run_job(engine: Engine, job: Job, handler: Handler, *, stale_s: float | None
     return ended
 
 
-def _fail(engine: Engine, job: Job, err: BaseException) -> Job:
+def _fail_job(engine: Engine, job: Job, err: BaseException) -> Job:
     cancelled = isinstance(err, Cancelled)
     error = JobStatus.CANCELLED.value if cancelled else traceback.format_exception_only(err)[-1].strip()
     if cancelled:

@@ -91,7 +91,7 @@ def verdict(instance: Instance, outcome: Outcome) -> str:
     return f"✗ **{outcome.failure}**: {what}.{on_goal}"
 
 
-def last_step(view: dict[str, Any] | None) -> int:
+def view_end(view: dict[str, Any] | None) -> int:
     """The last time step of a viewer state's outcome (0 with no outcome)."""
     return figures.last_step(Outcome.from_dict(view["outcome"])) if view and view.get("outcome") else 0
 

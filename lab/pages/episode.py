@@ -14,7 +14,7 @@ from envsim.instance import Instance
 from envsim.scoring import Outcome
 from envsim.suite import Split
 from lab.pages import figures
-from lab.pages.common import Page, draw, last_step, table, verdict
+from lab.pages.common import Page, draw, table, verdict, view_end
 from lab.results import outcome_of
 from lab.runs import episode_across_stages
 
@@ -106,14 +106,14 @@ class EpisodeTab:
     def toggle_play(self, view: dict | None, is_playing: bool, t: Any) -> dict[Any, Any]:
         if not view:
             return {self.playing: False, self.ticker: gr.Timer(active=False), self.play: "▶ Play", self.step: t}
-        end = last_step(view)
+        end = view_end(view)
         starting = not is_playing
         t = 0 if starting and t >= end else t
         return {self.playing: starting, self.ticker: gr.Timer(active=starting),
                 self.play: "❚❚ Pause" if starting else "▶ Play", self.step: t}
 
     def tick(self, view: dict | None, t: Any, ghost: bool) -> dict[Any, Any]:
-        end = last_step(view)
+        end = view_end(view)
         t = min(int(t or 0) + 1, end)
         going = t < end
         return self.redraw(view, t, ghost) | {self.step: t, self.playing: going,

@@ -14,8 +14,7 @@ from typing import Any
 import gradio as gr
 from sqlalchemy import Engine
 
-from lab.loop import LoopError
-from lab.loop import queue_benchmark as queue_benchmark_job
+from lab.loop import LoopError, queue_benchmark
 from lab.pages.common import Page, table
 from lab.runs import benchmark_checkpoints, benchmark_report
 
@@ -53,11 +52,11 @@ def leaderboard(engine: Engine, keys: Sequence[str]) -> tuple[dict[str, Any], di
     return table(["agents", "size", *columns], by_size), table(["agents", "wait subset", *columns], by_subset), note
 
 
-def queue_benchmark(engine: Engine, run_id: int | None, stage_index: Any) -> str:
+def benchmark_stage(engine: Engine, run_id: int | None, stage_index: Any) -> str:
     if run_id is None or stage_index in (None, ""):
         return "Pick a run and one of its evaluated stages first."
     try:
-        job = queue_benchmark_job(engine, int(run_id), int(stage_index))
+        job = queue_benchmark(engine, int(run_id), int(stage_index))
     except LoopError as err:
         return f"✗ {err}"
     return f"Queued benchmark job {job.id} for run #{run_id}, stage {stage_index}: the worker evaluates 3,150 boards."
@@ -97,7 +96,7 @@ def build(page: Page) -> LeaderboardTab:
     pick.change(tab.show, pick, [by_size, by_subset, note])
 
     def queue_clicked(run_id: int | None, stage_index: Any) -> dict[Any, Any]:
-        return {message: queue_benchmark(page.engine, run_id, stage_index)}
+        return {message: benchmark_stage(page.engine, run_id, stage_index)}
 
     queue.click(queue_clicked, [page.run_pick, stage], message)
     return tab

@@ -16,7 +16,7 @@ from envsim.rules import MIN_SIZE
 from envsim.scoring import score_answer
 from envsim.solver import Unsolved, label
 from lab.pages import figures
-from lab.pages.common import Page, draw, last_step, verdict
+from lab.pages.common import Page, draw, verdict, view_end
 from lab.pages.episode import episode_view
 
 
@@ -87,7 +87,7 @@ class PlaygroundTab:
 
     def drawn(self, view: dict | None, t: int | None = None) -> dict[Any, Any]:
         """The board at step `t` (default: the end of the plan), the slider, and the events then."""
-        end = last_step(view)
+        end = view_end(view)
         t = end if t is None else t
         fig, events = draw(view, t, True)
         return {self.board: fig, self.step: gr.update(maximum=max(end, 1), value=t), self.events: events}

@@ -236,11 +236,11 @@ def build(page: Page) -> ProposalTab:
     message = gr.Markdown(elem_id="decision-msg")
     tab = ProposalTab(page.engine, pick, auto, status, rationale, raw, diff, preview_note, preview, edit, agents,
                       instances, note, buttons, message, [])
-    _wire(page, tab)
+    _wire_decisions(page, tab)
     return tab
 
 
-def _wire(page: Page, tab: ProposalTab) -> None:
+def _wire_decisions(page: Page, tab: ProposalTab) -> None:
     shown = [o for o in tab.outputs if o is not tab.pick]
     tab.pick.input(tab.show, tab.pick, shown).then(tab.show_preview, tab.pick, [tab.preview, tab.preview_note])
     tab.pick.change(tab.show_preview, tab.pick, [tab.preview, tab.preview_note], trigger_mode="always_last")
