@@ -37,7 +37,7 @@ from envsim.generator import random_board  # noqa: E402
 from envsim.instance import Instance  # noqa: E402
 from envsim.scoring import Outcome, score  # noqa: E402
 from envsim.solver import Unsolved, label  # noqa: E402
-from lab import figures  # noqa: E402
+from lab.pages import figures  # noqa: E402
 from storage.db import make_engine  # noqa: E402
 
 REPLAY_TARGET_S = 0.100

@@ -32,8 +32,8 @@ from envsim.generator import generate  # noqa: E402
 from envsim.instance import Instance  # noqa: E402
 from envsim.parser import format_plan  # noqa: E402
 from envsim.rules import ACTIONS  # noqa: E402
-from envsim.scoring import score_answer  # noqa: E402
-from lab.context import Evidence, FailureCase, SizeResult, StageResult  # noqa: E402
+from envsim.scoring import Tally, score_answer  # noqa: E402
+from lab.context import Evidence, FailureCase, StageResult  # noqa: E402
 from lab.engineers import Unreadable, llm, random_config, read_config  # noqa: E402
 from lab.llm import complete  # noqa: E402
 
@@ -67,7 +67,7 @@ def scored_stage(index: int, config: EnvConfig, boards: list[Instance], rng: np.
             row[3][outcome.failure.value] += 1
             if len(cases) < 3:
                 cases.append(FailureCase(inst, text, outcome))
-    by_size = {s: SizeResult(s, n, v, o, dict(f)) for s, (n, v, o, f) in counts.items() if n}
+    by_size = {s: Tally(n, v, o, dict(f)) for s, (n, v, o, f) in counts.items() if n}
     return StageResult(index, config, by_size, tuple(cases))
 
 

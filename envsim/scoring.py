@@ -10,8 +10,9 @@ batch path to `score`, field by field.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from itertools import chain
 from operator import attrgetter, itemgetter
 from typing import Any
@@ -85,6 +86,44 @@ class Outcome:
             positions=tuple(tuple(tuple(cell) for cell in row) for row in d["positions"]),
             message=d["message"],
         )
+
+
+@dataclass(frozen=True)
+class Tally:
+    """Counts over scored episodes: how many, how many valid, how many optimal, and failures per type.
+
+    The rates are defined here and nowhere else (docs/results.md): `valid_rate` = valid episodes / episodes,
+    `optimal_rate` = optimal episodes / episodes, 0 for no episodes. A stage's rate at one map size is its
+    tally at that size; its pooled rate is the tally of all its episodes, `Tally.total(per_size.values())`.
+    """
+
+    episodes: int = 0
+    valid: int = 0
+    optimal: int = 0
+    failures: dict[str, int] = field(default_factory=dict)  # failure type -> episodes; types with none left out
+
+    @property
+    def valid_rate(self) -> float:
+        return self.valid / self.episodes if self.episodes else 0.0
+
+    @property
+    def optimal_rate(self) -> float:
+        return self.optimal / self.episodes if self.episodes else 0.0
+
+    @classmethod
+    def of(cls, outcomes: Iterable[Outcome]) -> Tally:
+        outcomes = list(outcomes)
+        failures = Counter(o.failure.value for o in outcomes if o.failure is not None)
+        return cls(len(outcomes), sum(o.valid for o in outcomes), sum(o.optimal for o in outcomes),
+                   dict(sorted(failures.items())))
+
+    @classmethod
+    def total(cls, tallies: Iterable[Tally]) -> Tally:
+        """One tally of all the episodes that `tallies` count (the pooled counts of a stage's sizes)."""
+        tallies = list(tallies)
+        failures = sum((Counter(t.failures) for t in tallies), Counter())
+        return cls(sum(t.episodes for t in tallies), sum(t.valid for t in tallies), sum(t.optimal for t in tallies),
+                   dict(sorted(failures.items())))
 
 
 # ---------------------------------------------------------------- one episode, every event

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import warnings
 from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from tqdm import tqdm
 
@@ -16,7 +17,7 @@ from envsim.config import ConfigError, EnvConfig, project
 from envsim.generator import GenerationError, generate
 from envsim.instance import Instance
 from envsim.scoring import Outcome, score, score_answer
-from envsim.suite import SUITE_SEED, Entry, build, report, write_jsonl
+from envsim.suite import SUITE_SEED, Entry, Split, build, report, write_jsonl
 
 if TYPE_CHECKING:
     from sqlmodel import Session
@@ -48,7 +49,8 @@ def _instance(row: Entry | Instance) -> Instance:
     return row.instance if isinstance(row, Entry) else row
 
 
-def read_config(path: Path | None) -> EnvConfig:
+def config_file(path: Path | None) -> EnvConfig:
+    """The EnvConfig in a JSON file, checked strictly (the round-0 default without a file)."""
     if path is None:
         return EnvConfig.default()
     try:
@@ -73,7 +75,7 @@ def cmd_bench_suite(args: argparse.Namespace) -> None:
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
-    config = read_config(args.config)
+    config = config_file(args.config)
     n = args.n if args.n is not None else config.num_instances
     with tqdm(total=n, desc="generate", unit="board") as bar:
         boards = generate(config, n, seed=args.seed, on_board=lambda _: bar.update())
@@ -192,20 +194,10 @@ def _engine(db: str | None):
     return engine
 
 
-def lab_handlers() -> dict:
-    """Every job kind a worker of the lab runs: training's (stage, benchmark) and the engineer's (propose)."""
-    from lab.loop import run_propose_job
-    from storage.models import JobKind
-    from training.worker import training_handlers
-
-    return {**training_handlers(), JobKind.PROPOSE: run_propose_job}
-
-
 def cmd_worker(args: argparse.Namespace) -> None:
-    from lab.loop import after_job
-    from training.worker import run_from_args
+    from lab.worker import run_from_args
 
-    raise SystemExit(run_from_args(args, lab_handlers(), after=after_job))
+    raise SystemExit(run_from_args(args))
 
 
 def _grpo_overrides(pairs: list[str]) -> dict:
@@ -244,13 +236,13 @@ def duration(seconds: float) -> str:
 
 def stage_line(s: Session, stage: Stage, stages: int) -> str:
     """One line for a finished stage: its validation rates, how long it took, the valid rate per size."""
-    from lab.context import load_stage_result
+    from lab.results import stage_summaries
 
-    result = load_stage_result(s, stage.run_id, stage.index, cases=0)
-    total = result.total
+    summary = stage_summaries(s, stage.run_id, stage_index=stage.index)[stage.index]
+    total = summary.pooled
     took = (duration((stage.finished_at - stage.started_at).total_seconds())
             if stage.started_at and stage.finished_at else "time unknown")
-    sizes = " ".join(f"{r.size}:{r.valid_rate:.0%}" for _, r in sorted(result.by_size.items()))
+    sizes = " ".join(f"{size}:{t.valid_rate:.0%}" for size, t in sorted(summary.by_size.items()))
     return (f"stage {stage.index}/{stages} done: validation valid {total.valid_rate:.1%} "
             f"optimal {total.optimal_rate:.1%} ({took}; {total.episodes} boards, valid by size {sizes})")
 
@@ -259,9 +251,9 @@ def cmd_run(args: argparse.Namespace) -> None:
     """Without a terminal (a file, a pipe, a job scheduler's log) a run writes one line per stage and no
     progress bars; in a terminal a progress bar of stages runs below those lines."""
     from lab.loop import LoopError, after_job, create_run, drive, resume, stages_of, switch_engineer
+    from lab.worker import handlers, run_worker
     from storage.db import session
-    from storage.models import Run, StageStatus
-    from training.worker import run_worker
+    from storage.models import Run, RunStatus, StageStatus
 
     quiet = not sys.stdout.isatty()
     if quiet:
@@ -274,7 +266,7 @@ def cmd_run(args: argparse.Namespace) -> None:
                 raise UsageError(f"--resume {args.resume}: no such run")
             stages = run.settings["stages"]
         else:
-            config = read_config(args.config)
+            config = config_file(args.config)
             if args.instances is not None:
                 config = config.model_copy(update={"num_instances": args.instances})
             try:
@@ -292,7 +284,7 @@ def cmd_run(args: argparse.Namespace) -> None:
         except LoopError as err:
             raise UsageError(str(err)) from err
         print(f"run {run.id}: resumed ({len(requeued)} jobs queued again)", flush=True)
-    handlers = lab_handlers()
+    lab_handlers = handlers()
     shown: set[int] = set()
     last = ""
     with tqdm(total=stages + 1, desc=f"run {run.id}", unit="stage", disable=quiet) as bar:
@@ -308,14 +300,14 @@ def cmd_run(args: argparse.Namespace) -> None:
                 say(line)
             bar.update(len(done) - bar.n)
             bar.set_postfix_str(state[:60])
-            if state.startswith("waiting") and not args.auto_apply and state != last:
+            if state.startswith(RunStatus.WAITING) and not args.auto_apply and state != last:
                 say(f"{state}: decide in the web lab (envlab serve), or rerun with --auto-apply")
             last = state
 
-        state = drive(engine, run.id, lambda: run_worker(engine, handlers, once=True, after=after_job) > 0,
+        state = drive(engine, run.id, lambda: run_worker(engine, lab_handlers, once=True, after=after_job) > 0,
                       on_state=on_state)
     print(f"run {run.id}: {state}", flush=True)
-    if state.startswith(("failed", "cancelled")):
+    if state.startswith((RunStatus.FAILED, RunStatus.CANCELLED)):
         raise UsageError(f"run {run.id} {state}; resume it with: envlab run --resume {run.id} "
                          "(add --engineer NAME to switch its engineer)")
 
@@ -341,7 +333,7 @@ def cmd_import(args: argparse.Namespace) -> None:
     print(f"{args.file}: run {run['uuid']} ({run['name']}) -> run {run_id}")
 
 
-def parser() -> argparse.ArgumentParser:
+def arguments() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="envlab", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -349,7 +341,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--out", type=Path, default=Path("data/suite"))
     s.add_argument("--seed", type=int, default=SUITE_SEED)
     s.add_argument("--workers", type=int, default=2)
-    s.add_argument("--split", nargs="+", choices=["validation", "benchmark"], default=["validation", "benchmark"])
+    splits = [Split.VALIDATION.value, Split.BENCHMARK.value]
+    s.add_argument("--split", nargs="+", choices=splits, default=splits)
     s.set_defaults(fn=cmd_bench_suite)
 
     s = sub.add_parser("generate", help="generate labelled training boards from an EnvConfig JSON file")
@@ -396,7 +389,7 @@ def parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_run)
 
     s = sub.add_parser("worker", help="run queued jobs (training stages, evaluations, proposals)")
-    from training.worker import add_arguments
+    from lab.worker import add_arguments
 
     add_arguments(s)
     s.set_defaults(fn=cmd_worker)
@@ -417,13 +410,21 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def serve(argv: list[str]) -> NoReturn:
+    """`envlab serve`: this process becomes `python -m app` (the web lab, which parses its own options:
+    --host, --port, --auth, --db, --no-worker). The page sits above the lab, so the lab starts it as a
+    program, as the page starts `envlab worker`, instead of importing it; the process keeps its id, so
+    signals reach the page."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-m", "app", *argv])
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["serve"]:  # the web lab parses its own options (--host, --port, --auth, --db, --no-worker)
-        import app
-
-        return app.main(argv[1:])
-    args = parser().parse_args(argv)
+    if argv[:1] == ["serve"]:
+        serve(argv[1:])
+    args = arguments().parse_args(argv)
     try:
         args.fn(args)
     except (UsageError, GenerationError) as err:

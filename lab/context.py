@@ -10,7 +10,6 @@ the history without the round-0 default, and the bookkeeping.
 from __future__ import annotations
 
 import json
-from collections import Counter
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -19,30 +18,13 @@ from sqlmodel import Session, select
 from envsim.config import GLOBALS, KNOB_HELP, KNOBS, EnvConfig
 from envsim.instance import Instance
 from envsim.rules import Failure
-from envsim.scoring import Outcome, score_answer
-from storage.models import Episode, Stage, StageMetric
+from envsim.scoring import Outcome, Tally
+from envsim.suite import Split
+from lab.results import outcome_of, stage_summaries
+from storage.models import Episode, Stage
 
-SPLIT = "validation"
+SPLIT = Split.VALIDATION  # the engineer reads validation results only
 ANSWER_CHARS = 600  # a failure case shows at most this much of the policy's answer
-
-
-@dataclass(frozen=True)
-class SizeResult:
-    """A stage's validation results at one map size; `failures` counts episodes per failure type."""
-
-    size: int
-    episodes: int
-    valid: int
-    optimal: int
-    failures: dict[str, int]
-
-    @property
-    def valid_rate(self) -> float:
-        return self.valid / self.episodes if self.episodes else 0.0
-
-    @property
-    def optimal_rate(self) -> float:
-        return self.optimal / self.episodes if self.episodes else 0.0
 
 
 @dataclass(frozen=True)
@@ -60,15 +42,13 @@ class StageResult:
 
     stage_index: int
     config: EnvConfig
-    by_size: dict[int, SizeResult]
+    by_size: dict[int, Tally]
     cases: tuple[FailureCase, ...] = ()
 
     @property
-    def total(self) -> SizeResult:
-        """Every size together (as size 0): the stage's overall validation rates."""
-        rows = self.by_size.values()
-        return SizeResult(0, sum(r.episodes for r in rows), sum(r.valid for r in rows),
-                          sum(r.optimal for r in rows), dict(sum((Counter(r.failures) for r in rows), Counter())))
+    def total(self) -> Tally:
+        """Every size together: the stage's pooled validation counts (docs/results.md)."""
+        return Tally.total(self.by_size.values())
 
 
 @dataclass(frozen=True)
@@ -133,10 +113,8 @@ def load_stage_result(session: Session, run_id: int, stage_index: int, cases: in
     stage = session.exec(select(Stage).where(Stage.run_id == run_id, Stage.index == stage_index)).first()
     if stage is None:
         raise LookupError(f"run {run_id} has no stage {stage_index}")
-    metrics = session.exec(select(StageMetric).where(
-        StageMetric.run_id == run_id, StageMetric.stage_index == stage_index, StageMetric.split == SPLIT,
-    ).order_by(StageMetric.size)).all()
-    by_size = {m.size: SizeResult(m.size, m.episodes, m.valid, m.optimal, dict(m.failures)) for m in metrics}
+    summary = stage_summaries(session, run_id, SPLIT, stage_index).get(stage_index)
+    by_size = summary.by_size if summary else {}
     return StageResult(stage_index, EnvConfig.model_validate(stage.config), by_size,
                        _failure_cases(session, run_id, stage_index, cases) if cases > 0 else ())
 
@@ -158,9 +136,7 @@ def _failure_cases(session: Session, run_id: int, stage_index: int, n: int) -> t
 
 def _case(ep: Episode) -> FailureCase:
     instance = Instance.model_validate(ep.instance)
-    # An episode stored without its outcome is scored again: the rules are deterministic.
-    outcome = Outcome.from_dict(ep.outcome) if ep.outcome else score_answer(instance, ep.completion)
-    return FailureCase(instance, ep.completion, outcome)
+    return FailureCase(instance, ep.completion, outcome_of(ep, instance))
 
 
 def _failure_rank(name: str) -> int:
@@ -206,18 +182,19 @@ def _breakdown(result: StageResult) -> str:
     return f"{head}\n{_results_table(result)}"
 
 
-def _failure_types(results: list[SizeResult]) -> list[str]:
+def _failure_types(results: list[Tally]) -> list[str]:
     """The failure types that occur in `results`, in the rule order (unknown names last, sorted)."""
     seen = {f for r in results for f, n in r.failures.items() if n}
     return sorted(seen, key=lambda f: (_failure_rank(f), f))
 
 
 def _results_table(result: StageResult) -> str:
-    rows = [result.by_size[s] for s in sorted(result.by_size)]
-    kinds = _failure_types(rows)
+    sizes = sorted(result.by_size)
+    kinds = _failure_types([result.by_size[s] for s in sizes])
+    total = result.total
     lines = ["| size | episodes | valid | optimal | " + " | ".join(kinds) + " |" if kinds else
              "| size | episodes | valid | optimal |", "|---" * (4 + len(kinds)) + "|"]
-    for label, r in [*((str(r.size), r) for r in rows), ("all", result.total)]:
+    for label, r in [*((str(s), result.by_size[s]) for s in sizes), ("all", total)]:
         cells = [label, str(r.episodes), _pct(r.valid_rate), _pct(r.optimal_rate),
                  *(str(r.failures.get(k, 0)) for k in kinds)]
         lines.append("| " + " | ".join(cells) + " |")
@@ -245,7 +222,7 @@ def _config_and_results(result: StageResult) -> str:
     for s in config.sizes:
         r = result.by_size.get(s)
         top = max(r.failures.items(), key=lambda kv: (kv[1], -_failure_rank(kv[0])), default=None) if r else None
-        cells = [str(s), *(_num(getattr(config, k)[s]) for k in KNOBS),
+        cells = [str(s), *(knob_text(getattr(config, k)[s]) for k in KNOBS),
                  _pct(r.valid_rate) if r else "-", _pct(r.optimal_rate) if r else "-",
                  f"{top[0]} ({top[1]})" if top and top[1] else "-"]
         lines.append("| " + " | ".join(cells) + " |")
@@ -273,7 +250,7 @@ def _cases(result: StageResult) -> str:
 def guideline(config: EnvConfig) -> str:
     """What each knob does and its legal range, from `envsim.config` (the one source of truth)."""
     sizes = ", ".join(map(str, config.sizes))
-    per_size = [f"- {k}: {KNOB_HELP[k]}; {_num(lo)} to {_num(hi)}" for k, (lo, hi) in KNOBS.items()]
+    per_size = [f"- {k}: {KNOB_HELP[k]}; {knob_text(lo)} to {knob_text(hi)}" for k, (lo, hi) in KNOBS.items()]
     globals_ = [f"- {k}: {KNOB_HELP[k]}; {lo} to {hi}" for k, (lo, hi) in GLOBALS.items()]
     return "\n".join([
         "## The knobs",
@@ -299,6 +276,6 @@ def _pct(x: float) -> str:
     return f"{x:.0%}"
 
 
-def _num(x: float) -> str:
+def knob_text(x: float) -> str:
     """A knob value for people: at most 3 decimals, no trailing zeros (0.125, 0.2, 0)."""
     return f"{x:.3f}".rstrip("0").rstrip(".") or "0"

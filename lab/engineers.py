@@ -25,7 +25,8 @@ from typing import Any
 import numpy as np
 
 from envsim.config import GLOBALS, KNOBS, EnvConfig, Projection, project
-from lab.context import ContextModules, Evidence, SizeResult, build_context
+from envsim.scoring import Tally
+from lab.context import ContextModules, Evidence, build_context, knob_text
 from lab.llm import LLMError, Messages, complete
 
 Complete = Callable[[Messages], str]
@@ -123,7 +124,7 @@ def heuristic(evidence: Evidence, *, seed: int = 0, **_options: Any) -> Engineer
     lines: list[str] = []
     for s in base.sizes:
         if data[s] != base.data_ratio[s]:
-            lines.append(f"size {s}: data_ratio {_num(base.data_ratio[s])} -> {_num(data[s])} "
+            lines.append(f"size {s}: data_ratio {knob_text(base.data_ratio[s])} -> {knob_text(data[s])} "
                          f"({_learnability(known.get(s))})")
         r = known.get(s)
         if r is None:
@@ -133,32 +134,28 @@ def heuristic(evidence: Evidence, *, seed: int = 0, **_options: Any) -> Engineer
         holes = r.failures.get("hole", 0)
         if failed and conflicts >= DOMINANT * failed and wait[s] < wait_hi:
             wait[s] = round(min(wait[s] + WAIT_STEP, wait_hi), 3)
-            lines.append(f"size {s}: wait_ratio {_num(base.wait_ratio[s])} -> {_num(wait[s])} "
+            lines.append(f"size {s}: wait_ratio {knob_text(base.wait_ratio[s])} -> {knob_text(wait[s])} "
                          f"(conflicts are {conflicts} of {failed} failures)")
         if failed and holes >= DOMINANT * failed and p < UNLEARNED and hole[s] > hole_lo:
             hole[s] = round(max(hole[s] - HOLE_STEP, hole_lo), 3)
-            lines.append(f"size {s}: hole_ratio {_num(base.hole_ratio[s])} -> {_num(hole[s])} "
+            lines.append(f"size {s}: hole_ratio {knob_text(base.hole_ratio[s])} -> {knob_text(hole[s])} "
                          f"(valid {p:.0%} and holes are {holes} of {failed} failures)")
         elif p >= MASTERED and hole[s] < hole_hi:
             hole[s] = round(min(hole[s] + HOLE_STEP, hole_hi), 3)
-            lines.append(f"size {s}: hole_ratio {_num(base.hole_ratio[s])} -> {_num(hole[s])} "
+            lines.append(f"size {s}: hole_ratio {knob_text(base.hole_ratio[s])} -> {knob_text(hole[s])} "
                          f"(valid {p:.0%}: mastered, so harder boards)")
     config = EnvConfig(data_ratio=data, hole_ratio=hole, wait_ratio=wait, num_agents=base.num_agents,
                        num_instances=base.num_instances)
     return _answer(config, base, "\n".join(lines) or "no change: nothing in the validation results calls for one")
 
 
-def _learnability(r: SizeResult | None) -> str:
+def _learnability(r: Tally | None) -> str:
     if r is None or r.episodes == 0:
         return f"no validation episodes: floor weight {FLOOR:g}"
     p = r.valid_rate
     if p * (1 - p) < FLOOR:
         return f"valid {p:.0%}: p(1-p) = {p * (1 - p):.2f} is below the floor weight {FLOOR:g}"
     return f"valid {p:.0%}: learnability p(1-p) = {p * (1 - p):.2f}"
-
-
-def _num(x: float) -> str:
-    return f"{x:.3f}".rstrip("0").rstrip(".") or "0"
 
 
 # ---------------------------------------------------------------- an LLM engineer

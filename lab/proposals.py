@@ -11,16 +11,18 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from sqlalchemy import Engine
 from sqlmodel import Session, select
 
 from envsim.config import GLOBALS, KNOBS, EnvConfig, project
 from lab.engineers import EngineerAnswer
 from storage.db import lock_run
+from storage.db import session as open_session
 from storage.decisions import AlreadyDecided, record_decision
-from storage.models import Action, Decision, Proposal, Stage
+from storage.models import Action, Decision, Proposal, Run, Stage
 
-__all__ = ["AlreadyDecided", "Change", "ProposalError", "Superseded", "current_proposal", "decide", "decision_of",
-           "diff", "store_proposal"]
+__all__ = ["AlreadyDecided", "Change", "ProposalError", "ProposalState", "Superseded", "current_proposal", "decide",
+           "decide_on", "decision_of", "diff", "proposal_state", "proposal_states", "store_proposal"]
 
 
 class ProposalError(ValueError):
@@ -109,6 +111,56 @@ def superseded_by(session: Session, proposal: Proposal) -> str | None:
     if current is not None and current.after_stage == proposal.after_stage:
         return f"proposal {proposal.id} was superseded by proposal {current.id}"
     return f"proposal {proposal.id} was superseded: stage {proposal.after_stage + 1} has its config already"
+
+
+@dataclass(frozen=True)
+class ProposalState:
+    """A proposal as a person reviews it: its decision, or why it can no longer be decided, the config in
+    force when it was made, and whether its run applies proposals by itself."""
+
+    proposal: Proposal
+    decision: Decision | None
+    superseded: str | None  # `superseded_by`'s reason; None when decided or still the run's current one
+    base: EnvConfig  # the config of stage `after_stage`, which the proposal would replace
+    auto_apply: bool
+
+    @property
+    def pending(self) -> bool:
+        return self.decision is None and self.superseded is None
+
+    @property
+    def config(self) -> EnvConfig:
+        """The config the proposal would apply: its projected one, or (a failed proposal) the one in force."""
+        projected = self.proposal.projected_config
+        return EnvConfig.model_validate(projected) if projected else self.base
+
+
+def _state(s: Session, proposal: Proposal) -> ProposalState:
+    run = s.get(Run, proposal.run_id)
+    decision = decision_of(s, proposal.id)
+    base = s.exec(select(Stage).where(Stage.run_id == proposal.run_id, Stage.index == proposal.after_stage)).one()
+    return ProposalState(proposal, decision, superseded_by(s, proposal) if decision is None else None,
+                         EnvConfig.model_validate(base.config), bool(run.settings.get("auto_apply")))
+
+
+def proposal_state(engine: Engine, proposal_id: int) -> ProposalState | None:
+    with open_session(engine) as s:
+        proposal = s.get(Proposal, proposal_id)
+        return None if proposal is None else _state(s, proposal)
+
+
+def proposal_states(engine: Engine, run_id: int) -> list[ProposalState]:
+    """A run's proposals, newest first."""
+    with open_session(engine) as s:
+        proposals = s.exec(select(Proposal).where(Proposal.run_id == run_id).order_by(Proposal.id.desc()))
+        return [_state(s, p) for p in proposals]
+
+
+def decide_on(engine: Engine, proposal_id: int, action: str, user: str, edited: Any = None,
+              note: str = "") -> Decision:
+    """`decide` in a transaction of its own."""
+    with open_session(engine) as s:
+        return decide(s, proposal_id, action, user, edited=edited, note=note)
 
 
 def decide(session: Session, proposal_id: int, action: str, user: str, edited: Any = None,

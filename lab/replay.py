@@ -1,10 +1,10 @@
 """Replays as animated GIFs, for slides: one frame per time step of an episode, drawn with Pillow.
 
-The page and `lab.figures.replay_figure` replay an episode in Plotly; a GIF plays anywhere (a slide, a
+The page and `lab.pages.figures.replay_figure` replay an episode in Plotly; a GIF plays anywhere (a slide, a
 chat, a README) without a browser. Frame `t` shows the board (ice, holes, each goal as a square outline in
-its agent's colour), every agent's marker (a disc in `lab.figures.colour(i)`, so the GIF and the Plotly
+its agent's colour), every agent's marker (a disc in `colour(i)`, so the GIF and the Plotly
 replay agree) at the cell the scorer reports at step `t`, the events up to `t` as red rings (those at `t`
-thick), and a caption (`lab.figures.step_caption`). Agents that share a cell (a vertex conflict) are drawn
+thick), and a caption (`step_caption`). Agents that share a cell (a vertex conflict) are drawn
 side by side in it; an event off the grid (an illegal move) is drawn on the margin it ran into.
 
 Frames are drawn in palette mode with a fixed palette, so every pixel holds exactly one of the colours
@@ -20,8 +20,40 @@ from pathlib import Path
 from PIL import Image, ImageDraw, ImageFont
 
 from envsim.instance import Instance
-from envsim.scoring import Outcome
-from lab.figures import AGENT_COLOURS, EVENT, HOLE, ICE, colour, last_step, step_caption
+from envsim.scoring import Event, Outcome
+
+# Drawing words shared with the page's Plotly figures (lab.pages.figures), so a GIF and a replay agree.
+AGENT_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
+ICE, HOLE, EVENT = "#eaf4fb", "#1d2b4a", "#d62728"
+
+
+def colour(agent: int) -> str:
+    return AGENT_COLOURS[agent % len(AGENT_COLOURS)]
+
+
+def last_step(outcome: Outcome | None) -> int:
+    return 0 if outcome is None else len(outcome.positions) - 1
+
+
+def describe(event: Event) -> str:
+    who = " and ".join(f"agent {a}" for a in event.agents) or "the plan"
+    where = f" at ({event.cell[0]},{event.cell[1]})" if event.cell is not None else ""
+    return f"t={event.time}: {event.type.value}, {who}{where}"
+
+
+def step_caption(outcome: Outcome | None, step: int) -> str:
+    """One line for the figure's title: the time and what happens at it."""
+    if outcome is None:
+        return "the board (no plan yet)"
+    now = [e for e in outcome.events if e.time == step]
+    text = f"t = {step} / {last_step(outcome)}"
+    if now:
+        text += ": " + "; ".join(f"{e.type.value} ({', '.join(map(str, e.agents)) or 'plan'})" for e in now)
+    elif step == last_step(outcome):
+        text += ": " + ("valid" if outcome.valid else (outcome.failure.value if outcome.failure else ""))
+    return text
+
+
 
 WHITE, TEXT = "#ffffff", "#1d2b4a"
 PALETTE = (WHITE, ICE, HOLE, EVENT, TEXT, *AGENT_COLOURS)

@@ -41,9 +41,9 @@ SQLModel.metadata.naming_convention = {
 }
 
 
-
 # The lab's vocabulary: every status, kind and action is one of these names, and a CHECK constraint on its
-# column keeps the database to them (the columns are plain strings: no database enum type to migrate). `Split` (the instance sets) lives with the suite that builds them.
+# column keeps the database to them (the columns are plain strings: no database enum type to migrate).
+# `Split` (the instance sets) lives with the suite that builds them.
 
 
 class RunStatus(StrEnum):

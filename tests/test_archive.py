@@ -23,12 +23,12 @@ from lab.archive import ArchiveError, export_run, import_run, read_manifest, run
 from lab.cli import main
 from lab.loop import advance, create_run, drive, resume, stages_of
 from lab.proposals import current_proposal, decide
+from lab.worker import run_worker
 from storage.db import checkpoint_of, make_engine, upgrade
 from storage.db import session as open_session
 from storage.models import Episode, Run, Stage, TrainingLog
 from tests.test_loop import BOARDS, CONFIG, work
 from training.evaluate import EpisodeResult, store_evaluation
-from training.worker import run_worker
 
 TRAVELLING = ["runs", "stages", "proposals", "decisions", "jobs", "episodes", "stage_metrics", "training_logs"]
 # Ids inside JSON that must follow their rows: (table, column) -> {key: table}.

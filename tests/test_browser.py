@@ -1,6 +1,6 @@
 """The web lab end to end in a real headless browser: Debian's Chromium driven by Playwright.
 
-The page is served on 127.0.0.1 at a free port over a temporary SQLite database that `tests.test_app.seed_lab`
+The page is served on 127.0.0.1 at a free port over a temporary SQLite database that `tests.test_pages.seed_lab`
 fills through the real lab functions. Needs `pip install playwright` and `apt-get install chromium` (never
 `playwright install`, which downloads a browser); without them the tests skip, unless ENVLAB_REQUIRE_BROWSER=1
 (CI), which makes that a failure.
@@ -21,10 +21,10 @@ import pytest
 from sqlmodel import select
 
 import app
+from lab.worker import run_worker
 from storage.db import make_engine, session
 from storage.models import Decision, Run, Stage, utcnow
-from tests.test_app import record_evaluation, seed_lab
-from training.worker import run_worker
+from tests.test_pages import record_evaluation, seed_lab
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",

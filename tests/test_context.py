@@ -9,12 +9,11 @@ from sqlalchemy import Engine
 
 from envsim.config import EnvConfig
 from envsim.instance import Instance
-from envsim.scoring import score_answer
+from envsim.scoring import Tally, score_answer
 from lab.context import (
     ContextModules,
     Evidence,
     FailureCase,
-    SizeResult,
     StageResult,
     build_context,
     load_stage_result,
@@ -35,13 +34,13 @@ SECOND = EnvConfig(data_ratio={3: 0.5, 4: 0.25, 5: 0.25}, hole_ratio={3: 0.3, 4:
 
 def evidence() -> Evidence:
     current = StageResult(2, SECOND, {
-        3: SizeResult(3, 10, 9, 8, {"hole": 1}),
-        4: SizeResult(4, 10, 5, 2, {"vertex_conflict": 4, "hole": 1}),
-        5: SizeResult(5, 10, 0, 0, {"goal_not_reached": 3, "hole": 7}),
+        3: Tally(10, 9, 8, {"hole": 1}),
+        4: Tally(10, 5, 2, {"vertex_conflict": 4, "hole": 1}),
+        5: Tally(10, 0, 0, {"goal_not_reached": 3, "hole": 7}),
     }, (FailureCase(BOARD, ANSWER, score_answer(BOARD, ANSWER)),))
-    stage0 = StageResult(0, CONFIG, {3: SizeResult(3, 10, 5, 5, {"hole": 5})})
-    stage1 = StageResult(1, CONFIG, {3: SizeResult(3, 10, 6, 4, {"hole": 3, "edge_conflict": 1}),
-                                     4: SizeResult(4, 10, 2, 1, {"hole": 8})})
+    stage0 = StageResult(0, CONFIG, {3: Tally(10, 5, 5, {"hole": 5})})
+    stage1 = StageResult(1, CONFIG, {3: Tally(10, 6, 4, {"hole": 3, "edge_conflict": 1}),
+                                     4: Tally(10, 2, 1, {"hole": 8})})
     return Evidence(current, (stage0, stage1), round_index=3, rounds_left=2, instances_per_stage=128,
                     hyperparameters={"learning_rate": 1e-5, "beta": 0.0}, self_summary="  I lowered the holes.  ")
 
@@ -202,7 +201,7 @@ def test_load_stage_result_reads_config_metrics_and_cases(engine: Engine) -> Non
         result = load_stage_result(s, run.id, 0, cases=4)
         assert result.stage_index == 0
         assert result.config == SECOND
-        assert result.by_size == {3: SizeResult(3, 10, 9, 8, {"hole": 1}), 4: SizeResult(4, 10, 5, 2, {"hole": 5})}
+        assert result.by_size == {3: Tally(10, 9, 8, {"hole": 1}), 4: Tally(10, 5, 2, {"hole": 5})}
         # one per type, most common first, then the second of the most common type
         assert [c.completion for c in result.cases] == ["answer 1", "answer 0", "answer 4", "answer 2"]
         assert result.cases[1].instance == BOARD

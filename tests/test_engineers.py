@@ -11,7 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from envsim.config import GLOBALS, KNOBS, EnvConfig, project
-from lab.context import Evidence, SizeResult, StageResult
+from envsim.scoring import Tally
+from lab.context import Evidence, StageResult
 from lab.engineers import ENGINEERS, EngineerAnswer, heuristic, llm, random_config, read_config, shares
 from lab.llm import LLMError
 
@@ -23,11 +24,11 @@ GOOD = """Here is my proposal.
 Size 3 is the most learnable, so it gets half of the data."""
 
 
-def evidence(by_size: dict[int, SizeResult] | None = None, config: EnvConfig = CONFIG) -> Evidence:
+def evidence(by_size: dict[int, Tally] | None = None, config: EnvConfig = CONFIG) -> Evidence:
     by_size = {
-        3: SizeResult(3, 10, 9, 8, {"hole": 1}),
-        4: SizeResult(4, 10, 5, 2, {"vertex_conflict": 4, "hole": 1}),
-        5: SizeResult(5, 10, 0, 0, {"hole": 7, "goal_not_reached": 3}),
+        3: Tally(10, 9, 8, {"hole": 1}),
+        4: Tally(10, 5, 2, {"vertex_conflict": 4, "hole": 1}),
+        5: Tally(10, 0, 0, {"hole": 7, "goal_not_reached": 3}),
     } if by_size is None else by_size
     return Evidence(StageResult(1, config, by_size), (StageResult(0, CONFIG, {}),), round_index=2, rounds_left=3)
 
@@ -120,7 +121,7 @@ def test_heuristic_weights_by_learnability_and_moves_holes_and_waits() -> None:
 
 def test_heuristic_changes_nothing_when_everything_is_mastered_at_the_hardest_holes() -> None:
     hardest = EnvConfig.default((3, 4, 5), hole_ratio=0.5)
-    answer = heuristic(evidence({s: SizeResult(s, 10, 10, 10, {}) for s in (3, 4, 5)}, hardest), seed=0)
+    answer = heuristic(evidence({s: Tally(10, 10, 10, {}) for s in (3, 4, 5)}, hardest), seed=0)
     assert answer.projection.config == hardest
     assert answer.rationale == "no change: nothing in the validation results calls for one"
 
@@ -129,10 +130,10 @@ def test_heuristic_caps_at_the_range_and_gives_unseen_sizes_the_floor() -> None:
     config = EnvConfig(data_ratio={3: 0.5, 4: 0.25, 5: 0.25}, hole_ratio={3: 0.0, 4: 0.2, 5: 0.48},
                        wait_ratio={3: 0.95, 4: 1.0, 5: 0.5})
     by_size = {
-        3: SizeResult(3, 20, 2, 0, {"hole": 8, "edge_conflict": 6, "vertex_conflict": 4}),  # conflicts 10 of 18
-        4: SizeResult(4, 10, 4, 4, {"vertex_conflict": 6}),  # conflicts dominate, but the wait ratio is at 1
-        5: SizeResult(5, 10, 10, 9, {}),  # mastered: holes 0.48 -> 0.5, not beyond
-        6: SizeResult(6, 10, 5, 5, {}),  # not one of the run's sizes: ignored
+        3: Tally(20, 2, 0, {"hole": 8, "edge_conflict": 6, "vertex_conflict": 4}),  # conflicts 10 of 18
+        4: Tally(10, 4, 4, {"vertex_conflict": 6}),  # conflicts dominate, but the wait ratio is at 1
+        5: Tally(10, 10, 9, {}),  # mastered: holes 0.48 -> 0.5, not beyond
+        6: Tally(10, 5, 5, {}),  # not one of the run's sizes: ignored
     }
     answer = heuristic(evidence(by_size, config), seed=0)
     assert answer.projection.config == EnvConfig(
@@ -148,7 +149,7 @@ def test_heuristic_caps_at_the_range_and_gives_unseen_sizes_the_floor() -> None:
 
 
 def test_heuristic_without_results_for_a_size_keeps_its_knobs() -> None:
-    answer = heuristic(evidence({3: SizeResult(3, 10, 5, 5, {"vertex_conflict": 5})}), seed=0)
+    answer = heuristic(evidence({3: Tally(10, 5, 5, {"vertex_conflict": 5})}), seed=0)
     config = answer.projection.config
     assert config.hole_ratio == CONFIG.hole_ratio
     assert config.wait_ratio == {3: 0.35, 4: 0.25, 5: 0.25}

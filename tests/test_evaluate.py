@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from sqlmodel import select
 
-from envsim.scoring import score_answer
+from envsim.scoring import Tally, score_answer
 from envsim.solver import label
 from envsim.suite import Entry, write_jsonl
 from storage.db import make_engine, runs_root, session, upgrade
@@ -16,7 +16,7 @@ from storage.models import Episode, Job, Run, Stage, StageMetric
 from tests.boards import CROSSING, OPEN
 from training.evaluate import BENCHMARK_FILE, EpisodeResult, evaluate, run_benchmark_job, size_metrics, store_evaluation
 from training.policy import build_tiny
-from training.worker import Cancelled
+from training.progress import Cancelled
 
 SMALL_SHAPE = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
                    num_key_value_heads=2, head_dim=16)
@@ -50,8 +50,8 @@ def _run(engine, **settings) -> int:
 
 
 def test_size_metrics_of_scripted_answers() -> None:
-    assert size_metrics(_results()) == {
-        3: {"episodes": 4, "valid": 2, "optimal": 1, "failures": {"parse_error": 1, "vertex_conflict": 1}}}
+    assert size_metrics(_results()) == {3: Tally(episodes=4, valid=2, optimal=1,
+                                                 failures={"parse_error": 1, "vertex_conflict": 1})}
 
 
 def test_evaluate_scores_batched_answers_in_order() -> None:

@@ -8,9 +8,10 @@ from __future__ import annotations
 import pytest
 
 from envsim.instance import Instance
-from envsim.scoring import score, score_answer
+from envsim.scoring import Tally, score, score_answer
 from envsim.solver import label
-from lab import figures
+from lab.pages import figures
+from lab.results import StageSummary
 from tests.boards import CROSSING, OPEN
 
 CLASH = "Agent 0: DOWN DOWN\nAgent 1: RIGHT RIGHT"  # both agents enter (1,1) at t=1
@@ -135,13 +136,15 @@ def test_boards_side_by_side_are_drawn_at_their_end(crossing):
 
 
 def test_rates_curves_failures_and_training():
-    rows = [{"size": 4, "episodes": 4, "valid": 1, "optimal": 0, "failures": {"hole": 3}},
-            {"size": 3, "episodes": 2, "valid": 2, "optimal": 1, "failures": {}}]
+    rows = {4: Tally(4, 1, 0, {"hole": 3}), 3: Tally(2, 2, 1, {})}
     rates = traces(figures.rates_figure(rows))
     assert rates["valid rate"]["x"] == ["3x3", "4x4"] and rates["valid rate"]["y"] == [1.0, 0.25]
     assert rates["optimal rate"]["y"] == [0.5, 0.0]
-    curves = traces(figures.curves_figure({0: rows, 1: [{**rows[0], "valid": 4}, rows[1]]}))
-    assert curves["mean valid"]["y"] == [0.625, 1.0] and curves["valid 4x4"]["y"] == [0.25, 1.0]
+    curves = traces(figures.curves_figure({0: StageSummary(0, rows),
+                                           1: StageSummary(1, {**rows, 4: Tally(4, 4, 0, {})})}))
+    # the stage's rate is pooled over its episodes: 3 of 6 valid, then 6 of 6 (not the mean over sizes, 62.5%)
+    assert curves["pooled valid"]["y"] == [0.5, 1.0] and curves["valid 4x4"]["y"] == [0.25, 1.0]
+    assert curves["pooled optimal"]["y"] == [1 / 6, 1 / 6]
     heat = figures.failure_heatmap(rows).data[0]
     assert heat.x == ("hole",) and heat.y == ("3x3", "4x4") and [list(z) for z in heat.z] == [[0], [3]]
     logs = [(1, {"reward": 0.5, "loss": 2.0, "kl": 0.0}), (2, {"reward": 0.75, "loss": 1.5})]
@@ -150,9 +153,9 @@ def test_rates_curves_failures_and_training():
 
 
 def test_empty_inputs_say_why_they_are_empty():
-    assert figures.rates_figure([]).layout.annotations[0].text == "no evaluation yet"
+    assert figures.rates_figure({}).layout.annotations[0].text == "no evaluation yet"
     assert figures.curves_figure({}).layout.annotations[0].text == "no evaluated stage yet"
-    no_failures = [{"size": 3, "episodes": 2, "valid": 2, "optimal": 2, "failures": {}}]
+    no_failures = {3: Tally(2, 2, 2, {})}
     assert figures.failure_heatmap(no_failures).layout.annotations[0].text == "no failures at this stage"
     assert "not trained" in figures.training_figure([]).layout.annotations[0].text
     assert figures.board_figure(OPEN).layout.title.text == "the board (no plan yet)"

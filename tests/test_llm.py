@@ -18,7 +18,8 @@ import httpx
 import pytest
 
 from envsim.config import EnvConfig
-from lab.context import Evidence, SizeResult, StageResult
+from envsim.scoring import Tally
+from lab.context import Evidence, StageResult
 from lab.engineers import llm
 from lab.llm import LLMError, complete, plain_text
 
@@ -60,7 +61,7 @@ def build_tiny_model(folder: Path, chat_template: str | None = CHAT_TEMPLATE) ->
 
 def evidence() -> Evidence:
     config = EnvConfig.default((3, 4))
-    return Evidence(StageResult(0, config, {3: SizeResult(3, 4, 1, 1, {"hole": 3})}), round_index=1, rounds_left=2)
+    return Evidence(StageResult(0, config, {3: Tally(4, 1, 1, {"hole": 3})}), round_index=1, rounds_left=2)
 
 
 # ---------------------------------------------------------------- a real OpenAI-compatible server

@@ -26,10 +26,10 @@ from lab.loop import (
     stages_of,
 )
 from lab.proposals import AlreadyDecided, ProposalError, decide, diff, store_proposal
+from lab.worker import run_worker
 from storage.db import session
 from storage.models import Decision, Proposal, Run, Stage
 from training.evaluate import EpisodeResult, store_evaluation
-from training.worker import run_worker
 
 CONFIG = EnvConfig(data_ratio={3: 0.5, 4: 0.5}, hole_ratio={3: 0.2, 4: 0.2}, wait_ratio={3: 0.25, 4: 0.25},
                    num_agents=2, num_instances=8)

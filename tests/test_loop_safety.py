@@ -29,13 +29,13 @@ from lab.loop import (
     switch_engineer,
 )
 from lab.proposals import Superseded, decide, store_proposal
+from lab.worker import run_job, run_worker
 from storage import queue
 from storage.db import current_revision, make_engine, session, upgrade
 from storage.models import Decision, Job, JobKind, JobStatus, Proposal, Run, RunStatus, Stage, utcnow
 from tests.test_loop import BOARDS, CONFIG, HANDLERS, recorded_stage, work
 from tests.test_storage import in_processes
 from training.evaluate import EpisodeResult, store_evaluation
-from training.worker import run_job, run_worker
 
 
 def _advance_and_work(barrier, url: str, run_id: int, calls: int) -> list[str]:
@@ -145,7 +145,7 @@ def test_a_cancelled_stage_job_leaves_the_run_cancelled(engine):
     def cancelled_stage(engine, job, progress):
         with session(engine) as s:
             queue.request_cancel(s, job.id)
-        from training.worker import Cancelled
+        from training.progress import Cancelled
 
         progress(1, 2)
         raise Cancelled("stopped at step 1")

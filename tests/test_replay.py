@@ -8,8 +8,7 @@ from PIL import Image, ImageSequence
 from envsim.scoring import score_answer
 from envsim.solver import label
 from lab.cli import main
-from lab.figures import colour
-from lab.replay import cell_centre, replay_gif
+from lab.replay import cell_centre, colour, replay_gif
 from tests.boards import CROSSING, OPEN
 
 CELL_PX = 40

@@ -22,10 +22,12 @@ from sqlmodel import select
 from envsim.config import EnvConfig
 from envsim.generator import generate
 from envsim.prompts import compact_answer
+from lab.worker import run_worker
 from storage import queue
 from storage.db import make_engine, runs_root, session, upgrade
 from storage.models import Episode, Job, Run, Stage, StageMetric, TrainingLog
 from training.policy import build_tiny, load_policy
+from training.progress import Cancelled
 from training.stage import (
     StageArgs,
     StageError,
@@ -37,7 +39,6 @@ from training.stage import (
     validation_boards,
 )
 from training.tokenizer import compact_text
-from training.worker import Cancelled, run_worker
 
 SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
              num_key_value_heads=2, head_dim=32)

@@ -13,11 +13,12 @@ from pathlib import Path
 from sqlalchemy import Engine, text
 from sqlmodel import select
 
+from lab.worker import run_worker
 from storage import queue
 from storage.db import make_engine, session, upgrade
 from storage.models import Job
 from tests.test_storage import FORK, in_processes
-from training.worker import Cancelled, run_worker
+from training.progress import Cancelled
 
 # Handlers live at module level so forked worker processes run the same code.
 
@@ -153,7 +154,8 @@ def test_a_failing_handler_fails_only_its_job_with_the_last_traceback_line(engin
     failed = _job(engine, bad)
     assert (failed.status, failed.error) == ("failed", f"ValueError: checkpoint for job {bad} is unreadable")
     assert "Traceback (most recent call last)" in failed.log_tail and "loading" in failed.log_tail
-    assert _job(engine, odd).error == "LookupError: no handler for job kind 'propose' (this worker runs stage, benchmark)"
+    assert _job(engine, odd).error == ("LookupError: no handler for job kind 'propose' "
+                                       "(this worker runs stage, benchmark)")
     assert _job(engine, good).status == "done"
 
 
@@ -163,12 +165,12 @@ def test_the_worker_command_runs_the_queue_once_and_exits(tmp_path):
     upgrade(engine)
     with session(engine) as s:
         job_id = queue.enqueue(s, "propose", {}).id
-    done = subprocess.run([sys.executable, "-m", "training.worker", "--db", url, "--once", "--poll", "0.01",
+    done = subprocess.run([sys.executable, "-m", "lab.worker", "--db", url, "--once", "--poll", "0.01",
                            "--worker-id", "cli"], capture_output=True, text=True, timeout=120,
                           cwd=Path(__file__).resolve().parent.parent)
     assert done.returncode == 0, done.stderr
     assert "worker cli: stopped after 1 jobs" in done.stderr
     job = _job(engine, job_id)
     assert (job.status, job.worker) == ("failed", "cli")
-    assert job.error.startswith("LookupError: no handler for job kind 'propose' (this worker runs stage")
+    assert job.error == "KeyError: 'run_id'"  # the lab's propose handler ran on a payload without a run
     engine.dispose()

@@ -8,7 +8,6 @@ Generation is the only costly part, so every board of a set is answered in lengt
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,12 +19,12 @@ from sqlmodel import Session, select
 from envsim import suite
 from envsim.instance import Instance
 from envsim.parser import parse
-from envsim.scoring import Outcome, score
+from envsim.scoring import Outcome, Tally, score
 from envsim.suite import Split
 from storage.db import checkpoint_of, runs_root, session
-from storage.models import Episode, Run, Stage, StageMetric
-from training.policy import Policy, load_policy
-from training.worker import Cancelled
+from storage.models import Episode, Job, Run, Stage, StageMetric
+from training.policy import Policy, load_policy, local_device
+from training.progress import Cancelled, Progress
 
 BENCHMARK_FILE = "benchmark.jsonl"
 
@@ -76,30 +75,24 @@ def evaluate(policy: Policy, instances: Sequence[Instance], batch_size: int = 64
             for inst, text in zip(instances, completions, strict=True)]
 
 
-def size_metrics(results: Sequence[EpisodeResult]) -> dict[int, dict[str, Any]]:
-    """Per map size: episodes, valid, optimal, and failures counted per type (types with none left out)."""
-    out: dict[int, dict[str, Any]] = {}
+def size_metrics(results: Sequence[EpisodeResult]) -> dict[int, Tally]:
+    """Per map size, smallest first: episodes, valid, optimal, and failures counted per type."""
+    by_size: dict[int, list[Outcome]] = {}
     for r in results:
-        m = out.setdefault(r.instance.size, {"episodes": 0, "valid": 0, "optimal": 0, "failures": Counter()})
-        m["episodes"] += 1
-        m["valid"] += r.outcome.valid
-        m["optimal"] += r.outcome.optimal
-        if r.outcome.failure is not None:
-            m["failures"][r.outcome.failure.value] += 1
-    return {s: {**m, "failures": dict(sorted(m["failures"].items()))} for s, m in sorted(out.items())}
+        by_size.setdefault(r.instance.size, []).append(r.outcome)
+    return {size: Tally.of(outcomes) for size, outcomes in sorted(by_size.items())}
 
 
-def metrics_table(metrics: dict[int, dict[str, Any]]) -> str:
+def metrics_table(metrics: dict[int, Tally]) -> str:
     """A short text table of valid and optimal rates per size (for logs)."""
     lines = ["size  n    valid  optimal  top failure"]
     for s, m in metrics.items():
-        top = max(m["failures"].items(), key=lambda kv: kv[1], default=("-", 0))
-        n = m["episodes"]
-        lines.append(f"{s:>4} {n:>3} {m['valid'] / n:>7.1%} {m['optimal'] / n:>8.1%}  {top[0]} ({top[1]})")
+        top = max(m.failures.items(), key=lambda kv: kv[1], default=("-", 0))
+        lines.append(f"{s:>4} {m.episodes:>3} {m.valid_rate:>7.1%} {m.optimal_rate:>8.1%}  {top[0]} ({top[1]})")
     return "\n".join(lines)
 
 
-def store_evaluation(session: Session, run_id: int, stage_index: int, split: str,
+def store_evaluation(session: Session, run_id: int, stage_index: int, split: Split,
                      results: Sequence[EpisodeResult], subsets: Sequence[float] | None = None) -> None:
     """Write one Episode row per result and one StageMetric row per size, then commit.
 
@@ -119,8 +112,7 @@ def store_evaluation(session: Session, run_id: int, stage_index: int, split: str
             subset=None if subsets is None else subsets[i]))
     for size, m in size_metrics(results).items():
         session.add(StageMetric(run_id=run_id, stage_index=stage_index, split=split, size=size,
-                                episodes=m["episodes"], valid=m["valid"], optimal=m["optimal"],
-                                failures=m["failures"]))
+                                episodes=m.episodes, valid=m.valid, optimal=m.optimal, failures=m.failures))
     session.commit()
 
 
@@ -136,7 +128,7 @@ def benchmark_entries(run_dir: Path) -> list[suite.Entry]:
     return entries
 
 
-def run_benchmark_job(engine: Engine, job: Any, progress: Callable[..., bool]) -> dict[str, Any]:
+def run_benchmark_job(engine: Engine, job: Job, progress: Progress) -> dict[str, Any]:
     """Job `benchmark` (docs/loop.md): evaluate a stage's checkpoint on the benchmark and store the episodes.
 
     The stage row's `checkpoint` names the policy; a stage without one (stage 0 before it ran) falls back
@@ -153,7 +145,7 @@ def run_benchmark_job(engine: Engine, job: Any, progress: Callable[..., bool]) -
     cache.mkdir(parents=True, exist_ok=True)
     progress(0, None, f"building or reading the benchmark boards in {cache / BENCHMARK_FILE}")
     entries = benchmark_entries(cache)
-    policy = load_policy(spec, device=_device())
+    policy = load_policy(spec, device=local_device())
     progress(0, len(entries), f"evaluating {spec} on {len(entries)} benchmark boards")
     results = evaluate(policy, [e.instance for e in entries], progress=lambda done, total: progress(done, total))
     with session(engine) as s:
@@ -166,9 +158,3 @@ def run_benchmark_job(engine: Engine, job: Any, progress: Callable[..., bool]) -
         "by_size": {f"{k}x{s}": {"valid": v[0], "optimal": v[1], "n": v[2]} for (k, s), v in table.by_size.items()},
         "mean_over_sizes": {str(k): {"valid": v[0], "optimal": v[1]} for k, v in table.mean_over_sizes.items()},
     }
-
-
-def _device() -> str:
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"

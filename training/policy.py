@@ -14,6 +14,7 @@ vLLM or `transformers serve` can read.
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -150,6 +151,12 @@ def _place_cells(model: Any, tokenizer: Any) -> None:
                 start = axis * 2 * width
                 weight[index, start:start + width] = std * 2**0.5 * torch.cos(angle)
                 weight[index, start + width:start + 2 * width] = std * 2**0.5 * torch.sin(angle)
+
+
+def local_device() -> str:
+    """Where this process loads a policy: its own GPU under `accelerate launch` (`LOCAL_RANK`), the first GPU
+    in a worker's single process, else the CPU."""
+    return f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if torch.cuda.is_available() else "cpu"
 
 
 def load_policy(spec: str, device: str = "cpu", lora: bool = False) -> Policy:

@@ -58,8 +58,8 @@ from storage.db import RUNS_SETTING, checkpoint_of, make_engine, runs_root, sess
 from storage.models import Job, Run, Stage, StageMetric, StageStatus, TrainingLog, utcnow
 from training import evaluate as evaluation
 from training.policy import TINY_DIR, Policy, PolicyError, load_policy, lora_config
+from training.progress import Cancelled, Progress
 from training.rewards import DEFAULT_WEIGHTS, REWARDS
-from training.worker import Cancelled, Progress
 
 log = logging.getLogger("envlab.stage")
 

@@ -38,7 +38,7 @@ from tqdm import tqdm
 from envsim.generator import TRAINING, random_board, round_half_up, stratified
 from envsim.instance import Instance
 from envsim.prompts import compact_answer
-from envsim.suite import build
+from envsim.suite import Split, build
 from training.evaluate import evaluate, metrics_table, size_metrics
 from training.policy import Policy, build_tiny
 from training.tokenizer import compact_text
@@ -155,7 +155,7 @@ def train(args: Args) -> tuple[Policy, list[float]]:
     optim = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
                                {"params": no_decay, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.95))
     eval_sizes = {int(s) for s in args.eval_sizes.split(",")}
-    validation = [e.instance for e in build("validation")[0]] if args.eval_every > 0 else []
+    validation = [e.instance for e in build(Split.VALIDATION)[0]] if args.eval_every > 0 else []
     params = sum(p.numel() for p in model.parameters())
     print(f"tiny policy: {params:,} parameters; {args.steps} steps of {args.batch_size}; "
           f"{len(validation)} validation boards", flush=True)

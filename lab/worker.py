@@ -1,10 +1,11 @@
-"""The worker: a loop that claims queued jobs, runs their handlers, and reports on them.
+"""The worker: a loop that claims queued jobs, runs their handlers, and reports on them; and the worker
+process beside the web page.
 
 The web page never trains in its own process; it queues a job (`storage.queue.enqueue`) and a worker
 process picks it up. The contract (docs/loop.md) is a dict of handlers by job kind, each
-`handler(engine, job, progress) -> dict`, where `progress(step, total, line=None, result=None) -> bool`
+`handler(engine, job, progress) -> dict`, where `progress` is `training.progress.Progress`: each call
 writes a heartbeat (and a log line, and a partial result such as the latest checkpoint) and returns True
-once someone asked the job to stop; the handler then raises `Cancelled`.
+once someone asked the job to stop; the handler then raises `training.progress.Cancelled`.
 
 Why a heartbeat thread as well: a handler can be silent for minutes (loading a 4B model, one long
 generation batch), and a job whose heartbeat is older than `stale_s` looks like one whose worker died.
@@ -18,44 +19,45 @@ traceback goes to the job's log tail and to stderr) and the worker goes on with 
 
 Several workers may share one PostgreSQL database (the claim skips rows another worker has locked); on
 SQLite one worker at a time is enough (claims are still exclusive, but writes queue behind one lock).
+
+Whether a worker is at work is read from the jobs table (`worker_status`): a worker has no row of its own,
+so an idle one is invisible, and a running job whose heartbeat is fresh is the sign of a live one.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import logging
 import os
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import traceback
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Any
 
 from sqlalchemy import Engine
+from sqlmodel import select
 
 from storage import queue
 from storage.db import make_engine, session, upgrade
-from storage.models import Job, JobKind, JobStatus
+from storage.models import Job, JobKind, JobStatus, utcnow
 from storage.queue import LostJob, stale_after_s
+from training.progress import Cancelled, Progress
 
 log = logging.getLogger("envlab.worker")
 
 TRACEBACK_LINES = 40  # of a failed job's traceback, kept in its log tail
-
-
-class Progress(Protocol):
-    def __call__(self, step: int, total: int | None, line: str | None = None,
-                 result: dict[str, Any] | None = None) -> bool: ...
+QUEUE_PATIENCE_S = 20  # a job queued longer than this with nobody running anything: the worker looks down
 
 
 Handler = Callable[[Engine, Job, Progress], dict[str, Any] | None]
 After = Callable[[Engine, Job], None]
-
-
-class Cancelled(Exception):
-    """Raised by a handler that stopped because a cancel was requested; the job ends `cancelled`."""
 
 
 class _Heartbeat(threading.Thread):
@@ -113,9 +115,9 @@ def run_job(engine: Engine, job: Job, handler: Handler, *, stale_s: float | None
         with session(engine) as s:
             return s.get(Job, job.id, populate_existing=True)
     except Exception as err:
-        ended = _fail(engine, job, err)
+        ended = _fail_job(engine, job, err)
     except KeyboardInterrupt as err:  # a second SIGINT/SIGTERM: end the job as failed, then stop
-        _fail(engine, job, err)
+        _fail_job(engine, job, err)
         raise
     finally:
         beat.done.set()
@@ -123,9 +125,10 @@ def run_job(engine: Engine, job: Job, handler: Handler, *, stale_s: float | None
     return ended
 
 
-def _fail(engine: Engine, job: Job, err: BaseException) -> Job:
-    error = JobStatus.CANCELLED.value if isinstance(err, Cancelled) else traceback.format_exception_only(err)[-1].strip()
-    if isinstance(err, Cancelled):
+def _fail_job(engine: Engine, job: Job, err: BaseException) -> Job:
+    cancelled = isinstance(err, Cancelled)
+    error = JobStatus.CANCELLED.value if cancelled else traceback.format_exception_only(err)[-1].strip()
+    if cancelled:
         log.info("job %s (%s) cancelled", job.id, job.kind)
         lines = None
     else:
@@ -191,21 +194,20 @@ def run_worker(engine: Engine, handlers: dict[str, Handler], *, worker_id: str |
 # ---------------------------------------------------------------- the `envlab worker` command
 
 
-def training_handlers() -> dict[str, Handler]:
-    """The handlers `training` owns (`stage`, and `benchmark` where the evaluation module provides it).
+def handlers() -> dict[str, Handler]:
+    """Every job kind a worker of the lab runs: training's (`stage`, `benchmark`) and the engineer's (`propose`).
 
     Imported here rather than at the top so that starting a worker costs no torch import until a job needs it.
     """
+    from lab.loop import run_propose_job
     from training import evaluate, stage
 
-    handlers: dict[str, Handler] = {JobKind.STAGE: stage.run_stage_job}
-    if hasattr(evaluate, "run_benchmark_job"):
-        handlers[JobKind.BENCHMARK] = evaluate.run_benchmark_job
-    return handlers
+    return {JobKind.STAGE: stage.run_stage_job, JobKind.BENCHMARK: evaluate.run_benchmark_job,
+            JobKind.PROPOSE: run_propose_job}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The worker's options, for `envlab worker` (lab.cli) and `python -m training.worker`."""
+    """The worker's options, for `envlab worker` (lab.cli) and `python -m lab.worker`."""
     parser.add_argument("--db", help="database path or URL (default: $ENVLAB_DB, else runs/envlab.db)")
     parser.add_argument("--worker-id", help="name in the jobs table (default: host:pid)")
     parser.add_argument("--poll", type=float, default=1.0, help="seconds between polls of an empty queue")
@@ -215,9 +217,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--once", action="store_true", help="exit when the queue is empty")
 
 
-def run_from_args(args: argparse.Namespace, handlers: dict[str, Handler], after: After | None = None) -> int:
-    """Migrate the database, then run a worker until SIGINT/SIGTERM (the first stops after the current
-    job, a second interrupts it) or, with `--once`, until the queue is empty. Returns the exit status (0)."""
+def run_from_args(args: argparse.Namespace) -> int:
+    """Migrate the database, then run a worker of every lab job kind until SIGINT/SIGTERM (the first stops
+    after the current job, a second interrupts it) or, with `--once`, until the queue is empty. After each
+    job of a run, `lab.loop.after_job` queues what comes next. Returns the exit status (0)."""
+    from lab.loop import after_job
+
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     engine = make_engine(args.db)
@@ -234,18 +239,85 @@ def run_from_args(args: argparse.Namespace, handlers: dict[str, Handler], after:
         signal.signal(signal.SIGINT, on_signal)
         signal.signal(signal.SIGTERM, on_signal)
     try:
-        run_worker(engine, handlers, worker_id=args.worker_id, poll_s=args.poll, stale_s=args.stale,
-                   once=args.once, after=after, stop=stop)
+        run_worker(engine, handlers(), worker_id=args.worker_id, poll_s=args.poll, stale_s=args.stale,
+                   once=args.once, after=after_job, stop=stop)
     finally:
         engine.dispose()
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m training.worker`: a worker for training's own job kinds (lab.cli adds `propose`)."""
-    parser = argparse.ArgumentParser(prog="python -m training.worker", description=__doc__.splitlines()[0])
+    """`python -m lab.worker`: the same worker as `envlab worker`."""
+    parser = argparse.ArgumentParser(prog="python -m lab.worker", description=__doc__.splitlines()[0])
     add_arguments(parser)
-    return run_from_args(parser.parse_args(argv), training_handlers())
+    return run_from_args(parser.parse_args(argv))
+
+
+# ---------------------------------------------------------------- the worker beside the page
+
+
+def ago(t: datetime) -> str:
+    """How long ago `t` was, for people: seconds under two minutes, else minutes."""
+    seconds = (utcnow() - t).total_seconds()
+    return f"{seconds:.0f} s ago" if seconds < 120 else f"{seconds / 60:.0f} min ago"
+
+
+class WorkerState(StrEnum):
+    """Whether a worker is at work, as the page's badge shows it."""
+
+    BUSY = "busy"  # a running job has a fresh heartbeat
+    DOWN = "down"  # a running job's heartbeat is stale, or queued jobs wait too long with nothing running
+    WAITING = "waiting"  # jobs are queued, for less than `QUEUE_PATIENCE_S` so far
+    IDLE = "idle"  # nothing queued or running
+
+
+def worker_status(engine: Engine) -> tuple[WorkerState, str]:
+    """Whether a worker is picking up jobs, read from the jobs table: (state, one line for a person)."""
+    now = utcnow()
+    with session(engine) as s:
+        running = list(s.exec(select(Job).where(Job.status == JobStatus.RUNNING).order_by(Job.id)))
+        queued = list(s.exec(select(Job).where(Job.status == JobStatus.QUEUED).order_by(Job.id)))
+    fresh = [j for j in running if j.heartbeat_at and now - j.heartbeat_at < timedelta(seconds=stale_after_s())]
+    if fresh:
+        j = fresh[0]
+        step = f", step {j.step}/{j.total}" if j.total else ""
+        more = f"; {len(queued)} queued" if queued else ""
+        return WorkerState.BUSY, f"Worker busy: {j.kind} job {j.id}{step} (heartbeat {ago(j.heartbeat_at)}){more}."
+    if running:
+        j = running[0]
+        return WorkerState.DOWN, (f"Job {j.id} ({j.kind}) has sent no heartbeat since {ago(j.heartbeat_at)}: its "
+                                  f"worker ({j.worker}) seems to be down. Start one with `envlab worker`; it fails the "
+                                  "stale job, and the Train tab can queue it again.")
+    if queued:
+        waited = (now - queued[0].created_at).total_seconds()
+        if waited > QUEUE_PATIENCE_S:
+            return WorkerState.DOWN, (f"{len(queued)} job(s) queued, the oldest for {waited:.0f} s, and no worker "
+                                      "has taken one: no worker seems to be running. Start one with `envlab worker`.")
+        return WorkerState.WAITING, f"{len(queued)} job(s) queued, waiting for a worker."
+    return WorkerState.IDLE, "Worker idle: no jobs queued."
+
+
+def worker_busy(engine: Engine) -> bool:
+    return worker_status(engine)[0] == WorkerState.BUSY
+
+
+def start_worker(db: str | None) -> subprocess.Popen:
+    """`envlab worker` as a child process on the same database; it stops when this process stops."""
+    env = dict(os.environ)
+    if db:
+        env["ENVLAB_DB"] = db
+    proc = subprocess.Popen([sys.executable, "-m", "lab.cli", "worker"], env=env)  # same working directory
+
+    def stop() -> None:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+    atexit.register(stop)
+    return proc
 
 
 if __name__ == "__main__":

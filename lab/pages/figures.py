@@ -1,8 +1,8 @@
 """Figures of the web lab: boards and replays, rates per size, curves across stages, failures, training.
 
-Pure functions of envsim objects and plain data, so the page, the tests and the benchmarks draw the same
-thing. A board puts cell `(row, col)` at `x = col`, `y = row` with the y axis reversed (row 0 on top, as in
-docs/rules.md), so a test reads an agent's cell straight off its trace: `(y[0], x[0])`.
+Pure functions of envsim objects, `lab.results` summaries and plain data, so the page, the tests and the
+benchmarks draw the same thing. A board puts cell `(row, col)` at `x = col`, `y = row` with the y axis reversed
+(row 0 on top, as in docs/rules.md), so a test reads an agent's cell straight off its trace: `(y[0], x[0])`.
 
 Trace names are part of the contract (tests and the browser read them): `board`, `goals`, `starts`,
 `ghost path {i}`, then the moving ones `path {i}`, `agent {i}`, `solver's plan` (the ghost), `events`.
@@ -23,16 +23,15 @@ from plotly.subplots import make_subplots
 
 from envsim.instance import Instance
 from envsim.rules import Failure
-from envsim.scoring import Event, Outcome, score
+from envsim.scoring import Outcome, Tally, score
+from lab.replay import AGENT_COLOURS, EVENT, HOLE, ICE, colour, describe, last_step, step_caption
+from lab.results import StageSummary
 
-AGENT_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
-ICE, HOLE, EVENT = "#eaf4fb", "#1d2b4a", "#d62728"
+__all__ = ["AGENT_COLOURS", "EVENT", "HOLE", "ICE", "colour", "describe", "last_step", "step_caption"]  # shared
+
 FAILURES = tuple(f.value for f in Failure)
+POOLED_VALID, POOLED_OPTIMAL = "pooled valid", "pooled optimal"  # the names of a stage's rates on the page
 _FONT = dict(family="system-ui, sans-serif", size=13)
-
-
-def colour(agent: int) -> str:
-    return AGENT_COLOURS[agent % len(AGENT_COLOURS)]
 
 
 def ghost_positions(instance: Instance) -> tuple[tuple[tuple[int, int], ...], ...] | None:
@@ -40,10 +39,6 @@ def ghost_positions(instance: Instance) -> tuple[tuple[tuple[int, int], ...], ..
     if instance.reference_plan is None:
         return None
     return score(instance, instance.reference_plan).positions
-
-
-def last_step(outcome: Outcome | None) -> int:
-    return 0 if outcome is None else len(outcome.positions) - 1
 
 
 # ---------------------------------------------------------------- one board at one step
@@ -129,25 +124,6 @@ def _moving_traces(instance: Instance, outcome: Outcome | None, step: int,
 def _on_board(cell: tuple[int, int], size: int) -> tuple[float, float]:
     """Where to draw an event: its cell, or for a move off the grid the board's edge it ran into."""
     return tuple(min(max(v, -0.5), size - 0.5) for v in cell)
-
-
-def describe(event: Event) -> str:
-    who = " and ".join(f"agent {a}" for a in event.agents) or "the plan"
-    where = f" at ({event.cell[0]},{event.cell[1]})" if event.cell is not None else ""
-    return f"t={event.time}: {event.type.value}, {who}{where}"
-
-
-def step_caption(outcome: Outcome | None, step: int) -> str:
-    """One line for the figure's title: the time and what happens at it."""
-    if outcome is None:
-        return "the board (no plan yet)"
-    now = [e for e in outcome.events if e.time == step]
-    text = f"t = {step} / {last_step(outcome)}"
-    if now:
-        text += ": " + "; ".join(f"{e.type.value} ({', '.join(map(str, e.agents)) or 'plan'})" for e in now)
-    elif step == last_step(outcome):
-        text += ": " + ("valid" if outcome.valid else (outcome.failure.value if outcome.failure else ""))
-    return text
 
 
 def _board_layout(instance: Instance, title: str, height: int = 460) -> dict[str, Any]:
@@ -252,21 +228,17 @@ def empty_figure(message: str, height: int = 260) -> go.Figure:
                           font=dict(size=15, color="#555"))]))
 
 
-def _rate(num: int, den: int) -> float:
-    return num / den if den else 0.0
-
-
-def rates_figure(rows: Sequence[Mapping[str, Any]], title: str = "") -> go.Figure:
-    """Valid and optimal rate per map size; `rows` hold `size`, `episodes`, `valid`, `optimal`."""
-    if not rows:
+def rates_figure(by_size: Mapping[int, Tally], title: str = "") -> go.Figure:
+    """Valid and optimal rate per map size (`lab.results.StageSummary.by_size`)."""
+    if not by_size:
         return empty_figure("no evaluation yet")
-    rows = sorted(rows, key=lambda r: r["size"])
-    sizes = [f"{r['size']}x{r['size']}" for r in rows]
+    sizes = sorted(by_size)
     fig = go.Figure()
-    for key, name, col in (("valid", "valid rate", "#2b8cbe"), ("optimal", "optimal rate", "#31a354")):
-        rates = [_rate(r[key], r["episodes"]) for r in rows]
-        fig.add_bar(name=name, x=sizes, y=rates, marker_color=col, text=[f"{v:.0%}" for v in rates],
-                    textposition="outside", customdata=[r["episodes"] for r in rows],
+    for rate, name, col in (("valid_rate", "valid rate", "#2b8cbe"), ("optimal_rate", "optimal rate", "#31a354")):
+        rates = [getattr(by_size[s], rate) for s in sizes]
+        fig.add_bar(name=name, x=[f"{s}x{s}" for s in sizes], y=rates, marker_color=col,
+                    text=[f"{v:.0%}" for v in rates], textposition="outside",
+                    customdata=[by_size[s].episodes for s in sizes],
                     hovertemplate="%{x}: %{y:.1%} of %{customdata} episodes<extra>" + name + "</extra>")
     fig.update_layout(title=title, barmode="group", height=320, yaxis=dict(range=[0, 1.12], tickformat=".0%"),
                       margin=dict(l=40, r=10, t=40, b=30), font=_FONT, legend=dict(orientation="h", y=1.12),
@@ -274,24 +246,20 @@ def rates_figure(rows: Sequence[Mapping[str, Any]], title: str = "") -> go.Figur
     return fig
 
 
-def curves_figure(per_stage: Mapping[int, Sequence[Mapping[str, Any]]]) -> go.Figure:
-    """Across stages: the mean valid and optimal rate over sizes (thick) and each size's valid rate (thin)."""
-    stages = sorted(s for s, rows in per_stage.items() if rows)
+def curves_figure(summaries: Mapping[int, StageSummary]) -> go.Figure:
+    """Across stages: the pooled valid and optimal rate (thick; the stage's rate, docs/results.md) and each
+    size's valid rate (thin)."""
+    stages = sorted(k for k, summary in summaries.items() if summary.by_size)
     if not stages:
         return empty_figure("no evaluated stage yet")
     fig = go.Figure()
-    sizes = sorted({r["size"] for s in stages for r in per_stage[s]})
+    sizes = sorted({size for k in stages for size in summaries[k].by_size})
     for size in sizes:
-        xs, ys = [], []
-        for s in stages:
-            row = next((r for r in per_stage[s] if r["size"] == size), None)
-            if row:
-                xs.append(s)
-                ys.append(_rate(row["valid"], row["episodes"]))
-        fig.add_scatter(x=xs, y=ys, mode="lines+markers", name=f"valid {size}x{size}", line=dict(width=1),
-                        opacity=0.5, legendgroup="sizes")
-    for key, name, col in (("valid", "mean valid", "#2b8cbe"), ("optimal", "mean optimal", "#31a354")):
-        ys = [sum(_rate(r[key], r["episodes"]) for r in per_stage[s]) / len(per_stage[s]) for s in stages]
+        xs = [k for k in stages if size in summaries[k].by_size]
+        fig.add_scatter(x=xs, y=[summaries[k].by_size[size].valid_rate for k in xs], mode="lines+markers",
+                        name=f"valid {size}x{size}", line=dict(width=1), opacity=0.5, legendgroup="sizes")
+    for rate, name, col in (("valid_rate", POOLED_VALID, "#2b8cbe"), ("optimal_rate", POOLED_OPTIMAL, "#31a354")):
+        ys = [getattr(summaries[k].pooled, rate) for k in stages]
         fig.add_scatter(x=stages, y=ys, mode="lines+markers", name=name, line=dict(width=4, color=col))
     fig.update_layout(height=340, xaxis=dict(title="stage", dtick=1, range=[stages[0] - 0.3, stages[-1] + 0.3]),
                       yaxis=dict(range=[0, 1.02], tickformat=".0%"),
@@ -299,16 +267,16 @@ def curves_figure(per_stage: Mapping[int, Sequence[Mapping[str, Any]]]) -> go.Fi
     return fig
 
 
-def failure_heatmap(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
-    """Episodes per (map size, failure type); `rows` hold `size` and `failures` ({type: count})."""
-    if not rows:
+def failure_heatmap(by_size: Mapping[int, Tally]) -> go.Figure:
+    """Episodes per (map size, failure type) (`lab.results.StageSummary.by_size`)."""
+    if not by_size:
         return empty_figure("no evaluation yet")
-    rows = sorted(rows, key=lambda r: r["size"])
-    kinds = [f for f in FAILURES if any(r["failures"].get(f) for r in rows)]
+    sizes = sorted(by_size)
+    kinds = [f for f in FAILURES if any(by_size[s].failures.get(f) for s in sizes)]
     if not kinds:
         return empty_figure("no failures at this stage")
-    z = [[r["failures"].get(f, 0) for f in kinds] for r in rows]
-    fig = go.Figure(go.Heatmap(z=z, x=kinds, y=[f"{r['size']}x{r['size']}" for r in rows], colorscale="Reds",
+    z = [[by_size[s].failures.get(f, 0) for f in kinds] for s in sizes]
+    fig = go.Figure(go.Heatmap(z=z, x=kinds, y=[f"{s}x{s}" for s in sizes], colorscale="Reds",
                                text=[[str(v) if v else "" for v in line] for line in z], texttemplate="%{text}",
                                hovertemplate="%{y}, %{x}: %{z} episodes<extra></extra>", showscale=False))
     fig.update_layout(height=320, margin=dict(l=50, r=10, t=30, b=40), font=_FONT,

@@ -1,0 +1,119 @@
+"""What several tabs share: the page around them, tables, times, names of decisions, the knob table, and
+the board viewer (an episode's replay and the playground draw boards the same way)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import gradio as gr
+from sqlalchemy import Engine
+
+from envsim.config import KNOBS, EnvConfig
+from envsim.instance import Instance
+from envsim.rules import Failure
+from envsim.scoring import Outcome
+from lab.pages import figures
+from storage.models import Action
+
+ALL = "all"  # a gallery filter that keeps every value
+DECIDED = {Action.ACCEPT: "accepted", Action.EDIT: "edited", Action.REJECT: "rejected", Action.AUTO: "auto-applied"}
+KNOB_COLUMNS = ["size", *KNOBS]
+
+
+@dataclass(frozen=True)
+class Page:
+    """What every tab's `build` is given: the database, and the widgets around the tabs."""
+
+    engine: Engine
+    run_pick: gr.Dropdown  # the open run, above the tabs
+    tabs: gr.Tabs
+    worker: gr.HTML  # the worker's badge
+
+
+def table(headers: list[str], rows: list[list[Any]]) -> dict[str, Any]:
+    """A `gr.Dataframe` value."""
+    return {"headers": headers, "data": rows}
+
+
+def user_of(request: gr.Request | None) -> str:
+    """Who clicked: the login name under `--auth`, else "local"."""
+    return (getattr(request, "username", None) or "local") if request is not None else "local"
+
+
+def when(t: datetime | None) -> str:
+    return f"{t:%Y-%m-%d %H:%M:%S} UTC" if t else "-"
+
+
+# ---------------------------------------------------------------- the knob table
+
+
+def config_rows(config: EnvConfig) -> list[list[Any]]:
+    return [[row["size"], *(round(row[k], 4) for k in KNOBS)] for row in config.knob_rows()]
+
+
+def _number_or_text(value: Any) -> Any:
+    """A table cell as a number when it reads as one; otherwise as typed, so the validator can name it."""
+    if isinstance(value, int | float):
+        return value
+    try:
+        return float(str(value).strip())
+    except ValueError:
+        return value
+
+
+def config_from_table(rows: Sequence[Sequence[Any]], num_agents: Any, num_instances: Any) -> dict[str, Any]:
+    """The raw config a person typed: one row per size; checked later by `project(..., strict=True)`."""
+    raw: dict[str, Any] = {k: {} for k in KNOBS}
+    for row in rows:
+        if not row or all(str(v).strip() == "" for v in row):
+            continue
+        size = str(row[0]).strip().removesuffix(".0")
+        for knob, value in zip(KNOBS, row[1:], strict=False):
+            raw[knob][size] = _number_or_text(value)
+    raw["num_agents"] = _number_or_text(num_agents)
+    raw["num_instances"] = _number_or_text(num_instances)
+    return raw
+
+
+# ---------------------------------------------------------------- the board viewer
+
+
+def verdict(instance: Instance, outcome: Outcome) -> str:
+    if outcome.valid:
+        head = "✓ **valid**" + (" and **optimal**" if outcome.optimal else ", not optimal")
+        return f"{head}: {outcome.message}."
+    what = outcome.message.removeprefix(f"{outcome.failure}: ")
+    on_goal = f" Agents on their goal at the end: {outcome.isr:.0%}." \
+        if outcome.failure == Failure.GOAL_NOT_REACHED else ""
+    return f"✗ **{outcome.failure}**: {what}.{on_goal}"
+
+
+def view_end(view: dict[str, Any] | None) -> int:
+    """The last time step of a viewer state's outcome (0 with no outcome)."""
+    return figures.last_step(Outcome.from_dict(view["outcome"])) if view and view.get("outcome") else 0
+
+
+def draw(view: dict[str, Any] | None, step: Any, ghost: bool = True) -> tuple[Any, str]:
+    """The viewer's board at `step` and the events that happen then (for any view: episode or playground).
+
+    A view is the `gr.State` of a viewer: `{"instance": Instance JSON, "outcome": Outcome dict or None}`.
+    """
+    if not view:
+        return figures.empty_figure("no board open"), ""
+    instance = Instance.model_validate(view["instance"])
+    outcome = Outcome.from_dict(view["outcome"]) if view.get("outcome") else None
+    step = int(step or 0)
+    fig = figures.board_figure(instance, outcome, step, ghost=ghost)
+    if outcome is None:
+        return fig, ""
+    now = [figures.describe(e) for e in outcome.events if e.time == step]
+    later = [e for e in outcome.events if e.time > step]
+    text = ("**At this step:** " + "; ".join(now)) if now else f"Nothing goes wrong at t={step}."
+    if later:
+        text += f" Next event: {figures.describe(later[0])}."
+    if ghost and instance.reference_plan is None:
+        text += " (This board has no solver plan, so no ghost.)"
+    return fig, text

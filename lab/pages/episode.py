@@ -1,0 +1,152 @@
+"""The Episode tab: replay one answer step by step, beside the same board at every stage of its run."""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+from sqlalchemy import Engine
+
+from envsim.instance import Instance
+from envsim.scoring import Outcome
+from envsim.suite import Split
+from lab.pages import figures
+from lab.pages.common import Page, draw, table, verdict, view_end
+from lab.results import outcome_of
+from lab.runs import episode_across_stages
+
+PLAY_S = 0.6  # seconds per step while a replay plays
+
+
+def episode_view(engine: Engine, episode_id: Any) -> dict[str, Any]:
+    """One episode for the viewer: the board's state (for `gr.State`), a header, the answer and the
+    "same board across stages" strip; `error` says why nothing could be shown."""
+    try:
+        episode_id = int(episode_id)
+    except (TypeError, ValueError):
+        return {"error": "Type an episode number, or click a failed episode in the Stage review tab."}
+    found = episode_across_stages(engine, episode_id)
+    if found is None:
+        return {"error": f"There is no episode {episode_id}."}
+    ep, same = found
+    instance = Instance.model_validate(ep.instance)
+    outcome = outcome_of(ep, instance)
+    header = (f"**Episode {ep.id}**: run #{ep.run_id}, stage {ep.stage_index}, {ep.split} board `{ep.instance_id}` "
+              f"({instance.size}x{instance.size}, {instance.num_agents} agents, optimal makespan "
+              f"{instance.opt_makespan if instance.opt_makespan is not None else '?'}).  \n"
+              f"{verdict(instance, outcome)} [Link to this episode](?episode={ep.id})")
+    panels, strip_rows = [], []
+    if ep.split == Split.VALIDATION and len(same) > 1:
+        for other in same:
+            o = outcome if other.id == ep.id else outcome_of(other, instance)
+            tag = "valid" if o.valid else str(o.failure)
+            panels.append((instance, o, f"stage {other.stage_index}: {tag}"))
+            strip_rows.append([other.stage_index, other.id, tag, o.message, other.completion[:300]])
+    return {"error": None, "view": {"instance": instance.model_dump(mode="json"), "outcome": outcome.to_dict()},
+            "header": header, "answer": ep.completion, "end": figures.last_step(outcome),
+            "strip": figures.boards_figure(panels, columns=min(len(panels), 5)) if panels else None,
+            "strip_table": table(["stage", "episode", "outcome", "message", "answer"], strip_rows)}
+
+
+def replay_file(view: dict[str, Any] | None) -> str | None:
+    """The open episode as a standalone animated HTML file (Plotly's own play button and slider)."""
+    if not view or not view.get("outcome"):
+        return None
+    instance = Instance.model_validate(view["instance"])
+    path = Path(tempfile.mkdtemp(prefix="envlab-replay-")) / f"replay-{instance.id}.html"
+    figures.write_replay_html(figures.replay_figure(instance, Outcome.from_dict(view["outcome"])), str(path))
+    return str(path)
+
+
+@dataclass(eq=False)
+class EpisodeTab:
+    engine: Engine
+    episode_id: gr.Number
+    header: gr.Markdown
+    view: gr.State  # {"instance", "outcome"} of the open episode
+    board: gr.Plot
+    step: gr.Slider
+    play: gr.Button
+    ghost: gr.Checkbox
+    events: gr.Markdown
+    answer: gr.Textbox
+    strip_note: gr.Markdown
+    strip: gr.Plot
+    strip_table: gr.Dataframe
+    playing: gr.State
+    ticker: gr.Timer
+
+    @property
+    def outputs(self) -> list[Any]:
+        return [self.view, self.header, self.answer, self.step, self.board, self.events, self.strip_note, self.strip,
+                self.strip_table, self.playing, self.ticker, self.play]
+
+    def show(self, episode_id: Any, ghost: bool) -> dict[Any, Any]:
+        v = episode_view(self.engine, episode_id)
+        stopped = {self.playing: False, self.ticker: gr.Timer(active=False), self.play: "▶ Play"}
+        if v["error"]:
+            return {self.view: None, self.header: v["error"], self.answer: "", self.step: gr.update(maximum=1, value=0),
+                    self.board: figures.empty_figure(v["error"]), self.events: "", self.strip_note: "",
+                    self.strip: gr.update(visible=False), self.strip_table: gr.update(visible=False)} | stopped
+        fig, events = draw(v["view"], 0, ghost)
+        has_strip = v["strip"] is not None
+        strip_note = "### Same board across stages" if has_strip else "_This board was evaluated at one stage only._"
+        return {self.view: v["view"], self.header: v["header"], self.answer: v["answer"],
+                self.step: gr.update(maximum=max(v["end"], 1), value=0), self.board: fig, self.events: events,
+                self.strip_note: strip_note, self.strip: gr.update(value=v["strip"], visible=has_strip),
+                self.strip_table: gr.update(value=v["strip_table"], visible=has_strip)} | stopped
+
+    def redraw(self, view: dict | None, t: Any, ghost: bool) -> dict[Any, Any]:
+        fig, events = draw(view, t, ghost)
+        return {self.board: fig, self.events: events}
+
+    def toggle_play(self, view: dict | None, is_playing: bool, t: Any) -> dict[Any, Any]:
+        if not view:
+            return {self.playing: False, self.ticker: gr.Timer(active=False), self.play: "▶ Play", self.step: t}
+        end = view_end(view)
+        starting = not is_playing
+        t = 0 if starting and t >= end else t
+        return {self.playing: starting, self.ticker: gr.Timer(active=starting),
+                self.play: "❚❚ Pause" if starting else "▶ Play", self.step: t}
+
+    def tick(self, view: dict | None, t: Any, ghost: bool) -> dict[Any, Any]:
+        end = view_end(view)
+        t = min(int(t or 0) + 1, end)
+        going = t < end
+        return self.redraw(view, t, ghost) | {self.step: t, self.playing: going,
+                self.ticker: gr.Timer(active=going), self.play: "❚❚ Pause" if going else "▶ Play"}
+
+
+def build(page: Page) -> EpisodeTab:
+    with gr.Row():
+        episode_id = gr.Number(label="Episode", value=None, precision=0, scale=0, min_width=140, elem_id="episode-id")
+        open_episode = gr.Button("Open", scale=0, min_width=90)
+        header = gr.Markdown("Open an episode from the failure gallery, or type its number.",
+                             elem_id="episode-header")
+    view = gr.State(None)
+    with gr.Row():
+        with gr.Column(scale=3):
+            board = gr.Plot(show_label=False, elem_id="replay")
+            step = gr.Slider(0, 1, value=0, step=1, label="Time step t", elem_id="replay-step")
+            with gr.Row():
+                play = gr.Button("▶ Play", scale=0, min_width=110, elem_id="replay-play")
+                ghost = gr.Checkbox(label="Show the solver's optimal plan as a ghost", value=True)
+                export = gr.DownloadButton("Save animated replay (HTML)", scale=0)
+            events = gr.Markdown(elem_id="replay-events")
+        with gr.Column(scale=2):
+            answer = gr.Textbox(label="The policy's raw answer", lines=18, interactive=False, elem_id="raw-answer")
+    strip_note = gr.Markdown()
+    strip = gr.Plot(show_label=False, visible=False)
+    strip_table = gr.Dataframe(label="Its answer at each stage", interactive=False, visible=False, wrap=True)
+    tab = EpisodeTab(page.engine, episode_id, header, view, board, step, play, ghost, events, answer, strip_note,
+                     strip, strip_table, gr.State(False), gr.Timer(PLAY_S, active=False))
+    gr.on([open_episode.click, episode_id.submit], tab.show, [episode_id, ghost], tab.outputs)
+    gr.on([step.input, ghost.input], tab.redraw, [view, step, ghost], [board, events], show_progress="hidden")
+    play.click(tab.toggle_play, [view, tab.playing, step], [tab.playing, tab.ticker, play, step])
+    tab.ticker.tick(tab.tick, [view, step, ghost], [step, board, events, tab.playing, tab.ticker, play],
+                    show_progress="hidden")
+    export.click(replay_file, view, export)
+    return tab

@@ -1,0 +1,150 @@
+"""The Stage review tab: what the policy gets right and wrong at each stage, and the gallery of its failures.
+
+A stage's valid and optimal rates are its pooled rates (`lab.results`, docs/results.md), in the table, the
+note and the thick curves alike; the bars and the thin curves are per map size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import gradio as gr
+from sqlalchemy import Engine
+
+from envsim.scoring import Tally
+from lab.pages import figures
+from lab.pages.common import ALL, DECIDED, Page, table
+from lab.pages.figures import POOLED_OPTIMAL, POOLED_VALID
+from lab.results import StageSummary
+from lab.runs import StageReview, failed_episodes, stage_review
+
+
+def _share(t: Tally, rate: str) -> str:
+    return f"{getattr(t, rate):.1%}" if t.episodes else "-"
+
+
+def review(engine: Engine, run_id: int | None, stage_index: int | None) -> dict[str, Any]:
+    """Everything the Stage review tab shows for one stage of a run (default: the latest evaluated)."""
+    empty = figures.empty_figure
+    if run_id is None:
+        note = "No run is open: create one in the Runs tab or pick one above."
+        return dict(note=note, stages=[], stage=None, table=table(["stage"], []), rates=empty(note),
+                    curves=empty(note), failures=empty(note), training=empty(note), sizes=[], kinds=[])
+    r = stage_review(engine, run_id, stage_index)
+    current = r.summaries.get(r.stage_index)
+    why = "no evaluation yet" if r.stage_index is not None else _note(r, current)
+    return dict(
+        note=_note(r, current), stages=[(f"stage {st.index} ({st.status})", st.index) for st in r.stages],
+        stage=r.stage_index, table=_stages_table(r),
+        rates=figures.rates_figure(current.by_size) if current else empty(why),
+        curves=figures.curves_figure(r.summaries),
+        failures=figures.failure_heatmap(current.by_size) if current else empty(why),
+        training=figures.training_figure(r.logs), sizes=sorted(current.by_size) if current else [],
+        kinds=r.failure_kinds)
+
+
+def _note(r: StageReview, current: StageSummary | None) -> str:
+    if current is not None:
+        pooled = current.pooled
+        return (f"Stage {r.stage_index}: valid {_share(pooled, 'valid_rate')}, optimal "
+                f"{_share(pooled, 'optimal_rate')} over {pooled.episodes} validation boards.")
+    if r.stage_index is not None:
+        status = next(st.status for st in r.stages if st.index == r.stage_index)
+        return (f"Stage {r.stage_index} is {status} and has no evaluation yet: its results appear here when its "
+                "job ends (the Train tab shows its progress).")
+    return "This run has no stages yet."
+
+
+def _stages_table(r: StageReview) -> dict[str, Any]:
+    rows = []
+    for st in r.stages:
+        pooled = r.summaries[st.index].pooled if st.index in r.summaries else Tally()
+        source = "initial config"
+        if st.index in r.decided:
+            p, d = r.decided[st.index]
+            source = f"proposal #{p.id}, {DECIDED[d.action]} by {d.user}"
+        rows.append([st.index, st.status, source, _share(pooled, "valid_rate"), _share(pooled, "optimal_rate"),
+                     pooled.episodes])
+    return table(["stage", "status", "config from", POOLED_VALID, POOLED_OPTIMAL, "episodes"], rows)
+
+
+def gallery(engine: Engine, run_id: int | None, stage_index: int | None, size: Any = ALL,
+            failure: str = ALL, limit: int = 200) -> tuple[dict[str, Any], str]:
+    """The failed validation episodes of a stage, filtered by map size and failure type."""
+    headers = ["episode", "size", "agents", "failure", "what happened"]
+    if run_id is None or stage_index is None:
+        return table(headers, []), "No stage to show: open a run first."
+    episodes = failed_episodes(engine, run_id, stage_index, None if size in (None, ALL, "") else int(size),
+                               None if failure in (None, ALL, "") else failure, limit)
+    rows = [[ep.id, ep.size, ep.num_agents, ep.failure, ep.outcome.get("message", "")] for ep in episodes]
+    if rows:
+        note = f"{len(rows)} failed episode(s){' (first ' + str(limit) + ')' if len(rows) == limit else ''}. " \
+               "Click a row to replay it."
+    else:
+        note = "No failed episodes match these filters." if (size, failure) != (ALL, ALL) else \
+            "No failed episodes at this stage (or it has not been evaluated yet)."
+    return table(headers, rows), note
+
+
+@dataclass(eq=False)
+class ReviewTab:
+    engine: Engine
+    stage_pick: gr.Dropdown
+    note: gr.Markdown
+    stages: gr.Dataframe
+    rates: gr.Plot
+    curves: gr.Plot
+    failures: gr.Plot
+    training: gr.Plot
+    size_filter: gr.Dropdown
+    failure_filter: gr.Dropdown
+    gallery: gr.Dataframe
+    gallery_note: gr.Markdown
+
+    @property
+    def outputs(self) -> list[Any]:
+        return [self.stage_pick, self.note, self.stages, self.rates, self.curves, self.failures, self.training,
+                self.size_filter, self.failure_filter, self.gallery, self.gallery_note]
+
+    def show(self, run_id: int | None, stage_index: int | None = None) -> dict[Any, Any]:
+        r = review(self.engine, run_id, stage_index)
+        rows, note = gallery(self.engine, run_id, r["stage"])
+        return {self.stage_pick: gr.update(choices=r["stages"], value=r["stage"]), self.note: r["note"],
+                self.stages: r["table"], self.rates: r["rates"], self.curves: r["curves"],
+                self.failures: r["failures"], self.training: r["training"],
+                self.size_filter: gr.update(choices=[ALL, *r["sizes"]], value=ALL),
+                self.failure_filter: gr.update(choices=[ALL, *r["kinds"]], value=ALL),
+                self.gallery: rows, self.gallery_note: note}
+
+    def show_latest(self, run_id: int | None) -> dict[Any, Any]:
+        return self.show(run_id, None)
+
+    def filter(self, run_id: int | None, stage_index: int | None, size: Any, failure: str) -> dict[Any, Any]:
+        rows, note = gallery(self.engine, run_id, stage_index, size, failure)
+        return {self.gallery: rows, self.gallery_note: note}
+
+
+def build(page: Page) -> ReviewTab:
+    with gr.Row():
+        stage_pick = gr.Dropdown(label="Stage", choices=[], value=None, scale=1)
+        note = gr.Markdown(elem_id="review-note")
+    stages = gr.Dataframe(label="Stages (rates pooled over all the stage's validation boards)", interactive=False)
+    with gr.Row():
+        rates = gr.Plot(label="Valid and optimal rate per map size")
+        curves = gr.Plot(label="Across stages: pooled rates (thick), each size's valid rate (thin)")
+    with gr.Row():
+        failures = gr.Plot(label="Failures: map size × failure type")
+        training = gr.Plot(label="Training curves")
+    gr.Markdown("### Failure gallery")
+    with gr.Row():
+        size_filter = gr.Dropdown(label="Map size", choices=[ALL], value=ALL, scale=0, min_width=140)
+        failure_filter = gr.Dropdown(label="Failure type", choices=[ALL], value=ALL, scale=0, min_width=200)
+        gallery_note = gr.Markdown(elem_id="gallery-note")
+    gallery_df = gr.Dataframe(interactive=False, elem_id="gallery", max_height=360, wrap=True)
+    tab = ReviewTab(page.engine, stage_pick, note, stages, rates, curves, failures, training, size_filter,
+                    failure_filter, gallery_df, gallery_note)
+    stage_pick.input(tab.show, [page.run_pick, stage_pick], tab.outputs)
+    gr.on([size_filter.input, failure_filter.input], tab.filter,
+          [page.run_pick, stage_pick, size_filter, failure_filter], [gallery_df, gallery_note])
+    return tab

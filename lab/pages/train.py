@@ -1,0 +1,170 @@
+"""The Train tab: the worker's progress on the open run, its jobs and log, and the buttons that move the run
+(queue what comes next, resume, cancel, switch the engineer). The page never trains: it queues jobs."""
+
+from __future__ import annotations
+
+import html
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import gradio as gr
+from sqlalchemy import Engine
+
+from lab.engineers import ENGINEERS
+from lab.loop import LoopError, advance, cancel, resume, switch_engineer
+from lab.pages.common import Page, table
+from lab.results import StageSummary
+from lab.runs import RunProgress, run_progress
+from lab.worker import ago
+from storage.models import ACTIVE_JOB, Job, JobKind, JobStatus, RunStatus, StageStatus
+
+JOB_HEADERS = ["job", "kind", "for", "status", "progress", "heartbeat", "error"]
+
+
+def train_view(engine: Engine, run_id: int | None) -> dict[str, Any]:
+    """The run's jobs as the worker last wrote them: progress of the active one, its log tail, results."""
+    progress = None if run_id is None else run_progress(engine, run_id)
+    if progress is None:
+        return dict(status="No run is open.", progress="", jobs=table(JOB_HEADERS, []), log="", results="")
+    jobs = progress.jobs
+    rows = [[j.id, j.kind, _job_target(j), j.status, f"{j.step}/{j.total}" if j.total else str(j.step),
+             ago(j.heartbeat_at) if j.heartbeat_at and j.status == JobStatus.RUNNING else "", j.error or ""]
+            for j in reversed(jobs)]
+    shown = next((j for j in jobs if j.status in ACTIVE_JOB), None) or (jobs[-1] if jobs else None)
+    return dict(status=_run_status(progress), progress=_progress_bar(shown), jobs=table(JOB_HEADERS, rows),
+                log=shown.log_tail if shown else "", results=_results(progress.latest))
+
+
+def _progress_bar(job: Job | None) -> str:
+    if job is None:
+        return "<p>No jobs for this run yet.</p>"
+    total = job.total or 0
+    label = f"{job.kind} job {job.id} ({_job_target(job)}): {job.status}"
+    label += f", step {job.step} of {total}" if total else ""
+    share = 1.0 if job.status == JobStatus.DONE else (job.step / total if total else 0.0)
+    error = f'<div class="error">{html.escape(job.error)}</div>' if job.error else ""
+    return (f'<div class="lab-progress {job.status}"><div>{html.escape(label)}</div>'
+            f'<div class="bar" id="job-progress" data-step="{job.step}" data-total="{total}" '
+            f'data-status="{job.status}"><span style="width: {share:.0%}"></span></div>{error}</div>')
+
+
+def _run_status(progress: RunProgress) -> str:
+    run, stages = progress.run, progress.stages
+    trained = sum(st.status == StageStatus.DONE for st in stages[1:])
+    waiting = {RunStatus.WAITING: " **A proposal waits for your decision in the Proposal tab.**",
+               RunStatus.FAILED: f" **{run.status_reason}**. Fix the cause, then *Resume* (retry), or switch "
+                                 "the engineer below.",
+               RunStatus.CANCELLED: f" {run.status_reason}. *Resume* picks it up again."}.get(run.status, "")
+    return (f"Run #{run.id} **{run.name}** is **{run.status}**: {trained} of {run.settings['stages']} "
+            f"training stages done; stages: " + ", ".join(f"{st.index} {st.status}" for st in stages) + "." + waiting)
+
+
+def _results(summary: StageSummary | None) -> str:
+    """The last evaluated stage's validation results per map size."""
+    if summary is None:
+        return ""
+    lines = [f"**Stage {summary.stage_index} results** (validation):", "", "| size | valid | optimal | episodes |",
+             "|---|---|---|---|"]
+    lines += [f"| {size}x{size} | {t.valid_rate:.0%} | {t.optimal_rate:.0%} | {t.episodes} |"
+              for size, t in summary.by_size.items() if t.episodes]
+    return "\n".join(lines)
+
+
+def _job_target(job: Job) -> str:
+    if job.target is None:
+        return json.dumps(job.payload)
+    return f"proposal after stage {job.target}" if job.kind == JobKind.PROPOSE else f"stage {job.target}"
+
+
+def advance_run(engine: Engine, run_id: int | None) -> str:
+    if run_id is None:
+        return "No run is open."
+    try:
+        return f"Run #{run_id}: {advance(engine, run_id)}."
+    except LoopError as err:
+        return f"✗ {err}"
+
+
+def resume_run(engine: Engine, run_id: int | None) -> str:
+    if run_id is None:
+        return "No run is open."
+    requeued = resume(engine, run_id)
+    if not requeued:
+        return f"Run #{run_id}: nothing had failed; now {advance(engine, run_id)}."
+    return f"Run #{run_id}: queued job(s) {', '.join(map(str, requeued))} again (a stage resumes from its checkpoint)."
+
+
+def cancel_run_jobs(engine: Engine, run_id: int | None) -> str:
+    if run_id is None:
+        return "No run is open."
+    active = cancel(engine, run_id)
+    if not active:
+        return f"Run #{run_id} is cancelled; no job of it was queued or running. *Resume* picks it up again."
+    return f"Run #{run_id} is cancelled. Cancel requested for job(s) " + ", ".join(map(str, active)) + \
+        ": a queued job stops at once, a running one when its worker next reports. *Resume* picks the run up again."
+
+
+def switch_run_engineer(engine: Engine, run_id: int | None, engineer: str, backend: str) -> str:
+    if run_id is None:
+        return "No run is open."
+    try:
+        requeued = switch_engineer(engine, run_id, engineer, (backend or "").strip())
+    except LoopError as err:
+        return f"✗ {err}"
+    return f"Run #{run_id} now asks the `{engineer}` engineer; resumed ({len(requeued)} job(s) queued again). " \
+        f"Now: {advance(engine, run_id)}."
+
+
+@dataclass(eq=False)
+class TrainTab:
+    engine: Engine
+    status: gr.Markdown
+    message: gr.Markdown
+    progress: gr.HTML
+    results: gr.Markdown
+    log: gr.Textbox
+    jobs: gr.Dataframe
+
+    @property
+    def outputs(self) -> list[Any]:
+        return [self.status, self.progress, self.jobs, self.log, self.results]
+
+    def show(self, run_id: int | None) -> dict[Any, Any]:
+        t = train_view(self.engine, run_id)
+        return {self.status: t["status"], self.progress: t["progress"], self.jobs: t["jobs"], self.log: t["log"],
+                self.results: t["results"]}
+
+    def says(self, action: Any):
+        """A button's callback: `action(engine, run_id, *more)`'s message in the tab's message line."""
+        def run(run_id: int | None, *more: Any) -> dict[Any, Any]:
+            return {self.message: action(self.engine, run_id, *more)}
+        return run
+
+
+def build(page: Page) -> TrainTab:
+    status = gr.Markdown(elem_id="train-status")
+    with gr.Row():
+        queue_next = gr.Button("Queue what comes next", variant="primary", elem_id="queue-next")
+        resume_button = gr.Button("Resume (retry what failed)", elem_id="resume")
+        cancel_button = gr.Button("Cancel this run", variant="stop", elem_id="cancel")
+    with gr.Row():
+        switch_to = gr.Dropdown(list(ENGINEERS), value="heuristic", label="Switch the engineer to",
+                                elem_id="switch-engineer", scale=1)
+        switch_backend = gr.Textbox(label="Backend (llm only)", placeholder="hf:policy", scale=1)
+        switch_button = gr.Button("Switch engineer and resume", elem_id="switch", scale=1)
+    gr.Markdown("_Queue what comes next_ moves the run one step along the loop: it queues the next "
+                "stage or asks the engineer for a proposal (nothing, while a proposal waits for you). "
+                "The worker runs what is queued; this page never trains.")
+    message = gr.Markdown(elem_id="train-msg")
+    progress = gr.HTML(elem_id="progress")
+    results = gr.Markdown(elem_id="stage-results")
+    log = gr.Textbox(label="Log of the job above (last lines)", lines=10, interactive=False, elem_id="log-tail",
+                     autoscroll=True, placeholder="(no log lines yet)")
+    jobs = gr.Dataframe(label="Jobs of this run (newest first)", interactive=False)
+    tab = TrainTab(page.engine, status, message, progress, results, log, jobs)
+    for button, action, inputs in ((queue_next, advance_run, []), (resume_button, resume_run, []),
+                                   (cancel_button, cancel_run_jobs, []),
+                                   (switch_button, switch_run_engineer, [switch_to, switch_backend])):
+        button.click(tab.says(action), [page.run_pick, *inputs], message).then(tab.show, page.run_pick, tab.outputs)
+    return tab

@@ -1,0 +1,61 @@
+"""A stage's results, read one way: what the page, `envlab run` and the engineer's context all show.
+
+A stage evaluated on a split has one `StageMetric` row per map size (written by `training.evaluate`).
+`stage_summaries` reads them in one query and gives each stage its `StageSummary`: the `envsim.scoring.Tally`
+of each size and, summed, the pooled tally. The rates are the tally's (docs/results.md): a stage's valid
+rate is its pooled rate, valid episodes over all its episodes of the split; a size's rate is over that
+size's episodes. The unweighted mean over sizes is the paper's benchmark figure and appears only on the
+Leaderboard (`envsim.suite.report`).
+
+`outcome_of` is the one judgement of whether a stored outcome can be shown as it is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlmodel import Session, select
+
+from envsim.instance import Instance
+from envsim.scoring import Outcome, Tally, score_answer
+from envsim.suite import Split
+from storage.models import Episode, StageMetric
+
+
+@dataclass(frozen=True)
+class StageSummary:
+    """One stage's results on one split: a tally per map size (smallest first) and their pooled tally."""
+
+    stage_index: int
+    by_size: dict[int, Tally]
+
+    @property
+    def pooled(self) -> Tally:
+        return Tally.total(self.by_size.values())
+
+
+def tally_of(metric: StageMetric) -> Tally:
+    return Tally(metric.episodes, metric.valid, metric.optimal, dict(metric.failures))
+
+
+def stage_summaries(s: Session, run_id: int, split: Split = Split.VALIDATION,
+                    stage_index: int | None = None) -> dict[int, StageSummary]:
+    """Every evaluated stage of a run (or only `stage_index`), by stage index, from one query.
+
+    A stage with no rows on `split` (not evaluated yet) has no entry.
+    """
+    query = select(StageMetric).where(StageMetric.run_id == run_id, StageMetric.split == split)
+    if stage_index is not None:
+        query = query.where(StageMetric.stage_index == stage_index)
+    by_stage: dict[int, dict[int, Tally]] = {}
+    for m in s.exec(query.order_by(StageMetric.stage_index, StageMetric.size)):
+        by_stage.setdefault(m.stage_index, {})[m.size] = tally_of(m)
+    return {k: StageSummary(k, by_size) for k, by_size in by_stage.items()}
+
+
+def outcome_of(episode: Episode, instance: Instance | None = None) -> Outcome:
+    """The episode's stored outcome when it is complete enough to replay (it has the agents' positions);
+    otherwise its answer scored again, which gives the same outcome since the rules are deterministic."""
+    if episode.outcome and "positions" in episode.outcome:
+        return Outcome.from_dict(episode.outcome)
+    return score_answer(instance or Instance.model_validate(episode.instance), episode.completion)

@@ -1,0 +1,171 @@
+"""What the web lab reads about runs: the run list, a stage's review, episodes, a run's progress, benchmark
+results.
+
+Each function opens its own session on `engine`, reads in it and returns plain values or rows that stay
+readable afterwards (`storage.db.session` keeps them loaded), so the page holds no query of its own. A
+stage's rates come from `lab.results` like everywhere else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine
+from sqlmodel import Session, select
+
+from envsim.instance import Instance
+from envsim.suite import Entry, Report, Split, report
+from lab.loop import create_run, jobs_of, set_auto_apply, stages_of
+from lab.results import StageSummary, stage_summaries
+from storage.db import session
+from storage.models import Action, Decision, Episode, Job, Proposal, Run, Stage, StageStatus, TrainingLog
+
+
+@dataclass(frozen=True)
+class RunRow:
+    """A run in the run list, with how many of its training stages are done (stage 0 is not trained)."""
+
+    run: Run
+    trained: int
+
+
+def run_list(engine: Engine) -> list[RunRow]:
+    """Every run, newest first."""
+    with session(engine) as s:
+        runs = list(s.exec(select(Run).order_by(Run.id.desc())))
+        done = {r.id: sum(st.status == StageStatus.DONE for st in stages_of(s, r.id)) for r in runs}
+    return [RunRow(r, max(done[r.id] - 1, 0)) for r in runs]
+
+
+def new_run(engine: Engine, **options: Any) -> Run:
+    """`lab.loop.create_run` in a transaction of its own: the run, its stage 0, and that stage's job queued."""
+    with session(engine) as s:
+        return create_run(s, **options)
+
+
+def set_run_auto_apply(engine: Engine, run_id: int, on: bool) -> None:
+    with session(engine) as s:
+        set_auto_apply(s, run_id, on)
+
+
+def run_of_proposal(engine: Engine, proposal_id: int) -> int | None:
+    with session(engine) as s:
+        proposal = s.get(Proposal, proposal_id)
+    return proposal.run_id if proposal else None
+
+
+def run_of_episode(engine: Engine, episode_id: int) -> int | None:
+    with session(engine) as s:
+        episode = s.get(Episode, episode_id)
+    return episode.run_id if episode else None
+
+
+# ---------------------------------------------------------------- a stage's review
+
+
+@dataclass(frozen=True)
+class StageReview:
+    """What the Stage review tab shows of a run: its stages and their validation summaries, the decision each
+    stage's config came from, and for the chosen stage its training log and the failure types it shows."""
+
+    stages: list[Stage]
+    summaries: dict[int, StageSummary]
+    decided: dict[int, tuple[Proposal, Decision]]  # stage k+1 -> the proposal after stage k and its decision
+    stage_index: int | None  # the chosen stage: the one asked for, else the latest evaluated, else the last
+    logs: list[tuple[int, dict[str, Any]]]  # (step, metrics) in step order
+    failure_kinds: list[str]
+
+
+def stage_review(engine: Engine, run_id: int, stage_index: int | None) -> StageReview:
+    with session(engine) as s:
+        stages = stages_of(s, run_id)
+        summaries = stage_summaries(s, run_id)
+        decided = _decided(s, run_id)
+        if stage_index is None or stage_index not in [st.index for st in stages]:
+            evaluated = [st.index for st in stages if st.index in summaries]
+            stage_index = evaluated[-1] if evaluated else (stages[-1].index if stages else None)
+        logs = [] if stage_index is None else [
+            (log.step, log.metrics) for log in s.exec(select(TrainingLog).where(
+                TrainingLog.run_id == run_id, TrainingLog.stage_index == stage_index).order_by(TrainingLog.step))]
+        kinds = sorted(s.exec(select(Episode.failure).where(
+            Episode.run_id == run_id, Episode.stage_index == stage_index, Episode.failure.is_not(None)).distinct()))
+    return StageReview(stages, summaries, decided, stage_index, logs, kinds)
+
+
+def _decided(s: Session, run_id: int) -> dict[int, tuple[Proposal, Decision]]:
+    """Stage k+1's config came from the decision on a proposal made after stage k (not a rejection)."""
+    rows = s.exec(select(Proposal, Decision).join(Decision, Decision.proposal_id == Proposal.id)
+                  .where(Proposal.run_id == run_id).order_by(Proposal.id))
+    return {p.after_stage + 1: (p, d) for p, d in rows if d.action != Action.REJECT}
+
+
+def failed_episodes(engine: Engine, run_id: int, stage_index: int, size: int | None = None,
+                    failure: str | None = None, limit: int = 200) -> list[Episode]:
+    """A stage's failed validation episodes, by size then id, optionally of one size and one failure type."""
+    with session(engine) as s:
+        query = select(Episode).where(Episode.run_id == run_id, Episode.stage_index == stage_index,
+                                      Episode.split == Split.VALIDATION, Episode.failure.is_not(None))
+        if size is not None:
+            query = query.where(Episode.size == size)
+        if failure is not None:
+            query = query.where(Episode.failure == failure)
+        return list(s.exec(query.order_by(Episode.size, Episode.id).limit(limit)))
+
+
+def episode_across_stages(engine: Engine, episode_id: int) -> tuple[Episode, list[Episode]] | None:
+    """An episode, and every episode of its run on the same board and split (itself included), by stage."""
+    with session(engine) as s:
+        episode = s.get(Episode, episode_id)
+        if episode is None:
+            return None
+        same = list(s.exec(select(Episode).where(
+            Episode.run_id == episode.run_id, Episode.instance_id == episode.instance_id,
+            Episode.split == episode.split).order_by(Episode.stage_index, Episode.id)))
+    return episode, same
+
+
+# ---------------------------------------------------------------- a run's progress
+
+
+@dataclass(frozen=True)
+class RunProgress:
+    """A run as the worker last wrote it: its stages, its jobs (oldest first), the latest stage's results."""
+
+    run: Run
+    stages: list[Stage]
+    jobs: list[Job]
+    latest: StageSummary | None  # the validation results of the last evaluated stage
+
+
+def run_progress(engine: Engine, run_id: int) -> RunProgress | None:
+    with session(engine) as s:
+        run = s.get(Run, run_id)
+        if run is None:
+            return None
+        summaries = stage_summaries(s, run_id)
+        return RunProgress(run, stages_of(s, run_id), jobs_of(s, run_id),
+                           summaries[max(summaries)] if summaries else None)
+
+
+# ---------------------------------------------------------------- the benchmark
+
+
+def benchmark_checkpoints(engine: Engine) -> list[tuple[int, int, str]]:
+    """Every (run id, stage index, run name) with episodes on the benchmark."""
+    with session(engine) as s:
+        pairs = list(s.exec(select(Episode.run_id, Episode.stage_index).where(Episode.split == Split.BENCHMARK)
+                            .distinct().order_by(Episode.run_id, Episode.stage_index)))
+        names = {r.id: r.name for r in s.exec(select(Run))}
+    return [(run_id, stage_index, names.get(run_id, "")) for run_id, stage_index in pairs]
+
+
+def benchmark_report(engine: Engine, run_id: int, stage_index: int) -> Report:
+    """The paper's tables of a stage's benchmark episodes (`envsim.suite.report`); an episode stored before
+    episodes kept their wait subset counts in subset -1."""
+    with session(engine) as s:
+        episodes = list(s.exec(select(Episode).where(Episode.run_id == run_id, Episode.stage_index == stage_index,
+                                                     Episode.split == Split.BENCHMARK)))
+    entries = [Entry(split=Split.BENCHMARK, subset=-1.0 if ep.subset is None else ep.subset,
+                     instance=Instance.model_validate(ep.instance)) for ep in episodes]
+    return report(entries, [ep.valid for ep in episodes], [ep.optimal for ep in episodes])

@@ -1,0 +1,137 @@
+"""Imports run one way (docs/architecture in README.md): envsim -> storage -> training -> lab -> the page.
+
+Every module of the project is parsed (not imported) and every import in it is read, those inside functions
+included: a lazy import is still a dependency. Three rules follow from the layers:
+- a module imports project modules of its own layer or the layers below it, never above;
+- no modules import each other in a circle, directly or through others;
+- page code (`app.py` and `lab/pages/`) runs no database query: it imports neither `sqlmodel` nor the session.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("envsim", "storage", "training", "lab")
+# The page is the top layer: `app.py` and the tabs it assembles from lab/pages/.
+LAYERS = ("envsim", "storage", "training", "lab", "page")
+
+
+def project_modules() -> dict[str, Path]:
+    modules = {"app": ROOT / "app.py"}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            if "migrations" in path.relative_to(ROOT).parts:  # Alembic's scripts, loaded by Alembic
+                continue
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            modules[".".join(parts)] = path
+    return modules
+
+
+MODULES = project_modules()
+
+
+def layer(module: str) -> str:
+    if module == "app" or module == "lab.pages" or module.startswith("lab.pages."):
+        return "page"
+    return module.split(".")[0]
+
+
+def imported_names(path: Path, module: str) -> list[tuple[str, int]]:
+    """(dotted name, line) for every import in the file: `import a.b` gives a.b, `from a import b` gives a.b
+    and a (b may be a module or a name in a)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            out.append((base, node.lineno))
+            out += [(f"{base}.{alias.name}", node.lineno) for alias in node.names]
+    return out
+
+
+def project_imports(module: str) -> dict[str, int]:
+    """The project modules `module` imports, each with the first line that does: `import a.b.c` depends on
+    a.b.c (and on the packages a and a.b, whose __init__ runs; those are empty here and left out)."""
+    found: dict[str, int] = {}
+    for name, line in imported_names(MODULES[module], module):
+        if name in MODULES and name != module and name not in PACKAGES:
+            found.setdefault(name, line)
+    return found
+
+
+GRAPH = {module: project_imports(module) for module in MODULES}
+
+
+def test_every_layer_is_a_known_one():
+    assert {layer(m) for m in MODULES} <= set(LAYERS)
+    assert "lab.worker" in MODULES and "lab.results" in MODULES and "app" in MODULES
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_a_module_imports_only_its_own_layer_and_those_below(module: str):
+    rank = LAYERS.index(layer(module))
+    upward = [f"{MODULES[module].relative_to(ROOT)}:{line} imports {name} ({layer(name)})"
+              for name, line in GRAPH[module].items() if LAYERS.index(layer(name)) > rank]
+    assert not upward, f"{module} is in layer {layer(module)}:\n" + "\n".join(upward)
+
+
+def cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_modules_import_each_other_in_a_circle():
+    assert cycles(GRAPH) == []
+
+
+def test_the_cycle_finder_finds_a_circle_through_three_modules():
+    assert cycles({"a": {"b": 1}, "b": {"c": 1}, "c": {"a": 1}, "d": {"a": 1}}) == [["a", "b", "c"]]
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if layer(m) == "page"))
+def test_page_code_runs_no_database_query(module: str):
+    names = {name for name, _ in imported_names(MODULES[module], module)}
+    forbidden = sorted(n for n in names if n == "sqlmodel" or n.startswith("sqlmodel.") or n == "storage.db.session")
+    assert not forbidden, f"{module} imports {forbidden}: ask lab/ for the rows instead"

@@ -1,0 +1,474 @@
+"""The web lab's tabs: their view functions, called as the page calls them, on a temporary SQLite database.
+
+Rows are written by the real functions: `lab.loop` creates runs and moves them, `storage.queue` moves jobs,
+the real heuristic engineer proposes through `lab.loop.run_propose_job`, and episodes are real scored answers.
+Only what a trained policy would have answered is scripted (`seed_lab`), since training is tested elsewhere.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import gradio as gr
+import pytest
+from sqlmodel import select
+
+import app
+from envsim.config import EnvConfig, project
+from envsim.instance import Instance
+from envsim.parser import format_plan
+from envsim.scoring import score, score_answer
+from envsim.solver import label
+from lab import results, worker
+from lab.engineers import EngineerAnswer
+from lab.loop import advance, create_run, run_propose_job, stages_of
+from lab.pages import common, episode, leaderboard, playground, proposal, review, runs, train
+from lab.proposals import store_proposal
+from storage.db import make_engine, session, upgrade
+from storage.models import Decision, Episode, Job, Proposal, Stage, StageMetric, TrainingLog, utcnow
+from storage.queue import claim, fail, finish
+from tests.boards import CROSSING, OPEN
+
+SIZES = (3, 4)
+CROSSING_CLASH = "Agent 0: DOWN DOWN\nAgent 1: RIGHT RIGHT"  # both enter (1,1) at t=1: a vertex conflict
+OPEN_OFF_GRID = "Agent 0: UP RIGHT\nAgent 1: DOWN"  # agent 0 leaves the grid at t=1 (illegal move)
+HOLEY = Instance.from_str("""
+A..a
+.HH.
+....
+B..b
+""")
+
+
+def boards() -> dict[str, Instance]:
+    return {name: label(b) for name, b in (("crossing", CROSSING), ("open", OPEN), ("holey", HOLEY))}
+
+
+def answers(stage_index: int, b: dict[str, Instance]) -> list[tuple[Instance, str]]:
+    """What the policy answered at a stage: stage 0 fails on every board, later stages solve two of three."""
+    if stage_index == 0:
+        return [(b["crossing"], CROSSING_CLASH), (b["open"], OPEN_OFF_GRID),
+                (b["holey"], "Agent 0: DOWN RIGHT\nAgent 1: RIGHT")]
+    return [(b["crossing"], CROSSING_CLASH), (b["open"], format_plan(b["open"].reference_plan)),
+            (b["holey"], format_plan(b["holey"].reference_plan))]
+
+
+def record_evaluation(engine, run_id: int, stage_index: int, split: str = "validation") -> None:
+    """Store a stage's scored episodes and per-size sums, as the stage job does after training."""
+    per_size: dict[int, dict] = {}
+    with session(engine) as s:
+        for inst, text in answers(stage_index, boards()):
+            o = score_answer(inst, text)
+            s.add(Episode(run_id=run_id, stage_index=stage_index, split=split, instance_id=inst.id,
+                          instance=inst.model_dump(mode="json"), size=inst.size, num_agents=inst.num_agents,
+                          completion=text, outcome=o.to_dict(), valid=o.valid, optimal=o.optimal,
+                          failure=None if o.failure is None else o.failure.value))
+            m = per_size.setdefault(inst.size, {"episodes": 0, "valid": 0, "optimal": 0, "failures": Counter()})
+            m["episodes"] += 1
+            m["valid"] += o.valid
+            m["optimal"] += o.optimal
+            if o.failure is not None:
+                m["failures"][o.failure.value] += 1
+        for size, m in per_size.items():
+            s.add(StageMetric(run_id=run_id, stage_index=stage_index, split=split, size=size, episodes=m["episodes"],
+                              valid=m["valid"], optimal=m["optimal"], failures=dict(m["failures"])))
+        s.commit()
+
+
+def finish_stage(engine, run_id: int, stage_index: int) -> None:
+    """The worker's part of a stage job, without the training: claim the job, evaluate, log, finish."""
+    with session(engine) as s:
+        job = claim(s, "test-worker")
+        assert job.kind == "stage" and job.payload == {"run_id": run_id, "stage_index": stage_index}
+    record_evaluation(engine, run_id, stage_index)
+    with session(engine) as s:
+        if stage_index > 0:
+            for step in range(1, 6):
+                s.add(TrainingLog(run_id=run_id, stage_index=stage_index, step=step,
+                                  metrics={"reward": 0.1 * step, "loss": 1.0 / step, "kl": 0.01 * step}))
+        stage = s.exec(select(Stage).where(Stage.run_id == run_id, Stage.index == stage_index)).one()
+        stage.status, stage.finished_at = "done", utcnow()
+        s.add(stage)
+        s.commit()
+        finish(s, job.id, {"stage_index": stage_index})
+
+
+def propose(engine, run_id: int) -> int:
+    """Queue and run the real `propose` job (the heuristic engineer); returns the proposal id."""
+    advance(engine, run_id)
+    with session(engine) as s:
+        job = claim(s, "test-worker")
+        assert job.kind == "propose"
+    result = run_propose_job(engine, job, lambda *a, **k: False)
+    with session(engine) as s:
+        finish(s, job.id, result)
+    return result["proposal_id"]
+
+
+def clamped_proposal(engine, run_id: int) -> int:
+    """A proposal whose hole_ratio[4] (0.9) the projection clamps to 0.5, stored as `store_proposal` does."""
+    with session(engine) as s:
+        base = EnvConfig.model_validate(stages_of(s, run_id)[-1].config)
+        raw = {"hole_ratio": {"4": 0.9}, "data_ratio": {"3": 0.25, "4": 0.75}}
+        answer = EngineerAnswer(prompt="(prompt)", raw='{"hole_ratio": {"4": 0.9}}', proposed=raw,
+                                projection=project(raw, base), rationale="Size 4 is too easy: more holes there.")
+        return store_proposal(s, run_id, stages_of(s, run_id)[-1].index, "llm", answer, base).id
+
+
+def seed_lab(engine) -> dict[str, int]:
+    """Two runs: `history` has trained one stage (stages 0 and 1 evaluated, proposal accepted, a second
+    proposal pending); `waiting` has its stage 0 evaluated and a clamped proposal pending."""
+    upgrade(engine)
+    config = EnvConfig.default(sizes=SIZES, num_instances=16)
+    with session(engine) as s:
+        history = create_run(s, name="curriculum", config=config, stages=2, engineer="heuristic").id
+    finish_stage(engine, history, 0)
+    accepted = propose(engine, history)
+    with session(engine) as s:
+        from lab.proposals import decide
+        decide(s, accepted, "accept", "alice")
+    advance(engine, history)  # queues stage 1
+    finish_stage(engine, history, 1)
+    with session(engine) as s:
+        waiting = create_run(s, name="llm engineer", config=config, stages=2, engineer="llm",
+                             engineer_backend="openai:test").id
+    finish_stage(engine, waiting, 0)
+    pending = clamped_proposal(engine, waiting)
+    advance(engine, waiting)
+    second = propose(engine, history)
+    advance(engine, history)
+    with session(engine) as s:
+        failed = s.exec(select(Episode).where(Episode.run_id == history, Episode.stage_index == 1,
+                                              Episode.failure == "vertex_conflict")).one().id
+    return {"history": history, "waiting": waiting, "accepted": accepted, "pending": pending, "second": second,
+            "clash": failed}
+
+
+@pytest.fixture
+def lab(tmp_path: Path):
+    engine = make_engine(str(tmp_path / "lab.db"))
+    ids = seed_lab(engine)
+    yield engine, ids
+    engine.dispose()
+
+
+def decisions(engine) -> list[Decision]:
+    with session(engine) as s:
+        return list(s.exec(select(Decision).order_by(Decision.id)))
+
+
+# ---------------------------------------------------------------- runs
+
+
+def test_create_run_from_the_form_stores_the_run_and_queues_stage_0(lab):
+    engine, _ = lab
+    table = [[3, 0.5, 0.1, 0.0], [5, 0.5, 0.3, 0.5]]
+    message, run_id = runs.create_run_from_form(engine, "mine", "", "tiny", "fixed", "", "", 2, 32, 2, 7, True, table)
+    assert run_id is not None and f"#{run_id}" in message
+    with session(engine) as s:
+        config = EnvConfig.model_validate(stages_of(s, run_id)[0].config)
+        jobs = list(s.exec(select(Job).where(Job.status == "queued")))
+    assert config.data_ratio == {3: 0.5, 5: 0.5} and config.hole_ratio == {3: 0.1, 5: 0.3}
+    assert config.num_instances == 32
+    assert [j.payload for j in jobs] == [{"run_id": run_id, "stage_index": 0}]
+    assert runs.runs_table(engine)["data"][0][:3] == [run_id, "mine", "active"]
+
+
+def test_an_invalid_initial_config_names_the_field_and_stores_nothing(lab):
+    engine, _ = lab
+    before = runs.run_choices(engine)
+    message, run_id = runs.create_run_from_form(engine, "bad", "", "tiny", "fixed", "", "", 2, 32, 2, 0, False,
+                                               [[3, 1.0, 0.7, 0.0]])
+    assert run_id is None
+    assert "hole_ratio[3] = 0.7 is outside 0..0.5" in message
+    assert runs.run_choices(engine) == before
+
+
+def test_the_llm_engineer_without_a_backend_is_refused(lab):
+    engine, _ = lab
+    message, run_id = runs.create_run_from_form(engine, "x", "", "tiny", "llm", "", "", 2, 32, 2, 0, False,
+                                               [[3, 1.0, 0.1, 0.0]])
+    assert run_id is None and "needs a backend" in message
+
+
+# ---------------------------------------------------------------- stage review and gallery
+
+
+def test_review_shows_the_latest_evaluated_stage_and_curves_across_stages(lab):
+    engine, ids = lab
+    r = review.review(engine, ids["history"], None)
+    assert r["stage"] == 1
+    assert [row[:2] for row in r["table"]["data"]] == [[0, "done"], [1, "done"]]
+    assert r["table"]["data"][1][2] == f"proposal #{ids['accepted']}, accepted by alice"
+    assert r["table"]["data"][0][3] == "0.0%" and r["table"]["data"][1][3] == "66.7%"
+    bars = {t.name: list(t.y) for t in r["rates"].data}
+    assert bars == {"valid rate": [0.5, 1.0], "optimal rate": [0.5, 1.0]}  # size 3: 1 of 2; size 4: 1 of 1
+    pooled = {t.name: list(t.y) for t in r["curves"].data if t.name.startswith("pooled")}
+    assert pooled["pooled valid"] == [0.0, pytest.approx(2 / 3)]  # the table's 66.7%: 2 of 3 boards, not 75%
+    assert r["table"]["headers"][3:5] == ["pooled valid", "pooled optimal"]
+    heat = r["failures"].data[0]
+    assert list(heat.x) == ["vertex_conflict"] and [list(z) for z in heat.z] == [[1], [0]]  # sizes 3, 4
+    reward = r["training"].data[0]
+    assert list(reward.x) == [1, 2, 3, 4, 5] and reward.y[-1] == pytest.approx(0.5)
+
+
+def test_stage_zero_has_no_training_curves_and_says_so(lab):
+    engine, ids = lab
+    r = review.review(engine, ids["history"], 0)
+    assert "stage 0 is evaluated, not trained" in r["training"].layout.annotations[0].text
+
+
+def test_a_stage_without_results_says_so_plainly(lab):
+    engine, _ = lab
+    _, run_id = runs.create_run_from_form(engine, "fresh", "", "tiny", "fixed", "", "", 1, 8, 2, 0, False,
+                                         [[3, 1.0, 0.1, 0.0]])
+    r = review.review(engine, run_id, None)
+    assert r["note"].startswith("Stage 0 is queued and has no evaluation yet")
+    assert r["rates"].layout.annotations[0].text == "no evaluation yet"
+    table, note = review.gallery(engine, run_id, 0)
+    assert table["data"] == [] and "No failed episodes" in note
+    assert review.review(engine, None, None)["note"].startswith("No run is open")
+
+
+def test_the_gallery_filters_by_size_and_failure_type(lab):
+    engine, ids = lab
+    table, _ = review.gallery(engine, ids["history"], 0)
+    assert sorted((row[1], row[3]) for row in table["data"]) == [
+        (3, "illegal_move"), (3, "vertex_conflict"), (4, "hole")]
+    table, _ = review.gallery(engine, ids["history"], 0, size=3, failure="illegal_move")
+    assert [(row[1], row[3]) for row in table["data"]] == [(3, "illegal_move")]
+    table, note = review.gallery(engine, ids["history"], 0, size=4, failure="illegal_move")
+    assert table["data"] == [] and note == "No failed episodes match these filters."
+
+
+# ---------------------------------------------------------------- episode viewer
+
+
+def test_an_episode_opens_with_its_board_answer_and_the_same_board_across_stages(lab):
+    engine, ids = lab
+    v = episode.episode_view(engine, ids["clash"])
+    assert v["error"] is None and v["answer"] == CROSSING_CLASH and v["end"] == 2
+    assert "✗ **vertex_conflict**" in v["header"] and f"?episode={ids['clash']}" in v["header"]
+    assert [row[0] for row in v["strip_table"]["data"]] == [0, 1]  # the crossing board at stages 0 and 1
+    assert [a.text for a in v["strip"].layout.annotations] == ["stage 0: vertex_conflict", "stage 1: vertex_conflict"]
+    fig, events = common.draw(v["view"], 1, True)
+    agents = {t.name: (t.y[0], t.x[0]) for t in fig.data if t.name.startswith("agent ")}
+    assert agents == {"agent 0": (1, 1), "agent 1": (1, 1)}
+    assert events.startswith("**At this step:** t=1: vertex_conflict, agent 0 and agent 1 at (1,1)")
+
+
+def test_a_missing_episode_is_reported_not_raised(lab):
+    engine, _ = lab
+    assert episode.episode_view(engine, 99999)["error"] == "There is no episode 99999."
+    assert "Type an episode number" in episode.episode_view(engine, None)["error"]
+
+
+def test_the_replay_file_is_a_standalone_animation(lab):
+    engine, ids = lab
+    path = Path(episode.replay_file(episode.episode_view(engine, ids["clash"])["view"]))
+    text = path.read_text()
+    assert path.suffix == ".html" and "Plotly.addFrames" in text and "Plotly.newPlot" in text
+
+
+# ---------------------------------------------------------------- proposal review
+
+
+def test_the_diff_flags_what_the_projection_changed(lab):
+    engine, ids = lab
+    v = proposal.proposal_view(engine, ids["pending"])
+    rows = {(r[0], r[1]): r for r in v["diff"]["data"]}
+    assert rows[(4, "hole_ratio")][2:5] == ["0.2", "0.5", "+0.3"]
+    flag = rows[(4, "hole_ratio")][5]
+    assert flag.startswith("⚠ clamped into 0..0.5") and "engineer said 0.9" in flag
+    assert rows[(3, "data_ratio")][2:5] == ["0.5", "0.25", "-0.25"] and rows[(3, "data_ratio")][5] == ""
+    assert v["pending"] and "Waiting for a decision" in v["status"]
+    assert v["edit"] == [[3, 0.25, 0.2, 0.25], [4, 0.75, 0.5, 0.25]]
+
+
+def test_a_rationale_keeps_one_line_per_change(lab):
+    engine, ids = lab
+    with session(engine) as s:
+        run_id = s.get(Proposal, ids["pending"]).run_id
+        base = EnvConfig.model_validate(stages_of(s, run_id)[-1].config)
+        answer = EngineerAnswer(prompt="p", raw="r", proposed={}, projection=project({}, base),
+                                rationale="size 3: wait_ratio 0.25 -> 0.35\nsize 4: hole_ratio 0.2 -> 0.15")
+        proposal_id = store_proposal(s, run_id, stages_of(s, run_id)[-1].index, "heuristic", answer, base).id
+    rationale = proposal.proposal_view(engine, proposal_id)["rationale"]
+    assert rationale.startswith("size 3: wait_ratio 0.25 -> 0.35  \nsize 4: hole_ratio 0.2 -> 0.15\n\n")
+
+
+def test_an_invalid_edit_is_refused_naming_field_and_range_and_nothing_is_stored(lab):
+    engine, ids = lab
+    table = [[3, 0.25, 0.2, 0.25], [4, 0.75, 0.8, 0.25]]
+    message = proposal.decide_proposal(engine, ids["pending"], "edit", "bob", "", table, 2, 16)
+    assert message == "✗ Not saved, the edit is not valid: hole_ratio[4] = 0.8 is outside 0..0.5"
+    message = proposal.decide_proposal(engine, ids["pending"], "edit", "bob", "", [[3, "lots", 0.2, 0.25],
+                                                                               [4, 0.75, 0.1, 0.25]], 2, 16)
+    assert "data_ratio[3] must be a number" in message
+    assert [d.proposal_id for d in decisions(engine)] == [ids["accepted"]]
+
+
+def test_a_valid_edit_is_applied_and_the_next_stage_queued(lab):
+    engine, ids = lab
+    table = [[3, 0.5, 0.2, 0.25], [4, 0.5, 0.45, 0.5]]
+    message = proposal.decide_proposal(engine, ids["pending"], "edit", "bob", "gentler", table, 2, 24)
+    assert message.startswith(f"✓ Proposal #{ids['pending']} edited by bob. Next: queued stage 1")
+    d = decisions(engine)[-1]
+    assert (d.action, d.user, d.note) == ("edit", "bob", "gentler")
+    assert d.config["hole_ratio"] == {"3": 0.2, "4": 0.45} and d.config["num_instances"] == 24
+    v = proposal.proposal_view(engine, ids["pending"])
+    assert "**edited** by **bob**" in v["status"] and not v["pending"]
+
+
+def test_two_tabs_on_one_proposal_one_wins_and_the_other_is_told(lab):
+    engine, ids = lab
+    first = proposal.decide_proposal(engine, ids["pending"], "accept", "alice")
+    second = proposal.decide_proposal(engine, ids["pending"], "reject", "bob")
+    assert first.startswith("✓")
+    assert second.startswith(f"⚠ Someone decided first: proposal #{ids['pending']} was already accepted by **alice**")
+    assert [(d.action, d.user) for d in decisions(engine)][-1] == ("accept", "alice")
+
+
+def test_reject_asks_the_engineer_again(lab):
+    engine, ids = lab
+    message = proposal.decide_proposal(engine, ids["pending"], "reject", "carol")
+    assert "asking the engineer again" in message
+    with session(engine) as s:
+        assert [j.kind for j in s.exec(select(Job).where(Job.status == "queued"))] == ["propose"]
+
+
+def test_auto_apply_decides_the_pending_proposal(lab):
+    engine, ids = lab
+    message = proposal.toggle_auto_apply(engine, ids["waiting"], True)
+    assert "queued stage 1 (auto by auto-apply)" in message
+    assert proposal.proposal_view(engine, ids["pending"])["auto"] is True
+
+
+def test_the_preview_draws_boards_from_the_proposed_config(lab):
+    engine, ids = lab
+    fig, note = proposal.proposal_preview(engine, ids["pending"], n=4)
+    titles = [a.text for a in fig.layout.annotations]
+    assert len(titles) == 4 and sum(t.startswith("4x4") for t in titles) == 3  # data_ratio 0.25 / 0.75
+    assert all("8 holes" in t for t in titles if t.startswith("4x4"))  # hole_ratio 0.5 of 16 cells
+    assert "seed" in note
+
+
+# ---------------------------------------------------------------- training progress
+
+
+def test_train_view_shows_the_active_job_and_the_last_results(lab):
+    engine, ids = lab
+    proposal.decide_proposal(engine, ids["pending"], "accept", "alice")
+    t = train.train_view(engine, ids["waiting"])
+    assert 'id="job-progress" data-step="0" data-total="0" data-status="queued"' in t["progress"]
+    assert "stage job" in t["progress"] and "waits for your decision" not in t["status"]
+    assert "Stage 0 results" in t["results"] and "| 3x3 | 0% | 0% | 2 |" in t["results"]
+    message = train.cancel_run_jobs(engine, ids["waiting"])
+    assert message.startswith(f"Run #{ids['waiting']} is cancelled. Cancel requested for job")
+    assert train.train_view(engine, ids["waiting"])["jobs"]["data"][0][3] == "cancelled"
+    assert train.advance_run(engine, ids["waiting"]).startswith(f"Run #{ids['waiting']}: cancelled: cancelled at ")
+
+
+def test_worker_status_tells_a_queue_nobody_serves_from_an_idle_one(lab):
+    engine, ids = lab
+    assert worker.worker_status(engine) == ("idle", "Worker idle: no jobs queued.")
+    proposal.decide_proposal(engine, ids["pending"], "accept", "alice")
+    assert worker.worker_status(engine) == ("waiting", "1 job(s) queued, waiting for a worker.")
+    with session(engine) as s:
+        job = s.exec(select(Job).where(Job.status == "queued")).one()
+        job.created_at = utcnow().replace(year=2000)
+        s.add(job)
+        s.commit()
+    state, text = worker.worker_status(engine)
+    assert state == "down" and "no worker seems to be running" in text
+    assert "<code>envlab worker</code>" in app.worker_badge(engine)
+    with session(engine) as s:
+        claim(s, "w1")
+    state, text = worker.worker_status(engine)
+    assert state == "busy" and text.startswith("Worker busy: stage job") and worker.worker_busy(engine)
+
+
+# ---------------------------------------------------------------- playground
+
+
+def test_the_playground_scores_a_typed_plan_and_updates_the_verdict():
+    view, picture, message = playground.read_board("A.b\n...\nB.a")
+    assert picture == "A.b\n...\nB.a" and "Optimal makespan" in message
+    view, text, end = playground.play_plan(view, "Agent 0: UP\nAgent 1: UP")
+    assert text.startswith("✗ **illegal_move**") and end == 1
+    reference = playground.solver_plan(view)
+    assert reference == format_plan(view["instance"]["reference_plan"])
+    view, text, end = playground.play_plan(view, reference)
+    assert text.startswith("✓ **valid** and **optimal**")
+    bad = playground.read_board("A.b\n..\nB.a")
+    assert bad[0] is None and "row 1 has 2 cells" in bad[2]
+
+
+def test_make_board_from_knobs_is_seeded():
+    a, b = playground.make_board(5, 2, 0.2, 3), playground.make_board(5, 2, 0.2, 3)
+    assert a[1] == b[1] and a[1].count("H") == 5
+    assert playground.make_board(2, 3, 0.5, 0)[0] is None
+
+
+# ---------------------------------------------------------------- leaderboard
+
+
+def test_the_leaderboard_puts_checkpoints_side_by_side(lab):
+    engine, ids = lab
+    assert leaderboard.checkpoint_choices(engine) == []
+    assert "none has been evaluated on the benchmark" in leaderboard.leaderboard(engine, [])[2]
+    b = boards()
+    with session(engine) as s:
+        for stage_index, texts in ((0, [CROSSING_CLASH, OPEN_OFF_GRID]),
+                                   (1, [format_plan(b["crossing"].reference_plan), OPEN_OFF_GRID])):
+            for inst, text, subset in zip((b["crossing"], b["open"]), texts, (0.25, 0.75), strict=True):
+                o = score_answer(inst, text)
+                s.add(Episode(run_id=ids["history"], stage_index=stage_index, split="benchmark", instance_id=inst.id,
+                              instance=inst.model_dump(mode="json"), size=3, num_agents=2, subset=subset,
+                              completion=text, outcome=o.to_dict(), valid=o.valid, optimal=o.optimal,
+                              failure=None if o.failure is None else o.failure.value))
+        s.commit()
+    keys = [key for _, key in leaderboard.checkpoint_choices(engine)]
+    assert keys == [f"{ids['history']}:0", f"{ids['history']}:1"]
+    by_size, by_subset, _ = leaderboard.leaderboard(engine, keys)
+    assert by_size["data"] == [[2, "3x3", "0.0% / 0.0%", "50.0% / 50.0%"], [2, "mean", "0.0% / 0.0%", "50.0% / 50.0%"]]
+    assert by_subset["data"] == [[2, "0.25", "0.0% / 0.0%", "100.0% / 100.0%"],
+                                 [2, "0.75", "0.0% / 0.0%", "0.0% / 0.0%"]]
+
+
+# ---------------------------------------------------------------- who decides
+
+
+def test_decisions_record_the_login_name_or_local():
+    assert common.user_of(None) == "local"
+    assert common.user_of(gr.Request()) == "local"
+    assert common.user_of(gr.Request(username="ann")) == "ann"
+
+
+# ---------------------------------------------------------------- train, after a failure
+
+
+def test_a_failed_stage_is_said_plainly_and_resumed(lab):
+    engine, ids = lab
+    proposal.decide_proposal(engine, ids["pending"], "accept", "alice")
+    with session(engine) as s:
+        job = claim(s, "w1")
+        fail(s, job.id, "StageError: no checkpoint folder there")
+    assert advance(engine, ids["waiting"]).startswith("failed: stage 1")
+    t = train.train_view(engine, ids["waiting"])
+    assert "is **failed**" in t["status"] and "StageError: no checkpoint folder there" in t["progress"]
+    assert train.resume_run(engine, ids["waiting"]) == f"Run #{ids['waiting']}: queued job(s) {job.id} again " \
+                                                      "(a stage resumes from its checkpoint)."
+    assert worker.worker_status(engine)[0] == "waiting"
+
+
+def test_an_episode_stored_without_its_outcome_is_scored_again(lab):
+    engine, ids = lab
+    with session(engine) as s:
+        ep = s.get(Episode, ids["clash"])
+    inst = Instance.model_validate(ep.instance)
+    expected = score(inst, (("DOWN", "DOWN"), ("RIGHT", "RIGHT")))
+    assert ep.subset is None and results.outcome_of(ep, inst) == expected
+    ep.outcome = {}
+    assert results.outcome_of(ep, inst) == expected
