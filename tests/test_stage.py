@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -392,3 +393,21 @@ def test_workers_anywhere_find_a_runs_files_and_two_databases_in_one_folder_keep
     assert not any((tmp_path / w / "runs").exists() for w in ("w1", "w2", "w3"))
     for engine in engines.values():
         engine.dispose()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on a GPU machine)")
+def test_the_tiny_policy_trains_a_stage_on_the_gpu(lab: Engine):
+    """On a GPU the tiny policy trains in float32 (no bf16 autocast, no activation checkpointing): under bf16
+    its first stage died of a CUDA device-side assert at step 15 on an H200."""
+    run_id = _run(lab, "tiny", stages=2, grpo=dict(max_steps=24, save_steps=50), validation_boards=16)
+    for k in (0, 1):
+        with session(lab) as s:
+            queue.enqueue(s, "stage", {"run_id": run_id, "stage_index": k}, run_id=run_id, target=k)
+        assert run_worker(lab, {"stage": run_stage_job}, poll_s=0.01, once=True) == 1
+    with session(lab) as s:
+        jobs = s.exec(select(Job).order_by(Job.id)).all()
+        logs = s.exec(select(TrainingLog).where(TrainingLog.run_id == run_id)).all()
+    assert [(j.status, j.error) for j in jobs] == [("done", None), ("done", None)]
+    assert "on cuda:0" in jobs[1].log_tail and jobs[1].result["train"]["steps"] == 24
+    assert sorted(log.step for log in logs) == list(range(1, 25))
+    assert all(math.isfinite(log.metrics["loss"]) for log in logs)

@@ -147,8 +147,10 @@ def grpo_config(args: StageArgs, overrides: dict[str, Any], max_completion_lengt
                 prompt_style: str = "chat") -> GRPOConfig:
     """TRL's config: our defaults for this machine and task, then the run's `settings["grpo"]` on top.
 
-    Defaults: CPU when there is no CUDA device (GPUs follow CUDA_VISIBLE_DEVICES), bf16 only on a GPU
-    that has it, activation checkpointing only on a GPU (it slows a tiny CPU model down), one epoch over
+    Defaults: CPU when there is no CUDA device (GPUs follow CUDA_VISIBLE_DEVICES), bf16 and activation
+    checkpointing only for a pretrained LLM (chat style) on a GPU that has bf16 (the tiny policy stays in
+    float32 everywhere: under bf16 autocast on an H200 its sampling probabilities broke, a CUDA device-side
+    assert at step 15 of its first stage; and checkpointing only slows a model that small), one epoch over
     the stage's boards, generations, batch, learning rate and reward scaling by prompt style
     (`STYLE_DEFAULTS`), a completion budget from the board sizes, a log line per step, a TRL checkpoint
     every 50 steps (2 kept), the stage's seed, `training.rewards.DEFAULT_WEIGHTS`. `report_to` is TRL's
@@ -161,11 +163,12 @@ def grpo_config(args: StageArgs, overrides: dict[str, Any], max_completion_lengt
     if unknown:
         raise StageError(f"settings['grpo'] has {', '.join(map(repr, unknown))}: not GRPOConfig fields")
     cuda = torch.cuda.is_available()
+    large = cuda and prompt_style == "chat"
     fields: dict[str, Any] = dict(
         output_dir=str(args.trainer_dir),
         use_cpu=not cuda,
-        bf16=cuda and torch.cuda.is_bf16_supported(),
-        activation_checkpointing=cuda,
+        bf16=large and torch.cuda.is_bf16_supported(),
+        activation_checkpointing=large,
         num_train_epochs=1,
         **STYLE_DEFAULTS[prompt_style],
         max_completion_length=max_completion_length,
