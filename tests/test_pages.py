@@ -478,7 +478,8 @@ def test_the_leaderboard_puts_checkpoints_side_by_side(lab):
     by_size, by_subset = shown["by_size"], shown["by_subset"]
     assert [row[0] for row in shown["local"]["data"]] == [reference.TINY_NAME, f"run #{ids['history']} curriculum, "
                                                           "stage 0", f"run #{ids['history']} curriculum, stage 1"]
-    assert shown["local"]["data"][2][1:] == ["50.00 / 50.00"]  # 2 agents: the only column these boards fill
+    assert shown["local"]["headers"] == ["this lab", "2 agents", "3 agents", "4 agents", "5 agents"]
+    assert shown["local"]["data"][2][1:] == ["50.00 / 50.00", "-", "-", "-"]  # these boards have 2 agents
     assert by_size["data"] == [[2, "3x3", "0.0% / 0.0%", "50.0% / 50.0%"], [2, "mean", "0.0% / 0.0%", "50.0% / 50.0%"]]
     assert by_subset["data"] == [[2, "0.25", "0.0% / 0.0%", "100.0% / 100.0%"],
                                  [2, "0.75", "0.0% / 0.0%", "0.0% / 0.0%"]]
