@@ -4,9 +4,12 @@ A temporary SQLite database gets one run of the shipped `tiny` policy with the h
 here by the lab's own worker functions: stage 0 evaluated, the engineer's first proposal accepted, stage 1
 trained and evaluated, and the engineer's second proposal left waiting for a person (a few minutes on a
 CPU). The page is served on it and Debian's Chromium, driven by Playwright, opens each tab and saves
-`docs/screenshots/<tab>.png` (1280x800, the visible part of the page).
+`docs/screenshots/<tab>.png` (1280x800, the visible part of the page, in 256 colours).
 
-    python docs/screenshots.py [--out docs/screenshots] [--db /tmp/envlab-shots.db]
+    python docs/screenshots.py [--out docs/screenshots] [--db /tmp/shots.db]
+
+With `--db`, the run is built in that file the first time and reused on the next calls (to retake the
+pictures after a change to the page without training again).
 
 Needs `pip install playwright` and `apt-get install chromium` (never `playwright install`).
 """
@@ -22,12 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from PIL import Image
 
 import app
 from envsim.config import EnvConfig
 from lab.loop import advance, after_job, create_run
 from lab.proposals import decide_on, proposal_states
-from lab.runs import failed_episodes
+from lab.runs import failed_episodes, run_list
 from lab.worker import handlers, run_worker
 from storage.db import make_engine, session, upgrade
 
@@ -41,7 +45,7 @@ SETTLE_S = 2.0  # after a tab shows its content: plots finish drawing
 @dataclass
 class Args:
     out: str = str(Path(__file__).resolve().parent / "screenshots")
-    db: str = ""  # a database that already holds the run (from an earlier call), to skip the training
+    db: str = ""  # default: a temporary file; a file that holds the run already is reused
     instances: int = 64
     validation_boards: int = 48
     threads: int = 2
@@ -105,10 +109,15 @@ def shoot(url: str, run_id: int, episode_id: int, proposal_id: int, out: Path) -
         for name, address, tab, marker in shots:
             page.goto(url + address)
             page.get_by_role("tab", name=tab).click()
-            page.get_by_text(marker).first.wait_for()
+            page.get_by_text(marker).filter(visible=True).first.wait_for()
+            if name != "runs":  # the tab bar at the top: more of the tab, less of the header above it
+                page.locator("#tabs").evaluate("tabs => window.scrollTo(0, tabs.offsetTop - 8)")
             time.sleep(SETTLE_S)
             path = out / f"{name}.png"
             page.screenshot(path=str(path))
+            with Image.open(path) as shot:  # 256 colours: a third of the bytes, no visible change on a UI
+                small = shot.convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT)
+            small.save(path, optimize=True)
             files.append(path)
             print(f"{path} ({path.stat().st_size // 1024} KB)", file=sys.stderr, flush=True)
         browser.close()
@@ -121,7 +130,8 @@ def main(args: Args) -> None:
     engine = make_engine(db)
     upgrade(engine)
     t0 = time.perf_counter()
-    run_id = build_run(engine, args) if not args.db else 1
+    built = run_list(engine)
+    run_id = built[-1].run.id if built else build_run(engine, args)
     print(f"the run is ready in {db} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
     episode_id = failed_episodes(engine, run_id, 1, limit=1)[0].id
     demo = app.build_demo(engine)

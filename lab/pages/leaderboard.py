@@ -137,14 +137,12 @@ class LeaderboardTab:
 def build(page: Page) -> LeaderboardTab:
     gr.Markdown("Mean over map sizes on the 3,150-board benchmark (agents 3-5, sizes up to 10x10), as the paper "
                 "reports it. Each cell: valid % / optimal %.")
-    with gr.Row():
-        reference_df = gr.Dataframe(label=f"Reference (paper, {PAPER}): not run in this lab", interactive=False,
-                                    elem_id="lb-reference")
-        local = gr.Dataframe(label="This lab: the shipped tiny policy and the checkpoints chosen below",
-                             interactive=False, elem_id="lb-local")
-    with gr.Row():
-        source = gr.Markdown(elem_id="lb-source")
-        local_note = gr.Markdown(elem_id="lb-local-note")
+    reference_df = gr.Dataframe(label=f"Reference (paper, {PAPER}): not run in this lab", interactive=False,
+                                elem_id="lb-reference")
+    source = gr.Markdown(elem_id="lb-source")
+    local = gr.Dataframe(label="This lab: the shipped tiny policy and the checkpoints chosen below",
+                         interactive=False, elem_id="lb-local")
+    local_note = gr.Markdown(elem_id="lb-local-note")
     pick = gr.Dropdown(label="Checkpoints evaluated on the benchmark", choices=[], multiselect=True, elem_id="lb-pick")
     note = gr.Markdown()
     by_size = gr.Dataframe(label="Valid / optimal rate by agents × map size (and the mean over sizes, as in the "
