@@ -137,6 +137,16 @@ def _wire(page: Page, refresh: gr.Button, poll: gr.Timer, demo: gr.Blocks, runs_
         .then(review_tab.show_latest, run_pick, review_tab.outputs) \
         .then(proposal_tab.show_all, run_pick, proposal_tab.outputs)
 
+    def imported(path: str | None) -> dict[Any, Any]:
+        message, run_id = runs.import_file(engine, path)
+        done = {runs_tab.import_message: message, runs_tab.upload: None}  # ready for the next file
+        return done if run_id is None else top(run_id) | done
+
+    runs_tab.upload.upload(imported, runs_tab.upload, [runs_tab.import_message, runs_tab.upload, *top_out]) \
+        .then(train_tab.show, run_pick, train_tab.outputs) \
+        .then(review_tab.show_latest, run_pick, review_tab.outputs) \
+        .then(proposal_tab.show_all, run_pick, proposal_tab.outputs)
+
     def open_from_gallery(evt: gr.SelectData) -> dict[Any, Any]:
         return {episode_tab.episode_id: evt.row_value[0], page.tabs: gr.Tabs(selected="episode")}
 
@@ -157,8 +167,7 @@ def _wire(page: Page, refresh: gr.Button, poll: gr.Timer, demo: gr.Blocks, runs_
         .then(review_tab.show, [run_pick, review_tab.stage_pick], review_tab.outputs) \
         .then(train_tab.show, run_pick, train_tab.outputs) \
         .then(leaderboard_tab.choices, None, leaderboard_tab.pick) \
-        .then(leaderboard_tab.show, leaderboard_tab.pick, [leaderboard_tab.by_size, leaderboard_tab.by_subset,
-                                                           leaderboard_tab.note]) \
+        .then(leaderboard_tab.show, leaderboard_tab.pick, leaderboard_tab.outputs) \
         .then(playground_tab.read, playground_tab.board_text, playground_tab.outputs)
 
 

@@ -18,9 +18,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from PIL import Image
 from sqlmodel import select
 
 import app
+from lab.archive import export_run, read_manifest
 from lab.worker import run_worker
 from storage.db import make_engine, session
 from storage.models import Decision, Run, Stage, utcnow
@@ -151,6 +153,31 @@ def test_open_a_failed_episode_from_the_gallery_and_step_the_replay(lab, page):
     wait_plotted(page, "replay", "agent 1", [(1, 2)])
     page.locator("#replay-play").get_by_text("Play").wait_for()
     assert "RIGHT RIGHT" in page.locator("#raw-answer textarea").input_value()
+    with page.expect_download() as download:  # one click: the GIF was made when the episode opened
+        page.click("#replay-gif")
+    assert download.value.suggested_filename.endswith(".gif")
+    with Image.open(download.value.path()) as gif:
+        assert gif.n_frames == 3  # t = 0, 1, 2
+
+
+def test_import_a_run_file_and_export_it_again(lab, page, tmp_path: Path):
+    from playwright.sync_api import expect
+
+    url, engine, _ = lab
+    elsewhere = make_engine(str(tmp_path / "elsewhere.db"))
+    file = export_run(elsewhere, seed_lab(elsewhere)["waiting"], tmp_path / "from-elsewhere.zip")
+    elsewhere.dispose()
+    page.goto(url)
+    page.locator("#import-file input[type=file]").set_input_files(str(file))
+    page.locator("#import-msg").get_by_text("from-elsewhere.zip imported as run #3 llm engineer").wait_for()
+    expect(page.locator("#run-pick input")).to_have_value("#3 llm engineer (waiting)")  # opened above the tabs
+    page.locator("#import-file input[type=file]").set_input_files(str(file))  # twice: refused, and said why
+    page.locator("#import-msg").get_by_text("✗ Not imported").wait_for()
+    page.click("#export-run")  # the imported run is the open one
+    page.locator("#export-msg").get_by_text("✓ Run #3 exported").wait_for()
+    with page.expect_download() as download:
+        page.locator("#export-file a").first.click()
+    assert read_manifest(download.value.path())["run"]["name"] == "llm engineer"
 
 
 def test_an_invalid_edit_is_refused_then_a_valid_one_applied(lab, page):

@@ -7,11 +7,14 @@ Only what a trained policy would have answered is scripted (`seed_lab`), since t
 
 from __future__ import annotations
 
+import json
+import zipfile
 from collections import Counter
 from pathlib import Path
 
 import gradio as gr
 import pytest
+from PIL import Image
 from sqlmodel import select
 
 import app
@@ -20,7 +23,7 @@ from envsim.instance import Instance
 from envsim.parser import format_plan
 from envsim.scoring import score, score_answer
 from envsim.solver import label
-from lab import results, worker
+from lab import reference, results, worker
 from lab.engineers import EngineerAnswer
 from lab.loop import advance, create_run, run_propose_job, stages_of
 from lab.pages import common, episode, leaderboard, playground, proposal, review, runs, train
@@ -192,6 +195,38 @@ def test_the_llm_engineer_without_a_backend_is_refused(lab):
     assert run_id is None and "needs a backend" in message
 
 
+def test_a_run_exported_from_the_page_imports_into_another_lab(lab, tmp_path: Path):
+    engine, ids = lab
+    path, message = runs.export_file(engine, ids["history"], False)
+    assert path is not None and Path(path).name == f"envlab-run-{ids['history']}.zip"
+    assert message.startswith(f"✓ Run #{ids['history']} exported (2 stages, 6 episodes, ")
+    other = make_engine(str(tmp_path / "other.db"))
+    upgrade(other)
+    message, run_id = runs.import_file(other, path)
+    assert (run_id, message) == (1, f"✓ envlab-run-{ids['history']}.zip imported as run #1 **curriculum** "
+                                    "(2 stages, 6 episodes); it is open above.")
+    assert runs.runs_table(other)["data"][0][:3] == [1, "curriculum", "waiting"]  # for its pending proposal
+    message, run_id = runs.import_file(other, path)  # the same run twice: refused, said why
+    assert run_id is None and message.startswith("✗ Not imported: ") and "already" in message
+    assert [row[0] for row in runs.runs_table(other)["data"]] == [1]
+    other.dispose()
+
+
+def test_a_file_that_is_not_a_run_is_refused_with_the_archive_s_reason(lab, tmp_path: Path):
+    engine, _ = lab
+    before = runs.run_choices(engine)
+    bad = tmp_path / "notes.zip"
+    with zipfile.ZipFile(bad, "w") as zf:
+        zf.writestr("notes.txt", "hello")
+    message, run_id = runs.import_file(engine, str(bad))
+    assert run_id is None and message.startswith("✗ Not imported: ") and "notes.zip" in message
+    assert runs.import_file(engine, None) == ("Choose a run file (.zip, from “Export this run” or `envlab export`).",
+                                              None)
+    assert runs.export_file(engine, None, False) == (None, "Open a run first (“Open run” above the tabs).")
+    assert runs.export_file(engine, 99999, True) == (None, "✗ Not exported: no run 99999 in this database")
+    assert runs.run_choices(engine) == before
+
+
 # ---------------------------------------------------------------- stage review and gallery
 
 
@@ -269,6 +304,14 @@ def test_the_replay_file_is_a_standalone_animation(lab):
     path = Path(episode.replay_file(episode.episode_view(engine, ids["clash"])["view"]))
     text = path.read_text()
     assert path.suffix == ".html" and "Plotly.addFrames" in text and "Plotly.newPlot" in text
+
+
+def test_the_gif_has_one_frame_per_step(lab):
+    engine, ids = lab
+    view = episode.episode_view(engine, ids["clash"])["view"]
+    with Image.open(episode.gif_file(view)) as gif:
+        assert (gif.format, gif.n_frames) == ("GIF", 2 + 1)  # the clash ends at t = 2
+    assert episode.gif_file(None) is None
 
 
 # ---------------------------------------------------------------- proposal review
@@ -417,7 +460,7 @@ def test_make_board_from_knobs_is_seeded():
 def test_the_leaderboard_puts_checkpoints_side_by_side(lab):
     engine, ids = lab
     assert leaderboard.checkpoint_choices(engine) == []
-    assert "none has been evaluated on the benchmark" in leaderboard.leaderboard(engine, [])[2]
+    assert "none has been evaluated on the benchmark" in leaderboard.leaderboard(engine, [])["note"]
     b = boards()
     with session(engine) as s:
         for stage_index, texts in ((0, [CROSSING_CLASH, OPEN_OFF_GRID]),
@@ -431,10 +474,34 @@ def test_the_leaderboard_puts_checkpoints_side_by_side(lab):
         s.commit()
     keys = [key for _, key in leaderboard.checkpoint_choices(engine)]
     assert keys == [f"{ids['history']}:0", f"{ids['history']}:1"]
-    by_size, by_subset, _ = leaderboard.leaderboard(engine, keys)
+    shown = leaderboard.leaderboard(engine, keys)
+    by_size, by_subset = shown["by_size"], shown["by_subset"]
+    assert [row[0] for row in shown["local"]["data"]] == [reference.TINY_NAME, f"run #{ids['history']} curriculum, "
+                                                          "stage 0", f"run #{ids['history']} curriculum, stage 1"]
+    assert shown["local"]["headers"] == ["this lab", "2 agents", "3 agents", "4 agents", "5 agents"]
+    assert shown["local"]["data"][2][1:] == ["50.00 / 50.00", "-", "-", "-"]  # these boards have 2 agents
     assert by_size["data"] == [[2, "3x3", "0.0% / 0.0%", "50.0% / 50.0%"], [2, "mean", "0.0% / 0.0%", "50.0% / 50.0%"]]
     assert by_subset["data"] == [[2, "0.25", "0.0% / 0.0%", "100.0% / 100.0%"],
                                  [2, "0.75", "0.0% / 0.0%", "0.0% / 0.0%"]]
+
+
+def test_an_empty_lab_shows_the_paper_s_rows_and_the_tiny_policy_s_apart(tmp_path: Path):
+    engine = make_engine(str(tmp_path / "empty.db"))
+    upgrade(engine)
+    shown = leaderboard.leaderboard(engine, [])
+    assert shown["reference"] == {"headers": ["paper (arXiv 2606.17682)", "3 agents", "4 agents", "5 agents"], "data": [
+        ["paper: LLM-as-Environment-Engineer (Qwen3-4B)", "51.67 / 31.67", "33.14 / 21.33", "18.67 / 11.00"],
+        ["paper: GRPO with a random config", "40.42 / 26.08", "26.67 / 16.10", "15.11 / 9.11"]]}
+    assert "arXiv 2606.17682" in shown["source"]
+    tiny = json.loads(reference.TINY_FILE.read_text())
+    means = tiny["mean_over_sizes"]
+    assert shown["local"] == {"headers": ["this lab", "3 agents", "4 agents", "5 agents"], "data": [
+        ["tiny policy (shipped, assets/tiny-policy)",
+         *(f"{means[a]['valid']:.2f} / {means[a]['optimal']:.2f}" for a in ("3", "4", "5"))]]}
+    assert tiny["boards"] == sum(row["n"] for row in tiny["by_size"]) == 3150
+    assert tiny["command"] in shown["local_note"] and "3,150 benchmark boards" in shown["local_note"]
+    assert shown["by_size"]["data"] == [] and shown["by_subset"]["data"] == []
+    engine.dispose()
 
 
 # ---------------------------------------------------------------- who decides

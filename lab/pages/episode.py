@@ -15,6 +15,7 @@ from envsim.scoring import Outcome
 from envsim.suite import Split
 from lab.pages import figures
 from lab.pages.common import Page, draw, table, verdict, view_end
+from lab.replay import replay_gif
 from lab.results import outcome_of
 from lab.runs import episode_across_stages
 
@@ -61,6 +62,16 @@ def replay_file(view: dict[str, Any] | None) -> str | None:
     return str(path)
 
 
+def gif_file(view: dict[str, Any] | None) -> str | None:
+    """The open episode as an animated GIF (`lab.replay`: one frame per step, for slides), made when the
+    episode opens so that one click downloads it."""
+    if not view or not view.get("outcome"):
+        return None
+    instance = Instance.model_validate(view["instance"])
+    path = Path(tempfile.mkdtemp(prefix="envlab-replay-")) / f"replay-{instance.id}.gif"
+    return str(replay_gif(instance, Outcome.from_dict(view["outcome"]), path))
+
+
 @dataclass(eq=False)
 class EpisodeTab:
     engine: Engine
@@ -78,23 +89,26 @@ class EpisodeTab:
     strip_table: gr.Dataframe
     playing: gr.State
     ticker: gr.Timer
+    gif: gr.DownloadButton
 
     @property
     def outputs(self) -> list[Any]:
         return [self.view, self.header, self.answer, self.step, self.board, self.events, self.strip_note, self.strip,
-                self.strip_table, self.playing, self.ticker, self.play]
+                self.strip_table, self.playing, self.ticker, self.play, self.gif]
 
     def show(self, episode_id: Any, ghost: bool) -> dict[Any, Any]:
         v = episode_view(self.engine, episode_id)
         stopped = {self.playing: False, self.ticker: gr.Timer(active=False), self.play: "▶ Play"}
         if v["error"]:
             return {self.view: None, self.header: v["error"], self.answer: "", self.step: gr.update(maximum=1, value=0),
+                    self.gif: gr.update(value=None, interactive=False),
                     self.board: figures.empty_figure(v["error"]), self.events: "", self.strip_note: "",
                     self.strip: gr.update(visible=False), self.strip_table: gr.update(visible=False)} | stopped
         fig, events = draw(v["view"], 0, ghost)
         has_strip = v["strip"] is not None
         strip_note = "### Same board across stages" if has_strip else "_This board was evaluated at one stage only._"
         return {self.view: v["view"], self.header: v["header"], self.answer: v["answer"],
+                self.gif: gr.update(value=gif_file(v["view"]), interactive=True),
                 self.step: gr.update(maximum=max(v["end"], 1), value=0), self.board: fig, self.events: events,
                 self.strip_note: strip_note, self.strip: gr.update(value=v["strip"], visible=has_strip),
                 self.strip_table: gr.update(value=v["strip_table"], visible=has_strip)} | stopped
@@ -135,6 +149,7 @@ def build(page: Page) -> EpisodeTab:
                 play = gr.Button("▶ Play", scale=0, min_width=110, elem_id="replay-play")
                 ghost = gr.Checkbox(label="Show the solver's optimal plan as a ghost", value=True)
                 export = gr.DownloadButton("Save animated replay (HTML)", scale=0)
+                gif = gr.DownloadButton("Download GIF", scale=0, interactive=False, elem_id="replay-gif")
             events = gr.Markdown(elem_id="replay-events")
         with gr.Column(scale=2):
             answer = gr.Textbox(label="The policy's raw answer", lines=18, interactive=False, elem_id="raw-answer")
@@ -142,7 +157,7 @@ def build(page: Page) -> EpisodeTab:
     strip = gr.Plot(show_label=False, visible=False)
     strip_table = gr.Dataframe(label="Its answer at each stage", interactive=False, visible=False, wrap=True)
     tab = EpisodeTab(page.engine, episode_id, header, view, board, step, play, ghost, events, answer, strip_note,
-                     strip, strip_table, gr.State(False), gr.Timer(PLAY_S, active=False))
+                     strip, strip_table, gr.State(False), gr.Timer(PLAY_S, active=False), gif)
     gr.on([open_episode.click, episode_id.submit], tab.show, [episode_id, ghost], tab.outputs)
     gr.on([step.input, ghost.input], tab.redraw, [view, step, ghost], [board, events], show_progress="hidden")
     play.click(tab.toggle_play, [view, tab.playing, step], [tab.playing, tab.ticker, play, step])

@@ -1,8 +1,10 @@
-"""The Leaderboard tab: the paper's benchmark tables for chosen checkpoints side by side, and the button that
-queues a stage's benchmark evaluation.
+"""The Leaderboard tab: the paper's own results as reference, the mean over map sizes of the shipped tiny
+policy and of chosen checkpoints, the paper's benchmark tables for those checkpoints side by side, and the button
+that queues a stage's benchmark evaluation.
 
 Only here does the page show the paper's "mean over map sizes" (the unweighted mean of the per-size rates,
-`envsim.suite.report`); everywhere else a stage's rate is pooled over its episodes (docs/results.md).
+`envsim.suite.report`); everywhere else a stage's rate is pooled over its episodes (docs/results.md). The paper's
+rows (`lab.reference`) sit in a table of their own, labelled with their source, never among this lab's rows.
 """
 
 from __future__ import annotations
@@ -14,9 +16,13 @@ from typing import Any
 import gradio as gr
 from sqlalchemy import Engine
 
+from envsim.suite import Report
 from lab.loop import LoopError, queue_benchmark
 from lab.pages.common import Page, table
+from lab.reference import ReferenceRow, paper_rows, percent, tiny_row
 from lab.runs import benchmark_checkpoints, benchmark_report
+
+PAPER = "arXiv 2606.17682"
 
 
 def checkpoint_choices(engine: Engine) -> list[tuple[str, str]]:
@@ -24,10 +30,37 @@ def checkpoint_choices(engine: Engine) -> list[tuple[str, str]]:
     return [(f"run #{r} {name}, stage {k}", f"{r}:{k}") for r, k, name in benchmark_checkpoints(engine)]
 
 
-def leaderboard(engine: Engine, keys: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any], str]:
+def _means_table(first: str, rows: Sequence[ReferenceRow]) -> dict[str, Any]:
+    """One row per result, one column per number of agents: "valid % / optimal %" of the mean over sizes."""
+    agents = sorted({a for row in rows for a in row.mean_over_sizes})
+    data = [[row.name, *("{:.2f} / {:.2f}".format(*row.mean_over_sizes[a]) if a in row.mean_over_sizes else "-"
+                         for a in agents)] for row in rows]
+    return table([first, *(f"{a} agents" for a in agents)], data)
+
+
+def reference() -> tuple[dict[str, Any], str]:
+    """The paper's rows (mean over map sizes) and where they come from."""
+    rows = paper_rows()
+    source = rows[0].source if rows else ""
+    return _means_table(f"paper ({PAPER})", [ReferenceRow(f"paper: {r.name}", r.source, r.mean_over_sizes)
+                                               for r in rows]), f"Source: {source}."
+
+
+def local_means(reports: dict[str, Report], labels: dict[str, str]) -> tuple[dict[str, Any], str]:
+    """This lab's rows (mean over map sizes): the shipped tiny policy's result, then each chosen checkpoint."""
+    tiny = tiny_row()
+    rows = [tiny] if tiny else []
+    rows += [ReferenceRow(labels.get(key, key), "", {a: (percent(v), percent(o)) for a, (v, o) in
+                                                      r.mean_over_sizes.items()}) for key, r in reports.items()]
+    note = f"Tiny policy: {tiny.source}" if tiny else "The tiny policy's result is missing " \
+        "(assets/leaderboard/tiny.json; `python benchmarks/tiny_benchmark.py` writes it)."
+    return _means_table("this lab", rows), note
+
+
+def checkpoint_tables(reports: dict[str, Report], labels: dict[str, str]) -> tuple[dict[str, Any], dict[str, Any],
+                                                                                  str]:
     """The paper's tables for each chosen checkpoint, side by side: valid / optimal per (agents, size) with
     the mean over sizes, and per (agents, wait subset)."""
-    reports = {key: benchmark_report(engine, *map(int, key.split(":"))) for key in keys}
     if not reports:
         note = ("No checkpoint is chosen, or none has been evaluated on the benchmark yet: pick a run and stage "
                 "below and queue a benchmark evaluation (3,150 boards).")
@@ -44,12 +77,24 @@ def leaderboard(engine: Engine, keys: Sequence[str]) -> tuple[dict[str, Any], di
     by_subset = [[a, "unknown" if w < 0 else f"{w:.2f}", *(cell(*reports[k].by_subset[(a, w)][:2])
                                                           if (a, w) in reports[k].by_subset else "-" for k in keys)]
                  for a, w in rows_subset]
-    labels = {v: lbl for lbl, v in checkpoint_choices(engine)}
     columns = [labels.get(k, k) for k in keys]
     note = "Each cell: valid rate / optimal rate."
     if any(w < 0 for _, w in rows_subset):
         note += " Wait subset “unknown”: those episodes were stored before episodes kept their subset."
     return table(["agents", "size", *columns], by_size), table(["agents", "wait subset", *columns], by_subset), note
+
+
+def leaderboard(engine: Engine, keys: Sequence[str]) -> dict[str, Any]:
+    """Everything the tab shows for the chosen checkpoints `keys`: `reference` (the paper's rows) and its
+    `source`, `local` (the tiny policy and each checkpoint, mean over sizes) and its `local_note`, and the
+    checkpoints' full tables `by_size` and `by_subset` with their `note`."""
+    reports = {key: benchmark_report(engine, *map(int, key.split(":"))) for key in keys}
+    labels = {v: lbl for lbl, v in checkpoint_choices(engine)}
+    ref, source = reference()
+    local, local_note = local_means(reports, labels)
+    by_size, by_subset, note = checkpoint_tables(reports, labels)
+    return {"reference": ref, "source": source, "local": local, "local_note": local_note, "by_size": by_size,
+            "by_subset": by_subset, "note": note}
 
 
 def benchmark_stage(engine: Engine, run_id: int | None, stage_index: Any) -> str:
@@ -69,18 +114,35 @@ class LeaderboardTab:
     note: gr.Markdown
     by_size: gr.Dataframe
     by_subset: gr.Dataframe
+    reference: gr.Dataframe
+    source: gr.Markdown
+    local: gr.Dataframe
+    local_note: gr.Markdown
+
+    @property
+    def outputs(self) -> list[Any]:
+        return [self.reference, self.source, self.local, self.local_note, self.by_size, self.by_subset, self.note]
 
     def choices(self) -> dict[Any, Any]:
         return {self.pick: gr.update(choices=checkpoint_choices(self.engine))}
 
     def show(self, keys: list[str] | None) -> dict[Any, Any]:
-        by_size, by_subset, note = leaderboard(self.engine, keys or [])
-        shown = bool(by_size["data"])
-        return {self.by_size: gr.update(value=by_size, visible=shown),
-                self.by_subset: gr.update(value=by_subset, visible=shown), self.note: note}
+        v = leaderboard(self.engine, keys or [])
+        shown = bool(v["by_size"]["data"])
+        return {self.reference: v["reference"], self.source: v["source"], self.local: v["local"],
+                self.local_note: v["local_note"], self.by_size: gr.update(value=v["by_size"], visible=shown),
+                self.by_subset: gr.update(value=v["by_subset"], visible=shown), self.note: v["note"]}
 
 
 def build(page: Page) -> LeaderboardTab:
+    gr.Markdown("Mean over map sizes on the 3,150-board benchmark (agents 3-5, sizes up to 10x10), as the paper "
+                "reports it. Each cell: valid % / optimal %.")
+    reference_df = gr.Dataframe(label=f"Reference (paper, {PAPER}): not run in this lab", interactive=False,
+                                elem_id="lb-reference")
+    source = gr.Markdown(elem_id="lb-source")
+    local = gr.Dataframe(label="This lab: the shipped tiny policy and the checkpoints chosen below",
+                         interactive=False, elem_id="lb-local")
+    local_note = gr.Markdown(elem_id="lb-local-note")
     pick = gr.Dropdown(label="Checkpoints evaluated on the benchmark", choices=[], multiselect=True, elem_id="lb-pick")
     note = gr.Markdown()
     by_size = gr.Dataframe(label="Valid / optimal rate by agents × map size (and the mean over sizes, as in the "
@@ -92,8 +154,8 @@ def build(page: Page) -> LeaderboardTab:
         stage = gr.Number(label="Stage", value=None, precision=0, scale=0, min_width=120)
         queue = gr.Button("Queue the benchmark evaluation", scale=0, min_width=260)
         message = gr.Markdown()
-    tab = LeaderboardTab(page.engine, pick, note, by_size, by_subset)
-    pick.change(tab.show, pick, [by_size, by_subset, note])
+    tab = LeaderboardTab(page.engine, pick, note, by_size, by_subset, reference_df, source, local, local_note)
+    pick.change(tab.show, pick, tab.outputs)
 
     def queue_clicked(run_id: int | None, stage_index: Any) -> dict[Any, Any]:
         return {message: benchmark_stage(page.engine, run_id, stage_index)}

@@ -1,15 +1,19 @@
-"""The Runs tab: every run, and the form that creates one and queues its stage 0."""
+"""The Runs tab: every run, the form that creates one and queues its stage 0, and a run in one file: the open
+run exported for download, a downloaded one imported (`lab.archive`, docs/archive.md)."""
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import gradio as gr
 from sqlalchemy import Engine
 
 from envsim.config import KNOB_HELP, KNOBS, ConfigError, EnvConfig, project
+from lab.archive import ArchiveError, export_run, import_run, read_manifest
 from lab.engineers import ENGINEERS
 from lab.loop import LoopError
 from lab.pages.common import KNOB_COLUMNS, Page, config_from_table, config_rows, table, when
@@ -52,14 +56,55 @@ def create_run_from_form(engine: Engine, name: str, description: str, policy: st
             "validation set) is queued. Follow it in the Train tab."), run.id
 
 
+def _holds(manifest: dict[str, Any]) -> str:
+    """What a run file holds, in a few words."""
+    rows = {name: entry["rows"] for name, entry in manifest["tables"].items()}
+    text = f"{rows.get('stages', 0)} stages, {rows.get('episodes', 0):,} episodes"
+    if manifest["checkpoints"]:
+        text += f", {len(manifest['checkpoints'])} checkpoints"
+    return text
+
+
+def export_file(engine: Engine, run_id: Any, checkpoints: bool) -> tuple[str | None, str]:
+    """Run `run_id` written to one file (with its stages' checkpoints when asked), for download; returns (the
+    file's path or None, message)."""
+    if run_id in (None, ""):
+        return None, "Open a run first (“Open run” above the tabs)."
+    path = Path(tempfile.mkdtemp(prefix="envlab-export-")) / f"envlab-run-{int(run_id)}.zip"
+    try:
+        export_run(engine, int(run_id), path, checkpoints=bool(checkpoints))
+    except ArchiveError as err:
+        return None, f"✗ Not exported: {err}"
+    size = path.stat().st_size / 1e6
+    return str(path), (f"✓ Run #{int(run_id)} exported ({_holds(read_manifest(path))}, {size:.1f} MB): download "
+                       "it below; `envlab import` or this tab loads it into another lab.")
+
+
+def import_file(engine: Engine, path: str | None) -> tuple[str, int | None]:
+    """Load a run file into this lab with new ids; returns (message, the new run id or None)."""
+    if not path:
+        return "Choose a run file (.zip, from “Export this run” or `envlab export`).", None
+    name = Path(path).name
+    try:
+        manifest = read_manifest(path)
+        run_id = import_run(engine, path)
+    except ArchiveError as err:
+        return f"✗ Not imported: {err}", None
+    return (f"✓ {name} imported as run #{run_id} **{manifest['run']['name']}** ({_holds(manifest)}); "
+            "it is open above."), run_id
+
+
 @dataclass(eq=False)
 class RunsTab:
-    """The tab's widgets; `form` is the create form's inputs, in `create_run_from_form`'s order."""
+    """The tab's widgets; `form` is the create form's inputs, in `create_run_from_form`'s order; `upload` takes
+    a run file to import (wired in app.py, as an import opens the new run above the tabs)."""
 
     table: gr.Dataframe
     form: list[Any]
     create: gr.Button
     message: gr.Markdown
+    upload: gr.File
+    import_message: gr.Markdown
 
 
 def build(page: Page) -> RunsTab:
@@ -67,6 +112,7 @@ def build(page: Page) -> RunsTab:
     default = EnvConfig.default()
     runs_df = gr.Dataframe(label="Runs (newest first); pick one in “Open run” above", interactive=False,
                            elem_id="runs-table")
+    upload, import_message = _archive_widgets(page)
     with gr.Accordion("New run", open=True):
         with gr.Row():
             name = gr.Textbox(label="Name", value="my run", elem_id="new-name")
@@ -98,4 +144,29 @@ def build(page: Page) -> RunsTab:
 
     engineer.input(show_backend, engineer, [backend, base_url])
     form = [name, description, policy, engineer, backend, base_url, stages, instances, agents, seed, auto, config_df]
-    return RunsTab(runs_df, form, create, message)
+    return RunsTab(runs_df, form, create, message, upload, import_message)
+
+
+def _archive_widgets(page: Page) -> tuple[gr.File, gr.Markdown]:
+    """The accordion that exports the open run and imports a run file; returns the import's widgets."""
+    with gr.Accordion("A run in one file: export, import", open=True, elem_id="archive"), gr.Row():
+        with gr.Column():
+            gr.Markdown("**Export this run**: the open run's rows (stages, proposals, decisions, episodes, "
+                        "logs) in one .zip file (docs/archive.md).")
+            with gr.Row():
+                checkpoints = gr.Checkbox(label="with checkpoints (the trained stages' weights)", value=False,
+                                          elem_id="export-checkpoints")
+                export = gr.Button("Export this run", scale=0, min_width=180, elem_id="export-run")
+            exported = gr.File(label="The run file", interactive=False, visible=False, elem_id="export-file")
+            export_message = gr.Markdown(elem_id="export-msg")
+        with gr.Column():
+            gr.Markdown("**Import a run**: a file from “Export this run” or `envlab export`; it gets new ids here.")
+            upload = gr.File(label="Run file (.zip)", file_types=[".zip"], type="filepath", elem_id="import-file")
+            import_message = gr.Markdown(elem_id="import-msg")
+
+    def export_clicked(run_id: Any, with_checkpoints: bool) -> dict[Any, Any]:
+        path, text = export_file(page.engine, run_id, with_checkpoints)
+        return {exported: gr.update(value=path, visible=path is not None), export_message: text}
+
+    export.click(export_clicked, [page.run_pick, checkpoints], [exported, export_message])
+    return upload, import_message

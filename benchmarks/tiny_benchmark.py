@@ -1,0 +1,66 @@
+"""The shipped tiny policy on the paper's 3,150-board benchmark, written to assets/leaderboard/tiny.json.
+
+The Leaderboard shows this result in its local section, so a fresh lab has one row of its own beside the
+paper's. Greedy decoding on the CPU, batched (`training.evaluate.evaluate`), scored exactly and tabled by
+`envsim.suite.report` as the paper does (the mean over map sizes is the unweighted mean of the per-size
+rates). The tiny policy was warm-started on 2-agent boards only, so on these boards of 3 to 5 agents it may
+answer for too few agents; the failure counts in the file say so. A result, not a speed figure: the seconds
+are recorded only so the next person knows what to expect.
+
+    nice python benchmarks/tiny_benchmark.py --threads 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import torch
+
+from envsim.suite import Split, build, report
+from lab.reference import TINY_FILE, tiny_result
+from training.evaluate import evaluate
+from training.policy import load_policy
+
+
+@dataclass
+class Args:
+    out: str = str(TINY_FILE)
+    threads: int = 1
+    batch_size: int = 64
+
+
+def main(args: Args) -> None:
+    torch.set_num_threads(args.threads)
+    t0 = time.perf_counter()
+    entries, _ = build(Split.BENCHMARK)
+    print(f"{len(entries)} benchmark boards built in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+    policy = load_policy("tiny")
+
+    def progress(done: int, total: int) -> bool:
+        print(f"{done}/{total} answered, {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+        return False
+
+    results = evaluate(policy, [e.instance for e in entries], batch_size=args.batch_size, progress=progress)
+    table = report(entries, [r.outcome.valid for r in results], [r.outcome.optimal for r in results])
+    command = f"python benchmarks/tiny_benchmark.py --threads {args.threads} --batch-size {args.batch_size}"
+    failures = Counter(str(r.outcome.failure) for r in results if r.outcome.failure is not None)
+    data = tiny_result(table, dict(failures), len(entries), command, datetime.now(UTC).strftime("%Y-%m-%d"),
+                       time.perf_counter() - t0)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(data, indent=1) + "\n")
+    print(table.to_markdown())
+    print(f"written to {args.out} after {data['seconds']:.0f} s", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    for name, default in vars(Args()).items():
+        parser.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default)
+    main(Args(**vars(parser.parse_args())))

@@ -1,0 +1,151 @@
+"""The README's screenshots: one PNG per tab of the web lab, taken from the real page on a real small run.
+
+A temporary SQLite database gets one run of the shipped `tiny` policy with the heuristic engineer, trained
+here by the lab's own worker functions: stage 0 evaluated, the engineer's first proposal accepted, stage 1
+trained and evaluated, and the engineer's second proposal left waiting for a person (a few minutes on a
+CPU). The page is served on it and Debian's Chromium, driven by Playwright, opens each tab and saves
+`docs/screenshots/<tab>.png` (1280x800, the visible part of the page, in 256 colours).
+
+    python docs/screenshots.py [--out docs/screenshots] [--db /tmp/shots.db]
+
+With `--db`, the run is built in that file the first time and reused on the next calls (to retake the
+pictures after a change to the page without training again).
+
+Needs `pip install playwright` and `apt-get install chromium` (never `playwright install`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from PIL import Image
+
+import app
+from envsim.config import EnvConfig
+from lab.loop import advance, after_job, create_run
+from lab.proposals import decide_on, proposal_states
+from lab.runs import failed_episodes, run_list
+from lab.worker import handlers, run_worker
+from storage.db import make_engine, session, upgrade
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--no-first-run", "--disable-sync"]
+VIEWPORT = {"width": 1280, "height": 800}
+SETTLE_S = 2.0  # after a tab shows its content: plots finish drawing
+
+
+@dataclass
+class Args:
+    out: str = str(Path(__file__).resolve().parent / "screenshots")
+    db: str = ""  # default: a temporary file; a file that holds the run already is reused
+    instances: int = 64
+    validation_boards: int = 48
+    threads: int = 2
+
+
+def until_waiting(engine, run_id: int) -> str:
+    """Run the run's jobs in this process until it waits for a person (or ends)."""
+    work = handlers()
+    while True:
+        state = advance(engine, run_id)
+        print(f"run {run_id}: {state}", file=sys.stderr, flush=True)
+        if state.startswith(("waiting", "done", "failed", "cancelled")):
+            return state
+        run_worker(engine, work, once=True, after=after_job)
+
+
+def pending_proposal(engine, run_id: int) -> int:
+    return next(p.proposal.id for p in proposal_states(engine, run_id) if p.pending)
+
+
+def build_run(engine, args: Args) -> int:
+    """A real small run: stage 0, an accepted proposal, stage 1, a proposal waiting."""
+    config = EnvConfig.default(sizes=(3, 4, 5), num_instances=args.instances)
+    with session(engine) as s:
+        run_id = create_run(s, name="first run", config=config, stages=2, engineer="heuristic",
+                            validation_boards=args.validation_boards,
+                            description="the tiny policy, the heuristic engineer, two stages").id
+    until_waiting(engine, run_id)
+    decide_on(engine, pending_proposal(engine, run_id), "accept", "local", note="looks sensible")
+    state = until_waiting(engine, run_id)
+    if not state.startswith("waiting"):
+        raise SystemExit(f"the run should wait for a decision after stage 1, but it is {state}")
+    return run_id
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def shoot(url: str, run_id: int, episode_id: int, proposal_id: int, out: Path) -> list[Path]:
+    """Open each tab in Chromium, wait for its content, save its PNG; returns the files."""
+    from playwright.sync_api import sync_playwright
+
+    out.mkdir(parents=True, exist_ok=True)
+    shots = [  # (file, address, tab, text that shows the tab has its content)
+        ("runs", f"?run={run_id}", "Runs", "first run"),
+        ("stage-review", f"?run={run_id}", "Stage review", "Failure gallery"),
+        ("episode", f"?episode={episode_id}", "Episode", f"Episode {episode_id}"),
+        ("proposal", f"?proposal={proposal_id}", "Proposal", f"Proposal #{proposal_id}"),
+        ("train", f"?run={run_id}", "Train", "Stage 1 results"),
+        ("playground", f"?run={run_id}", "Playground", "Plan (one line per agent)"),
+        ("leaderboard", f"?run={run_id}", "Leaderboard", "LLM-as-Environment-Engineer"),
+    ]
+    files = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport=VIEWPORT)
+        page.set_default_timeout(30_000)
+        for name, address, tab, marker in shots:
+            page.goto(url + address)
+            page.get_by_role("tab", name=tab).click()
+            page.get_by_text(marker).filter(visible=True).first.wait_for()
+            if name != "runs":  # the tab bar at the top: more of the tab, less of the header above it
+                page.locator("#tabs").evaluate("tabs => window.scrollTo(0, tabs.offsetTop - 8)")
+            time.sleep(SETTLE_S)
+            path = out / f"{name}.png"
+            page.screenshot(path=str(path))
+            with Image.open(path) as shot:  # 256 colours: a third of the bytes, no visible change on a UI
+                small = shot.convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT)
+            small.save(path, optimize=True)
+            files.append(path)
+            print(f"{path} ({path.stat().st_size // 1024} KB)", file=sys.stderr, flush=True)
+        browser.close()
+    return files
+
+
+def main(args: Args) -> None:
+    torch.set_num_threads(args.threads)
+    db = args.db or str(Path(tempfile.mkdtemp(prefix="envlab-shots-")) / "envlab.db")
+    engine = make_engine(db)
+    upgrade(engine)
+    t0 = time.perf_counter()
+    built = run_list(engine)
+    run_id = built[-1].run.id if built else build_run(engine, args)
+    print(f"the run is ready in {db} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
+    episode_id = failed_episodes(engine, run_id, 1, limit=1)[0].id
+    demo = app.build_demo(engine)
+    port = free_port()
+    app.launch(demo, port=port, block=False)
+    try:
+        shoot(f"http://127.0.0.1:{port}/", run_id, episode_id, pending_proposal(engine, run_id), Path(args.out))
+    finally:
+        demo.close()
+        engine.dispose()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    for name, default in vars(Args()).items():
+        parser.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default)
+    main(Args(**vars(parser.parse_args())))
