@@ -326,7 +326,7 @@ def curves_figure(c: Comparison, rates: tuple[Rate, ...] = (Rate.VALID,)) -> go.
             xs = [k for k, _ in found]
             first = col == 1
             fig.add_trace(go.Scatter(x=xs + xs[::-1], y=[e.high for _, e in found] + [e.low for _, e in found][::-1],
-                                     fill="toself", fillcolor=_rgba(colour, 0.15), line=dict(width=0),
+                                     mode="lines", fill="toself", fillcolor=_rgba(colour, 0.15), line=dict(width=0),
                                      name=f"{arm} interval", legendgroup=arm, showlegend=False, hoverinfo="skip"),
                           row=1, col=col)
             fig.add_trace(go.Scatter(x=xs, y=[e.mean for _, e in found], mode="lines+markers", name=arm,
@@ -345,8 +345,9 @@ def curves_figure(c: Comparison, rates: tuple[Rate, ...] = (Rate.VALID,)) -> go.
                           row=1, col=col)
         fig.update_xaxes(title_text="stage", dtick=1, row=1, col=col)
         fig.update_yaxes(tickformat=".0%", row=1, col=col)
-    fig.update_layout(height=460, margin=dict(l=50, r=10, t=60, b=40), plot_bgcolor="white",
-                      font=dict(family="system-ui, sans-serif", size=13), legend=dict(orientation="h", y=1.15),
+    fig.update_layout(height=460, margin=dict(l=50, r=10, t=70, b=40), plot_bgcolor="white",
+                      font=dict(family="system-ui, sans-serif", size=13),
+                      legend=dict(orientation="h", x=1, xanchor="right", y=1.02, yanchor="bottom"),
                       title=dict(text=f"Experiment {c.experiment.name}: mean over seeds, 95% interval, one dot per "
                                       "seed", x=0.01, font=dict(size=14)))
     return fig

@@ -12,6 +12,7 @@ import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine
@@ -400,13 +401,19 @@ def _dead(job: Job) -> str | None:
 
 
 def _alive(pid: int) -> bool:
+    """Whether process `pid` of this host still runs: a zombie (dead, its exit not yet collected, as a worker
+    killed with its parent can stay when nothing reaps orphans) is gone."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):  # no /proc (not Linux): the signal's answer stands
+        return True
+    return state != "Z"
 
 
 def drive(engine: Engine, run_id: int, work: Callable[[], bool], on_state: Callable[[str], None] | None = None,
