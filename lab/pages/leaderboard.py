@@ -14,14 +14,16 @@ from typing import Any
 import gradio as gr
 from sqlalchemy import Engine
 
+from lab.experiments import benchmark_choices
 from lab.loop import LoopError, queue_benchmark
 from lab.pages.common import Page, table
-from lab.runs import benchmark_checkpoints, benchmark_report
+from lab.runs import benchmark_report
 
 
 def checkpoint_choices(engine: Engine) -> list[tuple[str, str]]:
-    """Every (run, stage) with episodes on the benchmark, as `run_id:stage_index` keys."""
-    return [(f"run #{r} {name}, stage {k}", f"{r}:{k}") for r, k, name in benchmark_checkpoints(engine)]
+    """Every (run, stage) with episodes on the benchmark, as `run_id:stage_index` keys; runs of an experiment
+    grouped by it (`exp NAME / ARM / seed K`)."""
+    return benchmark_choices(engine)
 
 
 def leaderboard(engine: Engine, keys: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any], str]:
