@@ -426,7 +426,7 @@ def cmd_experiment_run(args: argparse.Namespace) -> None:
         say = (lambda line: print(line, flush=True)) if quiet else bar.write
         try:
             ended = run_experiment(engine, args.db, experiment.id, workers=args.workers, benchmark=args.benchmark,
-                                   on_progress=_progress_printer(engine, args, bar, say))
+                                   on_progress=_progress_printer(engine, args, bar, say), say=say)
         except ExperimentError as err:
             raise UsageError(str(err)) from err
     stopped = [r for r in ended.runs if r.status != RunStatus.DONE]
