@@ -426,7 +426,8 @@ def cmd_experiment_run(args: argparse.Namespace) -> None:
         say = (lambda line: print(line, flush=True)) if quiet else bar.write
         try:
             ended = run_experiment(engine, args.db, experiment.id, workers=args.workers, benchmark=args.benchmark,
-                                   on_progress=_progress_printer(engine, args, bar, say), say=say)
+                                   on_progress=_progress_printer(engine, args, bar, say), say=say,
+                                   threads=args.threads)
         except ExperimentError as err:
             raise UsageError(str(err)) from err
     stopped = [r for r in ended.runs if r.status != RunStatus.DONE]
@@ -510,6 +511,8 @@ def experiment_arguments(sub: argparse._SubParsersAction) -> None:
     s.add_argument("experiment", help="name (or id)")
     s.add_argument("--workers", type=int, default=1, help="worker processes to start (default 1)")
     s.add_argument("--benchmark", action="store_true", help="then evaluate each run's last stage on the benchmark")
+    s.add_argument("--threads", type=int, metavar="N", help="torch threads per worker (default: torch's choice; 1 is "
+                                                            "fastest for the tiny policy on a busy small CPU)")
     s.add_argument("--db", **db)
     s.set_defaults(fn=cmd_experiment_run)
     s = verbs.add_parser("list", help="every experiment and how far it got")

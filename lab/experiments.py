@@ -335,14 +335,15 @@ def log_dir(engine: Engine, experiment: Experiment) -> Path:
 
 def run_experiment(engine: Engine, db: str | None, key: str | int, *, workers: int = 1, benchmark: bool = False,
                    on_progress: Callable[[ExperimentProgress], None] | None = None,
-                   say: Callable[[str], None] | None = None, poll_s: float = 1.0) -> ExperimentProgress:
+                   say: Callable[[str], None] | None = None, poll_s: float = 1.0,
+                   threads: int | None = None) -> ExperimentProgress:
     """Run an experiment to its end with `workers` worker processes of its own (on the database `db`, a path
     or URL; None: `$ENVLAB_DB`), which stop when it returns and die with it when it is killed.
 
     First every run that is not done is resumed (`restart`), so running the command again after a crash picks
     up every run where it stopped. `on_progress` is called after every poll. With `benchmark`, each run's last
     stage is then evaluated on the benchmark (`queue_benchmarks`) before the workers stop. `say` hears what was
-    resumed.
+    resumed. `threads` sets each worker's torch threads (OMP_NUM_THREADS; None: torch's own choice).
     """
     if workers < 1:
         raise ExperimentError(f"workers = {workers}: run at least 1 worker")
@@ -352,8 +353,9 @@ def run_experiment(engine: Engine, db: str | None, key: str | int, *, workers: i
             say(line)
     folder = log_dir(engine, experiment)
     folder.mkdir(parents=True, exist_ok=True)
+    env = {"OMP_NUM_THREADS": str(threads)} if threads else None
     procs = [start_worker(db, options=["--poll", str(min(poll_s, 1.0))], die_with_parent=True,
-                          log=folder / f"worker-{i}.log") for i in range(workers)]
+                          log=folder / f"worker-{i}.log", env=env) for i in range(workers)]
     try:
         moved = time.monotonic()
         while True:

@@ -312,10 +312,11 @@ def _die_with_parent() -> None:
 
 
 def start_worker(db: str | None, *, options: Sequence[str] = (), die_with_parent: bool = False,
-                 log: Path | None = None) -> subprocess.Popen:
+                 log: Path | None = None, env: dict[str, str] | None = None) -> subprocess.Popen:
     """`envlab worker [options]` as a child process on the same database; it stops when this process stops
-    (with `die_with_parent`, also when this process is killed). Its log goes to `log` when given."""
-    env = dict(os.environ)
+    (with `die_with_parent`, also when this process is killed). Its log goes to `log` when given; `env` adds
+    variables to this process's environment for it."""
+    env = {**os.environ, **(env or {})}
     if db:
         env["ENVLAB_DB"] = db
     out = log.open("a") if log is not None else None

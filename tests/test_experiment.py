@@ -28,11 +28,13 @@ from lab.context import CONTEXT_PRESETS, ContextModules, build_context
 from lab.experiments import (
     Arm,
     ExperimentError,
+    _benchmarks_pending,
     benchmark_choices,
     create_experiment,
     experiment_progress,
     experiment_runs,
     load_scenario,
+    queue_benchmarks,
 )
 from lab.loop import LoopError, after_job, check_engineer, create_run, run_propose_job
 from lab.pages import runs as runs_page
@@ -329,20 +331,32 @@ def test_experiment_commands_queue_list_report_and_refuse(lab, tmp_path, capsys,
     assert cli.main(["experiment", "report", "nothing", "--db", db]) == 2
 
 
-def test_benchmark_rows_are_labelled_by_experiment_arm_and_seed(lab):
+def scripted_benchmark(engine, job, progress):
+    """The benchmark job without its 3,150 boards: one stored benchmark episode."""
+    with session(engine) as s:
+        s.add(Episode(run_id=job.payload["run_id"], stage_index=job.payload["stage_index"], split="benchmark",
+                      instance_id="b", instance={}, size=3, num_agents=3, completion="", valid=False, optimal=False))
+        s.commit()
+    return {}
+
+
+def test_benchmarks_are_queued_once_per_run_and_labelled_by_experiment_arm_and_seed(lab, tmp_path, capsys):
     experiment = scripted_experiment(lab, seeds=1, stages=1)
     runs = experiment_runs(lab, experiment.id)
-    with session(lab) as s:  # the benchmark job's rows, without its 3,150 boards
-        for run in runs:
-            s.add(Episode(run_id=run.id, stage_index=1, split="benchmark", instance_id="b", instance={}, size=3,
-                          num_agents=3, completion="", valid=False, optimal=False))
-        s.commit()
+    assert cli.main(["experiment", "benchmark", "cmp", "--db", str(tmp_path / "lab.db")]) == 0
+    out = capsys.readouterr().out
+    assert f"run {runs[0].id} (fixed, seed 0): benchmark job" in out and "queued for stage 1" in out
+    assert queue_benchmarks(lab, experiment.id)[0].endswith("has a benchmark job queued or running already")
+    assert _benchmarks_pending(lab, experiment.id) == 2
+    run_worker(lab, {"benchmark": scripted_benchmark}, once=True, poll_s=0.01)
+    assert _benchmarks_pending(lab, experiment.id) == 0
+    assert "was evaluated on the benchmark at" in queue_benchmarks(lab, experiment.id)[1]
     assert benchmark_choices(lab) == [("exp cmp / fixed / seed 0, stage 1", f"{runs[0].id}:1"),
                                       ("exp cmp / heuristic / seed 0, stage 1", f"{runs[1].id}:1")]
     progress = experiment_progress(lab, experiment.id)
-    assert (progress.done, progress.total, progress.ended) == (4, 4, True)
+    assert (progress.done, progress.total, progress.ended, progress.benchmarks_done) == (4, 4, True, 2)
     with session(lab) as s:
-        assert s.exec(select(Job).where(Job.kind == "benchmark")).all() == []
+        assert len(s.exec(select(Job).where(Job.kind == "benchmark")).all()) == 2
 
 
 def test_settings_record_the_equal_compute(lab):
