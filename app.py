@@ -30,7 +30,7 @@ from typing import Any
 import gradio as gr
 from sqlalchemy import Engine
 
-from lab.pages import episode, leaderboard, playground, proposal, review, runs, train
+from lab.pages import compare, episode, leaderboard, playground, proposal, review, runs, train
 from lab.pages.common import Page
 from lab.runs import run_of_episode, run_of_proposal
 from lab.worker import start_worker, worker_busy, worker_status
@@ -44,7 +44,7 @@ An LLM policy trains in stages on MAPF-FrozenLake; after each stage an *environm
 stage's environment and you review it. **Runs** → create or open a run · **Stage review** → what the policy gets
 right and wrong · **Episode** → replay one answer · **Proposal** → accept, edit or reject the engineer's
 next config · **Train** → the worker's progress · **Playground** → try boards and plans · **Leaderboard** →
-benchmark tables."""
+benchmark tables · **Compare** → an experiment's engineers side by side."""
 
 
 def worker_badge(engine: Engine) -> str:
@@ -96,6 +96,9 @@ def build_demo(engine: Engine) -> gr.Blocks:
                 playground_tab = playground.build(page)
             with gr.Tab("Leaderboard", id="leaderboard"):
                 leaderboard_tab = leaderboard.build(page)
+            with gr.Tab("Compare", id="compare") as compare_item:
+                compare_tab = compare.build(page)
+        compare_item.select(compare_tab.refresh, [compare_tab.pick, compare_tab.rate], compare_tab.outputs)
         _wire(page, refresh, poll, demo, runs_tab, review_tab, episode_tab, proposal_tab, train_tab, playground_tab,
               leaderboard_tab)
     return demo

@@ -20,7 +20,8 @@ from envsim.config import EnvConfig
 from envsim.instance import Instance
 from envsim.solver import NODE_BUDGET, Unsolved, label
 
-TRAINING, VALIDATION, BENCHMARK = 0, 1, 2  # seed namespaces: the three never share a random stream
+# Seed namespaces: no two share a random stream. VALIDATION_EXTRA: the boards a larger validation set adds.
+TRAINING, VALIDATION, BENCHMARK, VALIDATION_EXTRA = 0, 1, 2, 3
 TRIES_PER_INSTANCE = 200
 MIN_TRIES = 2000
 

@@ -5,6 +5,11 @@ Benchmark: agents 3, 4, 5; sizes max(3, K)..10; wait subsets 0.25 / 0.50 / 0.75;
 uniformly from 0 to 0.5 and lowered one hole at a time only while the largest ice component cannot
 hold the agents' starts and goals. Validation: the same construction with 2 agents on sizes 3..10,
 10 boards per cell (240 in all), drawn from a separate seed namespace so no board is shared.
+
+A larger validation set (`validation_cells(per_size)`, e.g. 120 boards per size, 960 in all) keeps those 240
+boards first in each cell and adds the rest from a namespace of its own (`VALIDATION_EXTRA`), with the same
+construction and each whole cell's wait subset met exactly: a stage evaluated on it can be compared with one
+evaluated on the standard 240 on their common boards.
 """
 
 from __future__ import annotations
@@ -20,12 +25,13 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from envsim.generator import BENCHMARK, VALIDATION, random_board, round_half_up, stratified
+from envsim.generator import BENCHMARK, VALIDATION, VALIDATION_EXTRA, random_board, round_half_up, stratified
 from envsim.instance import Instance
 
 SUITE_SEED = 2606
 WAIT_SUBSETS = (0.25, 0.50, 0.75)
 MAX_SIZE = 10
+VALIDATION_PER_SIZE = 30  # the standard validation set: 10 boards per (size, wait subset), 240 in all
 
 class Split(StrEnum):
     """The instance sets: the 3,150-board benchmark and the 240-board validation set."""
@@ -59,6 +65,7 @@ class SuiteCell:
     size: int
     subset: float
     count: int
+    extra: bool = False  # boards a larger validation set adds to the standard cell (namespace VALIDATION_EXTRA)
 
 
 def cells(split: Split) -> list[SuiteCell]:
@@ -66,9 +73,25 @@ def cells(split: Split) -> list[SuiteCell]:
     if split == Split.BENCHMARK:
         agents, per_cell = (3, 4, 5), 50
     else:
-        agents, per_cell = (2,), 10
+        agents, per_cell = (2,), VALIDATION_PER_SIZE // len(WAIT_SUBSETS)
     return [SuiteCell(split, k, s, w, per_cell) for k in agents for s in range(max(3, k), MAX_SIZE + 1)
             for w in WAIT_SUBSETS]
+
+
+def validation_cells(per_size: int = VALIDATION_PER_SIZE) -> list[SuiteCell]:
+    """The cells of a validation set with `per_size` boards per map size (a multiple of 3, at least 30): each
+    standard cell, then (past 30 per size) the cell of the boards it adds, in table order."""
+    subsets = len(WAIT_SUBSETS)
+    if per_size < VALIDATION_PER_SIZE or per_size % subsets:
+        raise ValueError(f"validation_per_size = {per_size}: a multiple of {subsets} (one share per wait subset), "
+                         f"at least {VALIDATION_PER_SIZE} (the standard set)")
+    extra = per_size // subsets - VALIDATION_PER_SIZE // subsets
+    out = []
+    for cell in cells(Split.VALIDATION):
+        out.append(cell)
+        if extra:
+            out.append(SuiteCell(cell.split, cell.agents, cell.size, cell.subset, extra, extra=True))
+    return out
 
 
 def _draw(size: int, agents: int):
@@ -87,9 +110,12 @@ def _draw(size: int, agents: int):
 
 def build_cell(cell: SuiteCell, seed: int = SUITE_SEED) -> tuple[list[Entry], float, str]:
     """The cell's boards, plus the slowest single board's labelling time and its id (for reports)."""
-    namespace = BENCHMARK if cell.split == Split.BENCHMARK else VALIDATION
+    namespace = BENCHMARK if cell.split == Split.BENCHMARK else VALIDATION_EXTRA if cell.extra else VALIDATION
     rng = np.random.default_rng([namespace, seed, cell.agents, cell.size, WAIT_SUBSETS.index(cell.subset)])
     wait_count = round_half_up(cell.subset * cell.count)
+    if cell.extra:  # the standard cell and its added boards together meet the subset exactly
+        standard = VALIDATION_PER_SIZE // len(WAIT_SUBSETS)
+        wait_count = round_half_up(cell.subset * (standard + cell.count)) - round_half_up(cell.subset * standard)
     what = f"{cell.split} cell (agents {cell.agents}, size {cell.size}, wait subset {cell.subset})"
     stats: dict = {}
     entries = [Entry(split=cell.split, subset=cell.subset, instance=inst)
@@ -97,9 +123,11 @@ def build_cell(cell: SuiteCell, seed: int = SUITE_SEED) -> tuple[list[Entry], fl
     return entries, *stats.get("slowest", (0.0, ""))
 
 
-def build(split: Split, seed: int = SUITE_SEED, workers: int = 2, progress: bool = False) -> tuple[list[Entry], dict]:
-    """All boards of a split in table order, and build stats (seconds, slowest board)."""
-    todo = cells(split)
+def build(split: Split, seed: int = SUITE_SEED, workers: int = 2, progress: bool = False,
+          per_size: int = VALIDATION_PER_SIZE) -> tuple[list[Entry], dict]:
+    """All boards of a split in table order, and build stats (seconds, slowest board). `per_size` sizes the
+    validation set (`validation_cells`)."""
+    todo = validation_cells(per_size) if split == Split.VALIDATION else cells(split)
     t0 = time.perf_counter()
     entries: list[Entry] = []
     slowest = (0.0, "")

@@ -1,4 +1,5 @@
-"""The `envlab` command line: build the benchmark suite, generate, score and show instances."""
+"""The `envlab` command line: build the benchmark suite, generate, score and show instances; run the loop, workers
+and experiments."""
 
 from __future__ import annotations
 
@@ -18,11 +19,12 @@ from envsim.generator import GenerationError, generate
 from envsim.instance import Instance
 from envsim.scoring import Outcome, score, score_answer
 from envsim.suite import SUITE_SEED, Entry, Split, build, report, write_jsonl
+from lab.context import CONTEXT_PRESETS, DEFAULT_PRESET
 
 if TYPE_CHECKING:
     from sqlmodel import Session
 
-    from storage.models import Stage
+    from storage.models import Run, Stage
 
 
 class UsageError(Exception):
@@ -247,10 +249,39 @@ def stage_line(s: Session, stage: Stage, stages: int) -> str:
             f"optimal {total.optimal_rate:.1%} ({took}; {total.episodes} boards, valid by size {sizes})")
 
 
+def _initial(args: argparse.Namespace) -> tuple[EnvConfig, dict]:
+    """The initial config and GRPO overrides of `--scenario`, `--config`, `--instances` and `--grpo` (each on
+    top of the one before)."""
+    from lab.experiments import ExperimentError, load_scenario
+
+    try:
+        scenario = load_scenario(args.scenario or "default")
+    except ExperimentError as err:
+        raise UsageError(str(err)) from err
+    config = config_file(args.config) if args.config else scenario.config
+    if args.instances is not None:
+        config = config.model_copy(update={"num_instances": args.instances})
+    return config, {**scenario.grpo, **_grpo_overrides(args.grpo)}
+
+
+def _new_run(s: Session, args: argparse.Namespace) -> Run:
+    from lab.loop import LoopError, create_run
+
+    config, grpo = _initial(args)
+    try:
+        return create_run(s, name=args.name, config=config, stages=args.stages, policy=args.policy,
+                          engineer=args.engineer or "heuristic", engineer_backend=args.backend or "",
+                          auto_apply=args.auto_apply, seed=args.seed, grpo=grpo, base_url=args.base_url, lora=args.lora,
+                          validation_boards=args.validation_boards, validation_per_size=args.validation_per_size,
+                          context=args.context)
+    except LoopError as err:
+        raise UsageError(str(err)) from err
+
+
 def cmd_run(args: argparse.Namespace) -> None:
     """Without a terminal (a file, a pipe, a job scheduler's log) a run writes one line per stage and no
     progress bars; in a terminal a progress bar of stages runs below those lines."""
-    from lab.loop import LoopError, after_job, create_run, drive, resume, stages_of, switch_engineer
+    from lab.loop import LoopError, after_job, drive, resume, stages_of, switch_engineer
     from lab.worker import handlers, run_worker
     from storage.db import session
     from storage.models import Run, RunStatus, StageStatus
@@ -264,19 +295,9 @@ def cmd_run(args: argparse.Namespace) -> None:
             run = s.get(Run, args.resume)
             if run is None:
                 raise UsageError(f"--resume {args.resume}: no such run")
-            stages = run.settings["stages"]
         else:
-            config = config_file(args.config)
-            if args.instances is not None:
-                config = config.model_copy(update={"num_instances": args.instances})
-            try:
-                run = create_run(s, name=args.name, config=config, stages=args.stages, policy=args.policy,
-                                 engineer=args.engineer or "heuristic", engineer_backend=args.backend or "",
-                                 auto_apply=args.auto_apply, seed=args.seed, grpo=_grpo_overrides(args.grpo),
-                                 base_url=args.base_url, lora=args.lora, validation_boards=args.validation_boards)
-            except LoopError as err:
-                raise UsageError(str(err)) from err
-            stages = args.stages
+            run = _new_run(s, args)
+        stages = run.settings["stages"]
     if args.resume is not None:
         try:
             requeued = (switch_engineer(engine, run.id, args.engineer, args.backend or "") if args.engineer
@@ -333,6 +354,182 @@ def cmd_import(args: argparse.Namespace) -> None:
     print(f"{args.file}: run {run['uuid']} ({run['name']}) -> run {run_id}")
 
 
+# ---------------------------------------------------------------- experiments
+
+
+def cmd_experiment_new(args: argparse.Namespace) -> None:
+    from lab.experiments import ExperimentError, create_experiment, experiment_runs
+
+    engine = _engine(args.db)
+    config, grpo = _initial(args)
+    try:
+        experiment = create_experiment(
+            engine, name=args.name, arms=[a for a in args.arms.split(",") if a.strip()], seeds=args.seeds,
+            stages=args.stages, config=config, scenario=args.scenario, policy=args.policy, grpo=grpo,
+            validation_per_size=args.validation_per_size, validation_boards=args.validation_boards,
+            base_url=args.base_url, lora=args.lora, description=args.description)
+    except ExperimentError as err:
+        raise UsageError(str(err)) from err
+    st = experiment.settings
+    runs = experiment_runs(engine, experiment.id)
+    print(f"experiment {experiment.id} {experiment.name!r}: {len(runs)} runs queued ({len(experiment.arms)} arms x "
+          f"{experiment.seeds} seeds), runs {runs[0].id}..{runs[-1].id}")
+    print(f"each run: {st['stages']} stages x {st['instances']} boards x {st['steps_per_stage']} GRPO steps; "
+          f"{st['validation_boards']} validation boards per stage")
+    print(f"run it: envlab experiment run {experiment.name} [--workers K]")
+
+
+def _progress_printer(engine, args: argparse.Namespace, bar: tqdm, say):
+    """`on_progress` for `run_experiment`: moves the bar, says each stage that finished since the last call."""
+    from lab.loop import stages_of
+    from storage.db import session
+    from storage.models import RunStatus, StageStatus
+
+    shown: dict[int, int] | None = None
+
+    def on_progress(p) -> None:
+        nonlocal shown
+        bar.total = p.total + (len(p.runs) if args.benchmark else 0)
+        bar.update(p.done + (p.benchmarks_done if args.benchmark else 0) - bar.n)
+        failed = p.count(RunStatus.FAILED) + p.count(RunStatus.CANCELLED)
+        bar.set_postfix_str(f"{p.count(RunStatus.DONE)}/{len(p.runs)} runs done" + (f", {failed} stopped" if failed
+                                                                                     else ""))
+        if shown is None:
+            shown = dict(p.stages_done)
+            say(f"experiment {p.experiment.name}: {p.done} of {p.total} stages done already")
+            return
+        for run in p.runs:
+            if p.stages_done[run.id] <= shown.get(run.id, 0):
+                continue
+            with session(engine) as s:
+                done = [st for st in stages_of(s, run.id) if st.status == StageStatus.DONE]
+                for st in done[shown.get(run.id, 0):]:
+                    say(f"run {run.id} ({run.arm}, seed {run.seed}) {stage_line(s, st, run.settings['stages'])}")
+            shown[run.id] = len(done)
+
+    return on_progress
+
+
+def cmd_experiment_run(args: argparse.Namespace) -> None:
+    """One progress bar over runs x stages in a terminal; one line per finished stage otherwise."""
+    from lab.experiments import ExperimentError, find_experiment, log_dir, run_experiment
+    from storage.models import RunStatus
+
+    quiet = not sys.stdout.isatty()
+    engine = _engine(args.db)
+    try:
+        experiment = find_experiment(engine, args.experiment)
+    except ExperimentError as err:
+        raise UsageError(str(err)) from err
+    print(f"experiment {experiment.name}: {args.workers} worker(s), logs in {log_dir(engine, experiment)}", flush=True)
+    with tqdm(desc=f"experiment {experiment.name}", unit="stage", disable=quiet) as bar:
+        say = (lambda line: print(line, flush=True)) if quiet else bar.write
+        try:
+            ended = run_experiment(engine, args.db, experiment.id, workers=args.workers, benchmark=args.benchmark,
+                                   on_progress=_progress_printer(engine, args, bar, say), say=say,
+                                   threads=args.threads)
+        except ExperimentError as err:
+            raise UsageError(str(err)) from err
+    stopped = [r for r in ended.runs if r.status != RunStatus.DONE]
+    print(f"experiment {experiment.name}: {ended.count(RunStatus.DONE)} of {len(ended.runs)} runs done", flush=True)
+    for run in stopped:
+        print(f"  run {run.id} ({run.arm}, seed {run.seed}) {run.status}: {run.status_reason}", flush=True)
+    if stopped:
+        raise UsageError(f"{len(stopped)} run(s) stopped; fix the cause and run `envlab experiment run "
+                         f"{experiment.name}` again: it resumes them")
+    print(f"report: envlab experiment report {experiment.name}")
+
+
+def cmd_experiment_list(args: argparse.Namespace) -> None:
+    from lab.experiments import list_experiments
+    from storage.models import RunStatus
+
+    found = list_experiments(_engine(args.db))
+    if not found:
+        print("no experiments yet: envlab experiment new --name N --arms fixed,heuristic --seeds 3 --stages 3")
+    for p in found:
+        e = p.experiment
+        states = ", ".join(f"{p.count(st)} {st}" for st in RunStatus if p.count(st))
+        print(f"{e.id:>3} {e.name}: arms {', '.join(a['name'] for a in e.arms)}; {e.seeds} seeds; "
+              f"{e.settings['stages']} stages; runs {states}; {p.done}/{p.total} stages done; "
+              f"created {e.created_at:%Y-%m-%d %H:%M} UTC")
+
+
+def cmd_experiment_report(args: argparse.Namespace) -> None:
+    from lab.comparison import comparison, report_markdown, write_report
+    from lab.experiments import ExperimentError, log_dir
+
+    engine = _engine(args.db)
+    try:
+        c = comparison(engine, args.experiment)
+    except ExperimentError as err:
+        raise UsageError(str(err)) from err
+    print(report_markdown(c))
+    written = write_report(c, args.out or log_dir(engine, c.experiment) / "report")
+    for what, where in written.items():
+        print(f"{what}: {where}")
+
+
+def cmd_experiment_benchmark(args: argparse.Namespace) -> None:
+    from lab.experiments import ExperimentError, find_experiment, queue_benchmarks
+
+    engine = _engine(args.db)
+    try:
+        lines = queue_benchmarks(engine, find_experiment(engine, args.experiment).id)
+    except ExperimentError as err:
+        raise UsageError(str(err)) from err
+    print("\n".join(lines))
+    print("a worker runs them (envlab worker, or envlab experiment run NAME --benchmark); the Leaderboard shows them")
+
+
+def experiment_arguments(sub: argparse._SubParsersAction) -> None:
+    """`envlab experiment new|run|list|report|benchmark` (docs/experiments.md)."""
+    db = dict(help="database path or URL (default: $ENVLAB_DB or runs/envlab.db)")
+    p = sub.add_parser("experiment", help="engineers compared at equal compute, with seeds (docs/experiments.md)")
+    verbs = p.add_subparsers(dest="verb", required=True)
+    s = verbs.add_parser("new", help="store an experiment and queue its runs (arms x seeds, auto-apply)")
+    s.add_argument("--name", required=True)
+    s.add_argument("--arms", required=True, help="comma-separated: fixed, random, heuristic, llm:BACKEND@PRESET "
+                                                 "(e.g. llm:openai:MODEL@paper-best); NAME=SPEC names one")
+    s.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 for every arm (default 3)")
+    s.add_argument("--stages", type=int, default=3)
+    s.add_argument("--instances", type=int, help="training boards per stage (default: the scenario's, 512)")
+    s.add_argument("--config", type=Path, help="initial EnvConfig JSON (default: the scenario's)")
+    s.add_argument("--scenario", help="assets/scenarios/NAME.json: initial config and GRPO overrides "
+                                      "(default: default, the round-0 config)")
+    s.add_argument("--validation-per-size", type=int, default=120, metavar="N",
+                   help="validation boards per map size (default 120: 960 boards; 30: the standard 240)")
+    s.add_argument("--validation-boards", type=int, metavar="N", help="evaluate on N of them only, for a quick look")
+    s.add_argument("--grpo", action="append", default=[], metavar="KEY=VALUE", help="a GRPOConfig field, for every run")
+    s.add_argument("--policy", default="tiny")
+    s.add_argument("--base-url", help="base URL of an OpenAI-compatible server (openai: backends)")
+    s.add_argument("--lora", type=int, default=0, metavar="RANK")
+    s.add_argument("--description", default="")
+    s.add_argument("--db", **db)
+    s.set_defaults(fn=cmd_experiment_new)
+    s = verbs.add_parser("run", help="run (or resume) every run of an experiment until all are done")
+    s.add_argument("experiment", help="name (or id)")
+    s.add_argument("--workers", type=int, default=1, help="worker processes to start (default 1)")
+    s.add_argument("--benchmark", action="store_true", help="then evaluate each run's last stage on the benchmark")
+    s.add_argument("--threads", type=int, metavar="N", help="torch threads per worker (default: torch's choice; 1 is "
+                                                            "fastest for the tiny policy on a busy small CPU)")
+    s.add_argument("--db", **db)
+    s.set_defaults(fn=cmd_experiment_run)
+    s = verbs.add_parser("list", help="every experiment and how far it got")
+    s.add_argument("--db", **db)
+    s.set_defaults(fn=cmd_experiment_list)
+    s = verbs.add_parser("report", help="print the comparison (Markdown) and write CSV files and a PNG figure")
+    s.add_argument("experiment", help="name (or id)")
+    s.add_argument("--out", type=Path, help="folder for report.md, runs.csv, summary.csv, curves.png "
+                                            "(default: <runs root>/experiments/<id>/report)")
+    s.add_argument("--db", **db)
+    s.set_defaults(fn=cmd_experiment_report)
+    s = verbs.add_parser("benchmark", help="queue the 3,150-board benchmark for each run's last stage")
+    s.add_argument("experiment", help="name (or id)")
+    s.add_argument("--db", **db)
+    s.set_defaults(fn=cmd_experiment_benchmark)
+
+
 def arguments() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="envlab", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -382,6 +579,11 @@ def arguments() -> argparse.ArgumentParser:
     s.add_argument("--grpo", action="append", default=[], metavar="KEY=VALUE", help="a GRPOConfig field")
     s.add_argument("--lora", type=int, default=0, metavar="RANK",
                    help="train LoRA adapters of this rank (needs peft), e.g. 16 for a large policy; 0: every weight")
+    s.add_argument("--context", default=DEFAULT_PRESET, choices=list(CONTEXT_PRESETS),
+                   help="the llm engineer's context preset (docs/engineers.md)")
+    s.add_argument("--scenario", help="a named start, assets/scenarios/NAME.json (default: the round-0 config)")
+    s.add_argument("--validation-per-size", type=int, metavar="N",
+                   help="evaluate on a larger validation set, N boards per size (e.g. 120: 960 boards; default 30)")
     s.add_argument("--name", default="run")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--resume", type=int, metavar="RUN_ID", help="continue a run that was interrupted")
@@ -405,6 +607,8 @@ def arguments() -> argparse.ArgumentParser:
     s.add_argument("file", type=Path)
     s.add_argument("--db", help="database path or URL (default: $ENVLAB_DB or runs/envlab.db)")
     s.set_defaults(fn=cmd_import)
+
+    experiment_arguments(sub)
 
     sub.add_parser("serve", help="start the web lab and a worker beside it (envlab serve --help for options)")
     return p

@@ -4,7 +4,8 @@
 bookkeeping. `load_stage_result` reads one stage's part of it from the database. `build_context` turns
 evidence into deterministic text, one section per context module; `ContextModules` says which sections
 appear. The paper's best context (`ContextModules.paper_best()`) is the failure breakdown, the guideline,
-the history without the round-0 default, and the bookkeeping.
+the history without the round-0 default, and the bookkeeping. `CONTEXT_PRESETS` names the combinations a context
+ablation compares (docs/engineers.md), so an llm arm of an experiment is written `llm:<backend>@<preset>`.
 """
 
 from __future__ import annotations
@@ -98,6 +99,29 @@ class ContextModules:
     @classmethod
     def none(cls) -> ContextModules:
         return cls(**{f.name: False for f in fields(cls)})
+
+
+# What each preset holds is named by its name; `paper-best` is the default everywhere.
+CONTEXT_PRESETS: dict[str, ContextModules] = {
+    "paper-best": ContextModules.paper_best(),
+    "failures-only": ContextModules(failure_breakdown=True, guideline=False, history=False, bookkeeping=False),
+    "no-history": ContextModules(history=False),
+    "with-default": ContextModules(history_with_default=True),
+    "full": ContextModules.every(),
+}
+DEFAULT_PRESET = "paper-best"
+
+
+def context_preset(name: str) -> ContextModules:
+    """The modules of a named preset; a ValueError naming the presets for any other name."""
+    if name not in CONTEXT_PRESETS:
+        raise ValueError(f"unknown context preset {name!r}: one of {', '.join(CONTEXT_PRESETS)}")
+    return CONTEXT_PRESETS[name]
+
+
+def preset_of(modules: ContextModules) -> str | None:
+    """The name of the preset that holds exactly `modules`, or None for another combination."""
+    return next((name for name, m in CONTEXT_PRESETS.items() if m == modules), None)
 
 
 # ---------------------------------------------------------------- from the database

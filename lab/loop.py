@@ -12,6 +12,7 @@ import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine
@@ -19,8 +20,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
 from envsim.config import EnvConfig
-from envsim.suite import Split
-from lab.context import ContextModules, Evidence, load_stage_result
+from envsim.suite import Split, validation_cells
+from lab.context import ContextModules, Evidence, context_preset, load_stage_result, preset_of
 from lab.engineers import ENGINEERS
 from lab.proposals import current_proposal, decide, decision_of, store_proposal
 from storage.db import checkpoint_of, lock_run
@@ -45,6 +46,7 @@ from storage.queue import enqueue, fail, request_cancel, requeue, stale_after_s
 
 LOOP_KINDS = (JobKind.STAGE, JobKind.PROPOSE)  # the jobs that move a run; a benchmark job never blocks it
 PROPOSE_ATTEMPTS = 3  # a propose job that raises is tried this many times, then the run fails for a person
+SELF_BACKEND = "hf:policy"  # the llm engineer's backend that asks the run's own checkpoint (policy as engineer)
 
 
 class LoopError(ValueError):
@@ -53,28 +55,42 @@ class LoopError(ValueError):
 
 def create_run(s: Session, *, name: str, config: EnvConfig, stages: int, policy: str = "tiny",
                engineer: str = "heuristic", engineer_backend: str = "", auto_apply: bool = False, seed: int = 0,
-               grpo: dict[str, Any] | None = None, context: ContextModules | None = None,
+               grpo: dict[str, Any] | None = None, context: ContextModules | str | None = None,
                base_url: str | None = None, description: str = "", lora: int = 0,
-               validation_boards: int | None = None) -> Run:
+               validation_boards: int | None = None, validation_per_size: int | None = None,
+               experiment_id: int | None = None, arm: str | None = None) -> Run:
     """Store a run, its stage 0 (the starting policy, evaluated on `config`) and queue that stage.
 
-    `lora` > 0 trains LoRA adapters of that rank in each stage (folded into the weights when it ends) instead
-    of every weight: the option for large policies. `validation_boards` evaluates each stage on that many of
-    the 240 validation boards, spread over the sizes (None: all of them), for a quick look.
+    `context` is the llm engineer's context modules, or the name of a preset (`lab.context.CONTEXT_PRESETS`;
+    default `paper-best`). `lora` > 0 trains LoRA adapters of that rank in each stage (folded into the weights
+    when it ends) instead of every weight: the option for large policies. `validation_per_size` evaluates on a
+    larger validation set (e.g. 120 boards per size, 960 in all; default the standard 30 per size, 240), and
+    `validation_boards` on that many of its boards, spread over the sizes (None: all of them), for a quick look.
+    `experiment_id` and `arm` place the run in an experiment (lab.experiments).
     """
-    check_engineer(engineer, engineer_backend)
+    check_engineer(engineer, engineer_backend, policy)
     if stages < 1:
         raise LoopError(f"stages = {stages}: a run trains at least 1 stage")
     if lora < 0:
         raise LoopError(f"lora = {lora}: a LoRA rank is a positive number (0: no LoRA)")
     if validation_boards is not None and validation_boards < 1:
         raise LoopError(f"validation_boards = {validation_boards}: evaluate on at least 1 board (None: all 240)")
+    try:
+        if validation_per_size is not None:
+            validation_cells(validation_per_size)
+        modules = context_preset(context) if isinstance(context, str) else context or ContextModules.paper_best()
+    except ValueError as err:
+        raise LoopError(str(err)) from None
     settings = {"stages": stages, "auto_apply": auto_apply, "grpo": grpo or {}, "lora": lora,
-                "context": asdict(context or ContextModules.paper_best()), "base_url": base_url}
+                "context": asdict(modules), "base_url": base_url}
+    if (preset := preset_of(modules)) is not None:
+        settings["context_preset"] = preset
     if validation_boards is not None:
         settings["validation_boards"] = validation_boards
+    if validation_per_size is not None:
+        settings["validation_per_size"] = validation_per_size
     run = Run(name=name, description=description, policy=policy, engineer=engineer, engineer_backend=engineer_backend,
-              settings=settings, seed=seed, status=RunStatus.ACTIVE)
+              settings=settings, seed=seed, status=RunStatus.ACTIVE, experiment_id=experiment_id, arm=arm)
     s.add(run)
     s.commit()
     s.refresh(run)
@@ -85,12 +101,26 @@ def create_run(s: Session, *, name: str, config: EnvConfig, stages: int, policy:
     return run
 
 
-def check_engineer(engineer: str, backend: str) -> None:
-    """Refuse an engineer the loop cannot run, before any run depends on it."""
+def check_engineer(engineer: str, backend: str, policy: str | None = None) -> None:
+    """Refuse an engineer the loop cannot run, before any run depends on it.
+
+    `hf:policy` asks the run's own checkpoint to write a config, which only a policy that reads chat prompts can
+    (`training.policy.prompt_style_of`, read without loading weights): the tiny policy and any compact one
+    speak in cells and actions, so they are refused here, with `policy` the run's policy spec.
+    """
     if engineer not in ENGINEERS:
         raise LoopError(f"unknown engineer {engineer!r}: one of {', '.join(ENGINEERS)}")
     if engineer == "llm" and not backend:
         raise LoopError("the llm engineer needs a backend, e.g. hf:policy, hf:gemma3-270m or openai:<model>")
+    if engineer != "llm" or backend != SELF_BACKEND or policy is None:
+        return
+    from training.policy import prompt_style_of  # here: torch loads only for the one check that reads a policy
+
+    if prompt_style_of(policy) == "compact":
+        raise LoopError(f"the llm engineer with backend {SELF_BACKEND} asks the policy itself to write the next "
+                        f"config, but policy {policy!r} reads compact prompts: its vocabulary is board cells and "
+                        "actions, so it cannot write a config. Use a chat policy (gemma3-270m, any causal LM) for "
+                        "policy-as-engineer, or another backend (openai:<model>, hf:gemma3-270m) or engineer")
 
 
 def set_auto_apply(s: Session, run_id: int, on: bool) -> Run:
@@ -328,11 +358,11 @@ def switch_engineer(engine: Engine, run_id: int, engineer: str, backend: str = "
 
     The change is kept in the run's settings (`engineer_history`), so the run's record says who proposed what.
     """
-    check_engineer(engineer, backend)
     with open_session(engine) as s:
         run = lock_run(s, run_id)
         if run is None:
             raise LoopError(f"no run {run_id}")
+        check_engineer(engineer, backend, run.policy)
         history = [*run.settings.get("engineer_history", []),
                    {"engineer": run.engineer, "backend": run.engineer_backend, "until": utcnow().isoformat()}]
         run.settings = {**run.settings, "engineer_history": history}
@@ -371,13 +401,19 @@ def _dead(job: Job) -> str | None:
 
 
 def _alive(pid: int) -> bool:
+    """Whether process `pid` of this host still runs: a zombie (dead, its exit not yet collected, as a worker
+    killed with its parent can stay when nothing reaps orphans) is gone."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):  # no /proc (not Linux): the signal's answer stands
+        return True
+    return state != "Z"
 
 
 def drive(engine: Engine, run_id: int, work: Callable[[], bool], on_state: Callable[[str], None] | None = None,

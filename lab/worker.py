@@ -39,6 +39,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from enum import StrEnum
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine
@@ -301,12 +302,29 @@ def worker_busy(engine: Engine) -> bool:
     return worker_status(engine)[0] == WorkerState.BUSY
 
 
-def start_worker(db: str | None) -> subprocess.Popen:
-    """`envlab worker` as a child process on the same database; it stops when this process stops."""
-    env = dict(os.environ)
+def _die_with_parent() -> None:
+    """In the child, before it runs: ask Linux to SIGKILL it when its parent dies, even by SIGKILL (no atexit
+    runs then). Elsewhere a no-op."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+
+
+def start_worker(db: str | None, *, options: Sequence[str] = (), die_with_parent: bool = False,
+                 log: Path | None = None, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """`envlab worker [options]` as a child process on the same database; it stops when this process stops
+    (with `die_with_parent`, also when this process is killed). Its log goes to `log` when given; `env` adds
+    variables to this process's environment for it."""
+    env = {**os.environ, **(env or {})}
     if db:
         env["ENVLAB_DB"] = db
-    proc = subprocess.Popen([sys.executable, "-m", "lab.cli", "worker"], env=env)  # same working directory
+    out = log.open("a") if log is not None else None
+    proc = subprocess.Popen([sys.executable, "-m", "lab.cli", "worker", *options], env=env,  # same working directory
+                            stdout=out, stderr=subprocess.STDOUT if out else None,
+                            preexec_fn=_die_with_parent if die_with_parent else None)
+    if out is not None:
+        out.close()  # the child holds its own copy
 
     def stop() -> None:
         if proc.poll() is None:

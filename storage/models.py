@@ -1,4 +1,4 @@
-"""The lab's tables: runs, stages, proposals, decisions, jobs, episodes, stage metrics, training logs.
+"""The lab's tables: experiments, runs, stages, proposals, decisions, jobs, episodes, stage metrics, training logs.
 
 Configs, instances, plans and outcomes are stored as JSON: `storage` knows nothing of `envsim`,
 so the shapes are whatever the lab writes (an `EnvConfig`'s `model_dump(mode="json")` and so on).
@@ -131,6 +131,27 @@ def new_uuid() -> str:
     return uuid.uuid4().hex
 
 
+class Experiment(SQLModel, table=True):
+    """A named set of runs (arms x seeds) that share everything but the engineer and the seed (lab.experiments).
+
+    `arms` lists each arm as the lab defines it (name, engineer, backend, context preset); `settings` holds
+    what every run shares and the compute it buys (stages, instances, GRPO settings, steps per stage,
+    validation boards, the initial config). An experiment has no status of its own: its runs have.
+    """
+
+    __tablename__ = "experiments"
+    __table_args__ = (UniqueConstraint("name"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    name: str
+    description: str = Field(default="", sa_type=Text)
+    policy: str
+    arms: list[Any] = Field(default_factory=list, sa_type=JSONType)
+    seeds: int
+    settings: dict[str, Any] = Field(default_factory=dict, sa_type=JSONType)
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
 class Run(SQLModel, table=True):
     """A sequence of stages with its own policy, engineer, settings and seed.
 
@@ -138,6 +159,7 @@ class Run(SQLModel, table=True):
     proposals without a person). `status` says where the run stands and `status_reason` why, when it
     stopped (e.g. "proposal after stage 2 failed: ..."). `uuid` names the run's folder under the runs
     root: run ids restart at 1 in every database, so two labs that share a folder never share files.
+    A run of an experiment names it (`experiment_id`) and its `arm` there; other runs have neither.
     """
 
     __tablename__ = "runs"
@@ -155,6 +177,8 @@ class Run(SQLModel, table=True):
     status: RunStatus = Field(default=RunStatus.ACTIVE, sa_type=AutoString)
     status_reason: str = Field(default="", sa_type=Text, sa_column_kwargs={"server_default": ""})
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    experiment_id: int | None = Field(default=None, foreign_key="experiments.id", index=True)
+    arm: str | None = None
 
 
 class Stage(SQLModel, table=True):

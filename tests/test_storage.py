@@ -18,12 +18,12 @@ from sqlmodel import SQLModel, select
 
 from storage.db import current_revision, database_url, make_engine, session, upgrade
 from storage.decisions import AlreadyDecided, record_decision
-from storage.models import Decision, Episode, Job, Proposal, Run, Stage, StageMetric, TrainingLog
+from storage.models import Decision, Episode, Experiment, Job, Proposal, Run, Stage, StageMetric, TrainingLog
 
 CONFIG = {"data_ratio": {"3": 0.5, "4": 0.5}, "hole_ratio": {"3": 0.1, "4": 0.2}, "num_agents": 2}
 FORK = multiprocessing.get_context("fork")
 
-HEAD = "0004"  # the newest migration
+HEAD = "0005"  # the newest migration
 
 
 def _run(s, **fields) -> Run:
@@ -120,11 +120,11 @@ def test_database_made_by_the_first_schema_upgrades_with_its_data(db_url: str):
     upgrade(engine, "0001")
     # the comparison does see differences: the columns that later revisions add
     added = sorted(d[2] + "." + d[3].name for d in _schema_diff(engine) if d[0] == "add_column")
-    assert added == ["episodes.subset", "jobs.run_id", "jobs.target", "runs.description", "runs.status_reason",
-                     "runs.uuid"]
+    assert added == ["episodes.subset", "jobs.run_id", "jobs.target", "runs.arm", "runs.description",
+                     "runs.experiment_id", "runs.status_reason", "runs.uuid"]
     created = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
     runs, stages, proposals, decisions = (
-        _as_first_written(Run, "description", "uuid", "status_reason"),
+        _as_first_written(Run, "description", "uuid", "status_reason", "experiment_id", "arm"),
         *map(_as_first_written, (Stage, Proposal, Decision)),
     )
     with engine.begin() as c:
@@ -185,6 +185,35 @@ def test_database_made_by_the_first_schema_upgrades_with_its_data(db_url: str):
         decision = s.exec(select(Decision)).one()
         assert (decision.proposal_id, decision.action, decision.config) == (proposal_id, "auto", CONFIG)
         _run(s, description="a new run")  # the new column takes writes
+    engine.dispose()
+
+
+def test_a_0004_database_with_runs_upgrades_to_experiments(db_url: str):
+    engine = make_engine(db_url)
+    upgrade(engine, "0004")
+    runs = _as_first_written(Run, "experiment_id", "arm")
+    with engine.begin() as c:
+        c.execute(insert(runs), dict(name="before", description="", policy="tiny", engineer="fixed",
+                                     engineer_backend="", settings={"stages": 2}, seed=1, status="done",
+                                     status_reason="", uuid="u-before", created_at=datetime.now(UTC)))
+    upgrade(engine)
+    assert current_revision(engine) == HEAD and _schema_diff(engine) == []
+    assert "ix_runs_experiment_id" in {i["name"] for i in inspect(engine).get_indexes("runs")}
+    with session(engine) as s:
+        old = s.exec(select(Run)).one()
+        assert (old.name, old.uuid, old.experiment_id, old.arm) == ("before", "u-before", None, None)
+        experiment = Experiment(name="e", policy="tiny", arms=[{"name": "fixed"}], seeds=1, settings={"stages": 2})
+        s.add(experiment)
+        s.commit()
+        new = _run(s, experiment_id=experiment.id, arm="fixed")
+        assert s.exec(select(Run).where(Run.experiment_id == experiment.id)).one().id == new.id
+        s.add(Run(name="x", policy="tiny", engineer="fixed", engineer_backend="", seed=0, experiment_id=999))
+        with pytest.raises(IntegrityError):  # the foreign key
+            s.commit()
+        s.rollback()
+        s.add(Experiment(name="e", policy="tiny", seeds=1))
+        with pytest.raises(IntegrityError):  # one experiment per name
+            s.commit()
     engine.dispose()
 
 

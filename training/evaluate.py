@@ -8,6 +8,7 @@ Generation is the only costly part, so every board of a set is answered in lengt
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ from training.policy import Policy, load_policy, local_device
 from training.progress import Cancelled, Progress
 
 BENCHMARK_FILE = "benchmark.jsonl"
+VALIDATION_FILE = "validation-{per_size}.jsonl"  # a larger validation set, per board count per size
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,21 @@ def store_evaluation(session: Session, run_id: int, stage_index: int, split: Spl
         session.add(StageMetric(run_id=run_id, stage_index=stage_index, split=split, size=size,
                                 episodes=m.episodes, valid=m.valid, optimal=m.optimal, failures=m.failures))
     session.commit()
+
+
+def validation_entries(cache_dir: Path, per_size: int) -> list[suite.Entry]:
+    """A validation set of `per_size` boards per map size (`envsim.suite.validation_cells`): the standard 240
+    are built in a second and never cached; a larger set is built once and cached as JSONL in `cache_dir`."""
+    if per_size == suite.VALIDATION_PER_SIZE:
+        return suite.build(Split.VALIDATION)[0]
+    path = cache_dir / VALIDATION_FILE.format(per_size=per_size)
+    if path.is_file():
+        return suite.read_jsonl(path)
+    entries, _ = suite.build(Split.VALIDATION, per_size=per_size)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")  # each process its own: two workers may build it at once
+    suite.write_jsonl(entries, tmp)
+    tmp.replace(path)
+    return entries
 
 
 def benchmark_entries(run_dir: Path) -> list[suite.Entry]:

@@ -24,7 +24,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
 from envsim.instance import Instance
-from envsim.prompts import chat_prompt, chat_text, compact_prompt
+from envsim.prompts import COMPACT_VOCAB, chat_prompt, chat_text, compact_prompt
 from training.tokenizer import build_tokenizer, compact_text, is_compact
 
 PromptStyle = Literal["compact", "chat"]
@@ -151,6 +151,39 @@ def _place_cells(model: Any, tokenizer: Any) -> None:
                 start = axis * 2 * width
                 weight[index, start:start + width] = std * 2**0.5 * torch.cos(angle)
                 weight[index, start + width:start + 2 * width] = std * 2**0.5 * torch.sin(angle)
+
+
+def prompt_style_of(spec: str) -> PromptStyle:
+    """The prompt style the policy `spec` loads with (`load_policy`), read without loading its weights.
+
+    `tiny` and a folder whose `envlab.json` says so, or whose tokenizer is envlab's compact word list, read the
+    compact line (their vocabulary is cells and actions: they cannot write anything else); every other causal
+    LM (`gemma3-270m`, a folder, a hub name) gets chat prompts, through its chat template when it has one.
+    """
+    if spec == "tiny":
+        return "compact"
+    path = Path(spec).expanduser()
+    if spec == "gemma3-270m" or not path.is_dir():
+        return "chat"
+    if (path / MARKER).is_file():
+        try:
+            style = json.loads((path / MARKER).read_text()).get("prompt_style", "chat")
+        except (OSError, ValueError, AttributeError):
+            return "chat"  # load_policy names what is wrong with the marker
+        return "compact" if style == "compact" else "chat"
+    return "compact" if _compact_vocab(path / "tokenizer.json") else "chat"
+
+
+def _compact_vocab(file: Path) -> bool:
+    """Whether a tokenizer.json holds the compact word list (a file of a large vocabulary is not even read)."""
+    if not file.is_file() or file.stat().st_size > 1_000_000:
+        return False
+    try:
+        vocab = json.loads(file.read_text())["model"]["vocab"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return isinstance(vocab, dict) and len(vocab) == len(COMPACT_VOCAB) and all(
+        vocab.get(w) == i for i, w in enumerate(COMPACT_VOCAB))
 
 
 def local_device() -> str:

@@ -53,7 +53,7 @@ from trl import GRPOConfig, GRPOTrainer
 from envsim.config import EnvConfig
 from envsim.generator import generate
 from envsim.instance import Instance
-from envsim.suite import Split, build
+from envsim.suite import VALIDATION_PER_SIZE, Split, build
 from storage.db import RUNS_SETTING, checkpoint_of, make_engine, runs_root, session
 from storage.models import Job, Run, Stage, StageMetric, StageStatus, TrainingLog, utcnow
 from training import evaluate as evaluation
@@ -82,7 +82,8 @@ class StageArgs:
     config: EnvConfig
     run_dir: Path  # <runs root>/<run uuid>
     run_uuid: str
-    validation_boards: int | None = None  # None: all 240
+    validation_boards: int | None = None  # None: every board of the validation set
+    validation_per_size: int = VALIDATION_PER_SIZE  # the validation set's boards per map size (30: the standard 240)
     lora: int = 0  # LoRA rank for training (the run's settings["lora"]); 0: every weight trains
 
     @property
@@ -188,6 +189,29 @@ def grpo_config(args: StageArgs, overrides: dict[str, Any], max_completion_lengt
     return GRPOConfig(**fields)
 
 
+def planned_steps(instances: int, overrides: dict[str, Any], prompt_style: str = "chat") -> int:
+    """The optimizer steps a stage of `instances` boards takes, counted as TRL counts them, without training.
+
+    TRL repeats each board `num_generations` times and drops a last generation batch that is not full, so one
+    epoch is `floor(instances / boards per generation batch) * boards per batch * num_generations *
+    num_iterations * steps_per_generation / per_device_train_batch_size` micro-batches, rounded up, over
+    `gradient_accumulation_steps` (at least 1); times `num_train_epochs`, unless `max_steps` is set. With the
+    tiny policy's defaults: 512 boards x 8 generations / 32 completions a step = 128 steps. One process (the
+    worker's); under `accelerate launch` the global batch grows with the processes and the steps shrink.
+    """
+    args = StageArgs(run_id=0, stage_index=1, seed=0, policy="", config=EnvConfig.default(num_instances=instances),
+                     run_dir=Path(os.devnull), run_uuid="")
+    config = grpo_config(args, overrides, max_completion_length=1, prompt_style=prompt_style)
+    if config.max_steps > 0:
+        return config.max_steps
+    per_batch = config.generation_batch_size // config.num_generations  # boards per generation batch
+    samples = (instances // per_batch) * per_batch * config.num_generations * config.num_iterations \
+        * config.steps_per_generation
+    micro_batches = math.ceil(samples / config.per_device_train_batch_size)
+    per_epoch = max(math.ceil(micro_batches / config.gradient_accumulation_steps), 1)
+    return math.ceil(config.num_train_epochs * per_epoch)
+
+
 # ---------------------------------------------------------------- data
 
 
@@ -197,15 +221,20 @@ def dataset(policy: Policy, instances: Sequence[Instance]) -> Dataset:
                               "instance": [i.to_json() for i in instances]})
 
 
-@lru_cache(maxsize=1)
-def validation_set() -> tuple[Instance, ...]:
-    """The 240 validation boards (2 agents, sizes 3..10), built once per process (~1 s)."""
-    return tuple(entry.instance for entry in build(Split.VALIDATION)[0])
+@lru_cache(maxsize=2)
+def validation_set(per_size: int = VALIDATION_PER_SIZE, cache_dir: Path | None = None) -> tuple[Instance, ...]:
+    """The validation boards (2 agents, sizes 3..10, `per_size` per size), built once per process: the standard
+    240 in about a second; a larger set is read from (or built once into) `cache_dir`, the runs root."""
+    if per_size == VALIDATION_PER_SIZE or cache_dir is None:
+        return tuple(entry.instance for entry in build(Split.VALIDATION, per_size=per_size)[0])
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    return tuple(entry.instance for entry in evaluation.validation_entries(cache_dir, per_size))
 
 
-def validation_boards(limit: int | None = None) -> list[Instance]:
+def validation_boards(limit: int | None = None, per_size: int = VALIDATION_PER_SIZE,
+                      cache_dir: Path | None = None) -> list[Instance]:
     """The validation boards, or `limit` of them spread evenly over the set (so every size keeps a share)."""
-    boards = validation_set()
+    boards = validation_set(per_size, cache_dir)
     if limit is None or limit >= len(boards):
         return list(boards)
     return [boards[i * len(boards) // limit] for i in range(limit)]
@@ -362,7 +391,8 @@ def stage_args(engine: Engine, run_id: int, stage_index: int) -> tuple[StageArgs
     args = StageArgs(run_id=run_id, stage_index=stage_index, seed=stage_seed(run.seed, stage_index), policy=start,
                      config=EnvConfig.model_validate(stages[stage_index].config),
                      run_dir=runs_root(engine) / run.uuid, run_uuid=run.uuid,
-                     validation_boards=run.settings.get("validation_boards"), lora=int(run.settings.get("lora") or 0))
+                     validation_boards=run.settings.get("validation_boards"), lora=int(run.settings.get("lora") or 0),
+                     validation_per_size=int(run.settings.get("validation_per_size") or VALIDATION_PER_SIZE))
     return args, dict(run.settings.get("grpo") or {})
 
 
@@ -396,7 +426,7 @@ def run_stage(engine: Engine, args: StageArgs, grpo: dict[str, Any], progress: P
         checkpoint = checkpoint_path(args.policy) if args.stage_index == 0 else args.stored_checkpoint
         # record: the validation set (once: an attempt that died after storing it leaves it stored)
         if not _validation_metrics(engine, args):
-            boards = validation_boards(args.validation_boards)
+            boards = validation_boards(args.validation_boards, args.validation_per_size, args.run_dir.parent)
             progress(0, len(boards), f"evaluating on {len(boards)} validation boards")
             results = evaluation.evaluate(policy, boards, progress=lambda done, total: progress(done, total))
             with session(engine) as s:

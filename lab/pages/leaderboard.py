@@ -17,17 +17,19 @@ import gradio as gr
 from sqlalchemy import Engine
 
 from envsim.suite import Report
+from lab.experiments import benchmark_choices
 from lab.loop import LoopError, queue_benchmark
 from lab.pages.common import Page, table
 from lab.reference import ReferenceRow, paper_rows, percent, tiny_row
-from lab.runs import benchmark_checkpoints, benchmark_report
+from lab.runs import benchmark_report
 
 PAPER = "arXiv 2606.17682"
 
 
 def checkpoint_choices(engine: Engine) -> list[tuple[str, str]]:
-    """Every (run, stage) with episodes on the benchmark, as `run_id:stage_index` keys."""
-    return [(f"run #{r} {name}, stage {k}", f"{r}:{k}") for r, k, name in benchmark_checkpoints(engine)]
+    """Every (run, stage) with episodes on the benchmark, as `run_id:stage_index` keys; runs of an experiment
+    grouped by it (`exp NAME / ARM / seed K`)."""
+    return benchmark_choices(engine)
 
 
 def _means_table(first: str, rows: Sequence[ReferenceRow]) -> dict[str, Any]:

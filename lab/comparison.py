@@ -1,0 +1,353 @@
+"""An experiment's results compared: per arm and stage, every seed's rate, their mean and a 95% interval, the paired
+difference from the baseline arm, and the area under the valid-rate curve (docs/experiments.md).
+
+Every rate is a stage's rate as `lab.results.stage_summaries` reads it (docs/results.md): pooled over the stage's
+validation boards, or over one map size's. The statistics, each computed here only:
+
+- mean over seeds: the plain mean of the seeds' rates;
+- 95% interval: a percentile bootstrap over seeds (`bootstrap`): `RESAMPLES` resamples of the seeds with
+  replacement, drawn by `numpy.random.default_rng(BOOTSTRAP_SEED)`, the 2.5th and 97.5th percentiles of their
+  means (numpy's linear interpolation). With one seed the interval is the value itself;
+- paired difference: per seed, the arm's rate minus the baseline's (`fixed` when the experiment has it, else
+  its first arm) on the same seed, then mean and interval as above, over the seeds both have;
+- AUC: the trapezoid area under a run's valid-rate curve over stages 0..S divided by S, so it is the curve's
+  mean rate (the same for the optimal rate); only for runs with every stage evaluated.
+
+`report_markdown`, `write_report` (CSV and PNG) and `curves_figure` (the page's Compare tab and the PNG) all
+read one `Comparison`.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.colors import qualitative
+from plotly.subplots import make_subplots
+from sqlalchemy import Engine
+
+from lab.experiments import arm_names, experiment_runs, find_experiment
+from lab.results import stage_summaries
+from storage.db import session
+from storage.models import Experiment, Run
+
+RESAMPLES = 10_000
+BOOTSTRAP_SEED = 0
+LEVEL = 0.95
+BASELINE = "fixed"
+POOLED = 0  # the `size` of a pooled rate in `Comparison.values` (map sizes start at 3)
+AUC = -1  # the `stage` of an area-under-the-curve value in `Comparison.values`
+
+
+class Rate(StrEnum):
+    """The two rates an experiment compares (docs/results.md)."""
+
+    VALID = "valid"
+    OPTIMAL = "optimal"
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Seeds' values of one quantity: their mean and 95% bootstrap interval; `seeds` in the order of `values`."""
+
+    seeds: tuple[int, ...]
+    values: tuple[float, ...]
+    mean: float
+    low: float
+    high: float
+
+
+def bootstrap(values: Sequence[float], resamples: int = RESAMPLES, seed: int = BOOTSTRAP_SEED,
+              level: float = LEVEL) -> tuple[float, float]:
+    """The percentile bootstrap interval of the mean of `values` (resampled with replacement)."""
+    x = np.asarray(values, dtype=float)
+    if len(x) == 1:
+        return float(x[0]), float(x[0])
+    rng = np.random.default_rng(seed)
+    means = x[rng.integers(0, len(x), size=(resamples, len(x)))].mean(axis=1)
+    tail = (1 - level) / 2 * 100
+    low, high = np.percentile(means, [tail, 100 - tail])
+    return float(low), float(high)
+
+
+def estimate(by_seed: dict[int, float]) -> Estimate | None:
+    """Mean and interval of the values by seed (None when there is none)."""
+    if not by_seed:
+        return None
+    seeds = tuple(sorted(by_seed))
+    values = tuple(by_seed[k] for k in seeds)
+    low, high = bootstrap(values)
+    return Estimate(seeds, values, float(np.mean(values)), low, high)
+
+
+def auc(curve: Sequence[float]) -> float:
+    """Trapezoid area under rates at stages 0..S, divided by S: the curve's mean rate."""
+    s = len(curve) - 1
+    return sum((curve[k] + curve[k + 1]) / 2 for k in range(s)) / s
+
+
+Key = tuple[str, Rate, int, int]  # (arm, rate, stage or AUC, size or POOLED)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """An experiment's numbers: `values[key][seed]` per (arm, rate, stage, size); `runs[(arm, seed)]` the run."""
+
+    experiment: Experiment
+    arms: list[str]
+    seeds: list[int]
+    stages: int
+    sizes: list[int]
+    runs: dict[tuple[str, int], Run]
+    values: dict[Key, dict[int, float]]
+    episodes: dict[tuple[str, int, int, int], int]  # (arm, seed, stage, size or POOLED) -> validation episodes
+
+    @property
+    def baseline(self) -> str:
+        return BASELINE if BASELINE in self.arms else self.arms[0]
+
+    def estimate(self, arm: str, rate: Rate, stage: int, size: int = POOLED) -> Estimate | None:
+        return estimate(self.values.get((arm, rate, stage, size), {}))
+
+    def difference(self, arm: str, rate: Rate, stage: int, size: int = POOLED) -> Estimate | None:
+        """The arm minus the baseline, seed by seed (None for the baseline itself or without common seeds)."""
+        if arm == self.baseline:
+            return None
+        mine = self.values.get((arm, rate, stage, size), {})
+        base = self.values.get((self.baseline, rate, stage, size), {})
+        return estimate({k: mine[k] - base[k] for k in mine if k in base})
+
+
+def comparison(engine: Engine, key: str | int) -> Comparison:
+    """Read an experiment's runs and their validation results (`stage_summaries`, one query per run)."""
+    experiment = find_experiment(engine, key)
+    stages = experiment.settings["stages"]
+    runs = {(r.arm, r.seed): r for r in experiment_runs(engine, experiment.id)}
+    values: dict[Key, dict[int, float]] = {}
+    episodes: dict[tuple[str, int, int, int], int] = {}
+    sizes: set[int] = set()
+    with session(engine) as s:
+        for (arm, seed), run in runs.items():
+            summaries = stage_summaries(s, run.id)
+            for k, summary in summaries.items():
+                tallies = {POOLED: summary.pooled, **summary.by_size}
+                sizes.update(summary.by_size)
+                for size, tally in tallies.items():
+                    episodes[(arm, seed, k, size)] = tally.episodes
+                    values.setdefault((arm, Rate.VALID, k, size), {})[seed] = tally.valid_rate
+                    values.setdefault((arm, Rate.OPTIMAL, k, size), {})[seed] = tally.optimal_rate
+            if all(k in summaries for k in range(stages + 1)):
+                for rate in Rate:
+                    curve = [values[(arm, rate, k, POOLED)][seed] for k in range(stages + 1)]
+                    values.setdefault((arm, rate, AUC, POOLED), {})[seed] = auc(curve)
+    return Comparison(experiment, arm_names(experiment), sorted({seed for _, seed in runs}), stages, sorted(sizes),
+                      runs, values, episodes)
+
+
+# ---------------------------------------------------------------- words
+
+
+def pct(x: float) -> str:
+    return f"{x:.1%}"
+
+
+def cell(e: Estimate | None, signed: bool = False) -> str:
+    """`57.9% [55.0, 60.1]` (percent, interval in points); `-` for nothing; `+` on differences."""
+    if e is None:
+        return "-"
+    sign = "+" if signed else ""
+    return f"{e.mean * 100:{sign}.1f}% [{e.low * 100:{sign}.1f}, {e.high * 100:{sign}.1f}]"
+
+
+def compute_statement(c: Comparison) -> str:
+    """What every arm was given: the equal compute, in one paragraph."""
+    st = c.experiment.settings
+    grpo = st.get("grpo") or {}
+    over = ", ".join(f"{k}={v}" for k, v in sorted(grpo.items())) or "the lab's defaults"
+    return (f"Policy `{c.experiment.policy}`, {len(c.arms)} arms x {c.experiment.seeds} seeds (seeds "
+            f"0..{c.experiment.seeds - 1}). Equal compute by construction: every run trains {st['stages']} stages, "
+            f"each on {st['instances']} boards in {st['steps_per_stage']} GRPO steps "
+            f"({st['stages'] * st['steps_per_stage']} in all; GRPO settings: {over}); each stage, stage 0 included, "
+            f"is evaluated on {st['validation_boards']} validation boards ({st['validation_per_size']} per map size "
+            f"in the set). Seed k gives every arm the same stage-0 policy and the same validation boards. "
+            f"Scenario: {st.get('scenario')}.")
+
+
+def _stage_table(c: Comparison, rate: Rate) -> list[str]:
+    head = ["arm", *(f"stage {k}" for k in range(c.stages + 1)), "AUC"]
+    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    for arm in c.arms:
+        cells = [cell(c.estimate(arm, rate, k)) for k in [*range(c.stages + 1), AUC]]
+        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _difference_table(c: Comparison) -> list[str]:
+    head = ["arm", *(f"stage {k}" for k in range(c.stages + 1)), "AUC"]
+    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    for arm in c.arms:
+        if arm != c.baseline:
+            cells = [cell(c.difference(arm, Rate.VALID, k), signed=True) for k in [*range(c.stages + 1), AUC]]
+            lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _seed_table(c: Comparison, rate: Rate) -> list[str]:
+    head = ["arm", "seed", "run", *(f"stage {k}" for k in range(c.stages + 1)), "AUC"]
+    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    for arm in c.arms:
+        for seed in c.seeds:
+            run = c.runs.get((arm, seed))
+            if run is None:
+                continue
+            cells = [pct(v[seed]) if seed in (v := c.values.get((arm, rate, k, POOLED), {})) else "-"
+                     for k in [*range(c.stages + 1), AUC]]
+            lines.append(f"| {arm} | {seed} | {run.id} ({run.status}) | " + " | ".join(cells) + " |")
+    return lines
+
+
+def size_rows(c: Comparison, rate: Rate = Rate.VALID) -> tuple[list[str], list[list[str]]]:
+    """The last stage's rate per map size: (headers, one row per arm of `cell` texts)."""
+    headers = ["arm", *(f"{s}x{s}" for s in c.sizes), "all"]
+    rows = [[arm, *(cell(c.estimate(arm, rate, c.stages, s)) for s in [*c.sizes, POOLED])] for arm in c.arms]
+    return headers, rows
+
+
+def report_markdown(c: Comparison) -> str:
+    """The experiment's report as Markdown (what `envlab experiment report` prints)."""
+    e = c.experiment
+    headers, rows = size_rows(c)
+    done = sum(r.status == "done" for r in c.runs.values())
+    lines = [f"# Experiment {e.name}", "", *([e.description, ""] if e.description else []),
+             compute_statement(c), "",
+             f"Runs: {done} of {len(c.runs)} done. Arms: " + ", ".join(
+                 f"`{a['name']}` ({a['engineer']}" + (f", {a['backend']}, context {a['context']}" if a["backend"]
+                                                      else "") + ")" for a in e.arms) + ".", "",
+             "Each cell: the mean over seeds and its 95% interval (percentile bootstrap over seeds, "
+             f"{RESAMPLES:,} resamples, seed {BOOTSTRAP_SEED}). AUC: the area under the curve over stages "
+             f"0..{c.stages} by the trapezoid rule, divided by {c.stages}: the curve's mean rate.", "",
+             "## Validation valid rate", *_stage_table(c, Rate.VALID), "",
+             "## Validation optimal rate", *_stage_table(c, Rate.OPTIMAL), "",
+             f"## Valid rate minus `{c.baseline}`, paired by seed (points)", *_difference_table(c), "",
+             "## Every seed (valid rate)", *_seed_table(c, Rate.VALID), "",
+             f"## Stage {c.stages} by map size (valid rate)", "| " + " | ".join(headers) + " |",
+             "|---" * len(headers) + "|", *("| " + " | ".join(r) + " |" for r in rows)]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- files
+
+
+def seed_rows(c: Comparison) -> tuple[list[str], list[list]]:
+    """One row per (arm, seed, stage): the pooled rates and each size's (runs.csv)."""
+    header = ["experiment", "arm", "seed", "run_id", "stage", "episodes", "valid_rate", "optimal_rate",
+              *(f"{r}_rate_{s}" for r in Rate for s in c.sizes)]
+    rows = []
+    for arm in c.arms:
+        for seed in c.seeds:
+            run = c.runs.get((arm, seed))
+            for k in range(c.stages + 1):
+                if run is None or (arm, seed, k, POOLED) not in c.episodes:
+                    continue
+                def value(rate: Rate, size: int, k: int = k, arm: str = arm, seed: int = seed) -> float | str:
+                    return c.values.get((arm, rate, k, size), {}).get(seed, "")
+
+                rows.append([c.experiment.name, arm, seed, run.id, k, c.episodes[(arm, seed, k, POOLED)],
+                             *(value(r, POOLED) for r in Rate), *(value(r, s) for r in Rate for s in c.sizes)])
+    return header, rows
+
+
+def summary_rows(c: Comparison) -> tuple[list[str], list[list]]:
+    """One row per (arm, rate, stage or `auc`, size or `all`): seeds, mean, interval, paired difference."""
+    header = ["arm", "rate", "stage", "size", "seeds", "mean", "low", "high", f"diff_vs_{c.baseline}_mean",
+              "diff_low", "diff_high"]
+    rows = []
+    for arm in c.arms:
+        for rate in Rate:
+            for k in [*range(c.stages + 1), AUC]:
+                for size in [POOLED, *(c.sizes if k != AUC else [])]:
+                    e = c.estimate(arm, rate, k, size)
+                    if e is None:
+                        continue
+                    d = c.difference(arm, rate, k, size)
+                    rows.append([arm, rate.value, "auc" if k == AUC else k, "all" if size == POOLED else size,
+                                 len(e.seeds), e.mean, e.low, e.high,
+                                 *((d.mean, d.low, d.high) if d else ("", "", ""))])
+    return header, rows
+
+
+def _write_csv(path: Path, header: list[str], rows: list[list]) -> None:
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        writer.writerows(rows)
+
+
+def write_report(c: Comparison, out: Path) -> dict[str, Path | str]:
+    """Write `report.md`, `runs.csv`, `summary.csv` and `curves.png` into `out`; returns what was written (the
+    PNG's entry is the reason instead when it could not be drawn, e.g. no Chromium for kaleido)."""
+    out.mkdir(parents=True, exist_ok=True)
+    written: dict[str, Path | str] = {"report": out / "report.md", "runs": out / "runs.csv",
+                                      "summary": out / "summary.csv", "figure": out / "curves.png"}
+    written["report"].write_text(report_markdown(c))
+    _write_csv(written["runs"], *seed_rows(c))
+    _write_csv(written["summary"], *summary_rows(c))
+    try:
+        curves_figure(c, tuple(Rate)).write_image(written["figure"], width=1200, height=520, scale=2)
+    except Exception as err:  # kaleido needs a Chromium; the numbers are written whatever happens here
+        written["figure"] = f"not drawn ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})"
+    return written
+
+
+# ---------------------------------------------------------------- the figure
+
+
+def _rgba(colour: str, alpha: float) -> str:
+    r, g, b = (int(colour[i:i + 2], 16) for i in (1, 3, 5))
+    return f"rgba({r},{g},{b},{alpha})"
+
+
+def curves_figure(c: Comparison, rates: tuple[Rate, ...] = (Rate.VALID,)) -> go.Figure:
+    """Per rate, one panel: for each arm (one colour each) its mean curve over stages (trace named by the arm),
+    its 95% interval as a band (`<arm> interval`) and one dot per seed (`<arm> seeds`)."""
+    fig = make_subplots(rows=1, cols=len(rates), subplot_titles=[f"validation {r} rate" for r in rates])
+    palette = qualitative.Plotly
+    for col, rate in enumerate(rates, 1):
+        for i, arm in enumerate(c.arms):
+            colour = palette[i % len(palette)]
+            found = [(k, e) for k in range(c.stages + 1) if (e := c.estimate(arm, rate, k)) is not None]
+            if not found:
+                continue
+            xs = [k for k, _ in found]
+            first = col == 1
+            fig.add_trace(go.Scatter(x=xs + xs[::-1], y=[e.high for _, e in found] + [e.low for _, e in found][::-1],
+                                     mode="lines", fill="toself", fillcolor=_rgba(colour, 0.15), line=dict(width=0),
+                                     name=f"{arm} interval", legendgroup=arm, showlegend=False, hoverinfo="skip"),
+                          row=1, col=col)
+            fig.add_trace(go.Scatter(x=xs, y=[e.mean for _, e in found], mode="lines+markers", name=arm,
+                                     legendgroup=arm, showlegend=first, line=dict(color=colour, width=3),
+                                     customdata=[[e.low, e.high, len(e.seeds)] for _, e in found],
+                                     hovertemplate=f"{arm}, stage %{{x}}: %{{y:.1%}} [%{{customdata[0]:.1%}}, "
+                                                   "%{customdata[1]:.1%}] over %{customdata[2]} seeds<extra></extra>"),
+                          row=1, col=col)
+            offset = (i - (len(c.arms) - 1) / 2) * 0.06  # arms' dots a little apart
+            dots = [(k + offset, v, seed) for k, e in found for seed, v in zip(e.seeds, e.values, strict=True)]
+            fig.add_trace(go.Scatter(x=[d[0] for d in dots], y=[d[1] for d in dots], mode="markers",
+                                     name=f"{arm} seeds", legendgroup=arm, showlegend=False,
+                                     marker=dict(color=colour, size=7, opacity=0.7, line=dict(color="white", width=1)),
+                                     customdata=[d[2] for d in dots],
+                                     hovertemplate=f"{arm}, seed %{{customdata}}: %{{y:.1%}}<extra></extra>"),
+                          row=1, col=col)
+        fig.update_xaxes(title_text="stage", dtick=1, row=1, col=col)
+        fig.update_yaxes(tickformat=".0%", row=1, col=col)
+    fig.update_layout(height=460, margin=dict(l=50, r=10, t=70, b=40), plot_bgcolor="white",
+                      font=dict(family="system-ui, sans-serif", size=13),
+                      legend=dict(orientation="h", x=1, xanchor="right", y=1.02, yanchor="bottom"),
+                      title=dict(text=f"Experiment {c.experiment.name}: mean over seeds, 95% interval, one dot per "
+                                      "seed", x=0.01, font=dict(size=14)))
+    return fig

@@ -1,0 +1,418 @@
+"""Experiments: runs that differ only in the engineer (the arm) and the seed, at equal compute (docs/experiments.md).
+
+An experiment is one `storage.models.Experiment` row and its runs, arms x seeds, each created by
+`lab.loop.create_run` with auto-apply. Every run of an experiment shares the policy, the number of stages, the
+initial config (and so the boards per stage), the GRPO settings and the validation set, so every arm trains the
+same number of GRPO steps on the same number of boards: equal compute by construction, written down in the
+experiment's settings (`steps_per_stage`, as TRL counts them: `training.stage.planned_steps`). Seed `k` is the
+run seed of every arm's run `k`: the same stage-0 policy evaluated on the same validation boards, so arms
+compare pair by pair.
+
+Runs are ordinary queued jobs, so any worker on the database moves them; `run_experiment` starts `K` worker
+processes of its own (they die with it), resumes every run that is not done (`lab.loop.resume`: only dead work
+is queued again, so nothing is done twice), and reports progress over runs x stages until every run has ended.
+
+A scenario (`assets/scenarios/<name>.json`) is a named starting point: an initial `EnvConfig` and GRPO overrides.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import func, select
+
+from envsim.config import ConfigError, EnvConfig, project
+from envsim.suite import VALIDATION_PER_SIZE, validation_cells
+from lab.context import CONTEXT_PRESETS, DEFAULT_PRESET
+from lab.engineers import ENGINEERS
+from lab.loop import LoopError, advance, check_engineer, create_run, queue_benchmark, resume
+from lab.runs import benchmark_checkpoints
+from lab.worker import start_worker
+from storage.db import runs_root, session
+from storage.models import ACTIVE_JOB, Experiment, Job, JobKind, Run, RunStatus, Stage, StageStatus
+
+SCENARIOS = Path(__file__).resolve().parent.parent / "assets" / "scenarios"
+DEFAULT_SCENARIO = "default"
+EXPERIMENT_VALIDATION_PER_SIZE = 120  # an experiment's default: 960 validation boards (docs/experiments.md)
+ENDED = (RunStatus.DONE, RunStatus.FAILED, RunStatus.CANCELLED)
+ADVANCE_EVERY_S = 10.0  # how often `run_experiment` moves every unfinished run itself (the workers' hook does too)
+
+
+class ExperimentError(ValueError):
+    """An experiment cannot be created or run as asked; the message says why."""
+
+
+# ---------------------------------------------------------------- arms and scenarios
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One arm: an engineer, its llm backend and context preset, under a name unique in its experiment."""
+
+    name: str
+    engineer: str
+    backend: str = ""
+    context: str = DEFAULT_PRESET
+
+    @classmethod
+    def parse(cls, text: str) -> Arm:
+        """`fixed`, `random`, `heuristic`, or `llm:BACKEND[@PRESET]` (e.g. `llm:openai:qwen3-4b@paper-best`),
+        optionally named: `NAME=SPEC`. The name defaults to the spec as written."""
+        name, sep, spec = text.strip().partition("=")
+        spec = spec.strip() if sep else name
+        name = name.strip()
+        engineer, _, rest = spec.partition(":")
+        if engineer not in ENGINEERS:
+            raise ExperimentError(f"arm {text!r}: unknown engineer {engineer!r} (one of {', '.join(ENGINEERS)})")
+        if engineer != "llm":
+            if rest:
+                raise ExperimentError(f"arm {text!r}: only an llm arm takes a backend and a context preset")
+            return cls(name or engineer, engineer)
+        backend, at, preset = rest.rpartition("@") if "@" in rest else (rest, "", DEFAULT_PRESET)
+        if not backend:
+            raise ExperimentError(f"arm {text!r}: an llm arm names its backend, e.g. llm:openai:MODEL@paper-best")
+        if preset not in CONTEXT_PRESETS:
+            raise ExperimentError(f"arm {text!r}: unknown context preset {preset!r} "
+                                  f"(one of {', '.join(CONTEXT_PRESETS)})")
+        return cls(name or spec, engineer, backend, preset)
+
+    @property
+    def spec(self) -> str:
+        return self.engineer if self.engineer != "llm" else f"llm:{self.backend}@{self.context}"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A named starting point: the initial config (stage 0's, the round-0 default) and GRPO overrides."""
+
+    name: str
+    description: str
+    config: EnvConfig
+    grpo: dict[str, Any] = field(default_factory=dict)
+
+
+def scenario_names() -> list[str]:
+    return sorted(p.stem for p in SCENARIOS.glob("*.json"))
+
+
+def load_scenario(name: str = DEFAULT_SCENARIO) -> Scenario:
+    """`assets/scenarios/<name>.json`: `{"description", "config": EnvConfig JSON, "grpo": {...}}`, checked strictly."""
+    path = SCENARIOS / f"{name}.json"
+    if not path.is_file():
+        raise ExperimentError(f"unknown scenario {name!r}: one of {', '.join(scenario_names())}")
+    raw = json.loads(path.read_text())
+    unknown = sorted(set(raw) - {"description", "config", "grpo"})
+    if unknown:
+        raise ExperimentError(f"{path}: unknown keys {unknown}; a scenario has description, config and grpo")
+    try:
+        config = project(raw.get("config"), strict=True).config
+    except ConfigError as err:
+        raise ExperimentError(f"{path}: {err}") from err
+    return Scenario(name, raw.get("description", ""), config, dict(raw.get("grpo") or {}))
+
+
+# ---------------------------------------------------------------- creating one
+
+
+def compute_settings(*, policy: str, stages: int, config: EnvConfig, grpo: dict[str, Any],
+                     validation_per_size: int, validation_boards: int | None) -> dict[str, Any]:
+    """What every run of the experiment shares and the compute it buys, as the experiment records it."""
+    from training.policy import prompt_style_of  # torch loads here, for the one command that creates experiments
+    from training.stage import StageError, planned_steps
+
+    try:
+        validation_cells(validation_per_size)
+        steps = planned_steps(config.num_instances, grpo, prompt_style_of(policy))
+    except (ValueError, StageError) as err:
+        raise ExperimentError(str(err)) from err
+    boards = default_validation_boards(validation_per_size)
+    return {"stages": stages, "instances": config.num_instances, "grpo": grpo, "steps_per_stage": steps,
+            "validation_per_size": validation_per_size,
+            "validation_boards": min(validation_boards, boards) if validation_boards else boards,
+            "validation_subset": validation_boards, "config": config.model_dump(mode="json"), "auto_apply": True}
+
+
+def create_experiment(engine: Engine, *, name: str, arms: Sequence[str | Arm], seeds: int, stages: int,
+                      config: EnvConfig | None = None, scenario: str | None = None, policy: str = "tiny",
+                      grpo: dict[str, Any] | None = None, instances: int | None = None,
+                      validation_per_size: int = EXPERIMENT_VALIDATION_PER_SIZE,
+                      validation_boards: int | None = None, base_url: str | None = None, lora: int = 0,
+                      description: str = "") -> Experiment:
+    """Store an experiment and queue its runs (arms x seeds, seed-major, auto-apply), refusing anything that
+    would fail later (an unknown arm, a policy that cannot be its own engineer, a bad GRPO field) first.
+
+    The initial config is `config`, else the scenario's (default `default`, the round-0 config); `instances`
+    replaces its boards per stage; `grpo` goes on top of the scenario's overrides.
+    """
+    parsed = [a if isinstance(a, Arm) else Arm.parse(a) for a in arms]
+    if not parsed:
+        raise ExperimentError("an experiment needs at least one arm")
+    if len({a.name for a in parsed}) != len(parsed):
+        raise ExperimentError(f"arm names must be unique: {[a.name for a in parsed]}; name one NAME=SPEC")
+    if seeds < 1:
+        raise ExperimentError(f"seeds = {seeds}: an experiment runs at least 1 seed per arm")
+    chosen = load_scenario(scenario or DEFAULT_SCENARIO)
+    origin = chosen.name if config is None else "a config of its own" + (f" (scenario {scenario}'s GRPO)" if scenario
+                                                                        else "")
+    config = config or chosen.config
+    if instances is not None:
+        config = config.model_copy(update={"num_instances": instances})
+    grpo = {**chosen.grpo, **(grpo or {})}
+    for arm in parsed:
+        try:
+            check_engineer(arm.engineer, arm.backend, policy)
+        except LoopError as err:
+            raise ExperimentError(f"arm {arm.name!r}: {err}") from None
+    settings = compute_settings(policy=policy, stages=stages, config=config, grpo=grpo,
+                                validation_per_size=validation_per_size, validation_boards=validation_boards)
+    settings.update(scenario=origin, base_url=base_url, lora=lora)
+    with session(engine) as s:
+        experiment = Experiment(name=name, description=description, policy=policy, seeds=seeds, settings=settings,
+                                arms=[{"name": a.name, "engineer": a.engineer, "backend": a.backend,
+                                       "context": a.context} for a in parsed])
+        s.add(experiment)
+        try:
+            s.commit()
+        except IntegrityError:
+            raise ExperimentError(f"an experiment named {name!r} exists already") from None
+        for seed in range(seeds):
+            for arm in parsed:
+                try:
+                    create_run(s, name=f"{name} / {arm.name} / seed {seed}", config=config, stages=stages,
+                               policy=policy, engineer=arm.engineer, engineer_backend=arm.backend, auto_apply=True,
+                               seed=seed, grpo=grpo, context=arm.context, base_url=base_url, lora=lora,
+                               validation_boards=validation_boards, validation_per_size=validation_per_size,
+                               description=f"experiment {name!r}, arm {arm.name!r}, seed {seed}",
+                               experiment_id=experiment.id, arm=arm.name)
+                except LoopError as err:
+                    raise ExperimentError(str(err)) from err
+    return experiment
+
+
+# ---------------------------------------------------------------- reading one
+
+
+def find_experiment(engine: Engine, key: str | int) -> Experiment:
+    """An experiment by name, or by id when `key` is a number that no experiment is named."""
+    with session(engine) as s:
+        found = s.exec(select(Experiment).where(Experiment.name == str(key))).first()
+        if found is None and str(key).isdigit():
+            found = s.get(Experiment, int(key))
+    if found is None:
+        raise ExperimentError(f"no experiment {key!r} (envlab experiment list shows them)")
+    return found
+
+
+def experiment_runs(engine: Engine, experiment_id: int) -> list[Run]:
+    """The experiment's runs in the order they were created (seed-major)."""
+    with session(engine) as s:
+        return list(s.exec(select(Run).where(Run.experiment_id == experiment_id).order_by(Run.id)))
+
+
+def arm_names(experiment: Experiment) -> list[str]:
+    return [a["name"] for a in experiment.arms]
+
+
+@dataclass(frozen=True)
+class ExperimentProgress:
+    """Stages evaluated over all of them (stage 0 counts: it is an evaluation too), and each run's state."""
+
+    experiment: Experiment
+    runs: list[Run]
+    stages_done: dict[int, int]  # run id -> stages done
+    benchmarks_done: int = 0
+
+    @property
+    def total(self) -> int:
+        return len(self.runs) * (self.experiment.settings["stages"] + 1)
+
+    @property
+    def done(self) -> int:
+        return sum(self.stages_done.values())
+
+    @property
+    def ended(self) -> bool:
+        return all(r.status in ENDED for r in self.runs)
+
+    def count(self, status: RunStatus) -> int:
+        return sum(r.status == status for r in self.runs)
+
+
+def experiment_progress(engine: Engine, experiment_id: int) -> ExperimentProgress:
+    with session(engine) as s:
+        experiment = s.get(Experiment, experiment_id)
+        runs = list(s.exec(select(Run).where(Run.experiment_id == experiment_id).order_by(Run.id)))
+        done = dict(s.exec(select(Stage.run_id, func.count()).join(Run, Run.id == Stage.run_id)
+                           .where(Run.experiment_id == experiment_id, Stage.status == StageStatus.DONE)
+                           .group_by(Stage.run_id)).all())
+        benchmarks = s.exec(select(func.count()).select_from(Job).join(Run, Run.id == Job.run_id)
+                            .where(Run.experiment_id == experiment_id, Job.kind == JobKind.BENCHMARK,
+                                   Job.status.not_in(ACTIVE_JOB))).one()
+    return ExperimentProgress(experiment, runs, {r.id: done.get(r.id, 0) for r in runs}, benchmarks)
+
+
+def list_experiments(engine: Engine) -> list[ExperimentProgress]:
+    """Every experiment with its progress, newest first."""
+    with session(engine) as s:
+        ids = list(s.exec(select(Experiment.id).order_by(Experiment.id.desc())))
+    return [experiment_progress(engine, i) for i in ids]
+
+
+def experiment_choices(engine: Engine) -> list[tuple[str, int]]:
+    """(label, id) of every experiment, newest first: for a dropdown."""
+    return [(f"{p.experiment.name} ({len(p.experiment.arms)} arms x {p.experiment.seeds} seeds, "
+             f"{p.done}/{p.total} stages)", p.experiment.id) for p in list_experiments(engine)]
+
+
+# ---------------------------------------------------------------- running one
+
+
+def restart(engine: Engine, experiment_id: int) -> list[str]:
+    """Put every run that is not done back in motion: dead work queued again (`lab.loop.resume`), then the
+    next step queued (`lab.loop.advance`). Returns one line per run that had stopped."""
+    lines = []
+    for run in experiment_runs(engine, experiment_id):
+        if run.status == RunStatus.DONE:
+            continue
+        requeued = resume(engine, run.id)
+        state = advance(engine, run.id)
+        if requeued or run.status in (RunStatus.FAILED, RunStatus.CANCELLED):
+            lines.append(f"run {run.id} ({run.arm}, seed {run.seed}) was {run.status}: "
+                         f"{len(requeued)} job(s) queued again; now {state}")
+    return lines
+
+
+def queue_benchmarks(engine: Engine, experiment_id: int) -> list[str]:
+    """Queue the 3,150-board benchmark for each finished run's last stage, once; one line per run."""
+    lines = []
+    for run in experiment_runs(engine, experiment_id):
+        last = run.settings["stages"]
+        if run.status != RunStatus.DONE:
+            lines.append(f"run {run.id} ({run.arm}, seed {run.seed}): not done yet ({run.status})")
+            continue
+        try:
+            job = queue_benchmark(engine, run.id, last)
+            lines.append(f"run {run.id} ({run.arm}, seed {run.seed}): benchmark job {job.id} queued for stage {last}")
+        except LoopError as err:
+            lines.append(f"run {run.id} ({run.arm}, seed {run.seed}): {err}")
+    return lines
+
+
+def _benchmarks_pending(engine: Engine, experiment_id: int) -> int:
+    """Finished runs whose last stage has no finished benchmark job yet; queues the missing ones."""
+    pending = 0
+    with session(engine) as s:
+        ended = {(j.run_id, j.status) for j in s.exec(select(Job).join(Run, Run.id == Job.run_id).where(
+            Run.experiment_id == experiment_id, Job.kind == JobKind.BENCHMARK))}
+    for run in experiment_runs(engine, experiment_id):
+        if run.status != RunStatus.DONE:
+            continue
+        statuses = {status for run_id, status in ended if run_id == run.id}
+        if not statuses:
+            try:
+                queue_benchmark(engine, run.id, run.settings["stages"])
+            except LoopError:
+                continue  # evaluated already (by an earlier command)
+            pending += 1
+        elif statuses & set(ACTIVE_JOB):
+            pending += 1
+    return pending
+
+
+def log_dir(engine: Engine, experiment: Experiment) -> Path:
+    """Where `run_experiment` writes its workers' logs: `<runs root>/experiments/<id>/`."""
+    return runs_root(engine) / "experiments" / str(experiment.id)
+
+
+def run_experiment(engine: Engine, db: str | None, key: str | int, *, workers: int = 1, benchmark: bool = False,
+                   on_progress: Callable[[ExperimentProgress], None] | None = None,
+                   say: Callable[[str], None] | None = None, poll_s: float = 1.0,
+                   threads: int | None = None) -> ExperimentProgress:
+    """Run an experiment to its end with `workers` worker processes of its own (on the database `db`, a path
+    or URL; None: `$ENVLAB_DB`), which stop when it returns and die with it when it is killed.
+
+    First every run that is not done is resumed (`restart`), so running the command again after a crash picks
+    up every run where it stopped. `on_progress` is called after every poll. With `benchmark`, each run's last
+    stage is then evaluated on the benchmark (`queue_benchmarks`) before the workers stop. `say` hears what was
+    resumed. `threads` sets each worker's torch threads (OMP_NUM_THREADS; None: torch's own choice).
+    """
+    if workers < 1:
+        raise ExperimentError(f"workers = {workers}: run at least 1 worker")
+    experiment = find_experiment(engine, key)
+    for line in restart(engine, experiment.id):
+        if say is not None:
+            say(line)
+    folder = log_dir(engine, experiment)
+    folder.mkdir(parents=True, exist_ok=True)
+    env = {"OMP_NUM_THREADS": str(threads)} if threads else None
+    procs = [start_worker(db, options=["--poll", str(min(poll_s, 1.0))], die_with_parent=True,
+                          log=folder / f"worker-{i}.log", env=env) for i in range(workers)]
+    try:
+        moved = time.monotonic()
+        while True:
+            progress = experiment_progress(engine, experiment.id)
+            if on_progress is not None:
+                on_progress(progress)
+            if progress.ended and not (benchmark and _benchmarks_pending(engine, experiment.id)):
+                return progress
+            if dead := [p for p in procs if p.poll() is not None]:
+                raise ExperimentError(f"worker process {dead[0].pid} exited with status {dead[0].returncode}; its "
+                                      f"log: {folder}. Run the command again to resume.")
+            if time.monotonic() - moved > ADVANCE_EVERY_S:  # a safety net: the workers' hook advances runs too
+                for run in progress.runs:
+                    if run.status not in ENDED:
+                        advance(engine, run.id)
+                moved = time.monotonic()
+            time.sleep(poll_s)
+    finally:
+        _stop(procs)
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM (a worker ends after its current job; none runs by now), then SIGKILL after a grace period."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+# ---------------------------------------------------------------- the leaderboard's labels
+
+
+def benchmark_choices(engine: Engine) -> list[tuple[str, str]]:
+    """Every (run, stage) with episodes on the benchmark as `(label, "run_id:stage_index")`, runs of experiments
+    first, grouped by experiment, arm and seed (`exp NAME / ARM / seed K, stage S`), then the other runs."""
+    checkpoints = benchmark_checkpoints(engine)
+    with session(engine) as s:
+        runs = {r.id: r for r in s.exec(select(Run).where(Run.id.in_([c[0] for c in checkpoints])))}
+        names = {e.id: e.name for e in s.exec(select(Experiment))}
+    grouped, others = [], []
+    for run_id, stage_index, name in checkpoints:
+        run = runs.get(run_id)
+        if run is not None and run.experiment_id is not None:
+            order = (run.experiment_id, run.arm or "", run.seed, stage_index)
+            grouped.append((order, (f"exp {names.get(run.experiment_id, run.experiment_id)} / {run.arm} / seed "
+                                    f"{run.seed}, stage {stage_index}", f"{run_id}:{stage_index}")))
+        else:
+            others.append((f"run #{run_id} {name}, stage {stage_index}", f"{run_id}:{stage_index}"))
+    return [choice for _, choice in sorted(grouped)] + others
+
+
+def default_validation_boards(per_size: int = VALIDATION_PER_SIZE) -> int:
+    """Boards in a validation set of `per_size` boards per map size (sizes 3..10)."""
+    return sum(c.count for c in validation_cells(per_size))

@@ -1,0 +1,92 @@
+"""The Compare tab: an experiment's arms side by side (docs/experiments.md). The curves over stages (per arm the mean
+over seeds, its 95% interval as a band and one dot per seed), the last stage per map size (arms x sizes, mean and
+interval), what every arm was given (equal compute), and a link to every run (`?run=ID`).
+
+Every number comes from one `lab.comparison.Comparison`, the one `envlab experiment report` prints.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import gradio as gr
+from sqlalchemy import Engine
+
+from lab.comparison import Comparison, Rate, comparison, compute_statement, curves_figure, size_rows
+from lab.experiments import experiment_choices
+from lab.pages.common import Page, table
+from lab.pages.figures import empty_figure
+
+
+def compare_view(engine: Engine, experiment_id: int | None, rate: str = Rate.VALID) -> dict[str, Any]:
+    """What the tab shows of an experiment: figure, summary, the per-size table and the run links."""
+    if experiment_id is None:
+        return dict(figure=empty_figure("no experiment yet: envlab experiment new ..."), summary="",
+                    sizes=table(["arm"], []), links="")
+    c = comparison(engine, int(experiment_id))
+    rate = Rate(rate or Rate.VALID)
+    headers, rows = size_rows(c, rate)
+    return dict(figure=curves_figure(c, (rate,)), summary=_summary(c), sizes=table(headers, rows),
+                links=run_links(c))
+
+
+def _summary(c: Comparison) -> str:
+    done = sum(r.status == "done" for r in c.runs.values())
+    return (f"**{c.experiment.name}**: {done} of {len(c.runs)} runs done. {compute_statement(c)} Each point: the "
+            "mean over seeds, with its 95% interval (percentile bootstrap over seeds) as a band and every seed as "
+            f"a dot; `envlab experiment report {c.experiment.name}` prints every number, with the paired "
+            f"differences from `{c.baseline}` and the area under each curve.")
+
+
+def run_links(c: Comparison) -> str:
+    """One link per run (`?run=ID` opens it in the lab), arm by arm."""
+    lines = []
+    for arm in c.arms:
+        links = [f"[seed {seed}](?run={run.id}) ({run.status})" for seed in c.seeds
+                 if (run := c.runs.get((arm, seed))) is not None]
+        lines.append(f"- **{arm}**: " + ", ".join(links))
+    return "Runs:\n\n" + "\n".join(lines)
+
+
+@dataclass(eq=False)
+class CompareTab:
+    engine: Engine
+    pick: gr.Dropdown
+    rate: gr.Radio
+    summary: gr.Markdown
+    figure: gr.Plot
+    sizes: gr.Dataframe
+    links: gr.Markdown
+
+    @property
+    def outputs(self) -> list[Any]:
+        return [self.pick, self.summary, self.figure, self.sizes, self.links]
+
+    def show(self, experiment_id: int | None, rate: str | None = None) -> dict[Any, Any]:
+        v = compare_view(self.engine, experiment_id, rate or Rate.VALID)
+        return {self.summary: v["summary"], self.figure: v["figure"], self.sizes: v["sizes"], self.links: v["links"]}
+
+    def refresh(self, experiment_id: int | None = None, rate: str | None = None) -> dict[Any, Any]:
+        """The experiments as they are now, the chosen one (else the newest) drawn."""
+        choices = experiment_choices(self.engine)
+        ids = [i for _, i in choices]
+        chosen = experiment_id if experiment_id in ids else (ids[0] if ids else None)
+        return {self.pick: gr.update(choices=choices, value=chosen)} | self.show(chosen, rate)
+
+
+def build(page: Page) -> CompareTab:
+    with gr.Row():
+        pick = gr.Dropdown(label="Experiment", choices=[], value=None, scale=3, elem_id="compare-pick")
+        rate = gr.Radio([r.value for r in Rate], value=Rate.VALID.value, label="Rate", scale=1, elem_id="compare-rate")
+        refresh = gr.Button("↻ Refresh", scale=0, min_width=100)
+    summary = gr.Markdown(elem_id="compare-summary")
+    figure = gr.Plot(elem_id="compare-curves", show_label=False)
+    sizes = gr.Dataframe(label="Last stage by map size: mean over seeds [95% interval]", interactive=False,
+                         elem_id="compare-sizes")
+    links = gr.Markdown(elem_id="compare-runs")
+    tab = CompareTab(page.engine, pick, rate, summary, figure, sizes, links)
+    pick.input(tab.show, [pick, rate], [summary, figure, sizes, links])
+    rate.input(tab.show, [pick, rate], [summary, figure, sizes, links])
+    refresh.click(tab.refresh, [pick, rate], tab.outputs)
+    return tab

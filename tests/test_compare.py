@@ -1,0 +1,68 @@
+"""The Compare tab: its view of a scripted experiment, and the tab in a real browser (Debian's Chromium driven by
+Playwright, as in tests/test_browser.py) drawing one curve per arm."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import app
+from lab.comparison import Rate, comparison
+from lab.experiments import experiment_runs
+from lab.pages.compare import compare_view
+from storage.db import make_engine, upgrade
+from tests.test_browser import TIMEOUT_MS, _free_port, browser, page  # noqa: F401 (fixtures)
+from tests.test_experiment import scripted_experiment
+
+
+@pytest.fixture
+def lab(tmp_path: Path):
+    engine = make_engine(str(tmp_path / "lab.db"))
+    upgrade(engine)
+    yield engine
+    engine.dispose()
+
+
+def test_the_view_draws_each_arm_tables_its_sizes_and_links_its_runs(lab):
+    experiment = scripted_experiment(lab, seeds=2, stages=1)
+    view = compare_view(lab, experiment.id, Rate.OPTIMAL)
+    c = comparison(lab, experiment.id)
+    means = {t.name: list(t.y) for t in view["figure"].data if t.mode == "lines+markers"}
+    assert means == {arm: [c.estimate(arm, Rate.OPTIMAL, k).mean for k in (0, 1)] for arm in ("fixed", "heuristic")}
+    assert view["sizes"]["headers"] == ["arm", "3x3", "4x4", "all"]
+    e = c.estimate("heuristic", Rate.OPTIMAL, 1, 3)
+    assert view["sizes"]["data"][1][:2] == ["heuristic", f"{e.mean:.1%} [{e.low * 100:.1f}, {e.high * 100:.1f}]"]
+    for run in experiment_runs(lab, experiment.id):
+        assert f"[seed {run.seed}](?run={run.id}) (done)" in view["links"]
+    assert "each on 8 boards in 1 GRPO steps" in view["summary"]
+    assert compare_view(lab, None)["links"] == ""
+
+
+def test_the_compare_tab_shows_one_curve_per_arm(lab, page):  # noqa: F811
+    scripted_experiment(lab, name="older", seeds=1, stages=1)
+    experiment = scripted_experiment(lab, name="newest", seeds=2, stages=1)
+    demo = app.build_demo(lab)
+    port = _free_port()
+    app.launch(demo, port=port, block=False)
+    try:
+        page.goto(f"http://127.0.0.1:{port}/")
+        page.get_by_role("tab", name="Compare").click()
+        page.locator("#compare-summary").get_by_text("newest: 4 of 4 runs done").wait_for()
+        curves = """() => {
+            const div = document.querySelector('#compare-curves .js-plotly-plot');
+            return div && div.data ? div.data.filter(t => t.mode === 'lines+markers').map(t => t.name) : [];
+        }"""
+        page.wait_for_function(f"({curves})().length === 2", timeout=TIMEOUT_MS)
+        assert sorted(page.evaluate(curves)) == ["fixed", "heuristic"]
+        names = page.evaluate("() => document.querySelector('#compare-curves .js-plotly-plot').data.map(t => t.name)")
+        assert {"fixed interval", "heuristic seeds"} <= set(names)
+        first = experiment_runs(lab, experiment.id)[0]
+        link = page.locator("#compare-runs a", has_text="seed 0").first
+        assert link.get_attribute("href") == f"?run={first.id}"
+        page.locator('#compare-sizes [data-testid="cell-1-0"]').get_by_text("heuristic").wait_for()
+        page.goto(f"http://127.0.0.1:{port}/{link.get_attribute('href')}")  # where the link leads: the run, open
+        page.wait_for_function("id => (document.querySelector('#run-pick input') || {}).value?.startsWith(id)",
+                               arg=f"#{first.id} ")
+    finally:
+        demo.close()

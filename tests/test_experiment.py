@@ -1,0 +1,373 @@
+"""Experiments: arms x seeds at equal compute, their report computed by hand from the stored rows, context presets,
+scenarios, the larger validation set, and the policy that cannot be its own engineer.
+
+The report is checked on runs whose `stage` job replays scripted answers (real boards, real scores, the real
+engineers, the real loop), so every rate is known; the experiment through the REAL worker processes and the
+real GRPO stage with the tiny policy, killed and resumed, is in tests/test_experiment_e2e.py.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import asdict, fields
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sqlmodel import select
+
+from envsim.config import EnvConfig
+from envsim.generator import generate
+from envsim.parser import format_plan
+from envsim.scoring import score_answer
+from envsim.suite import VALIDATION_PER_SIZE, WAIT_SUBSETS, build, round_half_up
+from lab import cli
+from lab.comparison import AUC, POOLED, RESAMPLES, Rate, comparison, curves_figure, report_markdown, write_report
+from lab.context import CONTEXT_PRESETS, ContextModules, build_context
+from lab.experiments import (
+    Arm,
+    ExperimentError,
+    _benchmarks_pending,
+    benchmark_choices,
+    create_experiment,
+    experiment_progress,
+    experiment_runs,
+    load_scenario,
+    queue_benchmarks,
+)
+from lab.loop import LoopError, after_job, check_engineer, create_run, run_propose_job
+from lab.pages import runs as runs_page
+from lab.worker import run_worker
+from storage.db import make_engine, session, upgrade
+from storage.models import Episode, Experiment, Job, Run, Stage, StageMetric
+from tests.test_context import evidence
+from training.evaluate import EpisodeResult, store_evaluation, validation_entries
+from training.stage import planned_steps
+
+CONFIG = EnvConfig(data_ratio={3: 0.5, 4: 0.5}, hole_ratio={3: 0.2, 4: 0.2}, wait_ratio={3: 0.25, 4: 0.25},
+                   num_agents=2, num_instances=8)
+BOARDS = generate(CONFIG, 8, seed=11)  # 4 of size 3, 4 of size 4
+
+
+def solved(arm: str, seed: int, stage: int) -> list[int]:
+    """Which of the 8 boards a run answers right: more with every stage, with the seed, and for `heuristic`."""
+    n = min(8, 1 + seed + 2 * stage + (stage if arm == "heuristic" else 0))
+    return [(seed + i) % 8 for i in range(n)]
+
+
+def scripted_stage(engine, job, progress):
+    """The stage job without training: the run's answers per `solved`, stored as the real job stores them."""
+    run_id, k = job.payload["run_id"], job.payload["stage_index"]
+    with session(engine) as s:
+        run = s.get(Run, run_id)
+    right = set(solved(run.arm, run.seed, k))
+    results = []
+    for i, b in enumerate(BOARDS):
+        text = format_plan(b.reference_plan) if i in right else "no idea"
+        results.append(EpisodeResult(b, text, score_answer(b, text)))
+    with session(engine) as s:
+        store_evaluation(s, run_id, k, "validation", results)
+        stage = s.exec(select(Stage).where(Stage.run_id == run_id, Stage.index == k)).one()
+        stage.status, stage.checkpoint = "done", f"scripted/stage-{k}"
+        s.add(stage)
+        s.commit()
+    return {"stage_index": k}
+
+
+HANDLERS = {"stage": scripted_stage, "propose": run_propose_job}
+
+
+def run_all(engine) -> None:
+    while run_worker(engine, HANDLERS, once=True, poll_s=0.01, after=after_job):
+        pass
+
+
+@pytest.fixture
+def lab(tmp_path: Path):
+    engine = make_engine(str(tmp_path / "lab.db"))
+    upgrade(engine)
+    yield engine
+    engine.dispose()
+
+
+def scripted_experiment(engine, name: str = "cmp", seeds: int = 3, stages: int = 2) -> Experiment:
+    experiment = create_experiment(engine, name=name, arms=["fixed", "heuristic"], seeds=seeds, stages=stages,
+                                   config=CONFIG, validation_per_size=VALIDATION_PER_SIZE, validation_boards=8,
+                                   grpo={"num_generations": 4, "per_device_train_batch_size": 32})
+    run_all(engine)
+    return experiment
+
+
+# ---------------------------------------------------------------- presets, arms, scenarios
+
+
+def test_presets_hold_the_modules_their_names_say():
+    on = {name: {f.name for f in fields(ContextModules) if getattr(m, f.name)} for name, m in CONTEXT_PRESETS.items()}
+    assert on == {
+        "paper-best": {"failure_breakdown", "guideline", "history", "bookkeeping"},
+        "failures-only": {"failure_breakdown"},
+        "no-history": {"failure_breakdown", "guideline", "bookkeeping"},
+        "with-default": {"failure_breakdown", "guideline", "history", "history_with_default", "bookkeeping"},
+        "full": {f.name for f in fields(ContextModules)},
+    }
+    ev = evidence()
+    assert build_context(ev, CONTEXT_PRESETS["failures-only"]).startswith("## Failure breakdown of stage")
+    assert "(the round-0 default config)" in build_context(ev, CONTEXT_PRESETS["with-default"])
+    assert "(the round-0 default config)" not in build_context(ev, CONTEXT_PRESETS["paper-best"])
+    assert "## Earlier stages" not in build_context(ev, CONTEXT_PRESETS["no-history"])
+
+
+def test_a_run_keeps_its_preset_and_refuses_an_unknown_one(lab):
+    with session(lab) as s:
+        run = create_run(s, name="r", config=CONFIG, stages=1, engineer="llm", engineer_backend="openai:m",
+                         context="no-history")
+        assert run.settings["context_preset"] == "no-history"
+        assert run.settings["context"] == asdict(CONTEXT_PRESETS["no-history"])
+        with pytest.raises(LoopError, match="unknown context preset 'tiny': one of paper-best, failures-only"):
+            create_run(s, name="r", config=CONFIG, stages=1, context="tiny")
+
+
+@pytest.mark.parametrize(("text", "arm"), [
+    ("fixed", Arm("fixed", "fixed")),
+    ("llm:openai:qwen3-4b@no-history", Arm("llm:openai:qwen3-4b@no-history", "llm", "openai:qwen3-4b", "no-history")),
+    ("llm:hf:gemma3-270m", Arm("llm:hf:gemma3-270m", "llm", "hf:gemma3-270m", "paper-best")),
+    ("best=llm:openai:http://x@paper-best", Arm("best", "llm", "openai:http://x", "paper-best")),
+])
+def test_an_arm_is_an_engineer_a_backend_and_a_preset(text, arm):
+    assert Arm.parse(text) == arm
+
+
+@pytest.mark.parametrize(("text", "error"), [
+    ("oracle", "unknown engineer 'oracle'"),
+    ("fixed@full", "unknown engineer 'fixed@full'"),
+    ("heuristic:x", "only an llm arm takes a backend"),
+    ("llm", "an llm arm names its backend"),
+    ("llm:openai:m@everything", "unknown context preset 'everything'"),
+])
+def test_a_bad_arm_is_refused_by_name(text, error):
+    with pytest.raises(ExperimentError, match=error):
+        Arm.parse(text)
+
+
+def test_hard_start_puts_the_data_where_the_policy_fails():
+    hard, default = load_scenario("hard-start"), load_scenario("default")
+    assert default.config == EnvConfig.default() and default.grpo == {}
+    assert hard.config.data_ratio[10] == 0.86 and set(hard.config.hole_ratio.values()) == {0.4}
+    assert {s: v for s, v in hard.config.data_ratio.items() if s != 10} == {s: 0.02 for s in range(3, 10)}
+    assert (hard.config.wait_ratio, hard.config.num_instances) == (default.config.wait_ratio, 512)
+    boards = generate(hard.config, 64, seed=0)
+    assert sum(b.size == 10 for b in boards) == 55 and all(len(b.holes) == round_half_up(0.4 * b.size ** 2)
+                                                           for b in boards)
+    with pytest.raises(ExperimentError, match="unknown scenario 'easy': one of default, hard-start"):
+        load_scenario("easy")
+
+
+# ---------------------------------------------------------------- the policy as its own engineer
+
+
+def test_a_compact_policy_cannot_be_its_own_engineer(lab, tmp_path, capsys):
+    refused = "policy 'tiny' reads compact prompts: its vocabulary is board cells and actions"
+    with pytest.raises(LoopError, match=refused):
+        check_engineer("llm", "hf:policy", "tiny")
+    copy = tmp_path / "tiny-copy"  # a compact folder without envlab.json: known by its tokenizer
+    copy.mkdir()
+    for f in (Path(cli.__file__).parent.parent / "assets" / "tiny-policy").iterdir():
+        if f.name != "envlab.json":
+            (copy / f.name).write_bytes(f.read_bytes())
+    with pytest.raises(LoopError, match="reads compact prompts"):
+        check_engineer("llm", "hf:policy", str(copy))
+    for chat in ("gemma3-270m", "Qwen/Qwen3-4B"):  # chat policies keep the path
+        check_engineer("llm", "hf:policy", chat)
+    check_engineer("llm", "openai:m", "tiny")  # another model may engineer for the tiny policy
+    db = str(tmp_path / "cli.db")
+    assert cli.main(["run", "--engineer", "llm", "--backend", "hf:policy", "--db", db]) == 2
+    assert refused in capsys.readouterr().err
+    assert cli.main(["experiment", "new", "--name", "e", "--arms", "fixed,llm:hf:policy@paper-best", "--db", db]) == 2
+    assert "arm 'llm:hf:policy@paper-best': the llm engineer with backend hf:policy" in capsys.readouterr().err
+    engine = make_engine(db)
+    with session(engine) as s:
+        assert s.exec(select(Run)).all() == [] and s.exec(select(Experiment)).all() == []
+    message, run_id = runs_page.create_run_from_form(lab, "self", "", "tiny", "llm", "hf:policy", "", 3, 512, 2, 0,
+                                                     False, [[3, 1.0, 0.2, 0.25]])
+    assert run_id is None and message.startswith("✗ Not created: the llm engineer with backend hf:policy")
+    engine.dispose()
+
+
+# ---------------------------------------------------------------- equal compute and the validation set
+
+
+def test_steps_per_stage_are_counted_as_trl_counts_them():
+    assert planned_steps(512, {}, "compact") == 128  # 512 boards x 8 generations / 32 completions a step
+    assert planned_steps(512, {}, "chat") == 256  # 4 generations, 8 a step
+    assert planned_steps(8, {"num_generations": 4, "per_device_train_batch_size": 32}, "compact") == 1
+    # 2 accumulation steps: generation batches of 8 boards (96 of the 100 fill them), each yielded for its 2 steps
+    assert planned_steps(100, {"gradient_accumulation_steps": 2}, "compact") == 96 * 8 * 2 // 32 // 2 == 24
+    assert planned_steps(512, {"max_steps": 7}, "compact") == 7
+
+
+def test_a_larger_validation_set_holds_the_standard_240_and_is_cached(tmp_path):
+    standard = build("validation")[0]
+    larger = validation_entries(tmp_path, 33)  # one more board per (size, wait subset): 264
+    assert len(larger) == 264 and (tmp_path / "validation-33.jsonl").is_file()
+    for size in range(3, 11):
+        for subset in WAIT_SUBSETS:
+            cell = [e for e in larger if (e.size, e.subset) == (size, subset)]
+            assert [e for e in standard if (e.size, e.subset) == (size, subset)] == cell[:10]
+            assert sum(e.instance.needs_wait for e in cell) == round_half_up(subset * 11)
+    assert len({e.instance.id for e in larger}) == 264
+    assert validation_entries(tmp_path, 33) == larger  # read back from the cache
+    with pytest.raises(ValueError, match="validation_per_size = 40: a multiple of 3"):
+        validation_entries(tmp_path, 40)
+
+
+# ---------------------------------------------------------------- the report, by hand
+
+
+def stored_rates(engine, run_id: int) -> dict[int, tuple[float, float, dict[int, float]]]:
+    """stage -> (pooled valid, pooled optimal, {size: valid}) straight from the StageMetric rows."""
+    out = {}
+    with session(engine) as s:
+        rows = s.exec(select(StageMetric).where(StageMetric.run_id == run_id)).all()
+    for k in {m.stage_index for m in rows}:
+        ms = [m for m in rows if m.stage_index == k]
+        n = sum(m.episodes for m in ms)
+        out[k] = (sum(m.valid for m in ms) / n, sum(m.optimal for m in ms) / n,
+                  {m.size: m.valid / m.episodes for m in ms})
+    return out
+
+
+def interval(values: list[float]) -> tuple[float, float]:
+    rng = np.random.default_rng(0)
+    x = np.array(values)
+    means = x[rng.integers(0, len(x), size=(10_000, len(x)))].mean(axis=1)
+    return tuple(np.percentile(means, [2.5, 97.5]))
+
+
+def test_the_report_equals_a_hand_computation_from_the_stored_rows(lab, tmp_path):
+    experiment = scripted_experiment(lab)
+    runs = experiment_runs(lab, experiment.id)
+    assert [(r.arm, r.seed) for r in runs] == [(a, k) for k in range(3) for a in ("fixed", "heuristic")]
+    assert {r.status for r in runs} == {"done"} and {r.settings["auto_apply"] for r in runs} == {True}
+    assert experiment.settings["steps_per_stage"] == 1 and experiment.settings["validation_boards"] == 8
+    rates = {(r.arm, r.seed): stored_rates(lab, r.id) for r in runs}
+    c = comparison(lab, "cmp")
+    assert RESAMPLES == 10_000
+    for arm in ("fixed", "heuristic"):
+        for k in (0, 1, 2):
+            values = [rates[(arm, seed)][k][0] for seed in range(3)]
+            e = c.estimate(arm, Rate.VALID, k)
+            assert e.values == tuple(values) and e.mean == pytest.approx(sum(values) / 3)
+            assert (e.low, e.high) == pytest.approx(interval(values)) and e.low <= e.mean <= e.high
+            assert c.estimate(arm, Rate.OPTIMAL, k).mean == pytest.approx(sum(rates[(arm, s)][k][1]
+                                                                              for s in range(3)) / 3)
+            assert c.estimate(arm, Rate.VALID, k, 4).mean == pytest.approx(sum(rates[(arm, s)][k][2][4]
+                                                                               for s in range(3)) / 3)
+        curves = [[rates[(arm, s)][k][0] for k in (0, 1, 2)] for s in range(3)]
+        aucs = [((v0 + v1) / 2 + (v1 + v2) / 2) / 2 for v0, v1, v2 in curves]
+        assert c.estimate(arm, Rate.VALID, AUC).values == pytest.approx(aucs)
+    # stage 0 is the same policy on the same boards for every arm: the paired difference is exactly 0
+    assert c.difference("heuristic", Rate.VALID, 0).values == (0.0, 0.0, 0.0)
+    diffs = [rates[("heuristic", s)][2][0] - rates[("fixed", s)][2][0] for s in range(3)]
+    d = c.difference("heuristic", Rate.VALID, 2)
+    assert d.values == pytest.approx(diffs) == [0.25, 0.25, 0.125]  # seed 2 solves every board: 8 of 8 at most
+    assert d.mean == pytest.approx(sum(diffs) / 3)
+    assert (d.low, d.high) == pytest.approx(interval(diffs))
+    assert c.difference("fixed", Rate.VALID, 2) is None
+    text = report_markdown(c)
+    assert "every run trains 2 stages, each on 8 boards in 1 GRPO steps (2 in all" in text
+    final = c.estimate("heuristic", Rate.VALID, 2)
+    assert f"| heuristic | {c.estimate('heuristic', Rate.VALID, 0).mean * 100:.1f}%" in text
+    assert f"{final.mean * 100:.1f}% [{final.low * 100:.1f}, {final.high * 100:.1f}]" in text
+    written = write_report(c, tmp_path / "report")
+    with open(written["runs"]) as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 2 * 3 * 3
+    for row in rows:
+        valid, optimal, by_size = rates[(row["arm"], int(row["seed"]))][int(row["stage"])]
+        assert (float(row["valid_rate"]), float(row["optimal_rate"])) == (valid, optimal)
+        assert float(row["valid_rate_3"]) == by_size[3]
+    with open(written["summary"]) as f:
+        summary = {(r["arm"], r["rate"], r["stage"], r["size"]): r for r in csv.DictReader(f)}
+    row = summary[("heuristic", "valid", "2", "all")]
+    assert (float(row["mean"]), float(row["diff_vs_fixed_mean"])) == pytest.approx((final.mean, d.mean))
+    assert float(summary[("fixed", "valid", "auc", "all")]["mean"]) == pytest.approx(sum(
+        c.values[("fixed", Rate.VALID, AUC, POOLED)].values()) / 3)
+    assert isinstance(written["figure"], Path) and written["figure"].stat().st_size > 10_000  # kaleido + Chromium
+
+
+def test_the_curves_have_one_mean_band_and_dots_per_arm(lab):
+    scripted_experiment(lab, seeds=2, stages=1)
+    c = comparison(lab, "cmp")
+    traces = {t.name: t for t in curves_figure(c).data}
+    assert set(traces) == {"fixed", "fixed interval", "fixed seeds", "heuristic", "heuristic interval",
+                           "heuristic seeds"}
+    assert list(traces["heuristic"].y) == [c.estimate("heuristic", Rate.VALID, k).mean for k in (0, 1)]
+    assert len(traces["fixed seeds"].y) == 2 * 2  # a dot per seed and stage
+
+
+def test_experiment_commands_queue_list_report_and_refuse(lab, tmp_path, capsys, monkeypatch):
+    db = str(tmp_path / "lab.db")
+    (tmp_path / "small.json").write_text(CONFIG.model_dump_json())
+    assert cli.main(["experiment", "new", "--name", "cli", "--arms", "fixed,random", "--seeds", "2", "--stages", "1",
+                     "--config", str(tmp_path / "small.json"), "--validation-per-size", "30", "--grpo",
+                     "max_steps=2", "--db", db]) == 0
+    out = capsys.readouterr().out
+    assert "4 runs queued (2 arms x 2 seeds)" in out and "1 stages x 8 boards x 2 GRPO steps; 240 validation" in out
+    assert cli.main(["experiment", "new", "--name", "cli", "--arms", "fixed", "--db", db]) == 2
+    assert "an experiment named 'cli' exists already" in capsys.readouterr().err
+    assert cli.main(["experiment", "new", "--name", "x", "--arms", "fixed,fixed", "--db", db]) == 2
+    assert "arm names must be unique" in capsys.readouterr().err
+    assert cli.main(["experiment", "new", "--name", "x", "--arms", "fixed", "--grpo", "speed=9", "--db", db]) == 2
+    err = capsys.readouterr().err
+    assert "'speed'" in err and "not GRPOConfig fields" in err
+    run_all(lab)
+    assert cli.main(["experiment", "list", "--db", db]) == 0
+    assert "cli: arms fixed, random; 2 seeds; 1 stages; runs 4 done; 8/8 stages done" in capsys.readouterr().out
+    assert cli.main(["experiment", "report", "cli", "--out", str(tmp_path / "out"), "--db", db]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("# Experiment cli") and "## Valid rate minus `fixed`, paired by seed" in out
+    assert {p.name for p in (tmp_path / "out").iterdir()} == {"report.md", "runs.csv", "summary.csv", "curves.png"}
+    assert cli.main(["experiment", "report", "nothing", "--db", db]) == 2
+
+
+def scripted_benchmark(engine, job, progress):
+    """The benchmark job without its 3,150 boards: one stored benchmark episode."""
+    with session(engine) as s:
+        s.add(Episode(run_id=job.payload["run_id"], stage_index=job.payload["stage_index"], split="benchmark",
+                      instance_id="b", instance={}, size=3, num_agents=3, completion="", valid=False, optimal=False))
+        s.commit()
+    return {}
+
+
+def test_benchmarks_are_queued_once_per_run_and_labelled_by_experiment_arm_and_seed(lab, tmp_path, capsys):
+    experiment = scripted_experiment(lab, seeds=1, stages=1)
+    runs = experiment_runs(lab, experiment.id)
+    assert cli.main(["experiment", "benchmark", "cmp", "--db", str(tmp_path / "lab.db")]) == 0
+    out = capsys.readouterr().out
+    assert f"run {runs[0].id} (fixed, seed 0): benchmark job" in out and "queued for stage 1" in out
+    assert queue_benchmarks(lab, experiment.id)[0].endswith("has a benchmark job queued or running already")
+    assert _benchmarks_pending(lab, experiment.id) == 2
+    run_worker(lab, {"benchmark": scripted_benchmark}, once=True, poll_s=0.01)
+    assert _benchmarks_pending(lab, experiment.id) == 0
+    assert "was evaluated on the benchmark at" in queue_benchmarks(lab, experiment.id)[1]
+    assert benchmark_choices(lab) == [("exp cmp / fixed / seed 0, stage 1", f"{runs[0].id}:1"),
+                                      ("exp cmp / heuristic / seed 0, stage 1", f"{runs[1].id}:1")]
+    progress = experiment_progress(lab, experiment.id)
+    assert (progress.done, progress.total, progress.ended, progress.benchmarks_done) == (4, 4, True, 2)
+    with session(lab) as s:
+        assert len(s.exec(select(Job).where(Job.kind == "benchmark")).all()) == 2
+
+
+def test_settings_record_the_equal_compute(lab):
+    experiment = create_experiment(lab, name="rec", arms=["fixed", "random"], seeds=2, stages=3, instances=64,
+                                   scenario="hard-start")
+    st = experiment.settings
+    assert (st["stages"], st["instances"], st["steps_per_stage"], st["validation_per_size"], st["validation_boards"],
+            st["scenario"]) == (3, 64, 16, 120, 960, "hard-start")
+    for run in experiment_runs(lab, experiment.id):
+        assert run.settings["validation_per_size"] == 120 and run.settings["grpo"] == {}
+        with session(lab) as s:
+            stage0 = s.exec(select(Stage).where(Stage.run_id == run.id)).one()
+        assert EnvConfig.model_validate(stage0.config).data_ratio[10] == 0.86
+        assert json.loads(json.dumps(stage0.config))["num_instances"] == 64

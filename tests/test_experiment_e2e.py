@@ -1,0 +1,96 @@
+"""An experiment end to end through the REAL commands, worker processes and GRPO stage job with the tiny policy:
+2 arms x 2 seeds, 1 stage of 8 boards and 1 GRPO step, 4 validation boards. `envlab experiment run` is killed
+with SIGKILL (its worker with it) once the first stage is done, then run again: every run ends done, and no job,
+episode or proposal exists twice. The report's CSV equals the stored rows.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+from sqlmodel import select
+
+from envsim.config import EnvConfig
+from lab.cli import main
+from lab.experiments import experiment_runs, find_experiment
+from storage.db import make_engine, session
+from storage.models import Episode, Job, Proposal, Stage, StageMetric
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG = EnvConfig(data_ratio={3: 0.5, 4: 0.5}, hole_ratio={3: 0.2, 4: 0.2}, wait_ratio={3: 0.25, 4: 0.25},
+                   num_agents=2, num_instances=8)
+
+
+def command(db: str) -> list[str]:
+    return [sys.executable, "-m", "lab.cli", "experiment", "run", "e2e", "--db", db]
+
+
+def stages_done(engine) -> int:
+    with session(engine) as s:
+        return len(s.exec(select(Stage).where(Stage.status == "done")).all())
+
+
+def test_an_experiment_through_the_real_workers_is_killed_and_resumed(tmp_path: Path, capsys):
+    db = str(tmp_path / "lab.db")
+    (tmp_path / "config.json").write_text(CONFIG.model_dump_json())
+    assert main(["experiment", "new", "--name", "e2e", "--arms", "fixed,heuristic", "--seeds", "2", "--stages", "1",
+                 "--config", str(tmp_path / "config.json"), "--validation-per-size", "30", "--validation-boards", "4",
+                 "--grpo", "num_generations=2", "--grpo", "per_device_train_batch_size=16", "--db", db]) == 0
+    assert "each run: 1 stages x 8 boards x 1 GRPO steps; 4 validation boards" in capsys.readouterr().out
+    engine = make_engine(db)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "ENVLAB_STALE_S": "20"}
+    first = subprocess.Popen(command(db), env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 300
+    while stages_done(engine) == 0:
+        assert first.poll() is None, first.stdout.read().decode()
+        assert time.monotonic() < deadline, "no stage finished in 300 s"
+        time.sleep(0.2)
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    killed_at = stages_done(engine)
+    assert killed_at < 8  # work was left to do
+    second = subprocess.run(command(db), env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert f"{killed_at} of 8 stages done already" in second.stdout or f"{killed_at + 1} of 8" in second.stdout
+    assert "experiment e2e: 4 of 4 runs done" in second.stdout
+
+    experiment = find_experiment(engine, "e2e")
+    runs = experiment_runs(engine, experiment.id)
+    with session(engine) as s:
+        jobs = s.exec(select(Job)).all()
+        episodes = s.exec(select(Episode)).all()
+        proposals = s.exec(select(Proposal)).all()
+        metrics = s.exec(select(StageMetric)).all()
+    assert {r.status for r in runs} == {"done"}
+    # nothing lost, nothing done twice: one job per (run, kind, target), 4 episodes per (run, stage), one proposal
+    assert Counter((j.run_id, j.kind, j.target) for j in jobs) == Counter(
+        {(r.id, kind, k): 1 for r in runs for kind, k in (("stage", 0), ("propose", 0), ("stage", 1))})
+    assert {j.status for j in jobs} == {"done"}
+    assert Counter((e.run_id, e.stage_index) for e in episodes) == {(r.id, k): 4 for r in runs for k in (0, 1)}
+    assert Counter((p.run_id, p.after_stage) for p in proposals) == {(r.id, 0): 1 for r in runs}
+    # equal compute: the trainer took the steps the experiment planned
+    assert {j.result["train"]["steps"] for j in jobs if j.kind == "stage" and j.target == 1} == {
+        experiment.settings["steps_per_stage"]} == {1}
+    # seed k: the same stage-0 policy on the same boards for every arm
+    rate = {(m.run_id, m.stage_index, m.size): (m.valid, m.episodes) for m in metrics}
+    by_arm = {(r.arm, r.seed): r.id for r in runs}
+    for seed in (0, 1):
+        fixed, heuristic = by_arm[("fixed", seed)], by_arm[("heuristic", seed)]
+        assert {k[2]: v for k, v in rate.items() if k[:2] == (fixed, 0)} == {
+            k[2]: v for k, v in rate.items() if k[:2] == (heuristic, 0)}
+
+    assert main(["experiment", "report", "e2e", "--out", str(tmp_path / "report"), "--db", db]) == 0
+    with open(tmp_path / "report" / "runs.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 8
+    for row in rows:
+        mine = [m for m in metrics if (m.run_id, m.stage_index) == (int(row["run_id"]), int(row["stage"]))]
+        assert float(row["valid_rate"]) == sum(m.valid for m in mine) / sum(m.episodes for m in mine)
+    engine.dispose()
