@@ -344,7 +344,7 @@ def curves_figure(c: Comparison, rates: tuple[Rate, ...] = (Rate.VALID,)) -> go.
                                      hovertemplate=f"{arm}, seed %{{customdata}}: %{{y:.1%}}<extra></extra>"),
                           row=1, col=col)
         fig.update_xaxes(title_text="stage", dtick=1, row=1, col=col)
-        fig.update_yaxes(tickformat=".0%", row=1, col=col)
+        fig.update_yaxes(tickformat=".1%", row=1, col=col)
     fig.update_layout(height=460, margin=dict(l=50, r=10, t=70, b=40), plot_bgcolor="white",
                       font=dict(family="system-ui, sans-serif", size=13),
                       legend=dict(orientation="h", x=1, xanchor="right", y=1.02, yanchor="bottom"),
