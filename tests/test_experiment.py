@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from sqlmodel import select
 
-from envsim.config import EnvConfig
+from envsim.config import EnvConfig, project
 from envsim.generator import generate
 from envsim.parser import format_plan
 from envsim.scoring import score_answer
@@ -25,6 +25,7 @@ from envsim.suite import VALIDATION_PER_SIZE, WAIT_SUBSETS, build, round_half_up
 from lab import cli
 from lab.comparison import AUC, POOLED, RESAMPLES, Rate, comparison, curves_figure, report_markdown, write_report
 from lab.context import CONTEXT_PRESETS, ContextModules, build_context
+from lab.engineers import ENGINEERS, EngineerAnswer
 from lab.experiments import (
     Arm,
     ExperimentError,
@@ -40,7 +41,7 @@ from lab.loop import LoopError, after_job, check_engineer, create_run, run_propo
 from lab.pages import runs as runs_page
 from lab.worker import run_worker
 from storage.db import make_engine, session, upgrade
-from storage.models import Episode, Experiment, Job, Run, Stage, StageMetric
+from storage.models import Episode, Experiment, Job, Proposal, Run, Stage, StageMetric
 from tests.test_context import evidence
 from training.evaluate import EpisodeResult, store_evaluation, validation_entries
 from training.stage import planned_steps
@@ -371,3 +372,26 @@ def test_settings_record_the_equal_compute(lab):
             stage0 = s.exec(select(Stage).where(Stage.run_id == run.id)).one()
         assert EnvConfig.model_validate(stage0.config).data_ratio[10] == 0.86
         assert json.loads(json.dumps(stage0.config))["num_instances"] == 64
+
+
+def test_an_experiment_run_keeps_its_boards_per_stage_whatever_the_engineer_proposes(lab, monkeypatch):
+    def greedy(evidence, *, seed=0, **_):  # an engineer that asks for more boards than the others get
+        more = evidence.current.config.model_copy(update={"num_instances": 99})
+        return EngineerAnswer(prompt="", raw="", proposed=more.model_dump(mode="json"),
+                              projection=project(more.model_dump(mode="json")), rationale="more data")
+
+    monkeypatch.setitem(ENGINEERS, "fixed", greedy)
+    experiment = scripted_experiment(lab, seeds=1, stages=1)
+    with session(lab) as s:
+        for run in experiment_runs(lab, experiment.id):
+            stage1 = s.exec(select(Stage).where(Stage.run_id == run.id, Stage.index == 1)).one()
+            assert stage1.config["num_instances"] == 8
+        proposal = s.exec(select(Proposal).where(Proposal.engineer == "fixed")).one()
+        assert proposal.adjustments[-1] == {"field": "num_instances", "old": 99, "new": 8, "reason": (
+            "kept: every stage of an experiment's run trains on the same number of boards")}
+    with session(lab) as s:  # a run of no experiment takes what its engineer proposes
+        run = create_run(s, name="free", config=CONFIG, stages=1, engineer="fixed", auto_apply=True)
+    run_all(lab)
+    with session(lab) as s:
+        assert s.exec(select(Stage).where(Stage.run_id == run.id, Stage.index == 1)).one().config[
+            "num_instances"] == 99
