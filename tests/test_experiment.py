@@ -395,3 +395,40 @@ def test_an_experiment_run_keeps_its_boards_per_stage_whatever_the_engineer_prop
     with session(lab) as s:
         assert s.exec(select(Stage).where(Stage.run_id == run.id, Stage.index == 1)).one().config[
             "num_instances"] == 99
+
+
+def test_run_takes_a_scenario_a_preset_and_a_larger_validation_set(lab, tmp_path):
+    args = cli.arguments().parse_args(["run", "--scenario", "hard-start", "--instances", "16", "--context",
+                                       "failures-only", "--engineer", "llm", "--backend", "openai:m",
+                                       "--validation-per-size", "33", "--grpo", "max_steps=1"])
+    with session(lab) as s:
+        run = cli._new_run(s, args)
+        stage0 = s.exec(select(Stage).where(Stage.run_id == run.id)).one()
+    assert (run.settings["context_preset"], run.settings["validation_per_size"], run.settings["grpo"]) == (
+        "failures-only", 33, {"max_steps": 1})
+    assert (stage0.config["num_instances"], stage0.config["data_ratio"]["10"]) == (16, 0.86)
+    with pytest.raises(cli.UsageError, match="unknown scenario 'easy'"):
+        cli._new_run(None, cli.arguments().parse_args(["run", "--scenario", "easy"]))
+    with pytest.raises(cli.UsageError, match="validation_per_size = 31: a multiple of 3"), session(lab) as s:
+        cli._new_run(s, cli.arguments().parse_args(["run", "--validation-per-size", "31"]))
+
+
+def test_the_real_stage_evaluates_on_the_larger_validation_set(lab, tmp_path):
+    torch = pytest.importorskip("torch")
+    from training.stage import run_stage_job
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with session(lab) as s:
+            run = create_run(s, name="big", config=CONFIG, stages=1, engineer="fixed", validation_per_size=33)
+        run_worker(lab, {"stage": run_stage_job}, once=True, poll_s=0.01)
+    finally:
+        torch.set_num_threads(threads)
+    with session(lab) as s:
+        episodes = s.exec(select(Episode).where(Episode.run_id == run.id)).all()
+        metrics = s.exec(select(StageMetric).where(StageMetric.run_id == run.id)).all()
+    assert len(episodes) == 264 and {m.size: m.episodes for m in metrics} == {s: 33 for s in range(3, 11)}
+    assert (tmp_path / "validation-33.jsonl").is_file()  # cached under the runs root, beside the database
+    standard = {e.instance.id for e in build("validation")[0]}
+    assert standard <= {e.instance_id for e in episodes}
