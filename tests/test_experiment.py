@@ -432,3 +432,18 @@ def test_the_real_stage_evaluates_on_the_larger_validation_set(lab, tmp_path):
     assert (tmp_path / "validation-33.jsonl").is_file()  # cached under the runs root, beside the database
     standard = {e.instance.id for e in build("validation")[0]}
     assert standard <= {e.instance_id for e in episodes}
+
+
+def test_a_run_of_an_experiment_travels_alone(lab, tmp_path):
+    from lab.archive import export_run, import_run
+
+    experiment = scripted_experiment(lab, seeds=1, stages=1)
+    run = experiment_runs(lab, experiment.id)[1]
+    path = export_run(lab, run.id, tmp_path / "run.zip")
+    other = make_engine(str(tmp_path / "other" / "lab.db"))
+    upgrade(other)
+    with session(other) as s:
+        imported = s.get(Run, import_run(other, path))
+        assert (imported.uuid, imported.arm, imported.experiment_id) == (run.uuid, "heuristic", None)
+        assert s.exec(select(Experiment)).all() == []
+    other.dispose()
