@@ -245,7 +245,8 @@ def interval(values: list[float]) -> tuple[float, float]:
     return tuple(np.percentile(means, [2.5, 97.5]))
 
 
-def test_the_report_equals_a_hand_computation_from_the_stored_rows(lab, tmp_path):
+def test_the_report_equals_a_hand_computation_from_the_stored_rows(engine, tmp_path):
+    lab = engine  # SQLite and PostgreSQL (tests/conftest.py)
     experiment = scripted_experiment(lab)
     runs = experiment_runs(lab, experiment.id)
     assert [(r.arm, r.seed) for r in runs] == [(a, k) for k in range(3) for a in ("fixed", "heuristic")]
