@@ -361,11 +361,11 @@ def cmd_experiment_new(args: argparse.Namespace) -> None:
     from lab.experiments import ExperimentError, create_experiment, experiment_runs
 
     engine = _engine(args.db)
-    config, grpo = _initial(args)
     try:
         experiment = create_experiment(
             engine, name=args.name, arms=[a for a in args.arms.split(",") if a.strip()], seeds=args.seeds,
-            stages=args.stages, config=config, scenario=args.scenario, policy=args.policy, grpo=grpo,
+            stages=args.stages, config=config_file(args.config) if args.config else None, scenario=args.scenario,
+            instances=args.instances, policy=args.policy, grpo=_grpo_overrides(args.grpo),
             validation_per_size=args.validation_per_size, validation_boards=args.validation_boards,
             base_url=args.base_url, lora=args.lora, description=args.description)
     except ExperimentError as err:

@@ -34,6 +34,7 @@ from lab.experiments import (
     create_experiment,
     experiment_progress,
     experiment_runs,
+    find_experiment,
     load_scenario,
     queue_benchmarks,
 )
@@ -316,6 +317,12 @@ def test_experiment_commands_queue_list_report_and_refuse(lab, tmp_path, capsys,
                      "max_steps=2", "--db", db]) == 0
     out = capsys.readouterr().out
     assert "4 runs queued (2 arms x 2 seeds)" in out and "1 stages x 8 boards x 2 GRPO steps; 240 validation" in out
+    assert cli.main(["experiment", "new", "--name", "hard", "--arms", "fixed", "--seeds", "1", "--scenario",
+                     "hard-start", "--instances", "32", "--db", db]) == 0
+    hard = find_experiment(lab, "hard").settings
+    assert (hard["scenario"], hard["instances"], hard["config"]["hole_ratio"]["10"]) == ("hard-start", 32, 0.4)
+    assert cli.main(["experiment", "new", "--name", "x", "--arms", "fixed", "--stages", "0", "--db", db]) == 2
+    assert "stages = 0" in capsys.readouterr().err and find_experiment(lab, "hard").id == 2
     assert cli.main(["experiment", "new", "--name", "cli", "--arms", "fixed", "--db", db]) == 2
     assert "an experiment named 'cli' exists already" in capsys.readouterr().err
     assert cli.main(["experiment", "new", "--name", "x", "--arms", "fixed,fixed", "--db", db]) == 2
@@ -325,7 +332,9 @@ def test_experiment_commands_queue_list_report_and_refuse(lab, tmp_path, capsys,
     assert "'speed'" in err and "not GRPOConfig fields" in err
     run_all(lab)
     assert cli.main(["experiment", "list", "--db", db]) == 0
-    assert "cli: arms fixed, random; 2 seeds; 1 stages; runs 4 done; 8/8 stages done" in capsys.readouterr().out
+    listed = capsys.readouterr().out
+    assert "cli: arms fixed, random; 2 seeds; 1 stages; runs 4 done; 8/8 stages done" in listed
+    assert "hard: arms fixed; 1 seeds; 3 stages; runs 1 done; 4/4 stages done" in listed
     assert cli.main(["experiment", "report", "cli", "--out", str(tmp_path / "out"), "--db", db]) == 0
     out = capsys.readouterr().out
     assert out.startswith("# Experiment cli") and "## Valid rate minus `fixed`, paired by seed" in out
