@@ -49,6 +49,14 @@ JSON_IDS: dict[tuple[str, str], dict[str, str]] = {
     ("jobs", "payload"): {"run_id": "runs", "replaces": "proposals"},
     ("jobs", "result"): {"run_id": "runs", "proposal_id": "proposals"},
 }
+# Foreign keys out of a run's world: the file keeps them, an import leaves them NULL. A run travels alone, not
+# with the experiment it was one of (its `arm` and settings still say which arm it was).
+DETACHED = {("runs", "experiment_id")}
+
+
+def _links(table: Table) -> list:
+    """The table's foreign keys that travel with a run (all but the `DETACHED` ones)."""
+    return [fk for fk in table.foreign_keys if (table.name, fk.parent.name) not in DETACHED]
 
 
 class ArchiveError(ValueError):
@@ -60,12 +68,12 @@ def run_tables() -> list[Table]:
     foreign key into one that travels."""
     tables: list[Table] = []
     for table in SQLModel.metadata.sorted_tables:  # parents before children
-        parents = {fk.column.table.name for fk in table.foreign_keys}
+        parents = {fk.column.table.name for fk in _links(table)}
         if table.name == ROOT or parents & {t.name for t in tables}:
             tables.append(table)
     names = {t.name for t in tables}
     for table in tables:
-        if outside := {fk.column.table.name for fk in table.foreign_keys} - names:
+        if outside := {fk.column.table.name for fk in _links(table)} - names:
             raise ArchiveError(f"table {table.name} refers to {', '.join(sorted(outside))}, which does not travel "
                                "with a run: lab/archive.py cannot remap those ids")
         if len(table.primary_key.columns) != 1:
@@ -90,7 +98,7 @@ def _rows_of_run(table: Table, run_id: int) -> ColumnElement[bool]:
     if table.name == ROOT:
         return _pk(table) == run_id
     return or_(*(fk.parent.in_(select(fk.column).where(_rows_of_run(fk.column.table, run_id)))
-                 for fk in table.foreign_keys))
+                 for fk in _links(table)))
 
 
 # --- export --------------------------------------------------------------------------------------------------
@@ -326,7 +334,8 @@ class _Rows:
     def __init__(self, table: Table, ids: dict[str, dict[int, int]], where: str):
         self.table, self.ids, self.where = table, ids, where
         self.pk = _pk(table).name
-        self.fks = {fk.parent.name: fk.column.table.name for fk in table.foreign_keys}
+        self.fks = {fk.parent.name: fk.column.table.name for fk in _links(table)}
+        self.detached = {column for name, column in DETACHED if name == table.name}
         self.datetimes = {c.name for c in table.columns if _is_datetime(c)}
         self.json_ids = {column: keys for (name, column), keys in JSON_IDS.items() if name == table.name}
 
@@ -341,7 +350,9 @@ class _Rows:
         for name, value in row.items():
             if name == self.pk:
                 continue
-            if value is not None and name in self.fks:
+            if name in self.detached:
+                value = None
+            elif value is not None and name in self.fks:
                 value = self._id(self.fks[name], value, n, name)
             elif value is not None and name in self.datetimes:
                 try:

@@ -361,11 +361,11 @@ def cmd_experiment_new(args: argparse.Namespace) -> None:
     from lab.experiments import ExperimentError, create_experiment, experiment_runs
 
     engine = _engine(args.db)
-    config, grpo = _initial(args)
     try:
         experiment = create_experiment(
             engine, name=args.name, arms=[a for a in args.arms.split(",") if a.strip()], seeds=args.seeds,
-            stages=args.stages, config=config, scenario=args.scenario, policy=args.policy, grpo=grpo,
+            stages=args.stages, config=config_file(args.config) if args.config else None, scenario=args.scenario,
+            instances=args.instances, policy=args.policy, grpo=_grpo_overrides(args.grpo),
             validation_per_size=args.validation_per_size, validation_boards=args.validation_boards,
             base_url=args.base_url, lora=args.lora, description=args.description)
     except ExperimentError as err:
@@ -482,6 +482,35 @@ def cmd_experiment_benchmark(args: argparse.Namespace) -> None:
     print("a worker runs them (envlab worker, or envlab experiment run NAME --benchmark); the Leaderboard shows them")
 
 
+def run_arguments(sub: argparse._SubParsersAction) -> None:
+    """`envlab run`'s options."""
+    s = sub.add_parser("run", help="run stages headless: train, evaluate, propose, decide, repeat")
+    s.add_argument("--stages", type=int, default=3)
+    s.add_argument("--engineer", help="fixed, random, heuristic or llm (default heuristic; with --resume: switch "
+                                      "the run's engineer, e.g. after the llm engineer failed)")
+    s.add_argument("--backend", help="the llm engineer's backend: hf:policy, hf:gemma3-270m, openai:<model>")
+    s.add_argument("--base-url", help="base URL of an OpenAI-compatible server (openai: backends)")
+    s.add_argument("--auto-apply", action="store_true", help="apply every proposal without waiting for a person")
+    s.add_argument("--policy", default="tiny", help="tiny, gemma3-270m, a checkpoint folder or a model name")
+    s.add_argument("--config", type=Path, help="initial EnvConfig JSON (default: the round-0 config)")
+    s.add_argument("--instances", type=int, help="training instances per stage")
+    s.add_argument("--validation-boards", type=int, metavar="N",
+                   help="evaluate each stage on N of the 240 validation boards, spread over the sizes (default: all)")
+    s.add_argument("--grpo", action="append", default=[], metavar="KEY=VALUE", help="a GRPOConfig field")
+    s.add_argument("--lora", type=int, default=0, metavar="RANK",
+                   help="train LoRA adapters of this rank (needs peft), e.g. 16 for a large policy; 0: every weight")
+    s.add_argument("--context", default=DEFAULT_PRESET, choices=list(CONTEXT_PRESETS),
+                   help="the llm engineer's context preset (docs/engineers.md)")
+    s.add_argument("--scenario", help="a named start, assets/scenarios/NAME.json (default: the round-0 config)")
+    s.add_argument("--validation-per-size", type=int, metavar="N",
+                   help="evaluate on a larger validation set, N boards per size (e.g. 120: 960 boards; default 30)")
+    s.add_argument("--name", default="run")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--resume", type=int, metavar="RUN_ID", help="continue a run that was interrupted")
+    s.add_argument("--db", help="database path or URL (default: $ENVLAB_DB or runs/envlab.db)")
+    s.set_defaults(fn=cmd_run)
+
+
 def experiment_arguments(sub: argparse._SubParsersAction) -> None:
     """`envlab experiment new|run|list|report|benchmark` (docs/experiments.md)."""
     db = dict(help="database path or URL (default: $ENVLAB_DB or runs/envlab.db)")
@@ -564,31 +593,7 @@ def arguments() -> argparse.ArgumentParser:
     s.add_argument("--gif", type=Path, metavar="FILE", help="also write the replay as an animated GIF (for slides)")
     s.set_defaults(fn=cmd_show)
 
-    s = sub.add_parser("run", help="run stages headless: train, evaluate, propose, decide, repeat")
-    s.add_argument("--stages", type=int, default=3)
-    s.add_argument("--engineer", help="fixed, random, heuristic or llm (default heuristic; with --resume: switch "
-                                      "the run's engineer, e.g. after the llm engineer failed)")
-    s.add_argument("--backend", help="the llm engineer's backend: hf:policy, hf:gemma3-270m, openai:<model>")
-    s.add_argument("--base-url", help="base URL of an OpenAI-compatible server (openai: backends)")
-    s.add_argument("--auto-apply", action="store_true", help="apply every proposal without waiting for a person")
-    s.add_argument("--policy", default="tiny", help="tiny, gemma3-270m, a checkpoint folder or a model name")
-    s.add_argument("--config", type=Path, help="initial EnvConfig JSON (default: the round-0 config)")
-    s.add_argument("--instances", type=int, help="training instances per stage")
-    s.add_argument("--validation-boards", type=int, metavar="N",
-                   help="evaluate each stage on N of the 240 validation boards, spread over the sizes (default: all)")
-    s.add_argument("--grpo", action="append", default=[], metavar="KEY=VALUE", help="a GRPOConfig field")
-    s.add_argument("--lora", type=int, default=0, metavar="RANK",
-                   help="train LoRA adapters of this rank (needs peft), e.g. 16 for a large policy; 0: every weight")
-    s.add_argument("--context", default=DEFAULT_PRESET, choices=list(CONTEXT_PRESETS),
-                   help="the llm engineer's context preset (docs/engineers.md)")
-    s.add_argument("--scenario", help="a named start, assets/scenarios/NAME.json (default: the round-0 config)")
-    s.add_argument("--validation-per-size", type=int, metavar="N",
-                   help="evaluate on a larger validation set, N boards per size (e.g. 120: 960 boards; default 30)")
-    s.add_argument("--name", default="run")
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--resume", type=int, metavar="RUN_ID", help="continue a run that was interrupted")
-    s.add_argument("--db", help="database path or URL (default: $ENVLAB_DB or runs/envlab.db)")
-    s.set_defaults(fn=cmd_run)
+    run_arguments(sub)
 
     s = sub.add_parser("worker", help="run queued jobs (training stages, evaluations, proposals)")
     from lab.worker import add_arguments

@@ -160,9 +160,12 @@ def create_experiment(engine: Engine, *, name: str, arms: Sequence[str | Arm], s
         raise ExperimentError(f"arm names must be unique: {[a.name for a in parsed]}; name one NAME=SPEC")
     if seeds < 1:
         raise ExperimentError(f"seeds = {seeds}: an experiment runs at least 1 seed per arm")
+    if stages < 1 or lora < 0 or (validation_boards is not None and validation_boards < 1):
+        raise ExperimentError(f"stages = {stages}, lora = {lora}, validation_boards = {validation_boards}: at least "
+                              "1 stage, a LoRA rank of 0 or more, at least 1 validation board")
     chosen = load_scenario(scenario or DEFAULT_SCENARIO)
-    origin = chosen.name if config is None else "a config of its own" + (f" (scenario {scenario}'s GRPO)" if scenario
-                                                                        else "")
+    origin = chosen.name if config is None else "a config of its own" + (f", scenario {scenario}'s GRPO settings"
+                                                                        if scenario else "")
     config = config or chosen.config
     if instances is not None:
         config = config.model_copy(update={"num_instances": instances})

@@ -11,7 +11,7 @@ import os
 import socket
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +19,10 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
-from envsim.config import EnvConfig
+from envsim.config import Adjustment, EnvConfig, Projection
 from envsim.suite import Split, validation_cells
 from lab.context import ContextModules, Evidence, context_preset, load_stage_result, preset_of
-from lab.engineers import ENGINEERS
+from lab.engineers import ENGINEERS, EngineerAnswer
 from lab.proposals import current_proposal, decide, decision_of, store_proposal
 from storage.db import checkpoint_of, lock_run
 from storage.db import session as open_session
@@ -301,6 +301,19 @@ def evidence_for(s: Session, run: Run, after_stage: int) -> Evidence:
                     hyperparameters=run.settings.get("grpo") or None, self_summary=None)
 
 
+def keep_instances(answer: EngineerAnswer, n: int) -> EngineerAnswer:
+    """The answer with `num_instances` kept at `n`, the change listed among its adjustments: a run of an
+    experiment trains every stage on the same number of boards, whatever its engineer proposes (equal compute,
+    docs/experiments.md)."""
+    projection = answer.projection
+    if projection is None or projection.config.num_instances == n:
+        return answer
+    kept = Adjustment("num_instances", projection.config.num_instances, n,
+                      "kept: every stage of an experiment's run trains on the same number of boards")
+    return replace(answer, projection=Projection(projection.config.model_copy(update={"num_instances": n}),
+                                                 (*projection.adjustments, kept)))
+
+
 def run_propose_job(engine: Engine, job: Job, progress: Callable[..., bool]) -> dict:
     """The `propose` job: run the engineer on the evidence and store its proposal (even a failed one)."""
     run_id, after = job.payload["run_id"], job.payload["after_stage"]
@@ -315,6 +328,8 @@ def run_propose_job(engine: Engine, job: Job, progress: Callable[..., bool]) -> 
                        "policy_path": checkpoint_of(engine, stage),
                        "modules": ContextModules(**run.settings["context"])}
         answer = ENGINEERS[run.engineer](evidence, seed=run.seed * 1000 + after, **options)
+        if run.experiment_id is not None:
+            answer = keep_instances(answer, evidence.current.config.num_instances)
         proposal = store_proposal(s, run_id, after, run.engineer, answer, evidence.current.config)
         progress(1, 1, f"proposal {proposal.id}" + (f" failed: {answer.error}" if answer.error else ""))
         return {"proposal_id": proposal.id, "error": answer.error}

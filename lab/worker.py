@@ -302,13 +302,16 @@ def worker_busy(engine: Engine) -> bool:
     return worker_status(engine)[0] == WorkerState.BUSY
 
 
-def _die_with_parent() -> None:
-    """In the child, before it runs: ask Linux to SIGKILL it when its parent dies, even by SIGKILL (no atexit
-    runs then). Elsewhere a no-op."""
-    if sys.platform.startswith("linux"):
-        import ctypes
+def _death_signal() -> Callable[[], None] | None:
+    """What the child runs before it starts on Linux: ask the kernel to SIGKILL it when its parent dies, even
+    by SIGKILL (no atexit runs then). Resolved here, in the parent, so the forked child imports nothing (an
+    import lock another thread held at the fork would stay held). None elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    return lambda: prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
 
 
 def start_worker(db: str | None, *, options: Sequence[str] = (), die_with_parent: bool = False,
@@ -322,7 +325,7 @@ def start_worker(db: str | None, *, options: Sequence[str] = (), die_with_parent
     out = log.open("a") if log is not None else None
     proc = subprocess.Popen([sys.executable, "-m", "lab.cli", "worker", *options], env=env,  # same working directory
                             stdout=out, stderr=subprocess.STDOUT if out else None,
-                            preexec_fn=_die_with_parent if die_with_parent else None)
+                            preexec_fn=_death_signal() if die_with_parent else None)
     if out is not None:
         out.close()  # the child holds its own copy
 

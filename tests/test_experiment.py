@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from sqlmodel import select
 
-from envsim.config import EnvConfig
+from envsim.config import EnvConfig, project
 from envsim.generator import generate
 from envsim.parser import format_plan
 from envsim.scoring import score_answer
@@ -25,6 +25,7 @@ from envsim.suite import VALIDATION_PER_SIZE, WAIT_SUBSETS, build, round_half_up
 from lab import cli
 from lab.comparison import AUC, POOLED, RESAMPLES, Rate, comparison, curves_figure, report_markdown, write_report
 from lab.context import CONTEXT_PRESETS, ContextModules, build_context
+from lab.engineers import ENGINEERS, EngineerAnswer
 from lab.experiments import (
     Arm,
     ExperimentError,
@@ -33,6 +34,7 @@ from lab.experiments import (
     create_experiment,
     experiment_progress,
     experiment_runs,
+    find_experiment,
     load_scenario,
     queue_benchmarks,
 )
@@ -40,7 +42,7 @@ from lab.loop import LoopError, after_job, check_engineer, create_run, run_propo
 from lab.pages import runs as runs_page
 from lab.worker import run_worker
 from storage.db import make_engine, session, upgrade
-from storage.models import Episode, Experiment, Job, Run, Stage, StageMetric
+from storage.models import Episode, Experiment, Job, Proposal, Run, Stage, StageMetric
 from tests.test_context import evidence
 from training.evaluate import EpisodeResult, store_evaluation, validation_entries
 from training.stage import planned_steps
@@ -244,7 +246,8 @@ def interval(values: list[float]) -> tuple[float, float]:
     return tuple(np.percentile(means, [2.5, 97.5]))
 
 
-def test_the_report_equals_a_hand_computation_from_the_stored_rows(lab, tmp_path):
+def test_the_report_equals_a_hand_computation_from_the_stored_rows(engine, tmp_path):
+    lab = engine  # SQLite and PostgreSQL (tests/conftest.py)
     experiment = scripted_experiment(lab)
     runs = experiment_runs(lab, experiment.id)
     assert [(r.arm, r.seed) for r in runs] == [(a, k) for k in range(3) for a in ("fixed", "heuristic")]
@@ -314,6 +317,12 @@ def test_experiment_commands_queue_list_report_and_refuse(lab, tmp_path, capsys,
                      "max_steps=2", "--db", db]) == 0
     out = capsys.readouterr().out
     assert "4 runs queued (2 arms x 2 seeds)" in out and "1 stages x 8 boards x 2 GRPO steps; 240 validation" in out
+    assert cli.main(["experiment", "new", "--name", "hard", "--arms", "fixed", "--seeds", "1", "--scenario",
+                     "hard-start", "--instances", "32", "--db", db]) == 0
+    hard = find_experiment(lab, "hard").settings
+    assert (hard["scenario"], hard["instances"], hard["config"]["hole_ratio"]["10"]) == ("hard-start", 32, 0.4)
+    assert cli.main(["experiment", "new", "--name", "x", "--arms", "fixed", "--stages", "0", "--db", db]) == 2
+    assert "stages = 0" in capsys.readouterr().err and find_experiment(lab, "hard").id == 2
     assert cli.main(["experiment", "new", "--name", "cli", "--arms", "fixed", "--db", db]) == 2
     assert "an experiment named 'cli' exists already" in capsys.readouterr().err
     assert cli.main(["experiment", "new", "--name", "x", "--arms", "fixed,fixed", "--db", db]) == 2
@@ -323,7 +332,9 @@ def test_experiment_commands_queue_list_report_and_refuse(lab, tmp_path, capsys,
     assert "'speed'" in err and "not GRPOConfig fields" in err
     run_all(lab)
     assert cli.main(["experiment", "list", "--db", db]) == 0
-    assert "cli: arms fixed, random; 2 seeds; 1 stages; runs 4 done; 8/8 stages done" in capsys.readouterr().out
+    listed = capsys.readouterr().out
+    assert "cli: arms fixed, random; 2 seeds; 1 stages; runs 4 done; 8/8 stages done" in listed
+    assert "hard: arms fixed; 1 seeds; 3 stages; runs 1 done; 4/4 stages done" in listed
     assert cli.main(["experiment", "report", "cli", "--out", str(tmp_path / "out"), "--db", db]) == 0
     out = capsys.readouterr().out
     assert out.startswith("# Experiment cli") and "## Valid rate minus `fixed`, paired by seed" in out
@@ -371,3 +382,78 @@ def test_settings_record_the_equal_compute(lab):
             stage0 = s.exec(select(Stage).where(Stage.run_id == run.id)).one()
         assert EnvConfig.model_validate(stage0.config).data_ratio[10] == 0.86
         assert json.loads(json.dumps(stage0.config))["num_instances"] == 64
+
+
+def test_an_experiment_run_keeps_its_boards_per_stage_whatever_the_engineer_proposes(lab, monkeypatch):
+    def greedy(evidence, *, seed=0, **_):  # an engineer that asks for more boards than the others get
+        more = evidence.current.config.model_copy(update={"num_instances": 99})
+        return EngineerAnswer(prompt="", raw="", proposed=more.model_dump(mode="json"),
+                              projection=project(more.model_dump(mode="json")), rationale="more data")
+
+    monkeypatch.setitem(ENGINEERS, "fixed", greedy)
+    experiment = scripted_experiment(lab, seeds=1, stages=1)
+    with session(lab) as s:
+        for run in experiment_runs(lab, experiment.id):
+            stage1 = s.exec(select(Stage).where(Stage.run_id == run.id, Stage.index == 1)).one()
+            assert stage1.config["num_instances"] == 8
+        proposal = s.exec(select(Proposal).where(Proposal.engineer == "fixed")).one()
+        assert proposal.adjustments[-1] == {"field": "num_instances", "old": 99, "new": 8, "reason": (
+            "kept: every stage of an experiment's run trains on the same number of boards")}
+    with session(lab) as s:  # a run of no experiment takes what its engineer proposes
+        run = create_run(s, name="free", config=CONFIG, stages=1, engineer="fixed", auto_apply=True)
+    run_all(lab)
+    with session(lab) as s:
+        assert s.exec(select(Stage).where(Stage.run_id == run.id, Stage.index == 1)).one().config[
+            "num_instances"] == 99
+
+
+def test_run_takes_a_scenario_a_preset_and_a_larger_validation_set(lab, tmp_path):
+    args = cli.arguments().parse_args(["run", "--scenario", "hard-start", "--instances", "16", "--context",
+                                       "failures-only", "--engineer", "llm", "--backend", "openai:m",
+                                       "--validation-per-size", "33", "--grpo", "max_steps=1"])
+    with session(lab) as s:
+        run = cli._new_run(s, args)
+        stage0 = s.exec(select(Stage).where(Stage.run_id == run.id)).one()
+    assert (run.settings["context_preset"], run.settings["validation_per_size"], run.settings["grpo"]) == (
+        "failures-only", 33, {"max_steps": 1})
+    assert (stage0.config["num_instances"], stage0.config["data_ratio"]["10"]) == (16, 0.86)
+    with pytest.raises(cli.UsageError, match="unknown scenario 'easy'"):
+        cli._new_run(None, cli.arguments().parse_args(["run", "--scenario", "easy"]))
+    with pytest.raises(cli.UsageError, match="validation_per_size = 31: a multiple of 3"), session(lab) as s:
+        cli._new_run(s, cli.arguments().parse_args(["run", "--validation-per-size", "31"]))
+
+
+def test_the_real_stage_evaluates_on_the_larger_validation_set(lab, tmp_path):
+    torch = pytest.importorskip("torch")
+    from training.stage import run_stage_job
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with session(lab) as s:
+            run = create_run(s, name="big", config=CONFIG, stages=1, engineer="fixed", validation_per_size=33)
+        run_worker(lab, {"stage": run_stage_job}, once=True, poll_s=0.01)
+    finally:
+        torch.set_num_threads(threads)
+    with session(lab) as s:
+        episodes = s.exec(select(Episode).where(Episode.run_id == run.id)).all()
+        metrics = s.exec(select(StageMetric).where(StageMetric.run_id == run.id)).all()
+    assert len(episodes) == 264 and {m.size: m.episodes for m in metrics} == {s: 33 for s in range(3, 11)}
+    assert (tmp_path / "validation-33.jsonl").is_file()  # cached under the runs root, beside the database
+    standard = {e.instance.id for e in build("validation")[0]}
+    assert standard <= {e.instance_id for e in episodes}
+
+
+def test_a_run_of_an_experiment_travels_alone(lab, tmp_path):
+    from lab.archive import export_run, import_run
+
+    experiment = scripted_experiment(lab, seeds=1, stages=1)
+    run = experiment_runs(lab, experiment.id)[1]
+    path = export_run(lab, run.id, tmp_path / "run.zip")
+    other = make_engine(str(tmp_path / "other" / "lab.db"))
+    upgrade(other)
+    with session(other) as s:
+        imported = s.get(Run, import_run(other, path))
+        assert (imported.uuid, imported.arm, imported.experiment_id) == (run.uuid, "heuristic", None)
+        assert s.exec(select(Experiment)).all() == []
+    other.dispose()

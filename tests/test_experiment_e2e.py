@@ -20,6 +20,7 @@ from sqlmodel import select
 from envsim.config import EnvConfig
 from lab.cli import main
 from lab.experiments import experiment_runs, find_experiment
+from lab.loop import _alive
 from storage.db import make_engine, session
 from storage.models import Episode, Job, Proposal, Stage, StageMetric
 
@@ -54,6 +55,12 @@ def test_an_experiment_through_the_real_workers_is_killed_and_resumed(tmp_path: 
         time.sleep(0.2)
     first.send_signal(signal.SIGKILL)
     first.wait()
+    with session(engine) as s:  # the worker it started dies with it (Linux's parent-death signal)
+        pids = {int(j.worker.rpartition(":")[2]) for j in s.exec(select(Job).where(Job.worker.is_not(None)))}
+    gone = time.monotonic() + 10
+    while any(_alive(pid) for pid in pids) and time.monotonic() < gone:
+        time.sleep(0.1)
+    assert pids and not any(_alive(pid) for pid in pids)
     killed_at = stages_done(engine)
     assert killed_at < 8  # work was left to do
     second = subprocess.run(command(db), env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
