@@ -6,10 +6,16 @@ trained and evaluated, and the engineer's second proposal left waiting for a per
 CPU). The page is served on it and Debian's Chromium, driven by Playwright, opens each tab and saves
 `docs/screenshots/<tab>.png` (1280x800, the visible part of the page, in 256 colours).
 
-    python docs/screenshots.py [--out docs/screenshots] [--db /tmp/shots.db]
+The Compare tab needs an experiment, which that one run is not: its picture is taken on the shipped study
+(`--study`, by default `docs/results/hardstart/study.db.gz`, gunzipped to a temporary file) served by a second
+short server, with the experiment `hardstart` selected and its curves drawn.
+
+    python docs/screenshots.py [--out docs/screenshots] [--db /tmp/shots.db] [--study FILE] [--only compare]
 
 With `--db`, the run is built in that file the first time and reused on the next calls (to retake the
-pictures after a change to the page without training again).
+pictures after a change to the page without training again). `--only` takes a comma-separated list of
+pictures (`runs,stage-review,episode,proposal,train,playground,leaderboard,compare`); `--only compare` needs
+no run at all, so it trains nothing. `--study ''` leaves the Compare picture out.
 
 Needs `pip install playwright` and `apt-get install chromium` (never `playwright install`).
 """
@@ -17,6 +23,8 @@ Needs `pip install playwright` and `apt-get install chromium` (never `playwright
 from __future__ import annotations
 
 import argparse
+import gzip
+import shutil
 import socket
 import sys
 import tempfile
@@ -40,6 +48,8 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
                  "--no-first-run", "--disable-sync"]
 VIEWPORT = {"width": 1280, "height": 800}
 SETTLE_S = 2.0  # after a tab shows its content: plots finish drawing
+STUDY = Path(__file__).resolve().parent / "results" / "hardstart" / "study.db.gz"
+RUN_SHOTS = ("runs", "stage-review", "episode", "proposal", "train", "playground", "leaderboard")
 
 
 @dataclass
@@ -49,6 +59,8 @@ class Args:
     instances: int = 64
     validation_boards: int = 48
     threads: int = 2
+    study: str = str(STUDY) if STUDY.exists() else ""  # an experiment's database (.db or .db.gz); '' = no compare.png
+    only: str = ""  # comma-separated pictures to take; '' = all of them
 
 
 def until_waiting(engine, run_id: int) -> str:
@@ -87,7 +99,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def shoot(url: str, run_id: int, episode_id: int, proposal_id: int, out: Path) -> list[Path]:
+def save(page, path: Path) -> Path:
+    """The visible part of the page as a PNG in 256 colours (a third of the bytes, no visible change on a UI)."""
+    page.screenshot(path=str(path))
+    with Image.open(path) as shot:
+        small = shot.convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT)
+    small.save(path, optimize=True)
+    print(f"{path} ({path.stat().st_size // 1024} KB)", file=sys.stderr, flush=True)
+    return path
+
+
+def shoot(url: str, run_id: int, episode_id: int, proposal_id: int, out: Path,
+          names: tuple[str, ...] = RUN_SHOTS) -> list[Path]:
     """Open each tab in Chromium, wait for its content, save its PNG; returns the files."""
     from playwright.sync_api import sync_playwright
 
@@ -107,25 +130,71 @@ def shoot(url: str, run_id: int, episode_id: int, proposal_id: int, out: Path) -
         page = browser.new_page(viewport=VIEWPORT)
         page.set_default_timeout(30_000)
         for name, address, tab, marker in shots:
+            if name not in names:
+                continue
             page.goto(url + address)
             page.get_by_role("tab", name=tab).click()
             page.get_by_text(marker).filter(visible=True).first.wait_for()
             if name != "runs":  # the tab bar at the top: more of the tab, less of the header above it
                 page.locator("#tabs").evaluate("tabs => window.scrollTo(0, tabs.offsetTop - 8)")
             time.sleep(SETTLE_S)
-            path = out / f"{name}.png"
-            page.screenshot(path=str(path))
-            with Image.open(path) as shot:  # 256 colours: a third of the bytes, no visible change on a UI
-                small = shot.convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT)
-            small.save(path, optimize=True)
-            files.append(path)
-            print(f"{path} ({path.stat().st_size // 1024} KB)", file=sys.stderr, flush=True)
+            files.append(save(page, out / f"{name}.png"))
         browser.close()
     return files
 
 
+def shoot_compare(url: str, out: Path) -> Path:
+    """The Compare tab on a study's database: its newest experiment selected (the tab picks it) and drawn."""
+    from playwright.sync_api import sync_playwright
+
+    out.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport=VIEWPORT)
+        page.set_default_timeout(30_000)
+        page.goto(url)
+        page.get_by_role("tab", name="Compare").click()
+        page.locator("#compare-summary").get_by_text("runs done").first.wait_for()
+        page.locator("#compare-curves .js-plotly-plot .scatterlayer .trace").first.wait_for()
+        page.locator("#tabs").evaluate("tabs => window.scrollTo(0, tabs.offsetTop - 8)")
+        time.sleep(SETTLE_S)
+        path = save(page, out / "compare.png")
+        browser.close()
+    return path
+
+
+def compare_shot(study: str, out: Path) -> Path:
+    """Serve the page on a copy of the study's database (gunzipped when it ends in .gz) and take compare.png."""
+    db = Path(tempfile.mkdtemp(prefix="envlab-study-")) / "study.db"
+    with (gzip.open if study.endswith(".gz") else open)(study, "rb") as src, open(db, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    engine = make_engine(str(db))
+    upgrade(engine)
+    demo = app.build_demo(engine)
+    port = free_port()
+    app.launch(demo, port=port, block=False)
+    try:
+        return shoot_compare(f"http://127.0.0.1:{port}/", out)
+    finally:
+        demo.close()
+        engine.dispose()
+        shutil.rmtree(db.parent, ignore_errors=True)
+
+
 def main(args: Args) -> None:
     torch.set_num_threads(args.threads)
+    names = tuple(n.strip() for n in args.only.split(",") if n.strip()) or (*RUN_SHOTS, "compare")
+    unknown = set(names) - {*RUN_SHOTS, "compare"}
+    if unknown:
+        raise SystemExit(f"--only: no picture called {', '.join(sorted(unknown))}")
+    if "compare" in names:
+        if args.study:
+            compare_shot(args.study, Path(args.out))
+        elif args.only:
+            raise SystemExit("--only compare needs --study (an experiment's database)")
+    run_names = tuple(n for n in names if n in RUN_SHOTS)
+    if not run_names:
+        return
     db = args.db or str(Path(tempfile.mkdtemp(prefix="envlab-shots-")) / "envlab.db")
     engine = make_engine(db)
     upgrade(engine)
@@ -138,7 +207,8 @@ def main(args: Args) -> None:
     port = free_port()
     app.launch(demo, port=port, block=False)
     try:
-        shoot(f"http://127.0.0.1:{port}/", run_id, episode_id, pending_proposal(engine, run_id), Path(args.out))
+        shoot(f"http://127.0.0.1:{port}/", run_id, episode_id, pending_proposal(engine, run_id), Path(args.out),
+              run_names)
     finally:
         demo.close()
         engine.dispose()
