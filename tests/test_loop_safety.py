@@ -34,7 +34,7 @@ from storage import queue
 from storage.db import current_revision, make_engine, session, upgrade
 from storage.models import Decision, Job, JobKind, JobStatus, Proposal, Run, RunStatus, Stage, utcnow
 from tests.test_loop import BOARDS, CONFIG, HANDLERS, recorded_stage, work
-from tests.test_storage import in_processes
+from tests.test_storage import HEAD, in_processes
 from training.evaluate import EpisodeResult, store_evaluation
 
 
@@ -276,7 +276,7 @@ def test_a_database_of_the_previous_version_upgrades_with_nothing_lost(db_url):
                 (5, "stage", {"run_id": 2, "stage_index": 0}, "queued"),
                 (6, "benchmark", {"run_id": 1, "stage_index": 0}, "done")]])
     upgrade(engine)
-    assert current_revision(engine) == "0004"
+    assert current_revision(engine) == HEAD
     with session(engine) as s:
         got_runs = s.exec(select(Run).order_by(Run.id)).all()
         assert [(r.id, r.name, r.description, r.settings, r.seed, r.status, r.status_reason, r.created_at)
