@@ -9,6 +9,10 @@ page polls with `gr.Timer`.
 This module assembles the page: the bar above the tabs (the open run, the worker's badge), the tabs from
 `lab/pages/` (one module each, with its view functions and its widgets), and the events that cross tabs.
 
+A lab that starts on an empty database imports the shipped example run first (`lab.example`: a real 3-stage
+run with a decision of each kind), so every tab has something to show on the first visit; `--no-example`
+skips it, and a database that holds a run already is left as it is.
+
 A worker is started beside the page unless `--no-worker` is given or one is visibly at work: a running job
 whose heartbeat is fresh. An idle worker writes nothing (a worker has no row of its own), so a lab whose
 worker idles on another machine gets a second one here; that is harmless, as claims are exclusive.
@@ -30,6 +34,8 @@ from typing import Any
 import gradio as gr
 from sqlalchemy import Engine
 
+from lab.archive import ArchiveError
+from lab.example import ensure_example
 from lab.pages import compare, episode, leaderboard, playground, proposal, review, runs, train
 from lab.pages.common import Page
 from lab.runs import run_of_episode, run_of_proposal
@@ -215,6 +221,8 @@ def arguments() -> argparse.ArgumentParser:
     p.add_argument("--auth", help="user:password, or a file with one user:password per line")
     p.add_argument("--db", help="database path or URL (default: $ENVLAB_DB, else runs/envlab.db)")
     p.add_argument("--no-worker", action="store_true", help="do not start a worker beside the page")
+    p.add_argument("--no-example", action="store_true",
+                   help="start an empty database empty (by default the shipped example run is imported into it)")
     return p
 
 
@@ -241,6 +249,18 @@ def port_free(host: str, port: int) -> bool:
     return True
 
 
+def add_example(engine: Engine) -> None:
+    """The shipped example run, into a database that holds no run yet; a file that cannot be imported is said
+    in one line, and the lab starts without it."""
+    try:
+        run_id = ensure_example(engine)
+    except ArchiveError as err:
+        print(f"the example run was not imported: {err}", file=sys.stderr)
+        return
+    if run_id is not None:
+        print(f"an empty lab: the example run is run #{run_id} (--no-example leaves a new lab empty)", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = arguments().parse_args(argv)
     host, port = address(args.host, args.port)
@@ -254,6 +274,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
     engine = make_engine(args.db)
     upgrade(engine)
+    if not args.no_example:
+        add_example(engine)
     if args.no_worker:
         print("not starting a worker (--no-worker): queued jobs wait for `envlab worker`", file=sys.stderr)
     elif worker_busy(engine):

@@ -621,8 +621,8 @@ def arguments() -> argparse.ArgumentParser:
 
 def serve(argv: list[str]) -> NoReturn:
     """`envlab serve`: this process becomes `python -m app` (the web lab, which parses its own options:
-    --host, --port, --auth, --db, --no-worker). The page sits above the lab, so the lab starts it as a
-    program, as the page starts `envlab worker`, instead of importing it; the process keeps its id, so
+    --host, --port, --auth, --db, --no-worker, --no-example). The page sits above the lab, so the lab starts it
+    as a program, as the page starts `envlab worker`, instead of importing it; the process keeps its id, so
     signals reach the page."""
     sys.stdout.flush()
     sys.stderr.flush()

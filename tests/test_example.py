@@ -1,0 +1,173 @@
+"""The shipped example: a new lab imports it on its first start and never again, `--no-example` leaves a new lab
+empty, and `assets/example-run.zip` holds the real 3-stage heuristic run that `python -m lab.example --make`
+makes, with a decision of each kind and the reason for each."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+from sqlmodel import func, select
+
+import app
+from envsim.suite import Split
+from lab import example
+from lab.archive import ArchiveError, read_manifest
+from lab.engineers import ENGINEERS
+from lab.example import EXAMPLE, NAME, decision, ensure_example
+from lab.loop import create_run, evidence_for, stages_of
+from lab.pages.runs import run_choices
+from lab.results import stage_summaries
+from storage.db import make_engine, session, upgrade
+from storage.models import Action, Decision, Episode, Proposal, Run, RunStatus, StageStatus
+from tests.test_loop import CONFIG
+
+VALIDATION_BOARDS = 240
+BENCHMARK_BOARDS = 3150
+
+
+def _engine(path: Path):
+    engine = make_engine(str(path))
+    upgrade(engine)
+    return engine
+
+
+def _runs(engine) -> list[Run]:
+    with session(engine) as s:
+        return list(s.exec(select(Run).order_by(Run.id)))
+
+
+@pytest.fixture(scope="module")
+def shipped(tmp_path_factory):
+    """The shipped example imported into a fresh lab: (engine, run id)."""
+    engine = _engine(tmp_path_factory.mktemp("example") / "envlab.db")
+    yield engine, ensure_example(engine)
+    engine.dispose()
+
+
+# ---------------------------------------------------------------- a lab's first start
+
+
+def test_a_new_lab_gets_the_example_once_and_marked_as_one(tmp_path: Path):
+    engine = _engine(tmp_path / "envlab.db")
+    run_id = ensure_example(engine)
+    assert run_id is not None
+    assert ensure_example(engine) is None  # the second start: the database is not empty
+    [run] = _runs(engine)
+    assert (run.id, run.name, run.settings["example"]) == (run_id, NAME, True)
+    assert run.description.startswith("Example: ")
+    assert run_choices(engine) == [(f"#{run_id} {NAME} (done)", run_id)]  # the Runs list says what it is
+    with pytest.raises(ArchiveError, match="is already in this database"):  # and the archive refuses it twice
+        example.import_run(engine, EXAMPLE)
+    engine.dispose()
+
+
+def test_a_lab_that_holds_a_run_is_left_as_it_is(tmp_path: Path):
+    engine = _engine(tmp_path / "envlab.db")
+    with session(engine) as s:
+        mine = create_run(s, name="mine", config=CONFIG, stages=1).id
+    assert ensure_example(engine, tmp_path / "not-read.zip") is None
+    assert [r.id for r in _runs(engine)] == [mine]
+    engine.dispose()
+
+
+def test_a_missing_example_file_is_said_in_one_line_and_the_lab_starts_empty(tmp_path: Path, monkeypatch, capsys):
+    monkeypatch.setattr(example, "EXAMPLE", tmp_path / "gone.zip")
+    engine = _engine(tmp_path / "envlab.db")
+    app.add_example(engine)
+    assert capsys.readouterr().err == f"the example run was not imported: {tmp_path / 'gone.zip'}: no such file\n"
+    assert _runs(engine) == []
+    engine.dispose()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_serve_imports_the_example_before_the_page_is_built_unless_no_example(tmp_path: Path, monkeypatch, capsys):
+    """`python app.py` / `envlab serve` down to the page: the example is in before `build_demo` runs, once;
+    `--no-example` leaves a new lab empty. The page itself is not built or served here (tests/test_app.py)."""
+    runs_when_built: list[list[str]] = []
+
+    def build_demo(engine):
+        runs_when_built.append([r.name for r in _runs(engine)])
+        return "the page"
+
+    monkeypatch.setattr(app, "build_demo", build_demo)
+    monkeypatch.setattr(app, "launch", lambda demo, *args, **kwargs: None)
+    monkeypatch.setattr(app.signal, "signal", lambda *args: None)
+    port = str(_free_port())
+
+    empty, first = str(tmp_path / "empty.db"), str(tmp_path / "first.db")
+    assert app.main(["--db", empty, "--port", port, "--no-worker", "--no-example"]) == 0
+    assert app.main(["--db", first, "--port", port, "--no-worker"]) == 0
+    assert "an empty lab: the example run is run #1" in capsys.readouterr().err
+    assert app.main(["--db", first, "--port", port, "--no-worker"]) == 0
+    assert "example" not in capsys.readouterr().err
+    assert runs_when_built == [[], [NAME], [NAME]]
+
+
+# ---------------------------------------------------------------- what the shipped file holds
+
+
+def test_the_file_is_a_small_run_archive_without_checkpoints():
+    manifest = read_manifest(EXAMPLE)
+    assert manifest["run"]["name"] == NAME
+    assert manifest["checkpoints"] == []
+    rows = {name: entry["rows"] for name, entry in manifest["tables"].items()}
+    assert (rows["stages"], rows["proposals"], rows["decisions"]) == (4, 4, 4)
+    assert EXAMPLE.stat().st_size < 5_000_000
+
+
+def test_it_is_a_finished_3_stage_run_of_the_tiny_policy_with_the_heuristic_engineer(shipped):
+    engine, run_id = shipped
+    with session(engine) as s:
+        run = s.get(Run, run_id)
+        assert (run.policy, run.engineer, run.seed, run.status) == ("tiny", "heuristic", 0, RunStatus.DONE)
+        assert (run.settings["stages"], run.settings["auto_apply"]) == (3, False)
+        stages = stages_of(s, run_id)
+        assert [(st.index, st.status) for st in stages] == [(k, StageStatus.DONE) for k in range(4)]
+        summaries = stage_summaries(s, run_id)
+        assert {k: summaries[k].pooled.episodes for k in summaries} == {k: VALIDATION_BOARDS for k in range(4)}
+        validation = s.exec(select(Episode.stage_index, func.count()).where(
+            Episode.run_id == run_id, Episode.split == Split.VALIDATION).group_by(Episode.stage_index)).all()
+        benchmark = s.exec(select(Episode.stage_index, func.count()).where(
+            Episode.run_id == run_id, Episode.split == Split.BENCHMARK).group_by(Episode.stage_index)).all()
+    assert sorted(validation) == [(k, VALIDATION_BOARDS) for k in range(4)]  # every stage can be replayed
+    assert sorted(benchmark) == [(0, BENCHMARK_BOARDS), (3, BENCHMARK_BOARDS)]  # the Leaderboard's before and after
+
+
+def test_a_person_rejected_edited_and_accepted_its_proposals_saying_why(shipped):
+    engine, run_id = shipped
+    with session(engine) as s:
+        rows = s.exec(select(Proposal, Decision).join(Decision, Decision.proposal_id == Proposal.id)
+                      .where(Proposal.run_id == run_id).order_by(Proposal.id)).all()
+        stages = stages_of(s, run_id)
+    assert [(p.after_stage, d.action) for p, d in rows] == [
+        (0, Action.REJECT), (0, Action.EDIT), (1, Action.ACCEPT), (2, Action.ACCEPT)]
+    assert all(d.user == "example" and d.note.strip() for _, d in rows)
+    (rejected, no), (edited, edit), (_, accept_1), (_, accept_2) = rows
+    assert no.config is None and rejected.projected_config == edited.projected_config  # deterministic: the same again
+    assert edit.config != edited.projected_config  # a real edit
+    assert [st.config for st in stages[1:]] == [edit.config, accept_1.config, accept_2.config]
+    assert "fewer than 10 conflicts" in no.note and "keep their wait_ratio" in edit.note
+
+
+def test_its_proposals_are_the_heuristics_and_its_decisions_are_lab_example_s(shipped):
+    """The file agrees with the code: each proposal is what the heuristic makes of the run's stored results,
+    and each decision (action, config, note) is what `lab.example.decision` takes on it now."""
+    engine, run_id = shipped
+    with session(engine) as s:
+        run = s.get(Run, run_id)
+        for proposal in s.exec(select(Proposal).where(Proposal.run_id == run_id).order_by(Proposal.id)):
+            answer = ENGINEERS["heuristic"](evidence_for(s, run, proposal.after_stage))
+            assert answer.projection.config.model_dump(mode="json") == proposal.projected_config
+            assert answer.rationale == proposal.rationale
+            stored = s.exec(select(Decision).where(Decision.proposal_id == proposal.id)).one()
+            action, edited, note = decision(s, proposal)
+            assert (action, note) == (stored.action, stored.note)
+            if action == Action.EDIT:
+                assert edited == stored.config
