@@ -20,6 +20,7 @@ from envsim.instance import Instance
 from envsim.scoring import Outcome, Tally, score_answer
 from envsim.suite import Split
 from storage.models import Episode, StageMetric
+from training.evaluate import tally_of
 
 
 @dataclass(frozen=True)
@@ -32,10 +33,6 @@ class StageSummary:
     @property
     def pooled(self) -> Tally:
         return Tally.total(self.by_size.values())
-
-
-def tally_of(metric: StageMetric) -> Tally:
-    return Tally(metric.episodes, metric.valid, metric.optimal, dict(metric.failures))
 
 
 def stage_summaries(s: Session, run_id: int, split: Split = Split.VALIDATION,

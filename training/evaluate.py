@@ -94,6 +94,11 @@ def metrics_table(metrics: dict[int, Tally]) -> str:
     return "\n".join(lines)
 
 
+def tally_of(metric: StageMetric) -> Tally:
+    """A stored per-size metric row as counts (its rates are `Tally`'s, docs/results.md)."""
+    return Tally(metric.episodes, metric.valid, metric.optimal, dict(metric.failures))
+
+
 def store_evaluation(session: Session, run_id: int, stage_index: int, split: Split,
                      results: Sequence[EpisodeResult], subsets: Sequence[float] | None = None) -> None:
     """Write one Episode row per result and one StageMetric row per size, then commit.

@@ -53,11 +53,12 @@ from trl import GRPOConfig, GRPOTrainer
 from envsim.config import EnvConfig
 from envsim.generator import generate
 from envsim.instance import Instance
+from envsim.scoring import Tally
 from envsim.suite import VALIDATION_PER_SIZE, Split, build
 from storage.db import RUNS_SETTING, checkpoint_of, make_engine, runs_root, session
 from storage.models import Job, Run, Stage, StageMetric, StageStatus, TrainingLog, utcnow
 from training import evaluate as evaluation
-from training.policy import TINY_DIR, Policy, PolicyError, load_policy, lora_config
+from training.policy import TINY_DIR, Policy, PolicyError, load_policy, local_device, lora_config
 from training.progress import Cancelled, Progress
 from training.rewards import DEFAULT_WEIGHTS, REWARDS
 
@@ -396,11 +397,6 @@ def stage_args(engine: Engine, run_id: int, stage_index: int) -> tuple[StageArgs
     return args, dict(run.settings.get("grpo") or {})
 
 
-def _device() -> str:
-    # Under `accelerate launch` each process has its own GPU; the worker's single process takes the first.
-    return f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if torch.cuda.is_available() else "cpu"
-
-
 def _set_stage(engine: Engine, args: StageArgs, **values: Any) -> None:
     with session(engine) as s:
         stage = s.exec(select(Stage).where(Stage.run_id == args.run_id, Stage.index == args.stage_index)).one()
@@ -412,7 +408,7 @@ def _set_stage(engine: Engine, args: StageArgs, **values: Any) -> None:
 
 def run_stage(engine: Engine, args: StageArgs, grpo: dict[str, Any], progress: Progress) -> dict[str, Any]:
     """Train (stage > 0), evaluate on the validation set, store episodes and metrics, mark the stage done."""
-    device = _device()
+    device = local_device()
     _set_stage(engine, args, status=StageStatus.RUNNING, started_at=utcnow(), finished_at=None)
     try:
         if args.stage_index > 0 and (trained := args.adoptable_marker()) is not None:
@@ -438,10 +434,9 @@ def run_stage(engine: Engine, args: StageArgs, grpo: dict[str, Any], progress: P
     except BaseException:
         _set_stage(engine, args, status=StageStatus.FAILED, finished_at=utcnow())
         raise
-    rows = _validation_metrics(engine, args)
-    n = sum(m.episodes for m in rows)
-    return {"run_id": args.run_id, "stage_index": args.stage_index, "checkpoint": checkpoint, "episodes": n,
-            "valid_rate": sum(m.valid for m in rows) / n, "optimal_rate": sum(m.optimal for m in rows) / n,
+    pooled = Tally.total(map(evaluation.tally_of, _validation_metrics(engine, args)))
+    return {"run_id": args.run_id, "stage_index": args.stage_index, "checkpoint": checkpoint,
+            "episodes": pooled.episodes, "valid_rate": pooled.valid_rate, "optimal_rate": pooled.optimal_rate,
             "train": trained}
 
 
@@ -481,7 +476,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, grpo = stage_args(engine, opts.run, opts.stage)
     if not main_process:  # the others train with it (unless it is trained); evaluation and rows are the main's
         if args.adoptable_marker() is None:
-            train(engine, args, start_policy(args, _device()), grpo, progress)
+            train(engine, args, start_policy(args, local_device()), grpo, progress)
         return 0
     print(run_stage(engine, args, grpo, progress))
     return 0
