@@ -129,6 +129,22 @@ def stratified(draw: Callable[[np.random.Generator], Instance | None], count: in
             f"{unsolved} unsolvable or over the solver's budget)")
 
 
+def stage_seed(run_seed: int, stage_index: int) -> int:
+    """A stage's seed (its training boards and GRPO): a hash of (run seed, stage index), so no two stages or
+    runs share a data stream."""
+    return int(np.random.SeedSequence([run_seed, stage_index]).generate_state(1)[0])
+
+
+def cannot_fill(config: EnvConfig, seed: int = 0, n: int | None = None) -> str | None:
+    """Why `generate(config, n, seed)` fails (the generator's message: the size and the knob), or None when it
+    succeeds. As costly as generating: an unfillable config spends every try before it is known."""
+    try:
+        generate(config, n, seed)
+    except GenerationError as err:
+        return str(err)
+    return None
+
+
 def generate(config: EnvConfig, n: int | None = None, seed: int = 0,
              on_board: Callable[[Instance], None] | None = None) -> list[Instance]:
     """`n` (default `config.num_instances`) labelled training instances; the same seed gives the same list.

@@ -76,19 +76,44 @@ def fixed(evidence: Evidence, *, seed: int = 0, **_options: Any) -> EngineerAnsw
     return _answer(config, config, "fixed environment: keeps the current config")
 
 
-def random_config(evidence: Evidence, *, seed: int, **_options: Any) -> EngineerAnswer:
+RANDOM_DRAWS = 10  # the random engineer's draws per proposal before it gives up on a config the generator can fill
+
+
+def random_config(evidence: Evidence, *, seed: int, cannot_fill: Callable[[EnvConfig], str | None] | None = None,
+                  **_options: Any) -> EngineerAnswer:
     """A random legal config from (seed, round): data shares from a flat Dirichlet, hole and wait ratios
-    uniform over their ranges, rounded to 0.001 and 0.01; the global knobs are kept."""
+    uniform over their ranges, rounded to 0.001 and 0.01; the global knobs are kept.
+
+    Some legal configs cannot be generated (3x3 boards with no holes rarely need a wait, so a wait ratio of 0.62
+    there cannot be met). With `cannot_fill` (the loop passes the generator's check for the next stage's
+    seed), such a draw is drawn again, up to `RANDOM_DRAWS` draws, so the random baseline trains on a random
+    config rather than failing; the rationale names the draws it skipped and why.
+    """
     base = evidence.current.config
-    rng = np.random.default_rng([seed, evidence.round_index])
+    skipped: list[str] = []
+    for draw in range(RANDOM_DRAWS):
+        rng = np.random.default_rng([seed, evidence.round_index, *([draw] if draw else [])])
+        config = _random_draw(base, rng)
+        why = cannot_fill(config) if cannot_fill is not None else None
+        if why is None:
+            said = f"random baseline: a config drawn from seed {seed} and round {evidence.round_index}"
+            if skipped:
+                said += (f" (draw {draw + 1}: the generator could not fill the {len(skipped)} before it; "
+                         f"the first: {skipped[0]})")
+            return _answer(config, base, said)
+        skipped.append(why)
+    error = f"none of {RANDOM_DRAWS} random configs could be generated; the first: {skipped[0]}"
+    return EngineerAnswer(prompt="", raw="", proposed=None, projection=None, rationale="", error=error)
+
+
+def _random_draw(base: EnvConfig, rng: np.random.Generator) -> EnvConfig:
     sizes = base.sizes
     data = shares(dict(zip(sizes, rng.dirichlet(np.ones(len(sizes))).tolist(), strict=True)))
     (hole_lo, hole_hi), (wait_lo, wait_hi) = KNOBS["hole_ratio"], KNOBS["wait_ratio"]
     hole = {s: round(float(rng.uniform(hole_lo, hole_hi)), 2) for s in sizes}
     wait = {s: round(float(rng.uniform(wait_lo, wait_hi)), 2) for s in sizes}
-    config = EnvConfig(data_ratio=data, hole_ratio=hole, wait_ratio=wait, num_agents=base.num_agents,
-                       num_instances=base.num_instances)
-    return _answer(config, base, f"random baseline: a config drawn from seed {seed} and round {evidence.round_index}")
+    return EnvConfig(data_ratio=data, hole_ratio=hole, wait_ratio=wait, num_agents=base.num_agents,
+                     num_instances=base.num_instances)
 
 
 # ---------------------------------------------------------------- a transparent curriculum rule

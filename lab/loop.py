@@ -23,7 +23,7 @@ from envsim.config import Adjustment, EnvConfig, Projection
 from envsim.suite import Split, validation_cells
 from lab.context import ContextModules, Evidence, context_preset, load_stage_result, preset_of
 from lab.engineers import ENGINEERS, EngineerAnswer
-from lab.proposals import current_proposal, decide, decision_of, store_proposal
+from lab.proposals import current_proposal, decide, decision_of, fill_check, fillable, store_proposal
 from storage.db import checkpoint_of, lock_run
 from storage.db import session as open_session
 from storage.decisions import record_decision
@@ -327,9 +327,12 @@ def run_propose_job(engine: Engine, job: Job, progress: Callable[..., bool]) -> 
             options = {"backend": run.engineer_backend, "base_url": run.settings.get("base_url"),
                        "policy_path": checkpoint_of(engine, stage),
                        "modules": ContextModules(**run.settings["context"])}
-        answer = ENGINEERS[run.engineer](evidence, seed=run.seed * 1000 + after, **options)
+        check = fill_check(run.seed, after + 1)
+        answer = ENGINEERS[run.engineer](evidence, seed=run.seed * 1000 + after, cannot_fill=check, **options)
         if run.experiment_id is not None:
             answer = keep_instances(answer, evidence.current.config.num_instances)
+        progress(0, 1, "checking that the generator can fill the proposed config")
+        answer = fillable(answer, check)
         proposal = store_proposal(s, run_id, after, run.engineer, answer, evidence.current.config)
         progress(1, 1, f"proposal {proposal.id}" + (f" failed: {answer.error}" if answer.error else ""))
         return {"proposal_id": proposal.id, "error": answer.error}

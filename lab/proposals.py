@@ -8,13 +8,15 @@ at once, one wins and the other gets `AlreadyDecided` naming the winner.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from sqlalchemy import Engine
 from sqlmodel import Session, select
 
 from envsim.config import GLOBALS, KNOBS, EnvConfig, project
+from envsim.generator import cannot_fill, stage_seed
 from lab.engineers import EngineerAnswer
 from storage.db import lock_run
 from storage.db import session as open_session
@@ -22,7 +24,8 @@ from storage.decisions import AlreadyDecided, record_decision
 from storage.models import Action, Decision, Proposal, Run, Stage
 
 __all__ = ["AlreadyDecided", "Change", "ProposalError", "ProposalState", "Superseded", "current_proposal", "decide",
-           "decide_on", "decision_of", "diff", "proposal_state", "proposal_states", "store_proposal"]
+           "decide_on", "decision_of", "diff", "fill_check", "fillable", "proposal_state", "proposal_states",
+           "store_proposal"]
 
 
 class ProposalError(ValueError):
@@ -58,6 +61,29 @@ def diff(old: EnvConfig, new: EnvConfig, adjusted_fields: frozenset[str] = froze
     out += [Change(g, None, getattr(old, g), getattr(new, g), getattr(new, g) - getattr(old, g), g in adjusted_fields)
             for g in GLOBALS]
     return out
+
+
+def fill_check(run_seed: int, stage_index: int) -> Callable[[EnvConfig], str | None]:
+    """The generator's check for a run's stage: why that stage's seed cannot fill a config (the generator's
+    message), or None when it can. Remembered per config, since an unfillable config costs every try."""
+    seed, seen = stage_seed(run_seed, stage_index), {}
+
+    def check(config: EnvConfig) -> str | None:
+        key = config.model_dump_json()
+        if key not in seen:
+            seen[key] = cannot_fill(config, seed)
+        return seen[key]
+
+    return check
+
+
+def fillable(answer: EngineerAnswer, check: Callable[[EnvConfig], str | None]) -> EngineerAnswer:
+    """The answer, or the answer failed with the generator's message when its config cannot be generated: a
+    stage is never queued on a config its boards cannot be drawn from (it would fail the same way on every
+    resume)."""
+    if answer.projection is None or (why := check(answer.projection.config)) is None:
+        return answer
+    return replace(answer, projection=None, error=f"the generator cannot fill the proposed config: {why}")
 
 
 def store_proposal(session: Session, run_id: int, after_stage: int, engineer: str, answer: EngineerAnswer,
@@ -177,6 +203,11 @@ def decide(session: Session, proposal_id: int, action: str, user: str, edited: A
     proposal = session.get(Proposal, proposal_id)
     if proposal is None:
         raise LookupError(f"no proposal {proposal_id}")
+    if action == Action.EDIT:  # before the lock: an unfillable config spends every try of the generator
+        run = session.get(Run, proposal.run_id)
+        config = _edited_config(session, proposal, edited)
+        if (why := fill_check(run.seed, proposal.after_stage + 1)(config)) is not None:
+            raise ProposalError(f"the edited config cannot be generated: {why}")
     lock_run(session, proposal.run_id)
     try:
         config = _applied_config(session, proposal, action, edited)
@@ -186,6 +217,13 @@ def decide(session: Session, proposal_id: int, action: str, user: str, edited: A
             session.expunge(err.decision)  # the caller reads who won after the rollback below
         session.rollback()  # and so let go of the run's lock
         raise
+
+
+def _edited_config(session: Session, proposal: Proposal, edited: Any) -> EnvConfig:
+    """A person's edit, validated strictly and projected against the config in force (ConfigError if invalid)."""
+    in_force = session.exec(select(Stage).where(Stage.run_id == proposal.run_id,
+                                                Stage.index == proposal.after_stage)).one()
+    return project(edited, EnvConfig.model_validate(in_force.config), strict=True).config
 
 
 def _applied_config(session: Session, proposal: Proposal, action: str, edited: Any) -> dict | None:
@@ -198,10 +236,7 @@ def _applied_config(session: Session, proposal: Proposal, action: str, edited: A
             raise ProposalError(f"proposal {proposal.id} failed ({proposal.error}); edit it or reject it instead")
         return proposal.projected_config
     if action == Action.EDIT:
-        in_force = session.exec(select(Stage).where(Stage.run_id == proposal.run_id,
-                                                    Stage.index == proposal.after_stage)).one()
-        base = EnvConfig.model_validate(in_force.config)
-        return project(edited, base, strict=True).config.model_dump(mode="json")
+        return _edited_config(session, proposal, edited).model_dump(mode="json")
     if action != Action.REJECT:
         raise ProposalError(f"unknown action {action!r}: accept, edit, reject or auto")
     return None

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from envsim.config import GLOBALS, KNOBS, EnvConfig, project
+from envsim.generator import cannot_fill, stage_seed
 from envsim.scoring import Tally
 from lab.context import Evidence, StageResult
 from lab.engineers import ENGINEERS, EngineerAnswer, heuristic, llm, random_config, read_config, shares
@@ -97,6 +98,40 @@ def test_random_is_legal_needs_no_adjustment_and_depends_on_seed_and_round() -> 
     assert random_config(evidence(), seed=7).projection.config == configs[7]
     later = Evidence(evidence().current, round_index=3, rounds_left=2)
     assert random_config(later, seed=7).projection.config != configs[7]
+
+
+def test_random_draws_again_when_the_generator_cannot_fill_its_draw() -> None:
+    # The draw that failed seed 2 of the shipped study: its first config asks for 62% of 96 3x3 boards with no
+    # holes to need a wait, and the stage's seed finds only 91 of the 96 boards.
+    first_stage = Evidence(StageResult(0, EnvConfig.default(), {}), (), round_index=1, rounds_left=2)
+    unchecked = random_config(first_stage, seed=2000).projection.config
+    assert (unchecked.hole_ratio[3], unchecked.wait_ratio[3], unchecked.data_ratio[3]) == (0.01, 0.62, 0.188)
+    why = ("size 3 (hole_ratio 0.01, wait_ratio 0.62, 2 agents): found only 91 of 96 boards after 19200 tries "
+           "(still short of 5 needing a wait; 0 boards too small for the agents, 0 unsolvable or over the "
+           "solver's budget)")
+    assert cannot_fill(unchecked, stage_seed(2, 1)) == why
+    checked = []
+
+    def check(config: EnvConfig) -> str | None:
+        checked.append(config)
+        return cannot_fill(config, stage_seed(2, 1))
+
+    answer = random_config(first_stage, seed=2000, cannot_fill=check)
+    assert checked[0] == unchecked and len(checked) == 2
+    assert answer.projection.config == checked[1] and answer.projection.adjustments == ()
+    assert cannot_fill(answer.projection.config, stage_seed(2, 1)) is None
+    assert answer.rationale == ("random baseline: a config drawn from seed 2000 and round 1 (draw 2: the "
+                                f"generator could not fill the 1 before it; the first: {why})")
+    # the same seed and round give the same answer again
+    assert random_config(first_stage, seed=2000, cannot_fill=check).projection == answer.projection
+
+
+def test_random_gives_up_after_its_draws_with_the_first_reason() -> None:
+    reasons = iter(f"reason {i}" for i in range(100))
+    answer = random_config(evidence(), seed=1, cannot_fill=lambda _config: next(reasons))
+    assert answer.projection is None and answer.proposed is None
+    assert answer.error == "none of 10 random configs could be generated; the first: reason 0"
+    assert next(reasons) == "reason 10"  # exactly RANDOM_DRAWS draws were checked
 
 
 # ---------------------------------------------------------------- heuristic scenarios

@@ -9,11 +9,11 @@ import threading
 import pytest
 from sqlmodel import select
 
-from envsim.config import ConfigError, EnvConfig
-from envsim.generator import generate
+from envsim.config import ConfigError, EnvConfig, Projection
+from envsim.generator import cannot_fill, generate, stage_seed
 from envsim.parser import format_plan
 from envsim.scoring import score_answer
-from lab.engineers import EngineerAnswer
+from lab.engineers import ENGINEERS, EngineerAnswer
 from lab.loop import (
     LoopError,
     advance,
@@ -160,6 +160,60 @@ def test_a_failed_proposal_keeps_the_config_in_force(engine):
         assert stages_of(s, run.id)[1].config == CONFIG.model_dump(mode="json")
         note = s.exec(select(Decision).where(Decision.proposal_id == proposal.id)).one().note
         assert note.startswith("the proposal failed (no usable config")
+
+
+def test_a_proposal_the_generator_cannot_fill_fails_and_auto_apply_keeps_the_config(engine, monkeypatch):
+    lone = CONFIG.model_copy(update={"num_agents": 1, "wait_ratio": {3: 0.0, 4: 0.0}})
+    asks_waits = lone.model_copy(update={"wait_ratio": {3: 0.25, 4: 0.0}})
+
+    def proposes_waits(evidence, **_options):
+        return EngineerAnswer(prompt="", raw="{}", proposed=asks_waits.model_dump(mode="json"),
+                              projection=Projection(asks_waits, ()), rationale="more waits")
+
+    monkeypatch.setitem(ENGINEERS, "fixed", proposes_waits)
+    with session(engine) as s:
+        run = create_run(s, name="unfillable", config=lone, stages=1, engineer="fixed", auto_apply=True)
+    work(engine)  # stage 0
+    work(engine)  # the proposal
+    with session(engine) as s:
+        proposal = s.exec(select(Proposal).where(Proposal.run_id == run.id)).one()
+        assert proposal.error == ("the generator cannot fill the proposed config: size 3: wait_ratio 0.25 asks for "
+                                  "boards that need a wait, and a lone agent never needs one (set it to 0 or train "
+                                  "2+ agents)")
+        assert proposal.projected_config is None and proposal.parsed_config["wait_ratio"]["3"] == 0.25
+        note = s.exec(select(Decision).where(Decision.proposal_id == proposal.id)).one().note
+        assert note.startswith("the proposal failed (the generator cannot fill the proposed config: size 3")
+        assert stages_of(s, run.id)[1].config == lone.model_dump(mode="json")  # auto-apply queued it at once
+
+
+def test_an_edit_the_generator_cannot_fill_is_refused_and_stores_nothing(engine):
+    with session(engine) as s:
+        run = create_run(s, name="edit-unfillable", config=CONFIG, stages=1, engineer="fixed")
+    work(engine)
+    advance(engine, run.id)
+    with session(engine) as s:
+        proposal = s.exec(select(Proposal).where(Proposal.run_id == run.id)).one()
+        lone = {**CONFIG.model_dump(mode="json"), "num_agents": 1}
+        with pytest.raises(ProposalError, match=r"^the edited config cannot be generated: size 3: wait_ratio 0.25 "
+                                                r"asks for boards that need a wait, and a lone agent never needs one"):
+            decide(s, proposal.id, "edit", "erin", lone)
+        assert s.exec(select(Decision)).all() == []
+        decide(s, proposal.id, "edit", "erin", {**lone, "wait_ratio": {"3": 0, "4": 0}})
+    assert advance(engine, run.id) == "queued stage 1 (edit by erin)"
+
+
+def test_the_random_engineer_proposes_a_config_the_next_stage_can_generate(engine):
+    with session(engine) as s:  # seed 2: the random engineer's first draw after stage 0 cannot be generated
+        run = create_run(s, name="random-2", config=EnvConfig.default(), stages=1, engineer="random", seed=2,
+                         auto_apply=True)
+    work(engine)
+    work(engine)
+    with session(engine) as s:
+        proposal = s.exec(select(Proposal).where(Proposal.run_id == run.id)).one()
+        assert proposal.error is None
+        assert proposal.rationale.startswith("random baseline: a config drawn from seed 2000 and round 1 (draw 2: "
+                                             "the generator could not fill the 1 before it; the first: size 3 ")
+        assert cannot_fill(EnvConfig.model_validate(proposal.projected_config), stage_seed(2, 1)) is None
 
 
 def test_two_people_deciding_at_once_store_exactly_one_decision(engine):

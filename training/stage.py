@@ -40,7 +40,6 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from datasets import Dataset
 from sqlalchemy import Engine
@@ -51,7 +50,7 @@ from transformers.trainer_utils import get_last_checkpoint
 from trl import GRPOConfig, GRPOTrainer
 
 from envsim.config import EnvConfig
-from envsim.generator import generate
+from envsim.generator import generate, stage_seed
 from envsim.instance import Instance
 from envsim.scoring import Tally
 from envsim.suite import VALIDATION_PER_SIZE, Split, build
@@ -138,11 +137,6 @@ STYLE_DEFAULTS: dict[str, dict[str, Any]] = {
     "chat": dict(num_generations=4, per_device_train_batch_size=8, learning_rate=1e-6),
     "compact": dict(num_generations=8, per_device_train_batch_size=32, learning_rate=2e-5, scale_rewards="none"),
 }
-
-
-def stage_seed(run_seed: int, stage_index: int) -> int:
-    """The stage's seed: a hash of (run seed, stage index), so no two stages or runs share a data stream."""
-    return int(np.random.SeedSequence([run_seed, stage_index]).generate_state(1)[0])
 
 
 def grpo_config(args: StageArgs, overrides: dict[str, Any], max_completion_length: int,
