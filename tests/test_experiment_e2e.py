@@ -13,16 +13,20 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 from sqlmodel import select
 
 from envsim.config import EnvConfig
+from envsim.suite import Split, build_cell, cells, write_jsonl
 from lab.cli import main
-from lab.experiments import experiment_runs, find_experiment
+from lab.experiments import benchmark_choices, experiment_runs, find_experiment
 from lab.loop import _alive
 from storage.db import make_engine, session
 from storage.models import Episode, Job, Proposal, Stage, StageMetric
+from tests.test_llm import served  # noqa: F401  (the fixture: `transformers serve` on a tiny model)
+from training.evaluate import BENCHMARK_FILE
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = EnvConfig(data_ratio={3: 0.5, 4: 0.5}, hole_ratio={3: 0.2, 4: 0.2}, wait_ratio={3: 0.25, 4: 0.25},
@@ -100,4 +104,52 @@ def test_an_experiment_through_the_real_workers_is_killed_and_resumed(tmp_path: 
     for row in rows:
         mine = [m for m in metrics if (m.run_id, m.stage_index) == (int(row["run_id"]), int(row["stage"]))]
         assert float(row["valid_rate"]) == sum(m.valid for m in mine) / sum(m.episodes for m in mine)
+    engine.dispose()
+
+
+def test_an_llm_arm_over_a_real_server_two_workers_and_the_benchmark(tmp_path: Path, served, capsys):  # noqa: F811
+    """`llm:openai:…` arm answered by `transformers serve` (a random tiny model: its answers are unusable, so the
+    proposal fails and auto-apply keeps the config), `--workers 2`, and `--benchmark` evaluating each run's last
+    checkpoint on real benchmark boards (the runs root's cached benchmark file, cut to 6 boards)."""
+    base_url, model = served
+    db = str(tmp_path / "lab.db")
+    (tmp_path / "config.json").write_text(CONFIG.model_dump_json())
+    entries, *_ = build_cell(replace(cells(Split.BENCHMARK)[0], count=6))  # 3 agents on 3x3 boards
+    write_jsonl(entries, tmp_path / BENCHMARK_FILE)
+    assert main(["experiment", "new", "--name", "llm", "--arms", f"fixed,eng=llm:openai:{model}@failures-only",
+                 "--seeds", "1", "--stages", "1", "--config", str(tmp_path / "config.json"),
+                 "--validation-per-size", "30", "--validation-boards", "4", "--grpo", "num_generations=2",
+                 "--grpo", "per_device_train_batch_size=16", "--base-url", base_url, "--db", db]) == 0
+    capsys.readouterr()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "lab.cli", "experiment", "run", "llm", "--workers", "2",
+                           "--benchmark", "--db", db], env=env, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "experiment llm: 2 of 2 runs done" in done.stdout
+
+    engine = make_engine(db)
+    experiment = find_experiment(engine, "llm")
+    runs = {r.arm: r for r in experiment_runs(engine, experiment.id)}
+    assert sorted(runs) == ["eng", "fixed"] and {r.status for r in runs.values()} == {"done"}
+    assert sorted(p.name for p in (tmp_path / "experiments" / str(experiment.id)).glob("worker-*.log")) == [
+        "worker-0.log", "worker-1.log"]
+    with session(engine) as s:
+        llm_run = runs["eng"]
+        assert (llm_run.engineer, llm_run.engineer_backend) == ("llm", f"openai:{model}")
+        proposal = s.exec(select(Proposal).where(Proposal.run_id == llm_run.id)).one()
+        assert proposal.error.startswith("no usable config after 3 answers: ")
+        # asked three times over HTTP: two unusable answers in the conversation, the third kept as the raw answer
+        assert proposal.prompt.count("--- assistant ---") == 2 and proposal.raw_answer
+        stage1 = s.exec(select(Stage).where(Stage.run_id == llm_run.id, Stage.index == 1)).one()
+        assert stage1.config == CONFIG.model_dump(mode="json")  # auto-apply kept the config in force
+        benchmark = s.exec(select(Episode).where(Episode.split == "benchmark")).all()
+        jobs = s.exec(select(Job).where(Job.kind == "benchmark")).all()
+    # each run's last checkpoint was evaluated once on the 6 boards
+    assert Counter((e.run_id, e.stage_index) for e in benchmark) == {(r.id, 1): 6 for r in runs.values()}
+    assert sorted(e.instance_id for e in benchmark if e.run_id == llm_run.id) == sorted(
+        e.instance.id for e in entries)
+    assert [(j.target, j.status) for j in jobs] == [(1, "done"), (1, "done")]
+    assert sorted(label for label, _ in benchmark_choices(engine)) == ["exp llm / eng / seed 0, stage 1",
+                                                                        "exp llm / fixed / seed 0, stage 1"]
     engine.dispose()
