@@ -23,7 +23,7 @@ from envsim.config import Adjustment, EnvConfig, Projection
 from envsim.suite import Split, validation_cells
 from lab.context import ContextModules, Evidence, context_preset, load_stage_result, preset_of
 from lab.engineers import ENGINEERS, EngineerAnswer
-from lab.proposals import current_proposal, decide, decision_of, fill_check, fillable, store_proposal
+from lab.proposals import current_proposal, decide, decision_of, fill_check, fillable, self_summary, store_proposal
 from storage.db import checkpoint_of, lock_run
 from storage.db import session as open_session
 from storage.decisions import record_decision
@@ -298,7 +298,8 @@ def evidence_for(s: Session, run: Run, after_stage: int) -> Evidence:
     total = run.settings["stages"]
     return Evidence(current=results[-1], history=tuple(results[:-1]), round_index=after_stage + 1,
                     rounds_left=total - after_stage - 1, instances_per_stage=results[-1].config.num_instances,
-                    hyperparameters=run.settings.get("grpo") or None, self_summary=None)
+                    hyperparameters=run.settings.get("grpo") or None,
+                    self_summary=self_summary(s, run.id, after_stage))
 
 
 def keep_instances(answer: EngineerAnswer, n: int) -> EngineerAnswer:

@@ -25,7 +25,7 @@ from storage.models import Action, Decision, Proposal, Run, Stage
 
 __all__ = ["AlreadyDecided", "Change", "ProposalError", "ProposalState", "Superseded", "current_proposal", "decide",
            "decide_on", "decision_of", "diff", "fill_check", "fillable", "proposal_state", "proposal_states",
-           "store_proposal"]
+           "self_summary", "store_proposal"]
 
 
 class ProposalError(ValueError):
@@ -61,6 +61,30 @@ def diff(old: EnvConfig, new: EnvConfig, adjusted_fields: frozenset[str] = froze
     out += [Change(g, None, getattr(old, g), getattr(new, g), getattr(new, g) - getattr(old, g), g in adjusted_fields)
             for g in GLOBALS]
     return out
+
+
+SUMMARY_CHARS = 300  # the most of one earlier rationale the self-summary repeats
+PAST = {Action.ACCEPT: "accepted", Action.EDIT: "edited", Action.REJECT: "rejected"}
+
+
+def self_summary(session: Session, run_id: int, before_stage: int) -> str | None:
+    """The engineer's own words from the run's earlier rounds, one line per proposal made after a stage before
+    `before_stage`, with what became of it: the context's self-summary module. None when there were none."""
+    rows = session.exec(select(Proposal).where(Proposal.run_id == run_id, Proposal.after_stage < before_stage)
+                        .order_by(Proposal.after_stage, Proposal.id)).all()
+    lines = []
+    for p in rows:
+        said = " ".join((p.rationale or "").split())
+        said = said[:SUMMARY_CHARS] + ("…" if len(said) > SUMMARY_CHARS else "")
+        decision = decision_of(session, p.id)
+        if p.error:
+            fate = f"failed: {p.error}"
+        elif decision is None:
+            fate = "not decided"
+        else:
+            fate = "auto-applied" if decision.action == Action.AUTO else f"{PAST[decision.action]} by {decision.user}"
+        lines.append(f"- after stage {p.after_stage}: {said or '(no rationale)'} [{fate}]")
+    return "\n".join(lines) or None
 
 
 def fill_check(run_seed: int, stage_index: int) -> Callable[[EnvConfig], str | None]:

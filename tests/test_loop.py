@@ -20,6 +20,7 @@ from lab.loop import (
     after_job,
     create_run,
     drive,
+    evidence_for,
     jobs_of,
     run_propose_job,
     set_auto_apply,
@@ -140,6 +141,28 @@ def test_reject_asks_the_engineer_again_and_auto_apply_can_be_switched_on(engine
     with session(engine) as s:
         proposals = list(s.exec(select(Proposal).where(Proposal.run_id == run.id).order_by(Proposal.id)))
         assert len(proposals) == 2 and proposals[0].projected_config == proposals[1].projected_config  # same seed
+
+
+def test_the_engineer_reads_its_own_earlier_rationales_and_their_fate(engine):
+    with session(engine) as s:
+        run = create_run(s, name="summary", config=CONFIG, stages=2, engineer="random", seed=5)
+    work(engine)
+    advance(engine, run.id)
+    with session(engine) as s:
+        assert evidence_for(s, s.get(Run, run.id), 0).self_summary is None
+        first = s.exec(select(Proposal).where(Proposal.run_id == run.id)).one()
+        decide(s, first.id, "reject", "carol")
+    advance(engine, run.id)
+    work(engine)  # asked again: the same draw
+    with session(engine) as s:
+        second = s.exec(select(Proposal).where(Proposal.run_id == run.id, Proposal.id != first.id)).one()
+        decide(s, second.id, "edit", "dan", {**second.projected_config, "num_instances": 8})
+    advance(engine, run.id)
+    work(engine)  # stage 1
+    said = "random baseline: a config drawn from seed 5000 and round 1"
+    with session(engine) as s:
+        summary = evidence_for(s, s.get(Run, run.id), 1).self_summary
+    assert summary == f"- after stage 0: {said} [rejected by carol]\n- after stage 0: {said} [edited by dan]"
 
 
 def test_a_failed_proposal_keeps_the_config_in_force(engine):
