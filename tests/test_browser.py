@@ -158,6 +158,11 @@ def test_open_a_failed_episode_from_the_gallery_and_step_the_replay(lab, page):
     assert download.value.suggested_filename.endswith(".gif")
     with Image.open(download.value.path()) as gif:
         assert gif.n_frames == 3  # t = 0, 1, 2
+    with page.expect_download() as download:  # and the standalone HTML replay, made then too
+        page.click("#replay-html")
+    name = download.value.suggested_filename
+    assert name.startswith("replay-") and name.endswith(".html")
+    assert "Plotly.addFrames" in Path(download.value.path()).read_text()
 
 
 def test_import_a_run_file_and_export_it_again(lab, page, tmp_path: Path):

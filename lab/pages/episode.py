@@ -53,7 +53,8 @@ def episode_view(engine: Engine, episode_id: Any) -> dict[str, Any]:
 
 
 def replay_file(view: dict[str, Any] | None) -> str | None:
-    """The open episode as a standalone animated HTML file (Plotly's own play button and slider)."""
+    """The open episode as a standalone animated HTML file (Plotly's own play button and slider), made when the
+    episode opens so that one click downloads it."""
     if not view or not view.get("outcome"):
         return None
     instance = Instance.model_validate(view["instance"])
@@ -90,11 +91,12 @@ class EpisodeTab:
     playing: gr.State
     ticker: gr.Timer
     gif: gr.DownloadButton
+    html: gr.DownloadButton
 
     @property
     def outputs(self) -> list[Any]:
         return [self.view, self.header, self.answer, self.step, self.board, self.events, self.strip_note, self.strip,
-                self.strip_table, self.playing, self.ticker, self.play, self.gif]
+                self.strip_table, self.playing, self.ticker, self.play, self.gif, self.html]
 
     def show(self, episode_id: Any, ghost: bool) -> dict[Any, Any]:
         v = episode_view(self.engine, episode_id)
@@ -102,6 +104,7 @@ class EpisodeTab:
         if v["error"]:
             return {self.view: None, self.header: v["error"], self.answer: "", self.step: gr.update(maximum=1, value=0),
                     self.gif: gr.update(value=None, interactive=False),
+                    self.html: gr.update(value=None, interactive=False),
                     self.board: figures.empty_figure(v["error"]), self.events: "", self.strip_note: "",
                     self.strip: gr.update(visible=False), self.strip_table: gr.update(visible=False)} | stopped
         fig, events = draw(v["view"], 0, ghost)
@@ -109,6 +112,7 @@ class EpisodeTab:
         strip_note = "### Same board across stages" if has_strip else "_This board was evaluated at one stage only._"
         return {self.view: v["view"], self.header: v["header"], self.answer: v["answer"],
                 self.gif: gr.update(value=gif_file(v["view"]), interactive=True),
+                self.html: gr.update(value=replay_file(v["view"]), interactive=True),
                 self.step: gr.update(maximum=max(v["end"], 1), value=0), self.board: fig, self.events: events,
                 self.strip_note: strip_note, self.strip: gr.update(value=v["strip"], visible=has_strip),
                 self.strip_table: gr.update(value=v["strip_table"], visible=has_strip)} | stopped
@@ -148,7 +152,8 @@ def build(page: Page) -> EpisodeTab:
             with gr.Row():
                 play = gr.Button("▶ Play", scale=0, min_width=110, elem_id="replay-play")
                 ghost = gr.Checkbox(label="Show the solver's optimal plan as a ghost", value=True)
-                export = gr.DownloadButton("Save animated replay (HTML)", scale=0)
+                html = gr.DownloadButton("Save animated replay (HTML)", scale=0, interactive=False,
+                                         elem_id="replay-html")
                 gif = gr.DownloadButton("Download GIF", scale=0, interactive=False, elem_id="replay-gif")
             events = gr.Markdown(elem_id="replay-events")
         with gr.Column(scale=2):
@@ -157,11 +162,10 @@ def build(page: Page) -> EpisodeTab:
     strip = gr.Plot(show_label=False, visible=False)
     strip_table = gr.Dataframe(label="Its answer at each stage", interactive=False, visible=False, wrap=True)
     tab = EpisodeTab(page.engine, episode_id, header, view, board, step, play, ghost, events, answer, strip_note,
-                     strip, strip_table, gr.State(False), gr.Timer(PLAY_S, active=False), gif)
+                     strip, strip_table, gr.State(False), gr.Timer(PLAY_S, active=False), gif, html)
     gr.on([open_episode.click, episode_id.submit], tab.show, [episode_id, ghost], tab.outputs)
     gr.on([step.input, ghost.input], tab.redraw, [view, step, ghost], [board, events], show_progress="hidden")
     play.click(tab.toggle_play, [view, tab.playing, step], [tab.playing, tab.ticker, play, step])
     tab.ticker.tick(tab.tick, [view, step, ghost], [step, board, events, tab.playing, tab.ticker, play],
                     show_progress="hidden")
-    export.click(replay_file, view, export)
     return tab
