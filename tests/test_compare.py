@@ -66,3 +66,28 @@ def test_the_compare_tab_shows_one_curve_per_arm(lab, page):  # noqa: F811
                                arg=f"#{first.id} ")
     finally:
         demo.close()
+
+
+@pytest.mark.parametrize("name", ["defaults", "hardstart"])
+def test_the_shipped_study_is_what_its_database_says(name: str, tmp_path: Path):
+    """docs/results/NAME: its report, runs.csv and summary.csv are remade exactly from the database shipped beside
+    them (every seed's rate, the intervals, the paired differences)."""
+    import csv
+    import gzip
+    import shutil
+
+    from lab.comparison import report_markdown, seed_rows, summary_rows
+
+    shipped = Path(__file__).resolve().parent.parent / "docs" / "results" / name
+    db = tmp_path / "study.db"
+    with gzip.open(shipped / "study.db.gz", "rb") as src, db.open("wb") as dst:
+        shutil.copyfileobj(src, dst)
+    engine = make_engine(str(db))
+    c = comparison(engine, name)
+    assert report_markdown(c) == (shipped / "report.md").read_text()
+    for file, (header, rows) in (("runs.csv", seed_rows(c)), ("summary.csv", summary_rows(c))):
+        with (shipped / file).open(newline="") as f:
+            assert list(csv.reader(f)) == [header, *([str(v) for v in row] for row in rows)]
+    assert {(r.arm, r.seed): r.status for r in experiment_runs(engine, c.experiment.id)} == {
+        (arm, seed): "done" for arm in ("fixed", "random", "heuristic") for seed in (0, 1, 2)}
+    engine.dispose()
