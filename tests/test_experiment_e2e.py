@@ -16,6 +16,7 @@ from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 from sqlmodel import select
 
 from envsim.config import EnvConfig
@@ -152,4 +153,35 @@ def test_an_llm_arm_over_a_real_server_two_workers_and_the_benchmark(tmp_path: P
     assert [(j.target, j.status) for j in jobs] == [(1, "done"), (1, "done")]
     assert sorted(label for label, _ in benchmark_choices(engine)) == ["exp llm / eng / seed 0, stage 1",
                                                                         "exp llm / fixed / seed 0, stage 1"]
+    engine.dispose()
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+def test_two_workers_share_an_experiment_on_postgresql(db_url: str, tmp_path: Path, monkeypatch, capsys):
+    """2 arms x 2 seeds on the real PostgreSQL server, `envlab experiment run --workers 2`: every run ends done,
+    and no job, evaluation or proposal exists twice however the two workers interleave."""
+    monkeypatch.setenv("ENVLAB_RUNS", str(tmp_path / "runs"))
+    (tmp_path / "config.json").write_text(CONFIG.model_dump_json())
+    assert main(["experiment", "new", "--name", "pg", "--arms", "fixed,heuristic", "--seeds", "2", "--stages", "1",
+                 "--config", str(tmp_path / "config.json"), "--validation-per-size", "30", "--validation-boards", "4",
+                 "--grpo", "num_generations=2", "--grpo", "per_device_train_batch_size=16", "--db", db_url]) == 0
+    capsys.readouterr()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "lab.cli", "experiment", "run", "pg", "--workers", "2",
+                           "--db", db_url], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "experiment pg: 4 of 4 runs done" in done.stdout
+    engine = make_engine(db_url)
+    runs = experiment_runs(engine, find_experiment(engine, "pg").id)
+    with session(engine) as s:
+        jobs = s.exec(select(Job)).all()
+        episodes = s.exec(select(Episode)).all()
+        proposals = s.exec(select(Proposal)).all()
+    assert {r.status for r in runs} == {"done"}
+    assert Counter((j.run_id, j.kind, j.target) for j in jobs) == Counter(
+        {(r.id, kind, k): 1 for r in runs for kind, k in (("stage", 0), ("propose", 0), ("stage", 1))})
+    assert {(j.status, j.attempts) for j in jobs} == {("done", 1)}
+    assert Counter((e.run_id, e.stage_index) for e in episodes) == {(r.id, k): 4 for r in runs for k in (0, 1)}
+    assert Counter((p.run_id, p.after_stage) for p in proposals) == {(r.id, 0): 1 for r in runs}
+    assert all((tmp_path / "runs" / r.uuid / "stage-1").is_dir() for r in runs)  # under ENVLAB_RUNS
     engine.dispose()
