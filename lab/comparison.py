@@ -345,9 +345,9 @@ def curves_figure(c: Comparison, rates: tuple[Rate, ...] = (Rate.VALID,)) -> go.
                           row=1, col=col)
         fig.update_xaxes(title_text="stage", dtick=1, row=1, col=col)
         fig.update_yaxes(tickformat=".1%", row=1, col=col)
-    fig.update_layout(height=460, margin=dict(l=50, r=10, t=70, b=40), plot_bgcolor="white",
-                      font=dict(family="system-ui, sans-serif", size=13),
-                      legend=dict(orientation="h", x=1, xanchor="right", y=1.02, yanchor="bottom"),
+    fig.update_layout(height=460, margin=dict(l=50, r=10, t=90, b=40), plot_bgcolor="white",
+                      font=dict(family="system-ui, sans-serif", size=13),  # the legend above the subplot titles
+                      legend=dict(orientation="h", x=1, xanchor="right", y=1.1, yanchor="bottom"),
                       title=dict(text=f"Experiment {c.experiment.name}: mean over seeds, 95% interval, one dot per "
                                       "seed", x=0.01, font=dict(size=14)))
     return fig
