@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,25 +53,25 @@ def episode_view(engine: Engine, episode_id: Any) -> dict[str, Any]:
             "strip_table": table(["stage", "episode", "outcome", "message", "answer"], strip_rows)}
 
 
-def replay_file(view: dict[str, Any] | None) -> str | None:
-    """The open episode as a standalone animated HTML file (Plotly's own play button and slider), made when the
-    episode opens so that one click downloads it."""
+def _replay(view: dict[str, Any] | None, suffix: str, write: Callable[[Instance, Outcome, Path], Any]) -> str | None:
+    """The open episode written by `write` to a fresh `replay-<board id><suffix>`, made when the episode opens so
+    that one click downloads it; None without an episode."""
     if not view or not view.get("outcome"):
         return None
     instance = Instance.model_validate(view["instance"])
-    path = Path(tempfile.mkdtemp(prefix="envlab-replay-")) / f"replay-{instance.id}.html"
-    figures.write_replay_html(figures.replay_figure(instance, Outcome.from_dict(view["outcome"])), str(path))
+    path = Path(tempfile.mkdtemp(prefix="envlab-replay-")) / f"replay-{instance.id}{suffix}"
+    write(instance, Outcome.from_dict(view["outcome"]), path)
     return str(path)
 
 
+def replay_file(view: dict[str, Any] | None) -> str | None:
+    """The open episode as a standalone animated HTML file (Plotly's own play button and slider)."""
+    return _replay(view, ".html", lambda i, o, path: figures.write_replay_html(figures.replay_figure(i, o), str(path)))
+
+
 def gif_file(view: dict[str, Any] | None) -> str | None:
-    """The open episode as an animated GIF (`lab.replay`: one frame per step, for slides), made when the
-    episode opens so that one click downloads it."""
-    if not view or not view.get("outcome"):
-        return None
-    instance = Instance.model_validate(view["instance"])
-    path = Path(tempfile.mkdtemp(prefix="envlab-replay-")) / f"replay-{instance.id}.gif"
-    return str(replay_gif(instance, Outcome.from_dict(view["outcome"]), path))
+    """The open episode as an animated GIF (`lab.replay`: one frame per step, for slides)."""
+    return _replay(view, ".gif", replay_gif)
 
 
 @dataclass(eq=False)
