@@ -11,20 +11,12 @@ import app
 from lab.comparison import Rate, comparison
 from lab.experiments import experiment_runs
 from lab.pages.compare import compare_view
-from storage.db import make_engine, upgrade
+from storage.db import make_engine
 from tests.test_browser import TIMEOUT_MS, _free_port, browser, page  # noqa: F401 (fixtures)
-from tests.test_experiment import scripted_experiment
+from tests.test_experiment import lab, scripted_experiment  # noqa: F401 (lab: a fixture)
 
 
-@pytest.fixture
-def lab(tmp_path: Path):
-    engine = make_engine(str(tmp_path / "lab.db"))
-    upgrade(engine)
-    yield engine
-    engine.dispose()
-
-
-def test_the_view_draws_each_arm_tables_its_sizes_and_links_its_runs(lab):
+def test_the_view_draws_each_arm_tables_its_sizes_and_links_its_runs(lab):  # noqa: F811
     experiment = scripted_experiment(lab, seeds=2, stages=1)
     view = compare_view(lab, experiment.id, Rate.OPTIMAL)
     c = comparison(lab, experiment.id)

@@ -43,6 +43,22 @@ def stages_done(engine) -> int:
         return len(s.exec(select(Stage).where(Stage.status == "done")).all())
 
 
+def nothing_lost_nothing_twice(engine, runs) -> list[Job]:
+    """Every run of a 1-stage experiment with 4 validation boards is done, with one job per (run, kind, target),
+    all done, 4 episodes per (run, stage) and one proposal per run; returns the jobs."""
+    with session(engine) as s:
+        jobs = s.exec(select(Job)).all()
+        episodes = s.exec(select(Episode)).all()
+        proposals = s.exec(select(Proposal)).all()
+    assert {r.status for r in runs} == {"done"}
+    assert Counter((j.run_id, j.kind, j.target) for j in jobs) == Counter(
+        {(r.id, kind, k): 1 for r in runs for kind, k in (("stage", 0), ("propose", 0), ("stage", 1))})
+    assert {j.status for j in jobs} == {"done"}
+    assert Counter((e.run_id, e.stage_index) for e in episodes) == {(r.id, k): 4 for r in runs for k in (0, 1)}
+    assert Counter((p.run_id, p.after_stage) for p in proposals) == {(r.id, 0): 1 for r in runs}
+    return jobs
+
+
 def test_an_experiment_through_the_real_workers_is_killed_and_resumed(tmp_path: Path, capsys):
     db = str(tmp_path / "lab.db")
     (tmp_path / "config.json").write_text(CONFIG.model_dump_json())
@@ -75,18 +91,9 @@ def test_an_experiment_through_the_real_workers_is_killed_and_resumed(tmp_path: 
 
     experiment = find_experiment(engine, "e2e")
     runs = experiment_runs(engine, experiment.id)
+    jobs = nothing_lost_nothing_twice(engine, runs)
     with session(engine) as s:
-        jobs = s.exec(select(Job)).all()
-        episodes = s.exec(select(Episode)).all()
-        proposals = s.exec(select(Proposal)).all()
         metrics = s.exec(select(StageMetric)).all()
-    assert {r.status for r in runs} == {"done"}
-    # nothing lost, nothing done twice: one job per (run, kind, target), 4 episodes per (run, stage), one proposal
-    assert Counter((j.run_id, j.kind, j.target) for j in jobs) == Counter(
-        {(r.id, kind, k): 1 for r in runs for kind, k in (("stage", 0), ("propose", 0), ("stage", 1))})
-    assert {j.status for j in jobs} == {"done"}
-    assert Counter((e.run_id, e.stage_index) for e in episodes) == {(r.id, k): 4 for r in runs for k in (0, 1)}
-    assert Counter((p.run_id, p.after_stage) for p in proposals) == {(r.id, 0): 1 for r in runs}
     # equal compute: the trainer took the steps the experiment planned
     assert {j.result["train"]["steps"] for j in jobs if j.kind == "stage" and j.target == 1} == {
         experiment.settings["steps_per_stage"]} == {1}
@@ -173,15 +180,7 @@ def test_two_workers_share_an_experiment_on_postgresql(db_url: str, tmp_path: Pa
     assert "experiment pg: 4 of 4 runs done" in done.stdout
     engine = make_engine(db_url)
     runs = experiment_runs(engine, find_experiment(engine, "pg").id)
-    with session(engine) as s:
-        jobs = s.exec(select(Job)).all()
-        episodes = s.exec(select(Episode)).all()
-        proposals = s.exec(select(Proposal)).all()
-    assert {r.status for r in runs} == {"done"}
-    assert Counter((j.run_id, j.kind, j.target) for j in jobs) == Counter(
-        {(r.id, kind, k): 1 for r in runs for kind, k in (("stage", 0), ("propose", 0), ("stage", 1))})
-    assert {(j.status, j.attempts) for j in jobs} == {("done", 1)}
-    assert Counter((e.run_id, e.stage_index) for e in episodes) == {(r.id, k): 4 for r in runs for k in (0, 1)}
-    assert Counter((p.run_id, p.after_stage) for p in proposals) == {(r.id, 0): 1 for r in runs}
+    jobs = nothing_lost_nothing_twice(engine, runs)
+    assert {j.attempts for j in jobs} == {1}
     assert all((tmp_path / "runs" / r.uuid / "stage-1").is_dir() for r in runs)  # under ENVLAB_RUNS
     engine.dispose()
