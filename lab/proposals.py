@@ -227,14 +227,14 @@ def decide(session: Session, proposal_id: int, action: str, user: str, edited: A
     proposal = session.get(Proposal, proposal_id)
     if proposal is None:
         raise LookupError(f"no proposal {proposal_id}")
+    made = None
     if action == Action.EDIT:  # before the lock: an unfillable config spends every try of the generator
-        run = session.get(Run, proposal.run_id)
-        config = _edited_config(session, proposal, edited)
-        if (why := fill_check(run.seed, proposal.after_stage + 1)(config)) is not None:
+        made = _edited_config(session, proposal, edited)
+        if (why := fill_check(session.get(Run, proposal.run_id).seed, proposal.after_stage + 1)(made)) is not None:
             raise ProposalError(f"the edited config cannot be generated: {why}")
     lock_run(session, proposal.run_id)
     try:
-        config = _applied_config(session, proposal, action, edited)
+        config = _applied_config(session, proposal, action, made)
         return record_decision(session, proposal_id, action, user, config, note, commit=commit)
     except BaseException as err:
         if isinstance(err, AlreadyDecided) and err.decision in session:
@@ -250,7 +250,8 @@ def _edited_config(session: Session, proposal: Proposal, edited: Any) -> EnvConf
     return project(edited, EnvConfig.model_validate(in_force.config), strict=True).config
 
 
-def _applied_config(session: Session, proposal: Proposal, action: str, edited: Any) -> dict | None:
+def _applied_config(session: Session, proposal: Proposal, action: str, edited: EnvConfig | None) -> dict | None:
+    """The config a decision applies (`edited`: the person's edit, validated and checked already)."""
     if (earlier := decision_of(session, proposal.id)) is not None:
         raise AlreadyDecided(earlier)
     if (why := superseded_by(session, proposal)) is not None:
@@ -260,7 +261,7 @@ def _applied_config(session: Session, proposal: Proposal, action: str, edited: A
             raise ProposalError(f"proposal {proposal.id} failed ({proposal.error}); edit it or reject it instead")
         return proposal.projected_config
     if action == Action.EDIT:
-        return _edited_config(session, proposal, edited).model_dump(mode="json")
+        return edited.model_dump(mode="json")
     if action != Action.REJECT:
         raise ProposalError(f"unknown action {action!r}: accept, edit, reject or auto")
     return None
