@@ -38,7 +38,7 @@ from lab.archive import ArchiveError
 from lab.example import ensure_example
 from lab.pages import compare, episode, leaderboard, playground, proposal, review, runs, train
 from lab.pages.common import Page
-from lab.runs import run_of_episode, run_of_proposal
+from lab.runs import LabVersion, lab_version, run_of_episode, run_of_proposal, waiting_proposals
 from lab.worker import start_worker, worker_busy, worker_status
 from storage.db import make_engine, upgrade
 
@@ -57,6 +57,16 @@ def worker_badge(engine: Engine) -> str:
     state, text = worker_status(engine)
     return f'<div class="worker {state}"><span class="dot"></span>{html.escape(text)}</div>'.replace(
         "`envlab worker`", "<code>envlab worker</code>")
+
+
+def waiting_banner(engine: Engine) -> str:
+    """Every proposal that waits for a decision, each a link that opens it: shown above the tabs, so a new
+    one is seen from any tab."""
+    items = [f'<a href="?proposal={w.proposal_id}">Proposal #{w.proposal_id}</a> waits for your decision '
+             f'(run #{w.run_id} {html.escape(w.run_name)}, for stage {w.for_stage}'
+             + ("; the engineer\'s answer failed: edit it or reject it" if w.failed else "") + ")"
+             for w in waiting_proposals(engine)]
+    return "" if not items else '<div class="waiting-bar">⏳ ' + " · ".join(items) + "</div>"
 
 
 def linked(engine: Engine, params: dict[str, str]) -> dict[str, Any]:
@@ -85,6 +95,8 @@ def build_demo(engine: Engine) -> gr.Blocks:
             run_pick = gr.Dropdown(label="Open run", choices=[], value=None, scale=3, elem_id="run-pick")
             refresh = gr.Button("↻ Refresh", scale=0, min_width=100)
             worker = gr.HTML(elem_id="worker-status")
+        waiting = gr.HTML(elem_id="waiting")
+        seen = gr.State(None)  # the `LabVersion` this browser last drew
         poll = gr.Timer(POLL_S)
         with gr.Tabs(elem_id="tabs") as tabs:
             page = Page(engine, run_pick, tabs, worker)
@@ -105,24 +117,26 @@ def build_demo(engine: Engine) -> gr.Blocks:
             with gr.Tab("Compare", id="compare") as compare_item:
                 compare_tab = compare.build(page)
         compare_item.select(compare_tab.refresh, [compare_tab.pick, compare_tab.rate], compare_tab.outputs)
-        _wire(page, refresh, poll, demo, runs_tab, review_tab, episode_tab, proposal_tab, train_tab, playground_tab,
-              leaderboard_tab)
+        _wire(page, refresh, poll, waiting, seen, demo, runs_tab, review_tab, episode_tab, proposal_tab, train_tab,
+              playground_tab, leaderboard_tab)
     return demo
 
 
-def _wire(page: Page, refresh: gr.Button, poll: gr.Timer, demo: gr.Blocks, runs_tab: runs.RunsTab,
+def _wire(page: Page, refresh: gr.Button, poll: gr.Timer, waiting: gr.HTML, seen: gr.State, demo: gr.Blocks,
+          runs_tab: runs.RunsTab,
           review_tab: review.ReviewTab, episode_tab: episode.EpisodeTab, proposal_tab: proposal.ProposalTab,
           train_tab: train.TrainTab, playground_tab: playground.PlaygroundTab,
           leaderboard_tab: leaderboard.LeaderboardTab) -> None:
     """The events that cross tabs: the run picked above them, links, the poll, a new run, a decision."""
     engine, run_pick = page.engine, page.run_pick
-    top_out = [run_pick, runs_tab.table, page.worker]
+    top_out = [run_pick, runs_tab.table, page.worker, waiting]
 
     def top(run_id: int | None) -> dict[Any, Any]:
         choices = runs.run_choices(engine)
         ids = [c[1] for c in choices]
         return {run_pick: gr.update(choices=choices, value=run_id if run_id in ids else None),
-                runs_tab.table: runs.runs_table(engine), page.worker: worker_badge(engine)}
+                runs_tab.table: runs.runs_table(engine), page.worker: worker_badge(engine),
+                waiting: waiting_banner(engine)}
 
     refresh.click(top, run_pick, top_out) \
         .then(review_tab.show, [run_pick, review_tab.stage_pick], review_tab.outputs) \
@@ -131,8 +145,22 @@ def _wire(page: Page, refresh: gr.Button, poll: gr.Timer, demo: gr.Blocks, runs_
     run_pick.input(review_tab.show_latest, run_pick, review_tab.outputs) \
         .then(proposal_tab.show_all, run_pick, proposal_tab.outputs) \
         .then(train_tab.show, run_pick, train_tab.outputs)
-    poll.tick(lambda run_id: {page.worker: worker_badge(engine)} | train_tab.show(run_id), run_pick,
-              [page.worker, *train_tab.outputs], show_progress="hidden")
+    def follow(run_id: int | None, proposal_id: int | None, stage_index: int | None,
+               drawn: LabVersion | None) -> dict[Any, Any]:
+        """The poll: one cheap read of what changed; only the parts of the page that depend on it are redrawn."""
+        now = lab_version(engine)
+        out: dict[Any, Any] = {page.worker: worker_badge(engine), seen: now}
+        if drawn is None or now.jobs != drawn.jobs or now.runs != drawn.runs:
+            out |= train_tab.show(run_id)
+        if drawn is None or (now.runs, now.proposals, now.stages) != (drawn.runs, drawn.proposals, drawn.stages):
+            out |= top(run_id) | proposal_tab.follow(run_id, proposal_id)
+        if drawn is not None and now.stages != drawn.stages:
+            out |= review_tab.show(run_id, stage_index)
+        return out
+
+    poll.tick(follow, [run_pick, proposal_tab.pick, review_tab.stage_pick, seen],
+              [seen, *top_out, *train_tab.outputs, *proposal_tab.outputs, *review_tab.outputs],
+              show_progress="hidden")
 
     def create(*form: Any) -> dict[Any, Any]:
         message, run_id = runs.create_run_from_form(engine, *form)
@@ -162,16 +190,16 @@ def _wire(page: Page, refresh: gr.Button, poll: gr.Timer, demo: gr.Blocks, runs_
     review_tab.gallery.select(open_from_gallery, None, [episode_tab.episode_id, page.tabs]) \
         .then(episode_tab.show, [episode_tab.episode_id, episode_tab.ghost], episode_tab.outputs)
     for decided in proposal_tab.decided:
-        decided.then(train_tab.show, run_pick, train_tab.outputs)
+        decided.then(train_tab.show, run_pick, train_tab.outputs).then(top, run_pick, top_out)
 
     def on_load(request: gr.Request) -> dict[Any, Any]:
         link = linked(engine, dict(request.query_params) if request is not None else {})
         # The proposal goes out with the first answer: a link to a proposal paints in one round trip.
         return top(link["run"]) | proposal_tab.show_all(link["run"], link["proposal"]) | {
             page.tabs: gr.Tabs(selected=link["tab"]) if link["tab"] else gr.update(),
-            episode_tab.episode_id: link["episode"]}
+            episode_tab.episode_id: link["episode"], seen: lab_version(engine)}
 
-    demo.load(on_load, None, [*top_out, page.tabs, episode_tab.episode_id, *proposal_tab.outputs]) \
+    demo.load(on_load, None, [*top_out, page.tabs, episode_tab.episode_id, *proposal_tab.outputs, seen]) \
         .then(episode_tab.show, [episode_tab.episode_id, episode_tab.ghost], episode_tab.outputs) \
         .then(review_tab.show, [run_pick, review_tab.stage_pick], review_tab.outputs) \
         .then(train_tab.show, run_pick, train_tab.outputs) \

@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlmodel import Session, select
 
-from envsim.config import GLOBALS, KNOBS, EnvConfig, project
+from envsim.config import GLOBALS, KNOBS, EnvConfig, Projection, project
 from envsim.generator import cannot_fill, stage_seed
 from lab.engineers import EngineerAnswer
 from storage.db import lock_run
@@ -24,8 +24,8 @@ from storage.decisions import AlreadyDecided, record_decision
 from storage.models import Action, Decision, Proposal, Run, Stage
 
 __all__ = ["AlreadyDecided", "Change", "ProposalError", "ProposalState", "Superseded", "current_proposal", "decide",
-           "decide_on", "decision_of", "diff", "fill_check", "fillable", "proposal_state", "proposal_states",
-           "self_summary", "store_proposal"]
+           "decide_on", "decision_of", "diff", "edit_projection", "fill_check", "fillable", "proposal_state",
+           "proposal_states", "self_summary", "store_proposal"]
 
 
 class ProposalError(ValueError):
@@ -184,6 +184,13 @@ class ProposalState:
         projected = self.proposal.projected_config
         return EnvConfig.model_validate(projected) if projected else self.base
 
+    @property
+    def applied(self) -> EnvConfig | None:
+        """The config its decision applied (`Decision.config`: a person's edit as stored), None while undecided
+        or when it was rejected."""
+        d = self.decision
+        return EnvConfig.model_validate(d.config) if d is not None and d.config else None
+
 
 def _state(s: Session, proposal: Proposal) -> ProposalState:
     run = s.get(Run, proposal.run_id)
@@ -245,9 +252,24 @@ def decide(session: Session, proposal_id: int, action: str, user: str, edited: A
 
 def _edited_config(session: Session, proposal: Proposal, edited: Any) -> EnvConfig:
     """A person's edit, validated strictly and projected against the config in force (ConfigError if invalid)."""
+    return _edit_projection(session, proposal, edited).config
+
+
+def _edit_projection(session: Session, proposal: Proposal, edited: Any) -> Projection:
     in_force = session.exec(select(Stage).where(Stage.run_id == proposal.run_id,
                                                 Stage.index == proposal.after_stage)).one()
-    return project(edited, EnvConfig.model_validate(in_force.config), strict=True).config
+    return project(edited, EnvConfig.model_validate(in_force.config), strict=True)
+
+
+def edit_projection(engine: Engine, proposal_id: int, edited: Any) -> Projection:
+    """What an edit of proposal `proposal_id` would store, and what the projection changed in it (the
+    `data_ratio` shares rescaled to sum to 1), while the person still types; `ConfigError` when it is invalid.
+    The same projection `decide` applies, so what is shown is what is stored."""
+    with open_session(engine) as s:
+        proposal = s.get(Proposal, proposal_id)
+        if proposal is None:
+            raise LookupError(f"no proposal {proposal_id}")
+        return _edit_projection(s, proposal, edited)
 
 
 def _applied_config(session: Session, proposal: Proposal, action: str, edited: EnvConfig | None) -> dict | None:

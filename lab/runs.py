@@ -9,17 +9,21 @@ stage's rates come from `lab.results` like everywhere else.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, func
 from sqlmodel import Session, select
 
+from envsim.config import EnvConfig
 from envsim.instance import Instance
 from envsim.suite import Entry, Report, Split, report
 from lab.loop import create_run, jobs_of, set_auto_apply, stages_of
+from lab.proposals import current_proposal, decision_of, diff
 from lab.results import StageSummary, stage_summaries
-from storage.db import session
-from storage.models import Action, Decision, Episode, Job, Proposal, Run, Stage, StageStatus, TrainingLog
+from storage.db import checkpoint_of, session
+from storage.models import Action, Decision, Episode, Job, Proposal, Run, RunStatus, Stage, StageStatus, TrainingLog
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,71 @@ def run_list(engine: Engine) -> list[RunRow]:
         runs = list(s.exec(select(Run).order_by(Run.id.desc())))
         done = {r.id: sum(st.status == StageStatus.DONE for st in stages_of(s, r.id)) for r in runs}
     return [RunRow(r, max(done[r.id] - 1, 0)) for r in runs]
+
+
+@dataclass(frozen=True)
+class LabVersion:
+    """What the page has drawn, in a few numbers: when one part differs from the last poll's, the page redraws
+    what depends on it, and nothing else. Each part grows (or changes) with every row that matters to it."""
+
+    runs: tuple[tuple[int, str], ...]  # (id, status) of every run
+    proposals: tuple[int, int]  # the newest proposal id, the newest decision id
+    stages: tuple[int, int]  # the newest stage id, how many stages are done
+    jobs: tuple[int, str]  # the newest job id, the latest heartbeat or end of any job
+
+
+def lab_version(engine: Engine) -> LabVersion:
+    """A cheap read of what changed in the database (the page polls it every few seconds): a few aggregates."""
+    with session(engine) as s:
+        runs = tuple((i, str(st)) for i, st in s.exec(select(Run.id, Run.status).order_by(Run.id)))
+        proposal = s.exec(select(func.max(Proposal.id))).one() or 0
+        decision = s.exec(select(func.max(Decision.id))).one() or 0
+        stage, done = s.exec(select(func.max(Stage.id), func.count(Stage.id).filter(
+            Stage.status == StageStatus.DONE))).one()
+        job, beat, end = s.exec(select(func.max(Job.id), func.max(Job.heartbeat_at), func.max(Job.finished_at))).one()
+    return LabVersion(runs, (proposal, decision), (stage or 0, done or 0), (job or 0, f"{beat}|{end}"))
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A proposal that waits for a person: its run's current proposal, undecided, the run not auto-applying."""
+
+    proposal_id: int
+    run_id: int
+    run_name: str
+    for_stage: int
+    failed: bool  # the engineer's answer failed: it waits for an edit or a rejection
+
+
+def waiting_proposals(engine: Engine) -> list[Waiting]:
+    """Every proposal that waits for a decision, across runs, oldest run first."""
+    out = []
+    with session(engine) as s:
+        for run in s.exec(select(Run).where(Run.status == RunStatus.WAITING).order_by(Run.id)):
+            p = current_proposal(s, run.id)
+            if p is not None and decision_of(s, p.id) is None:
+                out.append(Waiting(p.id, run.id, run.name, p.after_stage + 1, p.error is not None))
+    return out
+
+
+def missing_checkpoint(engine: Engine, run_id: int, stage_index: int | None = None) -> str | None:
+    """Why a stage of a run (every trained stage, without `stage_index`) has no checkpoint to load here, or
+    None when it has: work that needs the weights is refused when asked, not when a worker gets to it."""
+    with session(engine) as s:
+        query = select(Stage).where(Stage.run_id == run_id, Stage.status == StageStatus.DONE)
+        stages = list(s.exec(query.where(Stage.index == stage_index) if stage_index is not None
+                             else query.where(Stage.index > 0).order_by(Stage.index)))
+        run = s.get(Run, run_id)
+        example = bool(run and run.settings.get("example"))
+    for stage in stages:
+        if stage.index == 0:
+            continue  # the run's policy as given ("tiny", a model name): the worker loads it as any run does
+        where = checkpoint_of(engine, stage)
+        if where is None or not Path(where).is_dir():
+            why = "the example run ships without checkpoints (docs/example.md)" if example else \
+                f"no checkpoint folder at {where}" if where else "no checkpoint was recorded"
+            return f"stage {stage.index} of run {run_id} has no weights here: {why}"
+    return None
 
 
 def new_run(engine: Engine, **options: Any) -> Run:
@@ -98,6 +167,56 @@ def _decided(s: Session, run_id: int) -> dict[int, tuple[Proposal, Decision]]:
     rows = s.exec(select(Proposal, Decision).join(Decision, Decision.proposal_id == Proposal.id)
                   .where(Proposal.run_id == run_id).order_by(Proposal.id))
     return {p.after_stage + 1: (p, d) for p, d in rows if d.action != Action.REJECT}
+
+
+class Setter(StrEnum):
+    """Who set a value of a stage's config."""
+
+    ENGINEER = "engineer"  # the engineer proposed it and a person accepted it (or kept it in an edit)
+    PERSON = "person"  # a person's edit changed the engineer's value
+    AUTO = "auto-apply"  # the run applied the engineer's proposal by itself
+
+
+@dataclass(frozen=True)
+class ConfigStep:
+    """The config one stage trained on, where it came from, and who set each value that changed from the
+    stage before (`set_by`: field, e.g. `wait_ratio[3]` or `num_agents`, to its setter)."""
+
+    stage_index: int
+    source: str
+    config: EnvConfig
+    set_by: dict[str, Setter]
+
+
+APPLIED = {Action.ACCEPT: "accepted", Action.EDIT: "edited", Action.AUTO: "auto-applied"}
+
+
+def config_timeline(engine: Engine, run_id: int) -> list[ConfigStep]:
+    """Each stage's config as trained, derived from its stage row and the decision that made it: a value a
+    person's edit changed from the engineer's is the person's; every other change is the engineer's (or
+    auto-apply's)."""
+    with session(engine) as s:
+        stages, decided = stages_of(s, run_id), _decided(s, run_id)
+    out, before = [], None
+    for st in stages:
+        config = EnvConfig.model_validate(st.config)
+        source, set_by = "initial config", {}
+        if st.index in decided and before is not None:
+            p, d = decided[st.index]
+            source = f"proposal #{p.id}, {APPLIED[d.action]} by {d.user}"
+            engineer = EnvConfig.model_validate(p.projected_config) if p.projected_config else before
+            for c in diff(before, config):
+                if c.change == 0:
+                    continue
+                field = c.knob if c.size is None else f"{c.knob}[{c.size}]"
+                proposed = getattr(engineer, c.knob) if c.size is None else getattr(engineer, c.knob)[c.size]
+                set_by[field] = Setter.AUTO if d.action == Action.AUTO else \
+                    Setter.PERSON if d.action == Action.EDIT and proposed != c.new else Setter.ENGINEER
+        elif st.index > 0:
+            source = "the stage before's config"
+        out.append(ConfigStep(st.index, source, config, set_by))
+        before = config
+    return out
 
 
 def failed_episodes(engine: Engine, run_id: int, stage_index: int, size: int | None = None,

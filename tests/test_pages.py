@@ -28,6 +28,7 @@ from lab.engineers import EngineerAnswer
 from lab.loop import advance, create_run, run_propose_job, stages_of
 from lab.pages import common, episode, leaderboard, playground, proposal, review, runs, train
 from lab.proposals import store_proposal
+from lab.runs import lab_version, waiting_proposals
 from storage.db import make_engine, session, upgrade
 from storage.models import Decision, Episode, Job, Proposal, Stage, StageMetric, TrainingLog, utcnow
 from storage.queue import claim, fail, finish
@@ -321,10 +322,14 @@ def test_the_diff_flags_what_the_projection_changed(lab):
     engine, ids = lab
     v = proposal.proposal_view(engine, ids["pending"])
     rows = {(r[0], r[1]): r for r in v["diff"]["data"]}
-    assert rows[(4, "hole_ratio")][2:5] == ["0.2", "0.5", "+0.3"]
+    assert rows[(4, "hole_ratio")][2:5] == ["0.2", "**0.5**", "+0.3"]  # bold: the value changes
     flag = rows[(4, "hole_ratio")][5]
     assert flag.startswith("⚠ clamped into 0..0.5") and "engineer said 0.9" in flag
-    assert rows[(3, "data_ratio")][2:5] == ["0.5", "0.25", "-0.25"] and rows[(3, "data_ratio")][5] == ""
+    assert rows[(3, "data_ratio")][2:5] == ["0.5", "**0.25**", "-0.25"] and rows[(3, "data_ratio")][5] == ""
+    assert rows[(3, "hole_ratio")][2:5] == ["0.2", "0.2", "0"]
+    # the changed-only view (the default) keeps the rows that change, in table order
+    assert [(r[0], r[1]) for r in v["changed"]["data"]] == [(3, "data_ratio"), (4, "data_ratio"), (4, "hole_ratio")]
+    assert len(v["diff"]["data"]) == 2 * 3 + 2  # two sizes x three knobs, and the two globals
     assert v["pending"] and "Waiting for a decision" in v["status"]
     assert v["edit"] == [[3, 0.25, 0.2, 0.25], [4, 0.75, 0.5, 0.25]]
 
@@ -356,12 +361,89 @@ def test_a_valid_edit_is_applied_and_the_next_stage_queued(lab):
     engine, ids = lab
     table = [[3, 0.5, 0.2, 0.25], [4, 0.5, 0.45, 0.5]]
     message = proposal.decide_proposal(engine, ids["pending"], "edit", "bob", "gentler", table, 2, 24)
-    assert message.startswith(f"✓ Proposal #{ids['pending']} edited by bob. Next: queued stage 1")
+    assert message == (f"✓ Proposal #{ids['pending']} edited by bob; stored: data_ratio[3] 0.5, data_ratio[4] 0.5, "
+                       "hole_ratio[4] 0.45, wait_ratio[4] 0.5, num_instances 24. Next: queued stage 1 (edit by bob).")
     d = decisions(engine)[-1]
     assert (d.action, d.user, d.note) == ("edit", "bob", "gentler")
     assert d.config["hole_ratio"] == {"3": 0.2, "4": 0.45} and d.config["num_instances"] == 24
     v = proposal.proposal_view(engine, ids["pending"])
     assert "**edited** by **bob**" in v["status"] and not v["pending"]
+
+
+def test_an_edit_that_does_not_sum_to_one_is_shown_rescaled_before_and_after_it_is_stored(lab):
+    engine, ids = lab
+    typed = [[3, 0.9, 0.2, 0.25], [4, 0.5, 0.5, 0.25]]
+    said = ("data_ratio[3] 0.6429 (you typed 0.9), data_ratio[4] 0.3571 (you typed 0.5); the data_ratio shares you "
+            "typed sum to 1.4, so each is rescaled to make them sum to 1")
+    assert proposal.edit_check(engine, ids["pending"], typed, 2, 16) == (f"*Apply my edit* will store: {said}.", True)
+    assert decisions(engine)[-1].proposal_id == ids["accepted"]  # checking stores nothing
+    message = proposal.decide_proposal(engine, ids["pending"], "edit", "bob", "", typed, 2, 16)
+    assert message == f"✓ Proposal #{ids['pending']} edited by bob; stored: {said}. Next: queued stage 1 (edit by bob)."
+    assert decisions(engine)[-1].config["data_ratio"] == {"3": 0.9 / 1.4, "4": 0.5 / 1.4}
+    v = proposal.proposal_view(engine, ids["pending"])  # the decided proposal shows what was stored
+    assert v["edit"] == [[3, 0.6429, 0.2, 0.25], [4, 0.3571, 0.5, 0.25]]
+    assert v["changed"]["data"] == [
+        [3, "data_ratio", "0.5", "✎ 0.6429", "+0.1429", "✎ set by bob; the engineer proposed 0.25"],
+        [4, "data_ratio", "0.5", "✎ 0.3571", "-0.1429", "✎ set by bob; the engineer proposed 0.75"],
+        [4, "hole_ratio", "0.2", "**0.5**", "+0.3", "⚠ clamped into 0..0.5 (engineer said 0.9)"]]
+    assert v["label"].startswith("The config edited (as stored with the decision")
+    assert "the person set 2 of them" in v["rationale"]
+    # the Stage review's timeline: the config stage 1 trains on, and who set each value that changed
+    assert review.timeline(engine, ids["waiting"])["data"] == [
+        [0, "initial config", 3, "0.5", "0.2", "0.25", "2", "16"],
+        [0, "initial config", 4, "0.5", "0.2", "0.25", "2", "16"],
+        [1, f"proposal #{ids['pending']}, edited by bob", 3, "0.6429 (person)", "0.2", "0.25", "2", "16"],
+        [1, f"proposal #{ids['pending']}, edited by bob", 4, "0.3571 (person)", "0.5 (engineer)", "0.25", "2", "16"]]
+
+
+def test_an_invalid_edit_is_said_once_while_typed_and_the_buttons_wait(lab):
+    engine, ids = lab
+    negative = [[-3, 0.5, 0.2, 0.25], [4, 0.5, 0.5, 0.25]]
+    assert proposal.edit_check(engine, ids["pending"], negative, 2, 16) == (
+        "✗ This edit cannot be applied: size -3 is outside 2..32.", False)
+    assert proposal.decide_proposal(engine, ids["pending"], "edit", "bob", "", negative, 2, 16) == \
+        "✗ Not saved, the edit is not valid: size -3 is outside 2..32"
+    view = proposal.proposal_view(engine, ids["pending"])
+    assert proposal.edit_check(engine, ids["pending"], view["edit"], 2, 16) == (
+        "The table is the engineer's proposal as it stands: *Accept* applies it.", True)
+    assert [d.proposal_id for d in decisions(engine)] == [ids["accepted"]]
+
+
+def test_the_page_sees_a_new_proposal_and_lists_every_one_that_waits(lab):
+    engine, ids = lab
+    before = lab_version(engine)
+    assert [(w.proposal_id, w.run_id) for w in waiting_proposals(engine)] == [(ids["second"], ids["history"]),
+                                                                              (ids["pending"], ids["waiting"])]
+    assert [row[3] for row in runs.runs_table(engine)["data"]] == ["proposal #2 (stage 1)", "proposal #3 (stage 2)"]
+    assert app.waiting_banner(engine).count('href="?proposal=') == 2
+    proposal.decide_proposal(engine, ids["second"], "reject", "carol")
+    assert lab_version(engine).proposals == (before.proposals[0], before.proposals[1] + 1)
+    assert [w.proposal_id for w in waiting_proposals(engine)] == [ids["pending"]]
+    newer = propose(engine, ids["history"])  # the engineer answers again, as a worker would
+    advance(engine, ids["history"])
+    assert lab_version(engine).proposals[0] == newer
+    assert [w.proposal_id for w in waiting_proposals(engine)] == [newer, ids["pending"]]
+    assert proposal.pending_of(engine, ids["history"]) == newer
+
+
+def test_work_that_needs_weights_is_refused_when_asked(lab):
+    engine, ids = lab
+    why = f"stage 1 of run {ids['history']} has no weights here: no checkpoint was recorded"
+    assert leaderboard.benchmark_stage(engine, ids["history"], 1) == f"✗ Not queued: {why}."
+    assert runs.export_file(engine, ids["history"], True) == (
+        None, f"✗ Not exported with checkpoints: {why}. Export it without them.")
+    assert runs.export_file(engine, ids["history"], False)[0] is not None
+    with session(engine) as s:
+        assert s.exec(select(Job).where(Job.kind == "benchmark")).first() is None
+
+
+def test_a_failed_job_is_one_line_and_its_traceback_is_folded():
+    log = ("evaluating 24 boards\nTraceback (most recent call last):\n  File \"x.py\", line 1, in <module>\n"
+           "training.policy.PolicyError: no checkpoint folder there")
+    kept, trace = train.fold_traceback(log)
+    assert kept == "evaluating 24 boards\n(the traceback is folded under the job's error above)"
+    assert trace.startswith("Traceback") and trace.endswith("no checkpoint folder there")
+    assert train.fold_traceback("all fine") == ("all fine", "")
 
 
 def test_two_tabs_on_one_proposal_one_wins_and_the_other_is_told(lab):

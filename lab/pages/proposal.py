@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -10,16 +11,26 @@ from typing import Any
 import gradio as gr
 from sqlalchemy import Engine
 
-from envsim.config import ConfigError
+from envsim.config import ConfigError, Projection
 from envsim.generator import GenerationError, generate
 from lab.loop import advance
 from lab.pages import figures
 from lab.pages.common import DECIDED, KNOB_COLUMNS, Page, config_from_table, config_rows, table, user_of, when
-from lab.proposals import AlreadyDecided, ProposalError, ProposalState, decide_on, proposal_state, proposal_states
+from lab.proposals import (
+    AlreadyDecided,
+    ProposalError,
+    ProposalState,
+    decide_on,
+    diff,
+    edit_projection,
+    proposal_state,
+    proposal_states,
+)
 from lab.runs import run_of_proposal, set_run_auto_apply
 from storage.models import Action
 
-DIFF_HEADERS = ["size", "knob", "old", "new", "change", "projection"]
+DIFF_HEADERS = ["size", "knob", "old", "new", "change", "note"]
+PERSON = "✎"  # marks a value a person's edit set, in the diff
 
 
 def proposal_choices(engine: Engine, run_id: int | None) -> list[tuple[str, int]]:
@@ -28,48 +39,86 @@ def proposal_choices(engine: Engine, run_id: int | None) -> list[tuple[str, int]
     out = []
     for st in proposal_states(engine, run_id):
         p, d = st.proposal, st.decision
-        state = f"{DECIDED[d.action]} by {d.user}" if d else ("failed, pending" if p.error else "pending")
+        state = f"{DECIDED[d.action]} by {d.user}" if d else ("failed, waits for you" if p.error else
+                                                              "waits for your decision")
         if st.superseded:
             state = "superseded"
         out.append((f"#{p.id} for stage {p.after_stage + 1}: {state}", p.id))
     return out
 
 
+def pending_of(engine: Engine, run_id: int | None) -> int | None:
+    """The run's proposal that waits for a decision, if any."""
+    states = [] if run_id is None else proposal_states(engine, run_id)
+    return next((st.proposal.id for st in states if st.pending), None)
+
+
 def proposal_view(engine: Engine, proposal_id: int | None) -> dict[str, Any]:
-    """What the Proposal tab shows: status (who decided what and when), rationale, diff and the edit table."""
+    """What the Proposal tab shows: status (who decided what and when), rationale, the diff (changed values
+    first; a decided proposal's diff is of the config its decision applied) and the config table."""
     if proposal_id is None:
         return dict(status="No proposal yet: the engineer proposes after a stage has been evaluated.",
-                    rationale="", raw="", diff=table(DIFF_HEADERS, []), edit=[], agents=2, instances=512,
-                    auto=False, pending=False, run_id=None)
+                    rationale="", raw="", diff=table(DIFF_HEADERS, []), changed=table(DIFF_HEADERS, []), edit=[],
+                    agents=2, instances=512, auto=False, pending=False, run_id=None, label=EDIT_LABEL)
     st = proposal_state(engine, int(proposal_id))
     if st is None:
         return proposal_view(engine, None) | {"status": f"There is no proposal {proposal_id}."}
-    p, config = st.proposal, st.config
-    rows = _diff_rows(st)
-    changed = sum(1 for r in rows if r[4] not in ("0", "+0"))
+    p = st.proposal
+    rows, changed = diff_rows(st)
+    person = sum(1 for r in rows if r[3].startswith(PERSON))
     adjusted = len({a["field"] for a in p.adjustments})
-    summary = f"{changed} of {len(rows)} values change"
+    summary = f"{len(changed)} of {len(rows)} values change"
+    summary += f"; the person set {person} of them ({PERSON} in the diff)" if person else ""
     summary += f"; the projection adjusted {adjusted}." if adjusted else "."
     # Markdown joins single newlines; the heuristic engineer writes one line per change, so keep them apart.
     written = p.rationale.replace("\n", "  \n") if p.rationale else "_The engineer gave no rationale._"
+    config = st.applied or st.config
     return dict(status=_status(st), rationale=f"{written}\n\n{summary}", raw=p.raw_answer,
-                diff=table(DIFF_HEADERS, rows), edit=config_rows(config), agents=config.num_agents,
-                instances=config.num_instances, auto=st.auto_apply, pending=st.pending, run_id=p.run_id)
+                diff=table(DIFF_HEADERS, rows), changed=table(DIFF_HEADERS, changed), edit=config_rows(config),
+                agents=config.num_agents, instances=config.num_instances, auto=st.auto_apply, pending=st.pending,
+                run_id=p.run_id, label=_edit_label(st))
 
 
-def _diff_rows(st: ProposalState) -> list[list[Any]]:
+EDIT_LABEL = "Config to apply (one row per map size): edit it, then “Apply my edit”"
+
+
+def _edit_label(st: ProposalState) -> str:
+    d = st.decision
+    if st.applied is not None:
+        return f"The config {DECIDED[d.action]} (as stored with the decision; the stage trained on it)"
+    if d is not None:
+        return "The config the engineer proposed (rejected: never applied)"
+    return "The config the engineer proposed (superseded: never applied)" if st.superseded else EDIT_LABEL
+
+
+def diff_rows(st: ProposalState) -> tuple[list[list[Any]], list[list[Any]]]:
+    """Every value's row (old, new, change, note), and the rows that change, in table order. `new` is what the
+    decision applied when there is one (a person's value marked ✎, with the engineer's in the note), else what
+    the engineer proposed (bold when it changes)."""
     p = st.proposal
     reasons = {a["field"]: a["reason"] for a in p.adjustments}
-    rows = []
-    for c in p.diff.get("changes", []):
-        field = c["knob"] if c["size"] is None else f"{c['knob']}[{c['size']}]"
-        said = (p.parsed_config or {}).get(c["knob"])
-        said = said.get(str(c["size"]), said.get(c["size"])) if isinstance(said, dict) else said
-        flag = f"⚠ {reasons.get(field, 'adjusted')}" + (f" (engineer said {said})" if said is not None else "") \
-            if c["adjusted"] else ""
-        rows.append(["all" if c["size"] is None else c["size"], c["knob"], _fmt(c["old"]), _fmt(c["new"]),
-                     _fmt(c["change"], signed=True), flag])
-    return rows
+    engineer, applied = st.config, st.applied
+    rows, changed = [], []
+    for c in diff(st.base, applied or engineer, frozenset(reasons)):
+        field = c.knob if c.size is None else f"{c.knob}[{c.size}]"
+        proposed = getattr(engineer, c.knob) if c.size is None else getattr(engineer, c.knob)[c.size]
+        by_person = applied is not None and proposed != c.new
+        notes = []
+        if c.adjusted and not by_person:
+            said = (p.parsed_config or {}).get(c.knob)
+            said = said.get(str(c.size), said.get(c.size)) if isinstance(said, dict) else said
+            notes.append(f"⚠ {reasons.get(field, 'adjusted')}" + (f" (engineer said {said})" if said is not None
+                                                                   else ""))
+        if by_person:
+            notes.append(f"{PERSON} set by {st.decision.user}; the engineer proposed {_fmt(proposed)}")
+        new = _fmt(c.new)
+        new = f"{PERSON} {new}" if by_person else (f"**{new}**" if c.change != 0 else new)
+        row = ["all" if c.size is None else c.size, c.knob, _fmt(c.old), new, _fmt(c.change, signed=True),
+               "; ".join(notes)]
+        rows.append(row)
+        if c.change != 0 or by_person:
+            changed.append(row)
+    return rows, changed
 
 
 def _status(st: ProposalState) -> str:
@@ -77,8 +126,12 @@ def _status(st: ProposalState) -> str:
     title = f"**Proposal #{p.id}** by the `{p.engineer}` engineer, after stage {p.after_stage}, " \
             f"for stage {p.after_stage + 1} ({when(p.created_at)})."
     if d is not None:
-        return f"{title}  \n✔ **{DECIDED[d.action]}** by **{d.user}** at {when(d.created_at)}" + \
+        done = f"{title}  \n✔ **{DECIDED[d.action]}** by **{d.user}** at {when(d.created_at)}" + \
             (f": “{d.note}”" if d.note else ".")
+        if d.action == Action.EDIT:
+            done += f"  \nThe diff and the table show the config as stored with the decision ({PERSON}: the " \
+                    "person's value, where it differs from the engineer's)."
+        return done
     if st.superseded:
         return f"{title}  \n**Superseded**: {st.superseded}. It can no longer be decided."
     if p.error:
@@ -111,28 +164,75 @@ def proposal_preview(engine: Engine, proposal_id: int | None, n: int = 4) -> tup
         f"{n} boards drawn from the proposed config (seed {seed}); dotted lines are the solver's plans."
 
 
+def _problems(err: ConfigError) -> str:
+    """The validator's problems, each once: a bad size is named by every knob of its row, and said once."""
+    return "; ".join(dict.fromkeys(re.sub(r"^\w+: (size .*)$", r"\1", p) for p in err.problems))
+
+
+def _edit_config(rows: Sequence[Sequence[Any]] | None, agents: Any, instances: Any) -> dict[str, Any]:
+    return config_from_table(rows or [], agents, instances)
+
+
+def _stored_text(st: ProposalState, projection: Projection) -> str:
+    """What an edit stores, against the engineer's proposal: each value that differs, and each share the
+    projection rescaled so that data_ratio sums to 1 (with what was typed)."""
+    engineer, made = st.config, projection.config
+    typed = {a.field: a.old for a in projection.adjustments}
+    parts = []
+    for c in diff(engineer, made):
+        field = c.knob if c.size is None else f"{c.knob}[{c.size}]"
+        if c.change != 0 or field in typed:
+            parts.append(f"{field} {_fmt(c.new)}" + (f" (you typed {_fmt(typed[field])})" if field in typed else ""))
+    text = ", ".join(parts) if parts else "the engineer's config as proposed (no value differs)"
+    shares = [a.old for a in projection.adjustments if a.field.startswith("data_ratio[")]
+    if shares:
+        text += f"; the data_ratio shares you typed sum to {sum(shares):.4g}, so each is rescaled to make them sum to 1"
+    return text
+
+
+def edit_check(engine: Engine, proposal_id: int | None, rows: Sequence[Sequence[Any]] | None, agents: Any,
+               instances: Any) -> tuple[str, bool]:
+    """While a person edits the table: what "Apply my edit" would store (the same projection `decide` makes),
+    or the one line that says why it cannot be applied; and whether it can."""
+    st = None if proposal_id is None else proposal_state(engine, int(proposal_id))
+    if st is None or not st.pending:
+        return "", True
+    try:
+        projection = edit_projection(engine, int(proposal_id), _edit_config(rows, agents, instances))
+    except ConfigError as err:
+        return f"✗ This edit cannot be applied: {_problems(err)}.", False
+    if projection.config == st.config and not projection.adjustments:
+        return "The table is the engineer's proposal as it stands: *Accept* applies it.", True
+    return f"*Apply my edit* will store: {_stored_text(st, projection)}.", True
+
+
 def decide_proposal(engine: Engine, proposal_id: int | None, action: str, user: str, note: str = "",
                     rows: Sequence[Sequence[Any]] | None = None, agents: Any = None, instances: Any = None) -> str:
     """Accept, edit or reject a proposal and move the run on; returns the message for the page.
 
     An invalid edit is refused with the validator's message naming the field and range, and nothing is
-    stored; when someone else decided first, the message says who and what.
+    stored; a stored edit is told value by value; when someone else decided first, the message says who and
+    what.
     """
     if proposal_id is None:
         return "No proposal is open."
-    edited = config_from_table(rows or [], agents, instances) if action == Action.EDIT else None
+    edited = _edit_config(rows, agents, instances) if action == Action.EDIT else None
     try:
+        stored = None if edited is None else _stored_text(proposal_state(engine, int(proposal_id)),
+                                                          edit_projection(engine, int(proposal_id), edited))
         decide_on(engine, int(proposal_id), action, user, edited=edited, note=note or "")
     except AlreadyDecided as err:
         d = err.decision
         return (f"⚠ Someone decided first: proposal #{proposal_id} was already {DECIDED[d.action]} by "
                 f"**{d.user}** at {when(d.created_at)}. Your {action} was not recorded.")
     except ConfigError as err:
-        return "✗ Not saved, the edit is not valid: " + "; ".join(err.problems)
+        return "✗ Not saved, the edit is not valid: " + _problems(err)
     except ProposalError as err:
         return f"✗ {err}"
     run_id = run_of_proposal(engine, int(proposal_id))
-    return f"✓ Proposal #{proposal_id} {DECIDED[action]} by {user}. Next: {advance(engine, run_id)}."
+    done = f"✓ Proposal #{proposal_id} {DECIDED[action]} by {user}"
+    done += f"; stored: {stored}." if stored else "."
+    return f"{done} Next: {advance(engine, run_id)}."
 
 
 def toggle_auto_apply(engine: Engine, run_id: int | None, on: bool) -> str:
@@ -155,12 +255,14 @@ class ProposalTab:
     status: gr.Markdown
     rationale: gr.Markdown
     raw: gr.Textbox
+    changed_only: gr.Checkbox
     diff: gr.Dataframe
     preview_note: gr.Markdown
     preview: gr.Plot
     edit: gr.Dataframe
     agents: gr.Number
     instances: gr.Number
+    check: gr.Markdown
     note: gr.Textbox
     buttons: dict[Action, gr.Button]
     message: gr.Markdown
@@ -169,31 +271,56 @@ class ProposalTab:
     @property
     def outputs(self) -> list[Any]:
         """What `show_all` fills: the dropdown and everything `show` does."""
-        return [self.pick, self.status, self.rationale, self.raw, self.diff, self.edit, self.agents, self.instances,
-                self.auto, *self.buttons.values()]
+        return [self.pick, self.status, self.rationale, self.raw, self.changed_only, self.diff, self.edit,
+                self.agents, self.instances, self.check, self.auto, *self.buttons.values()]
 
     def show(self, proposal_id: int | None, edit_table: bool = True) -> dict[Any, Any]:
         """One proposal; without `edit_table` the edit table stays as typed (a refused edit is kept)."""
         v = proposal_view(self.engine, proposal_id)
-        out = {self.status: v["status"], self.rationale: v["rationale"], self.raw: v["raw"], self.diff: v["diff"],
-               self.auto: v["auto"]} | {b: gr.update(interactive=v["pending"]) for b in self.buttons.values()}
+        out = {self.status: v["status"], self.rationale: v["rationale"], self.raw: v["raw"],
+               self.changed_only: True, self.diff: v["changed"], self.auto: v["auto"]} | \
+            {b: gr.update(interactive=v["pending"]) for b in self.buttons.values()}
         if edit_table:
-            out |= {self.edit: v["edit"], self.agents: v["agents"], self.instances: v["instances"]}
+            out |= {self.edit: gr.update(value=v["edit"], label=v["label"]), self.agents: v["agents"],
+                    self.instances: v["instances"], self.check: ""}
         return out
 
+    def show_diff(self, proposal_id: int | None, changed_only: bool) -> dict[Any, Any]:
+        v = proposal_view(self.engine, proposal_id)
+        return {self.diff: v["changed"] if changed_only else v["diff"]}
+
     def show_all(self, run_id: int | None, proposal_id: int | None = None, edit_table: bool = True) -> dict[Any, Any]:
-        """The run's proposals in the dropdown, and the one asked for (else the newest) shown."""
+        """The run's proposals in the dropdown, and the one asked for (else the one that waits, else the newest)
+        shown."""
         choices = proposal_choices(self.engine, run_id)
         ids = [c[1] for c in choices]
-        chosen = proposal_id if proposal_id in ids else (ids[0] if ids else None)
+        chosen = proposal_id if proposal_id in ids else (pending_of(self.engine, run_id) or (ids[0] if ids else None))
         return {self.pick: gr.update(choices=choices, value=chosen)} | self.show(chosen, edit_table)
 
+    def follow(self, run_id: int | None, shown: int | None) -> dict[Any, Any]:
+        """After the database changed (the page's poll): a proposal that now waits is selected; the one shown
+        stays otherwise, and a table the person is editing (the shown proposal still waits) is kept."""
+        waiting = pending_of(self.engine, run_id)
+        chosen = waiting if waiting is not None else shown
+        return self.show_all(run_id, chosen, edit_table=chosen != shown or waiting is None)
+
     def after_decision(self, run_id: int | None, proposal_id: int | None) -> dict[Any, Any]:
-        return self.show_all(run_id, proposal_id, edit_table=False)
+        """The proposal as it now stands: the config as stored once decided; a refused edit stays as typed."""
+        st = None if proposal_id is None else proposal_state(self.engine, int(proposal_id))
+        return self.show_all(run_id, proposal_id, edit_table=st is None or not st.pending)
 
     def show_preview(self, proposal_id: int | None) -> dict[Any, Any]:
         fig, note = proposal_preview(self.engine, proposal_id)
         return {self.preview: fig, self.preview_note: note}
+
+    def checker(self, proposal_id: int | None, rows: Any, agents: Any, instances: Any) -> dict[Any, Any]:
+        """The edit checked as it is typed: what would be stored, or why not (and then no decision button
+        but Reject is enabled)."""
+        text, ok = edit_check(self.engine, proposal_id, rows, agents, instances)
+        st = None if proposal_id is None else proposal_state(self.engine, int(proposal_id))
+        pending = st is not None and st.pending
+        return {self.check: text, self.buttons[Action.ACCEPT]: gr.update(interactive=pending and ok),
+                self.buttons[Action.EDIT]: gr.update(interactive=pending and ok)}
 
     def decider(self, action: Action):
         def decide(proposal_id, note, rows, agents, instances, request: gr.Request) -> dict[Any, Any]:
@@ -217,25 +344,29 @@ def build(page: Page) -> ProposalTab:
             with gr.Accordion("Raw answer", open=False):
                 raw = gr.Textbox(show_label=False, lines=8, interactive=False)
         with gr.Column(scale=3):
-            diff = gr.Dataframe(label="Config diff (⚠: the projection adjusted the engineer's value)",
-                                interactive=False, elem_id="diff", max_height=440, wrap=True,
-                                column_widths=["8%", "16%", "10%", "10%", "10%", "46%"])
+            changed_only = gr.Checkbox(label="Changed values only", value=True, elem_id="changed-only")
+            diff_df = gr.Dataframe(label=f"Config diff (new in bold when it changes; {PERSON}: a person's edit; "
+                                         "⚠: the projection adjusted the engineer's value)",
+                                   interactive=False, elem_id="diff", max_height=440, wrap=True,
+                                   datatype=["str", "str", "str", "markdown", "str", "str"],
+                                   column_widths=["8%", "16%", "10%", "12%", "10%", "44%"])
     preview_note = gr.Markdown()
     preview = gr.Plot(label="Boards this config would generate")
-    with gr.Accordion("Edit before applying", open=False):
+    with gr.Accordion("Edit before applying", open=False, elem_id="edit-accordion"):
+        check = gr.Markdown(elem_id="edit-check")
         edit = gr.Dataframe(headers=KNOB_COLUMNS, type="array", interactive=True, elem_id="edit-config",
-                            label="Config to apply (one row per map size)")
+                            label=EDIT_LABEL)
         with gr.Row():
-            agents = gr.Number(label="num_agents", precision=0)
-            instances = gr.Number(label="num_instances", precision=0)
+            agents = gr.Number(label="num_agents", precision=0, elem_id="edit-agents")
+            instances = gr.Number(label="num_instances", precision=0, elem_id="edit-instances")
     note = gr.Textbox(label="Note (kept with the decision)", lines=1)
+    message = gr.Markdown(elem_id="decision-msg")
     with gr.Row():
         buttons = {Action.ACCEPT: gr.Button("Accept", variant="primary", elem_id="accept"),
                    Action.EDIT: gr.Button("Apply my edit", elem_id="submit-edit"),
                    Action.REJECT: gr.Button("Reject and ask again", variant="stop", elem_id="reject")}
-    message = gr.Markdown(elem_id="decision-msg")
-    tab = ProposalTab(page.engine, pick, auto, status, rationale, raw, diff, preview_note, preview, edit, agents,
-                      instances, note, buttons, message, [])
+    tab = ProposalTab(page.engine, pick, auto, status, rationale, raw, changed_only, diff_df, preview_note, preview,
+                      edit, agents, instances, check, note, buttons, message, [])
     _wire_decisions(page, tab)
     return tab
 
@@ -244,10 +375,13 @@ def _wire_decisions(page: Page, tab: ProposalTab) -> None:
     shown = [o for o in tab.outputs if o is not tab.pick]
     tab.pick.input(tab.show, tab.pick, shown).then(tab.show_preview, tab.pick, [tab.preview, tab.preview_note])
     tab.pick.change(tab.show_preview, tab.pick, [tab.preview, tab.preview_note], trigger_mode="always_last")
-    decided_out = [o for o in tab.outputs if o not in (tab.edit, tab.agents, tab.instances)]
+    tab.changed_only.input(tab.show_diff, [tab.pick, tab.changed_only], tab.diff)
+    gr.on([tab.edit.input, tab.agents.input, tab.instances.input], tab.checker,
+          [tab.pick, tab.edit, tab.agents, tab.instances], [tab.check, *tab.buttons.values()],
+          show_progress="hidden")
     for action, button in tab.buttons.items():
         tab.decided.append(
             button.click(tab.decider(action), [tab.pick, tab.note, tab.edit, tab.agents, tab.instances], tab.message)
-            .then(tab.after_decision, [page.run_pick, tab.pick], decided_out))
+            .then(tab.after_decision, [page.run_pick, tab.pick], tab.outputs))
     tab.auto.input(tab.toggle, [page.run_pick, tab.auto], tab.message) \
-        .then(tab.after_decision, [page.run_pick, tab.pick], decided_out)
+        .then(tab.after_decision, [page.run_pick, tab.pick], tab.outputs)

@@ -12,12 +12,13 @@ from typing import Any
 import gradio as gr
 from sqlalchemy import Engine
 
+from envsim.config import GLOBALS, KNOBS
 from envsim.scoring import Tally
 from lab.pages import figures
 from lab.pages.common import ALL, DECIDED, Page, table
 from lab.pages.figures import POOLED_OPTIMAL, POOLED_VALID
 from lab.results import StageSummary
-from lab.runs import StageReview, failed_episodes, stage_review
+from lab.runs import StageReview, config_timeline, failed_episodes, stage_review
 
 
 def _share(t: Tally, rate: str) -> str:
@@ -30,7 +31,8 @@ def review(engine: Engine, run_id: int | None, stage_index: int | None) -> dict[
     if run_id is None:
         note = "No run is open: create one in the Runs tab or pick one above."
         return dict(note=note, stages=[], stage=None, table=table(["stage"], []), rates=empty(note),
-                    curves=empty(note), failures=empty(note), training=empty(note), sizes=[], kinds=[])
+                    curves=empty(note), failures=empty(note), training=empty(note), sizes=[], kinds=[],
+                    timeline=timeline(engine, None))
     r = stage_review(engine, run_id, stage_index)
     current = r.summaries.get(r.stage_index)
     why = "no evaluation yet" if r.stage_index is not None else _note(r, current)
@@ -41,7 +43,7 @@ def review(engine: Engine, run_id: int | None, stage_index: int | None) -> dict[
         curves=figures.curves_figure(r.summaries),
         failures=figures.failure_heatmap(current.by_size) if current else empty(why),
         training=figures.training_figure(r.logs), sizes=sorted(current.by_size) if current else [],
-        kinds=r.failure_kinds)
+        kinds=r.failure_kinds, timeline=timeline(engine, run_id))
 
 
 def _note(r: StageReview, current: StageSummary | None) -> str:
@@ -69,6 +71,31 @@ def _stages_table(r: StageReview) -> dict[str, Any]:
     return table(["stage", "status", "config from", POOLED_VALID, POOLED_OPTIMAL, "episodes"], rows)
 
 
+TIMELINE_NOTE = ("Each stage's config as it trained, per map size. A value that changed from the stage before says "
+                 "who set it: (engineer) proposed and accepted, (person) a person's edit, (auto-apply) applied "
+                 "by the run itself; a plain value carried over.")
+
+
+def timeline(engine: Engine, run_id: int | None) -> dict[str, Any]:
+    """The config each stage of the run trained on, per size, and who set each value that changed."""
+    headers = ["stage", "config from", "size", *KNOBS, *GLOBALS]
+    if run_id is None:
+        return table(headers, [])
+    rows = []
+    for step in config_timeline(engine, run_id):
+        c = step.config
+        for size in c.sizes:
+            rows.append([step.stage_index, step.source, size,
+                         *(_cell(step.set_by, f"{k}[{size}]", getattr(c, k)[size]) for k in KNOBS),
+                         *(_cell(step.set_by, g, getattr(c, g)) for g in GLOBALS)])
+    return table(headers, rows)
+
+
+def _cell(set_by: dict[str, Any], field: str, value: Any) -> str:
+    text = f"{value:.4g}" if isinstance(value, float) else str(value)
+    return f"{text} ({set_by[field]})" if field in set_by else text
+
+
 def gallery(engine: Engine, run_id: int | None, stage_index: int | None, size: Any = ALL,
             failure: str = ALL, limit: int = 200) -> tuple[dict[str, Any], str]:
     """The failed validation episodes of a stage, filtered by map size and failure type."""
@@ -93,6 +120,7 @@ class ReviewTab:
     stage_pick: gr.Dropdown
     note: gr.Markdown
     stages: gr.Dataframe
+    timeline: gr.Dataframe
     rates: gr.Plot
     curves: gr.Plot
     failures: gr.Plot
@@ -104,14 +132,14 @@ class ReviewTab:
 
     @property
     def outputs(self) -> list[Any]:
-        return [self.stage_pick, self.note, self.stages, self.rates, self.curves, self.failures, self.training,
-                self.size_filter, self.failure_filter, self.gallery, self.gallery_note]
+        return [self.stage_pick, self.note, self.stages, self.timeline, self.rates, self.curves, self.failures,
+                self.training, self.size_filter, self.failure_filter, self.gallery, self.gallery_note]
 
     def show(self, run_id: int | None, stage_index: int | None = None) -> dict[Any, Any]:
         r = review(self.engine, run_id, stage_index)
         rows, note = gallery(self.engine, run_id, r["stage"])
         return {self.stage_pick: gr.update(choices=r["stages"], value=r["stage"]), self.note: r["note"],
-                self.stages: r["table"], self.rates: r["rates"], self.curves: r["curves"],
+                self.stages: r["table"], self.timeline: r["timeline"], self.rates: r["rates"], self.curves: r["curves"],
                 self.failures: r["failures"], self.training: r["training"],
                 self.size_filter: gr.update(choices=[ALL, *r["sizes"]], value=ALL),
                 self.failure_filter: gr.update(choices=[ALL, *r["kinds"]], value=ALL),
@@ -130,6 +158,9 @@ def build(page: Page) -> ReviewTab:
         stage_pick = gr.Dropdown(label="Stage", choices=[], value=None, scale=1)
         note = gr.Markdown(elem_id="review-note")
     stages = gr.Dataframe(label="Stages (rates pooled over all the stage's validation boards)", interactive=False)
+    with gr.Accordion("Config timeline: the config each stage trained on, and who set each value", open=True):
+        gr.Markdown(TIMELINE_NOTE)
+        timeline_df = gr.Dataframe(interactive=False, elem_id="config-timeline", max_height=360)
     with gr.Row():
         rates = gr.Plot(label="Valid and optimal rate per map size")
         curves = gr.Plot(label="Across stages: pooled rates (thick), each size's valid rate (thin)")
@@ -142,7 +173,7 @@ def build(page: Page) -> ReviewTab:
         failure_filter = gr.Dropdown(label="Failure type", choices=[ALL], value=ALL, scale=0, min_width=200)
         gallery_note = gr.Markdown(elem_id="gallery-note")
     gallery_df = gr.Dataframe(interactive=False, elem_id="gallery", max_height=360, wrap=True)
-    tab = ReviewTab(page.engine, stage_pick, note, stages, rates, curves, failures, training, size_filter,
+    tab = ReviewTab(page.engine, stage_pick, note, stages, timeline_df, rates, curves, failures, training, size_filter,
                     failure_filter, gallery_df, gallery_note)
     stage_pick.input(tab.show, [page.run_pick, stage_pick], tab.outputs)
     gr.on([size_filter.input, failure_filter.input], tab.filter,

@@ -17,7 +17,7 @@ from lab.archive import ArchiveError, export_run, import_run, read_manifest
 from lab.engineers import ENGINEERS
 from lab.loop import LoopError
 from lab.pages.common import KNOB_COLUMNS, Page, config_from_table, config_rows, table, when
-from lab.runs import new_run, run_list
+from lab.runs import missing_checkpoint, new_run, run_list, waiting_proposals
 
 
 def run_choices(engine: Engine) -> list[tuple[str, int]]:
@@ -26,14 +26,19 @@ def run_choices(engine: Engine) -> list[tuple[str, int]]:
 
 
 def runs_table(engine: Engine) -> dict[str, Any]:
+    """Every run, with the proposal that waits for a decision in it (the banner above the tabs links each)."""
+    waiting = {w.run_id: w for w in waiting_proposals(engine)}
     rows = []
     for row in run_list(engine):
         r = row.run
         engineer = r.engineer + (f" ({r.engineer_backend})" if r.engineer_backend else "")
         stages = f"{row.trained}/{r.settings.get('stages', '?')} trained"
         auto = "on" if r.settings.get("auto_apply") else "off"
-        rows.append([r.id, r.name, r.status, r.policy, engineer, stages, auto, when(r.created_at)])
-    return table(["id", "name", "status", "policy", "engineer", "stages", "auto-apply", "created"], rows)
+        w = waiting.get(r.id)
+        waits = f"proposal #{w.proposal_id} (stage {w.for_stage})" if w else ""
+        rows.append([r.id, r.name, r.status, waits, r.policy, engineer, stages, auto, when(r.created_at)])
+    return table(["id", "name", "status", "waits for you", "policy", "engineer", "stages", "auto-apply", "created"],
+                 rows)
 
 
 def create_run_from_form(engine: Engine, name: str, description: str, policy: str, engineer: str, backend: str,
@@ -70,6 +75,8 @@ def export_file(engine: Engine, run_id: Any, checkpoints: bool) -> tuple[str | N
     file's path or None, message)."""
     if run_id in (None, ""):
         return None, "Open a run first (“Open run” above the tabs)."
+    if checkpoints and (why := missing_checkpoint(engine, int(run_id))) is not None:
+        return None, f"✗ Not exported with checkpoints: {why}. Export it without them."
     path = Path(tempfile.mkdtemp(prefix="envlab-export-")) / f"envlab-run-{int(run_id)}.zip"
     try:
         export_run(engine, int(run_id), path, checkpoints=bool(checkpoints))

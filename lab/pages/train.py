@@ -32,11 +32,26 @@ def train_view(engine: Engine, run_id: int | None) -> dict[str, Any]:
              ago(j.heartbeat_at) if j.heartbeat_at and j.status == JobStatus.RUNNING else "", j.error or ""]
             for j in reversed(jobs)]
     shown = next((j for j in jobs if j.status in ACTIVE_JOB), None) or (jobs[-1] if jobs else None)
-    return dict(status=_run_status(progress), progress=_progress_bar(shown), jobs=table(JOB_HEADERS, rows),
-                log=shown.log_tail if shown else "", results=_results(progress.latest))
+    log, trace = fold_traceback(shown.log_tail if shown else "")
+    return dict(status=_run_status(progress), progress=_progress_bar(shown, trace), jobs=table(JOB_HEADERS, rows),
+                log=log, results=_results(progress.latest))
 
 
-def _progress_bar(job: Job | None) -> str:
+TRACEBACK_STARTS = ("Traceback (most recent call last):", '  File "')
+
+
+def fold_traceback(log: str) -> tuple[str, str]:
+    """A job's log without the traceback its failure appended (from its first `Traceback` or `File` line on),
+    and that traceback: the page says a failure in one line and folds the traceback away."""
+    lines = log.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith(TRACEBACK_STARTS)), None)
+    if start is None:
+        return log, ""
+    kept = lines[:start] + ["(the traceback is folded under the job's error above)"]
+    return "\n".join(kept), "\n".join(lines[start:])
+
+
+def _progress_bar(job: Job | None, trace: str = "") -> str:
     if job is None:
         return "<p>No jobs for this run yet.</p>"
     total = job.total or 0
@@ -44,6 +59,8 @@ def _progress_bar(job: Job | None) -> str:
     label += f", step {job.step} of {total}" if total else ""
     share = 1.0 if job.status == JobStatus.DONE else (job.step / total if total else 0.0)
     error = f'<div class="error">{html.escape(job.error)}</div>' if job.error else ""
+    if trace:
+        error += f'<details class="traceback"><summary>Traceback</summary><pre>{html.escape(trace)}</pre></details>'
     return (f'<div class="lab-progress {job.status}"><div>{html.escape(label)}</div>'
             f'<div class="bar" id="job-progress" data-step="{job.step}" data-total="{total}" '
             f'data-status="{job.status}"><span style="width: {share:.0%}"></span></div>{error}</div>')
