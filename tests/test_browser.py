@@ -12,6 +12,8 @@ import importlib.util
 import os
 import shutil
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -23,6 +25,7 @@ from sqlmodel import select
 
 import app
 from lab.archive import export_run, read_manifest
+from lab.proposals import decide_on
 from lab.worker import run_worker
 from storage.db import make_engine, session
 from storage.models import Decision, Run, Stage, utcnow
@@ -191,8 +194,9 @@ def test_an_invalid_edit_is_refused_then_a_valid_one_applied(lab, page):
     page.get_by_text(f"Proposal #{ids['pending']}").first.wait_for()
     page.get_by_text("Edit before applying").click()
     edit_cell(page, "edit-config", 1, 2, "0.8")  # hole_ratio of size 4
-    page.click("#submit-edit")
-    page.get_by_text("Not saved, the edit is not valid: hole_ratio[4] = 0.8 is outside 0..0.5").wait_for()
+    page.locator("#edit-check").get_by_text("✗ This edit cannot be applied: hole_ratio[4] = 0.8 is outside "
+                                            "0..0.5.").wait_for()
+    assert page.locator("#submit-edit").is_disabled()  # it cannot be sent while invalid
     assert [d.proposal_id for d in decisions(engine)] == [ids["accepted"]]
     page.locator('#edit-config [data-testid="cell-1-2"]').get_by_text("0.8").wait_for()  # the edit stays as typed
     edit_cell(page, "edit-config", 1, 2, "0.45")
@@ -284,3 +288,50 @@ def test_with_auth_a_decision_records_who_logged_in(browser, tmp_path: Path):
         page.close()
         demo.close()
         engine.dispose()
+
+
+def test_a_proposal_stored_by_another_process_appears_without_a_refresh(lab, page):
+    """The page follows the database by itself: a worker elsewhere stores a proposal, and the Proposal tab
+    lists it, selects it and flags it above the tabs, with no click."""
+    url, engine, ids = lab
+    page.goto(f"{url}?run={ids['history']}")
+    page.get_by_role("tab", name="Proposal").click()
+    page.locator("#proposal-status").get_by_text(f"Proposal #{ids['second']}").wait_for()
+    decide_on(engine, ids["second"], "reject", "carol")  # another person, in another tab
+    page.locator("#proposal-status").get_by_text("rejected by carol").wait_for()
+    script = ("import sys; from lab.loop import advance; from storage.db import make_engine; "
+              "from tests.test_pages import propose; e = make_engine(sys.argv[1]); "
+              "print(propose(e, int(sys.argv[2]))); advance(e, int(sys.argv[2]))")
+    done = subprocess.run([sys.executable, "-c", script, str(engine.url.database), str(ids["history"])],
+                          capture_output=True, text=True, check=True, cwd=Path(__file__).parent.parent)
+    newer = int(done.stdout.split()[-1])
+    page.locator("#waiting").get_by_text(f"Proposal #{newer}").wait_for()  # flagged above every tab
+    page.locator("#proposal-status").get_by_text(f"Proposal #{newer}").wait_for()  # and selected
+    page.locator("#proposal-status").get_by_text("Waiting for a decision").wait_for()
+    from playwright.sync_api import expect
+    expect(page.locator("#proposal-pick input")).to_have_value(
+        f"#{newer} for stage 2: waits for your decision")
+    page.get_by_role("tab", name="Runs").click()
+    page.locator("#runs-table").get_by_text(f"proposal #{newer} (stage 2)").wait_for()
+
+
+def test_an_edit_says_what_it_stores_while_typed_and_after(lab, page):
+    url, engine, ids = lab
+    page.goto(f"{url}?proposal={ids['pending']}")
+    page.get_by_text("Waiting for a decision").wait_for()
+    page.get_by_text("Edit before applying").click()
+    edit_cell(page, "edit-config", 0, 0, "-3")  # a bad size: said once, and no decision but Reject meanwhile
+    page.locator("#edit-check").get_by_text("✗ This edit cannot be applied: size -3 is outside 2..32.").wait_for()
+    assert page.locator("#accept").is_disabled() and page.locator("#submit-edit").is_disabled()
+    assert page.locator("#reject").is_enabled()
+    edit_cell(page, "edit-config", 0, 0, "3")
+    edit_cell(page, "edit-config", 0, 1, "0.9")  # data_ratio[3]: the shares now sum to 1.65
+    page.locator("#edit-check").get_by_text("data_ratio[3] 0.5455 (you typed 0.9), data_ratio[4] 0.4545 "
+                                            "(you typed 0.75)").wait_for()
+    assert page.locator("#submit-edit").is_enabled()
+    page.click("#submit-edit")
+    page.locator("#decision-msg").get_by_text(f"Proposal #{ids['pending']} edited by local; stored: "
+                                              "data_ratio[3] 0.5455 (you typed 0.9)").wait_for()
+    assert decisions(engine)[-1].config["data_ratio"] == {"3": 0.9 / 1.65, "4": 0.75 / 1.65}
+    page.locator('#edit-config [data-testid="cell-0-1"]').get_by_text("0.5455").wait_for()  # what was stored
+    page.locator("#diff [role=gridcell]", has_text="✎ 0.5455").first.wait_for()
