@@ -145,6 +145,9 @@ def _checkpoint_folders(engine: Engine, connection: Connection, run_id: int) -> 
         stored = str(_stored_path(stage.checkpoint, f"stage {stage.index}'s checkpoint"))
         folder = Path(checkpoint_of(engine, Stage(index=stage.index, checkpoint=stage.checkpoint)))
         if not folder.is_dir():
+            if (connection.execute(select(Run.settings).where(Run.id == run_id)).scalar_one() or {}).get("example"):
+                raise ArchiveError(f"run {run_id} is the shipped example, whose checkpoints are not shipped "
+                                   "(docs/example.md): export it without checkpoints")
             raise ArchiveError(f"stage {stage.index}'s checkpoint folder {folder} is missing (runs root "
                                f"{runs_root(engine)}): set ENVLAB_RUNS, or export without checkpoints")
         out.append((stage.index, stored, folder))

@@ -171,3 +171,24 @@ def test_its_proposals_are_the_heuristics_and_its_decisions_are_lab_example_s(sh
             assert (action, note) == (stored.action, stored.note)
             if action == Action.EDIT:
                 assert edited == stored.config
+
+
+def test_its_edited_proposal_shows_the_stored_config_and_work_on_its_weights_is_refused(shipped, tmp_path: Path):
+    """The example ships no checkpoints: a benchmark of a trained stage and an export with checkpoints are
+    refused when asked, saying so; its edited proposal shows the config the decision stored, not the engineer's."""
+    from lab.archive import ArchiveError, export_run
+    from lab.pages import leaderboard, proposal, runs
+
+    engine, run_id = shipped
+    with session(engine) as s:
+        edited = s.exec(select(Decision).where(Decision.action == Action.EDIT)).one()
+    view = proposal.proposal_view(engine, edited.proposal_id)
+    assert view["edit"][0][:4] == [3, round(edited.config["data_ratio"]["3"], 4), 0.2, 0.25]  # wait_ratio kept 0.25
+    kept = [r for r in view["changed"]["data"] if r[1] == "wait_ratio" and r[3] == "✎ 0.25"]
+    assert [r[0] for r in kept] == [3, 4, 5, 8]  # the sizes whose raise the person took out
+    why = f"stage 1 of run {run_id} has no weights here: the example run ships without checkpoints (docs/example.md)"
+    assert leaderboard.benchmark_stage(engine, run_id, 1) == f"✗ Not queued: {why}."
+    assert runs.export_file(engine, run_id, True) == (None, f"✗ Not exported with checkpoints: {why}. "
+                                                            "Export it without them.")
+    with pytest.raises(ArchiveError, match=f"run {run_id} is the shipped example, whose checkpoints are not shipped"):
+        export_run(engine, run_id, tmp_path / "x.zip", checkpoints=True)

@@ -155,7 +155,7 @@ def proposal_preview(engine: Engine, proposal_id: int | None, n: int = 4) -> tup
         return figures.empty_figure("no proposal"), ""
     seed = st.proposal.id
     try:
-        boards = generate(st.config, n, seed=seed)
+        boards = generate(st.applied or st.config, n, seed=seed)
     except GenerationError as err:
         return figures.empty_figure("this config cannot generate boards"), f"✗ {err}"
     panels = [(b, None, f"{b.size}x{b.size}, {len(b.holes)} holes{', needs a wait' if b.needs_wait else ''}")
