@@ -324,6 +324,8 @@ def test_an_edit_says_what_it_stores_while_typed_and_after(lab, page):
     page.locator("#edit-check").get_by_text("✗ This edit cannot be applied: size -3 is outside 2..32.").wait_for()
     assert page.locator("#accept").is_disabled() and page.locator("#submit-edit").is_disabled()
     assert page.locator("#reject").is_enabled()
+    cell = page.locator('#edit-config [data-testid="cell-0-0"]')  # the bad cell is outlined in red
+    assert cell.evaluate("c => getComputedStyle(c).backgroundColor") == "rgb(253, 226, 226)"
     edit_cell(page, "edit-config", 0, 0, "3")
     edit_cell(page, "edit-config", 0, 1, "0.9")  # data_ratio[3]: the shares now sum to 1.65
     page.locator("#edit-check").get_by_text("data_ratio[3] 0.5455 (you typed 0.9), data_ratio[4] 0.4545 "

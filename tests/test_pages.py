@@ -409,6 +409,15 @@ def test_an_invalid_edit_is_said_once_while_typed_and_the_buttons_wait(lab):
     assert [d.proposal_id for d in decisions(engine)] == [ids["accepted"]]
 
 
+def test_the_cells_a_problem_names_are_marked():
+    rows = [[3, 0.5, 0.2, 0.25], [-4, 0.5, 0.8, 0.25]]
+    problems = ["hole_ratio[3] = 0.8 is outside 0..0.5", "size -4 is outside 2..32", "num_agents = 9 is outside 2..8"]
+    assert proposal.bad_cells(problems, rows) == [(0, 2), (1, 0)]
+    assert proposal.cell_marks([(0, 2)]) == ('<style>#edit-config [data-testid="cell-0-2"] { background: #fde2e2 '
+                                             '!important; outline: 2px solid #d62728; }</style>')
+    assert proposal.cell_marks([]) == ""
+
+
 def test_the_page_sees_a_new_proposal_and_lists_every_one_that_waits(lab):
     engine, ids = lab
     before = lab_version(engine)

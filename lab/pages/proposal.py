@@ -190,6 +190,28 @@ def _stored_text(st: ProposalState, projection: Projection) -> str:
     return text
 
 
+def bad_cells(problems: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[tuple[int, int]]:
+    """The (row, column) of the edit table that each problem names (`hole_ratio[4] ...`: the knob's column in
+    size 4's row; `... size -3 ...`: the size cell of that row), for the page to mark them."""
+    sizes = [str(row[0]).strip().removesuffix(".0") if row else "" for row in rows]
+    cells = []
+    for problem in problems:
+        if (named := re.search(r"\b(\w+)\[([^\]]+)\]", problem)) and named[1] in KNOB_COLUMNS \
+                and named[2] in sizes:
+            cells.append((sizes.index(named[2]), KNOB_COLUMNS.index(named[1])))
+        elif (size := re.search(r"\bsize (\S+) is", problem)) and size[1] in sizes:
+            cells.append((sizes.index(size[1]), 0))
+    return list(dict.fromkeys(cells))
+
+
+def cell_marks(cells: Sequence[tuple[int, int]], table_id: str = "edit-config") -> str:
+    """A style that outlines the given cells of a Gradio table in red."""
+    if not cells:
+        return ""
+    chosen = ", ".join(f'#{table_id} [data-testid="cell-{r}-{c}"]' for r, c in cells)
+    return f"<style>{chosen} {{ background: #fde2e2 !important; outline: 2px solid #d62728; }}</style>"
+
+
 def edit_check(engine: Engine, proposal_id: int | None, rows: Sequence[Sequence[Any]] | None, agents: Any,
                instances: Any) -> tuple[str, bool]:
     """While a person edits the table: what "Apply my edit" would store (the same projection `decide` makes),
@@ -263,6 +285,7 @@ class ProposalTab:
     agents: gr.Number
     instances: gr.Number
     check: gr.Markdown
+    marks: gr.HTML  # a style that marks the edit table's bad cells
     note: gr.Textbox
     buttons: dict[Action, gr.Button]
     message: gr.Markdown
@@ -272,7 +295,7 @@ class ProposalTab:
     def outputs(self) -> list[Any]:
         """What `show_all` fills: the dropdown and everything `show` does."""
         return [self.pick, self.status, self.rationale, self.raw, self.changed_only, self.diff, self.edit,
-                self.agents, self.instances, self.check, self.auto, *self.buttons.values()]
+                self.agents, self.instances, self.check, self.marks, self.auto, *self.buttons.values()]
 
     def show(self, proposal_id: int | None, edit_table: bool = True) -> dict[Any, Any]:
         """One proposal; without `edit_table` the edit table stays as typed (a refused edit is kept)."""
@@ -282,7 +305,7 @@ class ProposalTab:
             {b: gr.update(interactive=v["pending"]) for b in self.buttons.values()}
         if edit_table:
             out |= {self.edit: gr.update(value=v["edit"], label=v["label"]), self.agents: v["agents"],
-                    self.instances: v["instances"], self.check: ""}
+                    self.instances: v["instances"], self.check: "", self.marks: ""}
         return out
 
     def show_diff(self, proposal_id: int | None, changed_only: bool) -> dict[Any, Any]:
@@ -314,12 +337,13 @@ class ProposalTab:
         return {self.preview: fig, self.preview_note: note}
 
     def checker(self, proposal_id: int | None, rows: Any, agents: Any, instances: Any) -> dict[Any, Any]:
-        """The edit checked as it is typed: what would be stored, or why not (and then no decision button
-        but Reject is enabled)."""
+        """The edit checked as it is typed: what would be stored, or why not, with the bad cells marked (and
+        then no decision button but Reject is enabled)."""
         text, ok = edit_check(self.engine, proposal_id, rows, agents, instances)
         st = None if proposal_id is None else proposal_state(self.engine, int(proposal_id))
         pending = st is not None and st.pending
-        return {self.check: text, self.buttons[Action.ACCEPT]: gr.update(interactive=pending and ok),
+        marks = "" if ok else cell_marks(bad_cells(text.split("; "), rows or []))
+        return {self.check: text, self.marks: marks, self.buttons[Action.ACCEPT]: gr.update(interactive=pending and ok),
                 self.buttons[Action.EDIT]: gr.update(interactive=pending and ok)}
 
     def decider(self, action: Action):
@@ -354,6 +378,7 @@ def build(page: Page) -> ProposalTab:
     preview = gr.Plot(label="Boards this config would generate")
     with gr.Accordion("Edit before applying", open=False, elem_id="edit-accordion"):
         check = gr.Markdown(elem_id="edit-check")
+        marks = gr.HTML(elem_id="edit-marks")
         edit = gr.Dataframe(headers=KNOB_COLUMNS, type="array", interactive=True, elem_id="edit-config",
                             label=EDIT_LABEL)
         with gr.Row():
@@ -366,7 +391,7 @@ def build(page: Page) -> ProposalTab:
                    Action.EDIT: gr.Button("Apply my edit", elem_id="submit-edit"),
                    Action.REJECT: gr.Button("Reject and ask again", variant="stop", elem_id="reject")}
     tab = ProposalTab(page.engine, pick, auto, status, rationale, raw, changed_only, diff_df, preview_note, preview,
-                      edit, agents, instances, check, note, buttons, message, [])
+                      edit, agents, instances, check, marks, note, buttons, message, [])
     _wire_decisions(page, tab)
     return tab
 
@@ -377,7 +402,7 @@ def _wire_decisions(page: Page, tab: ProposalTab) -> None:
     tab.pick.change(tab.show_preview, tab.pick, [tab.preview, tab.preview_note], trigger_mode="always_last")
     tab.changed_only.input(tab.show_diff, [tab.pick, tab.changed_only], tab.diff)
     gr.on([tab.edit.input, tab.agents.input, tab.instances.input], tab.checker,
-          [tab.pick, tab.edit, tab.agents, tab.instances], [tab.check, *tab.buttons.values()],
+          [tab.pick, tab.edit, tab.agents, tab.instances], [tab.check, tab.marks, *tab.buttons.values()],
           show_progress="hidden")
     for action, button in tab.buttons.items():
         tab.decided.append(
