@@ -22,13 +22,15 @@ def test_the_view_draws_each_arm_tables_its_sizes_and_links_its_runs(lab):  # no
     c = comparison(lab, experiment.id)
     means = {t.name: list(t.y) for t in view["figure"].data if t.mode == "lines+markers"}
     assert means == {arm: [c.estimate(arm, Rate.OPTIMAL, k).mean for k in (0, 1)] for arm in ("fixed", "heuristic")}
-    assert view["sizes"]["headers"] == ["arm", "3x3", "4x4", "all"]
+    assert view["sizes"]["headers"] == ["map size", "fixed", "heuristic"]  # one row per size: all of them in view
+    assert [row[0] for row in view["sizes"]["data"]] == ["3x3", "4x4", "all"]
     e = c.estimate("heuristic", Rate.OPTIMAL, 1, 3)
-    assert view["sizes"]["data"][1][:2] == ["heuristic", f"{e.mean:.1%} [{e.low * 100:.1f}, {e.high * 100:.1f}]"]
+    assert view["sizes"]["data"][0][2] == f"{e.mean:.1%} [{e.low * 100:.1f}, {e.high * 100:.1f}]"
     for run in experiment_runs(lab, experiment.id):
         assert f"[seed {run.seed}](?run={run.id}) (done)" in view["links"]
     assert "each on 8 boards in 1 GRPO steps" in view["summary"]
     assert compare_view(lab, None)["links"] == ""
+    assert "gunzip -k docs/results/hardstart/study.db.gz" in compare_view(lab, None)["summary"]
 
 
 def test_the_compare_tab_shows_one_curve_per_arm(lab, page):  # noqa: F811
@@ -52,7 +54,7 @@ def test_the_compare_tab_shows_one_curve_per_arm(lab, page):  # noqa: F811
         first = experiment_runs(lab, experiment.id)[0]
         link = page.locator("#compare-runs a", has_text="seed 0").first
         assert link.get_attribute("href") == f"?run={first.id}"
-        page.locator('#compare-sizes [data-testid="cell-1-0"]').get_by_text("heuristic").wait_for()
+        page.locator("#compare-sizes th", has_text="heuristic").first.wait_for()
         page.goto(f"http://127.0.0.1:{port}/{link.get_attribute('href')}")  # where the link leads: the run, open
         page.wait_for_function("id => (document.querySelector('#run-pick input') || {}).value?.startsWith(id)",
                                arg=f"#{first.id} ")

@@ -22,13 +22,26 @@ from lab.pages.figures import empty_figure
 def compare_view(engine: Engine, experiment_id: int | None, rate: str = Rate.VALID) -> dict[str, Any]:
     """What the tab shows of an experiment: figure, summary, the per-size table and the run links."""
     if experiment_id is None:
-        return dict(figure=empty_figure("no experiment yet: envlab experiment new ..."), summary="",
-                    sizes=table(["arm"], []), links="")
+        return dict(figure=empty_figure("no experiment in this lab yet"), summary=EMPTY,
+                    sizes=table(["map size"], []), links="")
     c = comparison(engine, int(experiment_id))
     rate = Rate(rate or Rate.VALID)
     headers, rows = size_rows(c, rate)
-    return dict(figure=curves_figure(c, (rate,)), summary=_summary(c), sizes=table(headers, rows),
+    return dict(figure=curves_figure(c, (rate,)), summary=_summary(c), sizes=table(*by_size(headers, rows)),
                 links=run_links(c))
+
+
+EMPTY = ("No experiment in this lab yet: `envlab experiment new --name N --arms fixed,random,heuristic --seeds 3 "
+         "--stages 3` makes one (docs/experiments.md). The shipped study (docs/results/README.md) is a database "
+         "of its own: `gunzip -k docs/results/hardstart/study.db.gz && envlab serve --db "
+         "docs/results/hardstart/study.db` opens it here.")
+
+
+def by_size(headers: list[str], rows: list[list[str]]) -> tuple[list[str], list[list[str]]]:
+    """`size_rows` turned a quarter: one row per map size (and "all"), one column per arm, so every size of the
+    run's set is in view however many there are."""
+    arms = [row[0] for row in rows]
+    return ["map size", *arms], [[size, *(row[i] for row in rows)] for i, size in enumerate(headers[1:], start=1)]
 
 
 def _summary(c: Comparison) -> str:
@@ -82,8 +95,8 @@ def build(page: Page) -> CompareTab:
         refresh = gr.Button("↻ Refresh", scale=0, min_width=100)
     summary = gr.Markdown(elem_id="compare-summary")
     figure = gr.Plot(elem_id="compare-curves", show_label=False)
-    sizes = gr.Dataframe(label="Last stage by map size: mean over seeds [95% interval]", interactive=False,
-                         elem_id="compare-sizes")
+    sizes = gr.Dataframe(label="Last stage by map size: mean over seeds [95% interval], one column per arm",
+                         interactive=False, elem_id="compare-sizes", wrap=True)
     links = gr.Markdown(elem_id="compare-runs")
     tab = CompareTab(page.engine, pick, rate, summary, figure, sizes, links)
     pick.input(tab.show, [pick, rate], [summary, figure, sizes, links])
