@@ -50,7 +50,11 @@ def step_caption(outcome: Outcome | None, step: int) -> str:
     if now:
         text += ": " + "; ".join(f"{e.type.value} ({', '.join(map(str, e.agents)) or 'plan'})" for e in now)
     elif step == last_step(outcome):
-        text += ": " + ("valid" if outcome.valid else (outcome.failure.value if outcome.failure else ""))
+        if outcome.valid:
+            text += ": the end, valid"
+        elif outcome.failure:
+            earlier = [e.time for e in outcome.events if e.time < step]
+            text += f": the end ({outcome.failure.value}" + (f" at t={earlier[0]})" if earlier else ")")
     return text
 
 

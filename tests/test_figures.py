@@ -102,7 +102,8 @@ def test_the_board_shows_holes_starts_and_goals(crossing):
 def test_steps_outside_the_episode_are_clamped(crossing):
     outcome = score_answer(crossing, CLASH)
     fig = figures.board_figure(crossing, outcome, 99)
-    assert fig.layout.title.text == "t = 2 / 2: vertex_conflict" and cells(traces(fig)["agent 1"]) == [(1, 2)]
+    assert fig.layout.title.text == "t = 2 / 2: the end (vertex_conflict at t=1)"
+    assert cells(traces(fig)["agent 1"]) == [(1, 2)]
     assert cells(traces(figures.board_figure(crossing, outcome, -4))["agent 1"]) == [(1, 0)]
 
 
@@ -150,6 +151,9 @@ def test_rates_curves_failures_and_training():
     logs = [(1, {"reward": 0.5, "loss": 2.0, "kl": 0.0}), (2, {"reward": 0.75, "loss": 1.5})]
     training = figures.training_figure(logs)
     assert [t.y for t in training.data] == [(0.5, 0.75), (2.0, 1.5), (0.0,)]
+    assert training.layout.yaxis.title.text == "mean reward per answer" and training.layout.title.text is None
+    no_kl = figures.training_figure([(1, {"reward": 0.5, "loss": 2.0})])  # KL not logged: no empty panel for it
+    assert [t.name for t in no_kl.data] == ["reward", "loss"] and no_kl.layout.title.text == "not logged: KL"
 
 
 def test_empty_inputs_say_why_they_are_empty():

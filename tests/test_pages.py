@@ -292,6 +292,10 @@ def test_an_episode_opens_with_its_board_answer_and_the_same_board_across_stages
     agents = {t.name: (t.y[0], t.x[0]) for t in fig.data if t.name.startswith("agent ")}
     assert agents == {"agent 0": (1, 1), "agent 1": (1, 1)}
     assert events.startswith("**At this step:** t=1: vertex_conflict, agent 0 and agent 1 at (1,1)")
+    assert events.endswith(" Cells are (row, col), counted from 0 at the top left.")
+    fig, events = common.draw(v["view"], 2, True)  # the end: the title and the text agree on what went wrong
+    assert fig.layout.title.text == "t = 2 / 2: the end (vertex_conflict at t=1)"
+    assert events.startswith("The answer has ended (t=2); what went wrong: vertex_conflict: agents 0 and 1 at (1,1)")
 
 
 def test_a_missing_episode_is_reported_not_raised(lab):

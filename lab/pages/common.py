@@ -112,8 +112,10 @@ def draw(view: dict[str, Any] | None, step: Any, ghost: bool = True) -> tuple[An
     now = [figures.describe(e) for e in outcome.events if e.time == step]
     later = [e for e in outcome.events if e.time > step]
     text = ("**At this step:** " + "; ".join(now)) if now else f"Nothing goes wrong at t={step}."
+    if not now and step == view_end(view) and not outcome.valid:
+        text = f"The answer has ended (t={step}); what went wrong: {outcome.message}."
     if later:
         text += f" Next event: {figures.describe(later[0])}."
     if ghost and instance.reference_plan is None:
         text += " (This board has no solver plan, so no ghost.)"
-    return fig, text
+    return fig, text + " Cells are (row, col), counted from 0 at the top left."

@@ -161,7 +161,8 @@ def build(page: Page) -> EpisodeTab:
             answer = gr.Textbox(label="The policy's raw answer", lines=18, interactive=False, elem_id="raw-answer")
     strip_note = gr.Markdown()
     strip = gr.Plot(show_label=False, visible=False)
-    strip_table = gr.Dataframe(label="Its answer at each stage", interactive=False, visible=False, wrap=True)
+    strip_table = gr.Dataframe(label="Its answer at each stage", interactive=False, visible=False, wrap=True,
+                               column_widths=["70px", "90px", "110px", "35%", "45%"], elem_id="strip-table")
     tab = EpisodeTab(page.engine, episode_id, header, view, board, step, play, ghost, events, answer, strip_note,
                      strip, strip_table, gr.State(False), gr.Timer(PLAY_S, active=False), gif, html)
     gr.on([open_episode.click, episode_id.submit], tab.show, [episode_id, ghost], tab.outputs)

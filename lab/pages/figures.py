@@ -284,19 +284,29 @@ def failure_heatmap(by_size: Mapping[int, Tally]) -> go.Figure:
     return fig
 
 
-TRAINING_KEYS = (("reward", "reward"), ("loss", "loss"), ("kl", "KL"))
+TRAINING_KEYS = (("reward", "reward", "mean reward per answer"), ("loss", "loss", "GRPO loss"),
+                 ("kl", "KL", "KL to the reference (nats)"))
 
 
 def training_figure(logs: Sequence[tuple[int, Mapping[str, Any]]]) -> go.Figure:
-    """Reward, loss and KL per training step; `logs` is `(step, metrics)` in step order."""
+    """Reward, loss and KL per training step; `logs` is `(step, metrics)` in step order. A metric the trainer
+    did not log (KL, when GRPO runs without a KL term) gets no panel; the figure's title says so."""
     if not logs:
         return empty_figure("no training logs for this stage (stage 0 is evaluated, not trained)")
-    fig = make_subplots(rows=1, cols=3, subplot_titles=[t for _, t in TRAINING_KEYS], horizontal_spacing=0.07)
-    for n, (key, _) in enumerate(TRAINING_KEYS, 1):
-        points = [(step, m[key]) for step, m in logs if isinstance(m.get(key), int | float)]
+    panels = [(key, title, unit, [(step, m[key]) for step, m in logs if isinstance(m.get(key), int | float)])
+              for key, title, unit in TRAINING_KEYS]
+    missing = [title for _, title, _, points in panels if not points]
+    panels = [p for p in panels if p[3]]
+    if not panels:
+        return empty_figure("no reward, loss or KL in this stage's training logs")
+    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[title for _, title, _, _ in panels],
+                        horizontal_spacing=0.1)
+    for n, (key, _, unit, points) in enumerate(panels, 1):
         fig.add_scatter(x=[p[0] for p in points], y=[p[1] for p in points], mode="lines+markers", name=key,
                         row=1, col=n, marker=dict(size=4))
-    fig.update_layout(height=280, showlegend=False, margin=dict(l=40, r=10, t=40, b=30), font=_FONT,
-                      plot_bgcolor="white")
+        fig.update_yaxes(title_text=unit, row=1, col=n)
+    note = f"not logged: {', '.join(missing)}" if missing else None
+    fig.update_layout(height=300, showlegend=False, margin=dict(l=50, r=10, t=70, b=30), font=_FONT,
+                      plot_bgcolor="white", title=dict(text=note, x=0.99, xanchor="right", font=dict(size=11)))
     fig.update_xaxes(title_text="step")
     return fig
