@@ -125,10 +125,16 @@ def _frame(board: Image.Image, instance: Instance, outcome: Outcome, step: int, 
     return image
 
 
+GIF_WIDTHS = (480, 720, 960)  # the widths the page offers, in pixels: a slide needs at least the first
+
+
 def replay_gif(instance: Instance, outcome: Outcome, path: str | Path, *, cell_px: int = 48,
-               ms_per_step: int = 500) -> Path:
+               ms_per_step: int = 500, width_px: int | None = None) -> Path:
     """Write the episode `outcome` of `instance` as an animated GIF at `path`, one frame per step
-    (`last_step(outcome) + 1` frames), looping; the last frame is held three times as long."""
+    (`last_step(outcome) + 1` frames), looping; the last frame is held three times as long. With `width_px`
+    the cells are sized so that the image is about that wide (a small board stays legible on a slide)."""
+    if width_px is not None:
+        cell_px = max(8, width_px // (instance.size + 1))
     if cell_px < 8:
         raise ValueError(f"cell_px = {cell_px}: a cell needs at least 8 pixels")
     font = ImageFont.load_default(size=max(10, cell_px // 3))

@@ -123,6 +123,8 @@ def test_the_replay_carries_every_step_as_a_frame(crossing):
     assert cells(one["agent 0"]) == [(1, 1)] and cells(one["events"]) == [(1, 1)]
     assert fig["frames"][1]["layout"]["title"]["text"] == "t = 1 / 2: vertex_conflict (0, 1)"
     assert [s["args"][0] for s in fig["layout"]["sliders"][0]["steps"]] == [["0"], ["1"], ["2"]]
+    legend, buttons = fig["layout"]["legend"], fig["layout"]["updatemenus"][0]
+    assert (legend["x"], legend["xanchor"]) == (1.02, "left") and buttons["y"] < 0  # right of the board, not under
     assert [b["label"] for b in fig["layout"]["updatemenus"][0]["buttons"]] == ["▶ play", "❚❚ pause"]
     assert traces(fig)["agent 1"] == traces(figures.board_figure(crossing, outcome, 0))["agent 1"]
 

@@ -306,9 +306,13 @@ def test_a_missing_episode_is_reported_not_raised(lab):
 
 def test_the_replay_file_is_a_standalone_animation(lab):
     engine, ids = lab
-    path = Path(episode.replay_file(episode.episode_view(engine, ids["clash"])["view"]))
+    view = episode.episode_view(engine, ids["clash"])["view"]
+    path = Path(episode.replay_file(view))
     text = path.read_text()
     assert path.suffix == ".html" and "Plotly.addFrames" in text and "Plotly.newPlot" in text
+    instance = Instance.model_validate(view["instance"])
+    title = f"envlab replay: board {instance.id}, 3x3, 2 agents (vertex_conflict)"
+    assert f"<title>{title}</title>" in text and f">{title}</h2>" in text
 
 
 def test_the_gif_has_one_frame_per_step(lab):
@@ -316,6 +320,9 @@ def test_the_gif_has_one_frame_per_step(lab):
     view = episode.episode_view(engine, ids["clash"])["view"]
     with Image.open(episode.gif_file(view)) as gif:
         assert (gif.format, gif.n_frames) == ("GIF", 2 + 1)  # the clash ends at t = 2
+        assert gif.size[0] >= 480  # a 3x3 board, still wide enough for a slide
+    with Image.open(episode.gif_file(view, 960)) as gif:
+        assert gif.size[0] >= 960
     assert episode.gif_file(None) is None
 
 

@@ -16,7 +16,7 @@ from envsim.scoring import Outcome
 from envsim.suite import Split
 from lab.pages import figures
 from lab.pages.common import Page, draw, table, verdict, view_end
-from lab.replay import replay_gif
+from lab.replay import GIF_WIDTHS, replay_gif
 from lab.results import outcome_of
 from lab.runs import episode_across_stages
 
@@ -64,14 +64,23 @@ def _replay(view: dict[str, Any] | None, suffix: str, write: Callable[[Instance,
     return str(path)
 
 
+def replay_title(instance: Instance, outcome: Outcome) -> str:
+    verdict = "valid" if outcome.valid else (outcome.failure.value if outcome.failure else "")
+    return (f"envlab replay: board {instance.id}, {instance.size}x{instance.size}, {instance.num_agents} agents "
+            f"({verdict})")
+
+
 def replay_file(view: dict[str, Any] | None) -> str | None:
-    """The open episode as a standalone animated HTML file (Plotly's own play button and slider)."""
-    return _replay(view, ".html", lambda i, o, path: figures.write_replay_html(figures.replay_figure(i, o), str(path)))
+    """The open episode as a standalone animated HTML file (Plotly's own play button and slider), titled."""
+    return _replay(view, ".html", lambda i, o, path: figures.write_replay_html(
+        figures.replay_figure(i, o), str(path), replay_title(i, o)))
 
 
-def gif_file(view: dict[str, Any] | None) -> str | None:
-    """The open episode as an animated GIF (`lab.replay`: one frame per step, for slides)."""
-    return _replay(view, ".gif", replay_gif)
+def gif_file(view: dict[str, Any] | None, width_px: Any = GIF_WIDTHS[0]) -> str | None:
+    """The open episode as an animated GIF about `width_px` wide (`lab.replay`: one frame per step, for
+    slides)."""
+    width = int(width_px or GIF_WIDTHS[0])
+    return _replay(view, ".gif", lambda i, o, path: replay_gif(i, o, path, width_px=width))
 
 
 @dataclass(eq=False)
@@ -155,6 +164,8 @@ def build(page: Page) -> EpisodeTab:
                 ghost = gr.Checkbox(label="Show the solver's optimal plan as a ghost", value=True)
                 html = gr.DownloadButton("Save animated replay (HTML)", scale=0, interactive=False,
                                          elem_id="replay-html")
+                gif_width = gr.Dropdown(list(GIF_WIDTHS), value=GIF_WIDTHS[0], label="GIF width (px)", scale=0,
+                                        min_width=120, elem_id="gif-width")
                 gif = gr.DownloadButton("Download GIF", scale=0, interactive=False, elem_id="replay-gif")
             events = gr.Markdown(elem_id="replay-events")
         with gr.Column(scale=2):
@@ -167,6 +178,8 @@ def build(page: Page) -> EpisodeTab:
                      strip, strip_table, gr.State(False), gr.Timer(PLAY_S, active=False), gif, html)
     gr.on([open_episode.click, episode_id.submit], tab.show, [episode_id, ghost], tab.outputs)
     gr.on([step.input, ghost.input], tab.redraw, [view, step, ghost], [board, events], show_progress="hidden")
+    gif_width.input(lambda v, w: {gif: gr.update(value=gif_file(v, w), interactive=v is not None)},
+                    [view, gif_width], gif)
     play.click(tab.toggle_play, [view, tab.playing, step], [tab.playing, tab.ticker, play, step])
     tab.ticker.tick(tab.tick, [view, step, ghost], [step, board, events, tab.playing, tab.ticker, play],
                     show_progress="hidden")

@@ -14,7 +14,9 @@ Plotly frame with its own slider and play button, for a replay saved as a standa
 
 from __future__ import annotations
 
+import html
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import plotly.graph_objects as go
@@ -175,6 +177,7 @@ def replay_figure(instance: Instance, outcome: Outcome, *, ghost: bool = True) -
     play = dict(label="▶ play", method="animate", args=[None, {**animate, "fromcurrent": True}])
     still = {**animate, "frame": dict(duration=0, redraw=False)}
     pause = dict(label="❚❚ pause", method="animate", args=[[None], still])
+    layout["legend"] = dict(orientation="v", x=1.02, y=1, xanchor="left", yanchor="top")  # clear of the buttons
     layout["updatemenus"] = [dict(type="buttons", direction="left", x=0, y=-0.06, xanchor="left", yanchor="top",
                                   showactive=False, buttons=[play, pause])]
     layout["sliders"] = [dict(active=0, x=0.2, len=0.8, y=-0.04, yanchor="top", currentvalue=dict(prefix="t = "),
@@ -184,9 +187,14 @@ def replay_figure(instance: Instance, outcome: Outcome, *, ghost: bool = True) -
     return dict(data=static + first, layout=layout, frames=frames)
 
 
-def write_replay_html(figure: dict[str, Any], path: str) -> None:
-    """A standalone HTML file (Plotly.js inlined, so it opens offline) of a `replay_figure`."""
-    pio.write_html(figure, path, include_plotlyjs=True, validate=False, auto_play=False)
+def write_replay_html(figure: dict[str, Any], path: str, title: str = "envlab replay") -> None:
+    """A standalone HTML file (Plotly.js inlined, so it opens offline) of a `replay_figure`, with `title` as the
+    page's title and heading."""
+    page = pio.to_html(figure, include_plotlyjs=True, validate=False, auto_play=False, full_html=True)
+    name = html.escape(title)
+    page = page.replace("<head>", f"<head><title>{name}</title>", 1).replace(
+        "<body>", f'<body><h2 style="font-family: sans-serif; color: #1d2b4a">{name}</h2>', 1)
+    Path(path).write_text(page, encoding="utf-8")
 
 
 def boards_figure(panels: Sequence[tuple[Instance, Outcome | None, str]], *, ghost: bool = False,
