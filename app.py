@@ -66,7 +66,7 @@ def waiting_banner(engine: Engine) -> str:
              f'(run #{w.run_id} {html.escape(w.run_name)}, for stage {w.for_stage}'
              + ("; the engineer\'s answer failed: edit it or reject it" if w.failed else "") + ")"
              for w in waiting_proposals(engine)]
-    return "" if not items else '<div class="waiting-bar">⏳ ' + " · ".join(items) + "</div>"
+    return "" if not items else '<div class="waiting-bar"><b>Waiting for you:</b> ' + " · ".join(items) + "</div>"
 
 
 def linked(engine: Engine, params: dict[str, str]) -> dict[str, Any]:

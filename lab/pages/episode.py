@@ -173,7 +173,7 @@ def build(page: Page) -> EpisodeTab:
     strip_note = gr.Markdown()
     strip = gr.Plot(show_label=False, visible=False)
     strip_table = gr.Dataframe(label="Its answer at each stage", interactive=False, visible=False, wrap=True,
-                               column_widths=["70px", "90px", "110px", "35%", "45%"], elem_id="strip-table")
+                               column_widths=["60px", "80px", "150px", "35%", "40%"], elem_id="strip-table")
     tab = EpisodeTab(page.engine, episode_id, header, view, board, step, play, ghost, events, answer, strip_note,
                      strip, strip_table, gr.State(False), gr.Timer(PLAY_S, active=False), gif, html)
     gr.on([open_episode.click, episode_id.submit], tab.show, [episode_id, ghost], tab.outputs)
