@@ -35,10 +35,10 @@ import gradio as gr
 from sqlalchemy import Engine
 
 from lab.archive import ArchiveError
-from lab.example import ensure_example
+from lab.example import ensure_example, import_studies
 from lab.pages import compare, episode, leaderboard, playground, proposal, review, runs, train
 from lab.pages.common import Page
-from lab.runs import LabVersion, lab_version, run_of_episode, run_of_proposal, waiting_proposals
+from lab.runs import LabVersion, lab_version, run_list, run_of_episode, run_of_proposal, waiting_proposals
 from lab.worker import start_worker, worker_busy, worker_status
 from storage.db import make_engine, upgrade
 
@@ -81,9 +81,9 @@ def linked(engine: Engine, params: dict[str, str]) -> dict[str, Any]:
     if params.get("episode", "").isdigit():
         episode_id, tab = int(params["episode"]), "episode"
         run_id = run_of_episode(engine, episode_id) or run_id
-    if run_id is None:
-        choices = runs.run_choices(engine)
-        run_id = choices[0][1] if choices else None
+    if run_id is None:  # the newest run of this lab's own, before the runs of experiments
+        rows = sorted(run_list(engine), key=lambda row: row.run.experiment_id is not None)
+        run_id = rows[0].run.id if rows else None
     return {"run": run_id, "tab": tab, "episode": episode_id, "proposal": proposal_id}
 
 
@@ -287,6 +287,12 @@ def add_example(engine: Engine) -> None:
         return
     if run_id is not None:
         print(f"an empty lab: the example run is run #{run_id} (--no-example leaves a new lab empty)", file=sys.stderr)
+        try:
+            studies = import_studies(engine)
+        except (ArchiveError, OSError) as err:
+            print(f"the shipped study was not imported: {err}", file=sys.stderr)
+            return
+        print(f"and the shipped study's {len(studies)} experiment(s) are on the Compare tab", file=sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -26,7 +26,9 @@ SQLite database, driven in this process by the same worker and loop as `envlab r
 from __future__ import annotations
 
 import argparse
+import gzip
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -42,12 +44,13 @@ from envsim.scoring import Tally
 from lab.archive import export_run, import_run
 from lab.cli import quiet_libraries, stage_line
 from lab.engineers import CONFLICTS
+from lab.experiments import experiment_runs, list_experiments
 from lab.loop import LoopError, after_job, create_run, drive, queue_benchmark, stages_of
 from lab.proposals import current_proposal, decide
 from lab.results import stage_summaries
 from lab.worker import handlers, run_worker
 from storage.db import RUNS_SETTING, make_engine, session, upgrade
-from storage.models import Action, Job, JobStatus, Proposal, Run, RunStatus, StageStatus
+from storage.models import Action, Experiment, Job, JobStatus, Proposal, Run, RunStatus, StageStatus
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "assets" / "example-run.zip"
 NAME = "example: tiny policy, heuristic engineer"
@@ -84,6 +87,45 @@ def ensure_example(engine: Engine, path: str | Path | None = None) -> int | None
         s.add(run)
         s.commit()
     return run_id
+
+
+STUDIES = Path(__file__).resolve().parent.parent / "docs" / "results"  # the shipped study: */study.db.gz
+
+
+def import_studies(engine: Engine, folder: str | Path = STUDIES) -> list[int]:
+    """Import the experiments of the shipped study (`folder/*/study.db.gz`, docs/results/README.md) with their
+    runs, so that a new lab's Compare tab shows what the README shows; returns the new experiments' ids. Each
+    run travels as a run archive (new ids here) and is attached to its experiment again, with its arm."""
+    made = []
+    for packed in sorted(Path(folder).glob("*/study.db.gz")):
+        with tempfile.TemporaryDirectory(prefix="envlab-study-") as scratch:
+            db = Path(scratch) / "study.db"
+            with gzip.open(packed, "rb") as src, db.open("wb") as dst:
+                shutil.copyfileobj(src, dst)
+            study = make_engine(str(db))
+            upgrade(study)
+            try:
+                made += [_import_experiment(engine, study, p.experiment, Path(scratch))
+                         for p in reversed(list_experiments(study))]
+            finally:
+                study.dispose()
+    return made
+
+
+def _import_experiment(engine: Engine, study: Engine, experiment: Experiment, scratch: Path) -> int:
+    with session(engine) as s:
+        row = Experiment(**experiment.model_dump(exclude={"id"}))
+        s.add(row)
+        s.commit()
+        new_id = row.id
+    for run in experiment_runs(study, experiment.id):
+        run_id = import_run(engine, export_run(study, run.id, scratch / f"run-{run.id}.zip"))
+        with session(engine) as s:
+            mine = s.get(Run, run_id)
+            mine.experiment_id, mine.arm = new_id, run.arm
+            s.add(mine)
+            s.commit()
+    return new_id
 
 
 # ---------------------------------------------------------------- the person's decisions

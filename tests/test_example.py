@@ -104,10 +104,17 @@ def test_serve_imports_the_example_before_the_page_is_built_unless_no_example(tm
     empty, first = str(tmp_path / "empty.db"), str(tmp_path / "first.db")
     assert app.main(["--db", empty, "--port", port, "--no-worker", "--no-example"]) == 0
     assert app.main(["--db", first, "--port", port, "--no-worker"]) == 0
-    assert "an empty lab: the example run is run #1" in capsys.readouterr().err
+    said = capsys.readouterr().err
+    assert "an empty lab: the example run is run #1" in said
+    assert "the shipped study's 2 experiment(s) are on the Compare tab" in said
     assert app.main(["--db", first, "--port", port, "--no-worker"]) == 0
     assert "example" not in capsys.readouterr().err
-    assert runs_when_built == [[], [NAME], [NAME]]
+    empty_lab, first_start, second_start = runs_when_built
+    assert empty_lab == [] and first_start[0] == NAME and len(first_start) == 1 + 2 * 9  # 3 arms x 3 seeds each
+    assert second_start == first_start  # nothing imported twice
+    engine = _engine(Path(first))
+    assert app.linked(engine, {})["run"] == 1  # the lab opens on the example, not on a run of the study
+    engine.dispose()
 
 
 # ---------------------------------------------------------------- what the shipped file holds
@@ -192,3 +199,28 @@ def test_its_edited_proposal_shows_the_stored_config_and_work_on_its_weights_is_
                                                             "Export it without them.")
     with pytest.raises(ArchiveError, match=f"run {run_id} is the shipped example, whose checkpoints are not shipped"):
         export_run(engine, run_id, tmp_path / "x.zip", checkpoints=True)
+
+
+def test_the_shipped_study_is_imported_with_the_numbers_of_its_report(tmp_path: Path):
+    """A new lab's Compare tab holds the shipped study (docs/results): each experiment, its runs attached to
+    their arms, and every number of its summary as the study's own database gives it."""
+    import gzip
+    import shutil
+
+    from lab.comparison import comparison, summary_rows
+    from lab.example import STUDIES, import_studies
+    from lab.pages.compare import compare_view
+
+    engine = _engine(tmp_path / "lab.db")
+    ids = import_studies(engine)
+    assert len(ids) == 2
+    for name in ("defaults", "hardstart"):
+        db = tmp_path / f"{name}.db"
+        with gzip.open(STUDIES / name / "study.db.gz", "rb") as src, db.open("wb") as dst:
+            shutil.copyfileobj(src, dst)
+        shipped = make_engine(str(db))
+        assert summary_rows(comparison(engine, name)) == summary_rows(comparison(shipped, name))
+        shipped.dispose()
+    sizes = compare_view(engine, ids[-1])["sizes"]
+    assert [row[0] for row in sizes["data"]] == [f"{n}x{n}" for n in range(3, 11)] + ["all"]
+    engine.dispose()
