@@ -292,8 +292,8 @@ def failure_heatmap(by_size: Mapping[int, Tally]) -> go.Figure:
     return fig
 
 
-TRAINING_KEYS = (("reward", "reward", "mean reward per answer"), ("loss", "loss", "GRPO loss"),
-                 ("kl", "KL", "KL to the reference (nats)"))
+TRAINING_KEYS = (("reward", "reward (mean per answer)", "reward, 0..2.4"), ("loss", "GRPO loss", "loss"),
+                 ("kl", "KL to the reference", "KL, nats"))
 
 
 def training_figure(logs: Sequence[tuple[int, Mapping[str, Any]]]) -> go.Figure:
