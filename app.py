@@ -153,7 +153,8 @@ def _wire(page: Page, refresh: gr.Button, poll: gr.Timer, waiting: gr.HTML, seen
         if drawn is None or now.jobs != drawn.jobs or now.runs != drawn.runs:
             out |= train_tab.show(run_id)
         if drawn is None or (now.runs, now.proposals, now.stages) != (drawn.runs, drawn.proposals, drawn.stages):
-            out |= top(run_id) | proposal_tab.follow(run_id, proposal_id)
+            new_proposal = drawn is None or now.proposals[0] != drawn.proposals[0]
+            out |= top(run_id) | proposal_tab.follow(run_id, proposal_id, jump=new_proposal)
         if drawn is not None and now.stages != drawn.stages:
             out |= review_tab.show(run_id, stage_index)
         return out

@@ -320,12 +320,14 @@ class ProposalTab:
         chosen = proposal_id if proposal_id in ids else (pending_of(self.engine, run_id) or (ids[0] if ids else None))
         return {self.pick: gr.update(choices=choices, value=chosen)} | self.show(chosen, edit_table)
 
-    def follow(self, run_id: int | None, shown: int | None) -> dict[Any, Any]:
-        """After the database changed (the page's poll): a proposal that now waits is selected; the one shown
-        stays otherwise, and a table the person is editing (the shown proposal still waits) is kept."""
+    def follow(self, run_id: int | None, shown: int | None, jump: bool = True) -> dict[Any, Any]:
+        """After the database changed (the page's poll): with `jump` (a proposal was stored) the one that now
+        waits is selected; the one shown stays otherwise, and a table the person is editing (the shown proposal
+        still waits) is kept."""
         waiting = pending_of(self.engine, run_id)
-        chosen = waiting if waiting is not None else shown
-        return self.show_all(run_id, chosen, edit_table=chosen != shown or waiting is None)
+        chosen = waiting if waiting is not None and (jump or shown is None) else shown
+        st = None if chosen is None else proposal_state(self.engine, int(chosen))
+        return self.show_all(run_id, chosen, edit_table=chosen != shown or st is None or not st.pending)
 
     def after_decision(self, run_id: int | None, proposal_id: int | None) -> dict[Any, Any]:
         """The proposal as it now stands: the config as stored once decided; a refused edit stays as typed."""
