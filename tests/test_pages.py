@@ -446,6 +446,18 @@ def test_the_page_sees_a_new_proposal_and_lists_every_one_that_waits(lab):
     assert proposal.pending_of(engine, ids["history"]) == newer
 
 
+def test_the_poll_selects_a_new_waiting_proposal_and_otherwise_leaves_the_one_read(lab):
+    engine, ids = lab
+    with gr.Blocks():
+        tab = proposal.build(common.Page(engine, gr.Dropdown(), gr.Tabs(), gr.HTML()))
+    run = ids["history"]
+    assert tab.follow(run, ids["accepted"], jump=False)[tab.pick]["value"] == ids["accepted"]  # a person reads it
+    assert tab.follow(run, ids["accepted"], jump=True)[tab.pick]["value"] == ids["second"]  # a proposal was stored
+    kept = tab.follow(run, ids["second"], jump=True)  # the shown one still waits: the table being edited stays
+    assert kept[tab.pick]["value"] == ids["second"] and tab.edit not in kept
+    assert tab.edit in tab.follow(run, ids["accepted"], jump=False)  # a decided one shows its stored config
+
+
 def test_work_that_needs_weights_is_refused_when_asked(lab):
     engine, ids = lab
     why = f"stage 1 of run {ids['history']} has no weights here: no checkpoint was recorded"
