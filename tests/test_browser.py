@@ -348,3 +348,18 @@ def test_an_edit_says_what_it_stores_while_typed_and_after(lab, page):
     assert decisions(engine)[-1].config["data_ratio"] == {"3": 0.9 / 1.65, "4": 0.75 / 1.65}
     page.locator('#edit-config [data-testid="cell-0-1"]').get_by_text("0.5455").wait_for()  # what was stored
     page.locator("#diff [role=gridcell]", has_text="✎ 0.5455").first.wait_for()
+
+
+def test_one_click_rescales_the_typed_shares(lab, page):
+    url, engine, ids = lab
+    page.goto(f"{url}?proposal={ids['pending']}")
+    page.get_by_text("Waiting for a decision").wait_for()
+    page.get_by_text("Edit before applying").click()
+    edit_cell(page, "edit-config", 0, 1, "0.25")
+    edit_cell(page, "edit-config", 1, 1, "0.25")  # the shares sum to 0.5
+    page.locator("#edit-check").get_by_text("the data_ratio shares you typed sum to 0.5").wait_for()
+    page.click("#rescale")
+    page.locator('#edit-config [data-testid="cell-0-1"]').get_by_text("0.5").wait_for()
+    page.locator("#edit-check").get_by_text("The data_ratio shares summed to 0.5: each is divided by it.").wait_for()
+    assert page.locator('#edit-config [data-testid="cell-1-1"]').inner_text().strip() == "0.5"
+    assert [d.proposal_id for d in decisions(engine)] == [ids["accepted"]]  # nothing stored until applied

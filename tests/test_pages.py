@@ -407,6 +407,15 @@ def test_an_edit_that_does_not_sum_to_one_is_shown_rescaled_before_and_after_it_
         [1, f"proposal #{ids['pending']}, edited by bob", 4, "0.3571 (person)", "0.5 (engineer)", "0.25", "2", "16"]]
 
 
+def test_one_click_rescales_the_shares_to_sum_to_one(lab):
+    engine, ids = lab
+    rows, said = proposal.rescaled([[3, 0.9, 0.2, 0.25], [4, "0.5", 0.5, 0.25], ["", "", "", ""]])
+    assert rows == [[3, 0.6429, 0.2, 0.25], [4, 0.3571, 0.5, 0.25]]
+    assert said == "The data_ratio shares summed to 1.4: each is divided by it."
+    assert proposal.rescaled([[3, "lots", 0.2, 0.25]])[1] == "✗ Not rescaled: every data_ratio must be a number first."
+    assert proposal.rescaled([[3, 0, 0.2, 0.25]])[1] == "✗ Not rescaled: the data_ratio shares sum to 0."
+
+
 def test_an_invalid_edit_is_said_once_while_typed_and_the_buttons_wait(lab):
     engine, ids = lab
     negative = [[-3, 0.5, 0.2, 0.25], [4, 0.5, 0.5, 0.25]]

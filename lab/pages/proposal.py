@@ -212,6 +212,23 @@ def cell_marks(cells: Sequence[tuple[int, int]], table_id: str = "edit-config") 
     return f"<style>{chosen} {{ background: #fde2e2 !important; outline: 2px solid #d62728; }}</style>"
 
 
+def rescaled(rows: Sequence[Sequence[Any]]) -> tuple[list[list[Any]], str]:
+    """The edit table with its data_ratio shares divided by their sum (rounded to 4 places), and what was done;
+    the table as it is when a share is not a number or they sum to 0."""
+    column = KNOB_COLUMNS.index("data_ratio")
+    table_rows = [list(r) for r in rows if r and any(str(v).strip() for v in r)]
+    try:
+        shares = [float(r[column]) for r in table_rows]
+    except (TypeError, ValueError):
+        return table_rows, "✗ Not rescaled: every data_ratio must be a number first."
+    total = sum(shares)
+    if total <= 0:
+        return table_rows, "✗ Not rescaled: the data_ratio shares sum to 0."
+    for r, share in zip(table_rows, shares, strict=True):
+        r[column] = round(share / total, 4)
+    return table_rows, f"The data_ratio shares summed to {total:.4g}: each is divided by it."
+
+
 def edit_check(engine: Engine, proposal_id: int | None, rows: Sequence[Sequence[Any]] | None, agents: Any,
                instances: Any) -> tuple[str, bool]:
     """While a person edits the table: what "Apply my edit" would store (the same projection `decide` makes),
@@ -348,6 +365,12 @@ class ProposalTab:
         return {self.check: text, self.marks: marks, self.buttons[Action.ACCEPT]: gr.update(interactive=pending and ok),
                 self.buttons[Action.EDIT]: gr.update(interactive=pending and ok)}
 
+    def rescale(self, proposal_id: int | None, rows: Any, agents: Any, instances: Any) -> dict[Any, Any]:
+        """One click: the table's data_ratio shares made to sum to 1, then checked as if typed."""
+        table_rows, done = rescaled(rows or [])
+        checked = self.checker(proposal_id, table_rows, agents, instances)
+        return checked | {self.edit: table_rows, self.check: f"{done} {checked[self.check]}"}
+
     def decider(self, action: Action):
         def decide(proposal_id, note, rows, agents, instances, request: gr.Request) -> dict[Any, Any]:
             return {self.message: decide_proposal(self.engine, proposal_id, action, user_of(request), note, rows,
@@ -386,6 +409,7 @@ def build(page: Page) -> ProposalTab:
         with gr.Row():
             agents = gr.Number(label="num_agents", precision=0, elem_id="edit-agents")
             instances = gr.Number(label="num_instances", precision=0, elem_id="edit-instances")
+            rescale = gr.Button("Rescale data_ratio to sum to 1", scale=0, min_width=240, elem_id="rescale")
     note = gr.Textbox(label="Note (kept with the decision)", lines=1)
     message = gr.Markdown(elem_id="decision-msg")
     with gr.Row():
@@ -395,6 +419,8 @@ def build(page: Page) -> ProposalTab:
     tab = ProposalTab(page.engine, pick, auto, status, rationale, raw, changed_only, diff_df, preview_note, preview,
                       edit, agents, instances, check, marks, note, buttons, message, [])
     _wire_decisions(page, tab)
+    rescale.click(tab.rescale, [pick, edit, agents, instances],
+                  [edit, check, marks, *buttons.values()], show_progress="hidden")
     return tab
 
 
