@@ -257,7 +257,7 @@ def test_queue_a_stage_and_watch_its_progress_to_done(lab, page):
     page.get_by_text("Next: queued stage 1").wait_for()
     page.get_by_role("tab", name="Train").click()
     bar = page.locator("#job-progress")
-    assert bar.get_attribute("data-status") == "queued"
+    page.locator('#job-progress[data-status="queued"]').wait_for()
     stop = threading.Event()
     worker = threading.Thread(target=run_worker, args=(engine, {"stage": stage}),
                               kwargs={"poll_s": 0.2, "stop": stop}, daemon=True)
@@ -361,5 +361,5 @@ def test_one_click_rescales_the_typed_shares(lab, page):
     page.click("#rescale")
     page.locator('#edit-config [data-testid="cell-0-1"]').get_by_text("0.5").wait_for()
     page.locator("#edit-check").get_by_text("The data_ratio shares summed to 0.5: each is divided by it.").wait_for()
-    assert page.locator('#edit-config [data-testid="cell-1-1"]').inner_text().strip() == "0.5"
+    page.locator('#edit-config [data-testid="cell-1-1"]').get_by_text("0.5", exact=True).wait_for()
     assert [d.proposal_id for d in decisions(engine)] == [ids["accepted"]]  # nothing stored until applied
