@@ -192,7 +192,7 @@ MAX_NUMBER_DIGITS = 300  # a JSON integer longer than this is refused (it does n
 RATIONALE_CHARS = 2_000
 # The longest rationale an in-process model may write when held to the schema: its answer has a token budget,
 # and a rationale cut off by it would leave the whole object unclosed (and the config lost).
-CONSTRAINED_RATIONALE_CHARS = 600
+CONSTRAINED_RATIONALE_CHARS = 400
 RATIONALE = "rationale"
 
 INSTRUCTIONS = """\
@@ -275,10 +275,16 @@ def llm(evidence: Evidence, *, seed: int, backend: str = "hf:policy", complete_f
 
 def answer_schema(sizes: tuple[int, ...], *, rationale_chars: int | None = None) -> dict[str, Any]:
     """The JSON schema of the llm engineer's answer: the config for these sizes (`EnvConfig.sized_schema`:
-    every knob of every size, each within its range) and, last, the rationale as a string field of the same
-    object (at most `rationale_chars` characters when given). What it cannot say (that the data shares sum
-    to 1) is left to `project`, which renormalises and reports it."""
+    every knob of every size, each within its range, given to the thousandth) and, last, the rationale as a
+    string field of the same object (at most `rationale_chars` characters when given). What it cannot say
+    (that the data shares sum to 1) is left to `project`, which renormalises and reports it.
+
+    The thousandth (`multipleOf`, the step of `shares`) bounds every number's length: a model held to the
+    schema cannot spin out digits until its token budget ends and leave the object unclosed."""
     schema = EnvConfig.sized_schema(sizes)
+    for knob in KNOBS:
+        for item in schema["properties"][knob]["properties"].values():
+            item["multipleOf"] = SHARE_STEP
     schema["title"] = "EngineerAnswer"
     schema["description"] = "The next stage's environment config, and why."
     rationale: dict[str, Any] = {"type": "string", "description": "one paragraph that explains the choice"}
