@@ -297,8 +297,9 @@ def answer_schema(sizes: tuple[int, ...], *, rationale_chars: int | None = None)
 
 def _split_rationale(proposed: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
     """The config without its `rationale` field, and that field when it is text (a structured answer carries
-    its rationale inside the object; a free-text answer has none there)."""
-    if RATIONALE not in proposed:
+    its rationale inside the object; a free-text answer has none there). An object with no config key keeps
+    the field, so `project` names it as an unknown key rather than reading nothing as "keep everything"."""
+    if RATIONALE not in proposed or not _CONFIG_KEYS & set(proposed):
         return proposed, None
     said = proposed[RATIONALE]
     config = {k: v for k, v in proposed.items() if k != RATIONALE}
