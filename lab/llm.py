@@ -106,6 +106,12 @@ def _hf(name: str, messages: Messages, *, max_tokens: int, temperature: float, s
             options["stopping_criteria"] = StoppingCriteriaList([_StopAt(NEXT_TURNS, tokenizer, ids.shape[1])])
     if schema is not None:
         options["logits_processor"] = LogitsProcessorList([Constrain(schema, path)])
+        # The grammar ends the answer with the tokenizer's end-of-sequence: generation must stop on it too.
+        eos = model.generation_config.eos_token_id
+        eos = [eos] if isinstance(eos, int) else list(eos or [])
+        if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos:
+            eos.append(tokenizer.eos_token_id)
+        options["eos_token_id"] = eos
     torch.manual_seed(seed)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     with torch.no_grad():
