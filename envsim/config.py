@@ -49,10 +49,22 @@ class ConfigError(ValueError):
         super().__init__("; ".join(problems))
 
 
+def _schema_ranges(schema: dict[str, Any]) -> None:
+    """Write each knob's legal range into the JSON schema (`minimum`/`maximum`), from `KNOBS` and `GLOBALS`.
+
+    Only the schema says them: validation keeps its own messages (`_range_problems`), and a schema-guided
+    generator (a server's structured output, constrained decoding) cannot write a number out of range."""
+    properties = schema["properties"]
+    for knob, (lo, hi) in KNOBS.items():
+        properties[knob]["additionalProperties"].update(minimum=lo, maximum=hi)
+    for name, (lo, hi) in GLOBALS.items():
+        properties[name].update(minimum=lo, maximum=hi)
+
+
 class EnvConfig(BaseModel):
     """Per map size: data, hole and wait ratios; globally: training agents and instance count."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", json_schema_extra=_schema_ranges)
 
     data_ratio: dict[int, Finite]
     hole_ratio: dict[int, Finite]
@@ -80,6 +92,22 @@ class EnvConfig(BaseModel):
         """The round-0 config: uniform over sizes, the same hole and wait ratio everywhere."""
         return cls(data_ratio={s: 1 / len(sizes) for s in sizes}, hole_ratio={s: hole_ratio for s in sizes},
                    wait_ratio={s: wait_ratio for s in sizes}, num_agents=num_agents, num_instances=num_instances)
+
+    @classmethod
+    def sized_schema(cls, sizes: tuple[int, ...]) -> dict[str, Any]:
+        """The JSON schema of a config for these map sizes: `model_json_schema()` with each per-size knob an
+        object whose keys are exactly the sizes, every property required and no other allowed (the form a
+        server's strict structured output accepts: closed objects, no defaults)."""
+        schema = cls.model_json_schema()
+        properties = schema["properties"]
+        for knob in KNOBS:
+            item = properties[knob].pop("additionalProperties")
+            properties[knob].update(properties={str(s): dict(item) for s in sizes}, required=[str(s) for s in sizes],
+                                    additionalProperties=False)
+        for name in GLOBALS:
+            properties[name].pop("default", None)
+        schema["required"] = list(properties)
+        return schema
 
     def knob_rows(self) -> list[dict[str, float]]:
         """One row per size: `{"size": s, "data_ratio": ..., "hole_ratio": ..., "wait_ratio": ...}`."""

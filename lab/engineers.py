@@ -8,6 +8,8 @@ from `ENGINEERS`. Options an engineer does not use are ignored, so a caller pass
 - `heuristic` is a transparent curriculum rule; its rationale has one line per change it makes.
 - `llm` asks a language model (the policy itself, Gemma, or any OpenAI-compatible server) and reads its
   JSON back through `envsim.config.project`, retrying with the error shown when the answer is unusable.
+  By default the answer is held to `answer_schema` (structured output from a server, constrained decoding
+  in process), so it is one JSON object of the config with its rationale as a field.
 
 An answer whose `projection` is None has failed: `error` says why, and the caller keeps the previous
 config. No engineer raises on anything a model writes.
@@ -188,6 +190,10 @@ def _learnability(r: Tally | None) -> str:
 MAX_ANSWER_CHARS = 50_000  # the reader looks at the last this-many characters of an answer
 MAX_NUMBER_DIGITS = 300  # a JSON integer longer than this is refused (it does not fit in a float)
 RATIONALE_CHARS = 2_000
+# The longest rationale an in-process model may write when held to the schema: its answer has a token budget,
+# and a rationale cut off by it would leave the whole object unclosed (and the config lost).
+CONSTRAINED_RATIONALE_CHARS = 400
+RATIONALE = "rationale"
 
 INSTRUCTIONS = """\
 You are the environment engineer of a reinforcement-learning curriculum. A policy model is trained in stages \
@@ -217,16 +223,22 @@ class Unreadable(ValueError):
 def llm(evidence: Evidence, *, seed: int, backend: str = "hf:policy", complete_fn: Complete | None = None,
         modules: ContextModules | None = None, max_attempts: int = 3, max_tokens: int = 1024,
         temperature: float = 0.7, base_url: str | None = None, policy_path: str | None = None,
-        timeout: float = 120.0, **_options: Any) -> EngineerAnswer:
+        timeout: float = 120.0, structured: bool = True, **_options: Any) -> EngineerAnswer:
     """Ask a language model for the next config; read and project its answer, retrying on failure.
 
     `complete_fn(messages) -> text` replaces the backend call when given (scripted answers in tests);
-    otherwise `lab.llm.complete(backend, ...)` answers. An unreadable or illegal answer is retried, the
-    error shown to the model, up to `max_attempts` answers in all. A backend failure (`LLMError`) ends the
-    proposal at once: asking again would fail again. Seeds of successive attempts are `seed`, `seed + 1`, ...
+    otherwise `lab.llm.complete(backend, ...)` answers, held to `answer_schema` unless `structured` is
+    False (then free text, as a model without a schema writes it). An unreadable or illegal answer is
+    retried, the error shown to the model, up to `max_attempts` answers in all. A backend failure
+    (`LLMError`) ends the proposal at once: asking again would fail again. Seeds of successive attempts are
+    `seed`, `seed + 1`, ...
     """
     base = evidence.current.config
     prompt = engineer_prompt(evidence, modules)
+    schema = None
+    if structured:
+        in_process = backend.partition(":")[0] == "hf"
+        schema = answer_schema(base.sizes, rationale_chars=CONSTRAINED_RATIONALE_CHARS if in_process else None)
     messages: Messages = [{"role": "user", "content": prompt}]
     raw, proposed, error = "", None, "no answer"
     attempts = 0
@@ -238,7 +250,7 @@ def llm(evidence: Evidence, *, seed: int, backend: str = "hf:policy", complete_f
         try:
             raw = (complete_fn(messages) if complete_fn is not None else
                    complete(backend, messages, max_tokens=max_tokens, temperature=temperature, seed=seed + attempt,
-                            base_url=base_url, policy_path=policy_path, timeout=timeout))
+                            base_url=base_url, policy_path=policy_path, timeout=timeout, schema=schema))
         except LLMError as err:
             return EngineerAnswer(_transcript(messages), raw, proposed, None, "", f"backend failed: {err}", attempts)
         if not isinstance(raw, str):
@@ -249,14 +261,49 @@ def llm(evidence: Evidence, *, seed: int, backend: str = "hf:policy", complete_f
         except Unreadable as err:
             proposed, error = None, str(err)
             continue
+        proposed, said = _split_rationale(proposed)
         try:
             projection = project(proposed, base=base)
         except (ValueError, TypeError, OverflowError) as err:  # ConfigError is a ValueError
             error = f"the config is not legal: {err}"
             continue
-        return EngineerAnswer(_transcript(messages), raw, proposed, projection, _rationale(raw, span), None, attempts)
+        rationale = said if said is not None else _rationale(raw, span)
+        return EngineerAnswer(_transcript(messages), raw, proposed, projection, rationale, None, attempts)
     return EngineerAnswer(_transcript(messages), raw, proposed, None, "",
                           f"no usable config after {attempts} answer{'s' * (attempts > 1)}: {error}", attempts)
+
+
+def answer_schema(sizes: tuple[int, ...], *, rationale_chars: int | None = None) -> dict[str, Any]:
+    """The JSON schema of the llm engineer's answer: the config for these sizes (`EnvConfig.sized_schema`:
+    every knob of every size, each within its range, given to the thousandth) and, last, the rationale as a
+    string field of the same object (at most `rationale_chars` characters when given). What it cannot say
+    (that the data shares sum to 1) is left to `project`, which renormalises and reports it.
+
+    The thousandth (`multipleOf`, the step of `shares`) bounds every number's length: a model held to the
+    schema cannot spin out digits until its token budget ends and leave the object unclosed."""
+    schema = EnvConfig.sized_schema(sizes)
+    for knob in KNOBS:
+        for item in schema["properties"][knob]["properties"].values():
+            item["multipleOf"] = SHARE_STEP
+    schema["title"] = "EngineerAnswer"
+    schema["description"] = "The next stage's environment config, and why."
+    rationale: dict[str, Any] = {"type": "string", "description": "one paragraph that explains the choice"}
+    if rationale_chars is not None:
+        rationale["maxLength"] = rationale_chars
+    schema["properties"][RATIONALE] = rationale
+    schema["required"] = [*schema["required"], RATIONALE]
+    return schema
+
+
+def _split_rationale(proposed: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """The config without its `rationale` field, and that field when it is text (a structured answer carries
+    its rationale inside the object; a free-text answer has none there). An object with no config key keeps
+    the field, so `project` names it as an unknown key rather than reading nothing as "keep everything"."""
+    if RATIONALE not in proposed or not _CONFIG_KEYS & set(proposed):
+        return proposed, None
+    said = proposed[RATIONALE]
+    config = {k: v for k, v in proposed.items() if k != RATIONALE}
+    return config, " ".join(said.split())[:RATIONALE_CHARS] if isinstance(said, str) else None
 
 
 def engineer_prompt(evidence: Evidence, modules: ContextModules | None = None) -> str:

