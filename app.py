@@ -40,7 +40,7 @@ from lab.pages import compare, episode, leaderboard, playground, proposal, revie
 from lab.pages.common import Page
 from lab.runs import run_of_episode, run_of_proposal
 from lab.worker import start_worker, worker_busy, worker_status
-from storage.db import make_engine, upgrade
+from storage.db import DatabaseUnusable, open_database
 
 ASSETS = Path(__file__).parent / "assets"
 POLL_S = 2.0
@@ -272,8 +272,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if host not in ("127.0.0.1", "localhost") and not auth:
         print(f"warning: serving on {host} without --auth: anyone who can reach it can decide proposals",
               file=sys.stderr)
-    engine = make_engine(args.db)
-    upgrade(engine)
+    try:
+        engine = open_database(args.db)
+    except DatabaseUnusable as err:
+        print(f"envlab serve: {err}", file=sys.stderr)
+        return 2
     if not args.no_example:
         add_example(engine)
     if args.no_worker:
