@@ -14,7 +14,7 @@ from sqlalchemy import Engine
 
 from envsim.scoring import Tally
 from lab.pages import figures
-from lab.pages.common import ALL, DECIDED, Page, table
+from lab.pages.common import ALL, BAD_ROW, DECIDED, Page, cannot_draw, table
 from lab.pages.figures import POOLED_OPTIMAL, POOLED_VALID
 from lab.results import StageSummary
 from lab.runs import StageReview, failed_episodes, stage_review
@@ -31,6 +31,16 @@ def review(engine: Engine, run_id: int | None, stage_index: int | None) -> dict[
         note = "No run is open: create one in the Runs tab or pick one above."
         return dict(note=note, stages=[], stage=None, table=table(["stage"], []), rates=empty(note),
                     curves=empty(note), failures=empty(note), training=empty(note), sizes=[], kinds=[])
+    try:
+        return _review(engine, run_id, stage_index)
+    except BAD_ROW as err:
+        note = cannot_draw("The stage review", run_id, err)
+        return dict(note=note, stages=[], stage=None, table=table(["stage"], []), rates=empty(note),
+                    curves=empty(note), failures=empty(note), training=empty(note), sizes=[], kinds=[])
+
+
+def _review(engine: Engine, run_id: int, stage_index: int | None) -> dict[str, Any]:
+    empty = figures.empty_figure
     r = stage_review(engine, run_id, stage_index)
     current = r.summaries.get(r.stage_index)
     why = "no evaluation yet" if r.stage_index is not None else _note(r, current)
