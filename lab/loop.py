@@ -94,9 +94,18 @@ class RunSettings(BaseModel):
 def check_grpo(instances: int, grpo: dict[str, Any], policy: str) -> None:
     """Refuse GRPO overrides TRL would refuse (an unknown field, a value of the wrong type) before a run stores
     them: the steps a stage would take are counted with them, as `envlab experiment new` does."""
+    from trl import GRPOConfig
+
     from training.policy import prompt_style_of  # torch loads only when there are overrides to check
     from training.stage import StageError, planned_steps
 
+    defaults = {f.name: f.default for f in fields(GRPOConfig)}
+    for key, value in grpo.items():
+        wanted = type(defaults.get(key))
+        if wanted in (bool, int, float) and not (
+                isinstance(value, wanted) and (wanted is bool or not isinstance(value, bool))
+                or wanted is float and isinstance(value, int) and not isinstance(value, bool)):
+            raise LoopError(f"grpo {key} = {value!r}: GRPOConfig's {key} is of type {wanted.__name__}")
     try:
         planned_steps(instances, grpo, prompt_style_of(policy))
     except (StageError, ValueError, TypeError, ArithmeticError) as err:
@@ -164,8 +173,8 @@ def create_run(s: Session, *, name: str, config: EnvConfig, stages: int, policy:
 
 def _first_error(err: ValidationError) -> str:
     e = err.errors()[0]
-    where = ".".join(map(str, e["loc"]))
-    return f"{where}: {e['msg']}" if where else e["msg"]
+    where, msg = ".".join(map(str, e["loc"])), e["msg"].removeprefix("Value error, ")
+    return f"{where}: {msg}" if where else msg
 
 
 def check_engineer(engineer: str, backend: str, policy: str | None = None) -> None:
