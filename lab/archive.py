@@ -767,12 +767,16 @@ def _unpack(reader: _Reader, manifest: dict[str, Any], root: Path, created: list
     scratch = Path(tempfile.mkdtemp(prefix=".import-", dir=root))
     members = {stored: _members(zf, stored) for stored in todo}
     total = sum(info.file_size for m in members.values() for info, _ in m)
-    with tqdm(total=total, desc="checkpoints", unit="B", unit_scale=True, disable=None) as bar:
-        for i, stored in enumerate(todo):
-            for info, rel in members[stored]:
-                target = _inside(scratch / str(i), rel.as_posix())
-                target.parent.mkdir(parents=True, exist_ok=True)
-                bar.update(reader.copy(info, target))  # zipfile checks the CRC-32 at the end
+    try:
+        with tqdm(total=total, desc="checkpoints", unit="B", unit_scale=True, disable=None) as bar:
+            for i, stored in enumerate(todo):
+                for info, rel in members[stored]:
+                    target = _inside(scratch / str(i), rel.as_posix())
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    bar.update(reader.copy(info, target))  # zipfile checks the CRC-32 at the end
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)  # the caller never saw it: it is this function's to remove
+        raise
     return scratch, todo
 
 
