@@ -340,8 +340,7 @@ class _Reader:
                 if len(line) > self.limits.line:
                     raise ArchiveError(f"{self.path}: {name} row {n} is longer than {_mib(self.limits.line)}: "
                                        "refused")
-                if line.strip():
-                    yield n, line
+                yield n, line
 
     def copy(self, info: zipfile.ZipInfo, target: Path) -> int:
         """One checkpoint file to `target`, checked against its CRC-32 by zipfile at the end; returns its size."""
@@ -516,7 +515,7 @@ def _instance(value: Any) -> Any:
 
 
 def _run_settings(value: Any) -> Any:
-    from lab.loop import RunSettings
+    from lab.settings import RunSettings
 
     return _validated(RunSettings, value)
 
@@ -566,6 +565,10 @@ def _rows(reader: _Reader, table: Table, entry: dict[str, Any], where: str) -> I
     """(row number, bytes, row) of a table file, each row checked against its table's model."""
     adapter = _row_type(table.name, tuple(entry["columns"]))
     for n, line in reader.lines(f"tables/{table.name}.jsonl"):
+        if n > entry["rows"]:  # refused at once: reading on could take as long as the file likes
+            raise ArchiveError(f"{where} holds more rows than the manifest says ({entry['rows']})")
+        if not line.strip():
+            raise ArchiveError(f"{where} row {n} is empty (a table file holds one JSON object per line)")
         try:
             row = adapter.validate_json(line)
         except ValidationError as err:

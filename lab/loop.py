@@ -15,7 +15,7 @@ from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import ValidationError
 from sqlalchemy import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
@@ -25,6 +25,7 @@ from envsim.suite import Split, validation_cells
 from lab.context import ContextModules, Evidence, context_preset, load_stage_result, preset_of
 from lab.engineers import ENGINEERS, EngineerAnswer
 from lab.proposals import current_proposal, decide, decision_of, fill_check, fillable, self_summary, store_proposal
+from lab.settings import RunSettings
 from storage.db import UnsafePath, checkpoint_of, lock_run, run_folder
 from storage.db import session as open_session
 from storage.decisions import record_decision
@@ -44,7 +45,6 @@ from storage.models import (
     utcnow,
 )
 from storage.queue import enqueue, fail, request_cancel, requeue, stale_after_s
-from training.overrides import lab_owned
 
 LOOP_KINDS = (JobKind.STAGE, JobKind.PROPOSE)  # the jobs that move a run; a benchmark job never blocks it
 PROPOSE_ATTEMPTS = 3  # a propose job that raises is tried this many times, then the run fails for a person
@@ -53,42 +53,6 @@ SELF_BACKEND = "hf:policy"  # the llm engineer's backend that asks the run's own
 
 class LoopError(ValueError):
     """A run cannot be created or moved as asked; the message says why."""
-
-
-class RunSettings(BaseModel):
-    """The shape of `Run.settings`, as `create_run` writes it and the loop, the stage and the pages read it.
-
-    A run's settings can arrive in another lab's archive (lab.archive checks them with this before anything is
-    stored), so every key the lab reads has its type here; a key the lab does not read travels as it is.
-    """
-
-    model_config = ConfigDict(strict=True, extra="allow")
-
-    stages: int = Field(ge=1)
-    auto_apply: bool = False
-    grpo: dict[str, Any] = Field(default_factory=dict)
-    lora: int = Field(default=0, ge=0)
-    context: dict[str, bool] | None = None
-    context_preset: str | None = None
-    base_url: str | None = None
-    validation_boards: int | None = Field(default=None, ge=1)
-    validation_per_size: int | None = Field(default=None, ge=1)
-    engineer_history: list[dict[str, Any]] = Field(default_factory=list)
-    example: bool = False
-
-    @field_validator("context")
-    @classmethod
-    def _modules(cls, value: dict[str, bool] | None) -> dict[str, bool] | None:
-        if value is not None and (unknown := sorted(set(value) - {f.name for f in fields(ContextModules)})):
-            raise ValueError(f"unknown context modules {unknown}")
-        return value
-
-    @field_validator("grpo")
-    @classmethod
-    def _grpo(cls, value: dict[str, Any]) -> dict[str, Any]:
-        if owned := lab_owned(value):
-            raise ValueError(f"sets {', '.join(owned)}: the lab sets these itself (a run's files stay in its folder)")
-        return value
 
 
 def check_grpo(instances: int, grpo: dict[str, Any], policy: str) -> None:
