@@ -401,7 +401,8 @@ def test_the_cli_exports_and_imports(tmp_path, capsys):
     assert f"run {run_id} -> {out}" in capsys.readouterr().out
     assert main(["import", str(out), "--db", str(target)]) == 0
     assert capsys.readouterr().out.endswith("(travel) -> run 1\n")
-    assert {k: v for k, v in files_under(target.parent).items() if k.startswith(f"{read_manifest(out)['run']['uuid']}/")} == files
+    uuid = read_manifest(out)["run"]["uuid"]
+    assert {k: v for k, v in files_under(target.parent).items() if k.startswith(f"{uuid}/")} == files
     assert not list(target.parent.glob(".import-*"))
     assert main(["import", str(out), "--db", str(target)]) == 2
     assert "(travel) is already in this database as run #1" in capsys.readouterr().err
