@@ -34,13 +34,13 @@ from typing import Any
 import gradio as gr
 from sqlalchemy import Engine
 
-from lab.archive import ArchiveError
+from lab.archive import ArchiveError, Limits
 from lab.example import ensure_example, import_studies
 from lab.pages import compare, episode, leaderboard, playground, proposal, review, runs, train
 from lab.pages.common import Page
 from lab.runs import LabVersion, lab_version, run_list, run_of_episode, run_of_proposal, waiting_proposals
 from lab.worker import start_worker, worker_busy, worker_status
-from storage.db import make_engine, upgrade
+from storage.db import DatabaseUnusable, open_database
 
 ASSETS = Path(__file__).parent / "assets"
 POLL_S = 2.0
@@ -230,13 +230,28 @@ def read_auth(value: str | None) -> list[tuple[str, str]] | None:
     return pairs
 
 
+def close_api_docs(demo: gr.Blocks) -> None:
+    """Under `--auth`, say nothing of the page's endpoints to someone who has not logged in: Gradio embeds the
+    public endpoints' schema in `/` (login page included), so every endpoint is made "undocumented" (still
+    callable by the page itself, after its login; hidden from that schema and `/gradio_api/info`)."""
+    for fn in demo.fns.values():
+        if fn.api_visibility == "public":
+            fn.api_visibility = "undocumented"
+
+
 def launch(demo: gr.Blocks, host: str = "127.0.0.1", port: int | None = None,
            auth: list[tuple[str, str]] | None = None, block: bool = True) -> None:
     """Serve the page; with `block`, say where in one line and serve until interrupted. Raises OSError when
-    the port is taken."""
+    the port is taken.
+
+    Uploads are capped at `Limits.upload` (Gradio's `max_file_size`, per file; docs/archive.md) and FastAPI's
+    own `/openapi.json` is off (Gradio's routes, no lab data, but answered without a login); under `auth` the
+    endpoints' schema is not shown either (`close_api_docs`)."""
+    if auth:
+        close_api_docs(demo)
     demo.launch(server_name=host, server_port=port, auth=auth, prevent_thread_lock=True, quiet=True,
                 css_paths=[ASSETS / "lab.css"], theme=gr.themes.Soft(), footer_links=[], ssr_mode=False,
-                show_error=True)
+                show_error=True, max_file_size=Limits.from_env().upload, app_kwargs={"openapi_url": None})
     if block:
         print(f"envlab: serving on http://{host}:{demo.server_port}", flush=True)
         demo.block_thread()
@@ -307,8 +322,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if host not in ("127.0.0.1", "localhost") and not auth:
         print(f"warning: serving on {host} without --auth: anyone who can reach it can decide proposals",
               file=sys.stderr)
-    engine = make_engine(args.db)
-    upgrade(engine)
+    try:
+        engine = open_database(args.db)
+    except DatabaseUnusable as err:
+        print(f"envlab serve: {err}", file=sys.stderr)
+        return 2
     if not args.no_example:
         add_example(engine)
     if args.no_worker:

@@ -15,26 +15,30 @@ runs root first, moved into place just before the commit, and removed again if a
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
 import tempfile
 import zipfile
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, fields
 from datetime import datetime
-from itertools import islice
+from functools import lru_cache
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Annotated, Any
 
+from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, TypeAdapter, ValidationError
 from sqlalchemy import Column, ColumnElement, Connection, DateTime, Engine, Table, TypeDecorator, or_, select
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.sql.ddl import sort_tables
 from sqlmodel import SQLModel
 from tqdm import tqdm
+from typing_extensions import TypedDict
 
-from storage.db import checkpoint_of, current_revision, runs_root
+from storage.db import RUN_UUID, UnsafePath, checkpoint_of, current_revision, inside, run_folder, runs_root
 from storage.models import ACTIVE_JOB, Job, Run, Stage, utcnow
 
 FORMAT = "envlab-run"
@@ -42,6 +46,7 @@ VERSION = 1  # raise it when a file of this version would be read wrongly by the
 MANIFEST = "manifest.json"
 ROOT = Run.__tablename__
 BATCH_ROWS = 500
+BATCH_BYTES = 32 << 20  # and at most about this much JSON per insert batch
 
 # Ids the lab keeps inside JSON columns: (table, column) -> {key: the table the id is of}. They are rewritten
 # like foreign keys, or a job requeued after the import would work on whichever run has the old id.
@@ -219,26 +224,170 @@ def export_run(engine: Engine, run_id: int, path: str | Path, checkpoints: bool 
 
 
 # --- reading a file ------------------------------------------------------------------------------------------
+#
+# An archive comes from someone else: nothing in it is trusted until it is checked, and everything is checked
+# before anything is stored (docs/archive.md, "What import trusts"). Members are read as streams and their
+# bytes counted as they inflate (the sizes a zip's directory declares can lie); tables are read line by line.
+
+MIB = 1 << 20
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How much one archive may inflate to; each can be set in the environment (`ENVLAB_ARCHIVE_<NAME>`, in bytes,
+    or with a k, m or g suffix: powers of 1024). `upload` is the page's upload limit (Gradio's `max_file_size`)."""
+
+    line: int = 16 * MIB  # one row of a table
+    table: int = 4 * GIB  # one table file
+    file: int = 16 * GIB  # one checkpoint file
+    total: int = 64 * GIB  # everything in the archive
+    ratio: int = 200  # inflated bytes per stored byte, per member (deflate cannot pass about 1,030)
+    manifest: int = 4 * MIB
+    upload: int = GIB
+
+    @classmethod
+    def from_env(cls) -> Limits:
+        """The defaults, with any `ENVLAB_ARCHIVE_LINE`, `..._TABLE`, `..._FILE`, `..._TOTAL`, `..._RATIO`,
+        `..._MANIFEST` or `..._UPLOAD` set in the environment."""
+        values = {}
+        for f in fields(cls):
+            raw = os.environ.get(f"ENVLAB_ARCHIVE_{f.name.upper()}")
+            if raw:
+                values[f.name] = parse_size(raw, f"ENVLAB_ARCHIVE_{f.name.upper()}")
+        return cls(**values)
+
+
+def parse_size(text: str, what: str) -> int:
+    """`1048576`, `64k`, `16m`, `2g` (powers of 1024) as a positive number of bytes."""
+    raw = text.strip().lower().removesuffix("ib").removesuffix("b")
+    scale = {"k": 1 << 10, "m": MIB, "g": GIB}.get(raw[-1:], 1)
+    number = raw[:-1] if raw[-1:] in "kmg" else raw
+    try:
+        value = int(float(number) * scale)
+    except ValueError:
+        raise ArchiveError(f"{what}={text!r} is not a size (bytes, or 64k, 16m, 2g)") from None
+    if value < 1:
+        raise ArchiveError(f"{what}={text!r}: a limit is at least 1 byte")
+    return value
+
+
+def _mib(n: int) -> str:
+    return f"{n / MIB:.1f} MiB" if n >= MIB else f"{n} bytes"
+
+
+_DAMAGE = (zipfile.BadZipFile, EOFError, zlib.error, zipfile.LargeZipFile, NotImplementedError, RuntimeError,
+           OSError, ValueError)
+
+
+class _Reader:
+    """The archive's members, read with every byte counted against `Limits`, and every read error one line."""
+
+    def __init__(self, zf: zipfile.ZipFile, path: Path, limits: Limits):
+        self.zf, self.path, self.limits = zf, path, limits
+        self.size = path.stat().st_size
+        self.total = 0
+
+    def _ceiling(self, info: zipfile.ZipInfo, limit: int) -> int:
+        stored = min(max(info.compress_size, 0), self.size)
+        return min(limit, self.limits.ratio * max(stored, 4096))
+
+    def _count(self, name: str, read: int, ceiling: int, limit: int, n: int) -> None:
+        self.total += n
+        if read > ceiling:
+            why = (f"more than {_mib(limit)}" if ceiling == limit else
+                   f"more than {self.limits.ratio} times its stored size (a zip bomb?)")
+            raise ArchiveError(f"{self.path}: {name} inflates to {why}: refused")
+        if self.total > self.limits.total:
+            raise ArchiveError(f"{self.path}: the archive inflates to more than {_mib(self.limits.total)} "
+                               f"(at {name}): refused")
+
+    def _damaged(self, label: str, err: BaseException, at: str = "") -> ArchiveError:
+        text = str(err).splitlines()[0] if str(err) else "unreadable"
+        return ArchiveError(f"{self.path}: {label} is damaged{at} ({type(err).__name__}: {text})")
+
+    def member(self, info: zipfile.ZipInfo) -> Any:
+        """The member opened for reading (a stream); reading it may still raise, see `_DAMAGE`."""
+        try:
+            return self.zf.open(info)
+        except _DAMAGE as err:
+            raise self._damaged(info.filename, err) from None
+
+    def read(self, name: str, limit: int) -> bytes:
+        """A whole small member (the manifest)."""
+        info = self.zf.getinfo(name)
+        ceiling = self._ceiling(info, limit)
+        with self.member(info) as f:
+            try:
+                data = f.read(ceiling + 1)
+            except _DAMAGE as err:
+                raise self._damaged(name, err) from None
+        self._count(name, len(data), ceiling, limit, len(data))
+        return data
+
+    def lines(self, name: str) -> Iterator[tuple[int, bytes]]:
+        """(row number, line) of a table file, one line in memory at a time, none longer than `limits.line`."""
+        info = self.zf.getinfo(name)
+        ceiling = self._ceiling(info, self.limits.table)
+        read = 0
+        with self.member(info) as f:
+            for n in itertools.count(1):
+                try:
+                    line = f.readline(self.limits.line + 1)
+                except _DAMAGE as err:
+                    raise self._damaged(name, err, f" at row {n}") from None
+                if not line:
+                    return
+                read += len(line)
+                self._count(name, read, ceiling, self.limits.table, len(line))
+                if len(line) > self.limits.line:
+                    raise ArchiveError(f"{self.path}: {name} row {n} is longer than {_mib(self.limits.line)}: "
+                                       "refused")
+                yield n, line
+
+    def copy(self, info: zipfile.ZipInfo, target: Path) -> int:
+        """One checkpoint file to `target`, checked against its CRC-32 by zipfile at the end; returns its size."""
+        ceiling = self._ceiling(info, self.limits.file)
+        read = 0
+        with self.member(info) as src, target.open("wb") as dst:
+            while True:
+                try:
+                    chunk = src.read(MIB)
+                except _DAMAGE as err:
+                    raise self._damaged(info.filename, err) from None
+                if not chunk:
+                    return read
+                read += len(chunk)
+                self._count(info.filename, read, ceiling, self.limits.file, len(chunk))
+                dst.write(chunk)
 
 
 @contextmanager
-def _open(path: Path) -> Iterator[zipfile.ZipFile]:
+def _open(path: Path, limits: Limits | None = None) -> Iterator[_Reader]:
     try:
         zf = zipfile.ZipFile(path)
     except FileNotFoundError:
         raise ArchiveError(f"{path}: no such file") from None
-    except (zipfile.BadZipFile, OSError) as err:
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as err:
         raise ArchiveError(f"{path}: not a run archive: it is not a zip file, or it is truncated ({err})") from None
     with zf:
         try:
-            yield zf
-        except (zipfile.BadZipFile, EOFError, zipfile.LargeZipFile) as err:
+            yield _Reader(zf, path, limits or Limits.from_env())
+        except (zipfile.BadZipFile, EOFError, zipfile.LargeZipFile, zlib.error) as err:
             raise ArchiveError(f"{path}: the file is damaged ({err})") from None
 
 
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 def _check_table(table: Table, entry: Any, names: set[str], where: str) -> None:
-    if not (isinstance(entry, dict) and isinstance(entry.get("rows"), int) and isinstance(entry.get("columns"), list)):
+    if not (isinstance(entry, dict) and _count(entry.get("rows")) and isinstance(entry.get("columns"), list)):
         raise ArchiveError(f"{where}: tables.{table.name} needs a row count and a column list")
+    if not all(isinstance(c, str) for c in entry["columns"]):
+        raise ArchiveError(f"{where}: tables.{table.name}.columns must be a list of column names (strings)")
+    if len(set(entry["columns"])) != len(entry["columns"]):
+        raise ArchiveError(f"{where}: tables.{table.name}.columns names a column twice")
     columns = {c.name: c for c in table.columns}
     if unknown := [c for c in entry["columns"] if c not in columns]:
         raise ArchiveError(f"{where}: table {table.name} has columns this envlab does not know "
@@ -251,74 +400,196 @@ def _check_table(table: Table, entry: Any, names: set[str], where: str) -> None:
         raise ArchiveError(f"{where}: tables/{table.name}.jsonl is missing")
 
 
-def _check_manifest(zf: zipfile.ZipFile, path: Path) -> dict[str, Any]:
+def _check_manifest(reader: _Reader) -> dict[str, Any]:
+    zf, path = reader.zf, reader.path
     if MANIFEST not in zf.namelist():
         raise ArchiveError(f"{path}: no {MANIFEST}: not an envlab run archive")
     try:
-        manifest = json.loads(zf.read(MANIFEST))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ArchiveError(f"{path}: {MANIFEST} is not JSON ({err})") from None
+        manifest = json.loads(reader.read(MANIFEST, reader.limits.manifest))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:
+        raise ArchiveError(f"{path}: {MANIFEST} is not JSON ({str(err)[:200]})") from None
     where = f"{path}: {MANIFEST}"
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         found = manifest.get("format") if isinstance(manifest, dict) else None
-        raise ArchiveError(f"{where} names format {found!r}, not {FORMAT!r}: not an envlab run archive")
+        raise ArchiveError(f"{where} names format {found!r:.80}, not {FORMAT!r}: not an envlab run archive")
     version = manifest.get("version")
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        raise ArchiveError(f"{where}: version {version!r} is not a format version (1, 2, ...)")
+        raise ArchiveError(f"{where}: version {version!r:.80} is not a format version (1, 2, ...)")
     if version > VERSION:
         raise ArchiveError(f"{path} was written by a newer envlab (format version {version}; this one reads "
                            f"versions 1 to {VERSION}): upgrade envlab to import it")
     run, tables = manifest.get("run"), manifest.get("tables")
-    if not (isinstance(run, dict) and isinstance(run.get("id"), int) and isinstance(run.get("uuid"), str)
+    if not (isinstance(run, dict) and _count(run.get("id")) and isinstance(run.get("uuid"), str)
             and isinstance(run.get("name"), str)):
         raise ArchiveError(f"{where}: 'run' needs the run's id, uuid and name")
+    if not RUN_UUID.fullmatch(run["uuid"]):
+        raise ArchiveError(f"{where}: run uuid {run['uuid']!r:.80} is not 32 hex digits: refused (it names the "
+                           "run's folder under the runs root)")
     if not isinstance(tables, dict) or ROOT not in tables:
         raise ArchiveError(f"{where}: 'tables' must list the {ROOT} table")
     known = {t.name: t for t in run_tables()}
     if unknown := sorted(set(tables) - set(known)):
-        raise ArchiveError(f"{where}: tables this envlab does not know ({', '.join(unknown)}): "
+        raise ArchiveError(f"{where}: tables this envlab does not know ({', '.join(unknown)[:200]}): "
                            "import it with a newer envlab")
     names = set(zf.namelist())
     for name, entry in tables.items():
         _check_table(known[name], entry, names, where)
     checkpoints = manifest.get("checkpoints")
     if not isinstance(checkpoints, list) or not all(
-            isinstance(c, dict) and isinstance(c.get("path"), str) and isinstance(c.get("files"), int)
-            for c in checkpoints):
+            isinstance(c, dict) and isinstance(c.get("path"), str) and _count(c.get("files"))
+            and _count(c.get("stage_index")) for c in checkpoints):
         raise ArchiveError(f"{where}: 'checkpoints' must be a list of {{stage_index, path, files, bytes}}")
+    paths = [c["path"] for c in checkpoints]
+    if len(set(paths)) != len(paths):
+        raise ArchiveError(f"{where}: a checkpoint path is listed twice")
     for c in checkpoints:
-        _stored_path(c["path"], f"{where}: checkpoint")
+        stored = _stored_path(c["path"], f"{where}: checkpoint")
+        if stored.parts[0] != run["uuid"] or len(stored.parts) < 2:
+            raise ArchiveError(f"{where}: checkpoint {c['path']!r:.120} is not inside the run's own folder "
+                               f"({run['uuid']}/...): refused")
+        if any(other.startswith(f"{c['path']}/") for other in paths):
+            raise ArchiveError(f"{where}: checkpoint {c['path']!r:.120} lies inside another checkpoint")
         found = len(_members(zf, c["path"]))
+        if c["files"] < 1:
+            raise ArchiveError(f"{where}: checkpoint {c['path']} lists {c['files']} files: a checkpoint holds at "
+                               "least one")
         if found != c["files"]:
             raise ArchiveError(f"{where}: checkpoint {c['path']} should hold {c['files']} files, the file has {found}")
     return manifest
 
 
-def read_manifest(path: str | Path) -> dict[str, Any]:
+def read_manifest(path: str | Path, limits: Limits | None = None) -> dict[str, Any]:
     """What a run archive holds (its checked manifest: the run, row counts per table, checkpoints), to show
     before importing it. Raises `ArchiveError` for a file that is not one this envlab can import."""
-    with _open(Path(path)) as zf:
-        return _check_manifest(zf, Path(path))
+    with _open(Path(path), limits) as reader:
+        return _check_manifest(reader)
 
 
 def _members(zf: zipfile.ZipFile, stored: str) -> list[tuple[zipfile.ZipInfo, PurePosixPath]]:
     """The files of one checkpoint folder in the archive, each with its path inside that folder."""
     prefix = f"checkpoints/{stored}/"
-    return [(info, _stored_path(info.filename[len(prefix):], "archive member"))
-            for info in zf.infolist() if info.filename.startswith(prefix) and not info.is_dir()]
+    out = []
+    for info in zf.infolist():
+        if info.filename.startswith(prefix) and not info.is_dir():
+            rel = _stored_path(info.filename[len(prefix):], "archive member")
+            if info.external_attr >> 16 & 0o170000 == 0o120000:  # a symbolic link: never written as one
+                raise ArchiveError(f"archive member {info.filename!r} is a symbolic link: refused")
+            out.append((info, rel))
+    return out
 
 
-def _rows(zf: zipfile.ZipFile, table: Table, entry: dict[str, Any], where: str) -> Iterator[dict[str, Any]]:
-    columns = set(entry["columns"])
-    with zf.open(f"tables/{table.name}.jsonl") as lines:
-        for n, line in enumerate(lines, 1):
-            try:
-                row = json.loads(line)
-            except (json.JSONDecodeError, UnicodeDecodeError) as err:
-                raise ArchiveError(f"{where} row {n} is not JSON ({err})") from None
-            if not isinstance(row, dict) or set(row) != columns:
-                raise ArchiveError(f"{where} row {n} does not hold the columns the manifest lists")
-            yield row
+# --- what a row may hold -------------------------------------------------------------------------------------
+
+
+def _model_classes() -> dict[str, type[SQLModel]]:
+    """Each table's SQLModel class, by table name (the classes are the one description of a row's types)."""
+    found: dict[str, type[SQLModel]] = {}
+    todo = list(SQLModel.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        todo.extend(cls.__subclasses__())
+        if isinstance(getattr(cls, "__table__", None), Table):
+            found[cls.__table__.name] = cls
+    return found
+
+
+def _validated(model: type[BaseModel], value: Any) -> Any:
+    """`value` as it is, once `model` accepts it; else a ValueError with the first problem, in one line."""
+    try:
+        model.model_validate(value)
+    except ValidationError as err:
+        e = err.errors(include_url=False)[0]
+        where = ".".join(map(str, e["loc"]))
+        raise ValueError(f"not a valid {model.__name__}: {where + ': ' if where else ''}"
+                         f"{e['msg'].removeprefix('Value error, ').splitlines()[0]}") from None
+    return value
+
+
+def _env_config(value: Any) -> Any:
+    from envsim.config import EnvConfig
+
+    return _validated(EnvConfig, value)
+
+
+def _instance(value: Any) -> Any:
+    from envsim.instance import Instance
+
+    return _validated(Instance, value)
+
+
+def _run_settings(value: Any) -> Any:
+    from lab.settings import RunSettings
+
+    return _validated(RunSettings, value)
+
+
+def _run_uuid(value: str) -> str:
+    if not RUN_UUID.fullmatch(value):
+        raise ValueError("is not 32 hex digits (it names the run's folder under the runs root)")
+    return value
+
+
+# Beyond a column's type: what the lab reads the value as. One table's column -> a check that raises ValueError.
+VALUE_CHECKS: dict[tuple[str, str], tuple[Any, Callable[[Any], Any]]] = {
+    ("runs", "uuid"): (str, _run_uuid),
+    ("runs", "settings"): (dict[str, Any], _run_settings),
+    ("stages", "config"): (dict[str, Any], _env_config),
+    ("proposals", "projected_config"): (dict[str, Any] | None, lambda v: v if v is None else _env_config(v)),
+    ("decisions", "config"): (dict[str, Any] | None, lambda v: v if v is None else _env_config(v)),
+    ("episodes", "instance"): (dict[str, Any], _instance),
+}
+
+
+def _annotation(table: Table, name: str, models: dict[str, type[SQLModel]]) -> Any:
+    column = table.columns[name]
+    optional = column.nullable or column.primary_key
+    if (table.name, name) in VALUE_CHECKS:
+        kind, check = VALUE_CHECKS[(table.name, name)]
+        return Annotated[kind, AfterValidator(check)]
+    if _is_datetime(column):
+        return AwareDatetime | None if optional else AwareDatetime
+    field = models[table.name].model_fields.get(name)
+    kind = field.annotation if field is not None else Any
+    return kind | None if optional else kind
+
+
+@lru_cache(maxsize=64)
+def _row_type(table_name: str, columns: tuple[str, ...]) -> TypeAdapter:
+    """The type a row of `table_name` with these columns must have: every column present and of its model's
+    type (strict: no "1" for 1, no 1 for true), enums by value, datetimes with their zone, no other key."""
+    table = SQLModel.metadata.tables[table_name]
+    models = _model_classes()
+    row = TypedDict(f"{table_name}_row", {c: _annotation(table, c, models) for c in columns})  # type: ignore[misc]
+    row.__pydantic_config__ = ConfigDict(strict=True, extra="forbid")  # type: ignore[attr-defined]
+    return TypeAdapter(row)
+
+
+def _rows(reader: _Reader, table: Table, entry: dict[str, Any], where: str) -> Iterator[tuple[int, int, dict]]:
+    """(row number, bytes, row) of a table file, each row checked against its table's model."""
+    adapter = _row_type(table.name, tuple(entry["columns"]))
+    for n, line in reader.lines(f"tables/{table.name}.jsonl"):
+        if n > entry["rows"]:  # refused at once: reading on could take as long as the file likes
+            raise ArchiveError(f"{where} holds more rows than the manifest says ({entry['rows']})")
+        if not line.strip():
+            raise ArchiveError(f"{where} row {n} is empty (a table file holds one JSON object per line)")
+        try:
+            row = adapter.validate_json(line)
+        except ValidationError as err:
+            raise ArchiveError(f"{where} row {n}{_problem(err)}") from None
+        yield n, len(line), row
+
+
+def _problem(err: ValidationError) -> str:
+    e = err.errors(include_url=False)[0]
+    if e["type"] == "json_invalid":
+        return f" is not JSON ({e['msg']})"
+    if not e["loc"]:
+        return f": {e['msg'].lower()} (a row is a JSON object, one key per column)"
+    column, rest = e["loc"][0], ".".join(map(str, e["loc"][1:]))
+    shown = json.dumps(e.get("input"), default=str)[:60]
+    got = "" if e["type"] in ("missing", "extra_forbidden") else f" (got {shown})"
+    msg = e["msg"].removeprefix("Value error, ")
+    return f", column {column}{'.' + rest if rest else ''}: {msg}{got}"
 
 
 # --- import --------------------------------------------------------------------------------------------------
@@ -332,20 +603,20 @@ def _refuse_duplicate(engine: Engine, run: dict[str, Any]) -> None:
 
 
 class _Rows:
-    """Turns a table's archived rows into rows of this database: datetimes parsed, ids mapped."""
+    """Turns a table's checked rows into rows of this database: ids mapped (`ids`: per table, the file's id ->
+    the new one), the detached ones left empty."""
 
     def __init__(self, table: Table, ids: dict[str, dict[int, int]], where: str):
         self.table, self.ids, self.where = table, ids, where
         self.pk = _pk(table).name
         self.fks = {fk.parent.name: fk.column.table.name for fk in _links(table)}
         self.detached = {column for name, column in DETACHED if name == table.name}
-        self.datetimes = {c.name for c in table.columns if _is_datetime(c)}
         self.json_ids = {column: keys for (name, column), keys in JSON_IDS.items() if name == table.name}
 
     def _id(self, parent: str, old: Any, n: int, column: str) -> int:
-        new = self.ids[parent].get(old) if isinstance(old, int) else None
+        new = self.ids[parent].get(old) if isinstance(old, int) and not isinstance(old, bool) else None
         if new is None:
-            raise ArchiveError(f"{self.where} row {n}: {column} = {old!r} names no {parent} row of this archive")
+            raise ArchiveError(f"{self.where} row {n}: {column} = {old!r:.40} names no {parent} row of this archive")
         return new
 
     def convert(self, row: dict[str, Any], n: int) -> dict[str, Any]:
@@ -357,11 +628,6 @@ class _Rows:
                 value = None
             elif value is not None and name in self.fks:
                 value = self._id(self.fks[name], value, n, name)
-            elif value is not None and name in self.datetimes:
-                try:
-                    value = datetime.fromisoformat(value)
-                except (TypeError, ValueError):
-                    raise ArchiveError(f"{self.where} row {n}: {name} = {value!r} is not a datetime") from None
             elif isinstance(value, dict) and name in self.json_ids:
                 value = {k: self._id(self.json_ids[name][k], v, n, f"{name}.{k}")
                          if k in self.json_ids[name] and v is not None else v for k, v in value.items()}
@@ -369,8 +635,52 @@ class _Rows:
         return out
 
 
-def _insert_rows(connection: Connection, zf: zipfile.ZipFile, manifest: dict[str, Any], path: Path) -> int:
+def _vouch(reader: _Reader, manifest: dict[str, Any]) -> None:
+    """Read every row of the archive once, storing nothing, and refuse it at the first row that does not fit:
+    a wrong type, a foreign key to no row of the file, a repeated id, a run that is not the manifest's, a
+    trained stage's checkpoint outside the run's folder, a listed checkpoint no stage names."""
+    path, run = reader.path, manifest["run"]
+    ids: dict[str, dict[int, int]] = {}
+    checkpoints: dict[str, int] = {}
+    for table in run_tables():
+        seen = ids[table.name] = {}
+        entry = manifest["tables"].get(table.name)
+        if entry is None:
+            continue
+        where = f"{path}: tables/{table.name}.jsonl"
+        rows = _Rows(table, ids, where)
+        pk = rows.pk
+        if pk not in entry["columns"]:
+            raise ArchiveError(f"{where}: the manifest lists no {pk} column (the ids that link its rows)")
+        for n, _, row in _rows(reader, table, entry, where):
+            old = row[pk]
+            if not _count(old) or old in seen:
+                raise ArchiveError(f"{where} row {n}, column {pk}: {old!r} is " +
+                                   ("not an id" if not _count(old) else "the id of an earlier row"))
+            rows.convert(row, n)  # every foreign key names a row of the file
+            seen[old] = old
+            if table.name == ROOT and (old != run["id"] or row.get("uuid") != run["uuid"]):
+                raise ArchiveError(f"{where} row {n}: run {old} ({row.get('uuid')}) is not the manifest's run "
+                                   f"{run['id']} ({run['uuid']})")
+            if table.name == Stage.__tablename__ and row.get("index", 0) > 0 and row.get("checkpoint") is not None:
+                stored = _stored_path(row["checkpoint"], f"{where} row {n}, column checkpoint:")
+                if stored.parts[0] != run["uuid"] or len(stored.parts) < 2:
+                    raise ArchiveError(f"{where} row {n}, column checkpoint: {row['checkpoint']!r:.120} is not "
+                                       f"inside the run's own folder ({run['uuid']}/...): refused")
+                checkpoints[row["checkpoint"]] = row["index"]
+        if len(seen) != entry["rows"]:
+            raise ArchiveError(f"{where} holds {len(seen)} rows, the manifest says {entry['rows']}")
+    if list(ids[ROOT]) != [run["id"]]:
+        raise ArchiveError(f"{path}: tables/{ROOT}.jsonl should hold exactly run {run['id']}")
+    for c in manifest["checkpoints"]:
+        if checkpoints.get(c["path"]) != c["stage_index"]:
+            raise ArchiveError(f"{path}: {MANIFEST}: checkpoint {c['path']} is not the checkpoint of stage "
+                               f"{c['stage_index']} in tables/stages.jsonl: refused")
+
+
+def _insert_rows(connection: Connection, reader: _Reader, manifest: dict[str, Any]) -> int:
     """Insert every row of the archive (one transaction, the caller's) and return the new run id."""
+    path = reader.path
     ids: dict[str, dict[int, int]] = {}
     total = sum(entry["rows"] for entry in manifest["tables"].values())
     with tqdm(total=total, desc="rows", unit="row", disable=None) as bar:
@@ -383,8 +693,8 @@ def _insert_rows(connection: Connection, zf: zipfile.ZipFile, manifest: dict[str
             rows = _Rows(table, ids, where)
             pk = _pk(table)
             insert = table.insert().returning(pk, sort_by_parameter_order=True)
-            for batch in _batches(enumerate(_rows(zf, table, entry, where), 1), BATCH_ROWS):
-                values = [rows.convert(row, n) for n, row in batch]
+            for batch in _batches(_rows(reader, table, entry, where)):
+                values = [rows.convert(row, n) for n, _, row in batch]
                 try:
                     new = connection.execute(insert, values).scalars().all()
                 except SQLAlchemyError as err:
@@ -392,17 +702,11 @@ def _insert_rows(connection: Connection, zf: zipfile.ZipFile, manifest: dict[str
                         raise  # the run's uuid taken meanwhile, most likely: import_run says by whom
                     raise ArchiveError(f"{where}: rows {batch[0][0]}..{batch[-1][0]} do not fit this database "
                                        f"({str(getattr(err, 'orig', err)).splitlines()[0]})") from None
-                mapping.update(zip((row[pk.name] for _, row in batch), new, strict=True))
+                mapping.update(zip((row[pk.name] for _, _, row in batch), new, strict=True))
                 bar.update(len(batch))
             if len(mapping) != entry["rows"]:
                 raise ArchiveError(f"{where} holds {len(mapping)} rows, the manifest says {entry['rows']}")
-    run = manifest["run"]
-    if list(ids[ROOT]) != [run["id"]]:
-        raise ArchiveError(f"{path}: tables/{ROOT}.jsonl should hold exactly run {run['id']}")
-    uuid = connection.execute(select(Run.uuid).where(Run.id == ids[ROOT][run["id"]])).scalar_one()
-    if uuid != run["uuid"]:
-        raise ArchiveError(f"{path}: the run row's uuid {uuid} is not the manifest's {run['uuid']}")
-    return ids[ROOT][run["id"]]
+    return ids[ROOT][manifest["run"]["id"]]
 
 
 def _makedirs(path: Path, created: list[Path]) -> None:
@@ -434,20 +738,31 @@ def _crc32(path: Path) -> int:
     return crc
 
 
-def _batches(rows: Iterator[Any], n: int) -> Iterator[list[Any]]:
-    while batch := list(islice(rows, n)):
+def _batches(rows: Iterator[tuple[int, int, dict]], n: int = BATCH_ROWS,
+             size: int = BATCH_BYTES) -> Iterator[list[tuple[int, int, dict]]]:
+    """Rows in batches of at most `n` rows and about `size` bytes of JSON, so a batch of long rows stays small."""
+    batch: list[tuple[int, int, dict]] = []
+    held = 0
+    for row in rows:
+        batch.append(row)
+        held += row[1]
+        if len(batch) >= n or held >= size:
+            yield batch
+            batch, held = [], 0
+    if batch:
         yield batch
 
 
-def _unpack(zf: zipfile.ZipFile, manifest: dict[str, Any], root: Path, created: list[Path]) -> tuple[Path, list[str]]:
+def _unpack(reader: _Reader, manifest: dict[str, Any], root: Path, created: list[Path]) -> tuple[Path, list[str]]:
     """Unpack the checkpoints this database lacks into a scratch folder under `root`; returns it and their paths.
 
     A folder already in place with the very same files (a runs root the two labs share) is kept as it is;
     one with other files is refused before anything is written.
     """
+    zf = reader.zf
     todo = []
     for c in manifest["checkpoints"]:
-        dest = root / c["path"]
+        dest = _inside(root, c["path"])
         if dest.exists():
             if not _same_files(zf, c["path"], dest):
                 raise ArchiveError(f"{dest} exists already with other files: move it away, or import into a "
@@ -458,15 +773,24 @@ def _unpack(zf: zipfile.ZipFile, manifest: dict[str, Any], root: Path, created: 
     scratch = Path(tempfile.mkdtemp(prefix=".import-", dir=root))
     members = {stored: _members(zf, stored) for stored in todo}
     total = sum(info.file_size for m in members.values() for info, _ in m)
-    with tqdm(total=total, desc="checkpoints", unit="B", unit_scale=True, disable=None) as bar:
-        for i, stored in enumerate(todo):
-            for info, rel in members[stored]:
-                target = scratch / str(i) / rel
-                target.parent.mkdir(parents=True, exist_ok=True)
-                with zf.open(info) as src, target.open("wb") as dst:  # zipfile checks the CRC-32 at the end
-                    shutil.copyfileobj(src, dst, 1 << 20)
-                bar.update(info.file_size)
+    try:
+        with tqdm(total=total, desc="checkpoints", unit="B", unit_scale=True, disable=None) as bar:
+            for i, stored in enumerate(todo):
+                for info, rel in members[stored]:
+                    target = _inside(scratch / str(i), rel.as_posix())
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    bar.update(reader.copy(info, target))  # zipfile checks the CRC-32 at the end
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)  # the caller never saw it: it is this function's to remove
+        raise
     return scratch, todo
+
+
+def _inside(root: Path, relative: str) -> Path:
+    try:
+        return inside(root, relative, "checkpoint path")
+    except UnsafePath as err:
+        raise ArchiveError(str(err)) from None
 
 
 def _undo(placed: list[Path], scratch: Path | None, created: list[Path]) -> None:
@@ -481,30 +805,39 @@ def _undo(placed: list[Path], scratch: Path | None, created: list[Path]) -> None
             d.rmdir()
 
 
-def import_run(engine: Engine, path: str | Path) -> int:
+def import_run(engine: Engine, path: str | Path, limits: Limits | None = None) -> int:
     """Load a run archive into this database with new ids, and its checkpoints under this database's runs root;
     return the new run id.
 
-    Raises `ArchiveError` (and changes nothing: no row, no folder) for a file that is truncated, damaged or
-    not a run archive, one written by a newer envlab, or a run this database holds already (same uuid).
+    Everything in the file is checked before anything is stored (docs/archive.md, "What import trusts"): the
+    manifest, every row against its table's model, every path against the run's own folder, and every member's
+    inflated size against `limits` (default `Limits.from_env()`). Raises `ArchiveError` (and changes nothing:
+    no row, no folder) for a file that fails any check, one written by a newer envlab, or a run this database
+    holds already (same uuid).
     """
     path = Path(path)
-    with _open(path) as zf:
-        manifest = _check_manifest(zf, path)
+    with _open(path, limits) as reader:
+        manifest = _check_manifest(reader)
         _refuse_duplicate(engine, manifest["run"])
+        _vouch(reader, manifest)
         root = runs_root(engine)
+        try:
+            run_folder(engine, manifest["run"]["uuid"])
+        except UnsafePath as err:
+            raise ArchiveError(f"{path}: {err}") from None
         created: list[Path] = []
         placed: list[Path] = []
         scratch, todo = None, []
         try:
             if manifest["checkpoints"]:
-                scratch, todo = _unpack(zf, manifest, root, created)
+                scratch, todo = _unpack(reader, manifest, root, created)
             with engine.begin() as connection:
-                run_id = _insert_rows(connection, zf, manifest, path)
+                run_id = _insert_rows(connection, reader, manifest)
                 for i, stored in enumerate(todo):  # into place just before the commit; removed if it fails
-                    _makedirs((root / stored).parent, created)
-                    (scratch / str(i)).rename(root / stored)
-                    placed.append(root / stored)
+                    dest = _inside(root, stored)
+                    _makedirs(dest.parent, created)
+                    (scratch / str(i)).rename(dest)
+                    placed.append(dest)
         except BaseException as err:
             _undo(placed, scratch, created)
             if isinstance(err, IntegrityError):
@@ -514,4 +847,3 @@ def import_run(engine: Engine, path: str | Path) -> int:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
     return run_id
-

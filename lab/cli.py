@@ -189,11 +189,13 @@ def cmd_show(args: argparse.Namespace) -> None:
 
 
 def _engine(db: str | None):
-    from storage.db import make_engine, upgrade
+    """The migrated database of `--db`; a location that cannot be used is one line (exit 2), not a traceback."""
+    from storage.db import DatabaseUnusable, open_database
 
-    engine = make_engine(db)
-    upgrade(engine)
-    return engine
+    try:
+        return open_database(db)
+    except DatabaseUnusable as err:
+        raise UsageError(str(err)) from None
 
 
 def cmd_worker(args: argparse.Namespace) -> None:

@@ -11,10 +11,11 @@ import os
 import socket
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, replace
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
 from sqlalchemy import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
@@ -24,7 +25,8 @@ from envsim.suite import Split, validation_cells
 from lab.context import ContextModules, Evidence, context_preset, load_stage_result, preset_of
 from lab.engineers import ENGINEERS, EngineerAnswer
 from lab.proposals import current_proposal, decide, decision_of, fill_check, fillable, self_summary, store_proposal
-from storage.db import checkpoint_of, lock_run
+from lab.settings import RunSettings
+from storage.db import UnsafePath, checkpoint_of, lock_run, run_folder
 from storage.db import session as open_session
 from storage.decisions import record_decision
 from storage.models import (
@@ -53,6 +55,28 @@ class LoopError(ValueError):
     """A run cannot be created or moved as asked; the message says why."""
 
 
+def check_grpo(instances: int, grpo: dict[str, Any], policy: str) -> None:
+    """Refuse GRPO overrides TRL would refuse (an unknown field, a value of the wrong type) before a run stores
+    them: the steps a stage would take are counted with them, as `envlab experiment new` does."""
+    from trl import GRPOConfig
+
+    from training.policy import prompt_style_of  # torch loads only when there are overrides to check
+    from training.stage import StageError, planned_steps
+
+    defaults = {f.name: f.default for f in fields(GRPOConfig)}
+    for key, value in grpo.items():
+        wanted = type(defaults.get(key))
+        if wanted in (bool, int, float) and not (
+                isinstance(value, wanted) and (wanted is bool or not isinstance(value, bool))
+                or wanted is float and isinstance(value, int) and not isinstance(value, bool)):
+            raise LoopError(f"grpo {key} = {value!r}: GRPOConfig's {key} is of type {wanted.__name__}")
+    try:
+        planned_steps(instances, grpo, prompt_style_of(policy))
+    except (StageError, ValueError, TypeError, ArithmeticError) as err:
+        raise LoopError(f"grpo settings {grpo}: {str(err).splitlines()[0] if str(err) else type(err).__name__}"
+                        ) from None
+
+
 def create_run(s: Session, *, name: str, config: EnvConfig, stages: int, policy: str = "tiny",
                engineer: str = "heuristic", engineer_backend: str = "", auto_apply: bool = False, seed: int = 0,
                grpo: dict[str, Any] | None = None, context: ContextModules | str | None = None,
@@ -69,6 +93,12 @@ def create_run(s: Session, *, name: str, config: EnvConfig, stages: int, policy:
     `experiment_id` and `arm` place the run in an experiment (lab.experiments).
     """
     check_engineer(engineer, engineer_backend, policy)
+    try:  # a config changed with model_copy (e.g. `--instances 0`) skipped validation
+        config = EnvConfig.model_validate(config.model_dump())
+    except ValidationError as err:
+        raise LoopError(f"the initial config is not valid: {_first_error(err)}") from None
+    if grpo:
+        check_grpo(config.num_instances, grpo, policy)
     if stages < 1:
         raise LoopError(f"stages = {stages}: a run trains at least 1 stage")
     if lora < 0:
@@ -89,6 +119,10 @@ def create_run(s: Session, *, name: str, config: EnvConfig, stages: int, policy:
         settings["validation_boards"] = validation_boards
     if validation_per_size is not None:
         settings["validation_per_size"] = validation_per_size
+    try:
+        RunSettings.model_validate(settings)
+    except ValidationError as err:
+        raise LoopError(f"run settings: {_first_error(err)}") from None
     run = Run(name=name, description=description, policy=policy, engineer=engineer, engineer_backend=engineer_backend,
               settings=settings, seed=seed, status=RunStatus.ACTIVE, experiment_id=experiment_id, arm=arm)
     s.add(run)
@@ -99,6 +133,12 @@ def create_run(s: Session, *, name: str, config: EnvConfig, stages: int, policy:
     _enqueue(s, JobKind.STAGE, run.id, 0)
     s.commit()
     return run
+
+
+def _first_error(err: ValidationError) -> str:
+    e = err.errors()[0]
+    where, msg = ".".join(map(str, e["loc"])), e["msg"].removeprefix("Value error, ")
+    return f"{where}: {msg}" if where else msg
 
 
 def check_engineer(engineer: str, backend: str, policy: str | None = None) -> None:
@@ -352,6 +392,12 @@ def resume(engine: Engine, run_id: int) -> list[int]:
         run = lock_run(s, run_id)
         if run is None:
             raise LoopError(f"no run {run_id}")
+        try:  # a run imported by an older version may name a folder anywhere: it is not trained into
+            run_folder(engine, run.uuid)
+            for stage in stages_of(s, run_id):
+                checkpoint_of(engine, stage)
+        except UnsafePath as err:
+            raise LoopError(f"run {run_id} cannot be resumed: {err}") from None
         for job in jobs_of(s, run_id, (JobStatus.RUNNING,)):
             if (why := _dead(job)) is not None:
                 fail(s, job.id, why, commit=False)

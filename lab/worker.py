@@ -46,7 +46,7 @@ from sqlalchemy import Engine
 from sqlmodel import select
 
 from storage import queue
-from storage.db import make_engine, session, upgrade
+from storage.db import DatabaseUnusable, open_database, session
 from storage.models import Job, JobKind, JobStatus, utcnow
 from storage.queue import LostJob, stale_after_s
 from training.progress import Cancelled, Progress
@@ -226,8 +226,11 @@ def run_from_args(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    engine = make_engine(args.db)
-    upgrade(engine)
+    try:
+        engine = open_database(args.db)
+    except DatabaseUnusable as err:
+        print(f"envlab worker: {err}", file=sys.stderr)
+        return 2
     stop = threading.Event()
 
     def on_signal(signum: int, frame: Any) -> None:

@@ -16,6 +16,7 @@ stage attempt past the checkpoint its successor resumes from: the tables are the
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -27,6 +28,7 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError
 from sqlmodel import Session, select
 
 from storage.models import Run, Stage
@@ -95,12 +97,41 @@ def runs_root(engine: Engine) -> Path:
     return Path("runs").resolve()
 
 
+RUN_UUID = re.compile(r"[0-9a-f]{32}")
+
+
+class UnsafePath(ValueError):
+    """A stored name would put a run's files outside its own folder under the runs root; nothing was written."""
+
+
+def inside(root: Path, relative: str, what: str) -> Path:
+    """`root / relative`, refused unless it resolves (symbolic links followed) to a path inside `root`.
+
+    Every folder made from stored data goes through here: a row can come from another lab's archive, and an
+    older version's import did not check it.
+    """
+    root = root.resolve()
+    path = (root / relative).resolve()
+    if Path(relative).is_absolute() or path == root or not path.is_relative_to(root):
+        raise UnsafePath(f"{what} {relative!r} does not stay inside {root}")
+    return path
+
+
+def run_folder(engine: Engine, uuid: str) -> Path:
+    """`<runs root>/<run uuid>`, the one folder a run's files live in; a uuid that is not 32 hex digits (the
+    only kind `storage.models.new_uuid` makes) is refused, so no run's folder can be anywhere else."""
+    if not isinstance(uuid, str) or not RUN_UUID.fullmatch(uuid):
+        raise UnsafePath(f"run uuid {uuid!r} is not 32 hex digits: its folder would not be <runs root>/<uuid>")
+    return inside(runs_root(engine), uuid, "run folder")
+
+
 def checkpoint_of(engine: Engine, stage: Stage) -> str | None:
     """Where a stage's policy is: stage 0 keeps the run's policy spec as it is ("tiny", a model name, an
-    absolute folder); a trained stage's folder is stored relative to the runs root and resolved here."""
+    absolute folder); a trained stage's folder is stored relative to the runs root and resolved here, refused
+    (`UnsafePath`) when it would lead out of the runs root."""
     if stage.checkpoint is None or stage.index == 0:
         return stage.checkpoint
-    return str(runs_root(engine) / stage.checkpoint)
+    return str(inside(runs_root(engine), stage.checkpoint, f"stage {stage.index}'s checkpoint"))
 
 
 def lock_run(s: Session, run_id: int) -> Run | None:
@@ -185,6 +216,29 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
             if sqlite:
                 connection.exec_driver_sql("PRAGMA foreign_keys=ON")
                 connection.commit()
+
+
+class DatabaseUnusable(RuntimeError):
+    """The database cannot be opened, created or upgraded where the setting points; the message is one line."""
+
+
+def open_database(setting: str | None = None) -> Engine:
+    """`make_engine` and `upgrade` for a command: a location that cannot be used (a folder that cannot be
+    written, a server that refuses) raises `DatabaseUnusable` naming it and the reason, instead of a traceback."""
+    where = setting or os.environ.get(DB_SETTING) or DEFAULT_DB_PATH
+    try:
+        if "://" in where:
+            where = make_url(where).render_as_string(hide_password=True)
+    except ArgumentError:
+        pass
+    try:
+        engine = make_engine(setting)
+        upgrade(engine)
+    except (OSError, DBAPIError, ArgumentError, sqlite3.Error) as err:
+        reason = str(getattr(err, "orig", None) or err).strip().splitlines()
+        raise DatabaseUnusable(f"database {where!r} cannot be used: {reason[0] if reason else type(err).__name__}"
+                               ) from None
+    return engine
 
 
 def current_revision(engine: Engine) -> str | None:

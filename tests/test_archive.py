@@ -319,24 +319,25 @@ def test_checkpoints_come_back_byte_for_byte(engine, new_database, tmp_path, mon
     files = fake_checkpoints(tmp_path / "source-runs", engine, run_id)
     assert len(files) == 4
     file = export_run(engine, run_id, tmp_path / "run.zip", checkpoints=True)
+    uuid = read_manifest(file)["run"]["uuid"]
     assert [(c["stage_index"], c["path"], c["files"]) for c in read_manifest(file)["checkpoints"]] == [
-        (1, "recorded/stage-1", 2), (2, "recorded/stage-2", 2)]
+        (1, f"{uuid}/stage-1", 2), (2, f"{uuid}/stage-2", 2)]
 
     target_root = tmp_path / "target-runs"
     monkeypatch.setenv("ENVLAB_RUNS", str(target_root))
     target = new_database(kind_of(engine))
     new_id = import_run(target, file)
-    assert files_under(target_root) == files and os.listdir(target_root) == ["recorded"]  # no scratch left
+    assert files_under(target_root) == files and os.listdir(target_root) == [uuid]  # no scratch left
     with open_session(target) as s:
         stage = s.exec(select(Stage).where(Stage.run_id == new_id, Stage.index == 2)).one()
-        assert checkpoint_of(target, stage) == str(target_root / "recorded/stage-2")
+        assert checkpoint_of(target, stage) == str(target_root / uuid / "stage-2")
 
     # The same files already in place (a runs root two labs share) are kept; other files there are refused.
     other = new_database(kind_of(engine))
     assert import_run(other, file) == 1 and files_under(target_root) == files
-    (target_root / "recorded/stage-1/model.safetensors").write_bytes(b"someone else's")
+    (target_root / uuid / "stage-1/model.safetensors").write_bytes(b"someone else's")
     another = new_database(kind_of(engine))
-    with pytest.raises(ArchiveError, match="recorded/stage-1 exists already with other files"):
+    with pytest.raises(ArchiveError, match=f"{uuid}/stage-1 exists already with other files"):
         import_run(another, file)
     assert counts(another)["runs"] == 0
 
@@ -383,7 +384,7 @@ def test_export_refuses_a_run_that_is_still_working_or_missing_its_checkpoints(e
         export_run(engine, 99, tmp_path / "none.zip")
     monkeypatch.setenv("ENVLAB_RUNS", str(tmp_path / "runs"))
     run_id = build_run(engine, "done")
-    with pytest.raises(ArchiveError, match="stage 1's checkpoint folder .*recorded/stage-1 is missing"):
+    with pytest.raises(ArchiveError, match="stage 1's checkpoint folder .*/stage-1 is missing"):
         export_run(engine, run_id, tmp_path / "done.zip", checkpoints=True)
     assert list(tmp_path.glob("done.zip*")) == []
 
@@ -400,7 +401,8 @@ def test_the_cli_exports_and_imports(tmp_path, capsys):
     assert f"run {run_id} -> {out}" in capsys.readouterr().out
     assert main(["import", str(out), "--db", str(target)]) == 0
     assert capsys.readouterr().out.endswith("(travel) -> run 1\n")
-    assert {k: v for k, v in files_under(target.parent).items() if k.startswith("recorded/")} == files
+    uuid = read_manifest(out)["run"]["uuid"]
+    assert {k: v for k, v in files_under(target.parent).items() if k.startswith(f"{uuid}/")} == files
     assert not list(target.parent.glob(".import-*"))
     assert main(["import", str(out), "--db", str(target)]) == 2
     assert "(travel) is already in this database as run #1" in capsys.readouterr().err

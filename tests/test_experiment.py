@@ -71,7 +71,7 @@ def scripted_stage(engine, job, progress):
     with session(engine) as s:
         store_evaluation(s, run_id, k, "validation", results)
         stage = s.exec(select(Stage).where(Stage.run_id == run_id, Stage.index == k)).one()
-        stage.status, stage.checkpoint = "done", f"scripted/stage-{k}"
+        stage.status, stage.checkpoint = "done", f"{run.uuid}/stage-{k}"  # inside the run's folder, as a real stage
         s.add(stage)
         s.commit()
     return {"stage_index": k}

@@ -48,7 +48,8 @@ def recorded_stage(engine, job, progress):
     with session(engine) as s:
         store_evaluation(s, run_id, k, "validation", results)
         stage = s.exec(select(Stage).where(Stage.run_id == run_id, Stage.index == k)).one()
-        stage.status, stage.checkpoint = "done", f"recorded/stage-{k}"
+        uuid = s.get(Run, run_id).uuid  # where a real stage keeps it: inside the run's own folder
+        stage.status, stage.checkpoint = "done", f"{uuid}/stage-{k}"
         s.add(stage)
         s.commit()
     progress(2, 2)

@@ -54,9 +54,10 @@ from envsim.generator import generate, stage_seed
 from envsim.instance import Instance
 from envsim.scoring import Tally
 from envsim.suite import VALIDATION_PER_SIZE, Split, build
-from storage.db import RUNS_SETTING, checkpoint_of, make_engine, runs_root, session
+from storage.db import RUNS_SETTING, UnsafePath, checkpoint_of, make_engine, run_folder, runs_root, session
 from storage.models import Job, Run, Stage, StageMetric, StageStatus, TrainingLog, utcnow
 from training import evaluate as evaluation
+from training.overrides import lab_owned
 from training.policy import TINY_DIR, Policy, PolicyError, load_policy, local_device, lora_config
 from training.progress import Cancelled, Progress
 from training.rewards import DEFAULT_WEIGHTS, REWARDS
@@ -158,6 +159,9 @@ def grpo_config(args: StageArgs, overrides: dict[str, Any], max_completion_lengt
     unknown = sorted(set(overrides) - known)
     if unknown:
         raise StageError(f"settings['grpo'] has {', '.join(map(repr, unknown))}: not GRPOConfig fields")
+    if owned := lab_owned(overrides):
+        raise StageError(f"settings['grpo'] sets {', '.join(map(repr, owned))}: the lab sets these itself "
+                         "(a run's files stay in its own folder)")
     cuda = torch.cuda.is_available()
     large = cuda and prompt_style == "chat"
     fields: dict[str, Any] = dict(
@@ -378,14 +382,21 @@ def stage_args(engine: Engine, run_id: int, stage_index: int) -> tuple[StageArgs
             status = "missing" if previous is None else previous.status
             raise StageError(f"cannot load the starting policy of stage {stage_index}: stage {stage_index - 1} "
                              f"of run {run_id} has no checkpoint (it is {status}); run it first")
-        start = checkpoint_of(engine, previous)
+        try:
+            start = checkpoint_of(engine, previous)
+        except UnsafePath as err:
+            raise StageError(f"cannot load the starting policy of stage {stage_index}: {err}") from None
         if stage_index > 1 and not Path(start).is_dir():  # a trained stage's folder (stage 0's is the run's spec)
             raise StageError(f"cannot load the starting policy of stage {stage_index}: stage {stage_index - 1}'s "
                              f"checkpoint {start} is missing (runs root {runs_root(engine)}: set {RUNS_SETTING} "
                              f"to the folder that holds run {run.uuid})")
+    try:
+        folder = run_folder(engine, run.uuid)
+    except UnsafePath as err:
+        raise StageError(f"run {run_id} has no safe folder to train into: {err}") from None
     args = StageArgs(run_id=run_id, stage_index=stage_index, seed=stage_seed(run.seed, stage_index), policy=start,
                      config=EnvConfig.model_validate(stages[stage_index].config),
-                     run_dir=runs_root(engine) / run.uuid, run_uuid=run.uuid,
+                     run_dir=folder, run_uuid=run.uuid,
                      validation_boards=run.settings.get("validation_boards"), lora=int(run.settings.get("lora") or 0),
                      validation_per_size=int(run.settings.get("validation_per_size") or VALIDATION_PER_SIZE))
     return args, dict(run.settings.get("grpo") or {})

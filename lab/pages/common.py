@@ -23,6 +23,19 @@ DECIDED = {Action.ACCEPT: "accepted", Action.EDIT: "edited", Action.REJECT: "rej
 KNOB_COLUMNS = ["size", *KNOBS]
 
 
+# What a stored row the lab did not write (an older version's import, a hand edit) can make a view raise. The view
+# that meets one says so for that run, in one line, and the other runs and views still draw.
+BAD_ROW = (ValueError, TypeError, KeyError, AttributeError, IndexError, ArithmeticError)
+
+
+def cannot_draw(what: str, run_id: Any, err: Exception) -> str:
+    """The line a view shows instead of drawing a run whose rows do not hold what the lab writes."""
+    text = str(err).splitlines()[0][:160] if str(err) else ""
+    of = f" of run #{run_id}" if run_id is not None else ""
+    return (f"✗ {what}{of} cannot be drawn: a stored row does not hold what the lab writes "
+            f"({type(err).__name__}: {text})")
+
+
 @dataclass(frozen=True)
 class Page:
     """What every tab's `build` is given: the database, and the widgets around the tabs."""

@@ -15,7 +15,18 @@ from envsim.config import ConfigError, Projection
 from envsim.generator import GenerationError, generate
 from lab.loop import advance
 from lab.pages import figures
-from lab.pages.common import DECIDED, KNOB_COLUMNS, Page, config_from_table, config_rows, table, user_of, when
+from lab.pages.common import (
+    BAD_ROW,
+    DECIDED,
+    KNOB_COLUMNS,
+    Page,
+    cannot_draw,
+    config_from_table,
+    config_rows,
+    table,
+    user_of,
+    when,
+)
 from lab.proposals import (
     AlreadyDecided,
     ProposalError,
@@ -60,7 +71,10 @@ def proposal_view(engine: Engine, proposal_id: int | None) -> dict[str, Any]:
         return dict(status="No proposal yet: the engineer proposes after a stage has been evaluated.",
                     rationale="", raw="", diff=table(DIFF_HEADERS, []), changed=table(DIFF_HEADERS, []), edit=[],
                     agents=2, instances=512, auto=False, pending=False, run_id=None, label=EDIT_LABEL)
-    st = proposal_state(engine, int(proposal_id))
+    try:
+        st = proposal_state(engine, int(proposal_id))
+    except BAD_ROW as err:
+        return proposal_view(engine, None) | {"status": cannot_draw(f"Proposal {proposal_id}", None, err)}
     if st is None:
         return proposal_view(engine, None) | {"status": f"There is no proposal {proposal_id}."}
     p = st.proposal

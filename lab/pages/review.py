@@ -15,7 +15,7 @@ from sqlalchemy import Engine
 from envsim.config import GLOBALS, KNOBS
 from envsim.scoring import Tally
 from lab.pages import figures
-from lab.pages.common import ALL, DECIDED, Page, table
+from lab.pages.common import ALL, BAD_ROW, DECIDED, Page, cannot_draw, table
 from lab.pages.figures import POOLED_OPTIMAL, POOLED_VALID
 from lab.results import StageSummary
 from lab.runs import StageReview, config_timeline, failed_episodes, stage_review
@@ -27,12 +27,24 @@ def _share(t: Tally, rate: str) -> str:
 
 def review(engine: Engine, run_id: int | None, stage_index: int | None) -> dict[str, Any]:
     """Everything the Stage review tab shows for one stage of a run (default: the latest evaluated)."""
-    empty = figures.empty_figure
     if run_id is None:
-        note = "No run is open: create one in the Runs tab or pick one above."
-        return dict(note=note, stages=[], stage=None, table=table(["stage"], []), rates=empty(note),
-                    curves=empty(note), failures=empty(note), training=empty(note), sizes=[], kinds=[],
-                    timeline=timeline(engine, None))
+        return _blank(engine, "No run is open: create one in the Runs tab or pick one above.")
+    try:
+        return _review(engine, run_id, stage_index)
+    except BAD_ROW as err:
+        return _blank(engine, cannot_draw("The stage review", run_id, err))
+
+
+def _blank(engine: Engine, note: str) -> dict[str, Any]:
+    """The tab with nothing drawn but `note`."""
+    empty = figures.empty_figure
+    return dict(note=note, stages=[], stage=None, table=table(["stage"], []), rates=empty(note),
+                curves=empty(note), failures=empty(note), training=empty(note), sizes=[], kinds=[],
+                timeline=timeline(engine, None))
+
+
+def _review(engine: Engine, run_id: int, stage_index: int | None) -> dict[str, Any]:
+    empty = figures.empty_figure
     r = stage_review(engine, run_id, stage_index)
     current = r.summaries.get(r.stage_index)
     why = "no evaluation yet" if r.stage_index is not None else _note(r, current)

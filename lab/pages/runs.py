@@ -16,7 +16,7 @@ from envsim.config import KNOB_HELP, KNOBS, ConfigError, EnvConfig, project
 from lab.archive import ArchiveError, export_run, import_run, read_manifest
 from lab.engineers import ENGINEERS
 from lab.loop import LoopError
-from lab.pages.common import KNOB_COLUMNS, Page, config_from_table, config_rows, table, when
+from lab.pages.common import BAD_ROW, KNOB_COLUMNS, Page, config_from_table, config_rows, table, when
 from lab.runs import missing_checkpoint, new_run, run_list, waiting_proposals
 
 
@@ -32,8 +32,11 @@ def runs_table(engine: Engine) -> dict[str, Any]:
     for row in run_list(engine):
         r = row.run
         engineer = r.engineer + (f" ({r.engineer_backend})" if r.engineer_backend else "")
-        stages = f"{row.trained}/{r.settings.get('stages', '?')} trained"
-        auto = "on" if r.settings.get("auto_apply") else "off"
+        try:
+            stages = f"{row.trained}/{r.settings.get('stages', '?')} trained"
+            auto = "on" if r.settings.get("auto_apply") else "off"
+        except BAD_ROW:  # one run's unreadable settings leave the others' rows as they are
+            stages, auto = "? (its settings are unreadable)", "?"
         w = waiting.get(r.id)
         waits = f"proposal #{w.proposal_id} (stage {w.for_stage})" if w else ""
         rows.append([r.id, r.name, r.status, waits, r.policy, engineer, stages, auto, when(r.created_at)])

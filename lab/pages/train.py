@@ -13,7 +13,7 @@ from sqlalchemy import Engine
 
 from lab.engineers import ENGINEERS
 from lab.loop import LoopError, advance, cancel, resume, switch_engineer
-from lab.pages.common import Page, table
+from lab.pages.common import BAD_ROW, Page, cannot_draw, table
 from lab.results import StageSummary
 from lab.runs import RunProgress, run_progress
 from lab.worker import ago
@@ -27,6 +27,14 @@ def train_view(engine: Engine, run_id: int | None) -> dict[str, Any]:
     progress = None if run_id is None else run_progress(engine, run_id)
     if progress is None:
         return dict(status="No run is open.", progress="", jobs=table(JOB_HEADERS, []), log="", results="")
+    try:
+        return _train_view(progress)
+    except BAD_ROW as err:
+        return dict(status=cannot_draw("The Train tab", run_id, err), progress="", jobs=table(JOB_HEADERS, []),
+                    log="", results="")
+
+
+def _train_view(progress: RunProgress) -> dict[str, Any]:
     jobs = progress.jobs
     rows = [[j.id, j.kind, _job_target(j), j.status, f"{j.step}/{j.total}" if j.total else str(j.step),
              ago(j.heartbeat_at) if j.heartbeat_at and j.status == JobStatus.RUNNING else "", j.error or ""]

@@ -1,0 +1,40 @@
+"""The schema of a run's settings (`Run.settings`): one description for the code that writes them (`lab.loop.
+create_run`) and the code that must vouch for them (`lab.archive`, a run from another lab). Kept light, with no
+torch behind it, so an archive is checked without loading the training stack."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from training.overrides import lab_owned
+
+
+class RunSettings(BaseModel):
+    """The shape of `Run.settings`, as `create_run` writes it and the loop, the stage and the pages read it.
+
+    A run's settings can arrive in another lab's archive (lab.archive checks them with this before anything is
+    stored), so every key the lab reads has its type here; a key the lab does not read travels as it is.
+    """
+
+    model_config = ConfigDict(strict=True, extra="allow")
+
+    stages: int = Field(ge=1)
+    auto_apply: bool = False
+    grpo: dict[str, Any] = Field(default_factory=dict)
+    lora: int = Field(default=0, ge=0)
+    context: dict[str, bool] | None = None  # lab.context.ContextModules's fields (read there, with torch behind it)
+    context_preset: str | None = None
+    base_url: str | None = None
+    validation_boards: int | None = Field(default=None, ge=1)
+    validation_per_size: int | None = Field(default=None, ge=1)
+    engineer_history: list[dict[str, Any]] = Field(default_factory=list)
+    example: bool = False
+
+    @field_validator("grpo")
+    @classmethod
+    def _grpo(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if owned := lab_owned(value):
+            raise ValueError(f"sets {', '.join(owned)}: the lab sets these itself (a run's files stay in its folder)")
+        return value
