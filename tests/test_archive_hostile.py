@@ -457,7 +457,7 @@ def test_a_bad_row_in_the_database_leaves_the_other_runs_and_views_drawn(tmp_pat
         c.execute(text("UPDATE runs SET settings = '[1, 2]' WHERE id = :i"), {"i": ids["waiting"]})
         c.execute(text("UPDATE stage_metrics SET valid = 'lots' WHERE run_id = :i"), {"i": ids["history"]})
     rows = runs_page.runs_table(engine)["data"]
-    assert {r[0]: r[5] for r in rows} == {ids["waiting"]: "? (its settings are unreadable)",
+    assert {r[0]: r[6] for r in rows} == {ids["waiting"]: "? (its settings are unreadable)",
                                           ids["history"]: "1/2 trained"}
     broken = review.review(engine, ids["history"], None)["note"]
     assert broken.startswith(f"✗ The stage review of run #{ids['history']} cannot be drawn: ") and "\n" not in broken
