@@ -6,6 +6,9 @@ from `ENGINEERS`. Options an engineer does not use are ignored, so a caller pass
 - `fixed` keeps the current config (the paper's fixed-environment baseline).
 - `random` draws a legal config from the seed and the round (the paper's random baseline).
 - `heuristic` is a transparent curriculum rule; its rationale has one line per change it makes.
+- `learnability` samples candidate hole and wait ratios per size, measures each on the policy (`training.probe`),
+  keeps the most learnable and weights the sizes by learnability (sampling for learnability, as in unsupervised
+  environment design).
 - `llm` asks a language model (the policy itself, Gemma, or any OpenAI-compatible server) and reads its
   JSON back through `envsim.config.project`, retrying with the error shown when the answer is unusable.
 
@@ -19,8 +22,8 @@ import json
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -29,7 +32,11 @@ from envsim.scoring import Tally
 from lab.context import ContextModules, Evidence, build_context, knob_text
 from lab.llm import LLMError, Messages, complete
 
+if TYPE_CHECKING:  # the probe loads torch: the engineers module stays light for the web page
+    from training.probe import ProbeResult
+
 Complete = Callable[[Messages], str]
+ProbeFn = Callable[[EnvConfig], "ProbeResult"]  # measures a config on the run's checkpoint (the propose job's)
 
 
 @dataclass(frozen=True)
@@ -44,6 +51,7 @@ class EngineerAnswer:
     rationale: str
     error: str | None = None
     attempts: int = 1
+    compute: dict[str, Any] | None = None  # what measuring cost: {"completions", "seconds", "probes", "cached"}
 
 
 def _answer(config: EnvConfig, base: EnvConfig, rationale: str) -> EngineerAnswer:
@@ -181,6 +189,107 @@ def _learnability(r: Tally | None) -> str:
     if p * (1 - p) < FLOOR:
         return f"valid {p:.0%}: p(1-p) = {p * (1 - p):.2f} is below the floor weight {FLOOR:g}"
     return f"valid {p:.0%}: learnability p(1-p) = {p * (1 - p):.2f}"
+
+
+# ---------------------------------------------------------------- sampling for learnability
+
+LEARN_FLOOR = 0.02  # the least data weight a size gets (learnability is at most 0.25): no size is dropped
+HOLE_DELTA = 0.1  # candidate hole ratios: the current one, this much fewer holes, this much more
+WAIT_DELTA = 0.25  # and one candidate with the wait ratio moved this much toward the middle of its range
+# Each candidate is probed on this many boards, each answered this many times (a GRPO group of the tiny policy):
+# 8 sizes x 4 candidates x 4 boards x 8 answers = 1,024 sampled answers, within a quarter of a default stage's
+# wall time on one CPU thread (benchmarks/bench_probe.py).
+LEARN_BOARDS = 4
+LEARN_ANSWERS = 8
+
+
+def candidates(config: EnvConfig, size: int) -> list[tuple[float, float]]:
+    """The (hole, wait) ratios the `learnability` engineer measures at `size`: the current pair first, then
+    fewer and more holes, then another wait ratio; clipped to the legal ranges, each pair once."""
+    (hole_lo, hole_hi), (wait_lo, wait_hi) = KNOBS["hole_ratio"], KNOBS["wait_ratio"]
+    hole, wait = config.hole_ratio[size], config.wait_ratio[size]
+    other_wait = wait + WAIT_DELTA if wait <= (wait_lo + wait_hi) / 2 else wait - WAIT_DELTA
+    pairs = [(hole, wait), (hole - HOLE_DELTA, wait), (hole + HOLE_DELTA, wait), (hole, other_wait)]
+    found: list[tuple[float, float]] = []
+    for h, w in pairs:
+        pair = (round(min(max(h, hole_lo), hole_hi), 3), round(min(max(w, wait_lo), wait_hi), 3))
+        if pair not in found:
+            found.append(pair)
+    return found
+
+
+def learnability(evidence: Evidence, *, seed: int = 0, probe_fn: ProbeFn | None = None,
+                 cannot_fill: Callable[[EnvConfig], str | None] | None = None, **_options: Any) -> EngineerAnswer:
+    """Per size, measure each candidate (hole, wait) pair (`candidates`) with `probe_fn` (one size per probe),
+    keep the most learnable (mean p_b(1 - p_b) over boards; a tie keeps the earlier, the current pair first),
+    and set data_ratio in proportion to the kept learnability, never below `LEARN_FLOOR`.
+
+    `probe_fn(config) -> ProbeResult` measures a one-size config on the run's checkpoint; the propose job
+    passes one (`training.probe.measure`). A candidate the generator cannot fill is skipped, and with
+    `cannot_fill` (the next stage's check) a size whose kept pair the stage's boards cannot fill goes back to
+    its current ratios. The rationale
+    names, per size, p and learnability of the kept and the next-best candidate; `compute` is what the probes
+    cost (a probe found in the cache costs nothing).
+    """
+    base = evidence.current.config
+    if probe_fn is None:
+        return EngineerAnswer(prompt="", raw="", proposed=None, projection=None, rationale="",
+                              error="the learnability engineer measures configs on the policy: it needs a probe "
+                                    "(the propose job passes one)")
+    from envsim.generator import GenerationError
+
+    hole, wait, weight = dict(base.hole_ratio), dict(base.wait_ratio), {}
+    completions, seconds, probes, cached = 0, 0.0, 0, 0
+    lines: list[str] = []
+    for size in base.sizes:
+        measured = []
+        for h, w in candidates(base, size):
+            one = EnvConfig(data_ratio={size: 1.0}, hole_ratio={size: h}, wait_ratio={size: w},
+                            num_agents=base.num_agents, num_instances=base.num_instances)
+            try:
+                result = probe_fn(one)
+            except GenerationError:
+                continue  # the generator cannot make these boards: not a candidate
+            probes += 1
+            cached += result.cached
+            if not result.cached:
+                completions, seconds = completions + result.completions, seconds + result.seconds
+            measured.append(((h, w), result.sizes[size]))
+        if not measured:
+            weight[size] = LEARN_FLOOR
+            lines.append(f"size {size}: no candidate could be generated; kept hole {knob_text(hole[size])}, "
+                         f"wait {knob_text(wait[size])}")
+            continue
+        ranked = sorted(range(len(measured)), key=lambda i: (-measured[i][1].learnability, i))
+        (h, w), kept = measured[ranked[0]]
+        hole[size], wait[size] = h, w
+        weight[size] = max(kept.learnability, LEARN_FLOOR)
+        line = f"size {size}: hole {knob_text(h)}, wait {knob_text(w)} kept (p {kept.p:.0%}, learnability " \
+               f"{kept.learnability:.3f})"
+        if len(ranked) > 1:
+            (h2, w2), second = measured[ranked[1]]
+            line += f"; next best hole {knob_text(h2)}, wait {knob_text(w2)} (p {second.p:.0%}, learnability " \
+                    f"{second.learnability:.3f})"
+        lines.append(line)
+    data = shares(weight)
+    for size in base.sizes:
+        lines[base.sizes.index(size)] += f"; data_ratio {knob_text(base.data_ratio[size])} -> {knob_text(data[size])}"
+    config = EnvConfig(data_ratio=data, hole_ratio=hole, wait_ratio=wait, num_agents=base.num_agents,
+                       num_instances=base.num_instances)
+    # A few probe boards may be drawn where a stage's many cannot (a wait ratio the size rarely needs): revert the
+    # size the generator names (else the last changed) to its current ratios until the stage's seed can fill it.
+    changed = [s for s in base.sizes if (hole[s], wait[s]) != (base.hole_ratio[s], base.wait_ratio[s])]
+    while cannot_fill is not None and changed and (why := cannot_fill(config)) is not None:
+        named = re.search(r"size (\d+)\b", why)
+        size = int(named.group(1)) if named and int(named.group(1)) in changed else changed[-1]
+        changed.remove(size)
+        hole[size], wait[size] = base.hole_ratio[size], base.wait_ratio[size]
+        lines.append(f"size {size}: back to hole {knob_text(hole[size])}, wait {knob_text(wait[size])}: the "
+                     f"generator could not fill the config ({why})")
+        config = config.model_copy(update={"hole_ratio": dict(hole), "wait_ratio": dict(wait)})
+    compute = {"completions": completions, "seconds": round(seconds, 3), "probes": probes, "cached": cached}
+    lines.append(f"probe compute: {completions} sampled answers, {seconds:.1f} s ({probes} probes, {cached} cached)")
+    return replace(_answer(config, base, "\n".join(lines)), compute=compute)
 
 
 # ---------------------------------------------------------------- an LLM engineer
@@ -394,5 +503,6 @@ ENGINEERS: dict[str, Callable[..., EngineerAnswer]] = {
     "fixed": fixed,
     "random": random_config,
     "heuristic": heuristic,
+    "learnability": learnability,
     "llm": llm,
 }

@@ -22,7 +22,7 @@ from sqlmodel import Session, select
 from envsim.config import Adjustment, EnvConfig, Projection
 from envsim.suite import Split, validation_cells
 from lab.context import ContextModules, Evidence, context_preset, load_stage_result, preset_of
-from lab.engineers import ENGINEERS, EngineerAnswer
+from lab.engineers import ENGINEERS, LEARN_ANSWERS, LEARN_BOARDS, EngineerAnswer
 from lab.proposals import current_proposal, decide, decision_of, fill_check, fillable, self_summary, store_proposal
 from storage.db import checkpoint_of, lock_run
 from storage.db import session as open_session
@@ -324,6 +324,8 @@ def run_propose_job(engine: Engine, job: Job, progress: Callable[..., bool]) -> 
         stage = stages_of(s, run_id)[after]
         progress(0, 1, f"engineer {run.engineer} reads stage {after}")
         options: dict[str, Any] = {}
+        if run.engineer == "learnability":
+            options = {"probe_fn": probe_for(engine, run, stage, boards=LEARN_BOARDS, answers=LEARN_ANSWERS)}
         if run.engineer == "llm":
             options = {"backend": run.engineer_backend, "base_url": run.settings.get("base_url"),
                        "policy_path": checkpoint_of(engine, stage),
@@ -337,6 +339,24 @@ def run_propose_job(engine: Engine, job: Job, progress: Callable[..., bool]) -> 
         proposal = store_proposal(s, run_id, after, run.engineer, answer, evidence.current.config)
         progress(1, 1, f"proposal {proposal.id}" + (f" failed: {answer.error}" if answer.error else ""))
         return {"proposal_id": proposal.id, "error": answer.error}
+
+
+def probe_for(engine: Engine, run: Run, stage: Stage, *, boards: int, answers: int) -> Callable[[EnvConfig], Any]:
+    """A config's probe on `stage`'s checkpoint, as the run's stages sample (its seed and temperature), cached in
+    the `probes` table; the policy loads on the first probe that is not cached, once."""
+    from training.policy import load_policy, local_device  # torch loads here, for the jobs that measure
+    from training.probe import measure, sampling_temperature
+
+    loaded: list[Any] = []
+
+    def load() -> Any:
+        if not loaded:
+            loaded.append(load_policy(checkpoint_of(engine, stage), device=local_device()))
+        return loaded[0]
+
+    temperature = sampling_temperature(run.settings.get("grpo"))
+    return lambda config: measure(engine, config, stage.checkpoint or run.policy, policy=load, seed=run.seed,
+                                  boards=boards, answers=answers, temperature=temperature)
 
 
 def resume(engine: Engine, run_id: int) -> list[int]:

@@ -125,6 +125,7 @@ def store_proposal(session: Session, run_id: int, after_stage: int, engineer: st
         adjustments=[{"field": a.field, "old": _json(a.old), "new": _json(a.new), "reason": a.reason}
                      for a in (projection.adjustments if projection else ())],
         rationale=answer.rationale, diff={"changes": [asdict(c) for c in changes]}, error=answer.error,
+        compute=answer.compute,
     )
     session.add(row)
     session.commit()

@@ -14,8 +14,20 @@ from envsim.config import GLOBALS, KNOBS, EnvConfig, project
 from envsim.generator import cannot_fill, stage_seed
 from envsim.scoring import Tally
 from lab.context import Evidence, StageResult
-from lab.engineers import ENGINEERS, EngineerAnswer, heuristic, llm, random_config, read_config, shares
+from lab.engineers import (
+    ENGINEERS,
+    LEARN_FLOOR,
+    EngineerAnswer,
+    candidates,
+    heuristic,
+    learnability,
+    llm,
+    random_config,
+    read_config,
+    shares,
+)
 from lab.llm import LLMError
+from training.probe import ProbeResult, SizeProbe
 
 CONFIG = EnvConfig.default((3, 4, 5))
 GOOD = """Here is my proposal.
@@ -53,7 +65,8 @@ class Script:
 
 
 def _run(name: str, ev: Evidence, seed: int = 0) -> EngineerAnswer:
-    return ENGINEERS[name](ev, seed=seed, complete_fn=Script(GOOD), backend="openai:unused", unused_option=1)
+    return ENGINEERS[name](ev, seed=seed, complete_fn=Script(GOOD), backend="openai:unused", unused_option=1,
+                           probe_fn=ScriptedProbe({}))
 
 
 @pytest.mark.parametrize("name", sorted(ENGINEERS))
@@ -349,3 +362,73 @@ def test_llm_never_crashes_on_structured_garbage(raws: list[str], max_attempts: 
 def test_llm_never_crashes_on_any_text(raws: list[str]) -> None:
     script = Script(*raws)
     _check(llm(evidence(), seed=0, complete_fn=script), script, 3)
+
+
+# ---------------------------------------------------------------- sampling for learnability
+
+
+class ScriptedProbe:
+    """A measurement from a table: (size, hole, wait) -> learnability (default 0.05), p = 0.5; keeps every call.
+    A pair in `unmakeable` raises as the generator does."""
+
+    def __init__(self, table: dict[tuple[int, float, float], float], unmakeable: tuple = (), cached: bool = False):
+        self.table, self.unmakeable, self.cached, self.calls = table, unmakeable, cached, []
+
+    def __call__(self, config: EnvConfig) -> ProbeResult:
+        (size,) = config.sizes
+        pair = (size, config.hole_ratio[size], config.wait_ratio[size])
+        self.calls.append(pair)
+        if pair in self.unmakeable:
+            from envsim.generator import GenerationError
+            raise GenerationError(f"size {size}: cannot")
+        learn = self.table.get(pair, 0.05)
+        return ProbeResult({size: SizeProbe(size, 4, 8, 16, 3, learn, 0.25, 0.0)}, {size: 1.0}, 32, 2.0,
+                           cached=self.cached)
+
+
+def test_the_candidates_are_the_current_pair_then_fewer_and_more_holes_then_another_wait() -> None:
+    assert candidates(CONFIG, 3) == [(0.2, 0.25), (0.1, 0.25), (0.3, 0.25), (0.2, 0.5)]
+    edge = CONFIG.model_copy(update={"hole_ratio": {3: 0.0, 4: 0.5, 5: 0.2}, "wait_ratio": {3: 0.9, 4: 0.5, 5: 0.25}})
+    assert candidates(edge, 3) == [(0.0, 0.9), (0.1, 0.9), (0.0, 0.65)]  # no hole ratio below 0: once
+    assert candidates(edge, 4) == [(0.5, 0.5), (0.4, 0.5), (0.5, 0.75)]
+
+
+def test_learnability_keeps_the_most_learnable_candidate_and_weights_the_sizes_by_it() -> None:
+    probe = ScriptedProbe({(3, 0.3, 0.25): 0.2, (3, 0.2, 0.25): 0.15, (4, 0.2, 0.5): 0.1, (4, 0.1, 0.25): 0.1,
+                           (4, 0.2, 0.25): 0.1, (4, 0.3, 0.25): 0.1, (5, 0.1, 0.25): 0.0, (5, 0.2, 0.25): 0.0,
+                           (5, 0.3, 0.25): 0.0, (5, 0.2, 0.5): 0.0},
+                          unmakeable=((5, 0.2, 0.5),))
+    answer = learnability(evidence(), seed=0, probe_fn=probe)
+    config = answer.projection.config
+    assert len(probe.calls) == 12  # 4 candidates x 3 sizes, one unmakeable
+    assert config.hole_ratio == {3: 0.3, 4: 0.2, 5: 0.2}  # size 4: a four-way tie keeps the current pair
+    assert config.wait_ratio == {3: 0.25, 4: 0.25, 5: 0.25}
+    assert config.data_ratio == shares({3: 0.2, 4: 0.1, 5: LEARN_FLOOR}) == {3: 0.625, 4: 0.312, 5: 0.063}
+    lines = answer.rationale.splitlines()
+    assert lines[0] == ("size 3: hole 0.3, wait 0.25 kept (p 50%, learnability 0.200); next best hole 0.2, wait 0.25 "
+                        "(p 50%, learnability 0.150); data_ratio 0.333 -> 0.625")
+    assert lines[2].startswith("size 5: hole 0.2, wait 0.25 kept (p 50%, learnability 0.000); next best hole 0.1")
+    assert answer.compute == {"completions": 11 * 32, "seconds": 22.0, "probes": 11, "cached": 0}
+    assert lines[-1] == "probe compute: 352 sampled answers, 22.0 s (11 probes, 0 cached)"
+
+
+def test_learnability_counts_no_compute_for_cached_probes_and_reverts_what_the_stage_cannot_fill() -> None:
+    probe = ScriptedProbe({(3, 0.2, 0.5): 0.2, (4, 0.3, 0.25): 0.2}, cached=True)
+    refused = []
+
+    def cannot_fill(config: EnvConfig) -> str | None:
+        refused.append(dict(config.wait_ratio))
+        return "size 3: too many waits" if config.wait_ratio[3] == 0.5 else None
+
+    answer = learnability(evidence(), seed=0, probe_fn=probe, cannot_fill=cannot_fill)
+    config = answer.projection.config
+    assert (config.hole_ratio, config.wait_ratio) == ({3: 0.2, 4: 0.3, 5: 0.2}, {3: 0.25, 4: 0.25, 5: 0.25})
+    assert len(refused) == 2  # refused, naming size 3: size 3 reverted (size 4 keeps its choice)
+    assert answer.rationale.splitlines()[-2] == ("size 3: back to hole 0.2, wait 0.25: the generator could not "
+                                                 "fill the config (size 3: too many waits)")
+    assert answer.compute == {"completions": 0, "seconds": 0.0, "probes": 12, "cached": 12}
+
+
+def test_learnability_without_a_probe_fails_saying_why() -> None:
+    answer = learnability(evidence(), seed=0)
+    assert answer.projection is None and "needs a probe" in answer.error
