@@ -29,7 +29,7 @@ import numpy as np
 
 from envsim.config import GLOBALS, KNOBS, EnvConfig, Projection, project
 from envsim.scoring import Tally
-from lab.context import ContextModules, Evidence, build_context, knob_text
+from lab.context import ContextModules, Evidence, build_context, knob_text, measured_table
 from lab.llm import LLMError, Messages, complete
 
 if TYPE_CHECKING:  # the probe loads torch: the engineers module stays light for the web page
@@ -201,6 +201,7 @@ WAIT_DELTA = 0.25  # and one candidate with the wait ratio moved this much towar
 # wall time on one CPU thread (benchmarks/bench_probe.py).
 LEARN_BOARDS = 4
 LEARN_ANSWERS = 8
+PROBE_BOARDS, PROBE_ANSWERS = 8, 8  # the llm engineer's probes: `training.probe`'s defaults (kept equal by a test)
 
 
 def candidates(config: EnvConfig, size: int) -> list[tuple[float, float]]:
@@ -326,17 +327,78 @@ class Unreadable(ValueError):
 def llm(evidence: Evidence, *, seed: int, backend: str = "hf:policy", complete_fn: Complete | None = None,
         modules: ContextModules | None = None, max_attempts: int = 3, max_tokens: int = 1024,
         temperature: float = 0.7, base_url: str | None = None, policy_path: str | None = None,
-        timeout: float = 120.0, **_options: Any) -> EngineerAnswer:
+        timeout: float = 120.0, probe_fn: ProbeFn | None = None, remeasure: bool = False,
+        **_options: Any) -> EngineerAnswer:
     """Ask a language model for the next config; read and project its answer, retrying on failure.
 
     `complete_fn(messages) -> text` replaces the backend call when given (scripted answers in tests);
     otherwise `lab.llm.complete(backend, ...)` answers. An unreadable or illegal answer is retried, the
     error shown to the model, up to `max_attempts` answers in all. A backend failure (`LLMError`) ends the
     proposal at once: asking again would fail again. Seeds of successive attempts are `seed`, `seed + 1`, ...
+
+    With `probe_fn` (`training.probe.measure` on the run's checkpoint), the `measured` context module shows the
+    current config probed, and `remeasure` probes the answer: where a size it changed measures too easy or too
+    hard, the model is asked once more with that measurement in the message, and its second usable answer
+    stands (else the first). `compute` is what the probes cost.
     """
+    spent: list[ProbeResult] = []
+
+    def probe(config: EnvConfig) -> ProbeResult:
+        spent.append(probe_fn(config))
+        return spent[-1]
+
+    if modules is not None and modules.measured and probe_fn is not None and evidence.measured is None:
+        evidence = replace(evidence, measured=probe(evidence.current.config))
+
+    def ask(messages: Messages, attempt: int) -> str:
+        return (complete_fn(messages) if complete_fn is not None else
+                complete(backend, messages, max_tokens=max_tokens, temperature=temperature, seed=seed + attempt,
+                         base_url=base_url, policy_path=policy_path, timeout=timeout))
+
     base = evidence.current.config
-    prompt = engineer_prompt(evidence, modules)
-    messages: Messages = [{"role": "user", "content": prompt}]
+    messages: Messages = [{"role": "user", "content": engineer_prompt(evidence, modules)}]
+    answer, messages = _converse(base, messages, ask, max_attempts)
+    if remeasure and probe_fn is not None and answer.projection is not None:
+        measured = probe(answer.projection.config)
+        flagged = [s for s in changed_sizes(base, answer.projection.config)
+                   if measured.sizes[s].band != "learnable"]
+        if flagged:
+            again = [*messages, {"role": "assistant", "content": answer.raw},
+                     {"role": "user", "content": REMEASURE.format(
+                         sizes=", ".join(f"{s} ({measured.sizes[s].band})" for s in flagged),
+                         table=measured_table(measured))}]
+            second, _ = _converse(base, again, lambda m, a: ask(m, answer.attempts + a), 1)
+            if second.projection is not None:
+                answer = replace(second, attempts=answer.attempts + 1)
+            else:
+                answer = replace(answer, prompt=second.prompt, attempts=answer.attempts + 1, rationale=(
+                    f"{answer.rationale}\n(asked again after measuring; the second answer was not usable: "
+                    f"{second.error}; the first stands)").strip())
+    if spent:
+        new = [r for r in spent if not r.cached]
+        answer = replace(answer, compute={"completions": sum(r.completions for r in new),
+                                          "seconds": round(sum(r.seconds for r in new), 3), "probes": len(spent),
+                                          "cached": len(spent) - len(new)})
+    return answer
+
+
+REMEASURE = """\
+Your config was measured on the policy before training. Sizes you changed measure outside the learnable band: \
+{sizes}.
+{table}
+Answer again, with this measurement in mind: the complete config as one JSON object in a ```json fence, then \
+one paragraph of rationale."""
+
+
+def changed_sizes(before: EnvConfig, after: EnvConfig) -> list[int]:
+    """The sizes where any per-size knob differs between two configs."""
+    return [s for s in after.sizes if any(getattr(before, k).get(s) != getattr(after, k)[s] for k in KNOBS)]
+
+
+def _converse(base: EnvConfig, messages: Messages, ask: Callable[[Messages, int], str],
+              max_attempts: int) -> tuple[EngineerAnswer, Messages]:
+    """Ask until an answer reads and projects (up to `max_attempts` answers), showing the model each error; the
+    answer and the conversation that led to it. `ask(messages, attempt)` is one call of the model."""
     raw, proposed, error = "", None, "no answer"
     attempts = 0
     for attempt in range(max(1, max_attempts)):
@@ -345,11 +407,10 @@ def llm(evidence: Evidence, *, seed: int, backend: str = "hf:policy", complete_f
             messages = [*messages, {"role": "assistant", "content": raw},
                         {"role": "user", "content": RETRY.format(error=error)}]
         try:
-            raw = (complete_fn(messages) if complete_fn is not None else
-                   complete(backend, messages, max_tokens=max_tokens, temperature=temperature, seed=seed + attempt,
-                            base_url=base_url, policy_path=policy_path, timeout=timeout))
+            raw = ask(messages, attempt)
         except LLMError as err:
-            return EngineerAnswer(_transcript(messages), raw, proposed, None, "", f"backend failed: {err}", attempts)
+            return EngineerAnswer(_transcript(messages), raw, proposed, None, "", f"backend failed: {err}",
+                                  attempts), messages
         if not isinstance(raw, str):
             raw, proposed, error = repr(raw), None, f"the backend returned {type(raw).__name__}, not text"
             continue
@@ -363,9 +424,11 @@ def llm(evidence: Evidence, *, seed: int, backend: str = "hf:policy", complete_f
         except (ValueError, TypeError, OverflowError) as err:  # ConfigError is a ValueError
             error = f"the config is not legal: {err}"
             continue
-        return EngineerAnswer(_transcript(messages), raw, proposed, projection, _rationale(raw, span), None, attempts)
+        return EngineerAnswer(_transcript(messages), raw, proposed, projection, _rationale(raw, span), None,
+                              attempts), messages
     return EngineerAnswer(_transcript(messages), raw, proposed, None, "",
-                          f"no usable config after {attempts} answer{'s' * (attempts > 1)}: {error}", attempts)
+                          f"no usable config after {attempts} answer{'s' * (attempts > 1)}: {error}",
+                          attempts), messages
 
 
 def engineer_prompt(evidence: Evidence, modules: ContextModules | None = None) -> str:

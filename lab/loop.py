@@ -22,7 +22,7 @@ from sqlmodel import Session, select
 from envsim.config import Adjustment, EnvConfig, Projection
 from envsim.suite import Split, validation_cells
 from lab.context import ContextModules, Evidence, context_preset, load_stage_result, preset_of
-from lab.engineers import ENGINEERS, LEARN_ANSWERS, LEARN_BOARDS, EngineerAnswer
+from lab.engineers import ENGINEERS, LEARN_ANSWERS, LEARN_BOARDS, PROBE_ANSWERS, PROBE_BOARDS, EngineerAnswer
 from lab.proposals import current_proposal, decide, decision_of, fill_check, fillable, self_summary, store_proposal
 from storage.db import checkpoint_of, lock_run
 from storage.db import session as open_session
@@ -58,7 +58,7 @@ def create_run(s: Session, *, name: str, config: EnvConfig, stages: int, policy:
                grpo: dict[str, Any] | None = None, context: ContextModules | str | None = None,
                base_url: str | None = None, description: str = "", lora: int = 0,
                validation_boards: int | None = None, validation_per_size: int | None = None,
-               experiment_id: int | None = None, arm: str | None = None) -> Run:
+               experiment_id: int | None = None, arm: str | None = None, remeasure: bool = False) -> Run:
     """Store a run, its stage 0 (the starting policy, evaluated on `config`) and queue that stage.
 
     `context` is the llm engineer's context modules, or the name of a preset (`lab.context.CONTEXT_PRESETS`;
@@ -66,7 +66,8 @@ def create_run(s: Session, *, name: str, config: EnvConfig, stages: int, policy:
     when it ends) instead of every weight: the option for large policies. `validation_per_size` evaluates on a
     larger validation set (e.g. 120 boards per size, 960 in all; default the standard 30 per size, 240), and
     `validation_boards` on that many of its boards, spread over the sizes (None: all of them), for a quick look.
-    `experiment_id` and `arm` place the run in an experiment (lab.experiments).
+    `experiment_id` and `arm` place the run in an experiment (lab.experiments). `remeasure` has the llm engineer
+    probe its answer and ask once more where a size it changed measures too easy or too hard (docs/engineers.md).
     """
     check_engineer(engineer, engineer_backend, policy)
     if stages < 1:
@@ -87,6 +88,8 @@ def create_run(s: Session, *, name: str, config: EnvConfig, stages: int, policy:
         settings["context_preset"] = preset
     if validation_boards is not None:
         settings["validation_boards"] = validation_boards
+    if remeasure:
+        settings["remeasure"] = True
     if validation_per_size is not None:
         settings["validation_per_size"] = validation_per_size
     run = Run(name=name, description=description, policy=policy, engineer=engineer, engineer_backend=engineer_backend,
@@ -329,7 +332,10 @@ def run_propose_job(engine: Engine, job: Job, progress: Callable[..., bool]) -> 
         if run.engineer == "llm":
             options = {"backend": run.engineer_backend, "base_url": run.settings.get("base_url"),
                        "policy_path": checkpoint_of(engine, stage),
-                       "modules": ContextModules(**run.settings["context"])}
+                       "modules": ContextModules(**run.settings["context"]),
+                       "remeasure": bool(run.settings.get("remeasure"))}
+            if options["modules"].measured or options["remeasure"]:
+                options["probe_fn"] = probe_for(engine, run, stage, boards=PROBE_BOARDS, answers=PROBE_ANSWERS)
         check = fill_check(run.seed, after + 1)
         answer = ENGINEERS[run.engineer](evidence, seed=run.seed * 1000 + after, cannot_fill=check, **options)
         if run.experiment_id is not None:
