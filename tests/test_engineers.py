@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from envsim.config import GLOBALS, KNOBS, EnvConfig, project
 from envsim.generator import cannot_fill, stage_seed
 from envsim.scoring import Tally
-from lab.context import Evidence, StageResult
+from lab.context import ContextModules, Evidence, StageResult
 from lab.engineers import (
     ENGINEERS,
     LEARN_FLOOR,
@@ -432,3 +432,71 @@ def test_learnability_counts_no_compute_for_cached_probes_and_reverts_what_the_s
 def test_learnability_without_a_probe_fails_saying_why() -> None:
     answer = learnability(evidence(), seed=0)
     assert answer.projection is None and "needs a probe" in answer.error
+
+
+# ---------------------------------------------------------------- the llm engineer reads measurements
+
+CALMER = """```json
+{"data_ratio": {"3": 1, "4": 0.5, "5": 0.5}, "hole_ratio": {"3": 0.3}, "wait_ratio": {"4": 0.5}}
+```
+Fewer holes at size 3, as measured."""
+
+
+class FullProbe:
+    """A scripted measurement of a whole config: a size with hole_ratio >= 0.5 has no valid answer, every other
+    has one valid answer of two on each board (learnable). Keeps the configs it measured."""
+
+    def __init__(self):
+        self.configs: list[EnvConfig] = []
+
+    def __call__(self, config: EnvConfig) -> ProbeResult:
+        self.configs.append(config)
+        sizes = {s: SizeProbe.of(s, [[False, False]] * 2 if config.hole_ratio[s] >= 0.5 else [[True, False]] * 2,
+                                 [[False, False]] * 2) for s in config.sizes}
+        return ProbeResult(sizes, dict(config.data_ratio), 4 * len(sizes), 0.25)
+
+
+def test_the_llm_is_asked_once_more_where_a_size_it_changed_measures_too_hard() -> None:
+    script, probe = Script(GOOD, CALMER), FullProbe()
+    answer = llm(evidence(), seed=0, complete_fn=script, probe_fn=probe, remeasure=True)
+    assert len(script.calls) == 2 and answer.error is None
+    assert answer.projection.config.hole_ratio == {3: 0.3, 4: 0.2, 5: 0.2}  # the second answer stands
+    assert answer.rationale == "Fewer holes at size 3, as measured." and answer.attempts == 2
+    again = script.calls[1]
+    assert [m["role"] for m in again] == ["user", "assistant", "user"] and again[1]["content"] == GOOD
+    assert again[2]["content"].startswith("Your config was measured on the policy before training. Sizes you "
+                                          "changed measure outside the learnable band: 3 (too hard).\n")
+    assert "| 3 | 0.5 | 0% | 0.000 | 100% | 0% | too hard |" in again[2]["content"]
+    assert [c.hole_ratio[3] for c in probe.configs] == [0.5]  # the first answer measured, the second not
+    assert answer.compute == {"completions": 12, "seconds": 0.25, "probes": 1, "cached": 0}
+
+
+def test_a_measured_answer_in_the_learnable_band_is_not_asked_again() -> None:
+    script, probe = Script(CALMER), FullProbe()
+    answer = llm(evidence(), seed=0, complete_fn=script, probe_fn=probe, remeasure=True)
+    assert len(script.calls) == 1 and answer.projection.config.hole_ratio[3] == 0.3
+    assert answer.compute["probes"] == 1
+
+
+def test_an_unusable_second_answer_leaves_the_first_standing() -> None:
+    script = Script(GOOD, "no idea")
+    answer = llm(evidence(), seed=0, complete_fn=script, probe_fn=FullProbe(), remeasure=True)
+    assert len(script.calls) == 2 and answer.projection.config.hole_ratio[3] == 0.5 and answer.attempts == 2
+    assert answer.rationale.endswith("(asked again after measuring; the second answer was not usable: no usable "
+                                     "config after 1 answer: no JSON object in the answer (expected a ```json "
+                                     "block holding the config); the first stands)")
+
+
+def test_the_measured_module_shows_the_current_config_probed() -> None:
+    script, probe = Script(CALMER), FullProbe()
+    modules = ContextModules(measured=True)
+    answer = llm(evidence(), seed=0, complete_fn=script, probe_fn=probe, modules=modules)
+    assert probe.configs == [CONFIG] and answer.compute["probes"] == 1
+    assert ("## The current config measured on the policy (stage 1's checkpoint)\nEach size: 2 boards"
+            in script.calls[0][0]["content"])
+    assert "| 5 | 0.333 | 50% | 0.250 | 0% | 0% | learnable |" in script.calls[0][0]["content"]
+
+
+def test_without_a_probe_the_llm_engineer_asks_once_and_measures_nothing() -> None:
+    answer = llm(evidence(), seed=0, complete_fn=Script(GOOD), remeasure=True)
+    assert answer.compute is None and answer.projection.config.hole_ratio[3] == 0.5
