@@ -11,7 +11,7 @@ import app
 from lab.comparison import Rate, comparison
 from lab.experiments import experiment_runs
 from lab.pages.compare import compare_view
-from storage.db import make_engine
+from storage.db import make_engine, upgrade
 from tests.test_browser import TIMEOUT_MS, _free_port, browser, page  # noqa: F401 (fixtures)
 from tests.test_experiment import lab, scripted_experiment  # noqa: F401 (lab: a fixture)
 
@@ -75,6 +75,7 @@ def test_the_shipped_study_is_what_its_database_says(name: str, tmp_path: Path):
     with gzip.open(shipped / "study.db.gz", "rb") as src, db.open("wb") as dst:
         shutil.copyfileobj(src, dst)
     engine = make_engine(str(db))
+    upgrade(engine)  # as `envlab experiment report` does
     c = comparison(engine, name)
     assert report_markdown(c) == (shipped / "report.md").read_text()
     for file, (header, rows) in (("runs.csv", seed_rows(c)), ("summary.csv", summary_rows(c))):
