@@ -33,9 +33,10 @@ from envsim.generator import generate
 from envsim.parser import parse
 from envsim.scoring import score
 from storage.db import session
-from storage.models import Probe
+from storage.models import Job, Probe
 from training.evaluate import answer_budget
 from training.policy import Policy, load_policy, local_device
+from training.progress import Cancelled, Progress
 
 PROBE_BOARDS = 8  # per map size (benchmarks/bench_probe.py: the 8 sizes in about 11 s on one CPU thread)
 PROBE_ANSWERS = 8  # per board: a GRPO group of the tiny policy's default size
@@ -209,3 +210,33 @@ def measure(engine: Engine, config: EnvConfig, checkpoint: str, *, policy: Polic
         except IntegrityError:  # another process measured the same just now: its row stands, equal to ours
             s.rollback()
     return ProbeResult(result.sizes, result.data_ratio, result.completions, result.seconds, key, cached=False)
+
+
+def run_probe_job(engine: Engine, job: Job, progress: Progress) -> dict[str, Any]:
+    """The `probe` job (the Measure panel, docs/loop.md): payload `{"checkpoint", "policy_path", "configs":
+    {label: config JSON}, "seed", "boards", "answers", "temperature"}`; measures each config (cached ones cost
+    nothing) and returns `{"probes": {label: key}}`. Progress counts sizes over every config."""
+    p = job.payload
+    configs = {label: EnvConfig.model_validate(c) for label, c in p["configs"].items()}
+    total = sum(len(c.sizes) for c in configs.values())
+    loaded: list[Policy] = []
+
+    def load() -> Policy:
+        if not loaded:
+            progress(0, total, f"loading {p['policy_path']}")
+            loaded.append(load_policy(p["policy_path"], device=local_device()))
+        return loaded[0]
+
+    keys, done = {}, 0
+    for label, config in configs.items():
+        def step(k: int, _n: int, base: int = done, label: str = label) -> None:
+            if progress(base + k, total, f"{label}: {base + k} of {total} sizes measured"):
+                raise Cancelled(f"cancelled after {base + k} of {total} sizes")
+
+        result = measure(engine, config, p["checkpoint"], policy=load, seed=int(p["seed"]), boards=int(p["boards"]),
+                         answers=int(p["answers"]), temperature=float(p["temperature"]), progress=step)
+        done += len(config.sizes)
+        keys[label] = result.key
+        progress(done, total, f"{label}: " + ("found in the cache" if result.cached else
+                                              f"{result.completions} answers in {result.seconds:.1f} s"))
+    return {"probes": keys}
