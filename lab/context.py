@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlmodel import Session, select
 
@@ -26,9 +26,7 @@ from envsim.scoring import Outcome, Tally
 from envsim.suite import Split
 from lab.results import outcome_of, stage_summaries
 from storage.models import Episode, Stage
-
-if TYPE_CHECKING:  # the probe loads torch; the context only reads its numbers
-    from training.probe import ProbeResult
+from training.probe import ProbeResult  # the probe's numbers (torch loads only where a probe samples)
 
 SPLIT = Split.VALIDATION  # the engineer reads validation results only
 ANSWER_CHARS = 600  # a failure case shows at most this much of the policy's answer

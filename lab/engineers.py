@@ -23,7 +23,7 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -31,9 +31,7 @@ from envsim.config import GLOBALS, KNOBS, EnvConfig, Projection, project
 from envsim.scoring import Tally
 from lab.context import ContextModules, Evidence, build_context, knob_text, measured_table
 from lab.llm import LLMError, Messages, complete
-
-if TYPE_CHECKING:  # the probe loads torch: the engineers module stays light for the web page
-    from training.probe import ProbeResult
+from training.probe import ProbeResult  # the probe's numbers; torch loads only where a probe samples
 
 Complete = Callable[[Messages], str]
 ProbeFn = Callable[[EnvConfig], "ProbeResult"]  # measures a config on the run's checkpoint (the propose job's)
@@ -201,7 +199,6 @@ WAIT_DELTA = 0.25  # and one candidate with the wait ratio moved this much towar
 # wall time on one CPU thread (benchmarks/bench_probe.py).
 LEARN_BOARDS = 4
 LEARN_ANSWERS = 8
-PROBE_BOARDS, PROBE_ANSWERS = 8, 8  # the llm engineer's probes: `training.probe`'s defaults (kept equal by a test)
 
 
 def candidates(config: EnvConfig, size: int) -> list[tuple[float, float]]:

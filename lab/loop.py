@@ -22,7 +22,7 @@ from sqlmodel import Session, select
 from envsim.config import Adjustment, EnvConfig, Projection
 from envsim.suite import Split, validation_cells
 from lab.context import ContextModules, Evidence, context_preset, load_stage_result, preset_of
-from lab.engineers import ENGINEERS, LEARN_ANSWERS, LEARN_BOARDS, PROBE_ANSWERS, PROBE_BOARDS, EngineerAnswer
+from lab.engineers import ENGINEERS, LEARN_ANSWERS, LEARN_BOARDS, EngineerAnswer
 from lab.proposals import current_proposal, decide, decision_of, fill_check, fillable, self_summary, store_proposal
 from storage.db import checkpoint_of, lock_run
 from storage.db import session as open_session
@@ -43,6 +43,7 @@ from storage.models import (
     utcnow,
 )
 from storage.queue import enqueue, fail, request_cancel, requeue, stale_after_s
+from training.probe import PROBE_ANSWERS, PROBE_BOARDS
 
 LOOP_KINDS = (JobKind.STAGE, JobKind.PROPOSE)  # the jobs that move a run; a benchmark job never blocks it
 PROPOSE_ATTEMPTS = 3  # a propose job that raises is tried this many times, then the run fails for a person

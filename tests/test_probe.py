@@ -91,9 +91,3 @@ def test_a_probe_of_no_answers_is_refused(tiny):
     with pytest.raises(ValueError, match="boards = 0"):
         probe_config(tiny, SMALL, boards=0)
 
-
-def test_the_llm_engineers_probes_are_the_probes_defaults():
-    from lab import engineers
-    from training import probe
-
-    assert (engineers.PROBE_BOARDS, engineers.PROBE_ANSWERS) == (probe.PROBE_BOARDS, probe.PROBE_ANSWERS)

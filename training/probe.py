@@ -11,7 +11,8 @@ share of boards that carry signal says how much of a stage's data can move the p
 
 A probe is a pure function of (config, policy, seed, boards, answers, temperature): the same arguments give the
 same numbers. `measure` keeps each in the `probes` table under a key of those arguments (the checkpoint by the
-name a stage row gives it), so asking twice costs nothing.
+name a stage row gives it), so asking twice costs nothing. Torch loads only when a probe samples, so the lab
+reads stored probes (and their defaults) without it.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine
 from sqlalchemy.exc import IntegrityError
@@ -34,9 +35,10 @@ from envsim.parser import parse
 from envsim.scoring import score
 from storage.db import session
 from storage.models import Job, Probe
-from training.evaluate import answer_budget
-from training.policy import Policy, load_policy, local_device
 from training.progress import Cancelled, Progress
+
+if TYPE_CHECKING:  # torch loads only where a probe samples: the lab reads probes without it
+    from training.policy import Policy
 
 PROBE_BOARDS = 8  # per map size (benchmarks/bench_probe.py: the 8 sizes in about 11 s on one CPU thread)
 PROBE_ANSWERS = 8  # per board: a GRPO group of the tiny policy's default size
@@ -143,6 +145,8 @@ def probe_config(policy: Policy, config: EnvConfig, *, seed: int = 0, boards: in
     `progress(done, total)` hears each size as it ends (sizes done of all). Raises what the generator raises
     when a size's boards cannot be made.
     """
+    from training.evaluate import answer_budget
+
     if boards < 1 or answers < 1:
         raise ValueError(f"boards = {boards}, answers = {answers}: a probe answers at least 1 board at least once")
     chosen = list(sizes if sizes is not None else config.sizes)
@@ -185,7 +189,8 @@ def stored_probe(engine: Engine, key: str) -> ProbeResult | None:
     return None if row is None else result_of(row)
 
 
-def measure(engine: Engine, config: EnvConfig, checkpoint: str, *, policy: Policy | Callable[[], Policy] | None = None,
+def measure(engine: Engine, config: EnvConfig, checkpoint: str, *,
+            policy: Policy | Callable[[], Policy] | None = None,
             policy_path: str | None = None, seed: int = 0, boards: int = PROBE_BOARDS, answers: int = PROBE_ANSWERS,
             temperature: float = 1.0, progress: Callable[[int, int], object] | None = None) -> ProbeResult:
     """The probe of `config` on `checkpoint` (as a stage row names it), from the `probes` table when it is
@@ -197,8 +202,12 @@ def measure(engine: Engine, config: EnvConfig, checkpoint: str, *, policy: Polic
     key = probe_key(config, checkpoint, seed, boards, answers, temperature)
     if (found := stored_probe(engine, key)) is not None:
         return found
-    if not isinstance(policy, Policy):
-        policy = policy() if policy is not None else load_policy(policy_path or checkpoint, device=local_device())
+    if policy is None:
+        from training.policy import load_policy, local_device
+
+        policy = load_policy(policy_path or checkpoint, device=local_device())
+    elif callable(policy):  # a loader: a Policy itself is not callable
+        policy = policy()
     result = probe_config(policy, config, seed=seed, boards=boards, answers=answers, temperature=temperature,
                           progress=progress)
     with session(engine) as s:
@@ -216,6 +225,8 @@ def run_probe_job(engine: Engine, job: Job, progress: Progress) -> dict[str, Any
     """The `probe` job (the Measure panel, docs/loop.md): payload `{"checkpoint", "policy_path", "configs":
     {label: config JSON}, "seed", "boards", "answers", "temperature"}`; measures each config (cached ones cost
     nothing) and returns `{"probes": {label: key}}`. Progress counts sizes over every config."""
+    from training.policy import load_policy, local_device
+
     p = job.payload
     configs = {label: EnvConfig.model_validate(c) for label, c in p["configs"].items()}
     total = sum(len(c.sizes) for c in configs.values())
