@@ -13,7 +13,7 @@ from sqlalchemy import Engine
 from envsim.config import ConfigError
 from envsim.generator import GenerationError, generate
 from lab.loop import advance
-from lab.pages import figures
+from lab.pages import figures, measure
 from lab.pages.common import DECIDED, KNOB_COLUMNS, Page, config_from_table, config_rows, table, user_of, when
 from lab.proposals import AlreadyDecided, ProposalError, ProposalState, decide_on, proposal_state, proposal_states
 from lab.runs import run_of_proposal, set_run_auto_apply
@@ -112,17 +112,19 @@ def proposal_preview(engine: Engine, proposal_id: int | None, n: int = 4) -> tup
 
 
 def decide_proposal(engine: Engine, proposal_id: int | None, action: str, user: str, note: str = "",
-                    rows: Sequence[Sequence[Any]] | None = None, agents: Any = None, instances: Any = None) -> str:
+                    rows: Sequence[Sequence[Any]] | None = None, agents: Any = None, instances: Any = None,
+                    probes: list[str] | None = None) -> str:
     """Accept, edit or reject a proposal and move the run on; returns the message for the page.
 
     An invalid edit is refused with the validator's message naming the field and range, and nothing is
-    stored; when someone else decided first, the message says who and what.
+    stored; when someone else decided first, the message says who and what. `probes`: the keys of the probes
+    the person saw (the Measure panel), kept with the decision.
     """
     if proposal_id is None:
         return "No proposal is open."
     edited = config_from_table(rows or [], agents, instances) if action == Action.EDIT else None
     try:
-        decide_on(engine, int(proposal_id), action, user, edited=edited, note=note or "")
+        decide_on(engine, int(proposal_id), action, user, edited=edited, note=note or "", probes=probes or None)
     except AlreadyDecided as err:
         d = err.decision
         return (f"⚠ Someone decided first: proposal #{proposal_id} was already {DECIDED[d.action]} by "
@@ -165,6 +167,7 @@ class ProposalTab:
     buttons: dict[Action, gr.Button]
     message: gr.Markdown
     decided: list[Any]
+    measure: measure.MeasurePanel | None = None
 
     @property
     def outputs(self) -> list[Any]:
@@ -196,9 +199,9 @@ class ProposalTab:
         return {self.preview: fig, self.preview_note: note}
 
     def decider(self, action: Action):
-        def decide(proposal_id, note, rows, agents, instances, request: gr.Request) -> dict[Any, Any]:
+        def decide(proposal_id, note, rows, agents, instances, seen, request: gr.Request) -> dict[Any, Any]:
             return {self.message: decide_proposal(self.engine, proposal_id, action, user_of(request), note, rows,
-                                                  agents, instances)}
+                                                  agents, instances, seen)}
         return decide
 
     def toggle(self, run_id: int | None, on: bool) -> dict[Any, Any]:
@@ -228,6 +231,7 @@ def build(page: Page) -> ProposalTab:
         with gr.Row():
             agents = gr.Number(label="num_agents", precision=0)
             instances = gr.Number(label="num_instances", precision=0)
+    measured = measure.build(page.engine, pick, edit, agents, instances)
     note = gr.Textbox(label="Note (kept with the decision)", lines=1)
     with gr.Row():
         buttons = {Action.ACCEPT: gr.Button("Accept", variant="primary", elem_id="accept"),
@@ -235,7 +239,7 @@ def build(page: Page) -> ProposalTab:
                    Action.REJECT: gr.Button("Reject and ask again", variant="stop", elem_id="reject")}
     message = gr.Markdown(elem_id="decision-msg")
     tab = ProposalTab(page.engine, pick, auto, status, rationale, raw, diff, preview_note, preview, edit, agents,
-                      instances, note, buttons, message, [])
+                      instances, note, buttons, message, [], measured)
     _wire_decisions(page, tab)
     return tab
 
@@ -247,7 +251,8 @@ def _wire_decisions(page: Page, tab: ProposalTab) -> None:
     decided_out = [o for o in tab.outputs if o not in (tab.edit, tab.agents, tab.instances)]
     for action, button in tab.buttons.items():
         tab.decided.append(
-            button.click(tab.decider(action), [tab.pick, tab.note, tab.edit, tab.agents, tab.instances], tab.message)
+            button.click(tab.decider(action), [tab.pick, tab.note, tab.edit, tab.agents, tab.instances,
+                                               tab.measure.seen], tab.message)
             .then(tab.after_decision, [page.run_pick, tab.pick], decided_out))
     tab.auto.input(tab.toggle, [page.run_pick, tab.auto], tab.message) \
         .then(tab.after_decision, [page.run_pick, tab.pick], decided_out)
