@@ -11,8 +11,7 @@ from sqlmodel import select
 from envsim.config import EnvConfig
 from lab.engineers import _answer
 from lab.loop import create_run
-from lab.pages.common import config_rows
-from lab.pages.measure import (
+from lab.measurements import (
     EDIT,
     IN_FORCE,
     PROPOSED,
@@ -21,6 +20,7 @@ from lab.pages.measure import (
     queue_measure,
     side_by_side,
 )
+from lab.pages.common import config_rows
 from lab.pages.proposal import decide_proposal
 from lab.proposals import store_proposal
 from lab.worker import run_worker
