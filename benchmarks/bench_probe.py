@@ -8,6 +8,10 @@ of an experiment's `learnability` runs (`--db`), which ran side by side on the s
 on a loaded machine even where the seconds do not.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_probe.py --db runs/hardstart/study.db
+
+On this 2-core machine, 2026-11-24, once its load had dropped (load average 4): a scenario's probe 9.0 s
+(`default` and `hard-start`), a learnability proposal 15.4 s of probing; in the `hardstart` study's learnability
+runs (the machine loaded), a proposal took 7% of a training stage's wall time (docs/results/README.md).
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ from training.progress import Cancelled, Progress
 if TYPE_CHECKING:  # torch loads only where a probe samples: the lab reads probes without it
     from training.policy import Policy
 
-PROBE_BOARDS = 8  # per map size (benchmarks/bench_probe.py: the 8 sizes in about 11 s on one CPU thread)
+PROBE_BOARDS = 8  # per map size (benchmarks/bench_probe.py: the 8 sizes in about 9 s on one CPU thread)
 PROBE_ANSWERS = 8  # per board: a GRPO group of the tiny policy's default size
 MOSTLY = 0.5  # a size is too hard (too easy) when more than this share of its boards has no (only) valid answers
 
