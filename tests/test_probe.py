@@ -91,3 +91,41 @@ def test_a_probe_of_no_answers_is_refused(tiny):
     with pytest.raises(ValueError, match="boards = 0"):
         probe_config(tiny, SMALL, boards=0)
 
+
+
+def test_a_learnability_proposal_probes_the_runs_checkpoint_and_keeps_its_compute(tmp_path):
+    """The propose job with the real tiny policy: 2 sizes x up to 4 candidates, stored, cached the second time."""
+    from lab.loop import create_run, run_propose_job
+    from lab.worker import run_worker
+    from storage.models import Job, Proposal, Stage
+
+    engine = make_engine(str(tmp_path / "lab.db"))
+    upgrade(engine)
+    with session(engine) as s:
+        run = create_run(s, name="l", config=SMALL, stages=2, engineer="learnability", seed=2, auto_apply=True)
+        stage = s.exec(select(Stage).where(Stage.run_id == run.id)).one()
+        stage.status, stage.checkpoint = "done", "tiny"
+        s.add(stage)
+        job = s.exec(select(Job)).one()
+        job.status = "done"
+        s.add(job)
+        s.commit()
+        run_id = run.id
+    from storage.queue import enqueue
+
+    for _ in range(2):
+        with session(engine) as s:
+            enqueue(s, "propose", {"run_id": run_id, "after_stage": 0, "replaces": None}, run_id=run_id, target=0)
+        assert run_worker(engine, {"propose": run_propose_job}, once=True, poll_s=0.01)
+    with session(engine) as s:
+        first, second = s.exec(select(Proposal).order_by(Proposal.id)).all()
+        probes = s.exec(select(Probe)).all()
+    assert first.error is None and first.engineer == "learnability"
+    assert first.compute["probes"] == len(probes) == 8 and first.compute["completions"] == 8 * 4 * 8
+    assert first.compute["cached"] == 0 and first.compute["seconds"] > 0
+    assert {p.checkpoint for p in probes} == {"tiny"} and {(p.seed, p.boards, p.answers) for p in probes} == {(2, 4, 8)}
+    assert second.compute == {"completions": 0, "seconds": 0.0, "probes": 8, "cached": 8}  # all from the table
+    assert second.projected_config == first.projected_config and second.rationale.splitlines()[:2] == \
+        first.rationale.splitlines()[:2]
+    assert first.rationale.splitlines()[0].startswith("size 3: hole ")
+    engine.dispose()
