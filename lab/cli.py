@@ -275,7 +275,7 @@ def _new_run(s: Session, args: argparse.Namespace) -> Run:
                           engineer=args.engineer or "heuristic", engineer_backend=args.backend or "",
                           auto_apply=args.auto_apply, seed=args.seed, grpo=grpo, base_url=args.base_url, lora=args.lora,
                           validation_boards=args.validation_boards, validation_per_size=args.validation_per_size,
-                          context=args.context)
+                          context=args.context, remeasure=args.remeasure)
     except LoopError as err:
         raise UsageError(str(err)) from err
 
@@ -442,6 +442,17 @@ def cmd_experiment_run(args: argparse.Namespace) -> None:
     print(f"report: envlab experiment report {experiment.name}")
 
 
+def cmd_experiment_add_arm(args: argparse.Namespace) -> None:
+    from lab.experiments import ExperimentError, add_arms
+
+    try:
+        runs = add_arms(_engine(args.db), args.experiment, [a for a in args.arms.split(",") if a.strip()])
+    except ExperimentError as err:
+        raise UsageError(str(err)) from err
+    print(f"experiment {args.experiment}: {len(runs)} runs queued ({', '.join(r.name for r in runs)})")
+    print(f"run them: envlab experiment run {args.experiment} (runs only what is not done)")
+
+
 def cmd_experiment_list(args: argparse.Namespace) -> None:
     from lab.experiments import list_experiments
     from storage.models import RunStatus
@@ -488,8 +499,8 @@ def run_arguments(sub: argparse._SubParsersAction) -> None:
     """`envlab run`'s options."""
     s = sub.add_parser("run", help="run stages headless: train, evaluate, propose, decide, repeat")
     s.add_argument("--stages", type=int, default=3)
-    s.add_argument("--engineer", help="fixed, random, heuristic or llm (default heuristic; with --resume: switch "
-                                      "the run's engineer, e.g. after the llm engineer failed)")
+    s.add_argument("--engineer", help="fixed, random, heuristic, learnability or llm (default heuristic; with "
+                                      "--resume: switch the run's engineer, e.g. after the llm engineer failed)")
     s.add_argument("--backend", help="the llm engineer's backend: hf:policy, hf:gemma3-270m, openai:<model>")
     s.add_argument("--base-url", help="base URL of an OpenAI-compatible server (openai: backends)")
     s.add_argument("--auto-apply", action="store_true", help="apply every proposal without waiting for a person")
@@ -503,6 +514,9 @@ def run_arguments(sub: argparse._SubParsersAction) -> None:
                    help="train LoRA adapters of this rank (needs peft), e.g. 16 for a large policy; 0: every weight")
     s.add_argument("--context", default=DEFAULT_PRESET, choices=list(CONTEXT_PRESETS),
                    help="the llm engineer's context preset (docs/engineers.md)")
+    s.add_argument("--remeasure", action="store_true", help="the llm engineer probes its answer on the policy and "
+                                                            "is asked once more where a size it changed measures too "
+                                                            "easy or too hard (docs/engineers.md)")
     s.add_argument("--scenario", help="a named start, assets/scenarios/NAME.json (default: the round-0 config)")
     s.add_argument("--validation-per-size", type=int, metavar="N",
                    help="evaluate on a larger validation set, N boards per size (e.g. 120: 960 boards; default 30)")
@@ -514,14 +528,15 @@ def run_arguments(sub: argparse._SubParsersAction) -> None:
 
 
 def experiment_arguments(sub: argparse._SubParsersAction) -> None:
-    """`envlab experiment new|run|list|report|benchmark` (docs/experiments.md)."""
+    """`envlab experiment new|add-arm|run|list|report|benchmark` (docs/experiments.md)."""
     db = dict(help="database path or URL (default: $ENVLAB_DB or runs/envlab.db)")
     p = sub.add_parser("experiment", help="engineers compared at equal compute, with seeds (docs/experiments.md)")
     verbs = p.add_subparsers(dest="verb", required=True)
     s = verbs.add_parser("new", help="store an experiment and queue its runs (arms x seeds, auto-apply)")
     s.add_argument("--name", required=True)
-    s.add_argument("--arms", required=True, help="comma-separated: fixed, random, heuristic, llm:BACKEND@PRESET "
-                                                 "(e.g. llm:openai:MODEL@paper-best); NAME=SPEC names one")
+    s.add_argument("--arms", required=True, help="comma-separated: fixed, random, heuristic, learnability, "
+                                                 "llm:BACKEND@PRESET (e.g. llm:openai:MODEL@paper-best); NAME=SPEC "
+                                                 "names one")
     s.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 for every arm (default 3)")
     s.add_argument("--stages", type=int, default=3)
     s.add_argument("--instances", type=int, help="training boards per stage (default: the scenario's, 512)")
@@ -546,6 +561,11 @@ def experiment_arguments(sub: argparse._SubParsersAction) -> None:
                                                             "fastest for the tiny policy on a busy small CPU)")
     s.add_argument("--db", **db)
     s.set_defaults(fn=cmd_experiment_run)
+    s = verbs.add_parser("add-arm", help="add arms to an experiment: their runs, every seed, at equal compute")
+    s.add_argument("experiment", help="name (or id)")
+    s.add_argument("--arms", required=True, help="comma-separated arm specs, as for `new`")
+    s.add_argument("--db", **db)
+    s.set_defaults(fn=cmd_experiment_add_arm)
     s = verbs.add_parser("list", help="every experiment and how far it got")
     s.add_argument("--db", **db)
     s.set_defaults(fn=cmd_experiment_list)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import csv
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
@@ -30,11 +30,12 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 from sqlalchemy import Engine
+from sqlmodel import select
 
 from lab.experiments import arm_names, experiment_runs, find_experiment
 from lab.results import stage_summaries
 from storage.db import session
-from storage.models import Experiment, Run
+from storage.models import Experiment, Proposal, Run
 
 RESAMPLES = 10_000
 BOOTSTRAP_SEED = 0
@@ -106,6 +107,7 @@ class Comparison:
     runs: dict[tuple[str, int], Run]
     values: dict[Key, dict[int, float]]
     episodes: dict[tuple[str, int, int, int], int]  # (arm, seed, stage, size or POOLED) -> validation episodes
+    probe_compute: dict[str, dict[str, float]] = field(default_factory=dict)  # arm -> what its proposals measured
 
     @property
     def baseline(self) -> str:
@@ -114,12 +116,15 @@ class Comparison:
     def estimate(self, arm: str, rate: Rate, stage: int, size: int = POOLED) -> Estimate | None:
         return estimate(self.values.get((arm, rate, stage, size), {}))
 
-    def difference(self, arm: str, rate: Rate, stage: int, size: int = POOLED) -> Estimate | None:
-        """The arm minus the baseline, seed by seed (None for the baseline itself or without common seeds)."""
-        if arm == self.baseline:
+    def difference(self, arm: str, rate: Rate, stage: int, size: int = POOLED,
+                   against: str | None = None) -> Estimate | None:
+        """The arm minus the baseline (or the arm `against`), seed by seed (None for the baseline itself or
+        without common seeds)."""
+        other = against or self.baseline
+        if arm == other:
             return None
         mine = self.values.get((arm, rate, stage, size), {})
-        base = self.values.get((self.baseline, rate, stage, size), {})
+        base = self.values.get((other, rate, stage, size), {})
         return estimate({k: mine[k] - base[k] for k in mine if k in base})
 
 
@@ -145,8 +150,17 @@ def comparison(engine: Engine, key: str | int) -> Comparison:
                 for rate in Rate:
                     curve = [values[(arm, rate, k, POOLED)][seed] for k in range(stages + 1)]
                     values.setdefault((arm, rate, AUC, POOLED), {})[seed] = auc(curve)
+        spent = s.exec(select(Run.arm, Proposal.compute).join(Run, Run.id == Proposal.run_id)
+                       .where(Run.experiment_id == experiment.id)).all()
+    probe_compute: dict[str, dict[str, float]] = {}
+    for arm, compute in spent:
+        if compute:
+            total = probe_compute.setdefault(arm, {"proposals": 0, "completions": 0, "seconds": 0.0})
+            total["proposals"] += 1
+            total["completions"] += compute.get("completions", 0)
+            total["seconds"] += compute.get("seconds", 0.0)
     return Comparison(experiment, arm_names(experiment), sorted({seed for _, seed in runs}), stages, sorted(sizes),
-                      runs, values, episodes)
+                      runs, values, episodes, probe_compute)
 
 
 # ---------------------------------------------------------------- words
@@ -175,7 +189,18 @@ def compute_statement(c: Comparison) -> str:
             f"({st['stages'] * st['steps_per_stage']} in all; GRPO settings: {over}); each stage, stage 0 included, "
             f"is evaluated on {st['validation_boards']} validation boards ({st['validation_per_size']} per map size "
             f"in the set). Seed k gives every arm the same stage-0 policy and the same validation boards. "
-            f"Scenario: {st.get('scenario')}.")
+            f"Scenario: {st.get('scenario')}." + _probe_statement(c))
+
+
+def _probe_statement(c: Comparison) -> str:
+    """What arms spent measuring configs on the policy (`training.probe`) on top of the equal training compute."""
+    if not c.probe_compute:
+        return ""
+    spent = "; ".join(f"`{arm}` sampled {t['completions']:,.0f} answers in {t['seconds']:,.0f} s over "
+                      f"{t['proposals']:.0f} proposals" for arm, t in c.probe_compute.items())
+    others = [a for a in c.arms if a not in c.probe_compute]
+    return (f" Measuring configs on the policy before proposing them is compute the training does not count: "
+            f"{spent}" + (f"; {', '.join(f'`{a}`' for a in others)} spent none." if others else "."))
 
 
 def _stage_table(c: Comparison, rate: Rate) -> list[str]:

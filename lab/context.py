@@ -4,13 +4,16 @@
 bookkeeping. `load_stage_result` reads one stage's part of it from the database. `build_context` turns
 evidence into deterministic text, one section per context module; `ContextModules` says which sections
 appear. The paper's best context (`ContextModules.paper_best()`) is the failure breakdown, the guideline,
-the history without the round-0 default, and the bookkeeping. `CONTEXT_PRESETS` names the combinations a context
-ablation compares (docs/engineers.md), so an llm arm of an experiment is written `llm:<backend>@<preset>`.
+the history without the round-0 default, and the bookkeeping. The `measured` module shows the current config
+probed on the policy (`training.probe`): per size, how much GRPO signal its boards carry. `CONTEXT_PRESETS` names
+the combinations a context ablation compares (docs/engineers.md), so an llm arm of an experiment is written
+`llm:<backend>@<preset>`.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -23,6 +26,7 @@ from envsim.scoring import Outcome, Tally
 from envsim.suite import Split
 from lab.results import outcome_of, stage_summaries
 from storage.models import Episode, Stage
+from training.probe import ProbeResult  # the probe's numbers (torch loads only where a probe samples)
 
 SPLIT = Split.VALIDATION  # the engineer reads validation results only
 ANSWER_CHARS = 600  # a failure case shows at most this much of the policy's answer
@@ -68,6 +72,7 @@ class Evidence:
     instances_per_stage: int | None = None  # None: the current config's num_instances
     hyperparameters: dict[str, Any] | None = None
     self_summary: str | None = None
+    measured: ProbeResult | None = None  # the current config probed on the current checkpoint (`training.probe`)
 
 
 @dataclass(frozen=True)
@@ -86,6 +91,7 @@ class ContextModules:
     failure_cases: bool = False
     self_summary: bool = False
     hyperparameters: bool = False
+    measured: bool = False
 
     @classmethod
     def paper_best(cls) -> ContextModules:
@@ -189,6 +195,8 @@ def build_context(evidence: Evidence, modules: ContextModules | None = None) -> 
         sections.append(_hyperparameters(evidence.hyperparameters))
     if modules.self_summary:
         sections.append(_self_summary(evidence.self_summary))
+    if modules.measured:
+        sections.append(_measured(evidence))
     return "\n\n".join(sections)
 
 
@@ -294,6 +302,30 @@ def _hyperparameters(hp: dict[str, Any] | None) -> str:
 
 def _self_summary(summary: str | None) -> str:
     return "## Your summary of the earlier rounds\n" + (summary.strip() if summary and summary.strip() else "None yet.")
+
+
+def _measured(ev: Evidence) -> str:
+    head = f"## The current config measured on the policy (stage {ev.current.stage_index}'s checkpoint)"
+    if ev.measured is None:
+        return f"{head}\nNot measured."
+    return f"{head}\n{measured_table(ev.measured)}"
+
+
+def measured_table(result: ProbeResult, sizes: Sequence[int] | None = None) -> str:
+    """A probe as text: how it was measured, then per size p, learnability, the boards with no valid answer and
+    with every answer valid, and the verdict; then the signal share. `sizes` picks some (default all)."""
+    first = next(iter(result.sizes.values()))
+    lines = [f"Each size: {first.boards} boards drawn from the config, each answered {first.answers} times by "
+             "sampling as training does. GRPO learns only from boards whose answers disagree: learnability is the "
+             "mean over boards of p_b(1-p_b), p_b a board's share of valid answers (at most 0.25).",
+             "| size | data_ratio | valid p | learnability | boards with no valid answer | boards all valid | "
+             "verdict |", "|---" * 7 + "|"]
+    for size in sizes if sizes is not None else result.sizes:
+        m = result.sizes[size]
+        lines.append(f"| {size} | {knob_text(result.data_ratio.get(size, 0.0))} | {_pct(m.p)} | "
+                     f"{m.learnability:.3f} | {_pct(m.none_valid)} | {_pct(m.all_valid)} | {m.band} |")
+    lines.append(f"Boards that carry signal, weighted by data_ratio: {_pct(result.signal_share)}.")
+    return "\n".join(lines)
 
 
 def _pct(x: float) -> str:

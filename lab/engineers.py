@@ -6,6 +6,9 @@ from `ENGINEERS`. Options an engineer does not use are ignored, so a caller pass
 - `fixed` keeps the current config (the paper's fixed-environment baseline).
 - `random` draws a legal config from the seed and the round (the paper's random baseline).
 - `heuristic` is a transparent curriculum rule; its rationale has one line per change it makes.
+- `learnability` samples candidate hole and wait ratios per size, measures each on the policy (`training.probe`),
+  keeps the most learnable and weights the sizes by learnability (sampling for learnability, as in unsupervised
+  environment design).
 - `llm` asks a language model (the policy itself, Gemma, or any OpenAI-compatible server) and reads its
   JSON back through `envsim.config.project`, retrying with the error shown when the answer is unusable.
   By default the answer is held to `answer_schema` (structured output from a server, constrained decoding
@@ -21,17 +24,19 @@ import json
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from envsim.config import GLOBALS, KNOBS, EnvConfig, Projection, project
 from envsim.scoring import Tally
-from lab.context import ContextModules, Evidence, build_context, knob_text
+from lab.context import ContextModules, Evidence, build_context, knob_text, measured_table
 from lab.llm import LLMError, Messages, complete
+from training.probe import ProbeResult  # the probe's numbers; torch loads only where a probe samples
 
 Complete = Callable[[Messages], str]
+ProbeFn = Callable[[EnvConfig], "ProbeResult"]  # measures a config on the run's checkpoint (the propose job's)
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,7 @@ class EngineerAnswer:
     rationale: str
     error: str | None = None
     attempts: int = 1
+    compute: dict[str, Any] | None = None  # what measuring cost: {"completions", "seconds", "probes", "cached"}
 
 
 def _answer(config: EnvConfig, base: EnvConfig, rationale: str) -> EngineerAnswer:
@@ -185,6 +191,107 @@ def _learnability(r: Tally | None) -> str:
     return f"valid {p:.0%}: learnability p(1-p) = {p * (1 - p):.2f}"
 
 
+# ---------------------------------------------------------------- sampling for learnability
+
+LEARN_FLOOR = 0.02  # the least data weight a size gets (learnability is at most 0.25): no size is dropped
+HOLE_DELTA = 0.1  # candidate hole ratios: the current one, this much fewer holes, this much more
+WAIT_DELTA = 0.25  # and one candidate with the wait ratio moved this much toward the middle of its range
+# Each candidate is probed on this many boards, each answered this many times (a GRPO group of the tiny policy):
+# 8 sizes x 4 candidates x 4 boards x 8 answers = 1,024 sampled answers, within a quarter of a default stage's
+# wall time on one CPU thread (benchmarks/bench_probe.py).
+LEARN_BOARDS = 4
+LEARN_ANSWERS = 8
+
+
+def candidates(config: EnvConfig, size: int) -> list[tuple[float, float]]:
+    """The (hole, wait) ratios the `learnability` engineer measures at `size`: the current pair first, then
+    fewer and more holes, then another wait ratio; clipped to the legal ranges, each pair once."""
+    (hole_lo, hole_hi), (wait_lo, wait_hi) = KNOBS["hole_ratio"], KNOBS["wait_ratio"]
+    hole, wait = config.hole_ratio[size], config.wait_ratio[size]
+    other_wait = wait + WAIT_DELTA if wait <= (wait_lo + wait_hi) / 2 else wait - WAIT_DELTA
+    pairs = [(hole, wait), (hole - HOLE_DELTA, wait), (hole + HOLE_DELTA, wait), (hole, other_wait)]
+    found: list[tuple[float, float]] = []
+    for h, w in pairs:
+        pair = (round(min(max(h, hole_lo), hole_hi), 3), round(min(max(w, wait_lo), wait_hi), 3))
+        if pair not in found:
+            found.append(pair)
+    return found
+
+
+def learnability(evidence: Evidence, *, seed: int = 0, probe_fn: ProbeFn | None = None,
+                 cannot_fill: Callable[[EnvConfig], str | None] | None = None, **_options: Any) -> EngineerAnswer:
+    """Per size, measure each candidate (hole, wait) pair (`candidates`) with `probe_fn` (one size per probe),
+    keep the most learnable (mean p_b(1 - p_b) over boards; a tie keeps the earlier, the current pair first),
+    and set data_ratio in proportion to the kept learnability, never below `LEARN_FLOOR`.
+
+    `probe_fn(config) -> ProbeResult` measures a one-size config on the run's checkpoint; the propose job
+    passes one (`training.probe.measure`). A candidate the generator cannot fill is skipped, and with
+    `cannot_fill` (the next stage's check) a size whose kept pair the stage's boards cannot fill goes back to
+    its current ratios. The rationale
+    names, per size, p and learnability of the kept and the next-best candidate; `compute` is what the probes
+    cost (a probe found in the cache costs nothing).
+    """
+    base = evidence.current.config
+    if probe_fn is None:
+        return EngineerAnswer(prompt="", raw="", proposed=None, projection=None, rationale="",
+                              error="the learnability engineer measures configs on the policy: it needs a probe "
+                                    "(the propose job passes one)")
+    from envsim.generator import GenerationError
+
+    hole, wait, weight = dict(base.hole_ratio), dict(base.wait_ratio), {}
+    completions, seconds, probes, cached = 0, 0.0, 0, 0
+    lines: list[str] = []
+    for size in base.sizes:
+        measured = []
+        for h, w in candidates(base, size):
+            one = EnvConfig(data_ratio={size: 1.0}, hole_ratio={size: h}, wait_ratio={size: w},
+                            num_agents=base.num_agents, num_instances=base.num_instances)
+            try:
+                result = probe_fn(one)
+            except GenerationError:
+                continue  # the generator cannot make these boards: not a candidate
+            probes += 1
+            cached += result.cached
+            if not result.cached:
+                completions, seconds = completions + result.completions, seconds + result.seconds
+            measured.append(((h, w), result.sizes[size]))
+        if not measured:
+            weight[size] = LEARN_FLOOR
+            lines.append(f"size {size}: no candidate could be generated; kept hole {knob_text(hole[size])}, "
+                         f"wait {knob_text(wait[size])}")
+            continue
+        ranked = sorted(range(len(measured)), key=lambda i: (-measured[i][1].learnability, i))
+        (h, w), kept = measured[ranked[0]]
+        hole[size], wait[size] = h, w
+        weight[size] = max(kept.learnability, LEARN_FLOOR)
+        line = f"size {size}: hole {knob_text(h)}, wait {knob_text(w)} kept (p {kept.p:.0%}, learnability " \
+               f"{kept.learnability:.3f})"
+        if len(ranked) > 1:
+            (h2, w2), second = measured[ranked[1]]
+            line += f"; next best hole {knob_text(h2)}, wait {knob_text(w2)} (p {second.p:.0%}, learnability " \
+                    f"{second.learnability:.3f})"
+        lines.append(line)
+    data = shares(weight)
+    for size in base.sizes:
+        lines[base.sizes.index(size)] += f"; data_ratio {knob_text(base.data_ratio[size])} -> {knob_text(data[size])}"
+    config = EnvConfig(data_ratio=data, hole_ratio=hole, wait_ratio=wait, num_agents=base.num_agents,
+                       num_instances=base.num_instances)
+    # A few probe boards may be drawn where a stage's many cannot (a wait ratio the size rarely needs): revert the
+    # size the generator names (else the last changed) to its current ratios until the stage's seed can fill it.
+    changed = [s for s in base.sizes if (hole[s], wait[s]) != (base.hole_ratio[s], base.wait_ratio[s])]
+    while cannot_fill is not None and changed and (why := cannot_fill(config)) is not None:
+        named = re.search(r"size (\d+)\b", why)
+        size = int(named.group(1)) if named and int(named.group(1)) in changed else changed[-1]
+        changed.remove(size)
+        hole[size], wait[size] = base.hole_ratio[size], base.wait_ratio[size]
+        lines.append(f"size {size}: back to hole {knob_text(hole[size])}, wait {knob_text(wait[size])}: the "
+                     f"generator could not fill the config ({why})")
+        config = config.model_copy(update={"hole_ratio": dict(hole), "wait_ratio": dict(wait)})
+    compute = {"completions": completions, "seconds": round(seconds, 3), "probes": probes, "cached": cached}
+    lines.append(f"probe compute: {completions} sampled answers, {seconds:.1f} s ({probes} probes, {cached} cached)")
+    return replace(_answer(config, base, "\n".join(lines)), compute=compute)
+
+
 # ---------------------------------------------------------------- an LLM engineer
 
 MAX_ANSWER_CHARS = 50_000  # the reader looks at the last this-many characters of an answer
@@ -223,7 +330,8 @@ class Unreadable(ValueError):
 def llm(evidence: Evidence, *, seed: int, backend: str = "hf:policy", complete_fn: Complete | None = None,
         modules: ContextModules | None = None, max_attempts: int = 3, max_tokens: int = 1024,
         temperature: float = 0.7, base_url: str | None = None, policy_path: str | None = None,
-        timeout: float = 120.0, structured: bool = True, **_options: Any) -> EngineerAnswer:
+        timeout: float = 120.0, structured: bool = True, probe_fn: ProbeFn | None = None,
+        remeasure: bool = False, **_options: Any) -> EngineerAnswer:
     """Ask a language model for the next config; read and project its answer, retrying on failure.
 
     `complete_fn(messages) -> text` replaces the backend call when given (scripted answers in tests);
@@ -232,14 +340,75 @@ def llm(evidence: Evidence, *, seed: int, backend: str = "hf:policy", complete_f
     retried, the error shown to the model, up to `max_attempts` answers in all. A backend failure
     (`LLMError`) ends the proposal at once: asking again would fail again. Seeds of successive attempts are
     `seed`, `seed + 1`, ...
+
+    With `probe_fn` (`training.probe.measure` on the run's checkpoint), the `measured` context module shows the
+    current config probed, and `remeasure` probes the answer: where a size it changed measures too easy or too
+    hard, the model is asked once more with that measurement in the message, and its second usable answer
+    stands (else the first). `compute` is what the probes cost.
     """
+    spent: list[ProbeResult] = []
+
+    def probe(config: EnvConfig) -> ProbeResult:
+        spent.append(probe_fn(config))
+        return spent[-1]
+
+    if modules is not None and modules.measured and probe_fn is not None and evidence.measured is None:
+        evidence = replace(evidence, measured=probe(evidence.current.config))
+
     base = evidence.current.config
-    prompt = engineer_prompt(evidence, modules)
     schema = None
     if structured:
         in_process = backend.partition(":")[0] == "hf"
         schema = answer_schema(base.sizes, rationale_chars=CONSTRAINED_RATIONALE_CHARS if in_process else None)
-    messages: Messages = [{"role": "user", "content": prompt}]
+
+    def ask(messages: Messages, attempt: int) -> str:
+        return (complete_fn(messages) if complete_fn is not None else
+                complete(backend, messages, max_tokens=max_tokens, temperature=temperature, seed=seed + attempt,
+                         base_url=base_url, policy_path=policy_path, timeout=timeout, schema=schema))
+
+    messages: Messages = [{"role": "user", "content": engineer_prompt(evidence, modules)}]
+    answer, messages = _converse(base, messages, ask, max_attempts)
+    if remeasure and probe_fn is not None and answer.projection is not None:
+        measured = probe(answer.projection.config)
+        flagged = [s for s in changed_sizes(base, answer.projection.config)
+                   if measured.sizes[s].band != "learnable"]
+        if flagged:
+            again = [*messages, {"role": "assistant", "content": answer.raw},
+                     {"role": "user", "content": REMEASURE.format(
+                         sizes=", ".join(f"{s} ({measured.sizes[s].band})" for s in flagged),
+                         table=measured_table(measured))}]
+            second, _ = _converse(base, again, lambda m, a: ask(m, answer.attempts + a), 1)
+            if second.projection is not None:
+                answer = replace(second, attempts=answer.attempts + 1)
+            else:
+                answer = replace(answer, prompt=second.prompt, attempts=answer.attempts + 1, rationale=(
+                    f"{answer.rationale}\n(asked again after measuring; the second answer was not usable: "
+                    f"{second.error}; the first stands)").strip())
+    if spent:
+        new = [r for r in spent if not r.cached]
+        answer = replace(answer, compute={"completions": sum(r.completions for r in new),
+                                          "seconds": round(sum(r.seconds for r in new), 3), "probes": len(spent),
+                                          "cached": len(spent) - len(new)})
+    return answer
+
+
+REMEASURE = """\
+Your config was measured on the policy before training. Sizes you changed measure outside the learnable band: \
+{sizes}.
+{table}
+Answer again, with this measurement in mind: the complete config as one JSON object in a ```json fence, then \
+one paragraph of rationale."""
+
+
+def changed_sizes(before: EnvConfig, after: EnvConfig) -> list[int]:
+    """The sizes where any per-size knob differs between two configs."""
+    return [s for s in after.sizes if any(getattr(before, k).get(s) != getattr(after, k)[s] for k in KNOBS)]
+
+
+def _converse(base: EnvConfig, messages: Messages, ask: Callable[[Messages, int], str],
+              max_attempts: int) -> tuple[EngineerAnswer, Messages]:
+    """Ask until an answer reads and projects (up to `max_attempts` answers), showing the model each error; the
+    answer and the conversation that led to it. `ask(messages, attempt)` is one call of the model."""
     raw, proposed, error = "", None, "no answer"
     attempts = 0
     for attempt in range(max(1, max_attempts)):
@@ -248,11 +417,10 @@ def llm(evidence: Evidence, *, seed: int, backend: str = "hf:policy", complete_f
             messages = [*messages, {"role": "assistant", "content": raw},
                         {"role": "user", "content": RETRY.format(error=error)}]
         try:
-            raw = (complete_fn(messages) if complete_fn is not None else
-                   complete(backend, messages, max_tokens=max_tokens, temperature=temperature, seed=seed + attempt,
-                            base_url=base_url, policy_path=policy_path, timeout=timeout, schema=schema))
+            raw = ask(messages, attempt)
         except LLMError as err:
-            return EngineerAnswer(_transcript(messages), raw, proposed, None, "", f"backend failed: {err}", attempts)
+            return EngineerAnswer(_transcript(messages), raw, proposed, None, "", f"backend failed: {err}",
+                                  attempts), messages
         if not isinstance(raw, str):
             raw, proposed, error = repr(raw), None, f"the backend returned {type(raw).__name__}, not text"
             continue
@@ -268,9 +436,10 @@ def llm(evidence: Evidence, *, seed: int, backend: str = "hf:policy", complete_f
             error = f"the config is not legal: {err}"
             continue
         rationale = said if said is not None else _rationale(raw, span)
-        return EngineerAnswer(_transcript(messages), raw, proposed, projection, rationale, None, attempts)
+        return EngineerAnswer(_transcript(messages), raw, proposed, projection, rationale, None, attempts), messages
     return EngineerAnswer(_transcript(messages), raw, proposed, None, "",
-                          f"no usable config after {attempts} answer{'s' * (attempts > 1)}: {error}", attempts)
+                          f"no usable config after {attempts} answer{'s' * (attempts > 1)}: {error}",
+                          attempts), messages
 
 
 def answer_schema(sizes: tuple[int, ...], *, rationale_chars: int | None = None) -> dict[str, Any]:
@@ -441,5 +610,6 @@ ENGINEERS: dict[str, Callable[..., EngineerAnswer]] = {
     "fixed": fixed,
     "random": random_config,
     "heuristic": heuristic,
+    "learnability": learnability,
     "llm": llm,
 }

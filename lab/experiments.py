@@ -28,7 +28,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 from sqlalchemy.exc import IntegrityError
-from sqlmodel import func, select
+from sqlmodel import Session, func, select
 
 from envsim.config import ConfigError, EnvConfig, project
 from envsim.suite import VALIDATION_PER_SIZE, validation_cells
@@ -187,18 +187,54 @@ def create_experiment(engine: Engine, *, name: str, arms: Sequence[str | Arm], s
             s.commit()
         except IntegrityError:
             raise ExperimentError(f"an experiment named {name!r} exists already") from None
-        for seed in range(seeds):
-            for arm in parsed:
-                try:
-                    create_run(s, name=f"{name} / {arm.name} / seed {seed}", config=config, stages=stages,
-                               policy=policy, engineer=arm.engineer, engineer_backend=arm.backend, auto_apply=True,
-                               seed=seed, grpo=grpo, context=arm.context, base_url=base_url, lora=lora,
-                               validation_boards=validation_boards, validation_per_size=validation_per_size,
-                               description=f"experiment {name!r}, arm {arm.name!r}, seed {seed}",
-                               experiment_id=experiment.id, arm=arm.name)
-                except LoopError as err:
-                    raise ExperimentError(str(err)) from err
+        _create_runs(s, experiment, parsed)
     return experiment
+
+
+def _create_runs(s: Session, experiment: Experiment, arms: Sequence[Arm]) -> None:
+    """Queue the runs of `arms` (every seed, seed-major), from the settings every run of `experiment` shares."""
+    st = experiment.settings
+    for seed in range(experiment.seeds):
+        for arm in arms:
+            try:
+                create_run(s, name=f"{experiment.name} / {arm.name} / seed {seed}",
+                           config=EnvConfig.model_validate(st["config"]), stages=st["stages"],
+                           policy=experiment.policy, engineer=arm.engineer, engineer_backend=arm.backend,
+                           auto_apply=True, seed=seed, grpo=st["grpo"], context=arm.context,
+                           base_url=st.get("base_url"), lora=st.get("lora", 0),
+                           validation_boards=st.get("validation_subset"),
+                           validation_per_size=st["validation_per_size"],
+                           description=f"experiment {experiment.name!r}, arm {arm.name!r}, seed {seed}",
+                           experiment_id=experiment.id, arm=arm.name)
+            except LoopError as err:
+                raise ExperimentError(str(err)) from err
+
+
+def add_arms(engine: Engine, key: str | int, arms: Sequence[str | Arm]) -> list[Run]:
+    """Add arms to an existing experiment: their runs (every seed) share what the others share (config, stages,
+    GRPO settings, validation set), so they compare at equal compute; `run_experiment` then runs only what is
+    not done. An arm whose name the experiment has already is refused."""
+    experiment = find_experiment(engine, key)
+    parsed = [a if isinstance(a, Arm) else Arm.parse(a) for a in arms]
+    names = [a.name for a in parsed]
+    if not parsed or len(set(names)) != len(names) or set(names) & set(arm_names(experiment)):
+        raise ExperimentError(f"arms {names}: give at least one, each named once and not one of the experiment's "
+                              f"({', '.join(arm_names(experiment))}); name one NAME=SPEC")
+    for arm in parsed:
+        try:
+            check_engineer(arm.engineer, arm.backend, experiment.policy)
+        except LoopError as err:
+            raise ExperimentError(f"arm {arm.name!r}: {err}") from None
+    with session(engine) as s:
+        row = s.get(Experiment, experiment.id)
+        row.arms = [*row.arms, *({"name": a.name, "engineer": a.engineer, "backend": a.backend,
+                                  "context": a.context} for a in parsed)]
+        s.add(row)
+        s.commit()
+        s.refresh(row)
+        before = set(s.exec(select(Run.id).where(Run.experiment_id == row.id)))
+        _create_runs(s, row, parsed)
+    return [r for r in experiment_runs(engine, experiment.id) if r.id not in before]
 
 
 # ---------------------------------------------------------------- reading one

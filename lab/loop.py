@@ -23,7 +23,7 @@ from sqlmodel import Session, select
 from envsim.config import Adjustment, EnvConfig, Projection
 from envsim.suite import Split, validation_cells
 from lab.context import ContextModules, Evidence, context_preset, load_stage_result, preset_of
-from lab.engineers import ENGINEERS, EngineerAnswer
+from lab.engineers import ENGINEERS, LEARN_ANSWERS, LEARN_BOARDS, EngineerAnswer
 from lab.proposals import current_proposal, decide, decision_of, fill_check, fillable, self_summary, store_proposal
 from lab.settings import RunSettings
 from storage.db import UnsafePath, checkpoint_of, lock_run, run_folder
@@ -45,6 +45,7 @@ from storage.models import (
     utcnow,
 )
 from storage.queue import enqueue, fail, request_cancel, requeue, stale_after_s
+from training.probe import PROBE_ANSWERS, PROBE_BOARDS
 
 LOOP_KINDS = (JobKind.STAGE, JobKind.PROPOSE)  # the jobs that move a run; a benchmark job never blocks it
 PROPOSE_ATTEMPTS = 3  # a propose job that raises is tried this many times, then the run fails for a person
@@ -82,7 +83,7 @@ def create_run(s: Session, *, name: str, config: EnvConfig, stages: int, policy:
                grpo: dict[str, Any] | None = None, context: ContextModules | str | None = None,
                base_url: str | None = None, description: str = "", lora: int = 0,
                validation_boards: int | None = None, validation_per_size: int | None = None,
-               experiment_id: int | None = None, arm: str | None = None) -> Run:
+               experiment_id: int | None = None, arm: str | None = None, remeasure: bool = False) -> Run:
     """Store a run, its stage 0 (the starting policy, evaluated on `config`) and queue that stage.
 
     `context` is the llm engineer's context modules, or the name of a preset (`lab.context.CONTEXT_PRESETS`;
@@ -90,7 +91,8 @@ def create_run(s: Session, *, name: str, config: EnvConfig, stages: int, policy:
     when it ends) instead of every weight: the option for large policies. `validation_per_size` evaluates on a
     larger validation set (e.g. 120 boards per size, 960 in all; default the standard 30 per size, 240), and
     `validation_boards` on that many of its boards, spread over the sizes (None: all of them), for a quick look.
-    `experiment_id` and `arm` place the run in an experiment (lab.experiments).
+    `experiment_id` and `arm` place the run in an experiment (lab.experiments). `remeasure` has the llm engineer
+    probe its answer and ask once more where a size it changed measures too easy or too hard (docs/engineers.md).
     """
     check_engineer(engineer, engineer_backend, policy)
     try:  # a config changed with model_copy (e.g. `--instances 0`) skipped validation
@@ -117,6 +119,8 @@ def create_run(s: Session, *, name: str, config: EnvConfig, stages: int, policy:
         settings["context_preset"] = preset
     if validation_boards is not None:
         settings["validation_boards"] = validation_boards
+    if remeasure:
+        settings["remeasure"] = True
     if validation_per_size is not None:
         settings["validation_per_size"] = validation_per_size
     try:
@@ -364,10 +368,15 @@ def run_propose_job(engine: Engine, job: Job, progress: Callable[..., bool]) -> 
         stage = stages_of(s, run_id)[after]
         progress(0, 1, f"engineer {run.engineer} reads stage {after}")
         options: dict[str, Any] = {}
+        if run.engineer == "learnability":
+            options = {"probe_fn": probe_for(engine, run, stage, boards=LEARN_BOARDS, answers=LEARN_ANSWERS)}
         if run.engineer == "llm":
             options = {"backend": run.engineer_backend, "base_url": run.settings.get("base_url"),
                        "policy_path": checkpoint_of(engine, stage),
-                       "modules": ContextModules(**run.settings["context"])}
+                       "modules": ContextModules(**run.settings["context"]),
+                       "remeasure": bool(run.settings.get("remeasure"))}
+            if options["modules"].measured or options["remeasure"]:
+                options["probe_fn"] = probe_for(engine, run, stage, boards=PROBE_BOARDS, answers=PROBE_ANSWERS)
         check = fill_check(run.seed, after + 1)
         answer = ENGINEERS[run.engineer](evidence, seed=run.seed * 1000 + after, cannot_fill=check, **options)
         if run.experiment_id is not None:
@@ -377,6 +386,24 @@ def run_propose_job(engine: Engine, job: Job, progress: Callable[..., bool]) -> 
         proposal = store_proposal(s, run_id, after, run.engineer, answer, evidence.current.config)
         progress(1, 1, f"proposal {proposal.id}" + (f" failed: {answer.error}" if answer.error else ""))
         return {"proposal_id": proposal.id, "error": answer.error}
+
+
+def probe_for(engine: Engine, run: Run, stage: Stage, *, boards: int, answers: int) -> Callable[[EnvConfig], Any]:
+    """A config's probe on `stage`'s checkpoint, as the run's stages sample (its seed and temperature), cached in
+    the `probes` table; the policy loads on the first probe that is not cached, once."""
+    from training.policy import load_policy, local_device  # torch loads here, for the jobs that measure
+    from training.probe import measure, sampling_temperature
+
+    loaded: list[Any] = []
+
+    def load() -> Any:
+        if not loaded:
+            loaded.append(load_policy(checkpoint_of(engine, stage), device=local_device()))
+        return loaded[0]
+
+    temperature = sampling_temperature(run.settings.get("grpo"))
+    return lambda config: measure(engine, config, stage.checkpoint or run.policy, policy=load, seed=run.seed,
+                                  boards=boards, answers=answers, temperature=temperature)
 
 
 def resume(engine: Engine, run_id: int) -> list[int]:

@@ -125,6 +125,7 @@ def store_proposal(session: Session, run_id: int, after_stage: int, engineer: st
         adjustments=[{"field": a.field, "old": _json(a.old), "new": _json(a.new), "reason": a.reason}
                      for a in (projection.adjustments if projection else ())],
         rationale=answer.rationale, diff={"changes": [asdict(c) for c in changes]}, error=answer.error,
+        compute=answer.compute,
     )
     session.add(row)
     session.commit()
@@ -214,21 +215,22 @@ def proposal_states(engine: Engine, run_id: int) -> list[ProposalState]:
 
 
 def decide_on(engine: Engine, proposal_id: int, action: str, user: str, edited: Any = None,
-              note: str = "") -> Decision:
+              note: str = "", probes: list[str] | None = None) -> Decision:
     """`decide` in a transaction of its own."""
     with open_session(engine) as s:
-        return decide(s, proposal_id, action, user, edited=edited, note=note)
+        return decide(s, proposal_id, action, user, edited=edited, note=note, probes=probes)
 
 
 def decide(session: Session, proposal_id: int, action: str, user: str, edited: Any = None,
-           note: str = "", *, commit: bool = True) -> Decision:
+           note: str = "", *, commit: bool = True, probes: list[str] | None = None) -> Decision:
     """Record what was done with a proposal and return the decision.
 
     accept / auto: the proposal's projected config. edit: `edited` (a config JSON object, e.g. the
     page's table) validated strictly and projected against the proposal's base; an invalid edit raises
     `ConfigError` naming the field and range, and nothing is stored. reject: no config (the loop asks
-    the engineer again). The run's lock is held from the check to the write, so a decision never lands on a
-    proposal that another process has just replaced. Raises `AlreadyDecided` when someone else decided
+    the engineer again). `probes` are the keys of the probes the person saw (the Measure panel). The run's
+    lock is held from the check to the write, so a decision never lands on a proposal that another process has
+    just replaced. Raises `AlreadyDecided` when someone else decided
     first, `Superseded` when the proposal is no longer the run's current one.
     """
     proposal = session.get(Proposal, proposal_id)
@@ -242,7 +244,7 @@ def decide(session: Session, proposal_id: int, action: str, user: str, edited: A
     lock_run(session, proposal.run_id)
     try:
         config = _applied_config(session, proposal, action, made)
-        return record_decision(session, proposal_id, action, user, config, note, commit=commit)
+        return record_decision(session, proposal_id, action, user, config, note, commit=commit, probes=probes)
     except BaseException as err:
         if isinstance(err, AlreadyDecided) and err.decision in session:
             session.expunge(err.decision)  # the caller reads who won after the rollback below

@@ -196,15 +196,16 @@ def run_worker(engine: Engine, handlers: dict[str, Handler], *, worker_id: str |
 
 
 def handlers() -> dict[str, Handler]:
-    """Every job kind a worker of the lab runs: training's (`stage`, `benchmark`) and the engineer's (`propose`).
+    """Every job kind a worker of the lab runs: training's (`stage`, `benchmark`, `probe`) and the engineer's
+    (`propose`).
 
     Imported here rather than at the top so that starting a worker costs no torch import until a job needs it.
     """
     from lab.loop import run_propose_job
-    from training import evaluate, stage
+    from training import evaluate, probe, stage
 
     return {JobKind.STAGE: stage.run_stage_job, JobKind.BENCHMARK: evaluate.run_benchmark_job,
-            JobKind.PROPOSE: run_propose_job}
+            JobKind.PROPOSE: run_propose_job, JobKind.PROBE: probe.run_probe_job}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -38,11 +38,13 @@ def record_decision(
     note: str = "",
     *,
     commit: bool = True,
+    probes: list[str] | None = None,
 ) -> Decision:
     """Store the one decision on a proposal and commit it.
 
     `config_json` is the config actually applied: the proposal's projected config for accept and
-    auto, the person's edited config for edit, None for reject. With `commit=False` the row is only
+    auto, the person's edited config for edit, None for reject. `probes` are the keys of the probes the person
+    saw before deciding (the Measure panel), None when none was shown. With `commit=False` the row is only
     flushed, for a caller that holds the run's lock and commits the rest of its step with it.
 
     Raises:
@@ -55,7 +57,8 @@ def record_decision(
     if (action == Action.REJECT) != (config_json is None):
         need = "no config" if action == Action.REJECT else "the config it applies"
         raise ValueError(f"a decision to {action} takes {need}")
-    decision = Decision(proposal_id=proposal_id, action=Action(action), user=user, config=config_json, note=note)
+    decision = Decision(proposal_id=proposal_id, action=Action(action), user=user, config=config_json, note=note,
+                        probes=probes)
     session.add(decision)
     if not commit:
         session.flush()

@@ -77,6 +77,7 @@ class JobKind(StrEnum):
     STAGE = "stage"  # train stage `target` (stage 0: evaluate the starting policy)
     PROPOSE = "propose"  # ask the engineer for the config after stage `target`
     BENCHMARK = "benchmark"  # evaluate stage `target`'s checkpoint on the 3,150-board benchmark
+    PROBE = "probe"  # measure configs for a proposal on stage `target`'s checkpoint (the Measure panel)
 
 
 class Action(StrEnum):
@@ -226,6 +227,7 @@ class Proposal(SQLModel, table=True):
     diff: dict[str, Any] = Field(default_factory=dict, sa_type=JSONType)
     error: str | None = Field(default=None, sa_type=Text)
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    compute: dict[str, Any] | None = Field(default=None, sa_type=JSONType)  # probes the engineer ran (learnability)
 
 
 class Decision(SQLModel, table=True):
@@ -248,6 +250,7 @@ class Decision(SQLModel, table=True):
     config: dict[str, Any] | None = Field(default=None, sa_type=JSONType)
     note: str = Field(default="", sa_type=Text)
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    probes: list[Any] | None = Field(default=None, sa_type=JSONType)  # keys of the probes the person saw
 
 
 class Job(SQLModel, table=True):
@@ -352,4 +355,31 @@ class TrainingLog(SQLModel, table=True):
     stage_index: int
     step: int
     metrics: dict[str, Any] = Field(default_factory=dict, sa_type=JSONType)
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
+class Probe(SQLModel, table=True):
+    """A config's boards answered by a checkpoint, measured for GRPO signal (`training.probe`): one row per
+    cache key, a hash of (config, checkpoint, seed, boards, answers, temperature), so asking twice costs nothing.
+
+    `checkpoint` is the policy as a stage row names it (relative to the runs root, or a spec such as `tiny`).
+    `sizes` maps each map size to its measurement (valid and optimal answers, learnability, the shares of
+    boards with no valid answer and with every answer valid); `completions` and `seconds` are what it cost.
+    No run id: a probe belongs to a checkpoint, and every run of a policy shares its stage 0.
+    """
+
+    __tablename__ = "probes"
+    __table_args__ = (UniqueConstraint("key"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    key: str
+    config: dict[str, Any] = Field(sa_type=JSONType)
+    checkpoint: str
+    seed: int
+    boards: int
+    answers: int
+    temperature: float
+    sizes: dict[str, Any] = Field(default_factory=dict, sa_type=JSONType)
+    completions: int
+    seconds: float
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)

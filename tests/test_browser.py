@@ -363,3 +363,29 @@ def test_one_click_rescales_the_typed_shares(lab, page):
     page.locator("#edit-check").get_by_text("The data_ratio shares summed to 0.5: each is divided by it.").wait_for()
     page.locator('#edit-config [data-testid="cell-1-1"]').get_by_text("0.5", exact=True).wait_for()
     assert [d.proposal_id for d in decisions(engine)] == [ids["accepted"]]  # nothing stored until applied
+
+
+def test_measure_says_the_checkpoint_is_absent_measures_stage0_and_the_decision_keeps_what_was_shown(lab, page):
+    from storage.models import Job
+    from training.probe import run_probe_job
+
+    url, engine, ids = lab
+    page.goto(f"{url}?proposal={ids['second']}")
+    page.get_by_text(f"Proposal #{ids['second']}").first.wait_for()
+    page.get_by_text("Measure on the policy").click()
+    page.click("#measure")
+    page.locator("#measure-status").get_by_text("checkpoint is not on this machine").wait_for()
+    page.click("#measure-stage0")
+    page.locator("#measure-status").get_by_text("on the stage-0 policy").wait_for()
+    with session(engine) as s:  # a tiny budget for the test: 2 boards per size, 2 answers each
+        job = s.exec(select(Job).where(Job.kind == "probe")).one()
+        job.payload = {**job.payload, "boards": 2, "answers": 2}
+        s.add(job)
+        s.commit()
+    assert run_worker(engine, {"probe": run_probe_job}, once=True, poll_s=0.01)
+    page.locator("#measure-table").get_by_text("boards with signal").last.wait_for()  # the panel's timer polled it
+    page.click("#accept")
+    page.get_by_text(f"Proposal #{ids['second']} accepted by local").wait_for()
+    with session(engine) as s:
+        keys = sorted(s.get(Job, job.id).result["probes"].values())
+    assert sorted(decisions(engine)[-1].probes) == keys and len(keys) >= 2

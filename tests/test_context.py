@@ -20,6 +20,13 @@ from lab.context import (
 )
 from storage.db import session
 from storage.models import Episode, Run, Stage, StageMetric
+from training.probe import ProbeResult, SizeProbe
+
+T, F = True, False
+MEASURED = ProbeResult({3: SizeProbe.of(3, [[T, T], [T, T]], [[T, F], [F, F]]),
+                        4: SizeProbe.of(4, [[T, F], [T, T]], [[F, F], [T, F]]),
+                        5: SizeProbe.of(5, [[F, F], [F, F]], [[F, F], [F, F]])},
+                       {3: 0.5, 4: 0.25, 5: 0.25}, 12, 0.5)
 
 BOARD = Instance.from_str("""
 A.H
@@ -42,7 +49,8 @@ def evidence() -> Evidence:
     stage1 = StageResult(1, CONFIG, {3: Tally(10, 6, 4, {"hole": 3, "edge_conflict": 1}),
                                      4: Tally(10, 2, 1, {"hole": 8})})
     return Evidence(current, (stage0, stage1), round_index=3, rounds_left=2, instances_per_stage=128,
-                    hyperparameters={"learning_rate": 1e-5, "beta": 0.0}, self_summary="  I lowered the holes.  ")
+                    hyperparameters={"learning_rate": 1e-5, "beta": 0.0}, self_summary="  I lowered the holes.  ",
+                    measured=MEASURED)
 
 
 SECTIONS = {
@@ -111,9 +119,20 @@ A value outside its range is clamped into it, and data_ratio is rescaled to sum 
     "self_summary": """\
 ## Your summary of the earlier rounds
 I lowered the holes.""",
+    "measured": """\
+## The current config measured on the policy (stage 2's checkpoint)
+Each size: 2 boards drawn from the config, each answered 2 times by sampling as training does. GRPO learns only \
+from boards whose answers disagree: learnability is the mean over boards of p_b(1-p_b), p_b a board's share of \
+valid answers (at most 0.25).
+| size | data_ratio | valid p | learnability | boards with no valid answer | boards all valid | verdict |
+|---|---|---|---|---|---|---|
+| 3 | 0.5 | 100% | 0.000 | 0% | 100% | too easy |
+| 4 | 0.25 | 75% | 0.125 | 0% | 50% | learnable |
+| 5 | 0.25 | 0% | 0.000 | 100% | 0% | too hard |
+Boards that carry signal, weighted by data_ratio: 12%.""",
 }
 ORDER = ["bookkeeping", "failure_breakdown", "history", "failure_cases", "guideline", "hyperparameters",
-         "self_summary"]
+         "self_summary", "measured"]
 
 
 @pytest.mark.parametrize("module", [f.name for f in fields(ContextModules)])
@@ -149,6 +168,7 @@ def test_empty_evidence_says_so_instead_of_leaving_a_section_blank() -> None:
     assert "No validation results were recorded for this stage." in text
     assert "## Earlier stages (oldest first): config and results per map size\nNone yet." in text
     assert "No failed answers were recorded." in text
+    assert text.endswith("## The current config measured on the policy (stage 0's checkpoint)\nNot measured.")
     assert "## Training hyperparameters\nNot given." in text
     assert "## Your summary of the earlier rounds\nNone yet." in text
     assert "Each stage trains on 512 instances." in text  # the config's num_instances when not given

@@ -13,9 +13,21 @@ from hypothesis import strategies as st
 from envsim.config import GLOBALS, KNOBS, EnvConfig, project
 from envsim.generator import cannot_fill, stage_seed
 from envsim.scoring import Tally
-from lab.context import Evidence, StageResult
-from lab.engineers import ENGINEERS, EngineerAnswer, heuristic, llm, random_config, read_config, shares
+from lab.context import ContextModules, Evidence, StageResult
+from lab.engineers import (
+    ENGINEERS,
+    LEARN_FLOOR,
+    EngineerAnswer,
+    candidates,
+    heuristic,
+    learnability,
+    llm,
+    random_config,
+    read_config,
+    shares,
+)
 from lab.llm import LLMError
+from training.probe import ProbeResult, SizeProbe
 
 CONFIG = EnvConfig.default((3, 4, 5))
 GOOD = """Here is my proposal.
@@ -53,7 +65,8 @@ class Script:
 
 
 def _run(name: str, ev: Evidence, seed: int = 0) -> EngineerAnswer:
-    return ENGINEERS[name](ev, seed=seed, complete_fn=Script(GOOD), backend="openai:unused", unused_option=1)
+    return ENGINEERS[name](ev, seed=seed, complete_fn=Script(GOOD), backend="openai:unused", unused_option=1,
+                           probe_fn=ScriptedProbe({}))
 
 
 @pytest.mark.parametrize("name", sorted(ENGINEERS))
@@ -349,3 +362,141 @@ def test_llm_never_crashes_on_structured_garbage(raws: list[str], max_attempts: 
 def test_llm_never_crashes_on_any_text(raws: list[str]) -> None:
     script = Script(*raws)
     _check(llm(evidence(), seed=0, complete_fn=script), script, 3)
+
+
+# ---------------------------------------------------------------- sampling for learnability
+
+
+class ScriptedProbe:
+    """A measurement from a table: (size, hole, wait) -> learnability (default 0.05), p = 0.5; keeps every call.
+    A pair in `unmakeable` raises as the generator does."""
+
+    def __init__(self, table: dict[tuple[int, float, float], float], unmakeable: tuple = (), cached: bool = False):
+        self.table, self.unmakeable, self.cached, self.calls = table, unmakeable, cached, []
+
+    def __call__(self, config: EnvConfig) -> ProbeResult:
+        (size,) = config.sizes
+        pair = (size, config.hole_ratio[size], config.wait_ratio[size])
+        self.calls.append(pair)
+        if pair in self.unmakeable:
+            from envsim.generator import GenerationError
+            raise GenerationError(f"size {size}: cannot")
+        learn = self.table.get(pair, 0.05)
+        return ProbeResult({size: SizeProbe(size, 4, 8, 16, 3, learn, 0.25, 0.0)}, {size: 1.0}, 32, 2.0,
+                           cached=self.cached)
+
+
+def test_the_candidates_are_the_current_pair_then_fewer_and_more_holes_then_another_wait() -> None:
+    assert candidates(CONFIG, 3) == [(0.2, 0.25), (0.1, 0.25), (0.3, 0.25), (0.2, 0.5)]
+    edge = CONFIG.model_copy(update={"hole_ratio": {3: 0.0, 4: 0.5, 5: 0.2}, "wait_ratio": {3: 0.9, 4: 0.5, 5: 0.25}})
+    assert candidates(edge, 3) == [(0.0, 0.9), (0.1, 0.9), (0.0, 0.65)]  # no hole ratio below 0: once
+    assert candidates(edge, 4) == [(0.5, 0.5), (0.4, 0.5), (0.5, 0.75)]
+
+
+def test_learnability_keeps_the_most_learnable_candidate_and_weights_the_sizes_by_it() -> None:
+    probe = ScriptedProbe({(3, 0.3, 0.25): 0.2, (3, 0.2, 0.25): 0.15, (4, 0.2, 0.5): 0.1, (4, 0.1, 0.25): 0.1,
+                           (4, 0.2, 0.25): 0.1, (4, 0.3, 0.25): 0.1, (5, 0.1, 0.25): 0.0, (5, 0.2, 0.25): 0.0,
+                           (5, 0.3, 0.25): 0.0, (5, 0.2, 0.5): 0.0},
+                          unmakeable=((5, 0.2, 0.5),))
+    answer = learnability(evidence(), seed=0, probe_fn=probe)
+    config = answer.projection.config
+    assert len(probe.calls) == 12  # 4 candidates x 3 sizes, one unmakeable
+    assert config.hole_ratio == {3: 0.3, 4: 0.2, 5: 0.2}  # size 4: a four-way tie keeps the current pair
+    assert config.wait_ratio == {3: 0.25, 4: 0.25, 5: 0.25}
+    assert config.data_ratio == shares({3: 0.2, 4: 0.1, 5: LEARN_FLOOR}) == {3: 0.625, 4: 0.312, 5: 0.063}
+    lines = answer.rationale.splitlines()
+    assert lines[0] == ("size 3: hole 0.3, wait 0.25 kept (p 50%, learnability 0.200); next best hole 0.2, wait 0.25 "
+                        "(p 50%, learnability 0.150); data_ratio 0.333 -> 0.625")
+    assert lines[2].startswith("size 5: hole 0.2, wait 0.25 kept (p 50%, learnability 0.000); next best hole 0.1")
+    assert answer.compute == {"completions": 11 * 32, "seconds": 22.0, "probes": 11, "cached": 0}
+    assert lines[-1] == "probe compute: 352 sampled answers, 22.0 s (11 probes, 0 cached)"
+
+
+def test_learnability_counts_no_compute_for_cached_probes_and_reverts_what_the_stage_cannot_fill() -> None:
+    probe = ScriptedProbe({(3, 0.2, 0.5): 0.2, (4, 0.3, 0.25): 0.2}, cached=True)
+    refused = []
+
+    def cannot_fill(config: EnvConfig) -> str | None:
+        refused.append(dict(config.wait_ratio))
+        return "size 3: too many waits" if config.wait_ratio[3] == 0.5 else None
+
+    answer = learnability(evidence(), seed=0, probe_fn=probe, cannot_fill=cannot_fill)
+    config = answer.projection.config
+    assert (config.hole_ratio, config.wait_ratio) == ({3: 0.2, 4: 0.3, 5: 0.2}, {3: 0.25, 4: 0.25, 5: 0.25})
+    assert len(refused) == 2  # refused, naming size 3: size 3 reverted (size 4 keeps its choice)
+    assert answer.rationale.splitlines()[-2] == ("size 3: back to hole 0.2, wait 0.25: the generator could not "
+                                                 "fill the config (size 3: too many waits)")
+    assert answer.compute == {"completions": 0, "seconds": 0.0, "probes": 12, "cached": 12}
+
+
+def test_learnability_without_a_probe_fails_saying_why() -> None:
+    answer = learnability(evidence(), seed=0)
+    assert answer.projection is None and "needs a probe" in answer.error
+
+
+# ---------------------------------------------------------------- the llm engineer reads measurements
+
+CALMER = """```json
+{"data_ratio": {"3": 1, "4": 0.5, "5": 0.5}, "hole_ratio": {"3": 0.3}, "wait_ratio": {"4": 0.5}}
+```
+Fewer holes at size 3, as measured."""
+
+
+class FullProbe:
+    """A scripted measurement of a whole config: a size with hole_ratio >= 0.5 has no valid answer, every other
+    has one valid answer of two on each board (learnable). Keeps the configs it measured."""
+
+    def __init__(self):
+        self.configs: list[EnvConfig] = []
+
+    def __call__(self, config: EnvConfig) -> ProbeResult:
+        self.configs.append(config)
+        sizes = {s: SizeProbe.of(s, [[False, False]] * 2 if config.hole_ratio[s] >= 0.5 else [[True, False]] * 2,
+                                 [[False, False]] * 2) for s in config.sizes}
+        return ProbeResult(sizes, dict(config.data_ratio), 4 * len(sizes), 0.25)
+
+
+def test_the_llm_is_asked_once_more_where_a_size_it_changed_measures_too_hard() -> None:
+    script, probe = Script(GOOD, CALMER), FullProbe()
+    answer = llm(evidence(), seed=0, complete_fn=script, probe_fn=probe, remeasure=True)
+    assert len(script.calls) == 2 and answer.error is None
+    assert answer.projection.config.hole_ratio == {3: 0.3, 4: 0.2, 5: 0.2}  # the second answer stands
+    assert answer.rationale == "Fewer holes at size 3, as measured." and answer.attempts == 2
+    again = script.calls[1]
+    assert [m["role"] for m in again] == ["user", "assistant", "user"] and again[1]["content"] == GOOD
+    assert again[2]["content"].startswith("Your config was measured on the policy before training. Sizes you "
+                                          "changed measure outside the learnable band: 3 (too hard).\n")
+    assert "| 3 | 0.5 | 0% | 0.000 | 100% | 0% | too hard |" in again[2]["content"]
+    assert [c.hole_ratio[3] for c in probe.configs] == [0.5]  # the first answer measured, the second not
+    assert answer.compute == {"completions": 12, "seconds": 0.25, "probes": 1, "cached": 0}
+
+
+def test_a_measured_answer_in_the_learnable_band_is_not_asked_again() -> None:
+    script, probe = Script(CALMER), FullProbe()
+    answer = llm(evidence(), seed=0, complete_fn=script, probe_fn=probe, remeasure=True)
+    assert len(script.calls) == 1 and answer.projection.config.hole_ratio[3] == 0.3
+    assert answer.compute["probes"] == 1
+
+
+def test_an_unusable_second_answer_leaves_the_first_standing() -> None:
+    script = Script(GOOD, "no idea")
+    answer = llm(evidence(), seed=0, complete_fn=script, probe_fn=FullProbe(), remeasure=True)
+    assert len(script.calls) == 2 and answer.projection.config.hole_ratio[3] == 0.5 and answer.attempts == 2
+    assert answer.rationale.endswith("(asked again after measuring; the second answer was not usable: no usable "
+                                     "config after 1 answer: no JSON object in the answer (expected a ```json "
+                                     "block holding the config); the first stands)")
+
+
+def test_the_measured_module_shows_the_current_config_probed() -> None:
+    script, probe = Script(CALMER), FullProbe()
+    modules = ContextModules(measured=True)
+    answer = llm(evidence(), seed=0, complete_fn=script, probe_fn=probe, modules=modules)
+    assert probe.configs == [CONFIG] and answer.compute["probes"] == 1
+    assert ("## The current config measured on the policy (stage 1's checkpoint)\nEach size: 2 boards"
+            in script.calls[0][0]["content"])
+    assert "| 5 | 0.333 | 50% | 0.250 | 0% | 0% | learnable |" in script.calls[0][0]["content"]
+
+
+def test_without_a_probe_the_llm_engineer_asks_once_and_measures_nothing() -> None:
+    answer = llm(evidence(), seed=0, complete_fn=Script(GOOD), remeasure=True)
+    assert answer.compute is None and answer.projection.config.hole_ratio[3] == 0.5

@@ -30,6 +30,7 @@ from lab.experiments import (
     Arm,
     ExperimentError,
     _benchmarks_pending,
+    add_arms,
     benchmark_choices,
     create_experiment,
     experiment_progress,
@@ -457,3 +458,29 @@ def test_a_run_of_an_experiment_travels_alone(lab, tmp_path):
         assert (imported.uuid, imported.arm, imported.experiment_id) == (run.uuid, "heuristic", None)
         assert s.exec(select(Experiment)).all() == []
     other.dispose()
+
+
+def test_an_arm_added_later_runs_every_seed_on_what_the_others_share(lab, capsys):
+    experiment = scripted_experiment(lab, name="grow", seeds=2, stages=1)
+    done = {r.id for r in experiment_runs(lab, experiment.id)}
+    db = str(lab.url.database)
+    assert cli.main(["experiment", "add-arm", "grow", "--arms", "learnability,r=random", "--db", db]) == 0
+    assert "4 runs queued" in capsys.readouterr().out
+    assert [a["name"] for a in find_experiment(lab, "grow").arms] == ["fixed", "heuristic", "learnability", "r"]
+    runs = experiment_runs(lab, experiment.id)
+    old, new = [r for r in runs if r.id in done], [r for r in runs if r.id not in done]
+    assert [(r.arm, r.seed, r.engineer) for r in new] == [("learnability", 0, "learnability"), ("r", 0, "random"),
+                                                          ("learnability", 1, "learnability"), ("r", 1, "random")]
+    shared = ("stages", "grpo", "validation_per_size", "validation_boards", "auto_apply")
+    for run in new:
+        assert {k: run.settings.get(k) for k in shared} == {k: old[0].settings.get(k) for k in shared}
+        with session(lab) as s:
+            assert s.exec(select(Stage).where(Stage.run_id == run.id)).one().config == CONFIG.model_dump(mode="json")
+    assert all(r.status == "done" for r in old)  # nothing that was done is queued again
+    with session(lab) as s:
+        queued = s.exec(select(Job).where(Job.status == "queued")).all()
+    assert sorted(j.run_id for j in queued) == sorted(r.id for r in new)
+    for arms, why in (("fixed", "not one of the experiment's"), ("nobody", "unknown engineer")):
+        with pytest.raises(ExperimentError, match=why):
+            add_arms(lab, "grow", [arms])
+    assert len(experiment_runs(lab, experiment.id)) == 8  # a refused arm stores nothing

@@ -77,7 +77,8 @@ def test_diff_lists_every_knob_and_flags_adjustments():
 
 def test_create_run_refuses_bad_settings(engine):
     with session(engine) as s:
-        with pytest.raises(LoopError, match="unknown engineer 'oracle': one of fixed, random, heuristic, llm"):
+        with pytest.raises(LoopError,
+                           match="unknown engineer 'oracle': one of fixed, random, heuristic, learnability, llm"):
             create_run(s, name="x", config=CONFIG, stages=2, engineer="oracle")
         with pytest.raises(LoopError, match="the llm engineer needs a backend"):
             create_run(s, name="x", config=CONFIG, stages=2, engineer="llm")

@@ -18,12 +18,23 @@ from sqlmodel import SQLModel, select
 
 from storage.db import current_revision, database_url, make_engine, session, upgrade
 from storage.decisions import AlreadyDecided, record_decision
-from storage.models import Decision, Episode, Experiment, Job, Proposal, Run, Stage, StageMetric, TrainingLog
+from storage.models import (
+    Decision,
+    Episode,
+    Experiment,
+    Job,
+    Probe,
+    Proposal,
+    Run,
+    Stage,
+    StageMetric,
+    TrainingLog,
+)
 
 CONFIG = {"data_ratio": {"3": 0.5, "4": 0.5}, "hole_ratio": {"3": 0.1, "4": 0.2}, "num_agents": 2}
 FORK = multiprocessing.get_context("fork")
 
-HEAD = "0005"  # the newest migration
+HEAD = "0006"  # the newest migration
 
 
 def _run(s, **fields) -> Run:
@@ -120,12 +131,12 @@ def test_database_made_by_the_first_schema_upgrades_with_its_data(db_url: str):
     upgrade(engine, "0001")
     # the comparison does see differences: the columns that later revisions add
     added = sorted(d[2] + "." + d[3].name for d in _schema_diff(engine) if d[0] == "add_column")
-    assert added == ["episodes.subset", "jobs.run_id", "jobs.target", "runs.arm", "runs.description",
-                     "runs.experiment_id", "runs.status_reason", "runs.uuid"]
+    assert added == ["decisions.probes", "episodes.subset", "jobs.run_id", "jobs.target", "proposals.compute",
+                     "runs.arm", "runs.description", "runs.experiment_id", "runs.status_reason", "runs.uuid"]
     created = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
     runs, stages, proposals, decisions = (
         _as_first_written(Run, "description", "uuid", "status_reason", "experiment_id", "arm"),
-        *map(_as_first_written, (Stage, Proposal, Decision)),
+        _as_first_written(Stage), _as_first_written(Proposal, "compute"), _as_first_written(Decision, "probes"),
     )
     with engine.begin() as c:
         run_id = c.execute(
@@ -213,6 +224,40 @@ def test_a_0004_database_with_runs_upgrades_to_experiments(db_url: str):
         s.rollback()
         s.add(Experiment(name="e", policy="tiny", seeds=1))
         with pytest.raises(IntegrityError):  # one experiment per name
+            s.commit()
+    engine.dispose()
+
+
+def test_a_0005_database_with_decisions_upgrades_to_probes(db_url: str):
+    engine = make_engine(db_url)
+    upgrade(engine, "0005")
+    with session(engine) as s:
+        run_id = _run(s).id
+    with engine.begin() as c:  # a proposal and its decision as 0005 wrote them: no compute, no probes column
+        proposal_id = c.execute(insert(_as_first_written(Proposal, "compute", "id")).returning(column("id")),
+                                dict(run_id=run_id, after_stage=0, engineer="self", prompt="p", raw_answer="a",
+                                     projected_config=CONFIG, adjustments=[], rationale="", diff={},
+                                     created_at=datetime.now(UTC))).scalar_one()
+        c.execute(insert(_as_first_written(Decision, "probes", "id")),
+                  dict(proposal_id=proposal_id, action="auto", user="auto", config=CONFIG, note="",
+                       created_at=datetime.now(UTC)))
+    upgrade(engine)
+    assert current_revision(engine) == HEAD and _schema_diff(engine) == []
+    with session(engine) as s:
+        assert s.exec(select(Decision)).one().probes is None
+        assert s.exec(select(Proposal)).one().compute is None
+        s.add(Probe(key="k", config=CONFIG, checkpoint="tiny", seed=0, boards=2, answers=2, temperature=1.0,
+                    sizes={"3": {"valid": 1}}, completions=4, seconds=0.5))
+        s.add(Job(kind="probe", payload={}))  # the new job kind passes the CHECK
+        s.commit()
+        assert s.exec(select(Probe)).one().sizes == {"3": {"valid": 1}}
+        s.add(Probe(key="k", config=CONFIG, checkpoint="tiny", seed=0, boards=2, answers=2, temperature=1.0,
+                    sizes={}, completions=4, seconds=0.5))
+        with pytest.raises(IntegrityError):  # one row per cache key
+            s.commit()
+        s.rollback()
+        s.add(Job(kind="probes", payload={}))
+        with pytest.raises(IntegrityError):  # still a closed vocabulary
             s.commit()
     engine.dispose()
 

@@ -14,7 +14,7 @@ from sqlalchemy import Engine
 from envsim.config import ConfigError, Projection
 from envsim.generator import GenerationError, generate
 from lab.loop import advance
-from lab.pages import figures
+from lab.pages import figures, measure
 from lab.pages.common import (
     BAD_ROW,
     DECIDED,
@@ -260,12 +260,13 @@ def edit_check(engine: Engine, proposal_id: int | None, rows: Sequence[Sequence[
 
 
 def decide_proposal(engine: Engine, proposal_id: int | None, action: str, user: str, note: str = "",
-                    rows: Sequence[Sequence[Any]] | None = None, agents: Any = None, instances: Any = None) -> str:
+                    rows: Sequence[Sequence[Any]] | None = None, agents: Any = None, instances: Any = None,
+                    probes: list[str] | None = None) -> str:
     """Accept, edit or reject a proposal and move the run on; returns the message for the page.
 
     An invalid edit is refused with the validator's message naming the field and range, and nothing is
     stored; a stored edit is told value by value; when someone else decided first, the message says who and
-    what.
+    what. `probes`: the keys of the probes the person saw (the Measure panel), kept with the decision.
     """
     if proposal_id is None:
         return "No proposal is open."
@@ -273,7 +274,7 @@ def decide_proposal(engine: Engine, proposal_id: int | None, action: str, user: 
     try:
         stored = None if edited is None else _stored_text(proposal_state(engine, int(proposal_id)),
                                                           edit_projection(engine, int(proposal_id), edited))
-        decide_on(engine, int(proposal_id), action, user, edited=edited, note=note or "")
+        decide_on(engine, int(proposal_id), action, user, edited=edited, note=note or "", probes=probes or None)
     except AlreadyDecided as err:
         d = err.decision
         return (f"⚠ Someone decided first: proposal #{proposal_id} was already {DECIDED[d.action]} by "
@@ -321,6 +322,7 @@ class ProposalTab:
     buttons: dict[Action, gr.Button]
     message: gr.Markdown
     decided: list[Any]
+    measure: measure.MeasurePanel | None = None
 
     @property
     def outputs(self) -> list[Any]:
@@ -386,9 +388,9 @@ class ProposalTab:
         return checked | {self.edit: table_rows, self.check: f"{done} {checked[self.check]}"}
 
     def decider(self, action: Action):
-        def decide(proposal_id, note, rows, agents, instances, request: gr.Request) -> dict[Any, Any]:
+        def decide(proposal_id, note, rows, agents, instances, seen, request: gr.Request) -> dict[Any, Any]:
             return {self.message: decide_proposal(self.engine, proposal_id, action, user_of(request), note, rows,
-                                                  agents, instances)}
+                                                  agents, instances, seen)}
         return decide
 
     def toggle(self, run_id: int | None, on: bool) -> dict[Any, Any]:
@@ -424,6 +426,7 @@ def build(page: Page) -> ProposalTab:
             agents = gr.Number(label="num_agents", precision=0, elem_id="edit-agents")
             instances = gr.Number(label="num_instances", precision=0, elem_id="edit-instances")
             rescale = gr.Button("Rescale data_ratio to sum to 1", scale=0, min_width=240, elem_id="rescale")
+    measured = measure.build(page.engine, pick, edit, agents, instances)
     note = gr.Textbox(label="Note (kept with the decision)", lines=1)
     message = gr.Markdown(elem_id="decision-msg")
     with gr.Row():
@@ -431,7 +434,7 @@ def build(page: Page) -> ProposalTab:
                    Action.EDIT: gr.Button("Apply my edit", elem_id="submit-edit"),
                    Action.REJECT: gr.Button("Reject and ask again", variant="stop", elem_id="reject")}
     tab = ProposalTab(page.engine, pick, auto, status, rationale, raw, changed_only, diff_df, preview_note, preview,
-                      edit, agents, instances, check, marks, note, buttons, message, [])
+                      edit, agents, instances, check, marks, note, buttons, message, [], measured)
     _wire_decisions(page, tab)
     rescale.click(tab.rescale, [pick, edit, agents, instances],
                   [edit, check, marks, *buttons.values()], show_progress="hidden")
@@ -448,7 +451,8 @@ def _wire_decisions(page: Page, tab: ProposalTab) -> None:
           show_progress="hidden")
     for action, button in tab.buttons.items():
         tab.decided.append(
-            button.click(tab.decider(action), [tab.pick, tab.note, tab.edit, tab.agents, tab.instances], tab.message)
+            button.click(tab.decider(action), [tab.pick, tab.note, tab.edit, tab.agents, tab.instances,
+                                               tab.measure.seen], tab.message)
             .then(tab.after_decision, [page.run_pick, tab.pick], tab.outputs))
     tab.auto.input(tab.toggle, [page.run_pick, tab.auto], tab.message) \
         .then(tab.after_decision, [page.run_pick, tab.pick], tab.outputs)

@@ -1,0 +1,83 @@
+"""What measuring costs: the probe of a config over the 8 map sizes, a `learnability` proposal, and (with `--db`) a
+proposal against the stage it precedes, timed in the same experiment on the same machine.
+
+The probe's defaults (`training.probe`: 8 boards per size, 8 sampled answers each, 512 completions) should take at
+most 15 s on one CPU thread; a learnability proposal (8 sizes x 4 candidates x 4 boards x 8 answers, 1,024
+completions) at most a quarter of a default stage's wall time. Stage and proposal times come from the job rows
+of an experiment's `learnability` runs (`--db`), which ran side by side on the same worker, so their ratio holds
+on a loaded machine even where the seconds do not.
+
+    OMP_NUM_THREADS=1 python benchmarks/bench_probe.py --db runs/hardstart/study.db
+
+On this 2-core machine, 2026-11-24, once its load had dropped (load average 4): a scenario's probe 9.0 s
+(`default` and `hard-start`), a learnability proposal 15.4 s of probing; in the `hardstart` study's learnability
+runs (the machine loaded), a proposal took 7% of a training stage's wall time (docs/results/README.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+from sqlmodel import select
+
+from lab.context import Evidence, StageResult
+from lab.engineers import LEARN_ANSWERS, LEARN_BOARDS, learnability
+from lab.experiments import load_scenario
+from storage.db import make_engine, session
+from storage.models import Job, JobKind, JobStatus, Run
+from training.policy import load_policy
+from training.probe import PROBE_ANSWERS, PROBE_BOARDS, probe_config
+
+
+@dataclass
+class Args:
+    threads: int = 1
+    seed: int = 0
+    db: str = ""  # an experiment's database with a `learnability` arm: its stage and propose jobs, timed
+    arm: str = "learnability"
+
+
+def main(args: Args) -> None:
+    torch.set_num_threads(args.threads)
+    policy = load_policy("tiny")
+    print(f"tiny policy, {args.threads} torch thread(s)")
+    for name in ("default", "hard-start"):
+        config = load_scenario(name).config
+        result = probe_config(policy, config, seed=args.seed)
+        print(f"probe of `{name}`: 8 sizes x {PROBE_BOARDS} boards x {PROBE_ANSWERS} answers = {result.completions} "
+              f"completions in {result.seconds:.1f} s; signal share {result.signal_share:.0%}")
+    config = load_scenario("hard-start").config
+    t0 = time.perf_counter()
+    answer = learnability(Evidence(StageResult(0, config, {})), seed=args.seed, probe_fn=lambda c: probe_config(
+        policy, c, seed=args.seed, boards=LEARN_BOARDS, answers=LEARN_ANSWERS))
+    print(f"a learnability proposal on `hard-start`: {answer.compute['completions']} completions, "
+          f"{answer.compute['seconds']:.1f} s probing, {time.perf_counter() - t0:.1f} s in all")
+    if args.db:
+        stage_s, propose_s = job_seconds(args.db, args.arm)
+        if stage_s and propose_s:
+            stage, propose = statistics.mean(stage_s), statistics.mean(propose_s)
+            print(f"in {args.db}, arm {args.arm}: a training stage {stage:.0f} s (mean of {len(stage_s)}), a proposal "
+                  f"{propose:.0f} s (mean of {len(propose_s)}): {propose / stage:.0%} of a stage")
+
+
+def job_seconds(db: str, arm: str) -> tuple[list[float], list[float]]:
+    """Wall seconds of the arm's finished training-stage jobs (stage 1 on) and propose jobs."""
+    engine = make_engine(db)
+    with session(engine) as s:
+        jobs = s.exec(select(Job).join(Run, Run.id == Job.run_id).where(Run.arm == arm,
+                                                                          Job.status == JobStatus.DONE)).all()
+    seconds = {kind: [(j.finished_at - j.started_at).total_seconds() for j in jobs
+                      if j.kind == kind and (kind != JobKind.STAGE or j.target > 0)]
+               for kind in (JobKind.STAGE, JobKind.PROPOSE)}
+    return seconds[JobKind.STAGE], seconds[JobKind.PROPOSE]
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    for name, default in vars(Args()).items():
+        parser.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default)
+    main(Args(**vars(parser.parse_args())))

@@ -1,0 +1,147 @@
+"""The Measure panel's data, without a browser: which configs are measured, the probe job on the real tiny policy,
+the side-by-side table, an absent checkpoint, and the probes a decision keeps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from sqlmodel import select
+
+from envsim.config import EnvConfig
+from lab.engineers import _answer
+from lab.loop import create_run
+from lab.measurements import (
+    EDIT,
+    IN_FORCE,
+    PROPOSED,
+    measure_configs,
+    measure_view,
+    queue_measure,
+    side_by_side,
+)
+from lab.pages.common import config_rows
+from lab.pages.proposal import decide_proposal
+from lab.proposals import store_proposal
+from lab.worker import run_worker
+from storage.db import make_engine, session, upgrade
+from storage.models import Decision, Job, Probe, Stage
+from training.probe import ProbeResult, SizeProbe, run_probe_job
+
+BASE = EnvConfig(data_ratio={3: 0.5, 4: 0.5}, hole_ratio={3: 0.2, 4: 0.2}, wait_ratio={3: 0.25, 4: 0.25},
+                 num_agents=2, num_instances=8)
+PROPOSAL = BASE.model_copy(update={"hole_ratio": {3: 0.3, 4: 0.1}})
+
+
+@pytest.fixture
+def lab(tmp_path: Path):
+    engine = make_engine(str(tmp_path / "lab.db"))
+    upgrade(engine)
+    yield engine
+    engine.dispose()
+
+
+def proposal_after(engine, stage_index: int = 0, checkpoint: str = "tiny") -> int:
+    """A run whose stages up to `stage_index` are done (the last with `checkpoint`) and a pending proposal."""
+    with session(engine) as s:
+        run = create_run(s, name="m", config=BASE, stages=3, engineer="heuristic", seed=4)
+        for k in range(stage_index + 1):
+            stage = s.exec(select(Stage).where(Stage.run_id == run.id, Stage.index == k)).first() or \
+                Stage(run_id=run.id, index=k, config=BASE.model_dump(mode="json"))
+            stage.status, stage.checkpoint = "done", "tiny" if k == 0 else checkpoint
+            s.add(stage)
+        s.exec(select(Job)).all()
+        for job in s.exec(select(Job)):
+            job.status = "done"
+            s.add(job)
+        s.commit()
+        return store_proposal(s, run.id, stage_index, "heuristic", _answer(PROPOSAL, BASE, "r"), BASE).id
+
+
+def rows_of(config: EnvConfig) -> tuple[list, int, int]:
+    return config_rows(config), config.num_agents, config.num_instances
+
+
+def test_the_configs_measured_are_in_force_proposed_and_an_edit_that_differs(lab):
+    pid = proposal_after(lab)
+    assert measure_configs(lab, pid) == {IN_FORCE: BASE, PROPOSED: PROPOSAL}
+    same = PROPOSAL.model_dump(mode="json")
+    assert measure_configs(lab, pid, same) == {IN_FORCE: BASE, PROPOSED: PROPOSAL}  # the edit is the proposal
+    mine = BASE.model_copy(update={"hole_ratio": {3: 0.4, 4: 0.2}})
+    assert measure_configs(lab, pid, mine.model_dump(mode="json"))[EDIT] == mine
+
+
+def test_a_bad_edit_is_refused_in_one_line_and_queues_nothing(lab):
+    pid = proposal_after(lab)
+    job_id, message = queue_measure(lab, pid, {**BASE.model_dump(mode="json"), "hole_ratio": {"3": 0.9, "4": 0.2}})
+    assert job_id is None and message.startswith("✗ Not measured: ") and "hole_ratio" in message
+    assert "\n" not in message
+    with session(lab) as s:
+        assert s.exec(select(Job).where(Job.kind == "probe")).all() == []
+
+
+def test_an_absent_checkpoint_is_said_and_the_stage0_policy_offered(lab):
+    pid = proposal_after(lab, stage_index=1, checkpoint="gone/stage-1/policy")
+    job_id, message = queue_measure(lab, pid)
+    assert job_id is None and message.startswith("Stage 1's checkpoint is not on this machine (")
+    assert message.endswith("measure the stage-0 policy instead?")
+    job_id, message = queue_measure(lab, pid, stage0=True)
+    assert job_id is not None and "on the stage-0 policy" in message
+    with session(lab) as s:
+        job = s.get(Job, job_id)
+    assert (job.payload["checkpoint"], job.payload["policy_path"], job.target) == ("tiny", "tiny", 1)
+
+
+def tiny_budget(engine, job_id: int) -> None:
+    """A tiny budget for a test: 2 boards per size, 2 answers each."""
+    with session(engine) as s:
+        job = s.get(Job, job_id)
+        job.payload = {**job.payload, "boards": 2, "answers": 2}
+        s.add(job)
+        s.commit()
+
+
+def test_the_job_measures_on_the_worker_and_the_decision_keeps_what_was_seen(lab):
+    pid = proposal_after(lab)
+    rows, agents, instances = rows_of(PROPOSAL.model_copy(update={"hole_ratio": {3: 0.1, 4: 0.1}}))
+    from lab.pages.common import config_from_table
+
+    job_id, message = queue_measure(lab, pid, config_from_table(rows, agents, instances))
+    assert message.startswith(f"Measuring in force, proposed, your edit on the stage-0 policy (job {job_id})")
+    assert queue_measure(lab, pid)[1] == f"A measurement of this run's stage is under way already (job {job_id})."
+    tiny_budget(lab, job_id)
+    view = measure_view(lab, job_id)
+    assert view.running and view.done == 0.0 and view.status.startswith(f"Measuring (job {job_id}, queued)")
+    assert run_worker(lab, {"probe": run_probe_job}, once=True, poll_s=0.01)
+    view = measure_view(lab, job_id)
+    assert not view.running and view.done == 1.0 and view.headers == ["size", IN_FORCE, PROPOSED, EDIT]
+    assert [r[0] for r in view.rows] == ["3x3", "4x4", "boards with signal"]
+    with session(lab) as s:
+        probes = {p.key: p for p in s.exec(select(Probe))}
+        job = s.get(Job, job_id)
+    assert sorted(view.keys) == sorted(probes) and len(probes) == 3
+    assert job.result["probes"][PROPOSED] in probes and job.step == job.total == 6
+    assert "your edit: 8 answers in" in job.log_tail
+    # asked again: the same probes, from the table (nothing sampled)
+    again, _ = queue_measure(lab, pid, config_from_table(rows, agents, instances))
+    tiny_budget(lab, again)
+    assert run_worker(lab, {"probe": run_probe_job}, once=True, poll_s=0.01)
+    assert measure_view(lab, again).keys == view.keys
+    with session(lab) as s:
+        assert "found in the cache" in s.get(Job, again).log_tail and len(s.exec(select(Probe)).all()) == 3
+    said = decide_proposal(lab, pid, "accept", "ana", probes=view.keys)
+    assert said.startswith(f"✓ Proposal #{pid} accepted by ana.")
+    with session(lab) as s:
+        assert s.exec(select(Decision)).one().probes == view.keys
+
+
+def test_side_by_side_shows_p_learnability_and_the_verdict_per_size():
+    T, F = True, False
+    hard = ProbeResult({3: SizeProbe.of(3, [[F, F], [F, F]], [[F, F]] * 2),
+                        4: SizeProbe.of(4, [[T, F], [F, F]], [[F, F]] * 2)}, {3: 0.5, 4: 0.5}, 8, 1.0)
+    easy = ProbeResult({3: SizeProbe.of(3, [[T, T], [T, F]], [[F, F]] * 2)}, {3: 1.0}, 4, 1.0)
+    headers, rows = side_by_side({IN_FORCE: hard, PROPOSED: easy})
+    assert headers == ["size", IN_FORCE, PROPOSED]
+    assert rows == [["3x3", "p 0%, learnability 0.000: too hard", "p 75%, learnability 0.125: learnable"],
+                    ["4x4", "p 25%, learnability 0.125: learnable", "-"],
+                    ["boards with signal", "25%", "50%"]]

@@ -1,0 +1,131 @@
+"""The probe: p_b(1 - p_b) counted by hand, the same numbers for the same seed, a second ask answered from the
+table without sampling."""
+
+from __future__ import annotations
+
+import pytest
+from sqlmodel import select
+
+from envsim.config import EnvConfig
+from storage.db import make_engine, session, upgrade
+from storage.models import Probe
+from training.policy import load_policy
+from training.probe import Band, ProbeResult, SizeProbe, measure, probe_config, probe_key, sampling_temperature
+
+T, F = True, False
+SMALL = EnvConfig(data_ratio={3: 0.75, 4: 0.25}, hole_ratio={3: 0.2, 4: 0.3}, wait_ratio={3: 0.25, 4: 0.25},
+                  num_agents=2, num_instances=16)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_policy("tiny")
+
+
+def test_learnability_is_the_mean_of_each_boards_p_times_one_minus_p():
+    valid = [[T, T, T, T], [T, F, F, F], [F, F, F, F], [T, T, F, F]]  # p_b: 1, 1/4, 0, 1/2
+    optimal = [[T, F, F, F], [F, F, F, F], [F, F, F, F], [T, T, F, F]]
+    probe = SizeProbe.of(5, valid, optimal)
+    assert (probe.boards, probe.answers, probe.valid, probe.optimal) == (4, 4, 7, 3)
+    assert probe.learnability == (0 + 0.25 * 0.75 + 0 + 0.5 * 0.5) / 4 == 0.109375
+    assert (probe.p, probe.optimal_rate, probe.none_valid, probe.all_valid, probe.signal) == (
+        7 / 16, 3 / 16, 0.25, 0.25, 0.5)
+    assert probe.band == Band.LEARNABLE
+    assert SizeProbe.of(3, [[F, F], [F, F], [T, F]], [[F, F]] * 3).band == Band.TOO_HARD  # 2 of 3 all invalid
+    assert SizeProbe.of(3, [[T, T], [T, T], [T, F]], [[F, F]] * 3).band == Band.TOO_EASY
+    assert SizeProbe.of(3, [[T, T], [F, F]], [[F, F]] * 2).band == Band.LEARNABLE  # half is not more than half
+
+
+def test_the_signal_share_is_weighted_by_the_data_ratios():
+    easy = SizeProbe.of(3, [[T, T], [T, T]], [[F, F]] * 2)  # signal 0
+    mixed = SizeProbe.of(4, [[T, F], [T, T]], [[F, F]] * 2)  # signal 1/2
+    result = ProbeResult({3: easy, 4: mixed}, {3: 0.75, 4: 0.25}, 8, 1.0)
+    assert result.signal_share == 0.125
+    assert ProbeResult({3: easy, 4: mixed}, {3: 0.0, 4: 0.0}, 8, 1.0).signal_share == 0.25  # no data: unweighted
+
+
+def test_the_probe_is_reproducible_for_a_seed(tiny):
+    first = probe_config(tiny, SMALL, seed=3, boards=2, answers=3)
+    again = probe_config(tiny, SMALL, seed=3, boards=2, answers=3)
+    assert first.sizes == again.sizes and first.completions == 2 * 2 * 3
+    assert set(first.sizes) == {3, 4} and first.data_ratio == {3: 0.75, 4: 0.25}
+    alone = probe_config(tiny, SMALL, seed=3, boards=2, answers=3, sizes=[4])
+    assert alone.sizes == {4: first.sizes[4]}  # a size's numbers do not depend on the other sizes probed
+    other = [probe_config(tiny, SMALL, seed=s, boards=2, answers=3).sizes for s in (4, 5, 6)]
+    assert any(o != first.sizes for o in other)  # the seed matters
+
+
+def test_a_second_ask_is_answered_from_the_table_without_sampling(tiny, tmp_path):
+    engine = make_engine(str(tmp_path / "lab.db"))
+    upgrade(engine)
+    loads = []
+
+    def load():
+        loads.append(1)
+        return tiny
+
+    first = measure(engine, SMALL, "tiny", policy=load, seed=1, boards=2, answers=2)
+    assert not first.cached and loads == [1]
+
+    def refuse():
+        raise AssertionError("a cached probe must not sample")
+
+    second = measure(engine, SMALL, "tiny", policy=refuse, seed=1, boards=2, answers=2)
+    assert second.cached and second.sizes == first.sizes and second.key == first.key
+    assert (second.completions, second.seconds) == (first.completions, first.seconds)
+    with session(engine) as s:
+        row = s.exec(select(Probe)).one()
+    assert (row.key, row.checkpoint, row.seed, row.boards, row.answers, row.completions) == (
+        probe_key(SMALL, "tiny", 1, 2, 2, 1.0), "tiny", 1, 2, 2, 8)
+    third = measure(engine, SMALL, "tiny", policy=load, seed=2, boards=2, answers=2)  # another seed: measured
+    assert not third.cached and loads == [1, 1]
+    engine.dispose()
+
+
+def test_the_probe_samples_at_the_stages_temperature():
+    assert sampling_temperature({}) == 1.0  # TRL's default
+    assert sampling_temperature({"temperature": 0.7}) == 0.7
+
+
+def test_a_probe_of_no_answers_is_refused(tiny):
+    with pytest.raises(ValueError, match="boards = 0"):
+        probe_config(tiny, SMALL, boards=0)
+
+
+
+def test_a_learnability_proposal_probes_the_runs_checkpoint_and_keeps_its_compute(tmp_path):
+    """The propose job with the real tiny policy: 2 sizes x up to 4 candidates, stored, cached the second time."""
+    from lab.loop import create_run, run_propose_job
+    from lab.worker import run_worker
+    from storage.models import Job, Proposal, Stage
+
+    engine = make_engine(str(tmp_path / "lab.db"))
+    upgrade(engine)
+    with session(engine) as s:
+        run = create_run(s, name="l", config=SMALL, stages=2, engineer="learnability", seed=2, auto_apply=True)
+        stage = s.exec(select(Stage).where(Stage.run_id == run.id)).one()
+        stage.status, stage.checkpoint = "done", "tiny"
+        s.add(stage)
+        job = s.exec(select(Job)).one()
+        job.status = "done"
+        s.add(job)
+        s.commit()
+        run_id = run.id
+    from storage.queue import enqueue
+
+    for _ in range(2):
+        with session(engine) as s:
+            enqueue(s, "propose", {"run_id": run_id, "after_stage": 0, "replaces": None}, run_id=run_id, target=0)
+        assert run_worker(engine, {"propose": run_propose_job}, once=True, poll_s=0.01)
+    with session(engine) as s:
+        first, second = s.exec(select(Proposal).order_by(Proposal.id)).all()
+        probes = s.exec(select(Probe)).all()
+    assert first.error is None and first.engineer == "learnability"
+    assert first.compute["probes"] == len(probes) == 8 and first.compute["completions"] == 8 * 4 * 8
+    assert first.compute["cached"] == 0 and first.compute["seconds"] > 0
+    assert {p.checkpoint for p in probes} == {"tiny"} and {(p.seed, p.boards, p.answers) for p in probes} == {(2, 4, 8)}
+    assert second.compute == {"completions": 0, "seconds": 0.0, "probes": 8, "cached": 8}  # all from the table
+    assert second.projected_config == first.projected_config and second.rationale.splitlines()[:2] == \
+        first.rationale.splitlines()[:2]
+    assert first.rationale.splitlines()[0].startswith("size 3: hole ")
+    engine.dispose()

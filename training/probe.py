@@ -1,0 +1,253 @@
+"""The probe: how much GRPO signal a config's boards carry for a checkpoint, size by size, measured by sampling.
+
+GRPO learns only from a group whose answers disagree: a board the policy always solves, or never solves, gives
+every answer the same advantage, zero. So a config is judged before it trains by drawing `boards` boards per map
+size from it (seeded), answering each `answers` times exactly as a stage samples (the stage's temperature and
+answer budget, `training.stage.sampling_temperature`, `training.evaluate.answer_budget`), scoring every answer,
+and keeping per size: p, the valid share; the optimal share; the learnability, the mean over boards of
+p_b(1 - p_b) with p_b a board's valid share over its answers (the variance of its group's valid reward); and the
+shares of boards with no valid answer and with every answer valid. Weighted by the config's data ratios, the
+share of boards that carry signal says how much of a stage's data can move the policy.
+
+A probe is a pure function of (config, policy, seed, boards, answers, temperature): the same arguments give the
+same numbers. `measure` keeps each in the `probes` table under a key of those arguments (the checkpoint by the
+name a stage row gives it), so asking twice costs nothing. Torch loads only when a probe samples, so the lab
+reads stored probes (and their defaults) without it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Engine
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import select
+
+from envsim.config import EnvConfig
+from envsim.generator import generate
+from envsim.parser import parse
+from envsim.scoring import score
+from storage.db import session
+from storage.models import Job, Probe
+from training.progress import Cancelled, Progress
+
+if TYPE_CHECKING:  # torch loads only where a probe samples: the lab reads probes without it
+    from training.policy import Policy
+
+PROBE_BOARDS = 8  # per map size (benchmarks/bench_probe.py: the 8 sizes in about 9 s on one CPU thread)
+PROBE_ANSWERS = 8  # per board: a GRPO group of the tiny policy's default size
+MOSTLY = 0.5  # a size is too hard (too easy) when more than this share of its boards has no (only) valid answers
+
+
+class Band(StrEnum):
+    """Where a size stands for GRPO: most boards all wrong, most all right, or enough that disagree."""
+
+    TOO_HARD = "too hard"
+    LEARNABLE = "learnable"
+    TOO_EASY = "too easy"
+
+
+@dataclass(frozen=True)
+class SizeProbe:
+    """One map size of a probe: `boards` boards answered `answers` times each."""
+
+    size: int
+    boards: int
+    answers: int
+    valid: int  # valid answers, over boards * answers
+    optimal: int
+    learnability: float  # mean over boards of p_b (1 - p_b)
+    none_valid: float  # share of boards with no valid answer
+    all_valid: float  # share of boards whose every answer is valid
+
+    @property
+    def p(self) -> float:
+        return self.valid / (self.boards * self.answers)
+
+    @property
+    def optimal_rate(self) -> float:
+        return self.optimal / (self.boards * self.answers)
+
+    @property
+    def signal(self) -> float:
+        """The share of boards whose answers disagree: the ones that give GRPO an advantage."""
+        return 1 - self.none_valid - self.all_valid
+
+    @property
+    def band(self) -> Band:
+        if self.none_valid > MOSTLY:
+            return Band.TOO_HARD
+        if self.all_valid > MOSTLY:
+            return Band.TOO_EASY
+        return Band.LEARNABLE
+
+    @classmethod
+    def of(cls, size: int, valid: Sequence[Sequence[bool]], optimal: Sequence[Sequence[bool]]) -> SizeProbe:
+        """From each board's answers scored valid / optimal (one list per board, `answers` long)."""
+        shares = [sum(group) / len(group) for group in valid]
+        return cls(size=size, boards=len(valid), answers=len(valid[0]), valid=sum(map(sum, valid)),
+                   optimal=sum(map(sum, optimal)), learnability=sum(p * (1 - p) for p in shares) / len(shares),
+                   none_valid=sum(p == 0 for p in shares) / len(shares),
+                   all_valid=sum(p == 1 for p in shares) / len(shares))
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """A config measured size by size, with what it cost. `key` is its cache key (empty when not stored)."""
+
+    sizes: dict[int, SizeProbe]
+    data_ratio: dict[int, float]
+    completions: int
+    seconds: float
+    key: str = ""
+    cached: bool = False
+
+    @property
+    def signal_share(self) -> float:
+        """The data-ratio-weighted share of the config's boards that carry signal (sizes with data only)."""
+        weight = sum(self.data_ratio.get(s, 0.0) for s in self.sizes)
+        if weight == 0:
+            return sum(p.signal for p in self.sizes.values()) / len(self.sizes)
+        return sum(self.data_ratio.get(s, 0.0) * p.signal for s, p in self.sizes.items()) / weight
+
+    def to_json(self) -> dict[str, Any]:
+        return {str(s): asdict(p) for s, p in self.sizes.items()}
+
+
+def sampling_temperature(grpo: dict[str, Any] | None = None) -> float:
+    """The temperature a stage samples at: the run's `settings["grpo"]["temperature"]`, else TRL's default."""
+    from trl import GRPOConfig  # TRL loads only for the one number
+
+    return float((grpo or {}).get("temperature", GRPOConfig.__dataclass_fields__["temperature"].default))
+
+
+def one_size(config: EnvConfig, size: int) -> EnvConfig:
+    """The config's boards of one map size: that size's hole and wait ratios, all of the data."""
+    return EnvConfig(data_ratio={size: 1.0}, hole_ratio={size: config.hole_ratio[size]},
+                     wait_ratio={size: config.wait_ratio[size]}, num_agents=config.num_agents,
+                     num_instances=config.num_instances)
+
+
+def probe_config(policy: Policy, config: EnvConfig, *, seed: int = 0, boards: int = PROBE_BOARDS,
+                 answers: int = PROBE_ANSWERS, temperature: float = 1.0, sizes: Sequence[int] | None = None,
+                 progress: Callable[[int, int], object] | None = None) -> ProbeResult:
+    """Measure `config` for `policy`: per size (`sizes`, default every size of the config), `boards` boards drawn
+    from that size's ratios with `seed`, each answered `answers` times by sampling as a stage does.
+
+    The answer budget is the stage's: the largest `answer_budget` over the boards drawn. Each size samples from
+    its own seed (`seed * 1000 + size`), so a size's numbers do not depend on which other sizes are probed.
+    `progress(done, total)` hears each size as it ends (sizes done of all). Raises what the generator raises
+    when a size's boards cannot be made.
+    """
+    from training.evaluate import answer_budget
+
+    if boards < 1 or answers < 1:
+        raise ValueError(f"boards = {boards}, answers = {answers}: a probe answers at least 1 board at least once")
+    chosen = list(sizes if sizes is not None else config.sizes)
+    t0 = time.perf_counter()
+    drawn = {s: generate(one_size(config, s), boards, seed=seed) for s in chosen}
+    budget = max(answer_budget(policy, b) for bs in drawn.values() for b in bs)
+    measured: dict[int, SizeProbe] = {}
+    for done, (size, instances) in enumerate(drawn.items(), start=1):
+        prompts = [policy.prompt(b) for b in instances for _ in range(answers)]
+        texts = policy.generate(prompts, max_new_tokens=budget, do_sample=True, temperature=temperature,
+                                seed=seed * 1000 + size)
+        outcomes = [score(b, parse(texts[i * answers + a], b.num_agents))
+                    for i, b in enumerate(instances) for a in range(answers)]
+        groups = [outcomes[i * answers:(i + 1) * answers] for i in range(len(instances))]
+        measured[size] = SizeProbe.of(size, [[o.valid for o in g] for g in groups],
+                                      [[o.optimal for o in g] for g in groups])
+        if progress is not None:
+            progress(done, len(drawn))
+    return ProbeResult(measured, {s: config.data_ratio.get(s, 0.0) for s in chosen}, len(chosen) * boards * answers,
+                       time.perf_counter() - t0)
+
+
+def probe_key(config: EnvConfig, checkpoint: str, seed: int, boards: int, answers: int, temperature: float) -> str:
+    """The cache key: a hash of the canonical JSON of everything the numbers depend on."""
+    text = json.dumps({"config": config.model_dump(mode="json"), "checkpoint": checkpoint, "seed": seed,
+                       "boards": boards, "answers": answers, "temperature": temperature}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def result_of(row: Probe, cached: bool = True) -> ProbeResult:
+    """A stored probe as a result."""
+    sizes = {int(s): SizeProbe(**p) for s, p in row.sizes.items()}
+    ratios = EnvConfig.model_validate(row.config).data_ratio
+    return ProbeResult(sizes, {s: ratios.get(s, 0.0) for s in sizes}, row.completions, row.seconds, row.key, cached)
+
+
+def stored_probe(engine: Engine, key: str) -> ProbeResult | None:
+    with session(engine) as s:
+        row = s.exec(select(Probe).where(Probe.key == key)).first()
+    return None if row is None else result_of(row)
+
+
+def measure(engine: Engine, config: EnvConfig, checkpoint: str, *,
+            policy: Policy | Callable[[], Policy] | None = None,
+            policy_path: str | None = None, seed: int = 0, boards: int = PROBE_BOARDS, answers: int = PROBE_ANSWERS,
+            temperature: float = 1.0, progress: Callable[[int, int], object] | None = None) -> ProbeResult:
+    """The probe of `config` on `checkpoint` (as a stage row names it), from the `probes` table when it is
+    there (`cached`, no sampling), else measured and stored.
+
+    `policy` is the loaded policy, or a function that loads it (called only on a miss); without it the policy is
+    loaded from `policy_path` (default `checkpoint`).
+    """
+    key = probe_key(config, checkpoint, seed, boards, answers, temperature)
+    if (found := stored_probe(engine, key)) is not None:
+        return found
+    if policy is None:
+        from training.policy import load_policy, local_device
+
+        policy = load_policy(policy_path or checkpoint, device=local_device())
+    elif callable(policy):  # a loader: a Policy itself is not callable
+        policy = policy()
+    result = probe_config(policy, config, seed=seed, boards=boards, answers=answers, temperature=temperature,
+                          progress=progress)
+    with session(engine) as s:
+        s.add(Probe(key=key, config=config.model_dump(mode="json"), checkpoint=checkpoint, seed=seed, boards=boards,
+                    answers=answers, temperature=temperature, sizes=result.to_json(),
+                    completions=result.completions, seconds=result.seconds))
+        try:
+            s.commit()
+        except IntegrityError:  # another process measured the same just now: its row stands, equal to ours
+            s.rollback()
+    return ProbeResult(result.sizes, result.data_ratio, result.completions, result.seconds, key, cached=False)
+
+
+def run_probe_job(engine: Engine, job: Job, progress: Progress) -> dict[str, Any]:
+    """The `probe` job (the Measure panel, docs/loop.md): payload `{"checkpoint", "policy_path", "configs":
+    {label: config JSON}, "seed", "boards", "answers", "temperature"}`; measures each config (cached ones cost
+    nothing) and returns `{"probes": {label: key}}`. Progress counts sizes over every config."""
+    from training.policy import load_policy, local_device
+
+    p = job.payload
+    configs = {label: EnvConfig.model_validate(c) for label, c in p["configs"].items()}
+    total = sum(len(c.sizes) for c in configs.values())
+    loaded: list[Policy] = []
+
+    def load() -> Policy:
+        if not loaded:
+            progress(0, total, f"loading {p['policy_path']}")
+            loaded.append(load_policy(p["policy_path"], device=local_device()))
+        return loaded[0]
+
+    keys, done = {}, 0
+    for label, config in configs.items():
+        def step(k: int, _n: int, base: int = done, label: str = label) -> None:
+            if progress(base + k, total, f"{label}: {base + k} of {total} sizes measured"):
+                raise Cancelled(f"cancelled after {base + k} of {total} sizes")
+
+        result = measure(engine, config, p["checkpoint"], policy=load, seed=int(p["seed"]), boards=int(p["boards"]),
+                         answers=int(p["answers"]), temperature=float(p["temperature"]), progress=step)
+        done += len(config.sizes)
+        keys[label] = result.key
+        progress(done, total, f"{label}: " + ("found in the cache" if result.cached else
+                                              f"{result.completions} answers in {result.seconds:.1f} s"))
+    return {"probes": keys}
