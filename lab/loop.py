@@ -296,9 +296,31 @@ def _ask_engineer(s: Session, run: Run, after: int, replaces: int | None) -> str
     return f"failed: {run.status_reason}"
 
 
+def missing_checkpoint(engine: Engine, run_id: int, stage_index: int | None = None) -> str | None:
+    """Why a stage of a run (every trained stage, without `stage_index`) has no checkpoint to load here, or
+    None when it has: work that needs the weights is refused when asked, not when a worker gets to it."""
+    with open_session(engine) as s:
+        query = select(Stage).where(Stage.run_id == run_id, Stage.status == StageStatus.DONE)
+        stages = list(s.exec(query.where(Stage.index == stage_index) if stage_index is not None
+                             else query.where(Stage.index > 0).order_by(Stage.index)))
+        run = s.get(Run, run_id)
+        example = bool(run and run.settings.get("example"))
+    for stage in stages:
+        if stage.index == 0:
+            continue  # the run's policy as given ("tiny", a model name): the worker loads it as any run does
+        where = checkpoint_of(engine, stage)
+        if where is None or not Path(where).is_dir():
+            why = "the example run ships without checkpoints (docs/example.md)" if example else \
+                f"no checkpoint folder at {where}" if where else "no checkpoint was recorded"
+            return f"stage {stage.index} of run {run_id} has no weights here: {why}"
+    return None
+
+
 def queue_benchmark(engine: Engine, run_id: int, stage_index: int) -> Job:
     """Queue the 3,150-board benchmark for a stage's checkpoint, once: a stage evaluated on the benchmark
     already, or with a benchmark job queued or running, is refused with a message saying when and which."""
+    if (why := missing_checkpoint(engine, run_id, stage_index)) is not None:
+        raise LoopError(why)
     with open_session(engine) as s:
         stage = s.exec(select(Stage).where(Stage.run_id == run_id, Stage.index == stage_index)).first()
         if stage is None:

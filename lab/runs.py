@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, func
@@ -22,7 +21,7 @@ from envsim.suite import Entry, Report, Split, report
 from lab.loop import create_run, jobs_of, set_auto_apply, stages_of
 from lab.proposals import current_proposal, decision_of, diff
 from lab.results import StageSummary, stage_summaries
-from storage.db import checkpoint_of, session
+from storage.db import session
 from storage.models import Action, Decision, Episode, Job, Proposal, Run, RunStatus, Stage, StageStatus, TrainingLog
 
 
@@ -85,26 +84,6 @@ def waiting_proposals(engine: Engine) -> list[Waiting]:
             if p is not None and decision_of(s, p.id) is None:
                 out.append(Waiting(p.id, run.id, run.name, p.after_stage + 1, p.error is not None))
     return out
-
-
-def missing_checkpoint(engine: Engine, run_id: int, stage_index: int | None = None) -> str | None:
-    """Why a stage of a run (every trained stage, without `stage_index`) has no checkpoint to load here, or
-    None when it has: work that needs the weights is refused when asked, not when a worker gets to it."""
-    with session(engine) as s:
-        query = select(Stage).where(Stage.run_id == run_id, Stage.status == StageStatus.DONE)
-        stages = list(s.exec(query.where(Stage.index == stage_index) if stage_index is not None
-                             else query.where(Stage.index > 0).order_by(Stage.index)))
-        run = s.get(Run, run_id)
-        example = bool(run and run.settings.get("example"))
-    for stage in stages:
-        if stage.index == 0:
-            continue  # the run's policy as given ("tiny", a model name): the worker loads it as any run does
-        where = checkpoint_of(engine, stage)
-        if where is None or not Path(where).is_dir():
-            why = "the example run ships without checkpoints (docs/example.md)" if example else \
-                f"no checkpoint folder at {where}" if where else "no checkpoint was recorded"
-            return f"stage {stage.index} of run {run_id} has no weights here: {why}"
-    return None
 
 
 def new_run(engine: Engine, **options: Any) -> Run:

@@ -42,7 +42,7 @@ from lab.experiments import (
 from lab.loop import LoopError, after_job, check_engineer, create_run, run_propose_job
 from lab.pages import runs as runs_page
 from lab.worker import run_worker
-from storage.db import make_engine, session, upgrade
+from storage.db import make_engine, runs_root, session, upgrade
 from storage.models import Episode, Experiment, Job, Proposal, Run, Stage, StageMetric
 from tests.test_context import evidence
 from training.evaluate import EpisodeResult, store_evaluation, validation_entries
@@ -73,6 +73,7 @@ def scripted_stage(engine, job, progress):
         store_evaluation(s, run_id, k, "validation", results)
         stage = s.exec(select(Stage).where(Stage.run_id == run_id, Stage.index == k)).one()
         stage.status, stage.checkpoint = "done", f"{run.uuid}/stage-{k}"  # inside the run's folder, as a real stage
+        (runs_root(engine) / stage.checkpoint).mkdir(parents=True)  # the folder a benchmark job would load
         s.add(stage)
         s.commit()
     return {"stage_index": k}

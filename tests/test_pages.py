@@ -8,6 +8,7 @@ Only what a trained policy would have answered is scripted (`seed_lab`), since t
 from __future__ import annotations
 
 import json
+import re
 import zipfile
 from collections import Counter
 from pathlib import Path
@@ -471,6 +472,10 @@ def test_work_that_needs_weights_is_refused_when_asked(lab):
     engine, ids = lab
     why = f"stage 1 of run {ids['history']} has no weights here: no checkpoint was recorded"
     assert leaderboard.benchmark_stage(engine, ids["history"], 1) == f"✗ Not queued: {why}."
+    from lab.loop import LoopError, queue_benchmark  # the command line and experiments queue through it too
+
+    with pytest.raises(LoopError, match=f"^{re.escape(why)}$"):
+        queue_benchmark(engine, ids["history"], 1)
     assert runs.export_file(engine, ids["history"], True) == (
         None, f"✗ Not exported with checkpoints: {why}. Export it without them.")
     assert runs.export_file(engine, ids["history"], False)[0] is not None

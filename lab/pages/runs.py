@@ -15,9 +15,9 @@ from sqlalchemy import Engine
 from envsim.config import KNOB_HELP, KNOBS, ConfigError, EnvConfig, project
 from lab.archive import ArchiveError, export_run, import_run, read_manifest
 from lab.engineers import ENGINEERS
-from lab.loop import LoopError
+from lab.loop import LoopError, missing_checkpoint
 from lab.pages.common import BAD_ROW, KNOB_COLUMNS, Page, config_from_table, config_rows, table, when
-from lab.runs import missing_checkpoint, new_run, run_list, waiting_proposals
+from lab.runs import new_run, run_list, waiting_proposals
 
 
 def run_choices(engine: Engine) -> list[tuple[str, int]]:
