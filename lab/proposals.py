@@ -174,6 +174,7 @@ class ProposalState:
     superseded: str | None  # `superseded_by`'s reason; None when decided or still the run's current one
     base: EnvConfig  # the config of stage `after_stage`, which the proposal would replace
     auto_apply: bool
+    stage_seconds: float | None = None  # stage `after_stage`'s own wall time (training and evaluation)
 
     @property
     def pending(self) -> bool:
@@ -197,8 +198,9 @@ def _state(s: Session, proposal: Proposal) -> ProposalState:
     run = s.get(Run, proposal.run_id)
     decision = decision_of(s, proposal.id)
     base = s.exec(select(Stage).where(Stage.run_id == proposal.run_id, Stage.index == proposal.after_stage)).one()
+    took = (base.finished_at - base.started_at).total_seconds() if base.started_at and base.finished_at else None
     return ProposalState(proposal, decision, superseded_by(s, proposal) if decision is None else None,
-                         EnvConfig.model_validate(base.config), bool(run.settings.get("auto_apply")))
+                         EnvConfig.model_validate(base.config), bool(run.settings.get("auto_apply")), took)
 
 
 def proposal_state(engine: Engine, proposal_id: int) -> ProposalState | None:

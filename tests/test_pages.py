@@ -667,3 +667,22 @@ def test_an_episode_stored_without_its_outcome_is_scored_again(lab):
     assert ep.subset is None and results.outcome_of(ep, inst) == expected
     ep.outcome = {}
     assert results.outcome_of(ep, inst) == expected
+
+
+def test_a_proposal_shows_what_measuring_cost_beside_the_stage_it_read(lab):
+    from datetime import timedelta
+
+    engine, ids = lab
+    with session(engine) as s:
+        p = s.get(Proposal, ids["pending"])
+        p.compute = {"completions": 1280, "seconds": 15.4, "probes": 20, "cached": 4}
+        stage = s.exec(select(Stage).where(Stage.run_id == p.run_id, Stage.index == p.after_stage)).one()
+        stage.started_at = utcnow()
+        stage.finished_at = stage.started_at + timedelta(seconds=181)
+        s.add_all([p, stage])
+        s.commit()
+        after = p.after_stage
+    text = proposal.proposal_view(engine, ids["pending"])["rationale"]
+    assert text.endswith(" Measuring configs on the policy cost 1,280 sampled answers in 15 s (20 probes, 4 of them "
+                         f"cached); stage {after} itself took 181 s.")
+    assert "Measuring" not in proposal.proposal_view(engine, ids["second"])["rationale"]

@@ -84,6 +84,7 @@ def proposal_view(engine: Engine, proposal_id: int | None) -> dict[str, Any]:
     summary = f"{len(changed)} of {len(rows)} values change"
     summary += f"; the person set {person} of them ({PERSON} in the diff)" if person else ""
     summary += f"; the projection adjusted {adjusted}." if adjusted else "."
+    summary += _compute_text(st)
     # Markdown joins single newlines; the heuristic engineer writes one line per change, so keep them apart.
     written = p.rationale.replace("\n", "  \n") if p.rationale else "_The engineer gave no rationale._"
     config = st.applied or st.config
@@ -91,6 +92,18 @@ def proposal_view(engine: Engine, proposal_id: int | None) -> dict[str, Any]:
                 diff=table(DIFF_HEADERS, rows), changed=table(DIFF_HEADERS, changed), edit=config_rows(config),
                 agents=config.num_agents, instances=config.num_instances, auto=st.auto_apply, pending=st.pending,
                 run_id=p.run_id, label=_edit_label(st))
+
+
+def _compute_text(st: ProposalState) -> str:
+    """What the engineer spent measuring configs on the policy, beside what the stage it read took."""
+    c = st.proposal.compute
+    if not c:
+        return ""
+    text = (f" Measuring configs on the policy cost {c.get('completions', 0):,} sampled answers in "
+            f"{c.get('seconds', 0):.0f} s ({c.get('probes', 0)} probes, {c.get('cached', 0)} of them cached)")
+    if st.stage_seconds is not None:
+        text += f"; stage {st.proposal.after_stage} itself took {st.stage_seconds:.0f} s"
+    return text + "."
 
 
 EDIT_LABEL = "Config to apply (one row per map size): edit it, then “Apply my edit”"
