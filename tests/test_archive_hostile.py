@@ -19,6 +19,7 @@ import urllib.request
 import zipfile
 from pathlib import Path
 
+import gradio as gr
 import pytest
 from sqlalchemy import text
 
@@ -448,7 +449,7 @@ def test_the_page_caps_uploads_and_shows_no_api_schema_under_auth(tmp_path, monk
 
 def test_a_bad_row_in_the_database_leaves_the_other_runs_and_views_drawn(tmp_path):
     """Rows an older version imported unchecked: one run's settings a list, another's metric a word."""
-    from lab.pages import proposal, review, train
+    from lab.pages import common, proposal, review, train
     from tests.test_pages import seed_lab
 
     engine = make_engine(str(tmp_path / "lab.db"))
@@ -472,4 +473,11 @@ def test_a_bad_row_in_the_database_leaves_the_other_runs_and_views_drawn(tmp_pat
     assert proposal.proposal_view(engine, ids["second"])["status"] and not proposal.proposal_view(
         engine, ids["second"])["status"].startswith("✗")
     assert review.gallery(engine, ids["history"], 1)[0]
+    with gr.Blocks():  # the Proposal tab as the page builds it: its dropdown, and the poll that follows it
+        tab = proposal.build(common.Page(engine, gr.Dropdown(), gr.Tabs(), gr.HTML()))
+    for shown in (tab.show_all(ids["waiting"]), tab.follow(ids["waiting"], None)):
+        assert shown[tab.pick]["choices"] == [] and shown[tab.status].startswith(
+            f"✗ The Proposal tab of run #{ids['waiting']} cannot be drawn")
+    assert proposal.proposal_preview(engine, ids["pending"])[1].startswith(f"✗ Proposal {ids['pending']} cannot")
+    assert tab.show_all(ids["history"])[tab.pick]["choices"]  # the other run's proposals still list
     engine.dispose()

@@ -177,7 +177,11 @@ def _fmt(value: Any, signed: bool = False) -> str:
 
 def proposal_preview(engine: Engine, proposal_id: int | None, n: int = 4) -> tuple[Any, str]:
     """A few boards the proposed config would generate (the config in force, for a failed proposal)."""
-    st = None if proposal_id is None else proposal_state(engine, int(proposal_id))
+    try:
+        st = None if proposal_id is None else proposal_state(engine, int(proposal_id))
+    except BAD_ROW as err:
+        note = cannot_draw(f"Proposal {proposal_id}", None, err)
+        return figures.empty_figure(note), note
     if st is None:
         return figures.empty_figure("no proposal"), ""
     seed = st.proposal.id
@@ -361,18 +365,26 @@ class ProposalTab:
     def show_all(self, run_id: int | None, proposal_id: int | None = None, edit_table: bool = True) -> dict[Any, Any]:
         """The run's proposals in the dropdown, and the one asked for (else the one that waits, else the newest)
         shown."""
-        choices = proposal_choices(self.engine, run_id)
-        ids = [c[1] for c in choices]
-        chosen = proposal_id if proposal_id in ids else (pending_of(self.engine, run_id) or (ids[0] if ids else None))
+        try:
+            choices = proposal_choices(self.engine, run_id)
+            ids = [c[1] for c in choices]
+            chosen = proposal_id if proposal_id in ids else (pending_of(self.engine, run_id) or
+                                                              (ids[0] if ids else None))
+        except BAD_ROW as err:  # this run's rows cannot be read: say so, and the other runs still draw
+            return {self.pick: gr.update(choices=[], value=None)} | self.show(None) | {
+                self.status: cannot_draw("The Proposal tab", run_id, err)}
         return {self.pick: gr.update(choices=choices, value=chosen)} | self.show(chosen, edit_table)
 
     def follow(self, run_id: int | None, shown: int | None, jump: bool = True) -> dict[Any, Any]:
         """After the database changed (the page's poll): with `jump` (a proposal was stored) the one that now
         waits is selected; the one shown stays otherwise, and a table the person is editing (the shown proposal
         still waits) is kept."""
-        waiting = pending_of(self.engine, run_id)
-        chosen = waiting if waiting is not None and (jump or shown is None) else shown
-        st = None if chosen is None else proposal_state(self.engine, int(chosen))
+        try:
+            waiting = pending_of(self.engine, run_id)
+            chosen = waiting if waiting is not None and (jump or shown is None) else shown
+            st = None if chosen is None else proposal_state(self.engine, int(chosen))
+        except BAD_ROW:
+            return self.show_all(run_id)
         return self.show_all(run_id, chosen, edit_table=chosen != shown or st is None or not st.pending)
 
     def after_decision(self, run_id: int | None, proposal_id: int | None) -> dict[Any, Any]:
