@@ -110,7 +110,8 @@ def test_serve_imports_the_example_before_the_page_is_built_unless_no_example(tm
     assert app.main(["--db", first, "--port", port, "--no-worker"]) == 0
     assert "example" not in capsys.readouterr().err
     empty_lab, first_start, second_start = runs_when_built
-    assert empty_lab == [] and first_start[0] == NAME and len(first_start) == 1 + 2 * 9  # 3 arms x 3 seeds each
+    # the example, then defaults (3 arms x 3 seeds) and hardstart (4 arms x 3 seeds)
+    assert empty_lab == [] and first_start[0] == NAME and len(first_start) == 1 + 9 + 12
     assert second_start == first_start  # nothing imported twice
     engine = _engine(Path(first))
     assert app.linked(engine, {})["run"] == 1  # the lab opens on the example, not on a run of the study
@@ -219,6 +220,7 @@ def test_the_shipped_study_is_imported_with_the_numbers_of_its_report(tmp_path: 
         with gzip.open(STUDIES / name / "study.db.gz", "rb") as src, db.open("wb") as dst:
             shutil.copyfileobj(src, dst)
         shipped = make_engine(str(db))
+        upgrade(shipped)  # as `envlab experiment report` does
         assert summary_rows(comparison(engine, name)) == summary_rows(comparison(shipped, name))
         shipped.dispose()
     sizes = compare_view(engine, ids[-1])["sizes"]
