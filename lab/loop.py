@@ -417,14 +417,18 @@ def probe_for(engine: Engine, run: Run, stage: Stage, *, boards: int, answers: i
     from training.probe import measure, sampling_temperature
 
     loaded: list[Any] = []
+    # stage 0 is the run's policy as given ("tiny", a model name): the folder its row records is the one of the
+    # machine that evaluated it, which an imported run does not share
+    name = run.policy if stage.index == 0 else stage.checkpoint
 
     def load() -> Any:
         if not loaded:
-            loaded.append(load_policy(checkpoint_of(engine, stage), device=local_device()))
+            loaded.append(load_policy(run.policy if stage.index == 0 else checkpoint_of(engine, stage),
+                                      device=local_device()))
         return loaded[0]
 
     temperature = sampling_temperature(run.settings.get("grpo"))
-    return lambda config: measure(engine, config, stage.checkpoint or run.policy, policy=load, seed=run.seed,
+    return lambda config: measure(engine, config, name, policy=load, seed=run.seed,
                                   boards=boards, answers=answers, temperature=temperature)
 
 

@@ -67,9 +67,8 @@ def checkpoint_of_proposal(engine: Engine, proposal_id: int, stage0: bool = Fals
         run = s.get(Run, proposal.run_id)
         index = 0 if stage0 else proposal.after_stage
         stage = s.exec(select(Stage).where(Stage.run_id == run.id, Stage.index == index)).one()
-    if index == 0:
-        spec = stage.checkpoint or run.policy
-        return spec, spec, "the stage-0 policy"
+    if index == 0:  # the run's policy as given: the folder stage 0's row records is the evaluating machine's
+        return run.policy, run.policy, "the stage-0 policy"
     path = checkpoint_of(engine, stage)
     if path is None or not Path(path).is_dir():
         return (f"Stage {index}'s checkpoint is not on this machine ({path or 'none recorded'}), so its policy "

@@ -145,3 +145,19 @@ def test_side_by_side_shows_p_learnability_and_the_verdict_per_size():
     assert rows == [["3x3", "p 0%, learnability 0.000: too hard", "p 75%, learnability 0.125: learnable"],
                     ["4x4", "p 25%, learnability 0.125: learnable", "-"],
                     ["boards with signal", "25%", "50%"]]
+
+
+def test_the_stage0_policy_is_the_runs_own_even_where_its_row_names_another_machines_folder(lab):
+    """An imported run (the shipped example) records stage 0's folder on the machine that evaluated it."""
+    pid = proposal_after(lab, stage_index=1, checkpoint="gone/stage-1/policy")
+    with session(lab) as s:
+        stage0 = s.exec(select(Stage).where(Stage.index == 0)).one()
+        stage0.checkpoint = "/elsewhere/assets/tiny-policy"
+        s.add(stage0)
+        s.commit()
+    job_id, _ = queue_measure(lab, pid, stage0=True)
+    tiny_budget(lab, job_id)
+    assert run_worker(lab, {"probe": run_probe_job}, once=True, poll_s=0.01)
+    with session(lab) as s:
+        job = s.get(Job, job_id)
+    assert (job.payload["checkpoint"], job.status) == ("tiny", "done")

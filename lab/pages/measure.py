@@ -47,14 +47,16 @@ class MeasurePanel:
 
     def poll(self, job_id):
         v = measure_view(self.engine, job_id)
-        out = {self.bar: progress_html(v.done), self.timer: gr.Timer(active=v.running)}
+        out = {self.bar: progress_html(v.done) if v.running or v.rows else "", self.timer: gr.Timer(active=v.running)}
         if v.running:
             return out | {self.status: v.status}
-        return out | {self.status: v.status, self.table: table(v.headers, v.rows), self.seen: v.keys}
+        return out | {self.status: v.status, self.seen: v.keys,
+                      self.table: gr.update(value=table(v.headers, v.rows), visible=bool(v.rows))}
 
     def clear(self):
         """Another proposal is open: nothing measured for it has been seen yet."""
-        return {self.job: None, self.seen: None, self.status: "", self.bar: "", self.table: table([], []),
+        return {self.job: None, self.seen: None, self.status: "", self.bar: "",
+                self.table: gr.update(value=table([], []), visible=False),
                 self.stage0: gr.update(visible=False), self.timer: gr.Timer(active=False)}
 
 
@@ -70,7 +72,7 @@ def build(engine: Engine, pick: gr.Dropdown, edit: gr.Dataframe, agents: gr.Numb
             stage0 = gr.Button("Measure the stage-0 policy instead", visible=False, elem_id="measure-stage0")
         status = gr.Markdown(elem_id="measure-status")
         bar = gr.HTML()
-        shown = gr.Dataframe(interactive=False, wrap=True, elem_id="measure-table")
+        shown = gr.Dataframe(interactive=False, wrap=True, elem_id="measure-table", visible=False)
     panel = MeasurePanel(engine, button, stage0, status, bar, shown, gr.State(None), gr.State(None),
                          gr.Timer(POLL_S, active=False))
     started = [panel.job, panel.status, panel.stage0, panel.timer, panel.bar]
