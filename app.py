@@ -27,7 +27,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -145,23 +145,7 @@ def _wire(page: Page, refresh: gr.Button, poll: gr.Timer, waiting: gr.HTML, seen
     run_pick.input(review_tab.show_latest, run_pick, review_tab.outputs) \
         .then(proposal_tab.show_all, run_pick, proposal_tab.outputs) \
         .then(train_tab.show, run_pick, train_tab.outputs)
-    def follow(run_id: int | None, proposal_id: int | None, stage_index: int | None,
-               drawn: LabVersion | None) -> dict[Any, Any]:
-        """The poll: one cheap read of what changed; only the parts of the page that depend on it are redrawn."""
-        now = lab_version(engine)
-        out: dict[Any, Any] = {page.worker: worker_badge(engine), seen: now}
-        if drawn is None or now.jobs != drawn.jobs or now.runs != drawn.runs:
-            out |= train_tab.show(run_id)
-        if drawn is None or (now.runs, now.proposals, now.stages) != (drawn.runs, drawn.proposals, drawn.stages):
-            new_proposal = drawn is None or now.proposals[0] != drawn.proposals[0]
-            out |= top(run_id) | proposal_tab.follow(run_id, proposal_id, jump=new_proposal)
-        if drawn is not None and now.stages != drawn.stages:
-            out |= review_tab.show(run_id, stage_index)
-        return out
-
-    poll.tick(follow, [run_pick, proposal_tab.pick, review_tab.stage_pick, seen],
-              [seen, *top_out, *train_tab.outputs, *proposal_tab.outputs, *review_tab.outputs],
-              show_progress="hidden")
+    _wire_poll(page, poll, seen, top, top_out, review_tab, proposal_tab, train_tab)
 
     def create(*form: Any) -> dict[Any, Any]:
         message, run_id = runs.create_run_from_form(engine, *form)
@@ -207,6 +191,31 @@ def _wire(page: Page, refresh: gr.Button, poll: gr.Timer, waiting: gr.HTML, seen
         .then(leaderboard_tab.choices, None, leaderboard_tab.pick) \
         .then(leaderboard_tab.show, leaderboard_tab.pick, leaderboard_tab.outputs) \
         .then(playground_tab.read, playground_tab.board_text, playground_tab.outputs)
+
+
+def _wire_poll(page: Page, poll: gr.Timer, seen: gr.State, top: Callable[[int | None], dict[Any, Any]],
+               top_out: list[Any], review_tab: review.ReviewTab, proposal_tab: proposal.ProposalTab,
+               train_tab: train.TrainTab) -> None:
+    """The poll: one cheap read of what changed (`lab_version`); only the parts of the page that depend on it are
+    redrawn, and a newly stored proposal is selected."""
+    engine = page.engine
+
+    def follow(run_id: int | None, proposal_id: int | None, stage_index: int | None,
+               drawn: LabVersion | None) -> dict[Any, Any]:
+        now = lab_version(engine)
+        out: dict[Any, Any] = {page.worker: worker_badge(engine), seen: now}
+        if drawn is None or now.jobs != drawn.jobs or now.runs != drawn.runs:
+            out |= train_tab.show(run_id)
+        if drawn is None or (now.runs, now.proposals, now.stages) != (drawn.runs, drawn.proposals, drawn.stages):
+            new_proposal = drawn is None or now.proposals[0] != drawn.proposals[0]
+            out |= top(run_id) | proposal_tab.follow(run_id, proposal_id, jump=new_proposal)
+        if drawn is not None and now.stages != drawn.stages:
+            out |= review_tab.show(run_id, stage_index)
+        return out
+
+    poll.tick(follow, [page.run_pick, proposal_tab.pick, review_tab.stage_pick, seen],
+              [seen, *top_out, *train_tab.outputs, *proposal_tab.outputs, *review_tab.outputs],
+              show_progress="hidden")
 
 
 # ---------------------------------------------------------------- the command
