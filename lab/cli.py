@@ -275,7 +275,8 @@ def _new_run(s: Session, args: argparse.Namespace) -> Run:
                           engineer=args.engineer or "heuristic", engineer_backend=args.backend or "",
                           auto_apply=args.auto_apply, seed=args.seed, grpo=grpo, base_url=args.base_url, lora=args.lora,
                           validation_boards=args.validation_boards, validation_per_size=args.validation_per_size,
-                          context=args.context, remeasure=args.remeasure)
+                          context=args.context, remeasure=args.remeasure, probe_boards=args.probe_boards,
+                          probe_answers=args.probe_answers)
     except LoopError as err:
         raise UsageError(str(err)) from err
 
@@ -517,6 +518,9 @@ def run_arguments(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--remeasure", action="store_true", help="the llm engineer probes its answer on the policy and "
                                                             "is asked once more where a size it changed measures too "
                                                             "easy or too hard (docs/engineers.md)")
+    s.add_argument("--probe-boards", type=int, metavar="B", help="boards per size in a probe (Measure, the llm "
+                                                                  "engineer's measured context; default 8)")
+    s.add_argument("--probe-answers", type=int, metavar="K", help="sampled answers per board in a probe (default 8)")
     s.add_argument("--scenario", help="a named start, assets/scenarios/NAME.json (default: the round-0 config)")
     s.add_argument("--validation-per-size", type=int, metavar="N",
                    help="evaluate on a larger validation set, N boards per size (e.g. 120: 960 boards; default 30)")

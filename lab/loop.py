@@ -25,7 +25,7 @@ from envsim.suite import Split, validation_cells
 from lab.context import ContextModules, Evidence, context_preset, load_stage_result, preset_of
 from lab.engineers import ENGINEERS, LEARN_ANSWERS, LEARN_BOARDS, EngineerAnswer
 from lab.proposals import current_proposal, decide, decision_of, fill_check, fillable, self_summary, store_proposal
-from lab.settings import RunSettings
+from lab.settings import RunSettings, probe_size
 from storage.db import UnsafePath, checkpoint_of, lock_run, run_folder
 from storage.db import session as open_session
 from storage.decisions import record_decision
@@ -45,7 +45,6 @@ from storage.models import (
     utcnow,
 )
 from storage.queue import enqueue, fail, request_cancel, requeue, stale_after_s
-from training.probe import PROBE_ANSWERS, PROBE_BOARDS
 
 LOOP_KINDS = (JobKind.STAGE, JobKind.PROPOSE)  # the jobs that move a run; a benchmark job never blocks it
 PROPOSE_ATTEMPTS = 3  # a propose job that raises is tried this many times, then the run fails for a person
@@ -83,7 +82,8 @@ def create_run(s: Session, *, name: str, config: EnvConfig, stages: int, policy:
                grpo: dict[str, Any] | None = None, context: ContextModules | str | None = None,
                base_url: str | None = None, description: str = "", lora: int = 0,
                validation_boards: int | None = None, validation_per_size: int | None = None,
-               experiment_id: int | None = None, arm: str | None = None, remeasure: bool = False) -> Run:
+               experiment_id: int | None = None, arm: str | None = None, remeasure: bool = False,
+               probe_boards: int | None = None, probe_answers: int | None = None) -> Run:
     """Store a run, its stage 0 (the starting policy, evaluated on `config`) and queue that stage.
 
     `context` is the llm engineer's context modules, or the name of a preset (`lab.context.CONTEXT_PRESETS`;
@@ -93,6 +93,8 @@ def create_run(s: Session, *, name: str, config: EnvConfig, stages: int, policy:
     `validation_boards` on that many of its boards, spread over the sizes (None: all of them), for a quick look.
     `experiment_id` and `arm` place the run in an experiment (lab.experiments). `remeasure` has the llm engineer
     probe its answer and ask once more where a size it changed measures too easy or too hard (docs/engineers.md).
+    `probe_boards` and `probe_answers` size the probes of the Measure panel and the llm engineer (B boards per
+    size, K answers each; None: `training.probe`'s defaults).
     """
     check_engineer(engineer, engineer_backend, policy)
     try:  # a config changed with model_copy (e.g. `--instances 0`) skipped validation
@@ -123,6 +125,9 @@ def create_run(s: Session, *, name: str, config: EnvConfig, stages: int, policy:
         settings["remeasure"] = True
     if validation_per_size is not None:
         settings["validation_per_size"] = validation_per_size
+    for key, value in (("probe_boards", probe_boards), ("probe_answers", probe_answers)):
+        if value is not None:
+            settings[key] = value
     try:
         RunSettings.model_validate(settings)
     except ValidationError as err:
@@ -398,7 +403,7 @@ def run_propose_job(engine: Engine, job: Job, progress: Callable[..., bool]) -> 
                        "modules": ContextModules(**run.settings["context"]),
                        "remeasure": bool(run.settings.get("remeasure"))}
             if options["modules"].measured or options["remeasure"]:
-                options["probe_fn"] = probe_for(engine, run, stage, boards=PROBE_BOARDS, answers=PROBE_ANSWERS)
+                options["probe_fn"] = probe_for(engine, run, stage, **probe_size(run.settings))
         check = fill_check(run.seed, after + 1)
         answer = ENGINEERS[run.engineer](evidence, seed=run.seed * 1000 + after, cannot_fill=check, **options)
         if run.experiment_id is not None:

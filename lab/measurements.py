@@ -17,10 +17,11 @@ from sqlalchemy import Engine
 from sqlmodel import select
 
 from envsim.config import ConfigError, EnvConfig, project
+from lab.settings import probe_size
 from storage.db import checkpoint_of, session
 from storage.models import ACTIVE_JOB, Job, JobKind, JobStatus, Probe, Proposal, Run, Stage
 from storage.queue import AlreadyQueued, enqueue
-from training.probe import PROBE_ANSWERS, PROBE_BOARDS, ProbeResult, result_of
+from training.probe import ProbeResult, result_of
 
 IN_FORCE, PROPOSED, EDIT = "in force", "proposed", "your edit"
 
@@ -94,15 +95,16 @@ def queue_measure(engine: Engine, proposal_id: int | None, edited: dict[str, Any
         proposal = s.get(Proposal, int(proposal_id))
         run = s.get(Run, proposal.run_id)
         temperature = float((run.settings.get("grpo") or {}).get("temperature", temperature))
+        size = probe_size(run.settings)
         payload = {"run_id": run.id, "proposal_id": proposal.id, "checkpoint": name, "policy_path": path,
                    "configs": {label: c.model_dump(mode="json") for label, c in configs.items()},
-                   "seed": run.seed, "boards": PROBE_BOARDS, "answers": PROBE_ANSWERS, "temperature": temperature}
+                   "seed": run.seed, **size, "temperature": temperature}
         try:
             job = enqueue(s, JobKind.PROBE, payload, run_id=run.id, target=proposal.after_stage)
         except AlreadyQueued as err:
             return err.job.id, f"A measurement of this run's stage is under way already (job {err.job.id})."
-    return job.id, f"Measuring {', '.join(configs)} on {what} (job {job.id}): {PROBE_BOARDS} boards per size, " \
-                   f"{PROBE_ANSWERS} sampled answers each."
+    return job.id, f"Measuring {', '.join(configs)} on {what} (job {job.id}): {size['boards']} boards per size, " \
+                   f"{size['answers']} sampled answers each."
 
 
 def side_by_side(results: dict[str, ProbeResult]) -> tuple[list[str], list[list[Any]]]:

@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from training.overrides import lab_owned
+from training.probe import PROBE_ANSWERS, PROBE_BOARDS
 
 
 class RunSettings(BaseModel):
@@ -29,6 +30,8 @@ class RunSettings(BaseModel):
     base_url: str | None = None
     validation_boards: int | None = Field(default=None, ge=1)
     validation_per_size: int | None = Field(default=None, ge=1)
+    probe_boards: int | None = Field(default=None, ge=1, le=64)  # the Measure panel's and the llm engineer's probe
+    probe_answers: int | None = Field(default=None, ge=2, le=64)  # (None: training.probe's defaults)
     engineer_history: list[dict[str, Any]] = Field(default_factory=list)
     example: bool = False
 
@@ -38,3 +41,9 @@ class RunSettings(BaseModel):
         if owned := lab_owned(value):
             raise ValueError(f"sets {', '.join(owned)}: the lab sets these itself (a run's files stay in its folder)")
         return value
+
+
+def probe_size(settings: dict[str, Any]) -> dict[str, int]:
+    """B boards per size and K answers each for a run's probes: its settings, else `training.probe`'s defaults."""
+    return {"boards": settings.get("probe_boards") or PROBE_BOARDS,
+            "answers": settings.get("probe_answers") or PROBE_ANSWERS}

@@ -28,6 +28,8 @@ def runs_in(db) -> int:
     (["--grpo", "output_dir=/srv/elsewhere"], "settings['grpo'] sets 'output_dir': the lab sets these itself"),
     (["--stages", "0"], "stages = 0: a run trains at least 1 stage"),
     (["--lora", "-1"], "lora = -1"),
+    (["--probe-boards", "0"], "run settings: probe_boards: Input should be greater than or equal to 1"),
+    (["--probe-answers", "1"], "run settings: probe_answers: Input should be greater than or equal to 2"),
 ])
 def test_envlab_run_checks_every_setting_before_it_stores_the_run(tmp_path, capsys, flags, message):
     db = tmp_path / "envlab.db"

@@ -41,10 +41,10 @@ def lab(tmp_path: Path):
     engine.dispose()
 
 
-def proposal_after(engine, stage_index: int = 0, checkpoint: str = "tiny") -> int:
+def proposal_after(engine, stage_index: int = 0, checkpoint: str = "tiny", **options) -> int:
     """A run whose stages up to `stage_index` are done (the last with `checkpoint`) and a pending proposal."""
     with session(engine) as s:
-        run = create_run(s, name="m", config=BASE, stages=3, engineer="heuristic", seed=4)
+        run = create_run(s, name="m", config=BASE, stages=3, engineer="heuristic", seed=4, **options)
         for k in range(stage_index + 1):
             stage = s.exec(select(Stage).where(Stage.run_id == run.id, Stage.index == k)).first() or \
                 Stage(run_id=run.id, index=k, config=BASE.model_dump(mode="json"))
@@ -161,3 +161,13 @@ def test_the_stage0_policy_is_the_runs_own_even_where_its_row_names_another_mach
     with session(lab) as s:
         job = s.get(Job, job_id)
     assert (job.payload["checkpoint"], job.status) == ("tiny", "done")
+
+
+def test_a_runs_probe_size_is_its_setting(lab):
+    job_id, message = queue_measure(lab, proposal_after(lab, probe_boards=2, probe_answers=3))
+    assert message.endswith(f"(job {job_id}): 2 boards per size, 3 sampled answers each.")
+    with session(lab) as s:
+        job = s.get(Job, job_id)
+    assert (job.payload["boards"], job.payload["answers"]) == (2, 3)
+    job_id, message = queue_measure(lab, proposal_after(lab))
+    assert message.endswith(f"(job {job_id}): 8 boards per size, 8 sampled answers each.")  # the defaults
