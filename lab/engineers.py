@@ -236,25 +236,11 @@ def learnability(evidence: Evidence, *, seed: int = 0, probe_fn: ProbeFn | None 
         return EngineerAnswer(prompt="", raw="", proposed=None, projection=None, rationale="",
                               error="the learnability engineer measures configs on the policy: it needs a probe "
                                     "(the propose job passes one)")
-    from envsim.generator import GenerationError
-
     hole, wait, weight = dict(base.hole_ratio), dict(base.wait_ratio), {}
-    completions, seconds, probes, cached = 0, 0.0, 0, 0
+    spent: list[ProbeResult] = []
     lines: list[str] = []
     for size in base.sizes:
-        measured = []
-        for h, w in candidates(base, size):
-            one = EnvConfig(data_ratio={size: 1.0}, hole_ratio={size: h}, wait_ratio={size: w},
-                            num_agents=base.num_agents, num_instances=base.num_instances)
-            try:
-                result = probe_fn(one)
-            except GenerationError:
-                continue  # the generator cannot make these boards: not a candidate
-            probes += 1
-            cached += result.cached
-            if not result.cached:
-                completions, seconds = completions + result.completions, seconds + result.seconds
-            measured.append(((h, w), result.sizes[size]))
+        measured = _measure_candidates(base, size, probe_fn, spent)
         if not measured:
             weight[size] = LEARN_FLOOR
             lines.append(f"size {size}: no candidate could be generated; kept hole {knob_text(hole[size])}, "
@@ -287,9 +273,35 @@ def learnability(evidence: Evidence, *, seed: int = 0, probe_fn: ProbeFn | None 
         lines.append(f"size {size}: back to hole {knob_text(hole[size])}, wait {knob_text(wait[size])}: the "
                      f"generator could not fill the config ({why})")
         config = config.model_copy(update={"hole_ratio": dict(hole), "wait_ratio": dict(wait)})
-    compute = {"completions": completions, "seconds": round(seconds, 3), "probes": probes, "cached": cached}
-    lines.append(f"probe compute: {completions} sampled answers, {seconds:.1f} s ({probes} probes, {cached} cached)")
+    compute = compute_of(spent)
+    lines.append(f"probe compute: {compute['completions']} sampled answers, {compute['seconds']:.1f} s "
+                 f"({compute['probes']} probes, {compute['cached']} cached)")
     return replace(_answer(config, base, "\n".join(lines)), compute=compute)
+
+
+def _measure_candidates(base: EnvConfig, size: int, probe_fn: ProbeFn,
+                        spent: list[ProbeResult]) -> list[tuple[tuple[float, float], Any]]:
+    """Each candidate pair at `size` with its measurement (`SizeProbe`), probed as a one-size config; a pair the
+    generator cannot make is no candidate. Every probe is added to `spent`."""
+    from envsim.generator import GenerationError
+
+    measured = []
+    for h, w in candidates(base, size):
+        one = EnvConfig(data_ratio={size: 1.0}, hole_ratio={size: h}, wait_ratio={size: w},
+                        num_agents=base.num_agents, num_instances=base.num_instances)
+        try:
+            spent.append(probe_fn(one))
+        except GenerationError:
+            continue
+        measured.append(((h, w), spent[-1].sizes[size]))
+    return measured
+
+
+def compute_of(results: list[ProbeResult]) -> dict[str, Any]:
+    """What probes cost: the answers sampled and the seconds spent by those not found in the cache."""
+    new = [r for r in results if not r.cached]
+    return {"completions": sum(r.completions for r in new), "seconds": round(sum(r.seconds for r in new), 3),
+            "probes": len(results), "cached": len(results) - len(new)}
 
 
 # ---------------------------------------------------------------- an LLM engineer
@@ -385,10 +397,7 @@ def llm(evidence: Evidence, *, seed: int, backend: str = "hf:policy", complete_f
                     f"{answer.rationale}\n(asked again after measuring; the second answer was not usable: "
                     f"{second.error}; the first stands)").strip())
     if spent:
-        new = [r for r in spent if not r.cached]
-        answer = replace(answer, compute={"completions": sum(r.completions for r in new),
-                                          "seconds": round(sum(r.seconds for r in new), 3), "probes": len(spent),
-                                          "cached": len(spent) - len(new)})
+        answer = replace(answer, compute=compute_of(spent))
     return answer
 
 
