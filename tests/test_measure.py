@@ -9,7 +9,7 @@ import pytest
 from sqlmodel import select
 
 from envsim.config import EnvConfig
-from lab.engineers import _answer
+from lab.engineers import answer_of as _answer
 from lab.loop import create_run
 from lab.measurements import (
     EDIT,

@@ -1,0 +1,85 @@
+"""Environment engineers: from the evidence of a run, the config of its next stage.
+
+Each engineer is a function `engineer(evidence, *, seed, **options) -> EngineerAnswer`, chosen by name
+from `ENGINEERS`. Options an engineer does not use are ignored, so a caller passes the same ones to all.
+One module per family:
+
+- `baselines`: `fixed` keeps the current config (the paper's fixed-environment baseline), `random` draws a
+  legal config from the seed and the round (the paper's random baseline), `heuristic` is a transparent
+  curriculum rule; its rationale has one line per change it makes.
+- `learnability`: samples candidate hole and wait ratios per size, measures each on the policy
+  (`training.probe`), keeps the most learnable and weights the sizes by learnability (sampling for
+  learnability, as in unsupervised environment design).
+- `language_model`: `llm` asks a language model (the policy itself, Gemma, or any OpenAI-compatible server);
+  `reading` reads its JSON back, and `envsim.config.project` makes it legal, the error shown to the model when
+  the answer is unusable.
+
+An answer whose `projection` is None has failed: `error` says why, and the caller keeps the previous
+config. No engineer raises on anything a model writes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from lab.engineers.answer import SHARE_STEP, EngineerAnswer, ProbeFn, answer_of, shares
+from lab.engineers.baselines import (
+    CONFLICTS,
+    DOMINANT,
+    FLOOR,
+    HOLE_STEP,
+    MASTERED,
+    RANDOM_DRAWS,
+    UNLEARNED,
+    WAIT_STEP,
+    fixed,
+    heuristic,
+    random_config,
+)
+from lab.engineers.language_model import (
+    ANSWER_FORMAT,
+    CONSTRAINED_RATIONALE_CHARS,
+    INSTRUCTIONS,
+    REMEASURE,
+    RETRY,
+    Complete,
+    answer_schema,
+    changed_sizes,
+    engineer_prompt,
+    llm,
+)
+from lab.engineers.learnability import (
+    HOLE_DELTA,
+    LEARN_ANSWERS,
+    LEARN_BOARDS,
+    LEARN_FLOOR,
+    WAIT_DELTA,
+    candidates,
+    compute_of,
+    learnability,
+)
+from lab.engineers.reading import (
+    MAX_ANSWER_CHARS,
+    MAX_NUMBER_DIGITS,
+    RATIONALE,
+    RATIONALE_CHARS,
+    Unreadable,
+    read_config,
+)
+
+ENGINEERS: dict[str, Callable[..., EngineerAnswer]] = {
+    "fixed": fixed,
+    "random": random_config,
+    "heuristic": heuristic,
+    "learnability": learnability,
+    "llm": llm,
+}
+
+__all__ = [
+    "ANSWER_FORMAT", "CONFLICTS", "CONSTRAINED_RATIONALE_CHARS", "DOMINANT", "ENGINEERS", "FLOOR", "HOLE_DELTA",
+    "HOLE_STEP", "INSTRUCTIONS", "LEARN_ANSWERS", "LEARN_BOARDS", "LEARN_FLOOR", "MASTERED", "MAX_ANSWER_CHARS",
+    "MAX_NUMBER_DIGITS", "RANDOM_DRAWS", "RATIONALE", "RATIONALE_CHARS", "REMEASURE", "RETRY", "SHARE_STEP",
+    "UNLEARNED", "WAIT_DELTA", "WAIT_STEP", "Complete", "EngineerAnswer", "ProbeFn", "Unreadable", "answer_of",
+    "answer_schema", "candidates", "changed_sizes", "compute_of", "engineer_prompt", "fixed", "heuristic",
+    "learnability", "llm", "random_config", "read_config", "shares",
+]

@@ -1,0 +1,47 @@
+"""The contract every engineer keeps: a legal config on the run's sizes, the same answer for the same seed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from envsim.config import EnvConfig, project
+from lab.context import Evidence
+from lab.engineers import (
+    ENGINEERS,
+    EngineerAnswer,
+)
+from tests.engineers.scripts import CONFIG, GOOD, Script, ScriptedProbe, evidence
+
+# ---------------------------------------------------------------- the contract, for every engineer
+
+
+def _run(name: str, ev: Evidence, seed: int = 0) -> EngineerAnswer:
+    return ENGINEERS[name](ev, seed=seed, complete_fn=Script(GOOD), backend="openai:unused", unused_option=1,
+                           probe_fn=ScriptedProbe({}))
+
+
+@pytest.mark.parametrize("name", sorted(ENGINEERS))
+def test_every_engineer_returns_a_legal_config_on_the_runs_sizes(name: str) -> None:
+    ev = evidence()
+    answer = _run(name, ev, seed=3)
+    assert answer.error is None and answer.projection is not None
+    config = answer.projection.config
+    assert EnvConfig.model_validate(config.model_dump()) == config
+    assert config.sizes == CONFIG.sizes
+    assert (config.num_agents, config.num_instances) == (CONFIG.num_agents, CONFIG.num_instances)
+    assert answer.proposed is not None and answer.raw and answer.rationale
+    assert project(answer.proposed, base=CONFIG).config == config  # what was proposed projects to what is kept
+    json.dumps(answer.proposed, allow_nan=False)  # storable as strict JSON
+
+
+@pytest.mark.parametrize("name", sorted(ENGINEERS))
+def test_every_engineer_is_deterministic_for_a_seed(name: str) -> None:
+    assert _run(name, evidence(), seed=5) == _run(name, evidence(), seed=5)
+
+
+def test_fixed_keeps_the_current_config() -> None:
+    answer = ENGINEERS["fixed"](evidence(), seed=1)
+    assert answer.projection.config == CONFIG and answer.projection.adjustments == ()
+    assert answer.rationale == "fixed environment: keeps the current config"
