@@ -20,8 +20,9 @@ from envsim.config import EnvConfig
 from envsim.instance import Instance
 from envsim.solver import NODE_BUDGET, Unsolved, label
 
-# Seed namespaces: no two share a random stream. VALIDATION_EXTRA: the boards a larger validation set adds.
-TRAINING, VALIDATION, BENCHMARK, VALIDATION_EXTRA = 0, 1, 2, 3
+# Seed namespaces: no two share a random stream. VALIDATION_EXTRA: the boards a larger validation set adds;
+# DEV: the boards the engineers read (`envsim.suite.dev_entries`).
+TRAINING, VALIDATION, BENCHMARK, VALIDATION_EXTRA, DEV = 0, 1, 2, 3, 4
 TRIES_PER_INSTANCE = 200
 MIN_TRIES = 2000
 

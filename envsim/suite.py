@@ -10,6 +10,10 @@ A larger validation set (`validation_cells(per_size)`, e.g. 120 boards per size,
 boards first in each cell and adds the rest from a namespace of its own (`VALIDATION_EXTRA`), with the same
 construction and each whole cell's wait subset met exactly: a stage evaluated on it can be compared with one
 evaluated on the standard 240 on their common boards.
+
+Dev: boards drawn like the validation boards (2 agents, sizes 3..10, each cell's wait subset met exactly) from a
+namespace of their own (`DEV`), skipping every board of the validation set they are drawn beside, so no board is in
+both. A run's engineers read how its policy does on these (`dev_entries`), while its score stays the validation rate.
 """
 
 from __future__ import annotations
@@ -25,19 +29,33 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from envsim.generator import BENCHMARK, VALIDATION, VALIDATION_EXTRA, random_board, round_half_up, stratified
+from envsim.generator import (
+    BENCHMARK,
+    DEV,
+    VALIDATION,
+    VALIDATION_EXTRA,
+    random_board,
+    round_half_up,
+    stratified,
+)
 from envsim.instance import Instance
 
 SUITE_SEED = 2606
 WAIT_SUBSETS = (0.25, 0.50, 0.75)
 MAX_SIZE = 10
 VALIDATION_PER_SIZE = 30  # the standard validation set: 10 boards per (size, wait subset), 240 in all
+# A run's dev boards per size (the engineers read these): 240 in all, as many as the standard validation set, so a
+# stage's evaluation costs at most twice the standard one's and a quarter more than an experiment's 960-board one,
+# while each size still shows its engineer 30 boards (10 per wait subset) to read failures from.
+DEV_PER_SIZE = 30
 
 class Split(StrEnum):
-    """The instance sets: the 3,150-board benchmark and the 240-board validation set."""
+    """The instance sets: the 3,150-board benchmark, the validation set (the score) and the dev set (what the
+    engineers read)."""
 
     BENCHMARK = "benchmark"
     VALIDATION = "validation"
+    DEV = "dev"
 
 
 class Entry(BaseModel):
@@ -94,8 +112,28 @@ def validation_cells(per_size: int = VALIDATION_PER_SIZE) -> list[SuiteCell]:
     return out
 
 
-def _draw(size: int, agents: int):
+def dev_cells(per_size: int = DEV_PER_SIZE) -> list[SuiteCell]:
+    """The cells of a dev set with `per_size` boards per map size (a multiple of 3, at least 3), in table order."""
+    subsets = len(WAIT_SUBSETS)
+    if per_size < subsets or per_size % subsets:
+        raise ValueError(f"dev_per_size = {per_size}: a multiple of {subsets} (one share per wait subset), "
+                         f"at least {subsets}")
+    return [SuiteCell(Split.DEV, 2, s, w, per_size // subsets) for s in range(3, MAX_SIZE + 1) for w in WAIT_SUBSETS]
+
+
+def dev_entries(per_size: int, exclude: Iterable[Instance], seed: int = SUITE_SEED) -> list[Entry]:
+    """The dev boards, `per_size` per map size, none of them among `exclude` (the validation boards beside them):
+    a board drawn again as one of those is drawn anew, so the two sets never share a board."""
+    taken = frozenset(board.id for board in exclude)
+    return [e for cell in dev_cells(per_size) for e in build_cell(cell, seed, taken)[0]]
+
+
+def _draw(size: int, agents: int, exclude: frozenset[str] = frozenset()):
     def draw(rng: np.random.Generator) -> Instance | None:
+        board = _board(rng)
+        return None if board is None or board.id in exclude else board
+
+    def _board(rng: np.random.Generator) -> Instance | None:
         ratio = rng.uniform(0.0, 0.5)
         holes = min(round_half_up(ratio * size * size), size * size - 2 * agents)
         while holes >= 0:
@@ -108,9 +146,12 @@ def _draw(size: int, agents: int):
     return draw
 
 
-def build_cell(cell: SuiteCell, seed: int = SUITE_SEED) -> tuple[list[Entry], float, str]:
-    """The cell's boards, plus the slowest single board's labelling time and its id (for reports)."""
-    namespace = BENCHMARK if cell.split == Split.BENCHMARK else VALIDATION_EXTRA if cell.extra else VALIDATION
+def build_cell(cell: SuiteCell, seed: int = SUITE_SEED,
+               exclude: frozenset[str] = frozenset()) -> tuple[list[Entry], float, str]:
+    """The cell's boards (none whose id is in `exclude`), plus the slowest single board's labelling time and its id
+    (for reports)."""
+    namespace = (BENCHMARK if cell.split == Split.BENCHMARK else DEV if cell.split == Split.DEV
+                 else VALIDATION_EXTRA if cell.extra else VALIDATION)
     rng = np.random.default_rng([namespace, seed, cell.agents, cell.size, WAIT_SUBSETS.index(cell.subset)])
     wait_count = round_half_up(cell.subset * cell.count)
     if cell.extra:  # the standard cell and its added boards together meet the subset exactly
@@ -119,7 +160,8 @@ def build_cell(cell: SuiteCell, seed: int = SUITE_SEED) -> tuple[list[Entry], fl
     what = f"{cell.split} cell (agents {cell.agents}, size {cell.size}, wait subset {cell.subset})"
     stats: dict = {}
     entries = [Entry(split=cell.split, subset=cell.subset, instance=inst)
-               for inst in stratified(_draw(cell.size, cell.agents), cell.count, wait_count, rng, what, stats=stats)]
+               for inst in stratified(_draw(cell.size, cell.agents, exclude), cell.count, wait_count, rng, what,
+                                          stats=stats)]
     return entries, *stats.get("slowest", (0.0, ""))
 
 

@@ -18,7 +18,7 @@ from envsim.config import ConfigError, EnvConfig, project
 from envsim.generator import GenerationError, generate
 from envsim.instance import Instance
 from envsim.scoring import Outcome, score, score_answer
-from envsim.suite import SUITE_SEED, Entry, Split, build, report, write_jsonl
+from envsim.suite import DEV_PER_SIZE, SUITE_SEED, Entry, Split, build, dev_cells, report, write_jsonl
 from lab.context import CONTEXT_PRESETS, DEFAULT_PRESET
 
 if TYPE_CHECKING:
@@ -276,7 +276,7 @@ def _new_run(s: Session, args: argparse.Namespace) -> Run:
                           auto_apply=args.auto_apply, seed=args.seed, grpo=grpo, base_url=args.base_url, lora=args.lora,
                           validation_boards=args.validation_boards, validation_per_size=args.validation_per_size,
                           context=args.context, remeasure=args.remeasure, probe_boards=args.probe_boards,
-                          probe_answers=args.probe_answers)
+                          probe_answers=args.probe_answers, dev_per_size=args.dev_per_size)
     except LoopError as err:
         raise UsageError(str(err)) from err
 
@@ -370,15 +370,17 @@ def cmd_experiment_new(args: argparse.Namespace) -> None:
             stages=args.stages, config=config_file(args.config) if args.config else None, scenario=args.scenario,
             instances=args.instances, policy=args.policy, grpo=_grpo_overrides(args.grpo),
             validation_per_size=args.validation_per_size, validation_boards=args.validation_boards,
-            base_url=args.base_url, lora=args.lora, description=args.description)
+            base_url=args.base_url, lora=args.lora, description=args.description, dev_per_size=args.dev_per_size)
     except ExperimentError as err:
         raise UsageError(str(err)) from err
     st = experiment.settings
     runs = experiment_runs(engine, experiment.id)
     print(f"experiment {experiment.id} {experiment.name!r}: {len(runs)} runs queued ({len(experiment.arms)} arms x "
           f"{experiment.seeds} seeds), runs {runs[0].id}..{runs[-1].id}")
+    dev = sum(c.count for c in dev_cells(st["dev_per_size"]))
     print(f"each run: {st['stages']} stages x {st['instances']} boards x {st['steps_per_stage']} GRPO steps; "
-          f"{st['validation_boards']} validation boards per stage")
+          f"{st['validation_boards']} validation boards (the score) and {dev} dev boards (what the engineer reads) "
+          "per stage")
     print(f"run it: envlab experiment run {experiment.name} [--workers K]")
 
 
@@ -500,8 +502,8 @@ def run_arguments(sub: argparse._SubParsersAction) -> None:
     """`envlab run`'s options."""
     s = sub.add_parser("run", help="run stages headless: train, evaluate, propose, decide, repeat")
     s.add_argument("--stages", type=int, default=3)
-    s.add_argument("--engineer", help="fixed, random, heuristic, learnability or llm (default heuristic; with "
-                                      "--resume: switch the run's engineer, e.g. after the llm engineer failed)")
+    s.add_argument("--engineer", help="fixed, random, heuristic, learnability, evidence or llm (default heuristic; "
+                                      "with --resume: switch the run's engineer, e.g. after the llm engineer failed)")
     s.add_argument("--backend", help="the llm engineer's backend: hf:policy, hf:gemma3-270m, openai:<model>")
     s.add_argument("--base-url", help="base URL of an OpenAI-compatible server (openai: backends)")
     s.add_argument("--auto-apply", action="store_true", help="apply every proposal without waiting for a person")
@@ -524,6 +526,9 @@ def run_arguments(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--scenario", help="a named start, assets/scenarios/NAME.json (default: the round-0 config)")
     s.add_argument("--validation-per-size", type=int, metavar="N",
                    help="evaluate on a larger validation set, N boards per size (e.g. 120: 960 boards; default 30)")
+    s.add_argument("--dev-per-size", type=int, default=DEV_PER_SIZE, metavar="N",
+                   help=f"dev boards per map size, evaluated after each stage: what the engineer reads, never the "
+                        f"validation boards (a multiple of 3; default {DEV_PER_SIZE})")
     s.add_argument("--name", default="run")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--resume", type=int, metavar="RUN_ID", help="continue a run that was interrupted")
@@ -538,7 +543,7 @@ def experiment_arguments(sub: argparse._SubParsersAction) -> None:
     verbs = p.add_subparsers(dest="verb", required=True)
     s = verbs.add_parser("new", help="store an experiment and queue its runs (arms x seeds, auto-apply)")
     s.add_argument("--name", required=True)
-    s.add_argument("--arms", required=True, help="comma-separated: fixed, random, heuristic, learnability, "
+    s.add_argument("--arms", required=True, help="comma-separated: fixed, random, heuristic, learnability, evidence, "
                                                  "llm:BACKEND@PRESET (e.g. llm:openai:MODEL@paper-best); NAME=SPEC "
                                                  "names one")
     s.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 for every arm (default 3)")
@@ -550,6 +555,9 @@ def experiment_arguments(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--validation-per-size", type=int, default=120, metavar="N",
                    help="validation boards per map size (default 120: 960 boards; 30: the standard 240)")
     s.add_argument("--validation-boards", type=int, metavar="N", help="evaluate on N of them only, for a quick look")
+    s.add_argument("--dev-per-size", type=int, default=DEV_PER_SIZE, metavar="N",
+                   help=f"dev boards per map size, evaluated after each stage: what the engineers read (a multiple "
+                        f"of 3; default {DEV_PER_SIZE})")
     s.add_argument("--grpo", action="append", default=[], metavar="KEY=VALUE", help="a GRPOConfig field, for every run")
     s.add_argument("--policy", default="tiny")
     s.add_argument("--base-url", help="base URL of an OpenAI-compatible server (openai: backends)")

@@ -28,13 +28,13 @@ from lab.results import outcome_of, stage_summaries
 from storage.models import Episode, Stage
 from training.probe import ProbeResult  # the probe's numbers (torch loads only where a probe samples)
 
-SPLIT = Split.VALIDATION  # the engineer reads validation results only
+SPLIT = Split.DEV  # the engineer reads dev results: the validation results score the run, so it never sees those
 ANSWER_CHARS = 600  # a failure case shows at most this much of the policy's answer
 
 
 @dataclass(frozen=True)
 class FailureCase:
-    """One failed validation episode: the board, what the policy answered, and how it went."""
+    """One failed dev episode: the board, what the policy answered, and how it went."""
 
     instance: Instance
     completion: str
@@ -42,17 +42,36 @@ class FailureCase:
 
 
 @dataclass(frozen=True)
+class BoardOutcome:
+    """One dev board as an engineer that reads failures board by board sees it: its size, hole ratio, whether its
+    optimal plan needs a wait, and how the policy did (`failure` None when valid)."""
+
+    size: int
+    hole_ratio: float
+    needs_wait: bool
+    valid: bool
+    failure: str | None = None
+
+    @classmethod
+    def of(cls, instance: Instance, valid: bool, failure: str | None) -> BoardOutcome:
+        return cls(instance.size, round(len(instance.holes) / instance.size ** 2, 4), bool(instance.needs_wait),
+                   valid, failure)
+
+
+@dataclass(frozen=True)
 class StageResult:
-    """A stage's config and its validation results per map size, with a few failed episodes."""
+    """A stage's config and its results per map size on the dev boards, with a few failed episodes and every
+    board's outcome (`boards`, in stored order)."""
 
     stage_index: int
     config: EnvConfig
     by_size: dict[int, Tally]
     cases: tuple[FailureCase, ...] = ()
+    boards: tuple[BoardOutcome, ...] = ()
 
     @property
     def total(self) -> Tally:
-        """Every size together: the stage's pooled validation counts (docs/results.md)."""
+        """Every size together: the stage's pooled counts on those boards (docs/results.md)."""
         return Tally.total(self.by_size.values())
 
 
@@ -133,8 +152,15 @@ def preset_of(modules: ContextModules) -> str | None:
 # ---------------------------------------------------------------- from the database
 
 
-def load_stage_result(session: Session, run_id: int, stage_index: int, cases: int = 3) -> StageResult:
-    """A stage's config, its per-size validation metrics and up to `cases` failed validation episodes.
+def evidence_split(settings: dict[str, Any]) -> Split:
+    """The split a run's engineers read: its dev boards; a run of an earlier version, which has none (no
+    `dev_per_size` among its settings), was read on its validation boards, and is read as it was."""
+    return SPLIT if settings.get("dev_per_size") else Split.VALIDATION
+
+
+def load_stage_result(session: Session, run_id: int, stage_index: int, cases: int = 3,
+                      split: Split = SPLIT) -> StageResult:
+    """A stage's config, its per-size metrics on `split` (the dev boards) and up to `cases` failed episodes there.
 
     Cases are picked one per failure type, the most common type first (ties: the rule order), then a
     second of each type, and so on; within a type the earliest stored episode comes first.
@@ -143,15 +169,23 @@ def load_stage_result(session: Session, run_id: int, stage_index: int, cases: in
     stage = session.exec(select(Stage).where(Stage.run_id == run_id, Stage.index == stage_index)).first()
     if stage is None:
         raise LookupError(f"run {run_id} has no stage {stage_index}")
-    summary = stage_summaries(session, run_id, SPLIT, stage_index).get(stage_index)
+    summary = stage_summaries(session, run_id, split, stage_index).get(stage_index)
     by_size = summary.by_size if summary else {}
     return StageResult(stage_index, EnvConfig.model_validate(stage.config), by_size,
-                       _failure_cases(session, run_id, stage_index, cases) if cases > 0 else ())
+                       _failure_cases(session, run_id, stage_index, cases, split) if cases > 0 else (),
+                       _boards(session, run_id, stage_index, split))
 
 
-def _failure_cases(session: Session, run_id: int, stage_index: int, n: int) -> tuple[FailureCase, ...]:
+def _boards(session: Session, run_id: int, stage_index: int, split: Split) -> tuple[BoardOutcome, ...]:
+    rows = session.exec(select(Episode.instance, Episode.valid, Episode.failure).where(
+        Episode.run_id == run_id, Episode.stage_index == stage_index, Episode.split == split).order_by(Episode.id))
+    return tuple(BoardOutcome.of(Instance.model_validate(inst), valid, failure) for inst, valid, failure in rows)
+
+
+def _failure_cases(session: Session, run_id: int, stage_index: int, n: int,
+                   split: Split) -> tuple[FailureCase, ...]:
     failed = session.exec(select(Episode).where(
-        Episode.run_id == run_id, Episode.stage_index == stage_index, Episode.split == SPLIT,
+        Episode.run_id == run_id, Episode.stage_index == stage_index, Episode.split == split,
         Episode.valid == False,  # noqa: E712 (SQL, not Python)
     ).order_by(Episode.id)).all()
     by_type: dict[str, list[Episode]] = {}

@@ -31,7 +31,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, func, select
 
 from envsim.config import ConfigError, EnvConfig, project
-from envsim.suite import VALIDATION_PER_SIZE, validation_cells
+from envsim.suite import DEV_PER_SIZE, VALIDATION_PER_SIZE, dev_cells, validation_cells
 from lab.context import CONTEXT_PRESETS, DEFAULT_PRESET
 from lab.engineers import ENGINEERS
 from lab.loop import LoopError, advance, check_engineer, create_run, queue_benchmark, resume
@@ -124,13 +124,15 @@ def load_scenario(name: str = DEFAULT_SCENARIO) -> Scenario:
 
 
 def compute_settings(*, policy: str, stages: int, config: EnvConfig, grpo: dict[str, Any],
-                     validation_per_size: int, validation_boards: int | None) -> dict[str, Any]:
+                     validation_per_size: int, validation_boards: int | None,
+                     dev_per_size: int = DEV_PER_SIZE) -> dict[str, Any]:
     """What every run of the experiment shares and the compute it buys, as the experiment records it."""
     from training.policy import prompt_style_of  # torch loads here, for the one command that creates experiments
     from training.stage import StageError, planned_steps
 
     try:
         validation_cells(validation_per_size)
+        dev_cells(dev_per_size)
         steps = planned_steps(config.num_instances, grpo, prompt_style_of(policy))
     except (ValueError, StageError) as err:
         raise ExperimentError(str(err)) from err
@@ -138,7 +140,8 @@ def compute_settings(*, policy: str, stages: int, config: EnvConfig, grpo: dict[
     return {"stages": stages, "instances": config.num_instances, "grpo": grpo, "steps_per_stage": steps,
             "validation_per_size": validation_per_size,
             "validation_boards": min(validation_boards, boards) if validation_boards else boards,
-            "validation_subset": validation_boards, "config": config.model_dump(mode="json"), "auto_apply": True}
+            "validation_subset": validation_boards, "dev_per_size": dev_per_size,
+            "config": config.model_dump(mode="json"), "auto_apply": True}
 
 
 def create_experiment(engine: Engine, *, name: str, arms: Sequence[str | Arm], seeds: int, stages: int,
@@ -146,12 +149,13 @@ def create_experiment(engine: Engine, *, name: str, arms: Sequence[str | Arm], s
                       grpo: dict[str, Any] | None = None, instances: int | None = None,
                       validation_per_size: int = EXPERIMENT_VALIDATION_PER_SIZE,
                       validation_boards: int | None = None, base_url: str | None = None, lora: int = 0,
-                      description: str = "") -> Experiment:
+                      description: str = "", dev_per_size: int = DEV_PER_SIZE) -> Experiment:
     """Store an experiment and queue its runs (arms x seeds, seed-major, auto-apply), refusing anything that
     would fail later (an unknown arm, a policy that cannot be its own engineer, a bad GRPO field) first.
 
     The initial config is `config`, else the scenario's (default `default`, the round-0 config); `instances`
-    replaces its boards per stage; `grpo` goes on top of the scenario's overrides.
+    replaces its boards per stage; `grpo` goes on top of the scenario's overrides. Every stage of every run is
+    also evaluated on `dev_per_size` dev boards per map size, which its engineer reads (docs/loop.md).
     """
     parsed = [a if isinstance(a, Arm) else Arm.parse(a) for a in arms]
     if not parsed:
@@ -176,7 +180,8 @@ def create_experiment(engine: Engine, *, name: str, arms: Sequence[str | Arm], s
         except LoopError as err:
             raise ExperimentError(f"arm {arm.name!r}: {err}") from None
     settings = compute_settings(policy=policy, stages=stages, config=config, grpo=grpo,
-                                validation_per_size=validation_per_size, validation_boards=validation_boards)
+                                validation_per_size=validation_per_size, validation_boards=validation_boards,
+                                dev_per_size=dev_per_size)
     settings.update(scenario=origin, base_url=base_url, lora=lora)
     with session(engine) as s:
         experiment = Experiment(name=name, description=description, policy=policy, seeds=seeds, settings=settings,
@@ -203,7 +208,7 @@ def _create_runs(s: Session, experiment: Experiment, arms: Sequence[Arm]) -> Non
                            auto_apply=True, seed=seed, grpo=st["grpo"], context=arm.context,
                            base_url=st.get("base_url"), lora=st.get("lora", 0),
                            validation_boards=st.get("validation_subset"),
-                           validation_per_size=st["validation_per_size"],
+                           validation_per_size=st["validation_per_size"], dev_per_size=st.get("dev_per_size"),
                            description=f"experiment {experiment.name!r}, arm {arm.name!r}, seed {seed}",
                            experiment_id=experiment.id, arm=arm.name)
             except LoopError as err:

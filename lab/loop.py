@@ -21,8 +21,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
 from envsim.config import Adjustment, EnvConfig, Projection
-from envsim.suite import Split, validation_cells
-from lab.context import ContextModules, Evidence, context_preset, load_stage_result, preset_of
+from envsim.suite import DEV_PER_SIZE, Split, dev_cells, validation_cells
+from lab.context import ContextModules, Evidence, context_preset, evidence_split, load_stage_result, preset_of
 from lab.engineers import ENGINEERS, LEARN_ANSWERS, LEARN_BOARDS, EngineerAnswer
 from lab.proposals import current_proposal, decide, decision_of, fill_check, fillable, self_summary, store_proposal
 from lab.settings import RunSettings, probe_size
@@ -83,7 +83,8 @@ def create_run(s: Session, *, name: str, config: EnvConfig, stages: int, policy:
                base_url: str | None = None, description: str = "", lora: int = 0,
                validation_boards: int | None = None, validation_per_size: int | None = None,
                experiment_id: int | None = None, arm: str | None = None, remeasure: bool = False,
-               probe_boards: int | None = None, probe_answers: int | None = None) -> Run:
+               probe_boards: int | None = None, probe_answers: int | None = None,
+               dev_per_size: int | None = DEV_PER_SIZE) -> Run:
     """Store a run, its stage 0 (the starting policy, evaluated on `config`) and queue that stage.
 
     `context` is the llm engineer's context modules, or the name of a preset (`lab.context.CONTEXT_PRESETS`;
@@ -94,7 +95,9 @@ def create_run(s: Session, *, name: str, config: EnvConfig, stages: int, policy:
     `experiment_id` and `arm` place the run in an experiment (lab.experiments). `remeasure` has the llm engineer
     probe its answer and ask once more where a size it changed measures too easy or too hard (docs/engineers.md).
     `probe_boards` and `probe_answers` size the probes of the Measure panel and the llm engineer (B boards per
-    size, K answers each; None: `training.probe`'s defaults).
+    size, K answers each; None: `training.probe`'s defaults). `dev_per_size` is the dev boards per map size each
+    stage is also evaluated on: the engineers read those, never the validation boards (docs/loop.md); None only
+    for a run added to an experiment made before dev boards existed (its engineers read validation, as the others).
     """
     check_engineer(engineer, engineer_backend, policy)
     try:  # a config changed with model_copy (e.g. `--instances 0`) skipped validation
@@ -112,11 +115,15 @@ def create_run(s: Session, *, name: str, config: EnvConfig, stages: int, policy:
     try:
         if validation_per_size is not None:
             validation_cells(validation_per_size)
+        if dev_per_size is not None:
+            dev_cells(dev_per_size)
         modules = context_preset(context) if isinstance(context, str) else context or ContextModules.paper_best()
     except ValueError as err:
         raise LoopError(str(err)) from None
     settings = {"stages": stages, "auto_apply": auto_apply, "grpo": grpo or {}, "lora": lora,
                 "context": asdict(modules), "base_url": base_url}
+    if dev_per_size is not None:
+        settings["dev_per_size"] = dev_per_size
     if (preset := preset_of(modules)) is not None:
         settings["context_preset"] = preset
     if validation_boards is not None:
@@ -364,8 +371,10 @@ def _auto_decide(s: Session, proposal: Proposal, last: Stage) -> Decision:
 
 
 def evidence_for(s: Session, run: Run, after_stage: int) -> Evidence:
-    """What the engineer reads after `after_stage`: that stage's results and every earlier stage's."""
-    results = [load_stage_result(s, run.id, k) for k in range(after_stage + 1)]
+    """What the engineer reads after `after_stage`: that stage's results and every earlier stage's, on the run's
+    dev boards (`lab.context.evidence_split`): never its validation boards, which score it."""
+    split = evidence_split(run.settings)
+    results = [load_stage_result(s, run.id, k, split=split) for k in range(after_stage + 1)]
     total = run.settings["stages"]
     return Evidence(current=results[-1], history=tuple(results[:-1]), round_index=after_stage + 1,
                     rounds_left=total - after_stage - 1, instances_per_stage=results[-1].config.num_instances,

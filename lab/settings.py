@@ -30,6 +30,9 @@ class RunSettings(BaseModel):
     base_url: str | None = None
     validation_boards: int | None = Field(default=None, ge=1)
     validation_per_size: int | None = Field(default=None, ge=1)
+    # dev boards per map size: evaluated after each stage, what the engineers read (None: a run of an earlier
+    # version, evaluated on the validation set only, whose engineers read that)
+    dev_per_size: int | None = Field(default=None, ge=3)
     probe_boards: int | None = Field(default=None, ge=1, le=64)  # the Measure panel's and the llm engineer's probe
     probe_answers: int | None = Field(default=None, ge=2, le=64)  # (None: training.probe's defaults)
     engineer_history: list[dict[str, Any]] = Field(default_factory=list)

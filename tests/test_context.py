@@ -10,6 +10,7 @@ from sqlalchemy import Engine
 from envsim.config import EnvConfig
 from envsim.instance import Instance
 from envsim.scoring import Tally, score_answer
+from envsim.suite import Split
 from lab.context import (
     ContextModules,
     Evidence,
@@ -59,7 +60,7 @@ SECTIONS = {
 You are choosing the environment config of stage 3, after stage 2 was evaluated. Training stages left, this one \
 included: 2. Each stage trains on 128 instances.""",
     "failure_breakdown": """\
-## Failure breakdown of stage 2 (validation set, per map size)
+## Failure breakdown of stage 2 (dev set, per map size)
 | size | episodes | valid | optimal | hole | vertex_conflict | goal_not_reached |
 |---|---|---|---|---|---|---|
 | 3 | 10 | 90% | 80% | 1 | 0 | 0 |
@@ -165,7 +166,7 @@ def test_history_with_default_includes_stage_zero_and_the_rest() -> None:
 def test_empty_evidence_says_so_instead_of_leaving_a_section_blank() -> None:
     bare = Evidence(StageResult(0, CONFIG, {}), round_index=1, rounds_left=4)
     text = build_context(bare, ContextModules.every())
-    assert "No validation results were recorded for this stage." in text
+    assert "No dev results were recorded for this stage." in text
     assert "## Earlier stages (oldest first): config and results per map size\nNone yet." in text
     assert "No failed answers were recorded." in text
     assert text.endswith("## The current config measured on the policy (stage 0's checkpoint)\nNot measured.")
@@ -189,11 +190,11 @@ def test_context_is_deterministic() -> None:
 # ---------------------------------------------------------------- from the database
 
 
-def _episode(run_id: int, stage: int, size: int, failure: str | None, n: int) -> Episode:
+def _episode(run_id: int, stage: int, size: int, failure: str | None, n: int, split: str = "dev") -> Episode:
     board = BOARD if size == 3 else Instance(size=size, holes=(), starts=((0, 0), (0, 1)), goals=((1, 0), (1, 1)))
     answer = f"Agent 0: DOWN\nAgent 1: DOWN  # {n}"
     outcome = score_answer(board, answer if failure is None else ANSWER if size == 3 else "nonsense")
-    return Episode(run_id=run_id, stage_index=stage, split="validation", instance_id=board.id,
+    return Episode(run_id=run_id, stage_index=stage, split=split, instance_id=board.id,
                    instance=board.model_dump(mode="json"), size=size, num_agents=2,
                    completion=answer if failure is None else f"answer {n}", outcome=outcome.to_dict(),
                    valid=failure is None, optimal=failure is None, failure=failure)
@@ -205,10 +206,14 @@ def test_load_stage_result_reads_config_metrics_and_cases(engine: Engine) -> Non
         s.add(run)
         s.commit()
         s.add(Stage(run_id=run.id, index=0, config=SECOND.model_dump(mode="json")))
-        s.add(StageMetric(run_id=run.id, stage_index=0, split="validation", size=4, episodes=10, valid=5,
+        s.add(StageMetric(run_id=run.id, stage_index=0, split="dev", size=4, episodes=10, valid=5,
                           optimal=2, failures={"hole": 5}))
-        s.add(StageMetric(run_id=run.id, stage_index=0, split="validation", size=3, episodes=10, valid=9,
+        s.add(StageMetric(run_id=run.id, stage_index=0, split="dev", size=3, episodes=10, valid=9,
                           optimal=8, failures={"hole": 1}))
+        s.add(StageMetric(run_id=run.id, stage_index=0, split="validation", size=5, episodes=10, valid=0,
+                          optimal=0, failures={"hole": 10}))  # the score: never read by an engineer
+        for n in range(5):
+            s.add(_episode(run.id, 0, 5, "parse_error", 100 + n, split="validation"))
         s.add(StageMetric(run_id=run.id, stage_index=0, split="benchmark", size=3, episodes=50, valid=1,
                           optimal=0, failures={"hole": 49}))
         # parse errors are the most common (3), then holes (2), then one vertex conflict.
@@ -226,6 +231,12 @@ def test_load_stage_result_reads_config_metrics_and_cases(engine: Engine) -> Non
         assert [c.completion for c in result.cases] == ["answer 1", "answer 0", "answer 4", "answer 2"]
         assert result.cases[1].instance == BOARD
         assert result.cases[1].outcome == score_answer(BOARD, ANSWER)
+        # every dev board, board by board, in stored order: BOARD has 1 hole of 9
+        assert [(b.size, b.hole_ratio, b.valid, b.failure) for b in result.boards] == [
+            (3, 0.1111, False, "hole"), (4, 0.0, False, "parse_error"), (4, 0.0, False, "parse_error"),
+            (3, 0.1111, True, None), (4, 0.0, False, "vertex_conflict"), (3, 0.1111, False, "hole"),
+            (4, 0.0, False, "parse_error")]
+        assert load_stage_result(s, run.id, 0, split=Split.VALIDATION).by_size == {5: Tally(10, 0, 0, {"hole": 10})}
         assert load_stage_result(s, run.id, 0, cases=0).cases == ()
         with pytest.raises(LookupError, match="no stage 5"):
             load_stage_result(s, run.id, 5)

@@ -71,6 +71,7 @@ def scripted_stage(engine, job, progress):
         results.append(EpisodeResult(b, text, score_answer(b, text)))
     with session(engine) as s:
         store_evaluation(s, run_id, k, "validation", results)
+        store_evaluation(s, run_id, k, "dev", results)  # what the engineer reads (here the same answers)
         stage = s.exec(select(Stage).where(Stage.run_id == run_id, Stage.index == k)).one()
         stage.status, stage.checkpoint = "done", f"{run.uuid}/stage-{k}"  # inside the run's folder, as a real stage
         (runs_root(engine) / stage.checkpoint).mkdir(parents=True)  # the folder a benchmark job would load

@@ -38,7 +38,8 @@ BOARDS = generate(CONFIG, 8, seed=11)
 
 
 def recorded_stage(engine, job, progress):
-    """Stage k answers the first 2k + 2 boards with the reference plan and the rest with garbage."""
+    """Stage k answers the first 2k + 2 boards with the reference plan and the rest with garbage, on the
+    validation boards and, the same, on the dev boards (what the engineer reads)."""
     run_id, k = job.payload["run_id"], job.payload["stage_index"]
     solved = 2 * k + 2
     results = [EpisodeResult(b, format_plan(b.reference_plan) if i < solved else "I am not sure.",
@@ -47,6 +48,7 @@ def recorded_stage(engine, job, progress):
     progress(1, 2, f"stage {k}: recorded answers")
     with session(engine) as s:
         store_evaluation(s, run_id, k, "validation", results)
+        store_evaluation(s, run_id, k, "dev", results)
         stage = s.exec(select(Stage).where(Stage.run_id == run_id, Stage.index == k)).one()
         uuid = s.get(Run, run_id).uuid  # where a real stage keeps it: inside the run's own folder
         stage.status, stage.checkpoint = "done", f"{uuid}/stage-{k}"
@@ -78,10 +80,58 @@ def test_diff_lists_every_knob_and_flags_adjustments():
 def test_create_run_refuses_bad_settings(engine):
     with session(engine) as s:
         with pytest.raises(LoopError,
-                           match="unknown engineer 'oracle': one of fixed, random, heuristic, learnability, llm"):
+                           match="unknown engineer 'oracle': one of fixed, random, heuristic, learnability, evidence, "
+                                 "llm"):
             create_run(s, name="x", config=CONFIG, stages=2, engineer="oracle")
+        with pytest.raises(LoopError, match="dev_per_size = 4: a multiple of 3"):
+            create_run(s, name="x", config=CONFIG, stages=2, dev_per_size=4)
         with pytest.raises(LoopError, match="the llm engineer needs a backend"):
             create_run(s, name="x", config=CONFIG, stages=2, engineer="llm")
+
+
+def split_stage(engine, job, progress):
+    """Stage k fails every validation board (BOARDS[4:]) and solves every dev board (BOARDS[:4])."""
+    run_id, k = job.payload["run_id"], job.payload["stage_index"]
+    with session(engine) as s:
+        store_evaluation(s, run_id, k, "validation", [EpisodeResult(b, "no", score_answer(b, "no"))
+                                                      for b in BOARDS[4:]])
+        store_evaluation(s, run_id, k, "dev", [EpisodeResult(b, format_plan(b.reference_plan),
+                                                             score_answer(b, format_plan(b.reference_plan)))
+                                               for b in BOARDS[:4]])
+        stage = s.exec(select(Stage).where(Stage.run_id == run_id, Stage.index == k)).one()
+        stage.status, stage.checkpoint = "done", f"{s.get(Run, run_id).uuid}/stage-{k}"
+        s.add(stage)
+        s.commit()
+    return {}
+
+
+@pytest.mark.parametrize("name", ["heuristic", "evidence"])
+def test_an_engineer_reads_the_dev_boards_and_never_a_validation_episode(engine, monkeypatch, name):
+    seen = []
+
+    def spy(evidence, **options):
+        seen.append(evidence)
+        return engineer(evidence, **options)
+
+    engineer = ENGINEERS[name]
+    monkeypatch.setitem(ENGINEERS, name, spy)  # the loop's registry: the spy is what the propose job calls
+    with session(engine) as s:
+        run = create_run(s, name="split", config=CONFIG, stages=2, engineer=name, auto_apply=True, dev_per_size=3)
+        assert run.settings["dev_per_size"] == 3
+    handlers = {"stage": split_stage, "propose": run_propose_job}
+    assert drive(engine, run.id, lambda: run_worker(engine, handlers, once=True, poll_s=0.01, after=after_job) > 0,
+                 poll_s=0.01) == "done"
+    assert [e.current.stage_index for e in seen] == [0, 1]
+    validation = {b.id for b in BOARDS[4:]}
+    dev = [(b.size, b.needs_wait) for b in BOARDS[:4]]
+    for evidence in seen:
+        for result in (evidence.current, *evidence.history):
+            assert [(b.size, b.needs_wait, b.valid) for b in result.boards] == [(*d, True) for d in dev]
+            assert result.total.episodes == 4 and result.total.valid == 4  # the validation boards all failed
+            assert result.cases == () and not {c.instance.id for c in result.cases} & validation
+    with session(engine) as s:
+        proposals = list(s.exec(select(Proposal).where(Proposal.run_id == run.id)))
+        assert all("validation" not in p.rationale for p in proposals)
 
 
 def test_auto_applied_heuristic_run_goes_to_the_end(engine):

@@ -53,7 +53,7 @@ from envsim.config import EnvConfig
 from envsim.generator import generate, stage_seed
 from envsim.instance import Instance
 from envsim.scoring import Tally
-from envsim.suite import VALIDATION_PER_SIZE, Split, build
+from envsim.suite import VALIDATION_PER_SIZE, Split, build, dev_entries
 from storage.db import RUNS_SETTING, UnsafePath, checkpoint_of, make_engine, run_folder, runs_root, session
 from storage.models import Job, Run, Stage, StageMetric, StageStatus, TrainingLog, utcnow
 from training import evaluate as evaluation
@@ -86,6 +86,7 @@ class StageArgs:
     validation_boards: int | None = None  # None: every board of the validation set
     validation_per_size: int = VALIDATION_PER_SIZE  # the validation set's boards per map size (30: the standard 240)
     lora: int = 0  # LoRA rank for training (the run's settings["lora"]); 0: every weight trains
+    dev_per_size: int | None = None  # dev boards per map size, the ones the engineers read (None: no dev set)
 
     @property
     def stage_dir(self) -> Path:
@@ -228,6 +229,15 @@ def validation_set(per_size: int = VALIDATION_PER_SIZE, cache_dir: Path | None =
         return tuple(entry.instance for entry in build(Split.VALIDATION, per_size=per_size)[0])
     cache_dir.mkdir(parents=True, exist_ok=True)
     return tuple(entry.instance for entry in evaluation.validation_entries(cache_dir, per_size))
+
+
+@lru_cache(maxsize=2)
+def dev_set(per_size: int, validation_per_size: int = VALIDATION_PER_SIZE,
+            cache_dir: Path | None = None) -> tuple[Instance, ...]:
+    """The dev boards, `per_size` per map size, disjoint from the validation set of `validation_per_size` per size
+    (`envsim.suite.dev_entries`): built once per process (240 boards in about a second)."""
+    validation = validation_set(validation_per_size, cache_dir)
+    return tuple(entry.instance for entry in dev_entries(per_size, validation))
 
 
 def validation_boards(limit: int | None = None, per_size: int = VALIDATION_PER_SIZE,
@@ -398,7 +408,8 @@ def stage_args(engine: Engine, run_id: int, stage_index: int) -> tuple[StageArgs
                      config=EnvConfig.model_validate(stages[stage_index].config),
                      run_dir=folder, run_uuid=run.uuid,
                      validation_boards=run.settings.get("validation_boards"), lora=int(run.settings.get("lora") or 0),
-                     validation_per_size=int(run.settings.get("validation_per_size") or VALIDATION_PER_SIZE))
+                     validation_per_size=int(run.settings.get("validation_per_size") or VALIDATION_PER_SIZE),
+                     dev_per_size=run.settings.get("dev_per_size"))
     return args, dict(run.settings.get("grpo") or {})
 
 
@@ -412,7 +423,9 @@ def _set_stage(engine: Engine, args: StageArgs, **values: Any) -> None:
 
 
 def run_stage(engine: Engine, args: StageArgs, grpo: dict[str, Any], progress: Progress) -> dict[str, Any]:
-    """Train (stage > 0), evaluate on the validation set, store episodes and metrics, mark the stage done."""
+    """Train (stage > 0), evaluate on the validation set and then on the dev set (when the run has one), store
+    episodes and metrics, mark the stage done. Evaluation is greedy: it draws no random number, so the dev set
+    changes nothing of what training or the validation results would be without it."""
     device = local_device()
     _set_stage(engine, args, status=StageStatus.RUNNING, started_at=utcnow(), finished_at=None)
     try:
@@ -435,6 +448,13 @@ def run_stage(engine: Engine, args: StageArgs, grpo: dict[str, Any], progress: P
             progress(len(boards), len(boards), evaluation.metrics_table(evaluation.size_metrics(results)))
         else:
             progress(0, None, "the validation results of an earlier attempt are stored already: kept")
+        if args.dev_per_size and not _metrics(engine, args, Split.DEV):
+            boards = list(dev_set(args.dev_per_size, args.validation_per_size, args.run_dir.parent))
+            progress(0, len(boards), f"evaluating on {len(boards)} dev boards (what the engineer reads)")
+            results = evaluation.evaluate(policy, boards, progress=lambda done, total: progress(done, total))
+            with session(engine) as s:
+                evaluation.store_evaluation(s, args.run_id, args.stage_index, Split.DEV, results)
+            progress(len(boards), len(boards), "dev:\n" + evaluation.metrics_table(evaluation.size_metrics(results)))
         _set_stage(engine, args, status=StageStatus.DONE, checkpoint=checkpoint, finished_at=utcnow())
     except BaseException:
         _set_stage(engine, args, status=StageStatus.FAILED, finished_at=utcnow())
@@ -446,10 +466,14 @@ def run_stage(engine: Engine, args: StageArgs, grpo: dict[str, Any], progress: P
 
 
 def _validation_metrics(engine: Engine, args: StageArgs) -> list[StageMetric]:
+    return _metrics(engine, args, Split.VALIDATION)
+
+
+def _metrics(engine: Engine, args: StageArgs, split: Split) -> list[StageMetric]:
     with session(engine) as s:
         return list(s.exec(select(StageMetric).where(StageMetric.run_id == args.run_id,
                                                      StageMetric.stage_index == args.stage_index,
-                                                     StageMetric.split == Split.VALIDATION)))
+                                                     StageMetric.split == split)))
 
 
 def run_stage_job(engine: Engine, job: Job, progress: Progress) -> dict[str, Any]:

@@ -10,6 +10,8 @@ One module per family:
 - `learnability`: samples candidate hole and wait ratios per size, measures each on the policy
   (`training.probe`), keeps the most learnable and weights the sizes by learnability (sampling for
   learnability, as in unsupervised environment design).
+- `evidence`: reads the dev failures board by board; per size it moves the hole and wait ratios toward them
+  and weights the data by them, keeping a size whose config works; no probe compute.
 - `language_model`: `llm` asks a language model (the policy itself, Gemma, or any OpenAI-compatible server);
   `reading` reads its JSON back, and `envsim.config.project` makes it legal, the error shown to the model when
   the answer is unusable.
@@ -36,6 +38,7 @@ from lab.engineers.baselines import (
     heuristic,
     random_config,
 )
+from lab.engineers.evidence import evidence_engineer
 from lab.engineers.language_model import (
     ANSWER_FORMAT,
     CONSTRAINED_RATIONALE_CHARS,
@@ -72,6 +75,7 @@ ENGINEERS: dict[str, Callable[..., EngineerAnswer]] = {
     "random": random_config,
     "heuristic": heuristic,
     "learnability": learnability,
+    "evidence": evidence_engineer,
     "llm": llm,
 }
 
@@ -80,6 +84,6 @@ __all__ = [
     "HOLE_STEP", "INSTRUCTIONS", "LEARN_ANSWERS", "LEARN_BOARDS", "LEARN_FLOOR", "MASTERED", "MAX_ANSWER_CHARS",
     "MAX_NUMBER_DIGITS", "RANDOM_DRAWS", "RATIONALE", "RATIONALE_CHARS", "REMEASURE", "RETRY", "SHARE_STEP",
     "UNLEARNED", "WAIT_DELTA", "WAIT_STEP", "Complete", "EngineerAnswer", "ProbeFn", "Unreadable", "answer_of",
-    "answer_schema", "candidates", "changed_sizes", "compute_of", "engineer_prompt", "fixed", "heuristic",
-    "learnability", "llm", "random_config", "read_config", "shares",
+    "answer_schema", "candidates", "changed_sizes", "compute_of", "engineer_prompt", "evidence_engineer", "fixed",
+    "heuristic", "learnability", "llm", "random_config", "read_config", "shares",
 ]

@@ -75,14 +75,14 @@ CONFLICTS = ("vertex_conflict", "edge_conflict")
 
 
 def heuristic(evidence: Evidence, *, seed: int = 0, **_options: Any) -> EngineerAnswer:
-    """A deterministic curriculum rule over the current stage's validation results, size by size:
+    """A deterministic curriculum rule over the current stage's dev results (what the engineer reads), size by size:
 
     - data_ratio by learnability p(1-p), p the valid rate, never below `FLOOR` (keeps what works);
     - wait_ratio + `WAIT_STEP` where conflicts are at least half of the failures;
     - hole_ratio - `HOLE_STEP` where holes are at least half of the failures and p < `UNLEARNED`,
       hole_ratio + `HOLE_STEP` where p >= `MASTERED`.
 
-    A size without validation episodes keeps its hole and wait ratios and gets the floor weight.
+    A size without dev episodes keeps its hole and wait ratios and gets the floor weight.
     """
     base = evidence.current.config
     results = evidence.current.by_size
@@ -118,12 +118,12 @@ def heuristic(evidence: Evidence, *, seed: int = 0, **_options: Any) -> Engineer
                          f"(valid {p:.0%}: mastered, so harder boards)")
     config = EnvConfig(data_ratio=data, hole_ratio=hole, wait_ratio=wait, num_agents=base.num_agents,
                        num_instances=base.num_instances)
-    return answer_of(config, base, "\n".join(lines) or "no change: nothing in the validation results calls for one")
+    return answer_of(config, base, "\n".join(lines) or "no change: nothing in the dev results calls for one")
 
 
 def _learnability(r: Tally | None) -> str:
     if r is None or r.episodes == 0:
-        return f"no validation episodes: floor weight {FLOOR:g}"
+        return f"no dev episodes: floor weight {FLOOR:g}"
     p = r.valid_rate
     if p * (1 - p) < FLOOR:
         return f"valid {p:.0%}: p(1-p) = {p * (1 - p):.2f} is below the floor weight {FLOOR:g}"

@@ -92,7 +92,7 @@ def test_heuristic_changes_nothing_when_everything_is_mastered_at_the_hardest_ho
     hardest = EnvConfig.default((3, 4, 5), hole_ratio=0.5)
     answer = heuristic(evidence({s: Tally(10, 10, 10, {}) for s in (3, 4, 5)}, hardest), seed=0)
     assert answer.projection.config == hardest
-    assert answer.rationale == "no change: nothing in the validation results calls for one"
+    assert answer.rationale == "no change: nothing in the dev results calls for one"
 
 
 def test_heuristic_caps_at_the_range_and_gives_unseen_sizes_the_floor() -> None:
@@ -126,8 +126,8 @@ def test_heuristic_without_results_for_a_size_keeps_its_knobs() -> None:
     assert answer.rationale.splitlines() == [
         "size 3: data_ratio 0.333 -> 0.714 (valid 50%: learnability p(1-p) = 0.25)",
         "size 3: wait_ratio 0.25 -> 0.35 (conflicts are 5 of 5 failures)",
-        "size 4: data_ratio 0.333 -> 0.143 (no validation episodes: floor weight 0.05)",
-        "size 5: data_ratio 0.333 -> 0.143 (no validation episodes: floor weight 0.05)",
+        "size 4: data_ratio 0.333 -> 0.143 (no dev episodes: floor weight 0.05)",
+        "size 5: data_ratio 0.333 -> 0.143 (no dev episodes: floor weight 0.05)",
     ]
 
 
