@@ -219,6 +219,32 @@ def test_stage_jobs_through_the_worker_evaluate_then_train_and_record(lab: Engin
         assert len(s.exec(select(Episode).where(Episode.run_id == run_id)).all()) == 16
 
 
+def test_the_dev_boards_are_evaluated_after_the_validation_boards_and_change_nothing_else(lab: Engine, writer: Path):
+    """A run with dev boards and one without, same seed: the same trained weights and validation answers; the dev
+    episodes are extra, none on a validation board."""
+    runs = [_run(lab, str(writer), grpo=dict(GRPO, max_steps=1), dev_per_size=3), _run(lab, str(writer),
+                                                                                        grpo=dict(GRPO, max_steps=1))]
+    for run_id in runs:
+        for k in (0, 1):
+            with session(lab) as s:
+                queue.enqueue(s, "stage", {"run_id": run_id, "stage_index": k})
+            assert run_worker(lab, {"stage": run_stage_job}, poll_s=0.01, once=True) == 1
+    with session(lab) as s:
+        def episodes(run_id: int, split: str) -> list[tuple[int, str, str]]:
+            return [(e.stage_index, e.instance_id, e.completion) for e in s.exec(
+                select(Episode).where(Episode.run_id == run_id, Episode.split == split).order_by(Episode.id))]
+
+        assert episodes(runs[0], "validation") == episodes(runs[1], "validation") and episodes(runs[1], "dev") == []
+        dev = episodes(runs[0], "dev")
+        metrics = s.exec(select(StageMetric).where(StageMetric.run_id == runs[0], StageMetric.split == "dev")).all()
+        log = s.exec(select(Job.log_tail).order_by(Job.id)).first()
+    assert len(dev) == 2 * 24 and len(metrics) == 2 * 8  # 3 boards per size, sizes 3..10, stages 0 and 1
+    assert not {i for _, i, _ in dev} & {b.id for b in validation_boards()}  # none of the run's validation boards
+    assert "evaluating on 24 dev boards (what the engineer reads)" in log
+    trained = [load_policy(str(_run_dir(lab, r) / "stage-1" / "policy")) for r in runs]
+    assert torch.equal(_probe(trained[0]), _probe(trained[1]))
+
+
 @pytest.mark.parametrize("damage", ["missing", "truncated"])
 def test_a_missing_or_corrupt_starting_checkpoint_fails_the_job_with_a_clear_error(lab: Engine, writer: Path,
                                                                                    tmp_path: Path, damage: str):

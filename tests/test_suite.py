@@ -1,5 +1,21 @@
+from collections import Counter
+
+import pytest
+
 from envsim.generator import round_half_up
-from envsim.suite import Entry, build, build_cell, cells, read_jsonl, report, write_jsonl
+from envsim.suite import (
+    WAIT_SUBSETS,
+    Entry,
+    Split,
+    build,
+    build_cell,
+    cells,
+    dev_cells,
+    dev_entries,
+    read_jsonl,
+    report,
+    write_jsonl,
+)
 
 
 def test_the_benchmark_layout_is_the_papers():
@@ -50,3 +66,19 @@ def test_report_tables_from_known_outcomes():
     md = r.to_markdown()
     assert "| 3 | 50.0% / 50.0% | 100.0% / 0.0% | 75.0% / 25.0% |" in md
     assert "| 4 | - | 100.0% / 100.0% | 100.0% / 100.0% |" in md
+
+
+def test_the_dev_boards_are_drawn_like_the_validation_boards_and_share_none_with_them():
+    validation = [e.instance for e in build(Split.VALIDATION)[0]]
+    dev = dev_entries(30, validation)
+    assert len(dev) == 240 and {e.split for e in dev} == {Split.DEV}
+    assert Counter(e.size for e in dev) == {s: 30 for s in range(3, 11)}
+    waits = Counter((e.size, e.subset) for e in dev if e.instance.needs_wait)  # each cell's subset met exactly
+    assert waits == {(s, w): round_half_up(10 * w) for s in range(3, 11) for w in WAIT_SUBSETS}
+    assert not {e.instance.id for e in dev} & {b.id for b in validation}  # no board in both sets
+    # drawn without the exclusion, the dev stream does meet a validation board: the exclusion is what keeps them apart
+    unguarded = dev_entries(30, [])
+    assert sum(e.instance.id in {b.id for b in validation} for e in unguarded) == 1
+    assert dev_entries(30, validation) == dev  # a pure function of the seed and the boards it avoids
+    with pytest.raises(ValueError, match="dev_per_size = 10: a multiple of 3"):
+        dev_cells(10)

@@ -7,7 +7,8 @@ needs a wait, the failure type):
 - `hole_ratio` moves `MOVE` of the way toward where the policy fails but sometimes succeeds: the boards are
   binned by hole ratio (`HOLE_BINS`), a bin with both valid and failed boards weighs `valid * failed / boards`
   (its learnability times its boards), and the target is the weighted mean hole ratio of those bins' boards.
-  Where no bin is mixed, every board failed (target `HOLE_PROBE` fewer holes) or none did (`HOLE_PROBE` more).
+  Where no bin is mixed: every board failed (target `HOLE_PROBE` fewer holes), none did (`HOLE_PROBE` more), or
+  the boundary between them (the mean of the valid boards' mean hole ratio and the failed boards').
 - `wait_ratio` moves `MOVE` of the way toward the share of wait boards among the failures.
 - `data_ratio` is in proportion to the failures, tempered (`failures ** (1 / TEMPERATURE)`) and never below
   `FLOOR`; with no failure anywhere the shares are kept.
@@ -67,10 +68,13 @@ def read_size(boards: list[BoardOutcome], current_hole: float) -> SizeReading:
             weight += w
             weighted += w * sum(b.hole_ratio for b in inside) / n
     lo_knob, hi_knob = KNOBS["hole_ratio"]
+    valid = [b for b in boards if b.valid]
     if weight:
         target = weighted / weight
     elif not boards:
         target = None
+    elif failed and valid:
+        target = (sum(b.hole_ratio for b in valid) / len(valid) + sum(b.hole_ratio for b in failed) / len(failed)) / 2
     else:
         target = current_hole - HOLE_PROBE if failed else current_hole + HOLE_PROBE
     if target is not None:
@@ -118,14 +122,16 @@ def evidence_engineer(evidence: Evidence, *, seed: int = 0,
         if r.failed:
             target = r.wait_failed / r.failed
             wait[s] = _toward(base.wait_ratio[s], target, "wait_ratio")
-            line += (f"; {r.wait_failed} of the {r.failed} failures need a wait: wait_ratio "
+            line += (f"; {r.wait_failed} of its {r.failed} failures need a wait: wait_ratio "
                      f"{knob_text(base.wait_ratio[s])} -> {knob_text(wait[s])} (toward {target:.2f})")
         if r.hole_target is not None:
             hole[s] = _toward(base.hole_ratio[s], r.hole_target, "hole_ratio")
             if r.bins:
                 where = ", ".join(f"holes {lo:.1f}-{hi:.1f} fail {f} of {n}" for lo, hi, n, f in r.bins)
-            else:
+            elif r.failed == r.boards or not r.failed:
                 where = "every board failed" if r.failed else "no board failed"
+            else:
+                where = "no hole bin holds both outcomes: between the valid and the failed boards' holes"
             line += (f"; {where}: hole_ratio {knob_text(base.hole_ratio[s])} -> {knob_text(hole[s])} "
                      f"(toward {r.hole_target:.2f})")
         lines.append(line)

@@ -41,6 +41,8 @@ def test_it_reads_each_size_board_by_board() -> None:
     five = read_size([b for b in BOARDS if b.size == 5], 0.2)
     assert five.failed == 0 and five.hole_target == 0.2 + 0.1  # none failed: more holes
     assert read_size([], 0.2).hole_target is None
+    apart = read_size([B(6, 0.1, False), B(6, 0.2, False), B(6, 0.4, False, "hole")], 0.3)  # no mixed bin
+    assert apart.bins == () and apart.hole_target == (0.15 + 0.4) / 2  # the boundary between valid and failed
     edge = read_size([B(6, 0.5, False), B(6, 0.5, False, "hole")], 0.45)  # 0.5 falls in the last bin
     assert edge.bins == ((0.4, 0.5, 2, 1),) and edge.hole_target == 0.5
 
@@ -57,10 +59,10 @@ def test_it_moves_holes_and_waits_toward_the_failures_and_weights_the_data_by_th
     assert config.data_ratio == shares({3: 3 ** 0.5 / (3 ** 0.5 + 2), 4: 2 / (3 ** 0.5 + 2), 5: FLOOR})
     assert config.data_ratio == {3: 0.446, 4: 0.515, 5: 0.039}
     assert answer.rationale.splitlines() == [
-        "size 3: 3 of 6 dev boards failed (hole 2, vertex_conflict 1); 2 of the 3 failures need a wait: wait_ratio "
+        "size 3: 3 of 6 dev boards failed (hole 2, vertex_conflict 1); 2 of its 3 failures need a wait: wait_ratio "
         "0.25 -> 0.46 (toward 0.67); holes 0.1-0.2 fail 1 of 2, holes 0.2-0.3 fail 1 of 2: hole_ratio 0.2 -> 0.18 "
         "(toward 0.17)",
-        "size 4: 4 of 4 dev boards failed (hole 3, parse_error 1); 1 of the 4 failures need a wait: wait_ratio "
+        "size 4: 4 of 4 dev boards failed (hole 3, parse_error 1); 1 of its 4 failures need a wait: wait_ratio "
         "0.25 -> 0.25 (toward 0.25); every board failed: hole_ratio 0.2 -> 0.15 (toward 0.10)",
         "size 5: 0 of 4 dev boards failed; no board failed: hole_ratio 0.2 -> 0.25 (toward 0.30)",
         "data_ratio by failures ** (1/2), floor 0.04 (7 failures): 3: 0.333 -> 0.446, 4: 0.333 -> 0.515, "
