@@ -216,7 +216,7 @@ def test_an_imported_run_carries_on_in_its_new_lab(engine, new_database, tmp_pat
     assert drive(target, new_id, lambda: work(target), poll_s=0.01) == "done"
     with open_session(target) as s:
         assert [st.status for st in stages_of(s, new_id)] == ["done", "done"]
-        assert len(s.exec(select(Episode).where(Episode.run_id == new_id)).all()) == 2 * len(BOARDS)
+        assert len(s.exec(select(Episode).where(Episode.run_id == new_id)).all()) == 2 * 2 * len(BOARDS)  # val, dev
 
 
 def test_importing_the_same_run_twice_is_refused(engine, new_database, tmp_path):

@@ -439,9 +439,12 @@ def test_the_real_stage_evaluates_on_the_larger_validation_set(lab, tmp_path):
     finally:
         torch.set_num_threads(threads)
     with session(lab) as s:
-        episodes = s.exec(select(Episode).where(Episode.run_id == run.id)).all()
-        metrics = s.exec(select(StageMetric).where(StageMetric.run_id == run.id)).all()
+        episodes = s.exec(select(Episode).where(Episode.run_id == run.id, Episode.split == "validation")).all()
+        metrics = s.exec(select(StageMetric).where(StageMetric.run_id == run.id,
+                                                   StageMetric.split == "validation")).all()
+        dev = s.exec(select(Episode.instance_id).where(Episode.run_id == run.id, Episode.split == "dev")).all()
     assert len(episodes) == 264 and {m.size: m.episodes for m in metrics} == {s: 33 for s in range(3, 11)}
+    assert len(dev) == 240 and not set(dev) & {e.instance_id for e in episodes}  # the dev set avoids all 264
     assert (tmp_path / "validation-33.jsonl").is_file()  # cached under the runs root, beside the database
     standard = {e.instance.id for e in build("validation")[0]}
     assert standard <= {e.instance_id for e in episodes}
