@@ -17,7 +17,7 @@ import lab
 from envsim.config import EnvConfig
 from envsim.instance import Instance
 from envsim.parser import format_plan
-from envsim.suite import read_jsonl
+from envsim.suite import Split, read_jsonl
 from lab.cli import main
 from lab.context import load_stage_result
 from storage.db import make_engine, session
@@ -173,7 +173,7 @@ def test_run_into_a_file_writes_one_line_per_stage_and_no_bars_or_warnings(tmp_p
     engine = make_engine(str(db))
     with session(engine) as s:
         for m in matches:
-            total = load_stage_result(s, 1, int(m[1]), cases=0).total
+            total = load_stage_result(s, 1, int(m[1]), cases=0, split=Split.VALIDATION).total
             assert (m[2], m[3]) == (f"{total.valid_rate:.1%}", f"{total.optimal_rate:.1%}")
     engine.dispose()
     assert "Loading" not in text and "it/s" not in text and "Warning" not in text
