@@ -1,15 +1,18 @@
-"""An experiment's results compared: per arm and stage, every seed's rate, their mean and a 95% interval, the paired
-difference from the baseline arm, and the area under the valid-rate curve (docs/experiments.md).
+"""An experiment's results compared: per arm and stage, every seed's rate, their mean and a 95% interval, the
+differences between arms paired by seed, what this many seeds can detect, and the area under the valid-rate curve
+(docs/experiments.md).
 
 Every rate is a stage's rate as `lab.results.stage_summaries` reads it (docs/results.md): pooled over the stage's
 validation boards, or over one map size's. The statistics, each computed here only:
 
-- mean over seeds: the plain mean of the seeds' rates;
-- 95% interval: a percentile bootstrap over seeds (`bootstrap`): `RESAMPLES` resamples of the seeds with
-  replacement, drawn by `numpy.random.default_rng(BOOTSTRAP_SEED)`, the 2.5th and 97.5th percentiles of their
-  means (numpy's linear interpolation). With one seed the interval is the value itself;
-- paired difference: per seed, the arm's rate minus the baseline's (`fixed` when the experiment has it, else
-  its first arm) on the same seed, then mean and interval as above, over the seeds both have;
+- mean over seeds: the plain mean of the seeds' rates; `sd` their standard deviation (n - 1 in the denominator);
+- 95% interval: Student's t over seeds (`t_interval`): mean +- t(0.975, n - 1) x sd / sqrt(n). With one seed
+  the interval is the value itself (no spread to measure);
+- paired difference: per seed, one arm's rate minus another's on the same seed (every pair of arms; the
+  baseline, `fixed` when the experiment has it, else its first arm, for the summary), then mean, sd and t interval
+  as above over the seeds both have: the paired t interval with n - 1 degrees of freedom;
+- detectable difference (`detectable`): the smallest true mean difference a two-sided paired t test at alpha 0.05
+  finds with 80% power with this many seeds, were the differences' sd the one observed (the noncentral t);
 - AUC: the trapezoid area under a run's valid-rate curve over stages 0..S divided by S, so it is the curve's
   mean rate (the same for the optimal rate); only for runs with every stage evaluated.
 
@@ -29,6 +32,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
+from scipy import optimize, stats
 from sqlalchemy import Engine
 from sqlmodel import select
 
@@ -37,9 +41,9 @@ from lab.results import stage_summaries
 from storage.db import session
 from storage.models import Experiment, Proposal, Run
 
-RESAMPLES = 10_000
-BOOTSTRAP_SEED = 0
-LEVEL = 0.95
+LEVEL = 0.95  # the intervals' coverage
+ALPHA = 0.05  # the paired t test's level (two-sided) for the detectable difference
+POWER = 0.8  # and the power it is detected with
 BASELINE = "fixed"
 POOLED = 0  # the `size` of a pooled rate in `Comparison.values` (map sizes start at 3)
 AUC = -1  # the `stage` of an area-under-the-curve value in `Comparison.values`
@@ -54,36 +58,62 @@ class Rate(StrEnum):
 
 @dataclass(frozen=True)
 class Estimate:
-    """Seeds' values of one quantity: their mean and 95% bootstrap interval; `seeds` in the order of `values`."""
+    """Seeds' values of one quantity: their mean, sd and 95% t interval; `seeds` in the order of `values`.
+    `detectable` is, for a paired difference, the smallest true difference this many seeds detect with 80% power
+    (None with fewer than 2 seeds)."""
 
     seeds: tuple[int, ...]
     values: tuple[float, ...]
     mean: float
     low: float
     high: float
+    sd: float = 0.0
+    detectable: float | None = None
 
 
-def bootstrap(values: Sequence[float], resamples: int = RESAMPLES, seed: int = BOOTSTRAP_SEED,
-              level: float = LEVEL) -> tuple[float, float]:
-    """The percentile bootstrap interval of the mean of `values` (resampled with replacement)."""
+def t_interval(values: Sequence[float], level: float = LEVEL) -> tuple[float, float]:
+    """Student's t interval of the mean of `values`: mean +- t((1 + level) / 2, n - 1) x sd / sqrt(n)."""
     x = np.asarray(values, dtype=float)
+    mean = float(x.mean())
     if len(x) == 1:
-        return float(x[0]), float(x[0])
-    rng = np.random.default_rng(seed)
-    means = x[rng.integers(0, len(x), size=(resamples, len(x)))].mean(axis=1)
-    tail = (1 - level) / 2 * 100
-    low, high = np.percentile(means, [tail, 100 - tail])
-    return float(low), float(high)
+        return mean, mean
+    half = float(stats.t.ppf((1 + level) / 2, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x)))
+    return mean - half, mean + half
 
 
-def estimate(by_seed: dict[int, float]) -> Estimate | None:
-    """Mean and interval of the values by seed (None when there is none)."""
+def t_power(difference: float, sd: float, n: int, alpha: float = ALPHA) -> float:
+    """The power of a two-sided paired (one-sample) t test at `alpha` on `n` pairs whose differences have this sd,
+    when the true mean difference is `difference`: P(|T| > t(1 - alpha/2, n-1)) under the noncentral t."""
+    df, crit = n - 1, stats.t.ppf(1 - alpha / 2, n - 1)
+    ncp = difference / (sd / np.sqrt(n))
+    return float(stats.nct.sf(crit, df, ncp) + stats.nct.sf(crit, df, -ncp))  # the far tail by symmetry: no NaN
+
+
+def detectable(sd: float, n: int, alpha: float = ALPHA, power: float = POWER) -> float | None:
+    """The smallest true mean difference that `n` paired seeds detect with `power` (two-sided paired t test at
+    `alpha`, differences of standard deviation `sd`); None with fewer than 2 seeds."""
+    if n < 2:
+        return None
+    if sd == 0:
+        return 0.0
+    se = sd / np.sqrt(n)
+    high = 4 * se  # power grows with the difference: double the bracket until it holds the answer
+    while t_power(high, sd, n, alpha) < power:
+        high *= 2
+    return float(optimize.brentq(lambda d: t_power(d, sd, n, alpha) - power, 0.0, high, xtol=1e-12 * se))
+
+
+def estimate(by_seed: dict[int, float], paired: bool = False) -> Estimate | None:
+    """Mean, sd and t interval of the values by seed (None when there is none); for a paired difference
+    (`paired`) also the difference this many seeds detect with 80% power."""
     if not by_seed:
         return None
     seeds = tuple(sorted(by_seed))
     values = tuple(by_seed[k] for k in seeds)
-    low, high = bootstrap(values)
-    return Estimate(seeds, values, float(np.mean(values)), low, high)
+    low, high = t_interval(values)
+    sd = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+    return Estimate(seeds, values, float(np.mean(values)), low, high, sd,
+                    detectable(sd, len(values)) if paired else None)
 
 
 def auc(curve: Sequence[float]) -> float:
@@ -125,7 +155,12 @@ class Comparison:
             return None
         mine = self.values.get((arm, rate, stage, size), {})
         base = self.values.get((other, rate, stage, size), {})
-        return estimate({k: mine[k] - base[k] for k in mine if k in base})
+        return estimate({k: mine[k] - base[k] for k in mine if k in base}, paired=True)
+
+    def pairs(self) -> list[tuple[str, str]]:
+        """Every pair of arms as (arm, against): each arm against every arm before it (the baseline first)."""
+        arms = [self.baseline, *(a for a in self.arms if a != self.baseline)]
+        return [(arms[j], arms[i]) for i in range(len(arms)) for j in range(i + 1, len(arms))]
 
 
 def comparison(engine: Engine, key: str | int) -> Comparison:
@@ -178,6 +213,18 @@ def cell(e: Estimate | None, signed: bool = False) -> str:
     return f"{e.mean * 100:{sign}.1f}% [{e.low * 100:{sign}.1f}, {e.high * 100:{sign}.1f}]"
 
 
+def seeds_text(e: Estimate | None, signed: bool = False) -> str:
+    """Every seed's value in points, in seed order: `52.8, 53.1, 53.5`."""
+    if e is None:
+        return "-"
+    sign = "+" if signed else ""
+    return ", ".join(f"{v * 100:{sign}.1f}" for v in e.values)
+
+
+def points(x: float | None, signed: bool = False) -> str:
+    return "-" if x is None else f"{x * 100:{'+' if signed else ''}.2f}"
+
+
 def compute_statement(c: Comparison) -> str:
     """What every arm was given: the equal compute, in one paragraph."""
     st = c.experiment.settings
@@ -207,8 +254,21 @@ def _stage_table(c: Comparison, rate: Rate) -> list[str]:
     head = ["arm", *(f"stage {k}" for k in range(c.stages + 1)), "AUC"]
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for arm in c.arms:
-        cells = [cell(c.estimate(arm, rate, k)) for k in [*range(c.stages + 1), AUC]]
+        cells = [f"{cell(e)} ({seeds_text(e)})" if (e := c.estimate(arm, rate, k)) else "-"
+                 for k in [*range(c.stages + 1), AUC]]
         lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _pair_tables(c: Comparison, rate: Rate = Rate.VALID) -> list[str]:
+    """Per stage after 0 (and the AUC), every pair of arms: the paired difference's mean and t interval, the sd
+    of the differences, the difference this many seeds detect with 80% power, and every seed's difference."""
+    lines: list[str] = []
+    for k in [*range(1, c.stages + 1), AUC]:
+        lines += ["", f"### {'AUC' if k == AUC else f'Stage {k}'}",
+                  "| difference | mean [95% t interval] | sd | detectable (80% power) | every seed |",
+                  "|---|---|---|---|---|"]
+        lines += ["| " + " | ".join(row) + " |" for row in difference_table_rows(c, rate, k)[1]]
     return lines
 
 
@@ -243,6 +303,18 @@ def size_rows(c: Comparison, rate: Rate = Rate.VALID) -> tuple[list[str], list[l
     return headers, rows
 
 
+def difference_table_rows(c: Comparison, rate: Rate = Rate.VALID,
+                          stage: int | None = None) -> tuple[list[str], list[list[str]]]:
+    """Every pair of arms at `stage` (default the last): (headers, one row per pair of texts): the paired difference
+    with its t interval, the sd of the differences, the difference detectable with 80% power, every seed's."""
+    k = c.stages if stage is None else stage
+    headers = ["difference", "mean [95% t interval]", "sd", "detectable (80% power)", "every seed"]
+    rows = [[f"{arm} - {against}", cell(d, signed=True), points(d.sd), points(d.detectable),
+             seeds_text(d, signed=True)]
+            for arm, against in c.pairs() if (d := c.difference(arm, rate, k, against=against)) is not None]
+    return headers, rows
+
+
 def report_markdown(c: Comparison) -> str:
     """The experiment's report as Markdown (what `envlab experiment report` prints)."""
     e = c.experiment
@@ -253,12 +325,18 @@ def report_markdown(c: Comparison) -> str:
              f"Runs: {done} of {len(c.runs)} done. Arms: " + ", ".join(
                  f"`{a['name']}` ({a['engineer']}" + (f", {a['backend']}, context {a['context']}" if a["backend"]
                                                       else "") + ")" for a in e.arms) + ".", "",
-             "Each cell: the mean over seeds and its 95% interval (percentile bootstrap over seeds, "
-             f"{RESAMPLES:,} resamples, seed {BOOTSTRAP_SEED}). AUC: the area under the curve over stages "
+             "Each cell: the mean over seeds, its 95% Student-t interval over seeds (n - 1 degrees of freedom), "
+             "then every seed's value in seed order (points). AUC: the area under the curve over stages "
              f"0..{c.stages} by the trapezoid rule, divided by {c.stages}: the curve's mean rate.", "",
              "## Validation valid rate", *_stage_table(c, Rate.VALID), "",
              "## Validation optimal rate", *_stage_table(c, Rate.OPTIMAL), "",
              f"## Valid rate minus `{c.baseline}`, paired by seed (points)", *_difference_table(c), "",
+             "## Differences between arms, paired by seed (valid rate, points)", "",
+             "Per seed, one arm's rate minus the other's on the same seed (the same stage-0 policy and validation "
+             "boards); the mean of those differences with its paired t interval (n - 1 degrees of freedom), their "
+             "standard deviation, and the smallest true difference a two-sided paired t test at alpha "
+             f"{ALPHA:g} detects with {POWER:.0%} power with this many seeds, were the sd the one observed. "
+             "Stage 0 is the same policy for every arm: no difference there.", *_pair_tables(c), "",
              "## Every seed (valid rate)", *_seed_table(c, Rate.VALID), "",
              f"## Stage {c.stages} by map size (valid rate)", "| " + " | ".join(headers) + " |",
              "|---" * len(headers) + "|", *("| " + " | ".join(r) + " |" for r in rows)]
@@ -289,8 +367,8 @@ def seed_rows(c: Comparison) -> tuple[list[str], list[list]]:
 
 def summary_rows(c: Comparison) -> tuple[list[str], list[list]]:
     """One row per (arm, rate, stage or `auc`, size or `all`): seeds, mean, interval, paired difference."""
-    header = ["arm", "rate", "stage", "size", "seeds", "mean", "low", "high", f"diff_vs_{c.baseline}_mean",
-              "diff_low", "diff_high"]
+    header = ["arm", "rate", "stage", "size", "seeds", "mean", "low", "high", "sd", f"diff_vs_{c.baseline}_mean",
+              "diff_low", "diff_high", "diff_sd", "diff_detectable"]
     rows = []
     for arm in c.arms:
         for rate in Rate:
@@ -301,8 +379,26 @@ def summary_rows(c: Comparison) -> tuple[list[str], list[list]]:
                         continue
                     d = c.difference(arm, rate, k, size)
                     rows.append([arm, rate.value, "auc" if k == AUC else k, "all" if size == POOLED else size,
-                                 len(e.seeds), e.mean, e.low, e.high,
-                                 *((d.mean, d.low, d.high) if d else ("", "", ""))])
+                                 len(e.seeds), e.mean, e.low, e.high, e.sd,
+                                 *((d.mean, d.low, d.high, d.sd, d.detectable) if d else ("",) * 5)])
+    return header, rows
+
+
+def difference_rows(c: Comparison) -> tuple[list[str], list[list]]:
+    """One row per (pair of arms, rate, stage or `auc`), pooled: the paired difference, its t interval, sd, the
+    difference detectable with 80% power, and every seed's difference (differences.csv)."""
+    header = ["arm", "against", "rate", "stage", "seeds", "mean", "low", "high", "sd", "detectable",
+              *(f"seed_{k}" for k in c.seeds)]
+    rows = []
+    for arm, against in c.pairs():
+        for rate in Rate:
+            for k in [*range(c.stages + 1), AUC]:
+                d = c.difference(arm, rate, k, against=against)
+                if d is not None:
+                    by_seed = dict(zip(d.seeds, d.values, strict=True))
+                    rows.append([arm, against, rate.value, "auc" if k == AUC else k, len(d.seeds), d.mean, d.low,
+                                 d.high, d.sd, "" if d.detectable is None else d.detectable,
+                                 *(by_seed.get(k2, "") for k2 in c.seeds)])
     return header, rows
 
 
@@ -314,14 +410,16 @@ def _write_csv(path: Path, header: list[str], rows: list[list]) -> None:
 
 
 def write_report(c: Comparison, out: Path) -> dict[str, Path | str]:
-    """Write `report.md`, `runs.csv`, `summary.csv` and `curves.png` into `out`; returns what was written (the
-    PNG's entry is the reason instead when it could not be drawn, e.g. no Chromium for kaleido)."""
+    """Write `report.md`, `runs.csv`, `summary.csv`, `differences.csv` and `curves.png` into `out`; returns what was
+    written (the PNG's entry is the reason instead when it could not be drawn, e.g. no Chromium for kaleido)."""
     out.mkdir(parents=True, exist_ok=True)
     written: dict[str, Path | str] = {"report": out / "report.md", "runs": out / "runs.csv",
-                                      "summary": out / "summary.csv", "figure": out / "curves.png"}
+                                      "summary": out / "summary.csv", "differences": out / "differences.csv",
+                                      "figure": out / "curves.png"}
     written["report"].write_text(report_markdown(c))
     _write_csv(written["runs"], *seed_rows(c))
     _write_csv(written["summary"], *summary_rows(c))
+    _write_csv(written["differences"], *difference_rows(c))
     try:
         curves_figure(c, tuple(Rate)).write_image(written["figure"], width=1200, height=520, scale=2)
     except Exception as err:  # kaleido needs a Chromium; the numbers are written whatever happens here

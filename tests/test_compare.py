@@ -26,6 +26,13 @@ def test_the_view_draws_each_arm_tables_its_sizes_and_links_its_runs(lab):  # no
     assert [row[0] for row in view["sizes"]["data"]] == ["3x3", "4x4", "all"]
     e = c.estimate("heuristic", Rate.OPTIMAL, 1, 3)
     assert view["sizes"]["data"][0][2] == f"{e.mean:.1%} [{e.low * 100:.1f}, {e.high * 100:.1f}]"
+    d = c.difference("heuristic", Rate.OPTIMAL, 1, against="fixed")
+    assert view["differences"]["headers"] == ["difference", "mean [95% t interval]", "sd", "detectable (80% power)",
+                                              "every seed"]
+    assert view["differences"]["data"] == [["heuristic - fixed", f"{d.mean * 100:+.1f}% [{d.low * 100:+.1f}, "
+                                            f"{d.high * 100:+.1f}]", f"{d.sd * 100:.2f}", f"{d.detectable * 100:.2f}",
+                                            ", ".join(f"{v * 100:+.1f}" for v in d.values)]]
+    assert "Student-t interval" in view["summary"] and "bootstrap" not in view["summary"]
     for run in experiment_runs(lab, experiment.id):
         assert f"[seed {run.seed}](?run={run.id}) (done)" in view["links"]
     assert "each on 8 boards in 1 GRPO steps" in view["summary"]
@@ -55,6 +62,8 @@ def test_the_compare_tab_shows_one_curve_per_arm(lab, page):  # noqa: F811
         link = page.locator("#compare-runs a", has_text="seed 0").first
         assert link.get_attribute("href") == f"?run={first.id}"
         page.locator("#compare-sizes th", has_text="heuristic").first.wait_for()
+        page.wait_for_function("() => (document.querySelector('#compare-differences') || {}).textContent"
+                               "?.includes('heuristic - fixed')", timeout=TIMEOUT_MS)
         page.goto(f"http://127.0.0.1:{port}/{link.get_attribute('href')}")  # where the link leads: the run, open
         page.wait_for_function("id => (document.querySelector('#run-pick input') || {}).value?.startsWith(id)",
                                arg=f"#{first.id} ")

@@ -23,7 +23,18 @@ from envsim.parser import format_plan
 from envsim.scoring import score_answer
 from envsim.suite import VALIDATION_PER_SIZE, WAIT_SUBSETS, build, round_half_up
 from lab import cli
-from lab.comparison import AUC, POOLED, RESAMPLES, Rate, comparison, curves_figure, report_markdown, write_report
+from lab.comparison import (
+    AUC,
+    POOLED,
+    Rate,
+    comparison,
+    curves_figure,
+    detectable,
+    report_markdown,
+    t_interval,
+    t_power,
+    write_report,
+)
 from lab.context import CONTEXT_PRESETS, ContextModules, build_context
 from lab.engineers import ENGINEERS, EngineerAnswer
 from lab.experiments import (
@@ -233,7 +244,7 @@ def stored_rates(engine, run_id: int) -> dict[int, tuple[float, float, dict[int,
     """stage -> (pooled valid, pooled optimal, {size: valid}) straight from the StageMetric rows."""
     out = {}
     with session(engine) as s:
-        rows = s.exec(select(StageMetric).where(StageMetric.run_id == run_id)).all()
+        rows = s.exec(select(StageMetric).where(StageMetric.run_id == run_id, StageMetric.split == "validation")).all()
     for k in {m.stage_index for m in rows}:
         ms = [m for m in rows if m.stage_index == k]
         n = sum(m.episodes for m in ms)
@@ -242,11 +253,33 @@ def stored_rates(engine, run_id: int) -> dict[int, tuple[float, float, dict[int,
     return out
 
 
+T_975 = {2: 4.302652729911275, 5: 2.570581835636314}  # Student's t, 97.5th percentile, by degrees of freedom
+
+
 def interval(values: list[float]) -> tuple[float, float]:
+    """By hand: mean +- t(0.975, n-1) x sd / sqrt(n), sd with n - 1 in the denominator."""
+    n = len(values)
+    mean = sum(values) / n
+    sd = (sum((v - mean) ** 2 for v in values) / (n - 1)) ** 0.5
+    return mean - T_975[n - 1] * sd / n ** 0.5, mean + T_975[n - 1] * sd / n ** 0.5
+
+
+def test_the_t_interval_and_the_detectable_difference_by_hand():
+    assert t_interval([0.50, 0.53, 0.56]) == pytest.approx((0.53 - 4.302652729911275 * 0.03 / 3 ** 0.5,
+                                                           0.53 + 4.302652729911275 * 0.03 / 3 ** 0.5))
+    assert t_interval([0.4]) == (0.4, 0.4)
+    # the standardized differences a two-sided paired t test at 0.05 detects with 80% power (G*Power's table:
+    # n = 3: 3.264, n = 6: 1.435, n = 10: 0.996), scaled by the sd of the differences
+    assert detectable(0.01, 3) == pytest.approx(0.03264, abs=1e-5)
+    assert detectable(0.01, 6) == pytest.approx(0.01435, abs=1e-5)
+    assert detectable(0.02, 10) == pytest.approx(0.01992, abs=2e-5)
+    assert detectable(0.01, 1) is None and detectable(0.0, 4) == 0.0
+    # and by simulation: paired differences of that mean and sd are found significant 80% of the time
     rng = np.random.default_rng(0)
-    x = np.array(values)
-    means = x[rng.integers(0, len(x), size=(10_000, len(x)))].mean(axis=1)
-    return tuple(np.percentile(means, [2.5, 97.5]))
+    x = rng.normal(detectable(1.0, 6), 1.0, size=(200_000, 6))
+    t = x.mean(axis=1) / (x.std(axis=1, ddof=1) / 6 ** 0.5)
+    assert (np.abs(t) > T_975[5]).mean() == pytest.approx(0.80, abs=0.005)
+    assert t_power(detectable(1.0, 6), 1.0, 6) == pytest.approx(0.8)
 
 
 def test_the_report_equals_a_hand_computation_from_the_stored_rows(engine, tmp_path):
@@ -258,7 +291,6 @@ def test_the_report_equals_a_hand_computation_from_the_stored_rows(engine, tmp_p
     assert experiment.settings["steps_per_stage"] == 1 and experiment.settings["validation_boards"] == 8
     rates = {(r.arm, r.seed): stored_rates(lab, r.id) for r in runs}
     c = comparison(lab, "cmp")
-    assert RESAMPLES == 10_000
     for arm in ("fixed", "heuristic"):
         for k in (0, 1, 2):
             values = [rates[(arm, seed)][k][0] for seed in range(3)]
@@ -279,12 +311,17 @@ def test_the_report_equals_a_hand_computation_from_the_stored_rows(engine, tmp_p
     assert d.values == pytest.approx(diffs) == [0.25, 0.25, 0.125]  # seed 2 solves every board: 8 of 8 at most
     assert d.mean == pytest.approx(sum(diffs) / 3)
     assert (d.low, d.high) == pytest.approx(interval(diffs))
+    assert d.sd == pytest.approx(0.125 / 3 ** 0.5 * 1)  # differences 0.25, 0.25, 0.125: sd 0.0722
+    assert d.detectable == pytest.approx(3.264 * d.sd, rel=1e-3)
     assert c.difference("fixed", Rate.VALID, 2) is None
     text = report_markdown(c)
     assert "every run trains 2 stages, each on 8 boards in 1 GRPO steps (2 in all" in text
     final = c.estimate("heuristic", Rate.VALID, 2)
     assert f"| heuristic | {c.estimate('heuristic', Rate.VALID, 0).mean * 100:.1f}%" in text
     assert f"{final.mean * 100:.1f}% [{final.low * 100:.1f}, {final.high * 100:.1f}]" in text
+    assert (f"| heuristic - fixed | +{d.mean * 100:.1f}% [{d.low * 100:+.1f}, {d.high * 100:+.1f}] | "
+            f"{d.sd * 100:.2f} | {d.detectable * 100:.2f} | +25.0, +25.0, +12.5 |") in text
+    assert "bootstrap" not in text
     written = write_report(c, tmp_path / "report")
     with open(written["runs"]) as f:
         rows = list(csv.DictReader(f))
@@ -299,6 +336,11 @@ def test_the_report_equals_a_hand_computation_from_the_stored_rows(engine, tmp_p
     assert (float(row["mean"]), float(row["diff_vs_fixed_mean"])) == pytest.approx((final.mean, d.mean))
     assert float(summary[("fixed", "valid", "auc", "all")]["mean"]) == pytest.approx(sum(
         c.values[("fixed", Rate.VALID, AUC, POOLED)].values()) / 3)
+    with open(written["differences"]) as f:
+        pairs = {(r["arm"], r["against"], r["rate"], r["stage"]): r for r in csv.DictReader(f)}
+    row = pairs[("heuristic", "fixed", "valid", "2")]
+    assert [float(row[k]) for k in ("mean", "low", "high", "sd", "detectable", "seed_0", "seed_1", "seed_2")] == \
+        pytest.approx([d.mean, d.low, d.high, d.sd, d.detectable, *diffs])
     assert isinstance(written["figure"], Path) and written["figure"].stat().st_size > 10_000  # kaleido + Chromium
 
 

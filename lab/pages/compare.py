@@ -1,6 +1,7 @@
 """The Compare tab: an experiment's arms side by side (docs/experiments.md). The curves over stages (per arm the mean
-over seeds, its 95% interval as a band and one dot per seed), the last stage per map size (arms x sizes, mean and
-interval), what every arm was given (equal compute), and a link to every run (`?run=ID`).
+over seeds, its 95% t interval as a band and one dot per seed), every pair of arms' difference at the last stage
+paired by seed (t interval, sd, what this many seeds detect, every seed's), the last stage per map size (arms x
+sizes, mean and interval), what every arm was given (equal compute), and a link to every run (`?run=ID`).
 
 Every number comes from one `lab.comparison.Comparison`, the one `envlab experiment report` prints.
 """
@@ -13,21 +14,31 @@ from typing import Any
 import gradio as gr
 from sqlalchemy import Engine
 
-from lab.comparison import Comparison, Rate, comparison, compute_statement, curves_figure, size_rows
+from lab.comparison import (
+    Comparison,
+    Rate,
+    comparison,
+    compute_statement,
+    curves_figure,
+    difference_table_rows,
+    size_rows,
+)
 from lab.experiments import experiment_choices
 from lab.pages.common import Page, table
 from lab.pages.figures import empty_figure
 
 
 def compare_view(engine: Engine, experiment_id: int | None, rate: str = Rate.VALID) -> dict[str, Any]:
-    """What the tab shows of an experiment: figure, summary, the per-size table and the run links."""
+    """What the tab shows of an experiment: figure, summary, the paired differences, the per-size table and the
+    run links."""
     if experiment_id is None:
         return dict(figure=empty_figure("no experiment in this lab yet"), summary=EMPTY,
-                    sizes=table(["map size"], []), links="")
+                    differences=table(["difference"], []), sizes=table(["map size"], []), links="")
     c = comparison(engine, int(experiment_id))
     rate = Rate(rate or Rate.VALID)
     headers, rows = size_rows(c, rate)
-    return dict(figure=curves_figure(c, (rate,)), summary=_summary(c), sizes=table(*by_size(headers, rows)),
+    return dict(figure=curves_figure(c, (rate,)), summary=_summary(c),
+                differences=table(*difference_table_rows(c, rate)), sizes=table(*by_size(headers, rows)),
                 links=run_links(c))
 
 
@@ -47,9 +58,11 @@ def by_size(headers: list[str], rows: list[list[str]]) -> tuple[list[str], list[
 def _summary(c: Comparison) -> str:
     done = sum(r.status == "done" for r in c.runs.values())
     return (f"**{c.experiment.name}**: {done} of {len(c.runs)} runs done. {compute_statement(c)} Each point: the "
-            "mean over seeds, with its 95% interval (percentile bootstrap over seeds) as a band and every seed as "
-            f"a dot; `envlab experiment report {c.experiment.name}` prints every number, with the paired "
-            f"differences from `{c.baseline}` and the area under each curve.")
+            "mean over seeds, with its 95% Student-t interval over seeds as a band and every seed as a dot. Below "
+            f"it, stage {c.stages}: every pair of arms' difference paired by seed, with its t interval (n - 1 "
+            "degrees of freedom) and the smallest difference this many seeds detect with 80% power; "
+            f"`envlab experiment report {c.experiment.name}` prints every number, every stage, and the area under "
+            "each curve.")
 
 
 def run_links(c: Comparison) -> str:
@@ -69,16 +82,18 @@ class CompareTab:
     rate: gr.Radio
     summary: gr.Markdown
     figure: gr.Plot
+    differences: gr.Dataframe
     sizes: gr.Dataframe
     links: gr.Markdown
 
     @property
     def outputs(self) -> list[Any]:
-        return [self.pick, self.summary, self.figure, self.sizes, self.links]
+        return [self.pick, self.summary, self.figure, self.differences, self.sizes, self.links]
 
     def show(self, experiment_id: int | None, rate: str | None = None) -> dict[Any, Any]:
         v = compare_view(self.engine, experiment_id, rate or Rate.VALID)
-        return {self.summary: v["summary"], self.figure: v["figure"], self.sizes: v["sizes"], self.links: v["links"]}
+        return {self.summary: v["summary"], self.figure: v["figure"], self.differences: v["differences"],
+                self.sizes: v["sizes"], self.links: v["links"]}
 
     def refresh(self, experiment_id: int | None = None, rate: str | None = None) -> dict[Any, Any]:
         """The experiments as they are now, the chosen one (else the newest) drawn."""
@@ -95,11 +110,13 @@ def build(page: Page) -> CompareTab:
         refresh = gr.Button("↻ Refresh", scale=0, min_width=100)
     summary = gr.Markdown(elem_id="compare-summary")
     figure = gr.Plot(elem_id="compare-curves", show_label=False)
+    differences = gr.Dataframe(label="Last stage: every pair of arms, paired by seed (valid or optimal rate, points)",
+                               interactive=False, elem_id="compare-differences", wrap=True)
     sizes = gr.Dataframe(label="Last stage by map size: mean over seeds [95% interval], one column per arm",
                          interactive=False, elem_id="compare-sizes", wrap=True)
     links = gr.Markdown(elem_id="compare-runs")
-    tab = CompareTab(page.engine, pick, rate, summary, figure, sizes, links)
-    pick.input(tab.show, [pick, rate], [summary, figure, sizes, links])
-    rate.input(tab.show, [pick, rate], [summary, figure, sizes, links])
+    tab = CompareTab(page.engine, pick, rate, summary, figure, differences, sizes, links)
+    pick.input(tab.show, [pick, rate], tab.outputs[1:])
+    rate.input(tab.show, [pick, rate], tab.outputs[1:])
     refresh.click(tab.refresh, [pick, rate], tab.outputs)
     return tab
