@@ -15,6 +15,7 @@ runs root first, moved into place just before the commit, and removed again if a
 
 from __future__ import annotations
 
+import errno
 import itertools
 import json
 import os
@@ -31,8 +32,16 @@ from functools import lru_cache
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any
 
-from pydantic import (AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, NonNegativeInt, TypeAdapter,
-                      ValidationError)
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    TypeAdapter,
+    ValidationError,
+)
 from sqlalchemy import Column, ColumnElement, Connection, DateTime, Engine, Table, TypeDecorator, or_, select
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.sql.ddl import sort_tables
@@ -434,7 +443,7 @@ def _check_layout(zf: zipfile.ZipFile, path: Path) -> None:
         spans.append((info.header_offset, end, info.filename))
     spans.sort()
     directory = zf.start_dir
-    for (start, end, name), (next_start, _, next_name) in itertools.pairwise([*spans, (directory, 0, "")]):
+    for (_, end, name), (next_start, _, next_name) in itertools.pairwise([*spans, (directory, 0, "")]):
         if end > next_start:
             other = f"member {next_name!r:.120}" if next_name else "the zip's directory"
             raise ArchiveError(f"{path}: member {name!r:.120} overlaps {other} (bytes {next_start}..{end}): "
@@ -965,6 +974,10 @@ def import_run(engine: Engine, path: str | Path, limits: Limits | None = None) -
                     placed.append(dest)
         except BaseException as err:
             _undo(placed, scratch, created)
+            if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise ArchiveError(f"{path}: the disk of {root} filled up while the checkpoints were written "
+                                   f"({err.strerror}): nothing was imported; free some space and import again"
+                                   ) from None
             if isinstance(err, IntegrityError):
                 _refuse_duplicate(engine, manifest["run"])  # someone imported it meanwhile
                 raise ArchiveError(f"{path}: the rows do not fit this database ({err.orig})") from None

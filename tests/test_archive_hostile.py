@@ -10,13 +10,19 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
+import shutil
 import socket
+import struct
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
+import warnings
 import zipfile
+import zlib
 from pathlib import Path
 
 import gradio as gr
@@ -384,7 +390,8 @@ def test_a_table_longer_than_its_limit_is_refused_while_it_is_read(good, lab, tm
     engine, folder = lab
     with pytest.raises(ArchiveError, match=r"tables/episodes.jsonl inflates to more than 16384 bytes"):
         import_run(engine, good, Limits(table=16 * 1024))  # the file's episodes: 23 KiB
-    with pytest.raises(ArchiveError, match=r"the archive inflates to more than 102400 bytes \(\d+ bytes with its checkpoints\)"):
+    with pytest.raises(ArchiveError,
+                       match=r"the archive inflates to more than 102400 bytes \(\d+ bytes with its checkpoints\)"):
         import_run(engine, good, Limits(total=100 * 1024))  # rows 36 KiB, checkpoints 140 KiB
     assert set(counts(engine).values()) == {0} and everything(folder) == {"envlab.db"}
     assert import_run(engine, good) == 1  # the good file, with the real limits
@@ -481,3 +488,198 @@ def test_a_bad_row_in_the_database_leaves_the_other_runs_and_views_drawn(tmp_pat
     assert proposal.proposal_preview(engine, ids["pending"])[1].startswith(f"✗ Proposal {ids['pending']} cannot")
     assert tab.show_all(ids["history"])[tab.pick]["choices"]  # the other run's proposals still list
     engine.dispose()
+
+
+# ---------------------------------------------------------------- members that share bytes, names, the disk
+
+
+def _deflate(data: bytes) -> bytes:
+    packer = zlib.compressobj(9, zlib.DEFLATED, -15)
+    return packer.compress(data) + packer.flush()
+
+
+class ZipBytes:
+    """A zip written by hand, member by member, so that members can share bytes as no zip writer would let them
+    (the "overlapping files" zip bomb, after David Fifield's "A better zip bomb", 2019)."""
+
+    def __init__(self):
+        self.out = bytearray()
+        self.directory: list[tuple[bytes, int, int, int, int]] = []  # name, crc, stored, inflated, offset
+
+    def header(self, name: bytes, crc: int, stored: int, inflated: int) -> bytes:
+        return struct.pack("<4s5H3L2H", b"PK\x03\x04", 20, 0, 8, 0, 0, crc, stored, inflated, len(name), 0) + name
+
+    def add(self, name: str, data: bytes) -> None:
+        packed = _deflate(data)
+        self.directory.append((name.encode(), zlib.crc32(data), len(packed), len(data), len(self.out)))
+        self.out += self.header(name.encode(), zlib.crc32(data), len(packed), len(data)) + packed
+
+    def add_overlapping(self, names: list[str], kernel: bytes) -> int:
+        """Members whose data all end in one shared deflate stream of `kernel`: member i's data quotes member
+        i+1's local header in a stored block and runs on into member i+1's data. Returns what they inflate to."""
+        packed_kernel = _deflate(kernel)
+        headers: list[bytes] = [b""] * len(names)
+        sizes = [0] * len(names)
+        crcs = [0] * len(names)
+        stored = [0] * len(names)
+        tail_out, tail_crc, tail_stored = len(kernel), zlib.crc32(kernel), len(packed_kernel)
+        for i in reversed(range(len(names))):  # from the last: each header quotes the next one
+            name = names[i].encode()
+            sizes[i], crcs[i], stored[i] = tail_out, tail_crc, tail_stored
+            headers[i] = self.header(name, crcs[i], stored[i], sizes[i])
+            quote = struct.pack("<BHH", 0, len(headers[i]), len(headers[i]) ^ 0xFFFF)  # a stored, non-final block
+            tail_out += len(headers[i])
+            tail_crc = zlib.crc32(kernel, zlib.crc32(b"".join(headers[i:])))
+            tail_stored += len(quote) + len(headers[i])
+        for i, name in enumerate(names):
+            offset = len(self.out)
+            self.directory.append((name.encode(), crcs[i], stored[i], sizes[i], offset))
+            self.out += headers[i]
+            if i + 1 < len(names):
+                self.out += struct.pack("<BHH", 0, len(headers[i + 1]), len(headers[i + 1]) ^ 0xFFFF)
+        self.out += packed_kernel
+        return sum(sizes)
+
+    def write(self, path: Path) -> Path:
+        start = len(self.out)
+        for name, crc, stored, inflated, offset in self.directory:
+            self.out += struct.pack("<4s6H3L5H2L", b"PK\x01\x02", 20, 20, 0, 8, 0, 0, crc, stored, inflated,
+                                    len(name), 0, 0, 0, 0, 0, offset) + name
+        n = len(self.directory)
+        self.out += struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, n, n, len(self.out) - start, start, 0)
+        path.write_bytes(bytes(self.out))
+        return path
+
+
+def overlapping_bomb(good: Path, path: Path, members: int = 40, kernel_mib: int = 1) -> tuple[Path, int]:
+    """The good file with stage 1's checkpoint replaced by `members` files over one shared deflate stream:
+    each inflates 120 to 197 times its stored size (under the ratio limit), the checksums are right, the
+    manifest and stage rows agree. Returns the file and what its checkpoint inflates to."""
+    uuid = uuid_of(good)
+    folder = f"checkpoints/{uuid}/stage-1/"
+    rng = random.Random(0)
+    kernel = bytearray()
+    while len(kernel) < kernel_mib * MIB:  # zeros with a random byte now and then: 197:1 once deflated
+        kernel += rng.randbytes(1) + bytes(rng.randrange(700, 1000))
+    z = ZipBytes()
+    with zipfile.ZipFile(good) as zf:
+        for info in zf.infolist():
+            data = zf.read(info)
+            if info.filename.startswith(folder):
+                continue
+            if info.filename == "manifest.json":
+                manifest = json.loads(data)
+                for c in manifest["checkpoints"]:
+                    if c["stage_index"] == 1:
+                        c["files"] = members
+                data = json.dumps(manifest).encode()
+            z.add(info.filename, data)
+    inflated = z.add_overlapping([f"{folder}part-{i:03d}.bin" for i in range(members)], bytes(kernel))
+    return z.write(path), inflated
+
+
+def test_the_overlapping_files_zip_bomb_is_refused_at_once_with_nothing_written(good, lab, tmp_path, capsys):
+    """40 members over one shared deflate stream: a file of about 0.3 MiB whose members are each under the ratio
+    limit and whose checksums are right, that would write 40 MiB (1,000 members, 1 GiB). Refused from the zip's
+    directory and local headers alone, before a member is inflated, in less time than the good file's import."""
+    file, inflated = overlapping_bomb(good, tmp_path / "bomb.zip")
+    with zipfile.ZipFile(file) as zf:  # a well-formed zip by every member's own checks
+        infos = [i for i in zf.infolist() if i.filename.endswith(".bin")]
+        assert len(infos) == 40 and all(100 < i.file_size / i.compress_size < 200 for i in infos)
+        assert zf.read(infos[-1]) and zf.testzip() is None
+    assert inflated > 100 * file.stat().st_size
+    engine, folder = lab
+    started = time.perf_counter()
+    with pytest.raises(ArchiveError, match=r"bomb.zip: member 'checkpoints/.*/stage-1/part-000.bin' overlaps member "
+                                           r"'checkpoints/.*/stage-1/part-001.bin' \(bytes \d+..\d+\): refused"):
+        import_run(engine, file)
+    refusal = time.perf_counter() - started
+    refused(lab, tmp_path, file, r"overlaps member .*: refused \(members that share bytes are a zip bomb\)", capsys)
+    started = time.perf_counter()
+    import_run(engine, good)
+    baseline = time.perf_counter() - started
+    with capsys.disabled():
+        print(f"\noverlapping-files bomb ({file.stat().st_size / MIB:.2f} MiB, {inflated / MIB:.0f} MiB inflated): "
+              f"refused in {refusal * 1000:.1f} ms; the good file imports in {baseline * 1000:.0f} ms")
+    assert refusal < baseline
+
+
+@pytest.mark.parametrize("member", ["manifest.json", "tables/runs.jsonl", "model.safetensors"])
+def test_a_member_name_twice_is_refused(good, lab, tmp_path, capsys, member):
+    with zipfile.ZipFile(good) as zf:
+        name = next(n for n in zf.namelist() if n.endswith(member))
+        copy = zf.read(name)
+    file = rebuild(good, tmp_path / "twice.zip", lambda n, d: (n, d))
+    with zipfile.ZipFile(file, "a") as zf, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # zipfile warns of the duplicate name, and writes it
+        zf.writestr(name, copy.replace(b"travel", b"travol"))
+    refused(lab, tmp_path, file, rf"the member '{re.escape(name)}' appears twice: refused", capsys)
+
+
+def test_many_small_members_are_capped_by_the_size_of_the_whole_archive(good, lab, tmp_path, capsys):
+    """Members each within the ratio limit (a tiny member may inflate to 200 x 4 KiB) are refused together when
+    they inflate to more than `ratio` times the archive, before anything is written."""
+    uuid = uuid_of(good)
+    members = 60
+
+    def many(name, data):
+        if name == "manifest.json":
+            manifest = json.loads(data)
+            manifest["checkpoints"][0]["files"] = members
+            return name, json.dumps(manifest).encode()
+        return name, data
+
+    file = rebuild(good, tmp_path / "many.zip", many)
+    with zipfile.ZipFile(file) as zf:
+        names = [n for n in zf.namelist() if n.startswith(f"checkpoints/{uuid}/stage-1/")]
+    file = rebuild(good, tmp_path / "many.zip", lambda n, d: None if n in names else many(n, d))
+    with zipfile.ZipFile(file, "a", zipfile.ZIP_DEFLATED) as zf:
+        for i in range(members):
+            zf.writestr(f"checkpoints/{uuid}/stage-1/part-{i}.bin", bytes(700_000))
+    refused(lab, tmp_path, file, r"the checkpoints inflate to 40.1 MiB from \d+ bytes on disk, more than 200 times "
+                                 r"the archive \(a zip bomb\?\): refused", capsys)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real file system of 1 MiB (tmpfs; mounting needs root): the runs root of a lab whose disk is full."""
+    mount = tmp_path / "small-disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.decode().strip()}")
+    yield mount
+    subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_checkpoints_larger_than_the_free_disk_are_refused_before_they_are_written(good, lab, tmp_path, capsys,
+                                                                                   monkeypatch, small_disk):
+    (small_disk / "filler").write_bytes(bytes(1024 * 1024 - 100 * 1024))  # 100 KiB left; the checkpoints: 140
+    monkeypatch.setenv("ENVLAB_RUNS", str(small_disk))
+    refused(lab, tmp_path, good,
+            r"the checkpoints need 140016 bytes and the disk of .*small-disk has 102400 bytes free", capsys)
+    assert sorted(os.listdir(small_disk)) == ["filler"]
+
+
+def test_a_disk_that_fills_during_the_import_is_one_line_and_leaves_nothing(good, lab, tmp_path, capsys, monkeypatch,
+                                                                            small_disk):
+    """The free space is measured, then another writer fills the disk: the write that meets the full disk
+    (a real ENOSPC from the file system) ends the import in one line, exit 2, with nothing left behind."""
+    (small_disk / "filler").write_bytes(bytes(1024 * 1024 - 200 * 1024))  # 200 KiB free when measured
+    real = shutil.disk_usage
+
+    def measured_then_filled(path):
+        usage = real(path)
+        if Path(path) == small_disk and not (small_disk / "late").exists():
+            (small_disk / "late").write_bytes(bytes(150 * 1024))  # someone else writes meanwhile
+        return usage
+
+    monkeypatch.setattr(shutil, "disk_usage", measured_then_filled)
+    monkeypatch.setenv("ENVLAB_RUNS", str(small_disk))
+    engine, folder = lab
+    assert main(["import", str(good), "--db", str(folder / "envlab.db")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and re.search(r"^envlab import: .*run.zip: the disk of .*small-disk filled up while "
+                                              r"the checkpoints were written \(No space left on device\): nothing "
+                                              r"was imported", err), err
+    assert sorted(os.listdir(small_disk)) == ["filler", "late"] and set(counts(engine).values()) == {0}
