@@ -767,11 +767,37 @@ class _Rows:
         return out
 
 
-def _vouch(reader: _Reader, manifest: dict[str, Any]) -> None:
+# The engineer backends a run from another lab may name: models this lab picks itself (the run's own checkpoint,
+# the offline Gemma) or a model name for this machine's own server. `hf:<path or name>` would load whatever the
+# file names, from this machine's disk.
+ARCHIVE_BACKENDS = ("hf:policy", "hf:gemma3-270m", "openai:")
+
+
+def _foreign_run(row: dict[str, Any], where: str) -> list[str]:
+    """A network destination or a model spec is never taken from another lab: a run's engineer backend must be one
+    of `ARCHIVE_BACKENDS` (else the file is refused), and its server URL is dropped on import (this machine's
+    own server serves it, `lab.llm.allowed_servers`). Returns what the import drops, each in a few words."""
+    backend = row.get("engineer_backend") or ""
+    if backend and not (backend in ARCHIVE_BACKENDS[:-1] or
+                        backend.startswith(ARCHIVE_BACKENDS[-1]) and len(backend) > len(ARCHIVE_BACKENDS[-1])):
+        raise ArchiveError(f"{where}, column engineer_backend: {backend!r:.120} names a model this lab does not "
+                           f"take from an archive (only {', '.join(ARCHIVE_BACKENDS)}<model>): refused")
+    url = (row.get("settings") or {}).get("base_url")
+    return [f"the run's server URL {url!r:.120} (an archive names no server: this lab uses its own)"] if url else []
+
+
+def _without_server(row: dict[str, Any]) -> dict[str, Any]:
+    settings = row.get("settings")
+    return {**row, "settings": {**settings, "base_url": None}} if settings and settings.get("base_url") else row
+
+
+def _vouch(reader: _Reader, manifest: dict[str, Any]) -> list[str]:
     """Read every row of the archive once, storing nothing, and refuse it at the first row that does not fit:
     a wrong type, a foreign key to no row of the file, a repeated id, a run that is not the manifest's, a
-    trained stage's checkpoint outside the run's folder, a listed checkpoint no stage names."""
+    trained stage's checkpoint outside the run's folder, a listed checkpoint no stage names, a model spec this
+    lab does not take from a file. Returns what the import will drop (`_foreign_run`)."""
     path, run = reader.path, manifest["run"]
+    dropped: list[str] = []
     ids: dict[str, dict[int, int]] = {}
     checkpoints: dict[str, int] = {}
     for table in run_tables():
@@ -794,6 +820,8 @@ def _vouch(reader: _Reader, manifest: dict[str, Any]) -> None:
             if table.name == ROOT and (old != run["id"] or row.get("uuid") != run["uuid"]):
                 raise ArchiveError(f"{where} row {n}: run {old} ({row.get('uuid')}) is not the manifest's run "
                                    f"{run['id']} ({run['uuid']})")
+            if table.name == ROOT:
+                dropped += _foreign_run(row, f"{where} row {n}")
             if table.name == Stage.__tablename__ and row.get("index", 0) > 0 and row.get("checkpoint") is not None:
                 _in_run_folder(row["checkpoint"], run["uuid"], f"{where} row {n}, column checkpoint:")
                 checkpoints[row["checkpoint"]] = row["index"]
@@ -805,6 +833,7 @@ def _vouch(reader: _Reader, manifest: dict[str, Any]) -> None:
         if checkpoints.get(c["path"]) != c["stage_index"]:
             raise ArchiveError(f"{path}: {MANIFEST}: checkpoint {c['path']} is not the checkpoint of stage "
                                f"{c['stage_index']} in tables/stages.jsonl: refused")
+    return dropped
 
 
 def _insert_rows(connection: Connection, reader: _Reader, manifest: dict[str, Any]) -> int:
@@ -823,7 +852,8 @@ def _insert_rows(connection: Connection, reader: _Reader, manifest: dict[str, An
             pk = _pk(table)
             insert = table.insert().returning(pk, sort_by_parameter_order=True)
             for batch in _batches(_rows(reader, table, entry, where)):
-                values = [rows.convert(row, n) for n, _, row in batch]
+                values = [rows.convert(row if table.name != ROOT else _without_server(row), n)
+                          for n, _, row in batch]
                 try:
                     new = connection.execute(insert, values).scalars().all()
                 except SQLAlchemyError as err:
@@ -939,9 +969,26 @@ def _undo(placed: list[Path], scratch: Path | None, created: list[Path]) -> None
             d.rmdir()
 
 
+@dataclass(frozen=True)
+class Imported:
+    """An imported run: its new id, and what the import left out of it (each in a few words)."""
+
+    run_id: int
+    dropped: tuple[str, ...] = ()
+
+    def note(self) -> str:
+        """What was dropped, as the end of a sentence ("" when nothing was)."""
+        return f"; dropped: {'; '.join(self.dropped)}" if self.dropped else ""
+
+
 def import_run(engine: Engine, path: str | Path, limits: Limits | None = None) -> int:
+    """`import_archive`'s new run id."""
+    return import_archive(engine, path, limits).run_id
+
+
+def import_archive(engine: Engine, path: str | Path, limits: Limits | None = None) -> Imported:
     """Load a run archive into this database with new ids, and its checkpoints under this database's runs root;
-    return the new run id.
+    return the new run id and what was left out (a server URL: `_foreign_run`).
 
     Everything in the file is checked before anything is stored (docs/archive.md, "What import trusts"): the
     manifest, every row against its table's model, every path against the run's own folder, and every member's
@@ -953,7 +1000,7 @@ def import_run(engine: Engine, path: str | Path, limits: Limits | None = None) -
     with _open(path, limits) as reader:
         manifest = _check_manifest(reader)
         _refuse_duplicate(engine, manifest["run"])
-        _vouch(reader, manifest)
+        dropped = _vouch(reader, manifest)
         root = runs_root(engine)
         try:
             run_folder(engine, manifest["run"]["uuid"])
@@ -984,4 +1031,4 @@ def import_run(engine: Engine, path: str | Path, limits: Limits | None = None) -
             raise
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
-    return run_id
+    return Imported(run_id, tuple(dropped))

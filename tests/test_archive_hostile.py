@@ -17,6 +17,7 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -28,6 +29,7 @@ from pathlib import Path
 import gradio as gr
 import pytest
 from sqlalchemy import text
+from sqlmodel import select
 
 from lab.archive import ArchiveError, Limits, export_run, import_run, parse_size, read_manifest
 from lab.cli import main
@@ -683,3 +685,163 @@ def test_a_disk_that_fills_during_the_import_is_one_line_and_leaves_nothing(good
                                               r"the checkpoints were written \(No space left on device\): nothing "
                                               r"was imported", err), err
     assert sorted(os.listdir(small_disk)) == ["filler", "late"] and set(counts(engine).values()) == {0}
+
+
+# ---------------------------------------------------------------- no server and no model from an archive
+
+
+class Listener:
+    """A real TCP server on 127.0.0.1 that records every connection made to it (and answers none)."""
+
+    def __init__(self):
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.sock.settimeout(0.2)
+        self.connections: list[bytes] = []
+        self.running = True
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1"
+
+    def _serve(self) -> None:
+        while self.running:
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                conn.settimeout(1)
+                try:
+                    self.connections.append(conn.recv(1 << 16))
+                except OSError:
+                    self.connections.append(b"")
+
+    def close(self) -> None:
+        self.running = False
+        self.thread.join()
+        self.sock.close()
+
+
+@pytest.fixture
+def listener():
+    server = Listener()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def waiting(tmp_path_factory) -> Path:
+    """A run that waits on its proposal after stage 1, exported without checkpoints."""
+    folder = tmp_path_factory.mktemp("waiting")
+    engine = make_engine(str(folder / "envlab.db"))
+    upgrade(engine)
+    path = export_run(engine, build_run(engine, finish=False), folder / "run.zip")
+    engine.dispose()
+    return path
+
+
+def hostile(waiting: Path, path: Path, url: str, backend: str = "openai:m") -> Path:
+    """The run as someone else's lab would send it: the llm engineer on `backend`, its server `url`, and its last
+    propose job failed, so that a resume asks the engineer again."""
+    with zipfile.ZipFile(waiting) as zf:
+        jobs = [json.loads(line) for line in zf.read("tables/jobs.jsonl").splitlines()]
+    last = max((j for j in jobs if j["kind"] == "propose"), key=lambda j: j["id"])
+
+    def change(name, data):
+        if name == "tables/runs.jsonl":
+            row = json.loads(data)
+            row.update(engineer="llm", engineer_backend=backend, settings={**row["settings"], "base_url": url})
+            return name, (json.dumps(row) + "\n").encode()
+        if name == "tables/jobs.jsonl":
+            rows = [json.loads(line) for line in data.splitlines()]
+            for row in rows:
+                if row["id"] == last["id"]:
+                    row.update(status="failed", error="the server was down")
+            return name, "".join(json.dumps(row) + "\n" for row in rows).encode()
+        return name, data
+
+    return rebuild(waiting, path, change)
+
+
+def test_an_imported_run_sends_nothing_to_the_server_its_archive_names(waiting, tmp_path, monkeypatch, capsys,
+                                                                         listener):
+    """The run's server URL is dropped on import, and said; resumed with the lab's API key set, the llm engineer
+    asks no server (this machine names none), and the listener at the archive's URL receives nothing."""
+    from storage.models import Proposal, Run
+
+    for name in ("ENVLAB_ALLOWED_SERVERS", "ENVLAB_OPENAI_BASE_URL", "ENVLAB_RUNS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("ENVLAB_OPENAI_API_KEY", "sk-the-labs-own-key")
+    file = hostile(waiting, tmp_path / "hostile.zip", listener.url)
+    db = tmp_path / "lab" / "envlab.db"
+    assert main(["import", str(file), "--db", str(db)]) == 0
+    out = capsys.readouterr().out
+    assert out.endswith(f"-> run 1; dropped: the run's server URL '{listener.url}' (an archive names no server: "
+                        "this lab uses its own)\n"), out
+    engine = make_engine(str(db))
+    with open_session(engine) as s:
+        assert s.get(Run, 1).settings["base_url"] is None
+    main(["run", "--resume", "1", "--db", str(db)])
+    capsys.readouterr()
+    with open_session(engine) as s:
+        newest = s.exec(select(Proposal).order_by(Proposal.id.desc())).first()
+    engine.dispose()
+    assert newest.engineer == "llm" and "openai:m needs a base URL" in newest.error, newest.error
+    assert listener.connections == []
+
+
+def test_a_server_this_machine_does_not_allow_gets_no_request(listener, monkeypatch):
+    """Where the request is made: a URL a run holds from before (a database an older version imported into)
+    is refused before a byte is sent, even with another server configured."""
+    from lab.llm import LLMError, complete
+
+    monkeypatch.setenv("ENVLAB_OPENAI_API_KEY", "sk-the-labs-own-key")
+    monkeypatch.setenv("ENVLAB_OPENAI_BASE_URL", "http://127.0.0.1:1/v1")
+    monkeypatch.setenv("ENVLAB_ALLOWED_SERVERS", "http://models.internal:8000, https://api.example.com/v1")
+    with pytest.raises(LLMError, match=rf"server URL '{listener.url}' is not one this machine allows, so the lab's "
+                                       "API key and data are not sent there: list it in \\$ENVLAB_ALLOWED_SERVERS"):
+        complete("openai:m", [{"role": "user", "content": "hi"}], max_tokens=4, temperature=0, seed=0,
+                 base_url=listener.url)
+    assert listener.connections == []
+
+
+def test_the_allow_list_names_servers_and_the_paths_under_them(monkeypatch):
+    from lab.llm import LLMError, allow_server, check_server
+
+    monkeypatch.setenv("ENVLAB_ALLOWED_SERVERS", "http://models.internal:8000, https://API.example.com/v1/")
+    monkeypatch.setenv("ENVLAB_OPENAI_BASE_URL", "http://127.0.0.1:8001/v1")
+    for url in ["http://models.internal:8000/v1", "http://MODELS.internal:8000", "https://api.example.com/v1",
+                "https://api.example.com:443/v1/", "http://127.0.0.1:8001/v1"]:
+        check_server(url)
+    for url in ["http://models.internal:8001/v1", "https://models.internal:8000/v1", "https://api.example.com/v2",
+                "https://api.example.com/v10", "http://models.internal.evil:8000", "http://127.0.0.1:8001/",
+                "http://user@evil.com:8000@models.internal:8000", "http://[::1", "not a url"]:
+        with pytest.raises(LLMError, match="is not one this machine allows"):
+            check_server(url)
+    allow_server("http://10.0.0.5:9000/v1")  # a --base-url given on this machine's command line
+    check_server("http://10.0.0.5:9000/v1")
+    assert os.environ["ENVLAB_ALLOWED_SERVERS"].endswith(",http://10.0.0.5:9000/v1")
+
+
+def test_a_run_created_on_the_page_with_a_server_this_machine_does_not_allow_is_refused(lab, listener,
+                                                                                       monkeypatch):
+    from envsim.config import EnvConfig
+    from lab.pages.common import config_rows
+
+    engine, _ = lab
+    monkeypatch.delenv("ENVLAB_ALLOWED_SERVERS", raising=False)
+    monkeypatch.delenv("ENVLAB_OPENAI_BASE_URL", raising=False)
+    config = EnvConfig.default()
+    message, run_id = runs_page.create_run_from_form(
+        engine, "r", "", "tiny", "llm", "openai:m", listener.url, 1, config.num_instances, config.num_agents, 0,
+        False, config_rows(config))
+    assert run_id is None and message.startswith(f"✗ Not created: server URL '{listener.url}' is not one this "
+                                                 "machine allows"), message
+    assert set(counts(engine).values()) == {0} and listener.connections == []
+
+
+@pytest.mark.parametrize("backend", ["hf:/srv/models/theirs", "hf:some-org/some-model", "hf:../x"])
+def test_an_archive_naming_a_model_to_load_is_refused(waiting, lab, tmp_path, capsys, backend):
+    file = hostile(waiting, tmp_path / "model.zip", None, backend=backend)
+    refused(lab, tmp_path, file, rf"tables/runs.jsonl row 1, column engineer_backend: '{re.escape(backend)}' names "
+                                 r"a model this lab does not take from an archive \(only hf:policy, hf:gemma3-270m, "
+                                 r"openai:<model>\): refused", capsys)
