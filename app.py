@@ -33,8 +33,10 @@ from typing import Any
 
 import gradio as gr
 from sqlalchemy import Engine
+from starlette.middleware import Middleware
 
 from lab.archive import ArchiveError, Limits
+from lab.auth import Guard
 from lab.example import ensure_example, import_studies
 from lab.pages import compare, episode, leaderboard, playground, proposal, review, runs, train
 from lab.pages.common import Page
@@ -257,12 +259,14 @@ def launch(demo: gr.Blocks, host: str = "127.0.0.1", port: int | None = None,
 
     Uploads are capped at `Limits.upload` (Gradio's `max_file_size`, per file; docs/archive.md) and FastAPI's
     own `/openapi.json` is off (Gradio's routes, no lab data, but answered without a login); under `auth` the
-    endpoints' schema is not shown either (`close_api_docs`)."""
+    endpoints' schema is not shown either (`close_api_docs`), failed logins are throttled and every request
+    that can change something needs the login (`lab.auth.Guard`)."""
     if auth:
         close_api_docs(demo)
     demo.launch(server_name=host, server_port=port, auth=auth, prevent_thread_lock=True, quiet=True,
                 css_paths=[ASSETS / "lab.css"], theme=gr.themes.Soft(), footer_links=[], ssr_mode=False,
-                show_error=True, max_file_size=Limits.from_env().upload, app_kwargs={"openapi_url": None})
+                show_error=True, max_file_size=Limits.from_env().upload,
+                app_kwargs={"openapi_url": None, "middleware": [Middleware(Guard)]})
     if block:
         print(f"envlab: serving on http://{host}:{demo.server_port}", flush=True)
         demo.block_thread()
