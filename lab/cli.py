@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import os
 import sys
@@ -732,6 +733,13 @@ def main(argv: list[str] | None = None) -> int:
         args.fn(args)
     except (UsageError, GenerationError) as err:
         print(f"envlab {args.command}: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:
+        if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        where = f" writing {err.filename}" if err.filename else ""
+        print(f"envlab {args.command}: the disk is full{where} ({err.strerror}): nothing was left half-written; "
+              "free some space and run it again", file=sys.stderr)
         return 2
     return 0
 

@@ -845,3 +845,26 @@ def test_an_archive_naming_a_model_to_load_is_refused(waiting, lab, tmp_path, ca
     refused(lab, tmp_path, file, rf"tables/runs.jsonl row 1, column engineer_backend: '{re.escape(backend)}' names "
                                  r"a model this lab does not take from an archive \(only hf:policy, hf:gemma3-270m, "
                                  r"openai:<model>\): refused", capsys)
+
+
+def test_a_checkpoint_that_meets_a_full_disk_leaves_no_half_folder(small_disk):
+    """A stage saves its policy on a disk too small for it (a real ENOSPC from a 1 MiB tmpfs): the error says
+    so, and neither the checkpoint folder nor a part of it is left to be loaded later."""
+    from training.policy import MARKER, build_tiny
+
+    policy = build_tiny()
+    target = small_disk / "run" / "stage-1" / "policy"
+    with pytest.raises(Exception, match="No space left on device"):  # safetensors' error names the OS's
+        policy.save(target)
+    assert not target.exists() and [p.name for p in small_disk.rglob("*")] == ["run", "stage-1"]
+    assert not any(small_disk.rglob(MARKER))
+
+
+def test_generate_onto_a_full_disk_is_one_line_and_leaves_no_file(small_disk, capsys):
+    (small_disk / "filler").write_bytes(bytes(1024 * 1024 - 8 * 1024))  # 8 KiB left
+    out = small_disk / "boards.jsonl"
+    assert main(["generate", "--n", "200", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.split("\r")[-1]  # after the progress bar's last redraw
+    assert err.count("\n") == 2 and err.splitlines()[-1].startswith("envlab generate: the disk is full"), err
+    assert "No space left on device): nothing was left half-written" in err, err
+    assert sorted(p.name for p in small_disk.iterdir()) == ["filler"]
