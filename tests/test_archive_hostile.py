@@ -868,3 +868,16 @@ def test_generate_onto_a_full_disk_is_one_line_and_leaves_no_file(small_disk, ca
     assert err.count("\n") == 2 and err.splitlines()[-1].startswith("envlab generate: the disk is full"), err
     assert "No space left on device): nothing was left half-written" in err, err
     assert sorted(p.name for p in small_disk.iterdir()) == ["filler"]
+
+
+def test_envlab_import_loads_no_training_stack():
+    """`envlab import` reads and stores rows: torch and transformers (300 MB resident before any row) stay out
+    of its process, so its peak memory is the archive reader's (docs/archive.md, "How big")."""
+    code = ("import resource, sys\nimport lab.archive, lab.cli\nfrom lab.cli import arguments\narguments()\n"
+            "print(sorted(m for m in ('torch', 'transformers', 'trl') if m in sys.modules), "
+            "resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    loaded, mib = done.stdout.split("] ")
+    assert loaded == "[", done.stdout
+    assert int(mib) < 200, done.stdout
