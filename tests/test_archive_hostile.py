@@ -581,7 +581,7 @@ def overlapping_bomb(good: Path, path: Path, members: int = 40, kernel_mib: int 
 
 
 def test_the_overlapping_files_zip_bomb_is_refused_at_once_with_nothing_written(good, lab, tmp_path, capsys):
-    """40 members over one shared deflate stream: a file of about 0.3 MiB whose members are each under the ratio
+    """40 members over one shared deflate stream: a file of 0.09 MiB whose members are each under the ratio
     limit and whose checksums are right, that would write 40 MiB (1,000 members, 1 GiB). Refused from the zip's
     directory and local headers alone, before a member is inflated, in less time than the good file's import."""
     file, inflated = overlapping_bomb(good, tmp_path / "bomb.zip")
