@@ -33,12 +33,15 @@ from typing import Any
 
 import gradio as gr
 from sqlalchemy import Engine
+from starlette.middleware import Middleware
 
 from lab.archive import ArchiveError, Limits
+from lab.auth import Guard
 from lab.example import ensure_example, import_studies
 from lab.pages import compare, episode, leaderboard, playground, proposal, review, runs, train
 from lab.pages.common import Page
 from lab.runs import LabVersion, lab_version, run_list, run_of_episode, run_of_proposal, waiting_proposals
+from lab.tempfiles import FILES_AGE_S, SWEEP_S
 from lab.worker import start_worker, worker_busy, worker_status
 from storage.db import DatabaseUnusable, open_database
 
@@ -89,7 +92,8 @@ def linked(engine: Engine, params: dict[str, str]) -> dict[str, Any]:
 
 def build_demo(engine: Engine) -> gr.Blocks:
     """The lab's page on `engine` (migrated already); launch it with `launch`."""
-    with gr.Blocks(title="envlab") as demo:
+    # Uploads, and the copies of exports the page offers for download, are deleted after FILES_AGE_S.
+    with gr.Blocks(title="envlab", delete_cache=(SWEEP_S, FILES_AGE_S)) as demo:
         gr.Markdown(INTRO, elem_id="intro")
         with gr.Row(equal_height=True):
             run_pick = gr.Dropdown(label="Open run", choices=[], value=None, scale=3, elem_id="run-pick")
@@ -160,7 +164,7 @@ def _wire(page: Page, refresh: gr.Button, poll: gr.Timer, waiting: gr.HTML, seen
         .then(proposal_tab.show_all, run_pick, proposal_tab.outputs)
 
     def imported(path: str | None) -> dict[Any, Any]:
-        message, run_id = runs.import_file(engine, path)
+        message, run_id = runs.import_file(engine, path, uploaded=True)
         done = {runs_tab.import_message: message, runs_tab.upload: None}  # ready for the next file
         return done if run_id is None else top(run_id) | done
 
@@ -255,12 +259,14 @@ def launch(demo: gr.Blocks, host: str = "127.0.0.1", port: int | None = None,
 
     Uploads are capped at `Limits.upload` (Gradio's `max_file_size`, per file; docs/archive.md) and FastAPI's
     own `/openapi.json` is off (Gradio's routes, no lab data, but answered without a login); under `auth` the
-    endpoints' schema is not shown either (`close_api_docs`)."""
+    endpoints' schema is not shown either (`close_api_docs`), failed logins are throttled and every request
+    that can change something needs the login (`lab.auth.Guard`)."""
     if auth:
         close_api_docs(demo)
     demo.launch(server_name=host, server_port=port, auth=auth, prevent_thread_lock=True, quiet=True,
                 css_paths=[ASSETS / "lab.css"], theme=gr.themes.Soft(), footer_links=[], ssr_mode=False,
-                show_error=True, max_file_size=Limits.from_env().upload, app_kwargs={"openapi_url": None})
+                show_error=True, max_file_size=Limits.from_env().upload,
+                app_kwargs={"openapi_url": None, "middleware": [Middleware(Guard)]})
     if block:
         print(f"envlab: serving on http://{host}:{demo.server_port}", flush=True)
         demo.block_thread()

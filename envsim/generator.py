@@ -152,8 +152,17 @@ def generate(config: EnvConfig, n: int | None = None, seed: int = 0,
 
     `on_board` is called with each board as it is kept (for progress bars).
     """
-    n = config.num_instances if n is None else n
     out: list[Instance] = []
+    for board in boards(config, n, seed):
+        out.append(board)
+        if on_board is not None:
+            on_board(board)
+    return out
+
+
+def boards(config: EnvConfig, n: int | None = None, seed: int = 0) -> Iterator[Instance]:
+    """`generate`'s boards one at a time, as they are made: a long set is written as it goes, never held."""
+    n = config.num_instances if n is None else n
     for size, count in size_counts(config, n).items():
         if count == 0:
             continue
@@ -173,8 +182,4 @@ def generate(config: EnvConfig, n: int | None = None, seed: int = 0,
         def draw(r: np.random.Generator, s: int = size, h: int = num_holes, k: int = k) -> Instance | None:
             return random_board(s, h, k, r)
 
-        for board in stratified(draw, count, wait_count, rng, what):
-            out.append(board)
-            if on_board is not None:
-                on_board(board)
-    return out
+        yield from stratified(draw, count, wait_count, rng, what)

@@ -15,10 +15,12 @@ runs root first, moved into place just before the commit, and removed again if a
 
 from __future__ import annotations
 
+import errno
 import itertools
 import json
 import os
 import shutil
+import struct
 import tempfile
 import zipfile
 import zlib
@@ -30,7 +32,16 @@ from functools import lru_cache
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, TypeAdapter, ValidationError
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    TypeAdapter,
+    ValidationError,
+)
 from sqlalchemy import Column, ColumnElement, Connection, DateTime, Engine, Table, TypeDecorator, or_, select
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.sql.ddl import sort_tables
@@ -292,7 +303,7 @@ class _Reader:
         stored = min(max(info.compress_size, 0), self.size)
         return min(limit, self.limits.ratio * max(stored, 4096))
 
-    def _count(self, name: str, read: int, ceiling: int, limit: int, n: int) -> None:
+    def _tally(self, name: str, read: int, ceiling: int, limit: int, n: int) -> None:
         self.total += n
         if read > ceiling:
             why = (f"more than {_mib(limit)}" if ceiling == limit else
@@ -301,6 +312,27 @@ class _Reader:
         if self.total > self.limits.total:
             raise ArchiveError(f"{self.path}: the archive inflates to more than {_mib(self.limits.total)} "
                                f"(at {name}): refused")
+
+    def room(self, infos: list[zipfile.ZipInfo], root: Path) -> int:
+        """The bytes these members will write under `root`, refused before anything is written when one member
+        or all of them together would inflate beyond the limits (by the sizes the directory declares, which
+        bound what zipfile inflates), beyond `limits.ratio` times the whole archive, or beyond the free disk."""
+        total = 0
+        for info in infos:
+            ceiling = self._ceiling(info, self.limits.file)
+            self._tally(info.filename, info.file_size, ceiling, self.limits.file, 0)
+            total += info.file_size
+        if self.total + total > self.limits.total:
+            raise ArchiveError(f"{self.path}: the archive inflates to more than {_mib(self.limits.total)} "
+                               f"({_mib(self.total + total)} with its checkpoints): refused")
+        if total > self.limits.ratio * max(self.size, 4096):
+            raise ArchiveError(f"{self.path}: the checkpoints inflate to {_mib(total)} from {_mib(self.size)} on "
+                               f"disk, more than {self.limits.ratio} times the archive (a zip bomb?): refused")
+        free = shutil.disk_usage(_existing(root)).free
+        if total > free:
+            raise ArchiveError(f"{self.path}: the checkpoints need {_mib(total)} and the disk of {root} has "
+                               f"{_mib(free)} free: free some space, or import into a lab with room (ENVLAB_RUNS)")
+        return total
 
     def _damaged(self, label: str, err: BaseException, at: str = "") -> ArchiveError:
         text = str(err).splitlines()[0] if str(err) else "unreadable"
@@ -322,7 +354,7 @@ class _Reader:
                 data = f.read(ceiling + 1)
             except _DAMAGE as err:
                 raise self._damaged(name, err) from None
-        self._count(name, len(data), ceiling, limit, len(data))
+        self._tally(name, len(data), ceiling, limit, len(data))
         return data
 
     def lines(self, name: str) -> Iterator[tuple[int, bytes]]:
@@ -339,7 +371,7 @@ class _Reader:
                 if not line:
                     return
                 read += len(line)
-                self._count(name, read, ceiling, self.limits.table, len(line))
+                self._tally(name, read, ceiling, self.limits.table, len(line))
                 if len(line) > self.limits.line:
                     raise ArchiveError(f"{self.path}: {name} row {n} is longer than {_mib(self.limits.line)}: "
                                        "refused")
@@ -358,7 +390,7 @@ class _Reader:
                 if not chunk:
                     return read
                 read += len(chunk)
-                self._count(info.filename, read, ceiling, self.limits.file, len(chunk))
+                self._tally(info.filename, read, ceiling, self.limits.file, len(chunk))
                 dst.write(chunk)
 
 
@@ -372,27 +404,130 @@ def _open(path: Path, limits: Limits | None = None) -> Iterator[_Reader]:
         raise ArchiveError(f"{path}: not a run archive: it is not a zip file, or it is truncated ({err})") from None
     with zf:
         try:
+            _check_layout(zf, path)
             yield _Reader(zf, path, limits or Limits.from_env())
         except (zipfile.BadZipFile, EOFError, zipfile.LargeZipFile, zlib.error) as err:
             raise ArchiveError(f"{path}: the file is damaged ({err})") from None
 
 
-def _count(value: Any) -> bool:
+LOCAL_HEADER = struct.Struct("<4s22xHH")  # a member's local header: signature, ..., name length, extra length
+LOCAL_HEADER_SIZE = 30
+
+
+def _check_layout(zf: zipfile.ZipFile, path: Path) -> None:
+    """Refuse a zip whose members share bytes or names, before any member is read.
+
+    Each member must own its bytes: its local header and data, from the header's offset to the end of its
+    compressed data, may not reach into another member's or into the central directory. Members that overlap
+    are how a small zip inflates to many times its size within the per-member ratio (the "overlapping files"
+    zip bomb: many entries of the directory over one shared deflate stream); no zip writer makes them. Two
+    members of one name would leave which one counts to whichever reader comes last."""
+    infos = zf.infolist()
+    names: set[str] = set()
+    for info in infos:
+        if info.filename in names:
+            raise ArchiveError(f"{path}: the member {info.filename!r:.120} appears twice: refused (which copy "
+                               "counts would be up to the reader)")
+        names.add(info.filename)
+    spans = []
+    fp = zf.fp
+    assert fp is not None
+    for info in infos:
+        fp.seek(info.header_offset)
+        head = fp.read(LOCAL_HEADER_SIZE)
+        if len(head) < LOCAL_HEADER_SIZE or head[:4] != zipfile.stringFileHeader:
+            raise ArchiveError(f"{path}: {info.filename!r:.120} has no local header where the directory says: "
+                               "the file is damaged")
+        _, name_length, extra_length = LOCAL_HEADER.unpack(head)
+        end = info.header_offset + LOCAL_HEADER_SIZE + name_length + extra_length + info.compress_size
+        spans.append((info.header_offset, end, info.filename))
+    spans.sort()
+    directory = zf.start_dir
+    for (_, end, name), (next_start, _, next_name) in itertools.pairwise([*spans, (directory, 0, "")]):
+        if end > next_start:
+            other = f"member {next_name!r:.120}" if next_name else "the zip's directory"
+            raise ArchiveError(f"{path}: member {name!r:.120} overlaps {other} (bytes {next_start}..{end}): "
+                               "refused (members that share bytes are a zip bomb)")
+
+
+def _is_id(value: Any) -> bool:
+    """Whether a row's primary key is one: an integer (not a boolean), 0 or more."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def _check_table(table: Table, entry: Any, names: set[str], where: str) -> None:
-    if not (isinstance(entry, dict) and _count(entry.get("rows")) and isinstance(entry.get("columns"), list)):
-        raise ArchiveError(f"{where}: tables.{table.name} needs a row count and a column list")
-    if not all(isinstance(c, str) for c in entry["columns"]):
-        raise ArchiveError(f"{where}: tables.{table.name}.columns must be a list of column names (strings)")
-    if len(set(entry["columns"])) != len(entry["columns"]):
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow")
+
+
+class RunEntry(_Strict):
+    """The run a file holds, as its source database knew it."""
+
+    id: NonNegativeInt
+    uuid: str
+    name: str
+
+
+class TableEntry(_Strict):
+    """One table file: how many rows, and the columns each row holds."""
+
+    rows: NonNegativeInt
+    columns: list[str]
+
+
+class CheckpointEntry(_Strict):
+    """One checkpoint folder in the file: the stage it belongs to and its stored path."""
+
+    stage_index: NonNegativeInt
+    path: str
+    files: NonNegativeInt
+
+
+class Manifest(_Strict):
+    """`manifest.json`: what a run archive holds (docs/archive.md). Keys the reader does not use travel as they
+    are; the ones it uses have their types here."""
+
+    format: str
+    version: int = Field(ge=1)
+    run: RunEntry
+    tables: dict[str, TableEntry]
+    checkpoints: list[CheckpointEntry]
+
+
+# What a manifest that fails `Manifest` gets told, by the key where the first problem is.
+_MANIFEST_SHAPES = {
+    "run": "'run' needs the run's id, uuid and name",
+    "tables": f"'tables' must list the {ROOT} table",
+    "checkpoints": "'checkpoints' must be a list of {stage_index, path, files, bytes}",
+}
+
+
+def _shape_problem(err: ValidationError) -> str:
+    """The first problem of a manifest, in the words of `_MANIFEST_SHAPES` (a table's entry: its own words)."""
+    loc = err.errors(include_url=False)[0]["loc"]
+    if loc[0] == "tables" and len(loc) > 1:
+        if len(loc) > 2 and loc[2] == "columns":
+            return f"tables.{loc[1]}.columns must be a list of column names (strings)"
+        return f"tables.{loc[1]} needs a row count and a column list"
+    return _MANIFEST_SHAPES.get(str(loc[0]), f"{loc[0]} is not what an envlab run archive holds")
+
+
+def _in_run_folder(path: str, uuid: str, what: str) -> PurePosixPath:
+    """A checkpoint path, refused unless it is a plain relative path inside the run's own folder (`<uuid>/...`):
+    the one rule for the manifest's checkpoints and the stage rows' `checkpoint`."""
+    stored = _stored_path(path, what)
+    if stored.parts[0] != uuid or len(stored.parts) < 2:
+        raise ArchiveError(f"{what} {path!r:.120} is not inside the run's own folder ({uuid}/...): refused")
+    return stored
+
+
+def _check_table(table: Table, entry: TableEntry, names: set[str], where: str) -> None:
+    if len(set(entry.columns)) != len(entry.columns):
         raise ArchiveError(f"{where}: tables.{table.name}.columns names a column twice")
     columns = {c.name: c for c in table.columns}
-    if unknown := [c for c in entry["columns"] if c not in columns]:
+    if unknown := [c for c in entry.columns if c not in columns]:
         raise ArchiveError(f"{where}: table {table.name} has columns this envlab does not know "
                            f"({', '.join(map(str, unknown))}): import it with a newer envlab")
-    needed = [c.name for c in table.columns if c.name not in entry["columns"] and not c.nullable
+    needed = [c.name for c in table.columns if c.name not in entry.columns and not c.nullable
               and c.default is None and c.server_default is None]
     if needed:
         raise ArchiveError(f"{where}: table {table.name} lacks columns this database needs ({', '.join(needed)})")
@@ -401,6 +536,8 @@ def _check_table(table: Table, entry: Any, names: set[str], where: str) -> None:
 
 
 def _check_manifest(reader: _Reader) -> dict[str, Any]:
+    """The file's manifest, checked against `Manifest` and against this envlab (its tables, its version) and the
+    file (the members it lists); returned as the JSON it is."""
     zf, path = reader.zf, reader.path
     if MANIFEST not in zf.namelist():
         raise ArchiveError(f"{path}: no {MANIFEST}: not an envlab run archive")
@@ -413,48 +550,43 @@ def _check_manifest(reader: _Reader) -> dict[str, Any]:
         found = manifest.get("format") if isinstance(manifest, dict) else None
         raise ArchiveError(f"{where} names format {found!r:.80}, not {FORMAT!r}: not an envlab run archive")
     version = manifest.get("version")
-    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        raise ArchiveError(f"{where}: version {version!r:.80} is not a format version (1, 2, ...)")
+    try:
+        TypeAdapter(Annotated[int, Field(ge=1, strict=True)]).validate_python(version)
+    except ValidationError:
+        raise ArchiveError(f"{where}: version {version!r:.80} is not a format version (1, 2, ...)") from None
     if version > VERSION:
         raise ArchiveError(f"{path} was written by a newer envlab (format version {version}; this one reads "
                            f"versions 1 to {VERSION}): upgrade envlab to import it")
-    run, tables = manifest.get("run"), manifest.get("tables")
-    if not (isinstance(run, dict) and _count(run.get("id")) and isinstance(run.get("uuid"), str)
-            and isinstance(run.get("name"), str)):
-        raise ArchiveError(f"{where}: 'run' needs the run's id, uuid and name")
-    if not RUN_UUID.fullmatch(run["uuid"]):
-        raise ArchiveError(f"{where}: run uuid {run['uuid']!r:.80} is not 32 hex digits: refused (it names the "
+    try:
+        checked = Manifest.model_validate(manifest)
+    except ValidationError as err:
+        raise ArchiveError(f"{where}: {_shape_problem(err)}") from None
+    run = checked.run
+    if not RUN_UUID.fullmatch(run.uuid):
+        raise ArchiveError(f"{where}: run uuid {run.uuid!r:.80} is not 32 hex digits: refused (it names the "
                            "run's folder under the runs root)")
-    if not isinstance(tables, dict) or ROOT not in tables:
-        raise ArchiveError(f"{where}: 'tables' must list the {ROOT} table")
+    if ROOT not in checked.tables:
+        raise ArchiveError(f"{where}: {_MANIFEST_SHAPES['tables']}")
     known = {t.name: t for t in run_tables()}
-    if unknown := sorted(set(tables) - set(known)):
+    if unknown := sorted(set(checked.tables) - set(known)):
         raise ArchiveError(f"{where}: tables this envlab does not know ({', '.join(unknown)[:200]}): "
                            "import it with a newer envlab")
     names = set(zf.namelist())
-    for name, entry in tables.items():
+    for name, entry in checked.tables.items():
         _check_table(known[name], entry, names, where)
-    checkpoints = manifest.get("checkpoints")
-    if not isinstance(checkpoints, list) or not all(
-            isinstance(c, dict) and isinstance(c.get("path"), str) and _count(c.get("files"))
-            and _count(c.get("stage_index")) for c in checkpoints):
-        raise ArchiveError(f"{where}: 'checkpoints' must be a list of {{stage_index, path, files, bytes}}")
-    paths = [c["path"] for c in checkpoints]
+    paths = [c.path for c in checked.checkpoints]
     if len(set(paths)) != len(paths):
         raise ArchiveError(f"{where}: a checkpoint path is listed twice")
-    for c in checkpoints:
-        stored = _stored_path(c["path"], f"{where}: checkpoint")
-        if stored.parts[0] != run["uuid"] or len(stored.parts) < 2:
-            raise ArchiveError(f"{where}: checkpoint {c['path']!r:.120} is not inside the run's own folder "
-                               f"({run['uuid']}/...): refused")
-        if any(other.startswith(f"{c['path']}/") for other in paths):
-            raise ArchiveError(f"{where}: checkpoint {c['path']!r:.120} lies inside another checkpoint")
-        found = len(_members(zf, c["path"]))
-        if c["files"] < 1:
-            raise ArchiveError(f"{where}: checkpoint {c['path']} lists {c['files']} files: a checkpoint holds at "
+    for c in checked.checkpoints:
+        _in_run_folder(c.path, run.uuid, f"{where}: checkpoint")
+        if any(other.startswith(f"{c.path}/") for other in paths):
+            raise ArchiveError(f"{where}: checkpoint {c.path!r:.120} lies inside another checkpoint")
+        found = len(_members(zf, c.path))
+        if c.files < 1:
+            raise ArchiveError(f"{where}: checkpoint {c.path} lists {c.files} files: a checkpoint holds at "
                                "least one")
-        if found != c["files"]:
-            raise ArchiveError(f"{where}: checkpoint {c['path']} should hold {c['files']} files, the file has {found}")
+        if found != c.files:
+            raise ArchiveError(f"{where}: checkpoint {c.path} should hold {c.files} files, the file has {found}")
     return manifest
 
 
@@ -635,11 +767,37 @@ class _Rows:
         return out
 
 
-def _vouch(reader: _Reader, manifest: dict[str, Any]) -> None:
+# The engineer backends a run from another lab may name: models this lab picks itself (the run's own checkpoint,
+# the offline Gemma) or a model name for this machine's own server. `hf:<path or name>` would load whatever the
+# file names, from this machine's disk.
+ARCHIVE_BACKENDS = ("hf:policy", "hf:gemma3-270m", "openai:")
+
+
+def _foreign_run(row: dict[str, Any], where: str) -> list[str]:
+    """A network destination or a model spec is never taken from another lab: a run's engineer backend must be one
+    of `ARCHIVE_BACKENDS` (else the file is refused), and its server URL is dropped on import (this machine's
+    own server serves it, `lab.llm.allowed_servers`). Returns what the import drops, each in a few words."""
+    backend = row.get("engineer_backend") or ""
+    if backend and not (backend in ARCHIVE_BACKENDS[:-1] or
+                        backend.startswith(ARCHIVE_BACKENDS[-1]) and len(backend) > len(ARCHIVE_BACKENDS[-1])):
+        raise ArchiveError(f"{where}, column engineer_backend: {backend!r:.120} names a model this lab does not "
+                           f"take from an archive (only {', '.join(ARCHIVE_BACKENDS)}<model>): refused")
+    url = (row.get("settings") or {}).get("base_url")
+    return [f"the run's server URL {url!r:.120} (an archive names no server: this lab uses its own)"] if url else []
+
+
+def _without_server(row: dict[str, Any]) -> dict[str, Any]:
+    settings = row.get("settings")
+    return {**row, "settings": {**settings, "base_url": None}} if settings and settings.get("base_url") else row
+
+
+def _vouch(reader: _Reader, manifest: dict[str, Any]) -> list[str]:
     """Read every row of the archive once, storing nothing, and refuse it at the first row that does not fit:
     a wrong type, a foreign key to no row of the file, a repeated id, a run that is not the manifest's, a
-    trained stage's checkpoint outside the run's folder, a listed checkpoint no stage names."""
+    trained stage's checkpoint outside the run's folder, a listed checkpoint no stage names, a model spec this
+    lab does not take from a file. Returns what the import will drop (`_foreign_run`)."""
     path, run = reader.path, manifest["run"]
+    dropped: list[str] = []
     ids: dict[str, dict[int, int]] = {}
     checkpoints: dict[str, int] = {}
     for table in run_tables():
@@ -654,19 +812,18 @@ def _vouch(reader: _Reader, manifest: dict[str, Any]) -> None:
             raise ArchiveError(f"{where}: the manifest lists no {pk} column (the ids that link its rows)")
         for n, _, row in _rows(reader, table, entry, where):
             old = row[pk]
-            if not _count(old) or old in seen:
+            if not _is_id(old) or old in seen:
                 raise ArchiveError(f"{where} row {n}, column {pk}: {old!r} is " +
-                                   ("not an id" if not _count(old) else "the id of an earlier row"))
+                                   ("not an id" if not _is_id(old) else "the id of an earlier row"))
             rows.convert(row, n)  # every foreign key names a row of the file
             seen[old] = old
             if table.name == ROOT and (old != run["id"] or row.get("uuid") != run["uuid"]):
                 raise ArchiveError(f"{where} row {n}: run {old} ({row.get('uuid')}) is not the manifest's run "
                                    f"{run['id']} ({run['uuid']})")
+            if table.name == ROOT:
+                dropped += _foreign_run(row, f"{where} row {n}")
             if table.name == Stage.__tablename__ and row.get("index", 0) > 0 and row.get("checkpoint") is not None:
-                stored = _stored_path(row["checkpoint"], f"{where} row {n}, column checkpoint:")
-                if stored.parts[0] != run["uuid"] or len(stored.parts) < 2:
-                    raise ArchiveError(f"{where} row {n}, column checkpoint: {row['checkpoint']!r:.120} is not "
-                                       f"inside the run's own folder ({run['uuid']}/...): refused")
+                _in_run_folder(row["checkpoint"], run["uuid"], f"{where} row {n}, column checkpoint:")
                 checkpoints[row["checkpoint"]] = row["index"]
         if len(seen) != entry["rows"]:
             raise ArchiveError(f"{where} holds {len(seen)} rows, the manifest says {entry['rows']}")
@@ -676,6 +833,7 @@ def _vouch(reader: _Reader, manifest: dict[str, Any]) -> None:
         if checkpoints.get(c["path"]) != c["stage_index"]:
             raise ArchiveError(f"{path}: {MANIFEST}: checkpoint {c['path']} is not the checkpoint of stage "
                                f"{c['stage_index']} in tables/stages.jsonl: refused")
+    return dropped
 
 
 def _insert_rows(connection: Connection, reader: _Reader, manifest: dict[str, Any]) -> int:
@@ -694,7 +852,8 @@ def _insert_rows(connection: Connection, reader: _Reader, manifest: dict[str, An
             pk = _pk(table)
             insert = table.insert().returning(pk, sort_by_parameter_order=True)
             for batch in _batches(_rows(reader, table, entry, where)):
-                values = [rows.convert(row, n) for n, _, row in batch]
+                values = [rows.convert(row if table.name != ROOT else _without_server(row), n)
+                          for n, _, row in batch]
                 try:
                     new = connection.execute(insert, values).scalars().all()
                 except SQLAlchemyError as err:
@@ -769,10 +928,10 @@ def _unpack(reader: _Reader, manifest: dict[str, Any], root: Path, created: list
                                    "database with another runs root (ENVLAB_RUNS)")
             continue
         todo.append(c["path"])
+    members = {stored: _members(zf, stored) for stored in todo}
+    total = reader.room([info for m in members.values() for info, _ in m], root)
     _makedirs(root, created)
     scratch = Path(tempfile.mkdtemp(prefix=".import-", dir=root))
-    members = {stored: _members(zf, stored) for stored in todo}
-    total = sum(info.file_size for m in members.values() for info, _ in m)
     try:
         with tqdm(total=total, desc="checkpoints", unit="B", unit_scale=True, disable=None) as bar:
             for i, stored in enumerate(todo):
@@ -784,6 +943,11 @@ def _unpack(reader: _Reader, manifest: dict[str, Any], root: Path, created: list
         shutil.rmtree(scratch, ignore_errors=True)  # the caller never saw it: it is this function's to remove
         raise
     return scratch, todo
+
+
+def _existing(path: Path) -> Path:
+    """`path`, or its nearest parent that exists (the disk a folder not yet made will be on)."""
+    return next(p for p in (path, *path.parents) if p.exists())
 
 
 def _inside(root: Path, relative: str) -> Path:
@@ -805,9 +969,26 @@ def _undo(placed: list[Path], scratch: Path | None, created: list[Path]) -> None
             d.rmdir()
 
 
+@dataclass(frozen=True)
+class Imported:
+    """An imported run: its new id, and what the import left out of it (each in a few words)."""
+
+    run_id: int
+    dropped: tuple[str, ...] = ()
+
+    def note(self) -> str:
+        """What was dropped, as the end of a sentence ("" when nothing was)."""
+        return f"; dropped: {'; '.join(self.dropped)}" if self.dropped else ""
+
+
 def import_run(engine: Engine, path: str | Path, limits: Limits | None = None) -> int:
+    """`import_archive`'s new run id."""
+    return import_archive(engine, path, limits).run_id
+
+
+def import_archive(engine: Engine, path: str | Path, limits: Limits | None = None) -> Imported:
     """Load a run archive into this database with new ids, and its checkpoints under this database's runs root;
-    return the new run id.
+    return the new run id and what was left out (a server URL: `_foreign_run`).
 
     Everything in the file is checked before anything is stored (docs/archive.md, "What import trusts"): the
     manifest, every row against its table's model, every path against the run's own folder, and every member's
@@ -819,7 +1000,7 @@ def import_run(engine: Engine, path: str | Path, limits: Limits | None = None) -
     with _open(path, limits) as reader:
         manifest = _check_manifest(reader)
         _refuse_duplicate(engine, manifest["run"])
-        _vouch(reader, manifest)
+        dropped = _vouch(reader, manifest)
         root = runs_root(engine)
         try:
             run_folder(engine, manifest["run"]["uuid"])
@@ -840,10 +1021,14 @@ def import_run(engine: Engine, path: str | Path, limits: Limits | None = None) -
                     placed.append(dest)
         except BaseException as err:
             _undo(placed, scratch, created)
+            if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise ArchiveError(f"{path}: the disk of {root} filled up while the checkpoints were written "
+                                   f"({err.strerror}): nothing was imported; free some space and import again"
+                                   ) from None
             if isinstance(err, IntegrityError):
                 _refuse_duplicate(engine, manifest["run"])  # someone imported it meanwhile
                 raise ArchiveError(f"{path}: the rows do not fit this database ({err.orig})") from None
             raise
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
-    return run_id
+    return Imported(run_id, tuple(dropped))

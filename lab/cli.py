@@ -4,22 +4,26 @@ and experiments."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import json
 import os
 import sys
 import warnings
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from tqdm import tqdm
 
 from envsim.config import ConfigError, EnvConfig, project
-from envsim.generator import GenerationError, generate
+from envsim.generator import GenerationError, boards
 from envsim.instance import Instance
 from envsim.scoring import Outcome, score, score_answer
 from envsim.suite import DEV_PER_SIZE, SUITE_SEED, Entry, Split, build, dev_cells, report, write_jsonl
 from lab.context import CONTEXT_PRESETS, DEFAULT_PRESET
+from lab.llm import allow_server
 
 if TYPE_CHECKING:
     from sqlmodel import Session
@@ -29,6 +33,51 @@ if TYPE_CHECKING:
 
 class UsageError(Exception):
     """Bad input on the command line or in a file; printed as one clear line, exit status 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with a bad option said in one line (`envlab run: argument --stages: ...`), exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: {message} (see {self.prog} --help)")
+
+
+def count(low: int, high: int, why: str, too_few: str = "") -> Callable[[str], int]:
+    """An argparse type: a whole number from `low` to `high`; a number out of range is refused saying why the
+    bound is where it is (`why` above, `too_few` below)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value:,} is less than {low}" + (f": {too_few}" if too_few else ""))
+        if value > high:
+            raise argparse.ArgumentTypeError(f"{value:,} is more than {high:,}: {why}")
+        return value
+
+    parse.__name__ = "count"  # argparse names the type in its messages
+    return parse
+
+
+# The bounds of the counts the command line takes, each with why it is where it is.
+MAX_STAGES = count(1, 1000, "each stage trains and evaluates the policy (minutes to hours); run again from "
+                            "the last stage's checkpoint for more", "a run trains at least 1 stage")
+MAX_BOARDS = count(1, 100_000, "a config's num_instances is at most 100,000 boards per stage",
+                   "a stage trains on at least 1 board")
+GENERATED = count(1, 10_000_000, "about 10 hours of generating on one core at a few ms a board; split a larger "
+                                 "set over several --seed values", "generate at least 1 board")
+VALIDATION_BOARDS = count(1, 100_000, "more boards than a validation set of 10,000 per size holds",
+                          "evaluate on at least 1 board")
+PER_SIZE = count(1, 10_000, "10,000 boards per size is 80,000 boards to evaluate after every stage",
+                 "a size needs at least 1 validation board")
+DEV_BOARDS = count(3, 10_000, "10,000 boards per size is 80,000 boards to evaluate after every stage",
+                   "the dev split needs at least 3 boards per size (one per wait subset)")
+LORA_RANK = count(0, 4096, "a LoRA rank above a model's width adds nothing (Gemma 3 270M: 640)")
+SEEDS = count(1, 100, "every seed is one more run of every arm", "an experiment runs at least 1 seed")
+WORKERS = count(1, 64, "each worker is a process that loads its own policy", "at least 1 worker")
+THREADS = count(1, 1024, "more torch threads than a machine has cores only slows it down", "at least 1 thread")
 
 
 def read_instances(path: Path) -> list[Entry | Instance]:
@@ -77,17 +126,29 @@ def cmd_bench_suite(args: argparse.Namespace) -> None:
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
+    """Boards are written as they are made (one line each), never held: a file appears whole at the end
+    (written beside it and renamed), or not at all."""
     config = config_file(args.config)
     n = args.n if args.n is not None else config.num_instances
-    with tqdm(total=n, desc="generate", unit="board") as bar:
-        boards = generate(config, n, seed=args.seed, on_board=lambda _: bar.update())
-    text = "".join(b.to_json() + "\n" for b in boards)
+    part = args.out.with_name(args.out.name + ".part") if args.out else None
+    written = 0
+    try:
+        if part is not None:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+        with (part.open("w") if part is not None else contextlib.nullcontext(sys.stdout)) as out, \
+                tqdm(total=n, desc="generate", unit="board") as bar:
+            for board in boards(config, n, seed=args.seed):
+                out.write(board.to_json() + "\n")
+                written += 1
+                bar.update()
+        if part is not None:
+            os.replace(part, args.out)
+    except BaseException:
+        if part is not None:
+            part.unlink(missing_ok=True)
+        raise
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
-        print(f"{len(boards)} boards -> {args.out}")
-    else:
-        sys.stdout.write(text)
+        print(f"{written} boards -> {args.out}")
 
 
 def read_answers(path: Path, rows: list[Entry | Instance]) -> list[str]:
@@ -292,6 +353,8 @@ def cmd_run(args: argparse.Namespace) -> None:
     quiet = not sys.stdout.isatty()
     if quiet:
         quiet_libraries()
+    if args.base_url:
+        allow_server(args.base_url)  # given on this machine's command line
     engine = _engine(args.db)
     with session(engine) as s:
         if args.resume is not None:
@@ -347,14 +410,14 @@ def cmd_export(args: argparse.Namespace) -> None:
 
 
 def cmd_import(args: argparse.Namespace) -> None:
-    from lab.archive import ArchiveError, import_run, read_manifest
+    from lab.archive import ArchiveError, import_archive, read_manifest
 
     try:
         run = read_manifest(args.file)["run"]
-        run_id = import_run(_engine(args.db), args.file)
+        imported = import_archive(_engine(args.db), args.file)
     except ArchiveError as err:
         raise UsageError(str(err)) from err
-    print(f"{args.file}: run {run['uuid']} ({run['name']}) -> run {run_id}")
+    print(f"{args.file}: run {run['uuid']} ({run['name']}) -> run {imported.run_id}{imported.note()}")
 
 
 # ---------------------------------------------------------------- experiments
@@ -363,6 +426,8 @@ def cmd_import(args: argparse.Namespace) -> None:
 def cmd_experiment_new(args: argparse.Namespace) -> None:
     from lab.experiments import ExperimentError, create_experiment, experiment_runs
 
+    if args.base_url:
+        allow_server(args.base_url)  # given on this machine's command line
     engine = _engine(args.db)
     try:
         experiment = create_experiment(
@@ -501,7 +566,7 @@ def cmd_experiment_benchmark(args: argparse.Namespace) -> None:
 def run_arguments(sub: argparse._SubParsersAction) -> None:
     """`envlab run`'s options."""
     s = sub.add_parser("run", help="run stages headless: train, evaluate, propose, decide, repeat")
-    s.add_argument("--stages", type=int, default=3)
+    s.add_argument("--stages", type=MAX_STAGES, default=3)
     s.add_argument("--engineer", help="fixed, random, heuristic, learnability, evidence or llm (default heuristic; "
                                       "with --resume: switch the run's engineer, e.g. after the llm engineer failed)")
     s.add_argument("--backend", help="the llm engineer's backend: hf:policy, hf:gemma3-270m, openai:<model>")
@@ -509,11 +574,11 @@ def run_arguments(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--auto-apply", action="store_true", help="apply every proposal without waiting for a person")
     s.add_argument("--policy", default="tiny", help="tiny, gemma3-270m, a checkpoint folder or a model name")
     s.add_argument("--config", type=Path, help="initial EnvConfig JSON (default: the round-0 config)")
-    s.add_argument("--instances", type=int, help="training instances per stage")
-    s.add_argument("--validation-boards", type=int, metavar="N",
+    s.add_argument("--instances", type=MAX_BOARDS, help="training instances per stage")
+    s.add_argument("--validation-boards", type=VALIDATION_BOARDS, metavar="N",
                    help="evaluate each stage on N of the 240 validation boards, spread over the sizes (default: all)")
     s.add_argument("--grpo", action="append", default=[], metavar="KEY=VALUE", help="a GRPOConfig field")
-    s.add_argument("--lora", type=int, default=0, metavar="RANK",
+    s.add_argument("--lora", type=LORA_RANK, default=0, metavar="RANK",
                    help="train LoRA adapters of this rank (needs peft), e.g. 16 for a large policy; 0: every weight")
     s.add_argument("--context", default=DEFAULT_PRESET, choices=list(CONTEXT_PRESETS),
                    help="the llm engineer's context preset (docs/engineers.md)")
@@ -524,9 +589,9 @@ def run_arguments(sub: argparse._SubParsersAction) -> None:
                                                                   "engineer's measured context; default 8)")
     s.add_argument("--probe-answers", type=int, metavar="K", help="sampled answers per board in a probe (default 8)")
     s.add_argument("--scenario", help="a named start, assets/scenarios/NAME.json (default: the round-0 config)")
-    s.add_argument("--validation-per-size", type=int, metavar="N",
+    s.add_argument("--validation-per-size", type=PER_SIZE, metavar="N",
                    help="evaluate on a larger validation set, N boards per size (e.g. 120: 960 boards; default 30)")
-    s.add_argument("--dev-per-size", type=int, default=DEV_PER_SIZE, metavar="N",
+    s.add_argument("--dev-per-size", type=DEV_BOARDS, default=DEV_PER_SIZE, metavar="N",
                    help=f"dev boards per map size, evaluated after each stage: what the engineer reads, never the "
                         f"validation boards (a multiple of 3; default {DEV_PER_SIZE})")
     s.add_argument("--name", default="run")
@@ -546,31 +611,33 @@ def experiment_arguments(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--arms", required=True, help="comma-separated: fixed, random, heuristic, learnability, evidence, "
                                                  "llm:BACKEND@PRESET (e.g. llm:openai:MODEL@paper-best); NAME=SPEC "
                                                  "names one")
-    s.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 for every arm (default 3)")
-    s.add_argument("--stages", type=int, default=3)
-    s.add_argument("--instances", type=int, help="training boards per stage (default: the scenario's, 512)")
+    s.add_argument("--seeds", type=SEEDS, default=3, help="seeds 0..N-1 for every arm (default 3)")
+    s.add_argument("--stages", type=MAX_STAGES, default=3)
+    s.add_argument("--instances", type=MAX_BOARDS, help="training boards per stage (default: the scenario's, 512)")
     s.add_argument("--config", type=Path, help="initial EnvConfig JSON (default: the scenario's)")
     s.add_argument("--scenario", help="assets/scenarios/NAME.json: initial config and GRPO overrides "
                                       "(default: default, the round-0 config)")
-    s.add_argument("--validation-per-size", type=int, default=120, metavar="N",
+    s.add_argument("--validation-per-size", type=PER_SIZE, default=120, metavar="N",
                    help="validation boards per map size (default 120: 960 boards; 30: the standard 240)")
-    s.add_argument("--validation-boards", type=int, metavar="N", help="evaluate on N of them only, for a quick look")
-    s.add_argument("--dev-per-size", type=int, default=DEV_PER_SIZE, metavar="N",
+    s.add_argument("--validation-boards", type=VALIDATION_BOARDS, metavar="N",
+                   help="evaluate on N of them only, for a quick look")
+    s.add_argument("--dev-per-size", type=DEV_BOARDS, default=DEV_PER_SIZE, metavar="N",
                    help=f"dev boards per map size, evaluated after each stage: what the engineers read (a multiple "
                         f"of 3; default {DEV_PER_SIZE})")
     s.add_argument("--grpo", action="append", default=[], metavar="KEY=VALUE", help="a GRPOConfig field, for every run")
     s.add_argument("--policy", default="tiny")
     s.add_argument("--base-url", help="base URL of an OpenAI-compatible server (openai: backends)")
-    s.add_argument("--lora", type=int, default=0, metavar="RANK")
+    s.add_argument("--lora", type=LORA_RANK, default=0, metavar="RANK")
     s.add_argument("--description", default="")
     s.add_argument("--db", **db)
     s.set_defaults(fn=cmd_experiment_new)
     s = verbs.add_parser("run", help="run (or resume) every run of an experiment until all are done")
     s.add_argument("experiment", help="name (or id)")
-    s.add_argument("--workers", type=int, default=1, help="worker processes to start (default 1)")
+    s.add_argument("--workers", type=WORKERS, default=1, help="worker processes to start (default 1)")
     s.add_argument("--benchmark", action="store_true", help="then evaluate each run's last stage on the benchmark")
-    s.add_argument("--threads", type=int, metavar="N", help="torch threads per worker (default: torch's choice; 1 is "
-                                                            "fastest for the tiny policy on a busy small CPU)")
+    s.add_argument("--threads", type=THREADS, metavar="N",
+                   help="torch threads per worker (default: torch's choice; 1 is fastest for the tiny policy on a "
+                        "busy small CPU)")
     s.add_argument("--db", **db)
     s.set_defaults(fn=cmd_experiment_run)
     s = verbs.add_parser("add-arm", help="add arms to an experiment: their runs, every seed, at equal compute")
@@ -594,20 +661,20 @@ def experiment_arguments(sub: argparse._SubParsersAction) -> None:
 
 
 def arguments() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="envlab", description=__doc__)
+    p = Parser(prog="envlab", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("bench-suite", help="write the benchmark (3,150 boards) and validation sets as JSONL")
     s.add_argument("--out", type=Path, default=Path("data/suite"))
     s.add_argument("--seed", type=int, default=SUITE_SEED)
-    s.add_argument("--workers", type=int, default=2)
+    s.add_argument("--workers", type=WORKERS, default=2)
     splits = [Split.VALIDATION.value, Split.BENCHMARK.value]
     s.add_argument("--split", nargs="+", choices=splits, default=splits)
     s.set_defaults(fn=cmd_bench_suite)
 
     s = sub.add_parser("generate", help="generate labelled training boards from an EnvConfig JSON file")
     s.add_argument("--config", type=Path, help="EnvConfig JSON (default: the round-0 config)")
-    s.add_argument("--n", type=int, help="number of boards (default: the config's num_instances)")
+    s.add_argument("--n", type=GENERATED, help="number of boards (default: the config's num_instances)")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--out", type=Path, help="JSONL file (default: standard output)")
     s.set_defaults(fn=cmd_generate)
@@ -667,11 +734,22 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["serve"]:
         serve(argv[1:])
-    args = arguments().parse_args(argv)
+    try:
+        args = arguments().parse_args(argv)
+    except UsageError as err:
+        print(err, file=sys.stderr)
+        return 2
     try:
         args.fn(args)
     except (UsageError, GenerationError) as err:
         print(f"envlab {args.command}: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:
+        if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        where = f" writing {err.filename}" if err.filename else ""
+        print(f"envlab {args.command}: the disk is full{where} ({err.strerror}): nothing was left half-written; "
+              "free some space and run it again", file=sys.stderr)
         return 2
     return 0
 

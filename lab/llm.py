@@ -12,11 +12,11 @@ without a chat template (a base model) gets the messages as plain text. The HTTP
 slow, an error status, a body that is not JSON or not a completion) into an `LLMError` naming the URL
 and the problem.
 
-Given a JSON schema, both kinds are held to it: a server is asked for structured output (`response_format`
-of type `json_schema`, strict), and an in-process model is constrained token by token with llguidance, so
-a small model cannot write anything but an object of that schema (it can still be cut off by `max_tokens`).
-A server that refuses `response_format` (HTTP 400 naming it) is asked again once without it; the log says
-so once per server and model, and later questions to it go without it at once.
+The key and the lab's data go only to servers this machine allows (`allowed_servers`): those listed in
+`ENVLAB_ALLOWED_SERVERS` (comma separated; `http://10.0.0.5:8000` allows every path under it), the default
+`ENVLAB_OPENAI_BASE_URL`, and a `--base-url` given on this machine's command line (`allow_server`). A URL from
+anywhere else (a run imported from another lab, a form on the page) is refused before a byte is sent;
+`check_server` is the one test, asked where a run is created and again where the request is made.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import os
 from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
+from urllib.parse import urlsplit
 
 Messages = list[dict[str, str]]
 Schema = dict[str, Any]
@@ -35,6 +36,7 @@ log = logging.getLogger("envlab.llm")
 
 KEY_SETTINGS = ("ENVLAB_OPENAI_API_KEY", "OPENAI_API_KEY")
 BASE_URL_SETTING = "ENVLAB_OPENAI_BASE_URL"
+ALLOWED_SERVERS_SETTING = "ENVLAB_ALLOWED_SERVERS"
 TIMEOUT_S = 120.0
 GEMMA = "gemma3-270m"
 POLICY = "policy"
@@ -215,11 +217,51 @@ _NO_STRUCTURED: set[tuple[str, str]] = set()
 REFUSALS = (400, 422)  # the statuses a server answers a request field it does not take with
 
 
+def _server(url: str) -> tuple[str, str, int | None, str]:
+    """(scheme, host, port, path) of a server URL, as two spellings of one server share them."""
+    try:
+        parts = urlsplit(url.strip())
+        port = parts.port or {"http": 80, "https": 443}.get(parts.scheme.lower())
+    except ValueError:  # a port that is not a number
+        return ("", url, None, "")
+    return parts.scheme.lower(), (parts.hostname or ""), port, parts.path.rstrip("/")
+
+
+def _allows(entry: tuple[str, str, int | None, str], url: tuple[str, str, int | None, str]) -> bool:
+    """Whether an allowed server covers `url`: same scheme, host and port, and a path at or under its path."""
+    return entry[:3] == url[:3] and bool(entry[1]) and (url[3] + "/").startswith(entry[3] + "/")
+
+
+def allowed_servers() -> list[tuple[str, str, int | None, str]]:
+    """The servers this machine lets the lab's key and data go to: `ENVLAB_ALLOWED_SERVERS` (comma separated)
+    and `ENVLAB_OPENAI_BASE_URL` (with `allow_server`'s additions, which live in the first)."""
+    listed = [u for u in os.environ.get(ALLOWED_SERVERS_SETTING, "").split(",") if u.strip()]
+    default = os.environ.get(BASE_URL_SETTING, "").strip()
+    return [_server(u) for u in [*listed, *([default] if default else [])]]
+
+
+def allow_server(url: str) -> None:
+    """Allow `url` for this process and the workers it starts: a `--base-url` given on this machine's command
+    line is this machine's choice."""
+    if not any(_allows(entry, _server(url)) for entry in allowed_servers()):
+        listed = os.environ.get(ALLOWED_SERVERS_SETTING, "").strip()
+        os.environ[ALLOWED_SERVERS_SETTING] = f"{listed},{url.strip()}" if listed else url.strip()
+
+
+def check_server(url: str) -> None:
+    """Refuse a server URL this machine does not allow (`allowed_servers`), in one line that says how to allow it."""
+    if not any(_allows(entry, _server(url)) for entry in allowed_servers()):
+        raise LLMError(f"server URL {url.strip()!r:.120} is not one this machine allows, so the lab's API key and "
+                       f"data are not sent there: list it in ${ALLOWED_SERVERS_SETTING} (comma separated), or give "
+                       f"it as ${BASE_URL_SETTING} or --base-url on this machine's command line")
+
+
 def _openai(name: str, messages: Messages, *, max_tokens: int, temperature: float, seed: int,
             base_url: str | None, timeout: float, schema: Schema | None = None, **_: Any) -> str:
     base = base_url or os.environ.get(BASE_URL_SETTING)
     if not base:
         raise LLMError(f"openai:{name} needs a base URL (e.g. http://127.0.0.1:8000/v1) or ${BASE_URL_SETTING}")
+    check_server(base)
     url = base.rstrip("/") + "/chat/completions"
     headers = {"Content-Type": "application/json"}
     key = next((os.environ[k] for k in KEY_SETTINGS if os.environ.get(k)), None)

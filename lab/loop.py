@@ -24,6 +24,7 @@ from envsim.config import Adjustment, EnvConfig, Projection
 from envsim.suite import DEV_PER_SIZE, Split, dev_cells, validation_cells
 from lab.context import ContextModules, Evidence, context_preset, evidence_split, load_stage_result, preset_of
 from lab.engineers import ENGINEERS, LEARN_ANSWERS, LEARN_BOARDS, EngineerAnswer
+from lab.llm import LLMError, check_server
 from lab.proposals import current_proposal, decide, decision_of, fill_check, fillable, self_summary, store_proposal
 from lab.settings import RunSettings, probe_size
 from storage.db import UnsafePath, checkpoint_of, lock_run, run_folder
@@ -100,6 +101,11 @@ def create_run(s: Session, *, name: str, config: EnvConfig, stages: int, policy:
     for a run added to an experiment made before dev boards existed (its engineers read validation, as the others).
     """
     check_engineer(engineer, engineer_backend, policy)
+    if base_url:
+        try:
+            check_server(base_url)
+        except LLMError as err:
+            raise LoopError(str(err)) from None
     try:  # a config changed with model_copy (e.g. `--instances 0`) skipped validation
         config = EnvConfig.model_validate(config.model_dump())
     except ValidationError as err:

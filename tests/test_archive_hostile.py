@@ -10,18 +10,26 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
+import shutil
 import socket
+import struct
 import subprocess
 import sys
+import threading
+import time
 import urllib.error
 import urllib.request
+import warnings
 import zipfile
+import zlib
 from pathlib import Path
 
 import gradio as gr
 import pytest
 from sqlalchemy import text
+from sqlmodel import select
 
 from lab.archive import ArchiveError, Limits, export_run, import_run, parse_size, read_manifest
 from lab.cli import main
@@ -384,7 +392,8 @@ def test_a_table_longer_than_its_limit_is_refused_while_it_is_read(good, lab, tm
     engine, folder = lab
     with pytest.raises(ArchiveError, match=r"tables/episodes.jsonl inflates to more than 16384 bytes"):
         import_run(engine, good, Limits(table=16 * 1024))  # the file's episodes: 23 KiB
-    with pytest.raises(ArchiveError, match=r"the archive inflates to more than 102400 bytes \(at checkpoints/"):
+    with pytest.raises(ArchiveError,
+                       match=r"the archive inflates to more than 102400 bytes \(\d+ bytes with its checkpoints\)"):
         import_run(engine, good, Limits(total=100 * 1024))  # rows 36 KiB, checkpoints 140 KiB
     assert set(counts(engine).values()) == {0} and everything(folder) == {"envlab.db"}
     assert import_run(engine, good) == 1  # the good file, with the real limits
@@ -481,3 +490,394 @@ def test_a_bad_row_in_the_database_leaves_the_other_runs_and_views_drawn(tmp_pat
     assert proposal.proposal_preview(engine, ids["pending"])[1].startswith(f"✗ Proposal {ids['pending']} cannot")
     assert tab.show_all(ids["history"])[tab.pick]["choices"]  # the other run's proposals still list
     engine.dispose()
+
+
+# ---------------------------------------------------------------- members that share bytes, names, the disk
+
+
+def _deflate(data: bytes) -> bytes:
+    packer = zlib.compressobj(9, zlib.DEFLATED, -15)
+    return packer.compress(data) + packer.flush()
+
+
+class ZipBytes:
+    """A zip written by hand, member by member, so that members can share bytes as no zip writer would let them
+    (the "overlapping files" zip bomb, after David Fifield's "A better zip bomb", 2019)."""
+
+    def __init__(self):
+        self.out = bytearray()
+        self.directory: list[tuple[bytes, int, int, int, int]] = []  # name, crc, stored, inflated, offset
+
+    def header(self, name: bytes, crc: int, stored: int, inflated: int) -> bytes:
+        return struct.pack("<4s5H3L2H", b"PK\x03\x04", 20, 0, 8, 0, 0, crc, stored, inflated, len(name), 0) + name
+
+    def add(self, name: str, data: bytes) -> None:
+        packed = _deflate(data)
+        self.directory.append((name.encode(), zlib.crc32(data), len(packed), len(data), len(self.out)))
+        self.out += self.header(name.encode(), zlib.crc32(data), len(packed), len(data)) + packed
+
+    def add_overlapping(self, names: list[str], kernel: bytes) -> int:
+        """Members whose data all end in one shared deflate stream of `kernel`: member i's data quotes member
+        i+1's local header in a stored block and runs on into member i+1's data. Returns what they inflate to."""
+        packed_kernel = _deflate(kernel)
+        headers: list[bytes] = [b""] * len(names)
+        sizes = [0] * len(names)
+        crcs = [0] * len(names)
+        stored = [0] * len(names)
+        tail_out, tail_crc, tail_stored = len(kernel), zlib.crc32(kernel), len(packed_kernel)
+        for i in reversed(range(len(names))):  # from the last: each header quotes the next one
+            name = names[i].encode()
+            sizes[i], crcs[i], stored[i] = tail_out, tail_crc, tail_stored
+            headers[i] = self.header(name, crcs[i], stored[i], sizes[i])
+            quote = struct.pack("<BHH", 0, len(headers[i]), len(headers[i]) ^ 0xFFFF)  # a stored, non-final block
+            tail_out += len(headers[i])
+            tail_crc = zlib.crc32(kernel, zlib.crc32(b"".join(headers[i:])))
+            tail_stored += len(quote) + len(headers[i])
+        for i, name in enumerate(names):
+            offset = len(self.out)
+            self.directory.append((name.encode(), crcs[i], stored[i], sizes[i], offset))
+            self.out += headers[i]
+            if i + 1 < len(names):
+                self.out += struct.pack("<BHH", 0, len(headers[i + 1]), len(headers[i + 1]) ^ 0xFFFF)
+        self.out += packed_kernel
+        return sum(sizes)
+
+    def write(self, path: Path) -> Path:
+        start = len(self.out)
+        for name, crc, stored, inflated, offset in self.directory:
+            self.out += struct.pack("<4s6H3L5H2L", b"PK\x01\x02", 20, 20, 0, 8, 0, 0, crc, stored, inflated,
+                                    len(name), 0, 0, 0, 0, 0, offset) + name
+        n = len(self.directory)
+        self.out += struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, n, n, len(self.out) - start, start, 0)
+        path.write_bytes(bytes(self.out))
+        return path
+
+
+def overlapping_bomb(good: Path, path: Path, members: int = 40, kernel_mib: int = 1) -> tuple[Path, int]:
+    """The good file with stage 1's checkpoint replaced by `members` files over one shared deflate stream:
+    each inflates 120 to 197 times its stored size (under the ratio limit), the checksums are right, the
+    manifest and stage rows agree. Returns the file and what its checkpoint inflates to."""
+    uuid = uuid_of(good)
+    folder = f"checkpoints/{uuid}/stage-1/"
+    rng = random.Random(0)
+    kernel = bytearray()
+    while len(kernel) < kernel_mib * MIB:  # zeros with a random byte now and then: 197:1 once deflated
+        kernel += rng.randbytes(1) + bytes(rng.randrange(700, 1000))
+    z = ZipBytes()
+    with zipfile.ZipFile(good) as zf:
+        for info in zf.infolist():
+            data = zf.read(info)
+            if info.filename.startswith(folder):
+                continue
+            if info.filename == "manifest.json":
+                manifest = json.loads(data)
+                for c in manifest["checkpoints"]:
+                    if c["stage_index"] == 1:
+                        c["files"] = members
+                data = json.dumps(manifest).encode()
+            z.add(info.filename, data)
+    inflated = z.add_overlapping([f"{folder}part-{i:03d}.bin" for i in range(members)], bytes(kernel))
+    return z.write(path), inflated
+
+
+def test_the_overlapping_files_zip_bomb_is_refused_at_once_with_nothing_written(good, lab, tmp_path, capsys):
+    """40 members over one shared deflate stream: a file of 0.09 MiB whose members are each under the ratio
+    limit and whose checksums are right, that would write 40 MiB (1,000 members, 1 GiB). Refused from the zip's
+    directory and local headers alone, before a member is inflated, in less time than the good file's import."""
+    file, inflated = overlapping_bomb(good, tmp_path / "bomb.zip")
+    with zipfile.ZipFile(file) as zf:  # a well-formed zip by every member's own checks
+        infos = [i for i in zf.infolist() if i.filename.endswith(".bin")]
+        assert len(infos) == 40 and all(100 < i.file_size / i.compress_size < 200 for i in infos)
+        assert zf.read(infos[-1]) and zf.testzip() is None
+    assert inflated > 100 * file.stat().st_size
+    engine, folder = lab
+    started = time.perf_counter()
+    with pytest.raises(ArchiveError, match=r"bomb.zip: member 'checkpoints/.*/stage-1/part-000.bin' overlaps member "
+                                           r"'checkpoints/.*/stage-1/part-001.bin' \(bytes \d+..\d+\): refused"):
+        import_run(engine, file)
+    refusal = time.perf_counter() - started
+    refused(lab, tmp_path, file, r"overlaps member .*: refused \(members that share bytes are a zip bomb\)", capsys)
+    started = time.perf_counter()
+    import_run(engine, good)
+    baseline = time.perf_counter() - started
+    with capsys.disabled():
+        print(f"\noverlapping-files bomb ({file.stat().st_size / MIB:.2f} MiB, {inflated / MIB:.0f} MiB inflated): "
+              f"refused in {refusal * 1000:.1f} ms; the good file imports in {baseline * 1000:.0f} ms")
+    assert refusal < baseline
+
+
+@pytest.mark.parametrize("member", ["manifest.json", "tables/runs.jsonl", "model.safetensors"])
+def test_a_member_name_twice_is_refused(good, lab, tmp_path, capsys, member):
+    with zipfile.ZipFile(good) as zf:
+        name = next(n for n in zf.namelist() if n.endswith(member))
+        copy = zf.read(name)
+    file = rebuild(good, tmp_path / "twice.zip", lambda n, d: (n, d))
+    with zipfile.ZipFile(file, "a") as zf, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # zipfile warns of the duplicate name, and writes it
+        zf.writestr(name, copy.replace(b"travel", b"travol"))
+    refused(lab, tmp_path, file, rf"the member '{re.escape(name)}' appears twice: refused", capsys)
+
+
+def test_many_small_members_are_capped_by_the_size_of_the_whole_archive(good, lab, tmp_path, capsys):
+    """Members each within the ratio limit (a tiny member may inflate to 200 x 4 KiB) are refused together when
+    they inflate to more than `ratio` times the archive, before anything is written."""
+    uuid = uuid_of(good)
+    members = 60
+
+    def many(name, data):
+        if name == "manifest.json":
+            manifest = json.loads(data)
+            manifest["checkpoints"][0]["files"] = members
+            return name, json.dumps(manifest).encode()
+        return name, data
+
+    file = rebuild(good, tmp_path / "many.zip", many)
+    with zipfile.ZipFile(file) as zf:
+        names = [n for n in zf.namelist() if n.startswith(f"checkpoints/{uuid}/stage-1/")]
+    file = rebuild(good, tmp_path / "many.zip", lambda n, d: None if n in names else many(n, d))
+    with zipfile.ZipFile(file, "a", zipfile.ZIP_DEFLATED) as zf:
+        for i in range(members):
+            zf.writestr(f"checkpoints/{uuid}/stage-1/part-{i}.bin", bytes(700_000))
+    refused(lab, tmp_path, file, r"the checkpoints inflate to 40.1 MiB from \d+ bytes on disk, more than 200 times "
+                                 r"the archive \(a zip bomb\?\): refused", capsys)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real file system of 1 MiB (tmpfs; mounting needs root): the runs root of a lab whose disk is full."""
+    mount = tmp_path / "small-disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.decode().strip()}")
+    yield mount
+    subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_checkpoints_larger_than_the_free_disk_are_refused_before_they_are_written(good, lab, tmp_path, capsys,
+                                                                                   monkeypatch, small_disk):
+    (small_disk / "filler").write_bytes(bytes(1024 * 1024 - 100 * 1024))  # 100 KiB left; the checkpoints: 140
+    monkeypatch.setenv("ENVLAB_RUNS", str(small_disk))
+    refused(lab, tmp_path, good,
+            r"the checkpoints need 140016 bytes and the disk of .*small-disk has 102400 bytes free", capsys)
+    assert sorted(os.listdir(small_disk)) == ["filler"]
+
+
+def test_a_disk_that_fills_during_the_import_is_one_line_and_leaves_nothing(good, lab, tmp_path, capsys, monkeypatch,
+                                                                            small_disk):
+    """The free space is measured, then another writer fills the disk: the write that meets the full disk
+    (a real ENOSPC from the file system) ends the import in one line, exit 2, with nothing left behind."""
+    (small_disk / "filler").write_bytes(bytes(1024 * 1024 - 200 * 1024))  # 200 KiB free when measured
+    real = shutil.disk_usage
+
+    def measured_then_filled(path):
+        usage = real(path)
+        if Path(path) == small_disk and not (small_disk / "late").exists():
+            (small_disk / "late").write_bytes(bytes(150 * 1024))  # someone else writes meanwhile
+        return usage
+
+    monkeypatch.setattr(shutil, "disk_usage", measured_then_filled)
+    monkeypatch.setenv("ENVLAB_RUNS", str(small_disk))
+    engine, folder = lab
+    assert main(["import", str(good), "--db", str(folder / "envlab.db")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and re.search(r"^envlab import: .*run.zip: the disk of .*small-disk filled up while "
+                                              r"the checkpoints were written \(No space left on device\): nothing "
+                                              r"was imported", err), err
+    assert sorted(os.listdir(small_disk)) == ["filler", "late"] and set(counts(engine).values()) == {0}
+
+
+# ---------------------------------------------------------------- no server and no model from an archive
+
+
+class Listener:
+    """A real TCP server on 127.0.0.1 that records every connection made to it (and answers none)."""
+
+    def __init__(self):
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.sock.settimeout(0.2)
+        self.connections: list[bytes] = []
+        self.running = True
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1"
+
+    def _serve(self) -> None:
+        while self.running:
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                conn.settimeout(1)
+                try:
+                    self.connections.append(conn.recv(1 << 16))
+                except OSError:
+                    self.connections.append(b"")
+
+    def close(self) -> None:
+        self.running = False
+        self.thread.join()
+        self.sock.close()
+
+
+@pytest.fixture
+def listener():
+    server = Listener()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def waiting(tmp_path_factory) -> Path:
+    """A run that waits on its proposal after stage 1, exported without checkpoints."""
+    folder = tmp_path_factory.mktemp("waiting")
+    engine = make_engine(str(folder / "envlab.db"))
+    upgrade(engine)
+    path = export_run(engine, build_run(engine, finish=False), folder / "run.zip")
+    engine.dispose()
+    return path
+
+
+def hostile(waiting: Path, path: Path, url: str, backend: str = "openai:m") -> Path:
+    """The run as someone else's lab would send it: the llm engineer on `backend`, its server `url`, and its last
+    propose job failed, so that a resume asks the engineer again."""
+    with zipfile.ZipFile(waiting) as zf:
+        jobs = [json.loads(line) for line in zf.read("tables/jobs.jsonl").splitlines()]
+    last = max((j for j in jobs if j["kind"] == "propose"), key=lambda j: j["id"])
+
+    def change(name, data):
+        if name == "tables/runs.jsonl":
+            row = json.loads(data)
+            row.update(engineer="llm", engineer_backend=backend, settings={**row["settings"], "base_url": url})
+            return name, (json.dumps(row) + "\n").encode()
+        if name == "tables/jobs.jsonl":
+            rows = [json.loads(line) for line in data.splitlines()]
+            for row in rows:
+                if row["id"] == last["id"]:
+                    row.update(status="failed", error="the server was down")
+            return name, "".join(json.dumps(row) + "\n" for row in rows).encode()
+        return name, data
+
+    return rebuild(waiting, path, change)
+
+
+def test_an_imported_run_sends_nothing_to_the_server_its_archive_names(waiting, tmp_path, monkeypatch, capsys,
+                                                                         listener):
+    """The run's server URL is dropped on import, and said; resumed with the lab's API key set, the llm engineer
+    asks no server (this machine names none), and the listener at the archive's URL receives nothing."""
+    from lab.loop import resume
+    from lab.worker import handlers, run_worker
+    from storage.models import Proposal, Run
+
+    for name in ("ENVLAB_ALLOWED_SERVERS", "ENVLAB_OPENAI_BASE_URL", "ENVLAB_RUNS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("ENVLAB_OPENAI_API_KEY", "sk-the-labs-own-key")
+    file = hostile(waiting, tmp_path / "hostile.zip", listener.url)
+    db = tmp_path / "lab" / "envlab.db"
+    assert main(["import", str(file), "--db", str(db)]) == 0
+    out = capsys.readouterr().out
+    assert out.endswith(f"-> run 1; dropped: the run's server URL '{listener.url}' (an archive names no server: "
+                        "this lab uses its own)\n"), out
+    engine = make_engine(str(db))
+    with open_session(engine) as s:
+        assert s.get(Run, 1).settings["base_url"] is None
+    assert resume(engine, 1) != []  # the Resume button's and `envlab run --resume`'s first step
+    assert run_worker(engine, handlers(), once=True) == 1  # the engineer is asked again, by a worker
+    with open_session(engine) as s:
+        newest = s.exec(select(Proposal).order_by(Proposal.id.desc())).first()
+    engine.dispose()
+    assert newest.engineer == "llm" and "openai:m needs a base URL" in newest.error, newest.error
+    assert listener.connections == []
+
+
+def test_a_server_this_machine_does_not_allow_gets_no_request(listener, monkeypatch):
+    """Where the request is made: a URL a run holds from before (a database an older version imported into)
+    is refused before a byte is sent, even with another server configured."""
+    from lab.llm import LLMError, complete
+
+    monkeypatch.setenv("ENVLAB_OPENAI_API_KEY", "sk-the-labs-own-key")
+    monkeypatch.setenv("ENVLAB_OPENAI_BASE_URL", "http://127.0.0.1:1/v1")
+    monkeypatch.setenv("ENVLAB_ALLOWED_SERVERS", "http://models.internal:8000, https://api.example.com/v1")
+    with pytest.raises(LLMError, match=rf"server URL '{listener.url}' is not one this machine allows, so the lab's "
+                                       "API key and data are not sent there: list it in \\$ENVLAB_ALLOWED_SERVERS"):
+        complete("openai:m", [{"role": "user", "content": "hi"}], max_tokens=4, temperature=0, seed=0,
+                 base_url=listener.url)
+    assert listener.connections == []
+
+
+def test_the_allow_list_names_servers_and_the_paths_under_them(monkeypatch):
+    from lab.llm import LLMError, allow_server, check_server
+
+    monkeypatch.setenv("ENVLAB_ALLOWED_SERVERS", "http://models.internal:8000, https://API.example.com/v1/")
+    monkeypatch.setenv("ENVLAB_OPENAI_BASE_URL", "http://127.0.0.1:8001/v1")
+    for url in ["http://models.internal:8000/v1", "http://MODELS.internal:8000", "https://api.example.com/v1",
+                "https://api.example.com:443/v1/", "http://127.0.0.1:8001/v1"]:
+        check_server(url)
+    for url in ["http://models.internal:8001/v1", "https://models.internal:8000/v1", "https://api.example.com/v2",
+                "https://api.example.com/v10", "http://models.internal.evil:8000", "http://127.0.0.1:8001/",
+                "http://models.internal:8000@evil.com/v1", "http://[::1", "not a url"]:
+        with pytest.raises(LLMError, match="is not one this machine allows"):
+            check_server(url)
+    allow_server("http://10.0.0.5:9000/v1")  # a --base-url given on this machine's command line
+    check_server("http://10.0.0.5:9000/v1")
+    assert os.environ["ENVLAB_ALLOWED_SERVERS"].endswith(",http://10.0.0.5:9000/v1")
+
+
+def test_a_run_created_on_the_page_with_a_server_this_machine_does_not_allow_is_refused(lab, listener,
+                                                                                       monkeypatch):
+    from envsim.config import EnvConfig
+    from lab.pages.common import config_rows
+
+    engine, _ = lab
+    monkeypatch.delenv("ENVLAB_ALLOWED_SERVERS", raising=False)
+    monkeypatch.delenv("ENVLAB_OPENAI_BASE_URL", raising=False)
+    config = EnvConfig.default()
+    message, run_id = runs_page.create_run_from_form(
+        engine, "r", "", "tiny", "llm", "openai:m", listener.url, 1, config.num_instances, config.num_agents, 0,
+        False, config_rows(config))
+    assert run_id is None and message.startswith(f"✗ Not created: server URL '{listener.url}' is not one this "
+                                                 "machine allows"), message
+    assert set(counts(engine).values()) == {0} and listener.connections == []
+
+
+@pytest.mark.parametrize("backend", ["hf:/srv/models/theirs", "hf:some-org/some-model", "hf:../x"])
+def test_an_archive_naming_a_model_to_load_is_refused(waiting, lab, tmp_path, capsys, backend):
+    file = hostile(waiting, tmp_path / "model.zip", None, backend=backend)
+    refused(lab, tmp_path, file, rf"tables/runs.jsonl row 1, column engineer_backend: '{re.escape(backend)}' names "
+                                 r"a model this lab does not take from an archive \(only hf:policy, hf:gemma3-270m, "
+                                 r"openai:<model>\): refused", capsys)
+
+
+def test_a_checkpoint_that_meets_a_full_disk_leaves_no_half_folder(small_disk):
+    """A stage saves its policy on a disk too small for it (a real ENOSPC from a 1 MiB tmpfs): the error says
+    so, and neither the checkpoint folder nor a part of it is left to be loaded later."""
+    from training.policy import MARKER, build_tiny
+
+    policy = build_tiny()
+    target = small_disk / "run" / "stage-1" / "policy"
+    with pytest.raises(Exception, match="No space left on device"):  # safetensors' error names the OS's
+        policy.save(target)
+    assert not target.exists() and [p.name for p in small_disk.rglob("*")] == ["run", "stage-1"]
+    assert not any(small_disk.rglob(MARKER))
+
+
+def test_generate_onto_a_full_disk_is_one_line_and_leaves_no_file(small_disk, capsys):
+    (small_disk / "filler").write_bytes(bytes(1024 * 1024 - 8 * 1024))  # 8 KiB left
+    out = small_disk / "boards.jsonl"
+    assert main(["generate", "--n", "200", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.split("\r")[-1]  # after the progress bar's last redraw
+    assert err.count("\n") == 2 and err.splitlines()[-1].startswith("envlab generate: the disk is full"), err
+    assert "No space left on device): nothing was left half-written" in err, err
+    assert sorted(p.name for p in small_disk.iterdir()) == ["filler"]
+
+
+def test_envlab_import_loads_no_training_stack():
+    """`envlab import` reads and stores rows: torch and transformers (300 MB resident before any row) stay out
+    of its process, so its peak memory is the archive reader's (docs/archive.md, "How big")."""
+    code = ("import resource, sys\nimport lab.archive, lab.cli\nfrom lab.cli import arguments\narguments()\n"
+            "print(sorted(m for m in ('torch', 'transformers', 'trl') if m in sys.modules), "
+            "resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("[] "), done.stdout

@@ -182,4 +182,5 @@ def test_run_into_a_file_writes_one_line_per_stage_and_no_bars_or_warnings(tmp_p
 def test_run_refuses_zero_validation_boards(tmp_path: Path, capsys):
     assert main(["run", "--validation-boards", "0", "--db", str(tmp_path / "x.db")]) == 2
     assert capsys.readouterr().err.strip() == (
-        "envlab run: validation_boards = 0: evaluate on at least 1 board (None: all 240)")
+        "envlab run: argument --validation-boards: 0 is less than 1: evaluate on at least 1 board "
+        "(see envlab run --help)")

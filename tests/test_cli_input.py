@@ -3,6 +3,8 @@ location. Each refusal is one line on stderr and exit status 2."""
 
 from __future__ import annotations
 
+import unittest.mock
+
 import pytest
 from sqlalchemy import func, select
 
@@ -13,6 +15,8 @@ from storage.models import Run
 
 
 def runs_in(db) -> int:
+    if not db.exists():  # refused before the database was opened
+        return 0
     engine = make_engine(str(db))
     try:
         with engine.connect() as c:
@@ -22,12 +26,12 @@ def runs_in(db) -> int:
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--instances", "0"], "the initial config is not valid: num_instances = 0 is outside 1..100000"),
+    (["--instances", "0"], "argument --instances: 0 is less than 1: a stage trains on at least 1 board"),
     (["--grpo", "bogus_field=1"], "settings['grpo'] has 'bogus_field': not GRPOConfig fields"),
     (["--grpo", "num_generations=abc"], "grpo num_generations = 'abc': GRPOConfig's num_generations is of type int"),
     (["--grpo", "output_dir=/srv/elsewhere"], "settings['grpo'] sets 'output_dir': the lab sets these itself"),
-    (["--stages", "0"], "stages = 0: a run trains at least 1 stage"),
-    (["--lora", "-1"], "lora = -1"),
+    (["--stages", "0"], "argument --stages: 0 is less than 1: a run trains at least 1 stage"),
+    (["--lora", "-1"], "argument --lora: -1 is less than 0"),
     (["--probe-boards", "0"], "run settings: probe_boards: Input should be greater than or equal to 1"),
     (["--probe-answers", "1"], "run settings: probe_answers: Input should be greater than or equal to 2"),
 ])
@@ -71,3 +75,57 @@ def test_an_unusable_database_location_is_one_line_and_exit_2(tmp_path, capsys, 
     assert rc == 2, err
     assert err.count("\n") == 1 and err.startswith(prefix) and "cannot be used: " in err, err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["run", "--stages", "1000000000000"], "argument --stages: 1,000,000,000,000 is more than 1,000: each stage "
+                                           "trains and evaluates the policy"),
+    (["run", "--stages", "0"], "argument --stages: 0 is less than 1: a run trains at least 1 stage"),
+    (["run", "--instances", "100001"], "argument --instances: 100,001 is more than 100,000: a config's "
+                                       "num_instances is at most 100,000"),
+    (["run", "--validation-boards", "-3"], "argument --validation-boards: -3 is less than 1"),
+    (["run", "--validation-per-size", "99999"], "argument --validation-per-size: 99,999 is more than 10,000"),
+    (["run", "--lora", "100000"], "argument --lora: 100,000 is more than 4,096: a LoRA rank above a model's width"),
+    (["generate", "--n", "100000000000"], "argument --n: 100,000,000,000 is more than 10,000,000: about 10 hours"),
+    (["generate", "--n", "-5"], "argument --n: -5 is less than 1: generate at least 1 board"),
+    (["generate", "--n", "five"], "argument --n: 'five' is not a whole number"),
+    (["bench-suite", "--workers", "1000"], "argument --workers: 1,000 is more than 64: each worker is a process"),
+    (["experiment", "new", "--name", "e", "--arms", "fixed", "--seeds", "1000"],
+     "argument --seeds: 1,000 is more than 100: every seed is one more run of every arm"),
+    (["experiment", "new", "--name", "e", "--arms", "fixed", "--stages", "5000"], "argument --stages: 5,000 is more"),
+    (["experiment", "run", "e", "--workers", "0"], "argument --workers: 0 is less than 1: at least 1 worker"),
+    (["experiment", "run", "e", "--threads", "99999"], "argument --threads: 99,999 is more than 1,024"),
+])
+def test_every_count_has_bounds_that_say_why(tmp_path, capsys, argv, message):
+    """Refused by the parser in one line, before anything is read, opened or stored."""
+    db = tmp_path / "envlab.db"
+    assert main([*argv, *(["--db", str(db)] if argv[0] in ("run", "experiment") else [])]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+    assert err.startswith(f"envlab {argv[0]}"), err
+    assert not db.exists()
+
+
+def test_generate_streams_its_boards_and_writes_the_file_whole(tmp_path, capsys):
+    """Boards go out as they are made: the first lines of standard output come before the last board is made,
+    and a file appears whole at the end (a `.part` beside it meanwhile) with every board once."""
+    import envsim.generator as generator
+    from lab import cli
+
+    seen: list[int] = []
+    real = generator.stratified
+
+    def watched(*args, **kwargs):
+        for board in real(*args, **kwargs):
+            seen.append(len(capsys.readouterr().out.splitlines()))  # lines written before this board was made
+            yield board
+
+    out = tmp_path / "boards.jsonl"
+    with unittest.mock.patch.object(generator, "stratified", watched):
+        assert main(["generate", "--n", "12", "--seed", "3"]) == 0
+    assert seen[0] == 0 and seen[-1] >= 1  # the 12th board was made after the first ones were written
+    assert main(["generate", "--n", "12", "--seed", "3", "--out", str(out)]) == 0
+    lines = out.read_text().splitlines()
+    assert len(lines) == len(set(lines)) == 12 and not out.with_name("boards.jsonl.part").exists()
+    assert capsys.readouterr().out.endswith(f"12 boards -> {out}\n")
+    assert cli.boards is generator.boards

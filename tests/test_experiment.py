@@ -367,7 +367,7 @@ def test_experiment_commands_queue_list_report_and_refuse(lab, tmp_path, capsys,
     hard = find_experiment(lab, "hard").settings
     assert (hard["scenario"], hard["instances"], hard["config"]["hole_ratio"]["10"]) == ("hard-start", 32, 0.4)
     assert cli.main(["experiment", "new", "--name", "x", "--arms", "fixed", "--stages", "0", "--db", db]) == 2
-    assert "stages = 0" in capsys.readouterr().err and find_experiment(lab, "hard").id == 2
+    assert "--stages: 0 is less than 1" in capsys.readouterr().err and find_experiment(lab, "hard").id == 2
     assert cli.main(["experiment", "new", "--name", "cli", "--arms", "fixed", "--db", db]) == 2
     assert "an experiment named 'cli' exists already" in capsys.readouterr().err
     assert cli.main(["experiment", "new", "--name", "x", "--arms", "fixed,fixed", "--db", db]) == 2

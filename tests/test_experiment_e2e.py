@@ -115,11 +115,13 @@ def test_an_experiment_through_the_real_workers_is_killed_and_resumed(tmp_path: 
     engine.dispose()
 
 
-def test_an_llm_arm_over_a_real_server_two_workers_and_the_benchmark(tmp_path: Path, served, capsys):  # noqa: F811
+def test_an_llm_arm_over_a_real_server_two_workers_and_the_benchmark(tmp_path: Path, served, capsys,  # noqa: F811
+                                                                     monkeypatch):
     """`llm:openai:…` arm answered by `transformers serve` (a random tiny model: its answers are unusable, so the
     proposal fails and auto-apply keeps the config), `--workers 2`, and `--benchmark` evaluating each run's last
     checkpoint on real benchmark boards (the runs root's cached benchmark file, cut to 6 boards)."""
     base_url, model = served
+    monkeypatch.setenv("ENVLAB_ALLOWED_SERVERS", base_url)  # this machine's server (the workers inherit it)
     db = str(tmp_path / "lab.db")
     (tmp_path / "config.json").write_text(CONFIG.model_dump_json())
     entries, *_ = build_cell(replace(cells(Split.BENCHMARK)[0], count=6))  # 3 agents on 3x3 boards

@@ -106,18 +106,23 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]
         log.close()
 
 
-def test_openai_backend_round_trip_through_transformers_serve(served: tuple[str, str]) -> None:
+def test_openai_backend_round_trip_through_transformers_serve(served: tuple[str, str],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     base_url, model = served
+    monkeypatch.setenv("ENVLAB_ALLOWED_SERVERS", base_url)
     text = complete(f"openai:{model}", MESSAGES, max_tokens=12, temperature=0.0, seed=0, base_url=base_url)
     assert isinstance(text, str) and text
     again = complete(f"openai:{model}", MESSAGES, max_tokens=12, temperature=0.0, seed=0, base_url=base_url)
     assert again == text  # greedy decoding of the same model: the same answer
 
 
-def test_llm_engineer_over_the_server_stores_a_garbage_answer_as_a_clear_failure(served: tuple[str, str]) -> None:
+def test_llm_engineer_over_the_server_stores_a_garbage_answer_as_a_clear_failure(served: tuple[str, str],
+                                                                                 monkeypatch: pytest.MonkeyPatch
+                                                                                 ) -> None:
     """`transformers serve` takes `response_format` and ignores it (its log says so): the random model's
     answer is not held to the schema, and the engineer fails cleanly."""
     base_url, model = served
+    monkeypatch.setenv("ENVLAB_ALLOWED_SERVERS", base_url)
     answer = llm(evidence(), seed=0, backend=f"openai:{model}", base_url=base_url, max_tokens=16, max_attempts=2,
                  temperature=0.0)
     assert "Ignoring unsupported fields in the request: {'response_format'}" in (Path(model) / "serve.log").read_text()
@@ -156,8 +161,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def fake_server() -> Iterator[http.server.ThreadingHTTPServer]:
+def fake_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[http.server.ThreadingHTTPServer]:
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    monkeypatch.setenv("ENVLAB_ALLOWED_SERVERS", _url(server))  # a server this machine chose
     server.daemon_threads = True
     server.seen, server.bodies, server.reply = [], [], (200, "{}", 0.0)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -171,8 +177,9 @@ def _url(server: http.server.ThreadingHTTPServer) -> str:
     return f"http://127.0.0.1:{server.server_address[1]}/v1"
 
 
-def test_a_server_that_is_down_is_named() -> None:
+def test_a_server_that_is_down_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     url = f"http://127.0.0.1:{_free_port()}/v1"
+    monkeypatch.setenv("ENVLAB_ALLOWED_SERVERS", url)
     with pytest.raises(LLMError, match=f"could not reach {url}/chat/completions"):
         complete("openai:m", MESSAGES, max_tokens=8, temperature=0, seed=0, base_url=url, timeout=5)
 
@@ -307,8 +314,9 @@ def test_hostile_answers_from_a_server_that_ignores_the_schema_fail_cleanly(
     assert answer.error.startswith("no usable config after 2 answers: ") and problem in answer.error
 
 
-def test_the_llm_engineer_turns_a_failing_server_into_a_failed_proposal() -> None:
+def test_the_llm_engineer_turns_a_failing_server_into_a_failed_proposal(monkeypatch: pytest.MonkeyPatch) -> None:
     url = f"http://127.0.0.1:{_free_port()}/v1"
+    monkeypatch.setenv("ENVLAB_ALLOWED_SERVERS", url)
     answer = llm(evidence(), seed=0, backend="openai:m", base_url=url, timeout=5)
     assert answer.projection is None and answer.attempts == 1
     assert answer.error.startswith(f"backend failed: could not reach {url}/chat/completions")

@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine
 from sqlmodel import Session, select
@@ -24,8 +24,10 @@ from envsim.scoring import Outcome, Tally, score
 from envsim.suite import Split
 from storage.db import checkpoint_of, runs_root, session
 from storage.models import Episode, Job, Run, Stage, StageMetric
-from training.policy import Policy, load_policy, local_device
 from training.progress import Cancelled, Progress
+
+if TYPE_CHECKING:  # torch loads only where a policy answers: the lab reads stored results without it
+    from training.policy import Policy
 
 BENCHMARK_FILE = "benchmark.jsonl"
 VALIDATION_FILE = "validation-{per_size}.jsonl"  # a larger validation set, per board count per size
@@ -167,6 +169,8 @@ def run_benchmark_job(engine: Engine, job: Job, progress: Progress) -> dict[str,
     cache.mkdir(parents=True, exist_ok=True)
     progress(0, None, f"building or reading the benchmark boards in {cache / BENCHMARK_FILE}")
     entries = benchmark_entries(cache)
+    from training.policy import load_policy, local_device
+
     policy = load_policy(spec, device=local_device())
     progress(0, len(entries), f"evaluating {spec} on {len(entries)} benchmark boards")
     results = evaluate(policy, [e.instance for e in entries], progress=lambda done, total: progress(done, total))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -99,12 +100,28 @@ class Policy:
         return out
 
     def save(self, path: str | Path) -> Path:
-        """Write an ordinary HF checkpoint folder (weights, config, tokenizer) plus `envlab.json`."""
+        """Write an ordinary HF checkpoint folder (weights, config, tokenizer) plus `envlab.json`.
+
+        The folder appears whole or not at all: it is written beside `path` and renamed into place (replacing
+        an older one), so a full disk or a crash midway leaves no half checkpoint to be loaded."""
         path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(path)
-        self.tokenizer.save_pretrained(path)
-        (path / MARKER).write_text(json.dumps({"name": self.name, "prompt_style": self.prompt_style}, indent=2) + "\n")
+        if path.is_dir() and any(path.iterdir()) and not (path / MARKER).exists():
+            raise FileExistsError(f"{path} holds other files than a checkpoint: choose an empty or new folder")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        part = path.with_name(f"{path.name}.part-{os.getpid()}")
+        shutil.rmtree(part, ignore_errors=True)
+        try:
+            part.mkdir()
+            self.model.save_pretrained(part)
+            self.tokenizer.save_pretrained(part)
+            (part / MARKER).write_text(json.dumps({"name": self.name, "prompt_style": self.prompt_style},
+                                                  indent=2) + "\n")
+            if path.exists():
+                shutil.rmtree(path)
+            part.rename(path)
+        except BaseException:
+            shutil.rmtree(part, ignore_errors=True)
+            raise
         return path
 
 

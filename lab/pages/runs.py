@@ -13,11 +13,12 @@ import gradio as gr
 from sqlalchemy import Engine
 
 from envsim.config import KNOB_HELP, KNOBS, ConfigError, EnvConfig, project
-from lab.archive import ArchiveError, export_run, import_run, read_manifest
+from lab.archive import ArchiveError, export_run, import_archive, read_manifest
 from lab.engineers import ENGINEERS
 from lab.loop import LoopError, missing_checkpoint
 from lab.pages.common import BAD_ROW, KNOB_COLUMNS, Page, config_from_table, config_rows, table, when
 from lab.runs import new_run, run_list, waiting_proposals
+from lab.tempfiles import EXPORTS, FILES_AGE_S, sweep
 
 
 def run_choices(engine: Engine) -> list[tuple[str, int]]:
@@ -80,7 +81,8 @@ def export_file(engine: Engine, run_id: Any, checkpoints: bool) -> tuple[str | N
         return None, "Open a run first (“Open run” above the tabs)."
     if checkpoints and (why := missing_checkpoint(engine, int(run_id))) is not None:
         return None, f"✗ Not exported with checkpoints: {why}. Export it without them."
-    path = Path(tempfile.mkdtemp(prefix="envlab-export-")) / f"envlab-run-{int(run_id)}.zip"
+    sweep(EXPORTS, FILES_AGE_S)  # the page's download keeps its own copy: older exports are not needed
+    path = Path(tempfile.mkdtemp(prefix=EXPORTS)) / f"envlab-run-{int(run_id)}.zip"
     try:
         export_run(engine, int(run_id), path, checkpoints=bool(checkpoints))
     except ArchiveError as err:
@@ -90,18 +92,22 @@ def export_file(engine: Engine, run_id: Any, checkpoints: bool) -> tuple[str | N
                        "it below; `envlab import` or this tab loads it into another lab.")
 
 
-def import_file(engine: Engine, path: str | None) -> tuple[str, int | None]:
-    """Load a run file into this lab with new ids; returns (message, the new run id or None)."""
+def import_file(engine: Engine, path: str | None, uploaded: bool = False) -> tuple[str, int | None]:
+    """Load a run file into this lab with new ids; returns (message, the new run id or None). An `uploaded` file
+    is deleted once read, imported or not: the server keeps no copy of what it was sent."""
     if not path:
         return "Choose a run file (.zip, from “Export this run” or `envlab export`).", None
     name = Path(path).name
     try:
         manifest = read_manifest(path)
-        run_id = import_run(engine, path)
-    except ArchiveError as err:
-        return f"✗ Not imported: {err}", None
-    return (f"✓ {name} imported as run #{run_id} **{manifest['run']['name']}** ({_holds(manifest)}); "
-            "it is open above."), run_id
+        imported = import_archive(engine, path)
+    except ArchiveError as err:  # the message names the file as uploaded, not where the server keeps it
+        return f"✗ Not imported: {str(err).replace(str(path), name)}", None
+    finally:
+        if uploaded:
+            Path(path).unlink(missing_ok=True)
+    return (f"✓ {name} imported as run #{imported.run_id} **{manifest['run']['name']}** ({_holds(manifest)})"
+            f"{imported.note()}; it is open above."), imported.run_id
 
 
 @dataclass(eq=False)

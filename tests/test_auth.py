@@ -1,0 +1,138 @@
+"""The page under `--auth`, tried as a guesser and as someone without a login would (lab/auth.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from fastapi.routing import APIRoute
+from starlette.routing import Mount
+
+from lab.auth import BASE_WAIT_S, FREE_FAILURES, Throttle
+from storage.db import make_engine, upgrade
+
+USERS = [("alice", "secret"), ("bob", "hunter2")]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def page(tmp_path):
+    """The lab's page, served under `--auth` on a free port: (base URL, the Gradio Blocks)."""
+    import app
+
+    engine = make_engine(str(tmp_path / "envlab.db"))
+    upgrade(engine)
+    demo = app.build_demo(engine)
+    port = free_port()
+    app.launch(demo, "127.0.0.1", port, auth=USERS, block=False)
+    yield f"http://127.0.0.1:{port}", demo
+    demo.close()
+    engine.dispose()
+
+
+def post(url: str, data: bytes, opener=None, headers: dict[str, str] | None = None) -> tuple[int, str]:
+    request = urllib.request.Request(url, data=data, headers=headers or {})
+    try:
+        with (opener or urllib.request.build_opener()).open(request, timeout=30) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+def login(base: str, user: str, password: str, opener=None) -> tuple[int, str]:
+    return post(f"{base}/login", f"username={user}&password={password}".encode(), opener)
+
+
+def test_thirty_wrong_passwords_are_held_back(page):
+    """A guesser's 30 wrong passwords: the first `FREE_FAILURES` are checked (HTTP 400), every later one is
+    answered "too many attempts, try again in N s" (HTTP 429) unchecked, the right password too; a wait that is
+    kept lets one more guess through, and the next wait is twice as long. Another address is held back for
+    the same user, and the user's own login works again once the wait is over."""
+    base, _ = page
+    answers = []
+    started = time.perf_counter()
+    for i in range(30):
+        answers.append(login(base, "alice", f"guess-{i}"))
+    took = time.perf_counter() - started
+    assert [status for status, _ in answers] == [400] * FREE_FAILURES + [429] * (30 - FREE_FAILURES)
+    held = [json.loads(body)["detail"] for _, body in answers[FREE_FAILURES:]]
+    assert all(re.fullmatch(r"too many attempts, try again in 1 s", h) for h in held), held
+    assert login(base, "alice", "secret")[0] == 429  # the right password waits like any other
+    time.sleep(BASE_WAIT_S + 0.1)
+    assert login(base, "alice", "guess-30")[0] == 400  # one more guess after the wait...
+    status, body = login(base, "alice", "guess-31")
+    assert (status, json.loads(body)["detail"]) == (429, "too many attempts, try again in 2 s")  # ...then twice as long
+    # a guesser that kept every wait would wait 4 hours for 30 guesses (1 + 2 + ... + 512 s, then 15 min each)
+    waits = sum(Throttle.wait_after(n) for n in range(FREE_FAILURES, 30))
+    assert waits == 1023 + 15 * 900
+    # the user is held back from any address (::1 is another client address than 127.0.0.1)
+    assert login(base.replace("127.0.0.1", "localhost"), "alice", "x")[0] in (429,)
+    print(f"\n30 wrong logins answered in {took:.2f} s: {FREE_FAILURES} checked, {30 - FREE_FAILURES} held back; "
+          f"keeping every wait would take {waits / 3600:.0f} h")
+    time.sleep(2.1)
+    assert login(base, "alice", "secret")[0] == 200  # the wait over, the right password logs in
+
+
+def test_failures_are_counted_per_address_across_users():
+    throttle = Throttle(clock=lambda: 100.0)
+    for user in ("alice", "bob", "carol", "dave", "erin"):
+        throttle.failed(["addr:10.0.0.9", f"user:{user}"])
+    assert throttle.held(["addr:10.0.0.9", "user:frank"]) == BASE_WAIT_S  # a new name from the same address
+    assert throttle.held(["addr:10.0.0.8", "user:frank"]) == 0  # another address, another name
+    throttle.succeeded(["addr:10.0.0.9", "user:frank"])
+    assert throttle.held(["addr:10.0.0.9", "user:frank"]) == 0
+
+
+def _flat(routes: list) -> list:
+    """The app's routes, those of an included router (Gradio's `/gradio_api/...`) among them."""
+    out = []
+    for route in routes:
+        inner = getattr(route, "original_router", None)
+        out.extend(_flat(inner.routes) if inner is not None else [route])
+    return out
+
+
+def _path(route) -> str:
+    return re.sub(r"\{[^}]*\}", "x", route.path)
+
+
+def test_every_route_that_changes_state_asks_for_the_login(page):
+    """Every route of the running app that takes a request which can change something (any method but GET,
+    HEAD and OPTIONS), but the login itself, answers 401 without a login; the same request with a login is
+    not refused for want of one."""
+    base, demo = page
+    routes = []
+    for route in _flat(demo.app.routes):
+        if isinstance(route, Mount) or not getattr(route, "methods", None):
+            continue
+        for method in sorted(route.methods - {"GET", "HEAD", "OPTIONS"}):
+            if route.path not in ("/login", "/login/"):
+                routes.append((method, _path(route)))
+    assert ("POST", "/gradio_api/cancel") in routes and ("POST", "/gradio_api/reset") in routes
+    assert ("POST", "/gradio_api/stream/x") in routes and len(routes) > 20
+    refused = {}
+    for method, path in routes:
+        request = urllib.request.Request(f"{base}{path}", data=b"{}", method=method,
+                                         headers={"Content-Type": "application/json"})
+        try:
+            urllib.request.urlopen(request, timeout=30)
+            refused[(method, path)] = 200
+        except urllib.error.HTTPError as err:
+            refused[(method, path)] = err.code
+    assert {k: v for k, v in refused.items() if v != 401} == {}
+    opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor())
+    assert login(base, "bob", "hunter2", opener)[0] == 200
+    status, _ = post(f"{base}/gradio_api/reset", json.dumps({"event_id": "x"}).encode(), opener,
+                     {"Content-Type": "application/json"})
+    assert status == 200
+    assert all(isinstance(r, APIRoute | Mount) for r in _flat(demo.app.routes))
