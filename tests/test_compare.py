@@ -79,7 +79,7 @@ def test_the_shipped_study_is_what_its_database_says(name: str, tmp_path: Path):
     import gzip
     import shutil
 
-    from lab.comparison import report_markdown, seed_rows, summary_rows
+    from lab.comparison import difference_rows, report_markdown, seed_rows, summary_rows
 
     shipped = Path(__file__).resolve().parent.parent / "docs" / "results" / name
     db = tmp_path / "study.db"
@@ -89,7 +89,8 @@ def test_the_shipped_study_is_what_its_database_says(name: str, tmp_path: Path):
     upgrade(engine)  # as `envlab experiment report` does
     c = comparison(engine, name)
     assert report_markdown(c) == (shipped / "report.md").read_text()
-    for file, (header, rows) in (("runs.csv", seed_rows(c)), ("summary.csv", summary_rows(c))):
+    for file, (header, rows) in (("runs.csv", seed_rows(c)), ("summary.csv", summary_rows(c)),
+                                 ("differences.csv", difference_rows(c))):
         with (shipped / file).open(newline="") as f:
             assert list(csv.reader(f)) == [header, *([str(v) for v in row] for row in rows)]
     # `hardstart`'s `learnability` arm was added later (docs/results/README.md)

@@ -383,7 +383,8 @@ def test_experiment_commands_queue_list_report_and_refuse(lab, tmp_path, capsys,
     assert cli.main(["experiment", "report", "cli", "--out", str(tmp_path / "out"), "--db", db]) == 0
     out = capsys.readouterr().out
     assert out.startswith("# Experiment cli") and "## Valid rate minus `fixed`, paired by seed" in out
-    assert {p.name for p in (tmp_path / "out").iterdir()} == {"report.md", "runs.csv", "summary.csv", "curves.png"}
+    assert {p.name for p in (tmp_path / "out").iterdir()} == {"report.md", "runs.csv", "summary.csv", "differences.csv",
+                                                               "curves.png"}
     assert cli.main(["experiment", "report", "nothing", "--db", db]) == 2
 
 
