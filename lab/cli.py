@@ -19,7 +19,7 @@ from envsim.generator import GenerationError, generate
 from envsim.instance import Instance
 from envsim.scoring import Outcome, score, score_answer
 from envsim.suite import SUITE_SEED, Entry, Split, build, report, write_jsonl
-from lab.context import CONTEXT_PRESETS, DEFAULT_PRESET
+from lab.settings import settings_arguments
 
 if TYPE_CHECKING:
     from sqlmodel import Session
@@ -268,16 +268,14 @@ def _initial(args: argparse.Namespace) -> tuple[EnvConfig, dict]:
 
 def _new_run(s: Session, args: argparse.Namespace) -> Run:
     from lab.loop import LoopError, create_run
+    from lab.settings import RunSettings, SettingsError
 
     config, grpo = _initial(args)
     try:
-        return create_run(s, name=args.name, config=config, stages=args.stages, policy=args.policy,
-                          engineer=args.engineer or "heuristic", engineer_backend=args.backend or "",
-                          auto_apply=args.auto_apply, seed=args.seed, grpo=grpo, base_url=args.base_url, lora=args.lora,
-                          validation_boards=args.validation_boards, validation_per_size=args.validation_per_size,
-                          context=args.context, remeasure=args.remeasure, probe_boards=args.probe_boards,
-                          probe_answers=args.probe_answers)
-    except LoopError as err:
+        return create_run(s, name=args.name, config=config, settings=RunSettings.from_args(args, grpo=grpo),
+                          policy=args.policy, engineer=args.engineer or "heuristic",
+                          engineer_backend=args.backend or "", seed=args.seed)
+    except (LoopError, SettingsError) as err:
         raise UsageError(str(err)) from err
 
 
@@ -362,16 +360,16 @@ def cmd_import(args: argparse.Namespace) -> None:
 
 def cmd_experiment_new(args: argparse.Namespace) -> None:
     from lab.experiments import ExperimentError, create_experiment, experiment_runs
+    from lab.settings import RunSettings, SettingsError
 
     engine = _engine(args.db)
     try:
         experiment = create_experiment(
             engine, name=args.name, arms=[a for a in args.arms.split(",") if a.strip()], seeds=args.seeds,
-            stages=args.stages, config=config_file(args.config) if args.config else None, scenario=args.scenario,
-            instances=args.instances, policy=args.policy, grpo=_grpo_overrides(args.grpo),
-            validation_per_size=args.validation_per_size, validation_boards=args.validation_boards,
-            base_url=args.base_url, lora=args.lora, description=args.description)
-    except ExperimentError as err:
+            settings=RunSettings.from_args(args, auto_apply=True, grpo=_grpo_overrides(args.grpo)),
+            config=config_file(args.config) if args.config else None, scenario=args.scenario,
+            instances=args.instances, policy=args.policy, description=args.description)
+    except (ExperimentError, SettingsError) as err:
         raise UsageError(str(err)) from err
     st = experiment.settings
     runs = experiment_runs(engine, experiment.id)
@@ -499,31 +497,15 @@ def cmd_experiment_benchmark(args: argparse.Namespace) -> None:
 def run_arguments(sub: argparse._SubParsersAction) -> None:
     """`envlab run`'s options."""
     s = sub.add_parser("run", help="run stages headless: train, evaluate, propose, decide, repeat")
-    s.add_argument("--stages", type=int, default=3)
+    settings_arguments(s)
     s.add_argument("--engineer", help="fixed, random, heuristic, learnability or llm (default heuristic; with "
                                       "--resume: switch the run's engineer, e.g. after the llm engineer failed)")
     s.add_argument("--backend", help="the llm engineer's backend: hf:policy, hf:gemma3-270m, openai:<model>")
-    s.add_argument("--base-url", help="base URL of an OpenAI-compatible server (openai: backends)")
-    s.add_argument("--auto-apply", action="store_true", help="apply every proposal without waiting for a person")
     s.add_argument("--policy", default="tiny", help="tiny, gemma3-270m, a checkpoint folder or a model name")
     s.add_argument("--config", type=Path, help="initial EnvConfig JSON (default: the round-0 config)")
     s.add_argument("--instances", type=int, help="training instances per stage")
-    s.add_argument("--validation-boards", type=int, metavar="N",
-                   help="evaluate each stage on N of the 240 validation boards, spread over the sizes (default: all)")
     s.add_argument("--grpo", action="append", default=[], metavar="KEY=VALUE", help="a GRPOConfig field")
-    s.add_argument("--lora", type=int, default=0, metavar="RANK",
-                   help="train LoRA adapters of this rank (needs peft), e.g. 16 for a large policy; 0: every weight")
-    s.add_argument("--context", default=DEFAULT_PRESET, choices=list(CONTEXT_PRESETS),
-                   help="the llm engineer's context preset (docs/engineers.md)")
-    s.add_argument("--remeasure", action="store_true", help="the llm engineer probes its answer on the policy and "
-                                                            "is asked once more where a size it changed measures too "
-                                                            "easy or too hard (docs/engineers.md)")
-    s.add_argument("--probe-boards", type=int, metavar="B", help="boards per size in a probe (Measure, the llm "
-                                                                  "engineer's measured context; default 8)")
-    s.add_argument("--probe-answers", type=int, metavar="K", help="sampled answers per board in a probe (default 8)")
     s.add_argument("--scenario", help="a named start, assets/scenarios/NAME.json (default: the round-0 config)")
-    s.add_argument("--validation-per-size", type=int, metavar="N",
-                   help="evaluate on a larger validation set, N boards per size (e.g. 120: 960 boards; default 30)")
     s.add_argument("--name", default="run")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--resume", type=int, metavar="RUN_ID", help="continue a run that was interrupted")
@@ -542,18 +524,13 @@ def experiment_arguments(sub: argparse._SubParsersAction) -> None:
                                                  "llm:BACKEND@PRESET (e.g. llm:openai:MODEL@paper-best); NAME=SPEC "
                                                  "names one")
     s.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 for every arm (default 3)")
-    s.add_argument("--stages", type=int, default=3)
+    settings_arguments(s, experiment=True)
     s.add_argument("--instances", type=int, help="training boards per stage (default: the scenario's, 512)")
     s.add_argument("--config", type=Path, help="initial EnvConfig JSON (default: the scenario's)")
     s.add_argument("--scenario", help="assets/scenarios/NAME.json: initial config and GRPO overrides "
                                       "(default: default, the round-0 config)")
-    s.add_argument("--validation-per-size", type=int, default=120, metavar="N",
-                   help="validation boards per map size (default 120: 960 boards; 30: the standard 240)")
-    s.add_argument("--validation-boards", type=int, metavar="N", help="evaluate on N of them only, for a quick look")
     s.add_argument("--grpo", action="append", default=[], metavar="KEY=VALUE", help="a GRPOConfig field, for every run")
     s.add_argument("--policy", default="tiny")
-    s.add_argument("--base-url", help="base URL of an OpenAI-compatible server (openai: backends)")
-    s.add_argument("--lora", type=int, default=0, metavar="RANK")
     s.add_argument("--description", default="")
     s.add_argument("--db", **db)
     s.set_defaults(fn=cmd_experiment_new)

@@ -21,11 +21,11 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
 from envsim.config import Adjustment, EnvConfig, Projection
-from envsim.suite import Split, validation_cells
-from lab.context import ContextModules, Evidence, context_preset, load_stage_result, preset_of
+from envsim.suite import Split
+from lab.context import DEFAULT_PRESET, ContextModules, Evidence, context_preset, load_stage_result, preset_of
 from lab.engineers import ENGINEERS, LEARN_ANSWERS, LEARN_BOARDS, EngineerAnswer
 from lab.proposals import current_proposal, decide, decision_of, fill_check, fillable, self_summary, store_proposal
-from lab.settings import RunSettings, probe_size
+from lab.settings import RunSettings, first_error, probe_size
 from storage.db import UnsafePath, checkpoint_of, lock_run, run_folder
 from storage.db import session as open_session
 from storage.decisions import record_decision
@@ -77,63 +77,33 @@ def check_grpo(instances: int, grpo: dict[str, Any], policy: str) -> None:
                         ) from None
 
 
-def create_run(s: Session, *, name: str, config: EnvConfig, stages: int, policy: str = "tiny",
-               engineer: str = "heuristic", engineer_backend: str = "", auto_apply: bool = False, seed: int = 0,
-               grpo: dict[str, Any] | None = None, context: ContextModules | str | None = None,
-               base_url: str | None = None, description: str = "", lora: int = 0,
-               validation_boards: int | None = None, validation_per_size: int | None = None,
-               experiment_id: int | None = None, arm: str | None = None, remeasure: bool = False,
-               probe_boards: int | None = None, probe_answers: int | None = None) -> Run:
+def create_run(s: Session, *, name: str, config: EnvConfig, settings: RunSettings, policy: str = "tiny",
+               engineer: str = "heuristic", engineer_backend: str = "", seed: int = 0, description: str = "",
+               experiment_id: int | None = None, arm: str | None = None) -> Run:
     """Store a run, its stage 0 (the starting policy, evaluated on `config`) and queue that stage.
 
-    `context` is the llm engineer's context modules, or the name of a preset (`lab.context.CONTEXT_PRESETS`;
-    default `paper-best`). `lora` > 0 trains LoRA adapters of that rank in each stage (folded into the weights
-    when it ends) instead of every weight: the option for large policies. `validation_per_size` evaluates on a
-    larger validation set (e.g. 120 boards per size, 960 in all; default the standard 30 per size, 240), and
-    `validation_boards` on that many of its boards, spread over the sizes (None: all of them), for a quick look.
-    `experiment_id` and `arm` place the run in an experiment (lab.experiments). `remeasure` has the llm engineer
-    probe its answer and ask once more where a size it changed measures too easy or too hard (docs/engineers.md).
-    `probe_boards` and `probe_answers` size the probes of the Measure panel and the llm engineer (B boards per
-    size, K answers each; None: `training.probe`'s defaults).
+    The keyword arguments are who the run is (its row's columns); `settings` is everything it is asked to do
+    (`lab.settings.RunSettings`, checked when it was made), stored whole. What only the training stack can
+    check is checked here, before anything is stored: the engineer, the GRPO overrides (as TRL would count
+    them) and the llm engineer's context (`settings.context`, else the preset `settings.context_preset`,
+    default `paper-best`, resolved into its modules). `experiment_id` and `arm` place the run in an experiment
+    (lab.experiments).
     """
     check_engineer(engineer, engineer_backend, policy)
     try:  # a config changed with model_copy (e.g. `--instances 0`) skipped validation
         config = EnvConfig.model_validate(config.model_dump())
     except ValidationError as err:
-        raise LoopError(f"the initial config is not valid: {_first_error(err)}") from None
-    if grpo:
-        check_grpo(config.num_instances, grpo, policy)
-    if stages < 1:
-        raise LoopError(f"stages = {stages}: a run trains at least 1 stage")
-    if lora < 0:
-        raise LoopError(f"lora = {lora}: a LoRA rank is a positive number (0: no LoRA)")
-    if validation_boards is not None and validation_boards < 1:
-        raise LoopError(f"validation_boards = {validation_boards}: evaluate on at least 1 board (None: all 240)")
+        raise LoopError(f"the initial config is not valid: {first_error(err)}") from None
+    if settings.grpo:
+        check_grpo(config.num_instances, settings.grpo, policy)
     try:
-        if validation_per_size is not None:
-            validation_cells(validation_per_size)
-        modules = context_preset(context) if isinstance(context, str) else context or ContextModules.paper_best()
-    except ValueError as err:
-        raise LoopError(str(err)) from None
-    settings = {"stages": stages, "auto_apply": auto_apply, "grpo": grpo or {}, "lora": lora,
-                "context": asdict(modules), "base_url": base_url}
-    if (preset := preset_of(modules)) is not None:
-        settings["context_preset"] = preset
-    if validation_boards is not None:
-        settings["validation_boards"] = validation_boards
-    if remeasure:
-        settings["remeasure"] = True
-    if validation_per_size is not None:
-        settings["validation_per_size"] = validation_per_size
-    for key, value in (("probe_boards", probe_boards), ("probe_answers", probe_answers)):
-        if value is not None:
-            settings[key] = value
-    try:
-        RunSettings.model_validate(settings)
-    except ValidationError as err:
-        raise LoopError(f"run settings: {_first_error(err)}") from None
+        modules = (ContextModules(**settings.context) if settings.context is not None
+                   else context_preset(settings.context_preset or DEFAULT_PRESET))
+    except (ValueError, TypeError) as err:
+        raise LoopError(f"context: {err}") from None
+    settings = settings.model_copy(update={"context": asdict(modules), "context_preset": preset_of(modules)})
     run = Run(name=name, description=description, policy=policy, engineer=engineer, engineer_backend=engineer_backend,
-              settings=settings, seed=seed, status=RunStatus.ACTIVE, experiment_id=experiment_id, arm=arm)
+              settings=settings.stored(), seed=seed, status=RunStatus.ACTIVE, experiment_id=experiment_id, arm=arm)
     s.add(run)
     s.commit()
     s.refresh(run)
@@ -142,12 +112,6 @@ def create_run(s: Session, *, name: str, config: EnvConfig, stages: int, policy:
     _enqueue(s, JobKind.STAGE, run.id, 0)
     s.commit()
     return run
-
-
-def _first_error(err: ValidationError) -> str:
-    e = err.errors()[0]
-    where, msg = ".".join(map(str, e["loc"])), e["msg"].removeprefix("Value error, ")
-    return f"{where}: {msg}" if where else msg
 
 
 def check_engineer(engineer: str, backend: str, policy: str | None = None) -> None:

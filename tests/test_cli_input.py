@@ -25,11 +25,11 @@ def runs_in(db) -> int:
     (["--instances", "0"], "the initial config is not valid: num_instances = 0 is outside 1..100000"),
     (["--grpo", "bogus_field=1"], "settings['grpo'] has 'bogus_field': not GRPOConfig fields"),
     (["--grpo", "num_generations=abc"], "grpo num_generations = 'abc': GRPOConfig's num_generations is of type int"),
-    (["--grpo", "output_dir=/srv/elsewhere"], "settings['grpo'] sets 'output_dir': the lab sets these itself"),
+    (["--grpo", "output_dir=/srv/elsewhere"], "grpo: sets output_dir: the lab sets these itself"),
     (["--stages", "0"], "stages = 0: a run trains at least 1 stage"),
     (["--lora", "-1"], "lora = -1"),
-    (["--probe-boards", "0"], "run settings: probe_boards: Input should be greater than or equal to 1"),
-    (["--probe-answers", "1"], "run settings: probe_answers: Input should be greater than or equal to 2"),
+    (["--probe-boards", "0"], "probe_boards = 0: Input should be greater than or equal to 1"),
+    (["--probe-answers", "1"], "probe_answers = 1: Input should be greater than or equal to 2"),
 ])
 def test_envlab_run_checks_every_setting_before_it_stores_the_run(tmp_path, capsys, flags, message):
     db = tmp_path / "envlab.db"

@@ -18,6 +18,7 @@ from lab.engineers import ENGINEERS
 from lab.loop import LoopError, missing_checkpoint
 from lab.pages.common import BAD_ROW, KNOB_COLUMNS, Page, config_from_table, config_rows, table, when
 from lab.runs import new_run, run_list, waiting_proposals
+from lab.settings import RunSettings
 
 
 def run_choices(engine: Engine) -> list[tuple[str, int]]:
@@ -55,9 +56,9 @@ def create_run_from_form(engine: Engine, name: str, description: str, policy: st
     except ConfigError as err:
         return "✗ The initial config is not valid, nothing was stored: " + "; ".join(err.problems), None
     try:
-        run = new_run(engine, name=name or "run", description=description, config=config, stages=int(stages),
-                         policy=policy or "tiny", engineer=engineer, engineer_backend=backend,
-                         auto_apply=bool(auto_apply), seed=int(seed or 0), base_url=base_url or None)
+        settings = RunSettings.checked(stages=int(stages), auto_apply=bool(auto_apply), base_url=base_url or None)
+        run = new_run(engine, name=name or "run", description=description, config=config, settings=settings,
+                      policy=policy or "tiny", engineer=engineer, engineer_backend=backend, seed=int(seed or 0))
     except (LoopError, ValueError, TypeError) as err:
         return f"✗ Not created: {err}", None
     return (f"✓ Created run #{run.id} **{run.name}**: stage 0 (the starting policy, evaluated on the "
