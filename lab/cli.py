@@ -283,7 +283,7 @@ def cmd_run(args: argparse.Namespace) -> None:
     """Without a terminal (a file, a pipe, a job scheduler's log) a run writes one line per stage and no
     progress bars; in a terminal a progress bar of stages runs below those lines."""
     from lab.loop import LoopError, after_job, drive, resume, stages_of, switch_engineer
-    from lab.worker import handlers, run_worker
+    from lab.worker import handlers, run_worker, visible_gpus
     from storage.db import session
     from storage.models import Run, RunStatus, StageStatus
 
@@ -306,7 +306,7 @@ def cmd_run(args: argparse.Namespace) -> None:
         except LoopError as err:
             raise UsageError(str(err)) from err
         print(f"run {run.id}: resumed ({len(requeued)} jobs queued again)", flush=True)
-    lab_handlers = handlers()
+    lab_handlers, gpus = handlers(), visible_gpus()  # only this run's jobs, each that loads a model in a child
     shown: set[int] = set()
     last = ""
     with tqdm(total=stages + 1, desc=f"run {run.id}", unit="stage", disable=quiet) as bar:
@@ -326,8 +326,8 @@ def cmd_run(args: argparse.Namespace) -> None:
                 say(f"{state}: decide in the web lab (envlab serve), or rerun with --auto-apply")
             last = state
 
-        state = drive(engine, run.id, lambda: run_worker(engine, lab_handlers, once=True, after=after_job) > 0,
-                      on_state=on_state)
+        state = drive(engine, run.id, lambda: run_worker(engine, lab_handlers, once=True, after=after_job,
+                                                         gpus=gpus, run_id=run.id) > 0, on_state=on_state)
     print(f"run {run.id}: {state}", flush=True)
     if state.startswith((RunStatus.FAILED, RunStatus.CANCELLED)):
         raise UsageError(f"run {run.id} {state}; resume it with: envlab run --resume {run.id} "

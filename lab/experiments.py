@@ -35,10 +35,10 @@ from envsim.config import ConfigError, EnvConfig, project
 from envsim.suite import VALIDATION_PER_SIZE, validation_cells
 from lab.context import CONTEXT_PRESETS, DEFAULT_PRESET
 from lab.engineers import ENGINEERS
-from lab.loop import LoopError, advance, check_engineer, create_run, queue_benchmark, resume
+from lab.loop import LoopError, advance, check_engineer, check_policy, create_run, queue_benchmark, resume
 from lab.runs import benchmark_checkpoints
 from lab.settings import RunSettings, first_error
-from lab.worker import start_worker
+from lab.worker import split_gpus, start_worker, visible_gpus
 from storage.db import runs_root, session
 from storage.models import ACTIVE_JOB, Experiment, Job, JobKind, Run, RunStatus, Stage, StageStatus
 
@@ -172,6 +172,10 @@ def create_experiment(engine: Engine, *, name: str, arms: Sequence[str | Arm], s
     settings = settings.model_copy(update={
         "grpo": {**chosen.grpo, **settings.grpo}, "auto_apply": True,
         "validation_per_size": settings.validation_per_size or EXPERIMENT_VALIDATION_PER_SIZE})
+    try:
+        check_policy(policy)
+    except LoopError as err:
+        raise ExperimentError(str(err)) from None
     for arm in parsed:
         try:
             check_engineer(arm.engineer, arm.backend, policy)
@@ -394,7 +398,8 @@ def run_experiment(engine: Engine, db: str | None, key: str | int, *, workers: i
     First every run that is not done is resumed (`restart`), so running the command again after a crash picks
     up every run where it stopped. `on_progress` is called after every poll. With `benchmark`, each run's last
     stage is then evaluated on the benchmark (`queue_benchmarks`) before the workers stop. `say` hears what was
-    resumed. `threads` sets each worker's torch threads (OMP_NUM_THREADS; None: torch's own choice).
+    resumed. `threads` sets each worker's torch threads (OMP_NUM_THREADS; None: torch's own choice). The
+    visible GPUs are shared out between the workers (`lab.worker.split_gpus`): worker k owns its block.
     """
     if workers < 1:
         raise ExperimentError(f"workers = {workers}: run at least 1 worker")
@@ -405,8 +410,10 @@ def run_experiment(engine: Engine, db: str | None, key: str | int, *, workers: i
     folder = log_dir(engine, experiment)
     folder.mkdir(parents=True, exist_ok=True)
     env = {"OMP_NUM_THREADS": str(threads)} if threads else None
-    procs = [start_worker(db, options=["--poll", str(min(poll_s, 1.0))], die_with_parent=True,
-                          log=folder / f"worker-{i}.log", env=env) for i in range(workers)]
+    shares = split_gpus(visible_gpus(), workers)  # each worker owns its own GPUs (none where there are too few)
+    procs = [start_worker(db, options=["--poll", str(min(poll_s, 1.0)), "--gpus", ",".join(gpus) or "none"],
+                          die_with_parent=True, log=folder / f"worker-{i}.log", env=env)
+             for i, gpus in enumerate(shares)]
     try:
         moved = time.monotonic()
         while True:

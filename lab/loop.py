@@ -8,6 +8,8 @@ anyone likes, from any process, and a run picks up where it stopped after a cras
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import socket
 import time
 from collections.abc import Callable, Sequence
@@ -37,6 +39,7 @@ from storage.models import (
     Job,
     JobKind,
     JobStatus,
+    Priority,
     Proposal,
     Run,
     RunStatus,
@@ -89,6 +92,7 @@ def create_run(s: Session, *, name: str, config: EnvConfig, settings: RunSetting
     default `paper-best`, resolved into its modules). `experiment_id` and `arm` place the run in an experiment
     (lab.experiments).
     """
+    check_policy(policy)
     check_engineer(engineer, engineer_backend, policy)
     try:  # a config changed with model_copy (e.g. `--instances 0`) skipped validation
         config = EnvConfig.model_validate(config.model_dump())
@@ -112,6 +116,17 @@ def create_run(s: Session, *, name: str, config: EnvConfig, settings: RunSetting
     _enqueue(s, JobKind.STAGE, run.id, 0)
     s.commit()
     return run
+
+
+def check_policy(policy: str) -> None:
+    """Refuse a policy this machine cannot load (no such folder, a hub name while downloads are off), in one line
+    that names it, before a run depends on it (`training.resolve.resolve_policy`: no weight is read)."""
+    from training.resolve import PolicyUnavailable, resolve_policy
+
+    try:
+        resolve_policy(policy)
+    except PolicyUnavailable as err:
+        raise LoopError(str(err)) from None
 
 
 def check_engineer(engineer: str, backend: str, policy: str | None = None) -> None:
@@ -167,10 +182,35 @@ def _last_job(s: Session, run_id: int, kind: JobKind, target: int) -> Job | None
 _TARGET_KEY = {JobKind.STAGE: "stage_index", JobKind.PROPOSE: "after_stage", JobKind.BENCHMARK: "stage_index"}
 
 
-def _enqueue(s: Session, kind: JobKind, run_id: int, target: int, **payload: Any) -> Job:
-    """Queue a job of the run inside the caller's transaction (committed with the rest of its step)."""
+GPU_SETTING = "ENVLAB_GPU_ABOVE"  # parameters above which a pretrained policy's jobs need a GPU worker
+GPU_ABOVE = 500_000_000  # its default: Gemma 3 270M trains on a CPU, Qwen3-0.6B and larger ask for a GPU
+
+
+def gpu_above() -> int:
+    """`$ENVLAB_GPU_ABOVE` parameters (default 500 M): a policy larger than this needs a GPU worker."""
+    return int(float(os.environ.get(GPU_SETTING) or GPU_ABOVE))
+
+
+def needs_gpu(run: Run) -> bool:
+    """Whether the jobs that load `run`'s policy need a worker with a GPU: a policy of more than `gpu_above()`
+    parameters (read from its files or its name, `training.resolve.policy_params`), unless the run allows the
+    CPU (`RunSettings.allow_cpu`)."""
+    from training.resolve import policy_params
+
+    if run.settings.get("allow_cpu"):
+        return False
+    params = policy_params(run.policy)
+    return params is not None and params > gpu_above()
+
+
+def _enqueue(s: Session, kind: JobKind, run_id: int, target: int, *, priority: int = Priority.BACKGROUND,
+             **payload: Any) -> Job:
+    """Queue a job of the run inside the caller's transaction (committed with the rest of its step), saying
+    what it needs: a GPU where it loads a large policy (a proposal only when the policy is its own engineer)."""
+    run = s.get(Run, run_id)
+    loads_policy = kind != JobKind.PROPOSE or (run.engineer == "llm" and run.engineer_backend == SELF_BACKEND)
     return enqueue(s, kind, {"run_id": run_id, _TARGET_KEY[kind]: target, **payload}, run_id=run_id,
-                   target=target, commit=False)
+                   target=target, commit=False, needs_gpu=loads_policy and needs_gpu(run), priority=priority)
 
 
 def _set_status(run: Run, status: RunStatus, reason: str = "") -> None:
@@ -219,7 +259,9 @@ def _step(s: Session, run: Run) -> str:
             return f"waiting: proposal {proposal.id} needs a decision"
         decision = _auto_decide(s, proposal, last)
     s.add(Stage(run_id=run.id, index=last.index + 1, config=decision.config, status=StageStatus.QUEUED))
-    _enqueue(s, JobKind.STAGE, run.id, last.index + 1)
+    # a person decided and waits for the stage: it goes before an experiment's work
+    _enqueue(s, JobKind.STAGE, run.id, last.index + 1,
+             priority=Priority.BACKGROUND if decision.action == Action.AUTO else Priority.INTERACTIVE)
     _set_status(run, RunStatus.ACTIVE)
     return f"queued stage {last.index + 1} ({decision.action} by {decision.user})"
 
@@ -314,9 +356,38 @@ def queue_benchmark(engine: Engine, run_id: int, stage_index: int) -> Job:
 
 
 def after_job(engine: Engine, job: Job) -> None:
-    """The worker's `after` hook: once any job of a run ends, queue what comes next for that run."""
+    """The worker's `after` hook: once any job of a run ends, drop a finished stage's intermediate checkpoints
+    (`prune_checkpoints`) and queue what comes next for that run."""
+    if job.run_id is not None and job.kind == JobKind.STAGE and job.status == JobStatus.DONE:
+        prune_checkpoints(engine, job.run_id, job.target)
     if job.run_id is not None and job.kind in LOOP_KINDS:
         advance(engine, job.run_id)
+
+
+CHECKPOINT_DIR = re.compile(r"checkpoint-\d+")  # TRL's intermediate checkpoints, in a stage's trl/ folder
+
+
+def prune_checkpoints(engine: Engine, run_id: int, stage_index: int | None) -> list[Path]:
+    """Delete TRL's intermediate checkpoints (`stage-K/trl/checkpoint-*/`) of a finished stage, whose final weights
+    are in `stage-K/policy/`, unless the run keeps them (`RunSettings.keep_checkpoints`); returns what went. A
+    stage that is not done keeps them: a new attempt resumes from the last one."""
+    with open_session(engine) as s:
+        run = s.get(Run, run_id)
+        stage = s.exec(select(Stage).where(Stage.run_id == run_id, Stage.index == stage_index)).first()
+    if run is None or stage is None or stage.status != StageStatus.DONE or run.settings.get("keep_checkpoints"):
+        return []
+    try:
+        trainer_dir = run_folder(engine, run.uuid) / f"stage-{stage.index}" / "trl"
+    except UnsafePath:
+        return []
+    if not trainer_dir.is_dir() or trainer_dir.is_symlink():
+        return []
+    gone = []
+    for entry in sorted(trainer_dir.iterdir()):
+        if CHECKPOINT_DIR.fullmatch(entry.name) and entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+            gone.append(entry)
+    return gone
 
 
 def _auto_decide(s: Session, proposal: Proposal, last: Stage) -> Decision:
@@ -350,8 +421,25 @@ def keep_instances(answer: EngineerAnswer, n: int) -> EngineerAnswer:
                                                  (*projection.adjustments, kept)))
 
 
+def propose_loads_model(engine: Engine, job: Job) -> bool:
+    """Whether a `propose` job loads a model (so its worker runs it in a child process): the llm engineer on
+    an `hf:` backend or with probes, the learnability engineer (it probes the policy)."""
+    with open_session(engine) as s:
+        run = s.get(Run, job.run_id) if job.run_id is not None else None
+    if run is None:
+        return False
+    if run.engineer == "learnability":
+        return True
+    if run.engineer != "llm":
+        return False
+    context = run.settings.get("context") or {}
+    return run.engineer_backend.startswith("hf:") or bool(context.get("measured") or run.settings.get("remeasure"))
+
+
 def run_propose_job(engine: Engine, job: Job, progress: Callable[..., bool]) -> dict:
     """The `propose` job: run the engineer on the evidence and store its proposal (even a failed one)."""
+    from training.resolve import resolve_policy
+
     run_id, after = job.payload["run_id"], job.payload["after_stage"]
     with open_session(engine) as s:
         run = s.get(Run, run_id)
@@ -362,8 +450,10 @@ def run_propose_job(engine: Engine, job: Job, progress: Callable[..., bool]) -> 
         if run.engineer == "learnability":
             options = {"probe_fn": probe_for(engine, run, stage, boards=LEARN_BOARDS, answers=LEARN_ANSWERS)}
         if run.engineer == "llm":
+            # stage 0's checkpoint is the run's policy as named ("gemma3-270m"): its folder here, never a hub name
+            policy_path = resolve_policy(run.policy) if stage.index == 0 else checkpoint_of(engine, stage)
             options = {"backend": run.engineer_backend, "base_url": run.settings.get("base_url"),
-                       "policy_path": checkpoint_of(engine, stage),
+                       "policy_path": policy_path,
                        "modules": ContextModules(**run.settings["context"]),
                        "remeasure": bool(run.settings.get("remeasure"))}
             if options["modules"].measured or options["remeasure"]:

@@ -33,7 +33,7 @@ from lab.settings import RunSettings
 from lab.worker import run_job, run_worker
 from storage import queue
 from storage.db import current_revision, make_engine, session, upgrade
-from storage.models import Decision, Job, JobKind, JobStatus, Proposal, Run, RunStatus, Stage, utcnow
+from storage.models import Decision, Job, JobKind, JobStatus, Priority, Proposal, Run, RunStatus, Stage, utcnow
 from tests.test_loop import BOARDS, CONFIG, HANDLERS, recorded_stage, work
 from tests.test_storage import HEAD, in_processes
 from training.evaluate import EpisodeResult, store_evaluation
@@ -199,9 +199,10 @@ def test_a_benchmark_job_is_queued_once_and_never_blocks_the_loop(engine):
     with session(engine) as s:
         decide(s, s.exec(select(Proposal)).one().id, "accept", "alice")
     assert advance(engine, run.id) == "queued stage 1 (accept by alice)"
-    with session(engine) as s:
-        claimed = queue.claim(s, "w")  # the benchmark job (oldest queued)
-        assert claimed.id == job.id
+    with session(engine) as s:  # alice waits on her stage: it goes first, the older benchmark job next
+        first, second = queue.claim(s, "w"), queue.claim(s, "w")
+        assert (first.kind, first.target, first.priority, second.id) == ("stage", 1, Priority.INTERACTIVE, job.id)
+
     _benchmark_rows(engine, run.id, 0)
     with session(engine) as s:
         queue.finish(s, job.id, {"episodes": 2})

@@ -40,9 +40,20 @@ def runs_table(engine: Engine) -> dict[str, Any]:
             stages, auto = "? (its settings are unreadable)", "?"
         w = waiting.get(r.id)
         waits = f"proposal #{w.proposal_id} (stage {w.for_stage})" if w else ""
-        rows.append([r.id, r.name, r.status, waits, r.policy, engineer, stages, auto, when(r.created_at)])
-    return table(["id", "name", "status", "waits for you", "policy", "engineer", "stages", "auto-apply", "created"],
-                 rows)
+        rows.append([r.id, r.name, r.status, waits, r.policy, engineer, stages, auto, size_text(row.disk),
+                     when(r.created_at)])
+    return table(["id", "name", "status", "waits for you", "policy", "engineer", "stages", "auto-apply", "disk",
+                  "created"], rows)
+
+
+def size_text(size: int | None) -> str:
+    """Bytes for people: `12.3 MB`, `4.1 GB`; empty where there is nothing on disk here."""
+    if size is None:
+        return ""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if size >= scale:
+            return f"{size / scale:.1f} {unit}"
+    return f"{size} B"
 
 
 def create_run_from_form(engine: Engine, name: str, description: str, policy: str, engineer: str, backend: str,
