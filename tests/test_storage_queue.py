@@ -211,9 +211,10 @@ def test_claim_gives_a_worker_only_what_it_can_run_a_persons_jobs_first(engine: 
 
 def test_claim_of_one_run_leaves_the_others_jobs_queued(engine: Engine):
     with session(engine) as s:
-        s.execute(text("INSERT INTO runs (id, uuid, name, description, policy, engineer, engineer_backend, settings, "
-                       "seed, status, status_reason, created_at) VALUES (1, 'a', 'a', '', 'tiny', 'fixed', '', '{}', 0, "
-                       "'active', '', :t), (2, 'b', 'b', '', 'tiny', 'fixed', '', '{}', 0, 'active', '', :t)"),
+        s.execute(text("INSERT INTO runs (id, uuid, name, description, policy, engineer, engineer_backend, "
+                       "settings, seed, status, status_reason, created_at) VALUES "
+                       "(1, 'a', 'a', '', 'tiny', 'fixed', '', '{}', 0, 'active', '', :t), "
+                       "(2, 'b', 'b', '', 'tiny', 'fixed', '', '{}', 0, 'active', '', :t)"),
                   {"t": utcnow()})
         s.commit()
         other = queue.enqueue(s, "stage", {}, run_id=1, target=0)
