@@ -192,3 +192,14 @@ def test_a_finished_stage_keeps_its_weights_and_drops_the_trainers_checkpoints(l
     kept = _finished_stage(lab, keep=True)
     assert prune_checkpoints(lab, 2, 1) == [] and sorted(p.name for p in kept.iterdir()) == [
         "checkpoint-2", "checkpoint-4"]
+
+
+def test_the_child_process_benchmark_runs_at_a_tiny_budget(capsys):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_child", Path(__file__).parent.parent / "benchmarks" /
+                                                  "bench_child.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    figures = bench.main(bench.Args(quick=True))
+    assert figures["ratio"] > 0 and "stages in child processes / in the worker's process" in capsys.readouterr().out
