@@ -250,18 +250,20 @@ def run_child(engine: Engine, job: Job, child: InChild, *, gpus: Sequence[str] =
     The child ends the job itself (done, failed, cancelled). The worker watches it: on Cancel (or the job lost
     to a reaper) it gives the child `cancel_grace_s` to stop by itself, then ends its process group; a child that
     dies without ending its job fails it, with its last lines of stderr in the log tail. The child's output goes
-    to the worker's stderr as it comes.
+    to the worker's stderr as it comes, where the worker logs at INFO (`envlab worker`; `envlab run` does not).
     """
     proc = subprocess.Popen(child_command(job, child, gpus, stale_s), env=child_env(engine, gpus),
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True, preexec_fn=_death_signal(), text=True, errors="replace")
     log.info("job %s (%s): child process %d: %s", job.id, job.kind, proc.pid, child.target)
     tail: deque[str] = deque(maxlen=CHILD_TAIL_LINES)
+    show = log.isEnabledFor(logging.INFO)  # `envlab worker` logs; `envlab run` into a file says one line a stage
 
     def relay() -> None:
         for line in proc.stdout:
             tail.append(line.rstrip("\n"))
-            sys.stderr.write(line)
+            if show:
+                sys.stderr.write(line)
 
     reader = threading.Thread(target=relay, name=f"child-{job.id}", daemon=True)
     reader.start()
