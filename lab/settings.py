@@ -41,7 +41,7 @@ class RunSettings(BaseModel):
     context: dict[str, bool] | None = None  # lab.context.ContextModules's fields (read there, with torch behind it)
     context_preset: str | None = None  # the llm engineer's context preset (create_run resolves it into `context`)
     base_url: str | None = None
-    validation_boards: int | None = Field(default=None, ge=1)  # evaluate on that many boards (None: all of them)
+    validation_boards: int | None = None  # evaluate on that many of the validation boards (None: all of them)
     validation_per_size: int | None = Field(default=None, ge=1)  # a larger validation set (None: the standard 30)
     probe_boards: int | None = Field(default=None, ge=1, le=64)  # the Measure panel's and the llm engineer's probe
     probe_answers: int | None = Field(default=None, ge=2, le=64)  # (None: training.probe's defaults)
@@ -63,6 +63,13 @@ class RunSettings(BaseModel):
     def _stages(cls, value: int) -> int:
         if value < 1:
             raise ValueError("a run trains at least 1 stage")
+        return value
+
+    @field_validator("validation_boards")
+    @classmethod
+    def _boards(cls, value: int | None) -> int | None:
+        if value is not None and value < 1:
+            raise ValueError("evaluate on at least 1 board (None: all 240)")
         return value
 
     @field_validator("validation_per_size")
