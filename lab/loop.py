@@ -451,7 +451,7 @@ def run_propose_job(engine: Engine, job: Job, progress: Callable[..., bool]) -> 
             options = {"probe_fn": probe_for(engine, run, stage, boards=LEARN_BOARDS, answers=LEARN_ANSWERS)}
         if run.engineer == "llm":
             # stage 0's checkpoint is the run's policy as named ("gemma3-270m"): its folder here, never a hub name
-            policy_path = resolve_policy(run.policy) if stage.index == 0 else checkpoint_of(engine, stage)
+            policy_path = resolve_policy(run.policy, build=True) if stage.index == 0 else checkpoint_of(engine, stage)
             options = {"backend": run.engineer_backend, "base_url": run.settings.get("base_url"),
                        "policy_path": policy_path,
                        "modules": ContextModules(**run.settings["context"]),

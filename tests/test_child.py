@@ -21,6 +21,7 @@ from lab.worker import InChild, child_command, child_env, handlers, run_child, r
 from storage import queue
 from storage.db import make_engine, run_folder, session, upgrade
 from storage.models import Episode, Job, JobStatus, Run, Stage, StageStatus
+from training.resolve import policy_params, resolve_policy
 
 CONFIG = EnvConfig.default(sizes=(3, 4), num_instances=4)
 
@@ -203,3 +204,31 @@ def test_the_child_process_benchmark_runs_at_a_tiny_budget(capsys):
     spec.loader.exec_module(bench)
     figures = bench.main(bench.Args(quick=True))
     assert figures["ratio"] > 0 and "stages in child processes / in the worker's process" in capsys.readouterr().out
+
+
+def test_a_large_policy_needs_a_gpu_worker_unless_the_run_allows_the_cpu(lab, tmp_path, monkeypatch):
+    folder = tmp_path / "big"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"torch_dtype": "bfloat16"}')
+    (folder / "model.safetensors").write_bytes(b"\0" * 1000)  # 500 bf16 weights
+    assert policy_params(str(folder)) == 500
+    assert [policy_params(n) for n in ("Qwen/Qwen3-4B", "Qwen/Qwen3-0.6B", "gemma3-270m", "tiny")] == [
+        4_000_000_000, 600_000_000, 268_000_000, 1_400_000]
+    monkeypatch.setenv("ENVLAB_GPU_ABOVE", "400")
+    with session(lab) as s:
+        big = create_run(s, name="big", config=CONFIG, settings=RunSettings(stages=1), policy=str(folder),
+                         engineer="fixed")
+        cpu = create_run(s, name="cpu", config=CONFIG, settings=RunSettings(stages=1, allow_cpu=True),
+                         policy=str(folder), engineer="fixed")
+        needs = {j.run_id: j.needs_gpu for j in s.exec(select(Job))}
+        assert needs == {big.id: True, cpu.id: False}
+        assert queue.claim(s, "cpu-worker", gpu=False).run_id == cpu.id
+        assert queue.claim(s, "cpu-worker", gpu=False) is None
+
+
+def test_the_converted_gemma_folder_is_where_its_policy_is_never_a_hub_name(tmp_path, monkeypatch):
+    monkeypatch.setenv("ENVLAB_CACHE", str(tmp_path))
+    (tmp_path / "gemma3-270m").mkdir()
+    (tmp_path / "gemma3-270m" / "config.json").write_text("{}")
+    assert resolve_policy("gemma3-270m") == str(tmp_path / "gemma3-270m")
+    assert resolve_policy("tiny").endswith("assets/tiny-policy")

@@ -53,10 +53,11 @@ def _cached(name: str) -> str | None:
     return found if isinstance(found, str) else None
 
 
-def resolve_policy(spec: str) -> str:
+def resolve_policy(spec: str, *, build: bool = False) -> str:
     """The folder that holds policy `spec` (`tiny`: the shipped one; `gemma3-270m`: its converted folder, or
-    the spec itself while it is not converted yet; a folder with config.json), or a hub name that loads here
-    (in the local cache, or downloads allowed). Raises PolicyUnavailable naming `spec` otherwise."""
+    the spec itself while it is not converted yet, unless `build` converts it now; a folder with config.json),
+    or a hub name that loads here (in the local cache, or downloads allowed). Raises PolicyUnavailable naming
+    `spec` otherwise."""
     if spec == "tiny":
         return str(TINY_DIR)
     if spec == GEMMA:
@@ -66,6 +67,10 @@ def resolve_policy(spec: str) -> str:
         if (folder / "config.json").is_file():
             return str(folder)
         try:
+            if build:
+                from training.gemma import gemma_checkpoint
+
+                return str(gemma_checkpoint())
             _require()
         except GemmaUnavailable as err:
             raise PolicyUnavailable(f"policy {spec!r}: {err}") from None
