@@ -24,6 +24,7 @@ from pathlib import Path
 
 from envsim.config import EnvConfig
 from lab.experiments import create_experiment, experiment_runs, run_experiment
+from lab.settings import RunSettings
 from storage.db import make_engine, upgrade
 from storage.models import RunStatus
 
@@ -57,8 +58,9 @@ def runs_per_hour(args: Args, workers: int, config: EnvConfig) -> tuple[float, f
         engine = make_engine(db)
         upgrade(engine)
         experiment = create_experiment(engine, name="bench", arms=args.arms.split(","), seeds=args.seeds,
-                                       stages=args.stages, config=config, validation_per_size=args.validation_per_size,
-                                       validation_boards=args.validation_boards or None, grpo=grpo_of(args.grpo))
+                                       config=config, settings=RunSettings(
+                                           stages=args.stages, validation_per_size=args.validation_per_size,
+                                           validation_boards=args.validation_boards or None, grpo=grpo_of(args.grpo)))
         t0 = time.perf_counter()
         run_experiment(engine, db, "bench", workers=workers, poll_s=0.5,
                        threads=args.threads or max(1, (os.cpu_count() or 1) // workers))

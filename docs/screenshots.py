@@ -40,6 +40,7 @@ from envsim.config import EnvConfig
 from lab.loop import advance, after_job, create_run
 from lab.proposals import decide_on, proposal_states
 from lab.runs import failed_episodes, run_list
+from lab.settings import RunSettings
 from lab.worker import handlers, run_worker
 from storage.db import make_engine, session, upgrade
 
@@ -82,8 +83,8 @@ def build_run(engine, args: Args) -> int:
     """A real small run: stage 0, an accepted proposal, stage 1, a proposal waiting."""
     config = EnvConfig.default(sizes=(3, 4, 5), num_instances=args.instances)
     with session(engine) as s:
-        run_id = create_run(s, name="first run", config=config, stages=2, engineer="heuristic",
-                            validation_boards=args.validation_boards,
+        run_id = create_run(s, name="first run", config=config, settings=RunSettings(stages=2,
+                            validation_boards=args.validation_boards), engineer="heuristic",
                             description="the tiny policy, the heuristic engineer, two stages").id
     until_waiting(engine, run_id)
     decide_on(engine, pending_proposal(engine, run_id), "accept", "local", note="looks sensible")

@@ -11,7 +11,6 @@ import os
 import sys
 import warnings
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
@@ -21,9 +20,9 @@ from envsim.config import ConfigError, EnvConfig, project
 from envsim.generator import GenerationError, boards
 from envsim.instance import Instance
 from envsim.scoring import Outcome, score, score_answer
-from envsim.suite import DEV_PER_SIZE, SUITE_SEED, Entry, Split, build, dev_cells, report, write_jsonl
-from lab.context import CONTEXT_PRESETS, DEFAULT_PRESET
+from envsim.suite import SUITE_SEED, Entry, Split, build, dev_cells, report, write_jsonl
 from lab.llm import allow_server
+from lab.settings import MAX_BOARDS, count, settings_arguments
 
 if TYPE_CHECKING:
     from sqlmodel import Session
@@ -42,39 +41,10 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: {message} (see {self.prog} --help)")
 
 
-def count(low: int, high: int, why: str, too_few: str = "") -> Callable[[str], int]:
-    """An argparse type: a whole number from `low` to `high`; a number out of range is refused saying why the
-    bound is where it is (`why` above, `too_few` below)."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"{value:,} is less than {low}" + (f": {too_few}" if too_few else ""))
-        if value > high:
-            raise argparse.ArgumentTypeError(f"{value:,} is more than {high:,}: {why}")
-        return value
-
-    parse.__name__ = "count"  # argparse names the type in its messages
-    return parse
-
-
-# The bounds of the counts the command line takes, each with why it is where it is.
-MAX_STAGES = count(1, 1000, "each stage trains and evaluates the policy (minutes to hours); run again from "
-                            "the last stage's checkpoint for more", "a run trains at least 1 stage")
-MAX_BOARDS = count(1, 100_000, "a config's num_instances is at most 100,000 boards per stage",
-                   "a stage trains on at least 1 board")
+# The bounds of the counts the command line takes beside a run's settings (lab.settings has those), each
+# with why it is where it is.
 GENERATED = count(1, 10_000_000, "about 10 hours of generating on one core at a few ms a board; split a larger "
                                  "set over several --seed values", "generate at least 1 board")
-VALIDATION_BOARDS = count(1, 100_000, "more boards than a validation set of 10,000 per size holds",
-                          "evaluate on at least 1 board")
-PER_SIZE = count(1, 10_000, "10,000 boards per size is 80,000 boards to evaluate after every stage",
-                 "a size needs at least 1 validation board")
-DEV_BOARDS = count(3, 10_000, "10,000 boards per size is 80,000 boards to evaluate after every stage",
-                   "the dev split needs at least 3 boards per size (one per wait subset)")
-LORA_RANK = count(0, 4096, "a LoRA rank above a model's width adds nothing (Gemma 3 270M: 640)")
 SEEDS = count(1, 100, "every seed is one more run of every arm", "an experiment runs at least 1 seed")
 WORKERS = count(1, 64, "each worker is a process that loads its own policy", "at least 1 worker")
 THREADS = count(1, 1024, "more torch threads than a machine has cores only slows it down", "at least 1 thread")
@@ -194,8 +164,8 @@ def cmd_score(args: argparse.Namespace) -> None:
     valid = sum(o.valid for o in outcomes)
     optimal = sum(o.optimal for o in outcomes)
     print(f"{n} episodes: valid {valid / max(n, 1):.1%}, optimal {optimal / max(n, 1):.1%}")
-    for failure, count in Counter(o.failure for o in outcomes if o.failure).most_common():
-        print(f"  {failure}: {count}")
+    for failure, n_failed in Counter(o.failure for o in outcomes if o.failure).most_common():
+        print(f"  {failure}: {n_failed}")
     if rows and all(isinstance(r, Entry) for r in rows):
         print(report(rows, [o.valid for o in outcomes], [o.optimal for o in outcomes]).to_markdown())
 
@@ -329,16 +299,14 @@ def _initial(args: argparse.Namespace) -> tuple[EnvConfig, dict]:
 
 def _new_run(s: Session, args: argparse.Namespace) -> Run:
     from lab.loop import LoopError, create_run
+    from lab.settings import RunSettings, SettingsError
 
     config, grpo = _initial(args)
     try:
-        return create_run(s, name=args.name, config=config, stages=args.stages, policy=args.policy,
-                          engineer=args.engineer or "heuristic", engineer_backend=args.backend or "",
-                          auto_apply=args.auto_apply, seed=args.seed, grpo=grpo, base_url=args.base_url, lora=args.lora,
-                          validation_boards=args.validation_boards, validation_per_size=args.validation_per_size,
-                          context=args.context, remeasure=args.remeasure, probe_boards=args.probe_boards,
-                          probe_answers=args.probe_answers, dev_per_size=args.dev_per_size)
-    except LoopError as err:
+        return create_run(s, name=args.name, config=config, settings=RunSettings.from_args(args, grpo=grpo),
+                          policy=args.policy, engineer=args.engineer or "heuristic",
+                          engineer_backend=args.backend or "", seed=args.seed)
+    except (LoopError, SettingsError) as err:
         raise UsageError(str(err)) from err
 
 
@@ -346,7 +314,7 @@ def cmd_run(args: argparse.Namespace) -> None:
     """Without a terminal (a file, a pipe, a job scheduler's log) a run writes one line per stage and no
     progress bars; in a terminal a progress bar of stages runs below those lines."""
     from lab.loop import LoopError, after_job, drive, resume, stages_of, switch_engineer
-    from lab.worker import handlers, run_worker
+    from lab.worker import handlers, run_worker, visible_gpus
     from storage.db import session
     from storage.models import Run, RunStatus, StageStatus
 
@@ -371,7 +339,7 @@ def cmd_run(args: argparse.Namespace) -> None:
         except LoopError as err:
             raise UsageError(str(err)) from err
         print(f"run {run.id}: resumed ({len(requeued)} jobs queued again)", flush=True)
-    lab_handlers = handlers()
+    lab_handlers, gpus = handlers(), visible_gpus()  # only this run's jobs, each that loads a model in a child
     shown: set[int] = set()
     last = ""
     with tqdm(total=stages + 1, desc=f"run {run.id}", unit="stage", disable=quiet) as bar:
@@ -391,8 +359,8 @@ def cmd_run(args: argparse.Namespace) -> None:
                 say(f"{state}: decide in the web lab (envlab serve), or rerun with --auto-apply")
             last = state
 
-        state = drive(engine, run.id, lambda: run_worker(engine, lab_handlers, once=True, after=after_job) > 0,
-                      on_state=on_state)
+        state = drive(engine, run.id, lambda: run_worker(engine, lab_handlers, once=True, after=after_job,
+                                                         gpus=gpus, run_id=run.id) > 0, on_state=on_state)
     print(f"run {run.id}: {state}", flush=True)
     if state.startswith((RunStatus.FAILED, RunStatus.CANCELLED)):
         raise UsageError(f"run {run.id} {state}; resume it with: envlab run --resume {run.id} "
@@ -425,6 +393,7 @@ def cmd_import(args: argparse.Namespace) -> None:
 
 def cmd_experiment_new(args: argparse.Namespace) -> None:
     from lab.experiments import ExperimentError, create_experiment, experiment_runs
+    from lab.settings import RunSettings, SettingsError
 
     if args.base_url:
         allow_server(args.base_url)  # given on this machine's command line
@@ -432,17 +401,16 @@ def cmd_experiment_new(args: argparse.Namespace) -> None:
     try:
         experiment = create_experiment(
             engine, name=args.name, arms=[a for a in args.arms.split(",") if a.strip()], seeds=args.seeds,
-            stages=args.stages, config=config_file(args.config) if args.config else None, scenario=args.scenario,
-            instances=args.instances, policy=args.policy, grpo=_grpo_overrides(args.grpo),
-            validation_per_size=args.validation_per_size, validation_boards=args.validation_boards,
-            base_url=args.base_url, lora=args.lora, description=args.description, dev_per_size=args.dev_per_size)
-    except ExperimentError as err:
+            settings=RunSettings.from_args(args, auto_apply=True, grpo=_grpo_overrides(args.grpo)),
+            config=config_file(args.config) if args.config else None, scenario=args.scenario,
+            instances=args.instances, policy=args.policy, description=args.description)
+    except (ExperimentError, SettingsError) as err:
         raise UsageError(str(err)) from err
     st = experiment.settings
     runs = experiment_runs(engine, experiment.id)
     print(f"experiment {experiment.id} {experiment.name!r}: {len(runs)} runs queued ({len(experiment.arms)} arms x "
           f"{experiment.seeds} seeds), runs {runs[0].id}..{runs[-1].id}")
-    dev = sum(c.count for c in dev_cells(st["dev_per_size"]))
+    dev = sum(c.count for c in dev_cells(st["dev_per_size"])) if st.get("dev_per_size") else 0
     print(f"each run: {st['stages']} stages x {st['instances']} boards x {st['steps_per_stage']} GRPO steps; "
           f"{st['validation_boards']} validation boards (the score) and {dev} dev boards (what the engineer reads) "
           "per stage")
@@ -566,34 +534,15 @@ def cmd_experiment_benchmark(args: argparse.Namespace) -> None:
 def run_arguments(sub: argparse._SubParsersAction) -> None:
     """`envlab run`'s options."""
     s = sub.add_parser("run", help="run stages headless: train, evaluate, propose, decide, repeat")
-    s.add_argument("--stages", type=MAX_STAGES, default=3)
+    settings_arguments(s)
     s.add_argument("--engineer", help="fixed, random, heuristic, learnability, evidence or llm (default heuristic; "
                                       "with --resume: switch the run's engineer, e.g. after the llm engineer failed)")
     s.add_argument("--backend", help="the llm engineer's backend: hf:policy, hf:gemma3-270m, openai:<model>")
-    s.add_argument("--base-url", help="base URL of an OpenAI-compatible server (openai: backends)")
-    s.add_argument("--auto-apply", action="store_true", help="apply every proposal without waiting for a person")
     s.add_argument("--policy", default="tiny", help="tiny, gemma3-270m, a checkpoint folder or a model name")
     s.add_argument("--config", type=Path, help="initial EnvConfig JSON (default: the round-0 config)")
     s.add_argument("--instances", type=MAX_BOARDS, help="training instances per stage")
-    s.add_argument("--validation-boards", type=VALIDATION_BOARDS, metavar="N",
-                   help="evaluate each stage on N of the 240 validation boards, spread over the sizes (default: all)")
     s.add_argument("--grpo", action="append", default=[], metavar="KEY=VALUE", help="a GRPOConfig field")
-    s.add_argument("--lora", type=LORA_RANK, default=0, metavar="RANK",
-                   help="train LoRA adapters of this rank (needs peft), e.g. 16 for a large policy; 0: every weight")
-    s.add_argument("--context", default=DEFAULT_PRESET, choices=list(CONTEXT_PRESETS),
-                   help="the llm engineer's context preset (docs/engineers.md)")
-    s.add_argument("--remeasure", action="store_true", help="the llm engineer probes its answer on the policy and "
-                                                            "is asked once more where a size it changed measures too "
-                                                            "easy or too hard (docs/engineers.md)")
-    s.add_argument("--probe-boards", type=int, metavar="B", help="boards per size in a probe (Measure, the llm "
-                                                                  "engineer's measured context; default 8)")
-    s.add_argument("--probe-answers", type=int, metavar="K", help="sampled answers per board in a probe (default 8)")
     s.add_argument("--scenario", help="a named start, assets/scenarios/NAME.json (default: the round-0 config)")
-    s.add_argument("--validation-per-size", type=PER_SIZE, metavar="N",
-                   help="evaluate on a larger validation set, N boards per size (e.g. 120: 960 boards; default 30)")
-    s.add_argument("--dev-per-size", type=DEV_BOARDS, default=DEV_PER_SIZE, metavar="N",
-                   help=f"dev boards per map size, evaluated after each stage: what the engineer reads, never the "
-                        f"validation boards (a multiple of 3; default {DEV_PER_SIZE})")
     s.add_argument("--name", default="run")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--resume", type=int, metavar="RUN_ID", help="continue a run that was interrupted")
@@ -612,22 +561,13 @@ def experiment_arguments(sub: argparse._SubParsersAction) -> None:
                                                  "llm:BACKEND@PRESET (e.g. llm:openai:MODEL@paper-best); NAME=SPEC "
                                                  "names one")
     s.add_argument("--seeds", type=SEEDS, default=3, help="seeds 0..N-1 for every arm (default 3)")
-    s.add_argument("--stages", type=MAX_STAGES, default=3)
+    settings_arguments(s, experiment=True)
     s.add_argument("--instances", type=MAX_BOARDS, help="training boards per stage (default: the scenario's, 512)")
     s.add_argument("--config", type=Path, help="initial EnvConfig JSON (default: the scenario's)")
     s.add_argument("--scenario", help="assets/scenarios/NAME.json: initial config and GRPO overrides "
                                       "(default: default, the round-0 config)")
-    s.add_argument("--validation-per-size", type=PER_SIZE, default=120, metavar="N",
-                   help="validation boards per map size (default 120: 960 boards; 30: the standard 240)")
-    s.add_argument("--validation-boards", type=VALIDATION_BOARDS, metavar="N",
-                   help="evaluate on N of them only, for a quick look")
-    s.add_argument("--dev-per-size", type=DEV_BOARDS, default=DEV_PER_SIZE, metavar="N",
-                   help=f"dev boards per map size, evaluated after each stage: what the engineers read (a multiple "
-                        f"of 3; default {DEV_PER_SIZE})")
     s.add_argument("--grpo", action="append", default=[], metavar="KEY=VALUE", help="a GRPOConfig field, for every run")
     s.add_argument("--policy", default="tiny")
-    s.add_argument("--base-url", help="base URL of an OpenAI-compatible server (openai: backends)")
-    s.add_argument("--lora", type=LORA_RANK, default=0, metavar="RANK")
     s.add_argument("--description", default="")
     s.add_argument("--db", **db)
     s.set_defaults(fn=cmd_experiment_new)

@@ -48,6 +48,7 @@ from lab.experiments import experiment_runs, list_experiments
 from lab.loop import LoopError, after_job, create_run, drive, queue_benchmark, stages_of
 from lab.proposals import current_proposal, decide
 from lab.results import stage_summaries
+from lab.settings import RunSettings
 from lab.worker import handlers, run_worker
 from storage.db import RUNS_SETTING, make_engine, session, upgrade
 from storage.models import Action, Experiment, Job, JobStatus, Proposal, Run, RunStatus, StageStatus
@@ -288,8 +289,8 @@ def make(out: str | Path, say: Callable[[str], None] = print) -> Path:
 def _train(engine: Engine, say: Callable[[str], None]) -> int:
     """Create the run and drive it to its end with a worker in this process, deciding where a person would."""
     with session(engine) as s:
-        run_id = create_run(s, name=NAME, description=DESCRIPTION, config=EnvConfig.default(), stages=STAGES,
-                            engineer="heuristic", auto_apply=False, seed=SEED).id
+        run_id = create_run(s, name=NAME, description=DESCRIPTION, config=EnvConfig.default(),
+                            settings=RunSettings(stages=STAGES, auto_apply=False), engineer="heuristic", seed=SEED).id
     jobs = handlers()
     shown: set[int] = set()
 

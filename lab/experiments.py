@@ -26,17 +26,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
 from sqlalchemy import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, func, select
 
 from envsim.config import ConfigError, EnvConfig, project
-from envsim.suite import DEV_PER_SIZE, VALIDATION_PER_SIZE, dev_cells, validation_cells
+from envsim.suite import VALIDATION_PER_SIZE, validation_cells
 from lab.context import CONTEXT_PRESETS, DEFAULT_PRESET
 from lab.engineers import ENGINEERS
-from lab.loop import LoopError, advance, check_engineer, create_run, queue_benchmark, resume
+from lab.loop import LoopError, advance, check_engineer, check_policy, create_run, queue_benchmark, resume
 from lab.runs import benchmark_checkpoints
-from lab.worker import start_worker
+from lab.settings import RunSettings, first_error
+from lab.worker import split_gpus, start_worker, visible_gpus
 from storage.db import runs_root, session
 from storage.models import ACTIVE_JOB, Experiment, Job, JobKind, Run, RunStatus, Stage, StageStatus
 
@@ -123,39 +125,36 @@ def load_scenario(name: str = DEFAULT_SCENARIO) -> Scenario:
 # ---------------------------------------------------------------- creating one
 
 
-def compute_settings(*, policy: str, stages: int, config: EnvConfig, grpo: dict[str, Any],
-                     validation_per_size: int, validation_boards: int | None,
-                     dev_per_size: int = DEV_PER_SIZE) -> dict[str, Any]:
-    """What every run of the experiment shares and the compute it buys, as the experiment records it."""
+def compute_settings(*, policy: str, config: EnvConfig, settings: RunSettings) -> dict[str, Any]:
+    """What every run of the experiment shares and the compute it buys, as the experiment records it: the runs'
+    settings whole (`run`), and the figures a report quotes beside them."""
     from training.policy import prompt_style_of  # torch loads here, for the one command that creates experiments
     from training.stage import StageError, planned_steps
 
+    per_size = settings.validation_per_size or VALIDATION_PER_SIZE
     try:
-        validation_cells(validation_per_size)
-        dev_cells(dev_per_size)
-        steps = planned_steps(config.num_instances, grpo, prompt_style_of(policy))
+        steps = planned_steps(config.num_instances, settings.grpo, prompt_style_of(policy))
     except (ValueError, StageError) as err:
         raise ExperimentError(str(err)) from err
-    boards = default_validation_boards(validation_per_size)
-    return {"stages": stages, "instances": config.num_instances, "grpo": grpo, "steps_per_stage": steps,
-            "validation_per_size": validation_per_size,
-            "validation_boards": min(validation_boards, boards) if validation_boards else boards,
-            "validation_subset": validation_boards, "dev_per_size": dev_per_size,
-            "config": config.model_dump(mode="json"), "auto_apply": True}
+    boards = default_validation_boards(per_size)
+    subset = settings.validation_boards
+    return {"stages": settings.stages, "instances": config.num_instances, "grpo": settings.grpo,
+            "steps_per_stage": steps, "validation_per_size": per_size,
+            "validation_boards": min(subset, boards) if subset else boards, "validation_subset": subset,
+            "dev_per_size": settings.dev_per_size, "config": config.model_dump(mode="json"), "auto_apply": True,
+            "base_url": settings.base_url, "lora": settings.lora, "run": settings.stored()}
 
 
-def create_experiment(engine: Engine, *, name: str, arms: Sequence[str | Arm], seeds: int, stages: int,
+def create_experiment(engine: Engine, *, name: str, arms: Sequence[str | Arm], seeds: int, settings: RunSettings,
                       config: EnvConfig | None = None, scenario: str | None = None, policy: str = "tiny",
-                      grpo: dict[str, Any] | None = None, instances: int | None = None,
-                      validation_per_size: int = EXPERIMENT_VALIDATION_PER_SIZE,
-                      validation_boards: int | None = None, base_url: str | None = None, lora: int = 0,
-                      description: str = "", dev_per_size: int = DEV_PER_SIZE) -> Experiment:
+                      instances: int | None = None, description: str = "") -> Experiment:
     """Store an experiment and queue its runs (arms x seeds, seed-major, auto-apply), refusing anything that
     would fail later (an unknown arm, a policy that cannot be its own engineer, a bad GRPO field) first.
 
-    The initial config is `config`, else the scenario's (default `default`, the round-0 config); `instances`
-    replaces its boards per stage; `grpo` goes on top of the scenario's overrides. Every stage of every run is
-    also evaluated on `dev_per_size` dev boards per map size, which its engineer reads (docs/loop.md).
+    `settings` are every run's (checked when they were made; auto-apply is on whatever they say, the context is
+    each arm's, the validation set 120 boards per size unless they name one). The initial config is `config`,
+    else the scenario's (default `default`, the round-0 config); `instances` replaces its boards per stage;
+    `settings.grpo` goes on top of the scenario's overrides.
     """
     parsed = [a if isinstance(a, Arm) else Arm.parse(a) for a in arms]
     if not parsed:
@@ -164,27 +163,28 @@ def create_experiment(engine: Engine, *, name: str, arms: Sequence[str | Arm], s
         raise ExperimentError(f"arm names must be unique: {[a.name for a in parsed]}; name one NAME=SPEC")
     if seeds < 1:
         raise ExperimentError(f"seeds = {seeds}: an experiment runs at least 1 seed per arm")
-    if stages < 1 or lora < 0 or (validation_boards is not None and validation_boards < 1):
-        raise ExperimentError(f"stages = {stages}, lora = {lora}, validation_boards = {validation_boards}: at least "
-                              "1 stage, a LoRA rank of 0 or more, at least 1 validation board")
     chosen = load_scenario(scenario or DEFAULT_SCENARIO)
     origin = chosen.name if config is None else "a config of its own" + (f", scenario {scenario}'s GRPO settings"
                                                                         if scenario else "")
     config = config or chosen.config
     if instances is not None:
         config = config.model_copy(update={"num_instances": instances})
-    grpo = {**chosen.grpo, **(grpo or {})}
+    settings = settings.model_copy(update={
+        "grpo": {**chosen.grpo, **settings.grpo}, "auto_apply": True,
+        "validation_per_size": settings.validation_per_size or EXPERIMENT_VALIDATION_PER_SIZE})
+    try:
+        check_policy(policy)
+    except LoopError as err:
+        raise ExperimentError(str(err)) from None
     for arm in parsed:
         try:
             check_engineer(arm.engineer, arm.backend, policy)
         except LoopError as err:
             raise ExperimentError(f"arm {arm.name!r}: {err}") from None
-    settings = compute_settings(policy=policy, stages=stages, config=config, grpo=grpo,
-                                validation_per_size=validation_per_size, validation_boards=validation_boards,
-                                dev_per_size=dev_per_size)
-    settings.update(scenario=origin, base_url=base_url, lora=lora)
+    recorded = compute_settings(policy=policy, config=config, settings=settings)
+    recorded.update(scenario=origin)
     with session(engine) as s:
-        experiment = Experiment(name=name, description=description, policy=policy, seeds=seeds, settings=settings,
+        experiment = Experiment(name=name, description=description, policy=policy, seeds=seeds, settings=recorded,
                                 arms=[{"name": a.name, "engineer": a.engineer, "backend": a.backend,
                                        "context": a.context} for a in parsed])
         s.add(experiment)
@@ -196,19 +196,31 @@ def create_experiment(engine: Engine, *, name: str, arms: Sequence[str | Arm], s
     return experiment
 
 
+def run_settings(experiment: Experiment) -> RunSettings:
+    """The settings every run of `experiment` shares (an experiment stored before they were kept whole: read
+    from the figures it recorded)."""
+    st = experiment.settings
+    stored = st.get("run") or {"stages": st["stages"], "grpo": st["grpo"], "base_url": st.get("base_url"),
+                               "lora": st.get("lora", 0), "validation_boards": st.get("validation_subset"),
+                               "validation_per_size": st["validation_per_size"],
+                               "dev_per_size": st.get("dev_per_size")}
+    try:
+        return RunSettings.model_validate({k: v for k, v in stored.items() if v is not None} | {"auto_apply": True})
+    except ValidationError as err:
+        raise ExperimentError(f"experiment {experiment.name!r}: its run settings are not valid: "
+                              f"{first_error(err)}") from None
+
+
 def _create_runs(s: Session, experiment: Experiment, arms: Sequence[Arm]) -> None:
     """Queue the runs of `arms` (every seed, seed-major), from the settings every run of `experiment` shares."""
-    st = experiment.settings
+    shared = run_settings(experiment)
+    config = EnvConfig.model_validate(experiment.settings["config"])
     for seed in range(experiment.seeds):
         for arm in arms:
             try:
-                create_run(s, name=f"{experiment.name} / {arm.name} / seed {seed}",
-                           config=EnvConfig.model_validate(st["config"]), stages=st["stages"],
-                           policy=experiment.policy, engineer=arm.engineer, engineer_backend=arm.backend,
-                           auto_apply=True, seed=seed, grpo=st["grpo"], context=arm.context,
-                           base_url=st.get("base_url"), lora=st.get("lora", 0),
-                           validation_boards=st.get("validation_subset"),
-                           validation_per_size=st["validation_per_size"], dev_per_size=st.get("dev_per_size"),
+                create_run(s, name=f"{experiment.name} / {arm.name} / seed {seed}", config=config,
+                           settings=shared.model_copy(update={"context_preset": arm.context, "context": None}),
+                           policy=experiment.policy, engineer=arm.engineer, engineer_backend=arm.backend, seed=seed,
                            description=f"experiment {experiment.name!r}, arm {arm.name!r}, seed {seed}",
                            experiment_id=experiment.id, arm=arm.name)
             except LoopError as err:
@@ -387,7 +399,8 @@ def run_experiment(engine: Engine, db: str | None, key: str | int, *, workers: i
     First every run that is not done is resumed (`restart`), so running the command again after a crash picks
     up every run where it stopped. `on_progress` is called after every poll. With `benchmark`, each run's last
     stage is then evaluated on the benchmark (`queue_benchmarks`) before the workers stop. `say` hears what was
-    resumed. `threads` sets each worker's torch threads (OMP_NUM_THREADS; None: torch's own choice).
+    resumed. `threads` sets each worker's torch threads (OMP_NUM_THREADS; None: torch's own choice). The
+    visible GPUs are shared out between the workers (`lab.worker.split_gpus`): worker k owns its block.
     """
     if workers < 1:
         raise ExperimentError(f"workers = {workers}: run at least 1 worker")
@@ -398,8 +411,10 @@ def run_experiment(engine: Engine, db: str | None, key: str | int, *, workers: i
     folder = log_dir(engine, experiment)
     folder.mkdir(parents=True, exist_ok=True)
     env = {"OMP_NUM_THREADS": str(threads)} if threads else None
-    procs = [start_worker(db, options=["--poll", str(min(poll_s, 1.0))], die_with_parent=True,
-                          log=folder / f"worker-{i}.log", env=env) for i in range(workers)]
+    shares = split_gpus(visible_gpus(), workers)  # each worker owns its own GPUs (none where there are too few)
+    procs = [start_worker(db, options=["--poll", str(min(poll_s, 1.0)), "--gpus", ",".join(gpus) or "none"],
+                          die_with_parent=True, log=folder / f"worker-{i}.log", env=env)
+             for i, gpus in enumerate(shares)]
     try:
         moved = time.monotonic()
         while True:

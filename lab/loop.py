@@ -8,6 +8,8 @@ anyone likes, from any process, and a run picks up where it stopped after a cras
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import socket
 import time
 from collections.abc import Callable, Sequence
@@ -21,12 +23,20 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
 from envsim.config import Adjustment, EnvConfig, Projection
-from envsim.suite import DEV_PER_SIZE, Split, dev_cells, validation_cells
-from lab.context import ContextModules, Evidence, context_preset, evidence_split, load_stage_result, preset_of
+from envsim.suite import Split
+from lab.context import (
+    DEFAULT_PRESET,
+    ContextModules,
+    Evidence,
+    context_preset,
+    evidence_split,
+    load_stage_result,
+    preset_of,
+)
 from lab.engineers import ENGINEERS, LEARN_ANSWERS, LEARN_BOARDS, EngineerAnswer
 from lab.llm import LLMError, check_server
 from lab.proposals import current_proposal, decide, decision_of, fill_check, fillable, self_summary, store_proposal
-from lab.settings import RunSettings, probe_size
+from lab.settings import RunSettings, first_error, probe_size
 from storage.db import UnsafePath, checkpoint_of, lock_run, run_folder
 from storage.db import session as open_session
 from storage.decisions import record_decision
@@ -38,6 +48,7 @@ from storage.models import (
     Job,
     JobKind,
     JobStatus,
+    Priority,
     Proposal,
     Run,
     RunStatus,
@@ -78,75 +89,41 @@ def check_grpo(instances: int, grpo: dict[str, Any], policy: str) -> None:
                         ) from None
 
 
-def create_run(s: Session, *, name: str, config: EnvConfig, stages: int, policy: str = "tiny",
-               engineer: str = "heuristic", engineer_backend: str = "", auto_apply: bool = False, seed: int = 0,
-               grpo: dict[str, Any] | None = None, context: ContextModules | str | None = None,
-               base_url: str | None = None, description: str = "", lora: int = 0,
-               validation_boards: int | None = None, validation_per_size: int | None = None,
-               experiment_id: int | None = None, arm: str | None = None, remeasure: bool = False,
-               probe_boards: int | None = None, probe_answers: int | None = None,
-               dev_per_size: int | None = DEV_PER_SIZE) -> Run:
+def create_run(s: Session, *, name: str, config: EnvConfig, settings: RunSettings, policy: str = "tiny",
+               engineer: str = "heuristic", engineer_backend: str = "", seed: int = 0, description: str = "",
+               experiment_id: int | None = None, arm: str | None = None) -> Run:
     """Store a run, its stage 0 (the starting policy, evaluated on `config`) and queue that stage.
 
-    `context` is the llm engineer's context modules, or the name of a preset (`lab.context.CONTEXT_PRESETS`;
-    default `paper-best`). `lora` > 0 trains LoRA adapters of that rank in each stage (folded into the weights
-    when it ends) instead of every weight: the option for large policies. `validation_per_size` evaluates on a
-    larger validation set (e.g. 120 boards per size, 960 in all; default the standard 30 per size, 240), and
-    `validation_boards` on that many of its boards, spread over the sizes (None: all of them), for a quick look.
-    `experiment_id` and `arm` place the run in an experiment (lab.experiments). `remeasure` has the llm engineer
-    probe its answer and ask once more where a size it changed measures too easy or too hard (docs/engineers.md).
-    `probe_boards` and `probe_answers` size the probes of the Measure panel and the llm engineer (B boards per
-    size, K answers each; None: `training.probe`'s defaults). `dev_per_size` is the dev boards per map size each
+    The keyword arguments are who the run is (its row's columns); `settings` is everything it is asked to do
+    (`lab.settings.RunSettings`, checked when it was made), stored whole. What only the training stack can
+    check is checked here, before anything is stored: the engineer, the GRPO overrides (as TRL would count
+    them) and the llm engineer's context (`settings.context`, else the preset `settings.context_preset`,
+    default `paper-best`, resolved into its modules). `settings.dev_per_size` is the dev boards per map size each
     stage is also evaluated on: the engineers read those, never the validation boards (docs/loop.md); None only
     for a run added to an experiment made before dev boards existed (its engineers read validation, as the others).
+    `experiment_id` and `arm` place the run in an experiment (lab.experiments).
     """
+    check_policy(policy)
     check_engineer(engineer, engineer_backend, policy)
-    if base_url:
+    if settings.base_url:
         try:
-            check_server(base_url)
+            check_server(settings.base_url)
         except LLMError as err:
             raise LoopError(str(err)) from None
     try:  # a config changed with model_copy (e.g. `--instances 0`) skipped validation
         config = EnvConfig.model_validate(config.model_dump())
     except ValidationError as err:
-        raise LoopError(f"the initial config is not valid: {_first_error(err)}") from None
-    if grpo:
-        check_grpo(config.num_instances, grpo, policy)
-    if stages < 1:
-        raise LoopError(f"stages = {stages}: a run trains at least 1 stage")
-    if lora < 0:
-        raise LoopError(f"lora = {lora}: a LoRA rank is a positive number (0: no LoRA)")
-    if validation_boards is not None and validation_boards < 1:
-        raise LoopError(f"validation_boards = {validation_boards}: evaluate on at least 1 board (None: all 240)")
+        raise LoopError(f"the initial config is not valid: {first_error(err)}") from None
+    if settings.grpo:
+        check_grpo(config.num_instances, settings.grpo, policy)
     try:
-        if validation_per_size is not None:
-            validation_cells(validation_per_size)
-        if dev_per_size is not None:
-            dev_cells(dev_per_size)
-        modules = context_preset(context) if isinstance(context, str) else context or ContextModules.paper_best()
-    except ValueError as err:
-        raise LoopError(str(err)) from None
-    settings = {"stages": stages, "auto_apply": auto_apply, "grpo": grpo or {}, "lora": lora,
-                "context": asdict(modules), "base_url": base_url}
-    if dev_per_size is not None:
-        settings["dev_per_size"] = dev_per_size
-    if (preset := preset_of(modules)) is not None:
-        settings["context_preset"] = preset
-    if validation_boards is not None:
-        settings["validation_boards"] = validation_boards
-    if remeasure:
-        settings["remeasure"] = True
-    if validation_per_size is not None:
-        settings["validation_per_size"] = validation_per_size
-    for key, value in (("probe_boards", probe_boards), ("probe_answers", probe_answers)):
-        if value is not None:
-            settings[key] = value
-    try:
-        RunSettings.model_validate(settings)
-    except ValidationError as err:
-        raise LoopError(f"run settings: {_first_error(err)}") from None
+        modules = (ContextModules(**settings.context) if settings.context is not None
+                   else context_preset(settings.context_preset or DEFAULT_PRESET))
+    except (ValueError, TypeError) as err:
+        raise LoopError(f"context: {err}") from None
+    settings = settings.model_copy(update={"context": asdict(modules), "context_preset": preset_of(modules)})
     run = Run(name=name, description=description, policy=policy, engineer=engineer, engineer_backend=engineer_backend,
-              settings=settings, seed=seed, status=RunStatus.ACTIVE, experiment_id=experiment_id, arm=arm)
+              settings=settings.stored(), seed=seed, status=RunStatus.ACTIVE, experiment_id=experiment_id, arm=arm)
     s.add(run)
     s.commit()
     s.refresh(run)
@@ -157,10 +134,15 @@ def create_run(s: Session, *, name: str, config: EnvConfig, stages: int, policy:
     return run
 
 
-def _first_error(err: ValidationError) -> str:
-    e = err.errors()[0]
-    where, msg = ".".join(map(str, e["loc"])), e["msg"].removeprefix("Value error, ")
-    return f"{where}: {msg}" if where else msg
+def check_policy(policy: str) -> None:
+    """Refuse a policy this machine cannot load (no such folder, a hub name while downloads are off), in one line
+    that names it, before a run depends on it (`training.resolve.resolve_policy`: no weight is read)."""
+    from training.resolve import PolicyUnavailable, resolve_policy
+
+    try:
+        resolve_policy(policy)
+    except PolicyUnavailable as err:
+        raise LoopError(str(err)) from None
 
 
 def check_engineer(engineer: str, backend: str, policy: str | None = None) -> None:
@@ -216,10 +198,35 @@ def _last_job(s: Session, run_id: int, kind: JobKind, target: int) -> Job | None
 _TARGET_KEY = {JobKind.STAGE: "stage_index", JobKind.PROPOSE: "after_stage", JobKind.BENCHMARK: "stage_index"}
 
 
-def _enqueue(s: Session, kind: JobKind, run_id: int, target: int, **payload: Any) -> Job:
-    """Queue a job of the run inside the caller's transaction (committed with the rest of its step)."""
+GPU_SETTING = "ENVLAB_GPU_ABOVE"  # parameters above which a pretrained policy's jobs need a GPU worker
+GPU_ABOVE = 500_000_000  # its default: Gemma 3 270M trains on a CPU, Qwen3-0.6B and larger ask for a GPU
+
+
+def gpu_above() -> int:
+    """`$ENVLAB_GPU_ABOVE` parameters (default 500 M): a policy larger than this needs a GPU worker."""
+    return int(float(os.environ.get(GPU_SETTING) or GPU_ABOVE))
+
+
+def needs_gpu(run: Run) -> bool:
+    """Whether the jobs that load `run`'s policy need a worker with a GPU: a policy of more than `gpu_above()`
+    parameters (read from its files or its name, `training.resolve.policy_params`), unless the run allows the
+    CPU (`RunSettings.allow_cpu`)."""
+    from training.resolve import policy_params
+
+    if run.settings.get("allow_cpu"):
+        return False
+    params = policy_params(run.policy)
+    return params is not None and params > gpu_above()
+
+
+def _enqueue(s: Session, kind: JobKind, run_id: int, target: int, *, priority: int = Priority.BACKGROUND,
+             **payload: Any) -> Job:
+    """Queue a job of the run inside the caller's transaction (committed with the rest of its step), saying
+    what it needs: a GPU where it loads a large policy (a proposal only when the policy is its own engineer)."""
+    run = s.get(Run, run_id)
+    loads_policy = kind != JobKind.PROPOSE or (run.engineer == "llm" and run.engineer_backend == SELF_BACKEND)
     return enqueue(s, kind, {"run_id": run_id, _TARGET_KEY[kind]: target, **payload}, run_id=run_id,
-                   target=target, commit=False)
+                   target=target, commit=False, needs_gpu=loads_policy and needs_gpu(run), priority=priority)
 
 
 def _set_status(run: Run, status: RunStatus, reason: str = "") -> None:
@@ -268,7 +275,9 @@ def _step(s: Session, run: Run) -> str:
             return f"waiting: proposal {proposal.id} needs a decision"
         decision = _auto_decide(s, proposal, last)
     s.add(Stage(run_id=run.id, index=last.index + 1, config=decision.config, status=StageStatus.QUEUED))
-    _enqueue(s, JobKind.STAGE, run.id, last.index + 1)
+    # a person decided and waits for the stage: it goes before an experiment's work
+    _enqueue(s, JobKind.STAGE, run.id, last.index + 1,
+             priority=Priority.BACKGROUND if decision.action == Action.AUTO else Priority.INTERACTIVE)
     _set_status(run, RunStatus.ACTIVE)
     return f"queued stage {last.index + 1} ({decision.action} by {decision.user})"
 
@@ -363,9 +372,38 @@ def queue_benchmark(engine: Engine, run_id: int, stage_index: int) -> Job:
 
 
 def after_job(engine: Engine, job: Job) -> None:
-    """The worker's `after` hook: once any job of a run ends, queue what comes next for that run."""
+    """The worker's `after` hook: once any job of a run ends, drop a finished stage's intermediate checkpoints
+    (`prune_checkpoints`) and queue what comes next for that run."""
+    if job.run_id is not None and job.kind == JobKind.STAGE and job.status == JobStatus.DONE:
+        prune_checkpoints(engine, job.run_id, job.target)
     if job.run_id is not None and job.kind in LOOP_KINDS:
         advance(engine, job.run_id)
+
+
+CHECKPOINT_DIR = re.compile(r"checkpoint-\d+")  # TRL's intermediate checkpoints, in a stage's trl/ folder
+
+
+def prune_checkpoints(engine: Engine, run_id: int, stage_index: int | None) -> list[Path]:
+    """Delete TRL's intermediate checkpoints (`stage-K/trl/checkpoint-*/`) of a finished stage, whose final weights
+    are in `stage-K/policy/`, unless the run keeps them (`RunSettings.keep_checkpoints`); returns what went. A
+    stage that is not done keeps them: a new attempt resumes from the last one."""
+    with open_session(engine) as s:
+        run = s.get(Run, run_id)
+        stage = s.exec(select(Stage).where(Stage.run_id == run_id, Stage.index == stage_index)).first()
+    if run is None or stage is None or stage.status != StageStatus.DONE or run.settings.get("keep_checkpoints"):
+        return []
+    try:
+        trainer_dir = run_folder(engine, run.uuid) / f"stage-{stage.index}" / "trl"
+    except UnsafePath:
+        return []
+    if not trainer_dir.is_dir() or trainer_dir.is_symlink():
+        return []
+    gone = []
+    for entry in sorted(trainer_dir.iterdir()):
+        if CHECKPOINT_DIR.fullmatch(entry.name) and entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+            gone.append(entry)
+    return gone
 
 
 def _auto_decide(s: Session, proposal: Proposal, last: Stage) -> Decision:
@@ -401,8 +439,25 @@ def keep_instances(answer: EngineerAnswer, n: int) -> EngineerAnswer:
                                                  (*projection.adjustments, kept)))
 
 
+def propose_loads_model(engine: Engine, job: Job) -> bool:
+    """Whether a `propose` job loads a model (so its worker runs it in a child process): the llm engineer on
+    an `hf:` backend or with probes, the learnability engineer (it probes the policy)."""
+    with open_session(engine) as s:
+        run = s.get(Run, job.run_id) if job.run_id is not None else None
+    if run is None:
+        return False
+    if run.engineer == "learnability":
+        return True
+    if run.engineer != "llm":
+        return False
+    context = run.settings.get("context") or {}
+    return run.engineer_backend.startswith("hf:") or bool(context.get("measured") or run.settings.get("remeasure"))
+
+
 def run_propose_job(engine: Engine, job: Job, progress: Callable[..., bool]) -> dict:
     """The `propose` job: run the engineer on the evidence and store its proposal (even a failed one)."""
+    from training.resolve import resolve_policy
+
     run_id, after = job.payload["run_id"], job.payload["after_stage"]
     with open_session(engine) as s:
         run = s.get(Run, run_id)
@@ -413,8 +468,10 @@ def run_propose_job(engine: Engine, job: Job, progress: Callable[..., bool]) -> 
         if run.engineer == "learnability":
             options = {"probe_fn": probe_for(engine, run, stage, boards=LEARN_BOARDS, answers=LEARN_ANSWERS)}
         if run.engineer == "llm":
+            # stage 0's checkpoint is the run's policy as named ("gemma3-270m"): its folder here, never a hub name
+            policy_path = resolve_policy(run.policy, build=True) if stage.index == 0 else checkpoint_of(engine, stage)
             options = {"backend": run.engineer_backend, "base_url": run.settings.get("base_url"),
-                       "policy_path": checkpoint_of(engine, stage),
+                       "policy_path": policy_path,
                        "modules": ContextModules(**run.settings["context"]),
                        "remeasure": bool(run.settings.get("remeasure"))}
             if options["modules"].measured or options["remeasure"]:

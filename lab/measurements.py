@@ -17,9 +17,10 @@ from sqlalchemy import Engine
 from sqlmodel import select
 
 from envsim.config import ConfigError, EnvConfig, project
+from lab.loop import needs_gpu
 from lab.settings import probe_size
 from storage.db import checkpoint_of, session
-from storage.models import ACTIVE_JOB, Job, JobKind, JobStatus, Probe, Proposal, Run, Stage
+from storage.models import ACTIVE_JOB, Job, JobKind, JobStatus, Priority, Probe, Proposal, Run, Stage
 from storage.queue import AlreadyQueued, enqueue
 from training.probe import ProbeResult, result_of
 
@@ -100,7 +101,8 @@ def queue_measure(engine: Engine, proposal_id: int | None, edited: dict[str, Any
                    "configs": {label: c.model_dump(mode="json") for label, c in configs.items()},
                    "seed": run.seed, **size, "temperature": temperature}
         try:
-            job = enqueue(s, JobKind.PROBE, payload, run_id=run.id, target=proposal.after_stage)
+            job = enqueue(s, JobKind.PROBE, payload, run_id=run.id, target=proposal.after_stage,
+                          needs_gpu=needs_gpu(run), priority=Priority.INTERACTIVE)  # a person waits on it
         except AlreadyQueued as err:
             return err.job.id, f"A measurement of this run's stage is under way already (job {err.job.id})."
     return job.id, f"Measuring {', '.join(configs)} on {what} (job {job.id}): {size['boards']} boards per size, " \

@@ -8,8 +8,10 @@ stage's rates come from `lab.results` like everywhere else.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from enum import StrEnum
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, func
@@ -21,16 +23,52 @@ from envsim.suite import Entry, Report, Split, report
 from lab.loop import create_run, jobs_of, set_auto_apply, stages_of
 from lab.proposals import current_proposal, decision_of, diff
 from lab.results import StageSummary, stage_summaries
-from storage.db import session
+from storage.db import UnsafePath, run_folder, session
 from storage.models import Action, Decision, Episode, Job, Proposal, Run, RunStatus, Stage, StageStatus, TrainingLog
 
 
 @dataclass(frozen=True)
 class RunRow:
-    """A run in the run list, with how many of its training stages are done (stage 0 is not trained)."""
+    """A run in the run list, with how many of its training stages are done (stage 0 is not trained) and the
+    bytes its folder holds on disk (None: it has no folder here)."""
 
     run: Run
     trained: int
+    disk: int | None = None
+
+
+_DISK: dict[str, tuple[tuple[int, ...], int]] = {}  # a run folder -> (its folders' mtimes, its bytes)
+
+
+def disk_use(folder: Path) -> int | None:
+    """The bytes under `folder` (links not followed), or None when there is no such folder. Cheap on every poll:
+    a run's files are written into its stage folders, so the sum is reused while neither the run folder's nor a
+    stage folder's (nor their subfolders') modification times changed."""
+    if not folder.is_dir():
+        return None
+    dirs = [folder, *(p for p in folder.iterdir() if p.is_dir() and not p.is_symlink())]
+    dirs += [p for d in dirs[1:] for p in d.iterdir() if p.is_dir() and not p.is_symlink()]
+    key = tuple(d.stat().st_mtime_ns for d in dirs)
+    cached = _DISK.get(str(folder))
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    total, stack = 0, [folder]
+    while stack:
+        with os.scandir(stack.pop()) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(Path(entry.path))
+                else:
+                    total += entry.stat(follow_symlinks=False).st_size
+    _DISK[str(folder)] = (key, total)
+    return total
+
+
+def _run_disk(engine: Engine, run: Run) -> int | None:
+    try:
+        return disk_use(run_folder(engine, run.uuid))
+    except (UnsafePath, OSError):
+        return None
 
 
 def run_list(engine: Engine) -> list[RunRow]:
@@ -38,7 +76,7 @@ def run_list(engine: Engine) -> list[RunRow]:
     with session(engine) as s:
         runs = list(s.exec(select(Run).order_by(Run.id.desc())))
         done = {r.id: sum(st.status == StageStatus.DONE for st in stages_of(s, r.id)) for r in runs}
-    return [RunRow(r, max(done[r.id] - 1, 0)) for r in runs]
+    return [RunRow(r, max(done[r.id] - 1, 0), _run_disk(engine, r)) for r in runs]
 
 
 @dataclass(frozen=True)

@@ -1,19 +1,33 @@
-"""The schema of a run's settings (`Run.settings`): one description for the code that writes them (`lab.loop.
-create_run`) and the code that must vouch for them (`lab.archive`, a run from another lab). Kept light, with no
-torch behind it, so an archive is checked without loading the training stack."""
+"""A run's settings as one typed object: checked once, where a run is asked for (the page, `envlab run`, an
+experiment), stored whole in `Run.settings`, and vouched for again when a run arrives from another lab
+(`lab.archive`). Kept light, with no torch behind it, so an archive is checked without loading the training stack.
+
+Adding a setting is one field here (its type, its default and its range) and, where a person should set it from
+the command line, one flag in `settings_arguments` whose `dest` is the field's name: `from_args` picks up every
+flag named like a field, `lab.loop.create_run` stores the object whole, and every command that creates runs
+(`envlab run`, `envlab experiment new`) gets the flag.
+"""
 
 from __future__ import annotations
 
+import argparse
+from collections.abc import Callable
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from envsim.suite import DEV_PER_SIZE, dev_cells, validation_cells
 from training.overrides import lab_owned
 from training.probe import PROBE_ANSWERS, PROBE_BOARDS
 
 
+class SettingsError(ValueError):
+    """Run settings that cannot be used; the message names the setting and what is wrong with it."""
+
+
 class RunSettings(BaseModel):
-    """The shape of `Run.settings`, as `create_run` writes it and the loop, the stage and the pages read it.
+    """Everything a run is asked to do beyond who it is (name, policy, engineer, seed: its row's columns) and
+    where it starts (stage 0's config), as `Run.settings` stores it and the loop, the stage and the pages read it.
 
     A run's settings can arrive in another lab's archive (lab.archive checks them with this before anything is
     stored), so every key the lab reads has its type here; a key the lab does not read travels as it is.
@@ -21,20 +35,23 @@ class RunSettings(BaseModel):
 
     model_config = ConfigDict(strict=True, extra="allow")
 
-    stages: int = Field(ge=1)
+    stages: int  # training stages after stage 0 (at least 1)
     auto_apply: bool = False
     grpo: dict[str, Any] = Field(default_factory=dict)
-    lora: int = Field(default=0, ge=0)
+    lora: int = Field(default=0, ge=0)  # LoRA rank of every stage's training (0: every weight trains)
     context: dict[str, bool] | None = None  # lab.context.ContextModules's fields (read there, with torch behind it)
-    context_preset: str | None = None
+    context_preset: str | None = None  # the llm engineer's context preset (create_run resolves it into `context`)
     base_url: str | None = None
-    validation_boards: int | None = Field(default=None, ge=1)
-    validation_per_size: int | None = Field(default=None, ge=1)
+    validation_boards: int | None = None  # evaluate on that many of the validation boards (None: all of them)
+    validation_per_size: int | None = Field(default=None, ge=1)  # a larger validation set (None: the standard 30)
     # dev boards per map size: evaluated after each stage, what the engineers read (None: a run of an earlier
     # version, evaluated on the validation set only, whose engineers read that)
     dev_per_size: int | None = Field(default=None, ge=3)
     probe_boards: int | None = Field(default=None, ge=1, le=64)  # the Measure panel's and the llm engineer's probe
     probe_answers: int | None = Field(default=None, ge=2, le=64)  # (None: training.probe's defaults)
+    remeasure: bool = False  # the llm engineer probes its answer and is asked once more (docs/engineers.md)
+    keep_checkpoints: bool = False  # keep TRL's intermediate checkpoints (checkpoint-*/) after a stage ends
+    allow_cpu: bool = False  # a large pretrained policy may run on a worker without a GPU (slow, but allowed)
     engineer_history: list[dict[str, Any]] = Field(default_factory=list)
     example: bool = False
 
@@ -44,6 +61,135 @@ class RunSettings(BaseModel):
         if owned := lab_owned(value):
             raise ValueError(f"sets {', '.join(owned)}: the lab sets these itself (a run's files stay in its folder)")
         return value
+
+    @field_validator("stages")
+    @classmethod
+    def _stages(cls, value: int) -> int:
+        if value < 1:
+            raise ValueError("a run trains at least 1 stage")
+        return value
+
+    @field_validator("validation_boards")
+    @classmethod
+    def _boards(cls, value: int | None) -> int | None:
+        if value is not None and value < 1:
+            raise ValueError("evaluate on at least 1 board (None: all 240)")
+        return value
+
+    @field_validator("validation_per_size")
+    @classmethod
+    def _per_size(cls, value: int | None) -> int | None:
+        if value is not None:
+            validation_cells(value)  # a ValueError naming the sizes it cannot fill
+        return value
+
+    @field_validator("dev_per_size")
+    @classmethod
+    def _dev(cls, value: int | None) -> int | None:
+        if value is not None:
+            dev_cells(value)  # a ValueError: not a multiple of the wait subsets
+        return value
+
+    @classmethod
+    def checked(cls, **values: Any) -> RunSettings:
+        """The settings of `values`, or a SettingsError naming the first setting that is wrong."""
+        try:
+            return cls.model_validate(values)
+        except ValidationError as err:
+            raise SettingsError(first_error(err)) from None
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, **values: Any) -> RunSettings:
+        """The settings of a command's flags (`settings_arguments`: every flag whose `dest` is a field's name
+        and that was given), with `values` on top. `--grpo` collects KEY=VALUE pairs that the command parses
+        (with its scenario's): it arrives in `values`."""
+        given = {name: getattr(args, name) for name in cls.model_fields
+                 if name != "grpo" and getattr(args, name, None) is not None}
+        return cls.checked(**{**given, **values})
+
+    def stored(self) -> dict[str, Any]:
+        """What `Run.settings` holds: every setting that has a value."""
+        return self.model_dump(mode="json", exclude_none=True)
+
+
+def first_error(err: ValidationError) -> str:
+    """A pydantic error as one line: `field = value: message` (the value where it is a short one)."""
+    e = err.errors()[0]
+    where, msg = ".".join(map(str, e["loc"])), e["msg"].removeprefix("Value error, ")
+    if where and isinstance(e.get("input"), int | float | str | bool) and len(repr(e["input"])) <= 40:
+        where = f"{where} = {e['input']!r}"
+    return f"{where}: {msg}" if where else msg
+
+
+def count(low: int, high: int, why: str, too_few: str = "") -> Callable[[str], int]:
+    """An argparse type: a whole number from `low` to `high`; a number out of range is refused saying why the
+    bound is where it is (`why` above, `too_few` below)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value:,} is less than {low}" + (f": {too_few}" if too_few else ""))
+        if value > high:
+            raise argparse.ArgumentTypeError(f"{value:,} is more than {high:,}: {why}")
+        return value
+
+    parse.__name__ = "count"  # argparse names the type in its messages
+    return parse
+
+
+# The bounds of the counts a run's settings take on the command line, each with why it is where it is.
+MAX_STAGES = count(1, 1000, "each stage trains and evaluates the policy (minutes to hours); run again from "
+                            "the last stage's checkpoint for more", "a run trains at least 1 stage")
+MAX_BOARDS = count(1, 100_000, "a config's num_instances is at most 100,000 boards per stage",
+                   "a stage trains on at least 1 board")
+VALIDATION_BOARDS = count(1, 100_000, "more boards than a validation set of 10,000 per size holds",
+                          "evaluate on at least 1 board")
+PER_SIZE = count(1, 10_000, "10,000 boards per size is 80,000 boards to evaluate after every stage",
+                 "a size needs at least 1 validation board")
+DEV_BOARDS = count(3, 10_000, "10,000 boards per size is 80,000 boards to evaluate after every stage",
+                   "the dev split needs at least 3 boards per size (one per wait subset)")
+LORA_RANK = count(0, 4096, "a LoRA rank above a model's width adds nothing (Gemma 3 270M: 640)")
+
+
+def settings_arguments(parser: argparse.ArgumentParser, *, experiment: bool = False) -> None:
+    """The flags of a run's settings, for every command that creates runs; each `dest` is a RunSettings field.
+    `experiment`: the flags of `envlab experiment new` (its runs always auto-apply; the context is each arm's)."""
+    from lab.context import CONTEXT_PRESETS, DEFAULT_PRESET  # here: the presets' names, for the flag's choices
+
+    parser.add_argument("--stages", type=MAX_STAGES, default=3)
+    parser.add_argument("--base-url", help="base URL of an OpenAI-compatible server (openai: backends)")
+    parser.add_argument("--lora", type=LORA_RANK, default=0, metavar="RANK",
+                        help="train LoRA adapters of this rank (needs peft), e.g. 16 for a large policy; 0: every "
+                             "weight")
+    parser.add_argument("--validation-boards", type=VALIDATION_BOARDS, metavar="N",
+                        help="evaluate each stage on N of the validation boards, spread over the sizes (default: all)")
+    parser.add_argument("--validation-per-size", type=PER_SIZE, metavar="N", default=120 if experiment else None,
+                        help="validation boards per map size (e.g. 120: 960 boards; 30: the standard 240; default "
+                             f"{120 if experiment else 30})")
+    parser.add_argument("--keep-checkpoints", action="store_true", default=None,
+                        help="keep TRL's intermediate checkpoints (checkpoint-*/) of every stage; by default a "
+                             "finished stage keeps only its final weights")
+    parser.add_argument("--allow-cpu", action="store_true", default=None,
+                        help="let a worker without a GPU run a large pretrained policy (see ENVLAB_GPU_ABOVE)")
+    parser.add_argument("--dev-per-size", type=DEV_BOARDS, default=DEV_PER_SIZE, metavar="N",
+                        help=f"dev boards per map size, evaluated after each stage: what the engineers read, never the "
+                             f"validation boards (a multiple of 3; default {DEV_PER_SIZE})")
+    if experiment:
+        return
+    parser.add_argument("--auto-apply", action="store_true", default=None,
+                        help="apply every proposal without waiting for a person")
+    parser.add_argument("--context", dest="context_preset", default=DEFAULT_PRESET, choices=list(CONTEXT_PRESETS),
+                        help="the llm engineer's context preset (docs/engineers.md)")
+    parser.add_argument("--remeasure", action="store_true", default=None,
+                        help="the llm engineer probes its answer on the policy and is asked once more where a size "
+                             "it changed measures too easy or too hard (docs/engineers.md)")
+    parser.add_argument("--probe-boards", type=int, metavar="B", help="boards per size in a probe (Measure, the llm "
+                                                                       "engineer's measured context; default 8)")
+    parser.add_argument("--probe-answers", type=int, metavar="K",
+                        help="sampled answers per board in a probe (default 8)")
 
 
 def probe_size(settings: dict[str, Any]) -> dict[str, int]:

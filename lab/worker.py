@@ -28,15 +28,21 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
+import importlib
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 import traceback
+from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
 from pathlib import Path
@@ -146,6 +152,159 @@ def _fail_job(engine: Engine, job: Job, err: BaseException) -> Job:
             return s.get(Job, job.id, populate_existing=True)
 
 
+# ---------------------------------------------------------------- a job in a process of its own
+
+CHILD_TAIL_LINES = 40  # of a dead child's stderr, kept in its job's log tail
+CANCEL_GRACE_S = 10.0  # a cancelled child's time to stop by itself (a stage saves its checkpoint) before SIGTERM
+KILL_GRACE_S = 5.0  # then SIGTERM's, before SIGKILL
+DB_SETTING = "ENVLAB_CHILD_DB"  # the worker's database URL, password included: in the environment, not argv
+
+
+def target_function(target: str) -> Handler:
+    """The handler `module:function` names (e.g. `training.stage:run_stage_job`)."""
+    module, _, name = target.partition(":")
+    if not module or not name:
+        raise ValueError(f"handler {target!r}: give module:function")
+    return getattr(importlib.import_module(module), name)
+
+
+@dataclass(frozen=True)
+class InChild:
+    """A handler that runs in a child process the worker starts (`lab.child`): every job that loads a model.
+
+    `target` is the handler as `module:function`, imported in the child. `when(engine, job)`, where given,
+    says whether this job loads a model at all (a proposal of the heuristic engineer does not): one that does
+    not runs in the worker's own process, with no child's start-up to pay.
+    """
+
+    target: str
+    when: Callable[[Engine, Job], bool] | None = None
+
+    def function(self) -> Handler:
+        return target_function(self.target)
+
+
+def _in_child(engine: Engine, job: Job, child: InChild) -> bool:
+    """Whether `job` runs in a child process; a `when` that fails sends it there (its handler says what is wrong)."""
+    try:
+        return child.when is None or child.when(engine, job)
+    except Exception:
+        log.exception("job %s: could not tell whether it loads a model; it runs in a child process", job.id)
+        return True
+
+
+def child_command(job: Job, child: InChild, gpus: Sequence[str], stale_s: float | None = None) -> list[str]:
+    """The child's command line: `accelerate launch --num_processes N -m lab.child ...` where the worker owns
+    N GPUs, a plain `python -m lab.child ...` otherwise."""
+    args = [str(job.id), child.target] + ([] if stale_s is None else ["--stale", str(stale_s)])
+    if not gpus:
+        return [sys.executable, "-m", "lab.child", *args]
+    return [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(len(gpus)),
+            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "lab.child", *args]
+
+
+def child_env(engine: Engine, gpus: Sequence[str]) -> dict[str, str]:
+    """The child's environment: the worker's, its database, the worker's GPUs (none: no GPU is visible), and no
+    model hub unless downloads are allowed (`training.policy.downloads_allowed`)."""
+    from training.resolve import offline_env
+
+    env = {**os.environ, DB_SETTING: engine.url.render_as_string(hide_password=False),
+           "CUDA_VISIBLE_DEVICES": ",".join(gpus), "PYTHONUNBUFFERED": "1"}
+    return {**env, **offline_env()}
+
+
+def _kill_group(proc: subprocess.Popen, grace_s: float = KILL_GRACE_S) -> None:
+    """End the child's whole process group (its own children too): SIGTERM, then SIGKILL after `grace_s`."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, None)):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        if wait_s is not None:
+            try:
+                proc.wait(timeout=wait_s)
+            except subprocess.TimeoutExpired:
+                continue
+    proc.wait()
+
+
+def _reap_group(pgid: int) -> None:
+    """Whatever the child left running in its group (a data loader, a launcher's ranks) ends with it."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def _ended_how(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            return f"was killed by signal {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"was killed by signal {-returncode}"
+    return f"exited with status {returncode}"
+
+
+def run_child(engine: Engine, job: Job, child: InChild, *, gpus: Sequence[str] = (), stale_s: float | None = None,
+              poll_s: float = 0.2, cancel_grace_s: float = CANCEL_GRACE_S) -> Job:
+    """Run one claimed job in a child process (`child_command`) and return its row as it ended.
+
+    The child ends the job itself (done, failed, cancelled). The worker watches it: on Cancel (or the job lost
+    to a reaper) it gives the child `cancel_grace_s` to stop by itself, then ends its process group; a child that
+    dies without ending its job fails it, with its last lines of stderr in the log tail. The child's output goes
+    to the worker's stderr as it comes, where the worker logs at INFO (`envlab worker`; `envlab run` does not).
+    """
+    proc = subprocess.Popen(child_command(job, child, gpus, stale_s), env=child_env(engine, gpus),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True, preexec_fn=_death_signal(), text=True, errors="replace")
+    log.info("job %s (%s): child process %d: %s", job.id, job.kind, proc.pid, child.target)
+    tail: deque[str] = deque(maxlen=CHILD_TAIL_LINES)
+    show = log.isEnabledFor(logging.INFO)  # `envlab worker` logs; `envlab run` into a file says one line a stage
+
+    def relay() -> None:
+        for line in proc.stdout:
+            tail.append(line.rstrip("\n"))
+            if show:
+                sys.stderr.write(line)
+
+    reader = threading.Thread(target=relay, name=f"child-{job.id}", daemon=True)
+    reader.start()
+    stop_asked: float | None = None
+    try:
+        while proc.poll() is None:
+            try:
+                proc.wait(timeout=poll_s)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            with session(engine) as s:
+                row = s.get(Job, job.id, populate_existing=True)
+            if stop_asked is None and (row.cancel_requested or row.status != JobStatus.RUNNING):
+                stop_asked = time.monotonic()
+                log.info("job %s: %s; the child has %gs to stop", job.id,
+                         "cancel requested" if row.cancel_requested else f"job is {row.status}", cancel_grace_s)
+            if stop_asked is not None and time.monotonic() - stop_asked >= cancel_grace_s:
+                log.info("job %s: ending child process group %d", job.id, proc.pid)
+                _kill_group(proc)
+    except BaseException:  # a second SIGINT/SIGTERM: the child goes with the job
+        _kill_group(proc)
+        raise
+    finally:
+        _reap_group(proc.pid)
+        reader.join(timeout=5)
+    with session(engine) as s:
+        ended = s.get(Job, job.id, populate_existing=True)
+        if ended.status != JobStatus.RUNNING:
+            return ended
+        how = _ended_how(proc.returncode)
+        last = next((line for line in reversed(tail) if line.strip()), "")
+        try:
+            queue.heartbeat(s, job.id, ended.step, ended.total,
+                            "\n".join([f"-- the job's process {how}; its last lines of stderr:", *tail]))
+            return queue.fail(s, job.id, f"the job's process {how}" + (f": {last.strip()}" if last else ""))
+        except LostJob as err:
+            log.warning("job %s: %s", job.id, err)
+            return s.get(Job, job.id, populate_existing=True)
+
+
 def _unknown_kind(kinds: Sequence[str]) -> Handler:
     def handler(engine: Engine, job: Job, progress: Progress) -> dict[str, Any]:
         raise LookupError(f"no handler for job kind {job.kind!r} (this worker runs {', '.join(kinds)})")
@@ -153,27 +312,31 @@ def _unknown_kind(kinds: Sequence[str]) -> Handler:
     return handler
 
 
-def run_worker(engine: Engine, handlers: dict[str, Handler], *, worker_id: str | None = None,
+def run_worker(engine: Engine, handlers: dict[str, Handler | InChild], *, worker_id: str | None = None,
                poll_s: float = 1.0, stale_s: float | None = None, once: bool = False, after: After | None = None,
-               stop: threading.Event | None = None) -> int:
+               stop: threading.Event | None = None, gpus: Sequence[str] = (), run_id: int | None = None) -> int:
     """Claim and run jobs until `stop` is set; returns how many jobs this worker ran.
 
     Each poll first reaps running jobs with no heartbeat for `stale_s` seconds (their worker died), then
-    claims the oldest queued job. `after(engine, job)` runs after every job that ended (done, failed or
-    cancelled; the lab queues what comes next there). With `once`, the worker returns when it finds the
-    queue empty instead of waiting for more work (jobs that `after` queues still run first).
-    A job of a kind with no handler is claimed and failed with a message naming the kinds this worker runs.
+    claims the most urgent queued job this worker can run (`storage.queue.claim`: a person's before an
+    experiment's, then the oldest; one that needs a GPU only with `gpus`; only run `run_id`'s, when given). A
+    handler that is an `InChild` runs in a child process on the worker's `gpus` (`run_child`). `after(engine,
+    job)` runs after every job that ended (done, failed or cancelled; the lab queues what comes next there).
+    With `once`, the worker returns when it finds nothing to claim instead of waiting for more work (jobs that
+    `after` queues still run first). A job of a kind with no handler is claimed and failed with a message naming
+    the kinds this worker runs.
     """
     worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}"
     stale_s = stale_after_s() if stale_s is None else stale_s
     stop = stop or threading.Event()
     ran = 0
-    log.info("worker %s: polling every %gs for %s", worker_id, poll_s, ", ".join(handlers))
+    log.info("worker %s: polling every %gs for %s%s", worker_id, poll_s, ", ".join(handlers),
+             f" on GPUs {','.join(gpus)}" if gpus else " (no GPU)")
     while not stop.is_set():
         with session(engine) as s:
             for reaped in queue.reap_stale(s, stale_s):
                 log.warning("job %s (%s) reaped: %s", reaped.id, reaped.kind, reaped.error)
-            job = queue.claim(s, worker_id)
+            job = queue.claim(s, worker_id, gpu=bool(gpus), run_id=run_id)
         if job is None:
             if once:
                 break
@@ -181,7 +344,11 @@ def run_worker(engine: Engine, handlers: dict[str, Handler], *, worker_id: str |
             continue
         log.info("job %s (%s) claimed, attempt %d: %s", job.id, job.kind, job.attempts, job.payload)
         handler = handlers.get(job.kind) or _unknown_kind(list(handlers))
-        ended = run_job(engine, job, handler, stale_s=stale_s)
+        if isinstance(handler, InChild) and _in_child(engine, job, handler):
+            ended = run_child(engine, job, handler, gpus=gpus, stale_s=stale_s)
+        else:
+            ended = run_job(engine, job, handler.function() if isinstance(handler, InChild) else handler,
+                            stale_s=stale_s)
         ran += 1
         if after is not None:
             try:
@@ -195,17 +362,62 @@ def run_worker(engine: Engine, handlers: dict[str, Handler], *, worker_id: str |
 # ---------------------------------------------------------------- the `envlab worker` command
 
 
-def handlers() -> dict[str, Handler]:
+def handlers(in_child: bool = True) -> dict[str, Handler | InChild]:
     """Every job kind a worker of the lab runs: training's (`stage`, `benchmark`, `probe`) and the engineer's
-    (`propose`).
+    (`propose`). With `in_child` (the worker's way) every job that loads a model runs in a child process of its
+    own (`InChild`): a stage, a benchmark, a probe, and a proposal whose engineer loads one
+    (`lab.loop.propose_loads_model`); without, all of them run in this process (a test, a notebook).
 
     Imported here rather than at the top so that starting a worker costs no torch import until a job needs it.
     """
+    if in_child:
+        from lab.loop import propose_loads_model
+
+        return {JobKind.STAGE: InChild("training.stage:run_stage_job"),
+                JobKind.BENCHMARK: InChild("training.evaluate:run_benchmark_job"),
+                JobKind.PROPOSE: InChild("lab.loop:run_propose_job", when=propose_loads_model),
+                JobKind.PROBE: InChild("training.probe:run_probe_job")}
     from lab.loop import run_propose_job
     from training import evaluate, probe, stage
 
     return {JobKind.STAGE: stage.run_stage_job, JobKind.BENCHMARK: evaluate.run_benchmark_job,
             JobKind.PROPOSE: run_propose_job, JobKind.PROBE: probe.run_probe_job}
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs this process may use: `CUDA_VISIBLE_DEVICES` where it is set, else every GPU torch sees (none on a
+    machine without an NVIDIA driver, found without importing torch)."""
+    if (visible := os.environ.get("CUDA_VISIBLE_DEVICES")) is not None:
+        return [g.strip() for g in visible.split(",") if g.strip() and g.strip() != "-1"]
+    if not (Path("/dev/nvidia0").exists() or shutil.which("nvidia-smi")):
+        return []
+    import torch
+
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def parse_gpus(text: str | None) -> list[str]:
+    """`--gpus`: `0,1` (those GPUs), `none` (the CPU only), or nothing given (`visible_gpus()`)."""
+    if text is None:
+        return visible_gpus()
+    if text.strip().lower() in ("", "none", "cpu"):
+        return []
+    gpus = [g.strip() for g in text.split(",")]
+    if not all(g.isdigit() for g in gpus) or len(set(gpus)) != len(gpus):
+        raise ValueError(f"--gpus {text!r}: give GPU numbers, each once, e.g. --gpus 0,1 (or none)")
+    return gpus
+
+
+def split_gpus(gpus: Sequence[str], workers: int) -> list[list[str]]:
+    """`gpus` shared out between `workers` workers in contiguous blocks (the first ones get one more where they do
+    not divide); a worker gets none where there are fewer GPUs than workers."""
+    size, extra = divmod(len(gpus), workers)
+    out, at = [], 0
+    for k in range(workers):
+        n = size + (1 if k < extra else 0)
+        out.append(list(gpus[at:at + n]))
+        at += n
+    return out
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -217,19 +429,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds without a heartbeat after which a running job counts as dead "
                              "(default: $ENVLAB_STALE_S, else 60; the page and resume use the same rule)")
     parser.add_argument("--once", action="store_true", help="exit when the queue is empty")
+    parser.add_argument("--gpus", metavar="LIST",
+                        help="the GPUs this worker owns, e.g. 0,1 (its jobs' processes run under accelerate launch "
+                             "with one process per GPU), or none; default: every visible GPU")
+    parser.add_argument("--in-process", action="store_true",
+                        help="run every job in the worker's own process instead of a child process per job that "
+                             "loads a model (debugging; the memory of a model is then never given back)")
 
 
 def run_from_args(args: argparse.Namespace) -> int:
     """Migrate the database, then run a worker of every lab job kind until SIGINT/SIGTERM (the first stops
     after the current job, a second interrupts it) or, with `--once`, until the queue is empty. After each
-    job of a run, `lab.loop.after_job` queues what comes next. Returns the exit status (0)."""
+    job of a run, `lab.loop.after_job` queues what comes next. Returns the exit status (0; 2 for bad input)."""
     from lab.loop import after_job
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
+        gpus = parse_gpus(args.gpus)
         engine = open_database(args.db)
-    except DatabaseUnusable as err:
+    except (DatabaseUnusable, ValueError) as err:
         print(f"envlab worker: {err}", file=sys.stderr)
         return 2
     stop = threading.Event()
@@ -244,8 +463,8 @@ def run_from_args(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGINT, on_signal)
         signal.signal(signal.SIGTERM, on_signal)
     try:
-        run_worker(engine, handlers(), worker_id=args.worker_id, poll_s=args.poll, stale_s=args.stale,
-                   once=args.once, after=after_job, stop=stop)
+        run_worker(engine, handlers(in_child=not args.in_process), worker_id=args.worker_id, poll_s=args.poll,
+                   stale_s=args.stale, once=args.once, after=after_job, stop=stop, gpus=gpus)
     finally:
         engine.dispose()
     return 0

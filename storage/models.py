@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
-from enum import StrEnum
+from enum import IntEnum, StrEnum
 from typing import Any
 
-from sqlalchemy import JSON, CheckConstraint, DateTime, Index, Text, UniqueConstraint, text
+from sqlalchemy import JSON, CheckConstraint, DateTime, Index, Text, UniqueConstraint, false, text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
@@ -265,6 +265,7 @@ class Job(SQLModel, table=True):
     __tablename__ = "jobs"
     __table_args__ = (
         Index(None, "status", "id"),
+        Index("ix_jobs_claim", "status", "priority", "id"),
         Index("uq_jobs_active_target", "run_id", "kind", "target", unique=True,
               sqlite_where=text("status IN ('queued', 'running')"),
               postgresql_where=text("status IN ('queued', 'running')")),
@@ -290,6 +291,15 @@ class Job(SQLModel, table=True):
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     started_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     finished_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    needs_gpu: bool = Field(default=False, sa_column_kwargs={"server_default": false()})  # only a GPU worker's
+    priority: int = Field(default=0, sa_column_kwargs={"server_default": "0"})  # `Priority`: higher is claimed first
+
+
+class Priority(IntEnum):
+    """How urgent a job is: a person waits on an interactive one (claimed first), nobody on an experiment's."""
+
+    BACKGROUND = 0  # a run's own stages and proposals, an experiment's, a benchmark
+    INTERACTIVE = 10  # a Measure, a stage queued after a person's decision on the page
 
 
 class Episode(SQLModel, table=True):

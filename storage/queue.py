@@ -22,7 +22,7 @@ from sqlalchemy import update
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
-from storage.models import ACTIVE_JOB, Job, JobKind, JobStatus, utcnow
+from storage.models import ACTIVE_JOB, Job, JobKind, JobStatus, Priority, utcnow
 
 LOG_TAIL_LINES = 200
 STALE_SETTING = "ENVLAB_STALE_S"
@@ -50,16 +50,20 @@ class AlreadyQueued(ValueError):
 
 
 def enqueue(session: Session, kind: JobKind, payload: dict[str, Any], *, run_id: int | None = None,
-            target: int | None = None, commit: bool = True) -> Job:
+            target: int | None = None, commit: bool = True, needs_gpu: bool = False,
+            priority: int = Priority.BACKGROUND) -> Job:
     """Queue a job of `kind` about stage `target` of run `run_id`; `payload` is whatever its worker needs.
 
-    With `commit=False` the row is only flushed (a caller holding the run's lock commits it with the rest).
+    `needs_gpu`: only a worker that owns a GPU claims it. `priority`: a person's interactive jobs
+    (`Priority.INTERACTIVE`) are claimed before the others. With `commit=False` the row is only flushed (a caller
+    holding the run's lock commits it with the rest).
 
     Raises:
-        AlreadyQueued: that run has a queued or running job of this kind and target (the database's
+        AlreadyQueued: that run has a queued or running job of this kind and target already (the database's
             partial unique index says so, whoever asked first).
     """
-    job = Job(kind=JobKind(kind), payload=payload, run_id=run_id, target=target)
+    job = Job(kind=JobKind(kind), payload=payload, run_id=run_id, target=target, needs_gpu=needs_gpu,
+              priority=int(priority))
     session.add(job)
     if not commit:
         session.flush()
@@ -77,16 +81,24 @@ def enqueue(session: Session, kind: JobKind, payload: dict[str, Any], *, run_id:
     return job
 
 
-def claim(session: Session, worker_id: str) -> Job | None:
-    """Take the oldest queued job for `worker_id` and mark it running; None when the queue is empty.
+def claim(session: Session, worker_id: str, *, gpu: bool = True, run_id: int | None = None) -> Job | None:
+    """Take the most urgent queued job that `worker_id` can run and mark it running; None when there is none.
 
-    Oldest by first enqueueing: a requeued job keeps its id and so its place ahead of newer jobs.
+    Most urgent: the highest `priority` (a person's interactive jobs), then the oldest by first enqueueing (a
+    requeued job keeps its id and so its place ahead of newer jobs). `gpu=False`: a worker without a GPU, which
+    never takes a job that needs one. `run_id`: only that run's jobs (`envlab run` drives its own run). Every
+    filter is keyword-only and narrows the claim's one query; a new one is another keyword.
     """
     now = utcnow()
+    where = [Job.status == JobStatus.QUEUED]
+    if not gpu:
+        where.append(Job.needs_gpu.is_(False))
+    if run_id is not None:
+        where.append(Job.run_id == run_id)
     oldest = (
         select(Job.id)
-        .where(Job.status == JobStatus.QUEUED)
-        .order_by(Job.id)
+        .where(*where)
+        .order_by(Job.priority.desc(), Job.id)
         .limit(1)
         .with_for_update(skip_locked=True)  # PostgreSQL; SQLite renders no locking clause
         .scalar_subquery()

@@ -23,6 +23,7 @@ from lab.archive import ArchiveError, export_run, import_run, read_manifest, run
 from lab.cli import main
 from lab.loop import advance, create_run, drive, resume, stages_of
 from lab.proposals import current_proposal, decide
+from lab.settings import RunSettings
 from lab.worker import run_worker
 from storage.db import checkpoint_of, make_engine, upgrade
 from storage.db import session as open_session
@@ -76,8 +77,8 @@ def kind_of(engine) -> str:
 def build_run(engine, name: str = "travel", finish: bool = True) -> int:
     """A 2-stage run: an edit with a note after stage 0, a reject then (with `finish`) an accept after stage 1."""
     with open_session(engine) as s:
-        run_id = create_run(s, name=name, config=CONFIG, stages=2, engineer="fixed", seed=7,
-                            description="a run that travels", grpo={"max_steps": 3}).id
+        run_id = create_run(s, name=name, config=CONFIG, settings=RunSettings(stages=2, grpo={"max_steps": 3}),
+                            engineer="fixed", seed=7, description="a run that travels").id
     work(engine)  # stage 0; the worker's hook queues the proposal
     work(engine)  # proposal after stage 0
     with open_session(engine) as s:
@@ -159,7 +160,7 @@ def crowd(engine) -> None:
     """Other runs first, so that every id of an imported run collides with one in use."""
     for name in ("first", "second"):
         with open_session(engine) as s:
-            run_id = create_run(s, name=name, config=CONFIG, stages=1, engineer="fixed").id
+            run_id = create_run(s, name=name, config=CONFIG, settings=RunSettings(stages=1), engineer="fixed").id
         work(engine)
         work(engine)
         with open_session(engine) as s:
@@ -203,7 +204,8 @@ def test_an_imported_run_carries_on_in_its_new_lab(engine, new_database, tmp_pat
         raise RuntimeError("out of memory")
 
     with open_session(engine) as s:
-        run_id = create_run(s, name="broken", config=CONFIG, stages=1, engineer="fixed", auto_apply=True).id
+        run_id = create_run(s, name="broken", config=CONFIG, settings=RunSettings(stages=1, auto_apply=True),
+                            engineer="fixed").id
     run_worker(engine, {"stage": broken_stage}, once=True, poll_s=0.01)
     assert advance(engine, run_id).startswith("failed: stage 0 failed: RuntimeError: out of memory")
     file = export_run(engine, run_id, tmp_path / "broken.zip")
@@ -376,7 +378,7 @@ def test_a_failed_import_leaves_no_folder_and_no_row(engine, new_database, tmp_p
 
 def test_export_refuses_a_run_that_is_still_working_or_missing_its_checkpoints(engine, tmp_path, monkeypatch):
     with open_session(engine) as s:
-        busy = create_run(s, name="busy", config=CONFIG, stages=1, engineer="fixed").id
+        busy = create_run(s, name="busy", config=CONFIG, settings=RunSettings(stages=1), engineer="fixed").id
     with pytest.raises(ArchiveError, match=f"run {busy} has a queued stage job \\(job 1, stage 0\\)"):
         export_run(engine, busy, tmp_path / "busy.zip")
     assert list(tmp_path.glob("busy.zip*")) == []

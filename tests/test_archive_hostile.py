@@ -34,6 +34,7 @@ from sqlmodel import select
 from lab.archive import ArchiveError, Limits, export_run, import_run, parse_size, read_manifest
 from lab.cli import main
 from lab.pages import runs as runs_page
+from lab.settings import RunSettings
 from storage.db import make_engine, upgrade
 from storage.db import session as open_session
 from tests.test_archive import build_run, counts, fake_checkpoints
@@ -177,7 +178,7 @@ def test_a_resume_of_a_run_stored_with_a_bad_uuid_writes_nothing(lab, tmp_path, 
     from lab.loop import create_run
     from tests.test_loop import CONFIG
     with open_session(engine) as s:
-        run_id = create_run(s, name="old", config=CONFIG, stages=1, engineer="fixed").id
+        run_id = create_run(s, name="old", config=CONFIG, settings=RunSettings(stages=1), engineer="fixed").id
     with engine.begin() as c:
         c.execute(text("UPDATE runs SET uuid = '../../../elsewhere/escape', status = 'failed' WHERE id = :i"),
                   {"i": run_id})

@@ -29,11 +29,11 @@ def runs_in(db) -> int:
     (["--instances", "0"], "argument --instances: 0 is less than 1: a stage trains on at least 1 board"),
     (["--grpo", "bogus_field=1"], "settings['grpo'] has 'bogus_field': not GRPOConfig fields"),
     (["--grpo", "num_generations=abc"], "grpo num_generations = 'abc': GRPOConfig's num_generations is of type int"),
-    (["--grpo", "output_dir=/srv/elsewhere"], "settings['grpo'] sets 'output_dir': the lab sets these itself"),
+    (["--grpo", "output_dir=/srv/elsewhere"], "grpo: sets output_dir: the lab sets these itself"),
     (["--stages", "0"], "argument --stages: 0 is less than 1: a run trains at least 1 stage"),
     (["--lora", "-1"], "argument --lora: -1 is less than 0"),
-    (["--probe-boards", "0"], "run settings: probe_boards: Input should be greater than or equal to 1"),
-    (["--probe-answers", "1"], "run settings: probe_answers: Input should be greater than or equal to 2"),
+    (["--probe-boards", "0"], "probe_boards = 0: Input should be greater than or equal to 1"),
+    (["--probe-answers", "1"], "probe_answers = 1: Input should be greater than or equal to 2"),
 ])
 def test_envlab_run_checks_every_setting_before_it_stores_the_run(tmp_path, capsys, flags, message):
     db = tmp_path / "envlab.db"

@@ -19,6 +19,7 @@ from lab.example import EXAMPLE, NAME, decision, ensure_example
 from lab.loop import create_run, evidence_for, stages_of
 from lab.pages.runs import run_choices
 from lab.results import stage_summaries
+from lab.settings import RunSettings
 from storage.db import make_engine, session, upgrade
 from storage.models import Action, Decision, Episode, Proposal, Run, RunStatus, StageStatus
 from tests.test_loop import CONFIG
@@ -66,7 +67,7 @@ def test_a_new_lab_gets_the_example_once_and_marked_as_one(tmp_path: Path):
 def test_a_lab_that_holds_a_run_is_left_as_it_is(tmp_path: Path):
     engine = _engine(tmp_path / "envlab.db")
     with session(engine) as s:
-        mine = create_run(s, name="mine", config=CONFIG, stages=1).id
+        mine = create_run(s, name="mine", config=CONFIG, settings=RunSettings(stages=1)).id
     assert ensure_example(engine, tmp_path / "not-read.zip") is None
     assert [r.id for r in _runs(engine)] == [mine]
     engine.dispose()

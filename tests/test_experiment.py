@@ -52,6 +52,7 @@ from lab.experiments import (
 )
 from lab.loop import LoopError, after_job, check_engineer, create_run, run_propose_job
 from lab.pages import runs as runs_page
+from lab.settings import RunSettings
 from lab.worker import run_worker
 from storage.db import make_engine, runs_root, session, upgrade
 from storage.models import Episode, Experiment, Job, Proposal, Run, Stage, StageMetric
@@ -108,9 +109,10 @@ def lab(tmp_path: Path):
 
 
 def scripted_experiment(engine, name: str = "cmp", seeds: int = 3, stages: int = 2) -> Experiment:
-    experiment = create_experiment(engine, name=name, arms=["fixed", "heuristic"], seeds=seeds, stages=stages,
-                                   config=CONFIG, validation_per_size=VALIDATION_PER_SIZE, validation_boards=8,
-                                   grpo={"num_generations": 4, "per_device_train_batch_size": 32})
+    experiment = create_experiment(engine, name=name, arms=["fixed", "heuristic"], seeds=seeds, config=CONFIG,
+                                   settings=RunSettings(stages=stages, validation_per_size=VALIDATION_PER_SIZE,
+                                                        validation_boards=8,
+                                                        grpo={"num_generations": 4, "per_device_train_batch_size": 32}))
     run_all(engine)
     return experiment
 
@@ -136,12 +138,12 @@ def test_presets_hold_the_modules_their_names_say():
 
 def test_a_run_keeps_its_preset_and_refuses_an_unknown_one(lab):
     with session(lab) as s:
-        run = create_run(s, name="r", config=CONFIG, stages=1, engineer="llm", engineer_backend="openai:m",
-                         context="no-history")
+        run = create_run(s, name="r", config=CONFIG, settings=RunSettings(stages=1, context_preset="no-history"),
+                         engineer="llm", engineer_backend="openai:m")
         assert run.settings["context_preset"] == "no-history"
         assert run.settings["context"] == asdict(CONTEXT_PRESETS["no-history"])
         with pytest.raises(LoopError, match="unknown context preset 'tiny': one of paper-best, failures-only"):
-            create_run(s, name="r", config=CONFIG, stages=1, context="tiny")
+            create_run(s, name="r", config=CONFIG, settings=RunSettings(stages=1, context_preset="tiny"))
 
 
 @pytest.mark.parametrize(("text", "arm"), [
@@ -417,8 +419,8 @@ def test_benchmarks_are_queued_once_per_run_and_labelled_by_experiment_arm_and_s
 
 
 def test_settings_record_the_equal_compute(lab):
-    experiment = create_experiment(lab, name="rec", arms=["fixed", "random"], seeds=2, stages=3, instances=64,
-                                   scenario="hard-start")
+    experiment = create_experiment(lab, name="rec", settings=RunSettings(stages=3), arms=["fixed", "random"],
+                                   seeds=2, instances=64, scenario="hard-start")
     st = experiment.settings
     assert (st["stages"], st["instances"], st["steps_per_stage"], st["validation_per_size"], st["validation_boards"],
             st["scenario"]) == (3, 64, 16, 120, 960, "hard-start")
@@ -446,7 +448,8 @@ def test_an_experiment_run_keeps_its_boards_per_stage_whatever_the_engineer_prop
         assert proposal.adjustments[-1] == {"field": "num_instances", "old": 99, "new": 8, "reason": (
             "kept: every stage of an experiment's run trains on the same number of boards")}
     with session(lab) as s:  # a run of no experiment takes what its engineer proposes
-        run = create_run(s, name="free", config=CONFIG, stages=1, engineer="fixed", auto_apply=True)
+        run = create_run(s, name="free", config=CONFIG, settings=RunSettings(stages=1, auto_apply=True),
+                         engineer="fixed")
     run_all(lab)
     with session(lab) as s:
         assert s.exec(select(Stage).where(Stage.run_id == run.id, Stage.index == 1)).one().config[
@@ -477,7 +480,8 @@ def test_the_real_stage_evaluates_on_the_larger_validation_set(lab, tmp_path):
     torch.set_num_threads(1)
     try:
         with session(lab) as s:
-            run = create_run(s, name="big", config=CONFIG, stages=1, engineer="fixed", validation_per_size=33)
+            run = create_run(s, name="big", config=CONFIG, settings=RunSettings(stages=1, validation_per_size=33),
+                             engineer="fixed")
         run_worker(lab, {"stage": run_stage_job}, once=True, poll_s=0.01)
     finally:
         torch.set_num_threads(threads)

@@ -27,6 +27,7 @@ from lab.loop import (
     stages_of,
 )
 from lab.proposals import AlreadyDecided, ProposalError, decide, diff, store_proposal
+from lab.settings import RunSettings, SettingsError
 from lab.worker import run_worker
 from storage.db import session
 from storage.models import Decision, Proposal, Run, Stage
@@ -82,11 +83,11 @@ def test_create_run_refuses_bad_settings(engine):
         with pytest.raises(LoopError,
                            match="unknown engineer 'oracle': one of fixed, random, heuristic, learnability, evidence, "
                                  "llm"):
-            create_run(s, name="x", config=CONFIG, stages=2, engineer="oracle")
-        with pytest.raises(LoopError, match="dev_per_size = 4: a multiple of 3"):
-            create_run(s, name="x", config=CONFIG, stages=2, dev_per_size=4)
+            create_run(s, name="x", config=CONFIG, settings=RunSettings(stages=2), engineer="oracle")
+        with pytest.raises(SettingsError, match="dev_per_size = 4: .*a multiple of 3"):
+            RunSettings.checked(stages=2, dev_per_size=4)
         with pytest.raises(LoopError, match="the llm engineer needs a backend"):
-            create_run(s, name="x", config=CONFIG, stages=2, engineer="llm")
+            create_run(s, name="x", config=CONFIG, settings=RunSettings(stages=2), engineer="llm")
 
 
 def split_stage(engine, job, progress):
@@ -116,7 +117,8 @@ def test_an_engineer_reads_the_dev_boards_and_never_a_validation_episode(engine,
     engineer = ENGINEERS[name]
     monkeypatch.setitem(ENGINEERS, name, spy)  # the loop's registry: the spy is what the propose job calls
     with session(engine) as s:
-        run = create_run(s, name="split", config=CONFIG, stages=2, engineer=name, auto_apply=True, dev_per_size=3)
+        run = create_run(s, name="split", config=CONFIG, engineer=name,
+                         settings=RunSettings(stages=2, auto_apply=True, dev_per_size=3))
         assert run.settings["dev_per_size"] == 3
     handlers = {"stage": split_stage, "propose": run_propose_job}
     assert drive(engine, run.id, lambda: run_worker(engine, handlers, once=True, poll_s=0.01, after=after_job) > 0,
@@ -136,7 +138,8 @@ def test_an_engineer_reads_the_dev_boards_and_never_a_validation_episode(engine,
 
 def test_auto_applied_heuristic_run_goes_to_the_end(engine):
     with session(engine) as s:
-        run = create_run(s, name="auto", config=CONFIG, stages=2, engineer="heuristic", auto_apply=True, seed=3)
+        run = create_run(s, name="auto", config=CONFIG, settings=RunSettings(stages=2, auto_apply=True),
+                         engineer="heuristic", seed=3)
     states = []
     assert drive(engine, run.id, lambda: work(engine), on_state=states.append, poll_s=0.01) == "done"
     with session(engine) as s:
@@ -156,7 +159,7 @@ def test_auto_applied_heuristic_run_goes_to_the_end(engine):
 
 def test_a_person_decides_and_an_invalid_edit_stores_nothing(engine):
     with session(engine) as s:
-        run = create_run(s, name="manual", config=CONFIG, stages=1, engineer="fixed")
+        run = create_run(s, name="manual", config=CONFIG, settings=RunSettings(stages=1), engineer="fixed")
     work(engine)
     assert advance(engine, run.id).startswith("waiting: proposal")
     with session(engine) as s:
@@ -179,7 +182,7 @@ def test_a_person_decides_and_an_invalid_edit_stores_nothing(engine):
 
 def test_reject_asks_the_engineer_again_and_auto_apply_can_be_switched_on(engine):
     with session(engine) as s:
-        run = create_run(s, name="reject", config=CONFIG, stages=1, engineer="random", seed=5)
+        run = create_run(s, name="reject", config=CONFIG, settings=RunSettings(stages=1), engineer="random", seed=5)
     work(engine)
     advance(engine, run.id)
     with session(engine) as s:
@@ -197,7 +200,7 @@ def test_reject_asks_the_engineer_again_and_auto_apply_can_be_switched_on(engine
 
 def test_the_engineer_reads_its_own_earlier_rationales_and_their_fate(engine):
     with session(engine) as s:
-        run = create_run(s, name="summary", config=CONFIG, stages=2, engineer="random", seed=5)
+        run = create_run(s, name="summary", config=CONFIG, settings=RunSettings(stages=2), engineer="random", seed=5)
     work(engine)
     advance(engine, run.id)
     with session(engine) as s:
@@ -219,7 +222,7 @@ def test_the_engineer_reads_its_own_earlier_rationales_and_their_fate(engine):
 
 def test_a_failed_proposal_keeps_the_config_in_force(engine):
     with session(engine) as s:
-        run = create_run(s, name="failed", config=CONFIG, stages=1, engineer="fixed")
+        run = create_run(s, name="failed", config=CONFIG, settings=RunSettings(stages=1), engineer="fixed")
     work(engine)
     failed = EngineerAnswer(prompt="p", raw="{not json", proposed=None, projection=None, rationale="",
                             error="no usable config after 3 answers: truncated JSON", attempts=3)
@@ -247,7 +250,8 @@ def test_a_proposal_the_generator_cannot_fill_fails_and_auto_apply_keeps_the_con
 
     monkeypatch.setitem(ENGINEERS, "fixed", proposes_waits)
     with session(engine) as s:
-        run = create_run(s, name="unfillable", config=lone, stages=1, engineer="fixed", auto_apply=True)
+        run = create_run(s, name="unfillable", config=lone, settings=RunSettings(stages=1, auto_apply=True),
+                         engineer="fixed")
     work(engine)  # stage 0
     work(engine)  # the proposal
     with session(engine) as s:
@@ -263,7 +267,7 @@ def test_a_proposal_the_generator_cannot_fill_fails_and_auto_apply_keeps_the_con
 
 def test_an_edit_the_generator_cannot_fill_is_refused_and_stores_nothing(engine):
     with session(engine) as s:
-        run = create_run(s, name="edit-unfillable", config=CONFIG, stages=1, engineer="fixed")
+        run = create_run(s, name="edit-unfillable", config=CONFIG, settings=RunSettings(stages=1), engineer="fixed")
     work(engine)
     advance(engine, run.id)
     with session(engine) as s:
@@ -279,8 +283,8 @@ def test_an_edit_the_generator_cannot_fill_is_refused_and_stores_nothing(engine)
 
 def test_the_random_engineer_proposes_a_config_the_next_stage_can_generate(engine):
     with session(engine) as s:  # seed 2: the random engineer's first draw after stage 0 cannot be generated
-        run = create_run(s, name="random-2", config=EnvConfig.default(), stages=1, engineer="random", seed=2,
-                         auto_apply=True)
+        run = create_run(s, name="random-2", config=EnvConfig.default(), settings=RunSettings(stages=1,
+                         auto_apply=True), engineer="random", seed=2)
     work(engine)
     work(engine)
     with session(engine) as s:
@@ -293,7 +297,7 @@ def test_the_random_engineer_proposes_a_config_the_next_stage_can_generate(engin
 
 def test_two_people_deciding_at_once_store_exactly_one_decision(engine):
     with session(engine) as s:
-        run = create_run(s, name="race", config=CONFIG, stages=1, engineer="fixed")
+        run = create_run(s, name="race", config=CONFIG, settings=RunSettings(stages=1), engineer="fixed")
     work(engine)
     with session(engine) as s:
         proposal_id = s.exec(select(Proposal).where(Proposal.run_id == run.id)).one().id
@@ -324,7 +328,8 @@ def test_a_failed_stage_fails_the_run_and_resume_requeues_it(engine):
         raise RuntimeError("checkpoint runs/1/stage-0 is corrupt")
 
     with session(engine) as s:
-        run = create_run(s, name="broken", config=CONFIG, stages=1, engineer="fixed", auto_apply=True)
+        run = create_run(s, name="broken", config=CONFIG, settings=RunSettings(stages=1, auto_apply=True),
+                         engineer="fixed")
     run_worker(engine, {"stage": broken_stage}, once=True, poll_s=0.01)
     state = advance(engine, run.id)
     assert state == "failed: stage 0 failed: RuntimeError: checkpoint runs/1/stage-0 is corrupt (job 1)"

@@ -29,10 +29,11 @@ from lab.loop import (
     switch_engineer,
 )
 from lab.proposals import Superseded, decide, store_proposal
+from lab.settings import RunSettings
 from lab.worker import run_job, run_worker
 from storage import queue
 from storage.db import current_revision, make_engine, session, upgrade
-from storage.models import Decision, Job, JobKind, JobStatus, Proposal, Run, RunStatus, Stage, utcnow
+from storage.models import Decision, Job, JobKind, JobStatus, Priority, Proposal, Run, RunStatus, Stage, utcnow
 from tests.test_loop import BOARDS, CONFIG, HANDLERS, recorded_stage, work
 from tests.test_storage import HEAD, in_processes
 from training.evaluate import EpisodeResult, store_evaluation
@@ -53,7 +54,8 @@ def _advance_and_work(barrier, url: str, run_id: int, calls: int) -> list[str]:
 
 def test_two_processes_advancing_one_run_take_each_step_once(engine, db_url):
     with session(engine) as s:
-        run = create_run(s, name="race", config=CONFIG, stages=3, engineer="fixed", auto_apply=True)
+        run = create_run(s, name="race", config=CONFIG, settings=RunSettings(stages=3, auto_apply=True),
+                         engineer="fixed")
     ends = in_processes(_advance_and_work, [(db_url, run.id, 2000), (db_url, run.id, 2000)], engine)
     assert ends == [["done"], ["done"]]
     with session(engine) as s:
@@ -70,7 +72,7 @@ def test_two_processes_advancing_one_run_take_each_step_once(engine, db_url):
 
 def test_the_database_refuses_a_second_active_job_for_one_target(engine):
     with session(engine) as s:
-        run = create_run(s, name="dup", config=CONFIG, stages=1, engineer="fixed")
+        run = create_run(s, name="dup", config=CONFIG, settings=RunSettings(stages=1), engineer="fixed")
         with pytest.raises(queue.AlreadyQueued, match=f"stage job 1 for run {run.id}, stage 0 is queued already"):
             queue.enqueue(s, JobKind.STAGE, {"run_id": run.id, "stage_index": 0}, run_id=run.id, target=0)
         assert len(s.exec(select(Job)).all()) == 1
@@ -86,8 +88,8 @@ def _broken_engineer(engine, job, progress):
 def test_a_propose_job_that_raises_fails_the_run_after_bounded_retries_and_a_person_switches_engineer(engine):
     handlers = {**HANDLERS, "propose": _broken_engineer}
     with session(engine) as s:
-        run = create_run(s, name="llm", config=CONFIG, stages=1, engineer="llm", engineer_backend="openai:x",
-                         auto_apply=True)
+        run = create_run(s, name="llm", config=CONFIG, settings=RunSettings(stages=1, auto_apply=True),
+                         engineer="llm", engineer_backend="openai:x")
     state = drive(engine, run.id, lambda: run_worker(engine, handlers, once=True, poll_s=0.01, after=after_job) > 0,
                   poll_s=0.01)
     job_id = 2  # job 1 is stage 0
@@ -114,7 +116,7 @@ def test_a_propose_job_that_raises_fails_the_run_after_bounded_retries_and_a_per
 
 def test_switching_to_an_unknown_engineer_is_refused(engine):
     with session(engine) as s:
-        run = create_run(s, name="x", config=CONFIG, stages=1, engineer="fixed")
+        run = create_run(s, name="x", config=CONFIG, settings=RunSettings(stages=1), engineer="fixed")
     with pytest.raises(LoopError, match="unknown engineer 'oracle'"):
         switch_engineer(engine, run.id, "oracle")
     assert "oracle" not in ENGINEERS
@@ -122,7 +124,8 @@ def test_switching_to_an_unknown_engineer_is_refused(engine):
 
 def test_cancelling_a_run_is_not_undone_by_the_hook(engine):
     with session(engine) as s:
-        run = create_run(s, name="stop", config=CONFIG, stages=2, engineer="fixed", auto_apply=False)
+        run = create_run(s, name="stop", config=CONFIG, settings=RunSettings(stages=2, auto_apply=False),
+                         engineer="fixed")
     with session(engine) as s:
         stage_job = queue.claim(s, "w")
     after_job(engine, run_job(engine, stage_job, recorded_stage))  # stage 0; the hook queues the proposal
@@ -153,7 +156,7 @@ def test_a_cancelled_stage_job_leaves_the_run_cancelled(engine):
         raise Cancelled("stopped at step 1")
 
     with session(engine) as s:
-        run = create_run(s, name="c", config=CONFIG, stages=1, engineer="fixed", auto_apply=True)
+        run = create_run(s, name="c", config=CONFIG, settings=RunSettings(stages=1, auto_apply=True), engineer="fixed")
     run_worker(engine, {"stage": cancelled_stage}, once=True, poll_s=0.01, after=after_job)
     assert advance(engine, run.id) == "cancelled: stage 0 was cancelled (job 1)"
     with session(engine) as s:
@@ -162,7 +165,7 @@ def test_a_cancelled_stage_job_leaves_the_run_cancelled(engine):
 
 def test_a_proposal_that_is_no_longer_current_is_superseded_and_cannot_be_decided(engine):
     with session(engine) as s:
-        run = create_run(s, name="sup", config=CONFIG, stages=2, engineer="fixed")
+        run = create_run(s, name="sup", config=CONFIG, settings=RunSettings(stages=2), engineer="fixed")
     assert work(engine)  # stage 0, then the proposal after it
     with session(engine) as s:
         first = s.exec(select(Proposal)).one()
@@ -185,7 +188,7 @@ def _benchmark_rows(engine, run_id: int, stage: int) -> None:
 
 def test_a_benchmark_job_is_queued_once_and_never_blocks_the_loop(engine):
     with session(engine) as s:
-        run = create_run(s, name="b", config=CONFIG, stages=2, engineer="fixed")
+        run = create_run(s, name="b", config=CONFIG, settings=RunSettings(stages=2), engineer="fixed")
     with pytest.raises(LoopError, match="stage 0 of run 1 is queued: it has no checkpoint to evaluate"):
         queue_benchmark(engine, run.id, 0)
     assert work(engine)  # stage 0 and the proposal after it
@@ -196,9 +199,10 @@ def test_a_benchmark_job_is_queued_once_and_never_blocks_the_loop(engine):
     with session(engine) as s:
         decide(s, s.exec(select(Proposal)).one().id, "accept", "alice")
     assert advance(engine, run.id) == "queued stage 1 (accept by alice)"
-    with session(engine) as s:
-        claimed = queue.claim(s, "w")  # the benchmark job (oldest queued)
-        assert claimed.id == job.id
+    with session(engine) as s:  # alice waits on her stage: it goes first, the older benchmark job next
+        first, second = queue.claim(s, "w"), queue.claim(s, "w")
+        assert (first.kind, first.target, first.priority, second.id) == ("stage", 1, Priority.INTERACTIVE, job.id)
+
     _benchmark_rows(engine, run.id, 0)
     with session(engine) as s:
         queue.finish(s, job.id, {"episodes": 2})
@@ -210,7 +214,7 @@ def test_a_benchmark_job_is_queued_once_and_never_blocks_the_loop(engine):
 
 def test_resume_requeues_only_dead_work(engine):
     with session(engine) as s:
-        run = create_run(s, name="r", config=CONFIG, stages=1, engineer="fixed")
+        run = create_run(s, name="r", config=CONFIG, settings=RunSettings(stages=1), engineer="fixed")
         job = queue.claim(s, "otherhost:4242")  # a live worker on another machine
     assert resume(engine, run.id) == []
     with session(engine) as s:
@@ -228,7 +232,7 @@ def test_resume_requeues_only_dead_work(engine):
 
 def test_resume_fails_a_local_dead_workers_job_and_queues_it(engine):
     with session(engine) as s:
-        run = create_run(s, name="r", config=CONFIG, stages=1, engineer="fixed")
+        run = create_run(s, name="r", config=CONFIG, settings=RunSettings(stages=1), engineer="fixed")
         job = queue.claim(s, f"{socket.gethostname()}:999999")  # no such process
     assert resume(engine, run.id) == [job.id]
     assert work(engine)

@@ -23,6 +23,7 @@ from lab.measurements import (
 from lab.pages.common import config_rows
 from lab.pages.proposal import decide_proposal
 from lab.proposals import store_proposal
+from lab.settings import RunSettings
 from lab.worker import run_worker
 from storage.db import make_engine, session, upgrade
 from storage.models import Decision, Job, Probe, Stage
@@ -44,7 +45,8 @@ def lab(tmp_path: Path):
 def proposal_after(engine, stage_index: int = 0, checkpoint: str = "tiny", **options) -> int:
     """A run whose stages up to `stage_index` are done (the last with `checkpoint`) and a pending proposal."""
     with session(engine) as s:
-        run = create_run(s, name="m", config=BASE, stages=3, engineer="heuristic", seed=4, **options)
+        run = create_run(s, name="m", config=BASE, settings=RunSettings(stages=3, **options), engineer="heuristic",
+                         seed=4)
         for k in range(stage_index + 1):
             stage = s.exec(select(Stage).where(Stage.run_id == run.id, Stage.index == k)).first() or \
                 Stage(run_id=run.id, index=k, config=BASE.model_dump(mode="json"))

@@ -30,6 +30,7 @@ from lab.loop import advance, create_run, run_propose_job, stages_of
 from lab.pages import common, episode, leaderboard, playground, proposal, review, runs, train
 from lab.proposals import store_proposal
 from lab.runs import lab_version, waiting_proposals
+from lab.settings import RunSettings
 from storage.db import make_engine, session, upgrade
 from storage.models import Decision, Episode, Job, Proposal, Stage, StageMetric, TrainingLog, utcnow
 from storage.queue import claim, fail, finish
@@ -127,7 +128,8 @@ def seed_lab(engine) -> dict[str, int]:
     upgrade(engine)
     config = EnvConfig.default(sizes=SIZES, num_instances=16)
     with session(engine) as s:
-        history = create_run(s, name="curriculum", config=config, stages=2, engineer="heuristic").id
+        history = create_run(s, name="curriculum", config=config, settings=RunSettings(stages=2),
+                             engineer="heuristic").id
     finish_stage(engine, history, 0)
     accepted = propose(engine, history)
     with session(engine) as s:
@@ -136,7 +138,7 @@ def seed_lab(engine) -> dict[str, int]:
     advance(engine, history)  # queues stage 1
     finish_stage(engine, history, 1)
     with session(engine) as s:
-        waiting = create_run(s, name="llm engineer", config=config, stages=2, engineer="llm",
+        waiting = create_run(s, name="llm engineer", config=config, settings=RunSettings(stages=2), engineer="llm",
                              engineer_backend="openai:test").id
     finish_stage(engine, waiting, 0)
     pending = clamped_proposal(engine, waiting)

@@ -7,6 +7,7 @@ import pytest
 from sqlmodel import select
 
 from envsim.config import EnvConfig
+from lab.settings import RunSettings
 from storage.db import make_engine, session, upgrade
 from storage.models import Probe
 from training.policy import load_policy
@@ -102,7 +103,8 @@ def test_a_learnability_proposal_probes_the_runs_checkpoint_and_keeps_its_comput
     engine = make_engine(str(tmp_path / "lab.db"))
     upgrade(engine)
     with session(engine) as s:
-        run = create_run(s, name="l", config=SMALL, stages=2, engineer="learnability", seed=2, auto_apply=True)
+        run = create_run(s, name="l", config=SMALL, settings=RunSettings(stages=2, auto_apply=True),
+                         engineer="learnability", seed=2)
         stage = s.exec(select(Stage).where(Stage.run_id == run.id)).one()
         stage.status, stage.checkpoint = "done", "tiny"
         s.add(stage)

@@ -12,7 +12,7 @@ from sqlmodel import select
 
 from storage import queue
 from storage.db import make_engine, session
-from storage.models import Job, utcnow
+from storage.models import Job, Priority, utcnow
 from storage.queue import LOG_TAIL_LINES, LostJob
 from tests.test_storage import in_processes
 
@@ -192,3 +192,33 @@ def test_requeue_gives_a_failed_job_a_new_attempt_that_resumes_from_its_checkpoi
         assert (resumed.id, resumed.attempts, resumed.worker) == (job.id, 2, "w1")
         with pytest.raises(ValueError, match="is running"):
             queue.requeue(s, job.id)
+
+
+def test_claim_gives_a_worker_only_what_it_can_run_a_persons_jobs_first(engine: Engine):
+    with session(engine) as s:
+        big = queue.enqueue(s, "stage", {}, run_id=None, target=1, needs_gpu=True)
+        small = queue.enqueue(s, "stage", {}, run_id=None, target=2)
+        urgent = queue.enqueue(s, "probe", {}, run_id=None, target=3, priority=Priority.INTERACTIVE)
+        urgent_big = queue.enqueue(s, "probe", {}, run_id=None, target=4, needs_gpu=True,
+                                   priority=Priority.INTERACTIVE)
+        # a worker without a GPU: the person's job that fits first, then the oldest that fits, then nothing
+        assert [queue.claim(s, "cpu", gpu=False).id for _ in range(2)] == [urgent.id, small.id]
+        assert queue.claim(s, "cpu", gpu=False) is None
+        # a GPU worker takes what is left, the person's first
+        assert [queue.claim(s, "gpu").id for _ in range(2)] == [urgent_big.id, big.id]
+        assert queue.claim(s, "gpu") is None
+
+
+def test_claim_of_one_run_leaves_the_others_jobs_queued(engine: Engine):
+    with session(engine) as s:
+        s.execute(text("INSERT INTO runs (id, uuid, name, description, policy, engineer, engineer_backend, "
+                       "settings, seed, status, status_reason, created_at) VALUES "
+                       "(1, 'a', 'a', '', 'tiny', 'fixed', '', '{}', 0, 'active', '', :t), "
+                       "(2, 'b', 'b', '', 'tiny', 'fixed', '', '{}', 0, 'active', '', :t)"),
+                  {"t": utcnow()})
+        s.commit()
+        other = queue.enqueue(s, "stage", {}, run_id=1, target=0)
+        mine = queue.enqueue(s, "stage", {}, run_id=2, target=0)
+        assert queue.claim(s, "envlab run 2", run_id=2).id == mine.id
+        assert queue.claim(s, "envlab run 2", run_id=2) is None
+        assert s.get(Job, other.id, populate_existing=True).status == "queued"

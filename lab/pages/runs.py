@@ -13,11 +13,13 @@ import gradio as gr
 from sqlalchemy import Engine
 
 from envsim.config import KNOB_HELP, KNOBS, ConfigError, EnvConfig, project
+from envsim.suite import DEV_PER_SIZE
 from lab.archive import ArchiveError, export_run, import_archive, read_manifest
 from lab.engineers import ENGINEERS
 from lab.loop import LoopError, missing_checkpoint
 from lab.pages.common import BAD_ROW, KNOB_COLUMNS, Page, config_from_table, config_rows, table, when
 from lab.runs import new_run, run_list, waiting_proposals
+from lab.settings import RunSettings
 from lab.tempfiles import EXPORTS, FILES_AGE_S, sweep
 
 
@@ -40,9 +42,20 @@ def runs_table(engine: Engine) -> dict[str, Any]:
             stages, auto = "? (its settings are unreadable)", "?"
         w = waiting.get(r.id)
         waits = f"proposal #{w.proposal_id} (stage {w.for_stage})" if w else ""
-        rows.append([r.id, r.name, r.status, waits, r.policy, engineer, stages, auto, when(r.created_at)])
-    return table(["id", "name", "status", "waits for you", "policy", "engineer", "stages", "auto-apply", "created"],
-                 rows)
+        rows.append([r.id, r.name, r.status, waits, r.policy, engineer, stages, auto, size_text(row.disk),
+                     when(r.created_at)])
+    return table(["id", "name", "status", "waits for you", "policy", "engineer", "stages", "auto-apply", "disk",
+                  "created"], rows)
+
+
+def size_text(size: int | None) -> str:
+    """Bytes for people: `12.3 MB`, `4.1 GB`; empty where there is nothing on disk here."""
+    if size is None:
+        return ""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if size >= scale:
+            return f"{size / scale:.1f} {unit}"
+    return f"{size} B"
 
 
 def create_run_from_form(engine: Engine, name: str, description: str, policy: str, engineer: str, backend: str,
@@ -56,9 +69,10 @@ def create_run_from_form(engine: Engine, name: str, description: str, policy: st
     except ConfigError as err:
         return "✗ The initial config is not valid, nothing was stored: " + "; ".join(err.problems), None
     try:
-        run = new_run(engine, name=name or "run", description=description, config=config, stages=int(stages),
-                         policy=policy or "tiny", engineer=engineer, engineer_backend=backend,
-                         auto_apply=bool(auto_apply), seed=int(seed or 0), base_url=base_url or None)
+        settings = RunSettings.checked(stages=int(stages), auto_apply=bool(auto_apply), base_url=base_url or None,
+                                       dev_per_size=DEV_PER_SIZE)
+        run = new_run(engine, name=name or "run", description=description, config=config, settings=settings,
+                      policy=policy or "tiny", engineer=engineer, engineer_backend=backend, seed=int(seed or 0))
     except (LoopError, ValueError, TypeError) as err:
         return f"✗ Not created: {err}", None
     return (f"✓ Created run #{run.id} **{run.name}**: stage 0 (the starting policy, evaluated on the "

@@ -1,0 +1,90 @@
+"""What a stage's own process costs: a tiny-policy run (stage 0 evaluated, one proposal, stage 1 trained and
+evaluated) with every stage in the worker's process, then with every stage in a child process as `envlab worker`
+runs it (`lab.worker.run_child`), timed in the same process on the same machine.
+
+A stage's time is its job row's, from the claim to its end, so the child's start-up (a Python process importing
+torch, transformers and TRL, opening the database) is inside it. The figure to quote is the ratio of the two runs'
+stage time, and the seconds the child adds per stage.
+
+    OMP_NUM_THREADS=1 python benchmarks/bench_child.py
+
+On this 2-core machine, shared and loaded, 2026-11-24: see docs/worker.md ("What the child costs").
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from sqlmodel import select
+
+from envsim.config import EnvConfig
+from lab.loop import after_job, create_run, drive
+from lab.settings import RunSettings
+from lab.worker import handlers, run_worker
+from storage.db import make_engine, session, upgrade
+from storage.models import Job, JobKind, JobStatus
+
+
+@dataclass
+class Args:
+    boards: int = 24  # validation boards per stage
+    instances: int = 16  # training boards of stage 1
+    steps: int = 4  # GRPO steps of stage 1
+    threads: int = 1
+    quick: bool = False  # the CI budget: 2 boards, 2 steps
+
+
+def stage_seconds(args: Args, in_child: bool) -> list[float]:
+    """Each stage job's seconds (claim to end) of one run, its stages in the worker or in child processes."""
+    with tempfile.TemporaryDirectory() as folder:
+        engine = make_engine(str(Path(folder) / "lab.db"))
+        upgrade(engine)
+        grpo = {"max_steps": args.steps, "num_generations": 2, "per_device_train_batch_size": 4}
+        with session(engine) as s:
+            run = create_run(s, name="bench", config=EnvConfig.default(sizes=(3, 4), num_instances=args.instances),
+                             settings=RunSettings(stages=1, auto_apply=True, validation_boards=args.boards, grpo=grpo),
+                             engineer="fixed")
+        jobs = handlers(in_child=in_child)
+        state = drive(engine, run.id, lambda: run_worker(engine, jobs, once=True, after=after_job, poll_s=0.01,
+                                                         run_id=run.id) > 0, poll_s=0.01)
+        if state != "done":
+            raise SystemExit(f"the run ended {state}")
+        with session(engine) as s:
+            rows = s.exec(select(Job).where(Job.kind == JobKind.STAGE, Job.status == JobStatus.DONE)
+                          .order_by(Job.target)).all()
+        engine.dispose()
+        return [(j.finished_at - j.started_at).total_seconds() for j in rows]
+
+
+def main(args: Args) -> dict[str, float]:
+    if args.quick:
+        args.boards, args.instances, args.steps = 2, 4, 2
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)  # the children's too
+    torch.set_num_threads(args.threads)
+    t0 = time.perf_counter()
+    inside = stage_seconds(args, in_child=False)
+    child = stage_seconds(args, in_child=True)
+    added = [c - i for c, i in zip(child, inside, strict=True)]
+    ratio = sum(child) / sum(inside)
+    print(f"tiny policy, {args.boards} validation boards, stage 1: {args.steps} GRPO steps; {args.threads} thread(s)")
+    for k, (i, c, a) in enumerate(zip(inside, child, added, strict=True)):
+        print(f"stage {k}: {i:.1f} s in the worker's process, {c:.1f} s in a child process (+{a:.1f} s)")
+    print(f"stages in child processes / in the worker's process: {ratio:.2f}x; the child adds "
+          f"{sum(added) / len(added):.1f} s per stage ({time.perf_counter() - t0:.0f} s in all)")
+    return {"ratio": ratio, "added_s": sum(added) / len(added)}
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    for name, default in vars(Args()).items():
+        if isinstance(default, bool):
+            parser.add_argument(f"--{name}", action="store_true")
+        else:
+            parser.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default)
+    main(Args(**vars(parser.parse_args())))

@@ -1,0 +1,72 @@
+"""A job that loads a model, run in a process of its own: `python -m lab.child JOB_ID module:function`, or
+the same under `accelerate launch --num_processes N` where its worker owns N GPUs (`lab.worker.run_child`).
+
+Why a process per job: a model's memory (a GPU's above all: CUDA caches, a vLLM engine, NCCL groups) is given
+back whole only when the process that held it ends, and a job that hangs or leaks is ended with its process
+group. The child reports through the same rows as a job run in the worker (`lab.worker.run_job`: progress, log
+lines, heartbeats, its end), so the page cannot tell the difference; its worker only watches it, ends its
+process group on Cancel, and fails the job with the child's last lines of stderr when the child dies without
+ending it.
+
+Under `accelerate launch` only the main process (`RANK` 0) writes rows; a stage's other processes train with it
+(as `python -m training.stage` does), and any other job runs on the main process alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from sqlmodel import select
+
+from storage.db import make_engine, session
+from storage.models import Job, JobKind, JobStatus
+
+log = logging.getLogger("envlab.child")
+
+
+def _other_rank(engine, job: Job) -> None:
+    """What a process other than the main one does: train with it, for a stage not trained already."""
+    if job.kind != JobKind.STAGE:
+        return
+    from training.policy import local_device
+    from training.stage import stage_args, start_policy, train
+
+    args, grpo = stage_args(engine, job.payload["run_id"], job.payload["stage_index"])
+    if args.adoptable_marker() is None:
+        train(engine, args, start_policy(args, local_device()), grpo, lambda *a, **k: False)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run job JOB_ID (claimed by the worker that started this process) with its handler; 0 when it ended
+    done, 1 when it ended otherwise (its row says how)."""
+    from lab.worker import DB_SETTING, run_job, target_function  # the worker's runner: heartbeats, lines, its end
+
+    parser = argparse.ArgumentParser(prog="python -m lab.child", description=main.__doc__.splitlines()[0])
+    parser.add_argument("job", type=int)
+    parser.add_argument("target", help="the handler, module:function")
+    parser.add_argument("--stale", type=float, default=None, help="the worker's --stale")
+    opts = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    engine = make_engine(os.environ.get(DB_SETTING))
+    try:
+        with session(engine) as s:
+            job = s.exec(select(Job).where(Job.id == opts.job)).one()
+        if int(os.environ.get("RANK", "0")) != 0:
+            _other_rank(engine, job)
+            return 0
+        if job.status != JobStatus.RUNNING:
+            log.warning("job %s is %s, not running: nothing to do", job.id, job.status)
+            return 1
+        ended = run_job(engine, job, target_function(opts.target), stale_s=opts.stale)
+        return 0 if ended.status == JobStatus.DONE else 1
+    finally:
+        engine.dispose()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

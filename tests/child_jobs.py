@@ -1,0 +1,32 @@
+"""Job handlers that the worker's child processes import in tests (`lab.worker.InChild("tests.child_jobs:...")`):
+jobs that misbehave as real ones can (ignore Cancel, leave a process behind, die without a word)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def stubborn(engine, job, progress):
+    """Starts a grandchild (`sleep`), writes both pids to the payload's file, then never checks for Cancel."""
+    sleeper = subprocess.Popen(["sleep", "300"])
+    Path(job.payload["pids"]).write_text(f"{os.getpid()} {sleeper.pid}")
+    while True:
+        time.sleep(0.1)
+
+
+def killed(engine, job, progress):
+    """Reports once, says something on stderr, then is killed with SIGKILL (as the kernel's OOM killer does)."""
+    progress(1, 2, "halfway")
+    print("loading 9 GB of weights into 8 GB of memory", file=sys.stderr, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def answer(engine, job, progress):
+    """Ends done with what it was given, from its own process."""
+    progress(1, 1, f"pid {os.getpid()}")
+    return {"pid": os.getpid(), "echo": job.payload.get("echo")}

@@ -1,0 +1,234 @@
+"""A job in a process of its own (`lab.worker.run_child`, `lab.child`): Cancel ends its whole process group, a
+child that dies is a failed attempt with its stderr's last lines, and a stage run there stores what it stores in
+the worker's own process."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from sqlmodel import select
+
+from envsim.config import EnvConfig
+from lab.loop import LoopError, after_job, create_run, prune_checkpoints
+from lab.runs import disk_use
+from lab.settings import RunSettings
+from lab.worker import InChild, child_command, child_env, handlers, run_child, run_worker, split_gpus
+from storage import queue
+from storage.db import make_engine, run_folder, session, upgrade
+from storage.models import Episode, Job, JobStatus, Run, Stage, StageStatus
+from training.resolve import policy_params, resolve_policy
+
+CONFIG = EnvConfig.default(sizes=(3, 4), num_instances=4)
+
+
+@pytest.fixture
+def lab(tmp_path: Path):
+    engine = make_engine(str(tmp_path / "lab.db"))
+    upgrade(engine)
+    yield engine
+    engine.dispose()
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:  # a zombie waiting for its parent (or for init) to collect it has ended
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def _claimed(engine, payload: dict) -> Job:
+    with session(engine) as s:
+        queue.enqueue(s, "probe", payload)
+        return queue.claim(s, "test-worker")
+
+
+def test_cancel_ends_the_childs_whole_process_group(lab, tmp_path):
+    pids = tmp_path / "pids"
+    job = _claimed(lab, {"pids": str(pids)})
+    ended: list[Job] = []
+    watcher = threading.Thread(target=lambda: ended.append(
+        run_child(lab, job, InChild("tests.child_jobs:stubborn"), poll_s=0.05, cancel_grace_s=0.5)))
+    watcher.start()
+    deadline = time.monotonic() + 120
+    while not (pids.exists() and len(pids.read_text().split()) == 2) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    child, grandchild = map(int, pids.read_text().split())
+    assert not _gone(child) and not _gone(grandchild)
+    with session(lab) as s:
+        queue.request_cancel(s, job.id)
+    watcher.join(timeout=60)
+    assert not watcher.is_alive()
+    assert (ended[0].status, ended[0].error) == (JobStatus.CANCELLED, "the job's process was killed by signal SIGTERM")
+    deadline = time.monotonic() + 10
+    while not (_gone(child) and _gone(grandchild)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _gone(child) and _gone(grandchild)
+
+
+def test_a_child_killed_with_sigkill_is_a_failed_attempt_with_its_stderr_tail(lab):
+    job = _claimed(lab, {})
+    ended = run_child(lab, job, InChild("tests.child_jobs:killed"), poll_s=0.05)
+    assert ended.status == JobStatus.FAILED
+    assert ended.error == "the job's process was killed by signal SIGKILL: loading 9 GB of weights into 8 GB of memory"
+    tail = ended.log_tail.splitlines()
+    assert "halfway" in tail and "-- the job's process was killed by signal SIGKILL; its last lines of stderr:" in tail
+    assert tail[-1] == "loading 9 GB of weights into 8 GB of memory"
+    assert ended.step == 1 and ended.total == 2  # what the child reported before it died stays
+
+
+def test_a_child_reports_through_the_same_rows_and_ends_its_job(lab):
+    job = _claimed(lab, {"echo": "hello"})
+    ended = run_child(lab, job, InChild("tests.child_jobs:answer"), poll_s=0.05)
+    assert ended.status == JobStatus.DONE and ended.result["echo"] == "hello"
+    assert ended.result["pid"] != os.getpid() and f"pid {ended.result['pid']}" in ended.log_tail
+
+
+def test_the_childs_command_and_environment_follow_the_workers_gpus(lab, monkeypatch):
+    monkeypatch.delenv("ENVLAB_ALLOW_DOWNLOADS", raising=False)
+    job = _claimed(lab, {})
+    plain = child_command(job, InChild("m:f"), [])
+    assert plain[1:] == ["-m", "lab.child", str(job.id), "m:f"]
+    launched = child_command(job, InChild("m:f"), ["2", "3"])
+    assert launched[1:5] == ["-m", "accelerate.commands.launch", "--num_processes", "2"]
+    assert launched[-4:] == ["-m", "lab.child", str(job.id), "m:f"]
+    env = child_env(lab, ["2", "3"])
+    assert (env["CUDA_VISIBLE_DEVICES"], env["HF_HUB_OFFLINE"]) == ("2,3", "1")
+    assert child_env(lab, [])["CUDA_VISIBLE_DEVICES"] == ""
+    monkeypatch.setenv("ENVLAB_ALLOW_DOWNLOADS", "1")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    assert "HF_HUB_OFFLINE" not in child_env(lab, [])
+    assert split_gpus(["0", "1", "2"], 2) == [["0", "1"], ["2"]] and split_gpus(["0"], 3) == [["0"], [], []]
+
+
+def _stage0(tmp_path: Path, in_child: bool) -> list[tuple]:
+    engine = make_engine(str(tmp_path / "lab.db"))
+    upgrade(engine)
+    with session(engine) as s:
+        run = create_run(s, name="r", config=CONFIG, settings=RunSettings(stages=1, validation_boards=3),
+                         engineer="fixed", seed=3)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        stage = {"stage": handlers(in_child=in_child)["stage"]}
+        assert run_worker(engine, stage, once=True, poll_s=0.01, run_id=run.id) == 1
+    finally:
+        torch.set_num_threads(threads)
+    with session(engine) as s:
+        job = s.exec(select(Job)).one()
+        assert job.status == JobStatus.DONE, job.log_tail
+        rows = s.exec(select(Episode).where(Episode.run_id == run.id).order_by(Episode.id)).all()
+        out = [(e.instance_id, e.completion, e.valid, e.outcome) for e in rows]
+    engine.dispose()
+    return out
+
+
+def test_a_stage_in_its_own_process_stores_what_it_stores_in_the_worker(tmp_path, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    (tmp_path / "here").mkdir()
+    (tmp_path / "there").mkdir()
+    here, there = _stage0(tmp_path / "here", in_child=False), _stage0(tmp_path / "there", in_child=True)
+    assert len(here) == 3 and here == there
+
+
+def test_a_policy_that_cannot_load_here_is_refused_before_anything_is_stored(lab, monkeypatch, capsys, tmp_path):
+    from lab import cli
+
+    monkeypatch.delenv("ENVLAB_ALLOW_DOWNLOADS", raising=False)
+    db = str(tmp_path / "cli.db")
+    assert cli.main(["run", "--policy", "no-such-model", "--engineer", "fixed", "--db", db]) == 2
+    assert capsys.readouterr().err == (
+        "envlab run: policy 'no-such-model': not a local folder with config.json, and model-hub downloads are off "
+        "(set ENVLAB_ALLOW_DOWNLOADS=1 to let envlab fetch it from the Hugging Face hub)\n")
+    engine = make_engine(db)
+    with session(engine) as s:
+        assert s.exec(select(Run)).all() == []
+    engine.dispose()
+    (tmp_path / "empty").mkdir()
+    with session(lab) as s, pytest.raises(LoopError, match=r"^policy '.*empty': the folder .* has no config.json"):
+        create_run(s, name="r", config=CONFIG, settings=RunSettings(stages=1), policy=str(tmp_path / "empty"))
+    with session(lab) as s, pytest.raises(LoopError, match=r"^policy './gone': no such folder$"):
+        create_run(s, name="r", config=CONFIG, settings=RunSettings(stages=1), policy="./gone")
+    with session(lab) as s:
+        assert s.exec(select(Run)).all() == []
+
+
+def _finished_stage(engine, keep: bool) -> Path:
+    with session(engine) as s:
+        run = create_run(s, name="r", config=CONFIG, settings=RunSettings(stages=1, keep_checkpoints=keep),
+                         engineer="fixed")
+        stage = s.exec(select(Stage).where(Stage.run_id == run.id)).one()
+        stage.index, stage.status = 0, StageStatus.DONE
+        s.add(Stage(run_id=run.id, index=1, config=stage.config, status=StageStatus.DONE))
+        s.commit()
+    trl = run_folder(engine, run.uuid) / "stage-1" / "trl"
+    for name in ("checkpoint-2", "checkpoint-4"):
+        (trl / name).mkdir(parents=True)
+        (trl / name / "model.safetensors").write_bytes(b"x" * 1000)
+    (run_folder(engine, run.uuid) / "stage-1" / "policy").mkdir()
+    (run_folder(engine, run.uuid) / "stage-1" / "policy" / "model.safetensors").write_bytes(b"y" * 500)
+    return trl
+
+
+def test_a_finished_stage_keeps_its_weights_and_drops_the_trainers_checkpoints(lab):
+    trl = _finished_stage(lab, keep=False)
+    folder = trl.parent.parent
+    assert disk_use(folder) == 2500
+    with session(lab) as s:
+        queue.request_cancel(s, 1)  # stage 0's job, queued with the run
+        job = queue.enqueue(s, "stage", {"run_id": 1, "stage_index": 1}, run_id=1, target=1)
+        assert queue.claim(s, "w").id == job.id
+        ended = queue.finish(s, job.id, {})
+    after_job(lab, ended)
+    assert sorted(p.name for p in trl.iterdir()) == [] and (folder / "stage-1" / "policy").is_dir()
+    assert disk_use(folder) == 500
+    kept = _finished_stage(lab, keep=True)
+    assert prune_checkpoints(lab, 2, 1) == [] and sorted(p.name for p in kept.iterdir()) == [
+        "checkpoint-2", "checkpoint-4"]
+
+
+def test_the_child_process_benchmark_runs_at_a_tiny_budget(capsys):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_child", Path(__file__).parent.parent / "benchmarks" /
+                                                  "bench_child.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    figures = bench.main(bench.Args(quick=True))
+    assert figures["ratio"] > 0 and "stages in child processes / in the worker's process" in capsys.readouterr().out
+
+
+def test_a_large_policy_needs_a_gpu_worker_unless_the_run_allows_the_cpu(lab, tmp_path, monkeypatch):
+    folder = tmp_path / "big"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"torch_dtype": "bfloat16"}')
+    (folder / "model.safetensors").write_bytes(b"\0" * 1000)  # 500 bf16 weights
+    assert policy_params(str(folder)) == 500
+    assert [policy_params(n) for n in ("Qwen/Qwen3-4B", "Qwen/Qwen3-0.6B", "gemma3-270m", "tiny")] == [
+        4_000_000_000, 600_000_000, 268_000_000, 1_400_000]
+    monkeypatch.setenv("ENVLAB_GPU_ABOVE", "400")
+    with session(lab) as s:
+        big = create_run(s, name="big", config=CONFIG, settings=RunSettings(stages=1), policy=str(folder),
+                         engineer="fixed")
+        cpu = create_run(s, name="cpu", config=CONFIG, settings=RunSettings(stages=1, allow_cpu=True),
+                         policy=str(folder), engineer="fixed")
+        needs = {j.run_id: j.needs_gpu for j in s.exec(select(Job))}
+        assert needs == {big.id: True, cpu.id: False}
+        assert queue.claim(s, "cpu-worker", gpu=False).run_id == cpu.id
+        assert queue.claim(s, "cpu-worker", gpu=False) is None
+
+
+def test_the_converted_gemma_folder_is_where_its_policy_is_never_a_hub_name(tmp_path, monkeypatch):
+    monkeypatch.setenv("ENVLAB_CACHE", str(tmp_path))
+    (tmp_path / "gemma3-270m").mkdir()
+    (tmp_path / "gemma3-270m" / "config.json").write_text("{}")
+    assert resolve_policy("gemma3-270m") == str(tmp_path / "gemma3-270m")
+    assert resolve_policy("tiny").endswith("assets/tiny-policy")
