@@ -276,7 +276,8 @@ def _new_run(s: Session, args: argparse.Namespace) -> Run:
                           auto_apply=args.auto_apply, seed=args.seed, grpo=grpo, base_url=args.base_url, lora=args.lora,
                           validation_boards=args.validation_boards, validation_per_size=args.validation_per_size,
                           context=args.context, remeasure=args.remeasure, probe_boards=args.probe_boards,
-                          probe_answers=args.probe_answers)
+                          probe_answers=args.probe_answers, thinking=args.thinking,
+                          completion_length=args.completion_length, validation_decoding=args.validation_decoding)
     except LoopError as err:
         raise UsageError(str(err)) from err
 
@@ -521,6 +522,14 @@ def run_arguments(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--probe-boards", type=int, metavar="B", help="boards per size in a probe (Measure, the llm "
                                                                   "engineer's measured context; default 8)")
     s.add_argument("--probe-answers", type=int, metavar="K", help="sampled answers per board in a probe (default 8)")
+    s.add_argument("--thinking", choices=("off", "on"), default="off",
+                   help="a chat template's thinking mode (Qwen3's enable_thinking) in every prompt (default off)")
+    s.add_argument("--completion-length", type=int, metavar="TOKENS",
+                   help="new tokens per answer in training, validation, the benchmark and probes (default: 512 for "
+                        "a chat policy, by board size for a compact one)")
+    s.add_argument("--validation-decoding", choices=("greedy", "sampled"), default="greedy",
+                   help="how validation and the benchmark decode: greedy, or sampled with the model's own "
+                        "generation_config (default greedy)")
     s.add_argument("--scenario", help="a named start, assets/scenarios/NAME.json (default: the round-0 config)")
     s.add_argument("--validation-per-size", type=int, metavar="N",
                    help="evaluate on a larger validation set, N boards per size (e.g. 120: 960 boards; default 30)")

@@ -83,7 +83,8 @@ def create_run(s: Session, *, name: str, config: EnvConfig, stages: int, policy:
                base_url: str | None = None, description: str = "", lora: int = 0,
                validation_boards: int | None = None, validation_per_size: int | None = None,
                experiment_id: int | None = None, arm: str | None = None, remeasure: bool = False,
-               probe_boards: int | None = None, probe_answers: int | None = None) -> Run:
+               probe_boards: int | None = None, probe_answers: int | None = None, thinking: str = "off",
+               completion_length: int | None = None, validation_decoding: str = "greedy") -> Run:
     """Store a run, its stage 0 (the starting policy, evaluated on `config`) and queue that stage.
 
     `context` is the llm engineer's context modules, or the name of a preset (`lab.context.CONTEXT_PRESETS`;
@@ -125,8 +126,12 @@ def create_run(s: Session, *, name: str, config: EnvConfig, stages: int, policy:
         settings["remeasure"] = True
     if validation_per_size is not None:
         settings["validation_per_size"] = validation_per_size
-    for key, value in (("probe_boards", probe_boards), ("probe_answers", probe_answers)):
+    for key, value in (("probe_boards", probe_boards), ("probe_answers", probe_answers),
+                       ("completion_length", completion_length)):
         if value is not None:
+            settings[key] = value
+    for key, value, default in (("thinking", thinking, "off"), ("validation_decoding", validation_decoding, "greedy")):
+        if value != default:
             settings[key] = value
     try:
         RunSettings.model_validate(settings)
@@ -410,9 +415,19 @@ def run_propose_job(engine: Engine, job: Job, progress: Callable[..., bool]) -> 
             answer = keep_instances(answer, evidence.current.config.num_instances)
         progress(0, 1, "checking that the generator can fill the proposed config")
         answer = fillable(answer, check)
-        proposal = store_proposal(s, run_id, after, run.engineer, answer, evidence.current.config)
+        proposal = store_proposal(s, run_id, after, engineer_name(run, stage), answer, evidence.current.config)
         progress(1, 1, f"proposal {proposal.id}" + (f" failed: {answer.error}" if answer.error else ""))
         return {"proposal_id": proposal.id, "error": answer.error}
+
+
+def engineer_name(run: Run, stage: Stage) -> str:
+    """Who wrote a proposal, as its row names it: the engineer, and for the llm engineer its backend; the policy
+    as its own engineer (`hf:policy`) is named by the checkpoint that answered (the stage's, as its row stores it)."""
+    if run.engineer != "llm":
+        return run.engineer
+    if run.engineer_backend == SELF_BACKEND:
+        return f"llm ({SELF_BACKEND}: {stage.checkpoint or run.policy})"
+    return f"llm ({run.engineer_backend})"
 
 
 def probe_for(engine: Engine, run: Run, stage: Stage, *, boards: int, answers: int) -> Callable[[EnvConfig], Any]:
@@ -429,7 +444,7 @@ def probe_for(engine: Engine, run: Run, stage: Stage, *, boards: int, answers: i
     def load() -> Any:
         if not loaded:
             loaded.append(load_policy(run.policy if stage.index == 0 else checkpoint_of(engine, stage),
-                                      device=local_device()))
+                                      device=local_device()).configured(run.settings))
         return loaded[0]
 
     temperature = sampling_temperature(run.settings.get("grpo"))

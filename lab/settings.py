@@ -4,7 +4,7 @@ torch behind it, so an archive is checked without loading the training stack."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -32,6 +32,9 @@ class RunSettings(BaseModel):
     validation_per_size: int | None = Field(default=None, ge=1)
     probe_boards: int | None = Field(default=None, ge=1, le=64)  # the Measure panel's and the llm engineer's probe
     probe_answers: int | None = Field(default=None, ge=2, le=64)  # (None: training.probe's defaults)
+    thinking: Literal["off", "on"] = "off"  # a chat template's `enable_thinking` (Qwen3's reasoning before the answer)
+    completion_length: int | None = Field(default=None, ge=1, le=32768)  # new tokens per answer (None: by board)
+    validation_decoding: Literal["greedy", "sampled"] = "greedy"  # sampled: the model's own generation_config
     engineer_history: list[dict[str, Any]] = Field(default_factory=list)
     example: bool = False
 
@@ -47,3 +50,4 @@ def probe_size(settings: dict[str, Any]) -> dict[str, int]:
     """B boards per size and K answers each for a run's probes: its settings, else `training.probe`'s defaults."""
     return {"boards": settings.get("probe_boards") or PROBE_BOARDS,
             "answers": settings.get("probe_answers") or PROBE_ANSWERS}
+
