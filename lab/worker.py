@@ -49,6 +49,7 @@ from storage import queue
 from storage.db import DatabaseUnusable, open_database, session
 from storage.models import Job, JobKind, JobStatus, utcnow
 from storage.queue import LostJob, stale_after_s
+from training import vllm
 from training.progress import Cancelled, Progress
 
 log = logging.getLogger("envlab.worker")
@@ -180,7 +181,7 @@ def run_worker(engine: Engine, handlers: dict[str, Handler], *, worker_id: str |
             stop.wait(poll_s)
             continue
         log.info("job %s (%s) claimed, attempt %d: %s", job.id, job.kind, job.attempts, job.payload)
-        handler = handlers.get(job.kind) or _unknown_kind(list(handlers))
+        handler = vllm.with_server(handlers.get(job.kind) or _unknown_kind(list(handlers)))
         ended = run_job(engine, job, handler, stale_s=stale_s)
         ran += 1
         if after is not None:

@@ -24,7 +24,8 @@ from envsim.scoring import Outcome, Tally, score
 from envsim.suite import Split
 from storage.db import checkpoint_of, runs_root, session
 from storage.models import Episode, Job, Run, Stage, StageMetric
-from training.policy import Policy, load_policy, local_device
+from training import vllm
+from training.policy import Policy, load_policy, local_device, policy_folder
 from training.progress import Cancelled, Progress
 
 BENCHMARK_FILE = "benchmark.jsonl"
@@ -62,9 +63,11 @@ DECODINGS = ("greedy", "sampled")  # an evaluation's decoding (`lab.settings.Run
 
 def evaluate(policy: Policy, instances: Sequence[Instance], batch_size: int = 64, max_new_tokens: int | None = None,
              progress: Callable[[int, int], bool] | None = None, decoding: str = "greedy",
-             seed: int = 0) -> list[EpisodeResult]:
+             seed: int = 0, vllm_model: str | None = None) -> list[EpisodeResult]:
     """Answers to `instances`, scored, in the same order: greedy, or `decoding="sampled"` as the model's own
-    generation_config samples (its temperature, top-k and top-p; seeded by `seed`).
+    generation_config samples (its temperature, top-k and top-p; seeded by `seed`). With `vllm_model` (the
+    policy's checkpoint folder) and vLLM installed on a GPU, vLLM writes the answers (`training.vllm`), from the
+    same token ids; else transformers does.
 
     Boards are answered in full batches of similar prompt length (sorted by length, so little padding), each
     batch with the largest token budget of its boards. `progress(done, total)` is called after each batch
@@ -76,16 +79,25 @@ def evaluate(policy: Policy, instances: Sequence[Instance], batch_size: int = 64
     prompts = [policy.prompt(inst) for inst in instances]
     order = sorted(range(len(instances)), key=lambda i: (len(prompts[i]), i))
     completions: list[str] = [""] * len(instances)
-    for start in range(0, len(order), batch_size):
-        chunk = order[start:start + batch_size]
-        budget = max_new_tokens or max(answer_budget(policy, instances[i]) for i in chunk)
-        outs = policy.generate([prompts[i] for i in chunk], max_new_tokens=budget, batch_size=batch_size,
-                               do_sample=sampled, temperature=None, seed=seed + start if sampled else None)
-        for i, text in zip(chunk, outs, strict=True):
-            completions[i] = text
-        done = start + len(chunk)
-        if progress is not None and progress(done, len(instances)):
-            raise Cancelled(f"cancelled after {done} of {len(instances)} episodes")
+    engine = vllm.vllm_engine(vllm_model) if vllm_model is not None and vllm.available() else None
+    try:
+        for start in range(0, len(order), batch_size):
+            chunk = order[start:start + batch_size]
+            budget = max_new_tokens or max(answer_budget(policy, instances[i]) for i in chunk)
+            if engine is not None:
+                outs = vllm.generate_texts(engine, [policy.token_ids(prompts[i]) for i in chunk], budget,
+                                           sampled=sampled, seed=seed + start,
+                                           generation_config=policy.model.generation_config)
+            else:
+                outs = policy.generate([prompts[i] for i in chunk], max_new_tokens=budget, batch_size=batch_size,
+                                       do_sample=sampled, temperature=None, seed=seed + start if sampled else None)
+            for i, text in zip(chunk, outs, strict=True):
+                completions[i] = text
+            done = start + len(chunk)
+            if progress is not None and progress(done, len(instances)):
+                raise Cancelled(f"cancelled after {done} of {len(instances)} episodes")
+    finally:
+        del engine  # its GPU memory goes back before training or the next evaluation needs it
     return [EpisodeResult(inst, text, score(inst, parse(text, inst.num_agents)))
             for inst, text in zip(instances, completions, strict=True)]
 
@@ -183,7 +195,8 @@ def run_benchmark_job(engine: Engine, job: Job, progress: Progress) -> dict[str,
     policy = load_policy(spec, device=local_device()).configured(run.settings)
     progress(0, len(entries), f"evaluating {spec} on {len(entries)} benchmark boards")
     results = evaluate(policy, [e.instance for e in entries], progress=lambda done, total: progress(done, total),
-                       decoding=run.settings.get("validation_decoding") or "greedy", seed=run.seed)
+                       decoding=run.settings.get("validation_decoding") or "greedy", seed=run.seed,
+                       vllm_model=policy_folder(spec) if vllm.available() else None)
     with session(engine) as s:
         store_evaluation(s, run_id, stage_index, Split.BENCHMARK, results, [e.subset for e in entries])
     table = suite.report(entries, [r.outcome.valid for r in results], [r.outcome.optimal for r in results])

@@ -74,6 +74,11 @@ class Policy:
                                                       add_generation_prompt=True, enable_thinking=self.thinking)
         return chat_text(instance)
 
+    def token_ids(self, prompt: str) -> list[int]:
+        """A prompt's token ids as the model reads them (a chat template writes its own special tokens)."""
+        tok = self.tokenizer
+        return tok(prompt, add_special_tokens=self.prompt_style == "chat" and not _has_template(tok))["input_ids"]
+
     @torch.no_grad()
     def generate(self, prompts: list[str], max_new_tokens: int, batch_size: int = 64, do_sample: bool = False,
                  temperature: float | None = 1.0, seed: int | None = None) -> list[str]:
@@ -88,8 +93,7 @@ class Policy:
         pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         was_training = self.model.training
         self.model.eval()
-        ids = [tok(p, add_special_tokens=self.prompt_style == "chat" and not _has_template(tok))["input_ids"]
-               for p in prompts]
+        ids = [self.token_ids(p) for p in prompts]
         order = sorted(range(len(prompts)), key=lambda i: len(ids[i]))
         out: list[str] = [""] * len(prompts)
         # temperature None: the model's own generation_config (temperature, top-k, top-p) decides how it samples
@@ -227,6 +231,18 @@ def load_policy(spec: str, device: str = "cpu", lora: bool = False, dtype: torch
     else:
         policy = _load_hub(spec, device, dtype)
     return with_lora(policy) if lora else policy
+
+
+def policy_folder(spec: str) -> str:
+    """Where the policy `spec` is on disk, for a reader that takes a folder (vLLM): the shipped tiny folder, the
+    converted Gemma folder, a folder as it is; anything else (a hub name) as it is."""
+    if spec == "tiny":
+        return str(TINY_DIR)
+    if spec == "gemma3-270m":
+        from training.gemma import gemma_checkpoint
+
+        return str(gemma_checkpoint())
+    return spec
 
 
 def lora_config(r: int = 16, alpha: int | None = None, dropout: float = 0.05) -> Any:

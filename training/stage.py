@@ -57,8 +57,9 @@ from envsim.suite import VALIDATION_PER_SIZE, Split, build
 from storage.db import RUNS_SETTING, UnsafePath, checkpoint_of, make_engine, run_folder, runs_root, session
 from storage.models import Job, Run, Stage, StageMetric, StageStatus, TrainingLog, utcnow
 from training import evaluate as evaluation
+from training import vllm
 from training.overrides import lab_owned
-from training.policy import TINY_DIR, Policy, PolicyError, load_policy, local_device, lora_config
+from training.policy import TINY_DIR, Policy, PolicyError, load_policy, local_device, lora_config, policy_folder
 from training.progress import Cancelled, Progress
 from training.rewards import DEFAULT_WEIGHTS, REWARDS
 
@@ -188,6 +189,7 @@ def grpo_config(args: StageArgs, overrides: dict[str, Any], max_completion_lengt
         disable_tqdm=True,
     )
     fields.update(overrides)
+    fields = vllm.vllm_fields(fields)
     if fields.get("use_vllm") and importlib.util.find_spec("vllm") is None:
         log.warning("use_vllm was asked for but vLLM is not installed (pip install 'envlab[vllm]'): "
                     "generating with transformers")
@@ -336,6 +338,7 @@ def train(engine: Engine, args: StageArgs, policy: Policy, grpo: dict[str, Any],
     progress(0, None, f"GRPO: {boards} boards, {config.num_generations} generations each, up to "
                       f"{config.max_completion_length} new tokens, {engine_name} generation on {config.device}")
     trainer.train(resume_from_checkpoint=resume)
+    vllm.close_link(trainer)  # server mode: the next stage opens its own link to the worker's server
     if record.cancelled:
         raise Cancelled(f"cancelled at step {trainer.state.global_step}/{trainer.state.max_steps}; "
                         f"requeue to resume from {get_last_checkpoint(str(args.trainer_dir))}")
@@ -451,8 +454,10 @@ def run_stage(engine: Engine, args: StageArgs, grpo: dict[str, Any], progress: P
         if not _validation_metrics(engine, args):
             boards = validation_boards(args.validation_boards, args.validation_per_size, args.run_dir.parent)
             progress(0, len(boards), f"evaluating on {len(boards)} validation boards")
+            folder = None if not vllm.available() else \
+                policy_folder(args.policy) if args.stage_index == 0 else str(args.policy_dir)
             results = evaluation.evaluate(policy, boards, progress=lambda done, total: progress(done, total),
-                                          decoding=args.decoding, seed=args.seed)
+                                          decoding=args.decoding, seed=args.seed, vllm_model=folder)
             with session(engine) as s:
                 evaluation.store_evaluation(s, args.run_id, args.stage_index, Split.VALIDATION, results)
             progress(len(boards), len(boards), evaluation.metrics_table(evaluation.size_metrics(results)))
