@@ -278,7 +278,8 @@ class Record(TrainerCallback):
                               metrics=numbers))
             s.commit()
         line = f"step {state.global_step}/{state.max_steps}" + "".join(
-            f" {k} {numbers[k]:.4g}" for k in ("reward", "loss", "kl", "completions/mean_length") if k in numbers)
+            f" {k} {numbers[k]:.4g}" for k in ("reward", "loss", "kl", "completions/mean_length",
+                                               "completions/clipped_ratio") if k in numbers)
         if self.progress(state.global_step, state.max_steps, line):
             self._stop(control)
 
