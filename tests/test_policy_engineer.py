@@ -55,3 +55,22 @@ def test_a_proposal_names_its_engineer_and_the_policy_checkpoint_that_wrote_it()
     assert engineer_name(run("llm", "openai:qwen3"), stage1) == "llm (openai:qwen3)"
     assert engineer_name(run("llm", "hf:policy"), stage0) == "llm (hf:policy: gemma3-270m)"
     assert engineer_name(run("llm", "hf:policy"), stage1) == "llm (hf:policy: abc/stage-1/policy)"
+
+
+def test_the_llm_engineer_asks_again_when_the_generator_cannot_fill_its_config():
+    from lab.engineers import llm
+    from tests.test_llm import evidence
+
+    answers = iter(['{"num_agents": 8, "num_instances": 2}', '{"num_agents": 2, "num_instances": 2}'])
+    seen: list[list[dict]] = []
+
+    def scripted(messages):
+        seen.append(messages)
+        return next(answers)
+
+    def cannot_fill(config):
+        return "too few ice cells for 8 agents" if config.num_agents == 8 else None
+
+    answer = llm(evidence(), seed=0, complete_fn=scripted, max_attempts=3, cannot_fill=cannot_fill)
+    assert answer.error is None and answer.attempts == 2 and answer.projection.config.num_agents == 2
+    assert "the generator cannot fill this config: too few ice cells for 8 agents" in seen[1][-1]["content"]
