@@ -1,6 +1,7 @@
 """LLM backends for the engineer: one function per backend, chosen by the prefix of a spec string.
 
-    hf:policy          the run's current policy checkpoint (`policy_path`), in this process
+    hf:policy          the run's current policy checkpoint (`policy_path`: a stage's folder, or the run's policy
+                       spec at stage 0, e.g. `gemma3-270m`), in this process, on its device and in its dtype
     hf:gemma3-270m     Gemma 3 270M base, offline (training.gemma builds the checkpoint once)
     hf:<path or name>  any Hugging Face causal LM, in this process
     openai:<model>     any OpenAI-compatible server (vLLM, `transformers serve`, a hosted API) at `base_url`
@@ -38,7 +39,6 @@ KEY_SETTINGS = ("ENVLAB_OPENAI_API_KEY", "OPENAI_API_KEY")
 BASE_URL_SETTING = "ENVLAB_OPENAI_BASE_URL"
 ALLOWED_SERVERS_SETTING = "ENVLAB_ALLOWED_SERVERS"
 TIMEOUT_S = 120.0
-GEMMA = "gemma3-270m"
 POLICY = "policy"
 
 
@@ -86,13 +86,6 @@ def _hf(name: str, messages: Messages, *, max_tokens: int, temperature: float, s
         if not policy_path:
             raise LLMError("hf:policy needs the run's current checkpoint (policy_path), and none was given")
         path = str(policy_path)
-    elif name == GEMMA:
-        from training.gemma import GemmaUnavailable, gemma_checkpoint
-
-        try:
-            path = str(gemma_checkpoint())
-        except GemmaUnavailable as err:
-            raise LLMError(str(err)) from err
     else:
         path = name
     model, tokenizer = _load(path)
@@ -106,6 +99,7 @@ def _hf(name: str, messages: Messages, *, max_tokens: int, temperature: float, s
         if schema is None:  # held to a schema, the answer ends with its object (a raw newline cannot occur)
             # A base model goes on to write the next turn itself: stop there.
             options["stopping_criteria"] = StoppingCriteriaList([_StopAt(NEXT_TURNS, tokenizer, ids.shape[1])])
+    ids = ids.to(model.device)
     if schema is not None:
         options["logits_processor"] = LogitsProcessorList([Constrain(schema, path)])
         # The grammar ends the answer with the tokenizer's end-of-sequence: generation must stop on it too.
@@ -197,16 +191,19 @@ def _grammar_tokenizer(path: str) -> Any:
 
 
 @lru_cache(maxsize=2)  # the policy checkpoint changes every stage: keep the last two, not all of them
-def _load(path: str):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def _load(spec: str):
+    """A model and its tokenizer as `training.policy.load_policy` reads a policy spec: `gemma3-270m` and `tiny` as
+    the lab names them (the offline Gemma checkpoint, the shipped folder), a folder, else a hub name; on this
+    process's device (`local_device`: the worker's GPU, else the CPU) in the dtype a policy loads in there."""
+    from training.gemma import GemmaUnavailable
+    from training.policy import PolicyError, load_policy, local_device
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path)
-    except (OSError, ValueError) as err:
-        raise LLMError(f"could not load the model {path!r}: {str(err).splitlines()[0]}") from err
-    model.eval()
-    return model, tokenizer
+        policy = load_policy(spec, device=local_device())
+    except (PolicyError, GemmaUnavailable, OSError, ValueError) as err:
+        raise LLMError(f"could not load the model {spec!r}: {str(err).splitlines()[0]}") from err
+    policy.model.eval()
+    return policy.model, policy.tokenizer
 
 
 # ---------------------------------------------------------------- over HTTP (OpenAI-compatible)

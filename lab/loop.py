@@ -482,9 +482,19 @@ def run_propose_job(engine: Engine, job: Job, progress: Callable[..., bool]) -> 
             answer = keep_instances(answer, evidence.current.config.num_instances)
         progress(0, 1, "checking that the generator can fill the proposed config")
         answer = fillable(answer, check)
-        proposal = store_proposal(s, run_id, after, run.engineer, answer, evidence.current.config)
+        proposal = store_proposal(s, run_id, after, engineer_name(run, stage), answer, evidence.current.config)
         progress(1, 1, f"proposal {proposal.id}" + (f" failed: {answer.error}" if answer.error else ""))
         return {"proposal_id": proposal.id, "error": answer.error}
+
+
+def engineer_name(run: Run, stage: Stage) -> str:
+    """Who wrote a proposal, as its row names it: the engineer, and for the llm engineer its backend; the policy
+    as its own engineer (`hf:policy`) is named by the checkpoint that answered (the stage's, as its row stores it)."""
+    if run.engineer != "llm":
+        return run.engineer
+    if run.engineer_backend == SELF_BACKEND:
+        return f"llm ({SELF_BACKEND}: {stage.checkpoint or run.policy})"
+    return f"llm ({run.engineer_backend})"
 
 
 def probe_for(engine: Engine, run: Run, stage: Stage, *, boards: int, answers: int) -> Callable[[EnvConfig], Any]:
@@ -501,7 +511,7 @@ def probe_for(engine: Engine, run: Run, stage: Stage, *, boards: int, answers: i
     def load() -> Any:
         if not loaded:
             loaded.append(load_policy(run.policy if stage.index == 0 else checkpoint_of(engine, stage),
-                                      device=local_device()))
+                                      device=local_device()).configured(run.settings))
         return loaded[0]
 
     temperature = sampling_temperature(run.settings.get("grpo"))

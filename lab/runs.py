@@ -272,6 +272,7 @@ class RunProgress:
     stages: list[Stage]
     jobs: list[Job]
     latest: StageSummary | None  # the validation results of the last evaluated stage
+    training: tuple[int, list[tuple[int, dict[str, Any]]]] | None = None  # the last trained stage: (index, logs)
 
 
 def run_progress(engine: Engine, run_id: int) -> RunProgress | None:
@@ -281,7 +282,17 @@ def run_progress(engine: Engine, run_id: int) -> RunProgress | None:
             return None
         summaries = stage_summaries(s, run_id)
         return RunProgress(run, stages_of(s, run_id), jobs_of(s, run_id),
-                           summaries[max(summaries)] if summaries else None)
+                           summaries[max(summaries)] if summaries else None, _last_training(s, run_id))
+
+
+def _last_training(s: Session, run_id: int) -> tuple[int, list[tuple[int, dict[str, Any]]]] | None:
+    """The training-log rows of the run's last stage that logged any (the one training now, while it does)."""
+    index = s.exec(select(func.max(TrainingLog.stage_index)).where(TrainingLog.run_id == run_id)).one()
+    if index is None:
+        return None
+    rows = s.exec(select(TrainingLog).where(TrainingLog.run_id == run_id, TrainingLog.stage_index == index)
+                  .order_by(TrainingLog.step))
+    return index, [(row.step, row.metrics) for row in rows]
 
 
 # ---------------------------------------------------------------- the benchmark

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -52,6 +52,9 @@ class RunSettings(BaseModel):
     remeasure: bool = False  # the llm engineer probes its answer and is asked once more (docs/engineers.md)
     keep_checkpoints: bool = False  # keep TRL's intermediate checkpoints (checkpoint-*/) after a stage ends
     allow_cpu: bool = False  # a large pretrained policy may run on a worker without a GPU (slow, but allowed)
+    thinking: Literal["off", "on"] = "off"  # a chat template's `enable_thinking` (Qwen3's reasoning before the answer)
+    completion_length: int | None = Field(default=None, ge=1, le=32768)  # new tokens per answer (None: by board)
+    validation_decoding: Literal["greedy", "sampled"] = "greedy"  # sampled: the model's own generation_config
     engineer_history: list[dict[str, Any]] = Field(default_factory=list)
     example: bool = False
 
@@ -151,6 +154,8 @@ PER_SIZE = count(1, 10_000, "10,000 boards per size is 80,000 boards to evaluate
                  "a size needs at least 1 validation board")
 DEV_BOARDS = count(3, 10_000, "10,000 boards per size is 80,000 boards to evaluate after every stage",
                    "the dev split needs at least 3 boards per size (one per wait subset)")
+COMPLETION_TOKENS = count(1, 32768, "longer than any chat model here answers; a plan needs far fewer tokens",
+                          "an answer needs at least 1 token")
 LORA_RANK = count(0, 4096, "a LoRA rank above a model's width adds nothing (Gemma 3 270M: 640)")
 
 
@@ -179,6 +184,14 @@ def settings_arguments(parser: argparse.ArgumentParser, *, experiment: bool = Fa
                              f"validation boards (a multiple of 3; default {DEV_PER_SIZE})")
     if experiment:
         return
+    parser.add_argument("--thinking", choices=("off", "on"), default=None,
+                        help="a chat template's thinking mode (Qwen3's enable_thinking) in every prompt (default off)")
+    parser.add_argument("--completion-length", type=COMPLETION_TOKENS, metavar="TOKENS",
+                        help="new tokens per answer in training, validation, the benchmark and probes (default: 512 "
+                             "for a chat policy, by board size for a compact one)")
+    parser.add_argument("--validation-decoding", choices=("greedy", "sampled"), default=None,
+                        help="how validation and the benchmark decode: greedy, or sampled with the model's own "
+                             "generation_config (default greedy)")
     parser.add_argument("--auto-apply", action="store_true", default=None,
                         help="apply every proposal without waiting for a person")
     parser.add_argument("--context", dest="context_preset", default=DEFAULT_PRESET, choices=list(CONTEXT_PRESETS),
@@ -196,3 +209,4 @@ def probe_size(settings: dict[str, Any]) -> dict[str, int]:
     """B boards per size and K answers each for a run's probes: its settings, else `training.probe`'s defaults."""
     return {"boards": settings.get("probe_boards") or PROBE_BOARDS,
             "answers": settings.get("probe_answers") or PROBE_ANSWERS}
+

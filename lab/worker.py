@@ -55,6 +55,7 @@ from storage import queue
 from storage.db import DatabaseUnusable, open_database, session
 from storage.models import Job, JobKind, JobStatus, utcnow
 from storage.queue import LostJob, stale_after_s
+from training import vllm
 from training.progress import Cancelled, Progress
 
 log = logging.getLogger("envlab.worker")
@@ -345,10 +346,16 @@ def run_worker(engine: Engine, handlers: dict[str, Handler | InChild], *, worker
         log.info("job %s (%s) claimed, attempt %d: %s", job.id, job.kind, job.attempts, job.payload)
         handler = handlers.get(job.kind) or _unknown_kind(list(handlers))
         if isinstance(handler, InChild) and _in_child(engine, job, handler):
-            ended = run_child(engine, job, handler, gpus=gpus, stale_s=stale_s)
+            try:  # the worker's own vLLM server lives across stages; its children reach it by its URL
+                if (url := vllm.serve_for_job(engine, job)) is not None:
+                    os.environ[vllm.SERVER_URL_SETTING] = url
+            except Exception as err:  # a server that cannot start fails the job with what it printed
+                ended = _fail_job(engine, job, err)
+            else:
+                ended = run_child(engine, job, handler, gpus=gpus, stale_s=stale_s)
         else:
-            ended = run_job(engine, job, handler.function() if isinstance(handler, InChild) else handler,
-                            stale_s=stale_s)
+            ended = run_job(engine, job, vllm.with_server(handler.function() if isinstance(handler, InChild)
+                                                          else handler), stale_s=stale_s)
         ran += 1
         if after is not None:
             try:

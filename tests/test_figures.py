@@ -153,10 +153,17 @@ def test_rates_curves_failures_and_training():
     logs = [(1, {"reward": 0.5, "loss": 2.0, "kl": 0.0}), (2, {"reward": 0.75, "loss": 1.5})]
     training = figures.training_figure(logs)
     assert [t.y for t in training.data] == [(0.5, 0.75), (2.0, 1.5), (0.0,)]
-    assert training.layout.yaxis.title.text == "reward, 0..2.4" and training.layout.title.text is None
+    assert training.layout.yaxis.title.text == "reward, 0..2.4"
+    assert training.layout.title.text == "not logged: truncated answers (at the length cap), mean answer length"
     no_kl = figures.training_figure([(1, {"reward": 0.5, "loss": 2.0})])  # KL not logged: no empty panel for it
     assert [t.name for t in no_kl.data] == ["reward", "loss"]
-    assert no_kl.layout.title.text == "not logged: KL to the reference"
+    assert no_kl.layout.title.text == "not logged: KL to the reference, truncated answers (at the length cap), " \
+        "mean answer length"
+    five = figures.training_figure([(1, {"reward": 0.5, "loss": 2.0, "kl": 0.1, "completions/clipped_ratio": 0.25,
+                                         "completions/mean_length": 31.0})])
+    assert [t.name for t in five.data] == ["reward", "loss", "kl", "completions/clipped_ratio",
+                                           "completions/mean_length"]
+    assert five.layout.yaxis4.title.text == "share, 0..1" and five.layout.height == 600  # two rows of three
 
 
 def test_empty_inputs_say_why_they_are_empty():

@@ -1,4 +1,4 @@
-"""Evaluation: a policy answers a set of boards (greedy, batched), envsim scores each answer, and the
+"""Evaluation: a policy answers a set of boards (greedy or sampled, batched), envsim scores each answer, and the
 episodes and per-size sums go into the database.
 
 Generation is the only costly part, so every board of a set is answered in length-sorted batches
@@ -24,6 +24,7 @@ from envsim.scoring import Outcome, Tally, score
 from envsim.suite import Split
 from storage.db import checkpoint_of, runs_root, session
 from storage.models import Episode, Job, Run, Stage, StageMetric
+from training import vllm
 from training.progress import Cancelled, Progress
 
 if TYPE_CHECKING:  # torch loads only where a policy answers: the lab reads stored results without it
@@ -48,33 +49,57 @@ def answer_budget(policy: Policy, instance: Instance) -> int:
     A compact answer line is `Agent i :`, the start cell, each action with the cell it leads to (2 tokens a
     move), then `<nl>`; solver plans on these boards stay under `3 * size` moves per agent, and generation
     stops at eos anyway, so the budget only bounds a babbling model. Chat models write words of several
-    tokens and may reason first.
+    tokens and may reason first (`CHAT_BUDGET`). A run's `completion_length` (`Policy.completion_length`)
+    replaces both, the same in training, validation, the benchmark and the probes.
     """
+    if policy.completion_length:
+        return policy.completion_length
     if policy.prompt_style == "compact":
         return instance.num_agents * (6 + 6 * instance.size)
-    return 512
+    return CHAT_BUDGET
+
+
+CHAT_BUDGET = 512  # a chat model's new tokens per answer when its run does not set `completion_length`
+DECODINGS = ("greedy", "sampled")  # an evaluation's decoding (`lab.settings.RunSettings.validation_decoding`)
 
 
 def evaluate(policy: Policy, instances: Sequence[Instance], batch_size: int = 64, max_new_tokens: int | None = None,
-             progress: Callable[[int, int], bool] | None = None) -> list[EpisodeResult]:
-    """Greedy answers to `instances`, scored, in the same order.
+             progress: Callable[[int, int], bool] | None = None, decoding: str = "greedy",
+             seed: int = 0, vllm_model: str | None = None) -> list[EpisodeResult]:
+    """Answers to `instances`, scored, in the same order: greedy, or `decoding="sampled"` as the model's own
+    generation_config samples (its temperature, top-k and top-p; seeded by `seed`). With `vllm_model` (the
+    policy's checkpoint folder) and vLLM installed on a GPU, vLLM writes the answers (`training.vllm`), from the
+    same token ids; else transformers does.
 
     Boards are answered in full batches of similar prompt length (sorted by length, so little padding), each
     batch with the largest token budget of its boards. `progress(done, total)` is called after each batch
     and may return True to cancel (raises `Cancelled`).
     """
+    if decoding not in DECODINGS:
+        raise ValueError(f"decoding {decoding!r}: one of {', '.join(DECODINGS)}")
+    sampled = decoding == "sampled"
     prompts = [policy.prompt(inst) for inst in instances]
     order = sorted(range(len(instances)), key=lambda i: (len(prompts[i]), i))
     completions: list[str] = [""] * len(instances)
-    for start in range(0, len(order), batch_size):
-        chunk = order[start:start + batch_size]
-        budget = max_new_tokens or max(answer_budget(policy, instances[i]) for i in chunk)
-        outs = policy.generate([prompts[i] for i in chunk], max_new_tokens=budget, batch_size=batch_size)
-        for i, text in zip(chunk, outs, strict=True):
-            completions[i] = text
-        done = start + len(chunk)
-        if progress is not None and progress(done, len(instances)):
-            raise Cancelled(f"cancelled after {done} of {len(instances)} episodes")
+    engine = vllm.vllm_engine(vllm_model) if vllm_model is not None and vllm.available() else None
+    try:
+        for start in range(0, len(order), batch_size):
+            chunk = order[start:start + batch_size]
+            budget = max_new_tokens or max(answer_budget(policy, instances[i]) for i in chunk)
+            if engine is not None:
+                outs = vllm.generate_texts(engine, [policy.token_ids(prompts[i]) for i in chunk], budget,
+                                           sampled=sampled, seed=seed + start,
+                                           generation_config=policy.model.generation_config)
+            else:
+                outs = policy.generate([prompts[i] for i in chunk], max_new_tokens=budget, batch_size=batch_size,
+                                       do_sample=sampled, temperature=None, seed=seed + start if sampled else None)
+            for i, text in zip(chunk, outs, strict=True):
+                completions[i] = text
+            done = start + len(chunk)
+            if progress is not None and progress(done, len(instances)):
+                raise Cancelled(f"cancelled after {done} of {len(instances)} episodes")
+    finally:
+        del engine  # its GPU memory goes back before training or the next evaluation needs it
     return [EpisodeResult(inst, text, score(inst, parse(text, inst.num_agents)))
             for inst, text in zip(instances, completions, strict=True)]
 
@@ -169,11 +194,13 @@ def run_benchmark_job(engine: Engine, job: Job, progress: Progress) -> dict[str,
     cache.mkdir(parents=True, exist_ok=True)
     progress(0, None, f"building or reading the benchmark boards in {cache / BENCHMARK_FILE}")
     entries = benchmark_entries(cache)
-    from training.policy import load_policy, local_device
+    from training.policy import load_policy, local_device, policy_folder
 
-    policy = load_policy(spec, device=local_device())
+    policy = load_policy(spec, device=local_device()).configured(run.settings)
     progress(0, len(entries), f"evaluating {spec} on {len(entries)} benchmark boards")
-    results = evaluate(policy, [e.instance for e in entries], progress=lambda done, total: progress(done, total))
+    results = evaluate(policy, [e.instance for e in entries], progress=lambda done, total: progress(done, total),
+                       decoding=run.settings.get("validation_decoding") or "greedy", seed=run.seed,
+                       vllm_model=policy_folder(spec) if vllm.available() else None)
     with session(engine) as s:
         store_evaluation(s, run_id, stage_index, Split.BENCHMARK, results, [e.subset for e in entries])
     table = suite.report(entries, [r.outcome.valid for r in results], [r.outcome.optimal for r in results])

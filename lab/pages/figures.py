@@ -292,13 +292,19 @@ def failure_heatmap(by_size: Mapping[int, Tally]) -> go.Figure:
     return fig
 
 
+# TRL's log keys per GRPO step: reward and loss, KL, and what the answers cost (their mean length in tokens, and
+# the share cut off at the run's completion length: a chat model cut inside its reasoning scores 0).
 TRAINING_KEYS = (("reward", "reward (mean per answer)", "reward, 0..2.4"), ("loss", "GRPO loss", "loss"),
-                 ("kl", "KL to the reference", "KL, nats"))
+                 ("kl", "KL to the reference", "KL, nats"),
+                 ("completions/clipped_ratio", "truncated answers (at the length cap)", "share, 0..1"),
+                 ("completions/mean_length", "mean answer length", "tokens"))
+TRAINING_COLUMNS = 3
 
 
 def training_figure(logs: Sequence[tuple[int, Mapping[str, Any]]]) -> go.Figure:
-    """Reward, loss and KL per training step; `logs` is `(step, metrics)` in step order. A metric the trainer
-    did not log (KL, when GRPO runs without a KL term) gets no panel; the figure's title says so."""
+    """Reward, loss, KL, the truncated share and the mean answer length per training step; `logs` is
+    `(step, metrics)` in step order. A metric the trainer did not log (KL, when GRPO runs without a KL term) gets
+    no panel; the figure's title says so."""
     if not logs:
         return empty_figure("no training logs for this stage (stage 0 is evaluated, not trained)")
     panels = [(key, title, unit, [(step, m[key]) for step, m in logs if isinstance(m.get(key), int | float)])
@@ -307,14 +313,17 @@ def training_figure(logs: Sequence[tuple[int, Mapping[str, Any]]]) -> go.Figure:
     panels = [p for p in panels if p[3]]
     if not panels:
         return empty_figure("no reward, loss or KL in this stage's training logs")
-    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[title for _, title, _, _ in panels],
-                        horizontal_spacing=0.1)
-    for n, (key, _, unit, points) in enumerate(panels, 1):
+    cols = min(len(panels), TRAINING_COLUMNS)
+    rows = -(-len(panels) // cols)
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=[title for _, title, _, _ in panels],
+                        horizontal_spacing=0.1, vertical_spacing=0.25 if rows > 1 else 0.1)
+    for n, (key, _, unit, points) in enumerate(panels):
+        where = dict(row=n // cols + 1, col=n % cols + 1)
         fig.add_scatter(x=[p[0] for p in points], y=[p[1] for p in points], mode="lines+markers", name=key,
-                        row=1, col=n, marker=dict(size=4))
-        fig.update_yaxes(title_text=unit, row=1, col=n)
+                        marker=dict(size=4), **where)
+        fig.update_yaxes(title_text=unit, **where)
     note = f"not logged: {', '.join(missing)}" if missing else None
-    fig.update_layout(height=300, showlegend=False, margin=dict(l=50, r=10, t=70, b=30), font=_FONT,
+    fig.update_layout(height=300 * rows, showlegend=False, margin=dict(l=50, r=10, t=70, b=30), font=_FONT,
                       plot_bgcolor="white", title=dict(text=note, x=0.99, xanchor="right", font=dict(size=11)))
     fig.update_xaxes(title_text="step")
     return fig

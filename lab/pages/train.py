@@ -13,6 +13,7 @@ from sqlalchemy import Engine
 
 from lab.engineers import ENGINEERS
 from lab.loop import LoopError, advance, cancel, resume, switch_engineer
+from lab.pages import figures
 from lab.pages.common import BAD_ROW, Page, cannot_draw, table
 from lab.results import StageSummary
 from lab.runs import RunProgress, run_progress
@@ -26,12 +27,13 @@ def train_view(engine: Engine, run_id: int | None) -> dict[str, Any]:
     """The run's jobs as the worker last wrote them: progress of the active one, its log tail, results."""
     progress = None if run_id is None else run_progress(engine, run_id)
     if progress is None:
-        return dict(status="No run is open.", progress="", jobs=table(JOB_HEADERS, []), log="", results="")
+        return dict(status="No run is open.", progress="", jobs=table(JOB_HEADERS, []), log="", results="",
+                    training=figures.empty_figure("no run is open"))
     try:
         return _train_view(progress)
     except BAD_ROW as err:
         return dict(status=cannot_draw("The Train tab", run_id, err), progress="", jobs=table(JOB_HEADERS, []),
-                    log="", results="")
+                    log="", results="", training=figures.empty_figure("cannot draw this run's training"))
 
 
 def _train_view(progress: RunProgress) -> dict[str, Any]:
@@ -42,7 +44,18 @@ def _train_view(progress: RunProgress) -> dict[str, Any]:
     shown = next((j for j in jobs if j.status in ACTIVE_JOB), None) or (jobs[-1] if jobs else None)
     log, trace = fold_traceback(shown.log_tail if shown else "")
     return dict(status=_run_status(progress), progress=_progress_bar(shown, trace), jobs=table(JOB_HEADERS, rows),
-                log=log, results=_results(progress.latest))
+                log=log, results=_results(progress.latest), training=_training(progress))
+
+
+def _training(progress: RunProgress) -> Any:
+    """The curves of the last stage that trained (the one training now, step by step), titled with its index."""
+    if progress.training is None:
+        return figures.empty_figure("no stage has trained yet (stage 0 is evaluated, not trained)")
+    index, logs = progress.training
+    fig = figures.training_figure(logs)
+    fig.update_layout(title=dict(text=f"stage {index}" + (f"; {fig.layout.title.text}" if fig.layout.title.text
+                                                          else ""), x=0.01, xanchor="left"))
+    return fig
 
 
 TRACEBACK_STARTS = ("Traceback (most recent call last):", '  File "')
@@ -150,15 +163,16 @@ class TrainTab:
     results: gr.Markdown
     log: gr.Textbox
     jobs: gr.Dataframe
+    training: gr.Plot
 
     @property
     def outputs(self) -> list[Any]:
-        return [self.status, self.progress, self.jobs, self.log, self.results]
+        return [self.status, self.progress, self.jobs, self.log, self.results, self.training]
 
     def show(self, run_id: int | None) -> dict[Any, Any]:
         t = train_view(self.engine, run_id)
         return {self.status: t["status"], self.progress: t["progress"], self.jobs: t["jobs"], self.log: t["log"],
-                self.results: t["results"]}
+                self.results: t["results"], self.training: t["training"]}
 
     def says(self, action: Any):
         """A button's callback: `action(engine, run_id, *more)`'s message in the tab's message line."""
@@ -186,8 +200,9 @@ def build(page: Page) -> TrainTab:
     results = gr.Markdown(elem_id="stage-results")
     log = gr.Textbox(label="Log of the job above (last lines)", lines=10, interactive=False, elem_id="log-tail",
                      autoscroll=True, placeholder="(no log lines yet)")
+    training = gr.Plot(label="Training curves of the last stage trained", elem_id="train-curves")
     jobs = gr.Dataframe(label="Jobs of this run (newest first)", interactive=False)
-    tab = TrainTab(page.engine, status, message, progress, results, log, jobs)
+    tab = TrainTab(page.engine, status, message, progress, results, log, jobs, training)
     for button, action, inputs in ((queue_next, advance_run, []), (resume_button, resume_run, []),
                                    (cancel_button, cancel_run_jobs, []),
                                    (switch_button, switch_run_engineer, [switch_to, switch_backend])):

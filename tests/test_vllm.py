@@ -1,0 +1,145 @@
+"""vLLM's code paths that run without vLLM: TRL's fields for colocate and server mode, the `trl vllm-serve` command,
+the worker's server lifecycle (a stand-in server process answers `/health`: vLLM needs CUDA, which this machine
+lacks), the weight-sync link closed after a stage, sampling settings for evaluation, and the fallback to
+transformers where vLLM is not installed."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from sqlmodel import select
+
+from envsim.config import EnvConfig
+from lab.loop import create_run
+from lab.settings import RunSettings
+from lab.worker import run_worker
+from storage.db import make_engine, session, upgrade
+from storage.models import Job, JobStatus
+from training import vllm
+from training.policy import TINY_DIR
+from training.stage import StageArgs, grpo_config
+
+# A stand-in for `trl vllm-serve`: an HTTP server on the given port whose /health answers 200, in a process that
+# starts a child of its own (as vLLM starts its engine core), so stopping must end the whole process group.
+FAKE_SERVER = """
+import http.server, subprocess, sys
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+print(child.pid, flush=True)
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Health).serve_forever()
+"""
+
+
+def fake_command(model: str, port: int) -> list[str]:
+    return [sys.executable, "-c", FAKE_SERVER, str(port)]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie is dead too
+        return f.read().split()[2] != "Z"
+
+
+@pytest.fixture(autouse=True)
+def no_server():
+    yield
+    vllm.stop_server()
+
+
+def test_colocate_and_server_mode_fields_for_trl():
+    assert vllm.vllm_fields({"learning_rate": 1e-6}) == {"learning_rate": 1e-6}  # no vLLM asked: untouched
+    assert vllm.vllm_fields({"use_vllm": True}) == {"use_vllm": True, "vllm_mode": "colocate",
+                                                   "vllm_gpu_memory_utilization": 0.3, "vllm_enable_sleep_mode": True}
+    own = {"use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.5}
+    assert vllm.vllm_fields(own)["vllm_gpu_memory_utilization"] == 0.5  # the run's own value stays
+    server = {"use_vllm": True, "vllm_mode": "server"}
+    assert vllm.vllm_fields(server, "http://127.0.0.1:9") == {**server, "vllm_server_base_url": "http://127.0.0.1:9"}
+    given = {**server, "vllm_server_base_url": "http://gpu-box:8000"}
+    assert vllm.vllm_fields(given, "http://127.0.0.1:9") == given
+
+
+def test_without_vllm_a_stage_that_asks_for_it_generates_with_transformers(tmp_path: Path, caplog):
+    args = StageArgs(run_id=0, stage_index=1, seed=0, policy="", config=EnvConfig.default(), run_dir=tmp_path,
+                     run_uuid="u")
+    config = grpo_config(args, {"use_vllm": True, "vllm_mode": "colocate"}, 16, "chat")
+    assert config.use_vllm is False and "vLLM is not installed" in caplog.text
+    assert not vllm.available()
+
+
+def test_the_serve_command_and_evaluation_sampling():
+    command = vllm.serve_command("/runs/u/stage-1/policy", 8123, gpu_memory_utilization=0.8)
+    assert Path(command[0]).name == "trl" and command[1:] == [
+        "vllm-serve", "--model", "/runs/u/stage-1/policy", "--host", "127.0.0.1", "--port", "8123",
+        "--gpu_memory_utilization", "0.8"]
+    assert vllm.sampling_kwargs(64, sampled=False, seed=3) == {"max_tokens": 64, "seed": 3,
+                                                               "skip_special_tokens": True, "temperature": 0.0}
+    qwen3 = SimpleNamespace(temperature=0.6, top_k=20, top_p=0.95)  # Qwen3's own generation_config
+    assert vllm.sampling_kwargs(64, sampled=True, seed=3, min_tokens=8, generation_config=qwen3) == {
+        "max_tokens": 64, "seed": 3, "skip_special_tokens": True, "min_tokens": 8, "temperature": 0.6,
+        "top_k": 20, "top_p": 0.95}
+
+
+def test_the_workers_server_lives_across_stages_and_stops_with_its_process_group():
+    server = vllm.ensure_server("model-a", command=fake_command)
+    assert server.healthy() and server.url == f"http://127.0.0.1:{server.port}"
+    assert os.environ[vllm.SERVER_URL_SETTING] == server.url  # the stages it runs find it here
+    child = int(server.process.stdout.readline())
+    assert vllm.ensure_server("model-a") is server  # the next stage of the same policy: the same server
+    other = vllm.ensure_server("model-b", command=fake_command)
+    assert other is not server and not server.running()  # another policy: the old server is stopped
+    deadline = time.monotonic() + 10
+    while alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(child)  # with its whole process group
+    vllm.stop_server()
+    assert not other.running() and vllm.SERVER_URL_SETTING not in os.environ
+
+
+def test_a_server_that_dies_before_it_is_ready_says_what_it_printed():
+    command = [sys.executable, "-c", "print('CUDA error: no kernel image'); raise SystemExit(3)"]
+    with pytest.raises(vllm.VLLMError, match=r"exited with 3 before it was ready: CUDA error: no kernel image"):
+        vllm.Server("m", command, vllm.free_port()).start(timeout=30)
+
+
+def test_a_stage_closes_its_weight_sync_link():
+    closed = []
+    client = SimpleNamespace(base_url="http://127.0.0.1:9", close_communicator=lambda: closed.append(True))
+    vllm.close_link(SimpleNamespace(vllm_generation=SimpleNamespace(vllm_client=client)))
+    assert closed == [True]
+    vllm.close_link(SimpleNamespace())  # colocate or transformers: nothing to close
+
+
+def test_the_worker_hook_serves_only_stages_that_ask_for_a_server(tmp_path: Path, monkeypatch):
+    engine = make_engine(f"sqlite:///{tmp_path / 'envlab.db'}")
+    upgrade(engine)
+    with session(engine) as s:
+        run = create_run(s, name="server", config=EnvConfig.default(sizes=(3,), num_instances=8),
+                         settings=RunSettings(stages=1, grpo={"use_vllm": True, "vllm_mode": "server"}))
+    served: list[str] = []
+    monkeypatch.setattr(vllm, "available", lambda: True)  # as on a GPU with vLLM installed
+    monkeypatch.setattr(vllm, "ensure_server", lambda model: served.append(model) or SimpleNamespace(url="http://x:1"))
+    seen: list[str | None] = []
+
+    def stage(engine, job, progress):
+        seen.append(job.kind)
+        return {}
+
+    run_worker(engine, {"stage": stage}, once=True, poll_s=0.01)
+    assert served == [str(TINY_DIR)] and seen == ["stage"]  # the run's policy's folder, served before its stage
+    with session(engine) as s:
+        job = s.exec(select(Job).where(Job.run_id == run.id)).one()
+    assert job.status == JobStatus.DONE and "the worker's vLLM server for this run's policy: http://x:1" in job.log_tail
+    engine.dispose()

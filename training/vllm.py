@@ -1,0 +1,252 @@
+"""vLLM where it is installed: rollouts in a stage (TRL's colocate or server mode), and validation and benchmark
+answers, on CUDA. Without vLLM (or without a GPU) every caller falls back to transformers and says so.
+
+Three ways a stage reaches vLLM, all through TRL's `GRPOConfig` (`use_vllm`, `vllm_mode`):
+- **colocate**: TRL starts a vLLM engine inside the stage's own process, sharing its GPU (`vllm_fields` gives it a
+  third of the GPU's memory unless the run says otherwise); it ends with the process.
+- **server**: one `trl vllm-serve` per worker (`Server`), started by the worker for the first stage that asks for
+  it (`serve_for_job`, the worker's one hook) and kept across stages; TRL pushes the trained weights into it over a
+  weight-sync link (NCCL) each step. A stage closes its end of that link when it ends (`close_link`), so the next
+  stage opens a fresh one; a run whose policy has another architecture gets a server of its own (the old one is
+  stopped). The worker's server stops when the worker exits.
+- **validation and the benchmark**: `generate_texts` answers a checkpoint folder's prompts with `vllm.LLM`.
+
+TRL 1.16 supports vLLM 0.22.0 to 0.31.0 (`trl.import_utils.is_vllm_available`); the `vllm` extra pins that range.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib.util
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("envlab.vllm")
+
+SERVER_URL_SETTING = "ENVLAB_VLLM_SERVER_URL"  # the worker's server, for the stages it runs (and their children)
+COLOCATE_MEMORY = 0.3  # the GPU memory share of a colocated engine (TRL's vllm_gpu_memory_utilization)
+SERVE_TIMEOUT_S = 600.0  # a large model loads and compiles for minutes
+
+
+class VLLMError(RuntimeError):
+    """The vLLM server did not start or answer; the message says what it printed last."""
+
+
+def available() -> bool:
+    """Whether vLLM can generate here: the package is installed and there is a CUDA device."""
+    if importlib.util.find_spec("vllm") is None:
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+# ---------------------------------------------------------------- a stage's rollouts (TRL)
+
+
+def vllm_fields(fields: dict[str, Any], server_url: str | None = None) -> dict[str, Any]:
+    """`GRPOConfig` fields with vLLM's filled in: colocate gets `COLOCATE_MEMORY` of the GPU and sleeps between
+    generations (its memory is free for the update); server mode, without a URL of its own, uses the worker's
+    server (`server_url`, else `$ENVLAB_VLLM_SERVER_URL`). Fields the run set itself stay as they are."""
+    if not fields.get("use_vllm"):
+        return fields
+    fields = dict(fields)
+    mode = fields.setdefault("vllm_mode", "colocate")
+    if mode == "colocate":
+        fields.setdefault("vllm_gpu_memory_utilization", COLOCATE_MEMORY)
+        fields.setdefault("vllm_enable_sleep_mode", True)
+    elif mode == "server" and not fields.get("vllm_server_base_url"):
+        url = server_url or os.environ.get(SERVER_URL_SETTING)
+        if url:
+            fields["vllm_server_base_url"] = url
+    return fields
+
+
+def close_link(trainer: Any) -> None:
+    """Close the trainer's end of the weight-sync link to a vLLM server (server mode), so that the next stage's
+    trainer can open its own with the same server; nothing to do in colocate mode or without vLLM."""
+    generation = getattr(trainer, "vllm_generation", None)
+    client = getattr(generation, "vllm_client", None)
+    if client is not None:
+        client.close_communicator()
+        log.info("closed the weight-sync link to %s", getattr(client, "base_url", "the vLLM server"))
+
+
+# ---------------------------------------------------------------- the worker's server (`trl vllm-serve`)
+
+
+def serve_command(model: str, port: int, *, host: str = "127.0.0.1", gpu_memory_utilization: float = 0.9,
+                  max_model_len: int | None = None) -> list[str]:
+    """The `trl vllm-serve` command line for `model` on `port` (TRL adds the weight-transfer settings)."""
+    trl = Path(sys.executable).with_name("trl")  # the environment's own `trl` command, else the one on PATH
+    command = [str(trl) if trl.is_file() else "trl", "vllm-serve", "--model", model, "--host", host, "--port",
+               str(port), "--gpu_memory_utilization", str(gpu_memory_utilization)]
+    if max_model_len is not None:
+        command += ["--max_model_len", str(max_model_len)]
+    return command
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """One vLLM server process: started in a process group of its own (stop ends it and every child), ready when
+    `GET /health` answers 200."""
+
+    def __init__(self, model: str, command: list[str], port: int, *, gpus: str | None = None,
+                 host: str = "127.0.0.1"):
+        self.model, self.command, self.port, self.gpus, self.host = model, command, port, gpus, host
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout: float = SERVE_TIMEOUT_S) -> Server:
+        env = dict(os.environ)
+        if self.gpus is not None:
+            env["CUDA_VISIBLE_DEVICES"] = self.gpus
+        self.process = subprocess.Popen(self.command, env=env, start_new_session=True, stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, text=True)
+        deadline = time.monotonic() + timeout
+        while not self.healthy():
+            if self.process.poll() is not None:
+                tail = (self.process.stdout.read() if self.process.stdout else "")[-2000:]
+                raise VLLMError(f"the vLLM server for {self.model} exited with {self.process.returncode} before it "
+                                f"was ready: {tail.strip() or '(no output)'}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise VLLMError(f"the vLLM server for {self.model} was not ready at {self.url} after {timeout:g} s")
+            time.sleep(0.2)
+        log.info("vLLM server for %s ready at %s (pid %s)", self.model, self.url, self.process.pid)
+        return self
+
+    def healthy(self) -> bool:
+        import httpx
+
+        try:
+            return httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self, grace_s: float = 30.0) -> None:
+        """End the server's whole process group: SIGTERM, then SIGKILL after `grace_s`."""
+        if not self.running():
+            return
+        pgid = os.getpgid(self.process.pid)
+        os.killpg(pgid, signal.SIGTERM)
+        try:
+            self.process.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(pgid, signal.SIGKILL)
+            self.process.wait()
+        log.info("vLLM server for %s stopped", self.model)
+
+
+_server: Server | None = None  # this worker's server
+
+
+def ensure_server(model: str, gpus: str | None = None,
+                  command: Callable[[str, int], list[str]] = serve_command) -> Server:
+    """This worker's server for `model`: the running one, or a new one on a free port (an old one for another
+    model is stopped first); `command(model, port)` is its command line. Stopped when the worker exits."""
+    global _server
+    if _server is not None and _server.running() and _server.model == model:
+        return _server
+    stop_server()
+    port = free_port()
+    _server = Server(model, command(model, port), port, gpus=gpus).start()
+    atexit.register(stop_server)
+    os.environ[SERVER_URL_SETTING] = _server.url
+    return _server
+
+
+def stop_server() -> None:
+    """Stop this worker's server, if it runs."""
+    global _server
+    if _server is not None:
+        _server.stop()
+        _server = None
+    os.environ.pop(SERVER_URL_SETTING, None)
+
+
+def serve_for_job(engine: Any, job: Any) -> str | None:
+    """The worker's hook before it runs a job: a stage of a run whose GRPO settings ask for vLLM's server mode with
+    no URL of their own gets this worker's server, for the run's policy; returns its URL (None: nothing to serve).
+    Without vLLM the stage itself says so and generates with transformers."""
+    if job.kind != "stage" or not available():
+        return None
+    from storage.db import session
+    from storage.models import Run
+    from training.policy import policy_folder
+
+    with session(engine) as s:
+        run = s.get(Run, job.payload["run_id"])
+    grpo = (run.settings.get("grpo") or {}) if run is not None else {}
+    if not (grpo.get("use_vllm") and grpo.get("vllm_mode") == "server" and not grpo.get("vllm_server_base_url")):
+        return None
+    return ensure_server(policy_folder(run.policy)).url
+
+
+def with_server(handler: Callable[..., Any]) -> Callable[..., Any]:
+    """The worker's one hook: `handler` (a job kind's) run after `serve_for_job` has the server it needs up; a
+    server that cannot start fails the job with what the server printed."""
+    def run(engine: Any, job: Any, progress: Callable[..., bool]) -> Any:
+        if (url := serve_for_job(engine, job)) is not None:
+            progress(0, None, f"the worker's vLLM server for this run's policy: {url}")
+        return handler(engine, job, progress)
+
+    return run
+
+
+# ---------------------------------------------------------------- validation and benchmark answers
+
+
+def sampling_kwargs(max_tokens: int, *, sampled: bool, seed: int, min_tokens: int = 0,
+                    generation_config: Any = None) -> dict[str, Any]:
+    """`vllm.SamplingParams` fields for one evaluation: greedy (temperature 0), or sampled as the model's own
+    `generation_config` says (its temperature, top-k, top-p; vLLM's defaults where it says nothing)."""
+    kwargs: dict[str, Any] = {"max_tokens": max_tokens, "seed": seed, "skip_special_tokens": True}
+    if min_tokens:
+        kwargs["min_tokens"] = min_tokens
+    if not sampled:
+        return {**kwargs, "temperature": 0.0}
+    kwargs["temperature"] = getattr(generation_config, "temperature", None) or 1.0
+    if top_k := getattr(generation_config, "top_k", None):
+        kwargs["top_k"] = top_k
+    if top_p := getattr(generation_config, "top_p", None):
+        kwargs["top_p"] = top_p
+    return kwargs
+
+
+def vllm_engine(model: str, gpu_memory_utilization: float = COLOCATE_MEMORY) -> Any:
+    """A `vllm.LLM` for a checkpoint folder (the engine validation and the benchmark answer with)."""
+    from vllm import LLM
+
+    return LLM(model=model, gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=True)
+
+
+def generate_texts(engine: Any, prompts: list[list[int]] | list[str], max_tokens: int, *, sampled: bool = True,
+                   seed: int = 0, min_tokens: int = 0, generation_config: Any = None) -> list[str]:
+    """The engine's completions of `prompts`, in order: token ids (as `Policy.token_ids` makes them, so vLLM reads
+    exactly what transformers would), or text."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(**sampling_kwargs(max_tokens, sampled=sampled, seed=seed, min_tokens=min_tokens,
+                                              generation_config=generation_config))
+    inputs = [{"prompt_token_ids": p} if isinstance(p, list) else p for p in prompts]
+    return [out.outputs[0].text for out in engine.generate(inputs, params, use_tqdm=False)]
