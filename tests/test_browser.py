@@ -389,3 +389,33 @@ def test_measure_says_the_checkpoint_is_absent_measures_stage0_and_the_decision_
     with session(engine) as s:
         keys = sorted(s.get(Job, job.id).result["probes"].values())
     assert sorted(decisions(engine)[-1].probes) == keys and len(keys) >= 2
+
+
+def open_run(page, label: str) -> None:
+    """Pick a run in the "Open run" dropdown above the tabs, as a person does."""
+    page.locator("#run-pick input").click()
+    page.get_by_role("option", name=label).click()
+
+
+def test_a_note_is_stored_with_its_own_decision_only(lab, page):
+    """Reject one proposal with a note, then accept another: the note went with the rejection, the box is empty
+    for the next decision, and the accept stores no reason of its own."""
+    from playwright.sync_api import expect
+
+    url, engine, ids = lab
+    page.goto(f"{url}?proposal={ids['pending']}")
+    page.locator("#proposal-status").get_by_text("Waiting for a decision").wait_for()
+    note = page.locator("#decision-note textarea")
+    note.fill("too easy: every size solved")
+    page.click("#reject")
+    page.locator("#decision-msg").get_by_text(f"Proposal #{ids['pending']} rejected by local").wait_for()
+    expect(note).to_have_value("")  # emptied by the decision
+    note.fill("typed, then another proposal opened")
+    open_run(page, f"#{ids['history']} curriculum (waiting)")
+    page.locator("#proposal-status").get_by_text(f"Proposal #{ids['second']}").wait_for()
+    expect(note).to_have_value("")  # emptied when another proposal opens
+    page.click("#accept")
+    page.locator("#decision-msg").get_by_text(f"Proposal #{ids['second']} accepted by local").wait_for()
+    stored = {d.proposal_id: (d.action, d.note) for d in decisions(engine)}
+    assert stored[ids["pending"]] == ("reject", "too easy: every size solved")
+    assert stored[ids["second"]] == ("accept", "")

@@ -345,17 +345,18 @@ class ProposalTab:
     def outputs(self) -> list[Any]:
         """What `show_all` fills: the dropdown and everything `show` does."""
         return [self.pick, self.status, self.rationale, self.raw, self.changed_only, self.diff, self.edit,
-                self.agents, self.instances, self.check, self.marks, self.auto, *self.buttons.values()]
+                self.agents, self.instances, self.check, self.marks, self.auto, self.note, *self.buttons.values()]
 
     def show(self, proposal_id: int | None, edit_table: bool = True) -> dict[Any, Any]:
-        """One proposal; without `edit_table` the edit table stays as typed (a refused edit is kept)."""
+        """One proposal; without `edit_table` the edit table and the note stay as typed (a refused edit is kept).
+        With it (another proposal, or one decided) the note box is emptied: a note belongs to one decision."""
         v = proposal_view(self.engine, proposal_id)
         out = {self.status: v["status"], self.rationale: v["rationale"], self.raw: v["raw"],
                self.changed_only: True, self.diff: v["changed"], self.auto: v["auto"]} | \
             {b: gr.update(interactive=v["pending"]) for b in self.buttons.values()}
         if edit_table:
             out |= {self.edit: gr.update(value=v["edit"], label=v["label"]), self.agents: v["agents"],
-                    self.instances: v["instances"], self.check: "", self.marks: ""}
+                    self.instances: v["instances"], self.check: "", self.marks: "", self.note: ""}
         return out
 
     def show_diff(self, proposal_id: int | None, changed_only: bool) -> dict[Any, Any]:
@@ -414,8 +415,11 @@ class ProposalTab:
 
     def decider(self, action: Action):
         def decide(proposal_id, note, rows, agents, instances, seen, request: gr.Request) -> dict[Any, Any]:
-            return {self.message: decide_proposal(self.engine, proposal_id, action, user_of(request), note, rows,
-                                                  agents, instances, seen)}
+            said = decide_proposal(self.engine, proposal_id, action, user_of(request), note, rows, agents,
+                                   instances, seen)
+            # A note is typed for one decision: once one is recorded (or lost to someone else's), the box empties.
+            recorded = said.startswith(("✓", "⚠"))
+            return {self.message: said} | ({self.note: ""} if recorded else {})
         return decide
 
     def toggle(self, run_id: int | None, on: bool) -> dict[Any, Any]:
@@ -452,7 +456,7 @@ def build(page: Page) -> ProposalTab:
             instances = gr.Number(label="num_instances", precision=0, elem_id="edit-instances")
             rescale = gr.Button("Rescale data_ratio to sum to 1", scale=0, min_width=240, elem_id="rescale")
     measured = measure.build(page.engine, pick, edit, agents, instances)
-    note = gr.Textbox(label="Note (kept with the decision)", lines=1)
+    note = gr.Textbox(label="Note (kept with this decision only)", lines=1, elem_id="decision-note")
     message = gr.Markdown(elem_id="decision-msg")
     with gr.Row():
         buttons = {Action.ACCEPT: gr.Button("Accept", variant="primary", elem_id="accept"),
@@ -477,7 +481,7 @@ def _wire_decisions(page: Page, tab: ProposalTab) -> None:
     for action, button in tab.buttons.items():
         tab.decided.append(
             button.click(tab.decider(action), [tab.pick, tab.note, tab.edit, tab.agents, tab.instances,
-                                               tab.measure.seen], tab.message)
+                                               tab.measure.seen], [tab.message, tab.note])
             .then(tab.after_decision, [page.run_pick, tab.pick], tab.outputs))
     tab.auto.input(tab.toggle, [page.run_pick, tab.auto], tab.message) \
         .then(tab.after_decision, [page.run_pick, tab.pick], tab.outputs)
