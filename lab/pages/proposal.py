@@ -44,11 +44,13 @@ DIFF_HEADERS = ["size", "knob", "old", "new", "change", "note"]
 PERSON = "✎"  # marks a value a person's edit set, in the diff
 
 
-def proposal_choices(engine: Engine, run_id: int | None) -> list[tuple[str, int]]:
+def proposal_choices(engine: Engine, run_id: int | None,
+                     states: Sequence[ProposalState] | None = None) -> list[tuple[str, int]]:
+    """The Proposal dropdown's choices, newest first (of `states` when given: read once by the caller)."""
     if run_id is None:
         return []
     out = []
-    for st in proposal_states(engine, run_id):
+    for st in proposal_states(engine, run_id) if states is None else states:
         p, d = st.proposal, st.decision
         state = f"{DECIDED[d.action]} by {d.user}" if d else ("failed, waits for you" if p.error else
                                                               "waits for your decision")
@@ -58,9 +60,10 @@ def proposal_choices(engine: Engine, run_id: int | None) -> list[tuple[str, int]
     return out
 
 
-def pending_of(engine: Engine, run_id: int | None) -> int | None:
-    """The run's proposal that waits for a decision, if any."""
-    states = [] if run_id is None else proposal_states(engine, run_id)
+def pending_of(engine: Engine, run_id: int | None, states: Sequence[ProposalState] | None = None) -> int | None:
+    """The run's proposal that waits for a decision, if any (of `states` when given: read once by the caller)."""
+    if states is None:
+        states = [] if run_id is None else proposal_states(engine, run_id)
     return next((st.proposal.id for st in states if st.pending), None)
 
 
@@ -339,20 +342,22 @@ class ProposalTab:
     buttons: dict[Action, gr.Button]
     message: gr.Markdown
     decided: list[Any]
+    shown: gr.State  # the proposal drawn: what every event reads, never the dropdown's value in flight
     measure: measure.MeasurePanel | None = None
 
     @property
     def outputs(self) -> list[Any]:
         """What `show_all` fills: the dropdown and everything `show` does."""
         return [self.pick, self.status, self.rationale, self.raw, self.changed_only, self.diff, self.edit,
-                self.agents, self.instances, self.check, self.marks, self.auto, self.note, *self.buttons.values()]
+                self.agents, self.instances, self.check, self.marks, self.auto, self.note, self.shown,
+                *self.buttons.values()]
 
     def show(self, proposal_id: int | None, edit_table: bool = True) -> dict[Any, Any]:
         """One proposal; without `edit_table` the edit table and the note stay as typed (a refused edit is kept).
         With it (another proposal, or one decided) the note box is emptied: a note belongs to one decision."""
         v = proposal_view(self.engine, proposal_id)
         out = {self.status: v["status"], self.rationale: v["rationale"], self.raw: v["raw"],
-               self.changed_only: True, self.diff: v["changed"], self.auto: v["auto"]} | \
+               self.changed_only: True, self.diff: v["changed"], self.auto: v["auto"], self.shown: proposal_id} | \
             {b: gr.update(interactive=v["pending"]) for b in self.buttons.values()}
         if edit_table:
             out |= {self.edit: gr.update(value=v["edit"], label=v["label"]), self.agents: v["agents"],
@@ -366,10 +371,11 @@ class ProposalTab:
     def show_all(self, run_id: int | None, proposal_id: int | None = None, edit_table: bool = True) -> dict[Any, Any]:
         """The run's proposals in the dropdown, and the one asked for (else the one that waits, else the newest)
         shown."""
-        try:
-            choices = proposal_choices(self.engine, run_id)
+        try:  # one read of the run's proposals: the choices and the one chosen among them agree
+            states = [] if run_id is None else proposal_states(self.engine, run_id)
+            choices = proposal_choices(self.engine, run_id, states)
             ids = [c[1] for c in choices]
-            chosen = proposal_id if proposal_id in ids else (pending_of(self.engine, run_id) or
+            chosen = proposal_id if proposal_id in ids else (pending_of(self.engine, run_id, states) or
                                                               (ids[0] if ids else None))
         except BAD_ROW as err:  # this run's rows cannot be read: say so, and the other runs still draw
             return {self.pick: gr.update(choices=[], value=None)} | self.show(None) | {
@@ -455,7 +461,8 @@ def build(page: Page) -> ProposalTab:
             agents = gr.Number(label="num_agents", precision=0, elem_id="edit-agents")
             instances = gr.Number(label="num_instances", precision=0, elem_id="edit-instances")
             rescale = gr.Button("Rescale data_ratio to sum to 1", scale=0, min_width=240, elem_id="rescale")
-    measured = measure.build(page.engine, pick, edit, agents, instances)
+    shown = gr.State(None)
+    measured = measure.build(page.engine, shown, edit, agents, instances)
     note = gr.Textbox(label="Note (kept with this decision only)", lines=1, elem_id="decision-note")
     message = gr.Markdown(elem_id="decision-msg")
     with gr.Row():
@@ -463,25 +470,25 @@ def build(page: Page) -> ProposalTab:
                    Action.EDIT: gr.Button("Apply my edit", elem_id="submit-edit"),
                    Action.REJECT: gr.Button("Reject and ask again", variant="stop", elem_id="reject")}
     tab = ProposalTab(page.engine, pick, auto, status, rationale, raw, changed_only, diff_df, preview_note, preview,
-                      edit, agents, instances, check, marks, note, buttons, message, [], measured)
+                      edit, agents, instances, check, marks, note, buttons, message, [], shown, measured)
     _wire_decisions(page, tab)
-    rescale.click(tab.rescale, [pick, edit, agents, instances],
+    rescale.click(tab.rescale, [shown, edit, agents, instances],
                   [edit, check, marks, *buttons.values()], show_progress="hidden")
     return tab
 
 
 def _wire_decisions(page: Page, tab: ProposalTab) -> None:
     shown = [o for o in tab.outputs if o is not tab.pick]
-    tab.pick.input(tab.show, tab.pick, shown).then(tab.show_preview, tab.pick, [tab.preview, tab.preview_note])
-    tab.pick.change(tab.show_preview, tab.pick, [tab.preview, tab.preview_note], trigger_mode="always_last")
-    tab.changed_only.input(tab.show_diff, [tab.pick, tab.changed_only], tab.diff)
+    tab.pick.input(tab.show, tab.pick, shown)
+    tab.shown.change(tab.show_preview, tab.shown, [tab.preview, tab.preview_note], trigger_mode="always_last")
+    tab.changed_only.input(tab.show_diff, [tab.shown, tab.changed_only], tab.diff)
     gr.on([tab.edit.input, tab.agents.input, tab.instances.input], tab.checker,
-          [tab.pick, tab.edit, tab.agents, tab.instances], [tab.check, tab.marks, *tab.buttons.values()],
+          [tab.shown, tab.edit, tab.agents, tab.instances], [tab.check, tab.marks, *tab.buttons.values()],
           show_progress="hidden")
     for action, button in tab.buttons.items():
         tab.decided.append(
-            button.click(tab.decider(action), [tab.pick, tab.note, tab.edit, tab.agents, tab.instances,
+            button.click(tab.decider(action), [tab.shown, tab.note, tab.edit, tab.agents, tab.instances,
                                                tab.measure.seen], [tab.message, tab.note])
-            .then(tab.after_decision, [page.run_pick, tab.pick], tab.outputs))
+            .then(tab.after_decision, [page.run_pick, tab.shown], tab.outputs))
     tab.auto.input(tab.toggle, [page.run_pick, tab.auto], tab.message) \
-        .then(tab.after_decision, [page.run_pick, tab.pick], tab.outputs)
+        .then(tab.after_decision, [page.run_pick, tab.shown], tab.outputs)
