@@ -15,7 +15,9 @@ skips it, and a database that holds a run already is left as it is.
 
 A worker is started beside the page unless `--no-worker` is given or one is visibly at work: a running job
 whose heartbeat is fresh. An idle worker writes nothing (a worker has no row of its own), so a lab whose
-worker idles on another machine gets a second one here; that is harmless, as claims are exclusive.
+worker idles on another machine gets a second one here; that is harmless, as claims are exclusive. Beside it a
+light lane starts too (`envlab worker --kinds probe`): a Measure job runs while the worker trains a long stage.
+Workers lower their CPU priority (`--nice`), so the page stays quick while a stage trains.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from lab.example import ensure_example, import_studies
 from lab.pages import compare, episode, leaderboard, playground, proposal, review, runs, train
 from lab.pages.common import Page
 from lab.runs import LabVersion, lab_version, run_list, run_of_episode, run_of_proposal, waiting_proposals
-from lab.worker import start_worker, worker_busy, worker_status
+from lab.worker import WorkerState, start_worker, worker_busy, worker_status
 from storage.db import DatabaseUnusable, open_database
 
 ASSETS = Path(__file__).parent / "assets"
@@ -53,8 +55,15 @@ next config · **Train** → the worker's progress · **Playground** → try boa
 benchmark tables · **Compare** → an experiment's engineers side by side."""
 
 
-def worker_badge(engine: Engine) -> str:
+NO_WORKER = "No worker was started with this lab (--no-worker): queued jobs wait for `envlab worker`."
+LANES = (("--kinds", "probe"),)  # the light lanes beside the worker: Measure jobs never wait behind a long stage
+
+
+def worker_badge(engine: Engine, own_worker: bool = True) -> str:
+    """The worker's badge above the tabs; a lab started without a worker does not call an empty queue idle."""
     state, text = worker_status(engine)
+    if state == WorkerState.IDLE and not own_worker:
+        text = NO_WORKER
     return f'<div class="worker {state}"><span class="dot"></span>{html.escape(text)}</div>'.replace(
         "`envlab worker`", "<code>envlab worker</code>")
 
@@ -87,8 +96,9 @@ def linked(engine: Engine, params: dict[str, str]) -> dict[str, Any]:
     return {"run": run_id, "tab": tab, "episode": episode_id, "proposal": proposal_id}
 
 
-def build_demo(engine: Engine) -> gr.Blocks:
-    """The lab's page on `engine` (migrated already); launch it with `launch`."""
+def build_demo(engine: Engine, own_worker: bool = True) -> gr.Blocks:
+    """The lab's page on `engine` (migrated already); launch it with `launch`. Without `own_worker` (`--no-worker`)
+    the badge says that no worker was started rather than "idle"."""
     with gr.Blocks(title="envlab") as demo:
         gr.Markdown(INTRO, elem_id="intro")
         with gr.Row(equal_height=True):
@@ -99,7 +109,7 @@ def build_demo(engine: Engine) -> gr.Blocks:
         seen = gr.State(None)  # the `LabVersion` this browser last drew
         poll = gr.Timer(POLL_S)
         with gr.Tabs(elem_id="tabs") as tabs:
-            page = Page(engine, run_pick, tabs, worker)
+            page = Page(engine, run_pick, tabs, worker, own_worker)
             with gr.Tab("Runs", id="runs"):
                 runs_tab = runs.build(page)
             with gr.Tab("Stage review", id="review"):
@@ -144,8 +154,8 @@ def _wire(page: Page, refresh: gr.Button, poll: gr.Timer, waiting: gr.HTML, seen
         ids = [c[1] for c in choices]
         pick = gr.update(choices=choices, value=run_id if run_id in ids else None) if select else \
             gr.update(choices=choices)
-        return {run_pick: pick, runs_tab.table: runs.runs_table(engine), page.worker: worker_badge(engine),
-                waiting: waiting_banner(engine)}
+        return {run_pick: pick, runs_tab.table: runs.runs_table(engine),
+                page.worker: worker_badge(engine, page.own_worker), waiting: waiting_banner(engine)}
 
     def open_everywhere(run_id: int | None, proposal_id: int | None = None,
                         stage_index: int | None = None) -> dict[Any, Any]:
@@ -219,7 +229,7 @@ def _wire_poll(page: Page, poll: gr.Timer, seen: gr.State, top: Callable[..., di
                drawn_for: tuple[LabVersion, int | None] | None) -> dict[Any, Any]:
         now = lab_version(engine)
         drawn = drawn_for[0] if drawn_for is not None and drawn_for[1] == run_id else None
-        out: dict[Any, Any] = {page.worker: worker_badge(engine), seen: (now, run_id)}
+        out: dict[Any, Any] = {page.worker: worker_badge(engine, page.own_worker), seen: (now, run_id)}
         if drawn is None or now.jobs != drawn.jobs or now.runs != drawn.runs:
             out |= train_tab.show(run_id)
         if drawn is None or (now.runs, now.proposals, now.stages) != (drawn.runs, drawn.proposals, drawn.stages):
@@ -291,7 +301,7 @@ def arguments() -> argparse.ArgumentParser:
     p.add_argument("--db", help="database path or URL (default: $ENVLAB_DB, else runs/envlab.db)")
     p.add_argument("--no-worker", action="store_true", help="do not start a worker beside the page")
     p.add_argument("--no-example", action="store_true",
-                   help="start an empty database empty (by default the shipped example run is imported into it)")
+                   help="leave a new, empty database empty (by default the shipped example run is imported into it)")
     return p
 
 
@@ -360,10 +370,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("a worker is already at work on this database: not starting another", file=sys.stderr)
     else:
         start_worker(args.db)
+    if not args.no_worker:
+        for lane in LANES:  # a probe job runs here while the worker trains a stage
+            start_worker(args.db, options=lane)
     # SIGTERM ends the page like Ctrl-C does, so the atexit hook stops the worker it started.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     try:
-        launch(build_demo(engine), host, port, auth)
+        launch(build_demo(engine, own_worker=not args.no_worker), host, port, auth)
     except OSError:
         if port_free(host, port):
             raise

@@ -54,6 +54,7 @@ from training.progress import Cancelled, Progress
 log = logging.getLogger("envlab.worker")
 
 TRACEBACK_LINES = 40  # of a failed job's traceback, kept in its log tail
+NICE = 10  # how much `envlab worker` lowers its CPU priority by default: the page beside it answers first
 QUEUE_PATIENCE_S = 20  # a job queued longer than this with nobody running anything: the worker looks down
 
 
@@ -155,7 +156,8 @@ def _unknown_kind(kinds: Sequence[str]) -> Handler:
 
 def run_worker(engine: Engine, handlers: dict[str, Handler], *, worker_id: str | None = None,
                poll_s: float = 1.0, stale_s: float | None = None, once: bool = False, after: After | None = None,
-               stop: threading.Event | None = None) -> int:
+               stop: threading.Event | None = None, kinds: Sequence[str] | None = None,
+               nice: int = 0) -> int:
     """Claim and run jobs until `stop` is set; returns how many jobs this worker ran.
 
     Each poll first reaps running jobs with no heartbeat for `stale_s` seconds (their worker died), then
@@ -163,7 +165,11 @@ def run_worker(engine: Engine, handlers: dict[str, Handler], *, worker_id: str |
     cancelled; the lab queues what comes next there). With `once`, the worker returns when it finds the
     queue empty instead of waiting for more work (jobs that `after` queues still run first).
     A job of a kind with no handler is claimed and failed with a message naming the kinds this worker runs.
+    With `kinds`, only jobs of those kinds are claimed (a lane: `probe` jobs beside a long stage). `nice` lowers
+    this process's CPU priority first (`os.nice`), so the page it serves beside answers before its training.
     """
+    if nice > 0:
+        os.nice(nice)
     worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}"
     stale_s = stale_after_s() if stale_s is None else stale_s
     stop = stop or threading.Event()
@@ -173,7 +179,7 @@ def run_worker(engine: Engine, handlers: dict[str, Handler], *, worker_id: str |
         with session(engine) as s:
             for reaped in queue.reap_stale(s, stale_s):
                 log.warning("job %s (%s) reaped: %s", reaped.id, reaped.kind, reaped.error)
-            job = queue.claim(s, worker_id)
+            job = queue.claim(s, worker_id, kinds)
         if job is None:
             if once:
                 break
@@ -217,6 +223,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds without a heartbeat after which a running job counts as dead "
                              "(default: $ENVLAB_STALE_S, else 60; the page and resume use the same rule)")
     parser.add_argument("--once", action="store_true", help="exit when the queue is empty")
+    parser.add_argument("--kinds", nargs="+", choices=[str(k) for k in JobKind], metavar="KIND",
+                        help="claim only jobs of these kinds (e.g. `--kinds probe`: a lane for Measure jobs beside "
+                             "a worker busy with a long stage); default: every kind")
+    parser.add_argument("--nice", type=int, default=NICE,
+                        help=f"lower this worker's CPU priority by N (os.nice) so a page on the same machine stays "
+                             f"quick while it trains; 0 keeps it (default: {NICE})")
 
 
 def run_from_args(args: argparse.Namespace) -> int:
@@ -245,7 +257,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, on_signal)
     try:
         run_worker(engine, handlers(), worker_id=args.worker_id, poll_s=args.poll, stale_s=args.stale,
-                   once=args.once, after=after_job, stop=stop)
+                   once=args.once, after=after_job, stop=stop, kinds=args.kinds, nice=args.nice)
     finally:
         engine.dispose()
     return 0

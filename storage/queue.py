@@ -15,6 +15,7 @@ Jobs are never deleted.
 from __future__ import annotations
 
 import os
+from collections.abc import Collection
 from datetime import timedelta
 from typing import Any
 
@@ -77,15 +78,17 @@ def enqueue(session: Session, kind: JobKind, payload: dict[str, Any], *, run_id:
     return job
 
 
-def claim(session: Session, worker_id: str) -> Job | None:
+def claim(session: Session, worker_id: str, kinds: Collection[str] | None = None) -> Job | None:
     """Take the oldest queued job for `worker_id` and mark it running; None when the queue is empty.
 
-    Oldest by first enqueueing: a requeued job keeps its id and so its place ahead of newer jobs.
+    Oldest by first enqueueing: a requeued job keeps its id and so its place ahead of newer jobs. With `kinds`,
+    only a job of one of those kinds is taken (a light lane: `probe` jobs beside a long stage).
     """
     now = utcnow()
+    queued = [Job.status == JobStatus.QUEUED] + ([Job.kind.in_(list(kinds))] if kinds is not None else [])
     oldest = (
         select(Job.id)
-        .where(Job.status == JobStatus.QUEUED)
+        .where(*queued)
         .order_by(Job.id)
         .limit(1)
         .with_for_update(skip_locked=True)  # PostgreSQL; SQLite renders no locking clause

@@ -544,6 +544,8 @@ def test_train_view_shows_the_active_job_and_the_last_results(lab):
 def test_worker_status_tells_a_queue_nobody_serves_from_an_idle_one(lab):
     engine, ids = lab
     assert worker.worker_status(engine) == ("idle", "Worker idle: no jobs queued.")
+    assert "No worker was started with this lab (--no-worker)" in app.worker_badge(engine, own_worker=False)
+    assert "Worker idle" not in app.worker_badge(engine, own_worker=False)
     proposal.decide_proposal(engine, ids["pending"], "accept", "alice")
     assert worker.worker_status(engine) == ("waiting", "1 job(s) queued, waiting for a worker.")
     with session(engine) as s:

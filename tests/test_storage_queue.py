@@ -192,3 +192,12 @@ def test_requeue_gives_a_failed_job_a_new_attempt_that_resumes_from_its_checkpoi
         assert (resumed.id, resumed.attempts, resumed.worker) == (job.id, 2, "w1")
         with pytest.raises(ValueError, match="is running"):
             queue.requeue(s, job.id)
+
+
+def test_a_lane_claims_only_its_kinds_and_leaves_the_rest_in_order(engine: Engine):
+    with session(engine) as s:
+        stage = queue.enqueue(s, "stage", {"stage": 1}).id
+        probe = queue.enqueue(s, "probe", {"configs": {}}).id
+        assert queue.claim(s, "lane", kinds=["probe"]).id == probe  # the older stage job is not its kind
+        assert queue.claim(s, "lane", kinds=["probe"]) is None
+        assert queue.claim(s, "worker").id == stage

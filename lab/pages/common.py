@@ -44,6 +44,7 @@ class Page:
     run_pick: gr.Dropdown  # the open run, above the tabs
     tabs: gr.Tabs
     worker: gr.HTML  # the worker's badge
+    own_worker: bool = True  # whether a worker was started with the page (`envlab serve` without --no-worker)
 
 
 def table(headers: list[str], rows: list[list[Any]]) -> dict[str, Any]:
