@@ -265,6 +265,16 @@ def _edit_projection(session: Session, proposal: Proposal, edited: Any) -> Proje
     return project(edited, EnvConfig.model_validate(in_force.config), strict=True)
 
 
+def state_in(session: Session, proposal: Proposal) -> ProposalState:
+    """A proposal's state read in the caller's session (one session for a whole decision)."""
+    return _state(session, proposal)
+
+
+def edit_projection_in(session: Session, proposal: Proposal, edited: Any) -> Projection:
+    """`edit_projection` in the caller's session."""
+    return _edit_projection(session, proposal, edited)
+
+
 def edit_projection(engine: Engine, proposal_id: int, edited: Any) -> Projection:
     """What an edit of proposal `proposal_id` would store, and what the projection changed in it (the
     `data_ratio` shares rescaled to sum to 1), while the person still types; `ConfigError` when it is invalid.

@@ -387,7 +387,8 @@ def test_an_edit_that_does_not_sum_to_one_is_shown_rescaled_before_and_after_it_
     typed = [[3, 0.9, 0.2, 0.25], [4, 0.5, 0.5, 0.25]]
     said = ("data_ratio[3] 0.6429 (you typed 0.9), data_ratio[4] 0.3571 (you typed 0.5); the data_ratio shares you "
             "typed sum to 1.4, so each is rescaled to make them sum to 1")
-    assert proposal.edit_check(engine, ids["pending"], typed, 2, 16) == (f"*Apply my edit* will store: {said}.", True)
+    assert proposal.edit_check(engine, ids["pending"], typed, 2, 16) == (f"*Apply my edit* will store: {said}.", True,
+                                                                          [])
     assert decisions(engine)[-1].proposal_id == ids["accepted"]  # checking stores nothing
     message = proposal.decide_proposal(engine, ids["pending"], "edit", "bob", "", typed, 2, 16)
     assert message == f"✓ Proposal #{ids['pending']} edited by bob; stored: {said}. Next: queued stage 1 (edit by bob)."
@@ -420,20 +421,26 @@ def test_one_click_rescales_the_shares_to_sum_to_one(lab):
 def test_an_invalid_edit_is_said_once_while_typed_and_the_buttons_wait(lab):
     engine, ids = lab
     negative = [[-3, 0.5, 0.2, 0.25], [4, 0.5, 0.5, 0.25]]
-    assert proposal.edit_check(engine, ids["pending"], negative, 2, 16) == (
-        "✗ This edit cannot be applied: size -3 is outside 2..32.", False)
+    text, ok, problems = proposal.edit_check(engine, ids["pending"], negative, 2, 16)
+    assert (text, ok) == ("✗ This edit cannot be applied: size -3 is outside 2..32.", False)
+    assert {(p.field, p.size, p.legal) for p in problems} == {("size", -3, (2, 32))}  # named by each knob of the row
     assert proposal.decide_proposal(engine, ids["pending"], "edit", "bob", "", negative, 2, 16) == \
         "✗ Not saved, the edit is not valid: size -3 is outside 2..32"
     view = proposal.proposal_view(engine, ids["pending"])
     assert proposal.edit_check(engine, ids["pending"], view["edit"], 2, 16) == (
-        "The table is the engineer's proposal as it stands: *Accept* applies it.", True)
+        "The table is the engineer's proposal as it stands: *Accept* applies it.", True, [])
     assert [d.proposal_id for d in decisions(engine)] == [ids["accepted"]]
 
 
 def test_the_cells_a_problem_names_are_marked():
-    rows = [[3, 0.5, 0.2, 0.25], [-4, 0.5, 0.8, 0.25]]
-    problems = ["hole_ratio[3] = 0.8 is outside 0..0.5", "size -4 is outside 2..32", "num_agents = 9 is outside 2..8"]
-    assert proposal.bad_cells(problems, rows) == [(0, 2), (1, 0)]
+    from envsim.config import ConfigError, project
+    from lab.pages.common import config_from_table
+
+    rows = [[3, 0.5, 0.8, 0.25], [-4, 0.5, 0.3, 0.25]]
+    with pytest.raises(ConfigError) as refused:
+        project(config_from_table(rows, 9, 16), strict=True)
+    assert ("num_agents", None, (1, 8)) in {(p.field, p.size, p.legal) for p in refused.value.records}
+    assert proposal.bad_cells(refused.value.records, rows) == [(1, 0), (0, 2)]
     assert proposal.cell_marks([(0, 2)]) == ('<style>#edit-config [data-testid="cell-0-2"] { background: #fde2e2 '
                                              '!important; outline: 2px solid #d62728; }</style>')
     assert proposal.cell_marks([]) == ""

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -11,9 +10,9 @@ from typing import Any
 import gradio as gr
 from sqlalchemy import Engine
 
-from envsim.config import ConfigError, Projection
+from envsim.config import ConfigError, ConfigProblem, Projection, project
 from envsim.generator import GenerationError, generate
-from lab.loop import advance
+from lab.loop import advance, decide_and_advance
 from lab.pages import figures, measure
 from lab.pages.common import (
     BAD_ROW,
@@ -31,13 +30,12 @@ from lab.proposals import (
     AlreadyDecided,
     ProposalError,
     ProposalState,
-    decide_on,
     diff,
     edit_projection,
     proposal_state,
     proposal_states,
 )
-from lab.runs import run_of_proposal, set_run_auto_apply
+from lab.runs import set_run_auto_apply
 from storage.models import Action
 
 DIFF_HEADERS = ["size", "knob", "old", "new", "change", "note"]
@@ -200,7 +198,7 @@ def proposal_preview(engine: Engine, proposal_id: int | None, n: int = 4) -> tup
 
 def _problems(err: ConfigError) -> str:
     """The validator's problems, each once: a bad size is named by every knob of its row, and said once."""
-    return "; ".join(dict.fromkeys(re.sub(r"^\w+: (size .*)$", r"\1", p) for p in err.problems))
+    return "; ".join(dict.fromkeys(p.message if p.field == "size" else str(p) for p in err.records))
 
 
 def _edit_config(rows: Sequence[Sequence[Any]] | None, agents: Any, instances: Any) -> dict[str, Any]:
@@ -224,17 +222,19 @@ def _stored_text(st: ProposalState, projection: Projection) -> str:
     return text
 
 
-def bad_cells(problems: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[tuple[int, int]]:
-    """The (row, column) of the edit table that each problem names (`hole_ratio[4] ...`: the knob's column in
-    size 4's row; `... size -3 ...`: the size cell of that row), for the page to mark them."""
+def bad_cells(problems: Sequence[ConfigProblem], rows: Sequence[Sequence[Any]]) -> list[tuple[int, int]]:
+    """The (row, column) of the edit table that each problem names (a knob of a size: that knob's column in the
+    size's row; a wrong size: the size cell of its row), for the page to mark them."""
     sizes = [str(row[0]).strip().removesuffix(".0") if row else "" for row in rows]
     cells = []
     for problem in problems:
-        if (named := re.search(r"\b(\w+)\[([^\]]+)\]", problem)) and named[1] in KNOB_COLUMNS \
-                and named[2] in sizes:
-            cells.append((sizes.index(named[2]), KNOB_COLUMNS.index(named[1])))
-        elif (size := re.search(r"\bsize (\S+) is", problem)) and size[1] in sizes:
-            cells.append((sizes.index(size[1]), 0))
+        if problem.size is None or str(problem.size) not in sizes:
+            continue
+        row = sizes.index(str(problem.size))
+        if problem.field == "size":
+            cells.append((row, 0))
+        elif problem.field in KNOB_COLUMNS:
+            cells.append((row, KNOB_COLUMNS.index(problem.field)))
     return list(dict.fromkeys(cells))
 
 
@@ -264,19 +264,21 @@ def rescaled(rows: Sequence[Sequence[Any]]) -> tuple[list[list[Any]], str]:
 
 
 def edit_check(engine: Engine, proposal_id: int | None, rows: Sequence[Sequence[Any]] | None, agents: Any,
-               instances: Any) -> tuple[str, bool]:
+               instances: Any, st: ProposalState | None = None) -> tuple[str, bool, list[ConfigProblem]]:
     """While a person edits the table: what "Apply my edit" would store (the same projection `decide` makes),
-    or the one line that says why it cannot be applied; and whether it can."""
-    st = None if proposal_id is None else proposal_state(engine, int(proposal_id))
+    or the one line that says why it cannot be applied; whether it can; and the problems, to mark their cells.
+    `st`: the proposal's state when the caller read it already (one read per keystroke)."""
+    if st is None and proposal_id is not None:
+        st = proposal_state(engine, int(proposal_id))
     if st is None or not st.pending:
-        return "", True
+        return "", True, []
     try:
-        projection = edit_projection(engine, int(proposal_id), _edit_config(rows, agents, instances))
+        projection = project(_edit_config(rows, agents, instances), st.base, strict=True)
     except ConfigError as err:
-        return f"✗ This edit cannot be applied: {_problems(err)}.", False
+        return f"✗ This edit cannot be applied: {_problems(err)}.", False, list(err.records)
     if projection.config == st.config and not projection.adjustments:
-        return "The table is the engineer's proposal as it stands: *Accept* applies it.", True
-    return f"*Apply my edit* will store: {_stored_text(st, projection)}.", True
+        return "The table is the engineer's proposal as it stands: *Accept* applies it.", True, []
+    return f"*Apply my edit* will store: {_stored_text(st, projection)}.", True, []
 
 
 def decide_proposal(engine: Engine, proposal_id: int | None, action: str, user: str, note: str = "",
@@ -291,22 +293,21 @@ def decide_proposal(engine: Engine, proposal_id: int | None, action: str, user: 
     if proposal_id is None:
         return "No proposal is open."
     edited = _edit_config(rows, agents, instances) if action == Action.EDIT else None
-    try:
-        stored = None if edited is None else _stored_text(proposal_state(engine, int(proposal_id)),
-                                                          edit_projection(engine, int(proposal_id), edited))
-        decide_on(engine, int(proposal_id), action, user, edited=edited, note=note or "", probes=probes or None)
+    try:  # one session: the decision, what it stores and the run's next step
+        done = decide_and_advance(engine, int(proposal_id), action, user, edited=edited, note=note or "",
+                                  probes=probes or None)
     except AlreadyDecided as err:
         d = err.decision
         return (f"⚠ Someone decided first: proposal #{proposal_id} was already {DECIDED[d.action]} by "
                 f"**{d.user}** at {when(d.created_at)}. Your {action} was not recorded.")
     except ConfigError as err:
         return "✗ Not saved, the edit is not valid: " + _problems(err)
-    except ProposalError as err:
+    except (ProposalError, LookupError) as err:
         return f"✗ {err}"
-    run_id = run_of_proposal(engine, int(proposal_id))
-    done = f"✓ Proposal #{proposal_id} {DECIDED[action]} by {user}"
-    done += f"; stored: {stored}." if stored else "."
-    return f"{done} Next: {advance(engine, run_id)}."
+    stored = None if done.projection is None else _stored_text(done.before, done.projection)
+    said = f"✓ Proposal #{proposal_id} {DECIDED[action]} by {user}"
+    said += f"; stored: {stored}." if stored else "."
+    return f"{said} Next: {done.next_step}."
 
 
 def toggle_auto_apply(engine: Engine, run_id: int | None, on: bool) -> str:
@@ -406,10 +407,10 @@ class ProposalTab:
     def checker(self, proposal_id: int | None, rows: Any, agents: Any, instances: Any) -> dict[Any, Any]:
         """The edit checked as it is typed: what would be stored, or why not, with the bad cells marked (and
         then no decision button but Reject is enabled)."""
-        text, ok = edit_check(self.engine, proposal_id, rows, agents, instances)
-        st = None if proposal_id is None else proposal_state(self.engine, int(proposal_id))
+        st = None if proposal_id is None else proposal_state(self.engine, int(proposal_id))  # the one read
+        text, ok, problems = edit_check(self.engine, proposal_id, rows, agents, instances, st)
         pending = st is not None and st.pending
-        marks = "" if ok else cell_marks(bad_cells(text.split("; "), rows or []))
+        marks = "" if ok else cell_marks(bad_cells(problems, rows or []))
         return {self.check: text, self.marks: marks, self.buttons[Action.ACCEPT]: gr.update(interactive=pending and ok),
                 self.buttons[Action.EDIT]: gr.update(interactive=pending and ok)}
 
