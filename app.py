@@ -220,9 +220,10 @@ def _wire(page: Page, refresh: gr.Button, poll: gr.Timer, waiting: gr.HTML, seen
 def _wire_poll(page: Page, poll: gr.Timer, seen: gr.State, top: Callable[..., dict[Any, Any]],
                top_out: list[Any], review_tab: review.ReviewTab, proposal_tab: proposal.ProposalTab,
                train_tab: train.TrainTab) -> Any:
-    """The poll (its event, returned): one cheap read of what changed (`lab_version`); only the parts of the page that depend on it are
-    redrawn, and a newly stored proposal is selected. `seen` is (the version drawn, the run it was drawn for):
-    a run other than the open one (the poll's answer crossed a run being opened) redraws every tab."""
+    """The poll (its event, returned): one cheap read of what changed (`lab_version`); only the parts of the page
+    that depend on it are redrawn, and a newly stored proposal is selected. `seen` is (the version drawn, the run
+    it was drawn for): a run other than the open one (the poll's answer crossed a run being opened) redraws every
+    tab."""
     engine = page.engine
 
     def follow(run_id: int | None, proposal_id: int | None, stage_index: int | None,

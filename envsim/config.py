@@ -300,7 +300,8 @@ def project(raw: Any, base: EnvConfig | None = None, *, strict: bool = False) ->
     total = sum(data.values())
     if total <= 0:
         if strict:
-            raise ConfigError([ConfigProblem("data_ratio", "data_ratio sums to 0; at least one size needs a positive share")])
+            raise ConfigError([ConfigProblem("data_ratio",
+                                             "data_ratio sums to 0; at least one size needs a positive share")])
         for s in sizes:
             adjustments.append(Adjustment(f"data_ratio[{s}]", data[s], 1 / len(sizes), "all shares were 0: uniform"))
             data[s] = 1 / len(sizes)

@@ -428,7 +428,8 @@ ERRORS_SEEN = """() => {
             if (!(n instanceof Element)) continue;
             for (const e of [n, ...n.querySelectorAll('[data-testid="toast-body"], .error')]) {
                 if (e.matches('[data-testid="toast-body"], .toast-body.error, .wrap .error'))
-                    window.__errors.push(e.textContent.trim().slice(0, 200) + " @ " + (e.closest("[id]") ? e.closest("[id]").id : "") + " " + e.className);
+                    window.__errors.push(e.textContent.trim().slice(0, 200) + " @ " +
+                                         (e.closest("[id]") ? e.closest("[id]").id : ""));
             }
         }
     }).observe(document, {childList: true, subtree: true});

@@ -130,8 +130,9 @@ def test_the_job_measures_on_the_worker_and_the_decision_keeps_what_was_seen(lab
                                                                   PROPOSED: "1 of 2 sizes measured", EDIT: "waiting"}}
         s.add(running)
         s.commit()
-    assert measure_view(lab, job_id).status == (f"Measuring (job {job_id}, running): **{IN_FORCE}**: done, found in "
-                                                f"the cache; **{PROPOSED}**: 1 of 2 sizes measured; **{EDIT}**: waiting")
+    assert measure_view(lab, job_id).status == (
+        f"Measuring (job {job_id}, running): **{IN_FORCE}**: done, found in the cache; **{PROPOSED}**: 1 of 2 sizes "
+        f"measured; **{EDIT}**: waiting")
     with session(lab) as s:
         running = s.get(Job, job_id)
         running.status, running.result = "done", job.result

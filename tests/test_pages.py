@@ -585,6 +585,16 @@ def test_the_playground_scores_a_typed_plan_and_updates_the_verdict():
     assert bad[0] is None and "row 1 has 2 cells" in bad[2]
 
 
+def test_a_board_that_cannot_be_read_is_named_and_the_board_shown_stays():
+    with gr.Blocks():
+        tab = playground.build(common.Page(None, gr.Dropdown(), gr.Tabs(), gr.HTML()))
+    shown = tab.read("A.b\n...\nB.a")
+    refused = tab.read("AAbb\n....\n....\nB..a")  # two starts for agent 0: refused, not rewritten
+    assert refused == {tab.message: "✗ Cannot read this board: agent 0 has two starts ('A' at (0,0) and at (0,1)); "
+                                    "each agent has one start (upper case) and one goal (lower case)"}
+    assert shown[tab.view] is not None  # nothing else is in the answer: the board drawn and the text typed stay
+
+
 def test_make_board_from_knobs_is_seeded():
     a, b = playground.make_board(5, 2, 0.2, 3), playground.make_board(5, 2, 0.2, 3)
     assert a[1] == b[1] and a[1].count("H") == 5

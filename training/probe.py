@@ -13,8 +13,8 @@ A probe is a pure function of (config, policy, seed, boards, answers, temperatur
 same numbers. `measure` keeps each in the `probes` table under a key of those arguments (the checkpoint by the
 name a stage row gives it), so asking twice costs nothing. A size's numbers depend only on that size's knobs
 (hole and wait ratio, the number of agents), so a size whose knobs equal one measured already, in any stored
-config on the same checkpoint, seed and probe size, is reused rather than sampled again. Torch loads only when a probe samples, so the lab
-reads stored probes (and their defaults) without it.
+config on the same checkpoint, seed and probe size, is reused rather than sampled again. Torch loads only when
+a probe samples, so the lab reads stored probes (and their defaults) without it.
 """
 
 from __future__ import annotations

@@ -31,7 +31,6 @@ from lab.proposals import (
     ProposalError,
     ProposalState,
     diff,
-    edit_projection,
     proposal_state,
     proposal_states,
 )
