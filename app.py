@@ -195,7 +195,7 @@ def _wire(page: Page, refresh: gr.Button, poll: gr.Timer, waiting: gr.HTML, seen
         return {episode_tab.episode_id: evt.row_value[0], page.tabs: gr.Tabs(selected="episode")}
 
     review_tab.gallery.select(open_from_gallery, None, [episode_tab.episode_id, page.tabs]) \
-        .then(episode_tab.show, [episode_tab.episode_id, episode_tab.ghost], episode_tab.outputs)
+        .then(episode_tab.show, episode_tab.opens, episode_tab.outputs)
 
     def after_decision(run_id: int | None) -> dict[Any, Any]:
         return train_tab.show(run_id) | top(run_id, select=False)
@@ -211,7 +211,7 @@ def _wire(page: Page, refresh: gr.Button, poll: gr.Timer, waiting: gr.HTML, seen
             episode_tab.episode_id: link["episode"]}
 
     demo.load(on_load, None, [*everywhere, page.tabs, episode_tab.episode_id]) \
-        .then(episode_tab.show, [episode_tab.episode_id, episode_tab.ghost], episode_tab.outputs) \
+        .then(episode_tab.show, episode_tab.opens, episode_tab.outputs) \
         .then(leaderboard_tab.choices, None, leaderboard_tab.pick) \
         .then(leaderboard_tab.show, leaderboard_tab.pick, leaderboard_tab.outputs) \
         .then(playground_tab.read, playground_tab.board_text, playground_tab.outputs)

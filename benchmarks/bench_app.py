@@ -205,6 +205,13 @@ def _stage_load(db: str, engine, ids: dict[str, int], wait_s: float) -> tuple[An
     from storage.db import session
     from storage.models import Job
 
+    from storage.models import Stage
+
+    with session(engine) as s:  # stage 0 of the seeded run evaluated the tiny policy as shipped
+        stage0 = s.exec(select(Stage).where(Stage.run_id == ids["waiting"], Stage.index == 0)).one()
+        stage0.checkpoint = "tiny"
+        s.add(stage0)
+        s.commit()
     decide_proposal(engine, ids["pending"], "accept", "bench")
     worker = start_worker(db, options=["--poll", "0.2"], log=Path(db).with_suffix(".worker.log"),
                           env={"OMP_NUM_THREADS": "2"})

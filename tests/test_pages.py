@@ -28,6 +28,7 @@ from lab import reference, results, worker
 from lab.engineers import EngineerAnswer
 from lab.loop import advance, create_run, run_propose_job, stages_of
 from lab.pages import common, episode, leaderboard, playground, proposal, review, runs, train
+from lab.replay import GIF_WIDTHS
 from lab.proposals import store_proposal
 from lab.runs import lab_version, waiting_proposals
 from storage.db import make_engine, session, upgrade
@@ -180,6 +181,21 @@ def test_create_run_from_the_form_stores_the_run_and_queues_stage_0(lab):
     assert runs.runs_table(engine)["data"][0][:3] == [run_id, "mine", "active"]
 
 
+def test_a_form_number_out_of_range_is_named_and_nothing_is_stored(lab):
+    engine, _ = lab
+    before = runs.run_choices(engine)
+    table = [[3, 0.5, 0.1, 0.0], [5, 0.5, 0.3, 0.5]]
+    form = ["mine", "", "tiny", "fixed", "", ""]
+    assert runs.create_run_from_form(engine, *form, 0, 32, 2, 7, False, table) == (
+        "✗ Not created: Training stages must be a whole number of at least 1, got 0.", None)
+    assert runs.create_run_from_form(engine, *form, 2, 32, 2, -1, False, table) == (
+        "✗ Not created: Seed must be a whole number of at least 0, got -1.", None)
+    assert runs.create_run_from_form(engine, *form, 2, None, 2, 0.5, False, table) == (
+        "✗ Not created: Training instances per stage must be a whole number of at least 1, got nothing; Seed must be "
+        "a whole number of at least 0, got 0.5.", None)
+    assert runs.run_choices(engine) == before
+
+
 def test_an_invalid_initial_config_names_the_field_and_stores_nothing(lab):
     engine, _ = lab
     before = runs.run_choices(engine)
@@ -222,6 +238,13 @@ def test_a_file_that_is_not_a_run_is_refused_with_the_archive_s_reason(lab, tmp_
         zf.writestr("notes.txt", "hello")
     message, run_id = runs.import_file(engine, str(bad))
     assert run_id is None and message.startswith("✗ Not imported: ") and "notes.zip" in message
+    fake = tmp_path / "uploads" / "fake.zip"  # not a zip at all: named by its file name, not where it was kept
+    fake.parent.mkdir()
+    fake.write_text("not a zip")
+    message, _ = runs.import_file(engine, str(fake))
+    assert message == ("✗ Not imported: fake.zip: not a run archive: it is not a zip file, or it is truncated (File is "
+                       "not a zip file)")
+    assert str(tmp_path) not in message
     assert runs.import_file(engine, None) == ("Choose a run file (.zip, from “Export this run” or `envlab export`).",
                                               None)
     assert runs.export_file(engine, None, False) == (None, "Open a run first (“Open run” above the tabs).")
@@ -321,9 +344,14 @@ def test_the_gif_has_one_frame_per_step(lab):
     view = episode.episode_view(engine, ids["clash"])["view"]
     with Image.open(episode.gif_file(view)) as gif:
         assert (gif.format, gif.n_frames) == ("GIF", 2 + 1)  # the clash ends at t = 2
-        assert gif.size[0] >= 480  # a 3x3 board, still wide enough for a slide
-    with Image.open(episode.gif_file(view, 960)) as gif:
-        assert gif.size[0] >= 960
+    for width in GIF_WIDTHS:  # a 3x3 board, exactly the width chosen (its captions shrink to fit)
+        with Image.open(episode.gif_file(view, width)) as gif:
+            assert gif.size[0] == width
+    with gr.Blocks():
+        tab = episode.build(common.Page(engine, gr.Dropdown(), gr.Tabs(), gr.HTML()))
+    for width in (960, 480):  # another episode opened: the GIF is made at the width chosen, not the first
+        with Image.open(tab.show(ids["clash"], True, width)[tab.gif]["value"]) as gif:
+            assert gif.size[0] == width
     assert episode.gif_file(None) is None
 
 

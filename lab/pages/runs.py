@@ -50,18 +50,36 @@ def create_run_from_form(engine: Engine, name: str, description: str, policy: st
     """Validate the form, store the run and queue its stage 0; returns (message, new run id or None)."""
     name, description, policy, backend, base_url = ((v or "").strip() for v in (name, description, policy, backend,
                                                                                base_url))  # hidden fields send None
+    counts = {"Training stages": (stages, 1), "Training instances per stage": (instances, 1), "Seed": (seed, 0)}
+    wrong = [f"{label} must be a whole number of at least {least}, got {_shown(value)}"
+             for label, (value, least) in counts.items() if _whole(value) is None or _whole(value) < least]
+    if wrong:
+        return "✗ Not created: " + "; ".join(wrong) + ".", None
     try:
         config = project(config_from_table(rows, agents, instances), strict=True).config
     except ConfigError as err:
         return "✗ The initial config is not valid, nothing was stored: " + "; ".join(err.problems), None
     try:
-        run = new_run(engine, name=name or "run", description=description, config=config, stages=int(stages),
+        run = new_run(engine, name=name or "run", description=description, config=config, stages=_whole(stages),
                          policy=policy or "tiny", engineer=engineer, engineer_backend=backend,
-                         auto_apply=bool(auto_apply), seed=int(seed or 0), base_url=base_url or None)
+                         auto_apply=bool(auto_apply), seed=_whole(seed), base_url=base_url or None)
     except (LoopError, ValueError, TypeError) as err:
         return f"✗ Not created: {err}", None
     return (f"✓ Created run #{run.id} **{run.name}**: stage 0 (the starting policy, evaluated on the "
             "validation set) is queued. Follow it in the Train tab."), run.id
+
+
+def _whole(value: Any) -> int | None:
+    """A form's number as a whole number, None when it is not one (empty, a fraction)."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return int(number) if number == int(number) else None
+
+
+def _shown(value: Any) -> str:
+    return "nothing" if value in (None, "") else f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def _holds(manifest: dict[str, Any]) -> str:
@@ -98,8 +116,9 @@ def import_file(engine: Engine, path: str | None) -> tuple[str, int | None]:
     try:
         manifest = read_manifest(path)
         run_id = import_run(engine, path)
-    except ArchiveError as err:
-        return f"✗ Not imported: {err}", None
+    except ArchiveError as err:  # said of the file by its name: where the server keeps uploads is nobody's business
+        said = str(err).replace(str(Path(path)), name).replace(str(Path(path).parent), "")
+        return f"✗ Not imported: {said}", None
     return (f"✓ {name} imported as run #{run_id} **{manifest['run']['name']}** ({_holds(manifest)}); "
             "it is open above."), run_id
 
@@ -136,9 +155,9 @@ def build(page: Page) -> RunsTab:
             base_url = gr.Textbox(label="Server URL (openai backend)", visible=False,
                                   placeholder="http://localhost:8000/v1")
         with gr.Row():
-            stages = gr.Number(label="Training stages", value=3, precision=0, minimum=1)
-            instances = gr.Number(label="Training instances per stage", value=default.num_instances, precision=0,
-                                  minimum=1)
+            # No `minimum=`: Gradio would refuse a 0 in a line that names no field; the form's check names it.
+            stages = gr.Number(label="Training stages", value=3, precision=0)
+            instances = gr.Number(label="Training instances per stage", value=default.num_instances, precision=0)
             agents = gr.Number(label="Agents per training board", value=default.num_agents, precision=0)
             seed = gr.Number(label="Seed", value=0, precision=0)
             auto = gr.Checkbox(label="Auto-apply proposals (no review)", value=False)
