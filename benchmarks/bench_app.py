@@ -203,9 +203,7 @@ def _stage_load(db: str, engine, ids: dict[str, int], wait_s: float) -> tuple[An
     from lab.pages.proposal import decide_proposal
     from lab.worker import start_worker
     from storage.db import session
-    from storage.models import Job
-
-    from storage.models import Stage
+    from storage.models import Job, Stage
 
     with session(engine) as s:  # stage 0 of the seeded run evaluated the tiny policy as shipped
         stage0 = s.exec(select(Stage).where(Stage.run_id == ids["waiting"], Stage.index == 0)).one()

@@ -28,8 +28,8 @@ from lab import reference, results, worker
 from lab.engineers import EngineerAnswer
 from lab.loop import advance, create_run, run_propose_job, stages_of
 from lab.pages import common, episode, leaderboard, playground, proposal, review, runs, train
-from lab.replay import GIF_WIDTHS
 from lab.proposals import store_proposal
+from lab.replay import GIF_WIDTHS
 from lab.runs import lab_version, waiting_proposals
 from storage.db import make_engine, session, upgrade
 from storage.models import Decision, Episode, Job, Proposal, Stage, StageMetric, TrainingLog, utcnow
