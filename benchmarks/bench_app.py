@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runs from a c
 
 import argparse  # noqa: E402
 import socket  # noqa: E402
+import subprocess  # noqa: E402
 import statistics  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -228,7 +229,6 @@ def _stage_load(db: str, engine, ids: dict[str, int], wait_s: float) -> tuple[An
 def _spin_load() -> tuple[list[Any], Callable[[], bool]]:
     """A CPU spinner per core at the worker's default lower priority."""
     import os
-    import subprocess
 
     from lab.worker import NICE
 
@@ -263,9 +263,17 @@ def bench_actions(repeats: int, load: str, wait_s: float = 180) -> dict[str, tup
                 loaded = {name: _median(fn, repeats) for name, fn in actions.items()}
                 still = f"{'yes' if before else 'NO'} at the start, {'yes' if busy() else 'NO'} at the end"
         finally:
-            for p in procs:
-                p.terminate()
-                p.wait(timeout=30)
+            for p in procs:  # a worker stops at its second SIGTERM (the first waits for the job to end)
+                for _ in range(2):
+                    p.terminate()
+                    try:
+                        p.wait(timeout=10)
+                        break
+                    except subprocess.TimeoutExpired:
+                        continue
+                else:
+                    p.kill()
+                    p.wait()
             engine.dispose()
     print(f"page actions, server side, median of {repeats} (load: {load}; loaded while measured: {still}):")
     print(f"  {'action':40s} {'idle':>9s} {'loaded':>9s} {'ratio':>6s}   target <= {ACTION_TARGET_S} s loaded")

@@ -733,3 +733,12 @@ def test_a_proposal_shows_what_measuring_cost_beside_the_stage_it_read(lab):
     assert text.endswith(" Measuring configs on the policy cost 1,280 sampled answers in 15 s (20 probes, 4 of them "
                          f"cached); stage {after} itself took 181 s.")
     assert "Measuring" not in proposal.proposal_view(engine, ids["second"])["rationale"]
+
+
+def test_the_progress_bar_says_the_jobs_phase_beside_its_steps():
+    job = Job(id=7, kind="stage", status="running", step=0, total=240, run_id=1, target=1,
+              log_tail="generated 4/4 training boards\nGRPO: 4 boards, 4 generations each, up to 240 steps\n")
+    bar = train._progress_bar(job)
+    assert "stage job 7 (stage 1): running, step 0 of 240 (GRPO: 4 boards, 4 generations each, up to 240 steps)" in bar
+    done = Job(id=7, kind="stage", status="done", step=240, total=240, run_id=1, target=1, log_tail="saved x\n")
+    assert "(saved x)" not in train._progress_bar(done)  # a phase is said while the job runs

@@ -122,7 +122,8 @@ class EpisodeTab:
             return {self.view: None, self.header: v["error"], self.answer: "", self.step: gr.update(maximum=1, value=0),
                     self.gif: gr.update(value=None, interactive=False),
                     self.html: gr.update(value=None, interactive=False),
-                    self.board: figures.empty_figure(v["error"]), self.events: "", self.strip_note: "",
+                    # the header says why once; the empty board only says there is none
+                    self.board: figures.empty_figure("no episode open"), self.events: "", self.strip_note: "",
                     self.strip: gr.update(visible=False), self.strip_table: gr.update(visible=False)} | stopped
         fig, events = draw(v["view"], 0, ghost)
         has_strip = v["strip"] is not None

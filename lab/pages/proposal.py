@@ -449,7 +449,7 @@ def build(page: Page) -> ProposalTab:
                                          "⚠: the projection adjusted the engineer's value)",
                                    interactive=False, elem_id="diff", max_height=440, wrap=True,
                                    datatype=["str", "str", "str", "markdown", "str", "str"],
-                                   column_widths=["8%", "16%", "10%", "12%", "10%", "44%"])
+                                   column_widths=["7%", "15%", "11%", "13%", "11%", "43%"])
     preview_note = gr.Markdown()
     preview = gr.Plot(label="Boards this config would generate")
     with gr.Accordion("Edit before applying", open=False, elem_id="edit-accordion"):

@@ -20,16 +20,22 @@ from lab.pages.common import BAD_ROW, KNOB_COLUMNS, Page, config_from_table, con
 from lab.runs import new_run, run_list, waiting_proposals
 
 
+def ordered_runs(engine: Engine) -> list[Any]:
+    """The lab's own runs newest first, then the runs of experiments: on a first start the example run heads
+    the list, not the shipped study's runs imported after it."""
+    return sorted(run_list(engine), key=lambda row: row.run.experiment_id is not None)
+
+
 def run_choices(engine: Engine) -> list[tuple[str, int]]:
-    """The "Open run" dropdown's choices, newest first."""
-    return [(f"#{row.run.id} {row.run.name} ({row.run.status})", row.run.id) for row in run_list(engine)]
+    """The "Open run" dropdown's choices: the lab's own runs newest first, then the experiments'."""
+    return [(f"#{row.run.id} {row.run.name} ({row.run.status})", row.run.id) for row in ordered_runs(engine)]
 
 
 def runs_table(engine: Engine) -> dict[str, Any]:
     """Every run, with the proposal that waits for a decision in it (the banner above the tabs links each)."""
     waiting = {w.run_id: w for w in waiting_proposals(engine)}
     rows = []
-    for row in run_list(engine):
+    for row in ordered_runs(engine):
         r = row.run
         engineer = r.engineer + (f" ({r.engineer_backend})" if r.engineer_backend else "")
         try:
