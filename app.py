@@ -201,7 +201,7 @@ def _wire(page: Page, refresh: gr.Button, poll: gr.Timer, waiting: gr.HTML, seen
         return train_tab.show(run_id) | top(run_id, select=False)
 
     for decided in proposal_tab.decided:
-        decided.then(after_decision, run_pick, [*train_tab.outputs, *top_out])
+        decided.then(after_decision, run_pick, [*train_tab.outputs, *top_out], show_progress="hidden")
 
     def on_load(request: gr.Request) -> dict[Any, Any]:
         link = linked(engine, dict(request.query_params) if request is not None else {})

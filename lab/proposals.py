@@ -301,3 +301,20 @@ def _applied_config(session: Session, proposal: Proposal, action: str, edited: E
     if action != Action.REJECT:
         raise ProposalError(f"unknown action {action!r}: accept, edit, reject or auto")
     return None
+
+
+def repeats_rejected(engine: Engine, proposal: Proposal) -> int | None:
+    """The id of an earlier proposal of the same run and stage that was rejected and proposed exactly this config
+    (a deterministic engineer asked again answers the same), None when there is none."""
+    if proposal.projected_config is None:
+        return None
+    with open_session(engine) as s:
+        earlier = s.exec(select(Proposal).where(Proposal.run_id == proposal.run_id,
+                                                Proposal.after_stage == proposal.after_stage,
+                                                Proposal.id < proposal.id).order_by(Proposal.id.desc())).all()
+        for other in earlier:
+            decision = decision_of(s, other.id)
+            if decision is not None and decision.action == Action.REJECT \
+                    and other.projected_config == proposal.projected_config:
+                return other.id
+    return None

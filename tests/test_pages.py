@@ -742,3 +742,15 @@ def test_the_progress_bar_says_the_jobs_phase_beside_its_steps():
     assert "stage job 7 (stage 1): running, step 0 of 240 (GRPO: 4 boards, 4 generations each, up to 240 steps)" in bar
     done = Job(id=7, kind="stage", status="done", step=240, total=240, run_id=1, target=1, log_tail="saved x\n")
     assert "(saved x)" not in train._progress_bar(done)  # a phase is said while the job runs
+
+
+def test_a_proposal_that_repeats_a_rejected_one_says_so(lab):
+    engine, ids = lab
+    assert "same config as rejected" not in proposal.proposal_view(engine, ids["second"])["status"]
+    said = proposal.decide_proposal(engine, ids["second"], "reject", "ann", "try something else")
+    assert said.startswith(f"✓ Proposal #{ids['second']} rejected by ann.")
+    again = propose(engine, ids["history"])  # the heuristic engineer, asked again, answers the same
+    with session(engine) as s:
+        assert s.get(Proposal, again).projected_config == s.get(Proposal, ids["second"]).projected_config
+    assert (f"⚠ **The same config as rejected proposal #{ids['second']}**: the `heuristic` engineer answered the "
+            "same when asked again.") in proposal.proposal_view(engine, again)["status"]

@@ -78,7 +78,8 @@ def build(engine: Engine, shown: gr.State, edit: gr.Dataframe, agents: gr.Number
     started = [panel.job, panel.status, panel.stage0, panel.timer, panel.bar]
     button.click(panel.start, [shown, edit, agents, instances], started)
     stage0.click(lambda p, r, a, i: panel.start(p, r, a, i, stage0=True), [shown, edit, agents, instances], started)
-    panel.timer.tick(panel.poll, panel.job, [panel.bar, panel.timer, panel.status, panel.table, panel.seen])
+    panel.timer.tick(panel.poll, panel.job, [panel.bar, panel.timer, panel.status, panel.table, panel.seen],
+                     show_progress="hidden")  # no timer text flashing in the status line
     shown.change(panel.clear, None, [panel.job, panel.seen, panel.status, panel.bar, panel.table, panel.stage0,
                                     panel.timer])
     return panel

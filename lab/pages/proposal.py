@@ -33,6 +33,7 @@ from lab.proposals import (
     diff,
     proposal_state,
     proposal_states,
+    repeats_rejected,
 )
 from lab.runs import set_run_auto_apply
 from storage.models import Action
@@ -88,7 +89,11 @@ def proposal_view(engine: Engine, proposal_id: int | None) -> dict[str, Any]:
     # Markdown joins single newlines; the heuristic engineer writes one line per change, so keep them apart.
     written = p.rationale.replace("\n", "  \n") if p.rationale else "_The engineer gave no rationale._"
     config = st.applied or st.config
-    return dict(status=_status(st), rationale=f"{written}\n\n{summary}", raw=p.raw_answer,
+    status = _status(st)
+    if st.pending and (same := repeats_rejected(engine, p)) is not None:
+        status += (f"  \n⚠ **The same config as rejected proposal #{same}**: the `{p.engineer}` engineer answered "
+                   "the same when asked again. Edit it below, or switch the engineer in the Train tab.")
+    return dict(status=status, rationale=f"{written}\n\n{summary}", raw=p.raw_answer,
                 diff=table(DIFF_HEADERS, rows), changed=table(DIFF_HEADERS, changed), edit=config_rows(config),
                 agents=config.num_agents, instances=config.num_instances, auto=st.auto_apply, pending=st.pending,
                 run_id=p.run_id, label=_edit_label(st))
