@@ -218,7 +218,7 @@ def _stage_load(db: str, engine, ids: dict[str, int], wait_s: float) -> tuple[An
     def training() -> bool:
         with session(engine) as s:
             job = s.exec(select(Job).where(Job.kind == "stage", Job.run_id == ids["waiting"])).first()
-        return job is not None and job.status == "running" and (job.step or 0) > 0
+        return job is not None and job.status == "running" and "GRPO:" in (job.log_tail or "")  # past loading
 
     deadline = time.monotonic() + wait_s
     while not training() and time.monotonic() < deadline and worker.poll() is None:
