@@ -754,3 +754,33 @@ def test_a_proposal_that_repeats_a_rejected_one_says_so(lab):
         assert s.get(Proposal, again).projected_config == s.get(Proposal, ids["second"]).projected_config
     assert (f"⚠ **The same config as rejected proposal #{ids['second']}**: the `heuristic` engineer answered the "
             "same when asked again.") in proposal.proposal_view(engine, again)["status"]
+
+
+def _connections(engine, action) -> int:
+    """How many database connections `action()` opens (a session opens one)."""
+    from sqlalchemy import event
+
+    opened = []
+
+    def count(connection) -> None:
+        opened.append(connection)
+
+    event.listen(engine, "engine_connect", count)
+    try:
+        action()
+    finally:
+        event.remove(engine, "engine_connect", count)
+    return len(opened)
+
+
+def test_a_decision_is_one_session_and_a_keystroke_reads_the_proposal_once(lab):
+    engine, ids = lab
+    with gr.Blocks():
+        tab = proposal.build(common.Page(engine, gr.Dropdown(), gr.Tabs(), gr.HTML()))
+    typed = [[3, 0.5, 0.2, 0.25], [4, 0.5, 0.45, 0.25]]
+    assert _connections(engine, lambda: tab.checker(ids["pending"], typed, 2, 16)) == 1
+    said = []
+    assert _connections(engine, lambda: said.append(proposal.decide_proposal(
+        engine, ids["pending"], "edit", "bob", "", typed, 2, 16))) == 1
+    assert said == [f"✓ Proposal #{ids['pending']} edited by bob; stored: data_ratio[3] 0.5, data_ratio[4] 0.5, "
+                    "hole_ratio[4] 0.45. Next: queued stage 1 (edit by bob)."]
