@@ -15,7 +15,9 @@ skips it, and a database that holds a run already is left as it is.
 
 A worker is started beside the page unless `--no-worker` is given or one is visibly at work: a running job
 whose heartbeat is fresh. An idle worker writes nothing (a worker has no row of its own), so a lab whose
-worker idles on another machine gets a second one here; that is harmless, as claims are exclusive.
+worker idles on another machine gets a second one here; that is harmless, as claims are exclusive. Beside it a
+light lane starts too (`envlab worker --kinds probe`): a Measure job runs while the worker trains a long stage.
+Workers lower their CPU priority (`--nice`), so the page stays quick while a stage trains.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from lab.pages import compare, episode, leaderboard, playground, proposal, revie
 from lab.pages.common import Page
 from lab.runs import LabVersion, lab_version, run_list, run_of_episode, run_of_proposal, waiting_proposals
 from lab.tempfiles import FILES_AGE_S, SWEEP_S
-from lab.worker import start_worker, worker_busy, worker_status
+from lab.worker import WorkerState, start_worker, worker_busy, worker_status
 from storage.db import DatabaseUnusable, open_database
 
 ASSETS = Path(__file__).parent / "assets"
@@ -56,8 +58,15 @@ next config · **Train** → the worker's progress · **Playground** → try boa
 benchmark tables · **Compare** → an experiment's engineers side by side."""
 
 
-def worker_badge(engine: Engine) -> str:
+NO_WORKER = "No worker was started with this lab (--no-worker): queued jobs wait for `envlab worker`."
+LANES = (("--kinds", "probe"),)  # the light lanes beside the worker: Measure jobs never wait behind a long stage
+
+
+def worker_badge(engine: Engine, own_worker: bool = True) -> str:
+    """The worker's badge above the tabs; a lab started without a worker does not call an empty queue idle."""
     state, text = worker_status(engine)
+    if state == WorkerState.IDLE and not own_worker:
+        text = NO_WORKER
     return f'<div class="worker {state}"><span class="dot"></span>{html.escape(text)}</div>'.replace(
         "`envlab worker`", "<code>envlab worker</code>")
 
@@ -90,8 +99,9 @@ def linked(engine: Engine, params: dict[str, str]) -> dict[str, Any]:
     return {"run": run_id, "tab": tab, "episode": episode_id, "proposal": proposal_id}
 
 
-def build_demo(engine: Engine) -> gr.Blocks:
-    """The lab's page on `engine` (migrated already); launch it with `launch`."""
+def build_demo(engine: Engine, own_worker: bool = True) -> gr.Blocks:
+    """The lab's page on `engine` (migrated already); launch it with `launch`. Without `own_worker` (`--no-worker`)
+    the badge says that no worker was started rather than "idle"."""
     # Uploads, and the copies of exports the page offers for download, are deleted after FILES_AGE_S.
     with gr.Blocks(title="envlab", delete_cache=(SWEEP_S, FILES_AGE_S)) as demo:
         gr.Markdown(INTRO, elem_id="intro")
@@ -103,7 +113,7 @@ def build_demo(engine: Engine) -> gr.Blocks:
         seen = gr.State(None)  # the `LabVersion` this browser last drew
         poll = gr.Timer(POLL_S)
         with gr.Tabs(elem_id="tabs") as tabs:
-            page = Page(engine, run_pick, tabs, worker)
+            page = Page(engine, run_pick, tabs, worker, own_worker)
             with gr.Tab("Runs", id="runs"):
                 runs_tab = runs.build(page)
             with gr.Tab("Stage review", id="review"):
@@ -131,93 +141,110 @@ def _wire(page: Page, refresh: gr.Button, poll: gr.Timer, waiting: gr.HTML, seen
           review_tab: review.ReviewTab, episode_tab: episode.EpisodeTab, proposal_tab: proposal.ProposalTab,
           train_tab: train.TrainTab, playground_tab: playground.PlaygroundTab,
           leaderboard_tab: leaderboard.LeaderboardTab) -> None:
-    """The events that cross tabs: the run picked above them, links, the poll, a new run, a decision."""
+    """The events that cross tabs: the run picked above them, links, the poll, a new run, a decision.
+
+    A run opens in every tab in one answer (`open_everywhere`), never in a chain of events another event (the
+    poll) can slip between; and events read what a tab has drawn from its `gr.State` (`shown`), never a
+    dropdown's value, whose choices may be changing on the server while the browser sends it."""
     engine, run_pick = page.engine, page.run_pick
     top_out = [run_pick, runs_tab.table, page.worker, waiting]
+    everywhere = [*top_out, *train_tab.outputs, *review_tab.outputs, *proposal_tab.outputs, seen]
 
-    def top(run_id: int | None) -> dict[Any, Any]:
+    def top(run_id: int | None, select: bool = True) -> dict[Any, Any]:
+        """The bar above the tabs and the runs table. With `select` the dropdown's choices and value are set
+        together (to `run_id`); without, only its choices, which only grow, so the value the browser holds
+        stays among them (the poll's way: it must not undo a run opened meanwhile)."""
         choices = runs.run_choices(engine)
         ids = [c[1] for c in choices]
-        return {run_pick: gr.update(choices=choices, value=run_id if run_id in ids else None),
-                runs_tab.table: runs.runs_table(engine), page.worker: worker_badge(engine),
-                waiting: waiting_banner(engine)}
+        pick = gr.update(choices=choices, value=run_id if run_id in ids else None) if select else \
+            gr.update(choices=choices)
+        return {run_pick: pick, runs_tab.table: runs.runs_table(engine),
+                page.worker: worker_badge(engine, page.own_worker), waiting: waiting_banner(engine)}
 
-    refresh.click(top, run_pick, top_out) \
-        .then(review_tab.show, [run_pick, review_tab.stage_pick], review_tab.outputs) \
-        .then(proposal_tab.show_all, [run_pick, proposal_tab.pick], proposal_tab.outputs) \
-        .then(leaderboard_tab.choices, None, leaderboard_tab.pick)
-    run_pick.input(review_tab.show_latest, run_pick, review_tab.outputs) \
-        .then(proposal_tab.show_all, run_pick, proposal_tab.outputs) \
-        .then(train_tab.show, run_pick, train_tab.outputs)
+    def open_everywhere(run_id: int | None, proposal_id: int | None = None,
+                        stage_index: int | None = None) -> dict[Any, Any]:
+        """Run `run_id` open in every tab: the bar above them, Train, Stage review (`stage_index`, else the
+        latest), Proposal (`proposal_id`, else the one that waits, else the newest); and marked drawn for the
+        poll."""
+        return top(run_id) | train_tab.show(run_id) | review_tab.show(run_id, stage_index) | \
+            proposal_tab.show_all(run_id, proposal_id) | {seen: (lab_version(engine), run_id)}
+
+    def reopen(run_id: int | None, proposal_id: int | None, stage_index: int | None) -> dict[Any, Any]:
+        return open_everywhere(run_id, proposal_id, stage_index)
+
+    # A poll answer read for the run open before lands after a run is opened: the next poll sees that `seen` is of
+    # another run and redraws every tab (cancelling the poll instead would mark its outputs "Error").
     _wire_poll(page, poll, seen, top, top_out, review_tab, proposal_tab, train_tab)
+    refresh.click(reopen, [run_pick, proposal_tab.shown, review_tab.shown], everywhere) \
+        .then(leaderboard_tab.choices, None, leaderboard_tab.pick)
+    run_pick.input(open_everywhere, run_pick, everywhere)
 
     def create(*form: Any) -> dict[Any, Any]:
         message, run_id = runs.create_run_from_form(engine, *form)
         if run_id is None:
             return {runs_tab.message: message}
-        return top(run_id) | {runs_tab.message: message, page.tabs: gr.Tabs(selected="train"),
-                              train_tab.message: message}
+        return open_everywhere(run_id) | {runs_tab.message: message, page.tabs: gr.Tabs(selected="train"),
+                                          train_tab.message: message}
 
-    runs_tab.create.click(create, runs_tab.form, [runs_tab.message, *top_out, page.tabs, train_tab.message]) \
-        .then(train_tab.show, run_pick, train_tab.outputs) \
-        .then(review_tab.show_latest, run_pick, review_tab.outputs) \
-        .then(proposal_tab.show_all, run_pick, proposal_tab.outputs)
+    runs_tab.create.click(create, runs_tab.form, [runs_tab.message, *everywhere, page.tabs, train_tab.message])
 
     def imported(path: str | None) -> dict[Any, Any]:
         message, run_id = runs.import_file(engine, path, uploaded=True)
         done = {runs_tab.import_message: message, runs_tab.upload: None}  # ready for the next file
-        return done if run_id is None else top(run_id) | done
+        return done if run_id is None else open_everywhere(run_id) | done
 
-    runs_tab.upload.upload(imported, runs_tab.upload, [runs_tab.import_message, runs_tab.upload, *top_out]) \
-        .then(train_tab.show, run_pick, train_tab.outputs) \
-        .then(review_tab.show_latest, run_pick, review_tab.outputs) \
-        .then(proposal_tab.show_all, run_pick, proposal_tab.outputs)
+    runs_tab.upload.upload(imported, runs_tab.upload, [runs_tab.import_message, runs_tab.upload, *everywhere])
 
     def open_from_gallery(evt: gr.SelectData) -> dict[Any, Any]:
         return {episode_tab.episode_id: evt.row_value[0], page.tabs: gr.Tabs(selected="episode")}
 
     review_tab.gallery.select(open_from_gallery, None, [episode_tab.episode_id, page.tabs]) \
-        .then(episode_tab.show, [episode_tab.episode_id, episode_tab.ghost], episode_tab.outputs)
+        .then(episode_tab.show, episode_tab.opens, episode_tab.outputs)
+
+    def after_decision(run_id: int | None) -> dict[Any, Any]:
+        return train_tab.show(run_id) | top(run_id, select=False)
+
     for decided in proposal_tab.decided:
-        decided.then(train_tab.show, run_pick, train_tab.outputs).then(top, run_pick, top_out)
+        decided.then(after_decision, run_pick, [*train_tab.outputs, *top_out], show_progress="hidden")
 
     def on_load(request: gr.Request) -> dict[Any, Any]:
         link = linked(engine, dict(request.query_params) if request is not None else {})
-        # The proposal goes out with the first answer: a link to a proposal paints in one round trip.
-        return top(link["run"]) | proposal_tab.show_all(link["run"], link["proposal"]) | {
+        # Everything a link opens goes out with the first answer: a link to a proposal paints in one round trip.
+        return open_everywhere(link["run"], link["proposal"]) | {
             page.tabs: gr.Tabs(selected=link["tab"]) if link["tab"] else gr.update(),
-            episode_tab.episode_id: link["episode"], seen: lab_version(engine)}
+            episode_tab.episode_id: link["episode"]}
 
-    demo.load(on_load, None, [*top_out, page.tabs, episode_tab.episode_id, *proposal_tab.outputs, seen]) \
-        .then(episode_tab.show, [episode_tab.episode_id, episode_tab.ghost], episode_tab.outputs) \
-        .then(review_tab.show, [run_pick, review_tab.stage_pick], review_tab.outputs) \
-        .then(train_tab.show, run_pick, train_tab.outputs) \
+    demo.load(on_load, None, [*everywhere, page.tabs, episode_tab.episode_id]) \
+        .then(episode_tab.show, episode_tab.opens, episode_tab.outputs) \
         .then(leaderboard_tab.choices, None, leaderboard_tab.pick) \
         .then(leaderboard_tab.show, leaderboard_tab.pick, leaderboard_tab.outputs) \
         .then(playground_tab.read, playground_tab.board_text, playground_tab.outputs)
 
 
-def _wire_poll(page: Page, poll: gr.Timer, seen: gr.State, top: Callable[[int | None], dict[Any, Any]],
+def _wire_poll(page: Page, poll: gr.Timer, seen: gr.State, top: Callable[..., dict[Any, Any]],
                top_out: list[Any], review_tab: review.ReviewTab, proposal_tab: proposal.ProposalTab,
-               train_tab: train.TrainTab) -> None:
-    """The poll: one cheap read of what changed (`lab_version`); only the parts of the page that depend on it are
-    redrawn, and a newly stored proposal is selected."""
+               train_tab: train.TrainTab) -> Any:
+    """The poll (its event, returned): one cheap read of what changed (`lab_version`); only the parts of the page
+    that depend on it are redrawn, and a newly stored proposal is selected. `seen` is (the version drawn, the run
+    it was drawn for): a run other than the open one (the poll's answer crossed a run being opened) redraws every
+    tab."""
     engine = page.engine
 
     def follow(run_id: int | None, proposal_id: int | None, stage_index: int | None,
-               drawn: LabVersion | None) -> dict[Any, Any]:
+               drawn_for: tuple[LabVersion, int | None] | None) -> dict[Any, Any]:
         now = lab_version(engine)
-        out: dict[Any, Any] = {page.worker: worker_badge(engine), seen: now}
+        drawn = drawn_for[0] if drawn_for is not None and drawn_for[1] == run_id else None
+        out: dict[Any, Any] = {page.worker: worker_badge(engine, page.own_worker), seen: (now, run_id)}
         if drawn is None or now.jobs != drawn.jobs or now.runs != drawn.runs:
             out |= train_tab.show(run_id)
         if drawn is None or (now.runs, now.proposals, now.stages) != (drawn.runs, drawn.proposals, drawn.stages):
-            new_proposal = drawn is None or now.proposals[0] != drawn.proposals[0]
-            out |= top(run_id) | proposal_tab.follow(run_id, proposal_id, jump=new_proposal)
-        if drawn is not None and now.stages != drawn.stages:
-            out |= review_tab.show(run_id, stage_index)
+            new_proposal = drawn is not None and now.proposals[0] != drawn.proposals[0]
+            out |= top(run_id, select=False) | proposal_tab.follow(run_id, proposal_id, jump=new_proposal)
+        if drawn is None or now.stages != drawn.stages:
+            out |= review_tab.show(run_id, stage_index if drawn is not None else None)
         return out
 
-    poll.tick(follow, [page.run_pick, proposal_tab.pick, review_tab.stage_pick, seen],
+    return poll.tick(follow, [page.run_pick, proposal_tab.shown, review_tab.shown, seen],
               [seen, *top_out, *train_tab.outputs, *proposal_tab.outputs, *review_tab.outputs],
               show_progress="hidden")
 
@@ -281,7 +308,7 @@ def arguments() -> argparse.ArgumentParser:
     p.add_argument("--db", help="database path or URL (default: $ENVLAB_DB, else runs/envlab.db)")
     p.add_argument("--no-worker", action="store_true", help="do not start a worker beside the page")
     p.add_argument("--no-example", action="store_true",
-                   help="start an empty database empty (by default the shipped example run is imported into it)")
+                   help="leave a new, empty database empty (by default the shipped example run is imported into it)")
     return p
 
 
@@ -350,10 +377,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("a worker is already at work on this database: not starting another", file=sys.stderr)
     else:
         start_worker(args.db)
+    if not args.no_worker:
+        for lane in LANES:  # a probe job runs here while the worker trains a stage
+            start_worker(args.db, options=lane)
     # SIGTERM ends the page like Ctrl-C does, so the atexit hook stops the worker it started.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     try:
-        launch(build_demo(engine), host, port, auth)
+        launch(build_demo(engine, own_worker=not args.no_worker), host, port, auth)
     except OSError:
         if port_free(host, port):
             raise

@@ -50,6 +50,7 @@ def main(args: Args) -> None:
         result = probe_config(policy, config, seed=args.seed)
         print(f"probe of `{name}`: 8 sizes x {PROBE_BOARDS} boards x {PROBE_ANSWERS} answers = {result.completions} "
               f"completions in {result.seconds:.1f} s; signal share {result.signal_share:.0%}")
+    three_columns(policy, args.seed)
     config = load_scenario("hard-start").config
     t0 = time.perf_counter()
     answer = learnability(Evidence(StageResult(0, config, {})), seed=args.seed, probe_fn=lambda c: probe_config(
@@ -62,6 +63,32 @@ def main(args: Args) -> None:
             stage, propose = statistics.mean(stage_s), statistics.mean(propose_s)
             print(f"in {args.db}, arm {args.arm}: a training stage {stage:.0f} s (mean of {len(stage_s)}), a proposal "
                   f"{propose:.0f} s (mean of {len(propose_s)}): {propose / stage:.0%} of a stage")
+
+
+def three_columns(policy, seed: int) -> float:
+    """The Measure panel's three columns at the default probe size, as its job measures them (`measure`, on a
+    fresh table): the config in force (`default`), a proposal that changes every size (`hard-start`, the worst
+    case) and a person's edit of it that changes one size, whose other seven sizes are reused."""
+    import tempfile
+    from pathlib import Path
+
+    from storage.db import upgrade
+    from training.probe import measure
+
+    in_force, proposed = load_scenario("default").config, load_scenario("hard-start").config
+    size = max(proposed.sizes)
+    edit = proposed.model_copy(update={"hole_ratio": {**proposed.hole_ratio, size: 0.1}})
+    with tempfile.TemporaryDirectory() as folder:
+        engine = make_engine(str(Path(folder) / "probes.db"))
+        upgrade(engine)
+        t0 = time.perf_counter()
+        results = [measure(engine, c, "tiny", policy=policy, seed=seed) for c in (in_force, proposed, edit)]
+        seconds = time.perf_counter() - t0
+        engine.dispose()
+    sampled = " + ".join(f"{len(r.sizes) - r.reused}" for r in results)
+    print(f"the Measure panel's three columns (in force, proposed, your edit): {sampled} sizes sampled, "
+          f"{sum(r.completions for r in results)} completions in {seconds:.1f} s (target <= 30 s on one thread)")
+    return seconds
 
 
 def job_seconds(db: str, arm: str) -> tuple[list[float], list[float]]:

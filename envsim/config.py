@@ -41,12 +41,32 @@ SUM_TOLERANCE = 1e-6
 Finite = Annotated[float, Field(allow_inf_nan=False)]
 
 
-class ConfigError(ValueError):
-    """An unreadable or illegal config; `problems` lists each one, naming the field and its legal range."""
+@dataclass(frozen=True)
+class ConfigProblem:
+    """One thing wrong with a config, as data for whoever shows it (the page marks the cell it names).
 
-    def __init__(self, problems: list[str]):
-        self.problems = problems
-        super().__init__("; ".join(problems))
+    `field`: the knob or global it is about, "size" when a map size itself is wrong (then `knob` is the knob
+    whose key it was), "" for the config as a whole; `size`: the map size, where one is named; `legal`: the
+    legal range (lo, hi), where there is one; `message`: what a person reads."""
+
+    field: str
+    message: str
+    size: int | None = None
+    legal: tuple[float, float] | None = None
+    knob: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.knob}: {self.message}" if self.knob else self.message
+
+
+class ConfigError(ValueError):
+    """An unreadable or illegal config: `records` holds each problem as data (`ConfigProblem`), `problems` the
+    same as lines naming the field and its legal range."""
+
+    def __init__(self, problems: list[str | ConfigProblem]):
+        self.records = [p if isinstance(p, ConfigProblem) else ConfigProblem("", p) for p in problems]
+        self.problems = [str(p) for p in self.records]
+        super().__init__("; ".join(self.problems))
 
 
 def _schema_ranges(schema: dict[str, Any]) -> None:
@@ -152,30 +172,52 @@ class Projection:
     adjustments: tuple[Adjustment, ...]
 
 
-def _number(value: Any, field: str, problems: list[str]) -> float | None:
+def _number(value: Any, field: str, problems: list[ConfigProblem], size: int | None = None) -> float | None:
+    name = field if size is None else f"{field}[{size}]"
     if isinstance(value, bool) or not isinstance(value, int | float):
-        problems.append(f"{field} must be a number, got {value!r:.40}")
+        problems.append(ConfigProblem(field, f"{name} must be a number, got {value!r:.40}", size))
         return None
     try:
         number = float(value)
     except OverflowError:  # an integer too large for a float
         number = math.inf
     if not math.isfinite(number):
-        problems.append(f"{field} must be a finite number, got {str(value)[:40]}")
+        problems.append(ConfigProblem(field, f"{name} must be a finite number, got {str(value)[:40]}", size))
         return None
     return number
 
 
-def _size_key(key: Any, knob: str, problems: list[str]) -> int | None:
+def _size_key(key: Any, knob: str, problems: list[ConfigProblem]) -> int | None:
     try:
         size = int(str(key).strip())
     except ValueError:
-        problems.append(f"{knob} has key {key!r:.40}; keys are map sizes {MIN_SIZE}..{MAX_SIZE}")
+        problems.append(ConfigProblem("size", f"{knob} has key {key!r:.40}; keys are map sizes {MIN_SIZE}..{MAX_SIZE}",
+                                      legal=(MIN_SIZE, MAX_SIZE)))
         return None
     if not MIN_SIZE <= size <= MAX_SIZE:
-        problems.append(f"{knob}: size {size} is outside {MIN_SIZE}..{MAX_SIZE}")
+        problems.append(ConfigProblem("size", f"size {size} is outside {MIN_SIZE}..{MAX_SIZE}", size,
+                                      (MIN_SIZE, MAX_SIZE), knob))
         return None
     return size
+
+
+def _clamp_or_refuse(name: str, value: float, lo: float, hi: float, strict: bool, problems: list[ConfigProblem],
+                     adjustments: list[Adjustment], size: int | None = None, whole: bool = False) -> float | None:
+    """A value outside lo..hi: refused (strict: a person's edit; a problem, and None) or clamped into it (an
+    engineer's proposal: an `Adjustment`). `size`: the map size of a per-size knob; `whole`: a count."""
+    if lo <= value <= hi:
+        return value
+    field = name if size is None else f"{name}[{size}]"
+    shown = (lambda v: f"{int(v)}" if abs(v) < 1e18 else f"{v:g}") if whole else (lambda v: f"{v:g}")
+    if strict:
+        problems.append(ConfigProblem(name, f"{field} = {shown(value)} is outside {shown(lo)}..{shown(hi)}", size,
+                                      (lo, hi)))
+        return None
+    clamped = min(max(value, lo), hi)
+    said = int(value) if whole and abs(value) < 1e18 else value
+    adjustments.append(Adjustment(field, said, int(clamped) if whole else clamped,
+                                  f"clamped into {shown(lo)}..{shown(hi)}"))
+    return clamped
 
 
 def project(raw: Any, base: EnvConfig | None = None, *, strict: bool = False) -> Projection:
@@ -192,37 +234,35 @@ def project(raw: Any, base: EnvConfig | None = None, *, strict: bool = False) ->
     if not isinstance(raw, Mapping):
         raise ConfigError([f"a config must be a JSON object with keys {list(KNOBS) + list(GLOBALS)}, "
                            f"got {type(raw).__name__}"])
-    problems: list[str] = []
+    problems: list[ConfigProblem] = []
     adjustments: list[Adjustment] = []
     unknown = [k for k in raw if k not in KNOBS and k not in GLOBALS]
     if unknown:
         named = ", ".join(repr(str(k)[:30]) for k in unknown[:5]) + (", ..." if len(unknown) > 5 else "")
-        problems.append(f"unknown keys {named}; allowed: {', '.join([*KNOBS, *GLOBALS])}")
+        problems.append(ConfigProblem("", f"unknown keys {named}; allowed: {', '.join([*KNOBS, *GLOBALS])}"))
     values: dict[str, Any] = {}
     for knob, (lo, hi) in KNOBS.items():
         given = raw.get(knob)
         if given is None:
             given = {}
         if not isinstance(given, Mapping):
-            problems.append(f"{knob} must be an object mapping map size to a number, got {type(given).__name__}")
+            problems.append(ConfigProblem(knob, f"{knob} must be an object mapping map size to a number, got "
+                                                f"{type(given).__name__}"))
             continue
         per_size: dict[int, float] = {}
         for key, value in given.items():
             size = _size_key(key, knob, problems)
-            v = _number(value, f"{knob}[{key}]", problems)
+            v = _number(value, knob, problems, size) if size is not None else \
+                _number(value, f"{knob}[{key}]", problems)
             if size is None or v is None:
                 continue
             if base is not None and size not in base.data_ratio:
-                problems.append(f"{knob}: size {size} is not one of the run's sizes {list(base.sizes)}")
+                problems.append(ConfigProblem("size", f"size {size} is not one of the run's sizes {list(base.sizes)}",
+                                              size, knob=knob))
                 continue
-            if not lo <= v <= hi:
-                if strict:
-                    problems.append(f"{knob}[{size}] = {v:g} is outside {lo:g}..{hi:g}")
-                    continue
-                clamped = min(max(v, lo), hi)
-                adjustments.append(Adjustment(f"{knob}[{size}]", v, clamped, f"clamped into {lo:g}..{hi:g}"))
-                v = clamped
-            per_size[size] = v
+            v = _clamp_or_refuse(knob, v, lo, hi, strict, problems, adjustments, size)
+            if v is not None:
+                per_size[size] = v
         values[knob] = per_size
     for name, (lo, hi) in GLOBALS.items():
         given = raw.get(name)
@@ -233,16 +273,11 @@ def project(raw: Any, base: EnvConfig | None = None, *, strict: bool = False) ->
         if v is None:
             continue
         if v != int(v):
-            problems.append(f"{name} must be a whole number, got {given!r}")
+            problems.append(ConfigProblem(name, f"{name} must be a whole number, got {given!r}", legal=(lo, hi)))
             continue
-        if not lo <= v <= hi:
-            if strict:
-                problems.append(f"{name} = {int(v)} is outside {lo}..{hi}")
-                continue
-            clamped = int(min(max(v, lo), hi))
-            adjustments.append(Adjustment(name, int(v) if abs(v) < 1e18 else v, clamped, f"clamped into {lo}..{hi}"))
-            v = clamped
-        values[name] = int(v)
+        v = _clamp_or_refuse(name, v, lo, hi, strict, problems, adjustments, whole=True)
+        if v is not None:
+            values[name] = int(v)
     if problems:
         raise ConfigError(problems)
 
@@ -254,7 +289,7 @@ def project(raw: Any, base: EnvConfig | None = None, *, strict: bool = False) ->
             if s in values[knob]:
                 continue
             if strict or base is None:
-                problems.append(f"{knob}[{s}] is missing")
+                problems.append(ConfigProblem(knob, f"{knob}[{s}] is missing", s, KNOBS[knob]))
             else:
                 values[knob][s] = getattr(base, knob)[s]
                 adjustments.append(Adjustment(f"{knob}[{s}]", None, values[knob][s], "missing: kept the current value"))
@@ -265,7 +300,8 @@ def project(raw: Any, base: EnvConfig | None = None, *, strict: bool = False) ->
     total = sum(data.values())
     if total <= 0:
         if strict:
-            raise ConfigError(["data_ratio sums to 0; at least one size needs a positive share"])
+            raise ConfigError([ConfigProblem("data_ratio",
+                                             "data_ratio sums to 0; at least one size needs a positive share")])
         for s in sizes:
             adjustments.append(Adjustment(f"data_ratio[{s}]", data[s], 1 / len(sizes), "all shares were 0: uniform"))
             data[s] = 1 / len(sizes)

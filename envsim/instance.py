@@ -136,18 +136,7 @@ class Instance(BaseModel):
             if len(row) != size:
                 raise ValueError(f"row {r} has {len(row)} cells; a {size}-row board needs {size}")
             for c, ch in enumerate(row):
-                if ch == "H":
-                    holes.append((r, c))
-                elif ch == ".":
-                    continue
-                elif agent_lines:
-                    raise ValueError(f"cell ({r},{c}) holds {ch!r}; with agent lines the board uses only '.' and 'H'")
-                elif ch.isupper():
-                    starts[ord(ch) - ord("A")] = (r, c)
-                elif ch.islower():
-                    goals[ord(ch) - ord("a")] = (r, c)
-                else:
-                    raise ValueError(f"cell ({r},{c}) holds {ch!r}; use '.', 'H', A-G for starts, a-g for goals")
+                _read_cell(ch, (r, c), holes, starts, goals, lettered=not agent_lines)
         for ln in agent_lines:
             i, sr, sc, gr, gc = map(int, _AGENT_LINE.match(ln).groups())
             if i in starts:
@@ -170,3 +159,29 @@ class Instance(BaseModel):
                     reference_plan: tuple[tuple[str, ...], ...]) -> Instance:
         return self.model_copy(update=dict(opt_soc=opt_soc, opt_makespan=opt_makespan, needs_wait=needs_wait,
                                            reference_plan=reference_plan))
+
+
+AGENT_LETTERS = "ABCDEFG"  # starts; their lower case are the goals ('H' is a hole)
+
+
+def _read_cell(ch: str, cell: Cell, holes: list[Cell], starts: dict[int, Cell], goals: dict[int, Cell],
+               lettered: bool) -> None:
+    """One character of a board picture into holes, starts or goals; a stray character, a letter in a board
+    whose agents come on lines of their own, or an agent's second start (or goal) is refused, named."""
+    if ch == "H":
+        holes.append(cell)
+        return
+    if ch == ".":
+        return
+    r, c = cell
+    if not lettered:
+        raise ValueError(f"cell ({r},{c}) holds {ch!r}; with agent lines the board uses only '.' and 'H'")
+    if ch.upper() not in AGENT_LETTERS:
+        raise ValueError(f"cell ({r},{c}) holds {ch!r}, a stray character; use '.', 'H', A-G for starts, a-g for goals")
+    agent = AGENT_LETTERS.index(ch.upper())
+    placed, what = (starts, "start") if ch.isupper() else (goals, "goal")
+    if agent in placed:
+        first = placed[agent]
+        raise ValueError(f"agent {agent} has two {what}s ({ch!r} at ({first[0]},{first[1]}) and at ({r},{c})); "
+                         "each agent has one start (upper case) and one goal (lower case)")
+    placed[agent] = cell

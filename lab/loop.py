@@ -13,7 +13,7 @@ import shutil
 import socket
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,18 @@ from lab.context import (
 )
 from lab.engineers import ENGINEERS, LEARN_ANSWERS, LEARN_BOARDS, EngineerAnswer
 from lab.llm import LLMError, check_server
-from lab.proposals import current_proposal, decide, decision_of, fill_check, fillable, self_summary, store_proposal
+from lab.proposals import (
+    ProposalState,
+    current_proposal,
+    decide,
+    decision_of,
+    edit_projection_in,
+    fill_check,
+    fillable,
+    self_summary,
+    state_in,
+    store_proposal,
+)
 from lab.settings import RunSettings, first_error, probe_size
 from storage.db import UnsafePath, checkpoint_of, lock_run, run_folder
 from storage.db import session as open_session
@@ -633,3 +644,31 @@ def drive(engine: Engine, run_id: int, work: Callable[[], bool], on_state: Calla
             return state
         if not work():
             time.sleep(poll_s)
+
+
+@dataclass(frozen=True)
+class Decided:
+    """What a decision made through `decide_and_advance` did: the proposal as it stood before, the edit as
+    projected (an edit only), and the run's next step."""
+
+    before: ProposalState
+    projection: Projection | None
+    next_step: str
+
+
+def decide_and_advance(engine: Engine, proposal_id: int, action: str, user: str, *, edited: Any = None,
+                       note: str = "", probes: list[str] | None = None) -> Decided:
+    """A decision and the run's next step in one session and one transaction under the run's lock (the page's
+    buttons: one database session per click). Raises what `decide` raises; LookupError for no such proposal."""
+    with open_session(engine) as s:
+        proposal = s.get(Proposal, proposal_id)
+        if proposal is None:
+            raise LookupError(f"no proposal {proposal_id}")
+        before = state_in(s, proposal)
+        projection = edit_projection_in(s, proposal, edited) if action == Action.EDIT else None
+        decide(s, proposal_id, action, user, edited=edited, note=note, commit=False, probes=probes)
+        run = lock_run(s, proposal.run_id)
+        state = _step(s, run)
+        s.add(run)
+        s.commit()
+        return Decided(before, projection, state)

@@ -132,8 +132,10 @@ def measure_view(engine: Engine, job_id: int | None) -> MeasureView:
             return MeasureView(f"There is no job {job_id}.")
         if job.status in ACTIVE_JOB:
             done = job.step / job.total if job.total else 0.0
+            each = (job.result or {}).get("progress") or {}
             last = job.log_tail.strip().splitlines()[-1] if job.log_tail.strip() else "waiting for the worker"
-            return MeasureView(f"Measuring (job {job.id}, {job.status}): {last}", done, running=True)
+            per = "; ".join(f"**{label}**: {text}" for label, text in each.items()) if each else last
+            return MeasureView(f"Measuring (job {job.id}, {job.status}): {per}", done, running=True)
         if job.status != JobStatus.DONE:
             return MeasureView(f"✗ The measurement {job.status}: {job.error or 'no result'}")
         keys = (job.result or {}).get("probes", {})

@@ -265,6 +265,16 @@ def _edit_projection(session: Session, proposal: Proposal, edited: Any) -> Proje
     return project(edited, EnvConfig.model_validate(in_force.config), strict=True)
 
 
+def state_in(session: Session, proposal: Proposal) -> ProposalState:
+    """A proposal's state read in the caller's session (one session for a whole decision)."""
+    return _state(session, proposal)
+
+
+def edit_projection_in(session: Session, proposal: Proposal, edited: Any) -> Projection:
+    """`edit_projection` in the caller's session."""
+    return _edit_projection(session, proposal, edited)
+
+
 def edit_projection(engine: Engine, proposal_id: int, edited: Any) -> Projection:
     """What an edit of proposal `proposal_id` would store, and what the projection changed in it (the
     `data_ratio` shares rescaled to sum to 1), while the person still types; `ConfigError` when it is invalid.
@@ -290,4 +300,21 @@ def _applied_config(session: Session, proposal: Proposal, action: str, edited: E
         return edited.model_dump(mode="json")
     if action != Action.REJECT:
         raise ProposalError(f"unknown action {action!r}: accept, edit, reject or auto")
+    return None
+
+
+def repeats_rejected(engine: Engine, proposal: Proposal) -> int | None:
+    """The id of an earlier proposal of the same run and stage that was rejected and proposed exactly this config
+    (a deterministic engineer asked again answers the same), None when there is none."""
+    if proposal.projected_config is None:
+        return None
+    with open_session(engine) as s:
+        earlier = s.exec(select(Proposal).where(Proposal.run_id == proposal.run_id,
+                                                Proposal.after_stage == proposal.after_stage,
+                                                Proposal.id < proposal.id).order_by(Proposal.id.desc())).all()
+        for other in earlier:
+            decision = decision_of(s, other.id)
+            if decision is not None and decision.action == Action.REJECT \
+                    and other.projected_config == proposal.projected_config:
+                return other.id
     return None

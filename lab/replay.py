@@ -137,11 +137,17 @@ def replay_gif(instance: Instance, outcome: Outcome, path: str | Path, *, cell_p
         cell_px = max(8, width_px // (instance.size + 1))
     if cell_px < 8:
         raise ValueError(f"cell_px = {cell_px}: a cell needs at least 8 pixels")
-    font = ImageFont.load_default(size=max(10, cell_px // 3))
     steps = range(last_step(outcome) + 1)
     measure = ImageDraw.Draw(Image.new("P", (1, 1)))
-    text_px = max(measure.textlength(step_caption(outcome, t), font=font) for t in steps)
-    width = max((instance.size + 1) * cell_px, int(text_px) + cell_px)
+    font_px = max(10, cell_px // 3)
+    while True:  # with `width_px`, the captions shrink to fit that width (a large board's cells would not)
+        font = ImageFont.load_default(size=font_px)
+        text_px = max(measure.textlength(step_caption(outcome, t), font=font) for t in steps)
+        if width_px is None or font_px == 10 or text_px + cell_px // 2 <= width_px:
+            break
+        font_px -= 1
+    width = max((instance.size + 1) * cell_px, int(text_px) + cell_px // 2 if width_px else int(text_px) + cell_px,
+                width_px or 0)
     height = (instance.size + 1) * cell_px + max(16, cell_px // 2)
     board = _board(instance, cell_px, (width, height))
     frames = [_frame(board, instance, outcome, t, cell_px, font) for t in steps]

@@ -61,6 +61,7 @@ from training.progress import Cancelled, Progress
 log = logging.getLogger("envlab.worker")
 
 TRACEBACK_LINES = 40  # of a failed job's traceback, kept in its log tail
+NICE = 10  # how much `envlab worker` lowers its CPU priority by default: the page beside it answers first
 QUEUE_PATIENCE_S = 20  # a job queued longer than this with nobody running anything: the worker looks down
 
 
@@ -315,18 +316,23 @@ def _unknown_kind(kinds: Sequence[str]) -> Handler:
 
 def run_worker(engine: Engine, handlers: dict[str, Handler | InChild], *, worker_id: str | None = None,
                poll_s: float = 1.0, stale_s: float | None = None, once: bool = False, after: After | None = None,
-               stop: threading.Event | None = None, gpus: Sequence[str] = (), run_id: int | None = None) -> int:
+               stop: threading.Event | None = None, gpus: Sequence[str] = (), run_id: int | None = None,
+               kinds: Sequence[str] | None = None, nice: int = 0) -> int:
     """Claim and run jobs until `stop` is set; returns how many jobs this worker ran.
 
     Each poll first reaps running jobs with no heartbeat for `stale_s` seconds (their worker died), then
     claims the most urgent queued job this worker can run (`storage.queue.claim`: a person's before an
-    experiment's, then the oldest; one that needs a GPU only with `gpus`; only run `run_id`'s, when given). A
-    handler that is an `InChild` runs in a child process on the worker's `gpus` (`run_child`). `after(engine,
-    job)` runs after every job that ended (done, failed or cancelled; the lab queues what comes next there).
-    With `once`, the worker returns when it finds nothing to claim instead of waiting for more work (jobs that
-    `after` queues still run first). A job of a kind with no handler is claimed and failed with a message naming
-    the kinds this worker runs.
+    experiment's, then the oldest; one that needs a GPU only with `gpus`; only run `run_id`'s, when given; only
+    jobs of `kinds`, when given: a lane, `probe` jobs beside a long stage). A handler that is an `InChild` runs in
+    a child process on the worker's `gpus` (`run_child`). `after(engine, job)` runs after every job that ended
+    (done, failed or cancelled; the lab queues what comes next there). With `once`, the worker returns when it
+    finds nothing to claim instead of waiting for more work (jobs that `after` queues still run first). A job of
+    a kind with no handler is claimed and failed with a message naming the kinds this worker runs. `nice` lowers
+    this process's CPU priority first (`os.nice`; its children inherit it), so the page it serves beside answers
+    before its training.
     """
+    if nice > 0:
+        os.nice(nice)
     worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}"
     stale_s = stale_after_s() if stale_s is None else stale_s
     stop = stop or threading.Event()
@@ -337,7 +343,7 @@ def run_worker(engine: Engine, handlers: dict[str, Handler | InChild], *, worker
         with session(engine) as s:
             for reaped in queue.reap_stale(s, stale_s):
                 log.warning("job %s (%s) reaped: %s", reaped.id, reaped.kind, reaped.error)
-            job = queue.claim(s, worker_id, gpu=bool(gpus), run_id=run_id)
+            job = queue.claim(s, worker_id, gpu=bool(gpus), run_id=run_id, kinds=kinds)
         if job is None:
             if once:
                 break
@@ -442,6 +448,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--in-process", action="store_true",
                         help="run every job in the worker's own process instead of a child process per job that "
                              "loads a model (debugging; the memory of a model is then never given back)")
+    parser.add_argument("--kinds", nargs="+", choices=[str(k) for k in JobKind], metavar="KIND",
+                        help="claim only jobs of these kinds (e.g. `--kinds probe`: a lane for Measure jobs beside "
+                             "a worker busy with a long stage); default: every kind")
+    parser.add_argument("--nice", type=int, default=NICE,
+                        help=f"lower this worker's CPU priority by N (os.nice) so a page on the same machine stays "
+                             f"quick while it trains; 0 keeps it (default: {NICE})")
 
 
 def run_from_args(args: argparse.Namespace) -> int:
@@ -471,7 +483,8 @@ def run_from_args(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, on_signal)
     try:
         run_worker(engine, handlers(in_child=not args.in_process), worker_id=args.worker_id, poll_s=args.poll,
-                   stale_s=args.stale, once=args.once, after=after_job, stop=stop, gpus=gpus)
+                   stale_s=args.stale, once=args.once, after=after_job, stop=stop, gpus=gpus, kinds=args.kinds,
+                   nice=args.nice)
     finally:
         engine.dispose()
     return 0

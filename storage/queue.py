@@ -15,6 +15,7 @@ Jobs are never deleted.
 from __future__ import annotations
 
 import os
+from collections.abc import Collection
 from datetime import timedelta
 from typing import Any
 
@@ -81,13 +82,15 @@ def enqueue(session: Session, kind: JobKind, payload: dict[str, Any], *, run_id:
     return job
 
 
-def claim(session: Session, worker_id: str, *, gpu: bool = True, run_id: int | None = None) -> Job | None:
+def claim(session: Session, worker_id: str, *, gpu: bool = True, run_id: int | None = None,
+          kinds: Collection[str] | None = None) -> Job | None:
     """Take the most urgent queued job that `worker_id` can run and mark it running; None when there is none.
 
     Most urgent: the highest `priority` (a person's interactive jobs), then the oldest by first enqueueing (a
     requeued job keeps its id and so its place ahead of newer jobs). `gpu=False`: a worker without a GPU, which
-    never takes a job that needs one. `run_id`: only that run's jobs (`envlab run` drives its own run). Every
-    filter is keyword-only and narrows the claim's one query; a new one is another keyword.
+    never takes a job that needs one. `run_id`: only that run's jobs (`envlab run` drives its own run). `kinds`:
+    only a job of one of those kinds (a light lane: `probe` jobs beside a long stage). Every filter is
+    keyword-only and narrows the claim's one query; a new one is another keyword.
     """
     now = utcnow()
     where = [Job.status == JobStatus.QUEUED]
@@ -95,6 +98,8 @@ def claim(session: Session, worker_id: str, *, gpu: bool = True, run_id: int | N
         where.append(Job.needs_gpu.is_(False))
     if run_id is not None:
         where.append(Job.run_id == run_id)
+    if kinds is not None:
+        where.append(Job.kind.in_(list(kinds)))
     oldest = (
         select(Job.id)
         .where(*where)

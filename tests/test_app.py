@@ -59,7 +59,7 @@ def _serving(url: str, proc: subprocess.Popen, seconds: float = 120) -> bool:
 
 def test_python_app_py_serves_the_lab_with_a_worker_and_stops_both(tmp_path: Path):
     """The entry point end to end: `python app.py` migrates a fresh database, starts `envlab worker` beside
-    the page, serves it, and on SIGTERM stops the page and the worker it started."""
+    the page and its probe lane, serves it, and on SIGTERM stops the page and the worker it started."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -68,14 +68,15 @@ def test_python_app_py_serves_the_lab_with_a_worker_and_stops_both(tmp_path: Pat
                              str(tmp_path / "lab.db")], cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         assert _serving(f"http://127.0.0.1:{port}/", proc), proc.stderr.read().decode()[-2000:] if proc.poll() else ""
-        workers = [c for c in _children(proc.pid) if b"lab.cli\x00worker" in Path(f"/proc/{c}/cmdline").read_bytes()]
-        assert len(workers) == 1
+        commands = {c: Path(f"/proc/{c}/cmdline").read_bytes() for c in _children(proc.pid)}
+        workers = [c for c, line in commands.items() if b"lab.cli\x00worker" in line]
+        assert sorted(b"--kinds\x00probe" in commands[c] for c in workers) == [False, True]  # the worker, the lane
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
         deadline = time.monotonic() + 30
-        while Path(f"/proc/{workers[0]}").exists() and time.monotonic() < deadline:
+        while any(Path(f"/proc/{w}").exists() for w in workers) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert not Path(f"/proc/{workers[0]}").exists()  # reaped by the page on its way out
+        assert not any(Path(f"/proc/{w}").exists() for w in workers)  # reaped by the page on its way out
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -389,3 +389,95 @@ def test_measure_says_the_checkpoint_is_absent_measures_stage0_and_the_decision_
     with session(engine) as s:
         keys = sorted(s.get(Job, job.id).result["probes"].values())
     assert sorted(decisions(engine)[-1].probes) == keys and len(keys) >= 2
+
+
+def open_run(page, label: str) -> None:
+    """Pick a run in the "Open run" dropdown above the tabs, as a person does."""
+    page.locator("#run-pick input").click()
+    page.get_by_role("option", name=label).click()
+
+
+def test_a_note_is_stored_with_its_own_decision_only(lab, page):
+    """Reject one proposal with a note, then accept another: the note went with the rejection, the box is empty
+    for the next decision, and the accept stores no reason of its own."""
+    from playwright.sync_api import expect
+
+    url, engine, ids = lab
+    page.goto(f"{url}?proposal={ids['pending']}")
+    page.locator("#proposal-status").get_by_text("Waiting for a decision").wait_for()
+    note = page.locator("#decision-note textarea")
+    note.fill("too easy: every size solved")
+    page.click("#reject")
+    page.locator("#decision-msg").get_by_text(f"Proposal #{ids['pending']} rejected by local").wait_for()
+    expect(note).to_have_value("")  # emptied by the decision
+    note.fill("typed, then another proposal opened")
+    open_run(page, f"#{ids['history']} curriculum (waiting)")
+    page.locator("#proposal-status").get_by_text(f"Proposal #{ids['second']}").wait_for()
+    expect(note).to_have_value("")  # emptied when another proposal opens
+    page.click("#accept")
+    page.locator("#decision-msg").get_by_text(f"Proposal #{ids['second']} accepted by local").wait_for()
+    stored = {d.proposal_id: (d.action, d.note) for d in decisions(engine)}
+    assert stored[ids["pending"]] == ("reject", "too easy: every size solved")
+    assert stored[ids["second"]] == ("accept", "")
+
+
+ERRORS_SEEN = """() => {
+    window.__errors = [];
+    new MutationObserver(records => {
+        for (const r of records) for (const n of r.addedNodes) {
+            if (!(n instanceof Element)) continue;
+            for (const e of [n, ...n.querySelectorAll('[data-testid="toast-body"], .error')]) {
+                if (e.matches('[data-testid="toast-body"], .toast-body.error, .wrap .error'))
+                    window.__errors.push(e.textContent.trim().slice(0, 200) + " @ " +
+                                         (e.closest("[id]") ? e.closest("[id]").id : ""));
+            }
+        }
+    }).observe(document, {childList: true, subtree: true});
+}"""
+
+
+def test_switching_runs_while_a_worker_writes_shows_no_error(lab, page):
+    """Twenty switches of the open run while another process keeps storing proposals, decisions and job
+    progress (so the poll redraws every tab meanwhile): each switch opens the run in every tab, and not one
+    error box appears."""
+    from playwright.sync_api import expect
+
+    from tests.test_pages import propose
+
+    url, engine, ids = lab
+    stop = threading.Event()
+
+    def writes() -> None:  # a rejection and the engineer's next proposal, over and over
+        pending = ids["second"]
+        while not stop.is_set():
+            decide_on(engine, pending, "reject", "bot")
+            pending = propose(engine, ids["history"])
+            time.sleep(0.2)
+
+    page.add_init_script(f"({ERRORS_SEEN})()")
+    page.goto(f"{url}?proposal={ids['second']}")  # the Proposal tab, whose dropdown changes most
+    page.locator("#proposal-status").get_by_text(f"Proposal #{ids['second']}").wait_for()
+    writer = threading.Thread(target=writes, daemon=True)
+    writer.start()
+    try:
+        labels = {ids["history"]: "curriculum", ids["waiting"]: "llm engineer"}
+        for turn in range(20):
+            run_id = (ids["history"], ids["waiting"])[turn % 2]
+            page.locator("#run-pick input").click()
+            page.get_by_role("option", name=f"#{run_id} {labels[run_id]}", exact=False).first.click()
+            if run_id == ids["waiting"]:  # its one proposal
+                expect(page.locator("#proposal-pick input")).to_have_value(
+                    f"#{ids['pending']} for stage 1: waits for your decision", timeout=TIMEOUT_MS)
+            else:  # the one the writer stored last, or the one before it
+                page.locator("#proposal-status").get_by_text("after stage 1, for stage 2").wait_for()
+    except Exception:
+        print("errors seen:", page.evaluate("window.__errors")[:10], "open run:",
+              page.locator("#run-pick input").input_value())
+        raise
+    finally:
+        stop.set()
+        writer.join(timeout=30)
+    time.sleep(2 * app.POLL_S)  # a poll or two after the last switch
+    assert page.evaluate("window.__errors") == []
+    with session(engine) as s:
+        assert len(list(s.exec(select(Decision).where(Decision.user == "bot")))) >= 3  # the writer did write

@@ -17,7 +17,7 @@ from lab.archive import ArchiveError, read_manifest
 from lab.engineers import ENGINEERS
 from lab.example import EXAMPLE, NAME, decision, ensure_example
 from lab.loop import create_run, evidence_for, stages_of
-from lab.pages.runs import run_choices
+from lab.pages.runs import run_choices, runs_table
 from lab.results import stage_summaries
 from lab.settings import RunSettings
 from storage.db import make_engine, session, upgrade
@@ -93,7 +93,8 @@ def test_serve_imports_the_example_before_the_page_is_built_unless_no_example(tm
     `--no-example` leaves a new lab empty. The page itself is not built or served here (tests/test_app.py)."""
     runs_when_built: list[list[str]] = []
 
-    def build_demo(engine):
+    def build_demo(engine, own_worker=True):
+        assert not own_worker  # --no-worker: the badge will say no worker was started
         runs_when_built.append([r.name for r in _runs(engine)])
         return "the page"
 
@@ -114,6 +115,10 @@ def test_serve_imports_the_example_before_the_page_is_built_unless_no_example(tm
     # the example, then defaults (3 arms x 3 seeds) and hardstart (4 arms x 3 seeds)
     assert empty_lab == [] and first_start[0] == NAME and len(first_start) == 1 + 9 + 12
     assert second_start == first_start  # nothing imported twice
+    engine = make_engine(first)
+    assert run_choices(engine)[0][0].startswith(f"#1 {NAME}")  # the example heads the runs, not the study's
+    assert runs_table(engine)["data"][0][:2] == [1, NAME]
+    engine.dispose()
     engine = _engine(Path(first))
     assert app.linked(engine, {})["run"] == 1  # the lab opens on the example, not on a run of the study
     engine.dispose()

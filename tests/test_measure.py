@@ -123,7 +123,23 @@ def test_the_job_measures_on_the_worker_and_the_decision_keeps_what_was_seen(lab
         job = s.get(Job, job_id)
     assert sorted(view.keys) == sorted(probes) and len(probes) == 3
     assert job.result["probes"][PROPOSED] in probes and job.step == job.total == 6
-    assert "your edit: 8 answers in" in job.log_tail
+    # the edit's size 4 has the proposal's knobs (hole_ratio 0.1): reused, so only size 3 is sampled
+    assert "your edit: 4 answers in" in job.log_tail
+    assert "(1 of 2 sizes reused from an equal config measured before)" in job.log_tail
+    with session(lab) as s:  # while a job runs, the panel says where each config is
+        running = s.get(Job, job_id)
+        running.status, running.result = "running", {"progress": {IN_FORCE: "done, found in the cache",
+                                                                  PROPOSED: "1 of 2 sizes measured", EDIT: "waiting"}}
+        s.add(running)
+        s.commit()
+    assert measure_view(lab, job_id).status == (
+        f"Measuring (job {job_id}, running): **{IN_FORCE}**: done, found in the cache; **{PROPOSED}**: 1 of 2 sizes "
+        f"measured; **{EDIT}**: waiting")
+    with session(lab) as s:
+        running = s.get(Job, job_id)
+        running.status, running.result = "done", job.result
+        s.add(running)
+        s.commit()
     # asked again: the same probes, from the table (nothing sampled)
     again, _ = queue_measure(lab, pid, config_from_table(rows, agents, instances))
     tiny_budget(lab, again)

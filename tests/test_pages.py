@@ -29,6 +29,7 @@ from lab.engineers import EngineerAnswer
 from lab.loop import advance, create_run, run_propose_job, stages_of
 from lab.pages import common, episode, leaderboard, playground, proposal, review, runs, train
 from lab.proposals import store_proposal
+from lab.replay import GIF_WIDTHS
 from lab.runs import lab_version, waiting_proposals
 from lab.settings import RunSettings
 from storage.db import make_engine, session, upgrade
@@ -182,6 +183,21 @@ def test_create_run_from_the_form_stores_the_run_and_queues_stage_0(lab):
     assert runs.runs_table(engine)["data"][0][:3] == [run_id, "mine", "active"]
 
 
+def test_a_form_number_out_of_range_is_named_and_nothing_is_stored(lab):
+    engine, _ = lab
+    before = runs.run_choices(engine)
+    table = [[3, 0.5, 0.1, 0.0], [5, 0.5, 0.3, 0.5]]
+    form = ["mine", "", "tiny", "fixed", "", ""]
+    assert runs.create_run_from_form(engine, *form, 0, 32, 2, 7, False, table) == (
+        "✗ Not created: Training stages must be a whole number of at least 1, got 0.", None)
+    assert runs.create_run_from_form(engine, *form, 2, 32, 2, -1, False, table) == (
+        "✗ Not created: Seed must be a whole number of at least 0, got -1.", None)
+    assert runs.create_run_from_form(engine, *form, 2, None, 2, 0.5, False, table) == (
+        "✗ Not created: Training instances per stage must be a whole number of at least 1, got nothing; Seed must be "
+        "a whole number of at least 0, got 0.5.", None)
+    assert runs.run_choices(engine) == before
+
+
 def test_an_invalid_initial_config_names_the_field_and_stores_nothing(lab):
     engine, _ = lab
     before = runs.run_choices(engine)
@@ -224,6 +240,13 @@ def test_a_file_that_is_not_a_run_is_refused_with_the_archive_s_reason(lab, tmp_
         zf.writestr("notes.txt", "hello")
     message, run_id = runs.import_file(engine, str(bad))
     assert run_id is None and message.startswith("✗ Not imported: ") and "notes.zip" in message
+    fake = tmp_path / "uploads" / "fake.zip"  # not a zip at all: named by its file name, not where it was kept
+    fake.parent.mkdir()
+    fake.write_text("not a zip")
+    message, _ = runs.import_file(engine, str(fake))
+    assert message == ("✗ Not imported: fake.zip: not a run archive: it is not a zip file, or it is truncated (File is "
+                       "not a zip file)")
+    assert str(tmp_path) not in message
     assert runs.import_file(engine, None) == ("Choose a run file (.zip, from “Export this run” or `envlab export`).",
                                               None)
     assert runs.export_file(engine, None, False) == (None, "Open a run first (“Open run” above the tabs).")
@@ -323,9 +346,14 @@ def test_the_gif_has_one_frame_per_step(lab):
     view = episode.episode_view(engine, ids["clash"])["view"]
     with Image.open(episode.gif_file(view)) as gif:
         assert (gif.format, gif.n_frames) == ("GIF", 2 + 1)  # the clash ends at t = 2
-        assert gif.size[0] >= 480  # a 3x3 board, still wide enough for a slide
-    with Image.open(episode.gif_file(view, 960)) as gif:
-        assert gif.size[0] >= 960
+    for width in GIF_WIDTHS:  # a 3x3 board, exactly the width chosen (its captions shrink to fit)
+        with Image.open(episode.gif_file(view, width)) as gif:
+            assert gif.size[0] == width
+    with gr.Blocks():
+        tab = episode.build(common.Page(engine, gr.Dropdown(), gr.Tabs(), gr.HTML()))
+    for width in (960, 480):  # another episode opened: the GIF is made at the width chosen, not the first
+        with Image.open(tab.show(ids["clash"], True, width)[tab.gif]["value"]) as gif:
+            assert gif.size[0] == width
     assert episode.gif_file(None) is None
 
 
@@ -389,7 +417,8 @@ def test_an_edit_that_does_not_sum_to_one_is_shown_rescaled_before_and_after_it_
     typed = [[3, 0.9, 0.2, 0.25], [4, 0.5, 0.5, 0.25]]
     said = ("data_ratio[3] 0.6429 (you typed 0.9), data_ratio[4] 0.3571 (you typed 0.5); the data_ratio shares you "
             "typed sum to 1.4, so each is rescaled to make them sum to 1")
-    assert proposal.edit_check(engine, ids["pending"], typed, 2, 16) == (f"*Apply my edit* will store: {said}.", True)
+    assert proposal.edit_check(engine, ids["pending"], typed, 2, 16) == (f"*Apply my edit* will store: {said}.", True,
+                                                                          [])
     assert decisions(engine)[-1].proposal_id == ids["accepted"]  # checking stores nothing
     message = proposal.decide_proposal(engine, ids["pending"], "edit", "bob", "", typed, 2, 16)
     assert message == f"✓ Proposal #{ids['pending']} edited by bob; stored: {said}. Next: queued stage 1 (edit by bob)."
@@ -422,20 +451,26 @@ def test_one_click_rescales_the_shares_to_sum_to_one(lab):
 def test_an_invalid_edit_is_said_once_while_typed_and_the_buttons_wait(lab):
     engine, ids = lab
     negative = [[-3, 0.5, 0.2, 0.25], [4, 0.5, 0.5, 0.25]]
-    assert proposal.edit_check(engine, ids["pending"], negative, 2, 16) == (
-        "✗ This edit cannot be applied: size -3 is outside 2..32.", False)
+    text, ok, problems = proposal.edit_check(engine, ids["pending"], negative, 2, 16)
+    assert (text, ok) == ("✗ This edit cannot be applied: size -3 is outside 2..32.", False)
+    assert {(p.field, p.size, p.legal) for p in problems} == {("size", -3, (2, 32))}  # named by each knob of the row
     assert proposal.decide_proposal(engine, ids["pending"], "edit", "bob", "", negative, 2, 16) == \
         "✗ Not saved, the edit is not valid: size -3 is outside 2..32"
     view = proposal.proposal_view(engine, ids["pending"])
     assert proposal.edit_check(engine, ids["pending"], view["edit"], 2, 16) == (
-        "The table is the engineer's proposal as it stands: *Accept* applies it.", True)
+        "The table is the engineer's proposal as it stands: *Accept* applies it.", True, [])
     assert [d.proposal_id for d in decisions(engine)] == [ids["accepted"]]
 
 
 def test_the_cells_a_problem_names_are_marked():
-    rows = [[3, 0.5, 0.2, 0.25], [-4, 0.5, 0.8, 0.25]]
-    problems = ["hole_ratio[3] = 0.8 is outside 0..0.5", "size -4 is outside 2..32", "num_agents = 9 is outside 2..8"]
-    assert proposal.bad_cells(problems, rows) == [(0, 2), (1, 0)]
+    from envsim.config import ConfigError, project
+    from lab.pages.common import config_from_table
+
+    rows = [[3, 0.5, 0.8, 0.25], [-4, 0.5, 0.3, 0.25]]
+    with pytest.raises(ConfigError) as refused:
+        project(config_from_table(rows, 9, 16), strict=True)
+    assert ("num_agents", None, (1, 8)) in {(p.field, p.size, p.legal) for p in refused.value.records}
+    assert proposal.bad_cells(refused.value.records, rows) == [(1, 0), (0, 2)]
     assert proposal.cell_marks([(0, 2)]) == ('<style>#edit-config [data-testid="cell-0-2"] { background: #fde2e2 '
                                              '!important; outline: 2px solid #d62728; }</style>')
     assert proposal.cell_marks([]) == ""
@@ -546,6 +581,8 @@ def test_train_view_shows_the_active_job_and_the_last_results(lab):
 def test_worker_status_tells_a_queue_nobody_serves_from_an_idle_one(lab):
     engine, ids = lab
     assert worker.worker_status(engine) == ("idle", "Worker idle: no jobs queued.")
+    assert "No worker was started with this lab (--no-worker)" in app.worker_badge(engine, own_worker=False)
+    assert "Worker idle" not in app.worker_badge(engine, own_worker=False)
     proposal.decide_proposal(engine, ids["pending"], "accept", "alice")
     assert worker.worker_status(engine) == ("waiting", "1 job(s) queued, waiting for a worker.")
     with session(engine) as s:
@@ -576,6 +613,16 @@ def test_the_playground_scores_a_typed_plan_and_updates_the_verdict():
     assert text.startswith("✓ **valid** and **optimal**")
     bad = playground.read_board("A.b\n..\nB.a")
     assert bad[0] is None and "row 1 has 2 cells" in bad[2]
+
+
+def test_a_board_that_cannot_be_read_is_named_and_the_board_shown_stays():
+    with gr.Blocks():
+        tab = playground.build(common.Page(None, gr.Dropdown(), gr.Tabs(), gr.HTML()))
+    shown = tab.read("A.b\n...\nB.a")
+    refused = tab.read("AAbb\n....\n....\nB..a")  # two starts for agent 0: refused, not rewritten
+    assert refused == {tab.message: "✗ Cannot read this board: agent 0 has two starts ('A' at (0,0) and at (0,1)); "
+                                    "each agent has one start (upper case) and one goal (lower case)"}
+    assert shown[tab.view] is not None  # nothing else is in the answer: the board drawn and the text typed stay
 
 
 def test_make_board_from_knobs_is_seeded():
@@ -688,3 +735,54 @@ def test_a_proposal_shows_what_measuring_cost_beside_the_stage_it_read(lab):
     assert text.endswith(" Measuring configs on the policy cost 1,280 sampled answers in 15 s (20 probes, 4 of them "
                          f"cached); stage {after} itself took 181 s.")
     assert "Measuring" not in proposal.proposal_view(engine, ids["second"])["rationale"]
+
+
+def test_the_progress_bar_says_the_jobs_phase_beside_its_steps():
+    job = Job(id=7, kind="stage", status="running", step=0, total=240, run_id=1, target=1,
+              log_tail="generated 4/4 training boards\nGRPO: 4 boards, 4 generations each, up to 240 steps\n")
+    bar = train._progress_bar(job)
+    assert "stage job 7 (stage 1): running, step 0 of 240 (GRPO: 4 boards, 4 generations each, up to 240 steps)" in bar
+    done = Job(id=7, kind="stage", status="done", step=240, total=240, run_id=1, target=1, log_tail="saved x\n")
+    assert "(saved x)" not in train._progress_bar(done)  # a phase is said while the job runs
+
+
+def test_a_proposal_that_repeats_a_rejected_one_says_so(lab):
+    engine, ids = lab
+    assert "same config as rejected" not in proposal.proposal_view(engine, ids["second"])["status"]
+    said = proposal.decide_proposal(engine, ids["second"], "reject", "ann", "try something else")
+    assert said.startswith(f"✓ Proposal #{ids['second']} rejected by ann.")
+    again = propose(engine, ids["history"])  # the heuristic engineer, asked again, answers the same
+    with session(engine) as s:
+        assert s.get(Proposal, again).projected_config == s.get(Proposal, ids["second"]).projected_config
+    assert (f"⚠ **The same config as rejected proposal #{ids['second']}**: the `heuristic` engineer answered the "
+            "same when asked again.") in proposal.proposal_view(engine, again)["status"]
+
+
+def _connections(engine, action) -> int:
+    """How many database connections `action()` opens (a session opens one)."""
+    from sqlalchemy import event
+
+    opened = []
+
+    def count(connection) -> None:
+        opened.append(connection)
+
+    event.listen(engine, "engine_connect", count)
+    try:
+        action()
+    finally:
+        event.remove(engine, "engine_connect", count)
+    return len(opened)
+
+
+def test_a_decision_is_one_session_and_a_keystroke_reads_the_proposal_once(lab):
+    engine, ids = lab
+    with gr.Blocks():
+        tab = proposal.build(common.Page(engine, gr.Dropdown(), gr.Tabs(), gr.HTML()))
+    typed = [[3, 0.5, 0.2, 0.25], [4, 0.5, 0.45, 0.25]]
+    assert _connections(engine, lambda: tab.checker(ids["pending"], typed, 2, 16)) == 1
+    said = []
+    assert _connections(engine, lambda: said.append(proposal.decide_proposal(
+        engine, ids["pending"], "edit", "bob", "", typed, 2, 16))) == 1
+    assert said == [f"✓ Proposal #{ids['pending']} edited by bob; stored: data_ratio[3] 0.5, data_ratio[4] 0.5, "
+                    "hole_ratio[4] 0.45. Next: queued stage 1 (edit by bob)."]

@@ -83,6 +83,29 @@ def test_a_second_ask_is_answered_from_the_table_without_sampling(tiny, tmp_path
     engine.dispose()
 
 
+def test_a_size_with_the_knobs_of_one_measured_before_is_reused_not_sampled(tiny, tmp_path):
+    engine = make_engine(str(tmp_path / "lab.db"))
+    upgrade(engine)
+    first = measure(engine, SMALL, "tiny", policy=tiny, seed=1, boards=2, answers=2)
+    size = max(SMALL.sizes)
+    changed = SMALL.model_copy(update={"hole_ratio": {**SMALL.hole_ratio, size: 0.0}})  # one size's knob differs
+    asked = []
+
+    def once_for_the_changed_size():
+        asked.append(1)
+        return tiny
+
+    second = measure(engine, changed, "tiny", policy=once_for_the_changed_size, seed=1, boards=2, answers=2)
+    assert not second.cached and asked == [1] and second.reused == len(SMALL.sizes) - 1
+    assert second.completions == 2 * 2  # one size sampled
+    assert {s: p for s, p in second.sizes.items() if s != size} == {s: p for s, p in first.sizes.items() if s != size}
+    alone = probe_config(tiny, changed, seed=1, boards=2, answers=2, sizes=[size])
+    assert second.sizes[size] == alone.sizes[size]  # what sampling that size alone gives
+    other_seed = measure(engine, changed, "tiny", policy=tiny, seed=3, boards=2, answers=2)
+    assert other_seed.reused == 0 and other_seed.completions == len(SMALL.sizes) * 2 * 2  # another seed: no reuse
+    engine.dispose()
+
+
 def test_the_probe_samples_at_the_stages_temperature():
     assert sampling_temperature({}) == 1.0  # TRL's default
     assert sampling_temperature({"temperature": 0.7}) == 0.7

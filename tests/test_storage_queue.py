@@ -222,3 +222,12 @@ def test_claim_of_one_run_leaves_the_others_jobs_queued(engine: Engine):
         assert queue.claim(s, "envlab run 2", run_id=2).id == mine.id
         assert queue.claim(s, "envlab run 2", run_id=2) is None
         assert s.get(Job, other.id, populate_existing=True).status == "queued"
+
+
+def test_a_lane_claims_only_its_kinds_and_leaves_the_rest_in_order(engine: Engine):
+    with session(engine) as s:
+        stage = queue.enqueue(s, "stage", {"stage": 1}).id
+        probe = queue.enqueue(s, "probe", {"configs": {}}).id
+        assert queue.claim(s, "lane", kinds=["probe"]).id == probe  # the older stage job is not its kind
+        assert queue.claim(s, "lane", kinds=["probe"]) is None
+        assert queue.claim(s, "worker").id == stage

@@ -174,3 +174,23 @@ def test_the_worker_command_runs_the_queue_once_and_exits(tmp_path):
     assert (job.status, job.worker) == ("failed", "cli")
     assert job.error == "KeyError: 'run_id'"  # the lab's propose handler ran on a payload without a run
     engine.dispose()
+
+
+def test_a_probe_lane_runs_a_measure_job_while_the_stage_ahead_of_it_waits_and_lowers_its_priority(tmp_path):
+    url = f"sqlite:///{tmp_path / 'envlab.db'}"
+    engine = make_engine(url)
+    upgrade(engine)
+    with session(engine) as s:
+        stage = queue.enqueue(s, "stage", {}).id
+        probe = queue.enqueue(s, "probe", {}).id
+    script = ("import os, sys; from lab.worker import main; code = main(sys.argv[1:]); "
+              "print('niceness', os.nice(0)); sys.exit(code)")
+    done = subprocess.run([sys.executable, "-c", script, "--db", url, "--once", "--poll", "0.01",
+                           "--worker-id", "lane", "--kinds", "probe", "--nice", "5"], capture_output=True, text=True,
+                          timeout=120, cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 0, done.stderr
+    assert "worker lane: stopped after 1 jobs" in done.stderr
+    assert done.stdout.split()[-1] == str(os.nice(0) + 5)  # lower than this process, which serves the page
+    assert (_job(engine, probe).worker, _job(engine, probe).status) == ("lane", "failed")  # ran (on no configs)
+    assert _job(engine, stage).status == "queued"  # left for the stage worker
+    engine.dispose()

@@ -11,8 +11,10 @@ share of boards that carry signal says how much of a stage's data can move the p
 
 A probe is a pure function of (config, policy, seed, boards, answers, temperature): the same arguments give the
 same numbers. `measure` keeps each in the `probes` table under a key of those arguments (the checkpoint by the
-name a stage row gives it), so asking twice costs nothing. Torch loads only when a probe samples, so the lab
-reads stored probes (and their defaults) without it.
+name a stage row gives it), so asking twice costs nothing. A size's numbers depend only on that size's knobs
+(hole and wait ratio, the number of agents), so a size whose knobs equal one measured already, in any stored
+config on the same checkpoint, seed and probe size, is reused rather than sampled again. Torch loads only when
+a probe samples, so the lab reads stored probes (and their defaults) without it.
 """
 
 from __future__ import annotations
@@ -107,6 +109,7 @@ class ProbeResult:
     seconds: float
     key: str = ""
     cached: bool = False
+    reused: int = 0  # sizes taken from other stored probes (same knobs, checkpoint, seed and probe size)
 
     @property
     def signal_share(self) -> float:
@@ -143,7 +146,8 @@ def probe_config(policy: Policy, config: EnvConfig, *, seed: int = 0, boards: in
     The answer budget is the stage's: the largest `answer_budget` over the boards drawn. Each size samples from
     its own seed (`seed * 1000 + size`), so a size's numbers do not depend on which other sizes are probed.
     `progress(done, total)` hears each size as it ends (sizes done of all). Raises what the generator raises
-    when a size's boards cannot be made.
+    when a size's boards cannot be made. The answer budget is the size's own (its boards' largest), so a size's
+    numbers do not depend on the other sizes of the config.
     """
     from training.evaluate import answer_budget
 
@@ -152,9 +156,9 @@ def probe_config(policy: Policy, config: EnvConfig, *, seed: int = 0, boards: in
     chosen = list(sizes if sizes is not None else config.sizes)
     t0 = time.perf_counter()
     drawn = {s: generate(one_size(config, s), boards, seed=seed) for s in chosen}
-    budget = max(answer_budget(policy, b) for bs in drawn.values() for b in bs)
     measured: dict[int, SizeProbe] = {}
     for done, (size, instances) in enumerate(drawn.items(), start=1):
+        budget = max(answer_budget(policy, b) for b in instances)
         prompts = [policy.prompt(b) for b in instances for _ in range(answers)]
         texts = policy.generate(prompts, max_new_tokens=budget, do_sample=True, temperature=temperature,
                                 seed=seed * 1000 + size)
@@ -176,6 +180,29 @@ def probe_key(config: EnvConfig, checkpoint: str, seed: int, boards: int, answer
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
+def size_knobs(config: EnvConfig, size: int) -> tuple[float, float, int]:
+    """What one size's probe depends on in a config: its hole and wait ratio, and the number of agents."""
+    return config.hole_ratio[size], config.wait_ratio[size], config.num_agents
+
+
+def measured_sizes(engine: Engine, config: EnvConfig, checkpoint: str, seed: int, boards: int, answers: int,
+                   temperature: float) -> dict[int, SizeProbe]:
+    """The sizes of `config` measured already in any stored probe on the same checkpoint, seed, probe size and
+    temperature, whose knobs for that size equal `config`'s."""
+    with session(engine) as s:
+        rows = s.exec(select(Probe).where(Probe.checkpoint == checkpoint, Probe.seed == seed, Probe.boards == boards,
+                                          Probe.answers == answers, Probe.temperature == temperature)).all()
+    found: dict[int, SizeProbe] = {}
+    for row in rows:
+        other = EnvConfig.model_validate(row.config)
+        for size, measured in row.sizes.items():
+            size = int(size)
+            if size not in found and size in config.sizes and size in other.sizes \
+                    and size_knobs(other, size) == size_knobs(config, size):
+                found[size] = SizeProbe(**measured)
+    return found
+
+
 def result_of(row: Probe, cached: bool = True) -> ProbeResult:
     """A stored probe as a result."""
     sizes = {int(s): SizeProbe(**p) for s, p in row.sizes.items()}
@@ -194,7 +221,8 @@ def measure(engine: Engine, config: EnvConfig, checkpoint: str, *,
             policy_path: str | None = None, seed: int = 0, boards: int = PROBE_BOARDS, answers: int = PROBE_ANSWERS,
             temperature: float = 1.0, progress: Callable[[int, int], object] | None = None) -> ProbeResult:
     """The probe of `config` on `checkpoint` (as a stage row names it), from the `probes` table when it is
-    there (`cached`, no sampling), else measured and stored.
+    there (`cached`, no sampling), else measured and stored: only the sizes no stored probe has measured with
+    the same knobs are sampled (`reused` counts the others; `completions` and `seconds` are what this cost).
 
     `policy` is the loaded policy, or a function that loads it (called only on a miss); without it the policy is
     loaded from `policy_path` (default `checkpoint`).
@@ -202,14 +230,24 @@ def measure(engine: Engine, config: EnvConfig, checkpoint: str, *,
     key = probe_key(config, checkpoint, seed, boards, answers, temperature)
     if (found := stored_probe(engine, key)) is not None:
         return found
-    if policy is None:
-        from training.policy import load_policy, local_device
+    known = measured_sizes(engine, config, checkpoint, seed, boards, answers, temperature)
+    missing = [size for size in config.sizes if size not in known]
+    if progress is not None and known:
+        progress(len(known), len(config.sizes))
+    sized = ProbeResult({}, {}, 0, 0.0)
+    if missing:
+        if policy is None:
+            from training.policy import load_policy, local_device
 
-        policy = load_policy(policy_path or checkpoint, device=local_device())
-    elif callable(policy):  # a loader: a Policy itself is not callable
-        policy = policy()
-    result = probe_config(policy, config, seed=seed, boards=boards, answers=answers, temperature=temperature,
-                          progress=progress)
+            policy = load_policy(policy_path or checkpoint, device=local_device())
+        elif callable(policy):  # a loader: a Policy itself is not callable
+            policy = policy()
+        step = None if progress is None else (lambda done, _n: progress(len(known) + done, len(config.sizes)))
+        sized = probe_config(policy, config, seed=seed, boards=boards, answers=answers, temperature=temperature,
+                             sizes=missing, progress=step)
+    everything = {size: known.get(size) or sized.sizes[size] for size in config.sizes}
+    result = ProbeResult(everything, {s: config.data_ratio.get(s, 0.0) for s in config.sizes}, sized.completions,
+                         sized.seconds, key, cached=False, reused=len(known))
     with session(engine) as s:
         s.add(Probe(key=key, config=config.model_dump(mode="json"), checkpoint=checkpoint, seed=seed, boards=boards,
                     answers=answers, temperature=temperature, sizes=result.to_json(),
@@ -218,7 +256,7 @@ def measure(engine: Engine, config: EnvConfig, checkpoint: str, *,
             s.commit()
         except IntegrityError:  # another process measured the same just now: its row stands, equal to ours
             s.rollback()
-    return ProbeResult(result.sizes, result.data_ratio, result.completions, result.seconds, key, cached=False)
+    return result
 
 
 def run_probe_job(engine: Engine, job: Job, progress: Progress) -> dict[str, Any]:
@@ -241,15 +279,26 @@ def run_probe_job(engine: Engine, job: Job, progress: Progress) -> dict[str, Any
         return loaded[0]
 
     keys, done = {}, 0
+    where = {label: "waiting" for label in configs}  # each config's progress, shown per config by the panel
+
+    def said(label: str, text: str) -> dict[str, Any]:
+        where[label] = text
+        return {"progress": dict(where)}
+
     for label, config in configs.items():
-        def step(k: int, _n: int, base: int = done, label: str = label) -> None:
-            if progress(base + k, total, f"{label}: {base + k} of {total} sizes measured"):
+        n = len(config.sizes)
+
+        def step(k: int, _n: int, base: int = done, label: str = label, n: int = n) -> None:
+            if progress(base + k, total, f"{label}: {base + k} of {total} sizes measured",
+                        result=said(label, f"{k} of {n} sizes measured")):
                 raise Cancelled(f"cancelled after {base + k} of {total} sizes")
 
         result = measure(engine, config, p["checkpoint"], policy=load, seed=int(p["seed"]), boards=int(p["boards"]),
                          answers=int(p["answers"]), temperature=float(p["temperature"]), progress=step)
-        done += len(config.sizes)
+        done += n
         keys[label] = result.key
-        progress(done, total, f"{label}: " + ("found in the cache" if result.cached else
-                                              f"{result.completions} answers in {result.seconds:.1f} s"))
+        text = "found in the cache" if result.cached else f"{result.completions} answers in {result.seconds:.1f} s"
+        if result.reused:
+            text += f" ({result.reused} of {n} sizes reused from an equal config measured before)"
+        progress(done, total, f"{label}: {text}", result=said(label, f"done, {text}"))
     return {"probes": keys}

@@ -44,6 +44,7 @@ class Page:
     run_pick: gr.Dropdown  # the open run, above the tabs
     tabs: gr.Tabs
     worker: gr.HTML  # the worker's badge
+    own_worker: bool = True  # whether a worker was started with the page (`envlab serve` without --no-worker)
 
 
 def table(headers: list[str], rows: list[list[Any]]) -> dict[str, Any]:
@@ -64,7 +65,8 @@ def when(t: datetime | None) -> str:
 
 
 def config_rows(config: EnvConfig) -> list[list[Any]]:
-    return [[row["size"], *(round(row[k], 4) for k in KNOBS)] for row in config.knob_rows()]
+    """The knob table's rows, each value to 4 significant digits: as the diff shows it (0.07897, not 0.079)."""
+    return [[row["size"], *(float(f"{row[k]:.4g}") for k in KNOBS)] for row in config.knob_rows()]
 
 
 def _number_or_text(value: Any) -> Any:

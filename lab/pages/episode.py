@@ -102,26 +102,34 @@ class EpisodeTab:
     ticker: gr.Timer
     gif: gr.DownloadButton
     html: gr.DownloadButton
+    gif_width: gr.Dropdown
+
+    @property
+    def opens(self) -> list[Any]:
+        """What `show` reads: the episode's number, the ghost box and the GIF width chosen."""
+        return [self.episode_id, self.ghost, self.gif_width]
 
     @property
     def outputs(self) -> list[Any]:
         return [self.view, self.header, self.answer, self.step, self.board, self.events, self.strip_note, self.strip,
                 self.strip_table, self.playing, self.ticker, self.play, self.gif, self.html]
 
-    def show(self, episode_id: Any, ghost: bool) -> dict[Any, Any]:
+    def show(self, episode_id: Any, ghost: bool, gif_width: Any = None) -> dict[Any, Any]:
+        """An episode opened, its GIF made at the width chosen (the first offered when none is)."""
         v = episode_view(self.engine, episode_id)
         stopped = {self.playing: False, self.ticker: gr.Timer(active=False), self.play: "▶ Play"}
         if v["error"]:
             return {self.view: None, self.header: v["error"], self.answer: "", self.step: gr.update(maximum=1, value=0),
                     self.gif: gr.update(value=None, interactive=False),
                     self.html: gr.update(value=None, interactive=False),
-                    self.board: figures.empty_figure(v["error"]), self.events: "", self.strip_note: "",
+                    # the header says why once; the empty board only says there is none
+                    self.board: figures.empty_figure("no episode open"), self.events: "", self.strip_note: "",
                     self.strip: gr.update(visible=False), self.strip_table: gr.update(visible=False)} | stopped
         fig, events = draw(v["view"], 0, ghost)
         has_strip = v["strip"] is not None
         strip_note = "### Same board across stages" if has_strip else "_This board was evaluated at one stage only._"
         return {self.view: v["view"], self.header: v["header"], self.answer: v["answer"],
-                self.gif: gr.update(value=gif_file(v["view"]), interactive=True),
+                self.gif: gr.update(value=gif_file(v["view"], gif_width), interactive=True),
                 self.html: gr.update(value=replay_file(v["view"]), interactive=True),
                 self.step: gr.update(maximum=max(v["end"], 1), value=0), self.board: fig, self.events: events,
                 self.strip_note: strip_note, self.strip: gr.update(value=v["strip"], visible=has_strip),
@@ -175,8 +183,8 @@ def build(page: Page) -> EpisodeTab:
     strip_table = gr.Dataframe(label="Its answer at each stage", interactive=False, visible=False, wrap=True,
                                column_widths=["60px", "80px", "150px", "35%", "40%"], elem_id="strip-table")
     tab = EpisodeTab(page.engine, episode_id, header, view, board, step, play, ghost, events, answer, strip_note,
-                     strip, strip_table, gr.State(False), gr.Timer(PLAY_S, active=False), gif, html)
-    gr.on([open_episode.click, episode_id.submit], tab.show, [episode_id, ghost], tab.outputs)
+                     strip, strip_table, gr.State(False), gr.Timer(PLAY_S, active=False), gif, html, gif_width)
+    gr.on([open_episode.click, episode_id.submit], tab.show, tab.opens, tab.outputs)
     gr.on([step.input, ghost.input], tab.redraw, [view, step, ghost], [board, events], show_progress="hidden")
     gif_width.input(lambda v, w: {gif: gr.update(value=gif_file(v, w), interactive=v is not None)},
                     [view, gif_width], gif)

@@ -60,9 +60,9 @@ class MeasurePanel:
                 self.stage0: gr.update(visible=False), self.timer: gr.Timer(active=False)}
 
 
-def build(engine: Engine, pick: gr.Dropdown, edit: gr.Dataframe, agents: gr.Number,
+def build(engine: Engine, drawn: gr.State, edit: gr.Dataframe, agents: gr.Number,
           instances: gr.Number) -> MeasurePanel:
-    """The panel, wired to the tab's proposal picker and edit table."""
+    """The panel, wired to the tab's proposal drawn (`drawn`) and edit table."""
     with gr.Accordion("Measure on the policy", open=False):
         gr.Markdown("Probe the config in force, the proposed one and your edit on the run's latest checkpoint: "
                     "per size, the share of valid answers p and the learnability (the mean over boards of "
@@ -76,9 +76,10 @@ def build(engine: Engine, pick: gr.Dropdown, edit: gr.Dataframe, agents: gr.Numb
     panel = MeasurePanel(engine, button, stage0, status, bar, shown, gr.State(None), gr.State(None),
                          gr.Timer(POLL_S, active=False))
     started = [panel.job, panel.status, panel.stage0, panel.timer, panel.bar]
-    button.click(panel.start, [pick, edit, agents, instances], started)
-    stage0.click(lambda p, r, a, i: panel.start(p, r, a, i, stage0=True), [pick, edit, agents, instances], started)
-    panel.timer.tick(panel.poll, panel.job, [panel.bar, panel.timer, panel.status, panel.table, panel.seen])
-    pick.change(panel.clear, None, [panel.job, panel.seen, panel.status, panel.bar, panel.table, panel.stage0,
+    button.click(panel.start, [drawn, edit, agents, instances], started)
+    stage0.click(lambda p, r, a, i: panel.start(p, r, a, i, stage0=True), [drawn, edit, agents, instances], started)
+    panel.timer.tick(panel.poll, panel.job, [panel.bar, panel.timer, panel.status, panel.table, panel.seen],
+                     show_progress="hidden")  # no timer text flashing in the status line
+    drawn.change(panel.clear, None, [panel.job, panel.seen, panel.status, panel.bar, panel.table, panel.stage0,
                                     panel.timer])
     return panel

@@ -93,7 +93,10 @@ class PlaygroundTab:
         return {self.board: fig, self.step: gr.update(maximum=max(end, 1), value=t), self.events: events}
 
     def new_board(self, made: tuple[dict | None, str, str]) -> dict[Any, Any]:
+        """A board made or read; one that could not be is said, and the board shown (and the text typed) stay."""
         view, picture, message = made
+        if view is None:
+            return {self.message: message}
         return {self.view: view, self.board_text: picture or gr.update(), self.message: message, self.plan: "",
                 self.verdict: ""} | self.drawn(view)
 

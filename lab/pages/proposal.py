@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -11,9 +10,9 @@ from typing import Any
 import gradio as gr
 from sqlalchemy import Engine
 
-from envsim.config import ConfigError, Projection
+from envsim.config import ConfigError, ConfigProblem, Projection, project
 from envsim.generator import GenerationError, generate
-from lab.loop import advance
+from lab.loop import advance, decide_and_advance
 from lab.pages import figures, measure
 from lab.pages.common import (
     BAD_ROW,
@@ -31,24 +30,25 @@ from lab.proposals import (
     AlreadyDecided,
     ProposalError,
     ProposalState,
-    decide_on,
     diff,
-    edit_projection,
     proposal_state,
     proposal_states,
+    repeats_rejected,
 )
-from lab.runs import run_of_proposal, set_run_auto_apply
+from lab.runs import set_run_auto_apply
 from storage.models import Action
 
 DIFF_HEADERS = ["size", "knob", "old", "new", "change", "note"]
 PERSON = "✎"  # marks a value a person's edit set, in the diff
 
 
-def proposal_choices(engine: Engine, run_id: int | None) -> list[tuple[str, int]]:
+def proposal_choices(engine: Engine, run_id: int | None,
+                     states: Sequence[ProposalState] | None = None) -> list[tuple[str, int]]:
+    """The Proposal dropdown's choices, newest first (of `states` when given: read once by the caller)."""
     if run_id is None:
         return []
     out = []
-    for st in proposal_states(engine, run_id):
+    for st in proposal_states(engine, run_id) if states is None else states:
         p, d = st.proposal, st.decision
         state = f"{DECIDED[d.action]} by {d.user}" if d else ("failed, waits for you" if p.error else
                                                               "waits for your decision")
@@ -58,9 +58,10 @@ def proposal_choices(engine: Engine, run_id: int | None) -> list[tuple[str, int]
     return out
 
 
-def pending_of(engine: Engine, run_id: int | None) -> int | None:
-    """The run's proposal that waits for a decision, if any."""
-    states = [] if run_id is None else proposal_states(engine, run_id)
+def pending_of(engine: Engine, run_id: int | None, states: Sequence[ProposalState] | None = None) -> int | None:
+    """The run's proposal that waits for a decision, if any (of `states` when given: read once by the caller)."""
+    if states is None:
+        states = [] if run_id is None else proposal_states(engine, run_id)
     return next((st.proposal.id for st in states if st.pending), None)
 
 
@@ -88,7 +89,11 @@ def proposal_view(engine: Engine, proposal_id: int | None) -> dict[str, Any]:
     # Markdown joins single newlines; the heuristic engineer writes one line per change, so keep them apart.
     written = p.rationale.replace("\n", "  \n") if p.rationale else "_The engineer gave no rationale._"
     config = st.applied or st.config
-    return dict(status=_status(st), rationale=f"{written}\n\n{summary}", raw=p.raw_answer,
+    status = _status(st)
+    if st.pending and (same := repeats_rejected(engine, p)) is not None:
+        status += (f"  \n⚠ **The same config as rejected proposal #{same}**: the `{p.engineer}` engineer answered "
+                   "the same when asked again. Edit it below, or switch the engineer in the Train tab.")
+    return dict(status=status, rationale=f"{written}\n\n{summary}", raw=p.raw_answer,
                 diff=table(DIFF_HEADERS, rows), changed=table(DIFF_HEADERS, changed), edit=config_rows(config),
                 agents=config.num_agents, instances=config.num_instances, auto=st.auto_apply, pending=st.pending,
                 run_id=p.run_id, label=_edit_label(st))
@@ -197,7 +202,7 @@ def proposal_preview(engine: Engine, proposal_id: int | None, n: int = 4) -> tup
 
 def _problems(err: ConfigError) -> str:
     """The validator's problems, each once: a bad size is named by every knob of its row, and said once."""
-    return "; ".join(dict.fromkeys(re.sub(r"^\w+: (size .*)$", r"\1", p) for p in err.problems))
+    return "; ".join(dict.fromkeys(p.message if p.field == "size" else str(p) for p in err.records))
 
 
 def _edit_config(rows: Sequence[Sequence[Any]] | None, agents: Any, instances: Any) -> dict[str, Any]:
@@ -221,17 +226,19 @@ def _stored_text(st: ProposalState, projection: Projection) -> str:
     return text
 
 
-def bad_cells(problems: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[tuple[int, int]]:
-    """The (row, column) of the edit table that each problem names (`hole_ratio[4] ...`: the knob's column in
-    size 4's row; `... size -3 ...`: the size cell of that row), for the page to mark them."""
+def bad_cells(problems: Sequence[ConfigProblem], rows: Sequence[Sequence[Any]]) -> list[tuple[int, int]]:
+    """The (row, column) of the edit table that each problem names (a knob of a size: that knob's column in the
+    size's row; a wrong size: the size cell of its row), for the page to mark them."""
     sizes = [str(row[0]).strip().removesuffix(".0") if row else "" for row in rows]
     cells = []
     for problem in problems:
-        if (named := re.search(r"\b(\w+)\[([^\]]+)\]", problem)) and named[1] in KNOB_COLUMNS \
-                and named[2] in sizes:
-            cells.append((sizes.index(named[2]), KNOB_COLUMNS.index(named[1])))
-        elif (size := re.search(r"\bsize (\S+) is", problem)) and size[1] in sizes:
-            cells.append((sizes.index(size[1]), 0))
+        if problem.size is None or str(problem.size) not in sizes:
+            continue
+        row = sizes.index(str(problem.size))
+        if problem.field == "size":
+            cells.append((row, 0))
+        elif problem.field in KNOB_COLUMNS:
+            cells.append((row, KNOB_COLUMNS.index(problem.field)))
     return list(dict.fromkeys(cells))
 
 
@@ -261,19 +268,21 @@ def rescaled(rows: Sequence[Sequence[Any]]) -> tuple[list[list[Any]], str]:
 
 
 def edit_check(engine: Engine, proposal_id: int | None, rows: Sequence[Sequence[Any]] | None, agents: Any,
-               instances: Any) -> tuple[str, bool]:
+               instances: Any, st: ProposalState | None = None) -> tuple[str, bool, list[ConfigProblem]]:
     """While a person edits the table: what "Apply my edit" would store (the same projection `decide` makes),
-    or the one line that says why it cannot be applied; and whether it can."""
-    st = None if proposal_id is None else proposal_state(engine, int(proposal_id))
+    or the one line that says why it cannot be applied; whether it can; and the problems, to mark their cells.
+    `st`: the proposal's state when the caller read it already (one read per keystroke)."""
+    if st is None and proposal_id is not None:
+        st = proposal_state(engine, int(proposal_id))
     if st is None or not st.pending:
-        return "", True
+        return "", True, []
     try:
-        projection = edit_projection(engine, int(proposal_id), _edit_config(rows, agents, instances))
+        projection = project(_edit_config(rows, agents, instances), st.base, strict=True)
     except ConfigError as err:
-        return f"✗ This edit cannot be applied: {_problems(err)}.", False
+        return f"✗ This edit cannot be applied: {_problems(err)}.", False, list(err.records)
     if projection.config == st.config and not projection.adjustments:
-        return "The table is the engineer's proposal as it stands: *Accept* applies it.", True
-    return f"*Apply my edit* will store: {_stored_text(st, projection)}.", True
+        return "The table is the engineer's proposal as it stands: *Accept* applies it.", True, []
+    return f"*Apply my edit* will store: {_stored_text(st, projection)}.", True, []
 
 
 def decide_proposal(engine: Engine, proposal_id: int | None, action: str, user: str, note: str = "",
@@ -288,22 +297,21 @@ def decide_proposal(engine: Engine, proposal_id: int | None, action: str, user: 
     if proposal_id is None:
         return "No proposal is open."
     edited = _edit_config(rows, agents, instances) if action == Action.EDIT else None
-    try:
-        stored = None if edited is None else _stored_text(proposal_state(engine, int(proposal_id)),
-                                                          edit_projection(engine, int(proposal_id), edited))
-        decide_on(engine, int(proposal_id), action, user, edited=edited, note=note or "", probes=probes or None)
+    try:  # one session: the decision, what it stores and the run's next step
+        done = decide_and_advance(engine, int(proposal_id), action, user, edited=edited, note=note or "",
+                                  probes=probes or None)
     except AlreadyDecided as err:
         d = err.decision
         return (f"⚠ Someone decided first: proposal #{proposal_id} was already {DECIDED[d.action]} by "
                 f"**{d.user}** at {when(d.created_at)}. Your {action} was not recorded.")
     except ConfigError as err:
         return "✗ Not saved, the edit is not valid: " + _problems(err)
-    except ProposalError as err:
+    except (ProposalError, LookupError) as err:
         return f"✗ {err}"
-    run_id = run_of_proposal(engine, int(proposal_id))
-    done = f"✓ Proposal #{proposal_id} {DECIDED[action]} by {user}"
-    done += f"; stored: {stored}." if stored else "."
-    return f"{done} Next: {advance(engine, run_id)}."
+    stored = None if done.projection is None else _stored_text(done.before, done.projection)
+    said = f"✓ Proposal #{proposal_id} {DECIDED[action]} by {user}"
+    said += f"; stored: {stored}." if stored else "."
+    return f"{said} Next: {done.next_step}."
 
 
 def toggle_auto_apply(engine: Engine, run_id: int | None, on: bool) -> str:
@@ -339,23 +347,26 @@ class ProposalTab:
     buttons: dict[Action, gr.Button]
     message: gr.Markdown
     decided: list[Any]
+    shown: gr.State  # the proposal drawn: what every event reads, never the dropdown's value in flight
     measure: measure.MeasurePanel | None = None
 
     @property
     def outputs(self) -> list[Any]:
         """What `show_all` fills: the dropdown and everything `show` does."""
         return [self.pick, self.status, self.rationale, self.raw, self.changed_only, self.diff, self.edit,
-                self.agents, self.instances, self.check, self.marks, self.auto, *self.buttons.values()]
+                self.agents, self.instances, self.check, self.marks, self.auto, self.note, self.shown,
+                *self.buttons.values()]
 
     def show(self, proposal_id: int | None, edit_table: bool = True) -> dict[Any, Any]:
-        """One proposal; without `edit_table` the edit table stays as typed (a refused edit is kept)."""
+        """One proposal; without `edit_table` the edit table and the note stay as typed (a refused edit is kept).
+        With it (another proposal, or one decided) the note box is emptied: a note belongs to one decision."""
         v = proposal_view(self.engine, proposal_id)
         out = {self.status: v["status"], self.rationale: v["rationale"], self.raw: v["raw"],
-               self.changed_only: True, self.diff: v["changed"], self.auto: v["auto"]} | \
+               self.changed_only: True, self.diff: v["changed"], self.auto: v["auto"], self.shown: proposal_id} | \
             {b: gr.update(interactive=v["pending"]) for b in self.buttons.values()}
         if edit_table:
             out |= {self.edit: gr.update(value=v["edit"], label=v["label"]), self.agents: v["agents"],
-                    self.instances: v["instances"], self.check: "", self.marks: ""}
+                    self.instances: v["instances"], self.check: "", self.marks: "", self.note: ""}
         return out
 
     def show_diff(self, proposal_id: int | None, changed_only: bool) -> dict[Any, Any]:
@@ -365,10 +376,11 @@ class ProposalTab:
     def show_all(self, run_id: int | None, proposal_id: int | None = None, edit_table: bool = True) -> dict[Any, Any]:
         """The run's proposals in the dropdown, and the one asked for (else the one that waits, else the newest)
         shown."""
-        try:
-            choices = proposal_choices(self.engine, run_id)
+        try:  # one read of the run's proposals: the choices and the one chosen among them agree
+            states = [] if run_id is None else proposal_states(self.engine, run_id)
+            choices = proposal_choices(self.engine, run_id, states)
             ids = [c[1] for c in choices]
-            chosen = proposal_id if proposal_id in ids else (pending_of(self.engine, run_id) or
+            chosen = proposal_id if proposal_id in ids else (pending_of(self.engine, run_id, states) or
                                                               (ids[0] if ids else None))
         except BAD_ROW as err:  # this run's rows cannot be read: say so, and the other runs still draw
             return {self.pick: gr.update(choices=[], value=None)} | self.show(None) | {
@@ -399,10 +411,10 @@ class ProposalTab:
     def checker(self, proposal_id: int | None, rows: Any, agents: Any, instances: Any) -> dict[Any, Any]:
         """The edit checked as it is typed: what would be stored, or why not, with the bad cells marked (and
         then no decision button but Reject is enabled)."""
-        text, ok = edit_check(self.engine, proposal_id, rows, agents, instances)
-        st = None if proposal_id is None else proposal_state(self.engine, int(proposal_id))
+        st = None if proposal_id is None else proposal_state(self.engine, int(proposal_id))  # the one read
+        text, ok, problems = edit_check(self.engine, proposal_id, rows, agents, instances, st)
         pending = st is not None and st.pending
-        marks = "" if ok else cell_marks(bad_cells(text.split("; "), rows or []))
+        marks = "" if ok else cell_marks(bad_cells(problems, rows or []))
         return {self.check: text, self.marks: marks, self.buttons[Action.ACCEPT]: gr.update(interactive=pending and ok),
                 self.buttons[Action.EDIT]: gr.update(interactive=pending and ok)}
 
@@ -414,8 +426,11 @@ class ProposalTab:
 
     def decider(self, action: Action):
         def decide(proposal_id, note, rows, agents, instances, seen, request: gr.Request) -> dict[Any, Any]:
-            return {self.message: decide_proposal(self.engine, proposal_id, action, user_of(request), note, rows,
-                                                  agents, instances, seen)}
+            said = decide_proposal(self.engine, proposal_id, action, user_of(request), note, rows, agents,
+                                   instances, seen)
+            # A note is typed for one decision: once one is recorded (or lost to someone else's), the box empties.
+            recorded = said.startswith(("✓", "⚠"))
+            return {self.message: said} | ({self.note: ""} if recorded else {})
         return decide
 
     def toggle(self, run_id: int | None, on: bool) -> dict[Any, Any]:
@@ -439,7 +454,7 @@ def build(page: Page) -> ProposalTab:
                                          "⚠: the projection adjusted the engineer's value)",
                                    interactive=False, elem_id="diff", max_height=440, wrap=True,
                                    datatype=["str", "str", "str", "markdown", "str", "str"],
-                                   column_widths=["8%", "16%", "10%", "12%", "10%", "44%"])
+                                   column_widths=["7%", "15%", "11%", "13%", "11%", "43%"])
     preview_note = gr.Markdown()
     preview = gr.Plot(label="Boards this config would generate")
     with gr.Accordion("Edit before applying", open=False, elem_id="edit-accordion"):
@@ -451,33 +466,34 @@ def build(page: Page) -> ProposalTab:
             agents = gr.Number(label="num_agents", precision=0, elem_id="edit-agents")
             instances = gr.Number(label="num_instances", precision=0, elem_id="edit-instances")
             rescale = gr.Button("Rescale data_ratio to sum to 1", scale=0, min_width=240, elem_id="rescale")
-    measured = measure.build(page.engine, pick, edit, agents, instances)
-    note = gr.Textbox(label="Note (kept with the decision)", lines=1)
+    shown = gr.State(None)
+    measured = measure.build(page.engine, shown, edit, agents, instances)
+    note = gr.Textbox(label="Note (kept with this decision only)", lines=1, elem_id="decision-note")
     message = gr.Markdown(elem_id="decision-msg")
     with gr.Row():
         buttons = {Action.ACCEPT: gr.Button("Accept", variant="primary", elem_id="accept"),
                    Action.EDIT: gr.Button("Apply my edit", elem_id="submit-edit"),
                    Action.REJECT: gr.Button("Reject and ask again", variant="stop", elem_id="reject")}
     tab = ProposalTab(page.engine, pick, auto, status, rationale, raw, changed_only, diff_df, preview_note, preview,
-                      edit, agents, instances, check, marks, note, buttons, message, [], measured)
+                      edit, agents, instances, check, marks, note, buttons, message, [], shown, measured)
     _wire_decisions(page, tab)
-    rescale.click(tab.rescale, [pick, edit, agents, instances],
+    rescale.click(tab.rescale, [shown, edit, agents, instances],
                   [edit, check, marks, *buttons.values()], show_progress="hidden")
     return tab
 
 
 def _wire_decisions(page: Page, tab: ProposalTab) -> None:
     shown = [o for o in tab.outputs if o is not tab.pick]
-    tab.pick.input(tab.show, tab.pick, shown).then(tab.show_preview, tab.pick, [tab.preview, tab.preview_note])
-    tab.pick.change(tab.show_preview, tab.pick, [tab.preview, tab.preview_note], trigger_mode="always_last")
-    tab.changed_only.input(tab.show_diff, [tab.pick, tab.changed_only], tab.diff)
+    tab.pick.input(tab.show, tab.pick, shown)
+    tab.shown.change(tab.show_preview, tab.shown, [tab.preview, tab.preview_note], trigger_mode="always_last")
+    tab.changed_only.input(tab.show_diff, [tab.shown, tab.changed_only], tab.diff)
     gr.on([tab.edit.input, tab.agents.input, tab.instances.input], tab.checker,
-          [tab.pick, tab.edit, tab.agents, tab.instances], [tab.check, tab.marks, *tab.buttons.values()],
+          [tab.shown, tab.edit, tab.agents, tab.instances], [tab.check, tab.marks, *tab.buttons.values()],
           show_progress="hidden")
     for action, button in tab.buttons.items():
         tab.decided.append(
-            button.click(tab.decider(action), [tab.pick, tab.note, tab.edit, tab.agents, tab.instances,
-                                               tab.measure.seen], tab.message)
-            .then(tab.after_decision, [page.run_pick, tab.pick], tab.outputs))
+            button.click(tab.decider(action), [tab.shown, tab.note, tab.edit, tab.agents, tab.instances,
+                                               tab.measure.seen], [tab.message, tab.note])
+            .then(tab.after_decision, [page.run_pick, tab.shown], tab.outputs))
     tab.auto.input(tab.toggle, [page.run_pick, tab.auto], tab.message) \
-        .then(tab.after_decision, [page.run_pick, tab.pick], tab.outputs)
+        .then(tab.after_decision, [page.run_pick, tab.shown], tab.outputs)

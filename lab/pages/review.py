@@ -141,11 +141,12 @@ class ReviewTab:
     failure_filter: gr.Dropdown
     gallery: gr.Dataframe
     gallery_note: gr.Markdown
+    shown: gr.State  # the stage drawn: what the page's poll and the filters read, never the dropdown's value in flight
 
     @property
     def outputs(self) -> list[Any]:
         return [self.stage_pick, self.note, self.stages, self.timeline, self.rates, self.curves, self.failures,
-                self.training, self.size_filter, self.failure_filter, self.gallery, self.gallery_note]
+                self.training, self.size_filter, self.failure_filter, self.gallery, self.gallery_note, self.shown]
 
     def show(self, run_id: int | None, stage_index: int | None = None) -> dict[Any, Any]:
         r = review(self.engine, run_id, stage_index)
@@ -155,7 +156,7 @@ class ReviewTab:
                 self.failures: r["failures"], self.training: r["training"],
                 self.size_filter: gr.update(choices=[ALL, *r["sizes"]], value=ALL),
                 self.failure_filter: gr.update(choices=[ALL, *r["kinds"]], value=ALL),
-                self.gallery: rows, self.gallery_note: note}
+                self.gallery: rows, self.gallery_note: note, self.shown: r["stage"]}
 
     def show_latest(self, run_id: int | None) -> dict[Any, Any]:
         return self.show(run_id, None)
@@ -186,8 +187,8 @@ def build(page: Page) -> ReviewTab:
         gallery_note = gr.Markdown(elem_id="gallery-note")
     gallery_df = gr.Dataframe(interactive=False, elem_id="gallery", max_height=360, wrap=True)
     tab = ReviewTab(page.engine, stage_pick, note, stages, timeline_df, rates, curves, failures, training, size_filter,
-                    failure_filter, gallery_df, gallery_note)
+                    failure_filter, gallery_df, gallery_note, gr.State(None))
     stage_pick.input(tab.show, [page.run_pick, stage_pick], tab.outputs)
     gr.on([size_filter.input, failure_filter.input], tab.filter,
-          [page.run_pick, stage_pick, size_filter, failure_filter], [gallery_df, gallery_note])
+          [page.run_pick, tab.shown, size_filter, failure_filter], [gallery_df, gallery_note])
     return tab

@@ -23,16 +23,22 @@ from lab.settings import RunSettings
 from lab.tempfiles import EXPORTS, FILES_AGE_S, sweep
 
 
+def ordered_runs(engine: Engine) -> list[Any]:
+    """The lab's own runs newest first, then the runs of experiments: on a first start the example run heads
+    the list, not the shipped study's runs imported after it."""
+    return sorted(run_list(engine), key=lambda row: row.run.experiment_id is not None)
+
+
 def run_choices(engine: Engine) -> list[tuple[str, int]]:
-    """The "Open run" dropdown's choices, newest first."""
-    return [(f"#{row.run.id} {row.run.name} ({row.run.status})", row.run.id) for row in run_list(engine)]
+    """The "Open run" dropdown's choices: the lab's own runs newest first, then the experiments'."""
+    return [(f"#{row.run.id} {row.run.name} ({row.run.status})", row.run.id) for row in ordered_runs(engine)]
 
 
 def runs_table(engine: Engine) -> dict[str, Any]:
     """Every run, with the proposal that waits for a decision in it (the banner above the tabs links each)."""
     waiting = {w.run_id: w for w in waiting_proposals(engine)}
     rows = []
-    for row in run_list(engine):
+    for row in ordered_runs(engine):
         r = row.run
         engineer = r.engineer + (f" ({r.engineer_backend})" if r.engineer_backend else "")
         try:
@@ -64,19 +70,37 @@ def create_run_from_form(engine: Engine, name: str, description: str, policy: st
     """Validate the form, store the run and queue its stage 0; returns (message, new run id or None)."""
     name, description, policy, backend, base_url = ((v or "").strip() for v in (name, description, policy, backend,
                                                                                base_url))  # hidden fields send None
+    counts = {"Training stages": (stages, 1), "Training instances per stage": (instances, 1), "Seed": (seed, 0)}
+    wrong = [f"{label} must be a whole number of at least {least}, got {_shown(value)}"
+             for label, (value, least) in counts.items() if _whole(value) is None or _whole(value) < least]
+    if wrong:
+        return "✗ Not created: " + "; ".join(wrong) + ".", None
     try:
         config = project(config_from_table(rows, agents, instances), strict=True).config
     except ConfigError as err:
         return "✗ The initial config is not valid, nothing was stored: " + "; ".join(err.problems), None
     try:
-        settings = RunSettings.checked(stages=int(stages), auto_apply=bool(auto_apply), base_url=base_url or None,
+        settings = RunSettings.checked(stages=_whole(stages), auto_apply=bool(auto_apply), base_url=base_url or None,
                                        dev_per_size=DEV_PER_SIZE)
         run = new_run(engine, name=name or "run", description=description, config=config, settings=settings,
-                      policy=policy or "tiny", engineer=engineer, engineer_backend=backend, seed=int(seed or 0))
+                      policy=policy or "tiny", engineer=engineer, engineer_backend=backend, seed=_whole(seed))
     except (LoopError, ValueError, TypeError) as err:
         return f"✗ Not created: {err}", None
     return (f"✓ Created run #{run.id} **{run.name}**: stage 0 (the starting policy, evaluated on the "
             "validation set) is queued. Follow it in the Train tab."), run.id
+
+
+def _whole(value: Any) -> int | None:
+    """A form's number as a whole number, None when it is not one (empty, a fraction)."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return int(number) if number == int(number) else None
+
+
+def _shown(value: Any) -> str:
+    return "nothing" if value in (None, "") else f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def _holds(manifest: dict[str, Any]) -> str:
@@ -115,8 +139,9 @@ def import_file(engine: Engine, path: str | None, uploaded: bool = False) -> tup
     try:
         manifest = read_manifest(path)
         imported = import_archive(engine, path)
-    except ArchiveError as err:  # the message names the file as uploaded, not where the server keeps it
-        return f"✗ Not imported: {str(err).replace(str(path), name)}", None
+    except ArchiveError as err:  # said of the file by its name: where the server keeps uploads is nobody's business
+        said = str(err).replace(str(Path(path)), name).replace(str(Path(path).parent), "")
+        return f"✗ Not imported: {said}", None
     finally:
         if uploaded:
             Path(path).unlink(missing_ok=True)
@@ -156,9 +181,9 @@ def build(page: Page) -> RunsTab:
             base_url = gr.Textbox(label="Server URL (openai backend)", visible=False,
                                   placeholder="http://localhost:8000/v1")
         with gr.Row():
-            stages = gr.Number(label="Training stages", value=3, precision=0, minimum=1)
-            instances = gr.Number(label="Training instances per stage", value=default.num_instances, precision=0,
-                                  minimum=1)
+            # No `minimum=`: Gradio would refuse a 0 in a line that names no field; the form's check names it.
+            stages = gr.Number(label="Training stages", value=3, precision=0)
+            instances = gr.Number(label="Training instances per stage", value=default.num_instances, precision=0)
             agents = gr.Number(label="Agents per training board", value=default.num_agents, precision=0)
             seed = gr.Number(label="Seed", value=0, precision=0)
             auto = gr.Checkbox(label="Auto-apply proposals (no review)", value=False)

@@ -72,12 +72,21 @@ def fold_traceback(log: str) -> tuple[str, str]:
     return "\n".join(kept), "\n".join(lines[start:])
 
 
+def job_phase(job: Job) -> str:
+    """What the job is doing now, in its own words: its last log line (a stage counts the boards it makes, then
+    its training steps; the bar's steps restart with each phase, so the phase is said beside them)."""
+    lines = [line for line in (job.log_tail or "").splitlines() if line.strip()]
+    return lines[-1].strip()[:120] if lines else ""
+
+
 def _progress_bar(job: Job | None, trace: str = "") -> str:
     if job is None:
         return "<p>No jobs for this run yet.</p>"
     total = job.total or 0
     label = f"{job.kind} job {job.id} ({_job_target(job)}): {job.status}"
     label += f", step {job.step} of {total}" if total else ""
+    phase = job_phase(job)
+    label += f" ({phase})" if phase and job.status == JobStatus.RUNNING else ""
     share = 1.0 if job.status == JobStatus.DONE else (job.step / total if total else 0.0)
     error = f'<div class="error">{html.escape(job.error)}</div>' if job.error else ""
     if trace:
