@@ -35,6 +35,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
@@ -46,7 +47,7 @@ from sqlalchemy import Engine
 from sqlmodel import select
 
 from storage import queue
-from storage.db import DatabaseUnusable, open_database, session
+from storage.db import DatabaseUnusable, RunsRootUnusable, open_database, session, usable_runs_root
 from storage.models import Job, JobKind, JobStatus, utcnow
 from storage.queue import LostJob, stale_after_s
 from training.progress import Cancelled, Progress
@@ -155,19 +156,21 @@ def _unknown_kind(kinds: Sequence[str]) -> Handler:
 
 def run_worker(engine: Engine, handlers: dict[str, Handler], *, worker_id: str | None = None,
                poll_s: float = 1.0, stale_s: float | None = None, once: bool = False, after: After | None = None,
-               stop: threading.Event | None = None) -> int:
+               stop: threading.Event | None = None, idle_exit_s: float | None = None) -> int:
     """Claim and run jobs until `stop` is set; returns how many jobs this worker ran.
 
     Each poll first reaps running jobs with no heartbeat for `stale_s` seconds (their worker died), then
     claims the oldest queued job. `after(engine, job)` runs after every job that ended (done, failed or
     cancelled; the lab queues what comes next there). With `once`, the worker returns when it finds the
-    queue empty instead of waiting for more work (jobs that `after` queues still run first).
+    queue empty instead of waiting for more work (jobs that `after` queues still run first); with `idle_exit_s`,
+    when it has found nothing to claim for that many seconds (a Slurm array task frees its allocation so).
     A job of a kind with no handler is claimed and failed with a message naming the kinds this worker runs.
     """
     worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}"
     stale_s = stale_after_s() if stale_s is None else stale_s
     stop = stop or threading.Event()
     ran = 0
+    idle_since = time.monotonic()
     log.info("worker %s: polling every %gs for %s", worker_id, poll_s, ", ".join(handlers))
     while not stop.is_set():
         with session(engine) as s:
@@ -175,7 +178,7 @@ def run_worker(engine: Engine, handlers: dict[str, Handler], *, worker_id: str |
                 log.warning("job %s (%s) reaped: %s", reaped.id, reaped.kind, reaped.error)
             job = queue.claim(s, worker_id)
         if job is None:
-            if once:
+            if once or (idle_exit_s is not None and time.monotonic() - idle_since >= idle_exit_s):
                 break
             stop.wait(poll_s)
             continue
@@ -188,6 +191,7 @@ def run_worker(engine: Engine, handlers: dict[str, Handler], *, worker_id: str |
                 after(engine, ended)
             except Exception:
                 log.exception("job %s: the after hook failed", job.id)
+        idle_since = time.monotonic()
     log.info("worker %s: stopped after %d jobs", worker_id, ran)
     return ran
 
@@ -217,6 +221,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds without a heartbeat after which a running job counts as dead "
                              "(default: $ENVLAB_STALE_S, else 60; the page and resume use the same rule)")
     parser.add_argument("--once", action="store_true", help="exit when the queue is empty")
+    parser.add_argument("--exit-when-idle", type=float, metavar="SECONDS", dest="idle_exit_s",
+                        help="exit after SECONDS with nothing to claim (what a Slurm array task does)")
+
+
+def visible_gpus() -> str:
+    """The GPUs this process may use, as the scheduler that started it says (`CUDA_VISIBLE_DEVICES`: Slurm sets
+    it to the GPUs it gave the job; torch then sees only those, numbered from 0); "" when none is named."""
+    return os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
 
 
 def run_from_args(args: argparse.Namespace) -> int:
@@ -229,9 +241,11 @@ def run_from_args(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         engine = open_database(args.db)
-    except DatabaseUnusable as err:
+        usable_runs_root(engine)
+    except (DatabaseUnusable, RunsRootUnusable) as err:
         print(f"envlab worker: {err}", file=sys.stderr)
         return 2
+    log.info("GPUs visible to this worker: %s", visible_gpus() or "none")
     stop = threading.Event()
 
     def on_signal(signum: int, frame: Any) -> None:
@@ -245,7 +259,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, on_signal)
     try:
         run_worker(engine, handlers(), worker_id=args.worker_id, poll_s=args.poll, stale_s=args.stale,
-                   once=args.once, after=after_job, stop=stop)
+                   once=args.once, after=after_job, stop=stop, idle_exit_s=getattr(args, "idle_exit_s", None))
     finally:
         engine.dispose()
     return 0

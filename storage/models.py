@@ -290,6 +290,8 @@ class Job(SQLModel, table=True):
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     started_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     finished_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    # the Slurm array task that ran it (`lab.slurm.SlurmJob`: array, task, node, state, log); None off Slurm
+    slurm: dict[str, Any] | None = Field(default=None, sa_type=JSONType)
 
 
 class Episode(SQLModel, table=True):

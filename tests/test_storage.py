@@ -34,7 +34,7 @@ from storage.models import (
 CONFIG = {"data_ratio": {"3": 0.5, "4": 0.5}, "hole_ratio": {"3": 0.1, "4": 0.2}, "num_agents": 2}
 FORK = multiprocessing.get_context("fork")
 
-HEAD = "0006"  # the newest migration
+HEAD = "0011"  # the newest migration
 
 
 def _run(s, **fields) -> Run:
@@ -131,7 +131,7 @@ def test_database_made_by_the_first_schema_upgrades_with_its_data(db_url: str):
     upgrade(engine, "0001")
     # the comparison does see differences: the columns that later revisions add
     added = sorted(d[2] + "." + d[3].name for d in _schema_diff(engine) if d[0] == "add_column")
-    assert added == ["decisions.probes", "episodes.subset", "jobs.run_id", "jobs.target", "proposals.compute",
+    assert added == ["decisions.probes", "episodes.subset", "jobs.run_id", "jobs.slurm", "jobs.target", "proposals.compute",
                      "runs.arm", "runs.description", "runs.experiment_id", "runs.status_reason", "runs.uuid"]
     created = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
     runs, stages, proposals, decisions = (
