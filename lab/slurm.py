@@ -21,6 +21,7 @@ Options come from the command line, else a settings file's `[slurm]` table (TOML
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
@@ -247,6 +248,8 @@ class SlurmTask:
         """Run the worker until it has nothing to claim; returns how many jobs it ran (submitit keeps it)."""
         import submitit
 
+        logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                            format="%(asctime)s %(name)s %(levelname)s %(message)s")
         env = submitit.JobEnvironment()
         me = SlurmJob(array=str(env.array_job_id or env.job_id), task=int(env.array_task_id or 0),
                       node=env.hostname, state="RUNNING", log=str(env.paths.stdout), gpus=visible_gpus(),
@@ -329,7 +332,8 @@ def submit(options: SlurmOptions, *, db: str, runs: Path, tasks: int, folder: Pa
     folder.mkdir(parents=True, exist_ok=True)
     executor = submitit.SlurmExecutor(folder=folder, python=options.python)
     parameters: dict[str, Any] = dict(job_name=name, cpus_per_task=options.cpus, time=options.time,
-                                      array_parallelism=options.parallel or tasks, setup=list(options.setup))
+                                      array_parallelism=options.parallel or tasks, setup=list(options.setup),
+                                      stderr_to_stdout=True)  # one log per task: the worker's lines and submitit's
     for key in ("partition", "account", "qos", "mem"):
         if getattr(options, key) is not None:
             parameters[key] = getattr(options, key)
