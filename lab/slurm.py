@@ -444,7 +444,8 @@ def _lost_worker(engine: Engine, run_id: int) -> bool:
             and job.attempts < RETRIES)
 
 
-def _arrays_of(engine: Engine, experiment_id: int) -> list[str]:
+def experiment_arrays(engine: Engine, experiment_id: int) -> list[str]:
+    """The Slurm arrays submitted for an experiment, and any other whose tasks ran its jobs."""
     with session(engine) as s:
         experiment = s.get(Experiment, experiment_id)
         listed = list((experiment.settings or {}).get("slurm_arrays", []))
@@ -498,7 +499,7 @@ def run_on_slurm(engine: Engine, db: str, key: str | int, options: SlurmOptions,
     while True:
         progress = experiment_progress(engine, experiment.id)
         run_ids = [r.id for r in progress.runs]
-        watch = sweep(engine, _arrays_of(engine, experiment.id), run_ids)
+        watch = sweep(engine, experiment_arrays(engine, experiment.id), run_ids)
         for job_id in watch.released:
             say(f"job {job_id}: its slurm job died; queued again for another task")
         for run_id in watch.resumed:
@@ -520,7 +521,7 @@ def run_on_slurm(engine: Engine, db: str, key: str | int, options: SlurmOptions,
                     advance(engine, run.id)
             moved = time.monotonic()
         time.sleep(poll_s)
-    arrays = _arrays_of(engine, experiment.id)
+    arrays = experiment_arrays(engine, experiment.id)
     deadline = time.monotonic() + wait_for_tasks_s
     while time.monotonic() < deadline and sweep(engine, arrays, run_ids).alive:
         time.sleep(poll_s)
@@ -548,7 +549,7 @@ def cancel_experiment(engine: Engine, key: str | int) -> list[str]:
         jobs = cancel(engine, run.id)
         lines.append(f"run {run.id} ({run.arm}, seed {run.seed}) cancelled" +
                      (f"; job(s) {', '.join(map(str, jobs))} asked to stop" if jobs else ""))
-    arrays = _arrays_of(engine, experiment.id)
+    arrays = experiment_arrays(engine, experiment.id)
     if arrays and shutil.which("scancel"):
         scancel(arrays)
         lines.append(f"scancel sent to slurm array(s) {', '.join(arrays)}")
@@ -617,7 +618,7 @@ def status_lines(engine: Engine, key: str | int) -> list[str]:
     progress = experiment_progress(engine, experiment.id)
     lines = [f"experiment {experiment.name}: {progress.count(RunStatus.DONE)} of {len(progress.runs)} runs done, "
              f"{progress.done} of {progress.total} stages"]
-    arrays = _arrays_of(engine, experiment.id)
+    arrays = experiment_arrays(engine, experiment.id)
     if arrays:
         lines.append(f"slurm arrays: {', '.join(arrays)}")
     current = None

@@ -18,6 +18,8 @@ import pytest
 from sqlmodel import select
 
 from lab.cli import main
+from lab.pages import train
+from lab.pages.compare import compare_view
 from lab.experiments import experiment_runs, find_experiment
 from lab.slurm import SlurmError, SlurmJob, SlurmOptions, slurm_options
 from storage.db import make_engine, session
@@ -77,6 +79,22 @@ def test_an_experiment_runs_to_its_end_on_a_slurm_job_array(db_url: str, tmp_pat
     for line in stage_lines:
         job_id = int(re.search(r": job (\d+) done, attempt 1, ", line).group(1))
         assert line.endswith(SlurmJob.of(by_job[job_id]).describe())
+
+    # the pages: the Train tab's jobs table and the Compare tab's list say the same, stage by stage
+    for run in runs:
+        rows = train.train_view(engine, run.id)["jobs"]
+        assert rows["headers"][-1] == "slurm job"
+        mine = {j.id: SlurmJob.of(j) for j in jobs if j.run_id == run.id}
+        assert {row[0]: row[-1] for row in rows["data"]} == {
+            i: f"{s.key} on {s.node} (COMPLETED); log {s.log}" for i, s in mine.items()}
+    links = compare_view(engine, experiment.id)["links"]
+    stage_jobs = [j for j in jobs if j.kind == "stage"]
+    assert links.count(f"| {array}_") == len(stage_jobs) == 8
+    for j in stage_jobs:
+        s = SlurmJob.of(j)
+        run = next(r for r in runs if r.id == j.run_id)
+        assert (f"| {run.id} | {run.arm} | {run.seed} | {j.target} | done | {j.id} | {s.key} | {s.node} | COMPLETED "
+                f"| {s.log} |") in links
     engine.dispose()
 
 
@@ -190,3 +208,28 @@ def test_a_huge_or_missing_settings_file_is_refused_unread(tmp_path: Path):
         slurm_options(big)
     with pytest.raises(SlurmError, match=r"nope.toml: No such file or directory"):
         slurm_options(tmp_path / "nope.toml")
+
+
+# ---------------------------------------------------------------- a worker that cannot work refuses to start
+
+
+def test_a_worker_without_its_database_or_runs_root_refuses_to_start_in_one_line(tmp_path: Path, monkeypatch,
+                                                                                 capsys):
+    monkeypatch.setenv("ENVLAB_RUNS", str(tmp_path / "runs"))
+    with pytest.raises(SystemExit) as ended:
+        main(["worker", "--db", "postgresql+psycopg://envlab@127.0.0.1:9/lab", "--exit-when-idle", "0"])
+    assert ended.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("envlab worker: database 'postgresql+psycopg://envlab@127.0.0.1:9/lab' cannot be used: ")
+    assert "\n" not in err
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("ENVLAB_RUNS", str(tmp_path / "a-file" / "runs"))
+    with pytest.raises(SystemExit) as ended:
+        main(["worker", "--db", str(tmp_path / "lab.db"), "--exit-when-idle", "0"])
+    assert ended.value.code == 2
+    assert capsys.readouterr().err == (f"envlab worker: runs root '{tmp_path / 'a-file' / 'runs'}' ($ENVLAB_RUNS) "
+                                       "cannot be used: Not a directory\n")
+    monkeypatch.setenv("ENVLAB_RUNS", str(tmp_path / "runs"))
+    with pytest.raises(SystemExit) as ended:  # both reachable: it starts, finds nothing to claim, and exits
+        main(["worker", "--db", str(tmp_path / "lab.db"), "--exit-when-idle", "0"])
+    assert ended.value.code == 0 and (tmp_path / "runs").is_dir()
