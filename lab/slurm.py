@@ -473,7 +473,7 @@ def run_on_slurm(engine: Engine, db: str, key: str | int, options: SlurmOptions,
     Every run that is not done is resumed first (`lab.experiments.restart`), then one array is submitted (one
     task per unfinished run unless `options.tasks` says otherwise). Each poll refreshes the tasks' states on the
     job rows, hands back the jobs of tasks that died (`sweep`), and, when every task has ended but work is left
-    (tasks exit when idle), submits another array (`RESUBMITS` times at most). Once every run has ended, waits
+    (tasks exit when idle), submits another array (`RESUBMITS` times in a row without a stage done, at most). Once every run has ended, waits
     up to `wait_for_tasks_s` for the tasks to exit, so the rows show their last state. The tasks outlive this
     command: killed, it leaves them to finish the queue (`envlab experiment cancel` stops them).
     """
@@ -495,7 +495,7 @@ def run_on_slurm(engine: Engine, db: str, key: str | int, options: SlurmOptions,
     progress = experiment_progress(engine, experiment.id)
     if not progress.ended:
         submit_array()
-    moved = time.monotonic()
+    moved, done = time.monotonic(), progress.done
     while True:
         progress = experiment_progress(engine, experiment.id)
         run_ids = [r.id for r in progress.runs]
@@ -509,6 +509,8 @@ def run_on_slurm(engine: Engine, db: str, key: str | int, options: SlurmOptions,
             on_progress(progress)
         if progress.ended:
             break
+        if progress.done > done:
+            resubmits, done = 0, progress.done  # work moves: the count is of arrays in a row that moved nothing
         if watch.alive == 0 and not watch.released:
             if resubmits >= RESUBMITS:
                 raise ExperimentError(f"every slurm task ended with work left, {RESUBMITS + 1} arrays in a row; "

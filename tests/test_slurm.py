@@ -21,7 +21,7 @@ from lab.cli import main
 from lab.pages import train
 from lab.pages.compare import compare_view
 from lab.experiments import experiment_runs, find_experiment
-from lab.slurm import SlurmError, SlurmJob, SlurmOptions, slurm_options
+from lab.slurm import SlurmError, SlurmJob, SlurmOptions, slurm_options, task_states
 from storage.db import make_engine, session
 from storage.models import Episode, Job
 from tests.test_experiment_e2e import CONFIG, nothing_lost_nothing_twice
@@ -79,6 +79,21 @@ def test_an_experiment_runs_to_its_end_on_a_slurm_job_array(db_url: str, tmp_pat
     for line in stage_lines:
         job_id = int(re.search(r": job (\d+) done, attempt 1, ", line).group(1))
         assert line.endswith(SlurmJob.of(by_job[job_id]).describe())
+
+    # `envlab worker --slurm`: one task for whatever the lab queues; with nothing queued it exits when idle
+    assert main(["worker", "--slurm", "--slurm-idle-exit", "1", "--db", db_url]) == 0
+    said = capsys.readouterr().out
+    adhoc = re.fullmatch(r"slurm array (\d+): 1 worker task\(s\) \(partition \(default\), 0 GPU\(s\), 1 CPU\(s\), "
+                         r"mem \(default\), time 240 min\); they exit after 1 s with nothing to claim; logs in (.+)\n",
+                         said)
+    assert adhoc and Path(adhoc.group(2)) == tmp_path / "runs" / "slurm", said
+    deadline = time.monotonic() + 300
+    while (state := task_states([adhoc.group(1)]).get(f"{adhoc.group(1)}_0", ("?",))[0]) != "COMPLETED":
+        assert time.monotonic() < deadline and state in ("PENDING", "RUNNING", "COMPLETING"), state
+        time.sleep(0.5)
+    log = (tmp_path / "runs" / "slurm" / f"{adhoc.group(1)}_0_0_log.out").read_text()
+    assert f"envlab worker: slurm {adhoc.group(1)}_0 on {slurm_cluster.node}, GPUs none" in log
+    assert "stopped after 0 jobs" in log
 
     # the pages: the Train tab's jobs table and the Compare tab's list say the same, stage by stage
     for run in runs:
@@ -169,6 +184,21 @@ def nothing_lost_nothing_twice_on(engine, runs, boards: int) -> list[Job]:
     assert {j.status for j in jobs} == {"done"}
     assert Counter((e.run_id, e.stage_index) for e in episodes) == {(r.id, k): boards for r in runs for k in (0, 1)}
     return jobs
+
+
+def test_the_benchmark_measures_one_and_two_array_tasks_side_by_side(slurm_cluster, tmp_path: Path):
+    """benchmarks/bench_slurm.py at its tiniest (one run of one tiny stage per measurement) on the test cluster."""
+    done = subprocess.run([sys.executable, "benchmarks/bench_slurm.py", "--quick", "--arms", "fixed", "--seeds", "1"],
+                          cwd=ROOT, env={**lab_env(tmp_path), "ENVLAB_BENCH_ROOT": str(tmp_path)},
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("experiment: arms fixed, 1 seeds, 1 stages of 8 boards")
+    one, two = (re.fullmatch(rf"{n} array task\(s\): +([0-9.]+) runs/hour \(1 runs in [0-9]+ s\)", line)
+                for n, line in ((1, lines[1]), (2, lines[2])))
+    assert one and two and float(one.group(1)) > 0 and float(two.group(1)) > 0
+    ratio = re.fullmatch(r"ratio 2 tasks / 1 task: ([0-9.]+)x", lines[3])
+    assert ratio and float(ratio.group(1)) == pytest.approx(float(two.group(1)) / float(one.group(1)), abs=0.02)
 
 
 # ---------------------------------------------------------------- options, no cluster needed
