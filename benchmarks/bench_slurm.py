@@ -77,7 +77,8 @@ def runs_per_hour(args: Args, tasks: int, config: EnvConfig, root: Path) -> tupl
     runs = experiment_runs(engine, experiment.id)
     done = sum(r.status == RunStatus.DONE for r in runs)
     deadline = time.monotonic() + 120  # the next measurement starts on a quiet cluster
-    while time.monotonic() < deadline and sweep(engine, experiment_arrays(engine, experiment.id), [r.id for r in runs]).alive:
+    arrays = experiment_arrays(engine, experiment.id)
+    while time.monotonic() < deadline and sweep(engine, arrays, [r.id for r in runs]).alive:
         time.sleep(0.5)
     engine.dispose()
     return done / seconds * 3600, seconds, done

@@ -57,7 +57,6 @@ from storage.db import (
     DatabaseUnusable,
     RunsRootUnusable,
     open_database,
-    runs_root,
     session,
     usable_runs_root,
 )
@@ -181,10 +180,18 @@ class SlurmJob:
 
     @classmethod
     def of(cls, job: Job) -> SlurmJob | None:
-        if not job.slurm:
+        """The job's record, or None for a job no Slurm job ran, or whose record is not one this module wrote
+        (a row can come from another lab's archive): its ids may be handed to scancel."""
+        slurm = job.slurm
+        if not isinstance(slurm, dict) or not re.fullmatch(r"[0-9]{1,20}", str(slurm.get("array", ""))):
             return None
-        known = {k: v for k, v in job.slurm.items() if k in cls.__dataclass_fields__}
-        return cls(**known)
+        try:
+            return cls(array=str(slurm["array"]), task=int(slurm["task"]), node=str(slurm.get("node", "")),
+                       state=str(slurm.get("state", "")), log=str(slurm.get("log", "")),
+                       gpus=str(slurm.get("gpus", "")), restarts=int(slurm.get("restarts") or 0),
+                       worker=str(slurm.get("worker", "")))
+        except (KeyError, TypeError, ValueError):
+            return None
 
     def describe(self) -> str:
         return f"slurm {self.key} on {self.node} ({self.state}), log {self.log}"
@@ -409,9 +416,8 @@ def sweep(engine: Engine, arrays: Sequence[str], run_ids: Sequence[int]) -> Watc
         return Watch(alive=1)  # the controller is busy or restarting: look again at the next poll
     watch = Watch(alive=sum(state in LIVE for state, _, _ in states.values()))
     with session(engine) as s:
-        jobs = [j for j in s.exec(select(Job).where(Job.run_id.in_(run_ids))) if j.slurm]
-    for job in jobs:
-        mine = SlurmJob.of(job)
+        jobs = [(j, mine) for j in s.exec(select(Job).where(Job.run_id.in_(run_ids))) if (mine := SlurmJob.of(j))]
+    for job, mine in jobs:
         state, node, restarts = states.get(mine.key, (None, mine.node, mine.restarts))
         if job.status == JobStatus.RUNNING and job.worker != mine.worker:
             continue  # claimed again, by a task that has not written its own record yet
@@ -448,9 +454,9 @@ def experiment_arrays(engine: Engine, experiment_id: int) -> list[str]:
     """The Slurm arrays submitted for an experiment, and any other whose tasks ran its jobs."""
     with session(engine) as s:
         experiment = s.get(Experiment, experiment_id)
-        listed = list((experiment.settings or {}).get("slurm_arrays", []))
+        listed = [str(a) for a in (experiment.settings or {}).get("slurm_arrays", []) if str(a).isdigit()]
         run_ids = [r.id for r in s.exec(select(Run).where(Run.experiment_id == experiment_id))]
-        recorded = {j.slurm["array"] for j in s.exec(select(Job).where(Job.run_id.in_(run_ids))) if j.slurm}
+        recorded = {sl.array for j in s.exec(select(Job).where(Job.run_id.in_(run_ids))) if (sl := SlurmJob.of(j))}
     return sorted(set(listed) | recorded, key=lambda a: (len(a), a))
 
 
@@ -473,9 +479,10 @@ def run_on_slurm(engine: Engine, db: str, key: str | int, options: SlurmOptions,
     Every run that is not done is resumed first (`lab.experiments.restart`), then one array is submitted (one
     task per unfinished run unless `options.tasks` says otherwise). Each poll refreshes the tasks' states on the
     job rows, hands back the jobs of tasks that died (`sweep`), and, when every task has ended but work is left
-    (tasks exit when idle), submits another array (`RESUBMITS` times in a row without a stage done, at most). Once every run has ended, waits
-    up to `wait_for_tasks_s` for the tasks to exit, so the rows show their last state. The tasks outlive this
-    command: killed, it leaves them to finish the queue (`envlab experiment cancel` stops them).
+    (tasks exit when idle), submits another array (`RESUBMITS` times in a row without a stage done, at most).
+    Once every run has ended, waits up to `wait_for_tasks_s` for the tasks to exit, so the rows show their last
+    state. The tasks outlive this command: killed, it leaves them to finish the queue (`envlab experiment cancel`
+    stops them).
     """
     say = say or (lambda line: None)
     experiment = find_experiment(engine, key)
@@ -562,8 +569,8 @@ def cancel_slurm_of(engine: Engine, job_ids: Sequence[int]) -> list[str]:
     """Cancel (scancel) the Slurm tasks running these jobs; returns their `ARRAY_TASK` ids. For the page's
     Cancel: the job is cancelled in the queue already, this frees the task's allocation at once."""
     with session(engine) as s:
-        keys = sorted({SlurmJob.of(j).key for j in s.exec(select(Job).where(Job.id.in_(list(job_ids))))
-                       if j.slurm and j.status in (JobStatus.RUNNING, JobStatus.CANCELLED)})
+        keys = sorted({sl.key for j in s.exec(select(Job).where(Job.id.in_(list(job_ids))))
+                       if (sl := SlurmJob.of(j)) and j.status in (JobStatus.RUNNING, JobStatus.CANCELLED)})
     if keys and shutil.which("scancel"):
         scancel(keys)
         return keys

@@ -18,9 +18,9 @@ import pytest
 from sqlmodel import select
 
 from lab.cli import main
+from lab.experiments import experiment_runs, find_experiment
 from lab.pages import train
 from lab.pages.compare import compare_view
-from lab.experiments import experiment_runs, find_experiment
 from lab.slurm import SlurmError, SlurmJob, SlurmOptions, slurm_options, task_states
 from storage.db import make_engine, session
 from storage.models import Episode, Job
@@ -141,8 +141,7 @@ def test_a_task_scancelled_in_the_middle_of_a_stage_leaves_it_to_another_task(db
         first = SlurmJob.of(job)
         slurm_cluster.run("scancel", first.key)
         deadline = time.monotonic() + 600
-        while not (stages := [j for j in _jobs(engine) if j.kind == "stage" and j.target == 1 and
-                              j.status == "done"]):
+        while not [j for j in _jobs(engine) if j.kind == "stage" and j.target == 1 and j.status == "done"]:
             assert driver.poll() is None, driver.stdout.read()
             assert time.monotonic() < deadline, "stage 1 was not completed after the scancel"
             time.sleep(0.5)
@@ -263,3 +262,19 @@ def test_a_worker_without_its_database_or_runs_root_refuses_to_start_in_one_line
     with pytest.raises(SystemExit) as ended:  # both reachable: it starts, finds nothing to claim, and exits
         main(["worker", "--db", str(tmp_path / "lab.db"), "--exit-when-idle", "0"])
     assert ended.value.code == 0 and (tmp_path / "runs").is_dir()
+
+
+@pytest.mark.parametrize("record", [None, {}, [], "4182_3", {"array": "4182; rm -rf /", "task": 0},
+                                    {"array": "4182"}, {"array": "4182", "task": "three"}])
+def test_a_record_this_lab_did_not_write_is_no_slurm_job(record):
+    """A job row can come from another lab's archive: only a record of the shape `record` writes names a Slurm job
+    (its ids may go to scancel)."""
+    assert SlurmJob.of(Job(kind="stage", slurm=record)) is None
+
+
+def test_a_record_reads_back_as_written():
+    written = SlurmJob(array="4182", task=3, node="gpu12", state="RUNNING", log="/shared/x/4182_3_0_log.out",
+                       gpus="0,1", restarts=1, worker="gpu12:311")
+    job = Job(kind="stage", slurm=dict(written.__dict__))
+    assert SlurmJob.of(job) == written
+    assert written.describe() == "slurm 4182_3 on gpu12 (RUNNING), log /shared/x/4182_3_0_log.out"

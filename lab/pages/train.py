@@ -15,8 +15,8 @@ from lab.engineers import ENGINEERS
 from lab.loop import LoopError, advance, cancel, resume, switch_engineer
 from lab.pages.common import BAD_ROW, Page, cannot_draw, table
 from lab.results import StageSummary
-from lab.slurm import SlurmJob, cancel_slurm_of
 from lab.runs import RunProgress, run_progress
+from lab.slurm import SlurmJob, cancel_slurm_of
 from lab.worker import ago
 from storage.models import ACTIVE_JOB, Job, JobKind, JobStatus, RunStatus, StageStatus
 
