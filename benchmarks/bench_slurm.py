@@ -85,8 +85,8 @@ def runs_per_hour(args: Args, tasks: int, config: EnvConfig, root: Path) -> tupl
 
 
 def main(args: Args) -> None:
-    if args.quick:
-        args = Args(**{**vars(args), **QUICK})
+    if args.quick:  # the tiny budget, where the command line left a field at its default
+        args = Args(**{**vars(args), **{k: v for k, v in QUICK.items() if getattr(args, k) == getattr(Args(), k)}})
     cluster = None
     if args.local_cluster:
         sys.path.insert(0, str(Path(__file__).resolve().parent.parent))

@@ -91,7 +91,7 @@ def test_an_experiment_runs_to_its_end_on_a_slurm_job_array(db_url: str, tmp_pat
     while (state := task_states([adhoc.group(1)]).get(f"{adhoc.group(1)}_0", ("?",))[0]) != "COMPLETED":
         assert time.monotonic() < deadline and state in ("PENDING", "RUNNING", "COMPLETING"), state
         time.sleep(0.5)
-    log = (tmp_path / "runs" / "slurm" / f"{adhoc.group(1)}_0_0_log.out").read_text()
+    [log] = [p.read_text() for p in (tmp_path / "runs" / "slurm").glob(f"{adhoc.group(1)}_*log.out")]
     assert f"envlab worker: slurm {adhoc.group(1)}_0 on {slurm_cluster.node}, GPUs none" in log
     assert "stopped after 0 jobs" in log
 
