@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -164,6 +165,43 @@ def test_a_task_scancelled_in_the_middle_of_a_stage_leaves_it_to_another_task(db
     states = dict(line.split() for line in slurm_cluster.run(
         "squeue", "-h", "-t", "all", "-o", "%i %T", "-j", first.array).stdout.splitlines())
     assert states[first.key] == "CANCELLED"
+    engine.dispose()
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+def test_a_task_killed_without_a_word_is_seen_dead_and_its_stage_runs_again(db_url: str, tmp_path: Path,
+                                                                           monkeypatch, capsys, slurm_cluster):
+    """One run, one array task: the task's worker is SIGKILLed in the middle of stage 1 (as the kernel's OOM killer
+    or a lost node ends it: no signal handler runs). The command reads the task's end from scontrol, hands the stage
+    back, and, with no task left, submits another array, whose task completes the stage, once."""
+    monkeypatch.setenv("ENVLAB_RUNS", str(tmp_path / "runs"))
+    new_experiment("kill", db_url, tmp_path, arms="fixed", seeds=1, boards=8)
+    engine = make_engine(db_url)
+    driver = subprocess.Popen([sys.executable, "-m", "lab.cli", "experiment", "run", "kill", "--slurm",
+                               "--slurm-tasks", "1", "--slurm-idle-exit", "3", "--db", db_url],
+                              env=lab_env(tmp_path), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True)
+    try:
+        deadline = time.monotonic() + 600
+        while (job := _stage_running_on_slurm(engine)) is None or not job.slurm:
+            assert driver.poll() is None, driver.stdout.read()
+            assert time.monotonic() < deadline, "stage 1 never ran on a slurm task"
+            time.sleep(0.1)
+        first = SlurmJob.of(job)
+        os.kill(int(first.worker.rpartition(":")[2]), signal.SIGKILL)
+        out, _ = driver.communicate(timeout=600)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    assert driver.returncode == 0, out
+    assert f"job {job.id}: its slurm job died; queued again for another task" in out
+    assert "experiment kill: 1 of 1 runs done" in out
+    runs = experiment_runs(engine, find_experiment(engine, "kill").id)
+    jobs = nothing_lost_nothing_twice_on(engine, runs, boards=8)
+    stage = next(j for j in jobs if j.id == job.id)
+    second = SlurmJob.of(stage)
+    assert stage.attempts == 2 and second.array != first.array
+    assert f"ended failed: slurm job {first.key} on {first.node} ended FAILED" in stage.log_tail
     engine.dispose()
 
 
