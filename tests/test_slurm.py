@@ -16,6 +16,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from sqlalchemy import update
 from sqlmodel import select
 
 from lab.cli import main
@@ -316,3 +317,35 @@ def test_a_record_reads_back_as_written():
     job = Job(kind="stage", slurm=dict(written.__dict__))
     assert SlurmJob.of(job) == written
     assert written.describe() == "slurm 4182_3 on gpu12 (RUNNING), log /shared/x/4182_3_0_log.out"
+
+
+def test_cancel_in_the_page_scancels_the_task_running_the_runs_job(engine, tmp_path: Path, slurm_cluster):
+    """The Train tab's *Cancel this run*: the run's running job is asked to stop, and the Slurm array task its row
+    names is scancelled (a real array task on the test cluster)."""
+    from envsim.config import EnvConfig
+    from lab.loop import create_run
+    from storage import queue
+    from storage.db import session as open_session
+
+    submitted = slurm_cluster.run("sbatch", "--parsable", "--array=0-0", "-o", str(tmp_path / "sleep-%A_%a.out"),
+                                  "--wrap", "sleep 300").stdout.strip()
+    key = f"{submitted}_0"
+    deadline = time.monotonic() + 60
+    while task_states([submitted]).get(key, ("?",))[0] != "RUNNING":  # as a task that claimed a job is
+        assert time.monotonic() < deadline, task_states([submitted])
+        time.sleep(0.2)
+    with open_session(engine) as s:
+        run = create_run(s, name="cut", config=EnvConfig.default(num_instances=8), stages=1, engineer="fixed")
+        s.commit()
+        job = queue.claim(s, "vm:1")
+        s.exec(update(Job).where(Job.id == job.id).values(slurm=dict(SlurmJob(
+            array=submitted, task=0, node=slurm_cluster.node, state="RUNNING", log="x", worker="vm:1").__dict__)))
+        s.commit()
+    said = train.cancel_run_jobs(engine, run.id)
+    assert said == (f"Run #{run.id} is cancelled. Cancel requested for job(s) {job.id}: a queued job stops at once, "
+                    f"a running one when its worker next reports. Slurm job(s) {key} cancelled (scancel). *Resume* "
+                    "picks the run up again.")
+    deadline = time.monotonic() + 60
+    while task_states([submitted])[key][0] != "CANCELLED":
+        assert time.monotonic() < deadline, task_states([submitted])
+        time.sleep(0.2)
