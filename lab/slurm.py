@@ -295,8 +295,10 @@ class SlurmTask:
             return run_worker(engine, lab, worker_id=me.worker, poll_s=self.poll_s, stale_s=self.stale_s, after=after,
                               idle_exit_s=self.idle_exit_s)
         except Stopped as err:
+            job_id = self._current
             self._release(f"{err}: stopped (scancel, time limit or preemption) during the job")
-            print(f"envlab worker: {err}; its job is queued again", file=sys.stderr, flush=True)
+            held = f"job {job_id} handed back to the queue" if job_id else "it held no job"
+            print(f"envlab worker: {err}; {held}", file=sys.stderr, flush=True)
             return 0
         finally:
             engine.dispose()
