@@ -163,7 +163,7 @@ def options_from_args(args: Any) -> SlurmOptions:
 
 @dataclass(frozen=True)
 class SlurmJob:
-    """The Slurm array task that ran a job (`Job.slurm`)."""
+    """The Slurm array task (or single job) that ran a job (`Job.slurm`)."""
 
     array: str
     task: int
@@ -176,7 +176,9 @@ class SlurmJob:
 
     @property
     def key(self) -> str:
-        return f"{self.array}_{self.task}"
+        """The id Slurm's commands take: `ARRAY_TASK`, or the job's own id when it is no array (`task` -1: submitit
+        submits a single task as a plain job)."""
+        return self.array if self.task < 0 else f"{self.array}_{self.task}"
 
     @classmethod
     def of(cls, job: Job) -> SlurmJob | None:
@@ -258,7 +260,8 @@ class SlurmTask:
         logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                             format="%(asctime)s %(name)s %(levelname)s %(message)s")
         env = submitit.JobEnvironment()
-        me = SlurmJob(array=str(env.array_job_id or env.job_id), task=int(env.array_task_id or 0),
+        task = -1 if env.array_task_id is None else int(env.array_task_id)
+        me = SlurmJob(array=str(env.array_job_id or env.job_id), task=task,
                       node=env.hostname, state="RUNNING", log=str(env.paths.stdout), gpus=visible_gpus(),
                       restarts=int(os.environ.get("SLURM_RESTART_COUNT") or 0),
                       worker=f"{socket.gethostname()}:{os.getpid()}")
@@ -342,7 +345,8 @@ def submit(options: SlurmOptions, *, db: str, runs: Path, tasks: int, folder: Pa
     executor = submitit.SlurmExecutor(folder=folder, python=options.python)
     parameters: dict[str, Any] = dict(job_name=name, cpus_per_task=options.cpus, time=options.time,
                                       array_parallelism=options.parallel or tasks, setup=list(options.setup),
-                                      stderr_to_stdout=True)  # one log per task: the worker's lines and submitit's
+                                      stderr_to_stdout=True,  # one log per task: the worker's lines and submitit's
+                                      additional_parameters={"open_mode": "append"})  # a requeued task adds to it
     for key in ("partition", "account", "qos", "mem"):
         if getattr(options, key) is not None:
             parameters[key] = getattr(options, key)
@@ -364,8 +368,9 @@ _FIELD = re.compile(r"(\w+)=(\S*)")
 
 
 def task_states(arrays: Sequence[str]) -> dict[str, tuple[str, str, int]]:
-    """`{"ARRAY_TASK": (state, node, restarts)}` of the tasks of `arrays` that `scontrol` still knows (a pending
-    range counts each of its tasks). An array that ended long enough ago to be forgotten is absent.
+    """`{"ARRAY_TASK": (state, node, restarts)}` (`{"JOB": ...}` for a plain job) of the tasks of `arrays` that
+    `scontrol` still knows (a pending range counts each of its tasks). An array that ended long enough ago to be
+    forgotten is absent.
 
     Raises:
         SlurmError: the controller did not answer (nothing can be concluded about the tasks this time).
@@ -385,12 +390,14 @@ def task_states(arrays: Sequence[str]) -> dict[str, tuple[str, str, int]]:
             f = dict(_FIELD.findall(line))
             state, node = f.get("JobState", "UNKNOWN"), f.get("NodeList", "")
             restarts = int(f.get("Restarts") or 0)
-            tasks = f.get("ArrayTaskId", "0").partition("%")[0]
-            for part in tasks.split(","):
+            if "ArrayJobId" not in f:  # a single task: a plain job
+                states[f.get("JobId", str(array))] = (state, node, restarts)
+                continue
+            for part in f.get("ArrayTaskId", "").partition("%")[0].split(","):
                 first, _, last = part.partition("-")
                 if first.isdigit():
                     for t in range(int(first), int(last or first) + 1):
-                        states[f"{f.get('ArrayJobId', array)}_{t}"] = (state, node, restarts)
+                        states[f"{f['ArrayJobId']}_{t}"] = (state, node, restarts)
     return states
 
 

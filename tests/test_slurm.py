@@ -206,6 +206,44 @@ def test_a_task_killed_without_a_word_is_seen_dead_and_its_stage_runs_again(db_u
     engine.dispose()
 
 
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+def test_a_preempted_task_hands_its_stage_back_and_requeues_itself(db_url: str, tmp_path: Path, monkeypatch,
+                                                                   slurm_cluster):
+    """One run, one array task: submitit's signal (USR2, what Slurm sends before the time limit, or on preemption
+    where the cluster says so) reaches the task in the middle of stage 1. The checkpointing hook hands the stage
+    back, submitit requeues the task, and the same array task, started again, completes the stage, once."""
+    monkeypatch.setenv("ENVLAB_RUNS", str(tmp_path / "runs"))
+    new_experiment("preempt", db_url, tmp_path, arms="fixed", seeds=1, boards=8)
+    engine = make_engine(db_url)
+    driver = subprocess.Popen([sys.executable, "-m", "lab.cli", "experiment", "run", "preempt", "--slurm",
+                               "--slurm-tasks", "1", "--slurm-idle-exit", "3", "--db", db_url],
+                              env=lab_env(tmp_path), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True)
+    try:
+        deadline = time.monotonic() + 600
+        while (job := _stage_running_on_slurm(engine)) is None or not job.slurm:
+            assert driver.poll() is None, driver.stdout.read()
+            assert time.monotonic() < deadline, "stage 1 never ran on a slurm task"
+            time.sleep(0.1)
+        first = SlurmJob.of(job)
+        slurm_cluster.run("scancel", "--signal=USR2", first.key)
+        out, _ = driver.communicate(timeout=600)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    assert driver.returncode == 0, out
+    assert "experiment preempt: 1 of 1 runs done" in out
+    runs = experiment_runs(engine, find_experiment(engine, "preempt").id)
+    jobs = nothing_lost_nothing_twice_on(engine, runs, boards=8)
+    stage = next(j for j in jobs if j.id == job.id)
+    second = SlurmJob.of(stage)
+    assert stage.attempts == 2 and (second.key, first.restarts, second.restarts) == (first.key, 0, 1)
+    assert first.task == -1 and first.key == first.array  # one task: submitit submits a plain job
+    assert "ended failed: slurm job reached its time limit or was preempted; requeued" in stage.log_tail
+    assert "Requeued job" in Path(first.log).read_text()  # submitit's own line
+    engine.dispose()
+
+
 def _jobs(engine) -> list[Job]:
     with session(engine) as s:
         return list(s.exec(select(Job)))
