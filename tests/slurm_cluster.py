@@ -85,8 +85,17 @@ class Cluster:
         return path.read_text(errors="replace")[-4000:] if path.exists() else ""
 
     def stop(self) -> None:
-        """SIGTERM to each daemon this cluster started (by the PID it wrote), SIGKILL after a grace period;
-        then the folder is removed."""
+        """Cancel this cluster's jobs (a job left running would outlive its daemons), then SIGTERM to each daemon
+        this cluster started (by the PID it wrote), SIGKILL after a grace period; then the folder is removed."""
+        if "slurmctld" in self.pids:
+            jobs = self.run("squeue", "-h", "-o", "%i", check=False).stdout.split()
+            if jobs:
+                self.run("scancel", *jobs, check=False)
+            deadline = time.monotonic() + 20
+            while jobs and time.monotonic() < deadline:
+                time.sleep(0.3)
+                jobs = self.run("squeue", "-h", "-t", "PENDING,RUNNING,COMPLETING,SUSPENDED,CONFIGURING", "-o", "%i",
+                                check=False).stdout.split()
         for name in ("slurmd", "slurmctld", "munged"):
             pid = self.pids.get(name)
             if pid is None:
