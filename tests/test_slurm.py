@@ -90,11 +90,11 @@ def test_an_experiment_runs_to_its_end_on_a_slurm_job_array(db_url: str, tmp_pat
                          said)
     assert adhoc and Path(adhoc.group(2)) == tmp_path / "runs" / "slurm", said
     deadline = time.monotonic() + 300
-    while (state := task_states([adhoc.group(1)]).get(f"{adhoc.group(1)}_0", ("?",))[0]) != "COMPLETED":
+    while (state := task_states([adhoc.group(1)]).get(adhoc.group(1), ("?",))[0]) != "COMPLETED":  # a plain job
         assert time.monotonic() < deadline and state in ("PENDING", "RUNNING", "COMPLETING"), state
         time.sleep(0.5)
     [log] = [p.read_text() for p in (tmp_path / "runs" / "slurm").glob(f"{adhoc.group(1)}_*log.out")]
-    assert f"envlab worker: slurm {adhoc.group(1)}_0 on {slurm_cluster.node}, GPUs none" in log
+    assert f"envlab worker: slurm {adhoc.group(1)} on {slurm_cluster.node}, GPUs none" in log
     assert "stopped after 0 jobs" in log
 
     # the pages: the Train tab's jobs table and the Compare tab's list say the same, stage by stage
