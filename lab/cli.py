@@ -232,7 +232,25 @@ def _engine(db: str | None):
 def cmd_worker(args: argparse.Namespace) -> None:
     from lab.worker import run_from_args
 
+    if args.slurm:
+        cmd_worker_slurm(args)
+        return
     raise SystemExit(run_from_args(args))
+
+
+def cmd_worker_slurm(args: argparse.Namespace) -> None:
+    """`envlab worker --slurm`: submit the workers as a Slurm job array and return (docs/worker.md)."""
+    from lab.slurm import SlurmError, options_from_args, submit_workers
+    from storage.db import RunsRootUnusable, database_url
+
+    engine = _engine(args.db)
+    try:
+        options = options_from_args(args)
+        arrays, folder = submit_workers(engine, database_url(args.db), options)
+    except (SlurmError, RunsRootUnusable) as err:
+        raise UsageError(str(err)) from None
+    print(f"slurm array {', '.join(arrays)}: {options.tasks or 1} worker task(s) ({options.describe()}); they exit "
+          f"after {options.idle_exit:g} s with nothing to claim; logs in {folder}")
 
 
 def _grpo_overrides(pairs: list[str]) -> dict:
@@ -459,15 +477,19 @@ def cmd_experiment_run(args: argparse.Namespace) -> None:
         experiment = find_experiment(engine, args.experiment)
     except ExperimentError as err:
         raise UsageError(str(err)) from err
-    print(f"experiment {experiment.name}: {args.workers} worker(s), logs in {log_dir(engine, experiment)}", flush=True)
-    with tqdm(desc=f"experiment {experiment.name}", unit="stage", disable=quiet) as bar:
-        say = (lambda line: print(line, flush=True)) if quiet else bar.write
-        try:
-            ended = run_experiment(engine, args.db, experiment.id, workers=args.workers, benchmark=args.benchmark,
-                                   on_progress=_progress_printer(engine, args, bar, say), say=say,
-                                   threads=args.threads)
-        except ExperimentError as err:
-            raise UsageError(str(err)) from err
+    if args.slurm:
+        ended = _experiment_on_slurm(engine, args, experiment, quiet)
+    else:
+        print(f"experiment {experiment.name}: {args.workers} worker(s), logs in {log_dir(engine, experiment)}",
+              flush=True)
+        with tqdm(desc=f"experiment {experiment.name}", unit="stage", disable=quiet) as bar:
+            say = (lambda line: print(line, flush=True)) if quiet else bar.write
+            try:
+                ended = run_experiment(engine, args.db, experiment.id, workers=args.workers,
+                                       benchmark=args.benchmark, on_progress=_progress_printer(engine, args, bar, say),
+                                       say=say, threads=args.threads)
+            except ExperimentError as err:
+                raise UsageError(str(err)) from err
     stopped = [r for r in ended.runs if r.status != RunStatus.DONE]
     print(f"experiment {experiment.name}: {ended.count(RunStatus.DONE)} of {len(ended.runs)} runs done", flush=True)
     for run in stopped:
@@ -476,6 +498,52 @@ def cmd_experiment_run(args: argparse.Namespace) -> None:
         raise UsageError(f"{len(stopped)} run(s) stopped; fix the cause and run `envlab experiment run "
                          f"{experiment.name}` again: it resumes them")
     print(f"report: envlab experiment report {experiment.name}")
+
+
+def _experiment_on_slurm(engine, args: argparse.Namespace, experiment, quiet: bool):
+    """`envlab experiment run NAME --slurm`: the workers are the tasks of a Slurm job array (lab.slurm)."""
+    from lab.experiments import ExperimentError
+    from lab.slurm import SlurmError, options_from_args, run_on_slurm
+    from storage.db import RunsRootUnusable, database_url
+
+    if args.benchmark:
+        raise UsageError("--benchmark is not run on Slurm yet: run `envlab experiment benchmark NAME` and a worker")
+    try:
+        options = options_from_args(args)
+    except SlurmError as err:
+        raise UsageError(str(err)) from None
+    print(f"experiment {experiment.name}: workers on slurm ({options.describe()})", flush=True)
+    with tqdm(desc=f"experiment {experiment.name}", unit="stage", disable=quiet) as bar:
+        say = (lambda line: print(line, flush=True)) if quiet else bar.write
+        try:
+            return run_on_slurm(engine, database_url(args.db), experiment.id, options,
+                                on_progress=_progress_printer(engine, args, bar, say), say=say)
+        except (ExperimentError, SlurmError, RunsRootUnusable) as err:
+            raise UsageError(str(err)) from err
+
+
+def cmd_experiment_status(args: argparse.Namespace) -> None:
+    """Each run and stage of an experiment, the job that ran it and the Slurm job (id, node, state, log)."""
+    from lab.experiments import ExperimentError
+    from lab.slurm import status_lines
+
+    try:
+        print("\n".join(status_lines(_engine(args.db), args.experiment)))
+    except ExperimentError as err:
+        raise UsageError(str(err)) from err
+
+
+def cmd_experiment_cancel(args: argparse.Namespace) -> None:
+    """Cancel every run of an experiment that has not ended, and its Slurm arrays."""
+    from lab.experiments import ExperimentError
+    from lab.slurm import cancel_experiment
+
+    try:
+        lines = cancel_experiment(_engine(args.db), args.experiment)
+    except ExperimentError as err:
+        raise UsageError(str(err)) from err
+    print("\n".join(lines) or f"experiment {args.experiment}: nothing to cancel, every run has ended")
+    print(f"resume it: envlab experiment run {args.experiment}")
 
 
 def cmd_experiment_add_arm(args: argparse.Namespace) -> None:
@@ -579,7 +647,18 @@ def experiment_arguments(sub: argparse._SubParsersAction) -> None:
                    help="torch threads per worker (default: torch's choice; 1 is fastest for the tiny policy on a "
                         "busy small CPU)")
     s.add_argument("--db", **db)
+    from lab.slurm import add_arguments as slurm_arguments
+
+    slurm_arguments(s)
     s.set_defaults(fn=cmd_experiment_run)
+    s = verbs.add_parser("status", help="each run and stage, the job and the Slurm job that ran it (node, state, log)")
+    s.add_argument("experiment", help="name (or id)")
+    s.add_argument("--db", **db)
+    s.set_defaults(fn=cmd_experiment_status)
+    s = verbs.add_parser("cancel", help="cancel every run of an experiment that has not ended, and its Slurm jobs")
+    s.add_argument("experiment", help="name (or id)")
+    s.add_argument("--db", **db)
+    s.set_defaults(fn=cmd_experiment_cancel)
     s = verbs.add_parser("add-arm", help="add arms to an experiment: their runs, every seed, at equal compute")
     s.add_argument("experiment", help="name (or id)")
     s.add_argument("--arms", required=True, help="comma-separated arm specs, as for `new`")
@@ -640,6 +719,9 @@ def arguments() -> argparse.ArgumentParser:
     from lab.worker import add_arguments
 
     add_arguments(s)
+    from lab.slurm import add_arguments as slurm_arguments
+
+    slurm_arguments(s)
     s.set_defaults(fn=cmd_worker)
 
     s = sub.add_parser("export", help="write a run (its rows, optionally its checkpoints) to one file")

@@ -52,7 +52,7 @@ from sqlalchemy import Engine
 from sqlmodel import select
 
 from storage import queue
-from storage.db import DatabaseUnusable, open_database, session
+from storage.db import DatabaseUnusable, RunsRootUnusable, open_database, session, usable_runs_root
 from storage.models import Job, JobKind, JobStatus, utcnow
 from storage.queue import LostJob, stale_after_s
 from training import vllm
@@ -317,7 +317,7 @@ def _unknown_kind(kinds: Sequence[str]) -> Handler:
 def run_worker(engine: Engine, handlers: dict[str, Handler | InChild], *, worker_id: str | None = None,
                poll_s: float = 1.0, stale_s: float | None = None, once: bool = False, after: After | None = None,
                stop: threading.Event | None = None, gpus: Sequence[str] = (), run_id: int | None = None,
-               kinds: Sequence[str] | None = None, nice: int = 0) -> int:
+               kinds: Sequence[str] | None = None, nice: int = 0, idle_exit_s: float | None = None) -> int:
     """Claim and run jobs until `stop` is set; returns how many jobs this worker ran.
 
     Each poll first reaps running jobs with no heartbeat for `stale_s` seconds (their worker died), then
@@ -326,7 +326,9 @@ def run_worker(engine: Engine, handlers: dict[str, Handler | InChild], *, worker
     jobs of `kinds`, when given: a lane, `probe` jobs beside a long stage). A handler that is an `InChild` runs in
     a child process on the worker's `gpus` (`run_child`). `after(engine, job)` runs after every job that ended
     (done, failed or cancelled; the lab queues what comes next there). With `once`, the worker returns when it
-    finds nothing to claim instead of waiting for more work (jobs that `after` queues still run first). A job of
+    finds nothing to claim instead of waiting for more work (jobs that `after` queues still run first); with
+    `idle_exit_s`, when it has found nothing to claim for that many seconds (a Slurm array task frees its
+    allocation so). A job of
     a kind with no handler is claimed and failed with a message naming the kinds this worker runs. `nice` lowers
     this process's CPU priority first (`os.nice`; its children inherit it), so the page it serves beside answers
     before its training.
@@ -337,6 +339,7 @@ def run_worker(engine: Engine, handlers: dict[str, Handler | InChild], *, worker
     stale_s = stale_after_s() if stale_s is None else stale_s
     stop = stop or threading.Event()
     ran = 0
+    idle_since = time.monotonic()
     log.info("worker %s: polling every %gs for %s%s", worker_id, poll_s, ", ".join(handlers),
              f" on GPUs {','.join(gpus)}" if gpus else " (no GPU)")
     while not stop.is_set():
@@ -345,7 +348,7 @@ def run_worker(engine: Engine, handlers: dict[str, Handler | InChild], *, worker
                 log.warning("job %s (%s) reaped: %s", reaped.id, reaped.kind, reaped.error)
             job = queue.claim(s, worker_id, gpu=bool(gpus), run_id=run_id, kinds=kinds)
         if job is None:
-            if once:
+            if once or (idle_exit_s is not None and time.monotonic() - idle_since >= idle_exit_s):
                 break
             stop.wait(poll_s)
             continue
@@ -368,6 +371,7 @@ def run_worker(engine: Engine, handlers: dict[str, Handler | InChild], *, worker
                 after(engine, ended)
             except Exception:
                 log.exception("job %s: the after hook failed", job.id)
+        idle_since = time.monotonic()
     log.info("worker %s: stopped after %d jobs", worker_id, ran)
     return ran
 
@@ -454,6 +458,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nice", type=int, default=NICE,
                         help=f"lower this worker's CPU priority by N (os.nice) so a page on the same machine stays "
                              f"quick while it trains; 0 keeps it (default: {NICE})")
+    parser.add_argument("--exit-when-idle", type=float, metavar="SECONDS", dest="idle_exit_s",
+                        help="exit after SECONDS with nothing to claim (what a Slurm array task does)")
 
 
 def run_from_args(args: argparse.Namespace) -> int:
@@ -467,9 +473,11 @@ def run_from_args(args: argparse.Namespace) -> int:
     try:
         gpus = parse_gpus(args.gpus)
         engine = open_database(args.db)
-    except (DatabaseUnusable, ValueError) as err:
+        usable_runs_root(engine)
+    except (DatabaseUnusable, RunsRootUnusable, ValueError) as err:
         print(f"envlab worker: {err}", file=sys.stderr)
         return 2
+    log.info("GPUs this worker owns: %s", ",".join(gpus) or "none")
     stop = threading.Event()
 
     def on_signal(signum: int, frame: Any) -> None:
@@ -484,7 +492,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     try:
         run_worker(engine, handlers(in_child=not args.in_process), worker_id=args.worker_id, poll_s=args.poll,
                    stale_s=args.stale, once=args.once, after=after_job, stop=stop, gpus=gpus, kinds=args.kinds,
-                   nice=args.nice)
+                   nice=args.nice, idle_exit_s=getattr(args, "idle_exit_s", None))
     finally:
         engine.dispose()
     return 0

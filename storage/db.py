@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import re
 import sqlite3
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -95,6 +96,24 @@ def runs_root(engine: Engine) -> Path:
     if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
         return Path(url.database).expanduser().resolve().parent
     return Path("runs").resolve()
+
+
+class RunsRootUnusable(RuntimeError):
+    """The runs root cannot be written where the setting points; the message is one line."""
+
+
+def usable_runs_root(engine: Engine) -> Path:
+    """The runs root, created when missing and checked writable: a worker refuses to start without it, since
+    every job it runs writes there (on a cluster: a folder every node sees at the same path)."""
+    root = runs_root(engine)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=root, prefix=".envlab-write-check-"):
+            pass
+    except OSError as err:
+        raise RunsRootUnusable(f"runs root {str(root)!r} (${RUNS_SETTING}) cannot be used: "
+                               f"{err.strerror or type(err).__name__}") from None
+    return root
 
 
 RUN_UUID = re.compile(r"[0-9a-f]{32}")

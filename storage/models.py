@@ -293,6 +293,8 @@ class Job(SQLModel, table=True):
     finished_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     needs_gpu: bool = Field(default=False, sa_column_kwargs={"server_default": false()})  # only a GPU worker's
     priority: int = Field(default=0, sa_column_kwargs={"server_default": "0"})  # `Priority`: higher is claimed first
+    # the Slurm array task that ran it (`lab.slurm.SlurmJob`: array, task, node, state, log); None off Slurm
+    slurm: dict[str, Any] | None = Field(default=None, sa_type=JSONType)
 
 
 class Priority(IntEnum):

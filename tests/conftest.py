@@ -6,6 +6,11 @@ as root, with its data and unix socket in a temporary folder and TCP on 127.0.0.
 Each test gets a fresh database. Without the binaries the PostgreSQL tests skip, unless
 ENVLAB_REQUIRE_POSTGRES=1 (CI sets it), which makes that a failure.
 
+The Slurm cluster (`slurm_cluster`) is a one-node cluster started once per test session from Debian's
+`slurmctld`, `slurmd` and `munge` (tests/slurm_cluster.py), as root, all its files in a temporary folder; its
+daemons are stopped by the PIDs they wrote when the session ends. Without the binaries (or root) the Slurm tests
+skip, unless ENVLAB_REQUIRE_SLURM=1 (CI sets it), which makes that a failure.
+
 Property tests run under one Hypothesis profile: no per-example deadline and no "input generation is slow"
 health check, since both measure the machine's load, not the code (a 300-digit integer takes a while to
 draw on a busy 2-core machine). Every other health check stays on.
@@ -100,6 +105,32 @@ def postgres_server() -> Iterator[str]:
             [*as_user, bindir / "pg_ctl", "-D", data, "-m", "immediate", "stop"], capture_output=True
         )
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[object]:
+    """A one-node Slurm cluster for the test session (`tests.slurm_cluster.Cluster`); `SLURM_CONF` points every
+    Slurm command of the session, and of the processes it starts, at it while it lives."""
+    from tests import slurm_cluster
+
+    if (why := slurm_cluster.missing()) is not None:
+        if os.environ.get("ENVLAB_REQUIRE_SLURM") == "1":
+            pytest.fail(f"ENVLAB_REQUIRE_SLURM=1 but {why}", pytrace=False)
+        pytest.skip(why)
+    try:
+        cluster = slurm_cluster.start()
+    except slurm_cluster.ClusterUnavailable as err:
+        pytest.fail(f"the one-node Slurm cluster did not start: {err}", pytrace=False)
+    before = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = str(cluster.conf)
+    try:
+        yield cluster
+    finally:
+        if before is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = before
+        cluster.stop()
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

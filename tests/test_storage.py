@@ -132,8 +132,8 @@ def test_database_made_by_the_first_schema_upgrades_with_its_data(db_url: str):
     # the comparison does see differences: the columns that later revisions add
     added = sorted(d[2] + "." + d[3].name for d in _schema_diff(engine) if d[0] == "add_column")
     assert added == ["decisions.probes", "episodes.subset", "jobs.needs_gpu", "jobs.priority", "jobs.run_id",
-                     "jobs.target", "proposals.compute", "runs.arm", "runs.description", "runs.experiment_id",
-                     "runs.status_reason", "runs.uuid"]
+                     "jobs.slurm", "jobs.target", "proposals.compute", "runs.arm", "runs.description",
+                     "runs.experiment_id", "runs.status_reason", "runs.uuid"]
     created = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
     runs, stages, proposals, decisions = (
         _as_first_written(Run, "description", "uuid", "status_reason", "experiment_id", "arm"),

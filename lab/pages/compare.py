@@ -26,6 +26,7 @@ from lab.comparison import (
 from lab.experiments import experiment_choices
 from lab.pages.common import Page, table
 from lab.pages.figures import empty_figure
+from lab.slurm import SLURM_HEADERS, slurm_rows
 
 
 def compare_view(engine: Engine, experiment_id: int | None, rate: str = Rate.VALID) -> dict[str, Any]:
@@ -39,7 +40,7 @@ def compare_view(engine: Engine, experiment_id: int | None, rate: str = Rate.VAL
     headers, rows = size_rows(c, rate)
     return dict(figure=curves_figure(c, (rate,)), summary=_summary(c),
                 differences=table(*difference_table_rows(c, rate)), sizes=table(*by_size(headers, rows)),
-                links=run_links(c))
+                links=run_links(c) + slurm_jobs(engine, c))
 
 
 EMPTY = ("No experiment in this lab yet: `envlab experiment new --name N --arms fixed,random,heuristic --seeds 3 "
@@ -73,6 +74,17 @@ def run_links(c: Comparison) -> str:
                  if (run := c.runs.get((arm, seed))) is not None]
         lines.append(f"- **{arm}**: " + ", ".join(links))
     return "Runs:\n\n" + "\n".join(lines)
+
+
+def slurm_jobs(engine: Engine, c: Comparison) -> str:
+    """For each stage that ran on Slurm: the array task, its node, its state and its log ("" when none did)."""
+    rows = [r for r in slurm_rows(engine, [run.id for run in c.runs.values()]) if r[6]]
+    if not rows:
+        return ""
+    lines = ["", "", "Slurm jobs, stage by stage:", "", "| " + " | ".join(SLURM_HEADERS) + " |",
+             "|" + "---|" * len(SLURM_HEADERS)]
+    lines += ["| " + " | ".join(str(v).replace("|", "\\|") for v in row) + " |" for row in rows]
+    return "\n".join(lines)
 
 
 @dataclass(eq=False)

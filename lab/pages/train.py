@@ -17,10 +17,11 @@ from lab.pages import figures
 from lab.pages.common import BAD_ROW, Page, cannot_draw, table
 from lab.results import StageSummary
 from lab.runs import RunProgress, run_progress
+from lab.slurm import SlurmJob, cancel_slurm_of
 from lab.worker import ago
 from storage.models import ACTIVE_JOB, Job, JobKind, JobStatus, RunStatus, StageStatus
 
-JOB_HEADERS = ["job", "kind", "for", "status", "progress", "heartbeat", "error"]
+JOB_HEADERS = ["job", "kind", "for", "status", "progress", "heartbeat", "error", "slurm job"]
 
 
 def train_view(engine: Engine, run_id: int | None) -> dict[str, Any]:
@@ -39,8 +40,8 @@ def train_view(engine: Engine, run_id: int | None) -> dict[str, Any]:
 def _train_view(progress: RunProgress) -> dict[str, Any]:
     jobs = progress.jobs
     rows = [[j.id, j.kind, _job_target(j), j.status, f"{j.step}/{j.total}" if j.total else str(j.step),
-             ago(j.heartbeat_at) if j.heartbeat_at and j.status == JobStatus.RUNNING else "", j.error or ""]
-            for j in reversed(jobs)]
+             ago(j.heartbeat_at) if j.heartbeat_at and j.status == JobStatus.RUNNING else "", j.error or "",
+             _slurm_cell(j)] for j in reversed(jobs)]
     shown = next((j for j in jobs if j.status in ACTIVE_JOB), None) or (jobs[-1] if jobs else None)
     log, trace = fold_traceback(shown.log_tail if shown else "")
     return dict(status=_run_status(progress), progress=_progress_bar(shown, trace), jobs=table(JOB_HEADERS, rows),
@@ -118,6 +119,12 @@ def _results(summary: StageSummary | None) -> str:
     return "\n".join(lines)
 
 
+def _slurm_cell(job: Job) -> str:
+    """The Slurm array task that ran the job, its node, state and log ("" for a job no Slurm job ran)."""
+    slurm = SlurmJob.of(job)
+    return "" if slurm is None else f"{slurm.key} on {slurm.node} ({slurm.state}); log {slurm.log}"
+
+
 def _job_target(job: Job) -> str:
     if job.target is None:
         return json.dumps(job.payload)
@@ -148,8 +155,11 @@ def cancel_run_jobs(engine: Engine, run_id: int | None) -> str:
     active = cancel(engine, run_id)
     if not active:
         return f"Run #{run_id} is cancelled; no job of it was queued or running. *Resume* picks it up again."
+    slurm = cancel_slurm_of(engine, active)
     return f"Run #{run_id} is cancelled. Cancel requested for job(s) " + ", ".join(map(str, active)) + \
-        ": a queued job stops at once, a running one when its worker next reports. *Resume* picks the run up again."
+        ": a queued job stops at once, a running one when its worker next reports. " + \
+        (f"Slurm job(s) {', '.join(slurm)} cancelled (scancel). " if slurm else "") + \
+        "*Resume* picks the run up again."
 
 
 def switch_run_engineer(engine: Engine, run_id: int | None, engineer: str, backend: str) -> str:

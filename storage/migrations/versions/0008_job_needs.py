@@ -1,7 +1,7 @@
 """What a job needs and how urgent it is: a worker claims only jobs it can run, a person's first.
 
-Revision ID: 0009
-Revises: 0006
+Revision ID: 0008
+Revises: 0007
 Create Date: 2026-11-24
 
 - `jobs.needs_gpu` (boolean, default false): the job loads a policy too large for a CPU (storage.queue.claim
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0009"
+revision: str = "0008"
 down_revision: str | Sequence[str] | None = "0007"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
