@@ -480,7 +480,8 @@ def test_the_real_stage_evaluates_on_the_larger_validation_set(lab, tmp_path):
     torch.set_num_threads(1)
     try:
         with session(lab) as s:
-            run = create_run(s, name="big", config=CONFIG, settings=RunSettings(stages=1, validation_per_size=33, dev_per_size=30),
+            run = create_run(s, name="big", config=CONFIG,
+                             settings=RunSettings(stages=1, validation_per_size=33, dev_per_size=30),
                              engineer="fixed")
         run_worker(lab, {"stage": run_stage_job}, once=True, poll_s=0.01)
     finally:
