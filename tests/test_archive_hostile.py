@@ -788,7 +788,7 @@ def test_an_imported_run_sends_nothing_to_the_server_its_archive_names(waiting, 
     with open_session(engine) as s:
         newest = s.exec(select(Proposal).order_by(Proposal.id.desc())).first()
     engine.dispose()
-    assert newest.engineer == "llm" and "openai:m needs a base URL" in newest.error, newest.error
+    assert newest.engineer == "llm (openai:m)" and "openai:m needs a base URL" in newest.error, newest.error
     assert listener.connections == []
 
 
