@@ -27,6 +27,7 @@ from pathlib import Path
 
 from envsim.config import EnvConfig
 from lab.experiments import create_experiment, experiment_runs
+from lab.settings import RunSettings
 from lab.slurm import SlurmOptions, experiment_arrays, run_on_slurm, sweep
 from storage.db import make_engine, upgrade
 from storage.models import RunStatus
@@ -66,9 +67,10 @@ def runs_per_hour(args: Args, tasks: int, config: EnvConfig, root: Path) -> tupl
     os.environ["ENVLAB_RUNS"] = str(folder)
     engine = make_engine(db)
     upgrade(engine)
+    settings = RunSettings(stages=args.stages, auto_apply=True, validation_per_size=args.validation_per_size,
+                           validation_boards=args.validation_boards or None, grpo=grpo_of(args.grpo), dev_per_size=3)
     experiment = create_experiment(engine, name="bench", arms=args.arms.split(","), seeds=args.seeds,
-                                   stages=args.stages, config=config, validation_per_size=args.validation_per_size,
-                                   validation_boards=args.validation_boards or None, grpo=grpo_of(args.grpo))
+                                   settings=settings, config=config)
     options = SlurmOptions(tasks=tasks, cpus=args.cpus, threads=args.threads, idle_exit=2,
                            partition=args.partition or None, gpus=args.gpus)
     t0 = time.perf_counter()

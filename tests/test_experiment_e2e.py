@@ -48,7 +48,7 @@ def nothing_lost_nothing_twice(engine, runs) -> list[Job]:
     all done, 4 episodes per (run, stage) and one proposal per run; returns the jobs."""
     with session(engine) as s:
         jobs = s.exec(select(Job)).all()
-        episodes = s.exec(select(Episode)).all()
+        episodes = s.exec(select(Episode).where(Episode.split == "validation")).all()
         proposals = s.exec(select(Proposal)).all()
     assert {r.status for r in runs} == {"done"}
     assert Counter((j.run_id, j.kind, j.target) for j in jobs) == Counter(
@@ -62,7 +62,8 @@ def nothing_lost_nothing_twice(engine, runs) -> list[Job]:
 def test_an_experiment_through_the_real_workers_is_killed_and_resumed(tmp_path: Path, capsys):
     db = str(tmp_path / "lab.db")
     (tmp_path / "config.json").write_text(CONFIG.model_dump_json())
-    assert main(["experiment", "new", "--name", "e2e", "--arms", "fixed,heuristic", "--seeds", "2", "--stages", "1",
+    assert main(["experiment", "new", "--dev-per-size", "3",
+                 "--name", "e2e", "--arms", "fixed,heuristic", "--seeds", "2", "--stages", "1",
                  "--config", str(tmp_path / "config.json"), "--validation-per-size", "30", "--validation-boards", "4",
                  "--grpo", "num_generations=2", "--grpo", "per_device_train_batch_size=16", "--db", db]) == 0
     assert "each run: 1 stages x 8 boards x 1 GRPO steps; 4 validation boards" in capsys.readouterr().out
@@ -126,7 +127,8 @@ def test_an_llm_arm_over_a_real_server_two_workers_and_the_benchmark(tmp_path: P
     (tmp_path / "config.json").write_text(CONFIG.model_dump_json())
     entries, *_ = build_cell(replace(cells(Split.BENCHMARK)[0], count=6))  # 3 agents on 3x3 boards
     write_jsonl(entries, tmp_path / BENCHMARK_FILE)
-    assert main(["experiment", "new", "--name", "llm", "--arms", f"fixed,eng=llm:openai:{model}@failures-only",
+    assert main(["experiment", "new", "--dev-per-size", "3",
+                 "--name", "llm", "--arms", f"fixed,eng=llm:openai:{model}@failures-only",
                  "--seeds", "1", "--stages", "1", "--config", str(tmp_path / "config.json"),
                  "--validation-per-size", "30", "--validation-boards", "4", "--grpo", "num_generations=2",
                  "--grpo", "per_device_train_batch_size=16", "--base-url", base_url, "--db", db]) == 0
@@ -171,7 +173,8 @@ def test_two_workers_share_an_experiment_on_postgresql(db_url: str, tmp_path: Pa
     and no job, evaluation or proposal exists twice however the two workers interleave."""
     monkeypatch.setenv("ENVLAB_RUNS", str(tmp_path / "runs"))
     (tmp_path / "config.json").write_text(CONFIG.model_dump_json())
-    assert main(["experiment", "new", "--name", "pg", "--arms", "fixed,heuristic", "--seeds", "2", "--stages", "1",
+    assert main(["experiment", "new", "--dev-per-size", "3",
+                 "--name", "pg", "--arms", "fixed,heuristic", "--seeds", "2", "--stages", "1",
                  "--config", str(tmp_path / "config.json"), "--validation-per-size", "30", "--validation-boards", "4",
                  "--grpo", "num_generations=2", "--grpo", "per_device_train_batch_size=16", "--db", db_url]) == 0
     capsys.readouterr()

