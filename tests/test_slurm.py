@@ -22,6 +22,7 @@ from sqlmodel import select
 from lab.cli import main
 from lab.experiments import experiment_runs, find_experiment
 from lab.pages import train
+from lab.settings import RunSettings
 from lab.pages.compare import compare_view
 from lab.slurm import SlurmError, SlurmJob, SlurmOptions, slurm_options, task_states
 from storage.db import make_engine, session
@@ -376,7 +377,8 @@ def test_cancel_in_the_page_scancels_the_task_running_the_runs_job(engine, tmp_p
         assert time.monotonic() < deadline, task_states([submitted])
         time.sleep(0.2)
     with open_session(engine) as s:
-        run = create_run(s, name="cut", config=EnvConfig.default(num_instances=8), stages=1, engineer="fixed")
+        run = create_run(s, name="cut", config=EnvConfig.default(num_instances=8), settings=RunSettings(stages=1),
+                         engineer="fixed")
         s.commit()
         job = queue.claim(s, "vm:1")
         s.exec(update(Job).where(Job.id == job.id).values(slurm=dict(SlurmJob(
