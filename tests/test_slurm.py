@@ -22,8 +22,8 @@ from sqlmodel import select
 from lab.cli import main
 from lab.experiments import experiment_runs, find_experiment
 from lab.pages import train
-from lab.settings import RunSettings
 from lab.pages.compare import compare_view
+from lab.settings import RunSettings
 from lab.slurm import SlurmError, SlurmJob, SlurmOptions, slurm_options, task_states
 from storage.db import make_engine, session
 from storage.models import Episode, Job
