@@ -532,12 +532,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         return False
 
     args, grpo = stage_args(engine, opts.run, opts.stage)
-    if not main_process:  # the others train with it (unless it is trained); evaluation and rows are the main's
-        if args.adoptable_marker() is None:
-            train(engine, args, start_policy(args, local_device()), grpo, progress)
+    try:
+        if not main_process:  # the others train with it (unless it is trained); evaluation and rows are the main's
+            if args.adoptable_marker() is None:
+                train(engine, args, start_policy(args, local_device()), grpo, progress)
+            return 0
+        print(run_stage(engine, args, grpo, progress))
         return 0
-    print(run_stage(engine, args, grpo, progress))
-    return 0
+    finally:
+        _leave_process_group()
+
+
+def _leave_process_group() -> None:
+    """Leave torch.distributed before the interpreter exits: a gloo group torn down at exit can abort the
+    process ("terminate called without an active exception") after its work is done."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
