@@ -33,7 +33,8 @@ QUICK = dict(arms="fixed,heuristic", seeds=2, stages=1, instances=8, validation_
 
 
 @dataclass
-class Args:
+class Study:
+    """What an experiment benchmark measures: the shipped study's shape by default (`bench_slurm.py` too)."""
     arms: str = "fixed,random,heuristic"
     seeds: int = 3
     stages: int = 3
@@ -41,9 +42,13 @@ class Args:
     validation_per_size: int = 120
     validation_boards: int = 0  # 0: the whole validation set
     grpo: str = ""  # k=v,k=v
-    workers: str = "1,2"
     threads: int = 1
     quick: bool = False
+
+
+@dataclass
+class Args(Study):
+    workers: str = "1,2"
 
 
 def grpo_of(text: str) -> dict:

@@ -25,6 +25,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench_experiment import QUICK, Study, grpo_of
+
 from envsim.config import EnvConfig
 from lab.experiments import create_experiment, experiment_runs
 from lab.settings import RunSettings
@@ -32,31 +34,14 @@ from lab.slurm import SlurmOptions, experiment_arrays, run_on_slurm, sweep
 from storage.db import make_engine, upgrade
 from storage.models import RunStatus
 
-QUICK = dict(arms="fixed,heuristic", seeds=2, stages=1, instances=8, validation_per_size=30, validation_boards=8,
-             grpo="num_generations=2,per_device_train_batch_size=16")
-
 
 @dataclass
-class Args:
-    arms: str = "fixed,random,heuristic"
-    seeds: int = 3
-    stages: int = 3
-    instances: int = 512
-    validation_per_size: int = 120
-    validation_boards: int = 0  # 0: the whole validation set
-    grpo: str = ""  # k=v,k=v
+class Args(Study):
     tasks: str = "1,2"
     cpus: int = 1
-    threads: int = 1
     partition: str = ""
     gpus: int = 0
-    quick: bool = False
     local_cluster: bool = False
-
-
-def grpo_of(text: str) -> dict:
-    pairs = [p.partition("=") for p in text.split(",") if p]
-    return {k: int(v) if v.isdigit() else v for k, _, v in pairs}
 
 
 def runs_per_hour(args: Args, tasks: int, config: EnvConfig, root: Path) -> tuple[float, float, int]:

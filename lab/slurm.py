@@ -282,23 +282,20 @@ class SlurmTask:
 
         signal.signal(signal.SIGTERM, stop)
 
-        def recording(handler: Callable) -> Callable:
-            def run(engine: Engine, job: Job, progress: Callable) -> Any:
-                self._current = job.id
-                record(engine, job.id, me)
-                return handler(engine, job, progress)
-            return run
+        def claimed(engine: Engine, job: Job) -> None:
+            self._current = job.id
+            record(engine, job.id, me)
 
         def after(engine: Engine, job: Job) -> None:
             self._current = None
             after_job(engine, job)
 
-        # In this process: the array task is the process that Slurm starts, signals and ends (a job's memory is
-        # given back when the task exits); the worker owns the GPUs Slurm gave the task.
-        lab = {kind: recording(h) for kind, h in handlers(in_child=False).items()}
+        # As any worker's: a job that loads a model runs in a child process (under `accelerate launch` on the
+        # task's GPUs), whose memory is given back when it ends; a signal that stops the task ends the child's
+        # process group too (`lab.worker.run_child`) and hands the job back.
         try:
-            return run_worker(engine, lab, worker_id=me.worker, poll_s=self.poll_s, stale_s=self.stale_s, after=after,
-                              idle_exit_s=self.idle_exit_s, gpus=visible_gpus())
+            return run_worker(engine, handlers(), worker_id=me.worker, poll_s=self.poll_s, stale_s=self.stale_s,
+                              after=after, claimed=claimed, idle_exit_s=self.idle_exit_s, gpus=visible_gpus())
         except Stopped as err:
             job_id = self._current
             self._release(f"{err}: stopped (scancel, time limit or preemption) during the job")

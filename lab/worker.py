@@ -317,7 +317,8 @@ def _unknown_kind(kinds: Sequence[str]) -> Handler:
 def run_worker(engine: Engine, handlers: dict[str, Handler | InChild], *, worker_id: str | None = None,
                poll_s: float = 1.0, stale_s: float | None = None, once: bool = False, after: After | None = None,
                stop: threading.Event | None = None, gpus: Sequence[str] = (), run_id: int | None = None,
-               kinds: Sequence[str] | None = None, nice: int = 0, idle_exit_s: float | None = None) -> int:
+               kinds: Sequence[str] | None = None, nice: int = 0, idle_exit_s: float | None = None,
+               claimed: After | None = None) -> int:
     """Claim and run jobs until `stop` is set; returns how many jobs this worker ran.
 
     Each poll first reaps running jobs with no heartbeat for `stale_s` seconds (their worker died), then
@@ -328,7 +329,8 @@ def run_worker(engine: Engine, handlers: dict[str, Handler | InChild], *, worker
     (done, failed or cancelled; the lab queues what comes next there). With `once`, the worker returns when it
     finds nothing to claim instead of waiting for more work (jobs that `after` queues still run first); with
     `idle_exit_s`, when it has found nothing to claim for that many seconds (a Slurm array task frees its
-    allocation so). A job of
+    allocation so). `claimed(engine, job)` runs on each claimed job before its handler (a Slurm task records
+    itself on it). A job of
     a kind with no handler is claimed and failed with a message naming the kinds this worker runs. `nice` lowers
     this process's CPU priority first (`os.nice`; its children inherit it), so the page it serves beside answers
     before its training.
@@ -353,6 +355,8 @@ def run_worker(engine: Engine, handlers: dict[str, Handler | InChild], *, worker
             stop.wait(poll_s)
             continue
         log.info("job %s (%s) claimed, attempt %d: %s", job.id, job.kind, job.attempts, job.payload)
+        if claimed is not None:
+            claimed(engine, job)
         handler = handlers.get(job.kind) or _unknown_kind(list(handlers))
         if isinstance(handler, InChild) and _in_child(engine, job, handler):
             try:  # the worker's own vLLM server lives across stages; its children reach it by its URL
@@ -555,14 +559,21 @@ def worker_busy(engine: Engine) -> bool:
 
 def _death_signal() -> Callable[[], None] | None:
     """What the child runs before it starts on Linux: ask the kernel to SIGKILL it when its parent dies, even
-    by SIGKILL (no atexit runs then). Resolved here, in the parent, so the forked child imports nothing (an
-    import lock another thread held at the fork would stay held). None elsewhere."""
+    by SIGKILL (no atexit runs then), and ignore SIGUSR2. Resolved here, in the parent, so the forked child imports
+    nothing (an import lock another thread held at the fork would stay held). None elsewhere."""
     if not sys.platform.startswith("linux"):
         return None
     import ctypes
 
     prctl = ctypes.CDLL(None, use_errno=True).prctl
-    return lambda: prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+
+    def before_exec() -> None:
+        prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+        # SIGUSR2 is Slurm's warning before a time limit or a preemption, sent to every process of the task: the
+        # worker's to handle (it hands the job back and ends this child); ignored here, as across the exec
+        signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+
+    return before_exec
 
 
 def start_worker(db: str | None, *, options: Sequence[str] = (), die_with_parent: bool = False,

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -129,34 +130,21 @@ def test_a_task_scancelled_in_the_middle_of_a_stage_leaves_it_to_another_task(db
     runs; the stage is queued again at once (the task hands it back on SIGTERM) and the other task completes it.
     Every job exists once and ends done; stage 1 took 2 attempts; its episodes exist once."""
     monkeypatch.setenv("ENVLAB_RUNS", str(tmp_path / "runs"))
-    new_experiment("cut", db_url, tmp_path, arms="fixed", seeds=1, boards=8)
-    capsys.readouterr()
     engine = make_engine(db_url)
-    driver = subprocess.Popen([sys.executable, "-m", "lab.cli", "experiment", "run", "cut", "--slurm",
-                               "--slurm-tasks", "2", "--slurm-idle-exit", "600", "--db", db_url],
-                              env=lab_env(tmp_path), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True)
-    try:
+
+    def cut(task: SlurmJob, driver: subprocess.Popen) -> None:
+        capsys.readouterr()
+        slurm_cluster.run("scancel", task.key)
         deadline = time.monotonic() + 600
-        while (job := _stage_running_on_slurm(engine)) is None or not job.slurm:
+        while {r.status for r in experiment_runs(engine, find_experiment(engine, "cut").id)} != {"done"}:
             assert driver.poll() is None, driver.stdout.read()
-            assert time.monotonic() < deadline, "stage 1 never ran on a slurm task"
-            time.sleep(0.1)
-        first = SlurmJob.of(job)
-        slurm_cluster.run("scancel", first.key)
-        deadline = time.monotonic() + 600
-        while not [j for j in _jobs(engine) if j.kind == "stage" and j.target == 1 and j.status == "done"]:
-            assert driver.poll() is None, driver.stdout.read()
-            assert time.monotonic() < deadline, "stage 1 was not completed after the scancel"
+            assert time.monotonic() < deadline, "the run was not completed after the scancel"
             time.sleep(0.5)
         # the experiment is done; the other task waits for work: cancel frees it, and the command ends
         assert main(["experiment", "cancel", "cut", "--db", db_url]) == 0
-        assert "scancel sent to slurm array(s) " + first.array in capsys.readouterr().out
-        out, _ = driver.communicate(timeout=300)
-    finally:
-        if driver.poll() is None:
-            driver.kill()
-    assert driver.returncode == 0, out
+        assert "scancel sent to slurm array(s) " + task.array in capsys.readouterr().out
+
+    first, job, out = _tasks_hit_in_stage_1("cut", db_url, tmp_path, engine, cut, tasks=2, idle_exit_s=600)
     assert "experiment cut: 1 of 1 runs done" in out
     runs = experiment_runs(engine, find_experiment(engine, "cut").id)
     jobs = nothing_lost_nothing_twice_on(engine, runs, boards=8)
@@ -171,17 +159,15 @@ def test_a_task_scancelled_in_the_middle_of_a_stage_leaves_it_to_another_task(db
     engine.dispose()
 
 
-@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
-def test_a_task_killed_without_a_word_is_seen_dead_and_its_stage_runs_again(db_url: str, tmp_path: Path,
-                                                                           monkeypatch, capsys, slurm_cluster):
-    """One run, one array task: the task's worker is SIGKILLed in the middle of stage 1 (as the kernel's OOM killer
-    or a lost node ends it: no signal handler runs). The command reads the task's end from scontrol, hands the stage
-    back, and, with no task left, submits another array, whose task completes the stage, once."""
-    monkeypatch.setenv("ENVLAB_RUNS", str(tmp_path / "runs"))
-    new_experiment("kill", db_url, tmp_path, arms="fixed", seeds=1, boards=8)
-    engine = make_engine(db_url)
-    driver = subprocess.Popen([sys.executable, "-m", "lab.cli", "experiment", "run", "kill", "--slurm",
-                               "--slurm-tasks", "1", "--slurm-idle-exit", "3", "--db", db_url],
+def _tasks_hit_in_stage_1(name: str, db_url: str, tmp_path: Path, engine,
+                          hit: Callable[[SlurmJob, subprocess.Popen], object], *, tasks: int = 1,
+                          idle_exit_s: int = 3) -> tuple[SlurmJob, Job, str]:
+    """An experiment of one run on `tasks` array tasks: `hit` strikes the task training stage 1 in the middle of
+    it; the driver runs on to its end. Gives the task as it was when hit, the stage's job then, and the driver's
+    output."""
+    new_experiment(name, db_url, tmp_path, arms="fixed", seeds=1, boards=8)
+    driver = subprocess.Popen([sys.executable, "-m", "lab.cli", "experiment", "run", name, "--slurm",
+                               "--slurm-tasks", str(tasks), "--slurm-idle-exit", str(idle_exit_s), "--db", db_url],
                               env=lab_env(tmp_path), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True)
     try:
@@ -191,12 +177,25 @@ def test_a_task_killed_without_a_word_is_seen_dead_and_its_stage_runs_again(db_u
             assert time.monotonic() < deadline, "stage 1 never ran on a slurm task"
             time.sleep(0.1)
         first = SlurmJob.of(job)
-        os.kill(int(first.worker.rpartition(":")[2]), signal.SIGKILL)
+        hit(first, driver)
         out, _ = driver.communicate(timeout=600)
     finally:
         if driver.poll() is None:
             driver.kill()
     assert driver.returncode == 0, out
+    return first, job, out
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+def test_a_task_killed_without_a_word_is_seen_dead_and_its_stage_runs_again(db_url: str, tmp_path: Path,
+                                                                           monkeypatch, capsys, slurm_cluster):
+    """One run, one array task: the task's worker is SIGKILLed in the middle of stage 1 (as the kernel's OOM killer
+    or a lost node ends it: no signal handler runs). The command reads the task's end from scontrol, hands the stage
+    back, and, with no task left, submits another array, whose task completes the stage, once."""
+    monkeypatch.setenv("ENVLAB_RUNS", str(tmp_path / "runs"))
+    engine = make_engine(db_url)
+    first, job, out = _tasks_hit_in_stage_1(
+        "kill", db_url, tmp_path, engine, lambda task, _: os.kill(int(task.worker.rpartition(":")[2]), signal.SIGKILL))
     assert f"job {job.id}: its slurm job died; queued again for another task" in out
     assert "experiment kill: 1 of 1 runs done" in out
     runs = experiment_runs(engine, find_experiment(engine, "kill").id)
@@ -217,25 +216,9 @@ def test_a_preempted_task_hands_its_stage_back_and_requeues_itself(db_url: str, 
     where the cluster says so) reaches the task in the middle of stage 1. The checkpointing hook hands the stage
     back, submitit requeues the task, and the same array task, started again, completes the stage, once."""
     monkeypatch.setenv("ENVLAB_RUNS", str(tmp_path / "runs"))
-    new_experiment("preempt", db_url, tmp_path, arms="fixed", seeds=1, boards=8)
     engine = make_engine(db_url)
-    driver = subprocess.Popen([sys.executable, "-m", "lab.cli", "experiment", "run", "preempt", "--slurm",
-                               "--slurm-tasks", "1", "--slurm-idle-exit", "3", "--db", db_url],
-                              env=lab_env(tmp_path), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True)
-    try:
-        deadline = time.monotonic() + 600
-        while (job := _stage_running_on_slurm(engine)) is None or not job.slurm:
-            assert driver.poll() is None, driver.stdout.read()
-            assert time.monotonic() < deadline, "stage 1 never ran on a slurm task"
-            time.sleep(0.1)
-        first = SlurmJob.of(job)
-        slurm_cluster.run("scancel", "--signal=USR2", first.key)
-        out, _ = driver.communicate(timeout=600)
-    finally:
-        if driver.poll() is None:
-            driver.kill()
-    assert driver.returncode == 0, out
+    first, job, out = _tasks_hit_in_stage_1("preempt", db_url, tmp_path, engine,
+                                            lambda task, _: slurm_cluster.run("scancel", "--signal=USR2", task.key))
     assert "experiment preempt: 1 of 1 runs done" in out
     runs = experiment_runs(engine, find_experiment(engine, "preempt").id)
     jobs = nothing_lost_nothing_twice_on(engine, runs, boards=8)
