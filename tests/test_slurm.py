@@ -73,6 +73,8 @@ def test_an_experiment_runs_to_its_end_on_a_slurm_job_array(db_url: str, tmp_pat
     logs = {s.log for s in ran}
     assert all(Path(log).is_file() and f"envlab worker: slurm {array}_" in Path(log).read_text() for log in logs)
     assert all(Path(log).parent == tmp_path / "runs" / "experiments" / str(experiment.id) / "slurm" for log in logs)
+    said = "".join(Path(log).read_text() for log in logs)  # each stage ran in a child process of its task
+    assert all(f"job {j.id} (stage): child process " in said for j in jobs if j.kind == "stage")
     assert all((tmp_path / "runs" / r.uuid / "stage-1").is_dir() for r in runs)  # the runs root every task read
 
     assert main(["experiment", "status", "slurm", "--db", db_url]) == 0
