@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -28,7 +29,24 @@ MIN_TRIES = 2000
 
 
 class GenerationError(ValueError):
-    """The config cannot be met; the message names the map size and the knob."""
+    """The config cannot be met; the message names the map size and the knob, and `size` is that map size (None
+    where no one size is to blame), so a caller acts on it without reading the message."""
+
+    def __init__(self, message: str, size: int | None = None):
+        super().__init__(message)
+        self.size = size
+
+
+@dataclass(frozen=True)
+class Unfillable:
+    """Why the generator cannot fill a config, as data: the map size it could not fill (None where no one size is
+    to blame) and its one-line message (`str()` of it)."""
+
+    size: int | None
+    message: str
+
+    def __str__(self) -> str:
+        return self.message
 
 
 def round_half_up(x: float) -> int:
@@ -91,10 +109,11 @@ def random_board(size: int, num_holes: int, num_agents: int, rng: np.random.Gene
 
 def stratified(draw: Callable[[np.random.Generator], Instance | None], count: int, wait_count: int,
                rng: np.random.Generator, what: str, budget: int = NODE_BUDGET,
-               stats: dict | None = None) -> Iterator[Instance]:
+               stats: dict | None = None, size: int | None = None) -> Iterator[Instance]:
     """Labelled boards from `draw`, exactly `wait_count` of `count` needing a wait.
 
-    Raises GenerationError after a bounded number of draws, saying which stratum ran short.
+    Raises GenerationError after a bounded number of draws, saying which stratum ran short (`size`: the map size
+    it names, where there is one).
     `stats["slowest"]`, when given a dict, becomes (seconds, board id) of the slowest board kept.
     """
     want = {True: wait_count, False: count - wait_count}
@@ -127,7 +146,7 @@ def stratified(draw: Callable[[np.random.Generator], Instance | None], count: in
         raise GenerationError(
             f"{what}: found only {count - want[True] - want[False]} of {count} boards after {tries} tries "
             f"(still short of {want[True] or want[False]} {short}; {empty} boards too small for the agents, "
-            f"{unsolved} unsolvable or over the solver's budget)")
+            f"{unsolved} unsolvable or over the solver's budget)", size)
 
 
 def stage_seed(run_seed: int, stage_index: int) -> int:
@@ -136,13 +155,13 @@ def stage_seed(run_seed: int, stage_index: int) -> int:
     return int(np.random.SeedSequence([run_seed, stage_index]).generate_state(1)[0])
 
 
-def cannot_fill(config: EnvConfig, seed: int = 0, n: int | None = None) -> str | None:
-    """Why `generate(config, n, seed)` fails (the generator's message: the size and the knob), or None when it
-    succeeds. As costly as generating: an unfillable config spends every try before it is known."""
+def cannot_fill(config: EnvConfig, seed: int = 0, n: int | None = None) -> Unfillable | None:
+    """Why `generate(config, n, seed)` fails (the size it could not fill and the generator's message), or None when
+    it succeeds. As costly as generating: an unfillable config spends every try before it is known."""
     try:
         generate(config, n, seed)
     except GenerationError as err:
-        return str(err)
+        return Unfillable(err.size, str(err))
     return None
 
 
@@ -171,15 +190,15 @@ def boards(config: EnvConfig, n: int | None = None, seed: int = 0) -> Iterator[I
         if size * size - num_holes < 2 * k:
             raise GenerationError(
                 f"size {size}: hole_ratio {config.hole_ratio[size]:g} leaves {size * size - num_holes} ice cells, "
-                f"too few for {k} agents' starts and goals ({2 * k} cells)")
+                f"too few for {k} agents' starts and goals ({2 * k} cells)", size)
         rng = np.random.default_rng([TRAINING, seed, size])
         wait_count = round_half_up(config.wait_ratio[size] * count)
         if k == 1 and wait_count:
             raise GenerationError(f"size {size}: wait_ratio {config.wait_ratio[size]:g} asks for boards that need "
-                                  f"a wait, and a lone agent never needs one (set it to 0 or train 2+ agents)")
+                                  f"a wait, and a lone agent never needs one (set it to 0 or train 2+ agents)", size)
         what = (f"size {size} (hole_ratio {config.hole_ratio[size]:g}, wait_ratio {config.wait_ratio[size]:g}, "
                 f"{k} agents)")
         def draw(r: np.random.Generator, s: int = size, h: int = num_holes, k: int = k) -> Instance | None:
             return random_board(s, h, k, r)
 
-        yield from stratified(draw, count, wait_count, rng, what)
+        yield from stratified(draw, count, wait_count, rng, what, size=size)

@@ -16,7 +16,7 @@ from sqlalchemy import Engine
 from sqlmodel import Session, select
 
 from envsim.config import GLOBALS, KNOBS, EnvConfig, Projection, project
-from envsim.generator import cannot_fill, stage_seed
+from envsim.generator import Unfillable, cannot_fill, stage_seed
 from lab.engineers import EngineerAnswer
 from storage.db import lock_run
 from storage.db import session as open_session
@@ -87,12 +87,13 @@ def self_summary(session: Session, run_id: int, before_stage: int) -> str | None
     return "\n".join(lines) or None
 
 
-def fill_check(run_seed: int, stage_index: int) -> Callable[[EnvConfig], str | None]:
-    """The generator's check for a run's stage: why that stage's seed cannot fill a config (the generator's
-    message), or None when it can. Remembered per config, since an unfillable config costs every try."""
+def fill_check(run_seed: int, stage_index: int) -> Callable[[EnvConfig], Unfillable | None]:
+    """The generator's check for a run's stage: why that stage's seed cannot fill a config (`Unfillable`: the size
+    and the generator's message), or None when it can. Remembered per config, since an unfillable config costs
+    every try."""
     seed, seen = stage_seed(run_seed, stage_index), {}
 
-    def check(config: EnvConfig) -> str | None:
+    def check(config: EnvConfig) -> Unfillable | None:
         key = config.model_dump_json()
         if key not in seen:
             seen[key] = cannot_fill(config, seed)
@@ -101,7 +102,7 @@ def fill_check(run_seed: int, stage_index: int) -> Callable[[EnvConfig], str | N
     return check
 
 
-def fillable(answer: EngineerAnswer, check: Callable[[EnvConfig], str | None]) -> EngineerAnswer:
+def fillable(answer: EngineerAnswer, check: Callable[[EnvConfig], Unfillable | None]) -> EngineerAnswer:
     """The answer, or the answer failed with the generator's message when its config cannot be generated: a
     stage is never queued on a config its boards cannot be drawn from (it would fail the same way on every
     resume)."""

@@ -4,14 +4,12 @@ measures each on the policy (`training.probe`), keeps the most learnable and wei
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 from envsim.config import KNOBS, EnvConfig
 from lab.context import Evidence, knob_text
-from lab.engineers.answer import EngineerAnswer, ProbeFn, answer_of, shares
+from lab.engineers.answer import EngineerAnswer, FillCheck, ProbeFn, answer_of, revert_unfillable, shares
 from training.probe import ProbeResult  # the probe's numbers; torch loads only where a probe samples
 
 # ---------------------------------------------------------------- sampling for learnability
@@ -42,7 +40,7 @@ def candidates(config: EnvConfig, size: int) -> list[tuple[float, float]]:
 
 
 def learnability(evidence: Evidence, *, seed: int = 0, probe_fn: ProbeFn | None = None,
-                 cannot_fill: Callable[[EnvConfig], str | None] | None = None, **_options: Any) -> EngineerAnswer:
+                 cannot_fill: FillCheck | None = None, **_options: Any) -> EngineerAnswer:
     """Per size, measure each candidate (hole, wait) pair (`candidates`) with `probe_fn` (one size per probe),
     keep the most learnable (mean p_b(1 - p_b) over boards; a tie keeps the earlier, the current pair first),
     and set data_ratio in proportion to the kept learnability, never below `LEARN_FLOOR`.
@@ -85,17 +83,8 @@ def learnability(evidence: Evidence, *, seed: int = 0, probe_fn: ProbeFn | None 
         lines[base.sizes.index(size)] += f"; data_ratio {knob_text(base.data_ratio[size])} -> {knob_text(data[size])}"
     config = EnvConfig(data_ratio=data, hole_ratio=hole, wait_ratio=wait, num_agents=base.num_agents,
                        num_instances=base.num_instances)
-    # A few probe boards may be drawn where a stage's many cannot (a wait ratio the size rarely needs): revert the
-    # size the generator names (else the last changed) to its current ratios until the stage's seed can fill it.
-    changed = [s for s in base.sizes if (hole[s], wait[s]) != (base.hole_ratio[s], base.wait_ratio[s])]
-    while cannot_fill is not None and changed and (why := cannot_fill(config)) is not None:
-        named = re.search(r"size (\d+)\b", why)
-        size = int(named.group(1)) if named and int(named.group(1)) in changed else changed[-1]
-        changed.remove(size)
-        hole[size], wait[size] = base.hole_ratio[size], base.wait_ratio[size]
-        lines.append(f"size {size}: back to hole {knob_text(hole[size])}, wait {knob_text(wait[size])}: the "
-                     f"generator could not fill the config ({why})")
-        config = config.model_copy(update={"hole_ratio": dict(hole), "wait_ratio": dict(wait)})
+    config, reverted = revert_unfillable(config, base, cannot_fill)
+    lines += reverted
     compute = compute_of(spent)
     lines.append(f"probe compute: {compute['completions']} sampled answers, {compute['seconds']:.1f} s "
                  f"({compute['probes']} probes, {compute['cached']} cached)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from envsim.config import EnvConfig
+from envsim.generator import Unfillable
 from lab.engineers import (
     LEARN_FLOOR,
     candidates,
@@ -44,9 +45,9 @@ def test_learnability_counts_no_compute_for_cached_probes_and_reverts_what_the_s
     probe = ScriptedProbe({(3, 0.2, 0.5): 0.2, (4, 0.3, 0.25): 0.2}, cached=True)
     refused = []
 
-    def cannot_fill(config: EnvConfig) -> str | None:
+    def cannot_fill(config: EnvConfig) -> Unfillable | None:
         refused.append(dict(config.wait_ratio))
-        return "size 3: too many waits" if config.wait_ratio[3] == 0.5 else None
+        return Unfillable(3, "size 3: too many waits") if config.wait_ratio[3] == 0.5 else None
 
     answer = learnability(evidence(), seed=0, probe_fn=probe, cannot_fill=cannot_fill)
     config = answer.projection.config
