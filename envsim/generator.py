@@ -6,6 +6,12 @@ in the board's largest ice component, labels each with the exact solver, and kee
 `round_half_up(wait_ratio[s] * count[s])` boards that need a wait (rejection sampling, stratified by the
 `needs_wait` label). Each size draws from its own random stream, so changing one size's knobs never
 changes another size's boards.
+
+With `random_share` > 0, `round_half_up(random_share * count[s])` of a size's boards are drawn broadly instead
+(after the size's own, from a stream of their own): each board's wait ratio uniform over its legal range (it
+needs a wait with that chance; a lone agent never does) and each draw's hole ratio uniform over its legal range.
+The size's own knobs then hold for the rest, so with `random_share` 0 the boards are exactly those of a config
+without it.
 """
 
 from __future__ import annotations
@@ -17,13 +23,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from envsim.config import EnvConfig
+from envsim.config import KNOBS, EnvConfig
 from envsim.instance import Instance
 from envsim.solver import NODE_BUDGET, Unsolved, label
 
 # Seed namespaces: no two share a random stream. VALIDATION_EXTRA: the boards a larger validation set adds;
 # DEV: the boards the engineers read (`envsim.suite.dev_entries`).
 TRAINING, VALIDATION, BENCHMARK, VALIDATION_EXTRA, DEV = 0, 1, 2, 3, 4
+BROAD = 1  # appended to a size's training stream: the stream of its boards drawn broadly (`random_share`)
 TRIES_PER_INSTANCE = 200
 MIN_TRIES = 2000
 
@@ -109,16 +116,17 @@ def random_board(size: int, num_holes: int, num_agents: int, rng: np.random.Gene
 
 def stratified(draw: Callable[[np.random.Generator], Instance | None], count: int, wait_count: int,
                rng: np.random.Generator, what: str, budget: int = NODE_BUDGET,
-               stats: dict | None = None, size: int | None = None) -> Iterator[Instance]:
+               stats: dict | None = None, size: int | None = None,
+               seen: set[str] | None = None) -> Iterator[Instance]:
     """Labelled boards from `draw`, exactly `wait_count` of `count` needing a wait.
 
     Raises GenerationError after a bounded number of draws, saying which stratum ran short (`size`: the map size
-    it names, where there is one).
+    it names, where there is one). `seen`: board ids not to draw again (it gains the ids this call draws).
     `stats["slowest"]`, when given a dict, becomes (seconds, board id) of the slowest board kept.
     """
     want = {True: wait_count, False: count - wait_count}
     tries = max(MIN_TRIES, TRIES_PER_INSTANCE * count)
-    seen: set[str] = set()
+    seen = set() if seen is None else seen
     empty = unsolved = 0
     for _ in range(tries):
         if want[True] == 0 and want[False] == 0:
@@ -182,12 +190,14 @@ def generate(config: EnvConfig, n: int | None = None, seed: int = 0,
 def boards(config: EnvConfig, n: int | None = None, seed: int = 0) -> Iterator[Instance]:
     """`generate`'s boards one at a time, as they are made: a long set is written as it goes, never held."""
     n = config.num_instances if n is None else n
-    for size, count in size_counts(config, n).items():
-        if count == 0:
+    for size, total in size_counts(config, n).items():
+        if total == 0:
             continue
+        broad = round_half_up(config.random_share * total)
+        count = total - broad
         num_holes = round_half_up(config.hole_ratio[size] * size * size)
         k = config.num_agents
-        if size * size - num_holes < 2 * k:
+        if count and size * size - num_holes < 2 * k:
             raise GenerationError(
                 f"size {size}: hole_ratio {config.hole_ratio[size]:g} leaves {size * size - num_holes} ice cells, "
                 f"too few for {k} agents' starts and goals ({2 * k} cells)", size)
@@ -201,4 +211,24 @@ def boards(config: EnvConfig, n: int | None = None, seed: int = 0) -> Iterator[I
         def draw(r: np.random.Generator, s: int = size, h: int = num_holes, k: int = k) -> Instance | None:
             return random_board(s, h, k, r)
 
-        yield from stratified(draw, count, wait_count, rng, what, size=size)
+        seen: set[str] = set()
+        yield from stratified(draw, count, wait_count, rng, what, size=size, seen=seen)
+        if broad:
+            yield from broad_boards(size, broad, k, np.random.default_rng([TRAINING, seed, size, BROAD]), seen)
+
+
+def broad_boards(size: int, count: int, num_agents: int, rng: np.random.Generator,
+                 seen: set[str] | None = None) -> Iterator[Instance]:
+    """`count` labelled boards of `size` drawn broadly: each board's wait ratio uniform over its legal range
+    (the board needs a wait with that chance; a lone agent never does) and each draw's hole ratio uniform over
+    its legal range. The wait labels are drawn first, then the boards (`stratified`), so the counts are exact."""
+    (hole_lo, hole_hi), (wait_lo, wait_hi) = KNOBS["hole_ratio"], KNOBS["wait_ratio"]
+    chances = rng.uniform(wait_lo, wait_hi, size=count)
+    wait_count = 0 if num_agents == 1 else int((rng.random(count) < chances).sum())
+
+    def draw(r: np.random.Generator) -> Instance | None:
+        holes = round_half_up(float(r.uniform(hole_lo, hole_hi)) * size * size)
+        return random_board(size, holes, num_agents, r)
+
+    what = f"size {size} (random_share: hole and wait ratios drawn at random, {num_agents} agents)"
+    yield from stratified(draw, count, wait_count, rng, what, size=size, seen=seen)
