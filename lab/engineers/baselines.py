@@ -59,7 +59,7 @@ def _random_draw(base: EnvConfig, rng: np.random.Generator) -> EnvConfig:
     hole = {s: round(float(rng.uniform(hole_lo, hole_hi)), 2) for s in sizes}
     wait = {s: round(float(rng.uniform(wait_lo, wait_hi)), 2) for s in sizes}
     return EnvConfig(data_ratio=data, hole_ratio=hole, wait_ratio=wait, num_agents=base.num_agents,
-                     num_instances=base.num_instances)
+                     num_instances=base.num_instances, random_share=base.random_share)
 
 
 # ---------------------------------------------------------------- a transparent curriculum rule
@@ -116,7 +116,7 @@ def heuristic(evidence: Evidence, *, seed: int = 0, **_options: Any) -> Engineer
             lines.append(f"size {s}: hole_ratio {knob_text(base.hole_ratio[s])} -> {knob_text(hole[s])} "
                          f"(valid {p:.0%}: mastered, so harder boards)")
     config = EnvConfig(data_ratio=data, hole_ratio=hole, wait_ratio=wait, num_agents=base.num_agents,
-                       num_instances=base.num_instances)
+                       num_instances=base.num_instances, random_share=base.random_share)
     return answer_of(config, base, "\n".join(lines) or "no change: nothing in the dev results calls for one")
 
 

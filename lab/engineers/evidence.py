@@ -145,6 +145,6 @@ def evidence_engineer(evidence: Evidence, *, seed: int = 0,
         read = sum(r.boards for r in readings.values())
         lines.append("no dev board failed: data_ratio kept" if read else "no dev boards to read: data_ratio kept")
     config = EnvConfig(data_ratio=data, hole_ratio=hole, wait_ratio=wait, num_agents=base.num_agents,
-                       num_instances=base.num_instances)
+                       num_instances=base.num_instances, random_share=base.random_share)
     config, reverted = revert_unfillable(config, base, cannot_fill)
     return answer_of(config, base, "\n".join(lines + reverted))
