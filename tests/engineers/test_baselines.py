@@ -134,3 +134,14 @@ def test_heuristic_without_results_for_a_size_keeps_its_knobs() -> None:
 def test_shares_sum_to_one_in_steps() -> None:
     assert shares({3: 1, 4: 1, 5: 1}) == {3: 0.334, 4: 0.333, 5: 0.333}
     assert shares({3: 0.09, 4: 0.25, 5: 0.05}) == {3: 0.231, 4: 0.641, 5: 0.128}
+
+
+def test_the_engineers_that_do_not_set_random_share_keep_the_bases_and_propose_as_without_it() -> None:
+    from lab.engineers import ENGINEERS
+
+    broad = EnvConfig(**{**CONFIG.model_dump(), "random_share": 0.5})
+    for name in ("fixed", "random", "heuristic", "evidence"):
+        plain = ENGINEERS[name](evidence(), seed=7).projection.config
+        kept = ENGINEERS[name](evidence(config=broad), seed=7).projection.config
+        assert plain.random_share == 0.0 and kept.random_share == 0.5, name
+        assert kept.model_copy(update={"random_share": 0.0}) == plain, name  # the same draws and moves
