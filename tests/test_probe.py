@@ -7,6 +7,8 @@ import pytest
 from sqlmodel import select
 
 from envsim.config import EnvConfig
+from envsim.generator import cannot_fill, stage_seed
+from lab.engineers import LEARN_ANSWERS, LEARN_BOARDS, grid
 from lab.settings import RunSettings
 from storage.db import make_engine, session, upgrade
 from storage.models import Probe
@@ -118,7 +120,8 @@ def test_a_probe_of_no_answers_is_refused(tiny):
 
 
 def test_a_learnability_proposal_probes_the_runs_checkpoint_and_keeps_its_compute(tmp_path):
-    """The propose job with the real tiny policy: 2 sizes x up to 4 candidates, stored, cached the second time."""
+    """The propose job with the real tiny policy: 2 sizes x the 6 cells of the grid, stored, cached the second
+    time; the proposal draws half of each size's boards broadly and the next stage can generate it."""
     from lab.loop import create_run, run_propose_job
     from lab.worker import run_worker
     from storage.models import Job, Proposal, Stage
@@ -146,11 +149,16 @@ def test_a_learnability_proposal_probes_the_runs_checkpoint_and_keeps_its_comput
         first, second = s.exec(select(Proposal).order_by(Proposal.id)).all()
         probes = s.exec(select(Probe)).all()
     assert first.error is None and first.engineer == "learnability"
-    assert first.compute["probes"] == len(probes) == 8 and first.compute["completions"] == 8 * 4 * 8
+    assert first.compute["probes"] == len(probes) == 2 * 6 and first.compute["completions"] == 2 * 6 * 16 * 4
     assert first.compute["cached"] == 0 and first.compute["seconds"] > 0
-    assert {p.checkpoint for p in probes} == {"tiny"} and {(p.seed, p.boards, p.answers) for p in probes} == {(2, 4, 8)}
-    assert second.compute == {"completions": 0, "seconds": 0.0, "probes": 8, "cached": 8}  # all from the table
+    assert {p.checkpoint for p in probes} == {"tiny"}
+    assert {(p.seed, p.boards, p.answers) for p in probes} == {(2, LEARN_BOARDS, LEARN_ANSWERS)} == {(2, 16, 4)}
+    assert {(h, w) for p in probes for h, w in zip(p.config["hole_ratio"].values(), p.config["wait_ratio"].values(),
+                                                   strict=True)} == set(grid(2))
+    assert second.compute == {"completions": 0, "seconds": 0.0, "probes": 12, "cached": 12}  # all from the table
     assert second.projected_config == first.projected_config and second.rationale.splitlines()[:2] == \
         first.rationale.splitlines()[:2]
+    proposed = EnvConfig.model_validate(first.projected_config)
+    assert proposed.random_share == 0.5 and cannot_fill(proposed, stage_seed(2, 1)) is None
     assert first.rationale.splitlines()[0].startswith("size 3: hole ")
     engine.dispose()
