@@ -13,7 +13,17 @@ from lab.settings import RunSettings
 from storage.db import make_engine, session, upgrade
 from storage.models import Probe
 from training.policy import load_policy
-from training.probe import Band, ProbeResult, SizeProbe, measure, probe_config, probe_key, sampling_temperature
+from training.probe import (
+    Band,
+    ProbeResult,
+    SizeProbe,
+    measure,
+    one_size,
+    probe_config,
+    probe_key,
+    sampling_temperature,
+    size_knobs,
+)
 
 T, F = True, False
 SMALL = EnvConfig(data_ratio={3: 0.75, 4: 0.25}, hole_ratio={3: 0.2, 4: 0.3}, wait_ratio={3: 0.25, 4: 0.25},
@@ -56,6 +66,14 @@ def test_the_probe_is_reproducible_for_a_seed(tiny):
     assert alone.sizes == {4: first.sizes[4]}  # a size's numbers do not depend on the other sizes probed
     other = [probe_config(tiny, SMALL, seed=s, boards=2, answers=3).sizes for s in (4, 5, 6)]
     assert any(o != first.sizes for o in other)  # the seed matters
+
+
+def test_a_probe_key_without_a_random_share_is_the_one_stored_before_it_existed_and_a_share_changes_it():
+    assert probe_key(SMALL, "tiny", 1, 2, 2, 1.0) == "3306a41bb112aea7fda90b1dc7a566e1"
+    broad = EnvConfig(**{**SMALL.model_dump(), "random_share": 0.5})
+    assert probe_key(broad, "tiny", 1, 2, 2, 1.0) != probe_key(SMALL, "tiny", 1, 2, 2, 1.0)
+    assert one_size(broad, 3).random_share == 0.5  # a size's boards are drawn as the config draws them
+    assert size_knobs(broad, 3) != size_knobs(SMALL, 3)  # so a size measured without the share is not reused
 
 
 def test_a_second_ask_is_answered_from_the_table_without_sampling(tiny, tmp_path):
