@@ -3,9 +3,9 @@ proposal against the stage it precedes, timed in the same experiment on the same
 
 The probe's defaults (`training.probe`: 8 boards per size, 8 sampled answers each, 512 completions) should take at
 most 15 s on one CPU thread; a learnability proposal (sampling for learnability: 8 sizes x 6 cells x 16 boards x
-4 answers, 3,072 completions) at most a quarter of a default stage's wall time. Stage and proposal times come from the job rows
-of an experiment's `learnability` runs (`--db`), which ran side by side on the same worker, so their ratio holds
-on a loaded machine even where the seconds do not.
+4 answers, 3,072 completions) at most a quarter of a default stage's wall time. Stage and proposal times come
+from the job rows of an experiment's `learnability` runs (`--db`), which ran side by side on the same worker, so
+their ratio holds on a loaded machine even where the seconds do not.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_probe.py --db runs/hardstart/study.db
 

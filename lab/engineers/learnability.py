@@ -21,7 +21,8 @@ rests on the choice at all.
 Compute per proposal: sizes x cells x boards x answers sampled answers; with the defaults on 8 sizes,
 8 x 6 x 16 x 4 = 3,072 (three times the old 1,024). With the tiny policy on one CPU thread that took 2.8x the
 old workload's seconds in the same run (500 s against 177 s on a 2-core machine at a load average of 10; about
-43 s at the load where `benchmarks/bench_probe.py` timed the old proposal at 15.4 s). A cell found in the probe cache costs nothing; `compute` says what was spent.
+43 s at the load where `benchmarks/bench_probe.py` timed the old proposal at 15.4 s). A cell found in the probe
+cache costs nothing; `compute` says what was spent.
 """
 
 from __future__ import annotations
