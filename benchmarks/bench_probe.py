@@ -2,16 +2,18 @@
 proposal against the stage it precedes, timed in the same experiment on the same machine.
 
 The probe's defaults (`training.probe`: 8 boards per size, 8 sampled answers each, 512 completions) should take at
-most 15 s on one CPU thread; a learnability proposal (8 sizes x 4 candidates x 4 boards x 8 answers, 1,024
-completions) at most a quarter of a default stage's wall time. Stage and proposal times come from the job rows
-of an experiment's `learnability` runs (`--db`), which ran side by side on the same worker, so their ratio holds
-on a loaded machine even where the seconds do not.
+most 15 s on one CPU thread; a learnability proposal (sampling for learnability: 8 sizes x 6 cells x 16 boards x
+4 answers, 3,072 completions) at most a quarter of a default stage's wall time. Stage and proposal times come
+from the job rows of an experiment's `learnability` runs (`--db`), which ran side by side on the same worker, so
+their ratio holds on a loaded machine even where the seconds do not.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_probe.py --db runs/hardstart/study.db
 
 On this 2-core machine, 2026-11-24, once its load had dropped (load average 4): a scenario's probe 9.0 s
-(`default` and `hard-start`), a learnability proposal 15.4 s of probing; in the `hardstart` study's learnability
-runs (the machine loaded), a proposal took 7% of a training stage's wall time (docs/results/README.md).
+(`default` and `hard-start`), a proposal of the learnability engineer SFL replaced (1,024 completions) 15.4 s of
+probing; in the `hardstart` study's learnability runs (the machine loaded), such a proposal took 7% of a training
+stage's wall time (docs/results/README.md). An SFL proposal on `hard-start` took 2.8x the replaced one's seconds
+in the same run (500 s against 177 s at a load average of 10): about 43 s at load 4.
 """
 
 from __future__ import annotations

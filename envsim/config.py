@@ -13,7 +13,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    model_serializer,
+    model_validator,
+)
 
 from envsim.rules import MAX_AGENTS, MAX_SIZE, MIN_AGENTS, MIN_SIZE
 
@@ -28,12 +36,17 @@ GLOBALS: dict[str, tuple[int, int]] = {
     "num_agents": (MIN_AGENTS, MAX_AGENTS),
     "num_instances": (1, 100_000),
 }
+# The share of each size's boards drawn broadly at random (`envsim.generator.boards`), and its legal range.
+RANDOM_SHARE = "random_share"
+RANDOM_SHARE_RANGE: tuple[float, float] = (0.0, 1.0)
 KNOB_HELP: dict[str, str] = {
     "data_ratio": "share of the stage's training instances drawn at this map size (the shares sum to 1)",
     "hole_ratio": "share of the board's cells that are holes",
     "wait_ratio": "share of this size's instances whose optimal plans need a WAIT",
     "num_agents": "agents per training board",
     "num_instances": "training instances in the stage",
+    RANDOM_SHARE: "share of each size's boards whose hole and wait ratios are drawn uniformly over their ranges, "
+                  "board by board, instead of the size's own",
 }
 DEFAULT_SIZES = tuple(range(3, 11))
 SUM_TOLERANCE = 1e-6
@@ -73,8 +86,12 @@ def _schema_ranges(schema: dict[str, Any]) -> None:
     """Write each knob's legal range into the JSON schema (`minimum`/`maximum`), from `KNOBS` and `GLOBALS`.
 
     Only the schema says them: validation keeps its own messages (`_range_problems`), and a schema-guided
-    generator (a server's structured output, constrained decoding) cannot write a number out of range."""
+    generator (a server's structured output, constrained decoding) cannot write a number out of range.
+    `random_share` is left out: the `llm` engineer is shown the per-size knobs and the two counts."""
     properties = schema["properties"]
+    properties.pop(RANDOM_SHARE, None)
+    if RANDOM_SHARE in schema.get("required", []):
+        schema["required"].remove(RANDOM_SHARE)
     for knob, (lo, hi) in KNOBS.items():
         properties[knob]["additionalProperties"].update(minimum=lo, maximum=hi)
     for name, (lo, hi) in GLOBALS.items():
@@ -91,6 +108,17 @@ class EnvConfig(BaseModel):
     wait_ratio: dict[int, Finite]
     num_agents: int = 2
     num_instances: int = 512
+    # The share of each size's boards drawn broadly at random (KNOB_HELP). Left out of the config's JSON when 0,
+    # so a config stored before it existed reads, dumps and hashes (probe keys) exactly as it did; and out of the
+    # JSON schema (the docstring above is its description: the `llm` engineer's prompt is unchanged by it).
+    random_share: Finite = 0.0
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data = handler(self)
+        if self.random_share == 0:
+            data.pop(RANDOM_SHARE, None)
+        return data
 
     @model_validator(mode="after")
     def _legal(self) -> EnvConfig:
@@ -148,6 +176,9 @@ def _range_problems(d: Mapping[str, Any]) -> list[str]:
     for name, (lo, hi) in GLOBALS.items():
         if not lo <= d[name] <= hi:
             problems.append(f"{name} = {d[name]} is outside {lo}..{hi}")
+    lo, hi = RANDOM_SHARE_RANGE
+    if not lo <= d.get(RANDOM_SHARE, 0.0) <= hi:
+        problems.append(f"{RANDOM_SHARE} = {d[RANDOM_SHARE]:g} is outside {lo:g}..{hi:g}")
     if not sizes:
         problems.append("no map sizes: data_ratio is empty")
     return problems
@@ -236,10 +267,11 @@ def project(raw: Any, base: EnvConfig | None = None, *, strict: bool = False) ->
                            f"got {type(raw).__name__}"])
     problems: list[ConfigProblem] = []
     adjustments: list[Adjustment] = []
-    unknown = [k for k in raw if k not in KNOBS and k not in GLOBALS]
+    unknown = [k for k in raw if k not in KNOBS and k not in GLOBALS and k != RANDOM_SHARE]
     if unknown:
         named = ", ".join(repr(str(k)[:30]) for k in unknown[:5]) + (", ..." if len(unknown) > 5 else "")
-        problems.append(ConfigProblem("", f"unknown keys {named}; allowed: {', '.join([*KNOBS, *GLOBALS])}"))
+        allowed = ", ".join([*KNOBS, *GLOBALS, RANDOM_SHARE])
+        problems.append(ConfigProblem("", f"unknown keys {named}; allowed: {allowed}"))
     values: dict[str, Any] = {}
     for knob, (lo, hi) in KNOBS.items():
         given = raw.get(knob)
@@ -278,6 +310,13 @@ def project(raw: Any, base: EnvConfig | None = None, *, strict: bool = False) ->
         v = _clamp_or_refuse(name, v, lo, hi, strict, problems, adjustments, whole=True)
         if v is not None:
             values[name] = int(v)
+    given = raw.get(RANDOM_SHARE)
+    if given is None:  # an answer may leave it out: the base's share stands
+        values[RANDOM_SHARE] = base.random_share if base is not None else 0.0
+    elif (v := _number(given, RANDOM_SHARE, problems)) is not None:
+        v = _clamp_or_refuse(RANDOM_SHARE, v, *RANDOM_SHARE_RANGE, strict, problems, adjustments)
+        if v is not None:
+            values[RANDOM_SHARE] = v
     if problems:
         raise ConfigError(problems)
 
@@ -313,7 +352,8 @@ def project(raw: Any, base: EnvConfig | None = None, *, strict: bool = False) ->
             data[s] = new
     ordered = {k: {s: values[k][s] for s in sizes} for k in KNOBS}
     try:
-        config = EnvConfig(**ordered, num_agents=values["num_agents"], num_instances=values["num_instances"])
+        config = EnvConfig(**ordered, num_agents=values["num_agents"], num_instances=values["num_instances"],
+                           random_share=values[RANDOM_SHARE])
     except ValidationError as err:  # unreachable if the checks above are complete; kept as a clear message
         raise ConfigError([f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors()]) from err
     return Projection(config, tuple(adjustments))

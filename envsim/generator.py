@@ -6,6 +6,12 @@ in the board's largest ice component, labels each with the exact solver, and kee
 `round_half_up(wait_ratio[s] * count[s])` boards that need a wait (rejection sampling, stratified by the
 `needs_wait` label). Each size draws from its own random stream, so changing one size's knobs never
 changes another size's boards.
+
+With `random_share` > 0, `round_half_up(random_share * count[s])` of a size's boards are drawn broadly instead
+(after the size's own, from a stream of their own): each board's wait ratio uniform over its legal range (it
+needs a wait with that chance; a lone agent never does) and each draw's hole ratio uniform over its legal range.
+The size's own knobs then hold for the rest, so with `random_share` 0 the boards are exactly those of a config
+without it.
 """
 
 from __future__ import annotations
@@ -13,22 +19,41 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import numpy as np
 
-from envsim.config import EnvConfig
+from envsim.config import KNOBS, EnvConfig
 from envsim.instance import Instance
 from envsim.solver import NODE_BUDGET, Unsolved, label
 
 # Seed namespaces: no two share a random stream. VALIDATION_EXTRA: the boards a larger validation set adds;
 # DEV: the boards the engineers read (`envsim.suite.dev_entries`).
 TRAINING, VALIDATION, BENCHMARK, VALIDATION_EXTRA, DEV = 0, 1, 2, 3, 4
+BROAD = 1  # appended to a size's training stream: the stream of its boards drawn broadly (`random_share`)
 TRIES_PER_INSTANCE = 200
 MIN_TRIES = 2000
 
 
 class GenerationError(ValueError):
-    """The config cannot be met; the message names the map size and the knob."""
+    """The config cannot be met; the message names the map size and the knob, and `size` is that map size (None
+    where no one size is to blame), so a caller acts on it without reading the message."""
+
+    def __init__(self, message: str, size: int | None = None):
+        super().__init__(message)
+        self.size = size
+
+
+@dataclass(frozen=True)
+class Unfillable:
+    """Why the generator cannot fill a config, as data: the map size it could not fill (None where no one size is
+    to blame) and its one-line message (`str()` of it)."""
+
+    size: int | None
+    message: str
+
+    def __str__(self) -> str:
+        return self.message
 
 
 def round_half_up(x: float) -> int:
@@ -91,15 +116,17 @@ def random_board(size: int, num_holes: int, num_agents: int, rng: np.random.Gene
 
 def stratified(draw: Callable[[np.random.Generator], Instance | None], count: int, wait_count: int,
                rng: np.random.Generator, what: str, budget: int = NODE_BUDGET,
-               stats: dict | None = None) -> Iterator[Instance]:
+               stats: dict | None = None, size: int | None = None,
+               seen: set[str] | None = None) -> Iterator[Instance]:
     """Labelled boards from `draw`, exactly `wait_count` of `count` needing a wait.
 
-    Raises GenerationError after a bounded number of draws, saying which stratum ran short.
+    Raises GenerationError after a bounded number of draws, saying which stratum ran short (`size`: the map size
+    it names, where there is one). `seen`: board ids not to draw again (it gains the ids this call draws).
     `stats["slowest"]`, when given a dict, becomes (seconds, board id) of the slowest board kept.
     """
     want = {True: wait_count, False: count - wait_count}
     tries = max(MIN_TRIES, TRIES_PER_INSTANCE * count)
-    seen: set[str] = set()
+    seen = set() if seen is None else seen
     empty = unsolved = 0
     for _ in range(tries):
         if want[True] == 0 and want[False] == 0:
@@ -127,7 +154,7 @@ def stratified(draw: Callable[[np.random.Generator], Instance | None], count: in
         raise GenerationError(
             f"{what}: found only {count - want[True] - want[False]} of {count} boards after {tries} tries "
             f"(still short of {want[True] or want[False]} {short}; {empty} boards too small for the agents, "
-            f"{unsolved} unsolvable or over the solver's budget)")
+            f"{unsolved} unsolvable or over the solver's budget)", size)
 
 
 def stage_seed(run_seed: int, stage_index: int) -> int:
@@ -136,13 +163,13 @@ def stage_seed(run_seed: int, stage_index: int) -> int:
     return int(np.random.SeedSequence([run_seed, stage_index]).generate_state(1)[0])
 
 
-def cannot_fill(config: EnvConfig, seed: int = 0, n: int | None = None) -> str | None:
-    """Why `generate(config, n, seed)` fails (the generator's message: the size and the knob), or None when it
-    succeeds. As costly as generating: an unfillable config spends every try before it is known."""
+def cannot_fill(config: EnvConfig, seed: int = 0, n: int | None = None) -> Unfillable | None:
+    """Why `generate(config, n, seed)` fails (the size it could not fill and the generator's message), or None when
+    it succeeds. As costly as generating: an unfillable config spends every try before it is known."""
     try:
         generate(config, n, seed)
     except GenerationError as err:
-        return str(err)
+        return Unfillable(err.size, str(err))
     return None
 
 
@@ -163,23 +190,45 @@ def generate(config: EnvConfig, n: int | None = None, seed: int = 0,
 def boards(config: EnvConfig, n: int | None = None, seed: int = 0) -> Iterator[Instance]:
     """`generate`'s boards one at a time, as they are made: a long set is written as it goes, never held."""
     n = config.num_instances if n is None else n
-    for size, count in size_counts(config, n).items():
-        if count == 0:
+    for size, total in size_counts(config, n).items():
+        if total == 0:
             continue
+        broad = round_half_up(config.random_share * total)
+        count = total - broad
         num_holes = round_half_up(config.hole_ratio[size] * size * size)
         k = config.num_agents
-        if size * size - num_holes < 2 * k:
+        if count and size * size - num_holes < 2 * k:
             raise GenerationError(
                 f"size {size}: hole_ratio {config.hole_ratio[size]:g} leaves {size * size - num_holes} ice cells, "
-                f"too few for {k} agents' starts and goals ({2 * k} cells)")
+                f"too few for {k} agents' starts and goals ({2 * k} cells)", size)
         rng = np.random.default_rng([TRAINING, seed, size])
         wait_count = round_half_up(config.wait_ratio[size] * count)
         if k == 1 and wait_count:
             raise GenerationError(f"size {size}: wait_ratio {config.wait_ratio[size]:g} asks for boards that need "
-                                  f"a wait, and a lone agent never needs one (set it to 0 or train 2+ agents)")
+                                  f"a wait, and a lone agent never needs one (set it to 0 or train 2+ agents)", size)
         what = (f"size {size} (hole_ratio {config.hole_ratio[size]:g}, wait_ratio {config.wait_ratio[size]:g}, "
                 f"{k} agents)")
         def draw(r: np.random.Generator, s: int = size, h: int = num_holes, k: int = k) -> Instance | None:
             return random_board(s, h, k, r)
 
-        yield from stratified(draw, count, wait_count, rng, what)
+        seen: set[str] = set()
+        yield from stratified(draw, count, wait_count, rng, what, size=size, seen=seen)
+        if broad:
+            yield from broad_boards(size, broad, k, np.random.default_rng([TRAINING, seed, size, BROAD]), seen)
+
+
+def broad_boards(size: int, count: int, num_agents: int, rng: np.random.Generator,
+                 seen: set[str] | None = None) -> Iterator[Instance]:
+    """`count` labelled boards of `size` drawn broadly: each board's wait ratio uniform over its legal range
+    (the board needs a wait with that chance; a lone agent never does) and each draw's hole ratio uniform over
+    its legal range. The wait labels are drawn first, then the boards (`stratified`), so the counts are exact."""
+    (hole_lo, hole_hi), (wait_lo, wait_hi) = KNOBS["hole_ratio"], KNOBS["wait_ratio"]
+    chances = rng.uniform(wait_lo, wait_hi, size=count)
+    wait_count = 0 if num_agents == 1 else int((rng.random(count) < chances).sum())
+
+    def draw(r: np.random.Generator) -> Instance | None:
+        holes = round_half_up(float(r.uniform(hole_lo, hole_hi)) * size * size)
+        return random_board(size, holes, num_agents, r)
+
+    what = f"size {size} (random_share: hole and wait ratios drawn at random, {num_agents} agents)"
+    yield from stratified(draw, count, wait_count, rng, what, size=size, seen=seen)

@@ -283,6 +283,8 @@ def _config_and_results(result: StageResult) -> str:
     """One table of a stage's knobs and its results, size by size; the globals on a line above it."""
     config = result.config
     glob = ", ".join(f"{name} {getattr(config, name)}" for name in GLOBALS)
+    if config.random_share:
+        glob += f", random_share {knob_text(config.random_share)}"
     lines = [glob, "| size | " + " | ".join(KNOBS) + " | valid | optimal | most common failure |",
              "|---" * (len(KNOBS) + 4) + "|"]
     for s in config.sizes:

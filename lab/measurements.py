@@ -16,8 +16,9 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlmodel import select
 
-from envsim.config import ConfigError, EnvConfig, project
+from envsim.config import ConfigError, EnvConfig
 from lab.loop import needs_gpu
+from lab.proposals import edit_projection_in
 from lab.settings import probe_size
 from storage.db import checkpoint_of, session
 from storage.models import ACTIVE_JOB, Job, JobKind, JobStatus, Priority, Probe, Proposal, Run, Stage
@@ -54,7 +55,8 @@ def measure_configs(engine: Engine, proposal_id: int, edited: dict[str, Any] | N
     if proposal.projected_config is not None:
         configs[PROPOSED] = EnvConfig.model_validate(proposal.projected_config)
     if edited is not None:
-        mine = project(edited, in_force, strict=True).config
+        with session(engine) as s:  # as a decision projects it (an edit of the table keeps the random share)
+            mine = edit_projection_in(s, s.get(Proposal, proposal_id), edited).config
         if mine not in configs.values():
             configs[EDIT] = mine
     return configs

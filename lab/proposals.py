@@ -15,8 +15,8 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlmodel import Session, select
 
-from envsim.config import GLOBALS, KNOBS, EnvConfig, Projection, project
-from envsim.generator import cannot_fill, stage_seed
+from envsim.config import GLOBALS, KNOBS, RANDOM_SHARE, EnvConfig, Projection, project
+from envsim.generator import Unfillable, cannot_fill, stage_seed
 from lab.engineers import EngineerAnswer
 from storage.db import lock_run
 from storage.db import session as open_session
@@ -54,12 +54,16 @@ def _field(knob: str, size: int | None) -> str:
 
 
 def diff(old: EnvConfig, new: EnvConfig, adjusted_fields: frozenset[str] = frozenset()) -> list[Change]:
-    """Every knob of every size, in table order (sizes, then knobs, then globals), changed or not."""
+    """Every knob of every size, in table order (sizes, then knobs, then globals), changed or not; `random_share`
+    last, where either config draws boards broadly (a row of 0 -> 0 would only say that nothing is)."""
     out = [Change(k, s, getattr(old, k)[s], getattr(new, k)[s], getattr(new, k)[s] - getattr(old, k)[s],
                   _field(k, s) in adjusted_fields)
            for s in new.sizes for k in KNOBS]
     out += [Change(g, None, getattr(old, g), getattr(new, g), getattr(new, g) - getattr(old, g), g in adjusted_fields)
             for g in GLOBALS]
+    if old.random_share or new.random_share:
+        out.append(Change(RANDOM_SHARE, None, old.random_share, new.random_share,
+                          new.random_share - old.random_share, RANDOM_SHARE in adjusted_fields))
     return out
 
 
@@ -87,12 +91,13 @@ def self_summary(session: Session, run_id: int, before_stage: int) -> str | None
     return "\n".join(lines) or None
 
 
-def fill_check(run_seed: int, stage_index: int) -> Callable[[EnvConfig], str | None]:
-    """The generator's check for a run's stage: why that stage's seed cannot fill a config (the generator's
-    message), or None when it can. Remembered per config, since an unfillable config costs every try."""
+def fill_check(run_seed: int, stage_index: int) -> Callable[[EnvConfig], Unfillable | None]:
+    """The generator's check for a run's stage: why that stage's seed cannot fill a config (`Unfillable`: the size
+    and the generator's message), or None when it can. Remembered per config, since an unfillable config costs
+    every try."""
     seed, seen = stage_seed(run_seed, stage_index), {}
 
-    def check(config: EnvConfig) -> str | None:
+    def check(config: EnvConfig) -> Unfillable | None:
         key = config.model_dump_json()
         if key not in seen:
             seen[key] = cannot_fill(config, seed)
@@ -101,7 +106,7 @@ def fill_check(run_seed: int, stage_index: int) -> Callable[[EnvConfig], str | N
     return check
 
 
-def fillable(answer: EngineerAnswer, check: Callable[[EnvConfig], str | None]) -> EngineerAnswer:
+def fillable(answer: EngineerAnswer, check: Callable[[EnvConfig], Unfillable | None]) -> EngineerAnswer:
     """The answer, or the answer failed with the generator's message when its config cannot be generated: a
     stage is never queued on a config its boards cannot be drawn from (it would fail the same way on every
     resume)."""
@@ -262,6 +267,9 @@ def _edited_config(session: Session, proposal: Proposal, edited: Any) -> EnvConf
 def _edit_projection(session: Session, proposal: Proposal, edited: Any) -> Projection:
     in_force = session.exec(select(Stage).where(Stage.run_id == proposal.run_id,
                                                 Stage.index == proposal.after_stage)).one()
+    if isinstance(edited, dict) and RANDOM_SHARE not in edited and proposal.projected_config is not None:
+        # the page's table has no cell for it: an edit keeps the proposal's share of boards drawn broadly
+        edited = {**edited, RANDOM_SHARE: EnvConfig.model_validate(proposal.projected_config).random_share}
     return project(edited, EnvConfig.model_validate(in_force.config), strict=True)
 
 

@@ -410,3 +410,23 @@ def test_the_cli_exports_and_imports(tmp_path, capsys):
     assert "(travel) is already in this database as run #1" in capsys.readouterr().err
     assert main(["export", "42", "--out", str(tmp_path / "x.zip"), "--db", str(source)]) == 2
     assert "envlab export: no run 42 in this database" in capsys.readouterr().err
+
+
+def test_a_random_share_travels_and_an_out_of_range_one_is_refused(engine, new_database, tmp_path):
+    from envsim.config import EnvConfig
+
+    broad = EnvConfig(**{**CONFIG.model_dump(), "random_share": 0.5})
+    with open_session(engine) as s:
+        run_id = create_run(s, name="broad", config=broad, settings=RunSettings(stages=1), engineer="fixed").id
+    work(engine)  # stage 0
+    file = export_run(engine, run_id, tmp_path / "run.zip")
+    target = new_database(kind_of(engine))
+    with open_session(target) as s:
+        stage = s.exec(select(Stage).where(Stage.run_id == import_run(target, file))).first()
+        assert EnvConfig.model_validate(stage.config) == broad and stage.config["random_share"] == 0.5
+    bad = rewrite(file, tmp_path / "too-broad.zip", lambda name, d: d.replace(b'"random_share": 0.5',
+                                                                             b'"random_share": 1.5')
+                  if name == "tables/stages.jsonl" else d)
+    other = new_database(kind_of(engine))
+    with pytest.raises(ArchiveError, match="random_share = 1.5 is outside 0..1"):
+        import_run(other, bad)

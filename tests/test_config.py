@@ -3,6 +3,7 @@ import math
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from envsim.config import GLOBALS, KNOBS, ConfigError, EnvConfig, project
 
@@ -120,3 +121,27 @@ def test_projection_of_any_nonnegative_shares_sums_to_one(shares):
     raw = {"data_ratio": shares, "hole_ratio": {s: 0.1 for s in shares}, "wait_ratio": {s: 0.5 for s in shares}}
     c = project(raw).config
     assert abs(sum(c.data_ratio.values()) - 1) <= 1e-9
+
+
+def test_random_share_is_validated_read_from_answers_and_left_out_of_the_json_when_zero():
+    base = EnvConfig.default((3, 4))
+    broad = EnvConfig(**{**base.model_dump(), "random_share": 0.5})
+    assert "random_share" not in base.model_dump() and "random_share" not in base.model_dump_json()
+    assert broad.model_dump(mode="json")["random_share"] == 0.5
+    assert EnvConfig.model_validate_json(broad.model_dump_json()) == broad
+    assert EnvConfig.model_validate(broad.model_dump(mode="json")) == broad
+    for bad in (-0.1, 1.5):
+        with pytest.raises(ValidationError, match=f"random_share = {bad:g} is outside 0..1"):
+            EnvConfig(**{**base.model_dump(), "random_share": bad})
+    assert "random_share" not in EnvConfig.model_json_schema()["properties"]  # not shown to the llm engineer
+    # an answer may leave it out (the base's stands), give it (clamped into range), or give it wrong (refused)
+    assert project({"hole_ratio": {"3": 0.3}}, base=broad).config.random_share == 0.5
+    assert project({"hole_ratio": {"3": 0.3}}, base=base).config.random_share == 0.0
+    clamped = project({"random_share": 1.5}, base=base)
+    assert clamped.config.random_share == 1.0
+    assert str(clamped.adjustments[0]) == "random_share: 1.5 -> 1.0 (clamped into 0..1)"
+    with pytest.raises(ConfigError, match="random_share = 1.5 is outside 0..1"):
+        project({**base.model_dump(), "random_share": 1.5}, strict=True)
+    with pytest.raises(ConfigError, match="random_share must be a number"):
+        project({"random_share": "half"}, base=base)
+    assert project(broad, base=base, strict=True).config == broad

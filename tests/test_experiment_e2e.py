@@ -189,3 +189,36 @@ def test_two_workers_share_an_experiment_on_postgresql(db_url: str, tmp_path: Pa
     assert {j.attempts for j in jobs} == {1}
     assert all((tmp_path / "runs" / r.uuid / "stage-1").is_dir() for r in runs)  # under ENVLAB_RUNS
     engine.dispose()
+
+
+def test_a_learnability_arm_runs_end_to_end_and_trains_half_its_boards_broadly(tmp_path: Path, capsys):
+    """One `learnability` run through the real command and worker: stage 0, the propose job probing the grid with
+    the tiny policy (2 sizes x 6 cells x 16 boards x 4 answers), and stage 1 trained on the proposal."""
+    from lab.engineers import LEARN_ANSWERS, LEARN_BOARDS, grid
+
+    db = str(tmp_path / "lab.db")
+    (tmp_path / "config.json").write_text(CONFIG.model_dump_json())
+    assert main(["experiment", "new", "--dev-per-size", "3",
+                 "--name", "sfl", "--arms", "learnability", "--seeds", "1", "--stages", "1",
+                 "--config", str(tmp_path / "config.json"), "--validation-per-size", "30", "--validation-boards", "4",
+                 "--grpo", "num_generations=2", "--grpo", "per_device_train_batch_size=16", "--db", db]) == 0
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "lab.cli", "experiment", "run", "sfl", "--db", db], env=env,
+                          cwd=tmp_path, capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "experiment sfl: 1 of 1 runs done" in done.stdout
+    engine = make_engine(db)
+    (run,) = experiment_runs(engine, find_experiment(engine, "sfl").id)
+    with session(engine) as s:
+        (proposal,) = s.exec(select(Proposal)).all()
+        stages = s.exec(select(Stage).where(Stage.run_id == run.id).order_by(Stage.index)).all()
+    cells = len(CONFIG.sizes) * len(grid(2))
+    assert proposal.error is None and proposal.engineer == "learnability"
+    assert proposal.compute["probes"] == cells == 12
+    assert proposal.compute["completions"] == cells * LEARN_BOARDS * LEARN_ANSWERS == 768
+    trained = EnvConfig.model_validate(stages[1].config)
+    assert [s.status for s in stages] == ["done", "done"] and trained.random_share == 0.5
+    assert {(trained.hole_ratio[s], trained.wait_ratio[s]) for s in trained.sizes} <= set(grid(2)) | {(0.2, 0.25)}
+    assert proposal.rationale.splitlines()[-1].startswith(f"probe compute: {cells * LEARN_BOARDS * LEARN_ANSWERS} "
+                                                          "sampled answers")
+    engine.dispose()

@@ -71,3 +71,47 @@ def test_reference_plans_score_valid_and_optimal(seed, agents):
         assert outcome.valid and outcome.soc_optimal and outcome.soc == board.opt_soc
         assert outcome.makespan >= board.opt_makespan
         assert outcome.optimal == (outcome.makespan == board.opt_makespan)
+
+
+# ---------------------------------------------------------------- random_share: boards drawn broadly
+
+# Digests of boards made by the generator before `random_share` existed: with it at 0 they stay byte for byte.
+BEFORE = {"default-64-3": "8116d78ee586b33cfc2e692b242e49ee52a5c736223a2c20f93e45a344be36e3",
+          "small-7": "5a9df58d9b0e549eef5b767085bc4120e22206564e1090129ee28616f51f608f",
+          "three-agents-40-11": "af3fba620762a8963e62c205b39b399f64615a6caa03703a4e7f7323a1728a0f"}
+
+
+def _digest(boards):
+    return hashlib.sha256("\n".join(b.to_json() for b in boards).encode()).hexdigest()
+
+
+def test_with_no_random_share_the_boards_are_those_made_before_it_existed():
+    assert _digest(generate(EnvConfig.default(), 64, seed=3)) == BEFORE["default-64-3"]
+    assert _digest(generate(SMALL, seed=7)) == BEFORE["small-7"]
+    assert _digest(generate(EnvConfig.default(num_agents=3), 40, seed=11)) == BEFORE["three-agents-40-11"]
+    zero = EnvConfig(**{**SMALL.model_dump(), "random_share": 0.0})
+    assert _digest(generate(zero, seed=7)) == BEFORE["small-7"]
+
+
+def test_a_random_share_draws_that_share_of_each_sizes_boards_broadly_and_reproducibly():
+    config = EnvConfig(**{**EnvConfig.default((4, 6)).model_dump(), "random_share": 0.5})
+    boards = generate(config, 40, seed=5)
+    assert _digest(boards) == _digest(generate(config, 40, seed=5)) != _digest(generate(config, 40, seed=6))
+    for size in (4, 6):
+        group = [b for b in boards if b.size == size]
+        own, broad = group[:10], group[10:]  # 20 a size: round_half_up(0.5 * 20) = 10 drawn broadly, after
+        own_holes = round_half_up(0.2 * size * size)
+        assert [len(b.holes) for b in own] == [own_holes] * 10
+        assert sum(b.needs_wait for b in own) == round_half_up(0.25 * 10)  # the size's own wait ratio, on its 10
+        assert sum(len(b.holes) != own_holes for b in broad) >= 7  # hole ratios drawn over 0..0.5
+        assert len({len(b.holes) for b in broad}) >= 4
+        assert all(len(b.holes) <= round_half_up(0.5 * size * size) for b in broad)
+        assert len({b.id for b in group}) == 20 and all(b.labelled for b in group)
+
+
+def test_a_whole_random_share_ignores_the_sizes_own_knobs_and_a_lone_agent_never_waits():
+    crowded = EnvConfig(data_ratio={4: 1.0}, hole_ratio={4: 0.5}, wait_ratio={4: 1.0}, num_agents=1,
+                        random_share=1.0)
+    boards = generate(crowded, 12, seed=0)  # the own knobs (a lone agent asked to wait) are never used
+    assert len(boards) == 12 and not any(b.needs_wait for b in boards)
+    assert len({len(b.holes) for b in boards}) >= 3

@@ -339,3 +339,34 @@ def test_a_failed_stage_fails_the_run_and_resume_requeues_it(engine):
 
     assert len(resume(engine, run.id)) == 1
     assert drive(engine, run.id, lambda: work(engine), poll_s=0.01) == "done"
+
+
+def test_a_random_share_is_diffed_stored_kept_through_a_tables_edit_and_trained_on(engine, monkeypatch):
+    from lab.pages.common import config_from_table, config_rows
+
+    broad = EnvConfig(**{**CONFIG.model_dump(), "random_share": 0.5})
+
+    def proposes_broad(evidence, **_options):
+        return EngineerAnswer(prompt="", raw="{}", proposed=broad.model_dump(mode="json"),
+                              projection=Projection(broad, ()), rationale="half broad")
+
+    assert [(c.knob, c.old, c.new, c.change) for c in diff(CONFIG, broad) if c.knob == "random_share"] == \
+        [("random_share", 0.0, 0.5, 0.5)]
+    assert "random_share" not in {c.knob for c in diff(CONFIG, CONFIG)}  # 0 -> 0: no row
+    monkeypatch.setitem(ENGINEERS, "fixed", proposes_broad)
+    with session(engine) as s:
+        run = create_run(s, name="broad", config=CONFIG, settings=RunSettings(stages=1), engineer="fixed")
+    work(engine)
+    advance(engine, run.id)
+    with session(engine) as s:
+        proposal = s.exec(select(Proposal).where(Proposal.run_id == run.id)).one()
+        assert proposal.projected_config["random_share"] == 0.5
+        # the page's table has no random_share cell: an edit keeps the proposal's
+        edited = config_from_table(config_rows(broad), broad.num_agents, broad.num_instances)
+        assert "random_share" not in edited
+        decide(s, proposal.id, "edit", "erin", {**edited, "hole_ratio": {"3": 0.3, "4": 0.2}})
+        decision = s.exec(select(Decision).where(Decision.proposal_id == proposal.id)).one()
+        assert EnvConfig.model_validate(decision.config).random_share == 0.5
+    assert advance(engine, run.id) == "queued stage 1 (edit by erin)"
+    with session(engine) as s:
+        assert EnvConfig.model_validate(stages_of(s, run.id)[1].config).random_share == 0.5

@@ -42,7 +42,8 @@ def lab(tmp_path: Path):
     engine.dispose()
 
 
-def proposal_after(engine, stage_index: int = 0, checkpoint: str = "tiny", **options) -> int:
+def proposal_after(engine, stage_index: int = 0, checkpoint: str = "tiny", proposed: EnvConfig = PROPOSAL,
+                   **options) -> int:
     """A run whose stages up to `stage_index` are done (the last with `checkpoint`) and a pending proposal."""
     with session(engine) as s:
         run = create_run(s, name="m", config=BASE, settings=RunSettings(stages=3, **options), engineer="heuristic",
@@ -57,7 +58,7 @@ def proposal_after(engine, stage_index: int = 0, checkpoint: str = "tiny", **opt
             job.status = "done"
             s.add(job)
         s.commit()
-        return store_proposal(s, run.id, stage_index, "heuristic", _answer(PROPOSAL, BASE, "r"), BASE).id
+        return store_proposal(s, run.id, stage_index, "heuristic", _answer(proposed, BASE, "r"), BASE).id
 
 
 def rows_of(config: EnvConfig) -> tuple[list, int, int]:
@@ -71,6 +72,16 @@ def test_the_configs_measured_are_in_force_proposed_and_an_edit_that_differs(lab
     assert measure_configs(lab, pid, same) == {IN_FORCE: BASE, PROPOSED: PROPOSAL}  # the edit is the proposal
     mine = BASE.model_copy(update={"hole_ratio": {3: 0.4, 4: 0.2}})
     assert measure_configs(lab, pid, mine.model_dump(mode="json"))[EDIT] == mine
+
+
+def test_an_edit_of_the_table_measures_the_proposals_random_share_as_a_decision_keeps_it(lab):
+    broad = EnvConfig(**{**PROPOSAL.model_dump(), "random_share": 0.5})
+    pid = proposal_after(lab, proposed=broad)
+    rows, agents, instances = rows_of(broad.model_copy(update={"hole_ratio": {3: 0.4, 4: 0.1}}))
+    from lab.pages.common import config_from_table
+
+    mine = measure_configs(lab, pid, config_from_table(rows, agents, instances))[EDIT]
+    assert mine.random_share == 0.5 and mine.hole_ratio == {3: 0.4, 4: 0.1}
 
 
 def test_a_bad_edit_is_refused_in_one_line_and_queues_nothing(lab):

@@ -786,3 +786,25 @@ def test_a_decision_is_one_session_and_a_keystroke_reads_the_proposal_once(lab):
         engine, ids["pending"], "edit", "bob", "", typed, 2, 16))) == 1
     assert said == [f"✓ Proposal #{ids['pending']} edited by bob; stored: data_ratio[3] 0.5, data_ratio[4] 0.5, "
                     "hole_ratio[4] 0.45. Next: queued stage 1 (edit by bob)."]
+
+
+def test_a_random_share_shows_in_the_diff_and_the_timeline_and_an_edit_keeps_it(lab):
+    engine, ids = lab
+    with session(engine) as s:
+        base = EnvConfig.model_validate(stages_of(s, ids["waiting"])[-1].config)
+        raw = {"hole_ratio": {"3": 0.3}, "random_share": 0.5}
+        answer = EngineerAnswer(prompt="", raw="{}", proposed=raw, projection=project(raw, base), rationale="broad")
+        pid = store_proposal(s, ids["waiting"], 0, "learnability", answer, base).id
+    v = proposal.proposal_view(engine, pid)
+    assert v["changed"]["data"] == [[3, "hole_ratio", "0.2", "**0.3**", "+0.1", ""],
+                                    ["all", "random_share", "0", "**0.5**", "+0.5", ""]]
+    rows, agents, instances = v["edit"], 2, 16
+    rows[1][2] = 0.4
+    message = proposal.decide_proposal(engine, pid, "edit", "bob", "", rows, agents, instances)
+    assert message.startswith(f"✓ Proposal #{pid} edited by bob")
+    assert decisions(engine)[-1].config["random_share"] == 0.5  # the table has no cell for it: the proposal's
+    advance(engine, ids["waiting"])
+    timeline = review.timeline(engine, ids["waiting"])
+    assert timeline["headers"][-1] == "random_share"
+    assert timeline["data"][-1] == [1, f"proposal #{pid}, edited by bob", 4, "0.5", "0.4 (person)", "0.25", "2",
+                                    "16", "0.5 (engineer)"]

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from envsim.generator import Unfillable
 from lab.llm import _load, complete
 from lab.loop import engineer_name
 from storage.models import Run, Stage
@@ -69,7 +70,7 @@ def test_the_llm_engineer_asks_again_when_the_generator_cannot_fill_its_config()
         return next(answers)
 
     def cannot_fill(config):
-        return "too few ice cells for 8 agents" if config.num_agents == 8 else None
+        return Unfillable(None, "too few ice cells for 8 agents") if config.num_agents == 8 else None
 
     answer = llm(evidence(), seed=0, complete_fn=scripted, max_attempts=3, cannot_fill=cannot_fill)
     assert answer.error is None and answer.attempts == 2 and answer.projection.config.num_agents == 2

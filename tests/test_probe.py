@@ -7,11 +7,23 @@ import pytest
 from sqlmodel import select
 
 from envsim.config import EnvConfig
+from envsim.generator import cannot_fill, stage_seed
+from lab.engineers import LEARN_ANSWERS, LEARN_BOARDS, grid
 from lab.settings import RunSettings
 from storage.db import make_engine, session, upgrade
 from storage.models import Probe
 from training.policy import load_policy
-from training.probe import Band, ProbeResult, SizeProbe, measure, probe_config, probe_key, sampling_temperature
+from training.probe import (
+    Band,
+    ProbeResult,
+    SizeProbe,
+    measure,
+    one_size,
+    probe_config,
+    probe_key,
+    sampling_temperature,
+    size_knobs,
+)
 
 T, F = True, False
 SMALL = EnvConfig(data_ratio={3: 0.75, 4: 0.25}, hole_ratio={3: 0.2, 4: 0.3}, wait_ratio={3: 0.25, 4: 0.25},
@@ -54,6 +66,14 @@ def test_the_probe_is_reproducible_for_a_seed(tiny):
     assert alone.sizes == {4: first.sizes[4]}  # a size's numbers do not depend on the other sizes probed
     other = [probe_config(tiny, SMALL, seed=s, boards=2, answers=3).sizes for s in (4, 5, 6)]
     assert any(o != first.sizes for o in other)  # the seed matters
+
+
+def test_a_probe_key_without_a_random_share_is_the_one_stored_before_it_existed_and_a_share_changes_it():
+    assert probe_key(SMALL, "tiny", 1, 2, 2, 1.0) == "3306a41bb112aea7fda90b1dc7a566e1"
+    broad = EnvConfig(**{**SMALL.model_dump(), "random_share": 0.5})
+    assert probe_key(broad, "tiny", 1, 2, 2, 1.0) != probe_key(SMALL, "tiny", 1, 2, 2, 1.0)
+    assert one_size(broad, 3).random_share == 0.5  # a size's boards are drawn as the config draws them
+    assert size_knobs(broad, 3) != size_knobs(SMALL, 3)  # so a size measured without the share is not reused
 
 
 def test_a_second_ask_is_answered_from_the_table_without_sampling(tiny, tmp_path):
@@ -118,7 +138,8 @@ def test_a_probe_of_no_answers_is_refused(tiny):
 
 
 def test_a_learnability_proposal_probes_the_runs_checkpoint_and_keeps_its_compute(tmp_path):
-    """The propose job with the real tiny policy: 2 sizes x up to 4 candidates, stored, cached the second time."""
+    """The propose job with the real tiny policy: 2 sizes x the 6 cells of the grid, stored, cached the second
+    time; the proposal draws half of each size's boards broadly and the next stage can generate it."""
     from lab.loop import create_run, run_propose_job
     from lab.worker import run_worker
     from storage.models import Job, Proposal, Stage
@@ -146,11 +167,16 @@ def test_a_learnability_proposal_probes_the_runs_checkpoint_and_keeps_its_comput
         first, second = s.exec(select(Proposal).order_by(Proposal.id)).all()
         probes = s.exec(select(Probe)).all()
     assert first.error is None and first.engineer == "learnability"
-    assert first.compute["probes"] == len(probes) == 8 and first.compute["completions"] == 8 * 4 * 8
+    assert first.compute["probes"] == len(probes) == 2 * 6 and first.compute["completions"] == 2 * 6 * 16 * 4
     assert first.compute["cached"] == 0 and first.compute["seconds"] > 0
-    assert {p.checkpoint for p in probes} == {"tiny"} and {(p.seed, p.boards, p.answers) for p in probes} == {(2, 4, 8)}
-    assert second.compute == {"completions": 0, "seconds": 0.0, "probes": 8, "cached": 8}  # all from the table
+    assert {p.checkpoint for p in probes} == {"tiny"}
+    assert {(p.seed, p.boards, p.answers) for p in probes} == {(2, LEARN_BOARDS, LEARN_ANSWERS)} == {(2, 16, 4)}
+    assert {(h, w) for p in probes for h, w in zip(p.config["hole_ratio"].values(), p.config["wait_ratio"].values(),
+                                                   strict=True)} == set(grid(2))
+    assert second.compute == {"completions": 0, "seconds": 0.0, "probes": 12, "cached": 12}  # all from the table
     assert second.projected_config == first.projected_config and second.rationale.splitlines()[:2] == \
         first.rationale.splitlines()[:2]
+    proposed = EnvConfig.model_validate(first.projected_config)
+    assert proposed.random_share == 0.5 and cannot_fill(proposed, stage_seed(2, 1)) is None
     assert first.rationale.splitlines()[0].startswith("size 3: hole ")
     engine.dispose()

@@ -131,10 +131,11 @@ def sampling_temperature(grpo: dict[str, Any] | None = None) -> float:
 
 
 def one_size(config: EnvConfig, size: int) -> EnvConfig:
-    """The config's boards of one map size: that size's hole and wait ratios, all of the data."""
+    """The config's boards of one map size: that size's hole and wait ratios and the config's random share, all
+    of the data."""
     return EnvConfig(data_ratio={size: 1.0}, hole_ratio={size: config.hole_ratio[size]},
                      wait_ratio={size: config.wait_ratio[size]}, num_agents=config.num_agents,
-                     num_instances=config.num_instances)
+                     num_instances=config.num_instances, random_share=config.random_share)
 
 
 def probe_config(policy: Policy, config: EnvConfig, *, seed: int = 0, boards: int = PROBE_BOARDS,
@@ -180,9 +181,10 @@ def probe_key(config: EnvConfig, checkpoint: str, seed: int, boards: int, answer
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def size_knobs(config: EnvConfig, size: int) -> tuple[float, float, int]:
-    """What one size's probe depends on in a config: its hole and wait ratio, and the number of agents."""
-    return config.hole_ratio[size], config.wait_ratio[size], config.num_agents
+def size_knobs(config: EnvConfig, size: int) -> tuple[float, float, int, float]:
+    """What one size's probe depends on in a config: its hole and wait ratio, the number of agents and the share
+    of boards drawn broadly."""
+    return config.hole_ratio[size], config.wait_ratio[size], config.num_agents, config.random_share
 
 
 def measured_sizes(engine: Engine, config: EnvConfig, checkpoint: str, seed: int, boards: int, answers: int,

@@ -7,9 +7,9 @@ One module per family:
 - `baselines`: `fixed` keeps the current config (the paper's fixed-environment baseline), `random` draws a
   legal config from the seed and the round (the paper's random baseline), `heuristic` is a transparent
   curriculum rule; its rationale has one line per change it makes.
-- `learnability`: samples candidate hole and wait ratios per size, measures each on the policy
-  (`training.probe`), keeps the most learnable and weights the sizes by learnability (sampling for
-  learnability, as in unsupervised environment design).
+- `learnability`: sampling for learnability (SFL): per size it measures a grid of hole and wait ratios on the
+  policy (`training.probe`), trains half of the size's boards on the most learnable cell, weights the sizes by
+  learnability, and draws the other half broadly at random (`random_share`).
 - `evidence`: reads the dev failures board by board; per size it moves the hole and wait ratios toward them
   and weights the data by them, keeping a size whose config works; no probe compute.
 - `language_model`: `llm` asks a language model (the policy itself, Gemma, or any OpenAI-compatible server);
@@ -52,13 +52,14 @@ from lab.engineers.language_model import (
     llm,
 )
 from lab.engineers.learnability import (
-    HOLE_DELTA,
+    HOLE_CELLS,
     LEARN_ANSWERS,
     LEARN_BOARDS,
     LEARN_FLOOR,
-    WAIT_DELTA,
-    candidates,
+    SFL_RANDOM_SHARE,
+    WAIT_CELLS,
     compute_of,
+    grid,
     learnability,
 )
 from lab.engineers.reading import (
@@ -80,10 +81,10 @@ ENGINEERS: dict[str, Callable[..., EngineerAnswer]] = {
 }
 
 __all__ = [
-    "ANSWER_FORMAT", "CONFLICTS", "CONSTRAINED_RATIONALE_CHARS", "DOMINANT", "ENGINEERS", "FLOOR", "HOLE_DELTA",
+    "ANSWER_FORMAT", "CONFLICTS", "CONSTRAINED_RATIONALE_CHARS", "DOMINANT", "ENGINEERS", "FLOOR", "HOLE_CELLS",
     "HOLE_STEP", "INSTRUCTIONS", "LEARN_ANSWERS", "LEARN_BOARDS", "LEARN_FLOOR", "MASTERED", "MAX_ANSWER_CHARS",
-    "MAX_NUMBER_DIGITS", "RANDOM_DRAWS", "RATIONALE", "RATIONALE_CHARS", "REMEASURE", "RETRY", "SHARE_STEP",
-    "UNLEARNED", "WAIT_DELTA", "WAIT_STEP", "Complete", "EngineerAnswer", "ProbeFn", "Unreadable", "answer_of",
-    "answer_schema", "candidates", "changed_sizes", "compute_of", "engineer_prompt", "evidence_engineer", "fixed",
-    "heuristic", "learnability", "llm", "random_config", "read_config", "shares",
+    "MAX_NUMBER_DIGITS", "RANDOM_DRAWS", "RATIONALE", "RATIONALE_CHARS", "REMEASURE", "RETRY", "SFL_RANDOM_SHARE",
+    "SHARE_STEP", "UNLEARNED", "WAIT_CELLS", "WAIT_STEP", "Complete", "EngineerAnswer", "ProbeFn", "Unreadable",
+    "answer_of", "answer_schema", "changed_sizes", "compute_of", "engineer_prompt", "evidence_engineer", "fixed",
+    "grid", "heuristic", "learnability", "llm", "random_config", "read_config", "shares",
 ]

@@ -1,5 +1,6 @@
 """What every engineer returns (`EngineerAnswer`), and the pieces the engineers that build their config
-themselves share: the answer of a config made by construction, and data shares in steps of 0.001."""
+themselves share: the answer of a config made by construction, data shares in steps of 0.001, and the sizes put
+back where the next stage's generator cannot fill the config."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from envsim.config import EnvConfig, Projection, project
+from envsim.generator import Unfillable
+from lab.context import knob_text
 
 if TYPE_CHECKING:
     from training.probe import ProbeResult
 
 ProbeFn = Callable[[EnvConfig], "ProbeResult"]  # measures a config on the run's checkpoint (the propose job's)
-
+FillCheck = Callable[[EnvConfig], Unfillable | None]  # why the next stage cannot fill a config (the loop's check)
 
 
 @dataclass(frozen=True)
@@ -52,3 +55,25 @@ def shares(weights: dict[int, float], step: float = SHARE_STEP) -> dict[int, flo
     for s in sorted(quotas, key=lambda s: (counts[s] - quotas[s], s))[:units - sum(counts.values())]:
         counts[s] += 1
     return {s: round(c * step, 6) for s, c in counts.items()}
+
+
+def revert_unfillable(config: EnvConfig, base: EnvConfig, cannot_fill: FillCheck | None) -> tuple[EnvConfig, list[str]]:
+    """`config` with sizes put back to `base`'s hole and wait ratios until the next stage's generator can fill it,
+    and one rationale line per size put back.
+
+    A few probe or dev boards may be drawn where a stage's many cannot (a wait ratio the size rarely needs). Each
+    round asks `cannot_fill`: the size it names goes back when its ratios changed, else the last changed size; it
+    stops when the config fills, or when no changed size is left (the caller's check then fails the answer).
+    Without `cannot_fill` the config is returned as it is."""
+    changed = [s for s in base.sizes
+               if (config.hole_ratio[s], config.wait_ratio[s]) != (base.hole_ratio[s], base.wait_ratio[s])]
+    hole, wait = dict(config.hole_ratio), dict(config.wait_ratio)
+    lines: list[str] = []
+    while cannot_fill is not None and changed and (why := cannot_fill(config)) is not None:
+        size = why.size if why.size in changed else changed[-1]
+        changed.remove(size)
+        hole[size], wait[size] = base.hole_ratio[size], base.wait_ratio[size]
+        lines.append(f"size {size}: back to hole {knob_text(hole[size])}, wait {knob_text(wait[size])}: the "
+                     f"generator could not fill the config ({why})")
+        config = config.model_copy(update={"hole_ratio": dict(hole), "wait_ratio": dict(wait)})
+    return config, lines

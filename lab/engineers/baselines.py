@@ -4,7 +4,6 @@ curriculum rule whose rationale has one line per change it makes."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -12,7 +11,7 @@ import numpy as np
 from envsim.config import KNOBS, EnvConfig
 from envsim.scoring import Tally
 from lab.context import Evidence, knob_text
-from lab.engineers.answer import SHARE_STEP, EngineerAnswer, answer_of, shares
+from lab.engineers.answer import SHARE_STEP, EngineerAnswer, FillCheck, answer_of, shares
 
 # ---------------------------------------------------------------- fixed and random baselines
 
@@ -26,7 +25,7 @@ def fixed(evidence: Evidence, *, seed: int = 0, **_options: Any) -> EngineerAnsw
 RANDOM_DRAWS = 10  # the random engineer's draws per proposal before it gives up on a config the generator can fill
 
 
-def random_config(evidence: Evidence, *, seed: int, cannot_fill: Callable[[EnvConfig], str | None] | None = None,
+def random_config(evidence: Evidence, *, seed: int, cannot_fill: FillCheck | None = None,
                   **_options: Any) -> EngineerAnswer:
     """A random legal config from (seed, round): data shares from a flat Dirichlet, hole and wait ratios
     uniform over their ranges, rounded to 0.001 and 0.01; the global knobs are kept.
@@ -60,7 +59,7 @@ def _random_draw(base: EnvConfig, rng: np.random.Generator) -> EnvConfig:
     hole = {s: round(float(rng.uniform(hole_lo, hole_hi)), 2) for s in sizes}
     wait = {s: round(float(rng.uniform(wait_lo, wait_hi)), 2) for s in sizes}
     return EnvConfig(data_ratio=data, hole_ratio=hole, wait_ratio=wait, num_agents=base.num_agents,
-                     num_instances=base.num_instances)
+                     num_instances=base.num_instances, random_share=base.random_share)
 
 
 # ---------------------------------------------------------------- a transparent curriculum rule
@@ -117,7 +116,7 @@ def heuristic(evidence: Evidence, *, seed: int = 0, **_options: Any) -> Engineer
             lines.append(f"size {s}: hole_ratio {knob_text(base.hole_ratio[s])} -> {knob_text(hole[s])} "
                          f"(valid {p:.0%}: mastered, so harder boards)")
     config = EnvConfig(data_ratio=data, hole_ratio=hole, wait_ratio=wait, num_agents=base.num_agents,
-                       num_instances=base.num_instances)
+                       num_instances=base.num_instances, random_share=base.random_share)
     return answer_of(config, base, "\n".join(lines) or "no change: nothing in the dev results calls for one")
 
 

@@ -20,14 +20,12 @@ No probe: it spends no compute beyond the dev evaluation every stage has. Its ra
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from envsim.config import KNOBS, EnvConfig
 from lab.context import BoardOutcome, Evidence, knob_text
-from lab.engineers.answer import EngineerAnswer, answer_of, shares
+from lab.engineers.answer import EngineerAnswer, FillCheck, answer_of, revert_unfillable, shares
 
 HOLE_BINS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5)  # bin edges of the boards' hole ratios; the last bin holds 0.5
 MOVE = 0.5  # each knob moves this share of the way from its current value toward its target
@@ -88,12 +86,13 @@ def _toward(current: float, target: float, knob: str) -> float:
 
 
 def evidence_engineer(evidence: Evidence, *, seed: int = 0,
-                      cannot_fill: Callable[[EnvConfig], str | None] | None = None,
+                      cannot_fill: FillCheck | None = None,
                       **_options: Any) -> EngineerAnswer:
     """Per size, move hole and wait ratios toward the dev failures and weight the data by them (module doc).
 
     With `cannot_fill` (the next stage's check), a size whose new ratios the stage's boards cannot fill goes back
-    to its current ratios (the generator's named size first, else the last changed) until the config fills.
+    to its current ratios (`revert_unfillable`: the size the generator names first, else the last changed) until
+    the config fills.
     """
     base = evidence.current.config
     by_size: dict[int, list[BoardOutcome]] = {}
@@ -146,14 +145,6 @@ def evidence_engineer(evidence: Evidence, *, seed: int = 0,
         read = sum(r.boards for r in readings.values())
         lines.append("no dev board failed: data_ratio kept" if read else "no dev boards to read: data_ratio kept")
     config = EnvConfig(data_ratio=data, hole_ratio=hole, wait_ratio=wait, num_agents=base.num_agents,
-                       num_instances=base.num_instances)
-    changed = [s for s in base.sizes if (hole[s], wait[s]) != (base.hole_ratio[s], base.wait_ratio[s])]
-    while cannot_fill is not None and changed and (why := cannot_fill(config)) is not None:
-        named = re.search(r"size (\d+)\b", why)
-        size = int(named.group(1)) if named and int(named.group(1)) in changed else changed[-1]
-        changed.remove(size)
-        hole[size], wait[size] = base.hole_ratio[size], base.wait_ratio[size]
-        lines.append(f"size {size}: back to hole {knob_text(hole[size])}, wait {knob_text(wait[size])}: the "
-                     f"generator could not fill the config ({why})")
-        config = config.model_copy(update={"hole_ratio": dict(hole), "wait_ratio": dict(wait)})
-    return answer_of(config, base, "\n".join(lines))
+                       num_instances=base.num_instances, random_share=base.random_share)
+    config, reverted = revert_unfillable(config, base, cannot_fill)
+    return answer_of(config, base, "\n".join(lines + reverted))

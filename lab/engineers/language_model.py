@@ -12,7 +12,7 @@ from typing import Any
 
 from envsim.config import KNOBS, EnvConfig, project
 from lab.context import ContextModules, Evidence, build_context, measured_table
-from lab.engineers.answer import SHARE_STEP, EngineerAnswer, ProbeFn
+from lab.engineers.answer import SHARE_STEP, EngineerAnswer, FillCheck, ProbeFn
 from lab.engineers.learnability import compute_of
 from lab.engineers.reading import (
     RATIONALE,
@@ -54,7 +54,7 @@ def llm(evidence: Evidence, *, seed: int, backend: str = "hf:policy", complete_f
         modules: ContextModules | None = None, max_attempts: int = 3, max_tokens: int = 1024,
         temperature: float = 0.7, base_url: str | None = None, policy_path: str | None = None,
         timeout: float = 120.0, structured: bool = True, probe_fn: ProbeFn | None = None,
-        remeasure: bool = False, cannot_fill: Callable[[EnvConfig], str | None] | None = None,
+        remeasure: bool = False, cannot_fill: FillCheck | None = None,
         **_options: Any) -> EngineerAnswer:
     """Ask a language model for the next config; read and project its answer, retrying on failure.
 
@@ -127,7 +127,7 @@ def changed_sizes(before: EnvConfig, after: EnvConfig) -> list[int]:
 
 
 def _converse(base: EnvConfig, messages: Messages, ask: Callable[[Messages, int], str],
-              max_attempts: int, cannot_fill: Callable[[EnvConfig], str | None] | None = None,
+              max_attempts: int, cannot_fill: FillCheck | None = None,
               ) -> tuple[EngineerAnswer, Messages]:
     """Ask until an answer reads and projects (up to `max_attempts` answers), showing the model each error; the
     answer and the conversation that led to it. `ask(messages, attempt)` is one call of the model. With

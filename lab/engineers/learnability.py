@@ -1,58 +1,87 @@
-"""Sampling for learnability: the `learnability` engineer samples candidate hole and wait ratios per size,
-measures each on the policy (`training.probe`), keeps the most learnable and weights the sizes by learnability
-(as in unsupervised environment design)."""
+"""Sampling for learnability (SFL, Rutherford et al. 2024): the `learnability` engineer measures a grid of hole
+and wait ratios per size on the policy itself, trains half of each size's boards on its most learnable cell and
+draws the other half broadly at random.
+
+Per map size, every cell of a `HOLE_CELLS` x `WAIT_CELLS` grid over the legal ranges (`grid`: the centres of
+equal bins, so the cells span the whole space, not a neighbourhood of the current config) is probed as a one-size
+config (`training.probe`, the run's checkpoint, seed and temperature) on `LEARN_BOARDS` boards each answered
+`LEARN_ANSWERS` times. Its learnability is the mean over boards of p_b(1 - p_b). The size's hole and wait ratios
+become its most learnable cell, its data share follows that learnability (never below `LEARN_FLOOR`), and the
+config's `random_share` becomes `SFL_RANDOM_SHARE`: half of every size's boards have their hole and wait ratios
+drawn uniformly over their ranges, board by board (`envsim.generator.broad_boards`), as SFL mixes its buffer of
+learnable levels with levels drawn from the generator.
+
+Why not the engineer it replaces: it probed 4 candidates close to the current pair (0.1 more or fewer holes, one
+other wait ratio) on 4 boards x 8 answers each. Measured on the `hardstart` study, measuring the same candidates
+twice differed as much as the candidates did, and the kept candidate's learnability did not predict the next
+stage's gain (r = -0.09): the choice was noise. The grid's cells lie far apart, each is measured on 4x the
+boards (where p_b(1 - p_b) varies most: between boards, not between answers), and half the data no longer
+rests on the choice at all.
+
+Compute per proposal: sizes x cells x boards x answers sampled answers; with the defaults on 8 sizes,
+8 x 6 x 16 x 4 = 3,072 (three times the old 1,024). With the tiny policy on one CPU thread that took 2.8x the
+old workload's seconds in the same run (500 s against 177 s on a 2-core machine at a load average of 10; about
+43 s at the load where `benchmarks/bench_probe.py` timed the old proposal at 15.4 s). A cell found in the probe
+cache costs nothing; `compute` says what was spent.
+"""
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
-from envsim.config import KNOBS, EnvConfig
+from envsim.config import KNOBS, RANDOM_SHARE, EnvConfig
 from lab.context import Evidence, knob_text
-from lab.engineers.answer import EngineerAnswer, ProbeFn, answer_of, shares
-from training.probe import ProbeResult  # the probe's numbers; torch loads only where a probe samples
+from lab.engineers.answer import EngineerAnswer, FillCheck, ProbeFn, answer_of, revert_unfillable, shares
+from training.probe import ProbeResult, SizeProbe  # the probe's numbers; torch loads only where a probe samples
 
-# ---------------------------------------------------------------- sampling for learnability
-
+HOLE_CELLS = 3  # hole ratios per size: the centres of 3 equal bins of 0..0.5 (0.08, 0.25, 0.42)
+WAIT_CELLS = 2  # wait ratios per size: the centres of 2 equal bins of 0..1 (0.25, 0.75); 0 alone for one agent
+# Each cell is probed on this many boards, each answered this many times: 16 boards, as SFL asks, since the
+# learnability of a cell varies most from board to board; 4 answers make each board's p_b(1 - p_b).
+LEARN_BOARDS = 16
+LEARN_ANSWERS = 4
 LEARN_FLOOR = 0.02  # the least data weight a size gets (learnability is at most 0.25): no size is dropped
-HOLE_DELTA = 0.1  # candidate hole ratios: the current one, this much fewer holes, this much more
-WAIT_DELTA = 0.25  # and one candidate with the wait ratio moved this much toward the middle of its range
-# Each candidate is probed on this many boards, each answered this many times (a GRPO group of the tiny policy):
-# 8 sizes x 4 candidates x 4 boards x 8 answers = 1,024 sampled answers, within a quarter of a default stage's
-# wall time on one CPU thread (benchmarks/bench_probe.py).
-LEARN_BOARDS = 4
-LEARN_ANSWERS = 8
+SFL_RANDOM_SHARE = 0.5  # the share of each size's boards drawn broadly at random (the rest on the kept cell)
 
 
-def candidates(config: EnvConfig, size: int) -> list[tuple[float, float]]:
-    """The (hole, wait) ratios the `learnability` engineer measures at `size`: the current pair first, then
-    fewer and more holes, then another wait ratio; clipped to the legal ranges, each pair once."""
-    (hole_lo, hole_hi), (wait_lo, wait_hi) = KNOBS["hole_ratio"], KNOBS["wait_ratio"]
-    hole, wait = config.hole_ratio[size], config.wait_ratio[size]
-    other_wait = wait + WAIT_DELTA if wait <= (wait_lo + wait_hi) / 2 else wait - WAIT_DELTA
-    pairs = [(hole, wait), (hole - HOLE_DELTA, wait), (hole + HOLE_DELTA, wait), (hole, other_wait)]
-    found: list[tuple[float, float]] = []
-    for h, w in pairs:
-        pair = (round(min(max(h, hole_lo), hole_hi), 3), round(min(max(w, wait_lo), wait_hi), 3))
-        if pair not in found:
-            found.append(pair)
-    return found
+def _centres(lo: float, hi: float, n: int) -> list[float]:
+    return [round(lo + (hi - lo) * (i + 0.5) / n, 2) for i in range(n)]
+
+
+def grid(num_agents: int) -> list[tuple[float, float]]:
+    """The (hole, wait) cells the engineer measures at every size, hole first then wait, each ascending: the
+    centres of `HOLE_CELLS` x `WAIT_CELLS` equal bins of the legal ranges (a lone agent never waits: wait 0)."""
+    holes = _centres(*KNOBS["hole_ratio"], HOLE_CELLS)
+    waits = [0.0] if num_agents == 1 else _centres(*KNOBS["wait_ratio"], WAIT_CELLS)
+    return [(h, w) for h in holes for w in waits]
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One measured cell of one size: its hole and wait ratios and the probe's numbers."""
+
+    hole: float
+    wait: float
+    probe: SizeProbe
+
+    def text(self) -> str:
+        return (f"hole {knob_text(self.hole)}, wait {knob_text(self.wait)} (p {self.probe.p:.0%}, learnability "
+                f"{self.probe.learnability:.3f})")
 
 
 def learnability(evidence: Evidence, *, seed: int = 0, probe_fn: ProbeFn | None = None,
-                 cannot_fill: Callable[[EnvConfig], str | None] | None = None, **_options: Any) -> EngineerAnswer:
-    """Per size, measure each candidate (hole, wait) pair (`candidates`) with `probe_fn` (one size per probe),
-    keep the most learnable (mean p_b(1 - p_b) over boards; a tie keeps the earlier, the current pair first),
-    and set data_ratio in proportion to the kept learnability, never below `LEARN_FLOOR`.
+                 cannot_fill: FillCheck | None = None, **_options: Any) -> EngineerAnswer:
+    """Per size, probe every cell of `grid` (one size per probe), keep the most learnable (a tie keeps the earlier
+    cell), set data_ratio in proportion to the kept learnability (never below `LEARN_FLOOR`) and `random_share`
+    to `SFL_RANDOM_SHARE` (module doc).
 
-    `probe_fn(config) -> ProbeResult` measures a one-size config on the run's checkpoint; the propose job
-    passes one (`training.probe.measure`). A candidate the generator cannot fill is skipped, and with
-    `cannot_fill` (the next stage's check) a size whose kept pair the stage's boards cannot fill goes back to
-    its current ratios. The rationale
-    names, per size, p and learnability of the kept and the next-best candidate; `compute` is what the probes
-    cost (a probe found in the cache costs nothing).
+    `probe_fn(config) -> ProbeResult` measures a one-size config on the run's checkpoint; the propose job passes
+    one (`training.probe.measure` with `LEARN_BOARDS` x `LEARN_ANSWERS`). A cell the generator cannot make is
+    skipped (a size with none keeps its ratios, at the floor weight), and with `cannot_fill` (the next stage's
+    check) a size whose kept cell the stage's boards cannot fill goes back to its current ratios
+    (`revert_unfillable`). The rationale names per size the kept cell and the runner-up with p and learnability;
+    `compute` is what the probes cost (a probe found in the cache costs nothing).
     """
     base = evidence.current.config
     if probe_fn is None:
@@ -63,61 +92,51 @@ def learnability(evidence: Evidence, *, seed: int = 0, probe_fn: ProbeFn | None 
     spent: list[ProbeResult] = []
     lines: list[str] = []
     for size in base.sizes:
-        measured = _measure_candidates(base, size, probe_fn, spent)
-        if not measured:
+        cells = measure_cells(base, size, probe_fn, spent)
+        if not cells:
             weight[size] = LEARN_FLOOR
-            lines.append(f"size {size}: no candidate could be generated; kept hole {knob_text(hole[size])}, "
+            lines.append(f"size {size}: no cell of the grid could be generated; kept hole {knob_text(hole[size])}, "
                          f"wait {knob_text(wait[size])}")
             continue
-        ranked = sorted(range(len(measured)), key=lambda i: (-measured[i][1].learnability, i))
-        (h, w), kept = measured[ranked[0]]
-        hole[size], wait[size] = h, w
-        weight[size] = max(kept.learnability, LEARN_FLOOR)
-        line = f"size {size}: hole {knob_text(h)}, wait {knob_text(w)} kept (p {kept.p:.0%}, learnability " \
-               f"{kept.learnability:.3f})"
+        ranked = sorted(cells, key=lambda c: -c.probe.learnability)  # stable: a tie keeps the earlier cell
+        kept = ranked[0]
+        hole[size], wait[size] = kept.hole, kept.wait
+        weight[size] = max(kept.probe.learnability, LEARN_FLOOR)
+        line = f"size {size}: {kept.text()} kept, of {len(cells)} cells"
         if len(ranked) > 1:
-            (h2, w2), second = measured[ranked[1]]
-            line += f"; next best hole {knob_text(h2)}, wait {knob_text(w2)} (p {second.p:.0%}, learnability " \
-                    f"{second.learnability:.3f})"
+            line += f"; runner-up {ranked[1].text()}"
         lines.append(line)
     data = shares(weight)
-    for size in base.sizes:
-        lines[base.sizes.index(size)] += f"; data_ratio {knob_text(base.data_ratio[size])} -> {knob_text(data[size])}"
+    for i, size in enumerate(base.sizes):
+        lines[i] += f"; data_ratio {knob_text(base.data_ratio[size])} -> {knob_text(data[size])}"
+    lines.append(f"{RANDOM_SHARE} {knob_text(base.random_share)} -> {knob_text(SFL_RANDOM_SHARE)}: that share of "
+                 "each size's boards has its hole and wait ratios drawn at random over their ranges, the rest "
+                 "is drawn on the kept cell")
     config = EnvConfig(data_ratio=data, hole_ratio=hole, wait_ratio=wait, num_agents=base.num_agents,
-                       num_instances=base.num_instances)
-    # A few probe boards may be drawn where a stage's many cannot (a wait ratio the size rarely needs): revert the
-    # size the generator names (else the last changed) to its current ratios until the stage's seed can fill it.
-    changed = [s for s in base.sizes if (hole[s], wait[s]) != (base.hole_ratio[s], base.wait_ratio[s])]
-    while cannot_fill is not None and changed and (why := cannot_fill(config)) is not None:
-        named = re.search(r"size (\d+)\b", why)
-        size = int(named.group(1)) if named and int(named.group(1)) in changed else changed[-1]
-        changed.remove(size)
-        hole[size], wait[size] = base.hole_ratio[size], base.wait_ratio[size]
-        lines.append(f"size {size}: back to hole {knob_text(hole[size])}, wait {knob_text(wait[size])}: the "
-                     f"generator could not fill the config ({why})")
-        config = config.model_copy(update={"hole_ratio": dict(hole), "wait_ratio": dict(wait)})
+                       num_instances=base.num_instances, random_share=SFL_RANDOM_SHARE)
+    config, reverted = revert_unfillable(config, base, cannot_fill)
+    lines += reverted
     compute = compute_of(spent)
     lines.append(f"probe compute: {compute['completions']} sampled answers, {compute['seconds']:.1f} s "
                  f"({compute['probes']} probes, {compute['cached']} cached)")
     return replace(answer_of(config, base, "\n".join(lines)), compute=compute)
 
 
-def _measure_candidates(base: EnvConfig, size: int, probe_fn: ProbeFn,
-                        spent: list[ProbeResult]) -> list[tuple[tuple[float, float], Any]]:
-    """Each candidate pair at `size` with its measurement (`SizeProbe`), probed as a one-size config; a pair the
-    generator cannot make is no candidate. Every probe is added to `spent`."""
+def measure_cells(base: EnvConfig, size: int, probe_fn: ProbeFn, spent: list[ProbeResult]) -> list[Cell]:
+    """Each cell of `grid` at `size` with its measurement, probed as a one-size config (no random share: the cell
+    alone); a cell the generator cannot make is left out. Every probe is added to `spent`."""
     from envsim.generator import GenerationError
 
-    measured = []
-    for h, w in candidates(base, size):
+    cells = []
+    for h, w in grid(base.num_agents):
         one = EnvConfig(data_ratio={size: 1.0}, hole_ratio={size: h}, wait_ratio={size: w},
                         num_agents=base.num_agents, num_instances=base.num_instances)
         try:
             spent.append(probe_fn(one))
         except GenerationError:
             continue
-        measured.append(((h, w), spent[-1].sizes[size]))
-    return measured
+        cells.append(Cell(h, w, spent[-1].sizes[size]))
+    return cells
 
 
 def compute_of(results: list[ProbeResult]) -> dict[str, Any]:

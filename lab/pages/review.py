@@ -12,7 +12,7 @@ from typing import Any
 import gradio as gr
 from sqlalchemy import Engine
 
-from envsim.config import GLOBALS, KNOBS
+from envsim.config import GLOBALS, KNOBS, RANDOM_SHARE
 from envsim.scoring import Tally
 from lab.pages import figures
 from lab.pages.common import ALL, BAD_ROW, DECIDED, Page, cannot_draw, table
@@ -89,18 +89,21 @@ TIMELINE_NOTE = ("Each stage's config as it trained, per map size. A value that 
 
 
 def timeline(engine: Engine, run_id: int | None) -> dict[str, Any]:
-    """The config each stage of the run trained on, per size, and who set each value that changed."""
+    """The config each stage of the run trained on, per size, and who set each value that changed; a
+    `random_share` column where a stage drew boards broadly."""
     headers = ["stage", "config from", "size", *KNOBS, *GLOBALS]
     if run_id is None:
         return table(headers, [])
+    steps = config_timeline(engine, run_id)
+    shared = [RANDOM_SHARE] if any(step.config.random_share for step in steps) else []
     rows = []
-    for step in config_timeline(engine, run_id):
+    for step in steps:
         c = step.config
         for size in c.sizes:
             rows.append([step.stage_index, step.source, size,
                          *(_cell(step.set_by, f"{k}[{size}]", getattr(c, k)[size]) for k in KNOBS),
-                         *(_cell(step.set_by, g, getattr(c, g)) for g in GLOBALS)])
-    return table(headers, rows)
+                         *(_cell(step.set_by, g, getattr(c, g)) for g in [*GLOBALS, *shared])])
+    return table(headers + shared, rows)
 
 
 def _cell(set_by: dict[str, Any], field: str, value: Any) -> str:

@@ -53,7 +53,7 @@ class ScriptedProbe:
         self.calls.append(pair)
         if pair in self.unmakeable:
             from envsim.generator import GenerationError
-            raise GenerationError(f"size {size}: cannot")
+            raise GenerationError(f"size {size}: cannot", size)
         learn = self.table.get(pair, 0.05)
         return ProbeResult({size: SizeProbe(size, 4, 8, 16, 3, learn, 0.25, 0.0)}, {size: 1.0}, 32, 2.0,
                            cached=self.cached)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from envsim.config import EnvConfig
-from envsim.generator import cannot_fill, stage_seed
+from envsim.generator import Unfillable, cannot_fill, stage_seed
 from envsim.scoring import Tally
 from lab.context import Evidence, StageResult
 from lab.engineers import (
@@ -43,10 +43,10 @@ def test_random_draws_again_when_the_generator_cannot_fill_its_draw() -> None:
     why = ("size 3 (hole_ratio 0.01, wait_ratio 0.62, 2 agents): found only 91 of 96 boards after 19200 tries "
            "(still short of 5 needing a wait; 0 boards too small for the agents, 0 unsolvable or over the "
            "solver's budget)")
-    assert cannot_fill(unchecked, stage_seed(2, 1)) == why
+    assert cannot_fill(unchecked, stage_seed(2, 1)) == Unfillable(3, why)  # the size as data, the message as said
     checked = []
 
-    def check(config: EnvConfig) -> str | None:
+    def check(config: EnvConfig) -> Unfillable | None:
         checked.append(config)
         return cannot_fill(config, stage_seed(2, 1))
 
@@ -62,7 +62,7 @@ def test_random_draws_again_when_the_generator_cannot_fill_its_draw() -> None:
 
 def test_random_gives_up_after_its_draws_with_the_first_reason() -> None:
     reasons = iter(f"reason {i}" for i in range(100))
-    answer = random_config(evidence(), seed=1, cannot_fill=lambda _config: next(reasons))
+    answer = random_config(evidence(), seed=1, cannot_fill=lambda _config: Unfillable(None, next(reasons)))
     assert answer.projection is None and answer.proposed is None
     assert answer.error == "none of 10 random configs could be generated; the first: reason 0"
     assert next(reasons) == "reason 10"  # exactly RANDOM_DRAWS draws were checked
@@ -134,3 +134,14 @@ def test_heuristic_without_results_for_a_size_keeps_its_knobs() -> None:
 def test_shares_sum_to_one_in_steps() -> None:
     assert shares({3: 1, 4: 1, 5: 1}) == {3: 0.334, 4: 0.333, 5: 0.333}
     assert shares({3: 0.09, 4: 0.25, 5: 0.05}) == {3: 0.231, 4: 0.641, 5: 0.128}
+
+
+def test_the_engineers_that_do_not_set_random_share_keep_the_bases_and_propose_as_without_it() -> None:
+    from lab.engineers import ENGINEERS
+
+    broad = EnvConfig(**{**CONFIG.model_dump(), "random_share": 0.5})
+    for name in ("fixed", "random", "heuristic", "evidence"):
+        plain = ENGINEERS[name](evidence(), seed=7).projection.config
+        kept = ENGINEERS[name](evidence(config=broad), seed=7).projection.config
+        assert plain.random_share == 0.0 and kept.random_share == 0.5, name
+        assert kept.model_copy(update={"random_share": 0.0}) == plain, name  # the same draws and moves

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from envsim.generator import Unfillable
 from envsim.scoring import Tally
 from lab.context import BoardOutcome, Evidence, StageResult
 from lab.engineers import ENGINEERS, evidence_engineer, shares
@@ -86,7 +87,7 @@ def test_a_size_whose_config_works_is_kept() -> None:
 
 def test_a_size_the_stage_cannot_fill_goes_back_and_no_boards_keep_everything() -> None:
     def cannot_fill(config):
-        return "size 3: too many waits" if config.wait_ratio[3] != 0.25 else None
+        return Unfillable(3, "size 3: too many waits") if config.wait_ratio[3] != 0.25 else None
 
     answer = evidence_engineer(evidence(), cannot_fill=cannot_fill)
     config = answer.projection.config
