@@ -14,7 +14,6 @@ unshared ones: the script fails if any differs.
 from __future__ import annotations
 
 import argparse
-import logging
 import tempfile
 import time
 from dataclasses import dataclass
@@ -78,7 +77,6 @@ def main(args: Args) -> None:
     if args.quick:
         args = Args(**{**vars(args), **QUICK})
     torch.set_num_threads(args.threads)
-    logging.disable(logging.INFO)
     arms = args.arms.split(",")
     boards = f"{args.validation_boards or 8 * args.validation_per_size} validation + {8 * args.dev_per_size} dev"
     print(f"stage 0 of an experiment: arms {','.join(arms)} x {args.seeds} seeds, tiny policy, {boards} boards, "

@@ -6,6 +6,7 @@ its calls. A run evaluated alone, in a database of its own, is the reference eve
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import threading
 import time
@@ -30,6 +31,7 @@ from training.policy import TINY_DIR, Policy
 from training.shared import ANSWER_SETTINGS, answer_key
 from training.stage import run_stage_job, validation_boards
 
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_stage0.py"
 CONFIG = EnvConfig.default(sizes=(3, 4), num_instances=8)
 SETTINGS = dict(stages=1, validation_boards=8, dev_per_size=3)
 # RunSettings fields that cannot change the answers of a stage-0 evaluation (the boards are in the key as
@@ -227,3 +229,14 @@ def test_a_claim_whose_stage_died_is_taken_over_and_the_dead_run_copies_on_retry
     assert again.result["reused_from"] == {"validation": runs[1], "dev": runs[1]}
     assert sum(generated) == 8 + 24
     assert _answers(engine, runs[0]) == _answers(engine, runs[1])
+
+
+def test_bench_stage0_at_a_tiny_budget(capsys: pytest.CaptureFixture):
+    spec = importlib.util.spec_from_file_location("bench_stage0", BENCH)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    bench.main(bench.Args(arms="fixed,heuristic", seeds=1, validation_boards=8, dev_per_size=3))
+    out = capsys.readouterr().out
+    assert "arms fixed,heuristic x 1 seeds, tiny policy, 8 validation + 24 dev boards" in out
+    assert "s for 2 runs, 1 generated" in out and "s for 2 runs, 2 generated" in out
+    assert "(stage-0 episodes identical)" in out
