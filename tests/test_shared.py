@@ -28,7 +28,7 @@ from storage.db import make_engine, session, upgrade
 from storage.models import Episode, Evaluation, Job, Stage, StageMetric
 from training import evaluate as evaluation
 from training.policy import TINY_DIR, Policy
-from training.shared import ANSWER_SETTINGS, answer_key
+from training.shared import ANSWER_SETTINGS, answer_key, evaluate_once
 from training.stage import run_stage_job, validation_boards
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_stage0.py"
@@ -240,3 +240,17 @@ def test_bench_stage0_at_a_tiny_budget(capsys: pytest.CaptureFixture):
     assert "arms fixed,heuristic x 1 seeds, tiny policy, 8 validation + 24 dev boards" in out
     assert "s for 2 runs, 1 generated" in out and "s for 2 runs, 2 generated" in out
     assert "(stage-0 episodes identical)" in out
+
+
+def test_an_earlier_attempts_claim_under_another_key_is_replaced(engine: Engine):
+    """The policy's files changed between two attempts of a stage: its old claim goes, the new key is claimed."""
+    [run_id] = _runs(engine, [0])
+    with session(engine) as s:
+        s.add(Evaluation(key="before", run_id=run_id, stage_index=0, split=Split.VALIDATION))
+        s.commit()
+    said: list[str | None] = []
+    assert evaluate_once(engine, "after", run_id, 0, Split.VALIDATION, lambda: [],
+                         lambda step, total, line=None, result=None: bool(said.append(line))) is None
+    with session(engine) as s:
+        assert [(r.key, r.run_id, r.source_run_id) for r in s.exec(select(Evaluation))] == [("after", run_id, None)]
+    assert said == []

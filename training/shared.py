@@ -30,7 +30,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Engine, update
+from sqlalchemy import Engine, delete, update
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import select
 
@@ -106,6 +106,15 @@ def _claim(engine: Engine, key: str, run_id: int, stage_index: int, split: Split
             return False
 
 
+def _forget_other_claims(engine: Engine, key: str, run_id: int, stage_index: int, split: Split) -> None:
+    """Drop this stage's claims on `split` under another key: an earlier attempt's, made before something that
+    determines the answers changed (the policy's files saved again). Nothing was stored under them."""
+    with session(engine) as s:
+        s.exec(delete(Evaluation).where(Evaluation.run_id == run_id, Evaluation.stage_index == stage_index,
+                                        Evaluation.split == split, Evaluation.key != key))
+        s.commit()
+
+
 def _take_over(engine: Engine, dead: Evaluation, run_id: int, stage_index: int) -> bool:
     """Make a dead stage's claim this stage's; False when someone else took it (or it moved) first."""
     with session(engine) as s:
@@ -167,13 +176,18 @@ def evaluate_once(engine: Engine, key: str, run_id: int, stage_index: int, split
     stage is generating the same answers; raises `Cancelled` when the job is cancelled meanwhile."""
     from training import evaluate as evaluation  # torch loads only where answers are generated
 
-    said = False
+    _forget_other_claims(engine, key, run_id, stage_index, split)
+    said, lost = False, 0
     while True:
         owner = _owner(engine, key)
         if owner is None:
             if _claim(engine, key, run_id, stage_index, split):
                 break
-            continue  # another stage claimed it between the two reads
+            lost += 1  # another stage claimed it between the two reads: the next read finds it
+            if lost > 3:
+                raise RuntimeError(f"cannot claim the {split} evaluation {key[:12]} of run {run_id}'s stage "
+                                   f"{stage_index}, and no stage holds it")
+            continue
         if (owner.run_id, owner.stage_index) == (run_id, stage_index):
             break  # an earlier attempt of this stage claimed it and died before storing
         if stored(engine, owner.run_id, owner.stage_index, split):
