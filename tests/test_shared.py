@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -231,9 +232,10 @@ def test_a_claim_whose_stage_died_is_taken_over_and_the_dead_run_copies_on_retry
     assert _answers(engine, runs[0]) == _answers(engine, runs[1])
 
 
-def test_bench_stage0_at_a_tiny_budget(capsys: pytest.CaptureFixture):
+def test_bench_stage0_at_a_tiny_budget(capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch):
     spec = importlib.util.spec_from_file_location("bench_stage0", BENCH)
     bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, bench)  # its dataclass looks its module up by name
     spec.loader.exec_module(bench)
     bench.main(bench.Args(arms="fixed,heuristic", seeds=1, validation_boards=8, dev_per_size=3))
     out = capsys.readouterr().out

@@ -508,8 +508,9 @@ def _evaluate(engine: Engine, args: StageArgs, split: Split, boards: list[Instan
     said = "" if split == Split.VALIDATION else " (what the engineer reads)"
 
     def generate() -> list[evaluation.EpisodeResult]:
+        answering = policy()  # loaded first (said in the log), then the boards are answered
         progress(0, len(boards), f"evaluating on {len(boards)} {what} boards{said}")
-        results = evaluation.evaluate(policy(), boards, progress=lambda done, total: progress(done, total),
+        results = evaluation.evaluate(answering, boards, progress=lambda done, total: progress(done, total),
                                       decoding=args.decoding, seed=args.seed, vllm_model=folder)
         table = evaluation.metrics_table(evaluation.size_metrics(results))
         progress(len(boards), len(boards), table if split == Split.VALIDATION else f"dev:\n{table}")
