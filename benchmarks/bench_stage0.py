@@ -4,8 +4,9 @@ evaluates the starting policy again (the path without sharing).
 
 Both figures come from the same script on the same boards, the same tiny policy and one in-process worker with
 `--threads` torch threads, after one stage 0 that is not counted (the imports, the board sets built once per
-process), so their ratio holds on a loaded machine even where the seconds do not. Only stage 0 runs (no `after` hook queues what comes next). The stage-0 episodes of every run are compared with the
-unshared ones: the script fails if any differs.
+process), so their ratio holds on a loaded machine even where the seconds do not. Only stage 0 runs (no `after`
+hook queues what comes next). The stage-0 episodes of every run are compared with the unshared ones: the script
+fails if any differs.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_stage0.py --seeds 3 --arms fixed,heuristic
     OMP_NUM_THREADS=1 python benchmarks/bench_stage0.py --quick   # 2 arms x 2 seeds, 8 + 24 boards

@@ -73,9 +73,9 @@ def _runs(engine: Engine, seeds: list[int], **settings) -> list[int]:
 def _answers(engine: Engine, run_id: int) -> tuple[list[tuple], list[tuple]]:
     """A run's stage-0 episodes and metrics as a page reads them (everything but the ids)."""
     with session(engine) as s:
+        rows = s.exec(select(Episode).where(Episode.run_id == run_id, Episode.stage_index == 0).order_by(Episode.id))
         episodes = [(e.split, e.instance_id, e.instance, e.size, e.completion, e.plan, e.outcome, e.valid, e.optimal,
-                     e.failure) for e in s.exec(select(Episode).where(Episode.run_id == run_id, Episode.stage_index == 0)
-                                                .order_by(Episode.id))]
+                     e.failure) for e in rows]
         metrics = [(m.split, m.size, m.episodes, m.valid, m.optimal, m.failures) for m in s.exec(
             select(StageMetric).where(StageMetric.run_id == run_id, StageMetric.stage_index == 0)
             .order_by(StageMetric.split, StageMetric.size))]
