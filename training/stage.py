@@ -20,7 +20,8 @@ order as they were, and the dead attempt's training-log rows past that step are 
 `stage-<k>/trained.json` marks a finished training; it names its run and stage config, and an attempt adopts
 only a marker written for its own.
 
-Stage 0 is not trained: it evaluates the run's starting policy. Multi-GPU stages run outside the worker
+Stage 0 is not trained: it evaluates the run's starting policy, once per database where several runs would
+answer the same boards with it in the same way (`training.shared`: the others copy the episodes). Multi-GPU stages run outside the worker
 under `accelerate launch -m training.stage` (docs/worker.md).
 """
 
