@@ -24,7 +24,19 @@ from lab.loop import create_run, jobs_of, set_auto_apply, stages_of
 from lab.proposals import current_proposal, decision_of, diff
 from lab.results import StageSummary, stage_summaries
 from storage.db import UnsafePath, run_folder, session
-from storage.models import Action, Decision, Episode, Job, Proposal, Run, RunStatus, Stage, StageStatus, TrainingLog
+from storage.models import (
+    Action,
+    Decision,
+    Episode,
+    Evaluation,
+    Job,
+    Proposal,
+    Run,
+    RunStatus,
+    Stage,
+    StageStatus,
+    TrainingLog,
+)
 
 
 @dataclass(frozen=True)
@@ -273,6 +285,7 @@ class RunProgress:
     jobs: list[Job]
     latest: StageSummary | None  # the validation results of the last evaluated stage
     training: tuple[int, list[tuple[int, dict[str, Any]]]] | None = None  # the last trained stage: (index, logs)
+    shared: tuple[Evaluation, ...] = ()  # evaluations copied from another run's equal one (stage 0: evaluated once)
 
 
 def run_progress(engine: Engine, run_id: int) -> RunProgress | None:
@@ -281,8 +294,10 @@ def run_progress(engine: Engine, run_id: int) -> RunProgress | None:
         if run is None:
             return None
         summaries = stage_summaries(s, run_id)
+        shared = s.exec(select(Evaluation).where(Evaluation.run_id == run_id, Evaluation.source_run_id.is_not(None))
+                        .order_by(Evaluation.stage_index, Evaluation.id)).all()
         return RunProgress(run, stages_of(s, run_id), jobs_of(s, run_id),
-                           summaries[max(summaries)] if summaries else None, _last_training(s, run_id))
+                           summaries[max(summaries)] if summaries else None, _last_training(s, run_id), tuple(shared))
 
 
 def _last_training(s: Session, run_id: int) -> tuple[int, list[tuple[int, dict[str, Any]]]] | None:

@@ -395,3 +395,32 @@ class Probe(SQLModel, table=True):
     completions: int
     seconds: float
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
+class Evaluation(SQLModel, table=True):
+    """One split's evaluation of a stage under `key`, a hash of everything that determines its answers (the
+    policy's files, the boards, the decoding and its seed where it samples: `training.shared`).
+
+    A row with no `source_run_id` is the one evaluation that generates the answers of its key: the partial unique
+    index lets one stage hold it at a time, so a second worker with the same key waits for the first instead of
+    generating the same answers again. A row with a `source_run_id` is a stage that copied that evaluation's
+    episodes and stage metrics into its own (stage 0 of runs that start from one checkpoint: evaluated once).
+    No foreign key: like a probe it stays in its database (an archive carries a run's episodes, not the claim).
+    """
+
+    __tablename__ = "evaluations"
+    __table_args__ = (
+        UniqueConstraint("run_id", "stage_index", "split"),
+        Index("uq_evaluations_key", "key", unique=True, sqlite_where=text("source_run_id IS NULL"),
+              postgresql_where=text("source_run_id IS NULL")),
+        CheckConstraint(_in("split", Split), name="split"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    key: str
+    run_id: int
+    stage_index: int
+    split: Split = Field(sa_type=AutoString)
+    source_run_id: int | None = None  # None: this stage generated the answers; else the run they were copied from
+    source_stage_index: int | None = None
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)

@@ -34,7 +34,7 @@ from storage.models import (
 CONFIG = {"data_ratio": {"3": 0.5, "4": 0.5}, "hole_ratio": {"3": 0.1, "4": 0.2}, "num_agents": 2}
 FORK = multiprocessing.get_context("fork")
 
-HEAD = "0009"  # the newest migration
+HEAD = "0010"  # the newest migration
 
 
 def _run(s, **fields) -> Run:

@@ -20,7 +20,8 @@ order as they were, and the dead attempt's training-log rows past that step are 
 `stage-<k>/trained.json` marks a finished training; it names its run and stage config, and an attempt adopts
 only a marker written for its own.
 
-Stage 0 is not trained: it evaluates the run's starting policy. Multi-GPU stages run outside the worker
+Stage 0 is not trained: it evaluates the run's starting policy, once per database where several runs would
+answer the same boards with it in the same way (`training.shared`: the others copy the episodes). Multi-GPU stages run outside the worker
 under `accelerate launch -m training.stage` (docs/worker.md).
 """
 
@@ -34,7 +35,7 @@ import logging
 import math
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -57,7 +58,7 @@ from envsim.suite import VALIDATION_PER_SIZE, Split, build, dev_entries
 from storage.db import RUNS_SETTING, UnsafePath, checkpoint_of, make_engine, run_folder, runs_root, session
 from storage.models import Job, Run, Stage, StageMetric, StageStatus, TrainingLog, utcnow
 from training import evaluate as evaluation
-from training import vllm
+from training import shared, vllm
 from training.overrides import lab_owned
 from training.policy import TINY_DIR, Policy, PolicyError, load_policy, local_device, lora_config, policy_folder
 from training.progress import Cancelled, Progress
@@ -450,40 +451,46 @@ def _set_stage(engine: Engine, args: StageArgs, **values: Any) -> None:
 def run_stage(engine: Engine, args: StageArgs, grpo: dict[str, Any], progress: Progress) -> dict[str, Any]:
     """Train (stage > 0), evaluate on the validation set and then on the dev set (when the run has one), store
     episodes and metrics, mark the stage done. Evaluation is greedy: it draws no random number, so the dev set
-    changes nothing of what training or the validation results would be without it."""
+    changes nothing of what training or the validation results would be without it.
+
+    Stage 0 evaluates the run's starting policy, which every run of an experiment shares: where another run of
+    the database evaluated (or is evaluating) the same policy on the same boards in the same way, its episodes
+    and metrics are copied instead of generated again (`training.shared`), and the policy is loaded only when
+    something is left to generate."""
     device = local_device()
     _set_stage(engine, args, status=StageStatus.RUNNING, started_at=utcnow(), finished_at=None)
+    loaded: list[Policy] = []
+
+    def policy() -> Policy:
+        if not loaded:
+            progress(0, None, f"stage {args.stage_index} of run {args.run_id}: loading {args.policy}")
+            loaded.append(start_policy(args, device))
+        return loaded[0]
+
+    reused: dict[str, int] = {}
     try:
         if args.stage_index > 0 and (trained := args.adoptable_marker()) is not None:
             # An earlier attempt trained and saved the policy, then died before recording its evaluation.
             progress(0, None, f"stage {args.stage_index} was trained by an earlier attempt: loading {args.policy_dir}")
-            policy = load_policy(str(args.policy_dir), device=device).configured(args.settings)
+            loaded.append(load_policy(str(args.policy_dir), device=device).configured(args.settings))
+        elif args.stage_index > 0:
+            trained = train(engine, args, policy(), grpo, progress)
         else:
-            progress(0, None, f"stage {args.stage_index} of run {args.run_id}: loading {args.policy}")
-            policy = start_policy(args, device)
-            trained = {} if args.stage_index == 0 else train(engine, args, policy, grpo, progress)
+            trained = {}
         checkpoint = checkpoint_path(args.policy) if args.stage_index == 0 else args.stored_checkpoint
         folder = None if not vllm.available() else \
             policy_folder(args.policy) if args.stage_index == 0 else str(args.policy_dir)
         # record: the validation set (once: an attempt that died after storing it leaves it stored)
         if not _validation_metrics(engine, args):
             boards = validation_boards(args.validation_boards, args.validation_per_size, args.run_dir.parent)
-            progress(0, len(boards), f"evaluating on {len(boards)} validation boards")
-            results = evaluation.evaluate(policy, boards, progress=lambda done, total: progress(done, total),
-                                          decoding=args.decoding, seed=args.seed, vllm_model=folder)
-            with session(engine) as s:
-                evaluation.store_evaluation(s, args.run_id, args.stage_index, Split.VALIDATION, results)
-            progress(len(boards), len(boards), evaluation.metrics_table(evaluation.size_metrics(results)))
+            if (source := _evaluate(engine, args, Split.VALIDATION, boards, policy, folder, progress)) is not None:
+                reused[Split.VALIDATION] = source
         else:
             progress(0, None, "the validation results of an earlier attempt are stored already: kept")
         if args.dev_per_size and not _metrics(engine, args, Split.DEV):
             boards = list(dev_set(args.dev_per_size, args.validation_per_size, args.run_dir.parent))
-            progress(0, len(boards), f"evaluating on {len(boards)} dev boards (what the engineer reads)")
-            results = evaluation.evaluate(policy, boards, progress=lambda done, total: progress(done, total),
-                                          decoding=args.decoding, seed=args.seed, vllm_model=folder)
-            with session(engine) as s:
-                evaluation.store_evaluation(s, args.run_id, args.stage_index, Split.DEV, results)
-            progress(len(boards), len(boards), "dev:\n" + evaluation.metrics_table(evaluation.size_metrics(results)))
+            if (source := _evaluate(engine, args, Split.DEV, boards, policy, folder, progress)) is not None:
+                reused[Split.DEV] = source
         _set_stage(engine, args, status=StageStatus.DONE, checkpoint=checkpoint, finished_at=utcnow())
     except BaseException:
         _set_stage(engine, args, status=StageStatus.FAILED, finished_at=utcnow())
@@ -491,7 +498,41 @@ def run_stage(engine: Engine, args: StageArgs, grpo: dict[str, Any], progress: P
     pooled = Tally.total(map(evaluation.tally_of, _validation_metrics(engine, args)))
     return {"run_id": args.run_id, "stage_index": args.stage_index, "checkpoint": checkpoint,
             "episodes": pooled.episodes, "valid_rate": pooled.valid_rate, "optimal_rate": pooled.optimal_rate,
-            "train": trained}
+            "train": trained, **({"reused_from": reused} if reused else {})}
+
+
+def _evaluate(engine: Engine, args: StageArgs, split: Split, boards: list[Instance], policy: Callable[[], Policy],
+              folder: str | None, progress: Progress) -> int | None:
+    """Evaluate the stage's policy on `split`'s boards and store it; stage 0 copies an equal evaluation of another
+    run instead (`training.shared`). Returns the run it was copied from, or None where it was generated here."""
+    what = "validation" if split == Split.VALIDATION else "dev"
+    said = "" if split == Split.VALIDATION else " (what the engineer reads)"
+
+    def generate() -> list[evaluation.EpisodeResult]:
+        answering = policy()  # loaded first (said in the log), then the boards are answered
+        progress(0, len(boards), f"evaluating on {len(boards)} {what} boards{said}")
+        results = evaluation.evaluate(answering, boards, progress=lambda done, total: progress(done, total),
+                                      decoding=args.decoding, seed=args.seed, vllm_model=folder)
+        table = evaluation.metrics_table(evaluation.size_metrics(results))
+        progress(len(boards), len(boards), table if split == Split.VALIDATION else f"dev:\n{table}")
+        return results
+
+    if args.stage_index > 0:  # a trained checkpoint is the run's own: nobody else evaluates it
+        with session(engine) as s:
+            evaluation.store_evaluation(s, args.run_id, args.stage_index, split, generate())
+        return None
+    key = shared.answer_key(policy=args.policy, folder=shared.policy_files(args.policy), split=split, boards=boards,
+                            settings=args.settings, seed=args.seed,
+                            engine="vllm" if folder is not None else "transformers", device=local_device())
+    source = shared.evaluate_once(engine, key, args.run_id, args.stage_index, split, generate, progress)
+    if source is None:
+        return None
+    copied = _metrics(engine, args, split)
+    table = evaluation.metrics_table({m.size: evaluation.tally_of(m) for m in sorted(copied, key=lambda m: m.size)})
+    progress(0, None, f"stage 0 {what}: reused run {source.run_id}'s stage {source.stage_index} evaluation (the same "
+                      f"policy, {len(boards)} {what} boards and decoding): {sum(m.episodes for m in copied)} "
+                      f"episodes copied, nothing generated\n{table}")
+    return source.run_id
 
 
 def _validation_metrics(engine: Engine, args: StageArgs) -> list[StageMetric]:

@@ -105,7 +105,19 @@ def _run_status(progress: RunProgress) -> str:
                                  "the engineer below.",
                RunStatus.CANCELLED: f" {run.status_reason}. *Resume* picks it up again."}.get(run.status, "")
     return (f"Run #{run.id} **{run.name}** is **{run.status}**: {trained} of {run.settings['stages']} "
-            f"training stages done; stages: " + ", ".join(f"{st.index} {st.status}" for st in stages) + "." + waiting)
+            f"training stages done; stages: " + ", ".join(f"{st.index} {st.status}" for st in stages) + "."
+            + _shared(progress) + waiting)
+
+
+def _shared(progress: RunProgress) -> str:
+    """Which evaluations of the run were copied from another run's equal one, and from which (stage 0 of runs
+    that start from one checkpoint is evaluated once)."""
+    by_source: dict[tuple[int, int | None, int | None], list[str]] = {}
+    for e in progress.shared:
+        by_source.setdefault((e.stage_index, e.source_run_id, e.source_stage_index), []).append(str(e.split))
+    return "".join(f" Stage {stage}'s {' and '.join(splits)} episodes were reused from run #{run}'s stage {source} "
+                   "(the same policy, boards and decoding: evaluated once, not generated again)."
+                   for (stage, run, source), splits in by_source.items())
 
 
 def _results(summary: StageSummary | None) -> str:

@@ -1,0 +1,258 @@
+"""Stage 0 evaluated once: runs that start from one checkpoint on the same boards copy the first one's answers.
+
+The real tiny policy answers the real boards on SQLite and PostgreSQL; `Policy.generate` is wrapped only to count
+its calls. A run evaluated alone, in a database of its own, is the reference every shared stage 0 must equal.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from sqlalchemy import Engine
+from sqlmodel import select
+
+from envsim.config import EnvConfig
+from envsim.suite import Split
+from lab.loop import create_run
+from lab.pages.train import train_view
+from lab.settings import RunSettings
+from lab.worker import run_job, run_worker
+from storage import queue
+from storage.db import make_engine, session, upgrade
+from storage.models import Episode, Evaluation, Job, Stage, StageMetric
+from training import evaluate as evaluation
+from training.policy import TINY_DIR, Policy
+from training.shared import ANSWER_SETTINGS, answer_key, evaluate_once
+from training.stage import run_stage_job, validation_boards
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_stage0.py"
+CONFIG = EnvConfig.default(sizes=(3, 4), num_instances=8)
+SETTINGS = dict(stages=1, validation_boards=8, dev_per_size=3)
+# RunSettings fields that cannot change the answers of a stage-0 evaluation (the boards are in the key as
+# themselves, so the board counts are too): a new field must be placed here or in training.shared.ANSWER_SETTINGS.
+NOT_ANSWERS = {"stages", "auto_apply", "grpo", "lora", "context", "context_preset", "base_url", "validation_boards",
+               "validation_per_size", "dev_per_size", "probe_boards", "probe_answers", "remeasure",
+               "keep_checkpoints", "allow_cpu", "engineer_history", "example"}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def generated(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The prompts of every `Policy.generate` call, in order (the real generation runs)."""
+    calls: list[int] = []
+    real = Policy.generate
+
+    def counted(self, prompts, *args, **kwargs):
+        calls.append(len(prompts))
+        return real(self, prompts, *args, **kwargs)
+
+    monkeypatch.setattr(Policy, "generate", counted)
+    return calls
+
+
+def _runs(engine: Engine, seeds: list[int], **settings) -> list[int]:
+    with session(engine) as s:
+        return [create_run(s, name=f"seed {k}", config=CONFIG, settings=RunSettings(**{**SETTINGS, **settings}),
+                           engineer="fixed", seed=k).id for k in seeds]
+
+
+def _answers(engine: Engine, run_id: int) -> tuple[list[tuple], list[tuple]]:
+    """A run's stage-0 episodes and metrics as a page reads them (everything but the ids)."""
+    with session(engine) as s:
+        rows = s.exec(select(Episode).where(Episode.run_id == run_id, Episode.stage_index == 0).order_by(Episode.id))
+        episodes = [(e.split, e.instance_id, e.instance, e.size, e.completion, e.plan, e.outcome, e.valid, e.optimal,
+                     e.failure) for e in rows]
+        metrics = [(m.split, m.size, m.episodes, m.valid, m.optimal, m.failures) for m in s.exec(
+            select(StageMetric).where(StageMetric.run_id == run_id, StageMetric.stage_index == 0)
+            .order_by(StageMetric.split, StageMetric.size))]
+    return episodes, metrics
+
+
+def _alone(tmp_path: Path, generated: list[int], **settings) -> tuple[tuple[list, list], int]:
+    """Stage 0 of one run in a database of its own: its answers and the prompts it generated."""
+    engine = make_engine(f"sqlite:///{tmp_path / 'alone.db'}")
+    upgrade(engine)
+    before = len(generated)
+    [run_id] = _runs(engine, [5], **settings)
+    assert run_worker(engine, {"stage": run_stage_job}, poll_s=0.01, once=True) == 1
+    answers = _answers(engine, run_id)
+    engine.dispose()
+    return answers, sum(generated[before:])
+
+
+def _jobs(engine: Engine) -> list[Job]:
+    with session(engine) as s:
+        return list(s.exec(select(Job).order_by(Job.id)))
+
+
+def test_runs_from_one_checkpoint_evaluate_stage_0_once_and_store_what_a_run_alone_stores(
+        engine: Engine, generated: list[int], tmp_path: Path):
+    alone, alone_prompts = _alone(tmp_path, generated)
+    assert alone_prompts == 8 + 24  # the validation boards, then the dev boards (3 per size, sizes 3..10)
+    del generated[:]
+    runs = _runs(engine, [0, 1, 2])  # greedy decoding: the seed changes no answer
+    assert run_worker(engine, {"stage": run_stage_job}, poll_s=0.01, once=True) == 3
+    assert sum(generated) == alone_prompts  # the first run generated; the other two generated nothing
+    for run_id in runs:
+        assert _answers(engine, run_id) == alone
+    jobs = _jobs(engine)
+    assert [j.status for j in jobs] == ["done"] * 3
+    assert "reused_from" not in jobs[0].result
+    for job in jobs[1:]:
+        assert job.result["reused_from"] == {"validation": runs[0], "dev": runs[0]}
+        assert job.result["episodes"] == 8 and job.result["valid_rate"] == jobs[0].result["valid_rate"]
+        assert f"stage 0 validation: reused run {runs[0]}'s stage 0 evaluation (the same policy, 8 validation " \
+               "boards and decoding): 8 episodes copied, nothing generated" in job.log_tail
+        assert "evaluating on" not in job.log_tail and "loading" not in job.log_tail  # the policy was never loaded
+    assert "evaluating on 8 validation boards" in jobs[0].log_tail
+    with session(engine) as s:
+        rows = s.exec(select(Evaluation).order_by(Evaluation.id)).all()
+        stages = s.exec(select(Stage).order_by(Stage.run_id)).all()
+    assert [(r.run_id, r.split, r.source_run_id, r.source_stage_index) for r in rows] == [
+        (runs[0], Split.VALIDATION, None, None), (runs[0], Split.DEV, None, None),
+        (runs[1], Split.VALIDATION, runs[0], 0), (runs[1], Split.DEV, runs[0], 0),
+        (runs[2], Split.VALIDATION, runs[0], 0), (runs[2], Split.DEV, runs[0], 0)]
+    assert [(st.status, st.checkpoint) for st in stages] == [("done", str(TINY_DIR))] * 3
+    status = train_view(engine, runs[1])["status"]
+    assert f"Stage 0's validation and dev episodes were reused from run #{runs[0]}'s stage 0" in status
+    assert "reused" not in train_view(engine, runs[0])["status"]
+
+
+def test_what_changes_the_answers_is_another_evaluation(tmp_path: Path):
+    boards = validation_boards(8)
+    folder = tmp_path / "policy"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(b"weights")
+
+    def key(settings=None, seed=0, **what) -> str:
+        given = dict(policy="p", folder=str(folder), split=Split.VALIDATION, boards=boards, engine="transformers",
+                     device="cpu")
+        return answer_key(**{**given, **what}, settings=settings or {}, seed=seed)
+
+    same = key()
+    assert key(seed=1) == same and key(device="cpu") == key(device="cpu:0")  # greedy draws no random number
+    assert key({"validation_decoding": "sampled"}, seed=1) != key({"validation_decoding": "sampled"}, seed=2)
+    assert key({"validation_decoding": "sampled"}, seed=1) == key({"validation_decoding": "sampled"}, seed=1)
+    assert key({"stages": 9, "context_preset": "x", "grpo": {"beta": 1}}) == same  # what does not answer
+    others = [key({"thinking": "on"}), key({"completion_length": 64}), key({"validation_decoding": "sampled"}),
+              key(boards=boards[:7]), key(split=Split.DEV), key(policy="q"), key(engine="vllm"), key(device="cuda:0")]
+    assert len({same, *others}) == len(others) + 1
+    os.utime(folder / "model.safetensors", ns=(1, 1))  # the checkpoint saved again into the same folder
+    assert key() != same
+    assert set(RunSettings.model_fields) == NOT_ANSWERS | set(ANSWER_SETTINGS)
+
+
+def test_runs_that_answer_differently_each_generate(engine: Engine, generated: list[int]):
+    """Another completion length, and sampled decoding under different seeds: no run copies another."""
+    runs = _runs(engine, [0], completion_length=40) + _runs(engine, [0, 1], validation_decoding="sampled")
+    assert run_worker(engine, {"stage": run_stage_job}, poll_s=0.01, once=True) == 3
+    assert sum(generated) == 3 * (8 + 24)
+    assert all("reused_from" not in j.result for j in _jobs(engine))
+    assert _answers(engine, runs[1]) != _answers(engine, runs[2])  # two seeds sample two sets of answers
+    with session(engine) as s:
+        assert s.exec(select(Evaluation).where(Evaluation.source_run_id.is_not(None))).all() == []
+
+
+def test_two_workers_at_once_generate_stage_0_once(engine: Engine, generated: list[int], tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch):
+    """The first worker's generation holds until the second says it waits for it: the second copies, after."""
+    alone, alone_prompts = _alone(tmp_path, generated)
+    del generated[:]
+    runs = _runs(engine, [0, 1])
+    real = evaluation.evaluate
+
+    def held(*args, **kwargs):
+        deadline = time.monotonic() + 120
+        while not any("waiting for run" in j.log_tail for j in _jobs(engine)):
+            assert time.monotonic() < deadline, "the second worker never waited"
+            time.sleep(0.05)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(evaluation, "evaluate", held)
+    with session(engine) as s:
+        claimed = [queue.claim(s, "worker a"), queue.claim(s, "worker b")]
+    ended: dict[int, Job] = {}
+    threads = [threading.Thread(target=lambda j=j: ended.__setitem__(j.run_id, run_job(engine, j, run_stage_job)))
+               for j in claimed]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert [ended[r].status for r in runs] == ["done", "done"], [ended[r].error for r in runs]
+    assert sum(generated) == alone_prompts
+    first, second = sorted(runs, key=lambda r: "reused_from" in ended[r].result)
+    assert ended[second].result["reused_from"] == {"validation": first, "dev": first}
+    assert f"waiting for run {first}'s stage 0, which is evaluating the same policy on the same validation boards" \
+        in ended[second].log_tail
+    for run_id in runs:
+        assert _answers(engine, run_id) == alone
+
+
+def test_a_claim_whose_stage_died_is_taken_over_and_the_dead_run_copies_on_retry(
+        engine: Engine, generated: list[int], monkeypatch: pytest.MonkeyPatch):
+    runs = _runs(engine, [0, 1])
+    real = evaluation.evaluate
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the worker's GPU fell off")
+
+    monkeypatch.setattr(evaluation, "evaluate", broken)
+    with session(engine) as s:
+        job = queue.claim(s, "worker a")
+    assert run_job(engine, job, run_stage_job).error == "RuntimeError: the worker's GPU fell off"
+    monkeypatch.setattr(evaluation, "evaluate", real)
+    with session(engine) as s:  # run 0's claim stays behind; its stage failed
+        assert [(r.run_id, r.source_run_id) for r in s.exec(select(Evaluation))] == [(runs[0], None)]
+        job = queue.claim(s, "worker b")
+    assert job.run_id == runs[1]
+    ended = run_job(engine, job, run_stage_job)
+    assert ended.status == "done" and "reused_from" not in ended.result
+    assert f"run {runs[0]}'s stage 0 had claimed the same validation evaluation and stopped: generating it here" \
+        in ended.log_tail
+    with session(engine) as s:
+        queue.requeue(s, _jobs(engine)[0].id)
+        job = queue.claim(s, "worker a")
+    again = run_job(engine, job, run_stage_job)
+    assert again.result["reused_from"] == {"validation": runs[1], "dev": runs[1]}
+    assert sum(generated) == 8 + 24
+    assert _answers(engine, runs[0]) == _answers(engine, runs[1])
+
+
+def test_bench_stage0_at_a_tiny_budget(capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch):
+    spec = importlib.util.spec_from_file_location("bench_stage0", BENCH)
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, bench)  # its dataclass looks its module up by name
+    spec.loader.exec_module(bench)
+    bench.main(bench.Args(arms="fixed,heuristic", seeds=1, validation_boards=8, dev_per_size=3))
+    out = capsys.readouterr().out
+    assert "arms fixed,heuristic x 1 seeds, tiny policy, 8 validation + 24 dev boards" in out
+    assert "s for 2 runs, 1 generated" in out and "s for 2 runs, 2 generated" in out
+    assert "(stage-0 episodes identical)" in out
+
+
+def test_an_earlier_attempts_claim_under_another_key_is_replaced(engine: Engine):
+    """The policy's files changed between two attempts of a stage: its old claim goes, the new key is claimed."""
+    [run_id] = _runs(engine, [0])
+    with session(engine) as s:
+        s.add(Evaluation(key="before", run_id=run_id, stage_index=0, split=Split.VALIDATION))
+        s.commit()
+    said: list[str | None] = []
+    assert evaluate_once(engine, "after", run_id, 0, Split.VALIDATION, lambda: [],
+                         lambda step, total, line=None, result=None: bool(said.append(line))) is None
+    with session(engine) as s:
+        assert [(r.key, r.run_id, r.source_run_id) for r in s.exec(select(Evaluation))] == [("after", run_id, None)]
+    assert said == []

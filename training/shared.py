@@ -1,0 +1,219 @@
+"""Shared evaluations: where several runs would answer the same boards with the same checkpoint in the same way,
+one of them generates the answers and the others copy its episodes and stage metrics into their own stage.
+
+Every run of an experiment starts from the same stage-0 checkpoint and evaluates it on the same validation and
+dev boards; generating those answers once per run is the same work done again. An evaluation's `key` is a hash of
+everything that determines its answers: the policy (its spec, and the size and modification time of every file
+of its folder), the boards themselves (their JSON), the settings that change how the policy answers
+(`ANSWER_SETTINGS`), the seed where decoding samples (greedy decoding draws no random number), and where it runs
+(vLLM or transformers, CPU or GPU: the same maths in another order can round a logit the other way). The dev
+boards are drawn once for every seed (`envsim.suite.dev_entries`), so they share like the validation boards;
+a key that differs in anything is simply another evaluation.
+
+The `evaluations` table holds the claim: the first stage to insert a key's row without a source generates its
+answers; a second one with the same key copies them once they are stored, and waits (heartbeating, cancellable)
+while the first is alive (its stage running, its job's heartbeat fresh). A claim whose stage is dead is taken
+over with one conditional UPDATE, so two waiters never both take it. A stage only waits while it holds no claim
+it has not finished, so two workers never wait on each other.
+
+The copies are the episodes and per-size metrics as stored, row for row, so every page and report that reads a
+run's stage 0 reads what it would have read had the run generated them itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Engine, delete, update
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import select
+
+from envsim.instance import Instance
+from envsim.suite import Split
+from storage.db import session
+from storage.models import Episode, Evaluation, Job, JobKind, JobStatus, Stage, StageMetric, StageStatus, utcnow
+from storage.queue import stale_after_s
+from training.progress import Cancelled, Progress
+
+if TYPE_CHECKING:
+    from training.evaluate import EpisodeResult
+
+# A run's settings that change the answers of an evaluation (`lab.settings.RunSettings`): the chat template's
+# thinking flag, the answer budget, greedy or sampled decoding. The boards are in the key as themselves.
+ANSWER_SETTINGS = ("thinking", "completion_length", "validation_decoding")
+WAIT_S = 1.0  # how often a stage waiting for another's evaluation looks again
+FINGERPRINT_FILES = 10_000  # a policy folder of more files than this is fingerprinted by its spec alone
+
+
+def policy_files(spec: str) -> str | None:
+    """The folder that holds policy `spec` where it is one on disk (`training.resolve.resolve_policy`, which
+    converts nothing and reads no weight); None for a hub name or a policy this machine cannot find."""
+    from training.resolve import PolicyUnavailable, resolve_policy
+
+    try:
+        where = resolve_policy(spec)
+    except PolicyUnavailable:
+        return None
+    return where if Path(where).is_dir() else None
+
+
+def policy_fingerprint(folder: str | None) -> list[tuple[str, int, int]]:
+    """Every file of a policy folder as (relative path, size, modification time in ns): a checkpoint saved again
+    into the same folder is another policy. Empty for a hub name (no folder)."""
+    if folder is None or not Path(folder).is_dir():
+        return []
+    root = Path(folder)
+    files = sorted(p for p in root.rglob("*") if p.is_file())[:FINGERPRINT_FILES]
+    return [(str(p.relative_to(root)), (st := p.stat()).st_size, st.st_mtime_ns) for p in files]
+
+
+def answer_key(*, policy: str, folder: str | None, split: Split, boards: Sequence[Instance],
+               settings: dict[str, Any], seed: int, engine: str, device: str) -> str:
+    """The key of an evaluation: a hash of the canonical JSON of everything its answers depend on.
+
+    `policy` is the spec the run names, `folder` where it lies on disk (None: a hub name), `seed` the seed
+    sampled decoding draws from (left out of the key for greedy decoding, which draws none), `engine` the
+    generator ("vllm" or "transformers") and `device` where it runs ("cpu", "cuda")."""
+    sampled = (settings.get("validation_decoding") or "greedy") == "sampled"
+    boards_hash = hashlib.sha256("\n".join(b.to_json() for b in boards).encode()).hexdigest()
+    text = json.dumps({"policy": policy, "files": policy_fingerprint(folder), "split": str(split),
+                       "boards": boards_hash, "answers": {k: settings.get(k) for k in ANSWER_SETTINGS},
+                       "seed": seed if sampled else None, "engine": engine, "device": device.split(":")[0]},
+                      sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _owner(engine: Engine, key: str) -> Evaluation | None:
+    with session(engine) as s:
+        return s.exec(select(Evaluation).where(Evaluation.key == key, Evaluation.source_run_id.is_(None))).first()
+
+
+def _claim(engine: Engine, key: str, run_id: int, stage_index: int, split: Split) -> bool:
+    """Insert the key's generating row for this stage; False when another stage holds it already."""
+    with session(engine) as s:
+        s.add(Evaluation(key=key, run_id=run_id, stage_index=stage_index, split=split))
+        try:
+            s.commit()
+            return True
+        except IntegrityError:
+            s.rollback()
+            return False
+
+
+def _forget_other_claims(engine: Engine, key: str, run_id: int, stage_index: int, split: Split) -> None:
+    """Drop this stage's claims on `split` under another key: an earlier attempt's, made before something that
+    determines the answers changed (the policy's files saved again). Nothing was stored under them."""
+    with session(engine) as s:
+        s.exec(delete(Evaluation).where(Evaluation.run_id == run_id, Evaluation.stage_index == stage_index,
+                                        Evaluation.split == split, Evaluation.key != key))
+        s.commit()
+
+
+def _take_over(engine: Engine, dead: Evaluation, run_id: int, stage_index: int) -> bool:
+    """Make a dead stage's claim this stage's; False when someone else took it (or it moved) first."""
+    with session(engine) as s:
+        moved = s.exec(update(Evaluation).where(
+            Evaluation.id == dead.id, Evaluation.run_id == dead.run_id, Evaluation.stage_index == dead.stage_index,
+            Evaluation.source_run_id.is_(None)).values(run_id=run_id, stage_index=stage_index, created_at=utcnow()))
+        s.commit()
+        return moved.rowcount == 1
+
+
+def stored(engine: Engine, run_id: int, stage_index: int, split: Split) -> bool:
+    """Whether that stage's evaluation on `split` is stored (its metrics and episodes commit together)."""
+    with session(engine) as s:
+        return s.exec(select(StageMetric.id).where(StageMetric.run_id == run_id, StageMetric.stage_index == stage_index,
+                                                   StageMetric.split == split)).first() is not None
+
+
+def alive(engine: Engine, run_id: int, stage_index: int) -> bool:
+    """Whether that stage is being worked on: its row running and its stage job running with a fresh heartbeat
+    (`storage.queue.stale_after_s`, the rule that reaps a dead worker's job)."""
+    with session(engine) as s:
+        stage = s.exec(select(Stage).where(Stage.run_id == run_id, Stage.index == stage_index)).first()
+        if stage is None or stage.status != StageStatus.RUNNING:
+            return False
+        job = s.exec(select(Job).where(Job.run_id == run_id, Job.kind == JobKind.STAGE, Job.target == stage_index,
+                                       Job.status == JobStatus.RUNNING)).first()
+    return job is not None and job.heartbeat_at is not None \
+        and utcnow() - job.heartbeat_at < timedelta(seconds=stale_after_s())
+
+
+_OWN = {"id", "run_id", "stage_index"}  # the columns a copied row takes from the stage it is copied into
+
+
+def copy_evaluation(engine: Engine, key: str, source: Evaluation, run_id: int, stage_index: int,
+                    split: Split) -> int:
+    """Copy the source's episodes and stage metrics on `split` into this stage, row for row, and record where
+    they came from; one transaction. Returns the episodes copied."""
+    with session(engine) as s:
+        episodes = s.exec(select(Episode).where(Episode.run_id == source.run_id,
+                                                Episode.stage_index == source.stage_index, Episode.split == split)
+                          .order_by(Episode.id)).all()
+        metrics = s.exec(select(StageMetric).where(StageMetric.run_id == source.run_id,
+                                                   StageMetric.stage_index == source.stage_index,
+                                                   StageMetric.split == split).order_by(StageMetric.size)).all()
+        for row in [*episodes, *metrics]:
+            s.add(type(row)(**{name: getattr(row, name) for name in type(row).model_fields if name not in _OWN},
+                            run_id=run_id, stage_index=stage_index))
+        s.add(Evaluation(key=key, run_id=run_id, stage_index=stage_index, split=split, source_run_id=source.run_id,
+                         source_stage_index=source.stage_index))
+        s.commit()
+        return len(episodes)
+
+
+def evaluate_once(engine: Engine, key: str, run_id: int, stage_index: int, split: Split,
+                  generate: Callable[[], Sequence[EpisodeResult]], progress: Progress,
+                  wait_s: float = WAIT_S) -> Evaluation | None:
+    """Store this stage's evaluation on `split`: generated here (`generate()` answers the boards; returns None),
+    or copied from the stage that evaluated the same key (returns that stage's claim). Waits while another live
+    stage is generating the same answers; raises `Cancelled` when the job is cancelled meanwhile."""
+    from training import evaluate as evaluation  # torch loads only where answers are generated
+
+    _forget_other_claims(engine, key, run_id, stage_index, split)
+    said, lost = False, 0
+    while True:
+        owner = _owner(engine, key)
+        if owner is None:
+            if _claim(engine, key, run_id, stage_index, split):
+                break
+            lost += 1  # another stage claimed it between the two reads: the next read finds it
+            if lost > 3:
+                raise RuntimeError(f"cannot claim the {split} evaluation {key[:12]} of run {run_id}'s stage "
+                                   f"{stage_index}, and no stage holds it")
+            continue
+        if (owner.run_id, owner.stage_index) == (run_id, stage_index):
+            break  # an earlier attempt of this stage claimed it and died before storing
+        if stored(engine, owner.run_id, owner.stage_index, split):
+            copy_evaluation(engine, key, owner, run_id, stage_index, split)
+            return owner
+        if not alive(engine, owner.run_id, owner.stage_index):
+            if _take_over(engine, owner, run_id, stage_index):
+                progress(0, None, f"run {owner.run_id}'s stage {owner.stage_index} had claimed the same {split} "
+                                  "evaluation and stopped: generating it here")
+                break
+            continue
+        line = None if said else (f"waiting for run {owner.run_id}'s stage {owner.stage_index}, which is "
+                                  f"evaluating the same policy on the same {split} boards: its answers are copied")
+        said = True
+        if progress(0, None, line):
+            raise Cancelled(f"cancelled while waiting for run {owner.run_id}'s {split} evaluation")
+        time.sleep(wait_s)
+    results = generate()
+    with session(engine) as s:
+        evaluation.store_evaluation(s, run_id, stage_index, split, results)
+    return None
+
+
+def shared_from(engine: Engine, run_id: int) -> list[Evaluation]:
+    """The evaluations of a run that were copied from another run's stage, by stage and split."""
+    with session(engine) as s:
+        return list(s.exec(select(Evaluation).where(Evaluation.run_id == run_id,
+                                                    Evaluation.source_run_id.is_not(None))
+                           .order_by(Evaluation.stage_index, Evaluation.id)))
