@@ -17,6 +17,7 @@ from lab.pages.episode import PLAY_S
 from tests.test_pages import propose
 
 TIMEOUT_MS = 60_000
+BUSY = ".pending, .eta-bar, .progress-text, .meta-text"  # what Gradio shows while an event of the page runs
 
 ERRORS_SEEN = """() => {
     window.__errors = [];
@@ -54,10 +55,31 @@ class Walk:
     def __post_init__(self) -> None:
         self.waits = [self.ids["second"]]
 
+    def settle(self, quiet_s: float = 0.5) -> None:
+        """Until no event of the page is in flight (no progress shown) for `quiet_s`: what the page does as it
+        loads is not the action's time."""
+        deadline, quiet_since = time.monotonic() + TIMEOUT_MS / 1000, None
+        while time.monotonic() < deadline:
+            busy = self.page.evaluate(f"() => document.querySelectorAll('{BUSY}').length")
+            now = time.monotonic()
+            quiet_since = None if busy else (quiet_since or now)
+            if quiet_since is not None and now - quiet_since >= quiet_s:
+                return
+            time.sleep(0.05)
+
     def load(self, query: str, ready: str) -> None:
-        """A fresh page at `?query`, ready when `ready` (a text) is on it."""
+        """A fresh page at `?query`, ready when `ready` (a text) is on it and its loading events are done."""
         self.page.goto(f"{self.url}?{query}")
-        self.page.get_by_text(ready).first.wait_for(timeout=TIMEOUT_MS)
+        self.page.get_by_text(ready).first.wait_for(state="attached", timeout=TIMEOUT_MS)
+        self.settle()
+
+    def load_run(self, run_id: int) -> None:
+        """A fresh page with the run open (in the "Open run" dropdown), on the Runs tab."""
+        self.page.goto(f"{self.url}?run={run_id}")
+        self.page.wait_for_function(f"""() => {{ const i = document.querySelector('#run-pick input');
+                                                 return i && i.value.startsWith('#{run_id} '); }}""",
+                                    timeout=TIMEOUT_MS)
+        self.settle()
 
     def timed(self, click: Callable[[], Any], *shown: Callable[[], Any]) -> float:
         t0 = time.perf_counter()
@@ -67,15 +89,20 @@ class Walk:
         return time.perf_counter() - t0
 
     def text(self, selector: str, text: str) -> Callable[[], Any]:
-        return lambda: self.page.locator(selector).get_by_text(text).first.wait_for(timeout=TIMEOUT_MS)
+        """Waits for `text` in `selector`, drawn (in the tab shown or one behind it)."""
+        return lambda: self.page.locator(selector).get_by_text(text).first.wait_for(state="attached",
+                                                                                     timeout=TIMEOUT_MS)
 
     def open_run(self) -> float:
-        """From one run to the other in the "Open run" dropdown: every tab redrawn (waited for: the Train tab's
-        status)."""
+        """From one run to the other in the "Open run" dropdown, on the Train tab: every tab redrawn (waited for:
+        the Train tab's status)."""
         self.turn += 1
         first, then = ((self.ids["history"], self.ids["waiting"]) if self.turn % 2
                        else (self.ids["waiting"], self.ids["history"]))
-        self.load(f"run={first}", f"Run #{first} ")
+        self.load_run(first)
+        self.page.get_by_role("tab", name="Train").click()
+        self.text("#train-status", f"Run #{first} ")()
+        self.settle()
         return self.timed(lambda: open_run_pick(self.page, f"#{then} "), self.text("#train-status", f"Run #{then} "))
 
     def open_proposal(self) -> float:
@@ -92,7 +119,7 @@ class Walk:
     def first_visit_to_review(self) -> float:
         """The Stage review tab opened for the first time since the page loaded: its failure gallery drawn."""
         history = self.ids["history"]
-        self.load(f"run={history}", f"Run #{history} ")
+        self.load_run(history)
         return self.timed(lambda: self.page.get_by_role("tab", name="Stage review").click(),
                           lambda: self.page.locator("#gallery [role=gridcell]", has_text="vertex_conflict")
                           .first.wait_for(timeout=TIMEOUT_MS))
