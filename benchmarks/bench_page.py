@@ -67,9 +67,9 @@ def _medians(actions: dict[str, Callable[[], float]], repeats: int) -> dict[str,
 
 
 def bench(repeats: int, play_steps: int = STEPS, stage_steps: int = stage_beside.STEPS,
-          wait_s: float = 600) -> tuple[Figures, str, list[str]]:
+          wait_s: float = 600, warm: bool = True) -> tuple[Figures, str, list[str]]:
     """Each action's median idle and with the stage training; what the stage did meanwhile; the errors the
-    page showed."""
+    page showed. `warm`: every action once first, untimed (the server's imports and caches, the browser's)."""
     import shutil
 
     from playwright.sync_api import sync_playwright
@@ -99,7 +99,8 @@ def bench(repeats: int, play_steps: int = STEPS, stage_steps: int = stage_beside
                     errors.extend(page.evaluate("window.__errors || []"))
 
                 timed = {name: (lambda fn=fn: (seen(), fn())[1]) for name, fn in actions.items()}
-                _medians(timed, 1)  # warm: the server's imports and caches, the browser's
+                if warm:
+                    _medians(timed, 1)
                 idle = _medians(timed, repeats)
                 loaded: dict[str, float | None] = dict.fromkeys(actions)
                 stage = stage_beside.start(engine, db, ids, stage_steps)
@@ -129,10 +130,10 @@ def bench(repeats: int, play_steps: int = STEPS, stage_steps: int = stage_beside
 def report(figures: Figures, still: str, errors: list[str], repeats: int) -> None:
     print(f"page actions in the browser, click to result, median of {repeats} (a stage training beside the page: "
           f"{still}):")
-    print(f"  {'action':48s} {'idle':>9s} {'loaded':>9s} {'ratio':>6s}")
+    print(f"  {'action':52s} {'idle':>9s} {'loaded':>9s} {'ratio':>6s}")
     for name, (a, b) in figures.items():
         ratio = f"{b / a:5.1f}x" if b is not None and a > 0 else f"{'-':>6s}"
-        print(f"  {name:48s} {a * 1000:7.0f}ms " + (f"{b * 1000:7.0f}ms {ratio}" if b is not None else
+        print(f"  {name:52s} {a * 1000:7.0f}ms " + (f"{b * 1000:7.0f}ms {ratio}" if b is not None else
                                                       f"{'-':>9s} {'-':>6s}"))
     print(f"  target: each action <= {ACTION_TARGET_S} s with a stage training beside the page; ratio = loaded / "
           "idle, measured in this run")
