@@ -1,6 +1,7 @@
 """How fast the page answers in a browser, idle and with a real stage training beside it, side by side in one run.
 
-Run: `python benchmarks/bench_page.py [--repeats 3] [--play-steps 40] [--stage-steps 2000] [--wait 600]`.
+Run: `python benchmarks/bench_page.py [--repeats 3] [--play-steps 40] [--stage-steps 2000] [--wait 600]
+[--only NAME...]`.
 
 The lab is served on 127.0.0.1 over a temporary SQLite database seeded by `tests.test_pages.seed_lab` (plus a
 stored 10x10 episode of 5 agents), and opened in headless Chromium (Debian's `chromium`, driven by Playwright).
@@ -30,7 +31,7 @@ import argparse  # noqa: E402
 import socket  # noqa: E402
 import statistics  # noqa: E402
 import tempfile  # noqa: E402
-from collections.abc import Callable  # noqa: E402
+from collections.abc import Callable, Sequence  # noqa: E402
 
 from bench_app import ACTION_TARGET_S, CHROMIUM_ARGS, STEPS, store_big_episode  # noqa: E402
 
@@ -67,9 +68,10 @@ def _medians(actions: dict[str, Callable[[], float]], repeats: int) -> dict[str,
 
 
 def bench(repeats: int, play_steps: int = STEPS, stage_steps: int = stage_beside.STEPS,
-          wait_s: float = 600, warm: bool = True) -> tuple[Figures, str, list[str]]:
+          wait_s: float = 600, warm: bool = True, only: Sequence[str] = ()) -> tuple[Figures, str, list[str]]:
     """Each action's median idle and with the stage training; what the stage did meanwhile; the errors the
-    page showed. `warm`: every action once first, untimed (the server's imports and caches, the browser's)."""
+    page showed. `warm`: every action once first, untimed (the server's imports and caches, the browser's);
+    `only`: the actions whose name starts with one of these (all when empty)."""
     import shutil
 
     from playwright.sync_api import sync_playwright
@@ -93,7 +95,8 @@ def bench(repeats: int, play_steps: int = STEPS, stage_steps: int = stage_beside
                 page.add_init_script(f"({ERRORS_SEEN})()")
                 errors: list[str] = []
                 walk = Walk(page, f"http://127.0.0.1:{port}/", engine, ids)
-                actions = walk.actions(play_steps)
+                actions = {name: fn for name, fn in walk.actions(play_steps).items()
+                           if not only or name.startswith(tuple(only))}
 
                 def seen() -> None:  # the errors of the page before it is left
                     errors.extend(page.evaluate("window.__errors || []"))
@@ -148,11 +151,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="GRPO steps the stage beside the page is asked for (it must outlast the measurements)")
     parser.add_argument("--wait", type=float, default=600,
                         help="seconds to wait for the stage's first GRPO step before measuring")
+    parser.add_argument("--only", nargs="+", default=[], metavar="NAME",
+                        help="time only the actions whose name starts with one of these (e.g. 'open a run')")
     args = parser.parse_args(argv)
     if reason := missing():
         print(f"page actions in the browser: skipped ({reason})")
         return 0
-    figures, still, errors = bench(args.repeats, args.play_steps, args.stage_steps, args.wait)
+    figures, still, errors = bench(args.repeats, args.play_steps, args.stage_steps, args.wait, only=args.only)
     report(figures, still, errors, args.repeats)
     missed = errors or any(b is None or b > ACTION_TARGET_S for _, b in figures.values())
     return 1 if missed else 0

@@ -25,16 +25,15 @@ def test_the_page_actions_are_timed_in_a_browser_idle_and_while_a_stage_trains(c
         if os.environ.get("ENVLAB_REQUIRE_BROWSER") == "1":
             pytest.fail(f"ENVLAB_REQUIRE_BROWSER=1 but {reason}", pytrace=False)
         pytest.skip(reason)
-    figures, still, errors = bench.bench(repeats=1, play_steps=3, wait_s=300, warm=False)
-    assert list(figures) == ["open a run (every tab)", "open a proposal (with its boards)",
-                             "first visit to Stage review", "a failure row to its replay",
-                             "Play to the end, 10x10 (3 steps): beyond its pace", "a decision (reject and ask again)",
+    # Three of the actions (the walk through every tab in tests/test_browser.py does the others beside a stage)
+    figures, still, errors = bench.bench(repeats=1, play_steps=3, wait_s=300, warm=False,
+                                         only=["open a run", "a decision", "the live edit check"])
+    assert list(figures) == ["open a run (every tab)", "a decision (reject and ask again)",
                              "the live edit check (one cell typed)"]
     assert errors == []
     steps = re.fullmatch(r"yes, GRPO steps (\d+) to (\d+) of 2000 logged meanwhile", still)
     assert steps is not None, still  # the stage trained from before the first action to after the last
-    assert all(idle >= 0 and loaded is not None and loaded >= 0 for idle, loaded in figures.values())
-    assert all(idle > 0 for name, (idle, _) in figures.items() if "Play" not in name)
+    assert all(idle > 0 and loaded is not None and loaded > 0 for idle, loaded in figures.values())
     bench.report(figures, still, errors, 1)
     out = capsys.readouterr().out
     assert len(re.findall(r"ms +\d+ms +\d+\.\dx", out)) == len(figures)  # idle, loaded and a ratio per action
