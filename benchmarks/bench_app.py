@@ -306,7 +306,7 @@ def bench_actions(repeats: int, load: str, wait_s: float = 600,
                 try:
                     first = stage.wait_training(wait_s)
                     if first is None:
-                        still = f"NO: no GRPO step within {wait_s:.0f} s ({stage.state()}); not measured"
+                        still = f"NO: not seen training within {wait_s:.0f} s ({stage.state()}); not measured"
                     else:
                         measured = {name: _median(action, repeats) for name, action in actions.items()}
                         last = stage.step()

@@ -110,7 +110,7 @@ def bench(repeats: int, play_steps: int = STEPS, stage_steps: int = stage_beside
                 try:
                     first = stage.wait_training(wait_s)
                     if first is None:
-                        still = f"NO: no GRPO step within {wait_s:.0f} s ({stage.state()}); not measured"
+                        still = f"NO: not seen training within {wait_s:.0f} s ({stage.state()}); not measured"
                     else:
                         measured = _medians(timed, repeats)
                         last = stage.step()

@@ -65,13 +65,14 @@ class StageBeside:
         return f"stage job {job.status}, step {job.step}/{job.total}: {tail[0][:200]}"
 
     def wait_training(self, wait_s: float) -> int | None:
-        """The first GRPO step logged within `wait_s` seconds, or None."""
+        """The first GRPO step logged within `wait_s` seconds, or None (at once when the stage ends first)."""
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
             if (step := self.step()) is not None:
                 return step
-            if self.worker.poll() is not None:
-                return None
+            job = self.job()
+            if self.worker.poll() is not None or (job is not None and job.status not in ("queued", "running")):
+                return None  # the worker is gone, or the stage ended (or failed) without being seen training
             time.sleep(0.5)
         return None
 
