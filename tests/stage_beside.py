@@ -77,17 +77,15 @@ class StageBeside:
         return None
 
     def stop(self) -> None:
-        """The worker ends at its second SIGTERM (the first waits for the job to end); then its stage child."""
+        """The worker asked to stop twice (the first SIGTERM waits for the job to end, the second interrupts it and
+        ends its stage's process), killed if it is still there after 30 s."""
         for _ in range(2):
-            if self.worker.poll() is not None:
-                break
-            self.worker.terminate()
-            try:
-                self.worker.wait(timeout=15)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        else:
+            if self.worker.poll() is None:
+                self.worker.terminate()
+                time.sleep(1)
+        try:
+            self.worker.wait(timeout=30)
+        except subprocess.TimeoutExpired:
             self.worker.kill()
             self.worker.wait()
 
