@@ -29,6 +29,7 @@ from lab.proposals import decide_on
 from lab.worker import run_worker
 from storage.db import make_engine, session
 from storage.models import Decision, Run, Stage, utcnow
+from tests.page_walk import ERRORS_SEEN
 from tests.test_pages import record_evaluation, seed_lab
 
 CHROMIUM = "/usr/bin/chromium"
@@ -421,19 +422,6 @@ def test_a_note_is_stored_with_its_own_decision_only(lab, page):
     assert stored[ids["second"]] == ("accept", "")
 
 
-ERRORS_SEEN = """() => {
-    window.__errors = [];
-    new MutationObserver(records => {
-        for (const r of records) for (const n of r.addedNodes) {
-            if (!(n instanceof Element)) continue;
-            for (const e of [n, ...n.querySelectorAll('[data-testid="toast-body"], .error')]) {
-                if (e.matches('[data-testid="toast-body"], .toast-body.error, .wrap .error'))
-                    window.__errors.push(e.textContent.trim().slice(0, 200) + " @ " +
-                                         (e.closest("[id]") ? e.closest("[id]").id : ""));
-            }
-        }
-    }).observe(document, {childList: true, subtree: true});
-}"""
 
 
 def test_switching_runs_while_a_worker_writes_shows_no_error(lab, page):
