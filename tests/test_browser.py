@@ -29,6 +29,7 @@ from lab.proposals import decide_on
 from lab.worker import run_worker
 from storage.db import make_engine, session
 from storage.models import Decision, Run, Stage, utcnow
+from tests.page_walk import ERRORS_SEEN
 from tests.test_pages import record_evaluation, seed_lab
 
 CHROMIUM = "/usr/bin/chromium"
@@ -421,19 +422,6 @@ def test_a_note_is_stored_with_its_own_decision_only(lab, page):
     assert stored[ids["second"]] == ("accept", "")
 
 
-ERRORS_SEEN = """() => {
-    window.__errors = [];
-    new MutationObserver(records => {
-        for (const r of records) for (const n of r.addedNodes) {
-            if (!(n instanceof Element)) continue;
-            for (const e of [n, ...n.querySelectorAll('[data-testid="toast-body"], .error')]) {
-                if (e.matches('[data-testid="toast-body"], .toast-body.error, .wrap .error'))
-                    window.__errors.push(e.textContent.trim().slice(0, 200) + " @ " +
-                                         (e.closest("[id]") ? e.closest("[id]").id : ""));
-            }
-        }
-    }).observe(document, {childList: true, subtree: true});
-}"""
 
 
 def test_switching_runs_while_a_worker_writes_shows_no_error(lab, page):
@@ -481,3 +469,54 @@ def test_switching_runs_while_a_worker_writes_shows_no_error(lab, page):
     assert page.evaluate("window.__errors") == []
     with session(engine) as s:
         assert len(list(s.exec(select(Decision).where(Decision.user == "bot")))) >= 3  # the writer did write
+
+
+def test_every_tab_answers_without_an_error_while_a_stage_trains(lab, page, tmp_path: Path, capfd, monkeypatch):
+    """A real worker trains stage 1 of the tiny policy (GRPO) beside the page while a person walks through every
+    tab and clicks what only reads: a run opened, a proposal, Stage review, a failure row to its replay and Play,
+    the Train tab's progress of the stage, the Playground's board and solver, the Leaderboard, Compare. Not one
+    error box or toast appears, the server logs no traceback, and the stage trained from before the walk to after
+    it."""
+    from tests import stage_beside
+    from tests.page_walk import Walk
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    url, engine, ids = lab
+    stage = stage_beside.start(engine, str(tmp_path / "lab.db"), ids)
+    try:
+        first = stage.wait_training(240)
+        assert first is not None, stage.state()
+        page.add_init_script(f"({ERRORS_SEEN})()")
+        walk = Walk(page, url, engine, ids | {"big": ids["clash"]})
+        walk.open_run()  # the Runs tab, then Train: the run whose stage trains opened from the curriculum run
+        page.wait_for_function("() => { const b = document.querySelector('#job-progress');"
+                               " return b && b.dataset.status === 'running' && Number(b.dataset.step) > 0; }")
+        page.get_by_role("tab", name="Runs").click()
+        page.locator("#runs-table").get_by_text("curriculum").wait_for()
+        walk.open_proposal()
+        page.get_by_text("Edit before applying").click()  # opened, nothing typed
+        page.click("#changed-only")  # every value of the diff, then only the changed ones again
+        page.click("#changed-only")
+        walk.failure_to_replay()  # Stage review first, then its failure row to the Episode tab
+        walk.play_to_the_end(2)  # the clash plays to its last step, t = 2
+        page.get_by_role("tab", name="Playground").click()
+        page.get_by_role("button", name="Read board").click()
+        page.get_by_role("button", name="Use the solver's plan").click()
+        expect_text = page.locator("#pg-plan textarea")
+        page.wait_for_function("() => document.querySelector('#pg-plan textarea').value.includes('Agent 0:')")
+        assert "Agent 1:" in expect_text.input_value()
+        page.locator("#pg-verdict").get_by_text("valid", exact=False).first.wait_for()
+        page.get_by_role("tab", name="Leaderboard").click()
+        page.locator("#lb-reference [role=gridcell]").first.wait_for()
+        page.get_by_role("tab", name="Compare").click()
+        page.click("#compare-refresh")
+        page.locator("#compare-summary").get_by_text("No experiment in this lab yet").wait_for()
+        time.sleep(2 * app.POLL_S)  # a poll or two of the page while the stage still writes
+        errors = page.evaluate("window.__errors")
+        last = stage.step()
+        assert last is not None and last >= first, stage.state()  # it trained the whole walk
+    finally:
+        stage.stop()
+    assert errors == []
+    out, err = capfd.readouterr()
+    assert "Traceback" not in out + err, (out + err)[-3000:]

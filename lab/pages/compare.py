@@ -119,7 +119,7 @@ def build(page: Page) -> CompareTab:
     with gr.Row():
         pick = gr.Dropdown(label="Experiment", choices=[], value=None, scale=3, elem_id="compare-pick")
         rate = gr.Radio([r.value for r in Rate], value=Rate.VALID.value, label="Rate", scale=1, elem_id="compare-rate")
-        refresh = gr.Button("↻ Refresh", scale=0, min_width=100)
+        refresh = gr.Button("↻ Refresh", scale=0, min_width=100, elem_id="compare-refresh")
     summary = gr.Markdown(elem_id="compare-summary")
     figure = gr.Plot(elem_id="compare-curves", show_label=False)
     differences = gr.Dataframe(label="Last stage: every pair of arms, paired by seed (valid or optimal rate, points)",

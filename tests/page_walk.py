@@ -1,0 +1,182 @@
+"""The page's actions as a person does them in a browser, each timed from its click to the page showing its result,
+for the browser's speed figures (benchmarks/bench_page.py) and the walk through every tab (tests/test_browser.py).
+
+Each action first brings the page where the person would be (a fresh load, untimed), then clicks and waits for
+what the action shows: the run's status, the proposal's, the gallery's failure row, the replay's board at its
+first or last step, the decision's message, the edit check's line.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from lab.pages.episode import PLAY_S
+from tests.test_pages import propose
+
+TIMEOUT_MS = 60_000
+BUSY = ".pending, .eta-bar, .progress-text, .meta-text"  # what Gradio shows while an event of the page runs
+
+ERRORS_SEEN = """() => {
+    window.__errors = [];
+    const seen = e => window.__errors.push(e.textContent.trim().slice(0, 300) + " @ " +
+                                           (e.closest("[id]") ? e.closest("[id]").id : ""));
+    new MutationObserver(records => {
+        for (const r of records) for (const n of r.addedNodes) {
+            if (!(n instanceof Element)) continue;
+            for (const e of [n, ...n.querySelectorAll('[data-testid="toast-body"], .error')]) {
+                if (e.matches('[data-testid="toast-body"], .toast-body.error, .wrap .error')) seen(e);
+            }
+        }
+    }).observe(document, {childList: true, subtree: true});
+}"""
+
+
+def open_run_pick(page, label: str) -> None:
+    """Pick a run in the "Open run" dropdown above the tabs, as a person does."""
+    page.locator("#run-pick input").click()
+    page.get_by_role("option", name=label, exact=False).first.click()
+
+
+@dataclass
+class Walk:
+    """The page at `url` over the seeded lab (`ids` from `tests.test_pages.seed_lab`, plus `big`: a stored
+    10x10 episode) in the Playwright `page`. `waits`: the history run's proposal that waits for a decision."""
+
+    page: Any
+    url: str
+    engine: Any
+    ids: dict[str, int]
+    waits: list[int] = field(default_factory=list)
+    turn: int = 0
+
+    def __post_init__(self) -> None:
+        self.waits = [self.ids["second"]]
+
+    def settle(self, quiet_s: float = 0.5) -> None:
+        """Until no event of the page is in flight (no progress shown) for `quiet_s`: what the page does as it
+        loads is not the action's time."""
+        deadline, quiet_since = time.monotonic() + TIMEOUT_MS / 1000, None
+        while time.monotonic() < deadline:
+            busy = self.page.evaluate(f"() => document.querySelectorAll('{BUSY}').length")
+            now = time.monotonic()
+            quiet_since = None if busy else (quiet_since or now)
+            if quiet_since is not None and now - quiet_since >= quiet_s:
+                return
+            time.sleep(0.05)
+
+    def load(self, query: str, ready: str) -> None:
+        """A fresh page at `?query`, ready when `ready` (a text) is on it and its loading events are done."""
+        self.page.goto(f"{self.url}?{query}")
+        self.page.get_by_text(ready).first.wait_for(state="attached", timeout=TIMEOUT_MS)
+        self.settle()
+
+    def load_run(self, run_id: int) -> None:
+        """A fresh page with the run open (in the "Open run" dropdown), on the Runs tab."""
+        self.page.goto(f"{self.url}?run={run_id}")
+        self.page.wait_for_function(f"""() => {{ const i = document.querySelector('#run-pick input');
+                                                 return i && i.value.startsWith('#{run_id} '); }}""",
+                                    timeout=TIMEOUT_MS)
+        self.settle()
+
+    def timed(self, click: Callable[[], Any], *shown: Callable[[], Any]) -> float:
+        t0 = time.perf_counter()
+        click()
+        for wait in shown:
+            wait()
+        return time.perf_counter() - t0
+
+    def text(self, selector: str, text: str) -> Callable[[], Any]:
+        """Waits for `text` in `selector`, drawn (in the tab shown or one behind it)."""
+        return lambda: self.page.locator(selector).get_by_text(text).first.wait_for(state="attached",
+                                                                                     timeout=TIMEOUT_MS)
+
+    def open_run(self) -> float:
+        """From one run to the other in the "Open run" dropdown, on the Train tab: every tab redrawn (waited for:
+        the Train tab's status)."""
+        self.turn += 1
+        first, then = ((self.ids["history"], self.ids["waiting"]) if self.turn % 2
+                       else (self.ids["waiting"], self.ids["history"]))
+        self.load_run(first)
+        self.page.get_by_role("tab", name="Train").click()
+        self.text("#train-status", f"Run #{first} ")()
+        self.settle()
+        return self.timed(lambda: open_run_pick(self.page, f"#{then} "), self.text("#train-status", f"Run #{then} "))
+
+    def open_proposal(self) -> float:
+        """Another proposal of the run in the Proposal tab's dropdown: its status drawn (with its diff, by the same
+        event)."""
+        self.load(f"proposal={self.waits[0]}", f"Proposal #{self.waits[0]}")
+        other = self.ids["accepted"]
+
+        def pick() -> None:
+            self.page.locator("#proposal-pick input").click()
+            self.page.get_by_role("option", name=f"#{other} ", exact=False).first.click()
+        return self.timed(pick, self.text("#proposal-status", f"Proposal #{other}"))
+
+    def first_visit_to_review(self) -> float:
+        """The Stage review tab opened for the first time since the page loaded: its failure gallery drawn."""
+        history = self.ids["history"]
+        self.load_run(history)
+        return self.timed(lambda: self.page.get_by_role("tab", name="Stage review").click(),
+                          lambda: self.page.locator("#gallery [role=gridcell]", has_text="vertex_conflict")
+                          .first.wait_for(timeout=TIMEOUT_MS))
+
+    def failure_to_replay(self) -> float:
+        """A failure row of the Stage review gallery clicked: the Episode tab shows its replay at t = 0."""
+        self.first_visit_to_review()
+        clash = self.ids["clash"]
+        row = self.page.locator("#gallery [role=gridcell]", has_text="vertex_conflict").first
+        return self.timed(lambda: row.click(),
+                          lambda: self.page.get_by_text(f"Episode {clash}").first.wait_for(timeout=TIMEOUT_MS),
+                          lambda: self.page.wait_for_function(
+                              "() => { const d = document.querySelector('#replay .js-plotly-plot');"
+                              " return d && d.data && d.data.some(t => t.name === 'agent 0'); }",
+                              timeout=TIMEOUT_MS))
+
+    def play_to_the_end(self, steps: int) -> float:
+        """Play on the stored 10x10 episode, to its last step (the button says Play again): the figure is the time
+        beyond the replay's own pace (`steps` x PLAY_S)."""
+        big = self.ids["big"]
+        self.load(f"episode={big}", f"Episode {big}")
+        play = self.page.locator("#replay-play")
+        seconds = self.timed(lambda: play.click(), lambda: play.get_by_text("Pause").wait_for(timeout=TIMEOUT_MS),
+                             lambda: self.page.wait_for_function(
+                                 f"() => document.querySelector('#replay-step input[type=number]').value == '{steps}'",
+                                 timeout=TIMEOUT_MS + int(steps * PLAY_S * 1000)),
+                             lambda: play.get_by_text("Play").wait_for(timeout=TIMEOUT_MS))
+        return max(seconds - steps * PLAY_S, 0.0)
+
+    def decision(self) -> float:
+        """Reject and ask again, on the proposal that waits: the decision's message shown. Then (untimed) the
+        engineer's next proposal, for the next decision."""
+        pending = self.waits[0]
+        self.load(f"proposal={pending}", "Waiting for a decision")
+        seconds = self.timed(lambda: self.page.click("#reject"),
+                             self.text("#decision-msg", f"Proposal #{pending} rejected by"))
+        self.waits[0] = propose(self.engine, self.ids["history"])
+        return seconds
+
+    def edit_check(self) -> float:
+        """One cell of the edit table typed (a hole ratio): the line saying what "Apply my edit" would store."""
+        self.turn += 1
+        pending = self.waits[0]
+        self.load(f"proposal={pending}", "Waiting for a decision")
+        self.page.get_by_text("Edit before applying").click()
+        cell = self.page.locator('#edit-config [data-testid="cell-0-2"]')
+        cell.dblclick()
+        typed = cell.locator("textarea, input").first
+        typed.fill("0.35" if self.turn % 2 else "0.25")
+        return self.timed(lambda: typed.press("Enter"), self.text("#edit-check", "will store"))
+
+    def actions(self, steps: int) -> dict[str, Callable[[], float]]:
+        """Every action the page's speed is judged by, by name."""
+        return {"open a run (every tab)": self.open_run,
+                "open a proposal (with its boards)": self.open_proposal,
+                "first visit to Stage review": self.first_visit_to_review,
+                "a failure row to its replay": self.failure_to_replay,
+                f"Play to the end, 10x10 ({steps} steps): beyond its pace": lambda: self.play_to_the_end(steps),
+                "a decision (reject and ask again)": self.decision,
+                "the live edit check (one cell typed)": self.edit_check}
