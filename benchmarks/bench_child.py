@@ -13,7 +13,6 @@ On this 2-core machine, shared and loaded, 2026-11-24: see docs/worker.md ("What
 
 from __future__ import annotations
 
-import argparse
 import os
 import tempfile
 import time
@@ -81,10 +80,6 @@ def main(args: Args) -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for name, default in vars(Args()).items():
-        if isinstance(default, bool):
-            parser.add_argument(f"--{name}", action="store_true")
-        else:
-            parser.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default)
-    main(Args(**vars(parser.parse_args())))
+    from flags import parse
+
+    main(parse(Args, __doc__))

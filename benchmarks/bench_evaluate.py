@@ -9,7 +9,6 @@ on the same boards, so the ratio holds on a loaded machine even where the absolu
 
 from __future__ import annotations
 
-import argparse
 import time
 from dataclasses import dataclass
 
@@ -50,7 +49,6 @@ def main(args: Args) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for name, default in vars(Args()).items():
-        parser.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default)
-    main(Args(**vars(parser.parse_args())))
+    from flags import parse
+
+    main(parse(Args, __doc__))

@@ -18,7 +18,6 @@ in the same run (500 s against 177 s at a load average of 10): about 43 s at loa
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from dataclasses import dataclass
@@ -106,7 +105,6 @@ def job_seconds(db: str, arm: str) -> tuple[list[float], list[float]]:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for name, default in vars(Args()).items():
-        parser.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default)
-    main(Args(**vars(parser.parse_args())))
+    from flags import parse
+
+    main(parse(Args, __doc__))

@@ -17,7 +17,6 @@ and munge: tests/slurm_cluster.py).
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import tempfile
@@ -102,10 +101,6 @@ def main(args: Args) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for name, default in vars(Args()).items():
-        if isinstance(default, bool):
-            parser.add_argument(f"--{name.replace('_', '-')}", action="store_true")
-        else:
-            parser.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default)
-    main(Args(**vars(parser.parse_args())))
+    from flags import parse
+
+    main(parse(Args, __doc__))

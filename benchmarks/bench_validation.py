@@ -10,7 +10,6 @@ answers: the script checks that too.
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 import time
 from dataclasses import dataclass
@@ -66,7 +65,6 @@ def main(args: Args) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for name, default in vars(Args()).items():
-        parser.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default)
-    main(Args(**vars(parser.parse_args())))
+    from flags import parse
+
+    main(parse(Args, __doc__))

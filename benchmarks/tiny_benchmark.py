@@ -12,7 +12,6 @@ are recorded only so the next person knows what to expect.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -60,7 +59,6 @@ def main(args: Args) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for name, default in vars(Args()).items():
-        parser.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default)
-    main(Args(**vars(parser.parse_args())))
+    from flags import parse
+
+    main(parse(Args, __doc__))
