@@ -302,22 +302,10 @@ def bench_actions(repeats: int, load: str, wait_s: float = 600,
         still = "-"
         try:
             if load == "stage":
-                stage = stage_beside.start(engine, db, ids, steps)
-                try:
-                    first = stage.wait_training(wait_s)
-                    if first is None:
-                        still = f"NO: not seen training within {wait_s:.0f} s ({stage.state()}); not measured"
-                    else:
-                        measured = {name: _median(action, repeats) for name, action in actions.items()}
-                        last = stage.step()
-                        if last is None:
-                            still = f"NO: the stage stopped training during the measurements ({stage.state()}); " \
-                                    "figures dropped"
-                        else:
-                            loaded = measured
-                            still = f"yes, GRPO steps {first} to {last} of {steps} logged meanwhile"
-                finally:
-                    stage.stop()
+                measured, still = stage_beside.measured_beside(
+                    engine, db, ids, steps, wait_s,
+                    lambda: {name: _median(action, repeats) for name, action in actions.items()})
+                loaded = measured or loaded
             elif load == "spin":
                 procs, busy = _spin_load()
                 try:

@@ -106,22 +106,9 @@ def bench(repeats: int, play_steps: int = STEPS, stage_steps: int = stage_beside
                     _medians(timed, 1)
                 idle = _medians(timed, repeats)
                 loaded: dict[str, float | None] = dict.fromkeys(actions)
-                stage = stage_beside.start(engine, db, ids, stage_steps)
-                try:
-                    first = stage.wait_training(wait_s)
-                    if first is None:
-                        still = f"NO: not seen training within {wait_s:.0f} s ({stage.state()}); not measured"
-                    else:
-                        measured = _medians(timed, repeats)
-                        last = stage.step()
-                        if last is None:
-                            still = (f"NO: the stage stopped training during the measurements ({stage.state()}); "
-                                     "figures dropped")
-                        else:
-                            loaded = dict(measured)
-                            still = f"yes, GRPO steps {first} to {last} of {stage_steps} logged meanwhile"
-                finally:
-                    stage.stop()
+                measured, still = stage_beside.measured_beside(engine, db, ids, stage_steps, wait_s,
+                                                               lambda: _medians(timed, repeats))
+                loaded = dict(measured) if measured else loaded
                 seen()
                 browser.close()
         finally:

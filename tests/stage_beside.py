@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,3 +108,22 @@ def start(engine: Engine, db: str, ids: dict[str, int], steps: int = STEPS) -> S
     log = Path(db).with_suffix(".worker.log")
     worker = start_worker(db, options=["--poll", "0.2"], log=log, die_with_parent=True)
     return StageBeside(engine, run_id, worker, log, steps)
+
+
+def measured_beside(engine: Engine, db: str, ids: dict[str, int], steps: int, wait_s: float,
+                    measure: Callable[[], dict[str, float]]) -> tuple[dict[str, float] | None, str]:
+    """`measure()` run while a real stage of `steps` GRPO steps trains beside it (`start`), and what the stage did:
+    the figures, with `yes, GRPO steps A to B of N logged meanwhile`; or None, with why none count (the stage was
+    not seen training within `wait_s`, or stopped during the measurements)."""
+    stage = start(engine, db, ids, steps)
+    try:
+        first = stage.wait_training(wait_s)
+        if first is None:
+            return None, f"NO: not seen training within {wait_s:.0f} s ({stage.state()}); not measured"
+        figures = measure()
+        last = stage.step()
+        if last is None:
+            return None, f"NO: the stage stopped training during the measurements ({stage.state()}); figures dropped"
+        return figures, f"yes, GRPO steps {first} to {last} of {steps} logged meanwhile"
+    finally:
+        stage.stop()

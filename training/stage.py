@@ -21,8 +21,8 @@ order as they were, and the dead attempt's training-log rows past that step are 
 only a marker written for its own.
 
 Stage 0 is not trained: it evaluates the run's starting policy, once per database where several runs would
-answer the same boards with it in the same way (`training.shared`: the others copy the episodes). Multi-GPU stages run outside the worker
-under `accelerate launch -m training.stage` (docs/worker.md).
+answer the same boards with it in the same way (`training.shared`: the others copy the episodes). Multi-GPU
+stages run outside the worker under `accelerate launch -m training.stage` (docs/worker.md).
 """
 
 from __future__ import annotations
