@@ -124,13 +124,18 @@ def build_demo(engine: Engine, own_worker: bool = True) -> gr.Blocks:
                 proposal_tab = proposal.build(page)
             with gr.Tab("Train", id="train"):
                 train_tab = train.build(page)
-            with gr.Tab("Playground", id="playground"):
+            with gr.Tab("Playground", id="playground") as playground_item:
                 playground_tab = playground.build(page)
-            with gr.Tab("Leaderboard", id="leaderboard"):
+            with gr.Tab("Leaderboard", id="leaderboard") as leaderboard_item:
                 leaderboard_tab = leaderboard.build(page)
             with gr.Tab("Compare", id="compare") as compare_item:
                 compare_tab = compare.build(page)
+        # The tabs a run does not fill are drawn when first opened, not as the page loads beside everything else.
         compare_item.select(compare_tab.refresh, [compare_tab.pick, compare_tab.rate], compare_tab.outputs)
+        leaderboard_item.select(leaderboard_tab.opened, leaderboard_tab.pick,
+                                [leaderboard_tab.pick, *leaderboard_tab.outputs])
+        playground_item.select(playground_tab.first_visit, [playground_tab.view, playground_tab.board_text],
+                               playground_tab.outputs)
         _wire(page, refresh, poll, waiting, seen, demo, runs_tab, review_tab, episode_tab, proposal_tab, train_tab,
               playground_tab, leaderboard_tab)
     return demo
@@ -175,9 +180,12 @@ def _wire(page: Page, refresh: gr.Button, poll: gr.Timer, waiting: gr.HTML, seen
     # A poll answer read for the run open before lands after a run is opened: the next poll sees that `seen` is of
     # another run and redraws every tab (cancelling the poll instead would mark its outputs "Error").
     _wire_poll(page, poll, seen, top, top_out, review_tab, proposal_tab, train_tab)
-    refresh.click(reopen, [run_pick, proposal_tab.shown, review_tab.shown], everywhere) \
+    # Progress shows on the bar above the tabs only: a status tracker on each of the ~40 outputs costs the browser
+    # more than the answer does, and flashes Gradio's timer text in every status line.
+    refresh.click(reopen, [run_pick, proposal_tab.shown, review_tab.shown], everywhere, show_progress_on=run_pick) \
         .then(leaderboard_tab.choices, None, leaderboard_tab.pick)
-    run_pick.input(open_everywhere, run_pick, everywhere)
+    run_pick.select(open_everywhere, run_pick, everywhere,  # `.input` fires twice per pick (Gradio 6)
+                    show_progress_on=run_pick)
 
     def create(*form: Any) -> dict[Any, Any]:
         message, run_id = runs.create_run_from_form(engine, *form)
@@ -186,7 +194,8 @@ def _wire(page: Page, refresh: gr.Button, poll: gr.Timer, waiting: gr.HTML, seen
         return open_everywhere(run_id) | {runs_tab.message: message, page.tabs: gr.Tabs(selected="train"),
                                           train_tab.message: message}
 
-    runs_tab.create.click(create, runs_tab.form, [runs_tab.message, *everywhere, page.tabs, train_tab.message])
+    runs_tab.create.click(create, runs_tab.form, [runs_tab.message, *everywhere, page.tabs, train_tab.message],
+                          show_progress_on=runs_tab.message)
 
     def imported(path: str | None) -> dict[Any, Any]:
         message, run_id = runs.import_file(engine, path, uploaded=True)
@@ -195,11 +204,15 @@ def _wire(page: Page, refresh: gr.Button, poll: gr.Timer, waiting: gr.HTML, seen
 
     runs_tab.upload.upload(imported, runs_tab.upload, [runs_tab.import_message, runs_tab.upload, *everywhere])
 
-    def open_from_gallery(evt: gr.SelectData) -> dict[Any, Any]:
-        return {episode_tab.episode_id: evt.row_value[0], page.tabs: gr.Tabs(selected="episode")}
+    def open_from_gallery(ghost: bool, gif_width: Any, evt: gr.SelectData) -> dict[Any, Any]:
+        """A failure row clicked: its episode drawn and the Episode tab shown, in one answer."""
+        episode_id = evt.row_value[0]
+        return {episode_tab.episode_id: episode_id, page.tabs: gr.Tabs(selected="episode")} | \
+            episode_tab.show(episode_id, ghost, gif_width)
 
-    review_tab.gallery.select(open_from_gallery, None, [episode_tab.episode_id, page.tabs]) \
-        .then(episode_tab.show, episode_tab.opens, episode_tab.outputs)
+    review_tab.gallery.select(open_from_gallery, [episode_tab.ghost, episode_tab.gif_width],
+                              [episode_tab.episode_id, page.tabs, *episode_tab.outputs],
+                              show_progress_on=review_tab.gallery)
 
     def after_decision(run_id: int | None) -> dict[Any, Any]:
         return train_tab.show(run_id) | top(run_id, select=False)
@@ -209,16 +222,15 @@ def _wire(page: Page, refresh: gr.Button, poll: gr.Timer, waiting: gr.HTML, seen
 
     def on_load(request: gr.Request) -> dict[Any, Any]:
         link = linked(engine, dict(request.query_params) if request is not None else {})
-        # Everything a link opens goes out with the first answer: a link to a proposal paints in one round trip.
-        return open_everywhere(link["run"], link["proposal"]) | {
+        # Everything a link opens goes out with the first answer: a link to a proposal or an episode paints in one
+        # round trip.
+        episode = {} if link["episode"] is None else episode_tab.show(link["episode"], True)
+        return open_everywhere(link["run"], link["proposal"]) | episode | {
             page.tabs: gr.Tabs(selected=link["tab"]) if link["tab"] else gr.update(),
             episode_tab.episode_id: link["episode"]}
 
-    demo.load(on_load, None, [*everywhere, page.tabs, episode_tab.episode_id]) \
-        .then(episode_tab.show, episode_tab.opens, episode_tab.outputs) \
-        .then(leaderboard_tab.choices, None, leaderboard_tab.pick) \
-        .then(leaderboard_tab.show, leaderboard_tab.pick, leaderboard_tab.outputs) \
-        .then(playground_tab.read, playground_tab.board_text, playground_tab.outputs)
+    demo.load(on_load, None, [*everywhere, page.tabs, episode_tab.episode_id, *episode_tab.outputs],
+              show_progress_on=run_pick)
 
 
 def _wire_poll(page: Page, poll: gr.Timer, seen: gr.State, top: Callable[..., dict[Any, Any]],

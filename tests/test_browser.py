@@ -8,6 +8,7 @@ fills through the real lab functions. Needs `pip install playwright` and `apt-ge
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import shutil
@@ -520,3 +521,60 @@ def test_every_tab_answers_without_an_error_while_a_stage_trains(lab, page, tmp_
     assert errors == []
     out, err = capfd.readouterr()
     assert "Traceback" not in out + err, (out + err)[-3000:]
+
+
+def test_each_action_asks_the_server_once_and_hidden_tabs_wait_until_opened(browser, page, tmp_path: Path):
+    """A run picked, a failure row clicked and a tab opened each run one event on the server (Gradio's dropdown
+    fires `input` twice per pick: the page listens to `select`); the Playground and the Leaderboard are drawn
+    when first opened, not as the page loads, and a board being worked on stays when the Playground is opened
+    again."""
+    engine = make_engine(str(tmp_path / "lab.db"))
+    ids = seed_lab(engine)
+    demo = app.build_demo(engine)
+    calls: list[str] = []
+    for block_fn in demo.fns.values():  # each event's function counted (its signature kept for Gradio)
+        block_fn.fn = functools.wraps(block_fn.fn)(
+            lambda *args, _fn=block_fn.fn, **kwargs: (calls.append(_fn.__qualname__.split(".<locals>.")[-1]),
+                                                      _fn(*args, **kwargs))[1])
+    port = _free_port()
+    app.launch(demo, port=port, block=False)
+    try:
+        page.goto(f"http://127.0.0.1:{port}/?run={ids['history']}")
+        page.get_by_role("tab", name="Train").click()
+        page.locator("#train-status").get_by_text(f"Run #{ids['history']} ").wait_for()
+        time.sleep(1)
+        assert "on_load" in calls
+        assert not {"PlaygroundTab.first_visit", "LeaderboardTab.opened"} & set(calls)  # not drawn yet
+
+        calls.clear()
+        page.locator("#run-pick input").click()
+        page.get_by_role("option", name=f"#{ids['waiting']} ", exact=False).first.click()
+        page.locator("#train-status").get_by_text(f"Run #{ids['waiting']} ").wait_for()
+        time.sleep(1)
+        assert calls.count("open_everywhere") == 1
+
+        page.goto(f"http://127.0.0.1:{port}/?run={ids['history']}")
+        page.get_by_role("tab", name="Stage review").click()
+        calls.clear()
+        page.locator("#gallery [role=gridcell]", has_text="vertex_conflict").first.click()
+        wait_plotted(page, "replay", "agent 0", [(0, 1)])
+        time.sleep(1)
+        assert calls.count("open_from_gallery") == 1 and "EpisodeTab.show" not in calls  # one answer
+
+        calls.clear()
+        page.get_by_role("tab", name="Playground").click()
+        page.locator("#pg-board-plot .js-plotly-plot").wait_for()
+        assert calls.count("PlaygroundTab.first_visit") == 1
+        page.fill("#pg-board textarea", "A..\n...\n..a")
+        page.get_by_role("button", name="Read board").click()
+        page.wait_for_function("() => [...document.querySelector('#pg-board-plot .js-plotly-plot').data]"
+                               ".some(t => t.name === 'agent 0' && t.x.length === 1 && t.x[0] === 0)")
+        page.get_by_role("tab", name="Leaderboard").click()
+        page.locator("#lb-reference").wait_for()
+        assert calls.count("LeaderboardTab.opened") == 1
+        page.get_by_role("tab", name="Playground").click()
+        time.sleep(1)
+        assert page.locator("#pg-board textarea").input_value() == "A..\n...\n..a"  # the board worked on stays
+    finally:
+        demo.close()
+        engine.dispose()

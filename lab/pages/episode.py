@@ -186,7 +186,7 @@ def build(page: Page) -> EpisodeTab:
                      strip, strip_table, gr.State(False), gr.Timer(PLAY_S, active=False), gif, html, gif_width)
     gr.on([open_episode.click, episode_id.submit], tab.show, tab.opens, tab.outputs)
     gr.on([step.input, ghost.input], tab.redraw, [view, step, ghost], [board, events], show_progress="hidden")
-    gif_width.input(lambda v, w: {gif: gr.update(value=gif_file(v, w), interactive=v is not None)},
+    gif_width.select(lambda v, w: {gif: gr.update(value=gif_file(v, w), interactive=v is not None)},
                     [view, gif_width], gif)
     play.click(tab.toggle_play, [view, tab.playing, step], [tab.playing, tab.ticker, play, step])
     tab.ticker.tick(tab.tick, [view, step, ghost], [step, board, events, tab.playing, tab.ticker, play],

@@ -128,6 +128,10 @@ class LeaderboardTab:
     def choices(self) -> dict[Any, Any]:
         return {self.pick: gr.update(choices=checkpoint_choices(self.engine))}
 
+    def opened(self, keys: list[str] | None) -> dict[Any, Any]:
+        """The tab opened: the checkpoints offered, and the table of those chosen."""
+        return self.choices() | self.show(keys)
+
     def show(self, keys: list[str] | None) -> dict[Any, Any]:
         v = leaderboard(self.engine, keys or [])
         shown = bool(v["by_size"]["data"])

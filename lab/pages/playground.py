@@ -106,6 +106,10 @@ class PlaygroundTab:
     def read(self, text: str) -> dict[Any, Any]:
         return self.new_board(read_board(text))
 
+    def first_visit(self, view: dict | None, text: str) -> dict[Any, Any]:
+        """The tab opened: the board in the box read, the first time only (a board being worked on stays)."""
+        return self.read(text) if view is None else {}
+
     def score(self, view: dict | None, text: str) -> dict[Any, Any]:
         view, message, _ = play_plan(view, text)
         return {self.view: view, self.verdict: message} | self.drawn(view)

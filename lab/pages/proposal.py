@@ -484,7 +484,7 @@ def build(page: Page) -> ProposalTab:
 
 def _wire_decisions(page: Page, tab: ProposalTab) -> None:
     shown = [o for o in tab.outputs if o is not tab.pick]
-    tab.pick.input(tab.show, tab.pick, shown)
+    tab.pick.select(tab.show, tab.pick, shown, show_progress_on=tab.pick)
     tab.shown.change(tab.show_preview, tab.shown, [tab.preview, tab.preview_note], trigger_mode="always_last")
     tab.changed_only.input(tab.show_diff, [tab.shown, tab.changed_only], tab.diff)
     gr.on([tab.edit.input, tab.agents.input, tab.instances.input], tab.checker,
@@ -494,6 +494,6 @@ def _wire_decisions(page: Page, tab: ProposalTab) -> None:
         tab.decided.append(
             button.click(tab.decider(action), [tab.shown, tab.note, tab.edit, tab.agents, tab.instances,
                                                tab.measure.seen], [tab.message, tab.note])
-            .then(tab.after_decision, [page.run_pick, tab.shown], tab.outputs))
+            .then(tab.after_decision, [page.run_pick, tab.shown], tab.outputs, show_progress="hidden"))
     tab.auto.input(tab.toggle, [page.run_pick, tab.auto], tab.message) \
         .then(tab.after_decision, [page.run_pick, tab.shown], tab.outputs)
