@@ -62,12 +62,7 @@ def lab(tmp_path: Path) -> Engine:
     engine.dispose()
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def test_the_runs_thinking_mode_reaches_the_prompt_trl_and_validation_read():

@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 from sqlalchemy import Engine
 from sqlmodel import select
 
@@ -42,12 +41,7 @@ NOT_ANSWERS = {"stages", "auto_apply", "grpo", "lora", "context", "context_prese
                "keep_checkpoints", "allow_cpu", "engineer_history", "example"}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture

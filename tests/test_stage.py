@@ -49,13 +49,7 @@ GRPO = dict(max_steps=3, num_generations=4, per_device_train_batch_size=8, learn
 PROBE = "model.layers.0.mlp.up_proj.weight"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Models this small run fastest on one thread; on a shared 2-core machine two threads can be 20x slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")
