@@ -272,51 +272,14 @@ def project(raw: Any, base: EnvConfig | None = None, *, strict: bool = False) ->
         named = ", ".join(repr(str(k)[:30]) for k in unknown[:5]) + (", ..." if len(unknown) > 5 else "")
         allowed = ", ".join([*KNOBS, *GLOBALS, RANDOM_SHARE])
         problems.append(ConfigProblem("", f"unknown keys {named}; allowed: {allowed}"))
-    values: dict[str, Any] = {}
-    for knob, (lo, hi) in KNOBS.items():
-        given = raw.get(knob)
-        if given is None:
-            given = {}
-        if not isinstance(given, Mapping):
-            problems.append(ConfigProblem(knob, f"{knob} must be an object mapping map size to a number, got "
-                                                f"{type(given).__name__}"))
-            continue
-        per_size: dict[int, float] = {}
-        for key, value in given.items():
-            size = _size_key(key, knob, problems)
-            v = _number(value, knob, problems, size) if size is not None else \
-                _number(value, f"{knob}[{key}]", problems)
-            if size is None or v is None:
-                continue
-            if base is not None and size not in base.data_ratio:
-                problems.append(ConfigProblem("size", f"size {size} is not one of the run's sizes {list(base.sizes)}",
-                                              size, knob=knob))
-                continue
-            v = _clamp_or_refuse(knob, v, lo, hi, strict, problems, adjustments, size)
-            if v is not None:
-                per_size[size] = v
-        values[knob] = per_size
-    for name, (lo, hi) in GLOBALS.items():
-        given = raw.get(name)
-        if given is None:
-            values[name] = getattr(base, name) if base is not None else EnvConfig.model_fields[name].default
-            continue
-        v = _number(given, name, problems)
-        if v is None:
-            continue
-        if v != int(v):
-            problems.append(ConfigProblem(name, f"{name} must be a whole number, got {given!r}", legal=(lo, hi)))
-            continue
-        v = _clamp_or_refuse(name, v, lo, hi, strict, problems, adjustments, whole=True)
-        if v is not None:
-            values[name] = int(v)
-    given = raw.get(RANDOM_SHARE)
-    if given is None:  # an answer may leave it out: the base's share stands
-        values[RANDOM_SHARE] = base.random_share if base is not None else 0.0
-    elif (v := _number(given, RANDOM_SHARE, problems)) is not None:
-        v = _clamp_or_refuse(RANDOM_SHARE, v, *RANDOM_SHARE_RANGE, strict, problems, adjustments)
-        if v is not None:
-            values[RANDOM_SHARE] = v
+    read = _Reading(base, strict, problems, adjustments)
+    values: dict[str, Any] = {knob: per_size for knob in KNOBS
+                              if (per_size := read.per_size(knob, raw.get(knob))) is not None}
+    for name in GLOBALS:
+        if (v := read.whole(name, raw.get(name))) is not None:
+            values[name] = v
+    if (v := read.share(raw.get(RANDOM_SHARE))) is not None:
+        values[RANDOM_SHARE] = v
     if problems:
         raise ConfigError(problems)
 
@@ -324,32 +287,10 @@ def project(raw: Any, base: EnvConfig | None = None, *, strict: bool = False) ->
     if not sizes:
         raise ConfigError(["no map sizes given: data_ratio, hole_ratio and wait_ratio map sizes to numbers"])
     for knob in KNOBS:
-        for s in sizes:
-            if s in values[knob]:
-                continue
-            if strict or base is None:
-                problems.append(ConfigProblem(knob, f"{knob}[{s}] is missing", s, KNOBS[knob]))
-            else:
-                values[knob][s] = getattr(base, knob)[s]
-                adjustments.append(Adjustment(f"{knob}[{s}]", None, values[knob][s], "missing: kept the current value"))
+        read.fill_missing(knob, values[knob], sizes)
     if problems:
         raise ConfigError(problems)
-
-    data = values["data_ratio"]
-    total = sum(data.values())
-    if total <= 0:
-        if strict:
-            raise ConfigError([ConfigProblem("data_ratio",
-                                             "data_ratio sums to 0; at least one size needs a positive share")])
-        for s in sizes:
-            adjustments.append(Adjustment(f"data_ratio[{s}]", data[s], 1 / len(sizes), "all shares were 0: uniform"))
-            data[s] = 1 / len(sizes)
-    elif abs(total - 1.0) > 1e-12:
-        for s in sizes:
-            new = data[s] / total
-            if abs(new - data[s]) > 1e-12:
-                adjustments.append(Adjustment(f"data_ratio[{s}]", data[s], new, f"renormalised (sum was {total:.6g})"))
-            data[s] = new
+    read.renormalise(values["data_ratio"], sizes)
     ordered = {k: {s: values[k][s] for s in sizes} for k in KNOBS}
     try:
         config = EnvConfig(**ordered, num_agents=values["num_agents"], num_instances=values["num_instances"],
@@ -357,3 +298,94 @@ def project(raw: Any, base: EnvConfig | None = None, *, strict: bool = False) ->
     except ValidationError as err:  # unreachable if the checks above are complete; kept as a clear message
         raise ConfigError([f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors()]) from err
     return Projection(config, tuple(adjustments))
+
+
+@dataclass
+class _Reading:
+    """One reading of an untrusted config by `project`: each knob read against `base` in `strict` mode or not,
+    into the problems (refused) and adjustments (made) it collects."""
+
+    base: EnvConfig | None
+    strict: bool
+    problems: list[ConfigProblem]
+    adjustments: list[Adjustment]
+
+    def clamp(self, name: str, v: float, lo: float, hi: float, size: int | None = None,
+              whole: bool = False) -> float | None:
+        return _clamp_or_refuse(name, v, lo, hi, self.strict, self.problems, self.adjustments, size, whole=whole)
+
+    def per_size(self, knob: str, given: Any) -> dict[int, float] | None:
+        """A per-size knob: {size: value} of the sizes given (None when it is not a mapping)."""
+        lo, hi = KNOBS[knob]
+        given = {} if given is None else given
+        if not isinstance(given, Mapping):
+            self.problems.append(ConfigProblem(knob, f"{knob} must be an object mapping map size to a number, got "
+                                                     f"{type(given).__name__}"))
+            return None
+        per_size: dict[int, float] = {}
+        for key, value in given.items():
+            size = _size_key(key, knob, self.problems)
+            v = _number(value, knob, self.problems, size) if size is not None else \
+                _number(value, f"{knob}[{key}]", self.problems)
+            if size is None or v is None:
+                continue
+            if self.base is not None and size not in self.base.data_ratio:
+                self.problems.append(ConfigProblem("size", f"size {size} is not one of the run's sizes "
+                                                           f"{list(self.base.sizes)}", size, knob=knob))
+                continue
+            v = self.clamp(knob, v, lo, hi, size)
+            if v is not None:
+                per_size[size] = v
+        return per_size
+
+    def whole(self, name: str, given: Any) -> int | None:
+        """A global whole number (num_agents, num_instances); left out: the base's, else the default."""
+        lo, hi = GLOBALS[name]
+        if given is None:
+            return getattr(self.base, name) if self.base is not None else EnvConfig.model_fields[name].default
+        v = _number(given, name, self.problems)
+        if v is None:
+            return None
+        if v != int(v):
+            self.problems.append(ConfigProblem(name, f"{name} must be a whole number, got {given!r}", legal=(lo, hi)))
+            return None
+        v = self.clamp(name, v, lo, hi, whole=True)
+        return None if v is None else int(v)
+
+    def share(self, given: Any) -> float | None:
+        """`random_share`; an answer may leave it out: the base's share stands."""
+        if given is None:
+            return self.base.random_share if self.base is not None else 0.0
+        v = _number(given, RANDOM_SHARE, self.problems)
+        return None if v is None else self.clamp(RANDOM_SHARE, v, *RANDOM_SHARE_RANGE)
+
+    def fill_missing(self, knob: str, per_size: dict[int, float], sizes: list[int]) -> None:
+        """A size the config left out: refused (strict, or no base), else the base's value kept."""
+        for s in sizes:
+            if s in per_size:
+                continue
+            if self.strict or self.base is None:
+                self.problems.append(ConfigProblem(knob, f"{knob}[{s}] is missing", s, KNOBS[knob]))
+            else:
+                per_size[s] = getattr(self.base, knob)[s]
+                self.adjustments.append(Adjustment(f"{knob}[{s}]", None, per_size[s],
+                                                   "missing: kept the current value"))
+
+    def renormalise(self, data: dict[int, float], sizes: list[int]) -> None:
+        """data_ratio made to sum to 1 (all zero: refused when strict, else uniform)."""
+        total = sum(data.values())
+        if total <= 0:
+            if self.strict:
+                raise ConfigError([ConfigProblem("data_ratio",
+                                                 "data_ratio sums to 0; at least one size needs a positive share")])
+            for s in sizes:
+                self.adjustments.append(Adjustment(f"data_ratio[{s}]", data[s], 1 / len(sizes),
+                                                   "all shares were 0: uniform"))
+                data[s] = 1 / len(sizes)
+        elif abs(total - 1.0) > 1e-12:
+            for s in sizes:
+                new = data[s] / total
+                if abs(new - data[s]) > 1e-12:
+                    self.adjustments.append(Adjustment(f"data_ratio[{s}]", data[s], new,
+                                                       f"renormalised (sum was {total:.6g})"))
+                data[s] = new
