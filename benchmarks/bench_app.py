@@ -219,9 +219,9 @@ def _actions(engine, ids: dict[str, int]) -> dict[str, Action]:
 
     def edit_check() -> Any:
         shown = proposal.proposal_view(engine, waits[0])
-        typed = [list(row) for row in shown["edit"]]
+        typed = [list(row) for row in shown.edit]
         typed[0][2] = 0.2  # a hole ratio typed in the first size's row
-        return proposal_tab.checker(waits[0], typed, shown["agents"], shown["instances"])
+        return proposal_tab.checker(waits[0], typed, shown.agents, shown.instances)
 
     return {"open a run (every tab)": Action(open_run),
             "open a proposal (with its boards)": Action(lambda: (proposal_tab.show(ids["second"]),

@@ -89,5 +89,5 @@ def test_the_demo_builds_on_an_empty_database(tmp_path: Path):
     assert demo.title == "envlab"
     assert worker_status(engine) == ("idle", "Worker idle: no jobs queued.")
     assert train.train_view(engine, None)["status"] == "No run is open."
-    assert proposal.proposal_view(engine, None)["status"].startswith("No proposal yet")
+    assert proposal.proposal_view(engine, None).status.startswith("No proposal yet")
     engine.dispose()

@@ -476,12 +476,12 @@ def test_a_bad_row_in_the_database_leaves_the_other_runs_and_views_drawn(tmp_pat
         f"✗ The Train tab of run #{ids['history']} cannot be drawn")
     assert train.train_view(engine, ids["waiting"])["status"].startswith(
         f"✗ The Train tab of run #{ids['waiting']} cannot be drawn")
-    assert proposal.proposal_view(engine, ids["pending"])["status"].startswith(
+    assert proposal.proposal_view(engine, ids["pending"]).status.startswith(
         f"✗ Proposal {ids['pending']} cannot be drawn")
     # what those rows do not touch still draws
     assert review.review(engine, ids["waiting"], None)["note"].startswith("Stage 0: valid")
-    assert proposal.proposal_view(engine, ids["second"])["status"] and not proposal.proposal_view(
-        engine, ids["second"])["status"].startswith("✗")
+    assert proposal.proposal_view(engine, ids["second"]).status and not proposal.proposal_view(
+        engine, ids["second"]).status.startswith("✗")
     assert review.gallery(engine, ids["history"], 1)[0]
     with gr.Blocks():  # the Proposal tab as the page builds it: its dropdown, and the poll that follows it
         tab = proposal.build(common.Page(engine, gr.Dropdown(), gr.Tabs(), gr.HTML()))

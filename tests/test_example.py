@@ -197,8 +197,8 @@ def test_its_edited_proposal_shows_the_stored_config_and_work_on_its_weights_is_
     with session(engine) as s:
         edited = s.exec(select(Decision).where(Decision.action == Action.EDIT)).one()
     view = proposal.proposal_view(engine, edited.proposal_id)
-    assert view["edit"][0][:4] == [3, round(edited.config["data_ratio"]["3"], 4), 0.2, 0.25]  # wait_ratio kept 0.25
-    kept = [r for r in view["changed"]["data"] if r[1] == "wait_ratio" and r[3] == "✎ 0.25"]
+    assert view.edit[0][:4] == [3, round(edited.config["data_ratio"]["3"], 4), 0.2, 0.25]  # wait_ratio kept 0.25
+    kept = [r for r in view.changed["data"] if r[1] == "wait_ratio" and r[3] == "✎ 0.25"]
     assert [r[0] for r in kept] == [3, 4, 5, 8]  # the sizes whose raise the person took out
     why = f"stage 1 of run {run_id} has no weights here: the example run ships without checkpoints (docs/example.md)"
     assert leaderboard.benchmark_stage(engine, run_id, 1) == f"✗ Not queued: {why}."

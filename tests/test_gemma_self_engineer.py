@@ -75,4 +75,4 @@ def test_gemma_trains_a_stage_then_engineers_its_next_one_from_its_own_checkpoin
     assert second.error is None and second.projected_config is not None  # legal: projected and fillable
     EnvConfig.model_validate(second.projected_config)
     view = proposal_view(lab, second.id)
-    assert f"by the `llm (hf:policy: {run.uuid}/stage-1/policy)` engineer, after stage 1" in view["status"]
+    assert f"by the `llm (hf:policy: {run.uuid}/stage-1/policy)` engineer, after stage 1" in view.status

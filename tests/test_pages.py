@@ -363,17 +363,17 @@ def test_the_gif_has_one_frame_per_step(lab):
 def test_the_diff_flags_what_the_projection_changed(lab):
     engine, ids = lab
     v = proposal.proposal_view(engine, ids["pending"])
-    rows = {(r[0], r[1]): r for r in v["diff"]["data"]}
+    rows = {(r[0], r[1]): r for r in v.diff["data"]}
     assert rows[(4, "hole_ratio")][2:5] == ["0.2", "**0.5**", "+0.3"]  # bold: the value changes
     flag = rows[(4, "hole_ratio")][5]
     assert flag.startswith("⚠ clamped into 0..0.5") and "engineer said 0.9" in flag
     assert rows[(3, "data_ratio")][2:5] == ["0.5", "**0.25**", "-0.25"] and rows[(3, "data_ratio")][5] == ""
     assert rows[(3, "hole_ratio")][2:5] == ["0.2", "0.2", "0"]
     # the changed-only view (the default) keeps the rows that change, in table order
-    assert [(r[0], r[1]) for r in v["changed"]["data"]] == [(3, "data_ratio"), (4, "data_ratio"), (4, "hole_ratio")]
-    assert len(v["diff"]["data"]) == 2 * 3 + 2  # two sizes x three knobs, and the two globals
-    assert v["pending"] and "Waiting for a decision" in v["status"]
-    assert v["edit"] == [[3, 0.25, 0.2, 0.25], [4, 0.75, 0.5, 0.25]]
+    assert [(r[0], r[1]) for r in v.changed["data"]] == [(3, "data_ratio"), (4, "data_ratio"), (4, "hole_ratio")]
+    assert len(v.diff["data"]) == 2 * 3 + 2  # two sizes x three knobs, and the two globals
+    assert v.pending and "Waiting for a decision" in v.status
+    assert v.edit == [[3, 0.25, 0.2, 0.25], [4, 0.75, 0.5, 0.25]]
 
 
 def test_a_rationale_keeps_one_line_per_change(lab):
@@ -384,7 +384,7 @@ def test_a_rationale_keeps_one_line_per_change(lab):
         answer = EngineerAnswer(prompt="p", raw="r", proposed={}, projection=project({}, base),
                                 rationale="size 3: wait_ratio 0.25 -> 0.35\nsize 4: hole_ratio 0.2 -> 0.15")
         proposal_id = store_proposal(s, run_id, stages_of(s, run_id)[-1].index, "heuristic", answer, base).id
-    rationale = proposal.proposal_view(engine, proposal_id)["rationale"]
+    rationale = proposal.proposal_view(engine, proposal_id).rationale
     assert rationale.startswith("size 3: wait_ratio 0.25 -> 0.35  \nsize 4: hole_ratio 0.2 -> 0.15\n\n")
 
 
@@ -409,7 +409,7 @@ def test_a_valid_edit_is_applied_and_the_next_stage_queued(lab):
     assert (d.action, d.user, d.note) == ("edit", "bob", "gentler")
     assert d.config["hole_ratio"] == {"3": 0.2, "4": 0.45} and d.config["num_instances"] == 24
     v = proposal.proposal_view(engine, ids["pending"])
-    assert "**edited** by **bob**" in v["status"] and not v["pending"]
+    assert "**edited** by **bob**" in v.status and not v.pending
 
 
 def test_an_edit_that_does_not_sum_to_one_is_shown_rescaled_before_and_after_it_is_stored(lab):
@@ -424,13 +424,13 @@ def test_an_edit_that_does_not_sum_to_one_is_shown_rescaled_before_and_after_it_
     assert message == f"✓ Proposal #{ids['pending']} edited by bob; stored: {said}. Next: queued stage 1 (edit by bob)."
     assert decisions(engine)[-1].config["data_ratio"] == {"3": 0.9 / 1.4, "4": 0.5 / 1.4}
     v = proposal.proposal_view(engine, ids["pending"])  # the decided proposal shows what was stored
-    assert v["edit"] == [[3, 0.6429, 0.2, 0.25], [4, 0.3571, 0.5, 0.25]]
-    assert v["changed"]["data"] == [
+    assert v.edit == [[3, 0.6429, 0.2, 0.25], [4, 0.3571, 0.5, 0.25]]
+    assert v.changed["data"] == [
         [3, "data_ratio", "0.5", "✎ 0.6429", "+0.1429", "✎ set by bob; the engineer proposed 0.25"],
         [4, "data_ratio", "0.5", "✎ 0.3571", "-0.1429", "✎ set by bob; the engineer proposed 0.75"],
         [4, "hole_ratio", "0.2", "**0.5**", "+0.3", "⚠ clamped into 0..0.5 (engineer said 0.9)"]]
-    assert v["label"].startswith("The config edited (as stored with the decision")
-    assert "the person set 2 of them" in v["rationale"]
+    assert v.label.startswith("The config edited (as stored with the decision")
+    assert "the person set 2 of them" in v.rationale
     # the Stage review's timeline: the config stage 1 trains on, and who set each value that changed
     assert review.timeline(engine, ids["waiting"])["data"] == [
         [0, "initial config", 3, "0.5", "0.2", "0.25", "2", "16"],
@@ -457,7 +457,7 @@ def test_an_invalid_edit_is_said_once_while_typed_and_the_buttons_wait(lab):
     assert proposal.decide_proposal(engine, ids["pending"], "edit", "bob", "", negative, 2, 16) == \
         "✗ Not saved, the edit is not valid: size -3 is outside 2..32"
     view = proposal.proposal_view(engine, ids["pending"])
-    assert proposal.edit_check(engine, ids["pending"], view["edit"], 2, 16) == (
+    assert proposal.edit_check(engine, ids["pending"], view.edit, 2, 16) == (
         "The table is the engineer's proposal as it stands: *Accept* applies it.", True, [])
     assert [d.proposal_id for d in decisions(engine)] == [ids["accepted"]]
 
@@ -550,7 +550,7 @@ def test_auto_apply_decides_the_pending_proposal(lab):
     engine, ids = lab
     message = proposal.toggle_auto_apply(engine, ids["waiting"], True)
     assert "queued stage 1 (auto by auto-apply)" in message
-    assert proposal.proposal_view(engine, ids["pending"])["auto"] is True
+    assert proposal.proposal_view(engine, ids["pending"]).auto is True
 
 
 def test_the_preview_draws_boards_from_the_proposed_config(lab):
@@ -731,10 +731,10 @@ def test_a_proposal_shows_what_measuring_cost_beside_the_stage_it_read(lab):
         s.add_all([p, stage])
         s.commit()
         after = p.after_stage
-    text = proposal.proposal_view(engine, ids["pending"])["rationale"]
+    text = proposal.proposal_view(engine, ids["pending"]).rationale
     assert text.endswith(" Measuring configs on the policy cost 1,280 sampled answers in 15 s (20 probes, 4 of them "
                          f"cached); stage {after} itself took 181 s.")
-    assert "Measuring" not in proposal.proposal_view(engine, ids["second"])["rationale"]
+    assert "Measuring" not in proposal.proposal_view(engine, ids["second"]).rationale
 
 
 def test_the_progress_bar_says_the_jobs_phase_beside_its_steps():
@@ -748,14 +748,14 @@ def test_the_progress_bar_says_the_jobs_phase_beside_its_steps():
 
 def test_a_proposal_that_repeats_a_rejected_one_says_so(lab):
     engine, ids = lab
-    assert "same config as rejected" not in proposal.proposal_view(engine, ids["second"])["status"]
+    assert "same config as rejected" not in proposal.proposal_view(engine, ids["second"]).status
     said = proposal.decide_proposal(engine, ids["second"], "reject", "ann", "try something else")
     assert said.startswith(f"✓ Proposal #{ids['second']} rejected by ann.")
     again = propose(engine, ids["history"])  # the heuristic engineer, asked again, answers the same
     with session(engine) as s:
         assert s.get(Proposal, again).projected_config == s.get(Proposal, ids["second"]).projected_config
     assert (f"⚠ **The same config as rejected proposal #{ids['second']}**: the `heuristic` engineer answered the "
-            "same when asked again.") in proposal.proposal_view(engine, again)["status"]
+            "same when asked again.") in proposal.proposal_view(engine, again).status
 
 
 def _connections(engine, action) -> int:
@@ -796,9 +796,9 @@ def test_a_random_share_shows_in_the_diff_and_the_timeline_and_an_edit_keeps_it(
         answer = EngineerAnswer(prompt="", raw="{}", proposed=raw, projection=project(raw, base), rationale="broad")
         pid = store_proposal(s, ids["waiting"], 0, "learnability", answer, base).id
     v = proposal.proposal_view(engine, pid)
-    assert v["changed"]["data"] == [[3, "hole_ratio", "0.2", "**0.3**", "+0.1", ""],
+    assert v.changed["data"] == [[3, "hole_ratio", "0.2", "**0.3**", "+0.1", ""],
                                     ["all", "random_share", "0", "**0.5**", "+0.5", ""]]
-    rows, agents, instances = v["edit"], 2, 16
+    rows, agents, instances = v.edit, 2, 16
     rows[1][2] = 0.4
     message = proposal.decide_proposal(engine, pid, "edit", "bob", "", rows, agents, instances)
     assert message.startswith(f"✓ Proposal #{pid} edited by bob")

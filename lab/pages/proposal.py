@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import gradio as gr
@@ -40,6 +40,7 @@ from storage.models import Action
 
 DIFF_HEADERS = ["size", "knob", "old", "new", "change", "note"]
 PERSON = "✎"  # marks a value a person's edit set, in the diff
+EDIT_LABEL = "Config to apply (one row per map size): edit it, then “Apply my edit”"
 
 
 def proposal_choices(engine: Engine, run_id: int | None,
@@ -65,19 +66,41 @@ def pending_of(engine: Engine, run_id: int | None, states: Sequence[ProposalStat
     return next((st.proposal.id for st in states if st.pending), None)
 
 
-def proposal_view(engine: Engine, proposal_id: int | None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ProposalView:
+    """What the Proposal tab shows of one proposal (`proposal_view`)."""
+
+    status: str  # who decided what and when, or why nothing is shown
+    rationale: str  # the engineer's, then what changes and what measuring cost
+    raw: str  # the engineer's answer as given
+    diff: Any  # every value's row (old, new, change, note)
+    changed: Any  # the rows that change
+    edit: list[list[Any]]  # the config table: the decision's config, else the proposal's
+    agents: int
+    instances: int
+    auto: bool  # the run auto-applies its proposals
+    pending: bool  # it waits for a decision
+    run_id: int | None
+    label: str  # the edit table's label: what that config is
+
+
+NO_PROPOSAL = ProposalView(
+    status="No proposal yet: the engineer proposes after a stage has been evaluated.", rationale="", raw="",
+    diff=table(DIFF_HEADERS, []), changed=table(DIFF_HEADERS, []), edit=[], agents=2, instances=512, auto=False,
+    pending=False, run_id=None, label=EDIT_LABEL)
+
+
+def proposal_view(engine: Engine, proposal_id: int | None) -> ProposalView:
     """What the Proposal tab shows: status (who decided what and when), rationale, the diff (changed values
     first; a decided proposal's diff is of the config its decision applied) and the config table."""
     if proposal_id is None:
-        return dict(status="No proposal yet: the engineer proposes after a stage has been evaluated.",
-                    rationale="", raw="", diff=table(DIFF_HEADERS, []), changed=table(DIFF_HEADERS, []), edit=[],
-                    agents=2, instances=512, auto=False, pending=False, run_id=None, label=EDIT_LABEL)
+        return NO_PROPOSAL
     try:
         st = proposal_state(engine, int(proposal_id))
     except BAD_ROW as err:
-        return proposal_view(engine, None) | {"status": cannot_draw(f"Proposal {proposal_id}", None, err)}
+        return replace(NO_PROPOSAL, status=cannot_draw(f"Proposal {proposal_id}", None, err))
     if st is None:
-        return proposal_view(engine, None) | {"status": f"There is no proposal {proposal_id}."}
+        return replace(NO_PROPOSAL, status=f"There is no proposal {proposal_id}.")
     p = st.proposal
     rows, changed = diff_rows(st)
     person = sum(1 for r in rows if r[3].startswith(PERSON))
@@ -93,10 +116,10 @@ def proposal_view(engine: Engine, proposal_id: int | None) -> dict[str, Any]:
     if st.pending and (same := repeats_rejected(engine, p)) is not None:
         status += (f"  \n⚠ **The same config as rejected proposal #{same}**: the `{p.engineer}` engineer answered "
                    "the same when asked again. Edit it below, or switch the engineer in the Train tab.")
-    return dict(status=status, rationale=f"{written}\n\n{summary}", raw=p.raw_answer,
-                diff=table(DIFF_HEADERS, rows), changed=table(DIFF_HEADERS, changed), edit=config_rows(config),
-                agents=config.num_agents, instances=config.num_instances, auto=st.auto_apply, pending=st.pending,
-                run_id=p.run_id, label=_edit_label(st))
+    return ProposalView(status=status, rationale=f"{written}\n\n{summary}", raw=p.raw_answer,
+                        diff=table(DIFF_HEADERS, rows), changed=table(DIFF_HEADERS, changed), edit=config_rows(config),
+                        agents=config.num_agents, instances=config.num_instances, auto=st.auto_apply,
+                        pending=st.pending, run_id=p.run_id, label=_edit_label(st))
 
 
 def _compute_text(st: ProposalState) -> str:
@@ -110,8 +133,6 @@ def _compute_text(st: ProposalState) -> str:
         text += f"; stage {st.proposal.after_stage} itself took {st.stage_seconds:.0f} s"
     return text + "."
 
-
-EDIT_LABEL = "Config to apply (one row per map size): edit it, then “Apply my edit”"
 
 
 def _edit_label(st: ProposalState) -> str:
@@ -361,17 +382,17 @@ class ProposalTab:
         """One proposal; without `edit_table` the edit table and the note stay as typed (a refused edit is kept).
         With it (another proposal, or one decided) the note box is emptied: a note belongs to one decision."""
         v = proposal_view(self.engine, proposal_id)
-        out = {self.status: v["status"], self.rationale: v["rationale"], self.raw: v["raw"],
-               self.changed_only: True, self.diff: v["changed"], self.auto: v["auto"], self.shown: proposal_id} | \
-            {b: gr.update(interactive=v["pending"]) for b in self.buttons.values()}
+        out = {self.status: v.status, self.rationale: v.rationale, self.raw: v.raw,
+               self.changed_only: True, self.diff: v.changed, self.auto: v.auto, self.shown: proposal_id} | \
+            {b: gr.update(interactive=v.pending) for b in self.buttons.values()}
         if edit_table:
-            out |= {self.edit: gr.update(value=v["edit"], label=v["label"]), self.agents: v["agents"],
-                    self.instances: v["instances"], self.check: "", self.marks: "", self.note: ""}
+            out |= {self.edit: gr.update(value=v.edit, label=v.label), self.agents: v.agents,
+                    self.instances: v.instances, self.check: "", self.marks: "", self.note: ""}
         return out
 
     def show_diff(self, proposal_id: int | None, changed_only: bool) -> dict[Any, Any]:
         v = proposal_view(self.engine, proposal_id)
-        return {self.diff: v["changed"] if changed_only else v["diff"]}
+        return {self.diff: v.changed if changed_only else v.diff}
 
     def show_all(self, run_id: int | None, proposal_id: int | None = None, edit_table: bool = True) -> dict[Any, Any]:
         """The run's proposals in the dropdown, and the one asked for (else the one that waits, else the newest)
