@@ -174,7 +174,7 @@ def _actions(engine, ids: dict[str, int]) -> dict[str, Action]:
     from lab.pages import episode as episode_page
     from lab.pages import proposal, review, runs, train
     from lab.pages.common import Page
-    from tests.test_pages import propose
+    from tests.seeded import propose
 
     with gr.Blocks():
         run_pick, worker = gr.Dropdown(), gr.HTML()
@@ -288,7 +288,7 @@ def bench_actions(repeats: int, load: str, wait_s: float = 600,
     loaded column is kept only when the stage logged a GRPO step before the first measurement and is still
     training after the last one (else it says what the stage was doing, and the column stays empty)."""
     from tests import stage_beside
-    from tests.test_pages import seed_lab
+    from tests.seeded import seed_lab
 
     with tempfile.TemporaryDirectory() as folder:
         db = str(Path(folder) / "lab.db")

@@ -3,7 +3,7 @@
 Run: `python benchmarks/bench_page.py [--repeats 3] [--play-steps 40] [--stage-steps 2000] [--wait 600]
 [--only NAME...]`.
 
-The lab is served on 127.0.0.1 over a temporary SQLite database seeded by `tests.test_pages.seed_lab` (plus a
+The lab is served on 127.0.0.1 over a temporary SQLite database seeded by `tests.seeded.seed_lab` (plus a
 stored 10x10 episode of 5 agents), and opened in headless Chromium (Debian's `chromium`, driven by Playwright).
 Each action the page is judged by (tests/page_walk.py) is timed from its click to the page showing its result:
 opening a run, opening a proposal, the first visit to Stage review, a failure row to its replay, Play to the end
@@ -76,7 +76,7 @@ def bench(repeats: int, play_steps: int = STEPS, stage_steps: int = stage_beside
 
     from playwright.sync_api import sync_playwright
 
-    from tests.test_pages import seed_lab
+    from tests.seeded import seed_lab
 
     with tempfile.TemporaryDirectory() as folder:
         db = str(Path(folder) / "lab.db")

@@ -1,4 +1,4 @@
-"""Database fixtures: every storage test runs on a SQLite file and on a real PostgreSQL server.
+"""The tests' shared fixtures. Every storage test runs on a SQLite file and on a real PostgreSQL server.
 
 The PostgreSQL server is a throwaway cluster started once per test session from Debian's
 `postgresql` binaries (under /usr/lib/postgresql/*/bin), as the `postgres` user when the tests run
@@ -10,6 +10,11 @@ The Slurm cluster (`slurm_cluster`) is a one-node cluster started once per test 
 `slurmctld`, `slurmd` and `munge` (tests/slurm_cluster.py), as root, all its files in a temporary folder; its
 daemons are stopped by the PIDs they wrote when the session ends. Without the binaries (or root) the Slurm tests
 skip, unless ENVLAB_REQUIRE_SLURM=1 (CI sets it), which makes that a failure.
+
+Shared fixtures: `lab`, a lab seeded through the real lab functions (tests/seeded.py; a module that needs
+another kind of lab defines its own `lab`); `browser` and `page`, Debian's Chromium driven by Playwright
+(skipped without it unless ENVLAB_REQUIRE_BROWSER=1); `served`, `transformers serve` on a tiny random model,
+started once per session. What they run on is in tests/servers.py.
 
 Property tests run under one Hypothesis profile: no per-example deadline and no "input generation is slow"
 health check, since both measure the machine's load, not the code (a 300-digit integer takes a while to
@@ -24,17 +29,21 @@ import itertools
 import os
 import pwd
 import shutil
-import socket
 import subprocess
+import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from hypothesis import HealthCheck, settings
 from sqlalchemy import Engine, create_engine, text
 
 from storage.db import make_engine, upgrade
+from tests.seeded import seed_lab
+from tests.servers import CHROMIUM_ARGS, TIMEOUT_MS, build_tiny_model, chromium_missing, chromium_path, free_port
 
 settings.register_profile("envlab", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("envlab")
@@ -57,12 +66,6 @@ def _no_postgres(reason: str) -> None:
     pytest.skip(reason)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[str]:
     """The URL (without database name) of a PostgreSQL server that lives for the test session."""
@@ -82,7 +85,7 @@ def postgres_server() -> Iterator[str]:
             _no_postgres("running as root and there is no 'postgres' user to run the server")
         os.chown(base, postgres.pw_uid, postgres.pw_gid)
         as_user = ["runuser", "-u", "postgres", "--"]
-    data, port = base / "data", _free_port()
+    data, port = base / "data", free_port()
     subprocess.run(
         [*as_user, bindir / "initdb", "-D", data, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync"],
         check=True,
@@ -171,3 +174,78 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+# ---------------------------------------------------------------- a seeded lab, a browser, a served model
+
+
+@pytest.fixture
+def lab(tmp_path: Path) -> Iterator[tuple[Engine, dict[str, int]]]:
+    """A lab seeded through the real lab functions (tests/seeded.py): (engine, the seeded ids). A module whose
+    tests need another kind of lab defines its own `lab`."""
+    engine = make_engine(str(tmp_path / "lab.db"))
+    ids = seed_lab(engine)
+    yield engine, ids
+    engine.dispose()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Debian's Chromium, headless, driven by Playwright; skips without it unless ENVLAB_REQUIRE_BROWSER=1 (CI)."""
+    reason = chromium_missing()
+    if reason:
+        if os.environ.get("ENVLAB_REQUIRE_BROWSER") == "1":
+            pytest.fail(f"ENVLAB_REQUIRE_BROWSER=1 but {reason}", pytrace=False)
+        pytest.skip(reason)
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    page.set_default_timeout(TIMEOUT_MS)
+    yield page
+    context.close()
+
+
+@pytest.fixture(scope="session")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """(base URL, model name) of `transformers serve` running a tiny model on 127.0.0.1."""
+    if importlib.util.find_spec("fastapi") is None or importlib.util.find_spec("openai") is None:
+        pytest.skip("transformers serve needs the serving extra (fastapi, uvicorn, openai)")
+    folder = build_tiny_model(tmp_path_factory.mktemp("tiny-served"))
+    port = free_port()
+    log = (folder / "serve.log").open("w")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    server = subprocess.Popen(
+        [sys.executable, "-c", "from transformers.cli.transformers import main; main()", "serve", str(folder),
+         "--host", "127.0.0.1", "--port", str(port), "--device", "cpu"],
+        stdout=log, stderr=subprocess.STDOUT, env=env)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            if server.poll() is not None:
+                pytest.fail(f"transformers serve exited ({server.returncode}):\n{(folder / 'serve.log').read_text()}")
+            try:
+                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"transformers serve did not answer /health:\n{(folder / 'serve.log').read_text()}")
+            time.sleep(0.5)
+        yield f"{base}/v1", str(folder)
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        log.close()

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lab.pages.episode import PLAY_S
-from tests.test_pages import propose
+from tests.seeded import propose
 
 TIMEOUT_MS = 60_000
 BUSY = ".pending, .eta-bar, .progress-text, .meta-text"  # what Gradio shows while an event of the page runs
@@ -42,7 +42,7 @@ def open_run_pick(page, label: str) -> None:
 
 @dataclass
 class Walk:
-    """The page at `url` over the seeded lab (`ids` from `tests.test_pages.seed_lab`, plus `big`: a stored
+    """The page at `url` over the seeded lab (`ids` from `tests.seeded.seed_lab`, plus `big`: a stored
     10x10 episode) in the Playwright `page`. `waits`: the history run's proposal that waits for a decision."""
 
     page: Any

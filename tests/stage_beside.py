@@ -1,7 +1,7 @@
 """A real stage of the tiny policy training beside the page, for the page's speed figures (benchmarks/bench_app.py,
 benchmarks/bench_page.py) and its error walk (tests/test_browser.py).
 
-Stage 1 of the seeded `waiting` run (`tests.test_pages.seed_lab`) is queued by accepting its pending proposal, and a
+Stage 1 of the seeded `waiting` run (`tests.seeded.seed_lab`) is queued by accepting its pending proposal, and a
 real `envlab worker` (as `envlab serve` starts it: its own process at its default lower CPU priority, the stage in a
 child process) trains it with TRL's GRPO. The run asks for `steps` GRPO steps (`max_steps`), many more than its 16
 boards give in one epoch, so the stage is still training when the measurements end; whether it trained the whole

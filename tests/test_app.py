@@ -18,10 +18,9 @@ import app
 from lab.pages import proposal, train
 from lab.worker import worker_status
 from storage.db import make_engine, upgrade
-from tests.test_pages import lab  # noqa: F401  (the seeded lab fixture)
 
 
-def test_a_link_opens_the_run_tab_episode_and_proposal_it_names(lab):  # noqa: F811
+def test_a_link_opens_the_run_tab_episode_and_proposal_it_names(lab):
     engine, ids = lab
     assert app.linked(engine, {}) == {"run": ids["waiting"], "tab": None, "episode": None, "proposal": None}
     assert app.linked(engine, {"proposal": str(ids["accepted"])}) == {

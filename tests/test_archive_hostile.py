@@ -460,7 +460,7 @@ def test_the_page_caps_uploads_and_shows_no_api_schema_under_auth(tmp_path, monk
 def test_a_bad_row_in_the_database_leaves_the_other_runs_and_views_drawn(tmp_path):
     """Rows an older version imported unchecked: one run's settings a list, another's metric a word."""
     from lab.pages import common, proposal, review, train
-    from tests.test_pages import seed_lab
+    from tests.seeded import seed_lab
 
     engine = make_engine(str(tmp_path / "lab.db"))
     ids = seed_lab(engine)

@@ -1,6 +1,6 @@
 """The web lab end to end in a real headless browser: Debian's Chromium driven by Playwright.
 
-The page is served on 127.0.0.1 at a free port over a temporary SQLite database that `tests.test_pages.seed_lab`
+The page is served on 127.0.0.1 at a free port over a temporary SQLite database that `tests.seeded.seed_lab`
 fills through the real lab functions. Needs `pip install playwright` and `apt-get install chromium` (never
 `playwright install`, which downloads a browser); without them the tests skip, unless ENVLAB_REQUIRE_BROWSER=1
 (CI), which makes that a failure.
@@ -9,10 +9,6 @@ fills through the real lab functions. Needs `pip install playwright` and `apt-ge
 from __future__ import annotations
 
 import functools
-import importlib.util
-import os
-import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -31,42 +27,8 @@ from lab.worker import run_worker
 from storage.db import make_engine, session
 from storage.models import Decision, Run, Stage, utcnow
 from tests.page_walk import ERRORS_SEEN
-from tests.test_pages import record_evaluation, seed_lab
-
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--no-first-run", "--disable-sync"]
-TIMEOUT_MS = 20_000
-
-
-def _missing() -> str | None:
-    if importlib.util.find_spec("playwright") is None:
-        return "the playwright package is not installed (pip install -e '.[dev]')"
-    if not Path(CHROMIUM).exists() and not shutil.which("chromium"):
-        return "Chromium is not installed (apt-get install chromium)"
-    return None
-
-
-@pytest.fixture(scope="module")
-def browser():
-    reason = _missing()
-    if reason:
-        if os.environ.get("ENVLAB_REQUIRE_BROWSER") == "1":
-            pytest.fail(f"ENVLAB_REQUIRE_BROWSER=1 but {reason}", pytrace=False)
-        pytest.skip(reason)
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM if Path(CHROMIUM).exists() else shutil.which("chromium"),
-                                    args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.seeded import record_evaluation, seed_lab
+from tests.servers import TIMEOUT_MS, free_port
 
 
 @pytest.fixture
@@ -75,20 +37,11 @@ def lab(tmp_path: Path) -> Iterator[tuple[str, object, dict[str, int]]]:
     engine = make_engine(str(tmp_path / "lab.db"))
     ids = seed_lab(engine)
     demo = app.build_demo(engine)
-    port = _free_port()
+    port = free_port()
     app.launch(demo, port=port, block=False)
     yield f"http://127.0.0.1:{port}/", engine, ids
     demo.close()
     engine.dispose()
-
-
-@pytest.fixture
-def page(browser):
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
-    page = context.new_page()
-    page.set_default_timeout(TIMEOUT_MS)
-    yield page
-    context.close()
 
 
 def plotted(page, elem_id: str, name: str) -> list[tuple[float, float]]:
@@ -286,7 +239,7 @@ def test_with_auth_a_decision_records_who_logged_in(browser, tmp_path: Path):
     engine = make_engine(str(tmp_path / "lab.db"))
     ids = seed_lab(engine)
     demo = app.build_demo(engine)
-    port = _free_port()
+    port = free_port()
     app.launch(demo, port=port, auth=[("ann", "secret")], block=False)
     page = browser.new_page()
     try:
@@ -313,7 +266,7 @@ def test_a_proposal_stored_by_another_process_appears_without_a_refresh(lab, pag
     decide_on(engine, ids["second"], "reject", "carol")  # another person, in another tab
     page.locator("#proposal-status").get_by_text("rejected by carol").wait_for()
     script = ("import sys; from lab.loop import advance; from storage.db import make_engine; "
-              "from tests.test_pages import propose; e = make_engine(sys.argv[1]); "
+              "from tests.seeded import propose; e = make_engine(sys.argv[1]); "
               "print(propose(e, int(sys.argv[2]))); advance(e, int(sys.argv[2]))")
     done = subprocess.run([sys.executable, "-c", script, str(engine.url.database), str(ids["history"])],
                           capture_output=True, text=True, check=True, cwd=Path(__file__).parent.parent)
@@ -431,7 +384,7 @@ def test_switching_runs_while_a_worker_writes_shows_no_error(lab, page):
     error box appears."""
     from playwright.sync_api import expect
 
-    from tests.test_pages import propose
+    from tests.seeded import propose
 
     url, engine, ids = lab
     stop = threading.Event()
@@ -536,7 +489,7 @@ def test_each_action_asks_the_server_once_and_hidden_tabs_wait_until_opened(brow
         block_fn.fn = functools.wraps(block_fn.fn)(
             lambda *args, _fn=block_fn.fn, **kwargs: (calls.append(_fn.__qualname__.split(".<locals>.")[-1]),
                                                       _fn(*args, **kwargs))[1])
-    port = _free_port()
+    port = free_port()
     app.launch(demo, port=port, block=False)
     try:
         page.goto(f"http://127.0.0.1:{port}/?run={ids['history']}")

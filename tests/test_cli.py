@@ -21,6 +21,7 @@ from envsim.suite import Split, read_jsonl
 from lab.cli import main
 from lab.context import load_stage_result
 from storage.db import make_engine, session
+from tests.servers import free_port
 
 SMALL = EnvConfig(data_ratio={3: 0.5, 4: 0.5}, hole_ratio={3: 0.1, 4: 0.2}, wait_ratio={3: 0.5, 4: 0.0},
                   num_agents=2, num_instances=6)
@@ -95,11 +96,6 @@ def _serve(tmp_path: Path, *flags: str, port: int, **popen) -> subprocess.Popen:
                              *flags], cwd=tmp_path, env=env, text=True, **popen)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
 
 def test_serve_takes_its_address_from_the_flags_then_gradios_variables(monkeypatch):
     import app
@@ -117,7 +113,7 @@ def test_serve_takes_its_address_from_the_flags_then_gradios_variables(monkeypat
 
 
 def test_serve_listens_on_gradio_server_port_and_says_where(tmp_path: Path):
-    port = _free_port()
+    port = free_port()
     proc = _serve(tmp_path, port=port, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         deadline, status = time.monotonic() + 120, None
@@ -139,7 +135,7 @@ def test_serve_listens_on_gradio_server_port_and_says_where(tmp_path: Path):
 def test_serve_on_a_taken_port_says_so_in_one_line(tmp_path: Path):
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]
-        proc = _serve(tmp_path, "--port", str(port), port=_free_port(), stdout=subprocess.PIPE,
+        proc = _serve(tmp_path, "--port", str(port), port=free_port(), stdout=subprocess.PIPE,
                       stderr=subprocess.PIPE)  # the flag wins over GRADIO_SERVER_PORT
         out, err = proc.communicate(timeout=120)
     assert proc.returncode == 2

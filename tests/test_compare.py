@@ -12,11 +12,20 @@ from lab.comparison import Rate, comparison
 from lab.experiments import experiment_runs
 from lab.pages.compare import compare_view
 from storage.db import make_engine, upgrade
-from tests.test_browser import TIMEOUT_MS, _free_port, browser, page  # noqa: F401 (fixtures)
-from tests.test_experiment import lab, scripted_experiment  # noqa: F401 (lab: a fixture)
+from tests.servers import TIMEOUT_MS, free_port
+from tests.test_experiment import scripted_experiment
 
 
-def test_the_view_draws_each_arm_tables_its_sizes_and_links_its_runs(lab):  # noqa: F811
+@pytest.fixture
+def lab(tmp_path: Path):
+    """An empty lab (its engine): each test stores the experiment it compares."""
+    engine = make_engine(str(tmp_path / "lab.db"))
+    upgrade(engine)
+    yield engine
+    engine.dispose()
+
+
+def test_the_view_draws_each_arm_tables_its_sizes_and_links_its_runs(lab):
     experiment = scripted_experiment(lab, seeds=2, stages=1)
     view = compare_view(lab, experiment.id, Rate.OPTIMAL)
     c = comparison(lab, experiment.id)
@@ -40,11 +49,11 @@ def test_the_view_draws_each_arm_tables_its_sizes_and_links_its_runs(lab):  # no
     assert "gunzip -k docs/results/hardstart/study.db.gz" in compare_view(lab, None)["summary"]
 
 
-def test_the_compare_tab_shows_one_curve_per_arm(lab, page):  # noqa: F811
+def test_the_compare_tab_shows_one_curve_per_arm(lab, page):
     scripted_experiment(lab, name="older", seeds=1, stages=1)
     experiment = scripted_experiment(lab, name="newest", seeds=2, stages=1)
     demo = app.build_demo(lab)
-    port = _free_port()
+    port = free_port()
     app.launch(demo, port=port, block=False)
     try:
         page.goto(f"http://127.0.0.1:{port}/")

@@ -4,7 +4,6 @@ makes, with a decision of each kind and the reason for each."""
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
@@ -23,6 +22,7 @@ from lab.results import stage_summaries
 from lab.settings import RunSettings
 from storage.db import make_engine, session, upgrade
 from storage.models import Action, Decision, Episode, Proposal, Run, RunStatus, StageStatus
+from tests.servers import free_port
 from tests.test_loop import CONFIG
 
 VALIDATION_BOARDS = 240
@@ -83,11 +83,6 @@ def test_a_missing_example_file_is_said_in_one_line_and_the_lab_starts_empty(tmp
     engine.dispose()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
 
 def test_serve_imports_the_example_before_the_page_is_built_unless_no_example(tmp_path: Path, monkeypatch, capsys):
     """`python app.py` / `envlab serve` down to the page: the example is in before `build_demo` runs, once;
@@ -102,7 +97,7 @@ def test_serve_imports_the_example_before_the_page_is_built_unless_no_example(tm
     monkeypatch.setattr(app, "build_demo", build_demo)
     monkeypatch.setattr(app, "launch", lambda demo, *args, **kwargs: None)
     monkeypatch.setattr(app.signal, "signal", lambda *args: None)
-    port = str(_free_port())
+    port = str(free_port())
 
     empty, first = str(tmp_path / "empty.db"), str(tmp_path / "first.db")
     assert app.main(["--db", empty, "--port", port, "--no-worker", "--no-example"]) == 0

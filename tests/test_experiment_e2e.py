@@ -26,7 +26,6 @@ from lab.experiments import benchmark_choices, experiment_runs, find_experiment
 from lab.loop import _alive
 from storage.db import make_engine, session
 from storage.models import Episode, Job, Proposal, Stage, StageMetric
-from tests.test_llm import served  # noqa: F401  (the fixture: `transformers serve` on a tiny model)
 from training.evaluate import BENCHMARK_FILE
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -116,7 +115,7 @@ def test_an_experiment_through_the_real_workers_is_killed_and_resumed(tmp_path: 
     engine.dispose()
 
 
-def test_an_llm_arm_over_a_real_server_two_workers_and_the_benchmark(tmp_path: Path, served, capsys,  # noqa: F811
+def test_an_llm_arm_over_a_real_server_two_workers_and_the_benchmark(tmp_path: Path, served, capsys,
                                                                      monkeypatch):
     """`llm:openai:…` arm answered by `transformers serve` (a random tiny model: its answers are unusable, so the
     proposal fails and auto-apply keeps the config), `--workers 2`, and `--benchmark` evaluating each run's last

@@ -7,16 +7,11 @@ import http.server
 import importlib.util
 import json
 import logging
-import os
-import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 import lab.llm as llm_module
@@ -25,41 +20,7 @@ from envsim.scoring import Tally
 from lab.context import Evidence, StageResult
 from lab.engineers import CONSTRAINED_RATIONALE_CHARS, answer_schema, llm
 from lab.llm import LLMError, complete, plain_text
-
-MESSAGES = [{"role": "user", "content": "Propose a config."}]
-CHAT_TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
-                 "{% if add_generation_prompt %}<assistant>{% endif %}")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def build_tiny_model(folder: Path, chat_template: str | None = CHAT_TEMPLATE) -> Path:
-    """A randomly initialised 1-layer Llama with a byte-level BPE tokenizer (it can encode any text)."""
-    import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<pad>", "<eos>", "<bos>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(['{"data_ratio": {"3": 0.5}, "hole_ratio": {"4": 0.2}}', "the config"], trainer)
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>")
-    if chat_template:
-        tokenizer.chat_template = chat_template
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=8192,
-                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                         pad_token_id=tokenizer.pad_token_id)
-    LlamaForCausalLM(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
+from tests.servers import CHAT_TEMPLATE, MESSAGES, build_tiny_model, free_port
 
 
 def evidence() -> Evidence:
@@ -70,41 +31,6 @@ def evidence() -> Evidence:
 # ---------------------------------------------------------------- a real OpenAI-compatible server
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
-    """(base URL, model name) of `transformers serve` running a tiny model on 127.0.0.1."""
-    if importlib.util.find_spec("fastapi") is None or importlib.util.find_spec("openai") is None:
-        pytest.skip("transformers serve needs the serving extra (fastapi, uvicorn, openai)")
-    folder = build_tiny_model(tmp_path_factory.mktemp("tiny-served"))
-    port = _free_port()
-    log = (folder / "serve.log").open("w")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    server = subprocess.Popen(
-        [sys.executable, "-c", "from transformers.cli.transformers import main; main()", "serve", str(folder),
-         "--host", "127.0.0.1", "--port", str(port), "--device", "cpu"],
-        stdout=log, stderr=subprocess.STDOUT, env=env)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            if server.poll() is not None:
-                pytest.fail(f"transformers serve exited ({server.returncode}):\n{(folder / 'serve.log').read_text()}")
-            try:
-                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"transformers serve did not answer /health:\n{(folder / 'serve.log').read_text()}")
-            time.sleep(0.5)
-        yield f"{base}/v1", str(folder)
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
-        log.close()
 
 
 def test_openai_backend_round_trip_through_transformers_serve(served: tuple[str, str],
@@ -179,7 +105,7 @@ def _url(server: http.server.ThreadingHTTPServer) -> str:
 
 
 def test_a_server_that_is_down_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    url = f"http://127.0.0.1:{_free_port()}/v1"
+    url = f"http://127.0.0.1:{free_port()}/v1"
     monkeypatch.setenv("ENVLAB_ALLOWED_SERVERS", url)
     with pytest.raises(LLMError, match=f"could not reach {url}/chat/completions"):
         complete("openai:m", MESSAGES, max_tokens=8, temperature=0, seed=0, base_url=url, timeout=5)
@@ -316,7 +242,7 @@ def test_hostile_answers_from_a_server_that_ignores_the_schema_fail_cleanly(
 
 
 def test_the_llm_engineer_turns_a_failing_server_into_a_failed_proposal(monkeypatch: pytest.MonkeyPatch) -> None:
-    url = f"http://127.0.0.1:{_free_port()}/v1"
+    url = f"http://127.0.0.1:{free_port()}/v1"
     monkeypatch.setenv("ENVLAB_ALLOWED_SERVERS", url)
     answer = llm(evidence(), seed=0, backend="openai:m", base_url=url, timeout=5)
     assert answer.projection is None and answer.attempts == 1

@@ -13,7 +13,7 @@ from envsim.generator import Unfillable
 from lab.llm import _load, complete
 from lab.loop import engineer_name
 from storage.models import Run, Stage
-from tests.test_llm import MESSAGES, build_tiny_model
+from tests.servers import MESSAGES, build_tiny_model
 
 
 @pytest.fixture(autouse=True)

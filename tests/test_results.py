@@ -16,7 +16,7 @@ from lab.pages import review
 from lab.results import outcome_of, stage_summaries
 from storage.db import make_engine, session
 from storage.models import Episode
-from tests.test_pages import seed_lab
+from tests.seeded import seed_lab
 
 
 def test_a_tally_defines_the_rates_and_sums_into_the_pooled_one():

@@ -1,0 +1,63 @@
+"""What the tests run on this machine beside themselves: free TCP ports, Debian's Chromium (its path, flags and
+what is missing), and a tiny random chat model that `transformers serve` and the in-process backend can load."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import socket
+from pathlib import Path
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--no-first-run", "--disable-sync"]
+TIMEOUT_MS = 20_000  # how long a browser test waits for one thing on the page
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def chromium_missing() -> str | None:
+    """Why the browser tests cannot run here, or None."""
+    if importlib.util.find_spec("playwright") is None:
+        return "the playwright package is not installed (pip install -e '.[dev]')"
+    if not Path(CHROMIUM).exists() and not shutil.which("chromium"):
+        return "Chromium is not installed (apt-get install chromium)"
+    return None
+
+
+def chromium_path() -> str:
+    return CHROMIUM if Path(CHROMIUM).exists() else shutil.which("chromium")
+
+
+MESSAGES = [{"role": "user", "content": "Propose a config."}]
+CHAT_TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}<assistant>{% endif %}")
+
+
+def build_tiny_model(folder: Path, chat_template: str | None = CHAT_TEMPLATE) -> Path:
+    """A randomly initialised 1-layer Llama with a byte-level BPE tokenizer (it can encode any text)."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<pad>", "<eos>", "<bos>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(['{"data_ratio": {"3": 0.5}, "hole_ratio": {"4": 0.2}}', "the config"], trainer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>")
+    if chat_template:
+        tokenizer.chat_template = chat_template
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=8192,
+                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
