@@ -63,8 +63,9 @@ def test_python_app_py_serves_the_lab_with_a_worker_and_stops_both(tmp_path: Pat
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     root = Path(app.__file__).parent
-    proc = subprocess.Popen([sys.executable, str(root / "app.py"), "--port", str(port), "--db",
-                             str(tmp_path / "lab.db")], cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen([sys.executable, str(root / "app.py"), "--port", str(port), "--no-example",
+                             "--db", str(tmp_path / "lab.db")],
+                            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         assert _serving(f"http://127.0.0.1:{port}/", proc), proc.stderr.read().decode()[-2000:] if proc.poll() else ""
         commands = {c: Path(f"/proc/{c}/cmdline").read_bytes() for c in _children(proc.pid)}

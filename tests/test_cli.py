@@ -89,10 +89,11 @@ ROOT = Path(lab.__file__).parent.parent
 
 
 def _serve(tmp_path: Path, *flags: str, port: int, **popen) -> subprocess.Popen:
-    """`envlab serve --no-worker` in a process of its own, with GRADIO_SERVER_PORT set to `port`."""
+    """`envlab serve --no-worker --no-example` in a process of its own, with GRADIO_SERVER_PORT set to `port`."""
     env = {k: v for k, v in os.environ.items() if k != "GRADIO_SERVER_NAME"}
     env.update(GRADIO_SERVER_PORT=str(port), PYTHONPATH=str(ROOT))
-    return subprocess.Popen([sys.executable, "-m", "lab.cli", "serve", "--no-worker", "--db", str(tmp_path / "x.db"),
+    return subprocess.Popen([sys.executable, "-m", "lab.cli", "serve", "--no-worker", "--no-example", "--db",
+                             str(tmp_path / "x.db"),
                              *flags], cwd=tmp_path, env=env, text=True, **popen)
 
 
@@ -146,16 +147,18 @@ def test_serve_on_a_taken_port_says_so_in_one_line(tmp_path: Path):
 
 # ---------------------------------------------------------------- envlab run, its output in a file
 
-STAGE_LINE = re.compile(r"stage (\d)/2 done: validation valid (\d+\.\d%) optimal (\d+\.\d%) "
+STAGE_LINE = re.compile(r"stage (\d)/1 done: validation valid (\d+\.\d%) optimal (\d+\.\d%) "
                         r"\((?:\d+s|\d+m \d\ds); 2 boards, valid by size 3:\d+% 7:\d+%\)")
 
 
 def test_run_into_a_file_writes_one_line_per_stage_and_no_bars_or_warnings(tmp_path: Path):
-    """A 2-stage run on the tiny policy, 1 GRPO step a stage and 2 validation boards, output to a file."""
+    """A 1-stage run on the tiny policy, 1 GRPO step, 2 validation boards and 24 dev boards, output to a
+    file."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "ENVLAB_RUNS": str(tmp_path / "runs")}
     db = tmp_path / "x.db"
-    command = [sys.executable, "-m", "lab.cli", "run", "--stages", "2", "--instances", "2", "--validation-boards", "2",
-               "--grpo", "max_steps=1", "--grpo", "num_generations=2", "--grpo", "per_device_train_batch_size=2",
+    command = [sys.executable, "-m", "lab.cli", "run", "--stages", "1", "--instances", "2", "--validation-boards", "2",
+               "--dev-per-size", "3", "--grpo", "max_steps=1", "--grpo", "num_generations=2",
+               "--grpo", "per_device_train_batch_size=2",
                "--auto-apply", "--db", str(db)]
     with (tmp_path / "out.txt").open("w") as out:
         done = subprocess.run(command, cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=600)
@@ -165,7 +168,7 @@ def test_run_into_a_file_writes_one_line_per_stage_and_no_bars_or_warnings(tmp_p
     assert lines[-1] == "run 1: done"
     matches = [STAGE_LINE.fullmatch(line) for line in lines[:-1]]
     assert all(matches), lines
-    assert [int(m[1]) for m in matches] == [0, 1, 2]
+    assert [int(m[1]) for m in matches] == [0, 1]
     engine = make_engine(str(db))
     with session(engine) as s:
         for m in matches:

@@ -481,7 +481,7 @@ def test_the_real_stage_evaluates_on_the_larger_validation_set(lab, tmp_path):
     try:
         with session(lab) as s:
             run = create_run(s, name="big", config=CONFIG,
-                             settings=RunSettings(stages=1, validation_per_size=33, dev_per_size=30),
+                             settings=RunSettings(stages=1, validation_per_size=33, dev_per_size=3),
                              engineer="fixed")
         run_worker(lab, {"stage": run_stage_job}, once=True, poll_s=0.01)
     finally:
@@ -492,7 +492,7 @@ def test_the_real_stage_evaluates_on_the_larger_validation_set(lab, tmp_path):
                                                    StageMetric.split == "validation")).all()
         dev = s.exec(select(Episode.instance_id).where(Episode.run_id == run.id, Episode.split == "dev")).all()
     assert len(episodes) == 264 and {m.size: m.episodes for m in metrics} == {s: 33 for s in range(3, 11)}
-    assert len(dev) == 240 and not set(dev) & {e.instance_id for e in episodes}  # the dev set avoids all 264
+    assert len(dev) == 24 and not set(dev) & {e.instance_id for e in episodes}  # the dev set avoids all 264
     assert (tmp_path / "validation-33.jsonl").is_file()  # cached under the runs root, beside the database
     standard = {e.instance.id for e in build("validation")[0]}
     assert standard <= {e.instance_id for e in episodes}
