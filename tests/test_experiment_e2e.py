@@ -192,11 +192,12 @@ def test_two_workers_share_an_experiment_on_postgresql(db_url: str, tmp_path: Pa
 
 def test_a_learnability_arm_runs_end_to_end_and_trains_half_its_boards_broadly(tmp_path: Path, capsys):
     """One `learnability` run through the real command and worker: stage 0, the propose job probing the grid with
-    the tiny policy (2 sizes x 6 cells x 16 boards x 4 answers), and stage 1 trained on the proposal."""
+    the tiny policy (1 size x 6 cells x 16 boards x 4 answers), and stage 1 trained on the proposal."""
     from lab.engineers import LEARN_ANSWERS, LEARN_BOARDS, grid
 
     db = str(tmp_path / "lab.db")
-    (tmp_path / "config.json").write_text(CONFIG.model_dump_json())
+    one_size = EnvConfig(data_ratio={3: 1.0}, hole_ratio={3: 0.2}, wait_ratio={3: 0.25}, num_agents=2, num_instances=8)
+    (tmp_path / "config.json").write_text(one_size.model_dump_json())
     assert main(["experiment", "new", "--dev-per-size", "3",
                  "--name", "sfl", "--arms", "learnability", "--seeds", "1", "--stages", "1",
                  "--config", str(tmp_path / "config.json"), "--validation-per-size", "30", "--validation-boards", "4",
@@ -211,10 +212,10 @@ def test_a_learnability_arm_runs_end_to_end_and_trains_half_its_boards_broadly(t
     with session(engine) as s:
         (proposal,) = s.exec(select(Proposal)).all()
         stages = s.exec(select(Stage).where(Stage.run_id == run.id).order_by(Stage.index)).all()
-    cells = len(CONFIG.sizes) * len(grid(2))
+    cells = len(one_size.sizes) * len(grid(2))
     assert proposal.error is None and proposal.engineer == "learnability"
-    assert proposal.compute["probes"] == cells == 12
-    assert proposal.compute["completions"] == cells * LEARN_BOARDS * LEARN_ANSWERS == 768
+    assert proposal.compute["probes"] == cells == 6
+    assert proposal.compute["completions"] == cells * LEARN_BOARDS * LEARN_ANSWERS == 384
     trained = EnvConfig.model_validate(stages[1].config)
     assert [s.status for s in stages] == ["done", "done"] and trained.random_share == 0.5
     assert {(trained.hole_ratio[s], trained.wait_ratio[s]) for s in trained.sizes} <= set(grid(2)) | {(0.2, 0.25)}
