@@ -33,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -179,29 +179,12 @@ def one_thread() -> Iterator[None]:
 # ---------------------------------------------------------------- a seeded lab, a browser, a served model
 
 
-@pytest.fixture(scope="session")
-def seeded_db(tmp_path_factory: pytest.TempPathFactory) -> Callable[[Path], dict[str, int]]:
-    """`copy(path)`: a copy of a lab seeded once per session through the real lab functions (tests/seeded.py) at
-    `path`, a SQLite file; returns the seeded ids. A copy is a file copy: seeding again for every test took longer
-    than most of the tests."""
-    template = tmp_path_factory.mktemp("seeded") / "lab.db"
-    engine = make_engine(str(template))
-    ids = seed_lab(engine)
-    engine.dispose()  # the WAL is checkpointed into the file: the file alone is the database
-
-    def copy(path: Path) -> dict[str, int]:
-        shutil.copyfile(template, path)
-        return dict(ids)
-
-    return copy
-
-
 @pytest.fixture
-def lab(tmp_path: Path, seeded_db) -> Iterator[tuple[Engine, dict[str, int]]]:
-    """A seeded lab (`seeded_db`): (engine, the seeded ids). A module whose tests need another kind of lab defines
-    its own `lab`."""
-    ids = seeded_db(tmp_path / "lab.db")
+def lab(tmp_path: Path) -> Iterator[tuple[Engine, dict[str, int]]]:
+    """A lab seeded through the real lab functions (tests/seeded.py): (engine, the seeded ids). A module whose
+    tests need another kind of lab defines its own `lab`."""
     engine = make_engine(str(tmp_path / "lab.db"))
+    ids = seed_lab(engine)
     yield engine, ids
     engine.dispose()
 

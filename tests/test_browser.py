@@ -33,7 +33,7 @@ from tests.servers import TIMEOUT_MS, free_port
 
 @pytest.fixture
 def lab(tmp_path: Path) -> Iterator[tuple[str, object, dict[str, int]]]:
-    """The page on a database seeded for the test (tests/seeded.py): (its URL, the engine, the seeded ids)."""
+    """The page on a seeded database: (its URL, the engine, the seeded ids)."""
     engine = make_engine(str(tmp_path / "lab.db"))
     ids = seed_lab(engine)
     demo = app.build_demo(engine)
