@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import gradio as gr
@@ -84,23 +84,27 @@ class ProposalView:
     label: str  # the edit table's label: what that config is
 
 
-NO_PROPOSAL = ProposalView(
-    status="No proposal yet: the engineer proposes after a stage has been evaluated.", rationale="", raw="",
-    diff=table(DIFF_HEADERS, []), changed=table(DIFF_HEADERS, []), edit=[], agents=2, instances=512, auto=False,
-    pending=False, run_id=None, label=EDIT_LABEL)
+NO_PROPOSAL = "No proposal yet: the engineer proposes after a stage has been evaluated."
+
+
+def no_proposal(status: str = NO_PROPOSAL) -> ProposalView:
+    """The view without a proposal: new tables each time, since the page may hold on to what it was given."""
+    return ProposalView(status=status, rationale="", raw="", diff=table(DIFF_HEADERS, []),
+                        changed=table(DIFF_HEADERS, []), edit=[], agents=2, instances=512, auto=False, pending=False,
+                        run_id=None, label=EDIT_LABEL)
 
 
 def proposal_view(engine: Engine, proposal_id: int | None) -> ProposalView:
     """What the Proposal tab shows: status (who decided what and when), rationale, the diff (changed values
     first; a decided proposal's diff is of the config its decision applied) and the config table."""
     if proposal_id is None:
-        return NO_PROPOSAL
+        return no_proposal()
     try:
         st = proposal_state(engine, int(proposal_id))
     except BAD_ROW as err:
-        return replace(NO_PROPOSAL, status=cannot_draw(f"Proposal {proposal_id}", None, err))
+        return no_proposal(cannot_draw(f"Proposal {proposal_id}", None, err))
     if st is None:
-        return replace(NO_PROPOSAL, status=f"There is no proposal {proposal_id}.")
+        return no_proposal(f"There is no proposal {proposal_id}.")
     p = st.proposal
     rows, changed = diff_rows(st)
     person = sum(1 for r in rows if r[3].startswith(PERSON))
