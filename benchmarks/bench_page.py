@@ -28,39 +28,20 @@ sys.path.insert(0, str(ROOT))  # runs from a checkout without an install
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import argparse  # noqa: E402
-import socket  # noqa: E402
 import statistics  # noqa: E402
 import tempfile  # noqa: E402
 from collections.abc import Callable, Sequence  # noqa: E402
 
-from bench_app import ACTION_TARGET_S, CHROMIUM_ARGS, STEPS, store_big_episode  # noqa: E402
+from bench_app import ACTION_TARGET_S, STEPS, store_big_episode  # noqa: E402
 
 import app  # noqa: E402
 from storage.db import make_engine  # noqa: E402
 from tests import stage_beside  # noqa: E402
 from tests.page_walk import ERRORS_SEEN, Walk  # noqa: E402
-
-CHROMIUM = "/usr/bin/chromium"
+from tests.servers import CHROMIUM_ARGS, chromium_path, free_port  # noqa: E402
+from tests.servers import chromium_missing as missing  # noqa: E402
 
 Figures = dict[str, tuple[float, float | None]]
-
-
-def missing() -> str | None:
-    """Why the browser cannot run here, or None."""
-    import importlib.util
-    import shutil
-
-    if importlib.util.find_spec("playwright") is None:
-        return "the playwright package is not installed (pip install -e '.[dev]')"
-    if not Path(CHROMIUM).exists() and not shutil.which("chromium"):
-        return "Chromium is not installed (apt-get install chromium)"
-    return None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _medians(actions: dict[str, Callable[[], float]], repeats: int) -> dict[str, float]:
@@ -72,7 +53,6 @@ def bench(repeats: int, play_steps: int = STEPS, stage_steps: int = stage_beside
     """Each action's median idle and with the stage training; what the stage did meanwhile; the errors the
     page showed. `warm`: every action once first, untimed (the server's imports and caches, the browser's);
     `only`: the actions whose name starts with one of these (all when empty)."""
-    import shutil
 
     from playwright.sync_api import sync_playwright
 
@@ -84,12 +64,11 @@ def bench(repeats: int, play_steps: int = STEPS, stage_steps: int = stage_beside
         ids = seed_lab(engine)
         ids["big"] = store_big_episode(engine, ids["history"], play_steps)
         demo = app.build_demo(engine)
-        port = _free_port()
+        port = free_port()
         app.launch(demo, port=port, block=False)
         try:
             with sync_playwright() as p:
-                browser = p.chromium.launch(executable_path=CHROMIUM if Path(CHROMIUM).exists()
-                                            else shutil.which("chromium"), args=CHROMIUM_ARGS)
+                browser = p.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
                 context = browser.new_context(viewport={"width": 1400, "height": 1000})
                 page = context.new_page()
                 page.add_init_script(f"({ERRORS_SEEN})()")
