@@ -184,8 +184,14 @@ def _wire(page: Page, refresh: gr.Button, poll: gr.Timer, waiting: gr.HTML, seen
     # more than the answer does, and flashes Gradio's timer text in every status line.
     refresh.click(reopen, [run_pick, proposal_tab.shown, review_tab.shown], everywhere, show_progress_on=run_pick) \
         .then(leaderboard_tab.choices, None, leaderboard_tab.pick)
-    run_pick.select(open_everywhere, run_pick, everywhere,  # `.input` fires twice per pick (Gradio 6)
-                    show_progress_on=run_pick)
+    def picked(run_id: int | None) -> dict[Any, Any]:
+        """A run picked in the dropdown: every tab follows; the dropdown itself is left as the person set it, so
+        an answer that lands after a later pick cannot set it back."""
+        return open_everywhere(run_id) | top(run_id, select=False)
+
+    # `select`, as `input` fires twice per pick (Gradio 6). `always_last`: a pick made while the previous one is
+    # answered runs after it (the default, `once`, drops it, and the tabs would stay on the run picked before).
+    run_pick.select(picked, run_pick, everywhere, show_progress_on=run_pick, trigger_mode="always_last")
 
     def create(*form: Any) -> dict[Any, Any]:
         message, run_id = runs.create_run_from_form(engine, *form)

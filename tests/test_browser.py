@@ -504,7 +504,7 @@ def test_each_action_asks_the_server_once_and_hidden_tabs_wait_until_opened(brow
         page.get_by_role("option", name=f"#{ids['waiting']} ", exact=False).first.click()
         page.locator("#train-status").get_by_text(f"Run #{ids['waiting']} ").wait_for()
         time.sleep(1)
-        assert calls.count("open_everywhere") == 1
+        assert calls.count("picked") == 1
 
         page.goto(f"http://127.0.0.1:{port}/?run={ids['history']}")
         page.get_by_role("tab", name="Stage review").click()

@@ -1,5 +1,5 @@
 """An experiment end to end through the REAL commands, worker processes and GRPO stage job with the tiny policy:
-2 arms x 2 seeds, 1 stage of 8 boards and 1 GRPO step, 4 validation boards. `envlab experiment run` is killed
+2 arms x 1 seed, 1 stage of 8 boards and 1 GRPO step, 4 validation boards. `envlab experiment run` is killed
 with SIGKILL (its worker with it) once the first stage is done, then run again: every run ends done, and no job,
 episode or proposal exists twice. The report's CSV equals the stored rows.
 """
@@ -62,7 +62,7 @@ def test_an_experiment_through_the_real_workers_is_killed_and_resumed(tmp_path: 
     db = str(tmp_path / "lab.db")
     (tmp_path / "config.json").write_text(CONFIG.model_dump_json())
     assert main(["experiment", "new", "--dev-per-size", "3",
-                 "--name", "e2e", "--arms", "fixed,heuristic", "--seeds", "2", "--stages", "1",
+                 "--name", "e2e", "--arms", "fixed,heuristic", "--seeds", "1", "--stages", "1",
                  "--config", str(tmp_path / "config.json"), "--validation-per-size", "30", "--validation-boards", "4",
                  "--grpo", "num_generations=2", "--grpo", "per_device_train_batch_size=16", "--db", db]) == 0
     assert "each run: 1 stages x 8 boards x 1 GRPO steps; 4 validation boards" in capsys.readouterr().out
@@ -83,11 +83,11 @@ def test_an_experiment_through_the_real_workers_is_killed_and_resumed(tmp_path: 
         time.sleep(0.1)
     assert pids and not any(_alive(pid) for pid in pids)
     killed_at = stages_done(engine)
-    assert killed_at < 8  # work was left to do
+    assert killed_at < 4  # work was left to do
     second = subprocess.run(command(db), env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert second.returncode == 0, second.stdout + second.stderr
-    assert f"{killed_at} of 8 stages done already" in second.stdout or f"{killed_at + 1} of 8" in second.stdout
-    assert "experiment e2e: 4 of 4 runs done" in second.stdout
+    assert f"{killed_at} of 4 stages done already" in second.stdout or f"{killed_at + 1} of 4" in second.stdout
+    assert "experiment e2e: 2 of 2 runs done" in second.stdout
 
     experiment = find_experiment(engine, "e2e")
     runs = experiment_runs(engine, experiment.id)
@@ -97,18 +97,16 @@ def test_an_experiment_through_the_real_workers_is_killed_and_resumed(tmp_path: 
     # equal compute: the trainer took the steps the experiment planned
     assert {j.result["train"]["steps"] for j in jobs if j.kind == "stage" and j.target == 1} == {
         experiment.settings["steps_per_stage"]} == {1}
-    # seed k: the same stage-0 policy on the same boards for every arm
+    # the seed's stage-0 policy on the same boards for every arm
     rate = {(m.run_id, m.stage_index, m.size): (m.valid, m.episodes) for m in metrics}
-    by_arm = {(r.arm, r.seed): r.id for r in runs}
-    for seed in (0, 1):
-        fixed, heuristic = by_arm[("fixed", seed)], by_arm[("heuristic", seed)]
-        assert {k[2]: v for k, v in rate.items() if k[:2] == (fixed, 0)} == {
-            k[2]: v for k, v in rate.items() if k[:2] == (heuristic, 0)}
+    by_arm = {r.arm: r.id for r in runs}
+    assert {k[2]: v for k, v in rate.items() if k[:2] == (by_arm["fixed"], 0)} == {
+        k[2]: v for k, v in rate.items() if k[:2] == (by_arm["heuristic"], 0)}
 
     assert main(["experiment", "report", "e2e", "--out", str(tmp_path / "report"), "--db", db]) == 0
     with open(tmp_path / "report" / "runs.csv") as f:
         rows = list(csv.DictReader(f))
-    assert len(rows) == 8
+    assert len(rows) == 4
     for row in rows:
         mine = [m for m in metrics if (m.run_id, m.stage_index) == (int(row["run_id"]), int(row["stage"]))]
         assert float(row["valid_rate"]) == sum(m.valid for m in mine) / sum(m.episodes for m in mine)
@@ -168,12 +166,12 @@ def test_an_llm_arm_over_a_real_server_two_workers_and_the_benchmark(tmp_path: P
 
 @pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
 def test_two_workers_share_an_experiment_on_postgresql(db_url: str, tmp_path: Path, monkeypatch, capsys):
-    """2 arms x 2 seeds on the real PostgreSQL server, `envlab experiment run --workers 2`: every run ends done,
+    """2 arms x 1 seed on the real PostgreSQL server, `envlab experiment run --workers 2`: every run ends done,
     and no job, evaluation or proposal exists twice however the two workers interleave."""
     monkeypatch.setenv("ENVLAB_RUNS", str(tmp_path / "runs"))
     (tmp_path / "config.json").write_text(CONFIG.model_dump_json())
     assert main(["experiment", "new", "--dev-per-size", "3",
-                 "--name", "pg", "--arms", "fixed,heuristic", "--seeds", "2", "--stages", "1",
+                 "--name", "pg", "--arms", "fixed,heuristic", "--seeds", "1", "--stages", "1",
                  "--config", str(tmp_path / "config.json"), "--validation-per-size", "30", "--validation-boards", "4",
                  "--grpo", "num_generations=2", "--grpo", "per_device_train_batch_size=16", "--db", db_url]) == 0
     capsys.readouterr()
@@ -181,7 +179,7 @@ def test_two_workers_share_an_experiment_on_postgresql(db_url: str, tmp_path: Pa
     done = subprocess.run([sys.executable, "-m", "lab.cli", "experiment", "run", "pg", "--workers", "2",
                            "--db", db_url], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "experiment pg: 4 of 4 runs done" in done.stdout
+    assert "experiment pg: 2 of 2 runs done" in done.stdout
     engine = make_engine(db_url)
     runs = experiment_runs(engine, find_experiment(engine, "pg").id)
     jobs = nothing_lost_nothing_twice(engine, runs)

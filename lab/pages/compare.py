@@ -128,7 +128,7 @@ def build(page: Page) -> CompareTab:
                          interactive=False, elem_id="compare-sizes", wrap=True)
     links = gr.Markdown(elem_id="compare-runs")
     tab = CompareTab(page.engine, pick, rate, summary, figure, differences, sizes, links)
-    pick.select(tab.show, [pick, rate], tab.outputs[1:])
+    pick.select(tab.show, [pick, rate], tab.outputs[1:], trigger_mode="always_last")
     rate.input(tab.show, [pick, rate], tab.outputs[1:])
     refresh.click(tab.refresh, [pick, rate], tab.outputs)
     return tab

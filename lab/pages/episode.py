@@ -187,7 +187,7 @@ def build(page: Page) -> EpisodeTab:
     gr.on([open_episode.click, episode_id.submit], tab.show, tab.opens, tab.outputs)
     gr.on([step.input, ghost.input], tab.redraw, [view, step, ghost], [board, events], show_progress="hidden")
     gif_width.select(lambda v, w: {gif: gr.update(value=gif_file(v, w), interactive=v is not None)},
-                    [view, gif_width], gif)
+                    [view, gif_width], gif, trigger_mode="always_last")
     play.click(tab.toggle_play, [view, tab.playing, step], [tab.playing, tab.ticker, play, step])
     tab.ticker.tick(tab.tick, [view, step, ghost], [step, board, events, tab.playing, tab.ticker, play],
                     show_progress="hidden")

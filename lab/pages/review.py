@@ -191,7 +191,8 @@ def build(page: Page) -> ReviewTab:
     gallery_df = gr.Dataframe(interactive=False, elem_id="gallery", max_height=360, wrap=True)
     tab = ReviewTab(page.engine, stage_pick, note, stages, timeline_df, rates, curves, failures, training, size_filter,
                     failure_filter, gallery_df, gallery_note, gr.State(None))
-    stage_pick.select(tab.show, [page.run_pick, stage_pick], tab.outputs)
+    stage_pick.select(tab.show, [page.run_pick, stage_pick], tab.outputs, trigger_mode="always_last")
     gr.on([size_filter.select, failure_filter.select], tab.filter,
-          [page.run_pick, tab.shown, size_filter, failure_filter], [gallery_df, gallery_note])
+          [page.run_pick, tab.shown, size_filter, failure_filter], [gallery_df, gallery_note],
+          trigger_mode="always_last")
     return tab

@@ -197,7 +197,7 @@ def build(page: Page) -> RunsTab:
     def show_backend(chosen: str) -> dict[Any, Any]:
         return {backend: gr.update(visible=chosen == "llm"), base_url: gr.update(visible=chosen == "llm")}
 
-    engineer.select(show_backend, engineer, [backend, base_url])
+    engineer.select(show_backend, engineer, [backend, base_url], trigger_mode="always_last")
     form = [name, description, policy, engineer, backend, base_url, stages, instances, agents, seed, auto, config_df]
     return RunsTab(runs_df, form, create, message, upload, import_message)
 
