@@ -189,6 +189,15 @@ def lab(tmp_path: Path) -> Iterator[tuple[Engine, dict[str, int]]]:
     engine.dispose()
 
 
+@pytest.fixture
+def empty_lab(tmp_path: Path) -> Iterator[Engine]:
+    """An empty lab, migrated (its engine): for the tests that store what they need themselves."""
+    engine = make_engine(str(tmp_path / "lab.db"))
+    upgrade(engine)
+    yield engine
+    engine.dispose()
+
+
 @pytest.fixture(scope="module")
 def browser():
     """Debian's Chromium, headless, driven by Playwright; skips without it unless ENVLAB_REQUIRE_BROWSER=1 (CI)."""

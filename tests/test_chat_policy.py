@@ -21,7 +21,7 @@ from lab.loop import create_run
 from lab.pages import figures
 from lab.pages.train import train_view
 from lab.settings import RunSettings, SettingsError
-from storage.db import make_engine, session, upgrade
+from storage.db import session
 from storage.models import Run, TrainingLog
 from training.evaluate import CHAT_BUDGET, answer_budget, evaluate
 from training.policy import Policy, build_tiny, load_policy
@@ -52,14 +52,6 @@ def chat_policy() -> Policy:
     policy.tokenizer.chat_template = QWEN3_TEMPLATE
     policy.prompt_style = "chat"
     return policy
-
-
-@pytest.fixture
-def lab(tmp_path: Path) -> Engine:
-    engine = make_engine(f"sqlite:///{tmp_path / 'envlab.db'}")
-    upgrade(engine)
-    yield engine
-    engine.dispose()
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -100,8 +92,8 @@ def test_validation_decodes_greedily_or_samples_with_the_models_own_generation_c
         evaluate(policy, boards, decoding="beam")
 
 
-def test_a_runs_decoding_settings_are_stored_checked_and_reach_the_stage(lab: Engine):
-    with session(lab) as s:
+def test_a_runs_decoding_settings_are_stored_checked_and_reach_the_stage(empty_lab: Engine):
+    with session(empty_lab) as s:
         run = create_run(s, name="chat", config=CONFIG, settings=RunSettings(
             stages=2, thinking="on", completion_length=48, validation_decoding="sampled"))
         assert {k: run.settings[k] for k in ("thinking", "completion_length", "validation_decoding")} == \
@@ -111,14 +103,14 @@ def test_a_runs_decoding_settings_are_stored_checked_and_reach_the_stage(lab: En
         with pytest.raises(SettingsError, match="completion_length"):
             RunSettings.checked(stages=1, completion_length=0)
         assert [r.name for r in s.exec(select(Run))] == ["chat"]  # nothing stored for the refused ones
-    args, _ = stage_args(lab, run.id, 0)
+    args, _ = stage_args(empty_lab, run.id, 0)
     assert args.decoding == "sampled"
     policy = start_policy(args, "cpu")
     assert (policy.thinking, policy.completion_length) == (True, 48)
 
 
-def test_a_grpo_step_logs_the_truncated_share_and_the_pages_draw_it(lab: Engine, tmp_path: Path):
-    with session(lab) as s:
+def test_a_grpo_step_logs_the_truncated_share_and_the_pages_draw_it(empty_lab: Engine, tmp_path: Path):
+    with session(empty_lab) as s:
         run = create_run(s, name="chat", config=CONFIG, settings=RunSettings(stages=2, completion_length=4))
     args = StageArgs(run_id=run.id, stage_index=1, seed=1, policy="", config=CONFIG, run_dir=tmp_path / "run",
                      run_uuid=run.uuid, settings=run.settings)
@@ -126,26 +118,26 @@ def test_a_grpo_step_logs_the_truncated_share_and_the_pages_draw_it(lab: Engine,
     # every answer runs to the cap (min_new_tokens = the cap), so each is truncated and 4 tokens long
     grpo = dict(max_steps=1, num_generations=2, per_device_train_batch_size=4, save_strategy="no",
                 generation_kwargs={"min_new_tokens": 4})
-    trainer, _, _ = trainer_for(lab, args, policy, grpo, lambda *a, **k: False)
+    trainer, _, _ = trainer_for(empty_lab, args, policy, grpo, lambda *a, **k: False)
     assert trainer.args.max_completion_length == 4
     trainer.train()
-    with session(lab) as s:
+    with session(empty_lab) as s:
         (row,) = s.exec(select(TrainingLog).where(TrainingLog.run_id == run.id)).all()
     assert row.metrics["completions/clipped_ratio"] == 1.0 and row.metrics["completions/mean_length"] == 4.0
     logs = [(row.step, row.metrics)]
     drawn = {t.name: t.y for t in figures.training_figure(logs).data}
     assert drawn["completions/clipped_ratio"] == (1.0,) and drawn["completions/mean_length"] == (4.0,)
-    train = train_view(lab, run.id)["training"]  # the Train tab draws the stage training now
+    train = train_view(empty_lab, run.id)["training"]  # the Train tab draws the stage training now
     assert train.layout.title.text.startswith("stage 1")
     assert {t.name: t.y for t in train.data}["completions/clipped_ratio"] == (1.0,)
 
 
-def test_a_full_fine_tune_keeps_float32_master_weights_under_bf16_autocast(lab: Engine, tmp_path: Path):
+def test_a_full_fine_tune_keeps_float32_master_weights_under_bf16_autocast(empty_lab: Engine, tmp_path: Path):
     # a checkpoint stored in bf16 (as a trained chat stage is) starts the next stage's full fine-tune in float32
     saved = chat_policy()
     saved.model.to(torch.bfloat16)
     folder = saved.save(tmp_path / "bf16-policy")
-    with session(lab) as s:
+    with session(empty_lab) as s:
         run = create_run(s, name="chat", config=CONFIG, settings=RunSettings(stages=2, completion_length=4))
     args = StageArgs(run_id=run.id, stage_index=1, seed=1, policy=str(folder), config=CONFIG,
                      run_dir=tmp_path / "run", run_uuid=run.uuid, settings=run.settings)
@@ -154,7 +146,7 @@ def test_a_full_fine_tune_keeps_float32_master_weights_under_bf16_autocast(lab: 
     assert load_policy(str(folder), dtype=torch.bfloat16).model.dtype == torch.bfloat16  # as asked, otherwise
     grpo = dict(max_steps=1, num_generations=2, per_device_train_batch_size=4, save_strategy="no", bf16=True,
                 learning_rate=1e-6)
-    trainer, _, _ = trainer_for(lab, args, policy, grpo, lambda *a, **k: False)
+    trainer, _, _ = trainer_for(empty_lab, args, policy, grpo, lambda *a, **k: False)
     trainer.train()
     assert trainer.accelerator.mixed_precision == "bf16"  # the maths under bf16 autocast
     params = [p for group in trainer.optimizer.param_groups for p in group["params"]]

@@ -27,14 +27,6 @@ from training.resolve import policy_params, resolve_policy
 CONFIG = EnvConfig.default(sizes=(3, 4), num_instances=4)
 
 
-@pytest.fixture
-def lab(tmp_path: Path):
-    engine = make_engine(str(tmp_path / "lab.db"))
-    upgrade(engine)
-    yield engine
-    engine.dispose()
-
-
 def _gone(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -52,19 +44,19 @@ def _claimed(engine, payload: dict) -> Job:
         return queue.claim(s, "test-worker")
 
 
-def test_cancel_ends_the_childs_whole_process_group(lab, tmp_path):
+def test_cancel_ends_the_childs_whole_process_group(empty_lab, tmp_path):
     pids = tmp_path / "pids"
-    job = _claimed(lab, {"pids": str(pids)})
+    job = _claimed(empty_lab, {"pids": str(pids)})
     ended: list[Job] = []
     watcher = threading.Thread(target=lambda: ended.append(
-        run_child(lab, job, InChild("tests.child_jobs:stubborn"), poll_s=0.05, cancel_grace_s=0.5)))
+        run_child(empty_lab, job, InChild("tests.child_jobs:stubborn"), poll_s=0.05, cancel_grace_s=0.5)))
     watcher.start()
     deadline = time.monotonic() + 120
     while not (pids.exists() and len(pids.read_text().split()) == 2) and time.monotonic() < deadline:
         time.sleep(0.1)
     child, grandchild = map(int, pids.read_text().split())
     assert not _gone(child) and not _gone(grandchild)
-    with session(lab) as s:
+    with session(empty_lab) as s:
         queue.request_cancel(s, job.id)
     watcher.join(timeout=60)
     assert not watcher.is_alive()
@@ -75,9 +67,9 @@ def test_cancel_ends_the_childs_whole_process_group(lab, tmp_path):
     assert _gone(child) and _gone(grandchild)
 
 
-def test_a_child_killed_with_sigkill_is_a_failed_attempt_with_its_stderr_tail(lab):
-    job = _claimed(lab, {})
-    ended = run_child(lab, job, InChild("tests.child_jobs:killed"), poll_s=0.05)
+def test_a_child_killed_with_sigkill_is_a_failed_attempt_with_its_stderr_tail(empty_lab):
+    job = _claimed(empty_lab, {})
+    ended = run_child(empty_lab, job, InChild("tests.child_jobs:killed"), poll_s=0.05)
     assert ended.status == JobStatus.FAILED
     assert ended.error == "the job's process was killed by signal SIGKILL: loading 9 GB of weights into 8 GB of memory"
     tail = ended.log_tail.splitlines()
@@ -86,27 +78,27 @@ def test_a_child_killed_with_sigkill_is_a_failed_attempt_with_its_stderr_tail(la
     assert ended.step == 1 and ended.total == 2  # what the child reported before it died stays
 
 
-def test_a_child_reports_through_the_same_rows_and_ends_its_job(lab):
-    job = _claimed(lab, {"echo": "hello"})
-    ended = run_child(lab, job, InChild("tests.child_jobs:answer"), poll_s=0.05)
+def test_a_child_reports_through_the_same_rows_and_ends_its_job(empty_lab):
+    job = _claimed(empty_lab, {"echo": "hello"})
+    ended = run_child(empty_lab, job, InChild("tests.child_jobs:answer"), poll_s=0.05)
     assert ended.status == JobStatus.DONE and ended.result["echo"] == "hello"
     assert ended.result["pid"] != os.getpid() and f"pid {ended.result['pid']}" in ended.log_tail
 
 
-def test_the_childs_command_and_environment_follow_the_workers_gpus(lab, monkeypatch):
+def test_the_childs_command_and_environment_follow_the_workers_gpus(empty_lab, monkeypatch):
     monkeypatch.delenv("ENVLAB_ALLOW_DOWNLOADS", raising=False)
-    job = _claimed(lab, {})
+    job = _claimed(empty_lab, {})
     plain = child_command(job, InChild("m:f"), [])
     assert plain[1:] == ["-m", "lab.child", str(job.id), "m:f"]
     launched = child_command(job, InChild("m:f"), ["2", "3"])
     assert launched[1:5] == ["-m", "accelerate.commands.launch", "--num_processes", "2"]
     assert launched[-4:] == ["-m", "lab.child", str(job.id), "m:f"]
-    env = child_env(lab, ["2", "3"])
+    env = child_env(empty_lab, ["2", "3"])
     assert (env["CUDA_VISIBLE_DEVICES"], env["HF_HUB_OFFLINE"]) == ("2,3", "1")
-    assert child_env(lab, [])["CUDA_VISIBLE_DEVICES"] == ""
+    assert child_env(empty_lab, [])["CUDA_VISIBLE_DEVICES"] == ""
     monkeypatch.setenv("ENVLAB_ALLOW_DOWNLOADS", "1")
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    assert "HF_HUB_OFFLINE" not in child_env(lab, [])
+    assert "HF_HUB_OFFLINE" not in child_env(empty_lab, [])
     assert split_gpus(["0", "1", "2"], 2) == [["0", "1"], ["2"]] and split_gpus(["0"], 3) == [["0"], [], []]
 
 
@@ -140,7 +132,7 @@ def test_a_stage_in_its_own_process_stores_what_it_stores_in_the_worker(tmp_path
     assert len(here) == 3 and here == there
 
 
-def test_a_policy_that_cannot_load_here_is_refused_before_anything_is_stored(lab, monkeypatch, capsys, tmp_path):
+def test_a_policy_that_cannot_load_here_is_refused_before_anything_is_stored(empty_lab, monkeypatch, capsys, tmp_path):
     from lab import cli
 
     monkeypatch.delenv("ENVLAB_ALLOW_DOWNLOADS", raising=False)
@@ -154,11 +146,12 @@ def test_a_policy_that_cannot_load_here_is_refused_before_anything_is_stored(lab
         assert s.exec(select(Run)).all() == []
     engine.dispose()
     (tmp_path / "empty").mkdir()
-    with session(lab) as s, pytest.raises(LoopError, match=r"^policy '.*empty': the folder .* has no config.json"):
+    with session(empty_lab) as s, \
+            pytest.raises(LoopError, match=r"^policy '.*empty': the folder .* has no config.json"):
         create_run(s, name="r", config=CONFIG, settings=RunSettings(stages=1), policy=str(tmp_path / "empty"))
-    with session(lab) as s, pytest.raises(LoopError, match=r"^policy './gone': no such folder$"):
+    with session(empty_lab) as s, pytest.raises(LoopError, match=r"^policy './gone': no such folder$"):
         create_run(s, name="r", config=CONFIG, settings=RunSettings(stages=1), policy="./gone")
-    with session(lab) as s:
+    with session(empty_lab) as s:
         assert s.exec(select(Run)).all() == []
 
 
@@ -179,20 +172,20 @@ def _finished_stage(engine, keep: bool) -> Path:
     return trl
 
 
-def test_a_finished_stage_keeps_its_weights_and_drops_the_trainers_checkpoints(lab):
-    trl = _finished_stage(lab, keep=False)
+def test_a_finished_stage_keeps_its_weights_and_drops_the_trainers_checkpoints(empty_lab):
+    trl = _finished_stage(empty_lab, keep=False)
     folder = trl.parent.parent
     assert disk_use(folder) == 2500
-    with session(lab) as s:
+    with session(empty_lab) as s:
         queue.request_cancel(s, 1)  # stage 0's job, queued with the run
         job = queue.enqueue(s, "stage", {"run_id": 1, "stage_index": 1}, run_id=1, target=1)
         assert queue.claim(s, "w").id == job.id
         ended = queue.finish(s, job.id, {})
-    after_job(lab, ended)
+    after_job(empty_lab, ended)
     assert sorted(p.name for p in trl.iterdir()) == [] and (folder / "stage-1" / "policy").is_dir()
     assert disk_use(folder) == 500
-    kept = _finished_stage(lab, keep=True)
-    assert prune_checkpoints(lab, 2, 1) == [] and sorted(p.name for p in kept.iterdir()) == [
+    kept = _finished_stage(empty_lab, keep=True)
+    assert prune_checkpoints(empty_lab, 2, 1) == [] and sorted(p.name for p in kept.iterdir()) == [
         "checkpoint-2", "checkpoint-4"]
 
 
@@ -208,7 +201,7 @@ def test_the_child_process_benchmark_runs_at_a_tiny_budget(capsys):
     assert figures["ratio"] > 0 and "stages in child processes / in the worker's process" in capsys.readouterr().out
 
 
-def test_a_large_policy_needs_a_gpu_worker_unless_the_run_allows_the_cpu(lab, tmp_path, monkeypatch):
+def test_a_large_policy_needs_a_gpu_worker_unless_the_run_allows_the_cpu(empty_lab, tmp_path, monkeypatch):
     folder = tmp_path / "big"
     folder.mkdir()
     (folder / "config.json").write_text('{"torch_dtype": "bfloat16"}')
@@ -217,7 +210,7 @@ def test_a_large_policy_needs_a_gpu_worker_unless_the_run_allows_the_cpu(lab, tm
     assert [policy_params(n) for n in ("Qwen/Qwen3-4B", "Qwen/Qwen3-0.6B", "gemma3-270m", "tiny")] == [
         4_000_000_000, 600_000_000, 268_000_000, 1_400_000]
     monkeypatch.setenv("ENVLAB_GPU_ABOVE", "400")
-    with session(lab) as s:
+    with session(empty_lab) as s:
         big = create_run(s, name="big", config=CONFIG, settings=RunSettings(stages=1), policy=str(folder),
                          engineer="fixed")
         cpu = create_run(s, name="cpu", config=CONFIG, settings=RunSettings(stages=1, allow_cpu=True),

@@ -16,19 +16,10 @@ from tests.servers import TIMEOUT_MS, free_port
 from tests.test_experiment import scripted_experiment
 
 
-@pytest.fixture
-def lab(tmp_path: Path):
-    """An empty lab (its engine): each test stores the experiment it compares."""
-    engine = make_engine(str(tmp_path / "lab.db"))
-    upgrade(engine)
-    yield engine
-    engine.dispose()
-
-
-def test_the_view_draws_each_arm_tables_its_sizes_and_links_its_runs(lab):
-    experiment = scripted_experiment(lab, seeds=2, stages=1)
-    view = compare_view(lab, experiment.id, Rate.OPTIMAL)
-    c = comparison(lab, experiment.id)
+def test_the_view_draws_each_arm_tables_its_sizes_and_links_its_runs(empty_lab):
+    experiment = scripted_experiment(empty_lab, seeds=2, stages=1)
+    view = compare_view(empty_lab, experiment.id, Rate.OPTIMAL)
+    c = comparison(empty_lab, experiment.id)
     means = {t.name: list(t.y) for t in view["figure"].data if t.mode == "lines+markers"}
     assert means == {arm: [c.estimate(arm, Rate.OPTIMAL, k).mean for k in (0, 1)] for arm in ("fixed", "heuristic")}
     assert view["sizes"]["headers"] == ["map size", "fixed", "heuristic"]  # one row per size: all of them in view
@@ -42,17 +33,17 @@ def test_the_view_draws_each_arm_tables_its_sizes_and_links_its_runs(lab):
                                             f"{d.high * 100:+.1f}]", f"{d.sd * 100:.2f}", f"{d.detectable * 100:.2f}",
                                             ", ".join(f"{v * 100:+.1f}" for v in d.values)]]
     assert "Student-t interval" in view["summary"] and "bootstrap" not in view["summary"]
-    for run in experiment_runs(lab, experiment.id):
+    for run in experiment_runs(empty_lab, experiment.id):
         assert f"[seed {run.seed}](?run={run.id}) (done)" in view["links"]
     assert "each on 8 boards in 1 GRPO steps" in view["summary"]
-    assert compare_view(lab, None)["links"] == ""
-    assert "gunzip -k docs/results/hardstart/study.db.gz" in compare_view(lab, None)["summary"]
+    assert compare_view(empty_lab, None)["links"] == ""
+    assert "gunzip -k docs/results/hardstart/study.db.gz" in compare_view(empty_lab, None)["summary"]
 
 
-def test_the_compare_tab_shows_one_curve_per_arm(lab, page):
-    scripted_experiment(lab, name="older", seeds=1, stages=1)
-    experiment = scripted_experiment(lab, name="newest", seeds=2, stages=1)
-    demo = app.build_demo(lab)
+def test_the_compare_tab_shows_one_curve_per_arm(empty_lab, page):
+    scripted_experiment(empty_lab, name="older", seeds=1, stages=1)
+    experiment = scripted_experiment(empty_lab, name="newest", seeds=2, stages=1)
+    demo = app.build_demo(empty_lab)
     port = free_port()
     app.launch(demo, port=port, block=False)
     try:
@@ -67,7 +58,7 @@ def test_the_compare_tab_shows_one_curve_per_arm(lab, page):
         assert sorted(page.evaluate(curves)) == ["fixed", "heuristic"]
         names = page.evaluate("() => document.querySelector('#compare-curves .js-plotly-plot').data.map(t => t.name)")
         assert {"fixed interval", "heuristic seeds"} <= set(names)
-        first = experiment_runs(lab, experiment.id)[0]
+        first = experiment_runs(empty_lab, experiment.id)[0]
         link = page.locator("#compare-runs a", has_text="seed 0").first
         assert link.get_attribute("href") == f"?run={first.id}"
         page.locator("#compare-sizes th", has_text="heuristic").first.wait_for()

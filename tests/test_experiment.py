@@ -100,14 +100,6 @@ def run_all(engine) -> None:
         pass
 
 
-@pytest.fixture
-def lab(tmp_path: Path):
-    engine = make_engine(str(tmp_path / "lab.db"))
-    upgrade(engine)
-    yield engine
-    engine.dispose()
-
-
 def scripted_experiment(engine, name: str = "cmp", seeds: int = 3, stages: int = 2) -> Experiment:
     experiment = create_experiment(engine, name=name, arms=["fixed", "heuristic"], seeds=seeds, config=CONFIG,
                                    settings=RunSettings(stages=stages, validation_per_size=VALIDATION_PER_SIZE,
@@ -136,8 +128,8 @@ def test_presets_hold_the_modules_their_names_say():
     assert "## Earlier stages" not in build_context(ev, CONTEXT_PRESETS["no-history"])
 
 
-def test_a_run_keeps_its_preset_and_refuses_an_unknown_one(lab):
-    with session(lab) as s:
+def test_a_run_keeps_its_preset_and_refuses_an_unknown_one(empty_lab):
+    with session(empty_lab) as s:
         run = create_run(s, name="r", config=CONFIG, settings=RunSettings(stages=1, context_preset="no-history"),
                          engineer="llm", engineer_backend="openai:m")
         assert run.settings["context_preset"] == "no-history"
@@ -184,7 +176,7 @@ def test_hard_start_puts_the_data_where_the_policy_fails():
 # ---------------------------------------------------------------- the policy as its own engineer
 
 
-def test_a_compact_policy_cannot_be_its_own_engineer(lab, tmp_path, capsys):
+def test_a_compact_policy_cannot_be_its_own_engineer(empty_lab, tmp_path, capsys):
     refused = "policy 'tiny' reads compact prompts: its vocabulary is board cells and actions"
     with pytest.raises(LoopError, match=refused):
         check_engineer("llm", "hf:policy", "tiny")
@@ -206,8 +198,8 @@ def test_a_compact_policy_cannot_be_its_own_engineer(lab, tmp_path, capsys):
     engine = make_engine(db)
     with session(engine) as s:
         assert s.exec(select(Run)).all() == [] and s.exec(select(Experiment)).all() == []
-    message, run_id = runs_page.create_run_from_form(lab, "self", "", "tiny", "llm", "hf:policy", "", 3, 512, 2, 0,
-                                                     False, [[3, 1.0, 0.2, 0.25]])
+    message, run_id = runs_page.create_run_from_form(empty_lab, "self", "", "tiny", "llm", "hf:policy", "", 3, 512,
+                                                     2, 0, False, [[3, 1.0, 0.2, 0.25]])
     assert run_id is None and message.startswith("✗ Not created: the llm engineer with backend hf:policy")
     engine.dispose()
 
@@ -285,14 +277,14 @@ def test_the_t_interval_and_the_detectable_difference_by_hand():
 
 
 def test_the_report_equals_a_hand_computation_from_the_stored_rows(engine, tmp_path):
-    lab = engine  # SQLite and PostgreSQL (tests/conftest.py)
-    experiment = scripted_experiment(lab)
-    runs = experiment_runs(lab, experiment.id)
+    """On SQLite and PostgreSQL (`engine`, tests/conftest.py)."""
+    experiment = scripted_experiment(engine)
+    runs = experiment_runs(engine, experiment.id)
     assert [(r.arm, r.seed) for r in runs] == [(a, k) for k in range(3) for a in ("fixed", "heuristic")]
     assert {r.status for r in runs} == {"done"} and {r.settings["auto_apply"] for r in runs} == {True}
     assert experiment.settings["steps_per_stage"] == 1 and experiment.settings["validation_boards"] == 8
-    rates = {(r.arm, r.seed): stored_rates(lab, r.id) for r in runs}
-    c = comparison(lab, "cmp")
+    rates = {(r.arm, r.seed): stored_rates(engine, r.id) for r in runs}
+    c = comparison(engine, "cmp")
     for arm in ("fixed", "heuristic"):
         for k in (0, 1, 2):
             values = [rates[(arm, seed)][k][0] for seed in range(3)]
@@ -346,9 +338,9 @@ def test_the_report_equals_a_hand_computation_from_the_stored_rows(engine, tmp_p
     assert isinstance(written["figure"], Path) and written["figure"].stat().st_size > 10_000  # kaleido + Chromium
 
 
-def test_the_curves_have_one_mean_band_and_dots_per_arm(lab):
-    scripted_experiment(lab, seeds=2, stages=1)
-    c = comparison(lab, "cmp")
+def test_the_curves_have_one_mean_band_and_dots_per_arm(empty_lab):
+    scripted_experiment(empty_lab, seeds=2, stages=1)
+    c = comparison(empty_lab, "cmp")
     traces = {t.name: t for t in curves_figure(c).data}
     assert set(traces) == {"fixed", "fixed interval", "fixed seeds", "heuristic", "heuristic interval",
                            "heuristic seeds"}
@@ -356,7 +348,7 @@ def test_the_curves_have_one_mean_band_and_dots_per_arm(lab):
     assert len(traces["fixed seeds"].y) == 2 * 2  # a dot per seed and stage
 
 
-def test_experiment_commands_queue_list_report_and_refuse(lab, tmp_path, capsys, monkeypatch):
+def test_experiment_commands_queue_list_report_and_refuse(empty_lab, tmp_path, capsys, monkeypatch):
     db = str(tmp_path / "lab.db")
     (tmp_path / "small.json").write_text(CONFIG.model_dump_json())
     assert cli.main(["experiment", "new", "--name", "cli", "--arms", "fixed,random", "--seeds", "2", "--stages", "1",
@@ -366,10 +358,10 @@ def test_experiment_commands_queue_list_report_and_refuse(lab, tmp_path, capsys,
     assert "4 runs queued (2 arms x 2 seeds)" in out and "1 stages x 8 boards x 2 GRPO steps; 240 validation" in out
     assert cli.main(["experiment", "new", "--name", "hard", "--arms", "fixed", "--seeds", "1", "--scenario",
                      "hard-start", "--instances", "32", "--db", db]) == 0
-    hard = find_experiment(lab, "hard").settings
+    hard = find_experiment(empty_lab, "hard").settings
     assert (hard["scenario"], hard["instances"], hard["config"]["hole_ratio"]["10"]) == ("hard-start", 32, 0.4)
     assert cli.main(["experiment", "new", "--name", "x", "--arms", "fixed", "--stages", "0", "--db", db]) == 2
-    assert "--stages: 0 is less than 1" in capsys.readouterr().err and find_experiment(lab, "hard").id == 2
+    assert "--stages: 0 is less than 1" in capsys.readouterr().err and find_experiment(empty_lab, "hard").id == 2
     assert cli.main(["experiment", "new", "--name", "cli", "--arms", "fixed", "--db", db]) == 2
     assert "an experiment named 'cli' exists already" in capsys.readouterr().err
     assert cli.main(["experiment", "new", "--name", "x", "--arms", "fixed,fixed", "--db", db]) == 2
@@ -377,7 +369,7 @@ def test_experiment_commands_queue_list_report_and_refuse(lab, tmp_path, capsys,
     assert cli.main(["experiment", "new", "--name", "x", "--arms", "fixed", "--grpo", "speed=9", "--db", db]) == 2
     err = capsys.readouterr().err
     assert "'speed'" in err and "not GRPOConfig fields" in err
-    run_all(lab)
+    run_all(empty_lab)
     assert cli.main(["experiment", "list", "--db", db]) == 0
     listed = capsys.readouterr().out
     assert "cli: arms fixed, random; 2 seeds; 1 stages; runs 4 done; 8/8 stages done" in listed
@@ -399,68 +391,68 @@ def scripted_benchmark(engine, job, progress):
     return {}
 
 
-def test_benchmarks_are_queued_once_per_run_and_labelled_by_experiment_arm_and_seed(lab, tmp_path, capsys):
-    experiment = scripted_experiment(lab, seeds=1, stages=1)
-    runs = experiment_runs(lab, experiment.id)
+def test_benchmarks_are_queued_once_per_run_and_labelled_by_experiment_arm_and_seed(empty_lab, tmp_path, capsys):
+    experiment = scripted_experiment(empty_lab, seeds=1, stages=1)
+    runs = experiment_runs(empty_lab, experiment.id)
     assert cli.main(["experiment", "benchmark", "cmp", "--db", str(tmp_path / "lab.db")]) == 0
     out = capsys.readouterr().out
     assert f"run {runs[0].id} (fixed, seed 0): benchmark job" in out and "queued for stage 1" in out
-    assert queue_benchmarks(lab, experiment.id)[0].endswith("has a benchmark job queued or running already")
-    assert _benchmarks_pending(lab, experiment.id) == 2
-    run_worker(lab, {"benchmark": scripted_benchmark}, once=True, poll_s=0.01)
-    assert _benchmarks_pending(lab, experiment.id) == 0
-    assert "was evaluated on the benchmark at" in queue_benchmarks(lab, experiment.id)[1]
-    assert benchmark_choices(lab) == [("exp cmp / fixed / seed 0, stage 1", f"{runs[0].id}:1"),
+    assert queue_benchmarks(empty_lab, experiment.id)[0].endswith("has a benchmark job queued or running already")
+    assert _benchmarks_pending(empty_lab, experiment.id) == 2
+    run_worker(empty_lab, {"benchmark": scripted_benchmark}, once=True, poll_s=0.01)
+    assert _benchmarks_pending(empty_lab, experiment.id) == 0
+    assert "was evaluated on the benchmark at" in queue_benchmarks(empty_lab, experiment.id)[1]
+    assert benchmark_choices(empty_lab) == [("exp cmp / fixed / seed 0, stage 1", f"{runs[0].id}:1"),
                                       ("exp cmp / heuristic / seed 0, stage 1", f"{runs[1].id}:1")]
-    progress = experiment_progress(lab, experiment.id)
+    progress = experiment_progress(empty_lab, experiment.id)
     assert (progress.done, progress.total, progress.ended, progress.benchmarks_done) == (4, 4, True, 2)
-    with session(lab) as s:
+    with session(empty_lab) as s:
         assert len(s.exec(select(Job).where(Job.kind == "benchmark")).all()) == 2
 
 
-def test_settings_record_the_equal_compute(lab):
-    experiment = create_experiment(lab, name="rec", settings=RunSettings(stages=3), arms=["fixed", "random"],
+def test_settings_record_the_equal_compute(empty_lab):
+    experiment = create_experiment(empty_lab, name="rec", settings=RunSettings(stages=3), arms=["fixed", "random"],
                                    seeds=2, instances=64, scenario="hard-start")
     st = experiment.settings
     assert (st["stages"], st["instances"], st["steps_per_stage"], st["validation_per_size"], st["validation_boards"],
             st["scenario"]) == (3, 64, 16, 120, 960, "hard-start")
-    for run in experiment_runs(lab, experiment.id):
+    for run in experiment_runs(empty_lab, experiment.id):
         assert run.settings["validation_per_size"] == 120 and run.settings["grpo"] == {}
-        with session(lab) as s:
+        with session(empty_lab) as s:
             stage0 = s.exec(select(Stage).where(Stage.run_id == run.id)).one()
         assert EnvConfig.model_validate(stage0.config).data_ratio[10] == 0.86
         assert json.loads(json.dumps(stage0.config))["num_instances"] == 64
 
 
-def test_an_experiment_run_keeps_its_boards_per_stage_whatever_the_engineer_proposes(lab, monkeypatch):
+def test_an_experiment_run_keeps_its_boards_per_stage_whatever_the_engineer_proposes(empty_lab, monkeypatch):
     def greedy(evidence, *, seed=0, **_):  # an engineer that asks for more boards than the others get
         more = evidence.current.config.model_copy(update={"num_instances": 99})
         return EngineerAnswer(prompt="", raw="", proposed=more.model_dump(mode="json"),
                               projection=project(more.model_dump(mode="json")), rationale="more data")
 
     monkeypatch.setitem(ENGINEERS, "fixed", greedy)
-    experiment = scripted_experiment(lab, seeds=1, stages=1)
-    with session(lab) as s:
-        for run in experiment_runs(lab, experiment.id):
+    experiment = scripted_experiment(empty_lab, seeds=1, stages=1)
+    with session(empty_lab) as s:
+        for run in experiment_runs(empty_lab, experiment.id):
             stage1 = s.exec(select(Stage).where(Stage.run_id == run.id, Stage.index == 1)).one()
             assert stage1.config["num_instances"] == 8
         proposal = s.exec(select(Proposal).where(Proposal.engineer == "fixed")).one()
         assert proposal.adjustments[-1] == {"field": "num_instances", "old": 99, "new": 8, "reason": (
             "kept: every stage of an experiment's run trains on the same number of boards")}
-    with session(lab) as s:  # a run of no experiment takes what its engineer proposes
+    with session(empty_lab) as s:  # a run of no experiment takes what its engineer proposes
         run = create_run(s, name="free", config=CONFIG, settings=RunSettings(stages=1, auto_apply=True),
                          engineer="fixed")
-    run_all(lab)
-    with session(lab) as s:
+    run_all(empty_lab)
+    with session(empty_lab) as s:
         assert s.exec(select(Stage).where(Stage.run_id == run.id, Stage.index == 1)).one().config[
             "num_instances"] == 99
 
 
-def test_run_takes_a_scenario_a_preset_and_a_larger_validation_set(lab, tmp_path):
+def test_run_takes_a_scenario_a_preset_and_a_larger_validation_set(empty_lab, tmp_path):
     args = cli.arguments().parse_args(["run", "--scenario", "hard-start", "--instances", "16", "--context",
                                        "failures-only", "--engineer", "llm", "--backend", "openai:m",
                                        "--validation-per-size", "33", "--grpo", "max_steps=1"])
-    with session(lab) as s:
+    with session(empty_lab) as s:
         run = cli._new_run(s, args)
         stage0 = s.exec(select(Stage).where(Stage.run_id == run.id)).one()
     assert (run.settings["context_preset"], run.settings["validation_per_size"], run.settings["grpo"]) == (
@@ -468,25 +460,25 @@ def test_run_takes_a_scenario_a_preset_and_a_larger_validation_set(lab, tmp_path
     assert (stage0.config["num_instances"], stage0.config["data_ratio"]["10"]) == (16, 0.86)
     with pytest.raises(cli.UsageError, match="unknown scenario 'easy'"):
         cli._new_run(None, cli.arguments().parse_args(["run", "--scenario", "easy"]))
-    with pytest.raises(cli.UsageError, match="validation_per_size = 31: a multiple of 3"), session(lab) as s:
+    with pytest.raises(cli.UsageError, match="validation_per_size = 31: a multiple of 3"), session(empty_lab) as s:
         cli._new_run(s, cli.arguments().parse_args(["run", "--validation-per-size", "31"]))
 
 
-def test_the_real_stage_evaluates_on_the_larger_validation_set(lab, tmp_path):
+def test_the_real_stage_evaluates_on_the_larger_validation_set(empty_lab, tmp_path):
     torch = pytest.importorskip("torch")
     from training.stage import run_stage_job
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        with session(lab) as s:
+        with session(empty_lab) as s:
             run = create_run(s, name="big", config=CONFIG,
                              settings=RunSettings(stages=1, validation_per_size=33, dev_per_size=3),
                              engineer="fixed")
-        run_worker(lab, {"stage": run_stage_job}, once=True, poll_s=0.01)
+        run_worker(empty_lab, {"stage": run_stage_job}, once=True, poll_s=0.01)
     finally:
         torch.set_num_threads(threads)
-    with session(lab) as s:
+    with session(empty_lab) as s:
         episodes = s.exec(select(Episode).where(Episode.run_id == run.id, Episode.split == "validation")).all()
         metrics = s.exec(select(StageMetric).where(StageMetric.run_id == run.id,
                                                    StageMetric.split == "validation")).all()
@@ -498,12 +490,12 @@ def test_the_real_stage_evaluates_on_the_larger_validation_set(lab, tmp_path):
     assert standard <= {e.instance_id for e in episodes}
 
 
-def test_a_run_of_an_experiment_travels_alone(lab, tmp_path):
+def test_a_run_of_an_experiment_travels_alone(empty_lab, tmp_path):
     from lab.archive import export_run, import_run
 
-    experiment = scripted_experiment(lab, seeds=1, stages=1)
-    run = experiment_runs(lab, experiment.id)[1]
-    path = export_run(lab, run.id, tmp_path / "run.zip")
+    experiment = scripted_experiment(empty_lab, seeds=1, stages=1)
+    run = experiment_runs(empty_lab, experiment.id)[1]
+    path = export_run(empty_lab, run.id, tmp_path / "run.zip")
     other = make_engine(str(tmp_path / "other" / "lab.db"))
     upgrade(other)
     with session(other) as s:
@@ -513,27 +505,27 @@ def test_a_run_of_an_experiment_travels_alone(lab, tmp_path):
     other.dispose()
 
 
-def test_an_arm_added_later_runs_every_seed_on_what_the_others_share(lab, capsys):
-    experiment = scripted_experiment(lab, name="grow", seeds=2, stages=1)
-    done = {r.id for r in experiment_runs(lab, experiment.id)}
-    db = str(lab.url.database)
+def test_an_arm_added_later_runs_every_seed_on_what_the_others_share(empty_lab, capsys):
+    experiment = scripted_experiment(empty_lab, name="grow", seeds=2, stages=1)
+    done = {r.id for r in experiment_runs(empty_lab, experiment.id)}
+    db = str(empty_lab.url.database)
     assert cli.main(["experiment", "add-arm", "grow", "--arms", "learnability,r=random", "--db", db]) == 0
     assert "4 runs queued" in capsys.readouterr().out
-    assert [a["name"] for a in find_experiment(lab, "grow").arms] == ["fixed", "heuristic", "learnability", "r"]
-    runs = experiment_runs(lab, experiment.id)
+    assert [a["name"] for a in find_experiment(empty_lab, "grow").arms] == ["fixed", "heuristic", "learnability", "r"]
+    runs = experiment_runs(empty_lab, experiment.id)
     old, new = [r for r in runs if r.id in done], [r for r in runs if r.id not in done]
     assert [(r.arm, r.seed, r.engineer) for r in new] == [("learnability", 0, "learnability"), ("r", 0, "random"),
                                                           ("learnability", 1, "learnability"), ("r", 1, "random")]
     shared = ("stages", "grpo", "validation_per_size", "validation_boards", "auto_apply")
     for run in new:
         assert {k: run.settings.get(k) for k in shared} == {k: old[0].settings.get(k) for k in shared}
-        with session(lab) as s:
+        with session(empty_lab) as s:
             assert s.exec(select(Stage).where(Stage.run_id == run.id)).one().config == CONFIG.model_dump(mode="json")
     assert all(r.status == "done" for r in old)  # nothing that was done is queued again
-    with session(lab) as s:
+    with session(empty_lab) as s:
         queued = s.exec(select(Job).where(Job.status == "queued")).all()
     assert sorted(j.run_id for j in queued) == sorted(r.id for r in new)
     for arms, why in (("fixed", "not one of the experiment's"), ("nobody", "unknown engineer")):
         with pytest.raises(ExperimentError, match=why):
-            add_arms(lab, "grow", [arms])
-    assert len(experiment_runs(lab, experiment.id)) == 8  # a refused arm stores nothing
+            add_arms(empty_lab, "grow", [arms])
+    assert len(experiment_runs(empty_lab, experiment.id)) == 8  # a refused arm stores nothing

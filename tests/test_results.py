@@ -3,8 +3,6 @@ the page, the engineer's context and `envlab run` showing the same numbers from 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from envsim.instance import Instance
@@ -14,9 +12,8 @@ from envsim.suite import Split
 from lab.context import load_stage_result
 from lab.pages import review
 from lab.results import outcome_of, stage_summaries
-from storage.db import make_engine, session
+from storage.db import session
 from storage.models import Episode
-from tests.seeded import seed_lab
 
 
 def test_a_tally_defines_the_rates_and_sums_into_the_pooled_one():
@@ -28,14 +25,6 @@ def test_a_tally_defines_the_rates_and_sums_into_the_pooled_one():
     board = label(Instance.from_str("A.a\n...\n..."))
     outcomes = [score_answer(board, text) for text in ("Agent 0: RIGHT RIGHT", "Agent 0: LEFT")]
     assert Tally.of(outcomes) == Tally(2, 1, 1, {"illegal_move": 1})
-
-
-@pytest.fixture
-def lab(tmp_path: Path):
-    engine = make_engine(str(tmp_path / "lab.db"))
-    ids = seed_lab(engine)
-    yield engine, ids
-    engine.dispose()
 
 
 def test_the_page_and_the_engineer_read_the_same_summary(lab):

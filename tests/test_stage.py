@@ -82,14 +82,6 @@ def writer(one_thread, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return policy.save(tmp_path_factory.mktemp("writer") / "policy")
 
 
-@pytest.fixture
-def lab(tmp_path: Path) -> Engine:
-    engine = make_engine(f"sqlite:///{tmp_path / 'envlab.db'}")
-    upgrade(engine)
-    yield engine
-    engine.dispose()
-
-
 def _run(engine: Engine, policy: str, stages: int = 2, **settings) -> int:
     with session(engine) as s:
         run = Run(name="t", policy=policy, engineer="fixed", engineer_backend="", seed=7,
@@ -111,11 +103,11 @@ def _probe(policy) -> torch.Tensor:
     return dict(policy.model.named_parameters())[PROBE].detach().clone()
 
 
-def test_a_grpo_stage_moves_the_weights_logs_each_step_and_resumes_after_a_cancel(lab: Engine, writer: Path,
+def test_a_grpo_stage_moves_the_weights_logs_each_step_and_resumes_after_a_cancel(empty_lab: Engine, writer: Path,
                                                                                   tmp_path: Path):
-    run_id = _run(lab, str(writer))
+    run_id = _run(empty_lab, str(writer))
     args = StageArgs(run_id=run_id, stage_index=1, seed=stage_seed(7, 1), policy=str(writer), config=CONFIG,
-                     run_dir=_run_dir(lab, run_id), run_uuid="u")
+                     run_dir=_run_dir(empty_lab, run_id), run_uuid="u")
     reports: list[tuple] = []
 
     def cancel_at_step_2(step, total, line=None, result=None) -> bool:
@@ -125,7 +117,7 @@ def test_a_grpo_stage_moves_the_weights_logs_each_step_and_resumes_after_a_cance
     policy = load_policy(str(writer))
     before = _probe(policy)
     with pytest.raises(Cancelled, match=r"cancelled at step 2/3; requeue to resume from .*checkpoint-2"):
-        train(lab, args, policy, GRPO, cancel_at_step_2)
+        train(empty_lab, args, policy, GRPO, cancel_at_step_2)
     assert (args.trainer_dir / "checkpoint-2").is_dir()  # saved on the way out
     assert not args.policy_dir.exists()
     assert (2, 3, "saved " + str(args.trainer_dir / "checkpoint-2"),
@@ -134,7 +126,7 @@ def test_a_grpo_stage_moves_the_weights_logs_each_step_and_resumes_after_a_cance
     # A new attempt (a fresh process would load the same starting policy) resumes from checkpoint-2.
     reports.clear()
     policy = load_policy(str(writer))
-    summary = train(lab, args, policy, GRPO, lambda *a, **k: reports.append(a + (k.get("result"),)) and False)
+    summary = train(empty_lab, args, policy, GRPO, lambda *a, **k: reports.append(a + (k.get("result"),)) and False)
     assert summary["steps"] == 3 and summary["resumed_from"] == str(args.trainer_dir / "checkpoint-2")
     assert summary["train_runtime"] > 0
     assert (0, None, f"resuming from {args.trainer_dir / 'checkpoint-2'}",
@@ -144,7 +136,7 @@ def test_a_grpo_stage_moves_the_weights_logs_each_step_and_resumes_after_a_cance
     assert not torch.equal(_probe(trained), before)
     assert torch.equal(_probe(trained), _probe(policy))
 
-    with session(lab) as s:
+    with session(empty_lab) as s:
         logs = s.exec(select(TrainingLog).where(TrainingLog.run_id == run_id).order_by(TrainingLog.id)).all()
     assert [(log.stage_index, log.step) for log in logs] == [(1, 1), (1, 2), (1, 3)]
     for log in logs:
@@ -153,15 +145,15 @@ def test_a_grpo_stage_moves_the_weights_logs_each_step_and_resumes_after_a_cance
     assert any(log.metrics["reward_std"] > 0 for log in logs)  # some group had something to learn from
 
 
-def test_a_lora_stage_trains_adapters_and_saves_a_whole_model(lab: Engine, writer: Path, tmp_path: Path):
-    run_id = _run(lab, str(writer), lora=4)
-    args, grpo = stage_args(lab, run_id, 0)
+def test_a_lora_stage_trains_adapters_and_saves_a_whole_model(empty_lab: Engine, writer: Path, tmp_path: Path):
+    run_id = _run(empty_lab, str(writer), lora=4)
+    args, grpo = stage_args(empty_lab, run_id, 0)
     assert args.lora == 4
     args = StageArgs(run_id=run_id, stage_index=1, seed=stage_seed(7, 1), policy=str(writer), config=CONFIG,
-                     run_dir=_run_dir(lab, run_id), run_uuid="u", lora=4)
+                     run_dir=_run_dir(empty_lab, run_id), run_uuid="u", lora=4)
     policy = load_policy(str(writer))
     before = {name: p.detach().clone() for name, p in policy.model.named_parameters()}
-    summary = train(lab, args, policy, GRPO, lambda *a, **k: False)
+    summary = train(empty_lab, args, policy, GRPO, lambda *a, **k: False)
     assert summary["steps"] == 3
     assert not (args.policy_dir / "adapter_config.json").exists()  # the adapters are folded in
     trained = load_policy(str(args.policy_dir))
@@ -172,22 +164,22 @@ def test_a_lora_stage_trains_adapters_and_saves_a_whole_model(lab: Engine, write
     assert changed and all(name.endswith("proj.weight") for name in changed)
 
 
-def test_stage_jobs_through_the_worker_evaluate_then_train_and_record(lab: Engine, writer: Path, tmp_path: Path):
-    run_id = _run(lab, str(writer), grpo=dict(GRPO, max_steps=2))
+def test_stage_jobs_through_the_worker_evaluate_then_train_and_record(empty_lab: Engine, writer: Path, tmp_path: Path):
+    run_id = _run(empty_lab, str(writer), grpo=dict(GRPO, max_steps=2))
     ran = []
     for k in (0, 1):
-        with session(lab) as s:
+        with session(empty_lab) as s:
             queue.enqueue(s, "stage", {"run_id": run_id, "stage_index": k})
-        ran.append(run_worker(lab, {"stage": run_stage_job}, poll_s=0.01, once=True))
+        ran.append(run_worker(empty_lab, {"stage": run_stage_job}, poll_s=0.01, once=True))
     assert ran == [1, 1]
-    with session(lab) as s:
+    with session(empty_lab) as s:
         jobs = s.exec(select(Job).order_by(Job.id)).all()
         stages = s.exec(select(Stage).where(Stage.run_id == run_id).order_by(Stage.index)).all()
         episodes = s.exec(select(Episode).where(Episode.run_id == run_id)).all()
         metrics = s.exec(select(StageMetric).where(StageMetric.run_id == run_id)).all()
         steps = s.exec(select(TrainingLog.step).where(TrainingLog.run_id == run_id)).all()
     assert [(j.status, j.error) for j in jobs] == [("done", None), ("done", None)]
-    run_dir = _run_dir(lab, run_id)
+    run_dir = _run_dir(empty_lab, run_id)
     assert [(st.status, st.checkpoint) for st in stages] == [
         ("done", str(writer.resolve())), ("done", f"{run_dir.name}/stage-1/policy")]
     assert all(st.started_at <= st.finished_at for st in stages)
@@ -204,26 +196,27 @@ def test_stage_jobs_through_the_worker_evaluate_then_train_and_record(lab: Engin
     # An attempt after one that died between storing its evaluation and ending its job: the trained policy and
     # the stored evaluation are kept, neither redone.
     lines: list[str] = []
-    again = run_stage_job(lab, jobs[1], lambda step, total, line=None, result=None: bool(lines.append(line)))
+    again = run_stage_job(empty_lab, jobs[1], lambda step, total, line=None, result=None: bool(lines.append(line)))
     assert again == jobs[1].result
     assert again["train"]["steps"] == 2 and again["train"]["train_runtime"] > 0
     assert f"stage 1 was trained by an earlier attempt: loading {run_dir / 'stage-1' / 'policy'}" in lines
     assert "the validation results of an earlier attempt are stored already: kept" in lines
-    with session(lab) as s:
+    with session(empty_lab) as s:
         assert len(s.exec(select(Episode).where(Episode.run_id == run_id)).all()) == 16
 
 
-def test_the_dev_boards_are_evaluated_after_the_validation_boards_and_change_nothing_else(lab: Engine, writer: Path):
+def test_the_dev_boards_are_evaluated_after_the_validation_boards_and_change_nothing_else(
+        empty_lab: Engine, writer: Path):
     """A run with dev boards and one without, same seed: the same trained weights and validation answers; the dev
     episodes are extra, none on a validation board."""
-    runs = [_run(lab, str(writer), grpo=dict(GRPO, max_steps=1), dev_per_size=3), _run(lab, str(writer),
+    runs = [_run(empty_lab, str(writer), grpo=dict(GRPO, max_steps=1), dev_per_size=3), _run(empty_lab, str(writer),
                                                                                         grpo=dict(GRPO, max_steps=1))]
     for run_id in runs:
         for k in (0, 1):
-            with session(lab) as s:
+            with session(empty_lab) as s:
                 queue.enqueue(s, "stage", {"run_id": run_id, "stage_index": k})
-            assert run_worker(lab, {"stage": run_stage_job}, poll_s=0.01, once=True) == 1
-    with session(lab) as s:
+            assert run_worker(empty_lab, {"stage": run_stage_job}, poll_s=0.01, once=True) == 1
+    with session(empty_lab) as s:
         def episodes(run_id: int, split: str) -> list[tuple[int, str, str]]:
             return [(e.stage_index, e.instance_id, e.completion) for e in s.exec(
                 select(Episode).where(Episode.run_id == run_id, Episode.split == split).order_by(Episode.id))]
@@ -235,12 +228,12 @@ def test_the_dev_boards_are_evaluated_after_the_validation_boards_and_change_not
     assert len(dev) == 2 * 24 and len(metrics) == 2 * 8  # 3 boards per size, sizes 3..10, stages 0 and 1
     assert not {i for _, i, _ in dev} & {b.id for b in validation_boards()}  # none of the run's validation boards
     assert "evaluating on 24 dev boards (what the engineer reads)" in log
-    trained = [load_policy(str(_run_dir(lab, r) / "stage-1" / "policy")) for r in runs]
+    trained = [load_policy(str(_run_dir(empty_lab, r) / "stage-1" / "policy")) for r in runs]
     assert torch.equal(_probe(trained[0]), _probe(trained[1]))
 
 
 @pytest.mark.parametrize("damage", ["missing", "truncated"])
-def test_a_missing_or_corrupt_starting_checkpoint_fails_the_job_with_a_clear_error(lab: Engine, writer: Path,
+def test_a_missing_or_corrupt_starting_checkpoint_fails_the_job_with_a_clear_error(empty_lab: Engine, writer: Path,
                                                                                    tmp_path: Path, damage: str):
     broken = tmp_path / "stage-0-policy"
     if damage == "truncated":
@@ -248,15 +241,15 @@ def test_a_missing_or_corrupt_starting_checkpoint_fails_the_job_with_a_clear_err
         for f in writer.iterdir():
             data = f.read_bytes()
             (broken / f.name).write_bytes(data[: len(data) // 2] if f.suffix == ".safetensors" else data)
-    run_id = _run(lab, str(writer))
-    with session(lab) as s:
+    run_id = _run(empty_lab, str(writer))
+    with session(empty_lab) as s:
         stage0 = s.exec(select(Stage).where(Stage.run_id == run_id, Stage.index == 0)).one()
         stage0.status, stage0.checkpoint = "done", str(broken)
         s.add(stage0)
         s.commit()
         job_id = queue.enqueue(s, "stage", {"run_id": run_id, "stage_index": 1}).id
-    assert run_worker(lab, {"stage": run_stage_job}, poll_s=0.01, once=True) == 1
-    with session(lab) as s:
+    assert run_worker(empty_lab, {"stage": run_stage_job}, poll_s=0.01, once=True) == 1
+    with session(empty_lab) as s:
         job = s.get(Job, job_id)
         stage1 = s.exec(select(Stage).where(Stage.run_id == run_id, Stage.index == 1)).one()
     assert job.status == "failed" and stage1.status == "failed"
@@ -266,11 +259,11 @@ def test_a_missing_or_corrupt_starting_checkpoint_fails_the_job_with_a_clear_err
     assert why in job.error
 
 
-def test_a_stage_whose_previous_stage_has_no_checkpoint_is_refused(lab: Engine, tmp_path: Path):
-    run_id = _run(lab, "tiny")
+def test_a_stage_whose_previous_stage_has_no_checkpoint_is_refused(empty_lab: Engine, tmp_path: Path):
+    run_id = _run(empty_lab, "tiny")
     with pytest.raises(StageError, match="stage 0 of run 1 has no checkpoint \\(it is queued\\); run it first"):
-        stage_args(lab, run_id, 1)
-    args, grpo = stage_args(lab, run_id, 0)
+        stage_args(empty_lab, run_id, 1)
+    args, grpo = stage_args(empty_lab, run_id, 0)
     assert (args.policy, args.seed, grpo) == ("tiny", stage_seed(7, 0), GRPO)
     assert stage_seed(7, 0) != stage_seed(7, 1) != stage_seed(8, 1)
 
@@ -333,10 +326,10 @@ def test_a_stage_trains_in_two_processes_and_records_each_step_once(writer: Path
     engine.dispose()
 
 
-def test_a_stage_killed_mid_training_and_resumed_logs_each_step_once(lab: Engine, writer: Path):
-    run_id = _run(lab, str(writer))
+def test_a_stage_killed_mid_training_and_resumed_logs_each_step_once(empty_lab: Engine, writer: Path):
+    run_id = _run(empty_lab, str(writer))
     args = StageArgs(run_id=run_id, stage_index=1, seed=stage_seed(7, 1), policy=str(writer), config=CONFIG,
-                     run_dir=_run_dir(lab, run_id), run_uuid="u")
+                     run_dir=_run_dir(empty_lab, run_id), run_uuid="u")
 
     def killed_after_logging_step_3(step, total, line=None, result=None) -> bool:
         if line and line.startswith("step 3/3"):
@@ -344,12 +337,12 @@ def test_a_stage_killed_mid_training_and_resumed_logs_each_step_once(lab: Engine
         return False
 
     with pytest.raises(SystemExit):
-        train(lab, args, load_policy(str(writer)), GRPO, killed_after_logging_step_3)
-    with session(lab) as s:
+        train(empty_lab, args, load_policy(str(writer)), GRPO, killed_after_logging_step_3)
+    with session(empty_lab) as s:
         assert sorted(s.exec(select(TrainingLog.step).where(TrainingLog.run_id == run_id)).all()) == [1, 2, 3]
-    summary = train(lab, args, load_policy(str(writer)), GRPO, lambda *a, **k: False)
+    summary = train(empty_lab, args, load_policy(str(writer)), GRPO, lambda *a, **k: False)
     assert summary["resumed_from"] == str(args.trainer_dir / "checkpoint-2")
-    with session(lab) as s:
+    with session(empty_lab) as s:
         logs = s.exec(select(TrainingLog).where(TrainingLog.run_id == run_id).order_by(TrainingLog.step)).all()
     assert [log.step for log in logs] == [1, 2, 3]  # step 3 once: the new attempt's row
 
@@ -416,15 +409,15 @@ def test_workers_anywhere_find_a_runs_files_and_two_databases_in_one_folder_keep
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on a GPU machine)")
-def test_the_tiny_policy_trains_a_stage_on_the_gpu(lab: Engine):
+def test_the_tiny_policy_trains_a_stage_on_the_gpu(empty_lab: Engine):
     """On a GPU the tiny policy trains in float32 (no bf16 autocast, no activation checkpointing): under bf16
     its first stage died of a CUDA device-side assert at step 15 on an H200."""
-    run_id = _run(lab, "tiny", stages=2, grpo=dict(max_steps=24, save_steps=50), validation_boards=16)
+    run_id = _run(empty_lab, "tiny", stages=2, grpo=dict(max_steps=24, save_steps=50), validation_boards=16)
     for k in (0, 1):
-        with session(lab) as s:
+        with session(empty_lab) as s:
             queue.enqueue(s, "stage", {"run_id": run_id, "stage_index": k}, run_id=run_id, target=k)
-        assert run_worker(lab, {"stage": run_stage_job}, poll_s=0.01, once=True) == 1
-    with session(lab) as s:
+        assert run_worker(empty_lab, {"stage": run_stage_job}, poll_s=0.01, once=True) == 1
+    with session(empty_lab) as s:
         jobs = s.exec(select(Job).order_by(Job.id)).all()
         logs = s.exec(select(TrainingLog).where(TrainingLog.run_id == run_id)).all()
     assert [(j.status, j.error) for j in jobs] == [("done", None), ("done", None)]
