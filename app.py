@@ -41,7 +41,7 @@ from lab.archive import ArchiveError, Limits
 from lab.auth import Guard
 from lab.example import ensure_example, import_studies
 from lab.pages import compare, episode, leaderboard, playground, proposal, review, runs, train
-from lab.pages.common import Page
+from lab.pages.common import VIEW, Page
 from lab.runs import LabVersion, lab_version, run_list, run_of_episode, run_of_proposal, waiting_proposals
 from lab.tempfiles import FILES_AGE_S, SWEEP_S
 from lab.worker import WorkerState, start_worker, worker_busy, worker_status
@@ -111,7 +111,7 @@ def build_demo(engine: Engine, own_worker: bool = True) -> gr.Blocks:
             worker = gr.HTML(elem_id="worker-status")
         waiting = gr.HTML(elem_id="waiting")
         seen = gr.State(None)  # the `LabVersion` this browser last drew
-        poll = gr.Timer(POLL_S)
+        poll = gr.Timer(POLL_S, active=False)  # started by the page's first answer (`on_load`)
         with gr.Tabs(elem_id="tabs") as tabs:
             page = Page(engine, run_pick, tabs, worker, own_worker)
             with gr.Tab("Runs", id="runs"):
@@ -178,11 +178,13 @@ def _wire(page: Page, refresh: gr.Button, poll: gr.Timer, waiting: gr.HTML, seen
         return open_everywhere(run_id, proposal_id, stage_index)
 
     # A poll answer read for the run open before lands after a run is opened: the next poll sees that `seen` is of
-    # another run and redraws every tab (cancelling the poll instead would mark its outputs "Error").
+    # another run and redraws every tab (cancelling the poll instead would mark its outputs "Error"). The events that
+    # draw a run's tabs answer one at a time (`VIEW`), so that answer is drawn before the run opened, not after.
     _wire_poll(page, poll, seen, top, top_out, review_tab, proposal_tab, train_tab)
     # Progress shows on the bar above the tabs only: a status tracker on each of the ~40 outputs costs the browser
     # more than the answer does, and flashes Gradio's timer text in every status line.
-    refresh.click(reopen, [run_pick, proposal_tab.shown, review_tab.shown], everywhere, show_progress_on=run_pick) \
+    refresh.click(reopen, [run_pick, proposal_tab.shown, review_tab.shown], everywhere, show_progress_on=run_pick,
+                  **VIEW) \
         .then(leaderboard_tab.choices, None, leaderboard_tab.pick)
     def picked(run_id: int | None) -> dict[Any, Any]:
         """A run picked in the dropdown: every tab follows; the dropdown itself is left as the person set it, so
@@ -191,7 +193,7 @@ def _wire(page: Page, refresh: gr.Button, poll: gr.Timer, waiting: gr.HTML, seen
 
     # `select`, as `input` fires twice per pick (Gradio 6). `always_last`: a pick made while the previous one is
     # answered runs after it (the default, `once`, drops it, and the tabs would stay on the run picked before).
-    run_pick.select(picked, run_pick, everywhere, show_progress_on=run_pick, trigger_mode="always_last")
+    run_pick.select(picked, run_pick, everywhere, show_progress_on=run_pick, trigger_mode="always_last", **VIEW)
 
     def create(*form: Any) -> dict[Any, Any]:
         message, run_id = runs.create_run_from_form(engine, *form)
@@ -201,14 +203,14 @@ def _wire(page: Page, refresh: gr.Button, poll: gr.Timer, waiting: gr.HTML, seen
                                           train_tab.message: message}
 
     runs_tab.create.click(create, runs_tab.form, [runs_tab.message, *everywhere, page.tabs, train_tab.message],
-                          show_progress_on=runs_tab.message)
+                          show_progress_on=runs_tab.message, **VIEW)
 
     def imported(path: str | None) -> dict[Any, Any]:
         message, run_id = runs.import_file(engine, path, uploaded=True)
         done = {runs_tab.import_message: message, runs_tab.upload: None}  # ready for the next file
         return done if run_id is None else open_everywhere(run_id) | done
 
-    runs_tab.upload.upload(imported, runs_tab.upload, [runs_tab.import_message, runs_tab.upload, *everywhere])
+    runs_tab.upload.upload(imported, runs_tab.upload, [runs_tab.import_message, runs_tab.upload, *everywhere], **VIEW)
 
     def open_from_gallery(ghost: bool, gif_width: Any, evt: gr.SelectData) -> dict[Any, Any]:
         """A failure row clicked: its episode drawn and the Episode tab shown, in one answer."""
@@ -231,12 +233,14 @@ def _wire(page: Page, refresh: gr.Button, poll: gr.Timer, waiting: gr.HTML, seen
         # Everything a link opens goes out with the first answer: a link to a proposal or an episode paints in one
         # round trip.
         episode = {} if link["episode"] is None else episode_tab.show(link["episode"], True)
+        # The poll starts with this answer: one started before would read the page as it was before it (no run
+        # open) and draw that over it.
         return open_everywhere(link["run"], link["proposal"]) | episode | {
-            page.tabs: gr.Tabs(selected=link["tab"]) if link["tab"] else gr.update(),
+            poll: gr.Timer(active=True), page.tabs: gr.Tabs(selected=link["tab"]) if link["tab"] else gr.update(),
             episode_tab.episode_id: link["episode"]}
 
-    demo.load(on_load, None, [*everywhere, page.tabs, episode_tab.episode_id, *episode_tab.outputs],
-              show_progress_on=run_pick)
+    demo.load(on_load, None, [*everywhere, poll, page.tabs, episode_tab.episode_id, *episode_tab.outputs],
+              show_progress_on=run_pick, **VIEW)
 
 
 def _wire_poll(page: Page, poll: gr.Timer, seen: gr.State, top: Callable[..., dict[Any, Any]],
@@ -264,7 +268,7 @@ def _wire_poll(page: Page, poll: gr.Timer, seen: gr.State, top: Callable[..., di
 
     return poll.tick(follow, [page.run_pick, proposal_tab.shown, review_tab.shown, seen],
               [seen, *top_out, *train_tab.outputs, *proposal_tab.outputs, *review_tab.outputs],
-              show_progress="hidden")
+              show_progress="hidden", **VIEW)
 
 
 # ---------------------------------------------------------------- the command

@@ -19,6 +19,11 @@ from lab.pages import figures
 from storage.models import Action
 
 ALL = "all"  # a gallery filter that keeps every value
+# The events that draw a run's tabs (the page's load, the poll, opening a run, a proposal or a stage) answer one at a
+# time: each answer's drawing reaches the browser in the order its `gr.State`s (what the page has drawn) were
+# stored. Run side by side, a poll's answer could store "run 1 drawn" before a run was opened yet reach the browser
+# after it, and the page then showed another run's proposals with nothing left to redraw them.
+VIEW = {"concurrency_id": "view", "concurrency_limit": 1}
 DECIDED = {Action.ACCEPT: "accepted", Action.EDIT: "edited", Action.REJECT: "rejected", Action.AUTO: "auto-applied"}
 KNOB_COLUMNS = ["size", *KNOBS]
 

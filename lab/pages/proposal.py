@@ -18,6 +18,7 @@ from lab.pages.common import (
     BAD_ROW,
     DECIDED,
     KNOB_COLUMNS,
+    VIEW,
     Page,
     cannot_draw,
     config_from_table,
@@ -509,7 +510,7 @@ def build(page: Page) -> ProposalTab:
 
 def _wire_decisions(page: Page, tab: ProposalTab) -> None:
     shown = [o for o in tab.outputs if o is not tab.pick]
-    tab.pick.select(tab.show, tab.pick, shown, show_progress_on=tab.pick, trigger_mode="always_last")
+    tab.pick.select(tab.show, tab.pick, shown, show_progress_on=tab.pick, trigger_mode="always_last", **VIEW)
     tab.shown.change(tab.show_preview, tab.shown, [tab.preview, tab.preview_note], trigger_mode="always_last")
     tab.changed_only.input(tab.show_diff, [tab.shown, tab.changed_only], tab.diff)
     gr.on([tab.edit.input, tab.agents.input, tab.instances.input], tab.checker,

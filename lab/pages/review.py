@@ -15,7 +15,7 @@ from sqlalchemy import Engine
 from envsim.config import GLOBALS, KNOBS, RANDOM_SHARE
 from envsim.scoring import Tally
 from lab.pages import figures
-from lab.pages.common import ALL, BAD_ROW, DECIDED, Page, cannot_draw, table
+from lab.pages.common import ALL, BAD_ROW, DECIDED, VIEW, Page, cannot_draw, table
 from lab.pages.figures import POOLED_OPTIMAL, POOLED_VALID
 from lab.results import StageSummary
 from lab.runs import StageReview, config_timeline, failed_episodes, stage_review
@@ -191,7 +191,7 @@ def build(page: Page) -> ReviewTab:
     gallery_df = gr.Dataframe(interactive=False, elem_id="gallery", max_height=360, wrap=True)
     tab = ReviewTab(page.engine, stage_pick, note, stages, timeline_df, rates, curves, failures, training, size_filter,
                     failure_filter, gallery_df, gallery_note, gr.State(None))
-    stage_pick.select(tab.show, [page.run_pick, stage_pick], tab.outputs, trigger_mode="always_last")
+    stage_pick.select(tab.show, [page.run_pick, stage_pick], tab.outputs, trigger_mode="always_last", **VIEW)
     gr.on([size_filter.select, failure_filter.select], tab.filter,
           [page.run_pick, tab.shown, size_filter, failure_filter], [gallery_df, gallery_note],
           trigger_mode="always_last")
