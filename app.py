@@ -167,11 +167,11 @@ def _wire(page: Page, refresh: gr.Button, poll: gr.Timer, waiting: gr.HTML, seen
                 page.worker: worker_badge(engine, page.own_worker), waiting: waiting_banner(engine)}
 
     def open_everywhere(run_id: int | None, proposal_id: int | None = None,
-                        stage_index: int | None = None) -> dict[Any, Any]:
+                        stage_index: int | None = None, select: bool = True) -> dict[Any, Any]:
         """Run `run_id` open in every tab: the bar above them, Train, Stage review (`stage_index`, else the
         latest), Proposal (`proposal_id`, else the one that waits, else the newest); and marked drawn for the
         poll."""
-        return top(run_id) | train_tab.show(run_id) | review_tab.show(run_id, stage_index) | \
+        return top(run_id, select) | train_tab.show(run_id) | review_tab.show(run_id, stage_index) | \
             proposal_tab.show_all(run_id, proposal_id) | {seen: (lab_version(engine), run_id)}
 
     def reopen(run_id: int | None, proposal_id: int | None, stage_index: int | None) -> dict[Any, Any]:
@@ -189,7 +189,7 @@ def _wire(page: Page, refresh: gr.Button, poll: gr.Timer, waiting: gr.HTML, seen
     def picked(run_id: int | None) -> dict[Any, Any]:
         """A run picked in the dropdown: every tab follows; the dropdown itself is left as the person set it, so
         an answer that lands after a later pick cannot set it back."""
-        return open_everywhere(run_id) | top(run_id, select=False)
+        return open_everywhere(run_id, select=False)
 
     # `select`, as `input` fires twice per pick (Gradio 6). `always_last`: a pick made while the previous one is
     # answered runs after it (the default, `once`, drops it, and the tabs would stay on the run picked before).
