@@ -190,3 +190,19 @@ def test_a_runs_probe_size_is_its_setting(empty_lab):
     assert (job.payload["boards"], job.payload["answers"]) == (2, 3)
     job_id, message = queue_measure(empty_lab, proposal_after(empty_lab))
     assert message.endswith(f"(job {job_id}): 8 boards per size, 8 sampled answers each.")  # the defaults
+
+
+def test_the_panel_empties_for_another_proposal_only(empty_lab):
+    """The browser can send one change of the proposal drawn twice, the second after a measurement started: only
+    a change to another proposal empties the panel (a repeat changes nothing, so the measurement stays shown)."""
+    import gradio as gr
+
+    from lab.pages import measure
+
+    with gr.Blocks():
+        panel = measure.build(empty_lab, gr.State(None), gr.Dataframe(), gr.Number(), gr.Number())
+    assert panel.clear(3, 3) == {}
+    assert panel.clear(None, None) == {}
+    out = panel.clear(4, 3)
+    assert (out[panel.owner], out[panel.job], out[panel.seen], out[panel.status]) == (4, None, None, "")
+    assert out[panel.table]["visible"] is False and out[panel.stage0]["visible"] is False

@@ -3,7 +3,7 @@ the run's latest checkpoint, side by side per map size (`lab.measurements`).
 
 The measurement runs as a `probe` job on the worker; the panel polls the job's row with a timer of its own (a
 progress bar meanwhile) and the rest of the page stays usable. The keys of the probes shown are kept in `seen`,
-which the decision stores. Where the checkpoint is absent, one line says so and a button measures the stage-0
+which the decision stores, and the proposal the panel speaks of in `owner`. Where the checkpoint is absent, one line says so and a button measures the stage-0
 policy instead.
 """
 
@@ -26,7 +26,8 @@ def progress_html(done: float) -> str:
 
 @dataclass(eq=False)
 class MeasurePanel:
-    """The panel's widgets. `seen` holds the keys of the probes shown for the open proposal (for the decision)."""
+    """The panel's widgets. `seen` holds the keys of the probes shown for the open proposal (for the decision);
+    `owner` is the proposal the panel's content is for."""
 
     engine: Engine
     button: gr.Button
@@ -36,13 +37,14 @@ class MeasurePanel:
     table: gr.Dataframe
     job: gr.State
     seen: gr.State
+    owner: gr.State
     timer: gr.Timer
 
     def start(self, proposal_id, rows, agents, instances, stage0: bool = False):
         edited = config_from_table(rows or [], agents, instances) if rows else None
         job_id, message = queue_measure(self.engine, proposal_id, edited, stage0=stage0)
         absent = job_id is None and message.endswith("instead?")
-        return {self.job: job_id, self.status: message, self.stage0: gr.update(visible=absent),
+        return {self.owner: proposal_id, self.job: job_id, self.status: message, self.stage0: gr.update(visible=absent),
                 self.timer: gr.Timer(active=job_id is not None), self.bar: progress_html(0.0)}
 
     def poll(self, job_id):
@@ -53,9 +55,13 @@ class MeasurePanel:
         return out | {self.status: v.status, self.seen: v.keys,
                       self.table: gr.update(value=table(v.headers, v.rows), visible=bool(v.rows))}
 
-    def clear(self):
-        """Another proposal is open: nothing measured for it has been seen yet."""
-        return {self.job: None, self.seen: None, self.status: "", self.bar: "",
+    def clear(self, drawn, owner):
+        """Another proposal is open: nothing measured for it has been seen yet. The browser can send one change of
+        the proposal drawn more than once (two or three per page load were seen, one after a measurement had
+        started): a change to the proposal the panel already speaks of changes nothing."""
+        if drawn == owner:
+            return {}
+        return {self.owner: drawn, self.job: None, self.seen: None, self.status: "", self.bar: "",
                 self.table: gr.update(value=table([], []), visible=False),
                 self.stage0: gr.update(visible=False), self.timer: gr.Timer(active=False)}
 
@@ -74,12 +80,12 @@ def build(engine: Engine, drawn: gr.State, edit: gr.Dataframe, agents: gr.Number
         bar = gr.HTML()
         shown = gr.Dataframe(interactive=False, wrap=True, elem_id="measure-table", visible=False)
     panel = MeasurePanel(engine, button, stage0, status, bar, shown, gr.State(None), gr.State(None),
-                         gr.Timer(POLL_S, active=False))
-    started = [panel.job, panel.status, panel.stage0, panel.timer, panel.bar]
+                         gr.State(None), gr.Timer(POLL_S, active=False))
+    started = [panel.owner, panel.job, panel.status, panel.stage0, panel.timer, panel.bar]
     button.click(panel.start, [drawn, edit, agents, instances], started)
     stage0.click(lambda p, r, a, i: panel.start(p, r, a, i, stage0=True), [drawn, edit, agents, instances], started)
     panel.timer.tick(panel.poll, panel.job, [panel.bar, panel.timer, panel.status, panel.table, panel.seen],
                      show_progress="hidden")  # no timer text flashing in the status line
-    drawn.change(panel.clear, None, [panel.job, panel.seen, panel.status, panel.bar, panel.table, panel.stage0,
-                                    panel.timer])
+    drawn.change(panel.clear, [drawn, panel.owner], [panel.owner, panel.job, panel.seen, panel.status, panel.bar,
+                                                    panel.table, panel.stage0, panel.timer])
     return panel
