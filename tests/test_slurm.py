@@ -1,5 +1,5 @@
 """The lab's Slurm path on a real one-node Slurm cluster (tests/conftest.py `slurm_cluster`) and the real PostgreSQL
-server: `envlab experiment run NAME --slurm` runs an experiment of 2 arms x 2 seeds x 1 tiny stage to its end on the
+server: `envlab experiment run NAME --slurm` runs an experiment of 2 arms x 1 seed x 1 tiny stage to its end on the
 tasks of a submitit job array; a task scancelled in the middle of a stage hands the stage back and another task
 completes it, once. The options' checks need no cluster.
 """
@@ -51,13 +51,13 @@ def lab_env(tmp_path: Path) -> dict[str, str]:
 def test_an_experiment_runs_to_its_end_on_a_slurm_job_array(db_url: str, tmp_path: Path, monkeypatch, capsys,
                                                             slurm_cluster):
     monkeypatch.setenv("ENVLAB_RUNS", str(tmp_path / "runs"))
-    new_experiment("slurm", db_url, tmp_path, arms="fixed,heuristic", seeds=2)
+    new_experiment("slurm", db_url, tmp_path, arms="fixed,heuristic", seeds=1)
     capsys.readouterr()
     done = subprocess.run([sys.executable, "-m", "lab.cli", "experiment", "run", "slurm", "--slurm", "--slurm-tasks",
                            "2", "--slurm-idle-exit", "3", "--db", db_url], env=lab_env(tmp_path), cwd=tmp_path,
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "experiment slurm: 4 of 4 runs done" in done.stdout
+    assert "experiment slurm: 2 of 2 runs done" in done.stdout
     array = re.search(r"slurm array (\d+): 2 task\(s\)", done.stdout).group(1)
 
     engine = make_engine(db_url)
@@ -79,9 +79,9 @@ def test_an_experiment_runs_to_its_end_on_a_slurm_job_array(db_url: str, tmp_pat
 
     assert main(["experiment", "status", "slurm", "--db", db_url]) == 0
     status = capsys.readouterr().out.splitlines()
-    assert status[:2] == ["experiment slurm: 4 of 4 runs done, 8 of 8 stages", f"slurm arrays: {array}"]
+    assert status[:2] == ["experiment slurm: 2 of 2 runs done, 4 of 4 stages", f"slurm arrays: {array}"]
     stage_lines = [line for line in status if line.startswith("  stage ")]
-    assert len(stage_lines) == 8
+    assert len(stage_lines) == 4
     by_job = {j.id: j for j in jobs}
     for line in stage_lines:
         job_id = int(re.search(r": job (\d+) done, attempt 1, ", line).group(1))
@@ -111,7 +111,7 @@ def test_an_experiment_runs_to_its_end_on_a_slurm_job_array(db_url: str, tmp_pat
             i: f"{s.key} on {s.node} (COMPLETED); log {s.log}" for i, s in mine.items()}
     links = compare_view(engine, experiment.id)["links"]
     stage_jobs = [j for j in jobs if j.kind == "stage"]
-    assert links.count(f"| {array}_") == len(stage_jobs) == 8
+    assert links.count(f"| {array}_") == len(stage_jobs) == 4
     for j in stage_jobs:
         s = SlurmJob.of(j)
         run = next(r for r in runs if r.id == j.run_id)
