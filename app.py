@@ -210,7 +210,8 @@ def _wire(page: Page, refresh: gr.Button, poll: gr.Timer, waiting: gr.HTML, seen
         done = {runs_tab.import_message: message, runs_tab.upload: None}  # ready for the next file
         return done if run_id is None else open_everywhere(run_id) | done
 
-    runs_tab.upload.upload(imported, runs_tab.upload, [runs_tab.import_message, runs_tab.upload, *everywhere], **VIEW)
+    runs_tab.upload.upload(imported, runs_tab.upload, [runs_tab.import_message, runs_tab.upload, *everywhere],
+                           show_progress_on=runs_tab.import_message, **VIEW)
 
     def open_from_gallery(ghost: bool, gif_width: Any, evt: gr.SelectData) -> dict[Any, Any]:
         """A failure row clicked: its episode drawn and the Episode tab shown, in one answer."""

@@ -50,6 +50,17 @@ settings.load_profile("envlab")
 
 _database_numbers = itertools.count()
 
+# The modules that take longest, longest first (CI's durations). CI runs the tests in two processes, a module's
+# tests in one (`pytest -n 2 --dist loadfile`), handing out modules in the order collected: the long ones first,
+# then the many short ones fill in beside them, so neither process is left alone with a long module at the end.
+LONGEST_FIRST = ["test_slurm", "test_experiment_e2e", "test_browser", "test_stage", "test_llm", "test_bench_page",
+                 "test_cli", "test_bench_app", "test_child", "test_experiment", "test_warmstart"]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))  # stable: each module's own order kept
+
 
 def _postgres_bin() -> Path | None:
     # Debian installs each major version beside the others; take the newest.

@@ -379,7 +379,7 @@ def test_a_note_is_stored_with_its_own_decision_only(lab, page):
 
 
 def test_switching_runs_while_a_worker_writes_shows_no_error(lab, page):
-    """Twelve switches of the open run while another process keeps storing proposals, decisions and job
+    """Twenty switches of the open run while another process keeps storing proposals, decisions and job
     progress (so the poll redraws every tab meanwhile): each switch opens the run in every tab, and not one
     error box appears."""
     from playwright.sync_api import expect
@@ -403,7 +403,7 @@ def test_switching_runs_while_a_worker_writes_shows_no_error(lab, page):
     writer.start()
     try:
         labels = {ids["history"]: "curriculum", ids["waiting"]: "llm engineer"}
-        for turn in range(12):
+        for turn in range(20):
             run_id = (ids["history"], ids["waiting"])[turn % 2]
             page.locator("#run-pick input").click()
             page.get_by_role("option", name=f"#{run_id} {labels[run_id]}", exact=False).first.click()

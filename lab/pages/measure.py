@@ -60,7 +60,7 @@ class MeasurePanel:
         the proposal drawn more than once (two or three per page load were seen, one after a measurement had
         started): a change to the proposal the panel already speaks of changes nothing."""
         if drawn == owner:
-            return {}
+            return {self.owner: owner}
         return {self.owner: drawn, self.job: None, self.seen: None, self.status: "", self.bar: "",
                 self.table: gr.update(value=table([], []), visible=False),
                 self.stage0: gr.update(visible=False), self.timer: gr.Timer(active=False)}

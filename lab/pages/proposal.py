@@ -522,4 +522,4 @@ def _wire_decisions(page: Page, tab: ProposalTab) -> None:
                                                tab.measure.seen], [tab.message, tab.note])
             .then(tab.after_decision, [page.run_pick, tab.shown], tab.outputs, show_progress="hidden"))
     tab.auto.input(tab.toggle, [page.run_pick, tab.auto], tab.message) \
-        .then(tab.after_decision, [page.run_pick, tab.shown], tab.outputs)
+        .then(tab.after_decision, [page.run_pick, tab.shown], tab.outputs, show_progress="hidden")
