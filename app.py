@@ -41,7 +41,7 @@ from lab.archive import ArchiveError, Limits
 from lab.auth import Guard
 from lab.example import ensure_example, import_studies
 from lab.pages import compare, episode, leaderboard, playground, proposal, review, runs, train
-from lab.pages.common import VIEW, Page
+from lab.pages.common import VIEW, Page, no_progress
 from lab.runs import LabVersion, lab_version, run_list, run_of_episode, run_of_proposal, waiting_proposals
 from lab.tempfiles import FILES_AGE_S, SWEEP_S
 from lab.worker import WorkerState, start_worker, worker_busy, worker_status
@@ -109,11 +109,12 @@ def build_demo(engine: Engine, own_worker: bool = True) -> gr.Blocks:
             run_pick = gr.Dropdown(label="Open run", choices=[], value=None, scale=3, elem_id="run-pick")
             refresh = gr.Button("↻ Refresh", scale=0, min_width=100)
             worker = gr.HTML(elem_id="worker-status")
+        quiet = gr.HTML(visible=False)
         waiting = gr.HTML(elem_id="waiting")
         seen = gr.State(None)  # the `LabVersion` this browser last drew
         poll = gr.Timer(POLL_S, active=False)  # started by the page's first answer (`on_load`)
         with gr.Tabs(elem_id="tabs") as tabs:
-            page = Page(engine, run_pick, tabs, worker, own_worker)
+            page = Page(engine, run_pick, tabs, worker, quiet, own_worker)
             with gr.Tab("Runs", id="runs"):
                 runs_tab = runs.build(page)
             with gr.Tab("Stage review", id="review"):
@@ -227,7 +228,7 @@ def _wire(page: Page, refresh: gr.Button, poll: gr.Timer, waiting: gr.HTML, seen
         return train_tab.show(run_id) | top(run_id, select=False)
 
     for decided in proposal_tab.decided:
-        decided.then(after_decision, run_pick, [*train_tab.outputs, *top_out], show_progress="hidden")
+        decided.then(after_decision, run_pick, [*train_tab.outputs, *top_out], **no_progress(page))
 
     def on_load(request: gr.Request) -> dict[Any, Any]:
         link = linked(engine, dict(request.query_params) if request is not None else {})
@@ -269,7 +270,7 @@ def _wire_poll(page: Page, poll: gr.Timer, seen: gr.State, top: Callable[..., di
 
     return poll.tick(follow, [page.run_pick, proposal_tab.shown, review_tab.shown, seen],
               [seen, *top_out, *train_tab.outputs, *proposal_tab.outputs, *review_tab.outputs],
-              show_progress="hidden", **VIEW)
+              **no_progress(page), **VIEW)
 
 
 # ---------------------------------------------------------------- the command

@@ -484,7 +484,7 @@ def test_a_bad_row_in_the_database_leaves_the_other_runs_and_views_drawn(tmp_pat
         engine, ids["second"]).status.startswith("✗")
     assert review.gallery(engine, ids["history"], 1)[0]
     with gr.Blocks():  # the Proposal tab as the page builds it: its dropdown, and the poll that follows it
-        tab = proposal.build(common.Page(engine, gr.Dropdown(), gr.Tabs(), gr.HTML()))
+        tab = proposal.build(common.Page(engine, gr.Dropdown(), gr.Tabs(), gr.HTML(), gr.HTML()))
     for shown in (tab.show_all(ids["waiting"]), tab.follow(ids["waiting"], None)):
         assert shown[tab.pick]["choices"] == [] and shown[tab.status].startswith(
             f"✗ The Proposal tab of run #{ids['waiting']} cannot be drawn")

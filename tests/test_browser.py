@@ -378,6 +378,26 @@ def test_a_note_is_stored_with_its_own_decision_only(lab, page):
 
 
 
+TEXTS_SEEN = """() => { window.__texts = new Set();
+  setInterval(() => { for (const id of ['proposal-status', 'worker-status', 'decision-msg', 'measure-status']) {
+    const e = document.getElementById(id); if (e) window.__texts.add(e.innerText); } }, 20); }"""
+
+
+def test_the_status_lines_show_no_timer_text_as_the_page_loads_and_polls(lab, page):
+    """Gradio draws an event's timer text ("0.1s", "processing | 0.1/0.2s", "queue: 1/1") on its outputs even with
+    its progress hidden: the page's load and its polls (three of them) leave every status line as written."""
+    import re
+
+    url, engine, ids = lab
+    page.add_init_script(f"({TEXTS_SEEN})()")
+    page.goto(f"{url}?proposal={ids['second']}")
+    page.locator("#proposal-status").get_by_text(f"Proposal #{ids['second']}").wait_for()
+    time.sleep(3 * app.POLL_S + 0.5)
+    texts = page.evaluate("Array.from(window.__texts)")
+    assert any(t.startswith(f"Proposal #{ids['second']} by the heuristic engineer") for t in texts)
+    assert [t for t in texts if re.search(r"\d\.\ds|queue:|processing", t)] == []
+
+
 def test_switching_runs_while_a_worker_writes_shows_no_error(lab, page):
     """Twenty switches of the open run while another process keeps storing proposals, decisions and job
     progress (so the poll redraws every tab meanwhile): each switch opens the run in every tab, and not one

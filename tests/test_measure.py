@@ -197,10 +197,11 @@ def test_the_panel_empties_for_another_proposal_only(empty_lab):
     a change to another proposal empties the panel (a repeat changes nothing, so the measurement stays shown)."""
     import gradio as gr
 
-    from lab.pages import measure
+    from lab.pages import common, measure
 
     with gr.Blocks():
-        panel = measure.build(empty_lab, gr.State(None), gr.Dataframe(), gr.Number(), gr.Number())
+        page = common.Page(empty_lab, gr.Dropdown(), gr.Tabs(), gr.HTML(), gr.HTML())
+        panel = measure.build(page, gr.State(None), gr.Dataframe(), gr.Number(), gr.Number())
     assert panel.clear(3, 3) == {panel.owner: 3}  # one output set as it is (Gradio needs one at least)
     assert panel.clear(None, None) == {panel.owner: None}
     out = panel.clear(4, 3)

@@ -222,7 +222,7 @@ def test_the_gif_has_one_frame_per_step(lab):
         with Image.open(episode.gif_file(view, width)) as gif:
             assert gif.size[0] == width
     with gr.Blocks():
-        tab = episode.build(common.Page(engine, gr.Dropdown(), gr.Tabs(), gr.HTML()))
+        tab = episode.build(common.Page(engine, gr.Dropdown(), gr.Tabs(), gr.HTML(), gr.HTML()))
     for width in (960, 480):  # another episode opened: the GIF is made at the width chosen, not the first
         with Image.open(tab.show(ids["clash"], True, width)[tab.gif]["value"]) as gif:
             assert gif.size[0] == width
@@ -368,7 +368,7 @@ def test_the_page_sees_a_new_proposal_and_lists_every_one_that_waits(lab):
 def test_the_poll_selects_a_new_waiting_proposal_and_otherwise_leaves_the_one_read(lab):
     engine, ids = lab
     with gr.Blocks():
-        tab = proposal.build(common.Page(engine, gr.Dropdown(), gr.Tabs(), gr.HTML()))
+        tab = proposal.build(common.Page(engine, gr.Dropdown(), gr.Tabs(), gr.HTML(), gr.HTML()))
     run = ids["history"]
     assert tab.follow(run, ids["accepted"], jump=False)[tab.pick]["value"] == ids["accepted"]  # a person reads it
     assert tab.follow(run, ids["accepted"], jump=True)[tab.pick]["value"] == ids["second"]  # a proposal was stored
@@ -489,7 +489,7 @@ def test_the_playground_scores_a_typed_plan_and_updates_the_verdict():
 
 def test_a_board_that_cannot_be_read_is_named_and_the_board_shown_stays():
     with gr.Blocks():
-        tab = playground.build(common.Page(None, gr.Dropdown(), gr.Tabs(), gr.HTML()))
+        tab = playground.build(common.Page(None, gr.Dropdown(), gr.Tabs(), gr.HTML(), gr.HTML()))
     shown = tab.read("A.b\n...\nB.a")
     refused = tab.read("AAbb\n....\n....\nB..a")  # two starts for agent 0: refused, not rewritten
     assert refused == {tab.message: "✗ Cannot read this board: agent 0 has two starts ('A' at (0,0) and at (0,1)); "
@@ -650,7 +650,7 @@ def _connections(engine, action) -> int:
 def test_a_decision_is_one_session_and_a_keystroke_reads_the_proposal_once(lab):
     engine, ids = lab
     with gr.Blocks():
-        tab = proposal.build(common.Page(engine, gr.Dropdown(), gr.Tabs(), gr.HTML()))
+        tab = proposal.build(common.Page(engine, gr.Dropdown(), gr.Tabs(), gr.HTML(), gr.HTML()))
     typed = [[3, 0.5, 0.2, 0.25], [4, 0.5, 0.45, 0.25]]
     assert _connections(engine, lambda: tab.checker(ids["pending"], typed, 2, 16)) == 1
     said = []

@@ -49,7 +49,15 @@ class Page:
     run_pick: gr.Dropdown  # the open run, above the tabs
     tabs: gr.Tabs
     worker: gr.HTML  # the worker's badge
+    quiet: gr.HTML  # never shown: where the events that show no progress show it (`no_progress`)
     own_worker: bool = True  # whether a worker was started with the page (`envlab serve` without --no-worker)
+
+
+def no_progress(page: Page) -> dict[str, Any]:
+    """An event's options for showing no progress: Gradio 6 still draws the timer text ("0.1s", "processing |
+    0.1/0.2s", "queue: 1/1") of an event with `show_progress="hidden"` on each of its outputs (the poll's, in every
+    status line), so its progress goes to one component that is never shown."""
+    return {"show_progress": "hidden", "show_progress_on": page.quiet}
 
 
 def table(headers: list[str], rows: list[list[Any]]) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from envsim.instance import Instance
 from envsim.scoring import Outcome
 from envsim.suite import Split
 from lab.pages import figures
-from lab.pages.common import Page, draw, table, verdict, view_end
+from lab.pages.common import Page, draw, no_progress, table, verdict, view_end
 from lab.replay import GIF_WIDTHS, replay_gif
 from lab.results import outcome_of
 from lab.runs import episode_across_stages
@@ -185,10 +185,10 @@ def build(page: Page) -> EpisodeTab:
     tab = EpisodeTab(page.engine, episode_id, header, view, board, step, play, ghost, events, answer, strip_note,
                      strip, strip_table, gr.State(False), gr.Timer(PLAY_S, active=False), gif, html, gif_width)
     gr.on([open_episode.click, episode_id.submit], tab.show, tab.opens, tab.outputs)
-    gr.on([step.input, ghost.input], tab.redraw, [view, step, ghost], [board, events], show_progress="hidden")
+    gr.on([step.input, ghost.input], tab.redraw, [view, step, ghost], [board, events], **no_progress(page))
     gif_width.select(lambda v, w: {gif: gr.update(value=gif_file(v, w), interactive=v is not None)},
                     [view, gif_width], gif, trigger_mode="always_last")
     play.click(tab.toggle_play, [view, tab.playing, step], [tab.playing, tab.ticker, play, step])
     tab.ticker.tick(tab.tick, [view, step, ghost], [step, board, events, tab.playing, tab.ticker, play],
-                    show_progress="hidden")
+                    **no_progress(page))
     return tab

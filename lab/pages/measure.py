@@ -3,8 +3,8 @@ the run's latest checkpoint, side by side per map size (`lab.measurements`).
 
 The measurement runs as a `probe` job on the worker; the panel polls the job's row with a timer of its own (a
 progress bar meanwhile) and the rest of the page stays usable. The keys of the probes shown are kept in `seen`,
-which the decision stores, and the proposal the panel speaks of in `owner`. Where the checkpoint is absent, one line says so and a button measures the stage-0
-policy instead.
+which the decision stores, and the proposal the panel speaks of in `owner`. Where the checkpoint is absent, one
+line says so and a button measures the stage-0 policy instead.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import gradio as gr
 from sqlalchemy import Engine
 
 from lab.measurements import measure_view, queue_measure
-from lab.pages.common import config_from_table, table
+from lab.pages.common import Page, config_from_table, no_progress, table
 
 POLL_S = 1.0
 
@@ -66,7 +66,7 @@ class MeasurePanel:
                 self.stage0: gr.update(visible=False), self.timer: gr.Timer(active=False)}
 
 
-def build(engine: Engine, drawn: gr.State, edit: gr.Dataframe, agents: gr.Number,
+def build(page: Page, drawn: gr.State, edit: gr.Dataframe, agents: gr.Number,
           instances: gr.Number) -> MeasurePanel:
     """The panel, wired to the tab's proposal drawn (`drawn`) and edit table."""
     with gr.Accordion("Measure on the policy", open=False):
@@ -79,13 +79,13 @@ def build(engine: Engine, drawn: gr.State, edit: gr.Dataframe, agents: gr.Number
         status = gr.Markdown(elem_id="measure-status")
         bar = gr.HTML()
         shown = gr.Dataframe(interactive=False, wrap=True, elem_id="measure-table", visible=False)
-    panel = MeasurePanel(engine, button, stage0, status, bar, shown, gr.State(None), gr.State(None),
+    panel = MeasurePanel(page.engine, button, stage0, status, bar, shown, gr.State(None), gr.State(None),
                          gr.State(None), gr.Timer(POLL_S, active=False))
     started = [panel.owner, panel.job, panel.status, panel.stage0, panel.timer, panel.bar]
     button.click(panel.start, [drawn, edit, agents, instances], started)
     stage0.click(lambda p, r, a, i: panel.start(p, r, a, i, stage0=True), [drawn, edit, agents, instances], started)
     panel.timer.tick(panel.poll, panel.job, [panel.bar, panel.timer, panel.status, panel.table, panel.seen],
-                     show_progress="hidden")  # no timer text flashing in the status line
+                     **no_progress(page))  # no timer text flashing in the status line
     drawn.change(panel.clear, [drawn, panel.owner], [panel.owner, panel.job, panel.seen, panel.status, panel.bar,
                                                     panel.table, panel.stage0, panel.timer])
     return panel

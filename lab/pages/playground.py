@@ -16,7 +16,7 @@ from envsim.rules import MIN_SIZE
 from envsim.scoring import score_answer
 from envsim.solver import Unsolved, label
 from lab.pages import figures
-from lab.pages.common import Page, draw, verdict, view_end
+from lab.pages.common import Page, draw, no_progress, verdict, view_end
 from lab.pages.episode import episode_view
 
 
@@ -165,8 +165,8 @@ def build(page: Page) -> PlaygroundTab:
     make.click(tab.make, [size, agents, holes, seed], tab.outputs)
     read.click(tab.read, board_text, tab.outputs)
     plan.change(tab.score, [view, plan], [view, verdict_md, board, step, events], trigger_mode="always_last",
-                show_progress="hidden")
-    step.input(tab.at_step, [view, step], [board, events], show_progress="hidden")
+                **no_progress(page))
+    step.input(tab.at_step, [view, step], [board, events], **no_progress(page))
     solver.click(tab.use_solver, view, [plan, message])
     load.click(tab.load_episode, episode, [view, board_text, message, plan])
     return tab

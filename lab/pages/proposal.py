@@ -23,6 +23,7 @@ from lab.pages.common import (
     cannot_draw,
     config_from_table,
     config_rows,
+    no_progress,
     table,
     user_of,
     when,
@@ -493,7 +494,7 @@ def build(page: Page) -> ProposalTab:
             instances = gr.Number(label="num_instances", precision=0, elem_id="edit-instances")
             rescale = gr.Button("Rescale data_ratio to sum to 1", scale=0, min_width=240, elem_id="rescale")
     shown = gr.State(None)
-    measured = measure.build(page.engine, shown, edit, agents, instances)
+    measured = measure.build(page, shown, edit, agents, instances)
     note = gr.Textbox(label="Note (kept with this decision only)", lines=1, elem_id="decision-note")
     message = gr.Markdown(elem_id="decision-msg")
     with gr.Row():
@@ -504,7 +505,7 @@ def build(page: Page) -> ProposalTab:
                       edit, agents, instances, check, marks, note, buttons, message, [], shown, measured)
     _wire_decisions(page, tab)
     rescale.click(tab.rescale, [shown, edit, agents, instances],
-                  [edit, check, marks, *buttons.values()], show_progress="hidden")
+                  [edit, check, marks, *buttons.values()], **no_progress(page))
     return tab
 
 
@@ -515,11 +516,11 @@ def _wire_decisions(page: Page, tab: ProposalTab) -> None:
     tab.changed_only.input(tab.show_diff, [tab.shown, tab.changed_only], tab.diff)
     gr.on([tab.edit.input, tab.agents.input, tab.instances.input], tab.checker,
           [tab.shown, tab.edit, tab.agents, tab.instances], [tab.check, tab.marks, *tab.buttons.values()],
-          show_progress="hidden")
+          **no_progress(page))
     for action, button in tab.buttons.items():
         tab.decided.append(
             button.click(tab.decider(action), [tab.shown, tab.note, tab.edit, tab.agents, tab.instances,
                                                tab.measure.seen], [tab.message, tab.note])
-            .then(tab.after_decision, [page.run_pick, tab.shown], tab.outputs, show_progress="hidden"))
+            .then(tab.after_decision, [page.run_pick, tab.shown], tab.outputs, **no_progress(page)))
     tab.auto.input(tab.toggle, [page.run_pick, tab.auto], tab.message) \
-        .then(tab.after_decision, [page.run_pick, tab.shown], tab.outputs, show_progress="hidden")
+        .then(tab.after_decision, [page.run_pick, tab.shown], tab.outputs, **no_progress(page))
