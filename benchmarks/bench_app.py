@@ -177,9 +177,9 @@ def _actions(engine, ids: dict[str, int]) -> dict[str, Action]:
     from tests.seeded import propose
 
     with gr.Blocks():
-        run_pick, worker = gr.Dropdown(), gr.HTML()
+        run_pick, worker, quiet = gr.Dropdown(), gr.HTML(), gr.HTML(visible=False)
         with gr.Tabs() as tabs:
-            page = Page(engine, run_pick, tabs, worker)
+            page = Page(engine, run_pick, tabs, worker, quiet)
             with gr.Tab("review"):
                 review_tab = review.build(page)
             with gr.Tab("episode"):
