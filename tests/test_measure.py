@@ -207,3 +207,19 @@ def test_the_panel_empties_for_another_proposal_only(empty_lab):
     out = panel.clear(4, 3)
     assert (out[panel.owner], out[panel.job], out[panel.seen], out[panel.status]) == (4, None, None, "")
     assert out[panel.table]["visible"] is False and out[panel.stage0]["visible"] is False
+
+
+def test_the_panel_draws_a_progress_bar_only_when_a_measurement_was_queued(empty_lab):
+    import gradio as gr
+
+    from lab.pages import common, measure
+
+    with gr.Blocks():
+        page = common.Page(empty_lab, gr.Dropdown(), gr.Tabs(), gr.HTML(), gr.HTML())
+        panel = measure.build(page, gr.State(None), gr.Dataframe(), gr.Number(), gr.Number())
+    pid = proposal_after(empty_lab, stage_index=1, checkpoint="gone/stage-1/policy")
+    absent = panel.start(pid, None, None, None)  # the checkpoint is absent: nothing queued, nothing measuring
+    assert (absent[panel.job], absent[panel.bar], absent[panel.stage0]["visible"]) == (None, "", True)
+    queued = panel.start(pid, None, None, None, stage0=True)
+    assert queued[panel.job] is not None and queued[panel.bar] == measure.progress_html(0.0)
+    assert queued[panel.stage0]["visible"] is False

@@ -202,6 +202,37 @@ def test_a_missing_episode_is_reported_not_raised(lab):
     assert "Type an episode number" in episode.episode_view(engine, None)["error"]
 
 
+def test_a_playing_replay_follows_its_clock_so_late_ticks_do_not_slow_it():
+    """Steps follow the replay's clock (one per PLAY_S), not the ticks: a late tick shows the step due by then."""
+    pace = episode.PLAY_S
+    clock = episode.play_clock(0, now=100.0)
+    t, clock = episode.next_step(clock, 0, 40, now=100.0 + pace)  # on time: one step
+    assert (t, clock["shown"]) == (1, 1)
+    t, clock = episode.next_step(clock, 1, 40, now=100.0 + 4.1 * pace)  # late: the step due at 4 x PLAY_S
+    assert t == 4
+    t, clock = episode.next_step(clock, 4, 40, now=100.0 + 4.2 * pace)  # early: one step on all the same
+    assert t == 5
+    t, _ = episode.next_step(clock, 5, 40, now=100.0 + 60 * pace)  # never beyond the end
+    assert t == 40
+    t, clock = episode.next_step(clock, 20, 40, now=100.0 + 9 * pace)  # moved by hand to 20: on from there
+    assert (t, clock["from"]) == (21, 20)
+    assert episode.next_step(clock, 21, 40, now=100.0 + 10 * pace)[0] == 22
+    assert episode.next_step(None, 7, 40, now=5.0)[0] == 8  # no clock (a page from before): one step
+
+
+def test_play_starts_the_clock_and_pause_stops_it(lab):
+    engine, ids = lab
+    tab = episode.EpisodeTab(engine, *[object() for _ in range(17)])  # one key per component
+    view = episode.episode_view(engine, ids["clash"])["view"]
+    end = episode.view_end(view)
+    started = tab.toggle_play(view, None, end)  # at the end: from the start again
+    assert started[tab.step] == 0 and started[tab.playing]["from"] == 0 and started[tab.play] == "❚❚ Pause"
+    paused = tab.toggle_play(view, started[tab.playing], 1)
+    assert (paused[tab.playing], paused[tab.step], paused[tab.play]) == (None, 1, "▶ Play")
+    last = tab.tick(view, episode.play_clock(end - 1), end - 1, True)
+    assert (last[tab.step], last[tab.playing], last[tab.play]) == (end, None, "▶ Play")
+
+
 def test_the_replay_file_is_a_standalone_animation(lab):
     engine, ids = lab
     view = episode.episode_view(engine, ids["clash"])["view"]

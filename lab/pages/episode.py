@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,25 @@ from lab.results import outcome_of
 from lab.runs import episode_across_stages
 
 PLAY_S = 0.6  # seconds per step while a replay plays
+
+
+def play_clock(start: int, now: float | None = None) -> dict[str, float]:
+    """A replay's clock, kept while it plays: the step it started from (`from`) at the time `since`
+    (`time.monotonic`), and the step last shown (`shown`)."""
+    return {"from": start, "since": time.monotonic() if now is None else now, "shown": start}
+
+
+def next_step(clock: dict[str, float] | None, t: int, end: int, now: float | None = None) -> tuple[int, dict]:
+    """The step a tick of the playing replay shows, and the clock after it. Steps follow the clock, not the
+    ticks: a tick that came late (a busy machine, a slow redraw) shows the step due by then, so a replay keeps its
+    pace of one step per PLAY_S and ends on time; every tick moves it on one step at least. A step moved by hand
+    while it plays (`t` is not the step last shown) restarts the clock from there."""
+    now = time.monotonic() if now is None else now
+    if not clock or clock.get("shown") != t:
+        clock = play_clock(t, now - PLAY_S)  # one step due now, from where the replay was moved to
+    due = int(clock["from"] + round((now - clock["since"]) / PLAY_S))
+    step = min(max(due, t + 1), end)
+    return step, clock | {"shown": step}
 
 
 def episode_view(engine: Engine, episode_id: Any) -> dict[str, Any]:
@@ -117,7 +137,7 @@ class EpisodeTab:
     def show(self, episode_id: Any, ghost: bool, gif_width: Any = None) -> dict[Any, Any]:
         """An episode opened, its GIF made at the width chosen (the first offered when none is)."""
         v = episode_view(self.engine, episode_id)
-        stopped = {self.playing: False, self.ticker: gr.Timer(active=False), self.play: "▶ Play"}
+        stopped = {self.playing: None, self.ticker: gr.Timer(active=False), self.play: "▶ Play"}
         if v["error"]:
             return {self.view: None, self.header: v["error"], self.answer: "", self.step: gr.update(maximum=1, value=0),
                     self.gif: gr.update(value=None, interactive=False),
@@ -139,20 +159,21 @@ class EpisodeTab:
         fig, events = draw(view, t, ghost)
         return {self.board: fig, self.events: events}
 
-    def toggle_play(self, view: dict | None, is_playing: bool, t: Any) -> dict[Any, Any]:
+    def toggle_play(self, view: dict | None, clock: dict | None, t: Any) -> dict[Any, Any]:
+        """Play (from the start when the replay is at its end) or pause; `clock` is the replay's while it plays."""
         if not view:
-            return {self.playing: False, self.ticker: gr.Timer(active=False), self.play: "▶ Play", self.step: t}
+            return {self.playing: None, self.ticker: gr.Timer(active=False), self.play: "▶ Play", self.step: t}
         end = view_end(view)
-        starting = not is_playing
-        t = 0 if starting and t >= end else t
-        return {self.playing: starting, self.ticker: gr.Timer(active=starting),
+        starting = not clock
+        t = 0 if starting and int(t or 0) >= end else int(t or 0)
+        return {self.playing: play_clock(t) if starting else None, self.ticker: gr.Timer(active=starting),
                 self.play: "❚❚ Pause" if starting else "▶ Play", self.step: t}
 
-    def tick(self, view: dict | None, t: Any, ghost: bool) -> dict[Any, Any]:
+    def tick(self, view: dict | None, clock: dict | None, t: Any, ghost: bool) -> dict[Any, Any]:
         end = view_end(view)
-        t = min(int(t or 0) + 1, end)
+        t, clock = next_step(clock, int(t or 0), end)
         going = t < end
-        return self.redraw(view, t, ghost) | {self.step: t, self.playing: going,
+        return self.redraw(view, t, ghost) | {self.step: t, self.playing: clock if going else None,
                 self.ticker: gr.Timer(active=going), self.play: "❚❚ Pause" if going else "▶ Play"}
 
 
@@ -183,12 +204,12 @@ def build(page: Page) -> EpisodeTab:
     strip_table = gr.Dataframe(label="Its answer at each stage", interactive=False, visible=False, wrap=True,
                                column_widths=["60px", "80px", "150px", "35%", "40%"], elem_id="strip-table")
     tab = EpisodeTab(page.engine, episode_id, header, view, board, step, play, ghost, events, answer, strip_note,
-                     strip, strip_table, gr.State(False), gr.Timer(PLAY_S, active=False), gif, html, gif_width)
+                     strip, strip_table, gr.State(None), gr.Timer(PLAY_S, active=False), gif, html, gif_width)
     gr.on([open_episode.click, episode_id.submit], tab.show, tab.opens, tab.outputs)
     gr.on([step.input, ghost.input], tab.redraw, [view, step, ghost], [board, events], **no_progress(page))
     gif_width.select(lambda v, w: {gif: gr.update(value=gif_file(v, w), interactive=v is not None)},
                     [view, gif_width], gif, trigger_mode="always_last")
     play.click(tab.toggle_play, [view, tab.playing, step], [tab.playing, tab.ticker, play, step])
-    tab.ticker.tick(tab.tick, [view, step, ghost], [step, board, events, tab.playing, tab.ticker, play],
+    tab.ticker.tick(tab.tick, [view, tab.playing, step, ghost], [step, board, events, tab.playing, tab.ticker, play],
                     **no_progress(page))
     return tab

@@ -45,7 +45,8 @@ class MeasurePanel:
         job_id, message = queue_measure(self.engine, proposal_id, edited, stage0=stage0)
         absent = job_id is None and message.endswith("instead?")
         return {self.owner: proposal_id, self.job: job_id, self.status: message, self.stage0: gr.update(visible=absent),
-                self.timer: gr.Timer(active=job_id is not None), self.bar: progress_html(0.0)}
+                self.timer: gr.Timer(active=job_id is not None),
+                self.bar: progress_html(0.0) if job_id is not None else ""}  # a bar only while something measures
 
     def poll(self, job_id):
         v = measure_view(self.engine, job_id)
