@@ -205,7 +205,7 @@ def _actions(engine, ids: dict[str, int]) -> dict[str, Action]:
         slowest = 0.0
         for t in range(STEPS + 1):
             t0 = time.perf_counter()
-            episode_tab.tick(big, t, True)
+            episode_tab.tick(big, None, t, True)  # no clock: a tick shows the next step
             slowest = max(slowest, time.perf_counter() - t0)
         return slowest
 
@@ -228,10 +228,10 @@ def _actions(engine, ids: dict[str, int]) -> dict[str, Action]:
                                                                  proposal_tab.show_preview(ids["second"]))),
             "first visit to Stage review": Action(lambda: review_tab.show(history, None)),
             "a failure row to its replay": Action(lambda: episode_tab.show(ids["clash"], True)),
-            "one Play step, 10x10 board, 5 agents": Action(lambda: episode_tab.tick(big, STEPS // 2, True)),
+            "one Play step, 10x10 board, 5 agents": Action(lambda: episode_tab.tick(big, None, STEPS // 2, True)),
             f"Play to the end, 10x10 ({STEPS} steps): slowest": Action(play_to_the_end, timed=True,
                                                                         target=PLAY_S),
-            "one Play step, a stored episode": Action(lambda: episode_tab.tick(view, 0, True)),
+            "one Play step, a stored episode": Action(lambda: episode_tab.tick(view, None, 0, True)),
             "the live edit check (one cell typed)": Action(edit_check),
             "a decision (reject and ask again)": Action(decide, after=next_proposal)}
 
