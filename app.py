@@ -30,6 +30,7 @@ import signal
 import socket
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -112,18 +113,22 @@ def build_demo(engine: Engine, own_worker: bool = True) -> gr.Blocks:
         quiet = gr.HTML(visible=False)
         waiting = gr.HTML(elem_id="waiting")
         seen = gr.State(None)  # the `LabVersion` this browser last drew
+        # The tab shown, held by the browser (set there as a tab is clicked, before any answer), and the run each of
+        # the tabs a run fills was last drawn for (`LAZY`): a run opens in the tab shown, the others when opened.
+        showing = gr.Textbox("runs", visible=False)
+        drawn = gr.State({})
         poll = gr.Timer(POLL_S, active=False)  # started by the page's first answer (`on_load`)
         with gr.Tabs(elem_id="tabs") as tabs:
             page = Page(engine, run_pick, tabs, worker, quiet, own_worker)
-            with gr.Tab("Runs", id="runs"):
+            with gr.Tab("Runs", id="runs") as runs_item:
                 runs_tab = runs.build(page)
-            with gr.Tab("Stage review", id="review"):
+            with gr.Tab("Stage review", id="review") as review_item:
                 review_tab = review.build(page)
-            with gr.Tab("Episode", id="episode"):
+            with gr.Tab("Episode", id="episode") as episode_item:
                 episode_tab = episode.build(page)
-            with gr.Tab("Proposal", id="proposal"):
+            with gr.Tab("Proposal", id="proposal") as proposal_item:
                 proposal_tab = proposal.build(page)
-            with gr.Tab("Train", id="train"):
+            with gr.Tab("Train", id="train") as train_item:
                 train_tab = train.build(page)
             with gr.Tab("Playground", id="playground") as playground_item:
                 playground_tab = playground.build(page)
@@ -137,24 +142,45 @@ def build_demo(engine: Engine, own_worker: bool = True) -> gr.Blocks:
                                 [leaderboard_tab.pick, *leaderboard_tab.outputs])
         playground_item.select(playground_tab.first_visit, [playground_tab.view, playground_tab.board_text],
                                playground_tab.outputs)
-        _wire(page, refresh, poll, waiting, seen, demo, runs_tab, review_tab, episode_tab, proposal_tab, train_tab,
-              playground_tab, leaderboard_tab)
+        items = {"runs": runs_item, "review": review_item, "episode": episode_item, "proposal": proposal_item,
+                 "train": train_item, "playground": playground_item, "leaderboard": leaderboard_item,
+                 "compare": compare_item}
+        for tab_id, item in items.items():  # in the browser only, at once: an answer drawn later cannot reorder it
+            item.select(None, None, showing, js=f"() => {tab_id!r}")
+        _wire(page, refresh, poll, waiting, Shown(seen, showing, drawn, items), demo, runs_tab, review_tab,
+              episode_tab, proposal_tab, train_tab, playground_tab, leaderboard_tab)
     return demo
 
 
-def _wire(page: Page, refresh: gr.Button, poll: gr.Timer, waiting: gr.HTML, seen: gr.State, demo: gr.Blocks,
+@dataclass(frozen=True)
+class Shown:
+    """What the browser has drawn: `seen` (the `LabVersion` and the run last drawn), `showing` (the tab shown) and
+    `drawn` (the run each tab of `LAZY` was last drawn for)."""
+
+    seen: gr.State
+    showing: gr.Textbox
+    drawn: gr.State
+    items: dict[str, gr.Tab]
+
+
+LAZY = ("train", "review", "proposal")  # the tabs a run fills: drawn when shown, not behind the tab shown
+
+
+def _wire(page: Page, refresh: gr.Button, poll: gr.Timer, waiting: gr.HTML, shown: Shown, demo: gr.Blocks,
           runs_tab: runs.RunsTab,
           review_tab: review.ReviewTab, episode_tab: episode.EpisodeTab, proposal_tab: proposal.ProposalTab,
           train_tab: train.TrainTab, playground_tab: playground.PlaygroundTab,
           leaderboard_tab: leaderboard.LeaderboardTab) -> None:
     """The events that cross tabs: the run picked above them, links, the poll, a new run, a decision.
 
-    A run opens in every tab in one answer (`open_everywhere`), never in a chain of events another event (the
-    poll) can slip between; and events read what a tab has drawn from its `gr.State` (`shown`), never a
-    dropdown's value, whose choices may be changing on the server while the browser sends it."""
+    A run opens in one answer (`open_run`), never in a chain of events another event (the poll) can slip between:
+    the bar above the tabs and the tab shown are drawn for it, and each other tab of `LAZY` when it is next opened
+    (`opened`), so the browser lays out one tab, not three. Events read what a tab has drawn from its `gr.State`
+    (`shown`), never a dropdown's value, whose choices may be changing on the server while the browser sends it."""
     engine, run_pick = page.engine, page.run_pick
+    seen, showing, drawn = shown.seen, shown.showing, shown.drawn
     top_out = [run_pick, runs_tab.table, page.worker, waiting]
-    everywhere = [*top_out, *train_tab.outputs, *review_tab.outputs, *proposal_tab.outputs, seen]
+    everywhere = [*top_out, *train_tab.outputs, *review_tab.outputs, *proposal_tab.outputs, seen, drawn]
 
     def top(run_id: int | None, select: bool = True) -> dict[Any, Any]:
         """The bar above the tabs and the runs table. With `select` the dropdown's choices and value are set
@@ -167,110 +193,144 @@ def _wire(page: Page, refresh: gr.Button, poll: gr.Timer, waiting: gr.HTML, seen
         return {run_pick: pick, runs_tab.table: runs.runs_table(engine),
                 page.worker: worker_badge(engine, page.own_worker), waiting: waiting_banner(engine)}
 
-    def open_everywhere(run_id: int | None, proposal_id: int | None = None,
-                        stage_index: int | None = None, select: bool = True) -> dict[Any, Any]:
-        """Run `run_id` open in every tab: the bar above them, Train, Stage review (`stage_index`, else the
-        latest), Proposal (`proposal_id`, else the one that waits, else the newest); and marked drawn for the
-        poll."""
-        return top(run_id, select) | train_tab.show(run_id) | review_tab.show(run_id, stage_index) | \
-            proposal_tab.show_all(run_id, proposal_id) | {seen: (lab_version(engine), run_id)}
+    def draw(tab: str, run_id: int | None, proposal_id: int | None = None,
+             stage_index: int | None = None) -> dict[Any, Any]:
+        """Tab `tab` drawn for run `run_id` (nothing for a tab a run does not fill)."""
+        if tab == "train":
+            return train_tab.show(run_id)
+        if tab == "review":
+            return review_tab.show(run_id, stage_index)
+        if tab == "proposal":
+            return proposal_tab.show_all(run_id, proposal_id)
+        return {}
 
-    def reopen(run_id: int | None, proposal_id: int | None, stage_index: int | None) -> dict[Any, Any]:
-        return open_everywhere(run_id, proposal_id, stage_index)
+    def open_run(run_id: int | None, tab: str, proposal_id: int | None = None, stage_index: int | None = None,
+                 select: bool = True) -> dict[Any, Any]:
+        """Run `run_id` open: the bar above the tabs, and the tab shown (`tab`; Proposal at `proposal_id`, else
+        the one that waits, else the newest; Stage review at `stage_index`, else the latest); the other tabs of
+        `LAZY` are marked as drawn for no run, so each is drawn when opened. Marked drawn for the poll."""
+        return top(run_id, select) | draw(tab, run_id, proposal_id, stage_index) | {
+            drawn: {tab: run_id} if tab in LAZY else {}, seen: (lab_version(engine), run_id)}
+
+    def opener(tab: str) -> Callable[..., dict[Any, Any]]:
+        def opened(drawn_for: tuple[LabVersion, int | None] | None, has: dict[str, Any]) -> dict[Any, Any]:
+            """Tab `tab` opened: drawn for the open run unless it is already."""
+            run_id = drawn_for[1] if drawn_for is not None else None
+            if tab in has and has[tab] == run_id:
+                return {drawn: has}  # (an empty dict would be read as one value)
+            return draw(tab, run_id) | {drawn: {**has, tab: run_id}}
+        return opened
+
+    outputs = {"train": train_tab.outputs, "review": review_tab.outputs, "proposal": proposal_tab.outputs}
+    for tab in LAZY:
+        shown.items[tab].select(opener(tab), [seen, drawn], [*outputs[tab], drawn], **no_progress(page), **VIEW)
+
+    def reopen(run_id: int | None, tab: str, proposal_id: int | None, stage_index: int | None) -> dict[Any, Any]:
+        return open_run(run_id, tab, proposal_id, stage_index)
 
     # A poll answer read for the run open before lands after a run is opened: the next poll sees that `seen` is of
-    # another run and redraws every tab (cancelling the poll instead would mark its outputs "Error"). The events that
-    # draw a run's tabs answer one at a time (`VIEW`), so that answer is drawn before the run opened, not after.
-    _wire_poll(page, poll, seen, top, top_out, review_tab, proposal_tab, train_tab)
+    # another run and redraws the tab shown (cancelling the poll instead would mark its outputs "Error"). The events
+    # that draw a run's tabs answer one at a time (`VIEW`), so that answer is drawn before the run opened, not after.
+    _wire_poll(page, poll, shown, top, top_out, draw, review_tab, proposal_tab, train_tab)
     # Progress shows on the bar above the tabs only: a status tracker on each of the ~40 outputs costs the browser
     # more than the answer does, and flashes Gradio's timer text in every status line.
-    refresh.click(reopen, [run_pick, proposal_tab.shown, review_tab.shown], everywhere, show_progress_on=run_pick,
-                  **VIEW) \
+    refresh.click(reopen, [run_pick, showing, proposal_tab.shown, review_tab.shown], everywhere,
+                  show_progress_on=run_pick, **VIEW) \
         .then(leaderboard_tab.choices, None, leaderboard_tab.pick)
-    def picked(run_id: int | None) -> dict[Any, Any]:
-        """A run picked in the dropdown: every tab follows; the dropdown itself is left as the person set it, so
-        an answer that lands after a later pick cannot set it back."""
-        return open_everywhere(run_id, select=False)
+
+    def picked(run_id: int | None, tab: str) -> dict[Any, Any]:
+        """A run picked in the dropdown: the tab shown follows (the others when opened); the dropdown itself is
+        left as the person set it, so an answer that lands after a later pick cannot set it back."""
+        return open_run(run_id, tab, select=False)
 
     # `select`, as `input` fires twice per pick (Gradio 6). `always_last`: a pick made while the previous one is
     # answered runs after it (the default, `once`, drops it, and the tabs would stay on the run picked before).
-    run_pick.select(picked, run_pick, everywhere, show_progress_on=run_pick, trigger_mode="always_last", **VIEW)
+    run_pick.select(picked, [run_pick, showing], everywhere, show_progress_on=run_pick, trigger_mode="always_last",
+                    **VIEW)
 
     def create(*form: Any) -> dict[Any, Any]:
         message, run_id = runs.create_run_from_form(engine, *form)
         if run_id is None:
             return {runs_tab.message: message}
-        return open_everywhere(run_id) | {runs_tab.message: message, page.tabs: gr.Tabs(selected="train"),
-                                          train_tab.message: message}
+        return open_run(run_id, "train") | {runs_tab.message: message, page.tabs: gr.Tabs(selected="train"),
+                                            showing: "train", train_tab.message: message}
 
-    runs_tab.create.click(create, runs_tab.form, [runs_tab.message, *everywhere, page.tabs, train_tab.message],
-                          show_progress_on=runs_tab.message, **VIEW)
+    runs_tab.create.click(create, runs_tab.form, [runs_tab.message, *everywhere, page.tabs, showing,
+                                                  train_tab.message], show_progress_on=runs_tab.message, **VIEW)
 
-    def imported(path: str | None) -> dict[Any, Any]:
+    def imported(path: str | None, tab: str) -> dict[Any, Any]:
         message, run_id = runs.import_file(engine, path, uploaded=True)
         done = {runs_tab.import_message: message, runs_tab.upload: None}  # ready for the next file
-        return done if run_id is None else open_everywhere(run_id) | done
+        return done if run_id is None else open_run(run_id, tab) | done
 
-    runs_tab.upload.upload(imported, runs_tab.upload, [runs_tab.import_message, runs_tab.upload, *everywhere],
+    runs_tab.upload.upload(imported, [runs_tab.upload, showing],
+                           [runs_tab.import_message, runs_tab.upload, *everywhere],
                            show_progress_on=runs_tab.import_message, **VIEW)
 
     def open_from_gallery(ghost: bool, gif_width: Any, evt: gr.SelectData) -> dict[Any, Any]:
         """A failure row clicked: its episode drawn and the Episode tab shown, in one answer."""
         episode_id = evt.row_value[0]
-        return {episode_tab.episode_id: episode_id, page.tabs: gr.Tabs(selected="episode")} | \
+        return {episode_tab.episode_id: episode_id, page.tabs: gr.Tabs(selected="episode"), showing: "episode"} | \
             episode_tab.show(episode_id, ghost, gif_width)
 
     review_tab.gallery.select(open_from_gallery, [episode_tab.ghost, episode_tab.gif_width],
-                              [episode_tab.episode_id, page.tabs, *episode_tab.outputs],
+                              [episode_tab.episode_id, page.tabs, showing, *episode_tab.outputs],
                               show_progress_on=review_tab.gallery)
 
-    def after_decision(run_id: int | None) -> dict[Any, Any]:
-        return train_tab.show(run_id) | top(run_id, select=False)
+    def after_decision(run_id: int | None, has: dict[str, Any]) -> dict[Any, Any]:
+        """The bar above the tabs, and the Train tab where it is drawn for this run (else it is when opened)."""
+        return (train_tab.show(run_id) if has.get("train", False) == run_id else {}) | top(run_id, select=False)
 
     for decided in proposal_tab.decided:
-        decided.then(after_decision, run_pick, [*train_tab.outputs, *top_out], **no_progress(page))
+        decided.then(after_decision, [run_pick, drawn], [*train_tab.outputs, *top_out], **no_progress(page))
 
     def on_load(request: gr.Request) -> dict[Any, Any]:
         link = linked(engine, dict(request.query_params) if request is not None else {})
+        tab = link["tab"] or "runs"
         # Everything a link opens goes out with the first answer: a link to a proposal or an episode paints in one
         # round trip.
         episode = {} if link["episode"] is None else episode_tab.show(link["episode"], True)
         # The poll starts with this answer: one started before would read the page as it was before it (no run
         # open) and draw that over it.
-        return open_everywhere(link["run"], link["proposal"]) | episode | {
-            poll: gr.Timer(active=True), page.tabs: gr.Tabs(selected=link["tab"]) if link["tab"] else gr.update(),
-            episode_tab.episode_id: link["episode"]}
+        return open_run(link["run"], tab, link["proposal"]) | episode | {
+            poll: gr.Timer(active=True), episode_tab.episode_id: link["episode"]} | (
+            # a tab the person opened before this answer came is left as it is (and drawn: `opened`)
+            {page.tabs: gr.Tabs(selected=tab), showing: tab} if link["tab"] else {})
 
-    demo.load(on_load, None, [*everywhere, poll, page.tabs, episode_tab.episode_id, *episode_tab.outputs],
+    demo.load(on_load, None, [*everywhere, poll, page.tabs, showing, episode_tab.episode_id, *episode_tab.outputs],
               show_progress_on=run_pick, **VIEW)
 
 
-def _wire_poll(page: Page, poll: gr.Timer, seen: gr.State, top: Callable[..., dict[Any, Any]],
-               top_out: list[Any], review_tab: review.ReviewTab, proposal_tab: proposal.ProposalTab,
-               train_tab: train.TrainTab) -> Any:
+def _wire_poll(page: Page, poll: gr.Timer, shown: Shown, top: Callable[..., dict[Any, Any]], top_out: list[Any],
+               draw: Callable[..., dict[Any, Any]], review_tab: review.ReviewTab,
+               proposal_tab: proposal.ProposalTab, train_tab: train.TrainTab) -> Any:
     """The poll (its event, returned): one cheap read of what changed (`lab_version`); only the parts of the page
-    that depend on it are redrawn, and a newly stored proposal is selected. `seen` is (the version drawn, the run
-    it was drawn for): a run other than the open one (the poll's answer crossed a run being opened) redraws every
-    tab."""
-    engine = page.engine
+    that depend on it are redrawn (of the tabs a run fills, those drawn for the open run), and a newly stored
+    proposal is selected. `seen` is (the version drawn, the run it was drawn for): a run other than the open one
+    (the poll's answer crossed a run being opened) redraws the tab shown, the others when opened."""
+    engine, seen, drawn = page.engine, shown.seen, shown.drawn
 
-    def follow(run_id: int | None, proposal_id: int | None, stage_index: int | None,
-               drawn_for: tuple[LabVersion, int | None] | None) -> dict[Any, Any]:
+    def follow(run_id: int | None, tab: str, proposal_id: int | None, stage_index: int | None,
+               drawn_for: tuple[LabVersion, int | None] | None, has: dict[str, Any]) -> dict[Any, Any]:
         now = lab_version(engine)
-        drawn = drawn_for[0] if drawn_for is not None and drawn_for[1] == run_id else None
         out: dict[Any, Any] = {page.worker: worker_badge(engine, page.own_worker), seen: (now, run_id)}
-        if drawn is None or now.jobs != drawn.jobs or now.runs != drawn.runs:
+        if drawn_for is None or drawn_for[1] != run_id:
+            return out | top(run_id, select=False) | draw(tab, run_id) | {drawn: {tab: run_id} if tab in LAZY else {}}
+        drawn_ = drawn_for[0]
+        here = {t for t in LAZY if t in has and has[t] == run_id}
+        if "train" in here and (now.jobs != drawn_.jobs or now.runs != drawn_.runs):
             out |= train_tab.show(run_id)
-        if drawn is None or (now.runs, now.proposals, now.stages) != (drawn.runs, drawn.proposals, drawn.stages):
-            new_proposal = drawn is not None and now.proposals[0] != drawn.proposals[0]
-            out |= top(run_id, select=False) | proposal_tab.follow(run_id, proposal_id, jump=new_proposal)
-        if drawn is None or now.stages != drawn.stages:
-            out |= review_tab.show(run_id, stage_index if drawn is not None else None)
+        if (now.runs, now.proposals, now.stages) != (drawn_.runs, drawn_.proposals, drawn_.stages):
+            out |= top(run_id, select=False)
+            if "proposal" in here:
+                out |= proposal_tab.follow(run_id, proposal_id, jump=now.proposals[0] != drawn_.proposals[0])
+        if "review" in here and now.stages != drawn_.stages:
+            out |= review_tab.show(run_id, stage_index)
         return out
 
-    return poll.tick(follow, [page.run_pick, proposal_tab.shown, review_tab.shown, seen],
-              [seen, *top_out, *train_tab.outputs, *proposal_tab.outputs, *review_tab.outputs],
-              **no_progress(page), **VIEW)
+    return poll.tick(follow, [page.run_pick, shown.showing, proposal_tab.shown, review_tab.shown, seen, drawn],
+                     [seen, drawn, *top_out, *train_tab.outputs, *proposal_tab.outputs, *review_tab.outputs],
+                     **no_progress(page), **VIEW)
 
 
 # ---------------------------------------------------------------- the command
