@@ -267,15 +267,17 @@ def _wire(page: Page, refresh: gr.Button, poll: gr.Timer, waiting: gr.HTML, show
                            [runs_tab.import_message, runs_tab.upload, *everywhere],
                            show_progress_on=runs_tab.import_message, **VIEW)
 
-    def open_from_gallery(ghost: bool, gif_width: Any, evt: gr.SelectData) -> dict[Any, Any]:
+    def open_from_gallery(ghost: bool, evt: gr.SelectData) -> dict[Any, Any]:
         """A failure row clicked: its episode drawn and the Episode tab shown, in one answer."""
         episode_id = evt.row_value[0]
         return {episode_tab.episode_id: episode_id, page.tabs: gr.Tabs(selected="episode"), showing: "episode"} | \
-            episode_tab.show(episode_id, ghost, gif_width)
+            episode_tab.show(episode_id, ghost)
 
-    review_tab.gallery.select(open_from_gallery, [episode_tab.ghost, episode_tab.gif_width],
+    review_tab.gallery.select(open_from_gallery, episode_tab.ghost,
                               [episode_tab.episode_id, page.tabs, showing, *episode_tab.outputs],
-                              show_progress_on=review_tab.gallery)
+                              show_progress_on=review_tab.gallery) \
+        .then(episode_tab.files, [episode_tab.view, episode_tab.gif_width], [episode_tab.gif, episode_tab.html],
+              **no_progress(page))
 
     def after_decision(run_id: int | None, has: dict[str, Any]) -> dict[Any, Any]:
         """The bar above the tabs, and the Train tab where it is drawn for this run (else it is when opened)."""
@@ -298,7 +300,9 @@ def _wire(page: Page, refresh: gr.Button, poll: gr.Timer, waiting: gr.HTML, show
             {page.tabs: gr.Tabs(selected=tab), showing: tab} if link["tab"] else {})
 
     demo.load(on_load, None, [*everywhere, poll, page.tabs, showing, episode_tab.episode_id, *episode_tab.outputs],
-              show_progress_on=run_pick, **VIEW)
+              show_progress_on=run_pick, **VIEW) \
+        .then(episode_tab.files, [episode_tab.view, episode_tab.gif_width], [episode_tab.gif, episode_tab.html],
+              **no_progress(page))
 
 
 def _wire_poll(page: Page, poll: gr.Timer, shown: Shown, top: Callable[..., dict[Any, Any]], top_out: list[Any],

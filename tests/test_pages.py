@@ -254,9 +254,12 @@ def test_the_gif_has_one_frame_per_step(lab):
             assert gif.size[0] == width
     with gr.Blocks():
         tab = episode.build(common.Page(engine, gr.Dropdown(), gr.Tabs(), gr.HTML(), gr.HTML()))
+    opened = tab.show(ids["clash"], True)  # the board first; the files in the answer after (`files`)
+    assert (opened[tab.gif]["value"], opened[tab.gif]["interactive"]) == (None, False)
     for width in (960, 480):  # another episode opened: the GIF is made at the width chosen, not the first
-        with Image.open(tab.show(ids["clash"], True, width)[tab.gif]["value"]) as gif:
+        with Image.open(tab.files(opened[tab.view], width)[tab.gif]["value"]) as gif:
             assert gif.size[0] == width
+    assert tab.files(None, 480)[tab.html] == {"__type__": "update", "value": None, "interactive": False}
     assert episode.gif_file(None) is None
 
 

@@ -126,16 +126,17 @@ class EpisodeTab:
 
     @property
     def opens(self) -> list[Any]:
-        """What `show` reads: the episode's number, the ghost box and the GIF width chosen."""
-        return [self.episode_id, self.ghost, self.gif_width]
+        """What `show` reads: the episode's number and the ghost box."""
+        return [self.episode_id, self.ghost]
 
     @property
     def outputs(self) -> list[Any]:
         return [self.view, self.header, self.answer, self.step, self.board, self.events, self.strip_note, self.strip,
                 self.strip_table, self.playing, self.ticker, self.play, self.gif, self.html]
 
-    def show(self, episode_id: Any, ghost: bool, gif_width: Any = None) -> dict[Any, Any]:
-        """An episode opened, its GIF made at the width chosen (the first offered when none is)."""
+    def show(self, episode_id: Any, ghost: bool) -> dict[Any, Any]:
+        """An episode opened: its replay at t = 0; its two files (the GIF, the HTML replay) follow in a second
+        answer (`files`), so the board is drawn first."""
         v = episode_view(self.engine, episode_id)
         stopped = {self.playing: None, self.ticker: gr.Timer(active=False), self.play: "▶ Play"}
         if v["error"]:
@@ -149,11 +150,16 @@ class EpisodeTab:
         has_strip = v["strip"] is not None
         strip_note = "### Same board across stages" if has_strip else "_This board was evaluated at one stage only._"
         return {self.view: v["view"], self.header: v["header"], self.answer: v["answer"],
-                self.gif: gr.update(value=gif_file(v["view"], gif_width), interactive=True),
-                self.html: gr.update(value=replay_file(v["view"]), interactive=True),
+                self.gif: gr.update(value=None, interactive=False), self.html: gr.update(value=None, interactive=False),
                 self.step: gr.update(maximum=max(v["end"], 1), value=0), self.board: fig, self.events: events,
                 self.strip_note: strip_note, self.strip: gr.update(value=v["strip"], visible=has_strip),
                 self.strip_table: gr.update(value=v["strip_table"], visible=has_strip)} | stopped
+
+    def files(self, view: dict | None, gif_width: Any = None) -> dict[Any, Any]:
+        """The open episode's files: its GIF at the width chosen (the first offered when none is) and its HTML
+        replay; each button clickable once its file is made."""
+        return {self.gif: gr.update(value=gif_file(view, gif_width), interactive=view is not None),
+                self.html: gr.update(value=replay_file(view), interactive=view is not None)}
 
     def redraw(self, view: dict | None, t: Any, ghost: bool) -> dict[Any, Any]:
         fig, events = draw(view, t, ghost)
@@ -205,7 +211,8 @@ def build(page: Page) -> EpisodeTab:
                                column_widths=["60px", "80px", "150px", "35%", "40%"], elem_id="strip-table")
     tab = EpisodeTab(page.engine, episode_id, header, view, board, step, play, ghost, events, answer, strip_note,
                      strip, strip_table, gr.State(None), gr.Timer(PLAY_S, active=False), gif, html, gif_width)
-    gr.on([open_episode.click, episode_id.submit], tab.show, tab.opens, tab.outputs)
+    gr.on([open_episode.click, episode_id.submit], tab.show, tab.opens, tab.outputs) \
+        .then(tab.files, [view, gif_width], [gif, html], **no_progress(page))
     gr.on([step.input, ghost.input], tab.redraw, [view, step, ghost], [board, events], **no_progress(page))
     gif_width.select(lambda v, w: {gif: gr.update(value=gif_file(v, w), interactive=v is not None)},
                     [view, gif_width], gif, trigger_mode="always_last")
