@@ -276,8 +276,7 @@ def _wire(page: Page, refresh: gr.Button, poll: gr.Timer, waiting: gr.HTML, show
     review_tab.gallery.select(open_from_gallery, episode_tab.ghost,
                               [episode_tab.episode_id, page.tabs, showing, *episode_tab.outputs],
                               show_progress_on=review_tab.gallery) \
-        .then(episode_tab.files, [episode_tab.view, episode_tab.gif_width], [episode_tab.gif, episode_tab.html],
-              **no_progress(page))
+        .then(episode_tab.extras, episode_tab.follows, episode_tab.extra_outputs, **no_progress(page))
 
     def after_decision(run_id: int | None, has: dict[str, Any]) -> dict[Any, Any]:
         """The bar above the tabs, and the Train tab where it is drawn for this run (else it is when opened)."""
@@ -301,8 +300,7 @@ def _wire(page: Page, refresh: gr.Button, poll: gr.Timer, waiting: gr.HTML, show
 
     demo.load(on_load, None, [*everywhere, poll, page.tabs, showing, episode_tab.episode_id, *episode_tab.outputs],
               show_progress_on=run_pick, **VIEW) \
-        .then(episode_tab.files, [episode_tab.view, episode_tab.gif_width], [episode_tab.gif, episode_tab.html],
-              **no_progress(page))
+        .then(episode_tab.extras, episode_tab.follows, episode_tab.extra_outputs, **no_progress(page))
 
 
 def _wire_poll(page: Page, poll: gr.Timer, shown: Shown, top: Callable[..., dict[Any, Any]], top_out: list[Any],

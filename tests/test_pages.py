@@ -254,8 +254,17 @@ def test_the_gif_has_one_frame_per_step(lab):
             assert gif.size[0] == width
     with gr.Blocks():
         tab = episode.build(common.Page(engine, gr.Dropdown(), gr.Tabs(), gr.HTML(), gr.HTML()))
-    opened = tab.show(ids["clash"], True)  # the board first; the files in the answer after (`files`)
+    opened = tab.show(ids["clash"], True)  # the board first; the strip and the files in the answer after
     assert (opened[tab.gif]["value"], opened[tab.gif]["interactive"]) == (None, False)
+    assert opened[tab.strip] == {"__type__": "update", "visible": False}  # never the previous episode's strip
+    after = tab.extras(ids["clash"], opened[tab.view], 480)
+    assert after[tab.strip]["visible"] and after[tab.strip_note] == "### Same board across stages"
+    assert [a.text for a in after[tab.strip]["value"].layout.annotations] == ["stage 0: vertex_conflict",
+                                                                           "stage 1: vertex_conflict"]
+    assert [row[0] for row in after[tab.strip_table]["value"]["data"]] == [0, 1]
+    with Image.open(after[tab.gif]["value"]) as gif:
+        assert gif.size[0] == 480 and after[tab.html]["interactive"]
+    assert tab.extras(None, None, 480) == tab.files(None, 480)  # nothing open: no files, the strip left as it is
     for width in (960, 480):  # another episode opened: the GIF is made at the width chosen, not the first
         with Image.open(tab.files(opened[tab.view], width)[tab.gif]["value"]) as gif:
             assert gif.size[0] == width

@@ -130,13 +130,23 @@ class EpisodeTab:
         return [self.episode_id, self.ghost]
 
     @property
+    def follows(self) -> list[Any]:
+        """What `extras` reads."""
+        return [self.episode_id, self.view, self.gif_width]
+
+    @property
+    def extra_outputs(self) -> list[Any]:
+        """What `extras` fills."""
+        return [self.gif, self.html, self.strip_note, self.strip, self.strip_table]
+
+    @property
     def outputs(self) -> list[Any]:
         return [self.view, self.header, self.answer, self.step, self.board, self.events, self.strip_note, self.strip,
                 self.strip_table, self.playing, self.ticker, self.play, self.gif, self.html]
 
     def show(self, episode_id: Any, ghost: bool) -> dict[Any, Any]:
-        """An episode opened: its replay at t = 0; its two files (the GIF, the HTML replay) follow in a second
-        answer (`files`), so the board is drawn first."""
+        """An episode opened: its replay at t = 0. The same board across stages and the two files (the GIF, the
+        HTML replay) follow in a second answer (`extras`), so the board is drawn first."""
         v = episode_view(self.engine, episode_id)
         stopped = {self.playing: None, self.ticker: gr.Timer(active=False), self.play: "▶ Play"}
         if v["error"]:
@@ -147,13 +157,23 @@ class EpisodeTab:
                     self.board: figures.empty_figure("no episode open"), self.events: "", self.strip_note: "",
                     self.strip: gr.update(visible=False), self.strip_table: gr.update(visible=False)} | stopped
         fig, events = draw(v["view"], 0, ghost)
-        has_strip = v["strip"] is not None
-        strip_note = "### Same board across stages" if has_strip else "_This board was evaluated at one stage only._"
         return {self.view: v["view"], self.header: v["header"], self.answer: v["answer"],
                 self.gif: gr.update(value=None, interactive=False), self.html: gr.update(value=None, interactive=False),
                 self.step: gr.update(maximum=max(v["end"], 1), value=0), self.board: fig, self.events: events,
-                self.strip_note: strip_note, self.strip: gr.update(value=v["strip"], visible=has_strip),
-                self.strip_table: gr.update(value=v["strip_table"], visible=has_strip)} | stopped
+                self.strip_note: "", self.strip: gr.update(visible=False),
+                self.strip_table: gr.update(visible=False)} | stopped
+
+    def extras(self, episode_id: Any, view: dict | None, gif_width: Any = None) -> dict[Any, Any]:
+        """What follows an opened episode's board (`show`), in the answer after it: the same board across stages,
+        and its files (`files`)."""
+        v = episode_view(self.engine, episode_id) if view else {"error": "no episode"}
+        if v["error"]:
+            return self.files(None)
+        has_strip = v["strip"] is not None
+        strip_note = "### Same board across stages" if has_strip else "_This board was evaluated at one stage only._"
+        return self.files(view, gif_width) | {
+            self.strip_note: strip_note, self.strip: gr.update(value=v["strip"], visible=has_strip),
+            self.strip_table: gr.update(value=v["strip_table"], visible=has_strip)}
 
     def files(self, view: dict | None, gif_width: Any = None) -> dict[Any, Any]:
         """The open episode's files: its GIF at the width chosen (the first offered when none is) and its HTML
@@ -212,7 +232,7 @@ def build(page: Page) -> EpisodeTab:
     tab = EpisodeTab(page.engine, episode_id, header, view, board, step, play, ghost, events, answer, strip_note,
                      strip, strip_table, gr.State(None), gr.Timer(PLAY_S, active=False), gif, html, gif_width)
     gr.on([open_episode.click, episode_id.submit], tab.show, tab.opens, tab.outputs) \
-        .then(tab.files, [view, gif_width], [gif, html], **no_progress(page))
+        .then(tab.extras, tab.follows, tab.extra_outputs, **no_progress(page))
     gr.on([step.input, ghost.input], tab.redraw, [view, step, ghost], [board, events], **no_progress(page))
     gif_width.select(lambda v, w: {gif: gr.update(value=gif_file(v, w), interactive=v is not None)},
                     [view, gif_width], gif, trigger_mode="always_last")
