@@ -111,8 +111,8 @@ class Walk:
                                                                                      timeout=TIMEOUT_MS)
 
     def open_run(self) -> float:
-        """From one run to the other in the "Open run" dropdown, on the Train tab: every tab redrawn (waited for:
-        the Train tab's status)."""
+        """From one run to the other in the "Open run" dropdown, on the Train tab: the tab shown redrawn (waited
+        for: its status; the other tabs a run fills are drawn when opened)."""
         self.turn += 1
         first, then = ((self.ids["history"], self.ids["waiting"]) if self.turn % 2
                        else (self.ids["waiting"], self.ids["history"]))
@@ -190,7 +190,7 @@ class Walk:
 
     def actions(self, steps: int) -> dict[str, Callable[[], float]]:
         """Every action the page's speed is judged by, by name."""
-        return {"open a run (every tab)": self.open_run,
+        return {"open a run (the tab shown)": self.open_run,
                 "open a proposal (with its boards)": self.open_proposal,
                 "first visit to Stage review": self.first_visit_to_review,
                 "a failure row to its replay": self.failure_to_replay,

@@ -24,7 +24,8 @@ def test_the_page_actions_are_timed_idle_and_while_a_stage_trains_side_by_side(c
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     bench = load_bench()
     timed = bench.bench_actions(repeats=1, load="stage", wait_s=300)
-    assert list(timed) == ["open a run (every tab)", "open a proposal (with its boards)", "first visit to Stage review",
+    assert list(timed) == ["open a run (the tab shown)", "open a proposal (with its boards)",
+                           "first visit to Stage review",
                            "a failure row to its replay", "one Play step, 10x10 board, 5 agents",
                            "Play to the end, 10x10 (40 steps): slowest", "one Play step, a stored episode",
                            "the live edit check (one cell typed)", "a decision (reject and ask again)"]

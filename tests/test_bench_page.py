@@ -28,7 +28,7 @@ def test_the_page_actions_are_timed_in_a_browser_idle_and_while_a_stage_trains(c
     # Three of the actions (the walk through every tab in tests/test_browser.py does the others beside a stage)
     figures, still, errors = bench.bench(repeats=1, play_steps=3, wait_s=300, warm=False,
                                          only=["open a run", "a decision", "the live edit check"])
-    assert list(figures) == ["open a run (every tab)", "a decision (reject and ask again)",
+    assert list(figures) == ["open a run (the tab shown)", "a decision (reject and ask again)",
                              "the live edit check (one cell typed)"]
     assert errors == []
     steps = re.fullmatch(r"yes, GRPO steps (\d+) to (\d+) of 2000 logged meanwhile", still)
