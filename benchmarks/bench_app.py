@@ -17,8 +17,8 @@ Run: `python benchmarks/bench_app.py [--repeats 20] [--paints 5] [--action-repea
    boards), the first visit to Stage review, a failure row to its replay, one Play step and a whole Play to the
    end of a 10x10 replay (its slowest step), the live edit check (one cell typed) and a decision (reject and ask
    again); median of the repeats, first idle, then while a real `envlab worker` (as `envlab serve` starts it, at
-   its default lower CPU priority) trains stage 1 of a run of the tiny policy with GRPO (`--load stage`, tests/stage_beside.py), or
-   while CPU spinners at that priority keep every core busy (`--load spin`). Under `--load stage` the loaded
+   its default lower CPU priority) trains stage 1 of a run of the tiny policy with GRPO (`--load stage`,
+   tests/stage_beside.py), or while CPU spinners at that priority keep every core busy (`--load spin`). Under `--load stage` the loaded
    column is measured only once the stage has logged its first GRPO step, and kept only if it is still training
    after the last measurement (the header says which steps it logged meanwhile); otherwise the column stays
    empty, says why, and the run exits 1. The ratio loaded/idle is the figure; target: each action <= 1.5 s
