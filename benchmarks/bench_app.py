@@ -12,18 +12,17 @@ Run: `python benchmarks/bench_app.py [--repeats 20] [--paints 5] [--action-repea
    `/?proposal=ID` in headless Chromium, timed from navigation to the diff table's first row and the
    proposal's status on screen, median of the paints, against a one-line Gradio page in the same browser.
    Target: <= 2 s. Needs `playwright` (PyPI) and Debian's `chromium`.
-3. The page's actions, idle and with a stage training beside the page, side by side in one run: what the
-   server computes for opening a run (the bar above the tabs and the tab shown), opening a proposal (with its
-   boards), the first visit to Stage review, a failure row to its replay, one Play step and a whole Play to the
-   end of a 10x10 replay (its slowest step), the live edit check (one cell typed) and a decision (reject and ask
-   again); median of the repeats, first idle, then while a real `envlab worker` (as `envlab serve` starts it, at
-   its default lower CPU priority) trains stage 1 of a run of the tiny policy with GRPO (`--load stage`,
-   tests/stage_beside.py), or while CPU spinners at that priority keep every core busy (`--load spin`). Under `--load stage` the loaded
-   column is measured only once the stage has logged its first GRPO step, and kept only if it is still training
-   after the last measurement (the header says which steps it logged meanwhile); otherwise the column stays
-   empty, says why, and the run exits 1. The ratio loaded/idle is the figure; target: each action <= 1.5 s
-   under load (a Play step <= 0.6 s, the replay's pace). The browser's side of the same actions:
-   benchmarks/bench_page.py.
+3. The page's actions, idle and with a stage training beside the page, side by side in one run: what the server computes
+   for opening a run (the bar above the tabs and the tab shown), opening a proposal (with its boards), the first visit
+   to Stage review, a failure row to its replay, one Play step and a whole Play to the end of a 10x10 replay (its
+   slowest step), the live edit check (one cell typed) and a decision (reject and ask again); median of the repeats,
+   first idle, then while a real `envlab worker` (as `envlab serve` starts it, at its default lower CPU priority) trains
+   stage 1 of a run of the tiny policy with GRPO (`--load stage`, tests/stage_beside.py), or while CPU spinners at that
+   priority keep every core busy (`--load spin`). Under `--load stage` the loaded column is measured only once the stage
+   has logged its first GRPO step, and kept only if it is still training after the last measurement (the header says
+   which steps it logged meanwhile); otherwise the column stays empty, says why, and the run exits 1. The ratio
+   loaded/idle is the figure; target: each action <= 1.5 s under load (a Play step <= 0.6 s, the replay's pace). The
+   browser's side of the same actions: benchmarks/bench_page.py.
 
 Exits 1 when a target is missed.
 """
