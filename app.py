@@ -17,7 +17,8 @@ A worker is started beside the page unless `--no-worker` is given or one is visi
 whose heartbeat is fresh. An idle worker writes nothing (a worker has no row of its own), so a lab whose
 worker idles on another machine gets a second one here; that is harmless, as claims are exclusive. Beside it a
 light lane starts too (`envlab worker --kinds probe`): a Measure job runs while the worker trains a long stage.
-Workers lower their CPU priority (`--nice`), so the page stays quick while a stage trains.
+Workers lower their CPU priority (`--nice`) and leave the page a core (`lab.worker.beside_page_env`: torch
+threads on every core but one), so the page stays quick while a stage trains.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from lab.pages import compare, episode, leaderboard, playground, proposal, revie
 from lab.pages.common import VIEW, Page, no_progress
 from lab.runs import LabVersion, lab_version, run_list, run_of_episode, run_of_proposal, waiting_proposals
 from lab.tempfiles import FILES_AGE_S, SWEEP_S
-from lab.worker import WorkerState, start_worker, worker_busy, worker_status
+from lab.worker import WorkerState, beside_page_env, start_worker, worker_busy, worker_status
 from storage.db import DatabaseUnusable, open_database
 
 ASSETS = Path(__file__).parent / "assets"
@@ -462,10 +463,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif worker_busy(engine):
         print("a worker is already at work on this database: not starting another", file=sys.stderr)
     else:
-        start_worker(args.db)
+        start_worker(args.db, env=beside_page_env())
     if not args.no_worker:
         for lane in LANES:  # a probe job runs here while the worker trains a stage
-            start_worker(args.db, options=lane)
+            start_worker(args.db, options=lane, env=beside_page_env())
     # SIGTERM ends the page like Ctrl-C does, so the atexit hook stops the worker it started.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     try:

@@ -41,7 +41,7 @@ import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -574,6 +574,18 @@ def _death_signal() -> Callable[[], None] | None:
         signal.signal(signal.SIGUSR2, signal.SIG_IGN)
 
     return before_exec
+
+
+def beside_page_env(environ: Mapping[str, str] | None = None, cores: int | None = None) -> dict[str, str]:
+    """What a worker started beside the page (`envlab serve`) adds to its environment: torch threads on every core
+    but one (at least one; `OMP_NUM_THREADS`), so the page and the browser showing it keep a core while a stage
+    trains. A lower CPU priority alone does not give them one on a small machine, and there the tiny policy trains
+    faster on one thread than on two (docs/worker.md). An `OMP_NUM_THREADS` already set is left as it is."""
+    environ = os.environ if environ is None else environ
+    if "OMP_NUM_THREADS" in environ:
+        return {}
+    cores = len(os.sched_getaffinity(0)) if cores is None else cores
+    return {"OMP_NUM_THREADS": str(max(1, cores - 1))}
 
 
 def start_worker(db: str | None, *, options: Sequence[str] = (), die_with_parent: bool = False,

@@ -1,12 +1,12 @@
 """A real stage of the tiny policy training beside the page, for the page's speed figures (benchmarks/bench_app.py,
 benchmarks/bench_page.py) and its error walk (tests/test_browser.py).
 
-Stage 1 of the seeded `waiting` run (`tests.seeded.seed_lab`) is queued by accepting its pending proposal, and a
-real `envlab worker` (as `envlab serve` starts it: its own process at its default lower CPU priority, the stage in a
-child process) trains it with TRL's GRPO. The run asks for `steps` GRPO steps (`max_steps`), many more than its 16
-boards give in one epoch, so the stage is still training when the measurements end; whether it trained the whole
-time is read from the stage's `training_logs` rows, not assumed: a figure taken beside a stage that was loading its
-model, or already evaluating, is no figure of the page under training load.
+Stage 1 of the seeded `waiting` run (`tests.seeded.seed_lab`) is queued by accepting its pending proposal, and a real
+`envlab worker` (as `envlab serve` starts it: its own process at its default lower CPU priority and with a core left
+to the page, the stage in a child process) trains it with TRL's GRPO. The run asks for `steps` GRPO steps
+(`max_steps`), many more than its 16 boards give in one epoch, so the stage is still training when the measurements
+end; whether it trained the whole time is read from the stage's `training_logs` rows, not assumed: a figure taken
+beside a stage that was loading its model, or already evaluating, is no figure of the page under training load.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from sqlalchemy import Engine, func
 from sqlmodel import select
 
 from lab.pages.proposal import decide_proposal
-from lab.worker import start_worker
+from lab.worker import beside_page_env, start_worker
 from storage.db import session
 from storage.models import Job, Run, Stage, TrainingLog
 
@@ -106,7 +106,7 @@ def start(engine: Engine, db: str, ids: dict[str, int], steps: int = STEPS) -> S
     said = decide_proposal(engine, ids["pending"], "accept", "bench")
     assert said.startswith("✓"), said
     log = Path(db).with_suffix(".worker.log")
-    worker = start_worker(db, options=["--poll", "0.2"], log=log, die_with_parent=True)
+    worker = start_worker(db, options=["--poll", "0.2"], log=log, die_with_parent=True, env=beside_page_env())
     return StageBeside(engine, run_id, worker, log, steps)
 
 

@@ -4,6 +4,7 @@ tests/test_pages.py."""
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -58,19 +59,23 @@ def _serving(url: str, proc: subprocess.Popen, seconds: float = 120) -> bool:
 
 def test_python_app_py_serves_the_lab_with_a_worker_and_stops_both(tmp_path: Path):
     """The entry point end to end: `python app.py` migrates a fresh database, starts `envlab worker` beside
-    the page and its probe lane, serves it, and on SIGTERM stops the page and the worker it started."""
+    the page and its probe lane (each with torch threads on every core but one), serves it, and on SIGTERM stops the
+    page and the worker it started."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     root = Path(app.__file__).parent
     proc = subprocess.Popen([sys.executable, str(root / "app.py"), "--port", str(port), "--no-example",
                              "--db", str(tmp_path / "lab.db")],
-                            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env={k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"})
     try:
         assert _serving(f"http://127.0.0.1:{port}/", proc), proc.stderr.read().decode()[-2000:] if proc.poll() else ""
         commands = {c: Path(f"/proc/{c}/cmdline").read_bytes() for c in _children(proc.pid)}
         workers = [c for c, line in commands.items() if b"lab.cli\x00worker" in line]
         assert sorted(b"--kinds\x00probe" in commands[c] for c in workers) == [False, True]  # the worker, the lane
+        threads = f"OMP_NUM_THREADS={max(1, len(os.sched_getaffinity(0)) - 1)}".encode()
+        assert all(threads in Path(f"/proc/{c}/environ").read_bytes().split(b"\x00") for c in workers)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
         deadline = time.monotonic() + 30

@@ -498,9 +498,9 @@ def test_every_tab_answers_without_an_error_while_a_stage_trains(lab, page, tmp_
 
 def test_each_action_asks_the_server_once_and_hidden_tabs_wait_until_opened(browser, page, tmp_path: Path):
     """A run picked, a failure row clicked and a tab opened each run one event on the server (Gradio's dropdown
-    fires `input` twice per pick: the page listens to `select`); the Playground and the Leaderboard are drawn
-    when first opened, not as the page loads, and a board being worked on stays when the Playground is opened
-    again."""
+    fires `input` twice per pick: the page listens to `select`); a run picked draws the tab shown, and the other
+    tabs a run fills are drawn for it when opened; the Playground and the Leaderboard are drawn when first opened,
+    not as the page loads, and a board being worked on stays when the Playground is opened again."""
     engine = make_engine(str(tmp_path / "lab.db"))
     ids = seed_lab(engine)
     demo = app.build_demo(engine)
@@ -527,6 +527,17 @@ def test_each_action_asks_the_server_once_and_hidden_tabs_wait_until_opened(brow
         page.locator("#train-status").get_by_text(f"Run #{ids['waiting']} ").wait_for()
         time.sleep(1)
         assert calls.count("picked") == 1
+
+        # The pick drew the tab shown; the Proposal tab is drawn for the run picked when opened, once
+        calls.clear()
+        page.get_by_role("tab", name="Proposal").click()
+        page.locator("#proposal-status").get_by_text(f"Proposal #{ids['pending']} ").wait_for()
+        page.get_by_role("tab", name="Train").click()  # each tab opened asks once (here: already drawn)
+        page.get_by_role("tab", name="Proposal").click()
+        time.sleep(1)
+        assert calls.count("opened") == 3
+        assert page.locator("#train-status").get_by_text(f"Run #{ids['waiting']} ").count() == 1
+        assert page.locator("#proposal-status").get_by_text(f"Proposal #{ids['pending']} ").count() == 1
 
         page.goto(f"http://127.0.0.1:{port}/?run={ids['history']}")
         page.get_by_role("tab", name="Stage review").click()

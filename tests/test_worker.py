@@ -13,7 +13,7 @@ from pathlib import Path
 from sqlalchemy import Engine, text
 from sqlmodel import select
 
-from lab.worker import run_worker
+from lab.worker import beside_page_env, run_worker
 from storage import queue
 from storage.db import make_engine, session, upgrade
 from storage.models import Job
@@ -194,3 +194,10 @@ def test_a_probe_lane_runs_a_measure_job_while_the_stage_ahead_of_it_waits_and_l
     assert (_job(engine, probe).worker, _job(engine, probe).status) == ("lane", "failed")  # ran (on no configs)
     assert _job(engine, stage).status == "queued"  # left for the stage worker
     engine.dispose()
+
+
+def test_a_worker_beside_the_page_leaves_it_a_core_unless_told_its_threads():
+    assert beside_page_env({}, cores=2) == {"OMP_NUM_THREADS": "1"}
+    assert beside_page_env({}, cores=1) == {"OMP_NUM_THREADS": "1"}  # at least one
+    assert beside_page_env({}, cores=16) == {"OMP_NUM_THREADS": "15"}
+    assert beside_page_env({"OMP_NUM_THREADS": "4"}, cores=16) == {}  # what the person set is kept
