@@ -180,6 +180,7 @@ def _wire(page: Page, refresh: gr.Button, poll: gr.Timer, waiting: gr.HTML, show
     (`shown`), never a dropdown's value, whose choices may be changing on the server while the browser sends it."""
     engine, run_pick = page.engine, page.run_pick
     seen, showing, drawn = shown.seen, shown.showing, shown.drawn
+    draw = _wire_lazy_tabs(page, shown, review_tab, proposal_tab, train_tab)
     top_out = [run_pick, runs_tab.table, page.worker, waiting]
     everywhere = [*top_out, *train_tab.outputs, *review_tab.outputs, *proposal_tab.outputs, seen, drawn]
 
@@ -194,17 +195,6 @@ def _wire(page: Page, refresh: gr.Button, poll: gr.Timer, waiting: gr.HTML, show
         return {run_pick: pick, runs_tab.table: runs.runs_table(engine),
                 page.worker: worker_badge(engine, page.own_worker), waiting: waiting_banner(engine)}
 
-    def draw(tab: str, run_id: int | None, proposal_id: int | None = None,
-             stage_index: int | None = None) -> dict[Any, Any]:
-        """Tab `tab` drawn for run `run_id` (nothing for a tab a run does not fill)."""
-        if tab == "train":
-            return train_tab.show(run_id)
-        if tab == "review":
-            return review_tab.show(run_id, stage_index)
-        if tab == "proposal":
-            return proposal_tab.show_all(run_id, proposal_id)
-        return {}
-
     def open_run(run_id: int | None, tab: str, proposal_id: int | None = None, stage_index: int | None = None,
                  select: bool = True) -> dict[Any, Any]:
         """Run `run_id` open: the bar above the tabs, and the tab shown (`tab`; Proposal at `proposal_id`, else
@@ -212,19 +202,6 @@ def _wire(page: Page, refresh: gr.Button, poll: gr.Timer, waiting: gr.HTML, show
         `LAZY` are marked as drawn for no run, so each is drawn when opened. Marked drawn for the poll."""
         return top(run_id, select) | draw(tab, run_id, proposal_id, stage_index) | {
             drawn: {tab: run_id} if tab in LAZY else {}, seen: (lab_version(engine), run_id)}
-
-    def opener(tab: str) -> Callable[..., dict[Any, Any]]:
-        def opened(drawn_for: tuple[LabVersion, int | None] | None, has: dict[str, Any]) -> dict[Any, Any]:
-            """Tab `tab` opened: drawn for the open run unless it is already."""
-            run_id = drawn_for[1] if drawn_for is not None else None
-            if tab in has and has[tab] == run_id:
-                return {drawn: has}  # (an empty dict would be read as one value)
-            return draw(tab, run_id) | {drawn: {**has, tab: run_id}}
-        return opened
-
-    outputs = {"train": train_tab.outputs, "review": review_tab.outputs, "proposal": proposal_tab.outputs}
-    for tab in LAZY:
-        shown.items[tab].select(opener(tab), [seen, drawn], [*outputs[tab], drawn], **no_progress(page), **VIEW)
 
     def reopen(run_id: int | None, tab: str, proposal_id: int | None, stage_index: int | None) -> dict[Any, Any]:
         return open_run(run_id, tab, proposal_id, stage_index)
@@ -302,6 +279,38 @@ def _wire(page: Page, refresh: gr.Button, poll: gr.Timer, waiting: gr.HTML, show
     demo.load(on_load, None, [*everywhere, poll, page.tabs, showing, episode_tab.episode_id, *episode_tab.outputs],
               show_progress_on=run_pick, **VIEW) \
         .then(episode_tab.extras, episode_tab.follows, episode_tab.extra_outputs, **no_progress(page))
+
+
+def _wire_lazy_tabs(page: Page, shown: Shown, review_tab: review.ReviewTab, proposal_tab: proposal.ProposalTab,
+                    train_tab: train.TrainTab) -> Callable[..., dict[Any, Any]]:
+    """Each tab of `LAZY` drawn for the open run when it is opened (`opened`: one event, which draws nothing when
+    the tab is drawn for that run already); returns `draw(tab, run_id, proposal_id=None, stage_index=None)`, the
+    tab drawn for a run (nothing for a tab a run does not fill)."""
+    seen, drawn = shown.seen, shown.drawn
+
+    def draw(tab: str, run_id: int | None, proposal_id: int | None = None,
+             stage_index: int | None = None) -> dict[Any, Any]:
+        if tab == "train":
+            return train_tab.show(run_id)
+        if tab == "review":
+            return review_tab.show(run_id, stage_index)
+        if tab == "proposal":
+            return proposal_tab.show_all(run_id, proposal_id)
+        return {}
+
+    def opener(tab: str) -> Callable[..., dict[Any, Any]]:
+        def opened(drawn_for: tuple[LabVersion, int | None] | None, has: dict[str, Any]) -> dict[Any, Any]:
+            """Tab `tab` opened: drawn for the open run unless it is already."""
+            run_id = drawn_for[1] if drawn_for is not None else None
+            if tab in has and has[tab] == run_id:
+                return {drawn: has}  # (an empty dict would be read as one value)
+            return draw(tab, run_id) | {drawn: {**has, tab: run_id}}
+        return opened
+
+    outputs = {"train": train_tab.outputs, "review": review_tab.outputs, "proposal": proposal_tab.outputs}
+    for tab in LAZY:
+        shown.items[tab].select(opener(tab), [seen, drawn], [*outputs[tab], drawn], **no_progress(page), **VIEW)
+    return draw
 
 
 def _wire_poll(page: Page, poll: gr.Timer, shown: Shown, top: Callable[..., dict[Any, Any]], top_out: list[Any],

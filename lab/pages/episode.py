@@ -43,8 +43,8 @@ def next_step(clock: dict[str, float] | None, t: int, end: int, now: float | Non
     return step, clock | {"shown": step}
 
 
-def episode_view(engine: Engine, episode_id: Any) -> dict[str, Any]:
-    """One episode for the viewer: the board's state (for `gr.State`), a header, the answer and the
+def episode_view(engine: Engine, episode_id: Any, strip: bool = True) -> dict[str, Any]:
+    """One episode for the viewer: the board's state (for `gr.State`), a header, the answer and (with `strip`) the
     "same board across stages" strip; `error` says why nothing could be shown."""
     try:
         episode_id = int(episode_id)
@@ -61,7 +61,7 @@ def episode_view(engine: Engine, episode_id: Any) -> dict[str, Any]:
               f"{instance.opt_makespan if instance.opt_makespan is not None else '?'}).  \n"
               f"{verdict(instance, outcome)} [Link to this episode](?episode={ep.id})")
     panels, strip_rows = [], []
-    if ep.split == Split.VALIDATION and len(same) > 1:
+    if strip and ep.split == Split.VALIDATION and len(same) > 1:
         for other in same:
             o = outcome if other.id == ep.id else outcome_of(other, instance)
             tag = "valid" if o.valid else str(o.failure)
@@ -147,7 +147,7 @@ class EpisodeTab:
     def show(self, episode_id: Any, ghost: bool) -> dict[Any, Any]:
         """An episode opened: its replay at t = 0. The same board across stages and the two files (the GIF, the
         HTML replay) follow in a second answer (`extras`), so the board is drawn first."""
-        v = episode_view(self.engine, episode_id)
+        v = episode_view(self.engine, episode_id, strip=False)
         stopped = {self.playing: None, self.ticker: gr.Timer(active=False), self.play: "▶ Play"}
         if v["error"]:
             return {self.view: None, self.header: v["error"], self.answer: "", self.step: gr.update(maximum=1, value=0),
