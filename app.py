@@ -366,6 +366,18 @@ def read_auth(value: str | None) -> list[tuple[str, str]] | None:
     return pairs
 
 
+def plotly_warmup() -> str:
+    """A script for the page's head that loads Gradio's Plotly bundle (4.6 MB of JavaScript, which Gradio imports
+    only when the first plot is drawn) as soon as the page is idle after its load, so the first board or chart a
+    person opens is drawn without waiting for it. The same module URL as Gradio's own import, so it is evaluated
+    once; empty when this Gradio ships no such bundle."""
+    bundles = sorted((Path(gr.__file__).parent / "templates" / "frontend" / "assets").glob("PlotlyPlot-*.js"))
+    if len(bundles) != 1:
+        return ""
+    return ('<script type="module">(window.requestIdleCallback || setTimeout)'
+            f'(() => import("./assets/{bundles[0].name}").catch(() => null));</script>')
+
+
 def close_api_docs(demo: gr.Blocks) -> None:
     """Under `--auth`, say nothing of the page's endpoints to someone who has not logged in: Gradio embeds the
     public endpoints' schema in `/` (login page included), so every endpoint is made "undocumented" (still
@@ -387,8 +399,8 @@ def launch(demo: gr.Blocks, host: str = "127.0.0.1", port: int | None = None,
     if auth:
         close_api_docs(demo)
     demo.launch(server_name=host, server_port=port, auth=auth, prevent_thread_lock=True, quiet=True,
-                css_paths=[ASSETS / "lab.css"], theme=gr.themes.Soft(), footer_links=[], ssr_mode=False,
-                show_error=True, max_file_size=Limits.from_env().upload,
+                css_paths=[ASSETS / "lab.css"], head=plotly_warmup(), theme=gr.themes.Soft(), footer_links=[],
+                ssr_mode=False, run_history=False, show_error=True, max_file_size=Limits.from_env().upload,
                 app_kwargs={"openapi_url": None, "middleware": [Middleware(Guard)]})
     if block:
         print(f"envlab: serving on http://{host}:{demo.server_port}", flush=True)

@@ -376,6 +376,39 @@ def test_a_note_is_stored_with_its_own_decision_only(lab, page):
     assert stored[ids["second"]] == ("accept", "")
 
 
+PLOTLY_FETCHED = "() => performance.getEntriesByType('resource').some(e => /\\/PlotlyPlot-[^/]*\\.js$/.test(e.name))"
+
+
+@pytest.mark.parametrize("warmed", [True, False], ids=["as-served", "without-the-warm-up"])
+def test_plotly_is_loaded_before_any_plot_and_no_run_history_is_kept(lab, page, monkeypatch, warmed):
+    """The page loads Gradio's Plotly bundle once it is idle after its load, with no plot drawn yet (without the
+    warm-up in its head, it does not: Gradio imports it for the first plot), and Gradio's run history, which would
+    rewrite every event's inputs and outputs into the browser's storage, is off: nothing is kept there."""
+    url, engine, ids = lab
+    if not warmed:  # the page served again, without the script in its head
+        monkeypatch.setattr(app, "plotly_warmup", lambda: "")
+        demo = app.build_demo(engine)
+        port = free_port()
+        app.launch(demo, port=port, block=False)
+        url = f"http://127.0.0.1:{port}/"
+    try:
+        page.goto(url)  # the Runs tab: no plot on it
+        page.locator("#run-pick input").wait_for()
+        if warmed:
+            page.wait_for_function(PLOTLY_FETCHED, timeout=TIMEOUT_MS)
+        else:
+            time.sleep(3)
+        assert page.evaluate(PLOTLY_FETCHED) is warmed
+        assert page.evaluate("() => document.querySelectorAll('.js-plotly-plot').length") == 0
+        open_run(page, f"#{ids['waiting']} ")
+        page.get_by_role("tab", name="Train").click()
+        page.locator("#train-status").get_by_text(f"Run #{ids['waiting']} ").wait_for()
+        assert page.evaluate("() => Object.keys(localStorage).filter(k => k.startsWith('gradio:run-history'))") == []
+    finally:
+        if not warmed:
+            demo.close()
+
+
 
 
 TEXTS_SEEN = """() => { window.__texts = new Set();
