@@ -224,7 +224,8 @@ def _actions(engine, ids: dict[str, int]) -> dict[str, Action]:
     return {"open a run (the tab shown)": Action(open_run),
             "open a proposal (with its boards)": Action(lambda: (proposal_tab.show(ids["second"]),
                                                                  proposal_tab.show_preview(ids["second"]))),
-            "first visit to Stage review": Action(lambda: review_tab.show(history, None)),
+            "first visit to Stage review": Action(lambda: review_tab.plots(  # its plots, in the answer after
+                review_tab.show(history, None)[review_tab.due])),
             "a failure row to its replay": Action(lambda: episode_tab.show(ids["clash"], True)),
             "one Play step, 10x10 board, 5 agents": Action(lambda: episode_tab.tick(big, None, STEPS // 2, True)),
             f"Play to the end, 10x10 ({STEPS} steps): slowest": Action(play_to_the_end, timed=True,

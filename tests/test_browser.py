@@ -532,8 +532,9 @@ def test_every_tab_answers_without_an_error_while_a_stage_trains(lab, page, tmp_
 def test_each_action_asks_the_server_once_and_hidden_tabs_wait_until_opened(browser, page, tmp_path: Path):
     """A run picked, a failure row clicked and a tab opened each run one event on the server (Gradio's dropdown
     fires `input` twice per pick: the page listens to `select`); a run picked draws the tab shown, and the other
-    tabs a run fills are drawn for it when opened; the Playground and the Leaderboard are drawn when first opened,
-    not as the page loads, and a board being worked on stays when the Playground is opened again."""
+    tabs a run fills are drawn for it when opened (Stage review's four plots in the answer after its gallery); the
+    Playground and the Leaderboard are drawn when first opened, not as the page loads, and a board being worked on
+    stays when the Playground is opened again."""
     engine = make_engine(str(tmp_path / "lab.db"))
     ids = seed_lab(engine)
     demo = app.build_demo(engine)
@@ -573,7 +574,13 @@ def test_each_action_asks_the_server_once_and_hidden_tabs_wait_until_opened(brow
         assert page.locator("#proposal-status").get_by_text(f"Proposal #{ids['pending']} ").count() == 1
 
         page.goto(f"http://127.0.0.1:{port}/?run={ids['history']}")
-        page.get_by_role("tab", name="Stage review").click()
+        page.locator("#run-pick input").wait_for()
+        page.get_by_role("tab", name="Stage review").click()  # the gallery, then its four plots in the next answer
+        page.wait_for_function("() => [...document.querySelectorAll('.js-plotly-plot')]"
+                               ".filter(d => d.data && d.data.length && d.offsetParent).length === 4")
+        page.locator("#gallery [role=gridcell]", has_text="vertex_conflict").first.wait_for()
+        time.sleep(1)
+        assert calls.count("ReviewTab.plots") == 1
         calls.clear()
         page.locator("#gallery [role=gridcell]", has_text="vertex_conflict").first.click()
         wait_plotted(page, "replay", "agent 0", [(0, 1)])

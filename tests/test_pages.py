@@ -147,6 +147,25 @@ def test_review_shows_the_latest_evaluated_stage_and_curves_across_stages(lab):
     assert list(reward.x) == [1, 2, 3, 4, 5] and reward.y[-1] == pytest.approx(0.5)
 
 
+def test_the_review_tab_draws_its_gallery_first_and_its_plots_in_the_answer_after(lab):
+    """`show` sends the tables, the note and the gallery with the plots cleared, and a `due` that differs from
+    every one before (so its change event always fires); `plots(due)` sends that stage's four plots."""
+    engine, ids = lab
+    with gr.Blocks():
+        tab = review.build(common.Page(engine, gr.Dropdown(), gr.Tabs(), gr.HTML(), gr.HTML()))
+    first, again = tab.show(ids["history"], None), tab.show(ids["history"], None)
+    assert [first[plot] for plot in tab.figures] == [None] * 4
+    assert first[tab.due][:2] == (ids["history"], 1) and again[tab.due][:2] == (ids["history"], 1)
+    assert first[tab.due] != again[tab.due]
+    assert first[tab.gallery]["data"] == review.gallery(engine, ids["history"], 1)[0]["data"] != []
+    drawn, whole = tab.plots(first[tab.due]), review.review(engine, ids["history"], 1)
+    assert [drawn[plot].to_plotly_json() for plot in tab.figures] == [
+        whole[name].to_plotly_json() for name in review.PLOTS]
+    stage0 = tab.plots(tab.show(ids["history"], 0)[tab.due])[tab.training]
+    assert "stage 0 is evaluated, not trained" in stage0.layout.annotations[0].text
+    assert all(update == gr.update() for update in tab.plots(None).values())  # nothing due: left as drawn
+
+
 def test_stage_zero_has_no_training_curves_and_says_so(lab):
     engine, ids = lab
     r = review.review(engine, ids["history"], 0)

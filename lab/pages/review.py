@@ -6,6 +6,7 @@ note and the thick curves alike; the bars and the thin curves are per map size.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,7 +16,7 @@ from sqlalchemy import Engine
 from envsim.config import GLOBALS, KNOBS, RANDOM_SHARE
 from envsim.scoring import Tally
 from lab.pages import figures
-from lab.pages.common import ALL, BAD_ROW, DECIDED, VIEW, Page, cannot_draw, table
+from lab.pages.common import ALL, BAD_ROW, DECIDED, VIEW, Page, cannot_draw, no_progress, table
 from lab.pages.figures import POOLED_OPTIMAL, POOLED_VALID
 from lab.results import StageSummary
 from lab.runs import StageReview, config_timeline, failed_episodes, stage_review
@@ -25,12 +26,16 @@ def _share(t: Tally, rate: str) -> str:
     return f"{getattr(t, rate):.1%}" if t.episodes else "-"
 
 
-def review(engine: Engine, run_id: int | None, stage_index: int | None) -> dict[str, Any]:
-    """Everything the Stage review tab shows for one stage of a run (default: the latest evaluated)."""
+PLOTS = ("rates", "curves", "failures", "training")
+
+
+def review(engine: Engine, run_id: int | None, stage_index: int | None, plots: bool = True) -> dict[str, Any]:
+    """Everything the Stage review tab shows for one stage of a run (default: the latest evaluated); without
+    `plots`, its figures (`PLOTS`) are None."""
     if run_id is None:
         return _blank(engine, "No run is open: create one in the Runs tab or pick one above.")
     try:
-        return _review(engine, run_id, stage_index)
+        return _review(engine, run_id, stage_index, plots)
     except BAD_ROW as err:
         return _blank(engine, cannot_draw("The stage review", run_id, err))
 
@@ -43,19 +48,20 @@ def _blank(engine: Engine, note: str) -> dict[str, Any]:
                 timeline=timeline(engine, None))
 
 
-def _review(engine: Engine, run_id: int, stage_index: int | None) -> dict[str, Any]:
+def _review(engine: Engine, run_id: int, stage_index: int | None, plots: bool) -> dict[str, Any]:
     empty = figures.empty_figure
     r = stage_review(engine, run_id, stage_index)
     current = r.summaries.get(r.stage_index)
     why = "no evaluation yet" if r.stage_index is not None else _note(r, current)
-    return dict(
-        note=_note(r, current), stages=[(f"stage {st.index} ({st.status})", st.index) for st in r.stages],
-        stage=r.stage_index, table=_stages_table(r),
+    drawn = dict(
         rates=figures.rates_figure(current.by_size) if current else empty(why),
         curves=figures.curves_figure(r.summaries),
         failures=figures.failure_heatmap(current.by_size) if current else empty(why),
-        training=figures.training_figure(r.logs), sizes=sorted(current.by_size) if current else [],
-        kinds=r.failure_kinds, timeline=timeline(engine, run_id))
+        training=figures.training_figure(r.logs)) if plots else dict.fromkeys(PLOTS)
+    return dict(
+        note=_note(r, current), stages=[(f"stage {st.index} ({st.status})", st.index) for st in r.stages],
+        stage=r.stage_index, table=_stages_table(r), sizes=sorted(current.by_size) if current else [],
+        kinds=r.failure_kinds, timeline=timeline(engine, run_id), **drawn)
 
 
 def _note(r: StageReview, current: StageSummary | None) -> str:
@@ -129,6 +135,9 @@ def gallery(engine: Engine, run_id: int | None, stage_index: int | None, size: A
     return table(headers, rows), note
 
 
+_DRAWN = itertools.count(1)  # each `show` its own number, so that `due` changes (and the plots follow) every time
+
+
 @dataclass(eq=False)
 class ReviewTab:
     engine: Engine
@@ -145,21 +154,37 @@ class ReviewTab:
     gallery: gr.Dataframe
     gallery_note: gr.Markdown
     shown: gr.State  # the stage drawn: what the page's poll and the filters read, never the dropdown's value in flight
+    due: gr.State  # the plots to draw next: (run, stage, a number of its own), set by `show`, drawn by `plots`
 
     @property
     def outputs(self) -> list[Any]:
         return [self.stage_pick, self.note, self.stages, self.timeline, self.rates, self.curves, self.failures,
-                self.training, self.size_filter, self.failure_filter, self.gallery, self.gallery_note, self.shown]
+                self.training, self.size_filter, self.failure_filter, self.gallery, self.gallery_note, self.shown,
+                self.due]
+
+    @property
+    def figures(self) -> list[gr.Plot]:
+        return [self.rates, self.curves, self.failures, self.training]
 
     def show(self, run_id: int | None, stage_index: int | None = None) -> dict[Any, Any]:
-        r = review(self.engine, run_id, stage_index)
+        """A stage of a run (default: the latest evaluated): its tables, its note and its failure gallery, with its
+        plots cleared; they follow in the answer after this one (`plots`, on `due`'s change), so the browser shows
+        the gallery before it spends its time drawing four plots."""
+        r = review(self.engine, run_id, stage_index, plots=False)
         rows, note = gallery(self.engine, run_id, r["stage"])
         return {self.stage_pick: gr.update(choices=r["stages"], value=r["stage"]), self.note: r["note"],
-                self.stages: r["table"], self.timeline: r["timeline"], self.rates: r["rates"], self.curves: r["curves"],
-                self.failures: r["failures"], self.training: r["training"],
+                self.stages: r["table"], self.timeline: r["timeline"],
                 self.size_filter: gr.update(choices=[ALL, *r["sizes"]], value=ALL),
                 self.failure_filter: gr.update(choices=[ALL, *r["kinds"]], value=ALL),
-                self.gallery: rows, self.gallery_note: note, self.shown: r["stage"]}
+                self.gallery: rows, self.gallery_note: note, self.shown: r["stage"],
+                self.due: (run_id, r["stage"], next(_DRAWN))} | dict.fromkeys(self.figures)
+
+    def plots(self, due: tuple[int | None, int | None, int] | None) -> dict[Any, Any]:
+        """The four plots of the stage `show` drew last (`due`)."""
+        if due is None:
+            return {plot: gr.update() for plot in self.figures}
+        r = review(self.engine, due[0], due[1])
+        return {plot: r[name] for plot, name in zip(self.figures, PLOTS, strict=True)}
 
     def show_latest(self, run_id: int | None) -> dict[Any, Any]:
         return self.show(run_id, None)
@@ -190,8 +215,9 @@ def build(page: Page) -> ReviewTab:
         gallery_note = gr.Markdown(elem_id="gallery-note")
     gallery_df = gr.Dataframe(interactive=False, elem_id="gallery", max_height=360, wrap=True)
     tab = ReviewTab(page.engine, stage_pick, note, stages, timeline_df, rates, curves, failures, training, size_filter,
-                    failure_filter, gallery_df, gallery_note, gr.State(None))
+                    failure_filter, gallery_df, gallery_note, gr.State(None), gr.State(None))
     stage_pick.select(tab.show, [page.run_pick, stage_pick], tab.outputs, trigger_mode="always_last", **VIEW)
+    tab.due.change(tab.plots, tab.due, tab.figures, **no_progress(page), **VIEW)
     gr.on([size_filter.select, failure_filter.select], tab.filter,
           [page.run_pick, tab.shown, size_filter, failure_filter], [gallery_df, gallery_note],
           trigger_mode="always_last")
