@@ -142,8 +142,13 @@ class Walk:
                           .first.wait_for(timeout=TIMEOUT_MS))
 
     def failure_to_replay(self) -> float:
-        """A failure row of the Stage review gallery clicked: the Episode tab shows its replay at t = 0."""
+        """A failure row of the Stage review gallery clicked, the tab drawn (its four plots follow its gallery): the
+        Episode tab shows its replay at t = 0."""
         self.first_visit_to_review()
+        self.page.wait_for_function("() => [...document.querySelectorAll('.js-plotly-plot')]"
+                                    ".filter(d => d.data && d.data.length && d.offsetParent).length === 4",
+                                    timeout=TIMEOUT_MS)
+        self.settle()
         clash = self.ids["clash"]
         row = self.page.locator("#gallery [role=gridcell]", has_text="vertex_conflict").first
         return self.timed(lambda: row.click(),
