@@ -49,19 +49,34 @@ def _blank(engine: Engine, note: str) -> dict[str, Any]:
 
 
 def _review(engine: Engine, run_id: int, stage_index: int | None, plots: bool) -> dict[str, Any]:
-    empty = figures.empty_figure
     r = stage_review(engine, run_id, stage_index)
     current = r.summaries.get(r.stage_index)
-    why = "no evaluation yet" if r.stage_index is not None else _note(r, current)
-    drawn = dict(
-        rates=figures.rates_figure(current.by_size) if current else empty(why),
-        curves=figures.curves_figure(r.summaries),
-        failures=figures.failure_heatmap(current.by_size) if current else empty(why),
-        training=figures.training_figure(r.logs)) if plots else dict.fromkeys(PLOTS)
+    drawn = _figures(r, current) if plots else dict.fromkeys(PLOTS)
     return dict(
         note=_note(r, current), stages=[(f"stage {st.index} ({st.status})", st.index) for st in r.stages],
         stage=r.stage_index, table=_stages_table(r), sizes=sorted(current.by_size) if current else [],
         kinds=r.failure_kinds, timeline=timeline(engine, run_id), **drawn)
+
+
+def review_figures(engine: Engine, run_id: int | None, stage_index: int | None) -> dict[str, Any]:
+    """The tab's four figures (`PLOTS`) for one stage of a run, and nothing else read."""
+    if run_id is None:
+        return {name: figures.empty_figure("No run is open: create one in the Runs tab or pick one above.")
+                for name in PLOTS}
+    try:
+        r = stage_review(engine, run_id, stage_index)
+    except BAD_ROW as err:
+        return {name: figures.empty_figure(cannot_draw("The stage review", run_id, err)) for name in PLOTS}
+    return _figures(r, r.summaries.get(r.stage_index))
+
+
+def _figures(r: StageReview, current: StageSummary | None) -> dict[str, Any]:
+    empty = figures.empty_figure
+    why = "no evaluation yet" if r.stage_index is not None else _note(r, current)
+    return dict(rates=figures.rates_figure(current.by_size) if current else empty(why),
+                curves=figures.curves_figure(r.summaries),
+                failures=figures.failure_heatmap(current.by_size) if current else empty(why),
+                training=figures.training_figure(r.logs))
 
 
 def _note(r: StageReview, current: StageSummary | None) -> str:
@@ -183,8 +198,8 @@ class ReviewTab:
         """The four plots of the stage `show` drew last (`due`)."""
         if due is None:
             return {plot: gr.update() for plot in self.figures}
-        r = review(self.engine, due[0], due[1])
-        return {plot: r[name] for plot, name in zip(self.figures, PLOTS, strict=True)}
+        drawn = review_figures(self.engine, due[0], due[1])
+        return {plot: drawn[name] for plot, name in zip(self.figures, PLOTS, strict=True)}
 
     def show_latest(self, run_id: int | None) -> dict[Any, Any]:
         return self.show(run_id, None)
