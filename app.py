@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import errno
 import html
+import inspect
 import os
 import signal
 import socket
@@ -270,8 +271,11 @@ def _wire(page: Page, refresh: gr.Button, poll: gr.Timer, waiting: gr.HTML, show
         # round trip.
         episode = {} if link["episode"] is None else episode_tab.show(link["episode"], True)
         # The poll starts with this answer: one started before would read the page as it was before it (no run
-        # open) and draw that over it.
-        return open_run(link["run"], tab, link["proposal"]) | episode | {
+        # open) and draw that over it. The note box starts empty and this answer leaves it alone: a note typed
+        # while the page loads is the person's, for the proposal drawn around it.
+        first = open_run(link["run"], tab, link["proposal"])
+        first.pop(proposal_tab.note, None)
+        return first | episode | {
             poll: gr.Timer(active=True), episode_tab.episode_id: link["episode"]} | (
             # a tab the person opened before this answer came is left as it is (and drawn: `opened`)
             {page.tabs: gr.Tabs(selected=tab), showing: tab} if link["tab"] else {})
@@ -398,7 +402,10 @@ def launch(demo: gr.Blocks, host: str = "127.0.0.1", port: int | None = None,
     that can change something needs the login (`lab.auth.Guard`)."""
     if auth:
         close_api_docs(demo)
-    demo.launch(server_name=host, server_port=port, auth=auth, prevent_thread_lock=True, quiet=True,
+    # Gradio asks the page of itself once before it returns and gives up after one 3 s wait: on a loaded machine
+    # (a stage training beside it) the lab would refuse to start. The lab serves its own page; skip the asking.
+    unasked = {"_frontend": False} if "_frontend" in inspect.signature(demo.launch).parameters else {}
+    demo.launch(**unasked, server_name=host, server_port=port, auth=auth, prevent_thread_lock=True, quiet=True,
                 css_paths=[ASSETS / "lab.css"], head=plotly_warmup(), theme=gr.themes.Soft(), footer_links=[],
                 ssr_mode=False, run_history=False, show_error=True, max_file_size=Limits.from_env().upload,
                 app_kwargs={"openapi_url": None, "middleware": [Middleware(Guard)]})

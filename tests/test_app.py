@@ -96,3 +96,37 @@ def test_the_demo_builds_on_an_empty_database(tmp_path: Path):
     assert train.train_view(engine, None)["status"] == "No run is open."
     assert proposal.proposal_view(engine, None).status.startswith("No proposal yet")
     engine.dispose()
+
+
+def test_the_lab_starts_where_gradio_cannot_reach_its_own_page_in_time(tmp_path: Path, monkeypatch):
+    """On a loaded machine Gradio's one check of its own page (a HEAD of `/`, a single 3 s wait) fails and
+    `launch` raises; the lab does not ask. Gradio's check is made to fail as it does under load: Gradio alone
+    refuses to start, the lab serves its page."""
+    import gradio.networking
+
+    from tests.servers import free_port
+
+    asked: list[str] = []
+
+    def times_out(url: str) -> bool:
+        asked.append(url)
+        return False
+
+    monkeypatch.setattr(gradio.networking, "url_ok", times_out)
+    engine = make_engine(str(tmp_path / "lab.db"))
+    upgrade(engine)
+    demo = app.build_demo(engine)
+    with pytest.raises(ValueError, match="When localhost is not accessible"):
+        demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True)
+    demo.close()
+    asked.clear()
+    port = free_port()
+    app.launch(demo, port=port, block=False)
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=30) as answer:
+            assert answer.status == 200
+            assert b"envlab" in answer.read()
+        assert asked == []
+    finally:
+        demo.close()
+        engine.dispose()

@@ -376,6 +376,33 @@ def test_a_note_is_stored_with_its_own_decision_only(lab, page):
     assert stored[ids["second"]] == ("accept", "")
 
 
+def test_a_note_typed_while_the_page_loads_is_kept_for_its_decision(lab, page, monkeypatch):
+    """The page's first answer comes late (its read of the link is slowed down); meanwhile a person opens the
+    Proposal tab and types a note. The answer draws the proposal around the note without emptying the box: the
+    note is stored with the rejection."""
+    from playwright.sync_api import expect
+
+    url, engine, ids = lab
+    read_link = app.linked
+
+    def slow_link(*args, **kwargs):
+        time.sleep(3)
+        return read_link(*args, **kwargs)
+
+    monkeypatch.setattr(app, "linked", slow_link)
+    page.goto(f"{url}?proposal={ids['pending']}")
+    page.get_by_role("tab", name="Proposal").click()
+    note = page.locator("#decision-note textarea")
+    note.fill("typed before the page had drawn")
+    page.locator("#proposal-status").get_by_text("Waiting for a decision").wait_for()
+    expect(note).to_have_value("typed before the page had drawn")
+    page.click("#reject")
+    page.locator("#decision-msg").get_by_text(f"Proposal #{ids['pending']} rejected by local").wait_for()
+    expect(note).to_have_value("")
+    assert [(d.action, d.note) for d in decisions(engine) if d.proposal_id == ids["pending"]] == [
+        ("reject", "typed before the page had drawn")]
+
+
 PLOTLY_FETCHED = "() => performance.getEntriesByType('resource').some(e => /\\/PlotlyPlot-[^/]*\\.js$/.test(e.name))"
 
 
