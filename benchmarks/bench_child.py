@@ -1,10 +1,12 @@
 """What a stage's own process costs: a tiny-policy run (stage 0 evaluated, one proposal, stage 1 trained and
 evaluated) with every stage in the worker's process, then with every stage in a child process as `envlab worker`
-runs it (`lab.worker.run_child`), timed in the same process on the same machine.
+runs it (`lab.worker.run_child`): started cold (`ENVLAB_ZYGOTE=0`: a Python process importing torch, transformers
+and TRL), then forked from a zygote that imported them once (`lab.zygote`, started by the run's first stage as a
+worker's first job starts it), timed in the same process on the same machine.
 
-A stage's time is its job row's, from the claim to its end, so the child's start-up (a Python process importing
-torch, transformers and TRL, opening the database) is inside it. The figure to quote is the ratio of the two runs'
-stage time, and the seconds the child adds per stage.
+A stage's time is its job row's, from the claim to its end, so the child's start-up is inside it. The figures to
+quote are the ratios of stage time, in a child against in the worker's process, and the seconds a child adds per
+stage, cold and forked.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_child.py
 
@@ -23,6 +25,7 @@ import torch
 from sqlmodel import select
 
 from envsim.config import EnvConfig
+from lab import zygote
 from lab.loop import after_job, create_run, drive
 from lab.settings import RunSettings
 from lab.worker import handlers, run_worker
@@ -39,8 +42,11 @@ class Args:
     quick: bool = False  # the CI budget: 2 boards, 2 steps
 
 
-def stage_seconds(args: Args, in_child: bool) -> list[float]:
-    """Each stage job's seconds (claim to end) of one run, its stages in the worker or in child processes."""
+def stage_seconds(args: Args, in_child: bool, forked: bool = False) -> list[float]:
+    """Each stage job's seconds (claim to end) of one run, its stages in the worker or in child processes (cold,
+    or forked from a zygote this measurement starts)."""
+    zygote.close_all()
+    os.environ[zygote.SETTING] = "1" if forked else "0"
     with tempfile.TemporaryDirectory() as folder:
         engine = make_engine(str(Path(folder) / "lab.db"))
         upgrade(engine)
@@ -69,14 +75,22 @@ def main(args: Args) -> dict[str, float]:
     t0 = time.perf_counter()
     inside = stage_seconds(args, in_child=False)
     child = stage_seconds(args, in_child=True)
+    forked = stage_seconds(args, in_child=True, forked=True)
+    zygote.close_all()
     added = [c - i for c, i in zip(child, inside, strict=True)]
-    ratio = sum(child) / sum(inside)
+    added_forked = [f - i for f, i in zip(forked, inside, strict=True)]
+    ratio, ratio_forked = sum(child) / sum(inside), sum(forked) / sum(inside)
     print(f"tiny policy, {args.boards} validation boards, stage 1: {args.steps} GRPO steps; {args.threads} thread(s)")
-    for k, (i, c, a) in enumerate(zip(inside, child, added, strict=True)):
-        print(f"stage {k}: {i:.1f} s in the worker's process, {c:.1f} s in a child process (+{a:.1f} s)")
-    print(f"stages in child processes / in the worker's process: {ratio:.2f}x; the child adds "
-          f"{sum(added) / len(added):.1f} s per stage ({time.perf_counter() - t0:.0f} s in all)")
-    return {"ratio": ratio, "added_s": sum(added) / len(added)}
+    for k, (i, c, f) in enumerate(zip(inside, child, forked, strict=True)):
+        print(f"stage {k}: {i:.1f} s in the worker's process, {c:.1f} s in a cold child (+{c - i:.1f} s), "
+              f"{f:.1f} s in a forked child (+{f - i:.1f} s)")
+    print(f"stages in cold child processes / in the worker's process: {ratio:.2f}x; a cold child adds "
+          f"{sum(added) / len(added):.1f} s per stage")
+    print(f"stages in forked child processes / in the worker's process: {ratio_forked:.2f}x; a forked child adds "
+          f"{sum(added_forked) / len(added_forked):.1f} s per stage, the first (the zygote's start) "
+          f"{added_forked[0]:.1f} s ({time.perf_counter() - t0:.0f} s in all)")
+    return {"ratio": ratio, "added_s": sum(added) / len(added), "ratio_forked": ratio_forked,
+            "added_forked_s": added_forked}
 
 
 if __name__ == "__main__":

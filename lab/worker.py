@@ -51,6 +51,7 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlmodel import select
 
+from lab import zygote
 from storage import queue
 from storage.db import DatabaseUnusable, RunsRootUnusable, open_database, session, usable_runs_root
 from storage.models import Job, JobKind, JobStatus, utcnow
@@ -254,9 +255,13 @@ def run_child(engine: Engine, job: Job, child: InChild, *, gpus: Sequence[str] =
     dies without ending its job fails it, with its last lines of stderr in the log tail. The child's output goes
     to the worker's stderr as it comes, where the worker logs at INFO (`envlab worker`; `envlab run` does not).
     """
-    proc = subprocess.Popen(child_command(job, child, gpus, stale_s), env=child_env(engine, gpus),
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True, preexec_fn=_death_signal(), text=True, errors="replace")
+    command, env = child_command(job, child, gpus, stale_s), child_env(engine, gpus)
+    if not gpus and zygote.enabled(env):  # forked from a process that has imported the training stack once
+        proc = zygote.spawn(command[3:], env)
+    else:
+        proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_death_signal(),
+                                text=True, errors="replace")
     log.info("job %s (%s): child process %d: %s", job.id, job.kind, proc.pid, child.target)
     tail: deque[str] = deque(maxlen=CHILD_TAIL_LINES)
     show = log.isEnabledFor(logging.INFO)  # `envlab worker` logs; `envlab run` into a file says one line a stage

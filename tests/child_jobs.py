@@ -30,3 +30,9 @@ def answer(engine, job, progress):
     """Ends done with what it was given, from its own process."""
     progress(1, 1, f"pid {os.getpid()}")
     return {"pid": os.getpid(), "echo": job.payload.get("echo")}
+
+
+def where(engine, job, progress):
+    """Says what its process had imported when the job started, its parent, and the setting it was given."""
+    return {"pid": os.getpid(), "parent": os.getppid(), "trl": "trl" in sys.modules,
+            "given": os.environ.get("ENVLAB_TEST_GIVEN"), "cwd": os.getcwd()}

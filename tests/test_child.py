@@ -5,6 +5,7 @@ the worker's own process."""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -25,6 +26,7 @@ from storage.models import Episode, Job, JobStatus, Run, Stage, StageStatus
 from training.resolve import policy_params, resolve_policy
 
 CONFIG = EnvConfig.default(sizes=(3, 4), num_instances=4)
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _gone(pid: int) -> bool:
@@ -83,6 +85,68 @@ def test_a_child_reports_through_the_same_rows_and_ends_its_job(empty_lab):
     ended = run_child(empty_lab, job, InChild("tests.child_jobs:answer"), poll_s=0.05)
     assert ended.status == JobStatus.DONE and ended.result["echo"] == "hello"
     assert ended.result["pid"] != os.getpid() and f"pid {ended.result['pid']}" in ended.log_tail
+
+
+
+@pytest.mark.parametrize("forked", [True, False], ids=["forked", "cold"])
+def test_a_cpu_child_is_forked_from_a_zygote_that_imported_the_training_stack_once(empty_lab, monkeypatch, tmp_path,
+                                                                                  forked):
+    """Two jobs' children: forked from one zygote (the same parent, not this process), which imported TRL before
+    either job started; each still gets the environment and working folder of its own start. With
+    `ENVLAB_ZYGOTE=0` each child starts cold: this process's own child, nothing imported."""
+    monkeypatch.setenv("ENVLAB_ZYGOTE", "1" if forked else "0")
+    seen = []
+    for given in ("first", "second"):
+        monkeypatch.setenv("ENVLAB_TEST_GIVEN", given)
+        folder = tmp_path / given
+        folder.mkdir()
+        monkeypatch.chdir(folder)
+        monkeypatch.syspath_prepend(str(ROOT))  # the cold child finds `tests` from its working folder's path
+        monkeypatch.setenv("PYTHONPATH", str(ROOT))
+        ended = run_child(empty_lab, _claimed(empty_lab, {}), InChild("tests.child_jobs:where"), poll_s=0.05)
+        assert ended.status == JobStatus.DONE, ended.log_tail
+        seen.append(ended.result)
+    assert [(r["given"], r["cwd"], r["trl"]) for r in seen] == [
+        ("first", str(tmp_path / "first"), forked), ("second", str(tmp_path / "second"), forked)]
+    assert seen[0]["pid"] != seen[1]["pid"]
+    if forked:
+        assert seen[0]["parent"] == seen[1]["parent"] != os.getpid()
+    else:
+        assert seen[0]["parent"] == seen[1]["parent"] == os.getpid()
+
+
+def test_the_zygote_and_its_children_end_with_the_workers_process(tmp_path):
+    """A worker's process killed with SIGKILL (no atexit runs): the zygote sees its socket close and ends the
+    child it forked, with the child's own children."""
+    pids = tmp_path / "pids"
+    db = tmp_path / "lab.db"
+    script = (
+        "import sys\n"
+        "from storage.db import make_engine, upgrade, session\n"
+        "from storage import queue\n"
+        "from lab.worker import InChild, run_child\n"
+        f"engine = make_engine({str(db)!r}); upgrade(engine)\n"
+        "with session(engine) as s:\n"
+        f"    queue.enqueue(s, 'probe', {{'pids': {str(pids)!r}}})\n"
+        "    job = queue.claim(s, 'w')\n"
+        "run_child(engine, job, InChild('tests.child_jobs:stubborn'))\n")
+    worker = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT,
+                              env={**os.environ, "ENVLAB_ZYGOTE": "1", "PYTHONPATH": str(ROOT)})
+    try:
+        deadline = time.monotonic() + 120
+        while not (pids.exists() and len(pids.read_text().split()) == 2) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        child, grandchild = map(int, pids.read_text().split())
+        assert int(Path(f"/proc/{child}/stat").read_text().rpartition(")")[2].split()[1]) != worker.pid  # forked
+        worker.kill()
+        worker.wait()
+        deadline = time.monotonic() + 20
+        while not (_gone(child) and _gone(grandchild)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _gone(child) and _gone(grandchild)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
 
 
 def test_the_childs_command_and_environment_follow_the_workers_gpus(empty_lab, monkeypatch):
@@ -189,8 +253,10 @@ def test_a_finished_stage_keeps_its_weights_and_drops_the_trainers_checkpoints(e
         "checkpoint-2", "checkpoint-4"]
 
 
-def test_the_child_process_benchmark_runs_at_a_tiny_budget(capsys):
+def test_the_child_process_benchmark_runs_at_a_tiny_budget(capsys, monkeypatch):
     import importlib.util
+
+    monkeypatch.setenv("ENVLAB_ZYGOTE", "1")  # the benchmark sets it per measurement; given back after
 
     spec = importlib.util.spec_from_file_location("bench_child", Path(__file__).parent.parent / "benchmarks" /
                                                   "bench_child.py")
@@ -198,7 +264,10 @@ def test_the_child_process_benchmark_runs_at_a_tiny_budget(capsys):
     sys.modules[spec.name] = bench  # its dataclasses look their module up while they are made
     spec.loader.exec_module(bench)
     figures = bench.main(bench.Args(quick=True))
-    assert figures["ratio"] > 0 and "stages in child processes / in the worker's process" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert figures["ratio"] > 0 and "stages in cold child processes / in the worker's process" in out
+    assert figures["ratio_forked"] > 0 and "stages in forked child processes / in the worker's process" in out
+    assert len(figures["added_forked_s"]) == 2  # stage 0, whose child starts the zygote, and stage 1
 
 
 def test_a_large_policy_needs_a_gpu_worker_unless_the_run_allows_the_cpu(empty_lab, tmp_path, monkeypatch):
