@@ -257,7 +257,7 @@ def run_child(engine: Engine, job: Job, child: InChild, *, gpus: Sequence[str] =
     """
     command, env = child_command(job, child, gpus, stale_s), child_env(engine, gpus)
     if not gpus and zygote.enabled(env):  # forked from a process that has imported the training stack once
-        proc = zygote.spawn(command[3:], env)
+        proc = zygote.spawn(command[1:], env)
     else:
         proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_death_signal(),

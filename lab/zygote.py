@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import runpy
 import select
 import signal
 import socket
@@ -32,9 +33,9 @@ from collections.abc import Mapping, Sequence
 from typing import IO
 
 SETTING = "ENVLAB_ZYGOTE"
-# What a child imports before its job starts, once, in the zygote (the stage's modules pull in torch,
-# transformers, TRL and datasets).
-PRELOAD = ("training.stage", "training.evaluate", "training.probe", "lab.loop", "lab.child")
+# What a child's module imports before its job starts, once, in the zygote (the stage's modules pull in torch,
+# transformers, TRL and datasets); not the module it runs, which runs as `__main__`.
+PRELOAD = ("training.stage", "training.evaluate", "training.probe", "lab.loop", "lab.worker")
 # Settings read when those modules are imported (thread pools, the model hub's, the interpreter's): a child
 # whose environment differs in one of them gets a zygote of its own.
 IMPORT_PREFIXES = ("OMP_", "MKL_", "OPENBLAS_", "HF_", "TRANSFORMERS_", "TORCH", "PYTORCH_", "TOKENIZERS_",
@@ -98,6 +99,7 @@ class Zygote:
         return self.proc.poll() is None
 
     def spawn(self, argv: Sequence[str], env: Mapping[str, str], cwd: str) -> Forked:
+        """`python ARGV` (`-m MODULE ARGS`) forked, with environment `env`, in folder `cwd`."""
         out_r, out_w = os.pipe()
         report, report_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -136,7 +138,7 @@ _lock = threading.Lock()
 
 
 def spawn(argv: Sequence[str], env: Mapping[str, str]) -> Forked:
-    """`python -m lab.child ARGV` with environment `env`, forked from this process's zygote for `env`'s import
+    """`python ARGV` (`-m MODULE ARGS`) with environment `env`, forked from this process's zygote for `env`'s import
     settings (started on first use, and again if it died)."""
     key = import_key(env)
     with _lock:
@@ -157,7 +159,8 @@ def close_all() -> None:
 
 
 def _child(request: dict, out_fd: int) -> None:
-    """In the forked child: a process of its own for the job, then `lab.child.main`; never returns."""
+    """In the forked child: a process of its own for the job, then `python -m MODULE ARGS` as the request says;
+    never returns."""
     code = 1
     try:
         os.setsid()
@@ -182,9 +185,12 @@ def _child(request: dict, out_fd: int) -> None:
 
         numpy.random.seed()  # fresh entropy, as a cold process has (`random` reseeds itself after a fork)
         torch.seed()
-        from lab.child import main
-
-        code = main(request["argv"])
+        flag, module, *args = request["argv"]
+        if flag != "-m":
+            raise ValueError(f"a zygote runs `-m MODULE ARGS`, not {request['argv']!r}")
+        sys.argv = [module, *args]
+        runpy.run_module(module, run_name="__main__", alter_sys=True)  # as `python -m MODULE ARGS` runs it
+        code = 0
     except SystemExit as done:
         code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
     except BaseException:  # noqa: BLE001 (said on the child's stderr, which the worker keeps)
