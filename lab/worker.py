@@ -256,9 +256,13 @@ def run_child(engine: Engine, job: Job, child: InChild, *, gpus: Sequence[str] =
     to the worker's stderr as it comes, where the worker logs at INFO (`envlab worker`; `envlab run` does not).
     """
     command, env = child_command(job, child, gpus, stale_s), child_env(engine, gpus)
+    proc: subprocess.Popen | zygote.Forked | None = None
     if not gpus and zygote.enabled(env):  # forked from a process that has imported the training stack once
-        proc = zygote.spawn(command[1:], env)
-    else:
+        try:
+            proc = zygote.spawn(command[1:], env)
+        except OSError as err:  # a zygote that could not start (it says why on stderr): this child starts cold
+            log.warning("job %s: no zygote (%s); the child starts cold", job.id, err)
+    if proc is None:
         proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_death_signal(),
                                 text=True, errors="replace")

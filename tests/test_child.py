@@ -115,6 +115,20 @@ def test_a_cpu_child_is_forked_from_a_zygote_that_imported_the_training_stack_on
         assert seen[0]["parent"] == seen[1]["parent"] == os.getpid()
 
 
+def test_a_zygote_that_cannot_start_leaves_the_child_to_start_cold(empty_lab, monkeypatch, tmp_path, caplog):
+    """The zygote's imports fail (a broken `trl` first on the path): the job's child starts cold and the job ends
+    done, with a warning that says why."""
+    broken = tmp_path / "broken" / "trl"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise ImportError('a trl broken on purpose')\n")
+    monkeypatch.setenv("ENVLAB_ZYGOTE", "1")
+    monkeypatch.setenv("PYTHONPATH", f"{broken.parent}{os.pathsep}{ROOT}")
+    ended = run_child(empty_lab, _claimed(empty_lab, {"echo": "cold"}), InChild("tests.child_jobs:answer"),
+                      poll_s=0.05)
+    assert (ended.status, ended.result["echo"]) == (JobStatus.DONE, "cold")
+    assert "no zygote (the zygote ended before it started the child); the child starts cold" in caplog.text
+
+
 def test_the_zygote_and_its_children_end_with_the_workers_process(tmp_path):
     """A worker's process killed with SIGKILL (no atexit runs): the zygote sees its socket close and ends the
     child it forked, with the child's own children."""
