@@ -53,9 +53,8 @@ _database_numbers = itertools.count()
 # The modules that take longest, longest first (CI's durations). CI runs the tests in two processes, a module's
 # tests in one (`pytest -n 2 --dist loadfile`), handing out modules in the order collected: the long ones first,
 # then the many short ones fill in beside them, so neither process is left alone with a long module at the end.
-LONGEST_FIRST = ["test_browser", "test_slurm", "test_experiment_e2e", "test_stage", "test_child", "test_shared",
-                 "test_experiment", "test_llm", "test_cli", "test_bench_app", "test_bench_page", "test_loop",
-                 "test_pages", "test_archive_hostile", "test_warmstart"]
+LONGEST_FIRST = ["test_slurm", "test_experiment_e2e", "test_browser", "test_stage", "test_llm", "test_bench_page",
+                 "test_cli", "test_bench_app", "test_child", "test_experiment", "test_warmstart"]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
