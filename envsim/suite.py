@@ -18,6 +18,9 @@ both. A run's engineers read how its policy does on these (`dev_entries`), while
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -165,6 +168,22 @@ def build_cell(cell: SuiteCell, seed: int = SUITE_SEED,
     return entries, *stats.get("slowest", (0.0, ""))
 
 
+def _end_with(parent: int) -> None:
+    """A pool process's start (Linux): the kernel SIGKILLs it when the process that started it dies, even by
+    SIGKILL, so a killed job leaves no pool process waiting for work forever."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # it died before the line above
+        os._exit(1)
+
+
+def pool(workers: int) -> ProcessPoolExecutor:
+    """`workers` processes (at least one) that end with this one."""
+    return ProcessPoolExecutor(max_workers=max(1, workers), initializer=_end_with, initargs=(os.getpid(),))
+
+
 def build(split: Split, seed: int = SUITE_SEED, workers: int = 2, progress: bool = False,
           per_size: int = VALIDATION_PER_SIZE) -> tuple[list[Entry], dict]:
     """All boards of a split in table order, and build stats (seconds, slowest board). `per_size` sizes the
@@ -178,8 +197,8 @@ def build(split: Split, seed: int = SUITE_SEED, workers: int = 2, progress: bool
         from tqdm import tqdm
 
         bar = tqdm(total=sum(c.count for c in todo), desc=f"{split} suite", unit="board")
-    with ProcessPoolExecutor(max_workers=max(1, workers)) as pool:
-        for part, seconds, board in pool.map(build_cell, todo, [seed] * len(todo)):
+    with pool(workers) as cells_pool:
+        for part, seconds, board in cells_pool.map(build_cell, todo, [seed] * len(todo)):
             entries.extend(part)
             slowest = max(slowest, (seconds, board))
             if bar is not None:

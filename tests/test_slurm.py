@@ -154,7 +154,8 @@ def test_a_task_scancelled_in_the_middle_of_a_stage_leaves_it_to_another_task(db
     second = SlurmJob.of(stage)
     assert stage.attempts == 2 and second.array == first.array and second.task != first.task
     assert f"ended failed: slurm job {first.key} on {first.node} got SIGTERM" in stage.log_tail
-    assert {j.attempts for j in jobs if j.id != stage.id} == {1}
+    assert {j.attempts for j in jobs if j.id != stage.id} == {1}, [  # else which job was tried again, and why
+        (j.id, j.kind, j.target, j.attempts, j.error, (j.log_tail or "")[-1500:]) for j in jobs if j.attempts != 1]
     states = dict(line.split() for line in slurm_cluster.run(
         "squeue", "-h", "-t", "all", "-o", "%i %T", "-j", first.array).stdout.splitlines())
     assert states[first.key] == "CANCELLED"

@@ -1,4 +1,8 @@
+import subprocess
+import sys
+import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -82,3 +86,40 @@ def test_the_dev_boards_are_drawn_like_the_validation_boards_and_share_none_with
     assert dev_entries(30, validation) == dev  # a pure function of the seed and the boards it avoids
     with pytest.raises(ValueError, match="dev_per_size = 10: a multiple of 3"):
         dev_cells(10)
+
+
+KILLED_WITH_ITS_POOL = """
+import os, sys, time
+from envsim.suite import pool
+def pid(_):
+    time.sleep(0.3)
+    return os.getpid()
+workers = pool(2)
+print(*sorted(set(workers.map(pid, range(6)))), flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_pool_that_builds_a_suite_ends_with_the_process_that_started_it():
+    """A process killed by SIGKILL (a job's child, its worker gone) while its board-building pool waits for work:
+    the pool's processes end with it, none is left waiting forever."""
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_WITH_ITS_POOL], stdout=subprocess.PIPE, text=True,
+                            cwd=Path(__file__).resolve().parent.parent)
+    try:
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert pids and all(Path(f"/proc/{p}").exists() for p in pids)
+    finally:
+        proc.kill()
+        proc.wait()
+    deadline = time.monotonic() + 10
+    while (alive := [p for p in pids if _running(p)]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert alive == []
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` is a process that has not ended (a zombie, ended and waiting for its reaper, has)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
