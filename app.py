@@ -323,7 +323,8 @@ def _wire_poll(page: Page, poll: gr.Timer, shown: Shown, top: Callable[..., dict
     """The poll (its event, returned): one cheap read of what changed (`lab_version`); only the parts of the page
     that depend on it are redrawn (of the tabs a run fills, those drawn for the open run), and a newly stored
     proposal is selected. `seen` is (the version drawn, the run it was drawn for): a run other than the open one
-    (the poll's answer crossed a run being opened) redraws the tab shown, the others when opened."""
+    (the poll's answer crossed a run being opened) redraws the tab shown, the others when opened; so does a tab shown
+    that is drawn for no run or another."""
     engine, seen, drawn = page.engine, shown.seen, shown.drawn
 
     def follow(run_id: int | None, tab: str, proposal_id: int | None, stage_index: int | None,
@@ -332,6 +333,10 @@ def _wire_poll(page: Page, poll: gr.Timer, shown: Shown, top: Callable[..., dict
         out: dict[Any, Any] = {page.worker: worker_badge(engine, page.own_worker), seen: (now, run_id)}
         if drawn_for is None or drawn_for[1] != run_id:
             return out | top(run_id, select=False) | draw(tab, run_id) | {drawn: {tab: run_id} if tab in LAZY else {}}
+        if tab in LAZY and has.get(tab) != run_id:
+            # the tab shown is not drawn for the open run: it was opened as the page loaded, and its event reached
+            # the server before the page's first answer, which then marked nothing drawn. Drawn now.
+            out |= draw(tab, run_id) | {drawn: {**has, tab: run_id}}
         drawn_ = drawn_for[0]
         here = {t for t in LAZY if t in has and has[t] == run_id}
         if "train" in here and (now.jobs != drawn_.jobs or now.runs != drawn_.runs):

@@ -130,3 +130,23 @@ def test_the_lab_starts_where_gradio_cannot_reach_its_own_page_in_time(tmp_path:
     finally:
         demo.close()
         engine.dispose()
+
+
+def test_the_poll_draws_the_tab_shown_that_is_drawn_for_no_run(lab):
+    """A tab opened as the page loads can reach the server before the page's first answer: it is drawn for no run,
+    and that answer marks nothing drawn. The next poll draws it for the open run; a tab drawn for it is left."""
+    engine, ids = lab
+    demo = app.build_demo(engine, own_worker=False)
+    fns = {f.fn.__name__: f for f in demo.fns.values() if f.fn is not None}
+    follow, outputs = fns["follow"].fn, fns["follow"].outputs
+    status = next(c for c in outputs if getattr(c, "elem_id", None) == "train-status")
+    drawn = outputs[1]  # `drawn`, after `seen`
+    seen = (app.lab_version(engine), ids["history"])
+    for has in ({}, {"train": None}, {"train": ids["waiting"], "review": ids["history"]}):
+        out = follow(ids["history"], "train", None, None, seen, has)
+        assert out[status].startswith(f"Run #{ids['history']} **curriculum** is ")
+        assert out[drawn] == {**has, "train": ids["history"]}
+    left = follow(ids["history"], "train", None, None, seen, {"train": ids["history"]})
+    assert status not in left and drawn not in left
+    shown_elsewhere = follow(ids["history"], "runs", None, None, seen, {})  # a tab a run does not fill
+    assert status not in shown_elsewhere and drawn not in shown_elsewhere
