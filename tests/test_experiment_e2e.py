@@ -1,7 +1,7 @@
 """An experiment end to end through the REAL commands, worker processes and GRPO stage job with the tiny policy:
 2 arms x 1 seed, 1 stage of 8 boards and 1 GRPO step, 4 validation boards. `envlab experiment run` is killed
-with SIGKILL (its worker with it) once the first stage is done, then run again: every run ends done, and no job,
-episode or proposal exists twice. The report's CSV equals the stored rows.
+with SIGKILL (its worker with it) once the first stage is done, then run again with two workers, on PostgreSQL:
+every run ends done, and no job, episode or proposal exists twice. The report's CSV equals the stored rows.
 """
 
 from __future__ import annotations
@@ -58,8 +58,12 @@ def nothing_lost_nothing_twice(engine, runs) -> list[Job]:
     return jobs
 
 
-def test_an_experiment_through_the_real_workers_is_killed_and_resumed(tmp_path: Path, capsys):
-    db = str(tmp_path / "lab.db")
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+def test_an_experiment_through_the_real_workers_is_killed_and_resumed_by_two(db_url: str, tmp_path: Path, capsys):
+    """On the real PostgreSQL server: `envlab experiment run` (one worker) killed once a stage is done, then run
+    again with `--workers 2`: every run ends done, and no job, evaluation or proposal exists twice however the two
+    workers interleave; only a job the kill interrupted was tried twice."""
+    db = db_url
     (tmp_path / "config.json").write_text(CONFIG.model_dump_json())
     assert main(["experiment", "new", "--dev-per-size", "3",
                  "--name", "e2e", "--arms", "fixed,heuristic", "--seeds", "1", "--stages", "1",
@@ -67,7 +71,8 @@ def test_an_experiment_through_the_real_workers_is_killed_and_resumed(tmp_path: 
                  "--grpo", "num_generations=2", "--grpo", "per_device_train_batch_size=16", "--db", db]) == 0
     assert "each run: 1 stages x 8 boards x 1 GRPO steps; 4 validation boards" in capsys.readouterr().out
     engine = make_engine(db)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "ENVLAB_STALE_S": "20"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "ENVLAB_STALE_S": "20",
+           "ENVLAB_RUNS": str(tmp_path / "runs")}
     first = subprocess.Popen(command(db), env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 300
     while stages_done(engine) == 0:
@@ -84,7 +89,10 @@ def test_an_experiment_through_the_real_workers_is_killed_and_resumed(tmp_path: 
     assert pids and not any(_alive(pid) for pid in pids)
     killed_at = stages_done(engine)
     assert killed_at < 4  # work was left to do
-    second = subprocess.run(command(db), env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    with session(engine) as s:
+        interrupted = {j.id for j in s.exec(select(Job).where(Job.status == "running"))}
+    second = subprocess.run([*command(db), "--workers", "2"], env=env, cwd=tmp_path, capture_output=True, text=True,
+                            timeout=600)
     assert second.returncode == 0, second.stdout + second.stderr
     assert f"{killed_at} of 4 stages done already" in second.stdout or f"{killed_at + 1} of 4" in second.stdout
     assert "experiment e2e: 2 of 2 runs done" in second.stdout
@@ -92,6 +100,8 @@ def test_an_experiment_through_the_real_workers_is_killed_and_resumed(tmp_path: 
     experiment = find_experiment(engine, "e2e")
     runs = experiment_runs(engine, experiment.id)
     jobs = nothing_lost_nothing_twice(engine, runs)
+    assert {j.attempts for j in jobs if j.id not in interrupted} == {1}
+    assert all((tmp_path / "runs" / r.uuid / "stage-1").is_dir() for r in runs)  # under ENVLAB_RUNS
     with session(engine) as s:
         metrics = s.exec(select(StageMetric).where(StageMetric.split == "validation")).all()
     # equal compute: the trainer took the steps the experiment planned
@@ -161,30 +171,6 @@ def test_an_llm_arm_over_a_real_server_two_workers_and_the_benchmark(tmp_path: P
     assert [(j.target, j.status) for j in jobs] == [(1, "done"), (1, "done")]
     assert sorted(label for label, _ in benchmark_choices(engine)) == ["exp llm / eng / seed 0, stage 1",
                                                                         "exp llm / fixed / seed 0, stage 1"]
-    engine.dispose()
-
-
-@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
-def test_two_workers_share_an_experiment_on_postgresql(db_url: str, tmp_path: Path, monkeypatch, capsys):
-    """2 arms x 1 seed on the real PostgreSQL server, `envlab experiment run --workers 2`: every run ends done,
-    and no job, evaluation or proposal exists twice however the two workers interleave."""
-    monkeypatch.setenv("ENVLAB_RUNS", str(tmp_path / "runs"))
-    (tmp_path / "config.json").write_text(CONFIG.model_dump_json())
-    assert main(["experiment", "new", "--dev-per-size", "3",
-                 "--name", "pg", "--arms", "fixed,heuristic", "--seeds", "1", "--stages", "1",
-                 "--config", str(tmp_path / "config.json"), "--validation-per-size", "30", "--validation-boards", "4",
-                 "--grpo", "num_generations=2", "--grpo", "per_device_train_batch_size=16", "--db", db_url]) == 0
-    capsys.readouterr()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-m", "lab.cli", "experiment", "run", "pg", "--workers", "2",
-                           "--db", db_url], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "experiment pg: 2 of 2 runs done" in done.stdout
-    engine = make_engine(db_url)
-    runs = experiment_runs(engine, find_experiment(engine, "pg").id)
-    jobs = nothing_lost_nothing_twice(engine, runs)
-    assert {j.attempts for j in jobs} == {1}
-    assert all((tmp_path / "runs" / r.uuid / "stage-1").is_dir() for r in runs)  # under ENVLAB_RUNS
     engine.dispose()
 
 

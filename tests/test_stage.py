@@ -286,24 +286,9 @@ def test_grpo_config_is_our_defaults_under_the_runs_overrides(tmp_path: Path):
         grpo_config(args, {"max_stepz": 3}, 40)
 
 
-def test_the_stage_command_runs_one_stage_outside_the_worker(writer: Path, tmp_path: Path):
-    url = f"sqlite:///{tmp_path / 'envlab.db'}"
-    engine = make_engine(url)
-    upgrade(engine)
-    run_id = _run(engine, str(writer), validation_boards=2)
-    done = subprocess.run([sys.executable, "-m", "training.stage", "--run", str(run_id), "--stage", "0", "--db", url],
-                          capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parent.parent,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert done.returncode == 0, done.stderr
-    assert f"'checkpoint': '{writer.resolve()}', 'episodes': 2" in done.stdout
-    with session(engine) as s:
-        stage = s.exec(select(Stage).where(Stage.run_id == run_id, Stage.index == 0)).one()
-    assert (stage.status, stage.checkpoint) == ("done", str(writer.resolve()))
-    engine.dispose()
-
-
-def test_a_stage_trains_in_two_processes_and_records_each_step_once(writer: Path, tmp_path: Path):
-    """Data-parallel training as `accelerate launch` does it on GPUs, here with torchrun and gloo on the CPU."""
+def test_the_stage_command_evaluates_then_trains_in_two_processes_and_records_each_step_once(writer: Path, tmp_path: Path):
+    """The stage command outside any worker: stage 0 evaluated by `python -m training.stage`, then stage 1 trained
+    data-parallel as `accelerate launch` does it on GPUs, here with torchrun and gloo on the CPU."""
     url = f"sqlite:///{tmp_path / 'envlab.db'}"
     engine = make_engine(url)
     upgrade(engine)
@@ -314,6 +299,11 @@ def test_a_stage_trains_in_two_processes_and_records_each_step_once(writer: Path
         done = subprocess.run(command, capture_output=True, text=True, timeout=300, env={**os.environ,
                               "OMP_NUM_THREADS": "1"}, cwd=Path(__file__).resolve().parent.parent)
         assert done.returncode == 0, done.stderr[-3000:]
+        if command[-1] == "0":
+            assert f"'checkpoint': '{writer.resolve()}', 'episodes': 2" in done.stdout
+            with session(engine) as s:
+                stage0 = s.exec(select(Stage).where(Stage.run_id == run_id, Stage.index == 0)).one()
+            assert (stage0.status, stage0.checkpoint) == ("done", str(writer.resolve()))
     with session(engine) as s:
         logs = s.exec(select(TrainingLog).where(TrainingLog.run_id == run_id)).all()
         episodes = s.exec(select(Episode).where(Episode.run_id == run_id, Episode.stage_index == 1)).all()
