@@ -581,12 +581,19 @@ def test_each_action_asks_the_server_once_and_hidden_tabs_wait_until_opened(brow
     ids = seed_lab(engine)
     demo = app.build_demo(engine)
     calls: list[str] = []
+
+    def called(fn, args) -> None:
+        name = fn.__qualname__.split(".<locals>.")[-1]
+        # Gradio fires a State's change as the browser mounts it (at a moment of its own: as the page loads, or as
+        # its tab is first opened), here with nothing due: that answer draws nothing and is not counted
+        if not (name == "ReviewTab.plots" and args == (None,)):
+            calls.append(name)
+
     for block_fn in demo.fns.values():  # each event's function counted (its signature kept for Gradio)
         if block_fn.fn is None:  # an event run in the browser only (the tab shown, noted as a tab is clicked)
             continue
         block_fn.fn = functools.wraps(block_fn.fn)(
-            lambda *args, _fn=block_fn.fn, **kwargs: (calls.append(_fn.__qualname__.split(".<locals>.")[-1]),
-                                                      _fn(*args, **kwargs))[1])
+            lambda *args, _fn=block_fn.fn, **kwargs: (called(_fn, args), _fn(*args, **kwargs))[1])
     port = free_port()
     app.launch(demo, port=port, block=False)
     try:

@@ -57,7 +57,7 @@ from lab.worker import run_worker
 from storage.db import make_engine, runs_root, session, upgrade
 from storage.models import Episode, Experiment, Job, Proposal, Run, Stage, StageMetric
 from tests.test_context import evidence
-from training.evaluate import EpisodeResult, store_evaluation, validation_entries
+from training.evaluate import EpisodeResult, dev_entries, store_evaluation, validation_entries
 from training.stage import planned_steps
 
 CONFIG = EnvConfig(data_ratio={3: 0.5, 4: 0.5}, hole_ratio={3: 0.2, 4: 0.2}, wait_ratio={3: 0.25, 4: 0.25},
@@ -229,6 +229,23 @@ def test_a_larger_validation_set_holds_the_standard_240_and_is_cached(tmp_path):
     assert validation_entries(tmp_path, 33) == larger  # read back from the cache
     with pytest.raises(ValueError, match="validation_per_size = 40: a multiple of 3"):
         validation_entries(tmp_path, 40)
+
+
+def test_the_validation_and_dev_sets_are_built_once_per_runs_root_then_read(tmp_path, monkeypatch):
+    from envsim import suite
+
+    standard = validation_entries(tmp_path, 30)
+    assert standard == build("validation")[0] and (tmp_path / "validation-30.jsonl").is_file()
+    dev = dev_entries(tmp_path, 3)
+    assert dev == suite.dev_entries(3, [e.instance for e in standard])
+    assert (tmp_path / "dev-3-beside-validation-30.jsonl").is_file()
+
+    def built(*args, **kwargs):
+        raise AssertionError("built again")
+
+    monkeypatch.setattr(suite, "build", built)
+    monkeypatch.setattr(suite, "dev_entries", built)
+    assert validation_entries(tmp_path, 30) == standard and dev_entries(tmp_path, 3) == dev
 
 
 # ---------------------------------------------------------------- the report, by hand

@@ -31,7 +31,8 @@ if TYPE_CHECKING:  # torch loads only where a policy answers: the lab reads stor
     from training.policy import Policy
 
 BENCHMARK_FILE = "benchmark.jsonl"
-VALIDATION_FILE = "validation-{per_size}.jsonl"  # a larger validation set, per board count per size
+VALIDATION_FILE = "validation-{per_size}.jsonl"  # a validation set, per board count per size
+DEV_FILE = "dev-{per_size}-beside-validation-{validation_per_size}.jsonl"  # a dev set, and the set it avoids
 
 
 @dataclass(frozen=True)
@@ -151,14 +152,27 @@ def store_evaluation(session: Session, run_id: int, stage_index: int, split: Spl
 
 
 def validation_entries(cache_dir: Path, per_size: int) -> list[suite.Entry]:
-    """A validation set of `per_size` boards per map size (`envsim.suite.validation_cells`): the standard 240
-    are built in a second and never cached; a larger set is built once and cached as JSONL in `cache_dir`."""
-    if per_size == suite.VALIDATION_PER_SIZE:
-        return suite.build(Split.VALIDATION)[0]
-    path = cache_dir / VALIDATION_FILE.format(per_size=per_size)
+    """A validation set of `per_size` boards per map size (`envsim.suite.validation_cells`), built once and cached as
+    JSONL in `cache_dir` (the runs root): every stage's process reads it there (the standard 240 take seconds of
+    solver time on a loaded machine, the file milliseconds)."""
+    return _cached(cache_dir / VALIDATION_FILE.format(per_size=per_size),
+                   lambda: suite.build(Split.VALIDATION, per_size=per_size)[0])
+
+
+def dev_entries(cache_dir: Path, per_size: int, validation_per_size: int = suite.VALIDATION_PER_SIZE) -> list[
+        suite.Entry]:
+    """The dev boards, `per_size` per map size, none of them among the validation set of `validation_per_size` per
+    size (`envsim.suite.dev_entries`), built once and cached as JSONL in `cache_dir` beside it."""
+    return _cached(cache_dir / DEV_FILE.format(per_size=per_size, validation_per_size=validation_per_size),
+                   lambda: suite.dev_entries(per_size, [e.instance for e in validation_entries(cache_dir,
+                                                                                               validation_per_size)]))
+
+
+def _cached(path: Path, build: Callable[[], list[suite.Entry]]) -> list[suite.Entry]:
     if path.is_file():
         return suite.read_jsonl(path)
-    entries, _ = suite.build(Split.VALIDATION, per_size=per_size)
+    entries = build()
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")  # each process its own: two workers may build it at once
     suite.write_jsonl(entries, tmp)
     tmp.replace(path)

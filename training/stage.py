@@ -233,11 +233,10 @@ def dataset(policy: Policy, instances: Sequence[Instance]) -> Dataset:
 
 @lru_cache(maxsize=2)
 def validation_set(per_size: int = VALIDATION_PER_SIZE, cache_dir: Path | None = None) -> tuple[Instance, ...]:
-    """The validation boards (2 agents, sizes 3..10, `per_size` per size), built once per process: the standard
-    240 in about a second; a larger set is read from (or built once into) `cache_dir`, the runs root."""
-    if per_size == VALIDATION_PER_SIZE or cache_dir is None:
+    """The validation boards (2 agents, sizes 3..10, `per_size` per size), once per process: read from (or built
+    once into) `cache_dir`, the runs root; built here without one."""
+    if cache_dir is None:
         return tuple(entry.instance for entry in build(Split.VALIDATION, per_size=per_size)[0])
-    cache_dir.mkdir(parents=True, exist_ok=True)
     return tuple(entry.instance for entry in evaluation.validation_entries(cache_dir, per_size))
 
 
@@ -245,9 +244,11 @@ def validation_set(per_size: int = VALIDATION_PER_SIZE, cache_dir: Path | None =
 def dev_set(per_size: int, validation_per_size: int = VALIDATION_PER_SIZE,
             cache_dir: Path | None = None) -> tuple[Instance, ...]:
     """The dev boards, `per_size` per map size, disjoint from the validation set of `validation_per_size` per size
-    (`envsim.suite.dev_entries`): built once per process (240 boards in about a second)."""
-    validation = validation_set(validation_per_size, cache_dir)
-    return tuple(entry.instance for entry in dev_entries(per_size, validation))
+    (`envsim.suite.dev_entries`), once per process: read from (or built once into) `cache_dir`, the runs root."""
+    if cache_dir is None:
+        validation = validation_set(validation_per_size)
+        return tuple(entry.instance for entry in dev_entries(per_size, validation))
+    return tuple(entry.instance for entry in evaluation.dev_entries(cache_dir, per_size, validation_per_size))
 
 
 def validation_boards(limit: int | None = None, per_size: int = VALIDATION_PER_SIZE,
