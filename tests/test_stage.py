@@ -286,7 +286,8 @@ def test_grpo_config_is_our_defaults_under_the_runs_overrides(tmp_path: Path):
         grpo_config(args, {"max_stepz": 3}, 40)
 
 
-def test_the_stage_command_evaluates_then_trains_in_two_processes_and_records_each_step_once(writer: Path, tmp_path: Path):
+def test_the_stage_command_evaluates_then_trains_in_two_processes_and_records_each_step_once(writer: Path,
+                                                                                          tmp_path: Path):
     """The stage command outside any worker: stage 0 evaluated by `python -m training.stage`, then stage 1 trained
     data-parallel as `accelerate launch` does it on GPUs, here with torchrun and gloo on the CPU."""
     url = f"sqlite:///{tmp_path / 'envlab.db'}"
