@@ -63,7 +63,8 @@ class StageBeside:
         if job is None:
             return "no stage job was queued"
         tail = (job.log_tail or "").strip().splitlines()[-1:] or ["(no log line yet)"]
-        return f"stage job {job.status}, step {job.step}/{job.total}: {tail[0][:200]}"
+        done = f"step {job.step}/{job.total}" if job.total else "no step counted yet"
+        return f"stage job {job.status}, {done}: {tail[0][:200]}"
 
     def wait_training(self, wait_s: float) -> int | None:
         """The first GRPO step logged within `wait_s` seconds, or None (at once when the stage ends first)."""

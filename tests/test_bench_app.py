@@ -40,12 +40,13 @@ def test_the_page_actions_are_timed_idle_and_while_a_stage_trains_side_by_side(c
 
 
 def test_a_stage_that_is_not_training_gives_no_loaded_figures(capsys, monkeypatch):
-    """A stage of one GRPO step ends before it can be seen training: the loaded column stays empty and says what
-    the stage did, rather than figures taken beside no training."""
+    """A stage not seen training within the wait (here 1 s, less than its worker takes to start): the loaded column
+    stays empty and says what the stage was doing, rather than figures taken beside no training."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     bench = load_bench()
-    timed = bench.bench_actions(repeats=1, load="stage", wait_s=300, steps=1)
+    timed = bench.bench_actions(repeats=1, load="stage", wait_s=1)
     assert all(idle > 0 and loaded is None for idle, loaded, _ in timed.values())
     out = capsys.readouterr().out
-    assert "training while measured: NO: not seen training within 300 s (stage job done, step 1/1" in out
+    assert re.search(r"training while measured: NO: not seen training within 1 s \(stage job (queued|running), "
+                     r"(step \d+/\d+|no step counted yet): ", out), out
     assert len(re.findall(r"ms +- +-  <= ", out)) == len(timed)
