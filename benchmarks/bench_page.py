@@ -49,10 +49,13 @@ def _medians(actions: dict[str, Callable[[], float]], repeats: int) -> dict[str,
 
 
 def bench(repeats: int, play_steps: int = STEPS, stage_steps: int = stage_beside.STEPS,
-          wait_s: float = 600, warm: bool = True, only: Sequence[str] = ()) -> tuple[Figures, str, list[str]]:
+          wait_s: float = 600, warm: bool = True, only: Sequence[str] = (),
+          beside: Callable[[Walk], object] | None = None) -> tuple[Figures, str, list[str]]:
     """Each action's median idle and with the stage training; what the stage did meanwhile; the errors the
     page showed. `warm`: every action once first, untimed (the server's imports and caches, the browser's);
-    `only`: the actions whose name starts with one of these (all when empty)."""
+    `only`: the actions whose name starts with one of these (all when empty); `beside`: more to do in the page
+    after the loaded measurements, while the stage still trains (the tests' walk through every tab), its errors
+    counted with the others."""
 
     from playwright.sync_api import sync_playwright
 
@@ -73,27 +76,31 @@ def bench(repeats: int, play_steps: int = STEPS, stage_steps: int = stage_beside
                 page = context.new_page()
                 page.add_init_script(f"({ERRORS_SEEN})()")
                 errors: list[str] = []
-                walk = Walk(page, f"http://127.0.0.1:{port}/", engine, ids)
-                actions = {name: fn for name, fn in walk.actions(play_steps).items()
-                           if not only or name.startswith(tuple(only))}
 
                 def seen() -> None:  # the errors of the page before it is left
                     errors.extend(page.evaluate("window.__errors || []"))
 
-                timed = {name: (lambda fn=fn: (seen(), fn())[1]) for name, fn in actions.items()}
+                walk = Walk(page, f"http://127.0.0.1:{port}/", engine, ids, leaving=seen)
+                timed = {name: fn for name, fn in walk.actions(play_steps).items()
+                         if not only or name.startswith(tuple(only))}
                 if warm:
                     _medians(timed, 1)
                 idle = _medians(timed, repeats)
-                loaded: dict[str, float | None] = dict.fromkeys(actions)
-                measured, still = stage_beside.measured_beside(engine, db, ids, stage_steps, wait_s,
-                                                               lambda: _medians(timed, repeats))
+                loaded: dict[str, float | None] = dict.fromkeys(timed)
+                def loaded_run() -> dict[str, float]:
+                    figures = _medians(timed, repeats)
+                    if beside is not None:
+                        beside(walk)
+                    return figures
+
+                measured, still = stage_beside.measured_beside(engine, db, ids, stage_steps, wait_s, loaded_run)
                 loaded = dict(measured) if measured else loaded
                 seen()
                 browser.close()
         finally:
             demo.close()
             engine.dispose()
-    return {name: (idle[name], loaded[name]) for name in actions}, still, errors
+    return {name: (idle[name], loaded[name]) for name in timed}, still, errors
 
 
 def report(figures: Figures, still: str, errors: list[str], repeats: int) -> None:

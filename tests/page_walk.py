@@ -1,5 +1,6 @@
 """The page's actions as a person does them in a browser, each timed from its click to the page showing its result,
-for the browser's speed figures (benchmarks/bench_page.py) and the walk through every tab (tests/test_browser.py).
+for the browser's speed figures (benchmarks/bench_page.py) and the walk through every tab (`Walk.every_tab`, which
+tests/test_bench_page.py takes beside the same stage).
 
 Each action first brings the page where the person would be (a fresh load, untimed), then clicks and waits for
 what the action shows: the run's status, the proposal's, the gallery's failure row, the replay's board at its
@@ -62,6 +63,7 @@ class Walk:
     ids: dict[str, int]
     waits: list[int] = field(default_factory=list)
     turn: int = 0
+    leaving: Callable[[], Any] | None = None  # called before each fresh load (what the page showed is read then)
 
     def __post_init__(self) -> None:
         self.waits = [self.ids["second"]]
@@ -81,12 +83,16 @@ class Walk:
 
     def load(self, query: str, ready: str) -> None:
         """A fresh page at `?query`, ready when `ready` (a text) is on it and its loading events are done."""
+        if self.leaving is not None:
+            self.leaving()
         self.page.goto(f"{self.url}?{query}")
         self.page.get_by_text(ready).first.wait_for(state="attached", timeout=TIMEOUT_MS)
         self.settle()
 
     def load_run(self, run_id: int) -> None:
         """A fresh page with the run open (in the "Open run" dropdown), on the Runs tab."""
+        if self.leaving is not None:
+            self.leaving()
         self.page.goto(f"{self.url}?run={run_id}")
         self.page.wait_for_function(f"""() => {{ const i = document.querySelector('#run-pick input');
                                                  return i && i.value.startsWith('#{run_id} '); }}""",
@@ -192,6 +198,41 @@ class Walk:
         typed = cell.locator("textarea, input").first
         typed.fill("0.35" if self.turn % 2 else "0.25")
         return self.timed(lambda: typed.press("Enter"), self.text("#edit-check", "will store"))
+
+    def every_tab(self, steps: int) -> None:
+        """A walk through every tab clicking what only reads, while the stage beside the page trains: the run whose
+        stage trains opened on the Train tab (its progress bar running), the Runs table, a proposal with its edit
+        table and its whole diff, Stage review's failure row to its replay played to its end (`steps`), the
+        Playground's board and solver, the Leaderboard, Compare; then a poll or two."""
+        from app import POLL_S
+
+        page = self.page
+        self.turn = 0
+        self.open_run()  # from the history run to the waiting one, whose stage trains (tests/stage_beside.py)
+        page.wait_for_function("() => { const b = document.querySelector('#job-progress');"
+                               " return b && b.dataset.status === 'running' && Number(b.dataset.step) > 0; }",
+                               timeout=TIMEOUT_MS)
+        page.get_by_role("tab", name="Runs").click()
+        page.locator("#runs-table").get_by_text("curriculum").wait_for(timeout=TIMEOUT_MS)
+        self.open_proposal()
+        page.get_by_text("Edit before applying").click()  # opened, nothing typed
+        page.click("#changed-only")  # every value of the diff, then only the changed ones again
+        page.click("#changed-only")
+        self.failure_to_replay()  # Stage review first, then its failure row to the Episode tab
+        self.play_to_the_end(steps)
+        page.get_by_role("tab", name="Playground").click()
+        page.get_by_role("button", name="Read board").click()
+        page.get_by_role("button", name="Use the solver's plan").click()
+        page.wait_for_function("() => document.querySelector('#pg-plan textarea').value.includes('Agent 0:')",
+                               timeout=TIMEOUT_MS)
+        assert "Agent 1:" in page.locator("#pg-plan textarea").input_value()
+        page.locator("#pg-verdict").get_by_text("valid", exact=False).first.wait_for(timeout=TIMEOUT_MS)
+        page.get_by_role("tab", name="Leaderboard").click()
+        page.locator("#lb-reference [role=gridcell]").first.wait_for(timeout=TIMEOUT_MS)
+        page.get_by_role("tab", name="Compare").click()
+        page.click("#compare-refresh")
+        page.locator("#compare-summary").get_by_text("No experiment in this lab yet").wait_for(timeout=TIMEOUT_MS)
+        time.sleep(2 * POLL_S)  # a poll or two of the page while the stage still writes
 
     def actions(self, steps: int) -> dict[str, Callable[[], float]]:
         """Every action the page's speed is judged by, by name."""
