@@ -10,6 +10,9 @@ stage, cold and forked.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_child.py
 
+`--quick` is the CI budget (2 boards, 2 GRPO steps), in the worker's process and forked only: a cold child is the
+forked measurement's code with `ENVLAB_ZYGOTE=0`, and costs most of the time (`--cold` adds it).
+
 On this 2-core machine, shared and loaded, 2026-11-24: see docs/worker.md ("What the child costs").
 """
 
@@ -41,7 +44,8 @@ class Args:
     instances: int = 16  # training boards of stage 1
     steps: int = 4  # GRPO steps of stage 1
     threads: int = 1
-    quick: bool = False  # the CI budget: 2 boards, 2 steps
+    quick: bool = False  # the CI budget: 2 boards, 2 steps, no cold children (unless --cold)
+    cold: bool = False  # with --quick, measure cold children too (always measured at the full budget)
 
 
 def stage_seconds(args: Args, in_child: bool, forked: bool = False) -> list[float]:
@@ -70,6 +74,7 @@ def stage_seconds(args: Args, in_child: bool, forked: bool = False) -> list[floa
 
 
 def main(args: Args) -> dict[str, float]:
+    cold = args.cold or not args.quick
     if args.quick:
         args.boards, args.instances, args.steps = 2, 4, 2
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # the children's too
@@ -81,25 +86,28 @@ def main(args: Args) -> dict[str, float]:
         try:
             validation_entries(Path(root), VALIDATION_PER_SIZE)
             inside = stage_seconds(args, in_child=False)
-            child = stage_seconds(args, in_child=True)
+            child = stage_seconds(args, in_child=True) if cold else None
             forked = stage_seconds(args, in_child=True, forked=True)
         finally:
             zygote.close_all()
             os.environ.pop(RUNS_SETTING) if before is None else os.environ.update({RUNS_SETTING: before})
-    added = [c - i for c, i in zip(child, inside, strict=True)]
     added_forked = [f - i for f, i in zip(forked, inside, strict=True)]
-    ratio, ratio_forked = sum(child) / sum(inside), sum(forked) / sum(inside)
+    figures = {"ratio_forked": sum(forked) / sum(inside), "added_forked_s": added_forked}
     print(f"tiny policy, {args.boards} validation boards, stage 1: {args.steps} GRPO steps; {args.threads} thread(s)")
-    for k, (i, c, f) in enumerate(zip(inside, child, forked, strict=True)):
-        print(f"stage {k}: {i:.1f} s in the worker's process, {c:.1f} s in a cold child (+{c - i:.1f} s), "
-              f"{f:.1f} s in a forked child (+{f - i:.1f} s)")
-    print(f"stages in cold child processes / in the worker's process: {ratio:.2f}x; a cold child adds "
-          f"{sum(added) / len(added):.1f} s per stage")
-    print(f"stages in forked child processes / in the worker's process: {ratio_forked:.2f}x; a forked child adds "
-          f"{sum(added_forked) / len(added_forked):.1f} s per stage, the first (the zygote's start) "
+    for k, (i, f) in enumerate(zip(inside, forked, strict=True)):
+        c = f"{child[k]:.1f} s in a cold child (+{child[k] - i:.1f} s), " if child else ""
+        print(f"stage {k}: {i:.1f} s in the worker's process, {c}{f:.1f} s in a forked child (+{f - i:.1f} s)")
+    if child:
+        added = [c - i for c, i in zip(child, inside, strict=True)]
+        figures |= {"ratio": sum(child) / sum(inside), "added_s": sum(added) / len(added)}
+        print(f"stages in cold child processes / in the worker's process: {figures['ratio']:.2f}x; a cold child adds "
+              f"{figures['added_s']:.1f} s per stage")
+    else:
+        print("stages in cold child processes: not measured at this budget (--quick; --cold adds them)")
+    print(f"stages in forked child processes / in the worker's process: {figures['ratio_forked']:.2f}x; a forked "
+          f"child adds {sum(added_forked) / len(added_forked):.1f} s per stage, the first (the zygote's start) "
           f"{added_forked[0]:.1f} s ({time.perf_counter() - t0:.0f} s in all)")
-    return {"ratio": ratio, "added_s": sum(added) / len(added), "ratio_forked": ratio_forked,
-            "added_forked_s": added_forked}
+    return figures
 
 
 if __name__ == "__main__":
