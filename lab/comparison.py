@@ -206,10 +206,13 @@ def pct(x: float) -> str:
 
 
 def cell(e: Estimate | None, signed: bool = False) -> str:
-    """`57.9% [55.0, 60.1]` (percent, interval in points); `-` for nothing; `+` on differences."""
+    """`57.9% [55.0, 60.1]` (percent, interval in points); `57.9% [1 seed: no interval]`; `-` for nothing; `+` on
+    differences."""
     if e is None:
         return "-"
     sign = "+" if signed else ""
+    if len(e.values) < 2:
+        return f"{e.mean * 100:{sign}.1f}% [1 seed: no interval]"
     return f"{e.mean * 100:{sign}.1f}% [{e.low * 100:{sign}.1f}, {e.high * 100:{sign}.1f}]"
 
 
@@ -309,7 +312,8 @@ def difference_table_rows(c: Comparison, rate: Rate = Rate.VALID,
     with its t interval, the sd of the differences, the difference detectable with 80% power, every seed's."""
     k = c.stages if stage is None else stage
     headers = ["difference", "mean [95% t interval]", "sd", "detectable (80% power)", "every seed"]
-    rows = [[f"{arm} - {against}", cell(d, signed=True), points(d.sd), points(d.detectable),
+    rows = [[f"{arm} - {against}", cell(d, signed=True), points(d.sd if len(d.values) > 1 else None),
+             points(d.detectable),
              seeds_text(d, signed=True)]
             for arm, against in c.pairs() if (d := c.difference(arm, rate, k, against=against)) is not None]
     return headers, rows

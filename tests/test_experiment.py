@@ -27,9 +27,11 @@ from lab.comparison import (
     AUC,
     POOLED,
     Rate,
+    cell,
     comparison,
     curves_figure,
     detectable,
+    estimate,
     report_markdown,
     t_interval,
     t_power,
@@ -279,6 +281,8 @@ def test_the_t_interval_and_the_detectable_difference_by_hand():
     assert t_interval([0.50, 0.53, 0.56]) == pytest.approx((0.53 - 4.302652729911275 * 0.03 / 3 ** 0.5,
                                                            0.53 + 4.302652729911275 * 0.03 / 3 ** 0.5))
     assert t_interval([0.4]) == (0.4, 0.4)
+    one, two = estimate({3: 0.015}, paired=True), estimate({0: 0.01, 3: 0.02}, paired=True)
+    assert (cell(one, signed=True), cell(two, signed=True)) == ("+1.5% [1 seed: no interval]", "+1.5% [-4.9, +7.9]")
     # the standardized differences a two-sided paired t test at 0.05 detects with 80% power (G*Power's table:
     # n = 3: 3.264, n = 6: 1.435, n = 10: 0.996), scaled by the sd of the differences
     assert detectable(0.01, 3) == pytest.approx(0.03264, abs=1e-5)
