@@ -90,7 +90,10 @@ def main(args: Args) -> dict[str, float]:
             forked = stage_seconds(args, in_child=True, forked=True)
         finally:
             zygote.close_all()
-            os.environ.pop(RUNS_SETTING) if before is None else os.environ.update({RUNS_SETTING: before})
+            if before is None:
+                del os.environ[RUNS_SETTING]
+            else:
+                os.environ[RUNS_SETTING] = before
     added_forked = [f - i for f, i in zip(forked, inside, strict=True)]
     figures = {"ratio_forked": sum(forked) / sum(inside), "added_forked_s": added_forked}
     print(f"tiny policy, {args.boards} validation boards, stage 1: {args.steps} GRPO steps; {args.threads} thread(s)")

@@ -54,7 +54,7 @@ from envsim.config import EnvConfig
 from envsim.generator import generate, stage_seed
 from envsim.instance import Instance
 from envsim.scoring import Tally
-from envsim.suite import VALIDATION_PER_SIZE, Split, build, dev_entries
+from envsim.suite import VALIDATION_PER_SIZE, Split, build
 from storage.db import RUNS_SETTING, UnsafePath, checkpoint_of, make_engine, run_folder, runs_root, session
 from storage.models import Job, Run, Stage, StageMetric, StageStatus, TrainingLog, utcnow
 from training import evaluate as evaluation
@@ -241,13 +241,9 @@ def validation_set(per_size: int = VALIDATION_PER_SIZE, cache_dir: Path | None =
 
 
 @lru_cache(maxsize=2)
-def dev_set(per_size: int, validation_per_size: int = VALIDATION_PER_SIZE,
-            cache_dir: Path | None = None) -> tuple[Instance, ...]:
+def dev_set(per_size: int, validation_per_size: int, cache_dir: Path) -> tuple[Instance, ...]:
     """The dev boards, `per_size` per map size, disjoint from the validation set of `validation_per_size` per size
     (`envsim.suite.dev_entries`), once per process: read from (or built once into) `cache_dir`, the runs root."""
-    if cache_dir is None:
-        validation = validation_set(validation_per_size)
-        return tuple(entry.instance for entry in dev_entries(per_size, validation))
     return tuple(entry.instance for entry in evaluation.dev_entries(cache_dir, per_size, validation_per_size))
 
 
