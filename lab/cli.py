@@ -557,6 +557,31 @@ def cmd_experiment_add_arm(args: argparse.Namespace) -> None:
     print(f"run them: envlab experiment run {args.experiment} (runs only what is not done)")
 
 
+def _seeds(text: str) -> list[int]:
+    """`0,1,2` or `0-2` (or both: `0-2,5`) as seeds."""
+    seeds = []
+    try:
+        for part in (p.strip() for p in text.split(",") if p.strip()):
+            low, dash, high = part.partition("-")
+            seeds += range(int(low), int(high) + 1) if dash else [int(part)]
+    except ValueError:
+        raise UsageError(f"--seeds {text!r}: seeds as 0,1,2 or 0-2") from None
+    return seeds
+
+
+def cmd_experiment_adopt(args: argparse.Namespace) -> None:
+    from lab.experiments import ExperimentError, adopt_runs
+
+    try:
+        adopted = adopt_runs(_engine(args.db), args.experiment, args.source, args.arm, _seeds(args.seeds),
+                             args.source_experiment)
+    except ExperimentError as err:
+        raise UsageError(str(err)) from err
+    for theirs, run in adopted:
+        print(f"{args.source} run {theirs} -> run {run.id}: {run.name}, arm {run.arm}, seed {run.seed}")
+    print(f"experiment {args.experiment}: {len(adopted)} run(s) adopted as arm {args.arm!r}")
+
+
 def cmd_experiment_list(args: argparse.Namespace) -> None:
     from lab.experiments import list_experiments
     from storage.models import RunStatus
@@ -664,6 +689,16 @@ def experiment_arguments(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--arms", required=True, help="comma-separated arm specs, as for `new`")
     s.add_argument("--db", **db)
     s.set_defaults(fn=cmd_experiment_add_arm)
+    s = verbs.add_parser("adopt", help="take done runs of another database's experiment at the same compute in as "
+                                       "an arm's seeds (each run there must reproduce: docs/experiments.md)")
+    s.add_argument("experiment", help="name (or id)")
+    s.add_argument("--from", dest="source", required=True, type=Path, help="the other database (a SQLite file)")
+    s.add_argument("--arm", required=True, help="the arm, named as in both experiments")
+    s.add_argument("--seeds", required=True, help="which seeds: 0,1,2 or 0-2")
+    s.add_argument("--from-experiment", dest="source_experiment",
+                   help="the experiment there (default: the one named as here)")
+    s.add_argument("--db", **db)
+    s.set_defaults(fn=cmd_experiment_adopt)
     s = verbs.add_parser("list", help="every experiment and how far it got")
     s.add_argument("--db", **db)
     s.set_defaults(fn=cmd_experiment_list)

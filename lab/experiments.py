@@ -40,7 +40,7 @@ from lab.runs import benchmark_checkpoints
 from lab.settings import RunSettings, first_error
 from lab.worker import split_gpus, start_worker, visible_gpus
 from storage.db import runs_root, session
-from storage.models import ACTIVE_JOB, Experiment, Job, JobKind, Run, RunStatus, Stage, StageStatus
+from storage.models import ACTIVE_JOB, Experiment, Job, JobKind, JobStatus, Run, RunStatus, Stage, StageStatus
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "assets" / "scenarios"
 DEFAULT_SCENARIO = "default"
@@ -252,6 +252,113 @@ def add_arms(engine: Engine, key: str | int, arms: Sequence[str | Arm]) -> list[
         before = set(s.exec(select(Run.id).where(Run.experiment_id == row.id)))
         _create_runs(s, row, parsed)
     return [r for r in experiment_runs(engine, experiment.id) if r.id not in before]
+
+
+# What decides a run's compute and its score: two experiments that agree on these train the same number of GRPO
+# steps on the same number of boards from the same start and are scored on the same validation boards. The dev
+# split is not among them: it is what the reading engineers read, so adopt a reading arm's runs only where they
+# reproduce (docs/experiments.md, "Adopting runs").
+COMPUTE_KEYS = ("stages", "instances", "grpo", "steps_per_stage", "validation_per_size", "validation_boards",
+                "validation_subset", "config", "lora")
+
+
+def _started(s: Session, run_id: int) -> bool:
+    """Whether a run has done anything: a job of it that is neither queued nor cancelled."""
+    return s.exec(select(Job.id).where(Job.run_id == run_id, Job.status.not_in(
+        (JobStatus.QUEUED, JobStatus.CANCELLED)))).first() is not None
+
+
+def adopt_runs(engine: Engine, key: str | int, source: str | Path, arm: str, seeds: Sequence[int],
+               source_experiment: str | None = None) -> list[tuple[int, Run]]:
+    """Take the done runs of `arm`, `seeds`, from an experiment of another database (`source`, a SQLite file,
+    read from a copy: it is never changed) into experiment `key` as that arm's seeds, each with new ids.
+
+    The source experiment (named `source_experiment`, default this one's name) must agree with this one on
+    every key of `COMPUTE_KEYS` and the policy, and each source run must be done and ran the arm's engineer.
+    This experiment's own run of that arm and seed must not have started: it is cancelled and detached
+    (`experiment_id` NULL), its queued jobs cancelled. Everything is checked before anything is stored.
+    Returns (source run id, adopted run) pairs.
+    """
+    import shutil
+    import tempfile
+
+    from lab.archive import ArchiveError, export_run, import_archive
+    from storage.db import DatabaseUnusable, open_database
+
+    experiment = find_experiment(engine, key)
+    spec = next((a for a in experiment.arms if a["name"] == arm), None)
+    if spec is None:
+        raise ExperimentError(f"experiment {experiment.name!r} has no arm {arm!r} "
+                              f"(its arms: {', '.join(arm_names(experiment))})")
+    seeds = sorted(set(seeds))
+    if not seeds or seeds[0] < 0 or seeds[-1] >= experiment.seeds:
+        raise ExperimentError(f"seeds {seeds}: experiment {experiment.name!r} has seeds 0..{experiment.seeds - 1}")
+    source = Path(source)
+    if not source.is_file():
+        raise ExperimentError(f"{source}: no such database file")
+    with tempfile.TemporaryDirectory(prefix="envlab-adopt-") as tmp:
+        copy = Path(tmp) / "source.db"
+        shutil.copyfile(source, copy)  # opening migrates: the copy, never the source
+        try:
+            other = open_database(str(copy))
+        except DatabaseUnusable as err:
+            raise ExperimentError(f"{source}: {err}") from None
+        try:
+            theirs = find_experiment(other, source_experiment or experiment.name)
+        except ExperimentError as err:
+            raise ExperimentError(f"{source}: {err}") from None
+        there, here = ({**{k: e.settings.get(k) for k in COMPUTE_KEYS}, "policy": e.policy}
+                       for e in (theirs, experiment))
+        differ = [f"{k} ({there[k]!r} there, {here[k]!r} here)" for k in here if there[k] != here[k]]
+        if differ:
+            raise ExperimentError(f"{source}: experiment {theirs.name!r} differs from {experiment.name!r} in "
+                                  f"{'; '.join(differ)}: not the same compute")
+        found = {r.seed: r for r in experiment_runs(other, theirs.id) if r.arm == arm}
+        problems = []
+        for seed in seeds:
+            run = found.get(seed)
+            if run is None:
+                problems.append(f"seed {seed}: no run of arm {arm!r} there")
+            elif run.status != RunStatus.DONE:
+                problems.append(f"seed {seed}: its run {run.id} there is {run.status}, not done")
+            elif (run.engineer, run.engineer_backend) != (spec["engineer"], spec["backend"]):
+                problems.append(f"seed {seed}: its run {run.id} there ran engineer {run.engineer!r}, "
+                                f"this arm runs {spec['engineer']!r}")
+        with session(engine) as s:
+            mine = {r.seed: r for r in s.exec(select(Run).where(Run.experiment_id == experiment.id,
+                                                                 Run.arm == arm, Run.seed.in_(seeds)))}
+            problems += [f"seed {seed}: its run {mine[seed].id} here has run already ({mine[seed].status}); "
+                         "cancel it first, or adopt other seeds" for seed in seeds
+                         if seed in mine and _started(s, mine[seed].id)]
+        if problems:
+            raise ExperimentError(f"{source}, experiment {theirs.name!r}, arm {arm!r}: " + "; ".join(problems))
+        adopted = []
+        for seed in seeds:
+            archive = Path(tmp) / f"run-{found[seed].id}.zip"
+            try:
+                export_run(other, found[seed].id, archive)
+                adopted.append((found[seed].id, import_archive(engine, archive).run_id))
+            except ArchiveError as err:
+                raise ExperimentError(f"{source}, run {found[seed].id}: {err}") from None
+        other.dispose()
+    note = f"adopted from {source.name}, experiment {theirs.name!r}"
+    with session(engine) as s:
+        for seed, (theirs_id, new_id) in zip(seeds, adopted, strict=True):
+            if seed in mine:
+                replaced = s.get(Run, mine[seed].id)
+                replaced.experiment_id = None
+                replaced.status = RunStatus.CANCELLED
+                replaced.status_reason = f"replaced in experiment {experiment.name!r} by run {new_id}, {note}"
+                s.add(replaced)
+                for job in s.exec(select(Job).where(Job.run_id == replaced.id, Job.status == JobStatus.QUEUED)):
+                    job.status = JobStatus.CANCELLED
+                    s.add(job)
+            run = s.get(Run, new_id)
+            run.experiment_id, run.arm = experiment.id, arm
+            run.description = f"experiment {experiment.name!r}, arm {arm!r}, seed {seed}; {note}, run {theirs_id}"
+            s.add(run)
+        s.commit()
+        return [(theirs_id, s.get(Run, new_id)) for theirs_id, new_id in adopted]
 
 
 # ---------------------------------------------------------------- reading one

@@ -9,6 +9,8 @@ real GRPO stage with the tiny policy, killed and resumed, is in tests/test_exper
 from __future__ import annotations
 
 import csv
+import gzip
+import hashlib
 import json
 from dataclasses import asdict, fields
 from pathlib import Path
@@ -44,6 +46,7 @@ from lab.experiments import (
     ExperimentError,
     _benchmarks_pending,
     add_arms,
+    adopt_runs,
     benchmark_choices,
     create_experiment,
     experiment_progress,
@@ -550,3 +553,52 @@ def test_an_arm_added_later_runs_every_seed_on_what_the_others_share(empty_lab, 
         with pytest.raises(ExperimentError, match=why):
             add_arms(empty_lab, "grow", [arms])
     assert len(experiment_runs(empty_lab, experiment.id)) == 8  # a refused arm stores nothing
+
+
+SHIPPED = Path(__file__).resolve().parent.parent / "docs" / "results"
+
+
+def test_an_experiment_adopts_done_runs_of_another_database_at_the_same_compute(empty_lab, tmp_path, capsys):
+    source = tmp_path / "shipped.db"
+    with gzip.open(SHIPPED / "hardstart" / "study.db.gz", "rb") as src, source.open("wb") as dst:
+        dst.write(src.read())
+    before = hashlib.sha256(source.read_bytes()).hexdigest()
+    experiment = create_experiment(empty_lab, name="hardstart", scenario="hard-start", arms=["fixed", "random"],
+                                   seeds=4, settings=RunSettings(stages=3))
+    own = {(r.arm, r.seed): r.id for r in experiment_runs(empty_lab, experiment.id)}
+    db = str(empty_lab.url.database)
+    for args, why in ((["--arm", "heuristic", "--seeds", "0"], "has no arm 'heuristic'"),
+                      (["--arm", "random", "--seeds", "2-4"], "seeds [2, 3, 4]: experiment 'hardstart' has seeds 0..3"),
+                      (["--arm", "random", "--seeds", "0", "--from-experiment", "nope"], "no experiment 'nope'")):
+        assert cli.main(["experiment", "adopt", "hardstart", "--from", str(source), *args, "--db", db]) == 2
+        assert why in capsys.readouterr().err
+    other = create_experiment(empty_lab, name="defaults", arms=["random"], seeds=1, settings=RunSettings(stages=3))
+    with pytest.raises(ExperimentError, match=r"differs from 'defaults' in config .*: not the same compute"):
+        adopt_runs(empty_lab, other.id, source, "random", [0], source_experiment="hardstart")
+
+    assert cli.main(["experiment", "adopt", "hardstart", "--from", str(source), "--arm", "random", "--seeds", "0-2",
+                     "--db", db]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[-1] == "experiment hardstart: 3 run(s) adopted as arm 'random'"
+    runs = {(r.arm, r.seed): r for r in experiment_runs(empty_lab, experiment.id)}
+    assert len(runs) == 8 and all(runs[("random", k)].id not in own.values() for k in range(3))
+    assert runs[("random", 3)].id == own[("random", 3)]
+    # the shipped runs 2, 5, 8 (random, seeds 0..2), stage by stage, as docs/results/README.md gives them
+    assert [f"{source} run {n} -> run {runs[('random', k)].id}" in out for k, n in enumerate((2, 5, 8))] == [True] * 3
+    c = comparison(empty_lab, "hardstart")
+    valid = {k: [round(c.values[("random", Rate.VALID, stage, POOLED)][k] * 960) for stage in range(4)]
+             for k in range(3)}
+    assert valid == {0: [510, 520, 530, 534], 1: [510, 520, 526, 535], 2: [510, 530, 536, 550]}
+    with session(empty_lab) as s:
+        for k in range(3):
+            replaced = s.get(Run, own[("random", k)])
+            assert (replaced.experiment_id, replaced.status) == (None, "cancelled")
+            assert replaced.status_reason.startswith(f"replaced in experiment 'hardstart' by run "
+                                                     f"{runs[('random', k)].id}, adopted from shipped.db")
+            assert {j.status for j in s.exec(select(Job).where(Job.run_id == replaced.id))} == {"cancelled"}
+        assert s.exec(select(Job).where(Job.run_id == own[("random", 3)])).one().status == "queued"
+    assert hashlib.sha256(source.read_bytes()).hexdigest() == before  # read from a copy: never migrated
+
+    with pytest.raises(ExperimentError, match=r"seed 0: its run \d+ here has run already \(done\)"):
+        adopt_runs(empty_lab, "hardstart", source, "random", [0, 3])
+    assert len(experiment_runs(empty_lab, experiment.id)) == 8  # a refusal stores nothing
