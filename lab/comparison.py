@@ -216,12 +216,16 @@ def cell(e: Estimate | None, signed: bool = False) -> str:
     return f"{e.mean * 100:{sign}.1f}% [{e.low * 100:{sign}.1f}, {e.high * 100:{sign}.1f}]"
 
 
-def seeds_text(e: Estimate | None, signed: bool = False) -> str:
-    """Every seed's value in points, in seed order: `52.8, 53.1, 53.5`."""
+def seeds_text(e: Estimate | None, signed: bool = False, of: Sequence[int] | None = None) -> str:
+    """Every seed's value in points, in seed order: `52.8, 53.1, 53.5`; where they are not all the seeds `of`
+    (an arm or a pair that lacks some), the seeds they are come first: `seeds 0, 3: 52.8, 53.5`."""
     if e is None:
         return "-"
     sign = "+" if signed else ""
-    return ", ".join(f"{v * 100:{sign}.1f}" for v in e.values)
+    values = ", ".join(f"{v * 100:{sign}.1f}" for v in e.values)
+    if of is None or list(e.seeds) == sorted(of):
+        return values
+    return f"seed{'s' if len(e.seeds) > 1 else ''} {', '.join(map(str, e.seeds))}: {values}"
 
 
 def points(x: float | None, signed: bool = False) -> str:
@@ -257,7 +261,7 @@ def _stage_table(c: Comparison, rate: Rate) -> list[str]:
     head = ["arm", *(f"stage {k}" for k in range(c.stages + 1)), "AUC"]
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for arm in c.arms:
-        cells = [f"{cell(e)} ({seeds_text(e)})" if (e := c.estimate(arm, rate, k)) else "-"
+        cells = [f"{cell(e)} ({seeds_text(e, of=c.seeds)})" if (e := c.estimate(arm, rate, k)) else "-"
                  for k in [*range(c.stages + 1), AUC]]
         lines.append(f"| {arm} | " + " | ".join(cells) + " |")
     return lines
@@ -314,7 +318,7 @@ def difference_table_rows(c: Comparison, rate: Rate = Rate.VALID,
     headers = ["difference", "mean [95% t interval]", "sd", "detectable (80% power)", "every seed"]
     rows = [[f"{arm} - {against}", cell(d, signed=True), points(d.sd if len(d.values) > 1 else None),
              points(d.detectable),
-             seeds_text(d, signed=True)]
+             seeds_text(d, signed=True, of=c.seeds)]
             for arm, against in c.pairs() if (d := c.difference(arm, rate, k, against=against)) is not None]
     return headers, rows
 
@@ -330,7 +334,7 @@ def report_markdown(c: Comparison) -> str:
                  f"`{a['name']}` ({a['engineer']}" + (f", {a['backend']}, context {a['context']}" if a["backend"]
                                                       else "") + ")" for a in e.arms) + ".", "",
              "Each cell: the mean over seeds, its 95% Student-t interval over seeds (n - 1 degrees of freedom), "
-             "then every seed's value in seed order (points). AUC: the area under the curve over stages "
+             "then every seed's value in seed order (points), after the seeds where an arm lacks some. AUC: the area under the curve over stages "
              f"0..{c.stages} by the trapezoid rule, divided by {c.stages}: the curve's mean rate.", "",
              "## Validation valid rate", *_stage_table(c, Rate.VALID), "",
              "## Validation optimal rate", *_stage_table(c, Rate.OPTIMAL), "",

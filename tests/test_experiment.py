@@ -35,6 +35,7 @@ from lab.comparison import (
     detectable,
     estimate,
     report_markdown,
+    seeds_text,
     t_interval,
     t_power,
     write_report,
@@ -589,6 +590,9 @@ def test_an_experiment_adopts_done_runs_of_another_database_at_the_same_compute(
     valid = {k: [round(c.values[("random", Rate.VALID, stage, POOLED)][k] * 960) for stage in range(4)]
              for k in range(3)}
     assert valid == {0: [510, 520, 530, 534], 1: [510, 520, 526, 535], 2: [510, 530, 536, 550]}
+    # 3 of the 4 seeds: the report says which (seed 3 of `random` has not run)
+    assert "| 54.5% [53.0, 56.0] (seeds 0, 1, 2: 54.2, 54.2, 55.2) |" in report_markdown(c)
+    assert seeds_text(c.estimate("random", Rate.VALID, 1), of=[0, 1, 2]) == "54.2, 54.2, 55.2"
     with session(empty_lab) as s:
         for k in range(3):
             replaced = s.get(Run, own[("random", k)])
