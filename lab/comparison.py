@@ -334,8 +334,9 @@ def report_markdown(c: Comparison) -> str:
                  f"`{a['name']}` ({a['engineer']}" + (f", {a['backend']}, context {a['context']}" if a["backend"]
                                                       else "") + ")" for a in e.arms) + ".", "",
              "Each cell: the mean over seeds, its 95% Student-t interval over seeds (n - 1 degrees of freedom), "
-             "then every seed's value in seed order (points), after the seeds where an arm lacks some. AUC: the area under the curve over stages "
-             f"0..{c.stages} by the trapezoid rule, divided by {c.stages}: the curve's mean rate.", "",
+             "then every seed's value in seed order (points), after the seeds where an arm lacks some. AUC: the "
+             f"area under the curve over stages 0..{c.stages} by the trapezoid rule, divided by {c.stages}: the "
+             "curve's mean rate.", "",
              "## Validation valid rate", *_stage_table(c, Rate.VALID), "",
              "## Validation optimal rate", *_stage_table(c, Rate.OPTIMAL), "",
              f"## Valid rate minus `{c.baseline}`, paired by seed (points)", *_difference_table(c), "",
