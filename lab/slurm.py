@@ -430,6 +430,8 @@ def sweep(engine: Engine, arrays: Sequence[str], run_ids: Sequence[int]) -> Watc
         if job.status == JobStatus.RUNNING and job.worker != mine.worker:
             continue  # claimed again, by a task that has not written its own record yet
         if job.status == JobStatus.RUNNING and (state != "RUNNING" or restarts != mine.restarts):
+            if state == "COMPLETING" and restarts == mine.restarts:
+                continue  # its processes are still ending: the worker records why (a SIGTERM) itself; look again
             why = f"slurm job {mine.key} on {mine.node} ended {state or '(forgotten by scontrol)'}"
             if release(engine, job.id, why) is not None:
                 watch.released.append(job.id)
