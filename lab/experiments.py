@@ -268,6 +268,35 @@ def _started(s: Session, run_id: int) -> bool:
         (JobStatus.QUEUED, JobStatus.CANCELLED)))).first() is not None
 
 
+def _source_runs(other: Engine, experiment: Experiment, source: Path, arm: str, seeds: list[int],
+                 source_experiment: str | None) -> tuple[Experiment, dict[int, Run], list[str]]:
+    """`adopt_runs`' look at the other database: its experiment (refused unless at the same compute), its runs
+    of `arm` by seed, and what is wrong with the ones asked for."""
+    spec = next(a for a in experiment.arms if a["name"] == arm)
+    try:
+        theirs = find_experiment(other, source_experiment or experiment.name)
+    except ExperimentError as err:
+        raise ExperimentError(f"{source}: {err}") from None
+    there, here = ({**{k: e.settings.get(k) for k in COMPUTE_KEYS}, "policy": e.policy}
+                   for e in (theirs, experiment))
+    differ = [f"{k} ({there[k]!r} there, {here[k]!r} here)" for k in here if there[k] != here[k]]
+    if differ:
+        raise ExperimentError(f"{source}: experiment {theirs.name!r} differs from {experiment.name!r} in "
+                              f"{'; '.join(differ)}: not the same compute")
+    found = {r.seed: r for r in experiment_runs(other, theirs.id) if r.arm == arm}
+    problems = []
+    for seed in seeds:
+        run = found.get(seed)
+        if run is None:
+            problems.append(f"seed {seed}: no run of arm {arm!r} there")
+        elif run.status != RunStatus.DONE:
+            problems.append(f"seed {seed}: its run {run.id} there is {run.status}, not done")
+        elif (run.engineer, run.engineer_backend) != (spec["engineer"], spec["backend"]):
+            problems.append(f"seed {seed}: its run {run.id} there ran engineer {run.engineer!r}, "
+                            f"this arm runs {spec['engineer']!r}")
+    return theirs, found, problems
+
+
 def adopt_runs(engine: Engine, key: str | int, source: str | Path, arm: str, seeds: Sequence[int],
                source_experiment: str | None = None) -> list[tuple[int, Run]]:
     """Take the done runs of `arm`, `seeds`, from an experiment of another database (`source`, a SQLite file,
@@ -303,27 +332,7 @@ def adopt_runs(engine: Engine, key: str | int, source: str | Path, arm: str, see
             other = open_database(str(copy))
         except DatabaseUnusable as err:
             raise ExperimentError(f"{source}: {err}") from None
-        try:
-            theirs = find_experiment(other, source_experiment or experiment.name)
-        except ExperimentError as err:
-            raise ExperimentError(f"{source}: {err}") from None
-        there, here = ({**{k: e.settings.get(k) for k in COMPUTE_KEYS}, "policy": e.policy}
-                       for e in (theirs, experiment))
-        differ = [f"{k} ({there[k]!r} there, {here[k]!r} here)" for k in here if there[k] != here[k]]
-        if differ:
-            raise ExperimentError(f"{source}: experiment {theirs.name!r} differs from {experiment.name!r} in "
-                                  f"{'; '.join(differ)}: not the same compute")
-        found = {r.seed: r for r in experiment_runs(other, theirs.id) if r.arm == arm}
-        problems = []
-        for seed in seeds:
-            run = found.get(seed)
-            if run is None:
-                problems.append(f"seed {seed}: no run of arm {arm!r} there")
-            elif run.status != RunStatus.DONE:
-                problems.append(f"seed {seed}: its run {run.id} there is {run.status}, not done")
-            elif (run.engineer, run.engineer_backend) != (spec["engineer"], spec["backend"]):
-                problems.append(f"seed {seed}: its run {run.id} there ran engineer {run.engineer!r}, "
-                                f"this arm runs {spec['engineer']!r}")
+        theirs, found, problems = _source_runs(other, experiment, source, arm, seeds, source_experiment)
         with session(engine) as s:
             mine = {r.seed: r for r in s.exec(select(Run).where(Run.experiment_id == experiment.id,
                                                                  Run.arm == arm, Run.seed.in_(seeds)))}
