@@ -576,6 +576,11 @@ def test_an_experiment_adopts_done_runs_of_another_database_at_the_same_compute(
     other = create_experiment(empty_lab, name="defaults", arms=["random"], seeds=1, settings=RunSettings(stages=3))
     with pytest.raises(ExperimentError, match=r"differs from 'defaults' in config .*: not the same compute"):
         adopt_runs(empty_lab, other.id, source, "random", [0], source_experiment="hardstart")
+    renamed = create_experiment(empty_lab, name="renamed", scenario="hard-start", arms=["random=heuristic"], seeds=1,
+                                settings=RunSettings(stages=3))
+    with pytest.raises(ExperimentError, match=r"seed 0: its run 2 there ran engineer 'random', this arm runs "
+                                              r"'heuristic'"):
+        adopt_runs(empty_lab, renamed.id, source, "random", [0], source_experiment="hardstart")
 
     assert cli.main(["experiment", "adopt", "hardstart", "--from", str(source), "--arm", "random", "--seeds", "0-2",
                      "--db", db]) == 0
