@@ -1,6 +1,6 @@
 """Runs travel: export a run to one file and import it into another database, on SQLite and PostgreSQL.
 
-The run is made by the real loop (tests/test_loop.py's recorded stages): three stages, an edit with a note,
+The run is made by the real loop (tests/recorded.py's recorded stages): three stages, an edit with a note,
 a reject, an accept, their jobs and evaluations, plus training logs and benchmark episodes written by hand.
 """
 
@@ -9,16 +9,13 @@ import json
 import os
 import random
 import zipfile
-from datetime import UTC, datetime, timedelta, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, func, text
+from sqlalchemy import create_engine, text
 from sqlmodel import SQLModel, select
 
-from envsim.parser import format_plan
-from envsim.scoring import score_answer
-from envsim.suite import Split
 from lab.archive import ArchiveError, export_run, import_run, read_manifest, run_tables
 from lab.cli import main
 from lab.loop import advance, create_run, drive, resume, stages_of
@@ -27,9 +24,8 @@ from lab.settings import RunSettings
 from lab.worker import run_worker
 from storage.db import checkpoint_of, make_engine, upgrade
 from storage.db import session as open_session
-from storage.models import Episode, Run, Stage, TrainingLog
-from tests.test_loop import BOARDS, CONFIG, work
-from training.evaluate import EpisodeResult, store_evaluation
+from storage.models import Episode, Run, Stage
+from tests.recorded import BOARDS, CONFIG, build_run, counts, fake_checkpoints, work
 
 TRAVELLING = ["runs", "stages", "proposals", "decisions", "jobs", "episodes", "stage_metrics", "training_logs"]
 # Ids inside JSON that must follow their rows: (table, column) -> {key: table}.
@@ -74,43 +70,6 @@ def kind_of(engine) -> str:
     return "sqlite" if engine.dialect.name == "sqlite" else "postgres"
 
 
-def build_run(engine, name: str = "travel", finish: bool = True) -> int:
-    """A 2-stage run: an edit with a note after stage 0, a reject then (with `finish`) an accept after stage 1."""
-    with open_session(engine) as s:
-        run_id = create_run(s, name=name, config=CONFIG, settings=RunSettings(stages=2, grpo={"max_steps": 3}),
-                            engineer="fixed", seed=7, description="a run that travels").id
-    work(engine)  # stage 0; the worker's hook queues the proposal
-    work(engine)  # proposal after stage 0
-    with open_session(engine) as s:
-        edited = {**CONFIG.model_dump(mode="json"), "hole_ratio": {"3": 0.1, "4": 0.3}}
-        decide(s, current_proposal(s, run_id).id, "edit", "alice", edited, note="fewer holes on 4x4 — naïve?")
-    advance(engine, run_id)
-    work(engine)  # stage 1
-    work(engine)  # proposal after stage 1
-    with open_session(engine) as s:
-        decide(s, current_proposal(s, run_id).id, "reject", "carol", note="ask again")
-    advance(engine, run_id)
-    work(engine)  # the proposal that replaces the rejected one: the run waits for a person
-    with open_session(engine) as s:
-        plus_two = timezone(timedelta(hours=2))
-        for step, micro in [(1, 123456), (2, 999999), (3, 1)]:
-            s.add(TrainingLog(run_id=run_id, stage_index=1, step=step,
-                              metrics={"reward": 0.1 + 0.2 * step, "loss": -1.5e-7, "kl": 0.0, "big": 2**53 + 1,
-                                       "per_size": {"3": [1, 2.5, None]}, "note": "ünïcode ✓"},
-                              created_at=datetime(2026, 1, 2, 3, 4, step, micro, tzinfo=plus_two)))
-        s.commit()
-        answers = [format_plan(b.reference_plan) if i % 2 else "no idea" for i, b in enumerate(BOARDS[:3])]
-        results = [EpisodeResult(b, a, score_answer(b, a)) for b, a in zip(BOARDS, answers, strict=False)]
-        store_evaluation(s, run_id, 1, Split.BENCHMARK, results, subsets=[0.25, 0.5, 0.75])
-    if finish:
-        with open_session(engine) as s:
-            decide(s, current_proposal(s, run_id).id, "accept", "bob")
-        advance(engine, run_id)
-        work(engine)  # stage 2
-        assert advance(engine, run_id) == "done"
-    return run_id
-
-
 def dump(engine, run_id: int) -> dict[str, list[dict]]:
     """Every row of a run, table by table in id order, read through the tables' own column types."""
     tables = SQLModel.metadata.tables
@@ -148,12 +107,6 @@ def assert_same_run(before: dict[str, list[dict]], after: dict[str, list[dict]])
                 if isinstance(got, datetime):
                     assert got.isoformat() == expected.isoformat() and got.tzinfo == UTC
     return ids
-
-
-def counts(engine) -> dict[str, int]:
-    with engine.connect() as c:
-        return {t.name: c.execute(select(func.count()).select_from(t)).scalar_one()
-                for t in SQLModel.metadata.sorted_tables}
 
 
 def crowd(engine) -> None:
@@ -293,22 +246,6 @@ def test_truncated_corrupt_and_foreign_files_are_refused_and_change_nothing(engi
     if folder is not None:
         assert sorted(os.listdir(Path(target.url.database).parent)) == folder
     import_run(target, file)  # the good file still goes in after all that
-
-
-def fake_checkpoints(root: Path, engine, run_id: int) -> dict[str, bytes]:
-    """A couple of files (one in a subfolder) in each trained stage's checkpoint folder; returns them."""
-    files = {}
-    with open_session(engine) as s:
-        stages = s.exec(select(Stage).where(Stage.run_id == run_id, Stage.index > 0)).all()
-    for stage in stages:
-        rng = random.Random(stage.index)
-        made = [("model.safetensors", rng.randbytes(70_000)), ("sub/config.json", b'{"k": %d}' % stage.index)]
-        for rel, data in made:
-            path = root / stage.checkpoint / rel
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(data)
-            files[f"{stage.checkpoint}/{rel}"] = data
-    return files
 
 
 def files_under(root: Path) -> dict[str, bytes]:

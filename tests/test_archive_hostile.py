@@ -37,7 +37,7 @@ from lab.pages import runs as runs_page
 from lab.settings import RunSettings
 from storage.db import make_engine, upgrade
 from storage.db import session as open_session
-from tests.test_archive import build_run, counts, fake_checkpoints
+from tests.recorded import build_run, counts, fake_checkpoints
 
 MIB = 1 << 20
 REPO = Path(__file__).resolve().parent.parent

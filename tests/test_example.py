@@ -22,8 +22,8 @@ from lab.results import stage_summaries
 from lab.settings import RunSettings
 from storage.db import make_engine, session, upgrade
 from storage.models import Action, Decision, Episode, Proposal, Run, RunStatus, StageStatus
+from tests.recorded import CONFIG
 from tests.servers import free_port
-from tests.test_loop import CONFIG
 
 VALIDATION_BOARDS = 240
 BENCHMARK_BOARDS = 3150

@@ -26,11 +26,10 @@ from lab.experiments import benchmark_choices, experiment_runs, find_experiment
 from lab.loop import _alive
 from storage.db import make_engine, session
 from storage.models import Episode, Job, Proposal, Stage, StageMetric
+from tests.recorded import CONFIG
 from training.evaluate import BENCHMARK_FILE
 
 ROOT = Path(__file__).resolve().parent.parent
-CONFIG = EnvConfig(data_ratio={3: 0.5, 4: 0.5}, hole_ratio={3: 0.2, 4: 0.2}, wait_ratio={3: 0.25, 4: 0.25},
-                   num_agents=2, num_instances=8)
 
 
 def command(db: str) -> list[str]:

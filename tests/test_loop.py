@@ -10,7 +10,7 @@ import pytest
 from sqlmodel import select
 
 from envsim.config import ConfigError, EnvConfig, Projection
-from envsim.generator import cannot_fill, generate, stage_seed
+from envsim.generator import cannot_fill, stage_seed
 from envsim.parser import format_plan
 from envsim.scoring import score_answer
 from lab.engineers import ENGINEERS, EngineerAnswer
@@ -31,39 +31,8 @@ from lab.settings import RunSettings, SettingsError
 from lab.worker import run_worker
 from storage.db import session
 from storage.models import Decision, Proposal, Run, Stage
+from tests.recorded import BOARDS, CONFIG, work
 from training.evaluate import EpisodeResult, store_evaluation
-
-CONFIG = EnvConfig(data_ratio={3: 0.5, 4: 0.5}, hole_ratio={3: 0.2, 4: 0.2}, wait_ratio={3: 0.25, 4: 0.25},
-                   num_agents=2, num_instances=8)
-BOARDS = generate(CONFIG, 8, seed=11)
-
-
-def recorded_stage(engine, job, progress):
-    """Stage k answers the first 2k + 2 boards with the reference plan and the rest with garbage, on the
-    validation boards and, the same, on the dev boards (what the engineer reads)."""
-    run_id, k = job.payload["run_id"], job.payload["stage_index"]
-    solved = 2 * k + 2
-    results = [EpisodeResult(b, format_plan(b.reference_plan) if i < solved else "I am not sure.",
-                             score_answer(b, format_plan(b.reference_plan) if i < solved else "I am not sure."))
-               for i, b in enumerate(BOARDS)]
-    progress(1, 2, f"stage {k}: recorded answers")
-    with session(engine) as s:
-        store_evaluation(s, run_id, k, "validation", results)
-        store_evaluation(s, run_id, k, "dev", results)
-        stage = s.exec(select(Stage).where(Stage.run_id == run_id, Stage.index == k)).one()
-        uuid = s.get(Run, run_id).uuid  # where a real stage keeps it: inside the run's own folder
-        stage.status, stage.checkpoint = "done", f"{uuid}/stage-{k}"
-        s.add(stage)
-        s.commit()
-    progress(2, 2)
-    return {"valid": solved}
-
-
-HANDLERS = {"stage": recorded_stage, "propose": run_propose_job}
-
-
-def work(engine) -> bool:
-    return run_worker(engine, HANDLERS, once=True, poll_s=0.01, after=after_job) > 0
 
 
 def test_diff_lists_every_knob_and_flags_adjustments():

@@ -34,8 +34,9 @@ from lab.worker import run_job, run_worker
 from storage import queue
 from storage.db import current_revision, make_engine, session, upgrade
 from storage.models import Decision, Job, JobKind, JobStatus, Priority, Proposal, Run, RunStatus, Stage, utcnow
-from tests.test_loop import BOARDS, CONFIG, HANDLERS, recorded_stage, work
-from tests.test_storage import HEAD, in_processes
+from tests.processes import in_processes
+from tests.recorded import BOARDS, CONFIG, HANDLERS, recorded_stage, work
+from tests.test_storage import HEAD
 from training.evaluate import EpisodeResult, store_evaluation
 
 

@@ -28,7 +28,8 @@ from lab.settings import RunSettings
 from lab.slurm import SlurmError, SlurmJob, SlurmOptions, slurm_options, task_states
 from storage.db import make_engine, session
 from storage.models import Episode, Job
-from tests.test_experiment_e2e import CONFIG, nothing_lost_nothing_twice
+from tests.recorded import CONFIG
+from tests.test_experiment_e2e import nothing_lost_nothing_twice
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import multiprocessing
 import threading
-import traceback
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
@@ -30,9 +28,9 @@ from storage.models import (
     StageMetric,
     TrainingLog,
 )
+from tests.processes import in_processes
 
 CONFIG = {"data_ratio": {"3": 0.5, "4": 0.5}, "hole_ratio": {"3": 0.1, "4": 0.2}, "num_agents": 2}
-FORK = multiprocessing.get_context("fork")
 
 HEAD = "0010"  # the newest migration
 
@@ -63,35 +61,6 @@ def _as_first_written(model, *without: str) -> TableClause:
 def _schema_diff(engine: Engine) -> list:
     with engine.connect() as connection:
         return compare_metadata(MigrationContext.configure(connection), SQLModel.metadata)
-
-
-def _report(target, barrier, results, index: int, *args) -> None:
-    try:
-        results.put((index, True, target(barrier, *args)))
-    except BaseException:
-        results.put((index, False, traceback.format_exc()))
-
-
-def in_processes(target, args_per_process: list[tuple], engine: Engine) -> list:
-    """Run `target(barrier, *args)` in forked processes that pass `barrier.wait()` together; their results.
-
-    A failing child fails the test with its traceback (a child that never reached the barrier breaks
-    it for the others after a timeout).
-    """
-    engine.dispose()  # no pooled connection crosses the fork
-    barrier, results = FORK.Barrier(len(args_per_process), timeout=30), FORK.Queue()
-    procs = [
-        FORK.Process(target=_report, args=(target, barrier, results, i, *args))
-        for i, args in enumerate(args_per_process)
-    ]
-    for p in procs:
-        p.start()
-    reports = sorted(results.get(timeout=90) for _ in procs)
-    for p in procs:
-        p.join(timeout=30)
-    failures = [value for _, ok, value in reports if not ok]
-    assert not failures, "a child process failed:\n" + failures[0]
-    return [value for _, _, value in reports]
 
 
 # --- the database setting and engine -------------------------------------------------------------

@@ -14,7 +14,7 @@ from storage import queue
 from storage.db import make_engine, session
 from storage.models import Job, Priority, utcnow
 from storage.queue import LOG_TAIL_LINES, LostJob
-from tests.test_storage import in_processes
+from tests.processes import in_processes
 
 
 def test_claim_takes_the_oldest_queued_job_and_marks_it_running(engine: Engine):

@@ -10,7 +10,7 @@ from pathlib import Path
 from lab.pages import runs
 from lab.tempfiles import EXPORTS, FILES_AGE_S, SWEEP_S, sweep
 from storage.db import make_engine, upgrade
-from tests.test_archive import build_run
+from tests.recorded import build_run
 
 
 def test_an_upload_is_deleted_once_read_and_its_message_names_no_server_folder(tmp_path):

@@ -17,7 +17,7 @@ from lab.worker import beside_page_env, run_worker
 from storage import queue
 from storage.db import make_engine, session, upgrade
 from storage.models import Job
-from tests.test_storage import FORK, in_processes
+from tests.processes import FORK, in_processes
 from training.progress import Cancelled
 
 # Handlers live at module level so forked worker processes run the same code.

@@ -1,0 +1,114 @@
+"""A run moved through the real loop and worker, its stage jobs replaying recorded answers (real boards, real
+scores) instead of training, so that the loop's bookkeeping can be checked exactly. Training is tested in
+tests/test_stage.py."""
+
+import random
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from sqlalchemy import func
+from sqlmodel import SQLModel, select
+
+from envsim.config import EnvConfig
+from envsim.generator import generate
+from envsim.parser import format_plan
+from envsim.scoring import score_answer
+from envsim.suite import Split
+from lab.loop import advance, after_job, create_run, run_propose_job
+from lab.proposals import current_proposal, decide
+from lab.settings import RunSettings
+from lab.worker import run_worker
+from storage.db import session
+from storage.models import Run, Stage, TrainingLog
+from training.evaluate import EpisodeResult, store_evaluation
+
+CONFIG = EnvConfig(data_ratio={3: 0.5, 4: 0.5}, hole_ratio={3: 0.2, 4: 0.2}, wait_ratio={3: 0.25, 4: 0.25},
+                   num_agents=2, num_instances=8)
+BOARDS = generate(CONFIG, 8, seed=11)
+
+
+def recorded_stage(engine, job, progress):
+    """Stage k answers the first 2k + 2 boards with the reference plan and the rest with garbage, on the
+    validation boards and, the same, on the dev boards (what the engineer reads)."""
+    run_id, k = job.payload["run_id"], job.payload["stage_index"]
+    solved = 2 * k + 2
+    results = [EpisodeResult(b, format_plan(b.reference_plan) if i < solved else "I am not sure.",
+                             score_answer(b, format_plan(b.reference_plan) if i < solved else "I am not sure."))
+               for i, b in enumerate(BOARDS)]
+    progress(1, 2, f"stage {k}: recorded answers")
+    with session(engine) as s:
+        store_evaluation(s, run_id, k, "validation", results)
+        store_evaluation(s, run_id, k, "dev", results)
+        stage = s.exec(select(Stage).where(Stage.run_id == run_id, Stage.index == k)).one()
+        uuid = s.get(Run, run_id).uuid  # where a real stage keeps it: inside the run's own folder
+        stage.status, stage.checkpoint = "done", f"{uuid}/stage-{k}"
+        s.add(stage)
+        s.commit()
+    progress(2, 2)
+    return {"valid": solved}
+
+
+HANDLERS = {"stage": recorded_stage, "propose": run_propose_job}
+
+
+def work(engine) -> bool:
+    return run_worker(engine, HANDLERS, once=True, poll_s=0.01, after=after_job) > 0
+
+
+def build_run(engine, name: str = "travel", finish: bool = True) -> int:
+    """A 2-stage run: an edit with a note after stage 0, a reject then (with `finish`) an accept after stage 1."""
+    with session(engine) as s:
+        run_id = create_run(s, name=name, config=CONFIG, settings=RunSettings(stages=2, grpo={"max_steps": 3}),
+                            engineer="fixed", seed=7, description="a run that travels").id
+    work(engine)  # stage 0; the worker's hook queues the proposal
+    work(engine)  # proposal after stage 0
+    with session(engine) as s:
+        edited = {**CONFIG.model_dump(mode="json"), "hole_ratio": {"3": 0.1, "4": 0.3}}
+        decide(s, current_proposal(s, run_id).id, "edit", "alice", edited, note="fewer holes on 4x4 — naïve?")
+    advance(engine, run_id)
+    work(engine)  # stage 1
+    work(engine)  # proposal after stage 1
+    with session(engine) as s:
+        decide(s, current_proposal(s, run_id).id, "reject", "carol", note="ask again")
+    advance(engine, run_id)
+    work(engine)  # the proposal that replaces the rejected one: the run waits for a person
+    with session(engine) as s:
+        plus_two = timezone(timedelta(hours=2))
+        for step, micro in [(1, 123456), (2, 999999), (3, 1)]:
+            s.add(TrainingLog(run_id=run_id, stage_index=1, step=step,
+                              metrics={"reward": 0.1 + 0.2 * step, "loss": -1.5e-7, "kl": 0.0, "big": 2**53 + 1,
+                                       "per_size": {"3": [1, 2.5, None]}, "note": "ünïcode ✓"},
+                              created_at=datetime(2026, 1, 2, 3, 4, step, micro, tzinfo=plus_two)))
+        s.commit()
+        answers = [format_plan(b.reference_plan) if i % 2 else "no idea" for i, b in enumerate(BOARDS[:3])]
+        results = [EpisodeResult(b, a, score_answer(b, a)) for b, a in zip(BOARDS, answers, strict=False)]
+        store_evaluation(s, run_id, 1, Split.BENCHMARK, results, subsets=[0.25, 0.5, 0.75])
+    if finish:
+        with session(engine) as s:
+            decide(s, current_proposal(s, run_id).id, "accept", "bob")
+        advance(engine, run_id)
+        work(engine)  # stage 2
+        assert advance(engine, run_id) == "done"
+    return run_id
+
+
+def counts(engine) -> dict[str, int]:
+    with engine.connect() as c:
+        return {t.name: c.execute(select(func.count()).select_from(t)).scalar_one()
+                for t in SQLModel.metadata.sorted_tables}
+
+
+def fake_checkpoints(root: Path, engine, run_id: int) -> dict[str, bytes]:
+    """A couple of files (one in a subfolder) in each trained stage's checkpoint folder; returns them."""
+    files = {}
+    with session(engine) as s:
+        stages = s.exec(select(Stage).where(Stage.run_id == run_id, Stage.index > 0)).all()
+    for stage in stages:
+        rng = random.Random(stage.index)
+        made = [("model.safetensors", rng.randbytes(70_000)), ("sub/config.json", b'{"k": %d}' % stage.index)]
+        for rel, data in made:
+            path = root / stage.checkpoint / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+            files[f"{stage.checkpoint}/{rel}"] = data
+    return files
