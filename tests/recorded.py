@@ -1,6 +1,6 @@
-"""A run moved through the real loop and worker, its stage jobs replaying recorded answers (real boards, real
-scores) instead of training, so that the loop's bookkeeping can be checked exactly. Training is tested in
-tests/test_stage.py."""
+"""Runs moved through the real loop and worker, their stage jobs replaying recorded answers (real boards, real
+scores) instead of training, so that the bookkeeping can be checked exactly: a run (`work`, `build_run`) and an
+experiment of such runs (`scripted_experiment`). Training is tested in tests/test_stage.py."""
 
 import random
 from datetime import datetime, timedelta, timezone
@@ -13,13 +13,14 @@ from envsim.config import EnvConfig
 from envsim.generator import generate
 from envsim.parser import format_plan
 from envsim.scoring import score_answer
-from envsim.suite import Split
+from envsim.suite import VALIDATION_PER_SIZE, Split
+from lab.experiments import create_experiment
 from lab.loop import advance, after_job, create_run, run_propose_job
 from lab.proposals import current_proposal, decide
 from lab.settings import RunSettings
 from lab.worker import run_worker
-from storage.db import session
-from storage.models import Run, Stage, TrainingLog
+from storage.db import runs_root, session
+from storage.models import Experiment, Run, Stage, TrainingLog
 from training.evaluate import EpisodeResult, store_evaluation
 
 CONFIG = EnvConfig(data_ratio={3: 0.5, 4: 0.5}, hole_ratio={3: 0.2, 4: 0.2}, wait_ratio={3: 0.25, 4: 0.25},
@@ -112,3 +113,50 @@ def fake_checkpoints(root: Path, engine, run_id: int) -> dict[str, bytes]:
             path.write_bytes(data)
             files[f"{stage.checkpoint}/{rel}"] = data
     return files
+
+
+# ---------------------------------------------------------------- an experiment of scripted runs
+
+
+def solved(arm: str, seed: int, stage: int) -> list[int]:
+    """Which of the 8 boards a run answers right: more with every stage, with the seed, and for `heuristic`."""
+    n = min(8, 1 + seed + 2 * stage + (stage if arm == "heuristic" else 0))
+    return [(seed + i) % 8 for i in range(n)]
+
+
+def scripted_stage(engine, job, progress):
+    """The stage job without training: the run's answers per `solved`, stored as the real job stores them."""
+    run_id, k = job.payload["run_id"], job.payload["stage_index"]
+    with session(engine) as s:
+        run = s.get(Run, run_id)
+    right = set(solved(run.arm, run.seed, k))
+    results = []
+    for i, b in enumerate(BOARDS):
+        text = format_plan(b.reference_plan) if i in right else "no idea"
+        results.append(EpisodeResult(b, text, score_answer(b, text)))
+    with session(engine) as s:
+        store_evaluation(s, run_id, k, "validation", results)
+        store_evaluation(s, run_id, k, "dev", results)  # what the engineer reads (here the same answers)
+        stage = s.exec(select(Stage).where(Stage.run_id == run_id, Stage.index == k)).one()
+        stage.status, stage.checkpoint = "done", f"{run.uuid}/stage-{k}"  # inside the run's folder, as a real stage
+        (runs_root(engine) / stage.checkpoint).mkdir(parents=True)  # the folder a benchmark job would load
+        s.add(stage)
+        s.commit()
+    return {"stage_index": k}
+
+
+SCRIPTED = {"stage": scripted_stage, "propose": run_propose_job}
+
+
+def run_all(engine) -> None:
+    while run_worker(engine, SCRIPTED, once=True, poll_s=0.01, after=after_job):
+        pass
+
+
+def scripted_experiment(engine, name: str = "cmp", seeds: int = 3, stages: int = 2) -> Experiment:
+    experiment = create_experiment(engine, name=name, arms=["fixed", "heuristic"], seeds=seeds, config=CONFIG,
+                                   settings=RunSettings(stages=stages, validation_per_size=VALIDATION_PER_SIZE,
+                                                        validation_boards=8,
+                                                        grpo={"num_generations": 4, "per_device_train_batch_size": 32}))
+    run_all(engine)
+    return experiment

@@ -12,8 +12,8 @@ from lab.comparison import Rate, comparison
 from lab.experiments import experiment_runs
 from lab.pages.compare import compare_view
 from storage.db import make_engine, upgrade
+from tests.recorded import scripted_experiment
 from tests.servers import TIMEOUT_MS, free_port
-from tests.test_experiment import scripted_experiment
 
 
 def test_the_view_draws_each_arm_tables_its_sizes_and_links_its_runs(empty_lab):

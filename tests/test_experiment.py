@@ -21,9 +21,7 @@ from sqlmodel import select
 
 from envsim.config import EnvConfig, project
 from envsim.generator import generate
-from envsim.parser import format_plan
-from envsim.scoring import score_answer
-from envsim.suite import VALIDATION_PER_SIZE, WAIT_SUBSETS, build, round_half_up
+from envsim.suite import WAIT_SUBSETS, build, round_half_up
 from lab import cli
 from lab.comparison import (
     AUC,
@@ -56,64 +54,16 @@ from lab.experiments import (
     load_scenario,
     queue_benchmarks,
 )
-from lab.loop import LoopError, after_job, check_engineer, create_run, run_propose_job
+from lab.loop import LoopError, check_engineer, create_run
 from lab.pages import runs as runs_page
 from lab.settings import RunSettings
 from lab.worker import run_worker
-from storage.db import make_engine, runs_root, session, upgrade
+from storage.db import make_engine, session, upgrade
 from storage.models import Episode, Experiment, Job, Proposal, Run, Stage, StageMetric
+from tests.recorded import CONFIG, run_all, scripted_experiment
 from tests.test_context import evidence
-from training.evaluate import EpisodeResult, dev_entries, store_evaluation, validation_entries
+from training.evaluate import dev_entries, validation_entries
 from training.stage import planned_steps
-
-CONFIG = EnvConfig(data_ratio={3: 0.5, 4: 0.5}, hole_ratio={3: 0.2, 4: 0.2}, wait_ratio={3: 0.25, 4: 0.25},
-                   num_agents=2, num_instances=8)
-BOARDS = generate(CONFIG, 8, seed=11)  # 4 of size 3, 4 of size 4
-
-
-def solved(arm: str, seed: int, stage: int) -> list[int]:
-    """Which of the 8 boards a run answers right: more with every stage, with the seed, and for `heuristic`."""
-    n = min(8, 1 + seed + 2 * stage + (stage if arm == "heuristic" else 0))
-    return [(seed + i) % 8 for i in range(n)]
-
-
-def scripted_stage(engine, job, progress):
-    """The stage job without training: the run's answers per `solved`, stored as the real job stores them."""
-    run_id, k = job.payload["run_id"], job.payload["stage_index"]
-    with session(engine) as s:
-        run = s.get(Run, run_id)
-    right = set(solved(run.arm, run.seed, k))
-    results = []
-    for i, b in enumerate(BOARDS):
-        text = format_plan(b.reference_plan) if i in right else "no idea"
-        results.append(EpisodeResult(b, text, score_answer(b, text)))
-    with session(engine) as s:
-        store_evaluation(s, run_id, k, "validation", results)
-        store_evaluation(s, run_id, k, "dev", results)  # what the engineer reads (here the same answers)
-        stage = s.exec(select(Stage).where(Stage.run_id == run_id, Stage.index == k)).one()
-        stage.status, stage.checkpoint = "done", f"{run.uuid}/stage-{k}"  # inside the run's folder, as a real stage
-        (runs_root(engine) / stage.checkpoint).mkdir(parents=True)  # the folder a benchmark job would load
-        s.add(stage)
-        s.commit()
-    return {"stage_index": k}
-
-
-HANDLERS = {"stage": scripted_stage, "propose": run_propose_job}
-
-
-def run_all(engine) -> None:
-    while run_worker(engine, HANDLERS, once=True, poll_s=0.01, after=after_job):
-        pass
-
-
-def scripted_experiment(engine, name: str = "cmp", seeds: int = 3, stages: int = 2) -> Experiment:
-    experiment = create_experiment(engine, name=name, arms=["fixed", "heuristic"], seeds=seeds, config=CONFIG,
-                                   settings=RunSettings(stages=stages, validation_per_size=VALIDATION_PER_SIZE,
-                                                        validation_boards=8,
-                                                        grpo={"num_generations": 4, "per_device_train_batch_size": 32}))
-    run_all(engine)
-    return experiment
-
 
 # ---------------------------------------------------------------- presets, arms, scenarios
 
