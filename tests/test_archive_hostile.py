@@ -176,7 +176,7 @@ def test_a_resume_of_a_run_stored_with_a_bad_uuid_writes_nothing(lab, tmp_path, 
     `<that path>/stage-1`."""
     engine, folder = lab
     from lab.loop import create_run
-    from tests.test_loop import CONFIG
+    from tests.recorded import CONFIG
     with open_session(engine) as s:
         run_id = create_run(s, name="old", config=CONFIG, settings=RunSettings(stages=1), engineer="fixed").id
     with engine.begin() as c:

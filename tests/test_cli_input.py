@@ -57,7 +57,7 @@ def test_an_unusable_database_location_is_one_line_and_exit_2(tmp_path, capsys, 
     if command == ["import", "x.zip"]:
         from lab.archive import export_run
         from storage.db import upgrade
-        from tests.test_archive_hostile import build_run  # a real file to import, so the database is reached
+        from tests.recorded import build_run  # a real file to import, so the database is reached
         source = make_engine(str(tmp_path / "source" / "envlab.db"))
         upgrade(source)
         export_run(source, build_run(source), tmp_path / "x.zip")
