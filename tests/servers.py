@@ -1,5 +1,6 @@
 """What the tests run on this machine beside themselves: free TCP ports, Debian's Chromium (its path, flags and
-what is missing), and a tiny random chat model that `transformers serve` and the in-process backend can load."""
+what is missing), a tiny random chat model that `transformers serve` and the in-process backend can load, and
+the messages and evidence the engineer tests send it."""
 
 from __future__ import annotations
 
@@ -7,6 +8,10 @@ import importlib.util
 import shutil
 import socket
 from pathlib import Path
+
+from envsim.config import EnvConfig
+from envsim.scoring import Tally
+from lab.context import Evidence, StageResult
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -31,6 +36,12 @@ def chromium_missing() -> str | None:
 
 def chromium_path() -> str:
     return CHROMIUM if Path(CHROMIUM).exists() else shutil.which("chromium")
+
+
+def evidence() -> Evidence:
+    """The smallest evidence an engineer is asked about: stage 0 on 3x3 boards, 1 of 4 valid."""
+    config = EnvConfig.default((3, 4))
+    return Evidence(StageResult(0, config, {3: Tally(4, 1, 1, {"hole": 3})}), round_index=1, rounds_left=2)
 
 
 MESSAGES = [{"role": "user", "content": "Propose a config."}]

@@ -12,6 +12,7 @@ from envsim.instance import Instance
 from envsim.scoring import Tally, score_answer
 from envsim.suite import Split
 from lab.context import (
+    CONTEXT_PRESETS,
     ContextModules,
     Evidence,
     FailureCase,
@@ -240,3 +241,19 @@ def test_load_stage_result_reads_config_metrics_and_cases(engine: Engine) -> Non
         assert load_stage_result(s, run.id, 0, cases=0).cases == ()
         with pytest.raises(LookupError, match="no stage 5"):
             load_stage_result(s, run.id, 5)
+
+
+def test_presets_hold_the_modules_their_names_say():
+    on = {name: {f.name for f in fields(ContextModules) if getattr(m, f.name)} for name, m in CONTEXT_PRESETS.items()}
+    assert on == {
+        "paper-best": {"failure_breakdown", "guideline", "history", "bookkeeping"},
+        "failures-only": {"failure_breakdown"},
+        "no-history": {"failure_breakdown", "guideline", "bookkeeping"},
+        "with-default": {"failure_breakdown", "guideline", "history", "history_with_default", "bookkeeping"},
+        "full": {f.name for f in fields(ContextModules)},
+    }
+    ev = evidence()
+    assert build_context(ev, CONTEXT_PRESETS["failures-only"]).startswith("## Failure breakdown of stage")
+    assert "(the round-0 default config)" in build_context(ev, CONTEXT_PRESETS["with-default"])
+    assert "(the round-0 default config)" not in build_context(ev, CONTEXT_PRESETS["paper-best"])
+    assert "## Earlier stages" not in build_context(ev, CONTEXT_PRESETS["no-history"])

@@ -12,7 +12,7 @@ import csv
 import gzip
 import hashlib
 import json
-from dataclasses import asdict, fields
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -38,7 +38,7 @@ from lab.comparison import (
     t_power,
     write_report,
 )
-from lab.context import CONTEXT_PRESETS, ContextModules, build_context
+from lab.context import CONTEXT_PRESETS
 from lab.engineers import ENGINEERS, EngineerAnswer
 from lab.experiments import (
     Arm,
@@ -61,27 +61,10 @@ from lab.worker import run_worker
 from storage.db import make_engine, session, upgrade
 from storage.models import Episode, Experiment, Job, Proposal, Run, Stage, StageMetric
 from tests.recorded import CONFIG, run_all, scripted_experiment
-from tests.test_context import evidence
 from training.evaluate import dev_entries, validation_entries
 from training.stage import planned_steps
 
 # ---------------------------------------------------------------- presets, arms, scenarios
-
-
-def test_presets_hold_the_modules_their_names_say():
-    on = {name: {f.name for f in fields(ContextModules) if getattr(m, f.name)} for name, m in CONTEXT_PRESETS.items()}
-    assert on == {
-        "paper-best": {"failure_breakdown", "guideline", "history", "bookkeeping"},
-        "failures-only": {"failure_breakdown"},
-        "no-history": {"failure_breakdown", "guideline", "bookkeeping"},
-        "with-default": {"failure_breakdown", "guideline", "history", "history_with_default", "bookkeeping"},
-        "full": {f.name for f in fields(ContextModules)},
-    }
-    ev = evidence()
-    assert build_context(ev, CONTEXT_PRESETS["failures-only"]).startswith("## Failure breakdown of stage")
-    assert "(the round-0 default config)" in build_context(ev, CONTEXT_PRESETS["with-default"])
-    assert "(the round-0 default config)" not in build_context(ev, CONTEXT_PRESETS["paper-best"])
-    assert "## Earlier stages" not in build_context(ev, CONTEXT_PRESETS["no-history"])
 
 
 def test_a_run_keeps_its_preset_and_refuses_an_unknown_one(empty_lab):

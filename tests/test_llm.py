@@ -16,17 +16,9 @@ import pytest
 
 import lab.llm as llm_module
 from envsim.config import EnvConfig
-from envsim.scoring import Tally
-from lab.context import Evidence, StageResult
 from lab.engineers import CONSTRAINED_RATIONALE_CHARS, answer_schema, llm
 from lab.llm import LLMError, complete, plain_text
-from tests.servers import CHAT_TEMPLATE, MESSAGES, build_tiny_model, free_port
-
-
-def evidence() -> Evidence:
-    config = EnvConfig.default((3, 4))
-    return Evidence(StageResult(0, config, {3: Tally(4, 1, 1, {"hole": 3})}), round_index=1, rounds_left=2)
-
+from tests.servers import CHAT_TEMPLATE, MESSAGES, build_tiny_model, evidence, free_port
 
 # ---------------------------------------------------------------- a real OpenAI-compatible server
 

@@ -60,7 +60,7 @@ def test_a_proposal_names_its_engineer_and_the_policy_checkpoint_that_wrote_it()
 
 def test_the_llm_engineer_asks_again_when_the_generator_cannot_fill_its_config():
     from lab.engineers import llm
-    from tests.test_llm import evidence
+    from tests.servers import evidence
 
     answers = iter(['{"num_agents": 8, "num_instances": 2}', '{"num_agents": 2, "num_instances": 2}'])
     seen: list[list[dict]] = []
