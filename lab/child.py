@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -50,6 +51,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("target", help="the handler, module:function")
     parser.add_argument("--stale", type=float, default=None, help="the worker's --stale")
     opts = parser.parse_args(argv)
+    # The output goes to a pipe its worker reads. A worker killed without a word (SIGKILL, the OOM killer, a lost
+    # Slurm task) closes it: the next write ends this process at once, as SIGPIPE ends a plain Unix program,
+    # instead of raising BrokenPipeError in the middle of the job, which would end the job failed for a cause
+    # that is not the job's. The job stays running, and is handed back when its worker is seen dead.
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     engine = make_engine(os.environ.get(DB_SETTING))

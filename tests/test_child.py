@@ -5,6 +5,7 @@ the worker's own process."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -86,6 +87,21 @@ def test_a_child_reports_through_the_same_rows_and_ends_its_job(empty_lab):
     assert ended.status == JobStatus.DONE and ended.result["echo"] == "hello"
     assert ended.result["pid"] != os.getpid() and f"pid {ended.result['pid']}" in ended.log_tail
 
+
+
+def test_a_child_whose_worker_is_gone_ends_at_its_next_word_and_leaves_the_job_to_be_handed_back(empty_lab):
+    """The child's output pipe closed by its worker's death (a worker SIGKILLed mid-stage, before its zygote ends
+    the child): the child's next write ends it by SIGPIPE. The job is not ended failed with a BrokenPipeError,
+    a cause that is not the job's; it stays running, for the worker's reaper or the Slurm driver to hand back."""
+    job = _claimed(empty_lab, {})
+    proc = subprocess.Popen(child_command(job, InChild("tests.child_jobs:says"), ()), cwd=ROOT,
+                            env={**child_env(empty_lab, ()), "PYTHONPATH": str(ROOT)}, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc.stdout.close()  # the reader is gone before the child says a word
+    assert proc.wait(timeout=120) == -signal.SIGPIPE
+    with session(empty_lab) as s:
+        row = s.get(Job, job.id)
+    assert (row.status, row.error, row.step) == (JobStatus.RUNNING, None, 0)
 
 
 @pytest.mark.parametrize("forked", [True, False], ids=["forked", "cold"])
