@@ -3,6 +3,7 @@ scores) instead of training, so that the bookkeeping can be checked exactly: a r
 experiment of such runs (`scripted_experiment`). Training is tested in tests/test_stage.py."""
 
 import random
+from collections import Counter
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from lab.proposals import current_proposal, decide
 from lab.settings import RunSettings
 from lab.worker import run_worker
 from storage.db import runs_root, session
-from storage.models import Experiment, Run, Stage, TrainingLog
+from storage.models import Episode, Experiment, Job, Proposal, Run, Stage, TrainingLog
 from training.evaluate import EpisodeResult, store_evaluation
 
 CONFIG = EnvConfig(data_ratio={3: 0.5, 4: 0.5}, hole_ratio={3: 0.2, 4: 0.2}, wait_ratio={3: 0.25, 4: 0.25},
@@ -160,3 +161,19 @@ def scripted_experiment(engine, name: str = "cmp", seeds: int = 3, stages: int =
                                                         grpo={"num_generations": 4, "per_device_train_batch_size": 32}))
     run_all(engine)
     return experiment
+
+
+def nothing_lost_nothing_twice(engine, runs, boards: int = 4) -> list[Job]:
+    """Every run of a 1-stage experiment with `boards` validation boards is done, with one job per (run, kind,
+    target), all done, `boards` episodes per (run, stage) and one proposal per run; returns the jobs."""
+    with session(engine) as s:
+        jobs = s.exec(select(Job)).all()
+        episodes = s.exec(select(Episode).where(Episode.split == "validation")).all()
+        proposals = s.exec(select(Proposal)).all()
+    assert {r.status for r in runs} == {"done"}
+    assert Counter((j.run_id, j.kind, j.target) for j in jobs) == Counter(
+        {(r.id, kind, k): 1 for r in runs for kind, k in (("stage", 0), ("propose", 0), ("stage", 1))})
+    assert {j.status for j in jobs} == {"done"}
+    assert Counter((e.run_id, e.stage_index) for e in episodes) == {(r.id, k): boards for r in runs for k in (0, 1)}
+    assert Counter((p.run_id, p.after_stage) for p in proposals) == {(r.id, 0): 1 for r in runs}
+    return jobs

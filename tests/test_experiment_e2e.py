@@ -26,7 +26,7 @@ from lab.experiments import benchmark_choices, experiment_runs, find_experiment
 from lab.loop import _alive
 from storage.db import make_engine, session
 from storage.models import Episode, Job, Proposal, Stage, StageMetric
-from tests.recorded import CONFIG
+from tests.recorded import CONFIG, nothing_lost_nothing_twice
 from training.evaluate import BENCHMARK_FILE
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,22 +39,6 @@ def command(db: str) -> list[str]:
 def stages_done(engine) -> int:
     with session(engine) as s:
         return len(s.exec(select(Stage).where(Stage.status == "done")).all())
-
-
-def nothing_lost_nothing_twice(engine, runs) -> list[Job]:
-    """Every run of a 1-stage experiment with 4 validation boards is done, with one job per (run, kind, target),
-    all done, 4 episodes per (run, stage) and one proposal per run; returns the jobs."""
-    with session(engine) as s:
-        jobs = s.exec(select(Job)).all()
-        episodes = s.exec(select(Episode).where(Episode.split == "validation")).all()
-        proposals = s.exec(select(Proposal)).all()
-    assert {r.status for r in runs} == {"done"}
-    assert Counter((j.run_id, j.kind, j.target) for j in jobs) == Counter(
-        {(r.id, kind, k): 1 for r in runs for kind, k in (("stage", 0), ("propose", 0), ("stage", 1))})
-    assert {j.status for j in jobs} == {"done"}
-    assert Counter((e.run_id, e.stage_index) for e in episodes) == {(r.id, k): 4 for r in runs for k in (0, 1)}
-    assert Counter((p.run_id, p.after_stage) for p in proposals) == {(r.id, 0): 1 for r in runs}
-    return jobs
 
 
 @pytest.mark.parametrize("db_url", ["postgres"], indirect=True)

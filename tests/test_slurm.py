@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -27,9 +26,8 @@ from lab.pages.compare import compare_view
 from lab.settings import RunSettings
 from lab.slurm import SlurmError, SlurmJob, SlurmOptions, slurm_options, task_states
 from storage.db import make_engine, session
-from storage.models import Episode, Job
-from tests.recorded import CONFIG
-from tests.test_experiment_e2e import nothing_lost_nothing_twice
+from storage.models import Job
+from tests.recorded import CONFIG, nothing_lost_nothing_twice
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -150,7 +148,7 @@ def test_a_task_scancelled_in_the_middle_of_a_stage_leaves_it_to_another_task(db
     first, job, out = _tasks_hit_in_stage_1("cut", db_url, tmp_path, engine, cut, tasks=2, idle_exit_s=600)
     assert "experiment cut: 1 of 1 runs done" in out
     runs = experiment_runs(engine, find_experiment(engine, "cut").id)
-    jobs = nothing_lost_nothing_twice_on(engine, runs, boards=8)
+    jobs = nothing_lost_nothing_twice(engine, runs, boards=8)
     stage = next(j for j in jobs if j.kind == "stage" and j.target == 1)
     second = SlurmJob.of(stage)
     assert stage.attempts == 2 and second.array == first.array and second.task != first.task
@@ -203,7 +201,7 @@ def test_a_task_killed_without_a_word_is_seen_dead_and_its_stage_runs_again(db_u
     assert f"job {job.id}: its slurm job died; queued again for another task" in out
     assert "experiment kill: 1 of 1 runs done" in out
     runs = experiment_runs(engine, find_experiment(engine, "kill").id)
-    jobs = nothing_lost_nothing_twice_on(engine, runs, boards=8)
+    jobs = nothing_lost_nothing_twice(engine, runs, boards=8)
     stage = next(j for j in jobs if j.id == job.id)
     second = SlurmJob.of(stage)
     assert stage.attempts == 2 and second.array != first.array
@@ -225,7 +223,7 @@ def test_a_preempted_task_hands_its_stage_back_and_requeues_itself(db_url: str, 
                                             lambda task, _: slurm_cluster.run("scancel", "--signal=USR2", task.key))
     assert "experiment preempt: 1 of 1 runs done" in out
     runs = experiment_runs(engine, find_experiment(engine, "preempt").id)
-    jobs = nothing_lost_nothing_twice_on(engine, runs, boards=8)
+    jobs = nothing_lost_nothing_twice(engine, runs, boards=8)
     stage = next(j for j in jobs if j.id == job.id)
     second = SlurmJob.of(stage)
     assert stage.attempts == 2 and (second.key, first.restarts, second.restarts) == (first.key, 0, 1)
@@ -238,19 +236,6 @@ def test_a_preempted_task_hands_its_stage_back_and_requeues_itself(db_url: str, 
 def _jobs(engine) -> list[Job]:
     with session(engine) as s:
         return list(s.exec(select(Job)))
-
-
-def nothing_lost_nothing_twice_on(engine, runs, boards: int) -> list[Job]:
-    """As `nothing_lost_nothing_twice`, for `boards` validation boards."""
-    with session(engine) as s:
-        jobs = s.exec(select(Job)).all()
-        episodes = s.exec(select(Episode).where(Episode.split == "validation")).all()
-    assert {r.status for r in runs} == {"done"}
-    assert Counter((j.run_id, j.kind, j.target) for j in jobs) == Counter(
-        {(r.id, kind, k): 1 for r in runs for kind, k in (("stage", 0), ("propose", 0), ("stage", 1))})
-    assert {j.status for j in jobs} == {"done"}
-    assert Counter((e.run_id, e.stage_index) for e in episodes) == {(r.id, k): boards for r in runs for k in (0, 1)}
-    return jobs
 
 
 def test_the_benchmark_measures_one_and_two_array_tasks_side_by_side(slurm_cluster, tmp_path: Path):
