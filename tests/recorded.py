@@ -29,25 +29,33 @@ CONFIG = EnvConfig(data_ratio={3: 0.5, 4: 0.5}, hole_ratio={3: 0.2, 4: 0.2}, wai
 BOARDS = generate(CONFIG, 8, seed=11)
 
 
-def recorded_stage(engine, job, progress):
-    """Stage k answers the first 2k + 2 boards with the reference plan and the rest with garbage, on the
-    validation boards and, the same, on the dev boards (what the engineer reads)."""
-    run_id, k = job.payload["run_id"], job.payload["stage_index"]
-    solved = 2 * k + 2
-    results = [EpisodeResult(b, format_plan(b.reference_plan) if i < solved else "I am not sure.",
-                             score_answer(b, format_plan(b.reference_plan) if i < solved else "I am not sure."))
-               for i, b in enumerate(BOARDS)]
-    progress(1, 2, f"stage {k}: recorded answers")
+def answered_stage(engine, run_id: int, k: int, right, wrong: str, *, folder: bool = False) -> None:
+    """Stage k of the run, done without training: the boards whose index is in `right` answered with the reference
+    plan, the others with `wrong`, stored as the real stage stores them, on the validation boards and, the same, on
+    the dev boards (what the engineer reads); its checkpoint inside the run's own folder (made, with `folder`, where
+    a benchmark job would load it)."""
+    results = []
+    for i, b in enumerate(BOARDS):
+        text = format_plan(b.reference_plan) if i in right else wrong
+        results.append(EpisodeResult(b, text, score_answer(b, text)))
     with session(engine) as s:
         store_evaluation(s, run_id, k, "validation", results)
         store_evaluation(s, run_id, k, "dev", results)
         stage = s.exec(select(Stage).where(Stage.run_id == run_id, Stage.index == k)).one()
-        uuid = s.get(Run, run_id).uuid  # where a real stage keeps it: inside the run's own folder
-        stage.status, stage.checkpoint = "done", f"{uuid}/stage-{k}"
+        stage.status, stage.checkpoint = "done", f"{s.get(Run, run_id).uuid}/stage-{k}"
+        if folder:
+            (runs_root(engine) / stage.checkpoint).mkdir(parents=True)
         s.add(stage)
         s.commit()
+
+
+def recorded_stage(engine, job, progress):
+    """Stage k answers the first 2k + 2 boards with the reference plan and the rest with garbage."""
+    k = job.payload["stage_index"]
+    progress(1, 2, f"stage {k}: recorded answers")
+    answered_stage(engine, job.payload["run_id"], k, range(2 * k + 2), "I am not sure.")
     progress(2, 2)
-    return {"valid": solved}
+    return {"valid": 2 * k + 2}
 
 
 HANDLERS = {"stage": recorded_stage, "propose": run_propose_job}
@@ -126,23 +134,11 @@ def solved(arm: str, seed: int, stage: int) -> list[int]:
 
 
 def scripted_stage(engine, job, progress):
-    """The stage job without training: the run's answers per `solved`, stored as the real job stores them."""
+    """The stage job without training: the run's answers per `solved`."""
     run_id, k = job.payload["run_id"], job.payload["stage_index"]
     with session(engine) as s:
         run = s.get(Run, run_id)
-    right = set(solved(run.arm, run.seed, k))
-    results = []
-    for i, b in enumerate(BOARDS):
-        text = format_plan(b.reference_plan) if i in right else "no idea"
-        results.append(EpisodeResult(b, text, score_answer(b, text)))
-    with session(engine) as s:
-        store_evaluation(s, run_id, k, "validation", results)
-        store_evaluation(s, run_id, k, "dev", results)  # what the engineer reads (here the same answers)
-        stage = s.exec(select(Stage).where(Stage.run_id == run_id, Stage.index == k)).one()
-        stage.status, stage.checkpoint = "done", f"{run.uuid}/stage-{k}"  # inside the run's folder, as a real stage
-        (runs_root(engine) / stage.checkpoint).mkdir(parents=True)  # the folder a benchmark job would load
-        s.add(stage)
-        s.commit()
+    answered_stage(engine, run_id, k, set(solved(run.arm, run.seed, k)), "no idea", folder=True)
     return {"stage_index": k}
 
 
