@@ -7,8 +7,8 @@ CPU). The page is served on it and Debian's Chromium, driven by Playwright, open
 `docs/screenshots/<tab>.png` (1280x800, the visible part of the page, in 256 colours).
 
 The Compare tab needs an experiment, which that one run is not: its picture is taken on the shipped study
-(`--study`, by default `docs/results/hardstart/study.db.gz`, gunzipped to a temporary file) served by a second
-short server, with the experiment `hardstart` selected and its curves drawn.
+(`--study`, by default `docs/results/study-6seed/study.db.gz`, gunzipped to a temporary file) served by a second
+short server, with its newest experiment (`defaults`) selected and its curves drawn.
 
     python docs/screenshots.py [--out docs/screenshots] [--db /tmp/shots.db] [--study FILE] [--only compare]
 
@@ -49,7 +49,7 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
                  "--no-first-run", "--disable-sync"]
 VIEWPORT = {"width": 1280, "height": 800}
 SETTLE_S = 2.0  # after a tab shows its content: plots finish drawing
-STUDY = Path(__file__).resolve().parent / "results" / "hardstart" / "study.db.gz"
+STUDY = Path(__file__).resolve().parent / "results" / "study-6seed" / "study.db.gz"
 RUN_SHOTS = ("runs", "stage-review", "episode", "proposal", "train", "playground", "leaderboard")
 
 

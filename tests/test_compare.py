@@ -37,7 +37,7 @@ def test_the_view_draws_each_arm_tables_its_sizes_and_links_its_runs(empty_lab):
         assert f"[seed {run.seed}](?run={run.id}) (done)" in view["links"]
     assert "each on 8 boards in 1 GRPO steps" in view["summary"]
     assert compare_view(empty_lab, None)["links"] == ""
-    assert "gunzip -k docs/results/hardstart/study.db.gz" in compare_view(empty_lab, None)["summary"]
+    assert "gunzip -k docs/results/study-6seed/study.db.gz" in compare_view(empty_lab, None)["summary"]
 
 
 def test_the_compare_tab_shows_one_curve_per_arm(empty_lab, page):
@@ -73,17 +73,18 @@ def test_the_compare_tab_shows_one_curve_per_arm(empty_lab, page):
 
 @pytest.mark.parametrize("name", ["defaults", "hardstart"])
 def test_the_shipped_study_is_what_its_database_says(name: str, tmp_path: Path):
-    """docs/results/NAME: its report, runs.csv and summary.csv are remade exactly from the database shipped beside
-    them (every seed's rate, the intervals, the paired differences)."""
+    """docs/results/study-6seed/NAME: its report, runs.csv, summary.csv and differences.csv are remade exactly from
+    the study's database shipped beside them (every seed's rate, the intervals, the paired differences)."""
     import csv
     import gzip
     import shutil
 
     from lab.comparison import difference_rows, report_markdown, seed_rows, summary_rows
 
-    shipped = Path(__file__).resolve().parent.parent / "docs" / "results" / name
+    study = Path(__file__).resolve().parent.parent / "docs" / "results" / "study-6seed"
+    shipped = study / name
     db = tmp_path / "study.db"
-    with gzip.open(shipped / "study.db.gz", "rb") as src, db.open("wb") as dst:
+    with gzip.open(study / "study.db.gz", "rb") as src, db.open("wb") as dst:
         shutil.copyfileobj(src, dst)
     engine = make_engine(str(db))
     upgrade(engine)  # as `envlab experiment report` does
@@ -93,8 +94,7 @@ def test_the_shipped_study_is_what_its_database_says(name: str, tmp_path: Path):
                                  ("differences.csv", difference_rows(c))):
         with (shipped / file).open(newline="") as f:
             assert list(csv.reader(f)) == [header, *([str(v) for v in row] for row in rows)]
-    # `hardstart`'s `learnability` arm was added later (docs/results/README.md)
-    added = {("learnability", seed): "done" for seed in (0, 1, 2)} if name == "hardstart" else {}
+    arms = ("random", "evidence", "heuristic") + (("fixed", "learnability") if name == "hardstart" else ())
     assert {(r.arm, r.seed): r.status for r in experiment_runs(engine, c.experiment.id)} == {
-        **{(arm, seed): "done" for arm in ("fixed", "random", "heuristic") for seed in (0, 1, 2)}, **added}
+        (arm, seed): "done" for arm in arms for seed in range(6)}
     engine.dispose()

@@ -108,8 +108,8 @@ def test_serve_imports_the_example_before_the_page_is_built_unless_no_example(tm
     assert app.main(["--db", first, "--port", port, "--no-worker"]) == 0
     assert "example" not in capsys.readouterr().err
     empty_lab, first_start, second_start = runs_when_built
-    # the example, then defaults (3 arms x 3 seeds) and hardstart (4 arms x 3 seeds)
-    assert empty_lab == [] and first_start[0] == NAME and len(first_start) == 1 + 9 + 12
+    # the example, then hardstart (5 arms x 6 seeds) and defaults (3 arms x 6 seeds)
+    assert empty_lab == [] and first_start[0] == NAME and len(first_start) == 1 + 30 + 18
     assert second_start == first_start  # nothing imported twice
     engine = make_engine(first)
     assert run_choices(engine)[0][0].startswith(f"#1 {NAME}")  # the example heads the runs, not the study's
@@ -219,7 +219,7 @@ def test_the_shipped_study_is_imported_with_the_numbers_of_its_report(tmp_path: 
     assert len(ids) == 2
     for name in ("defaults", "hardstart"):
         db = tmp_path / f"{name}.db"
-        with gzip.open(STUDIES / name / "study.db.gz", "rb") as src, db.open("wb") as dst:
+        with gzip.open(STUDIES / "study-6seed" / "study.db.gz", "rb") as src, db.open("wb") as dst:
             shutil.copyfileobj(src, dst)
         shipped = make_engine(str(db))
         upgrade(shipped)  # as `envlab experiment report` does

@@ -489,12 +489,12 @@ def test_an_arm_added_later_runs_every_seed_on_what_the_others_share(empty_lab, 
     assert len(experiment_runs(empty_lab, experiment.id)) == 8  # a refused arm stores nothing
 
 
-SHIPPED = Path(__file__).resolve().parent.parent / "docs" / "results"
+SHIPPED = Path(__file__).resolve().parent.parent / "docs" / "results" / "study-6seed" / "study.db.gz"
 
 
 def test_an_experiment_adopts_done_runs_of_another_database_at_the_same_compute(empty_lab, tmp_path, capsys):
     source = tmp_path / "shipped.db"
-    with gzip.open(SHIPPED / "hardstart" / "study.db.gz", "rb") as src, source.open("wb") as dst:
+    with gzip.open(SHIPPED, "rb") as src, source.open("wb") as dst:
         dst.write(src.read())
     before = hashlib.sha256(source.read_bytes()).hexdigest()
     experiment = create_experiment(empty_lab, name="hardstart", scenario="hard-start", arms=["fixed", "random"],
@@ -511,7 +511,7 @@ def test_an_experiment_adopts_done_runs_of_another_database_at_the_same_compute(
         adopt_runs(empty_lab, other.id, source, "random", [0], source_experiment="hardstart")
     renamed = create_experiment(empty_lab, name="renamed", scenario="hard-start", arms=["random=heuristic"], seeds=1,
                                 settings=RunSettings(stages=3))
-    with pytest.raises(ExperimentError, match=r"seed 0: its run 2 there ran engineer 'random', this arm runs "
+    with pytest.raises(ExperimentError, match=r"seed 0: its run 49 there ran engineer 'random', this arm runs "
                                               r"'heuristic'"):
         adopt_runs(empty_lab, renamed.id, source, "random", [0], source_experiment="hardstart")
 
@@ -522,8 +522,9 @@ def test_an_experiment_adopts_done_runs_of_another_database_at_the_same_compute(
     runs = {(r.arm, r.seed): r for r in experiment_runs(empty_lab, experiment.id)}
     assert len(runs) == 8 and all(runs[("random", k)].id not in own.values() for k in range(3))
     assert runs[("random", 3)].id == own[("random", 3)]
-    # the shipped runs 2, 5, 8 (random, seeds 0..2), stage by stage, as docs/results/README.md gives them
-    assert [f"{source} run {n} -> run {runs[('random', k)].id}" in out for k, n in enumerate((2, 5, 8))] == [True] * 3
+    # the shipped runs 49, 50, 51 (random, seeds 0..2), stage by stage, as docs/results/README.md gives them
+    assert [f"{source} run {n} -> run {runs[('random', k)].id}" in out
+            for k, n in enumerate((49, 50, 51))] == [True] * 3
     c = comparison(empty_lab, "hardstart")
     valid = {k: [round(c.values[("random", Rate.VALID, stage, POOLED)][k] * 960) for stage in range(4)]
              for k in range(3)}

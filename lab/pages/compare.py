@@ -45,8 +45,8 @@ def compare_view(engine: Engine, experiment_id: int | None, rate: str = Rate.VAL
 
 EMPTY = ("No experiment in this lab yet: `envlab experiment new --name N --arms fixed,random,heuristic --seeds 3 "
          "--stages 3` makes one (docs/experiments.md). The shipped study (docs/results/README.md) is a database "
-         "of its own: `gunzip -k docs/results/hardstart/study.db.gz && envlab serve --db "
-         "docs/results/hardstart/study.db` opens it here.")
+         "of its own: `gunzip -k docs/results/study-6seed/study.db.gz && envlab serve --db "
+         "docs/results/study-6seed/study.db` opens it here.")
 
 
 def by_size(headers: list[str], rows: list[list[str]]) -> tuple[list[str], list[list[str]]]:
