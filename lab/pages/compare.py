@@ -129,6 +129,6 @@ def build(page: Page) -> CompareTab:
     links = gr.Markdown(elem_id="compare-runs")
     tab = CompareTab(page.engine, pick, rate, summary, figure, differences, sizes, links)
     pick.select(tab.show, [pick, rate], tab.outputs[1:], trigger_mode="always_last")
-    rate.input(tab.show, [pick, rate], tab.outputs[1:])
+    rate.input(tab.show, [pick, rate], tab.outputs[1:], trigger_mode="always_last")
     refresh.click(tab.refresh, [pick, rate], tab.outputs)
     return tab

@@ -233,7 +233,8 @@ def build(page: Page) -> EpisodeTab:
                      strip, strip_table, gr.State(None), gr.Timer(PLAY_S, active=False), gif, html, gif_width)
     gr.on([open_episode.click, episode_id.submit], tab.show, tab.opens, tab.outputs) \
         .then(tab.extras, tab.follows, tab.extra_outputs, **no_progress(page))
-    gr.on([step.input, ghost.input], tab.redraw, [view, step, ghost], [board, events], **no_progress(page))
+    gr.on([step.input, ghost.input], tab.redraw, [view, step, ghost], [board, events], trigger_mode="always_last",
+          **no_progress(page))
     gif_width.select(lambda v, w: {gif: gr.update(value=gif_file(v, w), interactive=v is not None)},
                     [view, gif_width], gif, trigger_mode="always_last")
     play.click(tab.toggle_play, [view, tab.playing, step], [tab.playing, tab.ticker, play, step])

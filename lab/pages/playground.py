@@ -166,7 +166,7 @@ def build(page: Page) -> PlaygroundTab:
     read.click(tab.read, board_text, tab.outputs)
     plan.change(tab.score, [view, plan], [view, verdict_md, board, step, events], trigger_mode="always_last",
                 **no_progress(page))
-    step.input(tab.at_step, [view, step], [board, events], **no_progress(page))
+    step.input(tab.at_step, [view, step], [board, events], trigger_mode="always_last", **no_progress(page))
     solver.click(tab.use_solver, view, [plan, message])
     load.click(tab.load_episode, episode, [view, board_text, message, plan])
     return tab

@@ -513,14 +513,16 @@ def _wire_decisions(page: Page, tab: ProposalTab) -> None:
     shown = [o for o in tab.outputs if o is not tab.pick]
     tab.pick.select(tab.show, tab.pick, shown, show_progress_on=tab.pick, trigger_mode="always_last", **VIEW)
     tab.shown.change(tab.show_preview, tab.shown, [tab.preview, tab.preview_note], trigger_mode="always_last")
-    tab.changed_only.input(tab.show_diff, [tab.shown, tab.changed_only], tab.diff)
+    tab.changed_only.input(tab.show_diff, [tab.shown, tab.changed_only], tab.diff, trigger_mode="always_last")
+    # Gradio drops an input event while the one before it is pending (its default "once"): the last edit must
+    # always be the one checked, so a new one runs after the pending one (as every input event of the page does).
     gr.on([tab.edit.input, tab.agents.input, tab.instances.input], tab.checker,
           [tab.shown, tab.edit, tab.agents, tab.instances], [tab.check, tab.marks, *tab.buttons.values()],
-          **no_progress(page))
+          trigger_mode="always_last", **no_progress(page))
     for action, button in tab.buttons.items():
         tab.decided.append(
             button.click(tab.decider(action), [tab.shown, tab.note, tab.edit, tab.agents, tab.instances,
                                                tab.measure.seen], [tab.message, tab.note])
             .then(tab.after_decision, [page.run_pick, tab.shown], tab.outputs, **no_progress(page)))
-    tab.auto.input(tab.toggle, [page.run_pick, tab.auto], tab.message) \
+    tab.auto.input(tab.toggle, [page.run_pick, tab.auto], tab.message, trigger_mode="always_last") \
         .then(tab.after_decision, [page.run_pick, tab.shown], tab.outputs, **no_progress(page))
