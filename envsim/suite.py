@@ -131,7 +131,7 @@ def dev_entries(per_size: int, exclude: Iterable[Instance], seed: int = SUITE_SE
     return [e for cell in dev_cells(per_size) for e in build_cell(cell, seed, taken)[0]]
 
 
-def _draw(size: int, agents: int, exclude: frozenset[str] = frozenset()):
+def suite_draw(size: int, agents: int, exclude: frozenset[str] = frozenset()):
     def draw(rng: np.random.Generator) -> Instance | None:
         board = _board(rng)
         return None if board is None or board.id in exclude else board
@@ -163,7 +163,7 @@ def build_cell(cell: SuiteCell, seed: int = SUITE_SEED,
     what = f"{cell.split} cell (agents {cell.agents}, size {cell.size}, wait subset {cell.subset})"
     stats: dict = {}
     entries = [Entry(split=cell.split, subset=cell.subset, instance=inst)
-               for inst in stratified(_draw(cell.size, cell.agents, exclude), cell.count, wait_count, rng, what,
+               for inst in stratified(suite_draw(cell.size, cell.agents, exclude), cell.count, wait_count, rng, what,
                                           stats=stats)]
     return entries, *stats.get("slowest", (0.0, ""))
 
