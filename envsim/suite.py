@@ -89,12 +89,14 @@ class SuiteCell:
     extra: bool = False  # boards a larger validation set adds to the standard cell (namespace VALIDATION_EXTRA)
 
 
-def cells(split: Split) -> list[SuiteCell]:
-    """The (agents, size, subset) cells of a split, in table order."""
+def cells(split: Split, agents: Sequence[int] | None = None) -> list[SuiteCell]:
+    """The (agents, size, subset) cells of a split, in table order; `agents` replaces the split's agent counts
+    (the benchmark's 3, 4, 5; the validation set's 2): each count's cells draw from a stream of their own."""
     if split == Split.BENCHMARK:
-        agents, per_cell = (3, 4, 5), 50
+        counts, per_cell = (3, 4, 5), 50
     else:
-        agents, per_cell = (2,), VALIDATION_PER_SIZE // len(WAIT_SUBSETS)
+        counts, per_cell = (2,), VALIDATION_PER_SIZE // len(WAIT_SUBSETS)
+    agents = counts if agents is None else agents
     return [SuiteCell(split, k, s, w, per_cell) for k in agents for s in range(max(3, k), MAX_SIZE + 1)
             for w in WAIT_SUBSETS]
 

@@ -1,112 +1,145 @@
-"""Warm start by imitation: teach the tiny policy the solver's plans before any RL.
+"""Warm start by imitation: teach the tiny policy the solver's plans for 2 to 5 agents before any RL.
 
-GRPO learns nothing from a policy whose answers are never valid (every reward is the same), and a model
-trained from scratch starts out writing noise. So the tiny policy first learns, by plain next-token
-prediction, to copy the solver's SoC-optimal reference plans: prompt = the compact board line, target =
-`compact_answer(reference_plan, board)` (each move followed by the cell it leads to) + eos, with the loss on
-the target tokens only.
+GRPO learns nothing from a policy whose answers are never valid (every reward is the same), and a model trained
+from scratch starts out writing noise. So the tiny policy first learns, by plain next-token prediction, to copy
+the solver's SoC-optimal reference plans: prompt = the compact board line, target =
+`compact_answer(reference_plan, board)` (each move followed by the cell it leads to) + eos, with the loss on the
+target tokens only.
 
-Boards are streamed fresh, made a few steps ahead by a second process (the solver labels a board in a few
-milliseconds, which adds up to about as much CPU as a training step), drawn the way the validation and
-benchmark boards are drawn (a hole ratio uniform in 0..0.5 per board) but from the training seed namespace,
-a third of them needing a wait. Each step's batch holds boards of one size, so there is no padding to pay
-for; the size is drawn from a curriculum that starts on 3..5 and opens up to 10x10 over the first 30% of
-training, weighted toward 3..6 throughout.
+The boards come labelled from disk (`training.labels`, made once on every core), never from a held-out set: every
+board of the benchmark, the validation sets and the dev sets is dropped before training (`held_out_ids`). Each
+step's batch holds boards of one (agents, size) cell, so there is no padding to pay for; the cell is drawn from a
+curriculum that starts on sizes 3..5 with 2 and 3 agents and opens every cell over the first `open_at` of training,
+each open cell weighted by its share of the labels.
 
-Learning rate and curriculum follow `progress = max(step / steps, elapsed / minutes)`: with enough CPU the
-run makes `--steps` steps and is a pure function of `--seed` (the shipped checkpoint: 11,000 steps in about
-45 minutes on 2 cores, well inside the 58-minute cap); on a slower or busier machine the schedule compresses
-to end annealed at the time cap, and the checkpoint then depends on how many steps fitted.
+Everything follows the step count, never the clock, and the run saves its whole state (weights, optimizer, step,
+losses) every `save_every` steps and when `minutes` or a SIGTERM stops it: run the same command again and it goes
+on from there, to the same checkpoint an unbroken run would have written.
 
-    python -m training.warmstart --out assets/tiny-policy --seed 0 --threads 1
+    python -m training.labels --out ~/envlab-labels --boards 120000
+    python -m training.warmstart --labels ~/envlab-labels --out assets/tiny-policy --steps 30000 --threads 1
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
-import multiprocessing
+import signal
 import time
-from collections import deque
+from collections import defaultdict
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
-from envsim.generator import TRAINING, random_board, round_half_up, stratified
 from envsim.instance import Instance
 from envsim.prompts import compact_answer
-from envsim.suite import Split, build
-from training.evaluate import evaluate, metrics_table, size_metrics
+from envsim.suite import (
+    DEV_PER_SIZE,
+    VALIDATION_PER_SIZE,
+    Split,
+    build,
+    build_cell,
+    cells,
+    dev_entries,
+    pool,
+)
+from training.evaluate import evaluate
+from training.labels import read_shards
 from training.policy import Policy, build_tiny
 from training.tokenizer import compact_text
 
-PREFETCH = 3  # steps' boards made ahead by the labelling process
-# Share of steps per size once every size is open: small boards are cheap and are what GRPO stages start on.
-SIZE_WEIGHTS = {3: 0.16, 4: 0.18, 5: 0.18, 6: 0.18, 7: 0.09, 8: 0.08, 9: 0.07, 10: 0.06}
+STATE = "warmstart-state.pt"  # beside the checkpoint folder: `<out>.state/warmstart-state.pt`
+HELD_OUT = "held-out.json"  # the held-out board ids, cached beside the labels
+LARGEST_VALIDATION = 120  # the largest validation set per size a run can score on (960 boards)
 
 
 @dataclass
 class Args:
+    labels: str = "labels"
+    """the folder of labelled boards (`python -m training.labels`)"""
     out: str = "assets/tiny-policy"
-    """where the checkpoint is written"""
+    """where the checkpoint is written; the resumable state goes to `<out>.state/`"""
     seed: int = 0
-    steps: int = 11000
-    """optimizer steps, unless the time cap comes first"""
-    minutes: float = 58.0
-    """wall-clock cap: the schedule ends (annealed) and training stops when it is reached"""
+    steps: int = 30000
     batch_size: int = 16
     """small batches: more updates per CPU-minute, which is what a tiny model short of compute needs"""
     lr: float = 2e-3
     min_lr_ratio: float = 0.05
-    warmup: int = 50
+    warmup: int = 100
     weight_decay: float = 0.05
     open_at: float = 0.3
-    """share of training after which every size is drawn (before: sizes open one by one from 3..5)"""
+    """share of training after which every (agents, size) cell is drawn"""
     eval_every: int = 2000
-    """steps between validation runs on `eval_sizes` (the end runs one on all sizes); 0: no validation at all"""
-    eval_sizes: str = "3,4,5,6"
-    """sizes of the validation boards checked every `eval_every` steps (the end checks all of 3..10)"""
-    threads: int = 2
-    """torch threads; on a machine shared with other jobs 1 is faster (2 threads stall on each other)"""
+    """steps between checks on the check boards (the end checks too); 0: none"""
+    check_per_cell: int = 3
+    """check boards per (agents, size, wait subset) cell of agents 2..5 (validation namespace, held out)"""
+    save_every: int = 500
+    """steps between saves of the resumable state"""
+    minutes: float = 0.0
+    """stop (saving the state, to be resumed) after this long; 0: run to the end"""
+    threads: int = 1
     shape: str = ""
     """overrides of the tiny model's shape, e.g. "hidden_size=192,num_hidden_layers=8" """
 
 
-def size_weights(progress: float, open_at: float) -> dict[int, float]:
-    """The curriculum: sizes up to `5 + 5 * progress / open_at` are drawn, in proportion to SIZE_WEIGHTS."""
-    largest = 5 + (5 * progress / open_at if open_at > 0 else 5)
-    weights = {s: w for s, w in SIZE_WEIGHTS.items() if s <= largest}
-    total = sum(weights.values())
-    return {s: w / total for s, w in weights.items()}
+def held_out_ids(cache: Path | None = None) -> frozenset[str]:
+    """Every board id the warm start must never train on: the benchmark, the largest validation set, both dev sets,
+    and the validation cells of every agent count 2..5 (the check boards among them). Cached in `cache`."""
+    if cache is not None and cache.is_file():
+        return frozenset(json.loads(cache.read_text()))
+    ids = {e.instance.id for e in build(Split.BENCHMARK)[0]}
+    largest = [e.instance for e in build(Split.VALIDATION, per_size=LARGEST_VALIDATION)[0]]
+    standard = [e.instance for e in build(Split.VALIDATION, per_size=VALIDATION_PER_SIZE)[0]]
+    ids |= {b.id for b in largest + standard}
+    for beside in (standard, largest):
+        ids |= {e.instance.id for e in dev_entries(DEV_PER_SIZE, beside)}
+    with pool(2) as workers:
+        for part, *_ in workers.map(build_cell, cells(Split.VALIDATION, agents=(2, 3, 4, 5))):
+            ids |= {e.instance.id for e in part}
+    if cache is not None:
+        cache.write_text(json.dumps(sorted(ids)))
+    return frozenset(ids)
 
 
-def boards(size: int, count: int, rng: np.random.Generator) -> list[Instance]:
-    """`count` labelled 2-agent boards of one size, a third needing a wait, hole ratio uniform in 0..0.5 per board.
-
-    A third, not the validation set's average of a half: only 5-15% of random boards need a wait, so every
-    extra one costs several solver calls, and a third is enough for the model to learn to wait.
-    """
-    def draw(r: np.random.Generator) -> Instance | None:
-        holes = min(round_half_up(r.uniform(0.0, 0.5) * size * size), size * size - 4)
-        while holes >= 0:
-            board = random_board(size, holes, 2, r)
-            if board is not None:
-                return board
-            holes -= 1
-        return None
-
-    return list(stratified(draw, count, count // 3, rng, f"warm start size {size}"))
+def check_boards(per_cell: int) -> list[Instance]:
+    """The boards the warm start checks itself on: `per_cell` per (agents 2..5, size, wait subset) validation cell."""
+    todo = [dataclasses.replace(c, count=per_cell) for c in cells(Split.VALIDATION, agents=(2, 3, 4, 5))]
+    with pool(2) as workers:
+        return [e.instance for part, *_ in workers.map(build_cell, todo) for e in part]
 
 
-def step_boards(args: Args, step: int, progress: float) -> tuple[int, list[Instance]]:
-    """The size and boards of one step: a pure function of (seed, step, progress), so any process can make them."""
-    rng = np.random.default_rng([TRAINING, args.seed, 7919, step])
-    weights = size_weights(progress, args.open_at)
-    size = int(rng.choice(list(weights), p=list(weights.values())))
-    return size, boards(size, args.batch_size, rng)
+def load_labels(folder: str | Path, held_out: frozenset[str]) -> tuple[dict[tuple[int, int], list[Instance]], int]:
+    """The labelled boards by (agents, size) cell, without any held-out board; and how many were dropped."""
+    by_cell: dict[tuple[int, int], list[Instance]] = defaultdict(list)
+    dropped = 0
+    for shard, boards in read_shards(folder):
+        kept = [b for b in boards if b.id not in held_out]
+        dropped += len(boards) - len(kept)
+        by_cell[(shard.agents, shard.size)].extend(kept)
+    return dict(by_cell), dropped
+
+
+def cell_weights(data: dict[tuple[int, int], list[Instance]], progress: float, open_at: float) -> dict:
+    """The curriculum: sizes up to `5 + 5 * progress / open_at` and agents up to `3 + 2 * progress / open_at`,
+    each open cell in proportion to its boards."""
+    opened = 1.0 if open_at <= 0 else min(1.0, progress / open_at)
+    open_cells = {c: len(b) for c, b in data.items() if b and c[1] <= 5 + 5 * opened and c[0] <= 3 + 2 * opened}
+    total = sum(open_cells.values())
+    return {c: n / total for c, n in sorted(open_cells.items())}
+
+
+def step_batch(data: dict[tuple[int, int], list[Instance]], args: Args, step: int) -> tuple[tuple[int, int], list]:
+    """The cell and boards of one step: a pure function of (labels, seed, step)."""
+    rng = np.random.default_rng([args.seed, 7919, step])
+    weights = cell_weights(data, step / args.steps, args.open_at)
+    cell = list(weights)[int(rng.choice(len(weights), p=list(weights.values())))]
+    picks = rng.choice(len(data[cell]), size=min(args.batch_size, len(data[cell])), replace=False)
+    return cell, [data[cell][i] for i in picks]
 
 
 def batch(policy: Policy, instances: list[Instance]) -> dict[str, torch.Tensor]:
@@ -128,80 +161,104 @@ def batch(policy: Policy, instances: list[Instance]) -> dict[str, torch.Tensor]:
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
-def lr_at(progress: float, args: Args) -> float:
-    """Linear warm-up over `warmup` steps' worth of progress, then cosine decay to `min_lr_ratio * lr`."""
-    warm = args.warmup / args.steps
-    if progress < warm:
-        return args.lr * (progress + 1 / args.steps) / warm
-    t = min(1.0, (progress - warm) / max(1e-9, 1 - warm))
+def lr_at(step: int, args: Args) -> float:
+    """Linear warm-up over `warmup` steps, then cosine decay to `min_lr_ratio * lr` at the last step."""
+    if step < args.warmup:
+        return args.lr * (step + 1) / args.warmup
+    t = min(1.0, (step - args.warmup) / max(1, args.steps - args.warmup))
     return args.lr * (args.min_lr_ratio + (1 - args.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t)))
 
 
-def validate(policy: Policy, validation: list[Instance]) -> dict[int, dict]:
-    metrics = size_metrics(evaluate(policy, validation))
-    print(metrics_table(metrics), flush=True)
-    return metrics
+def check(policy: Policy, boards: list[Instance]) -> dict[int, float]:
+    """Valid rate (%) per agent count on the check boards, printed as one line."""
+    results = evaluate(policy, boards)
+    rates = {}
+    for k in sorted({b.num_agents for b in boards}):
+        mine = [r for r in results if r.instance.num_agents == k]
+        rates[k] = 100 * sum(r.outcome.valid for r in mine) / len(mine)
+    print("valid % by agents: " + ", ".join(f"{k}: {v:.1f}" for k, v in rates.items()), flush=True)
+    return rates
+
+
+def _resumable(args: Args) -> dict:
+    """The settings a saved state must share to be resumed (not the clock cap, threads or checks)."""
+    keep = ("labels", "seed", "steps", "batch_size", "lr", "min_lr_ratio", "warmup", "weight_decay", "open_at",
+            "shape")
+    return {k: getattr(args, k) for k in keep}
 
 
 def train(args: Args) -> tuple[Policy, list[float]]:
-    """Run the warm start; returns the trained policy and the loss of every step."""
+    """Run (or resume) the warm start; returns the trained policy and the loss of every step so far."""
     torch.set_num_threads(args.threads)
     shape = {k: int(v) for k, v in (kv.split("=") for kv in args.shape.split(",") if kv)}
     policy = build_tiny(seed=args.seed, **shape)
     model = policy.model
-    model.train()
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
     optim = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
                                {"params": no_decay, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.95))
-    eval_sizes = {int(s) for s in args.eval_sizes.split(",")}
-    validation = [e.instance for e in build(Split.VALIDATION)[0]] if args.eval_every > 0 else []
-    params = sum(p.numel() for p in model.parameters())
-    print(f"tiny policy: {params:,} parameters; {args.steps} steps of {args.batch_size}; "
-          f"{len(validation)} validation boards", flush=True)
-
+    state_dir = Path(f"{args.out}.state")
+    state_file = state_dir / STATE
     losses: list[float] = []
-    t0 = time.perf_counter()
-    # Progress is the share of steps done or of the time cap used, whichever is larger: on a loaded machine
-    # the schedule (learning rate and curriculum) compresses to end inside the time cap instead of being cut off.
-    def progress_at(step: int) -> float:
-        # In whole steps' worth, so that a run the clock never overtakes is exactly a function of its seed.
-        clock = math.floor((time.perf_counter() - t0) / 60 / args.minutes * args.steps)
-        return min(1.0, max(step, clock) / args.steps)
+    history: list[dict] = []
+    if state_file.is_file():
+        state = torch.load(state_file, weights_only=False)
+        if state["settings"] != _resumable(args):
+            raise SystemExit(f"{state_file} was saved with other settings: remove it to start again")
+        model.load_state_dict(state["model"])
+        optim.load_state_dict(state["optim"])
+        losses, history = state["losses"], state["history"]
+    state_dir.mkdir(parents=True, exist_ok=True)
 
-    # Labelling boards costs about as much CPU as a training step, so a second process makes them a few
-    # steps ahead (a few only: boards made for steps the time cap never reaches would be CPU thrown away).
-    pool = multiprocessing.get_context("spawn").Pool(1)
-    ahead: deque = deque(pool.apply_async(step_boards, (args, s, progress_at(s))) for s in range(PREFETCH))
-    bar = tqdm(range(args.steps), desc="warm start", mininterval=10)
-    for step in bar:
-        size, instances = ahead.popleft().get()
-        if step + PREFETCH < args.steps:
-            ahead.append(pool.apply_async(step_boards, (args, step + PREFETCH, progress_at(step + PREFETCH))))
-        data = batch(policy, instances)
-        progress = progress_at(step)
-        for group in optim.param_groups:
-            group["lr"] = lr_at(progress, args)
-        loss = model(**data).loss
-        optim.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optim.step()
-        losses.append(loss.item())
-        bar.set_postfix(loss=f"{np.mean(losses[-50:]):.3f}", size=size, refresh=False)
-        last = step + 1 == args.steps or (time.perf_counter() - t0) / 60 >= args.minutes
-        if validation and (last or (step + 1) % args.eval_every == 0):
-            print(f"\nstep {step + 1}, {(time.perf_counter() - t0) / 60:.1f} min, "
-                  f"loss {np.mean(losses[-50:]):.4f}", flush=True)
-            validate(policy, validation if last else [i for i in validation if i.size in eval_sizes])
-            policy.save(args.out)  # a run cut short still leaves its latest checkpoint
-            model.train()
-        if last:
-            break
-    bar.close()
-    pool.terminate()
-    policy.save(args.out)
-    print(f"saved {args.out} after {len(losses)} steps in {(time.perf_counter() - t0) / 60:.1f} min", flush=True)
+    held_out = held_out_ids(Path(args.labels) / HELD_OUT)
+    data, dropped = load_labels(args.labels, held_out)
+    boards = sum(len(b) for b in data.values())
+    checks = check_boards(args.check_per_cell) if args.eval_every > 0 else []
+    params = sum(p.numel() for p in model.parameters())
+    print(f"tiny policy: {params:,} parameters; {boards:,} labelled boards in {len(data)} cells "
+          f"({dropped} held-out boards dropped); step {len(losses)} of {args.steps}", flush=True)
+
+    def save_state() -> None:
+        part = state_dir / f"{STATE}.part"
+        torch.save({"settings": _resumable(args), "model": model.state_dict(), "optim": optim.state_dict(),
+                    "losses": losses, "history": history}, part)
+        part.replace(state_file)
+
+    stop = {"now": False}
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
+    t0 = time.perf_counter()
+    model.train()
+    bar = tqdm(range(len(losses), args.steps), desc="warm start", mininterval=10, initial=len(losses),
+               total=args.steps)
+    try:
+        for step in bar:
+            cell, instances = step_batch(data, args, step)
+            for group in optim.param_groups:
+                group["lr"] = lr_at(step, args)
+            loss = model(**batch(policy, instances)).loss
+            optim.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optim.step()
+            losses.append(loss.item())
+            bar.set_postfix(loss=f"{np.mean(losses[-50:]):.3f}", cell=f"{cell[0]}a {cell[1]}x{cell[1]}",
+                            refresh=False)
+            done = step + 1
+            if checks and (done % args.eval_every == 0 or done == args.steps):
+                print(f"\nstep {done}, loss {np.mean(losses[-50:]):.4f}", flush=True)
+                history.append({"step": done, "valid": check(policy, checks)})
+                model.train()
+            out_of_time = args.minutes > 0 and (time.perf_counter() - t0) / 60 >= args.minutes
+            if done % args.save_every == 0 or done == args.steps or out_of_time or stop["now"]:
+                save_state()
+                policy.save(args.out)  # a run cut short still leaves its latest checkpoint
+            if out_of_time or stop["now"]:
+                print(f"\nstopped at step {done} of {args.steps}: run the same command to go on", flush=True)
+                break
+    finally:
+        bar.close()
+        signal.signal(signal.SIGTERM, previous)
+    (state_dir / "history.json").write_text(json.dumps(history, indent=1) + "\n")
     return policy, losses
 
 
