@@ -1,44 +1,84 @@
-"""The warm start, run end to end for a handful of steps: it learns (the loss falls), it is a pure function of
-its seed, and it writes a checkpoint that `load_policy` reads back as a compact policy."""
+"""The warm start, run end to end for a handful of steps on real labels: it never trains on a held-out board, it
+learns (the loss falls), it is a pure function of its seed, it resumes to the run an unbroken one makes, and it
+writes a checkpoint that `load_policy` reads back as a compact policy."""
 
 from __future__ import annotations
 
+import gzip
+import shutil
 from pathlib import Path
 
+import pytest
+import torch
+
 from envsim.prompts import compact_answer
+from envsim.suite import Split, build_cell, cells
+from training.labels import Args as LabelArgs
+from training.labels import Shard, open_folder, plan, run, write_shard
 from training.policy import load_policy
 from training.tokenizer import compact_text
-from training.warmstart import Args, size_weights, step_boards, train
+from training.warmstart import Args, cell_weights, held_out_ids, load_labels, step_batch, train
 
 SHAPE = ("hidden_size=32,intermediate_size=64,num_hidden_layers=2,num_attention_heads=2,num_key_value_heads=2,"
          "head_dim=16")
 
 
-def test_curriculum_opens_sizes_in_order() -> None:
-    assert list(size_weights(0.0, open_at=0.3)) == [3, 4, 5]
-    assert list(size_weights(0.15, open_at=0.3)) == [3, 4, 5, 6, 7]
-    assert list(size_weights(0.5, open_at=0.3)) == [3, 4, 5, 6, 7, 8, 9, 10]
-    assert abs(sum(size_weights(0.5, open_at=0.3).values()) - 1) < 1e-12
+@pytest.fixture(scope="module")
+def labels(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("labels") / "labels"
+    run(LabelArgs(out=str(folder), boards=29 * 8, shard_boards=8, workers=2))
+    (folder / "held-out.json").write_text("[]")  # these tests' boards are checked against the real sets below
+    return folder
 
 
-def test_step_boards_are_a_pure_function_of_seed_and_step() -> None:
-    args = Args(batch_size=6, steps=100)
-    size, boards = step_boards(args, 3, 0.5)
-    assert (size, boards) == step_boards(args, 3, 0.5)
-    assert {b.size for b in boards} == {size} and all(b.num_agents == 2 for b in boards)
-    assert sum(b.needs_wait for b in boards) == 2  # a third of the batch needs a wait
-    assert step_boards(Args(batch_size=6, steps=100, seed=1), 3, 0.5)[1] != boards
+def test_no_held_out_board_is_trained_on(tmp_path: Path) -> None:
+    held_out = held_out_ids(sizes={3})
+    benchmark = [e.instance for c in cells(Split.BENCHMARK) if c.size == 3 for e in build_cell(c)[0]]
+    validation = [e.instance for c in cells(Split.VALIDATION, agents=(2, 3)) if c.size == 3
+                  for e in build_cell(c)[0]]
+    assert {b.id for b in benchmark + validation} <= held_out
+    folder = tmp_path / "labels"
+    args = LabelArgs(out=str(folder), boards=29 * 60, shard_boards=60)
+    run_cells = [s for s in plan(args.boards, args.shard_boards) if s.size == 3]
+    open_folder(args)
+    for shard in run_cells:
+        write_shard(folder, shard, args.shard_boards, args.seed)
+    planted = Shard(agents=3, size=3, index=0)
+    with gzip.open(folder / planted.name, "at") as f:  # a benchmark board among the labels
+        f.write(benchmark[0].model_dump_json() + "\n")
+    data, dropped = load_labels(folder, held_out)
+    kept = {b.id for boards in data.values() for b in boards}
+    assert not kept & held_out
+    assert dropped >= 2  # the planted board and at least one real draw: 3x3 boards repeat, the filter is needed
 
 
-def test_a_few_steps_lower_the_loss_and_write_a_checkpoint(tmp_path: Path) -> None:
-    args = Args(out=str(tmp_path / "tiny"), steps=6, batch_size=8, lr=3e-3, warmup=1, eval_every=0, shape=SHAPE)
+def test_the_curriculum_opens_agents_and_sizes(labels: Path) -> None:
+    data, _ = load_labels(labels, frozenset())
+    start = cell_weights(data, 0.0, open_at=0.3)
+    assert set(start) == {(k, s) for k in (2, 3) for s in (3, 4, 5)}
+    assert set(cell_weights(data, 0.3, open_at=0.3)) == set(data)
+    assert abs(sum(start.values()) - 1) < 1e-12
+    args = Args(labels=str(labels), batch_size=4, steps=100)
+    cell, boards = step_batch(data, args, 7)
+    assert (cell, boards) == step_batch(data, args, 7)
+    assert {(b.num_agents, b.size) for b in boards} == {cell} and len(boards) == 4
+
+
+def test_a_few_steps_lower_the_loss_resume_exactly_and_write_a_checkpoint(labels: Path, tmp_path: Path) -> None:
+    args = Args(labels=str(labels), out=str(tmp_path / "tiny"), steps=6, batch_size=8, lr=3e-3, warmup=1,
+                eval_every=0, shape=SHAPE, open_at=0.0)
     policy, losses = train(args)
     assert len(losses) == 6
-    assert losses[0] > 3.3 and losses[-1] < losses[0] - 0.4  # ln(33) = 3.50 at the start
-    assert all(b < a for a, b in zip(losses, losses[1:], strict=False))
-    assert train(args)[1] == losses  # the same seed, the same run
-    loaded = load_policy(args.out)
-    assert loaded.prompt_style == "compact"
-    _, boards = step_boards(args, 0, 0.0)
-    answer = compact_text(compact_answer(boards[0].reference_plan, boards[0]))
-    assert loaded.tokenizer.decode(loaded.tokenizer(answer)["input_ids"]) == answer
+    assert losses[0] > 6.5 and losses[-1] < losses[0] - 0.5  # ln(1057) = 6.96 at the start
+    shutil.rmtree(f"{args.out}.state")
+    again = Args(**{**vars(args), "out": str(tmp_path / "again"), "minutes": 1e-9})
+    assert len(train(again)[1]) == 1  # stopped after one step, its state saved
+    _, resumed = train(Args(**{**vars(again), "minutes": 0.0}))
+    assert resumed == losses  # the same seed, the same run, stopped or not
+    first, second = load_policy(args.out), load_policy(again.out)
+    assert all(torch.equal(a, b) for a, b in zip(first.model.parameters(), second.model.parameters(), strict=True))
+    assert first.prompt_style == "compact"
+    data, _ = load_labels(labels, frozenset())
+    board = data[(5, 10)][0]
+    answer = compact_text(compact_answer(board.reference_plan, board))
+    assert first.tokenizer.decode(first.tokenizer(answer)["input_ids"]) == answer

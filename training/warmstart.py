@@ -29,6 +29,7 @@ import math
 import signal
 import time
 from collections import defaultdict
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,13 +41,15 @@ from envsim.instance import Instance
 from envsim.prompts import compact_answer
 from envsim.suite import (
     DEV_PER_SIZE,
+    SUITE_SEED,
     VALIDATION_PER_SIZE,
+    SuiteCell,
     Split,
-    build,
     build_cell,
     cells,
-    dev_entries,
+    dev_cells,
     pool,
+    validation_cells,
 )
 from training.evaluate import evaluate
 from training.labels import read_shards
@@ -87,20 +90,25 @@ class Args:
     """overrides of the tiny model's shape, e.g. "hidden_size=192,num_hidden_layers=8" """
 
 
-def held_out_ids(cache: Path | None = None) -> frozenset[str]:
-    """Every board id the warm start must never train on: the benchmark, the largest validation set, both dev sets,
-    and the validation cells of every agent count 2..5 (the check boards among them). Cached in `cache`."""
+def held_out_ids(cache: Path | None = None, sizes: Collection[int] | None = None) -> frozenset[str]:
+    """Every board id the warm start must never train on: the benchmark, the largest and the standard validation
+    set, the dev sets beside each, and the validation cells of every agent count 2..5 (the check boards among
+    them); only boards of `sizes` where given (a test's cheap subset). Cached in `cache`."""
     if cache is not None and cache.is_file():
         return frozenset(json.loads(cache.read_text()))
-    ids = {e.instance.id for e in build(Split.BENCHMARK)[0]}
-    largest = [e.instance for e in build(Split.VALIDATION, per_size=LARGEST_VALIDATION)[0]]
-    standard = [e.instance for e in build(Split.VALIDATION, per_size=VALIDATION_PER_SIZE)[0]]
-    ids |= {b.id for b in largest + standard}
-    for beside in (standard, largest):
-        ids |= {e.instance.id for e in dev_entries(DEV_PER_SIZE, beside)}
+    def wanted(cell: SuiteCell) -> bool:
+        return sizes is None or cell.size in sizes
+
+    todo = [c for c in cells(Split.BENCHMARK) + validation_cells(LARGEST_VALIDATION)
+            + cells(Split.VALIDATION, agents=(3, 4, 5)) if wanted(c)]
     with pool(2) as workers:
-        for part, *_ in workers.map(build_cell, cells(Split.VALIDATION, agents=(2, 3, 4, 5))):
-            ids |= {e.instance.id for e in part}
+        ids = {e.instance.id for part, *_ in workers.map(build_cell, todo) for e in part}
+        for per_size in (VALIDATION_PER_SIZE, LARGEST_VALIDATION):
+            beside = frozenset(e.instance.id for c in validation_cells(per_size) if wanted(c)
+                               for e in build_cell(c)[0])
+            dev = [c for c in dev_cells(DEV_PER_SIZE) if wanted(c)]
+            ids |= {e.instance.id for part, *_ in workers.map(build_cell, dev, [SUITE_SEED] * len(dev),
+                                                              [beside] * len(dev)) for e in part}
     if cache is not None:
         cache.write_text(json.dumps(sorted(ids)))
     return frozenset(ids)
