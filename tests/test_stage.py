@@ -33,6 +33,7 @@ from training.stage import (
     StageArgs,
     StageError,
     grpo_config,
+    installed_fields,
     run_stage_job,
     stage_args,
     stage_seed,
@@ -415,3 +416,14 @@ def test_the_tiny_policy_trains_a_stage_on_the_gpu(empty_lab: Engine):
     assert "on cuda:0" in jobs[1].log_tail and jobs[1].result["train"]["steps"] == 24
     assert sorted(log.step for log in logs) == list(range(1, 25))
     assert all(math.isfinite(log.metrics["loss"]) for log in logs)
+
+
+def test_a_default_the_installed_version_lacks_goes_by_its_older_name_or_is_left_out_when_off():
+    older = {"gradient_checkpointing", "bf16", "seed"}  # transformers 5.17's names
+    assert installed_fields({"activation_checkpointing": True, "bf16": False, "seed": 3}, older) == {
+        "gradient_checkpointing": True, "bf16": False, "seed": 3}
+    newer = older | {"activation_checkpointing"}
+    assert installed_fields({"activation_checkpointing": False}, newer) == {"activation_checkpointing": False}
+    assert installed_fields({"activation_checkpointing": False}, {"seed"}) == {}
+    with pytest.raises(StageError, match="no 'activation_checkpointing'"):
+        installed_fields({"activation_checkpointing": True}, {"seed"})

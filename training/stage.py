@@ -190,13 +190,31 @@ def grpo_config(args: StageArgs, overrides: dict[str, Any], max_completion_lengt
         reward_weights=list(DEFAULT_WEIGHTS),
         disable_tqdm=True,
     )
-    fields.update(overrides)
+    fields = {**installed_fields(fields, known), **overrides}
     fields = vllm.vllm_fields(fields)
     if fields.get("use_vllm") and importlib.util.find_spec("vllm") is None:
         log.warning("use_vllm was asked for but vLLM is not installed (pip install 'envlab[vllm]'): "
                     "generating with transformers")
         fields["use_vllm"] = False
     return GRPOConfig(**fields)
+
+
+# A lab default under the name an older transformers gives it (`activation_checkpointing` is new in 5.23).
+OLDER_NAMES = {"activation_checkpointing": "gradient_checkpointing"}
+
+
+def installed_fields(fields: dict[str, Any], known: set[str]) -> dict[str, Any]:
+    """The lab's defaults as the installed `GRPOConfig` takes them: a field it lacks goes by its older name, or is
+    left out when it is off (a default that is on and has no name there is an error, not a silent change)."""
+    out = {}
+    for name, value in fields.items():
+        if name in known:
+            out[name] = value
+        elif OLDER_NAMES.get(name) in known:
+            out[OLDER_NAMES[name]] = value
+        elif value:
+            raise StageError(f"the installed TRL/transformers has no {name!r} (nor an older name for it)")
+    return out
 
 
 def planned_steps(instances: int, overrides: dict[str, Any], prompt_style: str = "chat") -> int:
