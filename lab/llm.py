@@ -25,10 +25,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import posixpath
 from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 Messages = list[dict[str, str]]
 Schema = dict[str, Any]
@@ -221,7 +222,14 @@ def _server(url: str) -> tuple[str, str, int | None, str]:
         port = parts.port or {"http": 80, "https": 443}.get(parts.scheme.lower())
     except ValueError:  # a port that is not a number
         return ("", url, None, "")
-    return parts.scheme.lower(), (parts.hostname or ""), port, parts.path.rstrip("/")
+    return parts.scheme.lower(), (parts.hostname or ""), port, _normal_path(parts.path)
+
+
+def _normal_path(path: str) -> str:
+    """A URL path as the server reads it: percent-escapes decoded, `.` and `..` resolved, no trailing slash, so
+    `/v1/../../admin` is `/admin`, not a path under `/v1`."""
+    clean = posixpath.normpath("/" + unquote(path).lstrip("/"))
+    return "" if clean == "/" else clean
 
 
 def _allows(entry: tuple[str, str, int | None, str], url: tuple[str, str, int | None, str]) -> bool:

@@ -378,3 +378,15 @@ def test_a_built_gemma_folder_is_returned_at_once(tmp_path: Path, monkeypatch: p
     monkeypatch.setenv("ENVLAB_CACHE", str(tmp_path / "cache"))
     assert gemma.gemma_checkpoint() == folder
     assert gemma.gemma_checkpoint(folder) == folder
+
+
+@pytest.mark.parametrize("url", ["http://models.internal:8000/v1/../../admin", "http://models.internal:8000/v1/..",
+                                 "http://models.internal:8000/v1/%2e%2e/admin", "http://models.internal:8000/v10"])
+def test_a_path_that_climbs_out_of_an_allowed_server_is_refused(monkeypatch: pytest.MonkeyPatch, url: str) -> None:
+    from lab.llm import check_server
+
+    monkeypatch.setenv("ENVLAB_ALLOWED_SERVERS", "http://models.internal:8000/v1")
+    monkeypatch.delenv("ENVLAB_OPENAI_BASE_URL", raising=False)
+    with pytest.raises(LLMError, match="is not one this machine allows"):
+        check_server(url)
+    check_server("http://models.internal:8000/v1/chat/../models")  # still under /v1

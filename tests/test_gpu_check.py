@@ -1,0 +1,23 @@
+"""The device check's CPU part: the same command that runs Qwen3-shaped models on a GPU, at a tiny size, so it
+cannot rot between the times a GPU is at hand."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+CHECK = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu_check.py"
+
+
+def test_the_device_check_trains_and_stores_everything_at_a_tiny_size(tmp_path: Path) -> None:
+    out = tmp_path / "figures.json"
+    done = subprocess.run([sys.executable, str(CHECK), "--tiny", "--steps", "1", "--instances", "4", "--boards", "4",
+                           "--completion-length", "16", "--out", str(out)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    [figures] = json.loads(out.read_text())
+    assert (figures["model"], figures["device"], figures["exit"], figures["grpo_steps"]) == ("tiny", "CPU", 0, 1)
+    assert figures["saved_dtype"] == "F32" and figures["stored"]["stages"] == [[0, "done"], [1, "done"]]
+    assert figures["stored"]["all_there"] and figures["grpo_tokens_per_s"] > 0
+    assert figures["mfu"] is None and figures["peak_gpu_memory_mib"] is None  # no GPU: nothing made up
