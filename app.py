@@ -41,7 +41,7 @@ from sqlalchemy import Engine
 from starlette.middleware import Middleware
 
 from lab.archive import ArchiveError, Limits
-from lab.auth import Guard
+from lab.auth import Guard, allowed_hosts
 from lab.example import ensure_example, import_studies
 from lab.pages import compare, episode, leaderboard, playground, proposal, review, runs, train
 from lab.pages.common import VIEW, Page, no_progress
@@ -397,26 +397,41 @@ def close_api_docs(demo: gr.Blocks) -> None:
 
 
 def launch(demo: gr.Blocks, host: str = "127.0.0.1", port: int | None = None,
-           auth: list[tuple[str, str]] | None = None, block: bool = True) -> None:
+           auth: list[tuple[str, str]] | None = None, block: bool = True, allowed: Sequence[str] = (),
+           forwarded_allow_ips: str = "") -> None:
     """Serve the page; with `block`, say where in one line and serve until interrupted. Raises OSError when
     the port is taken.
 
     Uploads are capped at `Limits.upload` (Gradio's `max_file_size`, per file; docs/archive.md) and FastAPI's
     own `/openapi.json` is off (Gradio's routes, no lab data, but answered without a login); under `auth` the
     endpoints' schema is not shown either (`close_api_docs`), failed logins are throttled and every request
-    that can change something needs the login (`lab.auth.Guard`)."""
+    that can change something needs the login (`lab.auth.Guard`). The guard answers only to the lab's host names
+    (`allowed` adds to them) and the lab's own page, in front of every other layer of the app (Gradio's CORS layer
+    would otherwise answer another site's preflight first); `X-Forwarded-For` is believed only from the proxies in
+    `forwarded_allow_ips` (uvicorn's setting; none by default)."""
     if auth:
         close_api_docs(demo)
+    os.environ["FORWARDED_ALLOW_IPS"] = forwarded_allow_ips  # read by the uvicorn Gradio starts
     # Gradio asks the page of itself once before it returns and gives up after one 3 s wait: on a loaded machine
     # (a stage training beside it) the lab would refuse to start. The lab serves its own page; skip the asking.
     unasked = {"_frontend": False} if "_frontend" in inspect.signature(demo.launch).parameters else {}
     demo.launch(**unasked, server_name=host, server_port=port, auth=auth, prevent_thread_lock=True, quiet=True,
                 css_paths=[ASSETS / "lab.css"], head=plotly_warmup(), theme=gr.themes.Soft(), footer_links=[],
                 ssr_mode=False, run_history=False, show_error=True, max_file_size=Limits.from_env().upload,
-                app_kwargs={"openapi_url": None, "middleware": [Middleware(Guard)]})
+                app_kwargs={"openapi_url": None, "middleware": [Middleware(Guard, hosts=allowed_hosts(host, allowed))]})
+    guard_first(demo.server_app)
     if block:
         print(f"envlab: serving on http://{host}:{demo.server_port}", flush=True)
         demo.block_thread()
+
+
+def guard_first(server: Any) -> None:
+    """Put the guard in front of the layers Gradio adds to its app (compression, CORS), and build the app's stack
+    again: Starlette builds it at the first request, which may already have come."""
+    guard = next(m for m in server.user_middleware if m.cls is Guard)
+    server.user_middleware.remove(guard)
+    server.user_middleware.insert(0, guard)
+    server.middleware_stack = server.build_middleware_stack()
 
 
 def arguments() -> argparse.ArgumentParser:
@@ -425,6 +440,12 @@ def arguments() -> argparse.ArgumentParser:
                                    "default: $GRADIO_SERVER_NAME, else 127.0.0.1")
     p.add_argument("--port", type=int, help="default: $GRADIO_SERVER_PORT, else 7860")
     p.add_argument("--auth", help="user:password, or a file with one user:password per line")
+    p.add_argument("--allowed-hosts", default="", metavar="NAMES",
+                   help="more host names the page answers to, comma-separated (e.g. lab.example.org behind a proxy; "
+                        "'*' for any); localhost's and --host's always")
+    p.add_argument("--forwarded-allow-ips", default="", metavar="IPS",
+                   help="proxies whose X-Forwarded-For names the client (comma-separated addresses or networks); "
+                        "none by default: the client is the TCP peer")
     p.add_argument("--db", help="database path or URL (default: $ENVLAB_DB, else runs/envlab.db)")
     p.add_argument("--no-worker", action="store_true", help="do not start a worker beside the page")
     p.add_argument("--no-example", action="store_true",
@@ -503,7 +524,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # SIGTERM ends the page like Ctrl-C does, so the atexit hook stops the worker it started.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     try:
-        launch(build_demo(engine, own_worker=not args.no_worker), host, port, auth)
+        launch(build_demo(engine, own_worker=not args.no_worker), host, port, auth,
+               allowed=args.allowed_hosts.split(","), forwarded_allow_ips=args.forwarded_allow_ips)
     except OSError:
         if port_free(host, port):
             raise

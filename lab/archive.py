@@ -19,6 +19,7 @@ import errno
 import itertools
 import json
 import os
+import re
 import shutil
 import struct
 import tempfile
@@ -50,7 +51,8 @@ from tqdm import tqdm
 from typing_extensions import TypedDict
 
 from storage.db import RUN_UUID, UnsafePath, checkpoint_of, current_revision, inside, run_folder, runs_root
-from storage.models import ACTIVE_JOB, Job, Run, Stage, utcnow
+from storage.models import ACTIVE_JOB, Job, JobStatus, Priority, Run, Stage, utcnow
+from training.resolve import GEMMA
 
 FORMAT = "envlab-run"
 VERSION = 1  # raise it when a file of this version would be read wrongly by the code that reads it now
@@ -661,8 +663,26 @@ def _run_uuid(value: str) -> str:
     return value
 
 
+def _bounded(column: str) -> tuple[Any, Callable[[str], str]]:
+    """A person's text (`lab.text`'s bounds: a name, a description, a note), refused when longer than the lab
+    lets a person type it."""
+    from lab.text import NAME_LIMIT, TEXT_LIMIT, too_long
+
+    limit = NAME_LIMIT if column in ("name", "user") else TEXT_LIMIT
+
+    def check(value: str) -> str:
+        if (why := too_long(column, value, limit)) is not None:
+            raise ValueError(why)
+        return value
+    return str, check
+
+
 # Beyond a column's type: what the lab reads the value as. One table's column -> a check that raises ValueError.
 VALUE_CHECKS: dict[tuple[str, str], tuple[Any, Callable[[Any], Any]]] = {
+    ("runs", "name"): _bounded("name"),
+    ("runs", "description"): _bounded("description"),
+    ("decisions", "note"): _bounded("note"),
+    ("decisions", "user"): _bounded("user"),
     ("runs", "uuid"): (str, _run_uuid),
     ("runs", "settings"): (dict[str, Any], _run_settings),
     ("stages", "config"): (dict[str, Any], _env_config),
@@ -786,17 +806,66 @@ def _foreign_run(row: dict[str, Any], where: str) -> list[str]:
     return [f"the run's server URL {url!r:.120} (an archive names no server: this lab uses its own)"] if url else []
 
 
+# A model name as `training.policy.load_policy` loads it by name (a hub name such as Qwen/Qwen3-4B): one optional
+# owner, no leading dot, no "..", no third part (those it loads as a folder).
+MODEL_NAME = re.compile(r"(?!.*\.\.)[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?", re.ASCII)
+
+
+def _check_policy(value: str, root: Path, where: str) -> None:
+    """A run's policy (what its stages load and train) is never a folder the file chooses: it must be the lab's
+    own `tiny` or `gemma3-270m`, a model name that is no folder here, or a folder inside this lab's runs root."""
+    if value in ("tiny", GEMMA) or MODEL_NAME.fullmatch(value) and not Path(value).exists():
+        return
+    path = Path(value)
+    try:
+        if path.is_absolute() and path.is_relative_to(root):
+            inside(root, str(path.relative_to(root)), "policy")
+            return
+    except ValueError:  # UnsafePath, or a name the file system cannot hold
+        pass
+    raise ArchiveError(f"{where}, column policy: {value!r:.120} is not a policy this lab takes from an archive "
+                       f"(tiny, {GEMMA}, a model name such as Qwen/Qwen3-4B, or a folder inside this lab's runs "
+                       "root): refused")
+
+
 def _without_server(row: dict[str, Any]) -> dict[str, Any]:
     settings = row.get("settings")
     return {**row, "settings": {**settings, "base_url": None}} if settings and settings.get("base_url") else row
 
 
-def _vouch(reader: _Reader, manifest: dict[str, Any]) -> list[str]:
+def _ended(row: dict[str, Any]) -> dict[str, Any]:
+    """A job arrives ended and at the lowest priority: a queued or running job belongs to the workers of the lab
+    that wrote the file (and a file can say anything), so none is claimed here, and none jumps this lab's queue
+    when it is requeued. A status the file leaves out is the column's default, queued."""
+    status, error = row.get("status", JobStatus.QUEUED), row.get("error")
+    if status in ACTIVE_JOB:
+        note = f"was {status} in the archive: imported as cancelled"
+        status, error = JobStatus.CANCELLED, f"{error}\n{note}" if error else note
+    return {**row, "status": status, "error": error, "priority": Priority.BACKGROUND}
+
+
+def _as_imported(table: str, row: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
+    """What an import changes in a row beyond its ids: the run's server URL goes (`_foreign_run`), every job
+    arrives ended (`_ended`), and stage 0's checkpoint becomes the run's policy (checked by `_check_policy`): the
+    file's value is the folder the source machine loaded that policy from (`training.stage.checkpoint_path`),
+    which stage 1 and a benchmark of stage 0 would load here."""
+    if table == ROOT:
+        return _without_server(row)
+    if table == Job.__tablename__:
+        return _ended(row)
+    if table == Stage.__tablename__ and row["index"] == 0 and row.get("checkpoint") is not None:
+        return {**row, "checkpoint": run["policy"]}
+    return row
+
+
+def _vouch(reader: _Reader, manifest: dict[str, Any], root: Path) -> tuple[dict[str, Any], list[str]]:
     """Read every row of the archive once, storing nothing, and refuse it at the first row that does not fit:
     a wrong type, a foreign key to no row of the file, a repeated id, a run that is not the manifest's, a
     trained stage's checkpoint outside the run's folder, a listed checkpoint no stage names, a model spec this
-    lab does not take from a file. Returns what the import will drop (`_foreign_run`)."""
+    lab does not take from a file (`root`: this lab's runs root). Returns the run's row and what the import will
+    drop (`_foreign_run`)."""
     path, run = reader.path, manifest["run"]
+    stored_run: dict[str, Any] = {}
     dropped: list[str] = []
     ids: dict[str, dict[int, int]] = {}
     checkpoints: dict[str, int] = {}
@@ -822,6 +891,8 @@ def _vouch(reader: _Reader, manifest: dict[str, Any]) -> list[str]:
                                    f"{run['id']} ({run['uuid']})")
             if table.name == ROOT:
                 dropped += _foreign_run(row, f"{where} row {n}")
+                _check_policy(row["policy"], root, f"{where} row {n}")
+                stored_run = row
             if table.name == Stage.__tablename__ and row.get("index", 0) > 0 and row.get("checkpoint") is not None:
                 _in_run_folder(row["checkpoint"], run["uuid"], f"{where} row {n}, column checkpoint:")
                 checkpoints[row["checkpoint"]] = row["index"]
@@ -833,11 +904,12 @@ def _vouch(reader: _Reader, manifest: dict[str, Any]) -> list[str]:
         if checkpoints.get(c["path"]) != c["stage_index"]:
             raise ArchiveError(f"{path}: {MANIFEST}: checkpoint {c['path']} is not the checkpoint of stage "
                                f"{c['stage_index']} in tables/stages.jsonl: refused")
-    return dropped
+    return stored_run, dropped
 
 
-def _insert_rows(connection: Connection, reader: _Reader, manifest: dict[str, Any]) -> int:
-    """Insert every row of the archive (one transaction, the caller's) and return the new run id."""
+def _insert_rows(connection: Connection, reader: _Reader, manifest: dict[str, Any], run: dict[str, Any]) -> int:
+    """Insert every row of the archive (one transaction, the caller's), as `_as_imported` changes it (`run`: the
+    run's row, as `_vouch` checked it), and return the new run id."""
     path = reader.path
     ids: dict[str, dict[int, int]] = {}
     total = sum(entry["rows"] for entry in manifest["tables"].values())
@@ -852,8 +924,7 @@ def _insert_rows(connection: Connection, reader: _Reader, manifest: dict[str, An
             pk = _pk(table)
             insert = table.insert().returning(pk, sort_by_parameter_order=True)
             for batch in _batches(_rows(reader, table, entry, where)):
-                values = [rows.convert(row if table.name != ROOT else _without_server(row), n)
-                          for n, _, row in batch]
+                values = [rows.convert(_as_imported(table.name, row, run), n) for n, _, row in batch]
                 try:
                     new = connection.execute(insert, values).scalars().all()
                 except SQLAlchemyError as err:
@@ -1000,8 +1071,8 @@ def import_archive(engine: Engine, path: str | Path, limits: Limits | None = Non
     with _open(path, limits) as reader:
         manifest = _check_manifest(reader)
         _refuse_duplicate(engine, manifest["run"])
-        dropped = _vouch(reader, manifest)
         root = runs_root(engine)
+        run, dropped = _vouch(reader, manifest, root)
         try:
             run_folder(engine, manifest["run"]["uuid"])
         except UnsafePath as err:
@@ -1013,7 +1084,7 @@ def import_archive(engine: Engine, path: str | Path, limits: Limits | None = Non
             if manifest["checkpoints"]:
                 scratch, todo = _unpack(reader, manifest, root, created)
             with engine.begin() as connection:
-                run_id = _insert_rows(connection, reader, manifest)
+                run_id = _insert_rows(connection, reader, manifest, run)
                 for i, stored in enumerate(todo):  # into place just before the commit; removed if it fails
                     dest = _inside(root, stored)
                     _makedirs(dest.parent, created)

@@ -22,7 +22,7 @@ from envsim.instance import Instance
 from envsim.scoring import Outcome, score, score_answer
 from envsim.suite import SUITE_SEED, Entry, Split, build, dev_cells, report, write_jsonl
 from lab.llm import allow_server
-from lab.settings import MAX_BOARDS, count, settings_arguments
+from lab.settings import MAX_BOARDS, SEED, Count, settings_arguments
 
 if TYPE_CHECKING:
     from sqlmodel import Session
@@ -43,11 +43,11 @@ class Parser(argparse.ArgumentParser):
 
 # The bounds of the counts the command line takes beside a run's settings (lab.settings has those), each
 # with why it is where it is.
-GENERATED = count(1, 10_000_000, "about 10 hours of generating on one core at a few ms a board; split a larger "
+GENERATED = Count(1, 10_000_000, "about 10 hours of generating on one core at a few ms a board; split a larger "
                                  "set over several --seed values", "generate at least 1 board")
-SEEDS = count(1, 100, "every seed is one more run of every arm", "an experiment runs at least 1 seed")
-WORKERS = count(1, 64, "each worker is a process that loads its own policy", "at least 1 worker")
-THREADS = count(1, 1024, "more torch threads than a machine has cores only slows it down", "at least 1 thread")
+SEEDS = Count(1, 100, "every seed is one more run of every arm", "an experiment runs at least 1 seed")
+WORKERS = Count(1, 64, "each worker is a process that loads its own policy", "at least 1 worker")
+THREADS = Count(1, 1024, "more torch threads than a machine has cores only slows it down", "at least 1 thread")
 
 
 def read_instances(path: Path) -> list[Entry | Instance]:
@@ -637,7 +637,7 @@ def run_arguments(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--grpo", action="append", default=[], metavar="KEY=VALUE", help="a GRPOConfig field")
     s.add_argument("--scenario", help="a named start, assets/scenarios/NAME.json (default: the round-0 config)")
     s.add_argument("--name", default="run")
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--seed", type=SEED, default=0)
     s.add_argument("--resume", type=int, metavar="RUN_ID", help="continue a run that was interrupted")
     s.add_argument("--db", help="database path or URL (default: $ENVLAB_DB or runs/envlab.db)")
     s.set_defaults(fn=cmd_run)

@@ -38,6 +38,7 @@ from sqlmodel import select
 
 from lab.experiments import arm_names, experiment_runs, find_experiment
 from lab.results import stage_summaries
+from lab.text import as_text
 from storage.db import session
 from storage.models import Experiment, Proposal, Run
 
@@ -237,7 +238,7 @@ def compute_statement(c: Comparison) -> str:
     st = c.experiment.settings
     grpo = st.get("grpo") or {}
     over = ", ".join(f"{k}={v}" for k, v in sorted(grpo.items())) or "the lab's defaults"
-    return (f"Policy `{c.experiment.policy}`, {len(c.arms)} arms x {c.experiment.seeds} seeds (seeds "
+    return (f"Policy {as_text(c.experiment.policy)}, {len(c.arms)} arms x {c.experiment.seeds} seeds (seeds "
             f"0..{c.experiment.seeds - 1}). Equal compute by construction: every run trains {st['stages']} stages, "
             f"each on {st['instances']} boards in {st['steps_per_stage']} GRPO steps "
             f"({st['stages'] * st['steps_per_stage']} in all; GRPO settings: {over}); each stage, stage 0 included, "
@@ -250,11 +251,11 @@ def _probe_statement(c: Comparison) -> str:
     """What arms spent measuring configs on the policy (`training.probe`) on top of the equal training compute."""
     if not c.probe_compute:
         return ""
-    spent = "; ".join(f"`{arm}` sampled {t['completions']:,.0f} answers in {t['seconds']:,.0f} s over "
+    spent = "; ".join(f"{as_text(arm)} sampled {t['completions']:,.0f} answers in {t['seconds']:,.0f} s over "
                       f"{t['proposals']:.0f} proposals" for arm, t in c.probe_compute.items())
     others = [a for a in c.arms if a not in c.probe_compute]
     return (f" Measuring configs on the policy before proposing them is compute the training does not count: "
-            f"{spent}" + (f"; {', '.join(f'`{a}`' for a in others)} spent none." if others else "."))
+            f"{spent}" + (f"; {', '.join(as_text(a) for a in others)} spent none." if others else "."))
 
 
 def _stage_table(c: Comparison, rate: Rate) -> list[str]:
@@ -263,7 +264,7 @@ def _stage_table(c: Comparison, rate: Rate) -> list[str]:
     for arm in c.arms:
         cells = [f"{cell(e)} ({seeds_text(e, of=c.seeds)})" if (e := c.estimate(arm, rate, k)) else "-"
                  for k in [*range(c.stages + 1), AUC]]
-        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+        lines.append(f"| {as_text(arm)} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -275,7 +276,8 @@ def _pair_tables(c: Comparison, rate: Rate = Rate.VALID) -> list[str]:
         lines += ["", f"### {'AUC' if k == AUC else f'Stage {k}'}",
                   "| difference | mean [95% t interval] | sd | detectable (80% power) | every seed |",
                   "|---|---|---|---|---|"]
-        lines += ["| " + " | ".join(row) + " |" for row in difference_table_rows(c, rate, k)[1]]
+        lines += ["| " + " | ".join([as_text(pair), *cells]) + " |"
+                  for pair, *cells in difference_table_rows(c, rate, k)[1]]
     return lines
 
 
@@ -285,7 +287,7 @@ def _difference_table(c: Comparison) -> list[str]:
     for arm in c.arms:
         if arm != c.baseline:
             cells = [cell(c.difference(arm, Rate.VALID, k), signed=True) for k in [*range(c.stages + 1), AUC]]
-            lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+            lines.append(f"| {as_text(arm)} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -299,7 +301,7 @@ def _seed_table(c: Comparison, rate: Rate) -> list[str]:
                 continue
             cells = [pct(v[seed]) if seed in (v := c.values.get((arm, rate, k, POOLED), {})) else "-"
                      for k in [*range(c.stages + 1), AUC]]
-            lines.append(f"| {arm} | {seed} | {run.id} ({run.status}) | " + " | ".join(cells) + " |")
+            lines.append(f"| {as_text(arm)} | {seed} | {run.id} ({run.status}) | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -324,22 +326,24 @@ def difference_table_rows(c: Comparison, rate: Rate = Rate.VALID,
 
 
 def report_markdown(c: Comparison) -> str:
-    """The experiment's report as Markdown (what `envlab experiment report` prints)."""
+    """The experiment's report as Markdown (what `envlab experiment report` prints); every name and the description
+    as text (`lab.text.as_text`)."""
     e = c.experiment
     headers, rows = size_rows(c)
     done = sum(r.status == "done" for r in c.runs.values())
-    lines = [f"# Experiment {e.name}", "", *([e.description, ""] if e.description else []),
+    lines = [f"# Experiment {as_text(e.name)}", "", *([as_text(e.description), ""] if e.description else []),
              compute_statement(c), "",
              f"Runs: {done} of {len(c.runs)} done. Arms: " + ", ".join(
-                 f"`{a['name']}` ({a['engineer']}" + (f", {a['backend']}, context {a['context']}" if a["backend"]
-                                                      else "") + ")" for a in e.arms) + ".", "",
+                 f"{as_text(a['name'])} ({a['engineer']}"
+                 + (f", {as_text(a['backend'])}, context {a['context']}" if a["backend"] else "") + ")"
+                 for a in e.arms) + ".", "",
              "Each cell: the mean over seeds, its 95% Student-t interval over seeds (n - 1 degrees of freedom), "
              "then every seed's value in seed order (points), after the seeds where an arm lacks some. AUC: the "
              f"area under the curve over stages 0..{c.stages} by the trapezoid rule, divided by {c.stages}: the "
              "curve's mean rate.", "",
              "## Validation valid rate", *_stage_table(c, Rate.VALID), "",
              "## Validation optimal rate", *_stage_table(c, Rate.OPTIMAL), "",
-             f"## Valid rate minus `{c.baseline}`, paired by seed (points)", *_difference_table(c), "",
+             f"## Valid rate minus {as_text(c.baseline)}, paired by seed (points)", *_difference_table(c), "",
              "## Differences between arms, paired by seed (valid rate, points)", "",
              "Per seed, one arm's rate minus the other's on the same seed (the same stage-0 policy and validation "
              "boards); the mean of those differences with its paired t interval (n - 1 degrees of freedom), their "
@@ -348,7 +352,7 @@ def report_markdown(c: Comparison) -> str:
              "Stage 0 is the same policy for every arm: no difference there.", *_pair_tables(c), "",
              "## Every seed (valid rate)", *_seed_table(c, Rate.VALID), "",
              f"## Stage {c.stages} by map size (valid rate)", "| " + " | ".join(headers) + " |",
-             "|---" * len(headers) + "|", *("| " + " | ".join(r) + " |" for r in rows)]
+             "|---" * len(headers) + "|", *("| " + " | ".join([as_text(arm), *cells]) + " |" for arm, *cells in rows)]
     return "\n".join(lines) + "\n"
 
 

@@ -176,6 +176,23 @@ def load_stage_result(session: Session, run_id: int, stage_index: int, cases: in
                        _boards(session, run_id, stage_index, split))
 
 
+class NoEvidence(LookupError):
+    """The stage an engineer reads holds fewer episodes on its split than its per-size metrics count: none, where
+    a snapshot left them out. Read anyway, the engineer would propose on nothing, so the proposal fails instead."""
+
+
+def require_boards(result: StageResult, run_id: int, split: Split) -> StageResult:
+    """`result` when it holds every board its per-size metrics count on `split`; else `NoEvidence` naming the run,
+    the stage and the split."""
+    counted, held = result.total.episodes, len(result.boards)
+    if counted and held == counted:
+        return result
+    what = (f"{held} of the {counted} {split} episodes its per-size metrics count (left out of a snapshot?)"
+            if counted else f"no {split} evaluation")
+    raise NoEvidence(f"run {run_id}'s stage {result.stage_index} holds {what}: the engineer would read no {split} "
+                     "board, so it proposes nothing")
+
+
 def _boards(session: Session, run_id: int, stage_index: int, split: Split) -> tuple[BoardOutcome, ...]:
     rows = session.exec(select(Episode.instance, Episode.valid, Episode.failure).where(
         Episode.run_id == run_id, Episode.stage_index == stage_index, Episode.split == split).order_by(Episode.id))

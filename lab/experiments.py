@@ -38,6 +38,7 @@ from lab.engineers import ENGINEERS
 from lab.loop import LoopError, advance, check_engineer, check_policy, create_run, queue_benchmark, resume
 from lab.runs import benchmark_checkpoints
 from lab.settings import RunSettings, first_error
+from lab.text import NAME_LIMIT, TEXT_LIMIT, too_long
 from lab.worker import split_gpus, start_worker, visible_gpus
 from storage.db import runs_root, session
 from storage.models import ACTIVE_JOB, Experiment, Job, JobKind, JobStatus, Run, RunStatus, Stage, StageStatus
@@ -163,6 +164,11 @@ def create_experiment(engine: Engine, *, name: str, arms: Sequence[str | Arm], s
         raise ExperimentError(f"arm names must be unique: {[a.name for a in parsed]}; name one NAME=SPEC")
     if seeds < 1:
         raise ExperimentError(f"seeds = {seeds}: an experiment runs at least 1 seed per arm")
+    for what, text, limit in (("experiment name", name, NAME_LIMIT), ("experiment description", description,
+                                                                         TEXT_LIMIT)):
+        if (why := too_long(what, text, limit)) is not None:
+            raise ExperimentError(why)
+    _check_run_names(name, parsed, seeds)
     chosen = load_scenario(scenario or DEFAULT_SCENARIO)
     origin = chosen.name if config is None else "a config of its own" + (f", scenario {scenario}'s GRPO settings"
                                                                         if scenario else "")
@@ -211,6 +217,20 @@ def run_settings(experiment: Experiment) -> RunSettings:
                               f"{first_error(err)}") from None
 
 
+def _run_name(experiment: str, arm: str, seed: int) -> str:
+    """The name of an experiment's run: what the Runs tab and the Open run list show of it."""
+    return f"{experiment} / {arm} / seed {seed}"
+
+
+def _check_run_names(experiment: str, arms: Sequence[Arm], seeds: int) -> None:
+    """Refuse, before anything is stored, an arm whose runs' names (`_run_name`, the last seed's the longest) would
+    be longer than a run's name may be: `create_run` would refuse them after the experiment was stored."""
+    for arm in arms:
+        if (why := too_long("run name", _run_name(experiment, arm.name, seeds - 1), NAME_LIMIT)) is not None:
+            raise ExperimentError(f"arm {arm.name!r:.60}: {why} (EXPERIMENT / ARM / seed K): shorten the "
+                                  "experiment's or the arm's name")
+
+
 def _create_runs(s: Session, experiment: Experiment, arms: Sequence[Arm]) -> None:
     """Queue the runs of `arms` (every seed, seed-major), from the settings every run of `experiment` shares."""
     shared = run_settings(experiment)
@@ -218,7 +238,7 @@ def _create_runs(s: Session, experiment: Experiment, arms: Sequence[Arm]) -> Non
     for seed in range(experiment.seeds):
         for arm in arms:
             try:
-                create_run(s, name=f"{experiment.name} / {arm.name} / seed {seed}", config=config,
+                create_run(s, name=_run_name(experiment.name, arm.name, seed), config=config,
                            settings=shared.model_copy(update={"context_preset": arm.context, "context": None}),
                            policy=experiment.policy, engineer=arm.engineer, engineer_backend=arm.backend, seed=seed,
                            description=f"experiment {experiment.name!r}, arm {arm.name!r}, seed {seed}",
@@ -237,6 +257,7 @@ def add_arms(engine: Engine, key: str | int, arms: Sequence[str | Arm]) -> list[
     if not parsed or len(set(names)) != len(names) or set(names) & set(arm_names(experiment)):
         raise ExperimentError(f"arms {names}: give at least one, each named once and not one of the experiment's "
                               f"({', '.join(arm_names(experiment))}); name one NAME=SPEC")
+    _check_run_names(experiment.name, parsed, experiment.seeds)
     for arm in parsed:
         try:
             check_engineer(arm.engineer, arm.backend, experiment.policy)

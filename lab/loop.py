@@ -14,6 +14,7 @@ import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields, replace
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from lab.context import (
     evidence_split,
     load_stage_result,
     preset_of,
+    require_boards,
 )
 from lab.engineers import ENGINEERS, LEARN_ANSWERS, LEARN_BOARDS, EngineerAnswer
 from lab.llm import LLMError, check_server
@@ -48,6 +50,7 @@ from lab.proposals import (
     store_proposal,
 )
 from lab.settings import RunSettings, first_error, probe_size
+from lab.text import NAME_LIMIT, TEXT_LIMIT, too_long
 from storage.db import UnsafePath, checkpoint_of, lock_run, run_folder
 from storage.db import session as open_session
 from storage.decisions import record_decision
@@ -67,7 +70,7 @@ from storage.models import (
     StageStatus,
     utcnow,
 )
-from storage.queue import enqueue, fail, request_cancel, requeue, stale_after_s
+from storage.queue import db_now, enqueue, fail, request_cancel, requeue, stale_after_s
 
 LOOP_KINDS = (JobKind.STAGE, JobKind.PROPOSE)  # the jobs that move a run; a benchmark job never blocks it
 PROPOSE_ATTEMPTS = 3  # a propose job that raises is tried this many times, then the run fails for a person
@@ -112,8 +115,12 @@ def create_run(s: Session, *, name: str, config: EnvConfig, settings: RunSetting
     default `paper-best`, resolved into its modules). `settings.dev_per_size` is the dev boards per map size each
     stage is also evaluated on: the engineers read those, never the validation boards (docs/loop.md); None only
     for a run added to an experiment made before dev boards existed (its engineers read validation, as the others).
-    `experiment_id` and `arm` place the run in an experiment (lab.experiments).
+    `experiment_id` and `arm` place the run in an experiment (lab.experiments). A name or a description longer
+    than `lab.text`'s bounds is refused.
     """
+    for field, text, limit in (("run name", name, NAME_LIMIT), ("run description", description, TEXT_LIMIT)):
+        if (why := too_long(field, text, limit)) is not None:
+            raise LoopError(why)
     check_policy(policy)
     check_engineer(engineer, engineer_backend, policy)
     if settings.base_url:
@@ -425,11 +432,22 @@ def _auto_decide(s: Session, proposal: Proposal, last: Stage) -> Decision:
                            note=f"the proposal failed ({proposal.error}); the previous config stays in force")
 
 
+def reads_episodes(run: Run) -> bool:
+    """Whether the run's engineer reads the episodes of the stage it follows, not only its per-size metrics:
+    `evidence` reads every dev board, `llm` the failed ones its context shows (`failure_cases`)."""
+    return run.engineer == "evidence" or (run.engineer == "llm"
+                                          and bool((run.settings.get("context") or {}).get("failure_cases")))
+
+
 def evidence_for(s: Session, run: Run, after_stage: int) -> Evidence:
     """What the engineer reads after `after_stage`: that stage's results and every earlier stage's, on the run's
-    dev boards (`lab.context.evidence_split`): never its validation boards, which score it."""
+    dev boards (`lab.context.evidence_split`): never its validation boards, which score it. An engineer that reads
+    the episodes of that stage gets `NoEvidence` where they are not all stored (`lab.context.require_boards`): its
+    proposal fails, loudly, instead of reading no board."""
     split = evidence_split(run.settings)
     results = [load_stage_result(s, run.id, k, split=split) for k in range(after_stage + 1)]
+    if reads_episodes(run):
+        require_boards(results[-1], run.id, split)
     total = run.settings["stages"]
     return Evidence(current=results[-1], history=tuple(results[:-1]), round_index=after_stage + 1,
                     rounds_left=total - after_stage - 1, instances_per_stage=results[-1].config.num_instances,
@@ -549,8 +567,9 @@ def resume(engine: Engine, run_id: int) -> list[int]:
                 checkpoint_of(engine, stage)
         except UnsafePath as err:
             raise LoopError(f"run {run_id} cannot be resumed: {err}") from None
+        now = db_now(s)
         for job in jobs_of(s, run_id, (JobStatus.RUNNING,)):
-            if (why := _dead(job)) is not None:
+            if (why := _dead(job, now)) is not None:
                 fail(s, job.id, why, commit=False)
         requeued = []
         last = stages_of(s, run_id)[-1]
@@ -605,12 +624,13 @@ def cancel(engine: Engine, run_id: int) -> list[int]:
     return [j.id for j in jobs]
 
 
-def _dead(job: Job) -> str | None:
-    """Why a running job's worker counts as gone, or None while it may still be working."""
+def _dead(job: Job, now: datetime) -> str | None:
+    """Why a running job's worker counts as gone, or None while it may still be working; `now` is the database's
+    clock (`storage.queue.db_now`), the one its heartbeats were stamped by."""
     worker_host, _, pid = (job.worker or "").rpartition(":")
     if worker_host == socket.gethostname() and pid.isdigit() and not _alive(int(pid)):
-        return f"worker {job.worker} is gone (found on resume at {utcnow():%H:%M:%S} UTC)"
-    age = (utcnow() - job.heartbeat_at).total_seconds() if job.heartbeat_at else float("inf")
+        return f"worker {job.worker} is gone (found on resume at {now:%H:%M:%S} UTC)"
+    age = (now - job.heartbeat_at).total_seconds() if job.heartbeat_at else float("inf")
     if age > stale_after_s():
         return f"worker {job.worker} sent no heartbeat for {age:.0f} s (found on resume)"
     return None

@@ -18,6 +18,7 @@ from sqlmodel import Session, select
 from envsim.config import GLOBALS, KNOBS, RANDOM_SHARE, EnvConfig, Projection, project
 from envsim.generator import Unfillable, cannot_fill, stage_seed
 from lab.engineers import EngineerAnswer
+from lab.text import TEXT_LIMIT, too_long
 from storage.db import lock_run
 from storage.db import session as open_session
 from storage.decisions import AlreadyDecided, record_decision
@@ -238,8 +239,11 @@ def decide(session: Session, proposal_id: int, action: str, user: str, edited: A
     the engineer again). `probes` are the keys of the probes the person saw (the Measure panel). The run's
     lock is held from the check to the write, so a decision never lands on a proposal that another process has
     just replaced. Raises `AlreadyDecided` when someone else decided
-    first, `Superseded` when the proposal is no longer the run's current one.
+    first, `Superseded` when the proposal is no longer the run's current one, `ProposalError` for a note longer
+    than `lab.text.TEXT_LIMIT`.
     """
+    if (why := too_long("decision note", note, TEXT_LIMIT)) is not None:
+        raise ProposalError(why)
     proposal = session.get(Proposal, proposal_id)
     if proposal is None:
         raise LookupError(f"no proposal {proposal_id}")

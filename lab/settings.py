@@ -11,7 +11,7 @@ flag named like a field, `lab.loop.create_run` stores the object whole, and ever
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -124,39 +124,64 @@ def first_error(err: ValidationError) -> str:
     return f"{where}: {msg}" if where else msg
 
 
-def count(low: int, high: int, why: str, too_few: str = "") -> Callable[[str], int]:
-    """An argparse type: a whole number from `low` to `high`; a number out of range is refused saying why the
-    bound is where it is (`why` above, `too_few` below)."""
+@dataclass(frozen=True)
+class Count:
+    """A whole number from `low` to `high`, one bound for every way in: argparse calls it with the text of a flag
+    (`type=`), a page's number box goes through `check`. A number out of range is refused saying why the bound is
+    where it is (`why` above, `too_few` below), in the same words on both."""
 
-    def parse(text: str) -> int:
+    low: int
+    high: int
+    why: str
+    too_few: str = ""
+
+    def __call__(self, text: str) -> int:
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"{value:,} is less than {low}" + (f": {too_few}" if too_few else ""))
-        if value > high:
-            raise argparse.ArgumentTypeError(f"{value:,} is more than {high:,}: {why}")
+            raise argparse.ArgumentTypeError(self._not_whole(repr(text))) from None
+        if (why := self.refusal(value)) is not None:
+            raise argparse.ArgumentTypeError(why)
         return value
 
-    parse.__name__ = "count"  # argparse names the type in its messages
-    return parse
+    def check(self, value: Any) -> int:
+        """A number box's value (None when it is empty; a float, since a box that rounds would hide a fraction)
+        as a whole number in range; a ValueError with `refusal`'s words otherwise."""
+        if isinstance(value, bool) or not isinstance(value, int | float) or value != value // 1:
+            shown = "nothing" if value in (None, "") else f"{value:g}" if isinstance(value, float) else repr(value)
+            raise ValueError(self._not_whole(shown))
+        if (why := self.refusal(int(value))) is not None:
+            raise ValueError(why)
+        return int(value)
+
+    def refusal(self, value: int) -> str | None:
+        """Why `value` is out of range, None when it is in."""
+        if value < self.low:
+            return f"{value:,} is less than {self.low}" + (f": {self.too_few}" if self.too_few else "")
+        if value > self.high:
+            return f"{value:,} is more than {self.high:,}: {self.why}"
+        return None
+
+    def _not_whole(self, shown: str) -> str:
+        return f"{shown} is not a whole number from {self.low} to {self.high:,}"
 
 
-# The bounds of the counts a run's settings take on the command line, each with why it is where it is.
-MAX_STAGES = count(1, 1000, "each stage trains and evaluates the policy (minutes to hours); run again from "
+# The bounds of the counts a run takes on the command line and in the page's form, each with why it is where it is.
+MAX_STAGES = Count(1, 1000, "each stage trains and evaluates the policy (minutes to hours); run again from "
                             "the last stage's checkpoint for more", "a run trains at least 1 stage")
-MAX_BOARDS = count(1, 100_000, "a config's num_instances is at most 100,000 boards per stage",
+MAX_BOARDS = Count(1, 100_000, "a config's num_instances is at most 100,000 boards per stage",
                    "a stage trains on at least 1 board")
-VALIDATION_BOARDS = count(1, 100_000, "more boards than a validation set of 10,000 per size holds",
+VALIDATION_BOARDS = Count(1, 100_000, "more boards than a validation set of 10,000 per size holds",
                           "evaluate on at least 1 board")
-PER_SIZE = count(1, 10_000, "10,000 boards per size is 80,000 boards to evaluate after every stage",
+PER_SIZE = Count(1, 10_000, "10,000 boards per size is 80,000 boards to evaluate after every stage",
                  "a size needs at least 1 validation board")
-DEV_BOARDS = count(3, 10_000, "10,000 boards per size is 80,000 boards to evaluate after every stage",
+DEV_BOARDS = Count(3, 10_000, "10,000 boards per size is 80,000 boards to evaluate after every stage",
                    "the dev split needs at least 3 boards per size (one per wait subset)")
-COMPLETION_TOKENS = count(1, 32768, "longer than any chat model here answers; a plan needs far fewer tokens",
+COMPLETION_TOKENS = Count(1, 32768, "longer than any chat model here answers; a plan needs far fewer tokens",
                           "an answer needs at least 1 token")
-LORA_RANK = count(0, 4096, "a LoRA rank above a model's width adds nothing (Gemma 3 270M: 640)")
+LORA_RANK = Count(0, 4096, "a LoRA rank above a model's width adds nothing (Gemma 3 270M: 640)")
+SEED = Count(0, 2**31 - 1, "a run's seed is stored in a 32-bit column (PostgreSQL's integer)",
+             "numpy's generators take no negative seed")
 
 
 def settings_arguments(parser: argparse.ArgumentParser, *, experiment: bool = False) -> None:

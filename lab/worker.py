@@ -55,7 +55,7 @@ from lab import zygote
 from storage import queue
 from storage.db import DatabaseUnusable, RunsRootUnusable, open_database, session, usable_runs_root
 from storage.models import Job, JobKind, JobStatus, utcnow
-from storage.queue import LostJob, stale_after_s
+from storage.queue import LostJob, db_now, stale_after_s
 from training import vllm
 from training.progress import Cancelled, Progress
 
@@ -521,9 +521,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 # ---------------------------------------------------------------- the worker beside the page
 
 
-def ago(t: datetime) -> str:
-    """How long ago `t` was, for people: seconds under two minutes, else minutes."""
-    seconds = (utcnow() - t).total_seconds()
+def ago(t: datetime, now: datetime | None = None) -> str:
+    """How long ago `t` was by `now` (default: this machine's clock), for people: seconds under two minutes, else
+    minutes."""
+    seconds = ((now or utcnow()) - t).total_seconds()
     return f"{seconds:.0f} s ago" if seconds < 120 else f"{seconds / 60:.0f} min ago"
 
 
@@ -538,8 +539,8 @@ class WorkerState(StrEnum):
 
 def worker_status(engine: Engine) -> tuple[WorkerState, str]:
     """Whether a worker is picking up jobs, read from the jobs table: (state, one line for a person)."""
-    now = utcnow()
     with session(engine) as s:
+        now = db_now(s)  # the clock heartbeats are stamped by (`storage.queue`), whatever this machine's says
         running = list(s.exec(select(Job).where(Job.status == JobStatus.RUNNING).order_by(Job.id)))
         queued = list(s.exec(select(Job).where(Job.status == JobStatus.QUEUED).order_by(Job.id)))
     fresh = [j for j in running if j.heartbeat_at and now - j.heartbeat_at < timedelta(seconds=stale_after_s())]
@@ -547,10 +548,10 @@ def worker_status(engine: Engine) -> tuple[WorkerState, str]:
         j = fresh[0]
         step = f", step {j.step}/{j.total}" if j.total else ""
         more = f"; {len(queued)} queued" if queued else ""
-        return WorkerState.BUSY, f"Worker busy: {j.kind} job {j.id}{step} (heartbeat {ago(j.heartbeat_at)}){more}."
+        return WorkerState.BUSY, f"Worker busy: {j.kind} job {j.id}{step} (heartbeat {ago(j.heartbeat_at, now)}){more}."
     if running:
         j = running[0]
-        return WorkerState.DOWN, (f"Job {j.id} ({j.kind}) has sent no heartbeat since {ago(j.heartbeat_at)}: its "
+        return WorkerState.DOWN, (f"Job {j.id} ({j.kind}) has sent no heartbeat since {ago(j.heartbeat_at, now)}: its "
                                   f"worker ({j.worker}) seems to be down. Start one with `envlab worker`; it fails the "
                                   "stale job, and the Train tab can queue it again.")
     if queued:

@@ -10,20 +10,24 @@ Every function here is one transaction and commits it. Progress, log lines and t
 written only while the job is still running, so a worker whose job was reaped as stale (or ended
 by someone else) learns it from `LostJob` instead of overwriting what happened meanwhile.
 Jobs are never deleted.
+
+Every time in a job's life (enqueued, claimed, heartbeat, ended) and the reaper's cutoff is read from the
+database's clock (`db_now`), never the calling machine's: a worker whose clock ran 90 s behind the reaper's
+had its live job reaped at once, and workers on several machines would each have judged by their own.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Collection
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import update
+from sqlalchemy import func, update
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
-from storage.models import ACTIVE_JOB, Job, JobKind, JobStatus, Priority, utcnow
+from storage.models import ACTIVE_JOB, Job, JobKind, JobStatus, Priority
 
 LOG_TAIL_LINES = 200
 STALE_SETTING = "ENVLAB_STALE_S"
@@ -36,6 +40,18 @@ def stale_after_s() -> float:
     `resume` requeues only such jobs. `$ENVLAB_STALE_S`, else 60.
     """
     return float(os.environ.get(STALE_SETTING) or 60.0)
+
+
+def db_now(session: Session) -> datetime:
+    """The database's clock, timezone-aware UTC: the one clock every worker, reaper and page compare heartbeats by.
+
+    PostgreSQL's time of the current statement (`now()` would be the start of a transaction that may have been
+    open a while); SQLite's UTC clock to the millisecond (its `CURRENT_TIMESTAMP` drops the fraction of a second).
+    """
+    if session.get_bind().dialect.name == "postgresql":
+        return session.exec(select(func.statement_timestamp())).one().astimezone(UTC)
+    return datetime.fromisoformat(session.exec(select(func.strftime("%Y-%m-%d %H:%M:%f", "now"))).one()
+                                  ).replace(tzinfo=UTC)
 
 
 class LostJob(RuntimeError):
@@ -64,7 +80,7 @@ def enqueue(session: Session, kind: JobKind, payload: dict[str, Any], *, run_id:
             partial unique index says so, whoever asked first).
     """
     job = Job(kind=JobKind(kind), payload=payload, run_id=run_id, target=target, needs_gpu=needs_gpu,
-              priority=int(priority))
+              priority=int(priority), created_at=db_now(session))
     session.add(job)
     if not commit:
         session.flush()
@@ -92,7 +108,7 @@ def claim(session: Session, worker_id: str, *, gpu: bool = True, run_id: int | N
     only a job of one of those kinds (a light lane: `probe` jobs beside a long stage). Every filter is
     keyword-only and narrows the claim's one query; a new one is another keyword.
     """
-    now = utcnow()
+    now = db_now(session)
     where = [Job.status == JobStatus.QUEUED]
     if not gpu:
         where.append(Job.needs_gpu.is_(False))
@@ -138,7 +154,7 @@ def heartbeat(
         LostJob: the job is not running any more; the worker should stop working on it.
     """
     job = _reload(session, job_id)
-    values: dict[str, Any] = {"step": step, "total": total, "heartbeat_at": utcnow()}
+    values: dict[str, Any] = {"step": step, "total": total, "heartbeat_at": db_now(session)}
     if log_line is not None:
         values["log_tail"] = _append(job.log_tail, log_line)
     if result is not None:
@@ -149,7 +165,7 @@ def heartbeat(
 
 def finish(session: Session, job_id: int, result: dict[str, Any] | None) -> Job:
     """End a running job as done with its result."""
-    _update_running(session, job_id, {"status": JobStatus.DONE, "result": result, "finished_at": utcnow()})
+    _update_running(session, job_id, {"status": JobStatus.DONE, "result": result, "finished_at": db_now(session)})
     return _reload(session, job_id)
 
 
@@ -158,14 +174,15 @@ def fail(session: Session, job_id: int, error: str, *, commit: bool = True) -> J
     (a worker stops a cancelled job by raising, and both paths end here)."""
     job = _reload(session, job_id)
     status = JobStatus.CANCELLED if job.cancel_requested else JobStatus.FAILED
-    _update_running(session, job_id, {"status": status, "error": error, "finished_at": utcnow()}, commit=commit)
+    _update_running(session, job_id, {"status": status, "error": error, "finished_at": db_now(session)},
+                   commit=commit)
     return _reload(session, job_id)
 
 
 def request_cancel(session: Session, job_id: int, *, commit: bool = True) -> Job:
     """Ask for a job to stop: a queued job is cancelled at once, a running one when its worker next
     checks; an ended job is left as it is."""
-    now = utcnow()
+    now = db_now(session)
     session.exec(
         _jobs(Job.id == job_id, Job.status == JobStatus.QUEUED).values(
             status=JobStatus.CANCELLED, cancel_requested=True, finished_at=now
@@ -188,7 +205,8 @@ def reap_stale(session: Session, max_age_s: float) -> list[Job]:
     A worker that died (killed, machine lost) never ends its job; this is how the page finds out.
     A heartbeat that lands between the read and the update keeps its job running.
     """
-    cutoff = utcnow() - timedelta(seconds=max_age_s)
+    now = db_now(session)
+    cutoff = now - timedelta(seconds=max_age_s)
     stale = session.exec(select(Job).where(Job.status == JobStatus.RUNNING, Job.heartbeat_at < cutoff)).all()
     reaped = []
     for job in stale:
@@ -198,7 +216,7 @@ def reap_stale(session: Session, max_age_s: float) -> list[Job]:
         )
         changed = session.exec(
             _jobs(Job.id == job.id, Job.status == JobStatus.RUNNING, Job.heartbeat_at < cutoff).values(
-                status=JobStatus.FAILED, error=error, finished_at=utcnow()
+                status=JobStatus.FAILED, error=error, finished_at=now
             )
         ).rowcount
         if changed:

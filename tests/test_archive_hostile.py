@@ -35,8 +35,10 @@ from lab.archive import ArchiveError, Limits, export_run, import_run, parse_size
 from lab.cli import main
 from lab.pages import runs as runs_page
 from lab.settings import RunSettings
-from storage.db import make_engine, upgrade
+from storage import queue
+from storage.db import checkpoint_of, make_engine, upgrade
 from storage.db import session as open_session
+from storage.models import Job, Priority, Run, Stage
 from tests.recorded import build_run, counts, fake_checkpoints
 
 MIB = 1 << 20
@@ -216,6 +218,20 @@ def test_a_row_of_the_wrong_type_is_refused_naming_its_table_row_and_column(good
                                                                             values, message):
     file = rebuild(good, tmp_path / "typed.zip", rows_changed(table, row, **values))
     refused(lab, tmp_path, file, message, capsys)
+
+
+@pytest.mark.parametrize("table, values, message", [
+    ("runs", {"name": "n" * 201}, "name is 201 characters long; at most 200 are stored"),
+    ("runs", {"description": "d" * 10_001}, "description is 10,001 characters long; at most 10,000 are stored"),
+    ("decisions", {"note": "x" * 10_001}, "note is 10,001 characters long; at most 10,000 are stored"),
+    ("decisions", {"user": "u" * 201}, "user is 201 characters long; at most 200 are stored"),
+])
+def test_a_name_or_note_longer_than_the_lab_takes_is_refused(good, lab, tmp_path, capsys, table, values, message):
+    """The bounds of `lab.text`, which the page and the command line keep too: an 8 MB name would stream on every
+    page load."""
+    column = next(iter(values))
+    file = rebuild(good, tmp_path / "long.zip", rows_changed(table, 1, **values))
+    refused(lab, tmp_path, file, re.escape(f"tables/{table}.jsonl row 1, column {column}: {message}"), capsys)
 
 
 def test_a_row_with_a_column_more_or_less_is_refused(good, lab, tmp_path, capsys):
@@ -437,7 +453,8 @@ def test_the_page_caps_uploads_and_shows_no_api_schema_under_auth(tmp_path, monk
         info = json.loads(re.search(r'"named_endpoints":\s*(\{.*?\})', page).group(1) or "{}")
         assert info == {}
         opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor())
-        opener.open(urllib.request.Request(f"{base}/login", data=b"username=alice&password=secret"), timeout=10)
+        opener.open(urllib.request.Request(f"{base}/login", data=b"username=alice&password=secret",
+                                           headers={"Origin": base}), timeout=10)
 
         def upload(size: int) -> int:
             boundary = "envlabboundary"
@@ -445,7 +462,8 @@ def test_the_page_caps_uploads_and_shows_no_api_schema_under_auth(tmp_path, monk
                     f"Content-Type: application/zip\r\n\r\n").encode()
             body = head + b"x" * size + f"\r\n--{boundary}--\r\n".encode()
             request = urllib.request.Request(f"{base}/gradio_api/upload", data=body,
-                                             headers={"Content-Type": f"multipart/form-data; boundary={boundary}"})
+                                             headers={"Content-Type": f"multipart/form-data; boundary={boundary}",
+                                                      "Origin": base})
             try:
                 return opener.open(request, timeout=10).status
             except urllib.error.HTTPError as e:
@@ -848,6 +866,71 @@ def test_an_archive_naming_a_model_to_load_is_refused(waiting, lab, tmp_path, ca
     refused(lab, tmp_path, file, rf"tables/runs.jsonl row 1, column engineer_backend: '{re.escape(backend)}' names "
                                  r"a model this lab does not take from an archive \(only hf:policy, hf:gemma3-270m, "
                                  r"openai:<model>\): refused", capsys)
+
+
+@pytest.mark.parametrize("status, error, note", [
+    ("queued", None, "was queued in the archive: imported as cancelled"),
+    ("running", "CUDA out of memory", "CUDA out of memory\nwas running in the archive: imported as cancelled"),
+])
+def test_a_job_the_archive_calls_queued_or_running_arrives_cancelled_and_no_worker_claims_it(good, lab, tmp_path,
+                                                                                           status, error, note):
+    """A job at the top of every queue (priority 10^9) in a file is ended by the import, at the lowest priority,
+    and so are all the run's jobs: none is claimed here, and none jumps this lab's queue if requeued."""
+    engine, _ = lab
+    file = rebuild(good, tmp_path / "queued.zip", rows_changed("jobs", 1, status=status, error=error,
+                                                               priority=10**9, worker="their-gpu:1"))
+    run_id = import_run(engine, file)
+    with open_session(engine) as s:
+        jobs = s.exec(select(Job).where(Job.run_id == run_id).order_by(Job.id)).all()
+        assert (jobs[0].status, jobs[0].error, jobs[0].priority) == ("cancelled", note, Priority.BACKGROUND)
+        assert {j.priority for j in jobs} == {Priority.BACKGROUND} and "queued" not in {j.status for j in jobs}
+        assert queue.claim(s, "any-worker") is None
+
+
+def refused_policy(value: str) -> str:
+    """The refusal of a run whose policy is `value`."""
+    return re.escape(f"tables/runs.jsonl row 1, column policy: {value!r} is not a policy this lab takes from an "
+                     "archive (tiny, gemma3-270m, a model name such as Qwen/Qwen3-4B, or a folder inside this lab's "
+                     "runs root): refused")
+
+
+@pytest.mark.parametrize("value", ["/etc", "{outside}", "{root}/../outside", "{root}", "~/models/mine",
+                                   "../models/mine", "runs/theirs/stage-1/policy", "./Qwen3-4B", "Qwen/../etc"])
+def test_an_archive_whose_run_loads_a_folder_outside_the_runs_root_is_refused(good, lab, tmp_path, capsys, value):
+    """A run's policy is what its stages load: a folder anywhere on this machine (one that exists, too) is refused
+    in one line naming the column and the value, and nothing is stored."""
+    engine, root = lab
+    outside = tmp_path / "somefolder-that-exists"
+    outside.mkdir()
+    (outside / "config.json").write_text("{}")
+    value = value.format(outside=outside, root=root)
+    (tmp_path / "sent").mkdir()  # the page names the file without its folder, so not where the paths are
+    file = rebuild(good, tmp_path / "sent" / "policy.zip", rows_changed("runs", 1, policy=value))
+    refused(lab, tmp_path, file, refused_policy(value), capsys)
+
+
+def test_a_run_policy_that_names_a_folder_here_is_no_model_name(good, lab, tmp_path, capsys, monkeypatch):
+    """`Qwen/Qwen3-4B` is a model name, unless a folder of that name is in the working folder: load_policy would
+    load that folder instead."""
+    engine, root = lab
+    (tmp_path / "Qwen" / "Qwen3-4B").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    file = rebuild(good, tmp_path / "policy.zip", rows_changed("runs", 1, policy="Qwen/Qwen3-4B"))
+    refused(lab, tmp_path, file, refused_policy("Qwen/Qwen3-4B"), capsys)
+
+
+@pytest.mark.parametrize("policy", ["tiny", "gemma3-270m", "Qwen/Qwen3-4B", "{root}/models/mine"])
+def test_stage_0s_checkpoint_arrives_as_the_runs_policy_whatever_folder_the_file_names(good, lab, tmp_path, policy):
+    """Stage 0's checkpoint is the folder the source machine loaded the run's policy from; a file can make it
+    /etc. The import stores the run's own (checked) policy there, which stage 1 and a benchmark of stage 0 load."""
+    engine, root = lab
+    policy = policy.format(root=root)
+    file = rebuild(good, tmp_path / "stage0.zip", rows_changed("runs", 1, policy=policy))
+    file = rebuild(file, tmp_path / "stage0-etc.zip", rows_changed("stages", 1, checkpoint="/etc"))
+    run_id = import_run(engine, file)
+    with open_session(engine) as s:
+        stage0 = s.exec(select(Stage).where(Stage.run_id == run_id, Stage.index == 0)).one()
+        assert (s.get(Run, run_id).policy, stage0.checkpoint, checkpoint_of(engine, stage0)) == (policy,) * 3
 
 
 def test_a_checkpoint_that_meets_a_full_disk_leaves_no_half_folder(small_disk):

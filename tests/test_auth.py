@@ -41,7 +41,9 @@ def page(tmp_path):
 
 
 def post(url: str, data: bytes, opener=None, headers: dict[str, str] | None = None) -> tuple[int, str]:
-    request = urllib.request.Request(url, data=data, headers=headers or {})
+    """A POST as the lab's own page sends it (with its Origin), unless `headers` says otherwise."""
+    origin = "/".join(url.split("/")[:3])
+    request = urllib.request.Request(url, data=data, headers={"Origin": origin, **(headers or {})})
     try:
         with (opener or urllib.request.build_opener()).open(request, timeout=30) as response:
             return response.status, response.read().decode()
@@ -123,7 +125,7 @@ def test_every_route_that_changes_state_asks_for_the_login(page):
     refused = {}
     for method, path in routes:
         request = urllib.request.Request(f"{base}{path}", data=b"{}", method=method,
-                                         headers={"Content-Type": "application/json"})
+                                         headers={"Content-Type": "application/json", "Origin": base})
         try:
             urllib.request.urlopen(request, timeout=30)
             refused[(method, path)] = 200
@@ -136,3 +138,96 @@ def test_every_route_that_changes_state_asks_for_the_login(page):
                      {"Content-Type": "application/json"})
     assert status == 200
     assert all(isinstance(r, APIRoute | Mount) for r in _flat(demo.app.routes))
+
+
+def _request(url: str, method: str = "GET", headers: dict[str, str] | None = None,
+             data: bytes | None = None) -> tuple[int, dict[str, str], str]:
+    request = urllib.request.Request(url, data=data, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, dict(response.headers), response.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, dict(err.headers), err.read().decode()
+
+
+def test_no_second_field_no_forwarded_address_and_no_other_user_walks_around_the_throttle(page):
+    """The three ways around the throttle a tester found: a decoy `username` before the real one, a new
+    `X-Forwarded-For` per guess (believed from the loopback before), and a good login of one's own account
+    clearing the address's count."""
+    base, _ = page
+    status, body = post(f"{base}/login", b"username=decoy&username=alice&password=guess")
+    assert (status, json.loads(body)["detail"]) == (400, "the login form has 2 'username' fields: send one of each")
+    answers = [post(f"{base}/login", f"username=decoy{i}&password=guess-{i}".encode(),
+                    headers={"X-Forwarded-For": f"10.1.{i}.9"})[0] for i in range(1, 12)]
+    # the refused form counted as the address's first failure: 4 more are checked, then the address waits
+    assert answers == [400] * (FREE_FAILURES - 1) + [429] * (12 - FREE_FAILURES)
+
+
+def test_a_good_login_clears_its_own_user_only():
+    throttle = Throttle(clock=lambda: 100.0)
+    for i in range(FREE_FAILURES - 1):
+        throttle.failed(["addr:10.0.0.9", f"user:admin{i}"])
+    throttle.succeeded(["user:bob"])  # what the guard clears when bob logs in from that address
+    throttle.failed(["addr:10.0.0.9", "user:admin"])
+    assert throttle.held(["addr:10.0.0.9", "user:carol"]) == BASE_WAIT_S
+
+
+def test_only_the_labs_own_page_drives_it(page):
+    """Another site's page: its preflight, its credentialed reads and writes, and a rebound DNS name are refused;
+    a script that says the lab's Origin is not."""
+    base, _ = page
+    evil = {"Origin": "http://evil.example"}
+    status, headers, _ = _request(f"{base}/config", "OPTIONS", {**evil, "Access-Control-Request-Method": "POST"})
+    assert status == 403 and "access-control-allow-origin" not in {k.lower() for k in headers}
+    assert _request(f"{base}/config", headers=evil)[0] == 403
+    status, _, body = _request(f"{base}/gradio_api/queue/join", "POST", {**evil, "Content-Type": "application/json"},
+                               b"{}")
+    assert (status, json.loads(body)["detail"]) == (403, "a request from another site's page is refused")
+    status, _, body = _request(f"{base}/gradio_api/queue/join", "POST", {"Content-Type": "application/json"}, b"{}")
+    assert status == 403 and "Origin: http://<host>:<port>" in json.loads(body)["detail"]
+    assert _request(f"{base}/", headers={"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "cors"})[0] == 403
+    assert _request(f"{base}/", headers={"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate"})[0] == 200
+    status, _, body = _request(f"{base}/", headers={"Host": "rebound.evil.example:7860"})
+    assert (status, json.loads(body)["detail"]) == (
+        403, "this lab does not answer to the host 'rebound.evil.example' (envlab serve --allowed-hosts names more)")
+    assert _request(f"{base}/", headers={"Host": "localhost"})[0] == 200
+
+
+def test_the_login_cookie_is_lax_and_logout_is_a_post(page):
+    base, demo = page
+    jar = urllib.request.HTTPCookieProcessor()
+    opener = urllib.request.build_opener(jar)
+    response = opener.open(urllib.request.Request(f"{base}/login", data=b"username=bob&password=hunter2",
+                                                  headers={"Origin": base}), timeout=30)
+    cookies = response.headers.get_all("set-cookie")
+    assert len(cookies) == 2 and all(c.endswith("SameSite=Lax") and "samesite=none" not in c.lower()
+                                     for c in cookies)
+    assert len(demo.server_app.tokens) == 1
+    try:
+        opener.open(urllib.request.Request(f"{base}/logout"), timeout=30)
+        raise AssertionError("GET /logout answered")
+    except urllib.error.HTTPError as err:
+        assert (err.code, json.loads(err.read())["detail"]) == (405, "log out with POST")
+    assert len(demo.server_app.tokens) == 1
+    opener.open(urllib.request.Request(f"{base}/logout", data=b"", headers={"Origin": base}), timeout=30)
+    assert demo.server_app.tokens == {}
+
+
+def test_connections_held_open_need_the_login_and_are_capped_per_client(page, monkeypatch):
+    import lab.auth
+
+    base, _ = page
+    status, _, _ = _request(f"{base}/gradio_api/heartbeat/anything")
+    assert status == 401
+    opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor())
+    assert login(base, "alice", "secret", opener)[0] == 200
+    monkeypatch.setattr(lab.auth, "MAX_OPEN_PER_CLIENT", 2)
+    held = [opener.open(f"{base}/gradio_api/heartbeat/s{i}", timeout=30) for i in range(2)]
+    try:
+        opener.open(f"{base}/gradio_api/heartbeat/s3", timeout=30)
+        raise AssertionError("a third connection was held open")
+    except urllib.error.HTTPError as err:
+        assert (err.code, json.loads(err.read())["detail"]) == (429, "2 connections held open already")
+    finally:
+        for response in held:
+            response.close()

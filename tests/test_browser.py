@@ -9,6 +9,7 @@ fills through the real lab functions. Needs `pip install playwright` and `apt-ge
 from __future__ import annotations
 
 import functools
+import http.server
 import subprocess
 import sys
 import threading
@@ -21,12 +22,15 @@ from PIL import Image
 from sqlmodel import select
 
 import app
+from envsim.config import EnvConfig
 from lab.archive import export_run, read_manifest
+from lab.loop import create_run
 from lab.proposals import decide_on
+from lab.settings import RunSettings
 from lab.worker import run_worker
 from storage.db import make_engine, session
 from storage.models import Decision, Run, Stage, utcnow
-from tests.page_walk import ERRORS_SEEN
+from tests.page_walk import ERRORS_SEEN, open_run_pick
 from tests.seeded import record_evaluation, seed_lab
 from tests.servers import TIMEOUT_MS, free_port
 
@@ -90,6 +94,51 @@ def test_create_a_run(lab, page):
     assert (run.name, run.engineer, run.settings["stages"]) == ("browser run", "heuristic", 3)
     page.get_by_role("tab", name="Runs").click()
     page.locator("#runs-table").get_by_text("browser run").wait_for()
+
+
+def test_names_and_a_note_show_as_typed_and_fetch_nothing(lab, page):
+    """Runs named as an image in HTML and in Markdown, and a decision note in both, planted beside a tiny HTTP
+    listener: the Runs tab, the Train tab of each run and the decision show each as typed, and the listener is
+    asked for nothing (a name rendered as Markdown made every viewer's browser fetch its address)."""
+    url, engine, ids = lab
+    asked: list[str] = []
+
+    class Listener(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            asked.append(self.path)
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Listener)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    there = f"http://127.0.0.1:{server.server_address[1]}"
+    names = [f'<img src="{there}/img">', f"![x]({there}/md)"]
+    with session(engine) as s:
+        run_ids = [create_run(s, name=name, config=EnvConfig.default(), settings=RunSettings(stages=1),
+                              engineer="fixed").id for name in names]
+    note = "<b>x</b> **y**"
+    decide_on(engine, ids["pending"], "reject", "eve", note=note)
+    try:
+        page.goto(url)
+        page.get_by_role("tab", name="Runs").click()
+        for name in names:
+            page.locator("#runs-table [role=gridcell]", has_text=name).first.wait_for()
+        page.get_by_role("tab", name="Train").click()
+        for run_id, name in zip(run_ids, names, strict=True):
+            open_run_pick(page, f"#{run_id} ")
+            page.locator("#train-status").get_by_text(f"Run #{run_id} {name} is active").wait_for()
+        open_run_pick(page, f"#{ids['waiting']} ")
+        page.get_by_role("tab", name="Proposal").click()
+        page.locator("#proposal-status").get_by_text("by eve at").wait_for()
+        assert f"“{note}”" in page.locator("#proposal-status").inner_text()
+        assert page.locator("#proposal-status b, #proposal-status img, #train-status img").count() == 0
+        assert asked == []
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_open_a_failed_episode_from_the_gallery_and_step_the_replay(lab, page):

@@ -11,16 +11,16 @@ from sqlalchemy import func, select
 import app
 from lab.cli import main
 from storage.db import make_engine
-from storage.models import Run
+from storage.models import Experiment, Run
 
 
-def runs_in(db) -> int:
+def runs_in(db, table=Run) -> int:
     if not db.exists():  # refused before the database was opened
         return 0
     engine = make_engine(str(db))
     try:
         with engine.connect() as c:
-            return c.execute(select(func.count()).select_from(Run)).scalar_one()
+            return c.execute(select(func.count()).select_from(table)).scalar_one()
     finally:
         engine.dispose()
 
@@ -95,6 +95,10 @@ def test_an_unusable_database_location_is_one_line_and_exit_2(tmp_path, capsys, 
     (["experiment", "new", "--name", "e", "--arms", "fixed", "--stages", "5000"], "argument --stages: 5,000 is more"),
     (["experiment", "run", "e", "--workers", "0"], "argument --workers: 0 is less than 1: at least 1 worker"),
     (["experiment", "run", "e", "--threads", "99999"], "argument --threads: 99,999 is more than 1,024"),
+    (["run", "--seed", "-1"], "argument --seed: -1 is less than 0: numpy's generators take no negative seed"),
+    (["run", "--seed", "1.5"], "argument --seed: '1.5' is not a whole number from 0 to 2,147,483,647"),
+    (["run", "--seed", "2147483648"], "argument --seed: 2,147,483,648 is more than 2,147,483,647: a run's seed is "
+                                      "stored in a 32-bit column"),
 ])
 def test_every_count_has_bounds_that_say_why(tmp_path, capsys, argv, message):
     """Refused by the parser in one line, before anything is read, opened or stored."""
@@ -129,3 +133,21 @@ def test_generate_streams_its_boards_and_writes_the_file_whole(tmp_path, capsys)
     assert len(lines) == len(set(lines)) == 12 and not out.with_name("boards.jsonl.part").exists()
     assert capsys.readouterr().out.endswith(f"12 boards -> {out}\n")
     assert cli.boards is generator.boards
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["run", "--engineer", "fixed", "--name", "n" * 201], "run name is 201 characters long; at most 200 are stored"),
+    (["experiment", "new", "--arms", "fixed", "--name", "e" * 201],
+     "experiment name is 201 characters long; at most 200 are stored"),
+    (["experiment", "new", "--arms", "fixed", "--name", "e", "--description", "d" * 10_001],
+     "experiment description is 10,001 characters long; at most 10,000 are stored"),
+    (["experiment", "new", "--arms", "fixed", "--seeds", "2", "--name", "e" * 190],  # "e...e / fixed / seed 1"
+     "arm 'fixed': run name is 207 characters long; at most 200 are stored (EXPERIMENT / ARM / seed K): shorten the "
+     "experiment's or the arm's name"),
+])
+def test_a_name_or_description_over_its_bound_is_refused_before_anything_is_stored(tmp_path, capsys, argv, message):
+    db = tmp_path / "envlab.db"
+    assert main([*argv, "--db", str(db)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"envlab {argv[0]}: {message}\n"
+    assert runs_in(db) == runs_in(db, Experiment) == 0

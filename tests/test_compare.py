@@ -8,11 +8,13 @@ from pathlib import Path
 import pytest
 
 import app
-from lab.comparison import Rate, comparison
-from lab.experiments import experiment_runs
+from lab.comparison import Rate, comparison, report_markdown
+from lab.experiments import create_experiment, experiment_runs
 from lab.pages.compare import compare_view
+from lab.settings import RunSettings
+from lab.text import as_text
 from storage.db import make_engine, upgrade
-from tests.recorded import scripted_experiment
+from tests.recorded import CONFIG, scripted_experiment
 from tests.servers import TIMEOUT_MS, free_port
 
 
@@ -38,6 +40,27 @@ def test_the_view_draws_each_arm_tables_its_sizes_and_links_its_runs(empty_lab):
     assert "each on 8 boards in 1 GRPO steps" in view["summary"]
     assert compare_view(empty_lab, None)["links"] == ""
     assert "gunzip -k docs/results/study-6seed/study.db.gz" in compare_view(empty_lab, None)["summary"]
+
+
+def test_an_experiment_s_and_its_arms_names_show_as_typed_in_the_report_and_the_tab(empty_lab):
+    """Names a person typed (`envlab experiment new --name ... --arms NAME=SPEC`) go into report.md and the tab's
+    Markdown as text: no image, link, tag or table cell comes of them."""
+    from markdown_it import MarkdownIt
+
+    name, arm = '<img src="http://127.0.0.1:9/img"> ![x](http://127.0.0.1:9/md)', "a|b_*c*"
+    experiment = create_experiment(empty_lab, name=name, arms=[f"{arm}=fixed", "heuristic"], seeds=1, config=CONFIG,
+                                   settings=RunSettings(stages=1, validation_boards=8))
+    c = comparison(empty_lab, experiment.id)
+    report = report_markdown(c)
+    assert report.startswith(f"# Experiment {as_text(name)}\n")
+    assert f"Arms: {as_text(arm)} (fixed), heuristic (heuristic)." in report
+    assert f"| {as_text(arm)} | - | - | - |" in report  # one cell: the pipe in its name is text
+    rendered = MarkdownIt("commonmark").enable("table").render(report)
+    assert "<img" not in rendered and "<a " not in rendered
+    view = compare_view(empty_lab, experiment.id)
+    assert view["summary"].startswith(f"**{as_text(name)}**: 0 of 2 runs done.")
+    assert f"`envlab experiment report {experiment.id}`" in view["summary"]
+    assert view["links"].startswith(f"Runs:\n\n- **{as_text(arm)}**: [seed 0]")
 
 
 def test_the_compare_tab_shows_one_curve_per_arm(empty_lab, page):

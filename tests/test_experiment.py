@@ -334,7 +334,7 @@ def test_experiment_commands_queue_list_report_and_refuse(empty_lab, tmp_path, c
     assert "hard: arms fixed; 1 seeds; 3 stages; runs 1 done; 4/4 stages done" in listed
     assert cli.main(["experiment", "report", "cli", "--out", str(tmp_path / "out"), "--db", db]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("# Experiment cli") and "## Valid rate minus `fixed`, paired by seed" in out
+    assert out.startswith("# Experiment cli") and "## Valid rate minus fixed, paired by seed" in out
     assert {p.name for p in (tmp_path / "out").iterdir()} == {"report.md", "runs.csv", "summary.csv", "differences.csv",
                                                                "curves.png"}
     assert cli.main(["experiment", "report", "nothing", "--db", db]) == 2

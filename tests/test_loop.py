@@ -7,6 +7,7 @@ Training is tested in tests/test_stage.py; here the `stage` job replays a record
 import threading
 
 import pytest
+from sqlalchemy import delete
 from sqlmodel import select
 
 from envsim.config import ConfigError, EnvConfig, Projection
@@ -30,8 +31,8 @@ from lab.proposals import AlreadyDecided, ProposalError, decide, diff, store_pro
 from lab.settings import RunSettings, SettingsError
 from lab.worker import run_worker
 from storage.db import session
-from storage.models import Decision, Proposal, Run, Stage
-from tests.recorded import BOARDS, CONFIG, work
+from storage.models import Decision, Episode, Proposal, Run, Stage
+from tests.recorded import BOARDS, CONFIG, recorded_stage, work
 from training.evaluate import EpisodeResult, store_evaluation
 
 
@@ -103,6 +104,35 @@ def test_an_engineer_reads_the_dev_boards_and_never_a_validation_episode(engine,
     with session(engine) as s:
         proposals = list(s.exec(select(Proposal).where(Proposal.run_id == run.id)))
         assert all("validation" not in p.rationale for p in proposals)
+
+
+@pytest.mark.parametrize(("name", "backend"), [("evidence", ""), ("llm", "openai:test"), ("heuristic", "")])
+def test_a_stage_whose_dev_episodes_are_gone_fails_the_proposals_that_read_them(engine, name, backend):
+    """Stage 0's dev metrics stored and its episodes gone (left out of a snapshot, as the 6-seed study's `defaults`
+    seeds 1 to 5 copied them). An engineer that reads the episodes (`evidence`, and `llm` with the failure cases in
+    its context) is never asked on nothing: each attempt of the proposal fails naming the run, the stage and the
+    split, and after the last the run fails for a person. One that reads the per-size metrics proposes on them."""
+    with session(engine) as s:
+        run = create_run(s, name="gone", config=CONFIG, engineer=name, engineer_backend=backend,
+                         settings=RunSettings(stages=2, auto_apply=True, dev_per_size=3, context_preset="full"))
+    assert run_worker(engine, {"stage": recorded_stage}, once=True, poll_s=0.01) == 1
+    with session(engine) as s:
+        s.exec(delete(Episode).where(Episode.run_id == run.id, Episode.split == "dev"))
+        s.commit()
+    assert advance(engine, run.id) == "queued a proposal after stage 0"
+    if name == "heuristic":
+        assert run_worker(engine, {"propose": run_propose_job}, once=True, poll_s=0.01) == 1
+        with session(engine) as s:
+            assert s.exec(select(Proposal)).one().error is None
+        return
+    work(engine)
+    why = (f"lab.context.NoEvidence: run {run.id}'s stage 0 holds 0 of the 8 dev episodes its per-size metrics count "
+           "(left out of a snapshot?): the engineer would read no dev board, so it proposes nothing")
+    with session(engine) as s:
+        [job] = jobs_of(s, run.id, kinds=["propose"])
+        assert (job.status, job.attempts, job.error) == ("failed", 3, why)
+        assert s.exec(select(Proposal)).all() == []
+    assert advance(engine, run.id) == f"failed: proposal after stage 0 failed: {why}"
 
 
 def test_auto_applied_heuristic_run_goes_to_the_end(engine):

@@ -5,6 +5,7 @@ Most tests take `lab`: a lab seeded through the real lab functions (tests/seeded
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import zipfile
@@ -27,6 +28,8 @@ from lab.pages import common, episode, leaderboard, playground, proposal, review
 from lab.proposals import store_proposal
 from lab.replay import GIF_WIDTHS
 from lab.runs import lab_version, waiting_proposals
+from lab.settings import MAX_STAGES
+from lab.text import as_text
 from storage.db import make_engine, session, upgrade
 from storage.models import Decision, Episode, Job, Proposal, Stage, utcnow
 from storage.queue import claim, fail
@@ -56,17 +59,28 @@ def test_create_run_from_the_form_stores_the_run_and_queues_stage_0(lab):
 
 
 def test_a_form_number_out_of_range_is_named_and_nothing_is_stored(lab):
+    """The form's boxes send what was typed (no rounding in the browser) and are checked with the command line's
+    bounds and words (`lab.settings`): a negative or fractional seed, 5,000 stages."""
     engine, _ = lab
     before = runs.run_choices(engine)
     table = [[3, 0.5, 0.1, 0.0], [5, 0.5, 0.3, 0.5]]
     form = ["mine", "", "tiny", "fixed", "", ""]
     assert runs.create_run_from_form(engine, *form, 0, 32, 2, 7, False, table) == (
-        "✗ Not created: Training stages must be a whole number of at least 1, got 0.", None)
+        "✗ Not created: Training stages: 0 is less than 1: a run trains at least 1 stage.", None)
     assert runs.create_run_from_form(engine, *form, 2, 32, 2, -1, False, table) == (
-        "✗ Not created: Seed must be a whole number of at least 0, got -1.", None)
+        "✗ Not created: Seed: -1 is less than 0: numpy's generators take no negative seed.", None)
+    assert runs.create_run_from_form(engine, *form, 2, 32, 2, 1.5, False, table) == (
+        "✗ Not created: Seed: 1.5 is not a whole number from 0 to 2,147,483,647.", None)
     assert runs.create_run_from_form(engine, *form, 2, None, 2, 0.5, False, table) == (
-        "✗ Not created: Training instances per stage must be a whole number of at least 1, got nothing; Seed must be "
-        "a whole number of at least 0, got 0.5.", None)
+        "✗ Not created: Training instances per stage: nothing is not a whole number from 1 to 100,000; Seed: 0.5 is "
+        "not a whole number from 0 to 2,147,483,647.", None)
+    cli = MAX_STAGES.refusal(5000)
+    assert cli == ("5,000 is more than 1,000: each stage trains and evaluates the policy (minutes to hours); run "
+                   "again from the last stage's checkpoint for more")
+    assert runs.create_run_from_form(engine, *form, 5000, 32, 2, 0, False, table) == (
+        f"✗ Not created: Training stages: {cli}.", None)
+    assert runs.create_run_from_form(engine, *form, 2, 32, 1.5, 0, False, table) == (
+        "✗ The initial config is not valid, nothing was stored: num_agents must be a whole number, got 1.5", None)
     assert runs.run_choices(engine) == before
 
 
@@ -124,6 +138,80 @@ def test_a_file_that_is_not_a_run_is_refused_with_the_archive_s_reason(lab, tmp_
     assert runs.export_file(engine, None, False) == (None, "Open a run first (“Open run” above the tabs).")
     assert runs.export_file(engine, 99999, True) == (None, "✗ Not exported: no run 99999 in this database")
     assert runs.run_choices(engine) == before
+
+
+# ---------------------------------------------------------------- a person's text
+
+
+# A name or note as a hostile user types it: each would fetch an address, format itself or break its table.
+HOSTILE = ['<img src="http://127.0.0.1:9/img">', "![x](http://127.0.0.1:9/md)", "<b>x</b> **y**",
+           "a_b_ `code` [link](http://e.x) | cell | ~~gone~~ $$x^2$$ &amp; \\*",
+           "https://e.x/a_b) www.e.x a@b.co",  # GFM's own links: the page's renderer makes them without brackets
+           "# heading\n- item\n1. item\n12) item\n===\n> quote\n\n    indented code"]
+
+
+@pytest.mark.parametrize("text", HOSTILE)
+def test_as_text_shows_every_character_as_typed(text):
+    """Rendered by a CommonMark renderer with GFM's tables and strikethrough (markdown-it-py, which gradio brings
+    through typer and rich): paragraphs of text and no other tag, every character as typed (blanks folded)."""
+    from markdown_it import MarkdownIt
+
+    rendered = MarkdownIt("commonmark").enable(["table", "strikethrough"]).render(as_text(text))
+    inner = re.sub(r"</?p>", "", rendered)
+    assert "<" not in inner
+    assert html.unescape(inner).split() == text.split()
+
+
+def test_a_name_or_description_over_its_bound_is_refused_and_nothing_is_stored(lab):
+    engine, _ = lab
+    before = runs.run_choices(engine)
+    table = [[3, 0.5, 0.1, 0.0], [5, 0.5, 0.3, 0.5]]
+    rest = ["tiny", "fixed", "", "", 2, 32, 2, 0, False, table]
+    assert runs.create_run_from_form(engine, "n" * 201, "", *rest) == (
+        "✗ Not created: run name is 201 characters long; at most 200 are stored", None)
+    assert runs.create_run_from_form(engine, "mine", "d" * 10_001, *rest) == (
+        "✗ Not created: run description is 10,001 characters long; at most 10,000 are stored", None)
+    assert runs.run_choices(engine) == before
+    _, run_id = runs.create_run_from_form(engine, "n" * 200, "d" * 10_000, *rest)  # the bounds themselves are taken
+    assert runs.runs_table(engine)["data"][0][:2] == [run_id, "n" * 200]
+
+
+def test_a_decision_note_over_its_bound_is_refused_and_nothing_is_stored(lab):
+    engine, ids = lab
+    assert proposal.decide_proposal(engine, ids["pending"], "accept", "alice", "x" * 10_001) == \
+        "✗ decision note is 10,001 characters long; at most 10,000 are stored"
+    assert [d.proposal_id for d in decisions(engine)] == [ids["accepted"]]
+    assert proposal.proposal_view(engine, ids["pending"]).pending
+
+
+@pytest.mark.parametrize("name", HOSTILE[:2])
+def test_a_run_s_name_shows_as_typed_in_the_train_tab_and_the_form_s_answer(lab, name):
+    engine, _ = lab
+    message, run_id = runs.create_run_from_form(engine, name, "", "tiny", "fixed", "", "", 2, 32, 2, 0, False,
+                                               [[3, 0.5, 0.1, 0.0], [5, 0.5, 0.3, 0.5]])
+    status = train.train_view(engine, run_id)["status"]
+    assert status.startswith(f"Run #{run_id} **{as_text(name)}** is **active**")
+    assert message.startswith(f"✓ Created run #{run_id} **{as_text(name)}**: stage 0")
+    for shown in (status, message):
+        assert "<img" not in shown and "![" not in shown and "](" not in shown
+
+
+def test_a_decision_note_and_its_user_show_as_typed(lab):
+    engine, ids = lab
+    proposal.decide_proposal(engine, ids["pending"], "reject", "eve_<i>", "<b>x</b> **y**")
+    status = proposal.proposal_view(engine, ids["pending"]).status
+    assert status.endswith("✔ **rejected** by **eve\\_&lt;i&gt;** at "
+                           f"{common.when(decisions(engine)[-1].created_at)}: “&lt;b&gt;x&lt;/b&gt; \\*\\*y\\*\\*”")
+
+
+def test_every_number_box_sends_what_was_typed(empty_lab):
+    """No box rounds (`precision=0` would make 1.5 a 2 before any check could name it): each callback checks."""
+    demo = app.build_demo(empty_lab)
+    boxes = [b for b in demo.blocks.values() if isinstance(b, gr.Number)]
+    assert sorted(b.label for b in boxes) == ["Agents per training board", "Episode", "Episode", "Seed", "Seed",
+                                             "Stage", "Training instances per stage", "Training stages",
+                                             "num_agents", "num_instances"]
+    assert [b.label for b in boxes if b.precision is not None] == []
 
 
 # ---------------------------------------------------------------- stage review and gallery
@@ -557,6 +645,33 @@ def test_a_board_that_cannot_be_read_is_named_and_the_board_shown_stays():
     assert refused == {tab.message: "✗ Cannot read this board: agent 0 has two starts ('A' at (0,0) and at (0,1)); "
                                     "each agent has one start (upper case) and one goal (lower case)"}
     assert shown[tab.view] is not None  # nothing else is in the answer: the board drawn and the text typed stay
+
+
+def test_the_playground_refuses_a_board_text_too_long_before_it_reads_it():
+    huge = "\n".join(["." * 4000] * 4000)  # the 4000x4000 board that took 15 s to be refused
+    assert playground.read_board(huge) == (None, "", "✗ This text is 16,003,999 characters long; a board is read from "
+                                                     "at most 65,536 (a 32x32 board is about 1,200).")
+    assert playground.read_board("A.b\n.H.\nB.a" + " " * (playground.BOARD_TEXT_LIMIT - 11))[0] is not None
+
+
+@pytest.mark.parametrize("seed, message", [
+    (-1, "✗ Seed: -1 is less than 0: numpy's generators take no negative seed."),
+    (1.5, "✗ Seed: 1.5 is not a whole number from 0 to 2,147,483,647."),
+    (None, "✗ Seed: nothing is not a whole number from 0 to 2,147,483,647."),
+])
+def test_a_playground_seed_out_of_range_is_said_not_raised(seed, message):
+    assert playground.make_board(5, 2, 0.2, seed) == (None, "", message)
+
+
+def test_an_episode_or_stage_number_that_is_not_one_is_said(lab):
+    engine, ids = lab
+    assert episode.episode_view(engine, 1.5) == {"error": "✗ Episode: 1.5 is not a whole number from 1 to "
+                                                          "9,223,372,036,854,775,807."}
+    assert episode.episode_view(engine, 1e30)["error"].startswith("✗ Episode: 1,000,000,000,000,000,019,884,624,838,"
+                                                                  "656 is more than 9,223,372,036,854,775,807")
+    assert leaderboard.benchmark_stage(engine, ids["history"], 1.5) == \
+        "✗ Stage: 1.5 is not a whole number from 0 to 1,000."
+    assert leaderboard.benchmark_stage(engine, ids["history"], -1) == "✗ Stage: -1 is less than 0."
 
 
 def test_make_board_from_knobs_is_seeded():

@@ -14,18 +14,19 @@ import time
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 from sqlmodel import select
 
 from envsim.config import EnvConfig
-from envsim.suite import Split
-from lab.loop import create_run
+from envsim.suite import VALIDATION_PER_SIZE, Split
+from lab.experiments import create_experiment, experiment_runs
+from lab.loop import advance, create_run, run_propose_job
 from lab.pages.train import train_view
 from lab.settings import RunSettings
 from lab.worker import run_job, run_worker
 from storage import queue
 from storage.db import make_engine, session, upgrade
-from storage.models import Episode, Evaluation, Job, Stage, StageMetric
+from storage.models import Episode, Evaluation, Job, Proposal, Stage, StageMetric
 from training import evaluate as evaluation
 from training.policy import TINY_DIR, Policy
 from training.shared import ANSWER_SETTINGS, answer_key, evaluate_once
@@ -250,3 +251,51 @@ def test_an_earlier_attempts_claim_under_another_key_is_replaced(engine: Engine)
     with session(engine) as s:
         assert [(r.key, r.run_id, r.source_run_id) for r in s.exec(select(Evaluation))] == [("after", run_id, None)]
     assert said == []
+
+
+# The 6-seed study's passes (docs/results/study-6seed/README.md): the runs held back for a later pass are detached
+# from their experiment, their queued jobs cancelled; the next pass attaches them again and queues their stage 0.
+HOLD_BACK = ("""UPDATE jobs SET status = 'cancelled' WHERE status = 'queued'
+                AND run_id IN (SELECT id FROM runs WHERE name LIKE 'defaults / %')""",
+             "UPDATE runs SET experiment_id = NULL WHERE name LIKE 'defaults / %'")
+ATTACH = ("""UPDATE runs SET experiment_id = (SELECT e.id FROM experiments e WHERE runs.name LIKE e.name || ' / %')
+             WHERE experiment_id IS NULL AND status = 'active'""",
+          """UPDATE jobs SET status = 'queued' WHERE status = 'cancelled' AND kind = 'stage' AND target = 0
+             AND run_id IN (SELECT id FROM runs WHERE status = 'active' AND experiment_id IS NOT NULL)""")
+
+
+def test_the_studys_second_experiment_after_a_snapshot_reads_its_dev_boards(engine: Engine, generated: list[int]):
+    """The 6-seed study's own sequence: two experiments in one database; the first's runs evaluate stage 0 once
+    (its first run generates, the other copies); the pass ends in a snapshot that keeps the stage-0 episodes of one
+    run only (not the one the claim names) and a new worker starts on it: the second experiment's `evidence` run
+    must read its stage-0 dev boards. The claim's own episodes are gone, so its stage 0 generates them again: copying
+    would copy per-size metrics and no episode, and the engineer would propose on nothing ("no dev boards to read"
+    at every size, the study's `defaults` seeds 1 to 5)."""
+    settings = RunSettings(stages=1, validation_per_size=VALIDATION_PER_SIZE, validation_boards=8, dev_per_size=3)
+    hard = CONFIG.model_copy(update={"hole_ratio": {3: 0.4, 4: 0.4}})
+    first = create_experiment(engine, name="hardstart", arms=["heuristic"], seeds=2, config=hard, settings=settings)
+    second = create_experiment(engine, name="defaults", arms=["evidence"], seeds=1, config=CONFIG, settings=settings)
+    with engine.begin() as c:
+        for statement in HOLD_BACK:
+            c.execute(text(statement))
+    assert run_worker(engine, {"stage": run_stage_job}, worker_id="vm:1", poll_s=0.01, once=True) == 2
+    owner, copied = experiment_runs(engine, first.id)
+    with engine.begin() as c:  # the snapshot, and the next pass
+        c.execute(text("DELETE FROM episodes WHERE NOT (run_id = :kept AND stage_index = 0)"), {"kept": copied.id})
+        for statement in ATTACH:
+            c.execute(text(statement))
+    assert sum(generated) == 8 + 24
+    [run] = experiment_runs(engine, second.id)
+    assert run_worker(engine, {"stage": run_stage_job}, worker_id="study-0", poll_s=0.01, once=True) == 1
+    assert advance(engine, run.id) == "queued a proposal after stage 0"
+    assert run_worker(engine, {"propose": run_propose_job}, worker_id="study-0", poll_s=0.01, once=True) == 1
+    with session(engine) as s:
+        job = s.exec(select(Job).where(Job.run_id == run.id, Job.kind == "stage")).one()
+        dev = s.exec(select(Episode).where(Episode.run_id == run.id, Episode.split == Split.DEV)).all()
+        proposal = s.exec(select(Proposal).where(Proposal.run_id == run.id)).one()
+    assert job.status == "done" and "reused_from" not in job.result
+    assert f"run {owner.id}'s stage 0 evaluated the same dev boards, but 0 of its 24 episodes are stored" \
+        in job.log_tail
+    assert len(dev) == 24 and sum(generated) == 2 * (8 + 24)  # generated again, once
+    assert proposal.error is None and "no dev boards" not in proposal.rationale
+    assert proposal.rationale.startswith("size 3: ") and "of 3 dev boards failed" in proposal.rationale

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from sqlalchemy import Engine, text, update
 from sqlmodel import select
 
+import storage.models
 from storage import queue
 from storage.db import make_engine, session
 from storage.models import Job, Priority, utcnow
@@ -96,6 +97,7 @@ def test_heartbeat_records_progress_and_keeps_a_bounded_log(engine: Engine):
     with session(engine) as s:
         job = queue.enqueue(s, "stage", {"run_id": 1})
         claimed_at = queue.claim(s, "w").heartbeat_at
+        time.sleep(0.002)  # SQLite's clock counts milliseconds
         assert queue.heartbeat(s, job.id, 0, 300, "step 0") is False
         queue.heartbeat(s, job.id, 248, 300, "\n".join(f"step {i}" for i in range(1, LOG_TAIL_LINES + 49)))
         assert queue.heartbeat(s, job.id, 249, 300, "loss 0.5\nreward 0.25") is False
@@ -164,6 +166,40 @@ def test_stale_running_jobs_are_reaped_and_their_worker_learns_it(engine: Engine
         assert queue.reap_stale(s, max_age_s=60) == []
         with pytest.raises(LostJob, match=f"job {stale} is failed, not running"):
             queue.heartbeat(s, stale, 3, 10)
+
+
+def skew_clock(monkeypatch: pytest.MonkeyPatch, by: timedelta) -> None:
+    """This process's clock, as the lab reads it (`storage.models.utcnow`), runs `by` off the true one."""
+
+    class Skewed(datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return datetime.now(tz) + by
+
+    monkeypatch.setattr(storage.models, "datetime", Skewed)
+
+
+@pytest.mark.parametrize("skew", [timedelta(seconds=-90), timedelta(hours=-1), timedelta(hours=1)],
+                         ids=["90s-behind", "1h-behind", "1h-ahead"])
+def test_a_worker_whose_clock_is_off_keeps_its_job_and_a_dead_one_is_still_reaped(engine: Engine, monkeypatch,
+                                                                                  skew: timedelta):
+    """Heartbeats and the reaper's cutoff are read from the database's clock: a worker machine whose clock is off
+    (and a reaper whose clock is off the other way) neither loses a live job nor keeps a dead one."""
+    with session(engine) as s:
+        live, dead = (queue.enqueue(s, "stage", {}).id for _ in range(2))
+        with monkeypatch.context() as worker_machine:
+            skew_clock(worker_machine, skew)
+            assert [queue.claim(s, "skewed").id, queue.claim(s, "lost").id] == [live, dead]
+            assert queue.heartbeat(s, live, 1, 10) is False
+        ten_minutes_ago = queue.db_now(s) - timedelta(minutes=10)
+        s.exec(update(Job).where(Job.id == dead).values(heartbeat_at=ten_minutes_ago))
+        s.commit()
+        with monkeypatch.context() as reaper_machine:
+            skew_clock(reaper_machine, -skew)
+            reaped = queue.reap_stale(s, max_age_s=60)
+        assert [(j.id, j.status) for j in reaped] == [(dead, "failed")]
+        assert s.get(Job, live, populate_existing=True).status == "running"
+        assert queue.heartbeat(s, live, 2, 10) is False  # its worker carries on
 
 
 def test_requeue_gives_a_failed_job_a_new_attempt_that_resumes_from_its_checkpoint(engine: Engine):

@@ -19,6 +19,7 @@ on is its business: it drops every board of a held-out set (`training.warmstart.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import gzip
 import json
@@ -94,10 +95,8 @@ def label_shard(shard: Shard, shard_boards: int, seed: int) -> list[Instance]:
     wait_count = round(wait_share(shard.agents) * shard_boards)
     what = f"labels (agents {shard.agents}, size {shard.size}, shard {shard.index})"
     out: list[Instance] = []
-    try:
+    with contextlib.suppress(GenerationError):  # a cell that cannot be filled keeps what it found
         out.extend(stratified(suite_draw(shard.size, shard.agents), shard_boards, wait_count, rng, what))
-    except GenerationError:
-        pass  # a cell that cannot be filled keeps what it found
     return out
 
 

@@ -14,7 +14,9 @@ The `evaluations` table holds the claim: the first stage to insert a key's row w
 answers; a second one with the same key copies them once they are stored, and waits (heartbeating, cancellable)
 while the first is alive (its stage running, its job's heartbeat fresh). A claim whose stage is dead is taken
 over with one conditional UPDATE, so two waiters never both take it. A stage only waits while it holds no claim
-it has not finished, so two workers never wait on each other.
+it has not finished, so two workers never wait on each other. A claim whose episodes are gone (a snapshot that left
+them out, keeping its per-size metrics: docs/results/study-6seed) is taken over the same way and generated again:
+copying it would copy the metrics and no episode, and an engineer would read no dev board.
 
 The copies are the episodes and per-size metrics as stored, row for row, so every page and report that reads a
 run's stage 0 reads what it would have read had the run generated them itself.
@@ -30,7 +32,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Engine, delete, update
+from sqlalchemy import Engine, delete, func, update
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import select
 
@@ -38,7 +40,7 @@ from envsim.instance import Instance
 from envsim.suite import Split
 from storage.db import session
 from storage.models import Episode, Evaluation, Job, JobKind, JobStatus, Stage, StageMetric, StageStatus, utcnow
-from storage.queue import stale_after_s
+from storage.queue import db_now, stale_after_s
 from training.progress import Cancelled, Progress
 
 if TYPE_CHECKING:
@@ -125,11 +127,16 @@ def _take_over(engine: Engine, dead: Evaluation, run_id: int, stage_index: int) 
         return moved.rowcount == 1
 
 
-def stored(engine: Engine, run_id: int, stage_index: int, split: Split) -> bool:
-    """Whether that stage's evaluation on `split` is stored (its metrics and episodes commit together)."""
+def stored(engine: Engine, run_id: int, stage_index: int, split: Split) -> tuple[int, int]:
+    """That stage's evaluation on `split` as stored: (the episodes its per-size metrics count, the episodes there).
+    Its metrics and episodes commit together, so (0, 0) is one not stored yet, and fewer episodes than the metrics
+    count are episodes deleted since."""
     with session(engine) as s:
-        return s.exec(select(StageMetric.id).where(StageMetric.run_id == run_id, StageMetric.stage_index == stage_index,
-                                                   StageMetric.split == split)).first() is not None
+        counted = s.exec(select(func.sum(StageMetric.episodes)).where(
+            StageMetric.run_id == run_id, StageMetric.stage_index == stage_index, StageMetric.split == split)).one()
+        held = s.exec(select(func.count(Episode.id)).where(
+            Episode.run_id == run_id, Episode.stage_index == stage_index, Episode.split == split)).one()
+    return counted or 0, held
 
 
 def alive(engine: Engine, run_id: int, stage_index: int) -> bool:
@@ -141,8 +148,8 @@ def alive(engine: Engine, run_id: int, stage_index: int) -> bool:
             return False
         job = s.exec(select(Job).where(Job.run_id == run_id, Job.kind == JobKind.STAGE, Job.target == stage_index,
                                        Job.status == JobStatus.RUNNING)).first()
-    return job is not None and job.heartbeat_at is not None \
-        and utcnow() - job.heartbeat_at < timedelta(seconds=stale_after_s())
+        return job is not None and job.heartbeat_at is not None \
+            and db_now(s) - job.heartbeat_at < timedelta(seconds=stale_after_s())
 
 
 _OWN = {"id", "run_id", "stage_index"}  # the columns a copied row takes from the stage it is copied into
@@ -190,13 +197,15 @@ def evaluate_once(engine: Engine, key: str, run_id: int, stage_index: int, split
             continue
         if (owner.run_id, owner.stage_index) == (run_id, stage_index):
             break  # an earlier attempt of this stage claimed it and died before storing
-        if stored(engine, owner.run_id, owner.stage_index, split):
+        counted, held = stored(engine, owner.run_id, owner.stage_index, split)
+        if counted and held == counted:
             copy_evaluation(engine, key, owner, run_id, stage_index, split)
             return owner
-        if not alive(engine, owner.run_id, owner.stage_index):
+        if counted or not alive(engine, owner.run_id, owner.stage_index):  # its episodes gone, or its stage dead
             if _take_over(engine, owner, run_id, stage_index):
-                progress(0, None, f"run {owner.run_id}'s stage {owner.stage_index} had claimed the same {split} "
-                                  "evaluation and stopped: generating it here")
+                why = (f"evaluated the same {split} boards, but {held} of its {counted} episodes are stored (left out "
+                       "of a snapshot?)" if counted else f"had claimed the same {split} evaluation and stopped")
+                progress(0, None, f"run {owner.run_id}'s stage {owner.stage_index} {why}: generating it here")
                 break
             continue
         line = None if said else (f"waiting for run {owner.run_id}'s stage {owner.stage_index}, which is "

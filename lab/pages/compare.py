@@ -27,6 +27,7 @@ from lab.experiments import experiment_choices
 from lab.pages.common import Page, table
 from lab.pages.figures import empty_figure
 from lab.slurm import SLURM_HEADERS, slurm_rows
+from lab.text import as_text
 
 
 def compare_view(engine: Engine, experiment_id: int | None, rate: str = Rate.VALID) -> dict[str, Any]:
@@ -58,11 +59,11 @@ def by_size(headers: list[str], rows: list[list[str]]) -> tuple[list[str], list[
 
 def _summary(c: Comparison) -> str:
     done = sum(r.status == "done" for r in c.runs.values())
-    return (f"**{c.experiment.name}**: {done} of {len(c.runs)} runs done. {compute_statement(c)} Each point: the "
-            "mean over seeds, with its 95% Student-t interval over seeds as a band and every seed as a dot. Below "
-            f"it, stage {c.stages}: every pair of arms' difference paired by seed, with its t interval (n - 1 "
-            "degrees of freedom) and the smallest difference this many seeds detect with 80% power; "
-            f"`envlab experiment report {c.experiment.name}` prints every number, every stage, and the area under "
+    return (f"**{as_text(c.experiment.name)}**: {done} of {len(c.runs)} runs done. {compute_statement(c)} Each "
+            "point: the mean over seeds, with its 95% Student-t interval over seeds as a band and every seed as a "
+            f"dot. Below it, stage {c.stages}: every pair of arms' difference paired by seed, with its t interval "
+            "(n - 1 degrees of freedom) and the smallest difference this many seeds detect with 80% power; "
+            f"`envlab experiment report {c.experiment.id}` prints every number, every stage, and the area under "
             "each curve.")
 
 
@@ -72,7 +73,7 @@ def run_links(c: Comparison) -> str:
     for arm in c.arms:
         links = [f"[seed {seed}](?run={run.id}) ({run.status})" for seed in c.seeds
                  if (run := c.runs.get((arm, seed))) is not None]
-        lines.append(f"- **{arm}**: " + ", ".join(links))
+        lines.append(f"- **{as_text(arm)}**: " + ", ".join(links))
     return "Runs:\n\n" + "\n".join(lines)
 
 
@@ -83,7 +84,7 @@ def slurm_jobs(engine: Engine, c: Comparison) -> str:
         return ""
     lines = ["", "", "Slurm jobs, stage by stage:", "", "| " + " | ".join(SLURM_HEADERS) + " |",
              "|" + "---|" * len(SLURM_HEADERS)]
-    lines += ["| " + " | ".join(str(v).replace("|", "\\|") for v in row) + " |" for row in rows]
+    lines += ["| " + " | ".join(as_text(str(v)) for v in row) + " |" for row in rows]
     return "\n".join(lines)
 
 

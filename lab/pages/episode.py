@@ -20,8 +20,10 @@ from lab.pages.common import Page, draw, no_progress, table, verdict, view_end
 from lab.replay import GIF_WIDTHS, replay_gif
 from lab.results import outcome_of
 from lab.runs import episode_across_stages
+from lab.settings import Count
 
 PLAY_S = 0.6  # seconds per step while a replay plays
+EPISODE_ID = Count(1, 2**63 - 1, "an id is a 64-bit integer in the database", "ids start at 1")
 
 
 def play_clock(start: int, now: float | None = None) -> dict[str, float]:
@@ -46,10 +48,12 @@ def next_step(clock: dict[str, float] | None, t: int, end: int, now: float | Non
 def episode_view(engine: Engine, episode_id: Any, strip: bool = True) -> dict[str, Any]:
     """One episode for the viewer: the board's state (for `gr.State`), a header, the answer and (with `strip`) the
     "same board across stages" strip; `error` says why nothing could be shown."""
-    try:
-        episode_id = int(episode_id)
-    except (TypeError, ValueError):
+    if episode_id in (None, ""):
         return {"error": "Type an episode number, or click a failed episode in the Stage review tab."}
+    try:
+        episode_id = EPISODE_ID.check(episode_id)
+    except ValueError as err:
+        return {"error": f"✗ Episode: {err}."}
     found = episode_across_stages(engine, episode_id)
     if found is None:
         return {"error": f"There is no episode {episode_id}."}
@@ -205,7 +209,7 @@ class EpisodeTab:
 
 def build(page: Page) -> EpisodeTab:
     with gr.Row():
-        episode_id = gr.Number(label="Episode", value=None, precision=0, scale=0, min_width=140, elem_id="episode-id")
+        episode_id = gr.Number(label="Episode", value=None, scale=0, min_width=140, elem_id="episode-id")
         open_episode = gr.Button("Open", scale=0, min_width=90)
         header = gr.Markdown("Open an episode from the failure gallery, or type its number.",
                              elem_id="episode-header")

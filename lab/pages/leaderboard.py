@@ -22,8 +22,10 @@ from lab.loop import LoopError, queue_benchmark
 from lab.pages.common import Page, table
 from lab.reference import ReferenceRow, paper_rows, percent, tiny_row
 from lab.runs import benchmark_report
+from lab.settings import MAX_STAGES, Count
 
 PAPER = "arXiv 2606.17682"
+STAGE_INDEX = Count(0, MAX_STAGES.high, "a run trains at most that many stages after stage 0")
 
 
 def checkpoint_choices(engine: Engine) -> list[tuple[str, str]]:
@@ -103,7 +105,11 @@ def benchmark_stage(engine: Engine, run_id: int | None, stage_index: Any) -> str
     if run_id is None or stage_index in (None, ""):
         return "Pick a run and one of its evaluated stages first."
     try:
-        job = queue_benchmark(engine, int(run_id), int(stage_index))
+        stage_index = STAGE_INDEX.check(stage_index)
+    except ValueError as err:
+        return f"✗ Stage: {err}."
+    try:
+        job = queue_benchmark(engine, int(run_id), stage_index)
     except LoopError as err:
         return f"✗ Not queued: {err}."
     return f"Queued benchmark job {job.id} for run #{run_id}, stage {stage_index}: the worker evaluates 3,150 boards."
@@ -157,7 +163,7 @@ def build(page: Page) -> LeaderboardTab:
     gr.Markdown("**Evaluate a checkpoint**: a stage of the open run on the 3,150 benchmark boards "
                 "(agents 3-5, sizes up to 10x10), as a job for the worker.")
     with gr.Row():
-        stage = gr.Number(label="Stage", value=None, precision=0, scale=0, min_width=120)
+        stage = gr.Number(label="Stage", value=None, scale=0, min_width=120)
         queue = gr.Button("Queue the benchmark evaluation", scale=0, min_width=260)
         message = gr.Markdown()
     tab = LeaderboardTab(page.engine, pick, note, by_size, by_subset, reference_df, source, local, local_note)

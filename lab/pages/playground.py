@@ -12,18 +12,28 @@ from sqlalchemy import Engine
 from envsim.generator import random_board, round_half_up
 from envsim.instance import Instance
 from envsim.parser import format_plan
-from envsim.rules import MIN_SIZE
+from envsim.rules import MAX_SIZE, MIN_SIZE
 from envsim.scoring import score_answer
 from envsim.solver import Unsolved, label
 from lab.pages import figures
 from lab.pages.common import Page, draw, no_progress, verdict, view_end
 from lab.pages.episode import episode_view
+from lab.settings import SEED
+
+# The longest board text read: the largest legal board (32x32, 8 agents) is about 1.2 kB written out, so this leaves
+# room for any spacing, while a 4000x4000 board pasted took 15 s to be parsed and then refused.
+BOARD_TEXT_LIMIT = 64 * 1024
 
 
 def make_board(size: Any, agents: Any, hole_ratio: Any, seed: Any) -> tuple[dict | None, str, str]:
-    """A random labelled board from knobs: (view, its picture, message)."""
+    """A random labelled board from knobs: (view, its picture, message). The seed takes a run's bounds
+    (`lab.settings.SEED`: numpy's generator refuses a negative one, and a fraction would be rounded unsaid)."""
+    try:
+        chosen = SEED.check(seed)
+    except ValueError as err:
+        return None, "", f"✗ Seed: {err}."
     size, agents = int(size), int(agents)
-    rng = np.random.default_rng(int(seed or 0))
+    rng = np.random.default_rng(chosen)
     board = random_board(size, round_half_up(float(hole_ratio) * size * size), agents, rng)
     if board is None:
         return None, "", f"✗ A {size}x{size} board with hole ratio {hole_ratio} has no room for {agents} agents' " \
@@ -32,7 +42,11 @@ def make_board(size: Any, agents: Any, hole_ratio: Any, seed: Any) -> tuple[dict
 
 
 def read_board(text: str) -> tuple[dict | None, str, str]:
-    """A pasted board (`Instance.from_str`: a picture with A/a letters or the canonical text form)."""
+    """A pasted board (`Instance.from_str`: a picture with A/a letters or the canonical text form); a text longer
+    than `BOARD_TEXT_LIMIT` is refused before it is read."""
+    if len(text) > BOARD_TEXT_LIMIT:
+        return None, "", (f"✗ This text is {len(text):,} characters long; a board is read from at most "
+                          f"{BOARD_TEXT_LIMIT:,} (a {MAX_SIZE}x{MAX_SIZE} board is about 1,200).")
     try:
         board = Instance.from_str(text)
     except ValueError as err:
@@ -144,17 +158,18 @@ def build(page: Page) -> PlaygroundTab:
                 agents = gr.Slider(1, 7, value=2, step=1, label="Agents")
             with gr.Row():
                 holes = gr.Slider(0, 0.5, value=0.2, step=0.05, label="Hole ratio")
-                seed = gr.Number(label="Seed", value=0, precision=0)
+                seed = gr.Number(label="Seed", value=0)  # no `precision=0`: 1.5 is refused, not rounded
             make = gr.Button("Make board")
             gr.Markdown("**…or paste one**: `.` ice, `H` hole, `A`/`a` agent 0's start/goal, `B`/`b` …")
-            board_text = gr.Textbox(label="Board", lines=6, value="A.b\n.H.\nB.a", elem_id="pg-board")
+            board_text = gr.Textbox(label="Board", lines=6, value="A.b\n.H.\nB.a", elem_id="pg-board",
+                                    max_length=BOARD_TEXT_LIMIT)
             read = gr.Button("Read board")
             message = gr.Markdown()
             plan = gr.Textbox(label="Plan (one line per agent)", lines=4, elem_id="pg-plan",
                               placeholder="Agent 0: RIGHT DOWN\nAgent 1: UP WAIT RIGHT")
             with gr.Row():
                 solver = gr.Button("Use the solver's plan")
-                episode = gr.Number(label="Episode", value=None, precision=0, min_width=100)
+                episode = gr.Number(label="Episode", value=None, min_width=100)
                 load = gr.Button("Load episode")
         with gr.Column(scale=3):
             verdict_md = gr.Markdown(elem_id="pg-verdict")

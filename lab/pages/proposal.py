@@ -38,6 +38,7 @@ from lab.proposals import (
     repeats_rejected,
 )
 from lab.runs import set_run_auto_apply
+from lab.text import TEXT_LIMIT, as_text
 from storage.models import Action
 
 DIFF_HEADERS = ["size", "knob", "old", "new", "change", "note"]
@@ -185,8 +186,8 @@ def _status(st: ProposalState) -> str:
     title = f"**Proposal #{p.id}** by the `{p.engineer}` engineer, after stage {p.after_stage}, " \
             f"for stage {p.after_stage + 1} ({when(p.created_at)})."
     if d is not None:
-        done = f"{title}  \n✔ **{DECIDED[d.action]}** by **{d.user}** at {when(d.created_at)}" + \
-            (f": “{d.note}”" if d.note else ".")
+        done = f"{title}  \n✔ **{DECIDED[d.action]}** by **{as_text(d.user)}** at {when(d.created_at)}" + \
+            (f": “{as_text(d.note)}”" if d.note else ".")
         if d.action == Action.EDIT:
             done += f"  \nThe diff and the table show the config as stored with the decision ({PERSON}: the " \
                     "person's value, where it differs from the engineer's)."
@@ -330,13 +331,13 @@ def decide_proposal(engine: Engine, proposal_id: int | None, action: str, user: 
     except AlreadyDecided as err:
         d = err.decision
         return (f"⚠ Someone decided first: proposal #{proposal_id} was already {DECIDED[d.action]} by "
-                f"**{d.user}** at {when(d.created_at)}. Your {action} was not recorded.")
+                f"**{as_text(d.user)}** at {when(d.created_at)}. Your {action} was not recorded.")
     except ConfigError as err:
         return "✗ Not saved, the edit is not valid: " + _problems(err)
     except (ProposalError, LookupError) as err:
         return f"✗ {err}"
     stored = None if done.projection is None else _stored_text(done.before, done.projection)
-    said = f"✓ Proposal #{proposal_id} {DECIDED[action]} by {user}"
+    said = f"✓ Proposal #{proposal_id} {DECIDED[action]} by {as_text(user)}"
     said += f"; stored: {stored}." if stored else "."
     return f"{said} Next: {done.next_step}."
 
@@ -490,12 +491,14 @@ def build(page: Page) -> ProposalTab:
         edit = gr.Dataframe(headers=KNOB_COLUMNS, type="array", interactive=True, elem_id="edit-config",
                             label=EDIT_LABEL)
         with gr.Row():
-            agents = gr.Number(label="num_agents", precision=0, elem_id="edit-agents")
-            instances = gr.Number(label="num_instances", precision=0, elem_id="edit-instances")
+            # No `precision=0`: it would round 1.5 to 2 unsaid; the config's validator names a fraction instead.
+            agents = gr.Number(label="num_agents", elem_id="edit-agents")
+            instances = gr.Number(label="num_instances", elem_id="edit-instances")
             rescale = gr.Button("Rescale data_ratio to sum to 1", scale=0, min_width=240, elem_id="rescale")
     shown = gr.State(None)
     measured = measure.build(page, shown, edit, agents, instances)
-    note = gr.Textbox(label="Note (kept with this decision only)", lines=1, elem_id="decision-note")
+    note = gr.Textbox(label="Note (kept with this decision only)", lines=1, elem_id="decision-note",
+                      max_length=TEXT_LIMIT)
     message = gr.Markdown(elem_id="decision-msg")
     with gr.Row():
         buttons = {Action.ACCEPT: gr.Button("Accept", variant="primary", elem_id="accept"),

@@ -19,8 +19,9 @@ from lab.engineers import ENGINEERS
 from lab.loop import LoopError, missing_checkpoint
 from lab.pages.common import BAD_ROW, KNOB_COLUMNS, Page, config_from_table, config_rows, table, when
 from lab.runs import new_run, run_list, waiting_proposals
-from lab.settings import RunSettings
+from lab.settings import MAX_BOARDS, MAX_STAGES, SEED, RunSettings
 from lab.tempfiles import EXPORTS, FILES_AGE_S, sweep
+from lab.text import NAME_LIMIT, TEXT_LIMIT, as_text
 
 
 def ordered_runs(engine: Engine) -> list[Any]:
@@ -67,12 +68,18 @@ def size_text(size: int | None) -> str:
 def create_run_from_form(engine: Engine, name: str, description: str, policy: str, engineer: str, backend: str,
                          base_url: str, stages: Any, instances: Any, agents: Any, seed: Any, auto_apply: bool,
                          rows: Sequence[Sequence[Any]]) -> tuple[str, int | None]:
-    """Validate the form, store the run and queue its stage 0; returns (message, new run id or None)."""
+    """Validate the form, store the run and queue its stage 0; returns (message, new run id or None). The counts are
+    checked with the command line's bounds (`lab.settings`), the name and the description by `create_run`."""
     name, description, policy, backend, base_url = ((v or "").strip() for v in (name, description, policy, backend,
                                                                                base_url))  # hidden fields send None
-    counts = {"Training stages": (stages, 1), "Training instances per stage": (instances, 1), "Seed": (seed, 0)}
-    wrong = [f"{label} must be a whole number of at least {least}, got {_shown(value)}"
-             for label, (value, least) in counts.items() if _whole(value) is None or _whole(value) < least]
+    counts: dict[str, int] = {}
+    wrong = []
+    for label, value, bounds in (("Training stages", stages, MAX_STAGES),
+                                 ("Training instances per stage", instances, MAX_BOARDS), ("Seed", seed, SEED)):
+        try:
+            counts[label] = bounds.check(value)
+        except ValueError as err:
+            wrong.append(f"{label}: {err}")
     if wrong:
         return "✗ Not created: " + "; ".join(wrong) + ".", None
     try:
@@ -80,27 +87,14 @@ def create_run_from_form(engine: Engine, name: str, description: str, policy: st
     except ConfigError as err:
         return "✗ The initial config is not valid, nothing was stored: " + "; ".join(err.problems), None
     try:
-        settings = RunSettings.checked(stages=_whole(stages), auto_apply=bool(auto_apply), base_url=base_url or None,
-                                       dev_per_size=DEV_PER_SIZE)
+        settings = RunSettings.checked(stages=counts["Training stages"], auto_apply=bool(auto_apply),
+                                       base_url=base_url or None, dev_per_size=DEV_PER_SIZE)
         run = new_run(engine, name=name or "run", description=description, config=config, settings=settings,
-                      policy=policy or "tiny", engineer=engineer, engineer_backend=backend, seed=_whole(seed))
+                      policy=policy or "tiny", engineer=engineer, engineer_backend=backend, seed=counts["Seed"])
     except (LoopError, ValueError, TypeError) as err:
         return f"✗ Not created: {err}", None
-    return (f"✓ Created run #{run.id} **{run.name}**: stage 0 (the starting policy, evaluated on the "
+    return (f"✓ Created run #{run.id} **{as_text(run.name)}**: stage 0 (the starting policy, evaluated on the "
             "validation set) is queued. Follow it in the Train tab."), run.id
-
-
-def _whole(value: Any) -> int | None:
-    """A form's number as a whole number, None when it is not one (empty, a fraction)."""
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return int(number) if number == int(number) else None
-
-
-def _shown(value: Any) -> str:
-    return "nothing" if value in (None, "") else f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def _holds(manifest: dict[str, Any]) -> str:
@@ -145,7 +139,8 @@ def import_file(engine: Engine, path: str | None, uploaded: bool = False) -> tup
     finally:
         if uploaded:
             Path(path).unlink(missing_ok=True)
-    return (f"✓ {name} imported as run #{imported.run_id} **{manifest['run']['name']}** ({_holds(manifest)})"
+    return (f"✓ {as_text(name)} imported as run #{imported.run_id} **{as_text(manifest['run']['name'])}** "
+            f"({_holds(manifest)})"
             f"{imported.note()}; it is open above."), imported.run_id
 
 
@@ -170,7 +165,7 @@ def build(page: Page) -> RunsTab:
     upload, import_message = _archive_widgets(page)
     with gr.Accordion("New run", open=True):
         with gr.Row():
-            name = gr.Textbox(label="Name", value="my run", elem_id="new-name")
+            name = gr.Textbox(label="Name", value="my run", elem_id="new-name", max_length=NAME_LIMIT)
             policy = gr.Textbox(label="Policy", value="tiny",
                                 info="`tiny` (ships in assets/, trains on a CPU), `gemma3-270m`, a "
                                      "checkpoint folder or a Hugging Face model name")
@@ -181,13 +176,14 @@ def build(page: Page) -> RunsTab:
             base_url = gr.Textbox(label="Server URL (openai backend)", visible=False,
                                   placeholder="http://localhost:8000/v1")
         with gr.Row():
-            # No `minimum=`: Gradio would refuse a 0 in a line that names no field; the form's check names it.
-            stages = gr.Number(label="Training stages", value=3, precision=0)
-            instances = gr.Number(label="Training instances per stage", value=default.num_instances, precision=0)
-            agents = gr.Number(label="Agents per training board", value=default.num_agents, precision=0)
-            seed = gr.Number(label="Seed", value=0, precision=0)
+            # No `minimum=` nor `precision=0`: Gradio would refuse a 0 in a line that names no field, and round 1.5 to
+            # 2 unsaid; the form's check names the field and its range.
+            stages = gr.Number(label="Training stages", value=3)
+            instances = gr.Number(label="Training instances per stage", value=default.num_instances)
+            agents = gr.Number(label="Agents per training board", value=default.num_agents)
+            seed = gr.Number(label="Seed", value=0)
             auto = gr.Checkbox(label="Auto-apply proposals (no review)", value=False)
-        description = gr.Textbox(label="Description (optional)", lines=1)
+        description = gr.Textbox(label="Description (optional)", lines=1, max_length=TEXT_LIMIT)
         gr.Markdown(f"Initial config (stage 0 and the round-0 default), one row per map size. {knob_help}")
         config_df = gr.Dataframe(value=config_rows(default), headers=KNOB_COLUMNS, type="array", interactive=True,
                                  elem_id="new-config", label="Initial config")

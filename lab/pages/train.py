@@ -18,6 +18,7 @@ from lab.pages.common import BAD_ROW, Page, cannot_draw, table
 from lab.results import StageSummary
 from lab.runs import RunProgress, run_progress
 from lab.slurm import SlurmJob, cancel_slurm_of
+from lab.text import as_text
 from lab.worker import ago
 from storage.models import ACTIVE_JOB, Job, JobKind, JobStatus, RunStatus, StageStatus
 
@@ -98,13 +99,15 @@ def _progress_bar(job: Job | None, trace: str = "") -> str:
 
 
 def _run_status(progress: RunProgress) -> str:
+    """The run in one Markdown paragraph; its name and its status reason (which quotes names and errors) as text."""
     run, stages = progress.run, progress.stages
     trained = sum(st.status == StageStatus.DONE for st in stages[1:])
+    reason = as_text(run.status_reason)
     waiting = {RunStatus.WAITING: " **A proposal waits for your decision in the Proposal tab.**",
-               RunStatus.FAILED: f" **{run.status_reason}**. Fix the cause, then *Resume* (retry), or switch "
+               RunStatus.FAILED: f" **{reason}**. Fix the cause, then *Resume* (retry), or switch "
                                  "the engineer below.",
-               RunStatus.CANCELLED: f" {run.status_reason}. *Resume* picks it up again."}.get(run.status, "")
-    return (f"Run #{run.id} **{run.name}** is **{run.status}**: {trained} of {run.settings['stages']} "
+               RunStatus.CANCELLED: f" {reason}. *Resume* picks it up again."}.get(run.status, "")
+    return (f"Run #{run.id} **{as_text(run.name)}** is **{run.status}**: {trained} of {run.settings['stages']} "
             f"training stages done; stages: " + ", ".join(f"{st.index} {st.status}" for st in stages) + "."
             + _shared(progress) + waiting)
 
