@@ -15,12 +15,15 @@ outcome with T steps has exactly T + 1 frames.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from PIL import Image, ImageDraw, ImageFont
 
 from envsim.instance import Instance
-from envsim.scoring import Event, Outcome
+from envsim.rules import Failure
+from envsim.scoring import Event, Outcome, score
 
 # Drawing words shared with the page's Plotly figures (lab.pages.figures), so a GIF and a replay agree.
 AGENT_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
@@ -35,10 +38,34 @@ def last_step(outcome: Outcome | None) -> int:
     return 0 if outcome is None else len(outcome.positions) - 1
 
 
+def agents_named(agents: tuple[int, ...]) -> str:
+    """`agent 0`, `agents 0 and 1`, `agents 0, 1 and 2`."""
+    if len(agents) == 1:
+        return f"agent {agents[0]}"
+    return "agents " + ", ".join(map(str, agents[:-1])) + f" and {agents[-1]}"
+
+
+# What each failure says, as a sentence a person reads in a caption (the cell is the event's; docs/rules.md).
+SENTENCES = {
+    Failure.PARSE_ERROR: "the answer cannot be read as a plan",
+    Failure.WRONG_AGENT_COUNT: "the plan's agents are not the board's",
+    Failure.TOO_LONG: "{who}'s plan runs past the horizon",
+    Failure.ILLEGAL_MOVE: "{who} moves off the board at {cell}",
+    Failure.HOLE: "{who} falls into the hole at {cell}",
+    Failure.VERTEX_CONFLICT: "{who} collide at {cell}",
+    Failure.EDGE_CONFLICT: "{who} swap cells, crossing into {cell}",
+    Failure.GOAL_NOT_REACHED: "{who} ends at {cell}, off its goal",
+}
+
+
+def sentence(event: Event) -> str:
+    """What happened, in words: `agents 0 and 1 collide at (1, 1)`."""
+    cell = "" if event.cell is None else f"({event.cell[0]}, {event.cell[1]})"
+    return SENTENCES[event.type].format(who=agents_named(event.agents) if event.agents else "the plan", cell=cell)
+
+
 def describe(event: Event) -> str:
-    who = " and ".join(f"agent {a}" for a in event.agents) or "the plan"
-    where = f" at ({event.cell[0]},{event.cell[1]})" if event.cell is not None else ""
-    return f"t={event.time}: {event.type.value}, {who}{where}"
+    return f"t={event.time}: {sentence(event)}"
 
 
 def step_caption(outcome: Outcome | None, step: int) -> str:
@@ -48,15 +75,14 @@ def step_caption(outcome: Outcome | None, step: int) -> str:
     now = [e for e in outcome.events if e.time == step]
     text = f"t = {step} / {last_step(outcome)}"
     if now:
-        text += ": " + "; ".join(f"{e.type.value} ({', '.join(map(str, e.agents)) or 'plan'})" for e in now)
+        text += ": " + "; ".join(sentence(e) for e in now)
     elif step == last_step(outcome):
         if outcome.valid:
             text += ": the end, valid"
         elif outcome.failure:
-            earlier = [e.time for e in outcome.events if e.time < step]
-            text += f": the end ({outcome.failure.value}" + (f" at t={earlier[0]})" if earlier else ")")
+            earlier = [e for e in outcome.events if e.time < step]
+            text += ": the end" + (f" (t={earlier[0].time}: {sentence(earlier[0])})" if earlier else "")
     return text
-
 
 
 WHITE, TEXT = "#ffffff", "#1d2b4a"
@@ -94,17 +120,58 @@ def _board(instance: Instance, cell_px: int, size: tuple[int, int]) -> Image.Ima
             x, y = cell_centre((r, c), cell_px)
             fill = HOLE if (r, c) in instance.hole_set else ICE
             draw.rectangle((x - half + gap, y - half + gap, x + half - gap, y + half - gap), fill=_ink(fill))
+    font = ImageFont.load_default(size=max(8, cell_px // 4))
     for i, goal in enumerate(instance.goals):
-        draw.rectangle(_box(cell_centre(goal, cell_px), half - 3 * gap), outline=_ink(colour(i)),
-                       width=max(2, cell_px // 16))
+        x, y = cell_centre(goal, cell_px)
+        draw.rectangle(_box((x, y), half - 3 * gap), outline=_ink(colour(i)), width=max(2, cell_px // 16))
+        # the goal's agent, in the square's lower right corner: an agent standing on the goal leaves it readable
+        draw.text((x + half - 4 * gap, y + half - 4 * gap), str(i), fill=_ink(colour(i)), font=font, anchor="rb")
     return image
 
 
+def ghost_positions(instance: Instance) -> tuple[tuple[tuple[int, int], ...], ...] | None:
+    """Where the solver's reference plan puts every agent at each time (None for an unlabelled board)."""
+    if instance.reference_plan is None:
+        return None
+    return score(instance, instance.reference_plan).positions
+
+
+def _legend(draw: ImageDraw.ImageDraw, instance: Instance, top: int, cell_px: int, font: Any, ghost: bool) -> None:
+    """One line under the caption: each agent's disc and number, then what a square, a ring and a red ring mean."""
+    x, radius = cell_px // 2, _radius(font)
+    for i in range(instance.num_agents):
+        draw.ellipse(_box((x + radius, top + radius), radius), fill=_ink(colour(i)))
+        draw.text((x + 2 * radius + 3, top + radius), f"agent {i}", fill=_ink(TEXT), font=font, anchor="lm")
+        x += 2 * radius + 8 + int(draw.textlength(f"agent {i}", font=font)) + 10
+    words = "square: its goal" + ("; ring: the solver's plan" if ghost else "") + "; red: what went wrong"
+    draw.text((x, top + radius), words, fill=_ink(TEXT), font=font, anchor="lm")
+
+
+def _radius(font: Any) -> int:
+    """A legend disc's radius: as tall as the legend's text."""
+    return max(4, int(getattr(font, "size", 10)) // 2)
+
+
+def legend_width(instance: Instance, cell_px: int, font: Any, ghost: bool) -> int:
+    """The legend line's width in pixels."""
+    image = Image.new("P", (1, 1))
+    draw = ImageDraw.Draw(image)
+    radius = _radius(font)
+    agents = sum(2 * radius + 18 + int(draw.textlength(f"agent {i}", font=font)) for i in range(instance.num_agents))
+    words = "square: its goal" + ("; ring: the solver's plan" if ghost else "") + "; red: what went wrong"
+    return cell_px // 2 + agents + int(draw.textlength(words, font=font)) + cell_px // 2
+
+
 def _frame(board: Image.Image, instance: Instance, outcome: Outcome, step: int, cell_px: int,
-           font: ImageFont.FreeTypeFont | ImageFont.ImageFont) -> Image.Image:
+           font: ImageFont.FreeTypeFont | ImageFont.ImageFont,
+           ghost: Sequence[Sequence[tuple[int, int]]] | None = None) -> Image.Image:
     image = board.copy()
     draw = ImageDraw.Draw(image)
     n = instance.size
+    if ghost is not None:  # the solver's plan at this step: a ring in the agent's colour
+        for i, cell in enumerate(ghost[min(step, len(ghost) - 1)]):
+            draw.ellipse(_box(cell_centre(cell, cell_px), cell_px * 0.4), outline=_ink(colour(i)),
+                         width=max(1, cell_px // 20))
     for event in outcome.events:
         if event.cell is None or event.time > step:
             continue
@@ -118,39 +185,50 @@ def _frame(board: Image.Image, instance: Instance, outcome: Outcome, step: int, 
         here = [i for i, c in enumerate(now) if c == cell]
         x, y = cell_centre(cell, cell_px)
         radius = cell_px * 0.3 / len(here) ** 0.5
+        number = ImageFont.load_default(size=max(7, int(radius * 1.1)))
         for slot, i in enumerate(here):  # side by side, centred on the cell
             dx = (slot - (len(here) - 1) / 2) * 2.1 * radius
             draw.ellipse(_box((x + dx, y), radius), fill=_ink(colour(i)), outline=_ink(WHITE), width=1)
+            draw.text((x + dx, y - radius * 0.15), str(i), fill=_ink(WHITE), font=number, anchor="mm")
     draw.text((cell_px // 2, (n + 1) * cell_px), step_caption(outcome, step), fill=_ink(TEXT), font=font)
+    _legend(draw, instance, (n + 1) * cell_px + _line(font), cell_px, font, ghost is not None)
     return image
+
+
+def _line(font: Any) -> int:
+    """The height of one line of text in `font`, with a little space under it."""
+    return int(font.size * 1.5) if hasattr(font, "size") else 16
 
 
 GIF_WIDTHS = (480, 720, 960)  # the widths the page offers, in pixels: a slide needs at least the first
 
 
 def replay_gif(instance: Instance, outcome: Outcome, path: str | Path, *, cell_px: int = 48,
-               ms_per_step: int = 500, width_px: int | None = None) -> Path:
+               ms_per_step: int = 500, width_px: int | None = None, ghost: bool = False) -> Path:
     """Write the episode `outcome` of `instance` as an animated GIF at `path`, one frame per step
     (`last_step(outcome) + 1` frames), looping; the last frame is held three times as long. With `width_px`
-    the cells are sized so that the image is about that wide (a small board stays legible on a slide)."""
+    the cells are sized so that the image is about that wide (a small board stays legible on a slide). With
+    `ghost`, the solver's plan is drawn too (a ring per agent), where the board has one."""
     if width_px is not None:
         cell_px = max(8, width_px // (instance.size + 1))
     if cell_px < 8:
         raise ValueError(f"cell_px = {cell_px}: a cell needs at least 8 pixels")
     steps = range(last_step(outcome) + 1)
+    plan = ghost_positions(instance) if ghost else None
     measure = ImageDraw.Draw(Image.new("P", (1, 1)))
     font_px = max(10, cell_px // 3)
     while True:  # with `width_px`, the captions shrink to fit that width (a large board's cells would not)
         font = ImageFont.load_default(size=font_px)
-        text_px = max(measure.textlength(step_caption(outcome, t), font=font) for t in steps)
+        text_px = max(*(measure.textlength(step_caption(outcome, t), font=font) for t in steps),
+                      legend_width(instance, cell_px, font, plan is not None) - cell_px // 2)
         if width_px is None or font_px == 10 or text_px + cell_px // 2 <= width_px:
             break
         font_px -= 1
     width = max((instance.size + 1) * cell_px, int(text_px) + cell_px // 2 if width_px else int(text_px) + cell_px,
                 width_px or 0)
-    height = (instance.size + 1) * cell_px + max(16, cell_px // 2)
+    height = (instance.size + 1) * cell_px + 2 * _line(font) + max(4, cell_px // 4)
     board = _board(instance, cell_px, (width, height))
-    frames = [_frame(board, instance, outcome, t, cell_px, font) for t in steps]
+    frames = [_frame(board, instance, outcome, t, cell_px, font, plan) for t in steps]
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     durations = [ms_per_step] * (len(frames) - 1) + [3 * ms_per_step]

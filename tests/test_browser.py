@@ -24,10 +24,10 @@ from sqlmodel import select
 import app
 from envsim.config import EnvConfig
 from lab.archive import export_run, read_manifest
+from lab.jobs.worker import run_worker
 from lab.loop import create_run
 from lab.proposals import decide_on
 from lab.settings import RunSettings
-from lab.worker import run_worker
 from storage.db import make_engine, session
 from storage.models import Decision, Run, Stage, utcnow
 from tests.page_walk import ERRORS_SEEN, open_run_pick
@@ -155,7 +155,7 @@ def test_open_a_failed_episode_from_the_gallery_and_step_the_replay(lab, page):
     assert plotted(page, "replay", "agent 1") == [(1, 1)]
     assert plotted(page, "replay", "events") == [(1, 1)]
     assert plotted(page, "replay", "solver's plan") == [(0, 1), (1, 1)]  # the ghost waits a step first
-    page.get_by_text("At this step: t=1: vertex_conflict").wait_for()
+    page.get_by_text("At this step: t=1: agents 0 and 1 collide at (1, 1)").wait_for()
     page.click("#replay-play")  # plays on to the end (t = 2) and stops
     wait_plotted(page, "replay", "agent 1", [(1, 2)])
     page.locator("#replay-play").get_by_text("Play").wait_for()

@@ -57,7 +57,7 @@ def test_the_vertex_conflict_is_marked_where_and_when_it_happens(crossing):
     assert cells(traces(figures.board_figure(crossing, outcome, 0))["events"]) == []
     now = traces(figures.board_figure(crossing, outcome, 1))["events"]
     assert cells(now) == [(1, 1)] and now["marker"]["size"] == [26]
-    assert now["hovertext"] == ["t=1: vertex_conflict, agent 0 and agent 1 at (1,1)"]
+    assert now["hovertext"] == ["t=1: agents 0 and 1 collide at (1, 1)"]
     later = traces(figures.board_figure(crossing, outcome, 2))["events"]
     assert cells(later) == [(1, 1)] and later["marker"]["size"] == [14]  # past events stay, drawn smaller
 
@@ -68,7 +68,7 @@ def test_a_fall_into_a_hole_is_marked_at_the_hole():
     assert cells(traces(figures.board_figure(board, outcome, 1))["events"]) == []
     t = traces(figures.board_figure(board, outcome, 2))
     assert cells(t["events"]) == [(1, 1)] and cells(t["agent 0"]) == [(1, 1)]
-    assert figures.step_caption(outcome, 2) == "t = 2 / 2: hole (0)"
+    assert figures.step_caption(outcome, 2) == "t = 2 / 2: agent 0 falls into the hole at (1, 1)"
 
 
 def test_a_move_off_the_grid_is_marked_on_the_edge_it_hits():
@@ -94,22 +94,22 @@ def test_the_board_shows_holes_starts_and_goals(crossing):
     board = label(HOLEY)
     t = traces(figures.board_figure(board))
     assert t["board"]["z"][1] == [0, 1, 1, 0] and t["board"]["z"][0] == [0, 0, 0, 0]
-    assert cells(t["starts"]) == [(0, 0), (3, 0)] and t["starts"]["text"] == ["A", "B"]
-    assert cells(t["goals"]) == [(0, 3), (3, 3)] and t["goals"]["text"] == ["a", "b"]
+    assert cells(t["starts"]) == [(0, 0), (3, 0)] and t["starts"]["text"] == ["start 0", "start 1"]
+    assert cells(t["goals"]) == [(0, 3), (3, 3)] and t["goals"]["text"] == ["goal 0", "goal 1"]
     assert cells(t["agent 1"]) == [(3, 0)]
 
 
 def test_steps_outside_the_episode_are_clamped(crossing):
     outcome = score_answer(crossing, CLASH)
     fig = figures.board_figure(crossing, outcome, 99)
-    assert fig.layout.title.text == "t = 2 / 2: the end (vertex_conflict at t=1)"
+    assert fig.layout.title.text == "t = 2 / 2: the end (t=1: agents 0 and 1 collide at (1, 1))"
     assert cells(traces(fig)["agent 1"]) == [(1, 2)]
     assert cells(traces(figures.board_figure(crossing, outcome, -4))["agent 1"]) == [(1, 0)]
 
 
 def test_a_plan_level_failure_is_written_across_the_board(crossing):
     fig = figures.board_figure(crossing, score_answer(crossing, "Agent 0: FLY"))
-    assert fig.layout.annotations[0].text == "t=0: parse_error, the plan"
+    assert fig.layout.annotations[0].text == "t=0: the answer cannot be read as a plan"
 
 
 def test_the_replay_carries_every_step_as_a_frame(crossing):
@@ -121,7 +121,7 @@ def test_the_replay_carries_every_step_as_a_frame(crossing):
         assert [names[i] for i in frame["traces"]] == [t["name"] for t in frame["data"]]
     one = traces({"data": fig["frames"][1]["data"]})
     assert cells(one["agent 0"]) == [(1, 1)] and cells(one["events"]) == [(1, 1)]
-    assert fig["frames"][1]["layout"]["title"]["text"] == "t = 1 / 2: vertex_conflict (0, 1)"
+    assert fig["frames"][1]["layout"]["title"]["text"] == "t = 1 / 2: agents 0 and 1 collide at (1, 1)"
     assert [s["args"][0] for s in fig["layout"]["sliders"][0]["steps"]] == [["0"], ["1"], ["2"]]
     legend, buttons = fig["layout"]["legend"], fig["layout"]["updatemenus"][0]
     assert (legend["x"], legend["xanchor"]) == (1.02, "left") and buttons["y"] < 0  # right of the board, not under

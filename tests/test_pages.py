@@ -21,14 +21,16 @@ from envsim.config import EnvConfig, project
 from envsim.instance import Instance
 from envsim.parser import format_plan
 from envsim.scoring import score, score_answer
-from lab import reference, results, worker
+from lab import results
 from lab.engineers import EngineerAnswer
+from lab.jobs import worker
 from lab.loop import advance, stages_of
 from lab.pages import common, episode, leaderboard, playground, proposal, review, runs, train
 from lab.proposals import store_proposal
 from lab.replay import GIF_WIDTHS
 from lab.runs import lab_version, waiting_proposals
 from lab.settings import MAX_STAGES
+from lab.study import reference
 from lab.text import as_text
 from storage.db import make_engine, session, upgrade
 from storage.models import Decision, Episode, Job, Proposal, Stage, utcnow
@@ -296,10 +298,10 @@ def test_an_episode_opens_with_its_board_answer_and_the_same_board_across_stages
     fig, events = common.draw(v["view"], 1, True)
     agents = {t.name: (t.y[0], t.x[0]) for t in fig.data if t.name.startswith("agent ")}
     assert agents == {"agent 0": (1, 1), "agent 1": (1, 1)}
-    assert events.startswith("**At this step:** t=1: vertex_conflict, agent 0 and agent 1 at (1,1)")
+    assert events.startswith("**At this step:** t=1: agents 0 and 1 collide at (1, 1)")
     assert events.endswith(" Cells are (row, col), counted from 0 at the top left.")
     fig, events = common.draw(v["view"], 2, True)  # the end: the title and the text agree on what went wrong
-    assert fig.layout.title.text == "t = 2 / 2: the end (vertex_conflict at t=1)"
+    assert fig.layout.title.text == "t = 2 / 2: the end (t=1: agents 0 and 1 collide at (1, 1))"
     assert events.startswith("The answer has ended (t=2); what went wrong: vertex_conflict: agents 0 and 1 at (1,1)")
 
 

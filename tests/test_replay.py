@@ -51,7 +51,8 @@ def test_each_agent_is_drawn_on_the_cell_the_scorer_reports_and_nowhere_else(tmp
         seen = {}
         for r in range(board.size):
             for c in range(board.size):
-                pixel = frame.getpixel(cell_centre((r, c), CELL_PX))
+                x, y = cell_centre((r, c), CELL_PX)
+                pixel = frame.getpixel((x, y + CELL_PX // 5))  # the disc below its number
                 if pixel in agents:
                     seen[agents[pixel]] = (r, c)
         assert seen == dict(enumerate(POSITIONS[t])), f"frame {t}"
@@ -76,3 +77,44 @@ def test_show_writes_the_gif_of_a_plan(tmp_path: Path, capsys):
     assert len(_frames(out)) == 6
     assert main(["show", "--instances", str(boards), "--gif", str(out)]) == 2
     assert capsys.readouterr().err.strip() == "envlab show: --gif replays a plan: give --plan or --reference"
+
+
+def test_each_failure_reads_as_a_sentence():
+    from envsim.rules import Failure
+    from envsim.scoring import Event
+    from lab.replay import describe
+
+    said = {f: describe(Event(f, 3, agents, cell)) for f, agents, cell in [
+        (Failure.VERTEX_CONFLICT, (0, 1), (1, 1)), (Failure.EDGE_CONFLICT, (2, 4), (0, 3)),
+        (Failure.HOLE, (3,), (2, 2)), (Failure.ILLEGAL_MOVE, (0,), (-1, 0)), (Failure.GOAL_NOT_REACHED, (1,), (4, 4)),
+        (Failure.TOO_LONG, (2,), None), (Failure.PARSE_ERROR, (), None), (Failure.WRONG_AGENT_COUNT, (), None)]}
+    assert said == {
+        Failure.VERTEX_CONFLICT: "t=3: agents 0 and 1 collide at (1, 1)",
+        Failure.EDGE_CONFLICT: "t=3: agents 2 and 4 swap cells, crossing into (0, 3)",
+        Failure.HOLE: "t=3: agent 3 falls into the hole at (2, 2)",
+        Failure.ILLEGAL_MOVE: "t=3: agent 0 moves off the board at (-1, 0)",
+        Failure.GOAL_NOT_REACHED: "t=3: agent 1 ends at (4, 4), off its goal",
+        Failure.TOO_LONG: "t=3: agent 2's plan runs past the horizon",
+        Failure.PARSE_ERROR: "t=3: the answer cannot be read as a plan",
+        Failure.WRONG_AGENT_COUNT: "t=3: the plan's agents are not the board's"}
+
+
+def test_the_ghost_rings_the_solvers_cells_and_each_goal_and_agent_carries_its_number(tmp_path: Path):
+    board = label(OPEN)
+    outcome = score_answer(board, "Agent 0: W\nAgent 1: R")  # both off the solver's cells (0,1) and (1,0) at t=1
+    plain, ringed = (_frames(replay_gif(board, outcome, tmp_path / f"{g}.gif", cell_px=CELL_PX, ghost=g))
+                     for g in (False, True))
+    ghost = score_answer(board, " \n".join(f"Agent {i}: {' '.join(a)}" for i, a in enumerate(board.reference_plan)))
+    for i in range(board.num_agents):
+        x, y = cell_centre(ghost.positions[1][i], CELL_PX)
+        left = (x - int(0.4 * CELL_PX) + 1, y)  # the ring's leftmost point, outside any disc
+        assert (ringed[1].getpixel(left), plain[1].getpixel(left)) == (_rgb(colour(i)), _rgb("#eaf4fb")), i
+    for i, goal in enumerate(board.goals):  # the number in the goal square's corner, in the agent's colour
+        x, y = cell_centre(goal, CELL_PX)
+        corner = {plain[0].getpixel((x + dx, y + dy)) for dx in range(4, CELL_PX // 2) for dy in range(4, CELL_PX // 2)}
+        assert _rgb(colour(i)) in corner
+    for t, frame in enumerate(plain):  # a white number on each disc
+        for i, cell in enumerate(outcome.positions[t]):
+            x, y = cell_centre(cell, CELL_PX)
+            disc = {frame.getpixel((x + dx, y + dy)) for dx in range(-4, 5) for dy in range(-6, 3)}
+            assert _rgb("#ffffff") in disc and _rgb(colour(i)) in disc

@@ -100,11 +100,19 @@ def replay_file(view: dict[str, Any] | None) -> str | None:
         figures.replay_figure(i, o), str(path), replay_title(i, o)))
 
 
-def gif_file(view: dict[str, Any] | None, width_px: Any = GIF_WIDTHS[0]) -> str | None:
+def gif_file(view: dict[str, Any] | None, width_px: Any = GIF_WIDTHS[0], ghost: bool = False) -> str | None:
     """The open episode as an animated GIF about `width_px` wide (`lab.replay`: one frame per step, for
-    slides)."""
+    slides), with the solver's plan as rings where `ghost` (the board's ghost box) asks for it."""
     width = int(width_px or GIF_WIDTHS[0])
-    return _replay(view, ".gif", lambda i, o, path: replay_gif(i, o, path, width_px=width))
+    return _replay(view, ".gif", lambda i, o, path: replay_gif(i, o, path, width_px=width, ghost=bool(ghost)))
+
+
+def gif_button(view: dict[str, Any] | None, width_px: Any = None, ghost: bool = False) -> dict[str, Any]:
+    """The GIF button with its file, saying the width it holds (a width picked later shows until its file is
+    made, so the button never offers one file under another's name)."""
+    width = int(width_px or GIF_WIDTHS[0])
+    return gr.update(value=gif_file(view, width, ghost), interactive=view is not None,
+                     label=f"Download GIF ({width} px)")
 
 
 @dataclass(eq=False)
@@ -136,7 +144,7 @@ class EpisodeTab:
     @property
     def follows(self) -> list[Any]:
         """What `extras` reads."""
-        return [self.episode_id, self.view, self.gif_width]
+        return [self.episode_id, self.view, self.gif_width, self.ghost]
 
     @property
     def extra_outputs(self) -> list[Any]:
@@ -167,7 +175,7 @@ class EpisodeTab:
                 self.strip_note: "", self.strip: gr.update(visible=False),
                 self.strip_table: gr.update(visible=False)} | stopped
 
-    def extras(self, episode_id: Any, view: dict | None, gif_width: Any = None) -> dict[Any, Any]:
+    def extras(self, episode_id: Any, view: dict | None, gif_width: Any = None, ghost: bool = False) -> dict[Any, Any]:
         """What follows an opened episode's board (`show`), in the answer after it: the same board across stages,
         and its files (`files`)."""
         v = episode_view(self.engine, episode_id) if view else {"error": "no episode"}
@@ -175,14 +183,14 @@ class EpisodeTab:
             return self.files(None)
         has_strip = v["strip"] is not None
         strip_note = "### Same board across stages" if has_strip else "_This board was evaluated at one stage only._"
-        return self.files(view, gif_width) | {
+        return self.files(view, gif_width, ghost) | {
             self.strip_note: strip_note, self.strip: gr.update(value=v["strip"], visible=has_strip),
             self.strip_table: gr.update(value=v["strip_table"], visible=has_strip)}
 
-    def files(self, view: dict | None, gif_width: Any = None) -> dict[Any, Any]:
+    def files(self, view: dict | None, gif_width: Any = None, ghost: bool = False) -> dict[Any, Any]:
         """The open episode's files: its GIF at the width chosen (the first offered when none is) and its HTML
         replay; each button clickable once its file is made."""
-        return {self.gif: gr.update(value=gif_file(view, gif_width), interactive=view is not None),
+        return {self.gif: gif_button(view, gif_width, ghost),
                 self.html: gr.update(value=replay_file(view), interactive=view is not None)}
 
     def redraw(self, view: dict | None, t: Any, ghost: bool) -> dict[Any, Any]:
@@ -239,8 +247,10 @@ def build(page: Page) -> EpisodeTab:
         .then(tab.extras, tab.follows, tab.extra_outputs, **no_progress(page))
     gr.on([step.input, ghost.input], tab.redraw, [view, step, ghost], [board, events], trigger_mode="always_last",
           **no_progress(page))
-    gif_width.select(lambda v, w: {gif: gr.update(value=gif_file(v, w), interactive=v is not None)},
-                    [view, gif_width], gif, trigger_mode="always_last")
+    # A new width or ghost: the button is disabled at once (outside the queue), then holds the new file.
+    gr.on([gif_width.select, ghost.input], lambda: gr.update(interactive=False), None, gif, queue=False,
+          trigger_mode="always_last").then(lambda v, w, g: {gif: gif_button(v, w, g)}, [view, gif_width, ghost], gif,
+                                           trigger_mode="always_last")
     play.click(tab.toggle_play, [view, tab.playing, step], [tab.playing, tab.ticker, play, step])
     tab.ticker.tick(tab.tick, [view, tab.playing, step, ghost], [step, board, events, tab.playing, tab.ticker, play],
                     **no_progress(page))

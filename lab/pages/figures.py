@@ -25,22 +25,26 @@ from plotly.subplots import make_subplots
 
 from envsim.instance import Instance
 from envsim.rules import Failure
-from envsim.scoring import Outcome, Tally, score
-from lab.replay import AGENT_COLOURS, EVENT, HOLE, ICE, colour, describe, last_step, step_caption
+from envsim.scoring import Outcome, Tally
+from lab.replay import (
+    AGENT_COLOURS,
+    EVENT,
+    HOLE,
+    ICE,
+    colour,
+    describe,
+    ghost_positions,
+    last_step,
+    step_caption,
+)
 from lab.results import StageSummary
 
-__all__ = ["AGENT_COLOURS", "EVENT", "HOLE", "ICE", "colour", "describe", "last_step", "step_caption"]  # shared
+__all__ = ["AGENT_COLOURS", "EVENT", "HOLE", "ICE", "colour", "describe", "ghost_positions", "last_step",
+           "step_caption"]  # shared
 
 FAILURES = tuple(f.value for f in Failure)
 POOLED_VALID, POOLED_OPTIMAL = "pooled valid", "pooled optimal"  # the names of a stage's rates on the page
 _FONT = dict(family="system-ui, sans-serif", size=13)
-
-
-def ghost_positions(instance: Instance) -> tuple[tuple[tuple[int, int], ...], ...] | None:
-    """Where the solver's reference plan puts every agent at each time (None for an unlabelled board)."""
-    if instance.reference_plan is None:
-        return None
-    return score(instance, instance.reference_plan).positions
 
 
 # ---------------------------------------------------------------- one board at one step
@@ -58,14 +62,14 @@ def _static_traces(instance: Instance, ghost: Sequence[Sequence[tuple[int, int]]
         hovertext=hover, hoverinfo="text", **axes)]
     traces.append(dict(
         type="scatter", name="goals", mode="markers+text", x=[g[1] for g in instance.goals],
-        y=[g[0] for g in instance.goals], text=[chr(ord("a") + i) for i in range(k)],
-        textfont=dict(color=[colour(i) for i in range(k)], size=14),
-        marker=dict(symbol="square-open", size=26, line=dict(width=3), color=[colour(i) for i in range(k)]),
+        y=[g[0] for g in instance.goals], text=[f"goal {i}" for i in range(k)], textposition="bottom right",
+        textfont=dict(color=[colour(i) for i in range(k)], size=11),  # beside the square: no disc hides it
+        marker=dict(symbol="square-open", size=30, line=dict(width=3), color=[colour(i) for i in range(k)]),
         hovertext=[f"goal of agent {i} {g}" for i, g in enumerate(instance.goals)], hoverinfo="text",
         showlegend=False, **axes))
     traces.append(dict(
         type="scatter", name="starts", mode="text", x=[s[1] for s in instance.starts],
-        y=[s[0] for s in instance.starts], text=[chr(ord("A") + i) for i in range(k)],
+        y=[s[0] for s in instance.starts], text=[f"start {i}" for i in range(k)],
         textposition="top left", textfont=dict(color=[colour(i) for i in range(k)], size=11),
         hovertext=[f"start of agent {i} {s}" for i, s in enumerate(instance.starts)], hoverinfo="text",
         showlegend=False, **axes))
