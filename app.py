@@ -9,7 +9,7 @@ page polls with `gr.Timer`.
 This module assembles the page: the bar above the tabs (the open run, the worker's badge), the tabs from
 `lab/pages/` (one module each, with its view functions and its widgets), and the events that cross tabs.
 
-A lab that starts on an empty database imports the shipped example run first (`lab.example`: a real 3-stage
+A lab that starts on an empty database imports the shipped example run first (`lab.study.example`: a real 3-stage
 run with a decision of each kind), so every tab has something to show on the first visit; `--no-example`
 skips it, and a database that holds a run already is left as it is.
 
@@ -17,7 +17,7 @@ A worker is started beside the page unless `--no-worker` is given or one is visi
 whose heartbeat is fresh. An idle worker writes nothing (a worker has no row of its own), so a lab whose
 worker idles on another machine gets a second one here; that is harmless, as claims are exclusive. Beside it a
 light lane starts too (`envlab worker --kinds probe`): a Measure job runs while the worker trains a long stage.
-Workers lower their CPU priority (`--nice`) and leave the page a core (`lab.worker.beside_page_env`: torch
+Workers lower their CPU priority (`--nice`) and leave the page a core (`lab.jobs.worker.beside_page_env`: torch
 threads on every core but one), so the page stays quick while a stage trains.
 """
 
@@ -41,13 +41,13 @@ from sqlalchemy import Engine
 from starlette.middleware import Middleware
 
 from lab.archive import ArchiveError, Limits
-from lab.auth import Guard, allowed_hosts
-from lab.example import ensure_example, import_studies
+from lab.jobs.worker import WorkerState, beside_page_env, start_worker, worker_busy, worker_status
 from lab.pages import compare, episode, leaderboard, playground, proposal, review, runs, train
+from lab.pages.auth import Guard, allowed_hosts
 from lab.pages.common import VIEW, Page, no_progress
+from lab.pages.tempfiles import FILES_AGE_S, SWEEP_S
 from lab.runs import LabVersion, lab_version, run_list, run_of_episode, run_of_proposal, waiting_proposals
-from lab.tempfiles import FILES_AGE_S, SWEEP_S
-from lab.worker import WorkerState, beside_page_env, start_worker, worker_busy, worker_status
+from lab.study.example import ensure_example, import_studies
 from storage.db import DatabaseUnusable, open_database
 
 ASSETS = Path(__file__).parent / "assets"
@@ -405,7 +405,7 @@ def launch(demo: gr.Blocks, host: str = "127.0.0.1", port: int | None = None,
     Uploads are capped at `Limits.upload` (Gradio's `max_file_size`, per file; docs/archive.md) and FastAPI's
     own `/openapi.json` is off (Gradio's routes, no lab data, but answered without a login); under `auth` the
     endpoints' schema is not shown either (`close_api_docs`), failed logins are throttled and every request
-    that can change something needs the login (`lab.auth.Guard`). The guard answers only to the lab's host names
+    that can change something needs the login (`lab.pages.auth.Guard`). The guard answers only to the lab's host names
     (`allowed` adds to them) and the lab's own page, in front of every other layer of the app (Gradio's CORS layer
     would otherwise answer another site's preflight first); `X-Forwarded-For` is believed only from the proxies in
     `forwarded_allow_ips` (uvicorn's setting; none by default)."""

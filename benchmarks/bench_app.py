@@ -268,7 +268,7 @@ def _spin_load() -> tuple[list[Any], Callable[[], bool]]:
     """A CPU spinner per core at the worker's default lower priority."""
     import os
 
-    from lab.worker import NICE
+    from lab.jobs.worker import NICE
 
     spinners = [subprocess.Popen([sys.executable, "-c", f"import os; os.nice({NICE})\nwhile True: pass"])
                 for _ in range(os.cpu_count() or 2)]

@@ -1,7 +1,7 @@
 """What a stage's own process costs: a tiny-policy run (stage 0 evaluated, one proposal, stage 1 trained and
 evaluated) with every stage in the worker's process, then with every stage in a child process as `envlab worker`
-runs it (`lab.worker.run_child`): started cold (`ENVLAB_ZYGOTE=0`: a Python process importing torch, transformers
-and TRL), then forked from a zygote that imported them once (`lab.zygote`, started by the run's first stage as a
+runs it (`lab.jobs.worker.run_child`): started cold (`ENVLAB_ZYGOTE=0`: a Python process importing torch, transformers
+and TRL), then forked from a zygote that imported them once (`lab.jobs.zygote`, started by the run's first stage as a
 worker's first job starts it), timed in the same process on the same machine.
 
 A stage's time is its job row's, from the claim to its end, so the child's start-up is inside it. The figures to
@@ -29,10 +29,10 @@ from sqlmodel import select
 
 from envsim.config import EnvConfig
 from envsim.suite import VALIDATION_PER_SIZE
-from lab import zygote
+from lab.jobs import zygote
+from lab.jobs.worker import handlers, run_worker
 from lab.loop import after_job, create_run, drive
 from lab.settings import RunSettings
-from lab.worker import handlers, run_worker
 from storage.db import RUNS_SETTING, make_engine, session, upgrade
 from storage.models import Job, JobKind, JobStatus
 from training.evaluate import validation_entries

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from envsim.config import EnvConfig
-from lab.experiments import create_experiment, experiment_runs, run_experiment
 from lab.settings import RunSettings
+from lab.study.experiments import create_experiment, experiment_runs, run_experiment
 from storage.db import make_engine, upgrade
 from storage.models import RunStatus
 

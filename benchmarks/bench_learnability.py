@@ -21,7 +21,7 @@ from envsim.config import EnvConfig
 from envsim.generator import generate
 from envsim.parser import parse
 from envsim.scoring import score
-from lab.experiments import load_scenario
+from lab.study.experiments import load_scenario
 from training.evaluate import answer_budget
 from training.policy import load_policy
 

@@ -27,7 +27,7 @@ from sqlmodel import select
 
 from lab.context import Evidence, StageResult
 from lab.engineers import LEARN_ANSWERS, LEARN_BOARDS, learnability
-from lab.experiments import load_scenario
+from lab.study.experiments import load_scenario
 from storage.db import make_engine, session
 from storage.models import Job, JobKind, JobStatus, Run
 from training.policy import load_policy

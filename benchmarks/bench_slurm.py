@@ -27,9 +27,9 @@ from pathlib import Path
 from bench_experiment import QUICK, Study, grpo_of
 
 from envsim.config import EnvConfig
-from lab.experiments import create_experiment, experiment_runs
 from lab.settings import RunSettings
-from lab.slurm import SlurmOptions, experiment_arrays, run_on_slurm, sweep
+from lab.study.experiments import create_experiment, experiment_runs
+from lab.study.slurm import SlurmOptions, experiment_arrays, run_on_slurm, sweep
 from storage.db import make_engine, upgrade
 from storage.models import RunStatus
 

@@ -24,9 +24,9 @@ from sqlmodel import select
 
 from envsim.config import EnvConfig
 from envsim.suite import DEV_PER_SIZE
-from lab.experiments import create_experiment, experiment_runs
+from lab.jobs.worker import run_worker
 from lab.settings import RunSettings
-from lab.worker import run_worker
+from lab.study.experiments import create_experiment, experiment_runs
 from storage.db import make_engine, session, upgrade
 from storage.models import Episode, Evaluation
 from training.stage import run_stage_job

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from envsim.suite import Split, build, report
-from lab.reference import TINY_FILE, tiny_result
+from lab.study.reference import TINY_FILE, tiny_result
 from training.evaluate import evaluate
 from training.policy import load_policy
 

@@ -37,11 +37,11 @@ from PIL import Image
 
 import app
 from envsim.config import EnvConfig
+from lab.jobs.worker import handlers, run_worker
 from lab.loop import advance, after_job, create_run
 from lab.proposals import decide_on, proposal_states
 from lab.runs import failed_episodes, run_list
 from lab.settings import RunSettings
-from lab.worker import handlers, run_worker
 from storage.db import make_engine, session, upgrade
 
 CHROMIUM = "/usr/bin/chromium"

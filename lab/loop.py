@@ -115,7 +115,7 @@ def create_run(s: Session, *, name: str, config: EnvConfig, settings: RunSetting
     default `paper-best`, resolved into its modules). `settings.dev_per_size` is the dev boards per map size each
     stage is also evaluated on: the engineers read those, never the validation boards (docs/loop.md); None only
     for a run added to an experiment made before dev boards existed (its engineers read validation, as the others).
-    `experiment_id` and `arm` place the run in an experiment (lab.experiments). A name or a description longer
+    `experiment_id` and `arm` place the run in an experiment (lab.study.experiments). A name or a description longer
     than `lab.text`'s bounds is refused.
     """
     for field, text, limit in (("run name", name, NAME_LIMIT), ("run description", description, TEXT_LIMIT)):
@@ -544,7 +544,7 @@ def probe_for(engine: Engine, run: Run, stage: Stage, *, boards: int, answers: i
         return loaded[0]
 
     temperature = sampling_temperature(run.settings.get("grpo"))
-    return lambda config: measure(engine, config, name, policy=load, seed=run.seed,
+    return lambda config: measure(engine, config, name, policy=load, settings=run.settings, seed=run.seed,
                                   boards=boards, answers=answers, temperature=temperature)
 
 

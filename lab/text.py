@@ -3,7 +3,7 @@ be, and how a page or a report shows it.
 
 Such text comes from whoever can reach the page, the command line or an archive, and every page load shows the
 runs' names: an 8 MB name was 16.8 MB streamed on every load, and a name `<img src=...>` or `![](...)` put into
-Markdown made every viewer's browser fetch that address. So each way in (lab.loop.create_run, lab.experiments,
+Markdown made every viewer's browser fetch that address. So each way in (lab.loop.create_run, lab.study.experiments,
 lab.proposals.decide, lab.archive's import) refuses text over its bound with `too_long`'s message, before anything
 is stored, and everything that writes Markdown shows it through `as_text`.
 """

@@ -18,9 +18,9 @@ Stages 0 and 3 are also evaluated on the benchmark, so the Leaderboard has a bef
 checkpoints stay out of the file (5.5 MB each): the example is there to read and replay; a stage of it cannot
 be trained on or benchmarked again.
 
-`python -m lab.make_example --make assets/example-run.zip` makes it again (docs/example.md): a run on a scratch
+`python scripts/make_example.py --make assets/example-run.zip` makes it again (docs/example.md): a run on a scratch
 SQLite database, driven in this process by the same worker and loop as `envlab run`, decided here, exported.
-`lab.example.ensure_example(engine)` imports it into an empty database (`envlab serve` does, unless
+`lab.study.example.ensure_example(engine)` imports it into an empty database (`envlab serve` does, unless
 `--no-example`).
 """
 
@@ -35,22 +35,24 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy import Engine
-from sqlmodel import Session, func, select
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runs from a checkout without an install
 
-from envsim.config import EnvConfig
-from envsim.scoring import Tally
-from lab.archive import export_run
-from lab.cli import quiet_libraries, stage_line
-from lab.engineers import CONFLICTS
-from lab.example import DESCRIPTION, NAME
-from lab.loop import LoopError, after_job, create_run, drive, queue_benchmark, stages_of
-from lab.proposals import current_proposal, decide
-from lab.results import stage_summaries
-from lab.settings import RunSettings
-from lab.worker import handlers, run_worker
-from storage.db import RUNS_SETTING, make_engine, session, upgrade
-from storage.models import Action, Job, JobStatus, Proposal, Run, RunStatus, StageStatus
+from sqlalchemy import Engine  # noqa: E402
+from sqlmodel import Session, func, select  # noqa: E402
+
+from envsim.config import EnvConfig  # noqa: E402
+from envsim.scoring import Tally  # noqa: E402
+from lab.archive import export_run  # noqa: E402
+from lab.cli.runs import quiet_libraries, stage_line  # noqa: E402
+from lab.engineers import CONFLICTS  # noqa: E402
+from lab.jobs.worker import handlers, run_worker  # noqa: E402
+from lab.loop import LoopError, after_job, create_run, drive, queue_benchmark, stages_of  # noqa: E402
+from lab.proposals import current_proposal, decide  # noqa: E402
+from lab.results import stage_summaries  # noqa: E402
+from lab.settings import RunSettings  # noqa: E402
+from lab.study.example import DESCRIPTION, NAME  # noqa: E402
+from storage.db import RUNS_SETTING, make_engine, session, upgrade  # noqa: E402
+from storage.models import Action, Job, JobStatus, Proposal, Run, RunStatus, StageStatus  # noqa: E402
 
 STAGES = 3
 SEED = 0
@@ -257,7 +259,7 @@ def _benchmark(engine: Engine, run_id: int, index: int) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m lab.make_example", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python scripts/make_example.py", description=__doc__.splitlines()[0])
     p.add_argument("--make", type=Path, metavar="ZIP", required=True,
                    help="train the example run and write it here (the shipped one is assets/example-run.zip)")
     args = p.parse_args(argv)

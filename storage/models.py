@@ -133,7 +133,7 @@ def new_uuid() -> str:
 
 
 class Experiment(SQLModel, table=True):
-    """A named set of runs (arms x seeds) that share everything but the engineer and the seed (lab.experiments).
+    """A named set of runs (arms x seeds) that share everything but the engineer and the seed (lab.study.experiments).
 
     `arms` lists each arm as the lab defines it (name, engineer, backend, context preset); `settings` holds
     what every run shares and the compute it buys (stages, instances, GRPO settings, steps per stage,
@@ -293,7 +293,7 @@ class Job(SQLModel, table=True):
     finished_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     needs_gpu: bool = Field(default=False, sa_column_kwargs={"server_default": false()})  # only a GPU worker's
     priority: int = Field(default=0, sa_column_kwargs={"server_default": "0"})  # `Priority`: higher is claimed first
-    # the Slurm array task that ran it (`lab.slurm.SlurmJob`: array, task, node, state, log); None off Slurm
+    # the Slurm array task that ran it (`lab.study.slurm.SlurmJob`: array, task, node, state, log); None off Slurm
     slurm: dict[str, Any] | None = Field(default=None, sa_type=JSONType)
 
 

@@ -1,4 +1,4 @@
-"""Job handlers that the worker's child processes import in tests (`lab.worker.InChild("tests.child_jobs:...")`):
+"""Job handlers that the worker's child processes import in tests (`lab.jobs.worker.InChild("tests.child_jobs:...")`):
 jobs that misbehave as real ones can (ignore Cancel, leave a process behind, die without a word)."""
 
 from __future__ import annotations

@@ -15,11 +15,11 @@ from envsim.generator import generate
 from envsim.parser import format_plan
 from envsim.scoring import score_answer
 from envsim.suite import VALIDATION_PER_SIZE, Split
-from lab.experiments import create_experiment
+from lab.jobs.worker import run_worker
 from lab.loop import advance, after_job, create_run, run_propose_job
 from lab.proposals import current_proposal, decide
 from lab.settings import RunSettings
-from lab.worker import run_worker
+from lab.study.experiments import create_experiment
 from storage.db import runs_root, session
 from storage.models import Episode, Experiment, Job, Proposal, Run, Stage, TrainingLog
 from training.evaluate import EpisodeResult, store_evaluation

@@ -20,8 +20,8 @@ from pathlib import Path
 from sqlalchemy import Engine, func
 from sqlmodel import select
 
+from lab.jobs.worker import beside_page_env, start_worker
 from lab.pages.proposal import decide_proposal
-from lab.worker import beside_page_env, start_worker
 from storage.db import session
 from storage.models import Job, Run, Stage, TrainingLog
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 import app
+from lab.jobs.worker import worker_status
 from lab.pages import proposal, train
-from lab.worker import worker_status
 from storage.db import make_engine, upgrade
 
 

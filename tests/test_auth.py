@@ -1,4 +1,4 @@
-"""The page under `--auth`, tried as a guesser and as someone without a login would (lab/auth.py)."""
+"""The page under `--auth`, tried as a guesser and as someone without a login would (lab/pages/auth.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from fastapi.routing import APIRoute
 from starlette.routing import Mount
 
-from lab.auth import BASE_WAIT_S, FREE_FAILURES, Throttle
+from lab.pages.auth import BASE_WAIT_S, FREE_FAILURES, Throttle
 from storage.db import make_engine, upgrade
 
 USERS = [("alice", "secret"), ("bob", "hunter2")]
@@ -214,14 +214,14 @@ def test_the_login_cookie_is_lax_and_logout_is_a_post(page):
 
 
 def test_connections_held_open_need_the_login_and_are_capped_per_client(page, monkeypatch):
-    import lab.auth
+    import lab.pages.auth
 
     base, _ = page
     status, _, _ = _request(f"{base}/gradio_api/heartbeat/anything")
     assert status == 401
     opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor())
     assert login(base, "alice", "secret", opener)[0] == 200
-    monkeypatch.setattr(lab.auth, "MAX_OPEN_PER_CLIENT", 2)
+    monkeypatch.setattr(lab.pages.auth, "MAX_OPEN_PER_CLIENT", 2)
     held = [opener.open(f"{base}/gradio_api/heartbeat/s{i}", timeout=30) for i in range(2)]
     try:
         opener.open(f"{base}/gradio_api/heartbeat/s3", timeout=30)

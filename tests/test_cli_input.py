@@ -114,7 +114,7 @@ def test_generate_streams_its_boards_and_writes_the_file_whole(tmp_path, capsys)
     """Boards go out as they are made: the first lines of standard output come before the last board is made,
     and a file appears whole at the end (a `.part` beside it meanwhile) with every board once."""
     import envsim.generator as generator
-    from lab import cli
+    from lab.cli import boards as cli
 
     seen: list[int] = []
     real = generator.stratified

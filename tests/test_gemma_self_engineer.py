@@ -16,10 +16,10 @@ from sqlalchemy import Engine
 from sqlmodel import select
 
 from envsim.config import EnvConfig
+from lab.jobs.worker import handlers, run_worker
 from lab.loop import after_job, create_run
 from lab.pages.proposal import proposal_view
 from lab.settings import RunSettings
-from lab.worker import handlers, run_worker
 from storage.db import make_engine, runs_root, session, upgrade
 from storage.models import Job, JobKind, JobStatus, Proposal, Stage
 

@@ -5,6 +5,10 @@ included: a lazy import is still a dependency. Three rules follow from the layer
 - a module imports project modules of its own layer or the layers below it, never above;
 - no modules import each other in a circle, directly or through others;
 - page code (`app.py` and `lab/pages/`) runs no database query: it imports neither `sqlmodel` nor the session.
+
+lab/ itself is in rooms (README, "What is where"): the design loop at its root, at most `LAB_ROOT_MODULES` modules,
+and the rest in packages of their own (`jobs/`, `study/`, `archive/`, `engineers/`, `cli/`, `pages/`). The rooms
+below the page (`lab.jobs`, `lab.study`, `lab.archive`) import nothing from it.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("envsim", "storage", "training", "lab")
 # The page is the top layer: `app.py` and the tabs it assembles from lab/pages/.
 LAYERS = ("envsim", "storage", "training", "lab", "page")
+LAB_ROOT_MODULES = 12  # lab/'s own .py files beside its __init__; a package (a room) counts as none of them
+BELOW_THE_PAGE = ("lab.jobs", "lab.study", "lab.archive")
 
 
 def project_modules() -> dict[str, Path]:
@@ -76,7 +82,7 @@ GRAPH = {module: project_imports(module) for module in MODULES}
 
 def test_every_layer_is_a_known_one():
     assert {layer(m) for m in MODULES} <= set(LAYERS)
-    assert "lab.worker" in MODULES and "lab.results" in MODULES and "app" in MODULES
+    assert "lab.jobs.worker" in MODULES and "lab.results" in MODULES and "app" in MODULES
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))
@@ -135,3 +141,26 @@ def test_page_code_runs_no_database_query(module: str):
     names = {name for name, _ in imported_names(MODULES[module], module)}
     forbidden = sorted(n for n in names if n == "sqlmodel" or n.startswith("sqlmodel.") or n == "storage.db.session")
     assert not forbidden, f"{module} imports {forbidden}: ask lab/ for the rows instead"
+
+
+def in_room(module: str, room: str) -> bool:
+    return module == room or module.startswith(f"{room}.")
+
+
+def test_labs_root_holds_at_most_a_dozen_modules():
+    root = sorted(p.name for p in (ROOT / "lab").glob("*.py") if p.name != "__init__.py")
+    assert len(root) <= LAB_ROOT_MODULES, (
+        f"lab/ holds {len(root)} modules at its root ({', '.join(root)}), at most {LAB_ROOT_MODULES}: "
+        "put the new one in the room (a package under lab/) it belongs to")
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if any(in_room(m, room) for room in BELOW_THE_PAGE)))
+def test_jobs_study_and_archive_import_nothing_from_the_page(module: str):
+    found = [f"{MODULES[module].relative_to(ROOT)}:{line} imports {name}"
+             for name, line in GRAPH[module].items() if in_room(name, "lab.pages")]
+    assert not found, f"{module} is below the page:\n" + "\n".join(found)
+
+
+def test_the_rooms_below_the_page_are_there():
+    assert all(room in MODULES for room in BELOW_THE_PAGE)
+    assert {"lab.jobs.worker", "lab.study.experiments", "lab.archive.reading", "lab.cli.runs"} <= set(MODULES)

@@ -15,6 +15,7 @@ from envsim.generator import cannot_fill, stage_seed
 from envsim.parser import format_plan
 from envsim.scoring import score_answer
 from lab.engineers import ENGINEERS, EngineerAnswer
+from lab.jobs.worker import run_worker
 from lab.loop import (
     LoopError,
     advance,
@@ -29,7 +30,6 @@ from lab.loop import (
 )
 from lab.proposals import AlreadyDecided, ProposalError, decide, diff, store_proposal
 from lab.settings import RunSettings, SettingsError
-from lab.worker import run_worker
 from storage.db import session
 from storage.models import Decision, Episode, Proposal, Run, Stage
 from tests.recorded import BOARDS, CONFIG, recorded_stage, work

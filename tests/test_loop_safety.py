@@ -14,6 +14,7 @@ from sqlalchemy import column, insert, inspect, table, text
 from sqlmodel import select
 
 from lab.engineers import ENGINEERS
+from lab.jobs.worker import run_job, run_worker
 from lab.loop import (
     PROPOSE_ATTEMPTS,
     LoopError,
@@ -30,7 +31,6 @@ from lab.loop import (
 )
 from lab.proposals import Superseded, decide, store_proposal
 from lab.settings import RunSettings
-from lab.worker import run_job, run_worker
 from storage import queue
 from storage.db import current_revision, make_engine, session, upgrade
 from storage.models import Decision, Job, JobKind, JobStatus, Priority, Proposal, Run, RunStatus, Stage, utcnow

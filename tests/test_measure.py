@@ -7,6 +7,7 @@ from sqlmodel import select
 
 from envsim.config import EnvConfig
 from lab.engineers import answer_of as _answer
+from lab.jobs.worker import run_worker
 from lab.loop import create_run
 from lab.measurements import (
     EDIT,
@@ -21,7 +22,6 @@ from lab.pages.common import config_rows
 from lab.pages.proposal import decide_proposal
 from lab.proposals import store_proposal
 from lab.settings import RunSettings
-from lab.worker import run_worker
 from storage.db import session
 from storage.models import Decision, Job, Probe, Stage
 from training.probe import ProbeResult, SizeProbe, run_probe_job

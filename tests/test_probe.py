@@ -12,7 +12,7 @@ from lab.engineers import LEARN_ANSWERS, LEARN_BOARDS, grid
 from lab.settings import RunSettings
 from storage.db import make_engine, session, upgrade
 from storage.models import Probe
-from training.policy import load_policy
+from training.policy import Policy, build_tiny, load_policy
 from training.probe import (
     Band,
     ProbeResult,
@@ -126,6 +126,46 @@ def test_a_size_with_the_knobs_of_one_measured_before_is_reused_not_sampled(tiny
     engine.dispose()
 
 
+def test_probes_that_differ_only_in_thinking_or_completion_length_do_not_share_a_cache_entry(tiny, tmp_path):
+    engine = make_engine(str(tmp_path / "lab.db"))
+    upgrade(engine)
+    keys = {}
+    for name, settings in {"defaults": {}, "thinking": {"thinking": "on"}, "length": {"completion_length": 4}}.items():
+        loads = []
+        result = measure(engine, SMALL, "tiny", policy=lambda loads=loads: loads.append(1) or tiny, settings=settings,
+                         seed=1, boards=2, answers=2)
+        assert not result.cached and result.reused == 0 and loads == [1]  # measured: nothing shared, no size reused
+        keys[name] = result.key
+    assert len(set(keys.values())) == 3
+    assert keys["defaults"] == probe_key(SMALL, "tiny", 1, 2, 2, 1.0)  # a probe stored before keeps its key
+    again = measure(engine, SMALL, "tiny", policy=None, settings={"completion_length": 4}, seed=1, boards=2, answers=2)
+    assert again.cached and again.key == keys["length"]
+    engine.dispose()
+
+
+def test_a_probe_that_loads_its_policy_answers_as_the_runs_settings_say(tmp_path, monkeypatch):
+    """Without a loader `measure` loads the checkpoint itself: with the run's thinking mode and answer budget."""
+    chat = build_tiny(0, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+                      num_key_value_heads=2, head_dim=32)
+    chat.tokenizer.chat_template = "{{ messages[0].content }}"
+    chat.prompt_style = "chat"
+    folder = chat.save(tmp_path / "chat")
+    engine = make_engine(str(tmp_path / "lab.db"))
+    upgrade(engine)
+    answered = []
+    generate = Policy.generate
+
+    def spy(self, prompts, max_new_tokens, **kwargs):
+        answered.append((self.thinking, max_new_tokens))
+        return generate(self, prompts, max_new_tokens, **kwargs)
+
+    monkeypatch.setattr(Policy, "generate", spy)
+    measure(engine, one_size(SMALL, 3), str(folder), settings={"thinking": "on", "completion_length": 5}, seed=1,
+            boards=1, answers=1)
+    assert answered == [(True, 5)]  # not the chat default of 512 tokens
+    engine.dispose()
+
+
 def test_the_probe_samples_at_the_stages_temperature():
     assert sampling_temperature({}) == 1.0  # TRL's default
     assert sampling_temperature({"temperature": 0.7}) == 0.7
@@ -140,8 +180,8 @@ def test_a_probe_of_no_answers_is_refused(tiny):
 def test_a_learnability_proposal_probes_the_runs_checkpoint_and_keeps_its_compute(tmp_path):
     """The propose job with the real tiny policy: 2 sizes x the 6 cells of the grid, stored, cached the second
     time; the proposal draws half of each size's boards broadly and the next stage can generate it."""
+    from lab.jobs.worker import run_worker
     from lab.loop import create_run, run_propose_job
-    from lab.worker import run_worker
     from storage.models import Job, Proposal, Stage
 
     engine = make_engine(str(tmp_path / "lab.db"))

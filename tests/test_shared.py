@@ -19,11 +19,11 @@ from sqlmodel import select
 
 from envsim.config import EnvConfig
 from envsim.suite import VALIDATION_PER_SIZE, Split
-from lab.experiments import create_experiment, experiment_runs
+from lab.jobs.worker import run_job, run_worker
 from lab.loop import advance, create_run, run_propose_job
 from lab.pages.train import train_view
 from lab.settings import RunSettings
-from lab.worker import run_job, run_worker
+from lab.study.experiments import create_experiment, experiment_runs
 from storage import queue
 from storage.db import make_engine, session, upgrade
 from storage.models import Episode, Evaluation, Job, Proposal, Stage, StageMetric

@@ -23,7 +23,7 @@ from sqlmodel import select
 from envsim.config import EnvConfig
 from envsim.generator import generate
 from envsim.prompts import compact_answer
-from lab.worker import run_worker
+from lab.jobs.worker import run_worker
 from storage import queue
 from storage.db import make_engine, runs_root, session, upgrade
 from storage.models import Episode, Job, Run, Stage, StageMetric, TrainingLog

@@ -1,4 +1,4 @@
-"""Uploads and exports do not pile up on the server (lab/tempfiles.py, lab/pages/runs.py)."""
+"""Uploads and exports do not pile up on the server (lab/pages/tempfiles.py, lab/pages/runs.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from lab.pages import runs
-from lab.tempfiles import EXPORTS, FILES_AGE_S, SWEEP_S, sweep
+from lab.pages.tempfiles import EXPORTS, FILES_AGE_S, SWEEP_S, sweep
 from storage.db import make_engine, upgrade
 from tests.recorded import build_run
 

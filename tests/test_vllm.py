@@ -15,9 +15,9 @@ import pytest
 from sqlmodel import select
 
 from envsim.config import EnvConfig
+from lab.jobs.worker import run_worker
 from lab.loop import create_run
 from lab.settings import RunSettings
-from lab.worker import run_worker
 from storage.db import make_engine, session, upgrade
 from storage.models import Job, JobStatus
 from training import vllm

@@ -99,8 +99,11 @@ def evaluate(policy: Policy, instances: Sequence[Instance], batch_size: int = 64
             done = start + len(chunk)
             if progress is not None and progress(done, len(instances)):
                 raise Cancelled(f"cancelled after {done} of {len(instances)} episodes")
-    finally:
-        del engine  # its GPU memory goes back before training or the next evaluation needs it
+    finally:  # its GPU memory goes back before training or the next evaluation starts an engine
+        if engine is not None:
+            vllm.stop_engine(engine)
+            del engine
+            vllm.free_memory()
     return [EpisodeResult(inst, text, score(inst, parse(text, inst.num_agents)))
             for inst, text in zip(instances, completions, strict=True)]
 

@@ -9,11 +9,12 @@ p_b(1 - p_b) with p_b a board's valid share over its answers (the variance of it
 shares of boards with no valid answer and with every answer valid. Weighted by the config's data ratios, the
 share of boards that carry signal says how much of a stage's data can move the policy.
 
-A probe is a pure function of (config, policy, seed, boards, answers, temperature): the same arguments give the
-same numbers. `measure` keeps each in the `probes` table under a key of those arguments (the checkpoint by the
-name a stage row gives it), so asking twice costs nothing. A size's numbers depend only on that size's knobs
-(hole and wait ratio, the number of agents), so a size whose knobs equal one measured already, in any stored
-config on the same checkpoint, seed and probe size, is reused rather than sampled again. Torch loads only when
+A probe is a pure function of (config, policy, seed, boards, answers, temperature) and of how the policy answers
+(the run's `thinking` and `completion_length`, `Policy.configured`): the same arguments give the same numbers.
+`measure` keeps each in the `probes` table under a key of those arguments (the checkpoint by the name a stage row
+gives it), so asking twice costs nothing. A size's numbers depend only on that size's knobs (hole and wait ratio,
+the number of agents), so a size whose knobs equal one measured already, in any stored config on the same
+checkpoint, seed, probe size and answering settings, is reused rather than sampled again. Torch loads only when
 a probe samples, so the lab reads stored probes (and their defaults) without it.
 """
 
@@ -174,11 +175,25 @@ def probe_config(policy: Policy, config: EnvConfig, *, seed: int = 0, boards: in
                        time.perf_counter() - t0)
 
 
-def probe_key(config: EnvConfig, checkpoint: str, seed: int, boards: int, answers: int, temperature: float) -> str:
-    """The cache key: a hash of the canonical JSON of everything the numbers depend on."""
-    text = json.dumps({"config": config.model_dump(mode="json"), "checkpoint": checkpoint, "seed": seed,
-                       "boards": boards, "answers": answers, "temperature": temperature}, sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
+def answering(settings: dict[str, Any] | None) -> dict[str, Any]:
+    """How a run's policy answers a probe, as `Policy.configured` reads its settings: the chat template's thinking
+    flag and the answer budget (None: `training.evaluate.answer_budget`'s)."""
+    settings = settings or {}
+    return {"thinking": settings.get("thinking") == "on", "completion_length": settings.get("completion_length")}
+
+
+def probe_key(config: EnvConfig, checkpoint: str, seed: int, boards: int, answers: int, temperature: float,
+              thinking: bool = False, completion_length: int | None = None) -> str:
+    """The cache key: a hash of the canonical JSON of everything the numbers depend on. `thinking` and
+    `completion_length` enter it only where they are not the defaults, so a probe stored before they did keeps
+    its key."""
+    fields = {"config": config.model_dump(mode="json"), "checkpoint": checkpoint, "seed": seed, "boards": boards,
+              "answers": answers, "temperature": temperature}
+    if thinking:
+        fields["thinking"] = True
+    if completion_length is not None:
+        fields["completion_length"] = completion_length
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:32]
 
 
 def size_knobs(config: EnvConfig, size: int) -> tuple[float, float, int, float]:
@@ -188,15 +203,18 @@ def size_knobs(config: EnvConfig, size: int) -> tuple[float, float, int, float]:
 
 
 def measured_sizes(engine: Engine, config: EnvConfig, checkpoint: str, seed: int, boards: int, answers: int,
-                   temperature: float) -> dict[int, SizeProbe]:
-    """The sizes of `config` measured already in any stored probe on the same checkpoint, seed, probe size and
-    temperature, whose knobs for that size equal `config`'s."""
+                   temperature: float, settings: dict[str, Any] | None = None) -> dict[int, SizeProbe]:
+    """The sizes of `config` measured already in any stored probe on the same checkpoint, seed, probe size,
+    temperature and answering settings (`answering(settings)`), whose knobs for that size equal `config`'s."""
     with session(engine) as s:
         rows = s.exec(select(Probe).where(Probe.checkpoint == checkpoint, Probe.seed == seed, Probe.boards == boards,
                                           Probe.answers == answers, Probe.temperature == temperature)).all()
     found: dict[int, SizeProbe] = {}
     for row in rows:
         other = EnvConfig.model_validate(row.config)
+        # a row's key names how its policy answered: one keyed otherwise thought, or had another budget
+        if row.key != probe_key(other, checkpoint, seed, boards, answers, temperature, **answering(settings)):
+            continue
         for size, measured in row.sizes.items():
             size = int(size)
             if size not in found and size in config.sizes and size in other.sizes \
@@ -219,20 +237,22 @@ def stored_probe(engine: Engine, key: str) -> ProbeResult | None:
 
 
 def measure(engine: Engine, config: EnvConfig, checkpoint: str, *,
-            policy: Policy | Callable[[], Policy] | None = None,
-            policy_path: str | None = None, seed: int = 0, boards: int = PROBE_BOARDS, answers: int = PROBE_ANSWERS,
-            temperature: float = 1.0, progress: Callable[[int, int], object] | None = None) -> ProbeResult:
+            policy: Policy | Callable[[], Policy] | None = None, policy_path: str | None = None,
+            settings: dict[str, Any] | None = None, seed: int = 0, boards: int = PROBE_BOARDS,
+            answers: int = PROBE_ANSWERS, temperature: float = 1.0,
+            progress: Callable[[int, int], object] | None = None) -> ProbeResult:
     """The probe of `config` on `checkpoint` (as a stage row names it), from the `probes` table when it is
     there (`cached`, no sampling), else measured and stored: only the sizes no stored probe has measured with
     the same knobs are sampled (`reused` counts the others; `completions` and `seconds` are what this cost).
 
-    `policy` is the loaded policy, or a function that loads it (called only on a miss); without it the policy is
-    loaded from `policy_path` (default `checkpoint`).
+    `settings` are the run's: how its policy answers (`answering`) is part of the key. `policy` is the loaded
+    policy, or a function that loads it (called only on a miss), configured with those settings; without it the
+    policy is loaded from `policy_path` (default `checkpoint`) and configured here.
     """
-    key = probe_key(config, checkpoint, seed, boards, answers, temperature)
+    key = probe_key(config, checkpoint, seed, boards, answers, temperature, **answering(settings))
     if (found := stored_probe(engine, key)) is not None:
         return found
-    known = measured_sizes(engine, config, checkpoint, seed, boards, answers, temperature)
+    known = measured_sizes(engine, config, checkpoint, seed, boards, answers, temperature, settings)
     missing = [size for size in config.sizes if size not in known]
     if progress is not None and known:
         progress(len(known), len(config.sizes))
@@ -241,7 +261,7 @@ def measure(engine: Engine, config: EnvConfig, checkpoint: str, *,
         if policy is None:
             from training.policy import load_policy, local_device
 
-            policy = load_policy(policy_path or checkpoint, device=local_device())
+            policy = load_policy(policy_path or checkpoint, device=local_device()).configured(settings or {})
         elif callable(policy):  # a loader: a Policy itself is not callable
             policy = policy()
         step = None if progress is None else (lambda done, _n: progress(len(known) + done, len(config.sizes)))
@@ -270,14 +290,15 @@ def run_probe_job(engine: Engine, job: Job, progress: Progress) -> dict[str, Any
     p = job.payload
     configs = {label: EnvConfig.model_validate(c) for label, c in p["configs"].items()}
     total = sum(len(c.sizes) for c in configs.values())
+    with session(engine) as s:  # the run's settings say how its policy answers (thinking, length)
+        run = s.get(Run, p["run_id"]) if p.get("run_id") is not None else None
+    settings = run.settings if run else {}
     loaded: list[Policy] = []
 
     def load() -> Policy:
         if not loaded:
             progress(0, total, f"loading {p['policy_path']}")
-            with session(engine) as s:  # the run's settings say how its policy answers (thinking, length)
-                run = s.get(Run, p["run_id"]) if p.get("run_id") is not None else None
-            loaded.append(load_policy(p["policy_path"], device=local_device()).configured(run.settings if run else {}))
+            loaded.append(load_policy(p["policy_path"], device=local_device()).configured(settings))
         return loaded[0]
 
     keys, done = {}, 0
@@ -295,8 +316,9 @@ def run_probe_job(engine: Engine, job: Job, progress: Progress) -> dict[str, Any
                         result=said(label, f"{k} of {n} sizes measured")):
                 raise Cancelled(f"cancelled after {base + k} of {total} sizes")
 
-        result = measure(engine, config, p["checkpoint"], policy=load, seed=int(p["seed"]), boards=int(p["boards"]),
-                         answers=int(p["answers"]), temperature=float(p["temperature"]), progress=step)
+        result = measure(engine, config, p["checkpoint"], policy=load, settings=settings, seed=int(p["seed"]),
+                         boards=int(p["boards"]), answers=int(p["answers"]), temperature=float(p["temperature"]),
+                         progress=step)
         done += n
         keys[label] = result.key
         text = "found in the cache" if result.cached else f"{result.completions} answers in {result.seconds:.1f} s"

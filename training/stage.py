@@ -58,7 +58,7 @@ from envsim.suite import VALIDATION_PER_SIZE, Split, build
 from storage.db import RUNS_SETTING, UnsafePath, checkpoint_of, make_engine, run_folder, runs_root, session
 from storage.models import Job, Run, Stage, StageMetric, StageStatus, TrainingLog, utcnow
 from training import evaluate as evaluation
-from training import shared, vllm
+from training import memory, shared, vllm
 from training.overrides import lab_owned
 from training.policy import TINY_DIR, Policy, PolicyError, load_policy, local_device, lora_config, policy_folder
 from training.progress import Cancelled, Progress
@@ -244,9 +244,23 @@ def planned_steps(instances: int, overrides: dict[str, Any], prompt_style: str =
 
 
 def dataset(policy: Policy, instances: Sequence[Instance]) -> Dataset:
-    """One row per board: the policy's prompt, and the board's JSON for the reward functions."""
-    return Dataset.from_dict({"prompt": [policy.prompt(i) for i in instances],
+    """One row per board: the policy's prompt as TRL is to read it (`trl_prompt`), and the board's JSON for the
+    reward functions."""
+    return Dataset.from_dict({"prompt": [trl_prompt(policy, i) for i in instances],
                               "instance": [i.to_json() for i in instances]})
+
+
+def trl_prompt(policy: Policy, instance: Instance) -> str:
+    """The policy's prompt for TRL, which tokenizes a text prompt with the tokenizer's special tokens
+    (`processing_class(text=prompts)` in `GRPOTrainer._tokenize_prompts`). A chat template that writes `bos_token`
+    (Gemma IT, Llama 3) put a BOS in the text already, and the tokenizer would add a second one: that BOS is left
+    to the tokenizer, so training reads one BOS, as validation does (`Policy.token_ids`)."""
+    text = policy.prompt(instance)
+    tok = policy.tokenizer
+    bos = tok.bos_token
+    if bos and text.startswith(bos) and tok(text)["input_ids"][:2] == [tok.bos_token_id] * 2:
+        return text.removeprefix(bos)
+    return text
 
 
 @lru_cache(maxsize=2)
@@ -343,19 +357,48 @@ def trainer_for(engine: Engine, args: StageArgs, policy: Policy, grpo: dict[str,
 
     instances = generate(args.config, n, seed=args.seed, on_board=on_board)
     budget = max(evaluation.answer_budget(policy, i) for i in instances)
-    # trainer
+    data = dataset(policy, instances)
+    # trainer, once its peak memory fits the device (`training.memory`): else the stage fails saying what would fit
     config = grpo_config(args, grpo, budget, policy.prompt_style)
+    prompt = max(len(policy.tokenizer(p)["input_ids"]) for p in data["prompt"])  # as TRL tokenizes it
+    if (why := memory.refusal(policy.model, memory.plan_of(config, lora=args.lora, prompt=prompt))) is not None:
+        raise StageError(f"stage {args.stage_index} of run {args.run_id} {why}")
     record = Record(engine, args, progress)
-    trainer = GRPOTrainer(model=policy.model, reward_funcs=list(REWARDS), args=config,
-                          train_dataset=dataset(policy, instances), processing_class=policy.tokenizer,
-                          callbacks=[record], peft_config=lora_config(args.lora) if args.lora else None)
+    trainer = GRPOTrainer(model=policy.model, reward_funcs=list(REWARDS), args=config, train_dataset=data,
+                          processing_class=policy.tokenizer, callbacks=[record],
+                          peft_config=lora_config(args.lora) if args.lora else None)
     trainer.remove_callback(PrinterCallback)  # with tqdm off it prints every log dict; `record` reports them
     return trainer, record, len(instances)
 
 
 def train(engine: Engine, args: StageArgs, policy: Policy, grpo: dict[str, Any], progress: Progress) -> dict[str, Any]:
-    """GRPO on `args.config` from `policy` (trained in place); saves it to `args.policy_dir`; TRL's summary."""
+    """GRPO on `args.config` from `policy` (trained in place); saves it to `args.policy_dir`; TRL's summary.
+
+    Every process that trains ends here, the main one before it evaluates: the trainer (its optimizer, TRL's
+    colocated vLLM engine) is let go and its memory given back before the policy is saved (`_let_go`), so that
+    validation's own vLLM engine finds the GPU free after a large full fine-tune, and the process leaves
+    torch.distributed (`_leave_process_group`): the lab's child processes of every rank call only this."""
     trainer, record, boards = trainer_for(engine, args, policy, grpo, progress)
+    try:
+        summary, bf16, main = _fit(trainer, record, engine, args, policy, boards, progress)
+    finally:
+        _let_go(trainer)
+        del trainer
+        vllm.free_memory()
+        _leave_process_group()
+    if bf16 and not args.lora:  # float32 master weights trained under bf16 autocast: evaluated and saved as bf16
+        policy.model = policy.model.to(torch.bfloat16)
+    # save (the marker last: its presence means the policy folder is complete)
+    if main:
+        policy.save(args.policy_dir)
+        args.trained_marker.write_text(json.dumps({**args.marker_key(), **summary}, indent=2) + "\n")
+    return summary
+
+
+def _fit(trainer: GRPOTrainer, record: Record, engine: Engine, args: StageArgs, policy: Policy, boards: int,
+         progress: Progress) -> tuple[dict[str, Any], bool, bool]:
+    """Train (resuming from the stage's last TRL checkpoint); LoRA's adapters folded into `policy.model`. Returns
+    TRL's summary, whether it trained under bf16 autocast and whether this is the main process."""
     config = trainer.args
     resume = get_last_checkpoint(str(args.trainer_dir)) if args.trainer_dir.is_dir() else None
     forget_logs_after(engine, args, _step_of(resume))
@@ -371,14 +414,16 @@ def train(engine: Engine, args: StageArgs, policy: Policy, grpo: dict[str, Any],
                         f"requeue to resume from {get_last_checkpoint(str(args.trainer_dir))}")
     if args.lora:  # fold the adapters into the weights: every stage's checkpoint is a whole model
         policy.model = trainer.model.merge_and_unload()
-    elif config.bf16:  # float32 master weights trained under bf16 autocast: kept, evaluated and saved as bf16
-        policy.model = policy.model.to(torch.bfloat16)
-    # save (the marker last: its presence means the policy folder is complete)
     summary = {"steps": trainer.state.global_step, "resumed_from": resume, **record.summary}
-    if trainer.accelerator.is_main_process:
-        policy.save(args.policy_dir)
-        args.trained_marker.write_text(json.dumps({**args.marker_key(), **summary}, indent=2) + "\n")
-    return summary
+    return summary, bool(config.bf16), trainer.accelerator.is_main_process
+
+
+def _let_go(trainer: GRPOTrainer) -> None:
+    """Drop what a finished trainer holds beyond the policy's model: TRL's colocated vLLM engine, and the optimizer
+    and scheduler, also from accelerate's lists, so that they go even where something still refers to the trainer."""
+    vllm.stop_colocated(trainer)
+    trainer.accelerator.free_memory()
+    trainer.optimizer = trainer.lr_scheduler = None
 
 
 def _step_of(checkpoint: str | None) -> int:
@@ -600,8 +645,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _leave_process_group() -> None:
-    """Leave torch.distributed before the interpreter exits: a gloo group torn down at exit can abort the
-    process ("terminate called without an active exception") after its work is done."""
+    """Leave torch.distributed once this process's collective work is done (its training, `train`; every rank
+    of `main`): a group torn down at exit can abort the process ("terminate called without an active exception")
+    after its work is done, and a process that evaluates next should not hold its ranks' group."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():

@@ -80,6 +80,40 @@ def close_link(trainer: Any) -> None:
         log.info("closed the weight-sync link to %s", getattr(client, "base_url", "the vLLM server"))
 
 
+def stop_colocated(trainer: Any) -> None:
+    """Stop TRL's colocated vLLM engine (colocate mode; nothing to do otherwise) and take it off the trainer, so
+    that its share of the GPU is free before validation starts an engine of its own."""
+    generation = getattr(trainer, "vllm_generation", None)
+    if getattr(generation, "llm", None) is not None:
+        stop_engine(generation.llm)
+        generation.llm = None
+
+
+def stop_engine(llm: Any) -> None:
+    """End an in-process vLLM engine: its engine core, then vLLM's process groups (and torch's default group, which
+    the engine made or joined: this process's collective work is over). Its memory goes back once nothing refers
+    to it and `free_memory` runs."""
+    core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+    if callable(getattr(core, "shutdown", None)):
+        core.shutdown()
+    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+    cleanup_dist_env_and_memory()
+
+
+def free_memory() -> None:
+    """Collect what nothing refers to any more (a trainer, an engine: both hold reference cycles), and hand CUDA's
+    cached blocks back to the device where there is one: a vLLM engine sizes itself by the memory the device
+    reports free, which counts PyTorch's cache as taken."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 # ---------------------------------------------------------------- the worker's server (`trl vllm-serve`)
 
 

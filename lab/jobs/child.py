@@ -1,9 +1,9 @@
-"""A job that loads a model, run in a process of its own: `python -m lab.child JOB_ID module:function`, or
-the same under `accelerate launch --num_processes N` where its worker owns N GPUs (`lab.worker.run_child`).
+"""A job that loads a model, run in a process of its own: `python -m lab.jobs.child JOB_ID module:function`, or
+the same under `accelerate launch --num_processes N` where its worker owns N GPUs (`lab.jobs.worker.run_child`).
 
 Why a process per job: a model's memory (a GPU's above all: CUDA caches, a vLLM engine, NCCL groups) is given
 back whole only when the process that held it ends, and a job that hangs or leaks is ended with its process
-group. The child reports through the same rows as a job run in the worker (`lab.worker.run_job`: progress, log
+group. The child reports through the same rows as a job run in the worker (`lab.jobs.worker.run_job`: progress, log
 lines, heartbeats, its end), so the page cannot tell the difference; its worker only watches it, ends its
 process group on Cancel, and fails the job with the child's last lines of stderr when the child dies without
 ending it.
@@ -31,7 +31,7 @@ log = logging.getLogger("envlab.child")
 
 def _other_rank(engine, job: Job) -> None:
     """What a process other than the main one does: train with it, for a stage not trained already."""
-    if job.kind != JobKind.STAGE:
+    if job.kind != JobKind.STAGE or job.payload["stage_index"] == 0:  # stage 0 is evaluated, never trained
         return
     from training.policy import local_device
     from training.stage import stage_args, start_policy, train
@@ -44,9 +44,9 @@ def _other_rank(engine, job: Job) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run job JOB_ID (claimed by the worker that started this process) with its handler; 0 when it ended
     done, 1 when it ended otherwise (its row says how)."""
-    from lab.worker import DB_SETTING, run_job, target_function  # the worker's runner: heartbeats, lines, its end
+    from lab.jobs.worker import DB_SETTING, run_job, target_function  # the worker's runner: heartbeats, lines, its end
 
-    parser = argparse.ArgumentParser(prog="python -m lab.child", description=main.__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m lab.jobs.child", description=main.__doc__.splitlines()[0])
     parser.add_argument("job", type=int)
     parser.add_argument("target", help="the handler, module:function")
     parser.add_argument("--stale", type=float, default=None, help="the worker's --stale")

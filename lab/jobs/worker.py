@@ -51,7 +51,7 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlmodel import select
 
-from lab import zygote
+from lab.jobs import zygote
 from storage import queue
 from storage.db import DatabaseUnusable, RunsRootUnusable, open_database, session, usable_runs_root
 from storage.models import Job, JobKind, JobStatus, utcnow
@@ -173,7 +173,7 @@ def target_function(target: str) -> Handler:
 
 @dataclass(frozen=True)
 class InChild:
-    """A handler that runs in a child process the worker starts (`lab.child`): every job that loads a model.
+    """A handler that runs in a child process the worker starts (`lab.jobs.child`): every job that loads a model.
 
     `target` is the handler as `module:function`, imported in the child. `when(engine, job)`, where given,
     says whether this job loads a model at all (a proposal of the heuristic engineer does not): one that does
@@ -197,13 +197,13 @@ def _in_child(engine: Engine, job: Job, child: InChild) -> bool:
 
 
 def child_command(job: Job, child: InChild, gpus: Sequence[str], stale_s: float | None = None) -> list[str]:
-    """The child's command line: `accelerate launch --num_processes N -m lab.child ...` where the worker owns
-    N GPUs, a plain `python -m lab.child ...` otherwise."""
+    """The child's command line: `accelerate launch --num_processes N -m lab.jobs.child ...` where the worker owns
+    N GPUs, a plain `python -m lab.jobs.child ...` otherwise."""
     args = [str(job.id), child.target] + ([] if stale_s is None else ["--stale", str(stale_s)])
     if not gpus:
-        return [sys.executable, "-m", "lab.child", *args]
+        return [sys.executable, "-m", "lab.jobs.child", *args]
     return [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(len(gpus)),
-            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "lab.child", *args]
+            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "lab.jobs.child", *args]
 
 
 def child_env(engine: Engine, gpus: Sequence[str]) -> dict[str, str]:
@@ -451,7 +451,7 @@ def split_gpus(gpus: Sequence[str], workers: int) -> list[list[str]]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The worker's options, for `envlab worker` (lab.cli) and `python -m lab.worker`."""
+    """The worker's options, for `envlab worker` (lab.cli) and `python -m lab.jobs.worker`."""
     parser.add_argument("--db", help="database path or URL (default: $ENVLAB_DB, else runs/envlab.db)")
     parser.add_argument("--worker-id", help="name in the jobs table (default: host:pid)")
     parser.add_argument("--poll", type=float, default=1.0, help="seconds between polls of an empty queue")
@@ -512,8 +512,8 @@ def run_from_args(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m lab.worker`: the same worker as `envlab worker`."""
-    parser = argparse.ArgumentParser(prog="python -m lab.worker", description=__doc__.splitlines()[0])
+    """`python -m lab.jobs.worker`: the same worker as `envlab worker`."""
+    parser = argparse.ArgumentParser(prog="python -m lab.jobs.worker", description=__doc__.splitlines()[0])
     add_arguments(parser)
     return run_from_args(parser.parse_args(argv))
 

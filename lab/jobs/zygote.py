@@ -1,16 +1,16 @@
 """A job's child forked from a process that has imported the training stack once (a zygote), not started cold.
 
-A job runs in a process of its own (`lab.child`) so that a model's memory goes back whole when it ends. Started
-as `python -m lab.child`, each such process first imports torch, transformers and TRL: about 10 s on a 2-core
+A job runs in a process of its own (`lab.jobs.child`) so that a model's memory goes back whole when it ends. Started
+as `python -m lab.jobs.child`, each such process first imports torch, transformers and TRL: about 10 s on a 2-core
 machine, 20 s beside a busy neighbour, for every stage. A zygote is started once per worker process (per set of
 the settings read at import, `import_key`); it imports those modules, then forks one child per job. The child is
 as fresh for its job as a cold one: a process and a process group of its own, its output on a pipe the worker
 reads, the job's environment, and its memory given back when it exits.
 
-CPU children only: a worker that owns GPUs starts its child through `accelerate launch` (`lab.worker`), and a
+CPU children only: a worker that owns GPUs starts its child through `accelerate launch` (`lab.jobs.worker`), and a
 zygote never initialises CUDA. `ENVLAB_ZYGOTE=0` starts every child cold.
 
-The worker side (`spawn`) and the zygote (`python -m lab.zygote FD`) talk over a Unix socket: a request is the
+The worker side (`spawn`) and the zygote (`python -m lab.jobs.zygote FD`) talk over a Unix socket: a request is the
 child's arguments, environment and working folder, with two descriptors, the write end of its output pipe and a
 socket on which the zygote says the child's pid, then how it ended (`Forked`, which the worker watches as it would
 a `subprocess.Popen`). When the worker's process goes, its end of the socket closes: the zygote ends every child
@@ -35,7 +35,7 @@ from typing import IO
 SETTING = "ENVLAB_ZYGOTE"
 # What a child's module imports before its job starts, once, in the zygote (the stage's modules pull in torch,
 # transformers, TRL and datasets); not the module it runs, which runs as `__main__`.
-PRELOAD = ("training.stage", "training.evaluate", "training.probe", "lab.loop", "lab.worker")
+PRELOAD = ("training.stage", "training.evaluate", "training.probe", "lab.loop", "lab.jobs.worker")
 # Settings read when those modules are imported (thread pools, the model hub's, the interpreter's): a child
 # whose environment differs in one of them gets a zygote of its own.
 IMPORT_PREFIXES = ("OMP_", "MKL_", "OPENBLAS_", "HF_", "TRANSFORMERS_", "TORCH", "PYTORCH_", "TOKENIZERS_",
@@ -91,7 +91,7 @@ class Zygote:
     def __init__(self, env: Mapping[str, str]) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.sock, self.lock = ours, threading.Lock()
-        self.proc = subprocess.Popen([sys.executable, "-m", "lab.zygote", str(theirs.fileno())], env=dict(env),
+        self.proc = subprocess.Popen([sys.executable, "-m", "lab.jobs.zygote", str(theirs.fileno())], env=dict(env),
                                      pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, start_new_session=True)
         theirs.close()
 
@@ -170,7 +170,7 @@ def _child(request: dict, out_fd: int) -> None:
             ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: ends with the zygote
         for sig in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, signal.SIG_DFL)
-        signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # Slurm's warning is the worker's to handle (lab.worker)
+        signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # Slurm's warning is the worker's to handle (lab.jobs.worker)
         signal.set_wakeup_fd(-1)
         os.dup2(out_fd, 1)
         os.dup2(out_fd, 2)

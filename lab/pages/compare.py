@@ -3,7 +3,7 @@ over seeds, its 95% t interval as a band and one dot per seed), every pair of ar
 paired by seed (t interval, sd, what this many seeds detect, every seed's), the last stage per map size (arms x
 sizes, mean and interval), what every arm was given (equal compute), and a link to every run (`?run=ID`).
 
-Every number comes from one `lab.comparison.Comparison`, the one `envlab experiment report` prints.
+Every number comes from one `lab.study.comparison.Comparison`, the one `envlab experiment report` prints.
 """
 
 from __future__ import annotations
@@ -14,7 +14,9 @@ from typing import Any
 import gradio as gr
 from sqlalchemy import Engine
 
-from lab.comparison import (
+from lab.pages.common import Page, table
+from lab.pages.figures import empty_figure
+from lab.study.comparison import (
     Comparison,
     Rate,
     comparison,
@@ -23,10 +25,8 @@ from lab.comparison import (
     difference_table_rows,
     size_rows,
 )
-from lab.experiments import experiment_choices
-from lab.pages.common import Page, table
-from lab.pages.figures import empty_figure
-from lab.slurm import SLURM_HEADERS, slurm_rows
+from lab.study.experiments import experiment_choices
+from lab.study.slurm import SLURM_HEADERS, slurm_rows
 from lab.text import as_text
 
 

@@ -4,7 +4,7 @@ that queues a stage's benchmark evaluation.
 
 Only here does the page show the paper's "mean over map sizes" (the unweighted mean of the per-size rates,
 `envsim.suite.report`); everywhere else a stage's rate is pooled over its episodes (docs/results.md). The paper's
-rows (`lab.reference`) sit in a table of their own, labelled with their source, never among this lab's rows.
+rows (`lab.study.reference`) sit in a table of their own, labelled with their source, never among this lab's rows.
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ import gradio as gr
 from sqlalchemy import Engine
 
 from envsim.suite import Report
-from lab.experiments import benchmark_choices
 from lab.loop import LoopError, queue_benchmark
 from lab.pages.common import Page, table
-from lab.reference import ReferenceRow, paper_rows, percent, tiny_row
 from lab.runs import benchmark_report
 from lab.settings import MAX_STAGES, Count
+from lab.study.experiments import benchmark_choices
+from lab.study.reference import ReferenceRow, paper_rows, percent, tiny_row
 
 PAPER = "arXiv 2606.17682"
 STAGE_INDEX = Count(0, MAX_STAGES.high, "a run trains at most that many stages after stage 0")

@@ -18,9 +18,9 @@ from lab.archive import ArchiveError, export_run, import_archive, read_manifest
 from lab.engineers import ENGINEERS
 from lab.loop import LoopError, missing_checkpoint
 from lab.pages.common import BAD_ROW, KNOB_COLUMNS, Page, config_from_table, config_rows, table, when
+from lab.pages.tempfiles import EXPORTS, FILES_AGE_S, sweep
 from lab.runs import new_run, run_list, waiting_proposals
 from lab.settings import MAX_BOARDS, MAX_STAGES, SEED, RunSettings
-from lab.tempfiles import EXPORTS, FILES_AGE_S, sweep
 from lab.text import NAME_LIMIT, TEXT_LIMIT, as_text
 
 

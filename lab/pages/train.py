@@ -12,14 +12,14 @@ import gradio as gr
 from sqlalchemy import Engine
 
 from lab.engineers import ENGINEERS
+from lab.jobs.worker import ago
 from lab.loop import LoopError, advance, cancel, resume, switch_engineer
 from lab.pages import figures
 from lab.pages.common import BAD_ROW, Page, cannot_draw, table
 from lab.results import StageSummary
 from lab.runs import RunProgress, run_progress
-from lab.slurm import SlurmJob, cancel_slurm_of
+from lab.study.slurm import SlurmJob, cancel_slurm_of
 from lab.text import as_text
-from lab.worker import ago
 from storage.models import ACTIVE_JOB, Job, JobKind, JobStatus, RunStatus, StageStatus
 
 JOB_HEADERS = ["job", "kind", "for", "status", "progress", "heartbeat", "error", "slurm job"]

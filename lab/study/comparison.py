@@ -36,8 +36,8 @@ from scipy import optimize, stats
 from sqlalchemy import Engine
 from sqlmodel import select
 
-from lab.experiments import arm_names, experiment_runs, find_experiment
 from lab.results import stage_summaries
+from lab.study.experiments import arm_names, experiment_runs, find_experiment
 from lab.text import as_text
 from storage.db import session
 from storage.models import Experiment, Proposal, Run

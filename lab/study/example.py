@@ -4,7 +4,7 @@ Without it, `envlab serve` on a fresh machine opens a lab where every tab says t
 teacher who wants to replay trajectories has to train first. So envlab ships one run, `assets/example-run.zip`
 (a run archive, docs/archive.md): the `tiny` policy trained for 3 stages from the round-0 config by the
 heuristic engineer, seed 0, with a person's decisions on its proposals, one of each kind, each with its reason.
-`lab/make_example.py` makes it (docs/example.md).
+`scripts/make_example.py` makes it (docs/example.md).
 
 `ensure_example(engine)` imports it into an empty database (`envlab serve` does, unless `--no-example`);
 `import_studies(engine)` adds the shipped study's experiments (docs/results/README.md).
@@ -21,11 +21,11 @@ from sqlalchemy import Engine
 from sqlmodel import select
 
 from lab.archive import export_run, import_run
-from lab.experiments import experiment_runs, list_experiments
+from lab.study.experiments import experiment_runs, list_experiments
 from storage.db import make_engine, session, upgrade
 from storage.models import Experiment, Run
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "assets" / "example-run.zip"
+EXAMPLE = Path(__file__).resolve().parents[2] / "assets" / "example-run.zip"
 NAME = "example: tiny policy, heuristic engineer"
 DESCRIPTION = ("Example: a real 3-stage run shipped with envlab (assets/example-run.zip, docs/example.md), imported "
                "when the lab first started on an empty database. The tiny policy, the heuristic engineer, seed 0; "
@@ -53,7 +53,7 @@ def ensure_example(engine: Engine, path: str | Path | None = None) -> int | None
     return run_id
 
 
-STUDIES = Path(__file__).resolve().parent.parent / "docs" / "results"  # the shipped study: */study.db.gz
+STUDIES = Path(__file__).resolve().parents[2] / "docs" / "results"  # the shipped study: */study.db.gz
 
 
 def import_studies(engine: Engine, folder: str | Path = STUDIES) -> list[int]:

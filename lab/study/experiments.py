@@ -35,15 +35,15 @@ from envsim.config import ConfigError, EnvConfig, project
 from envsim.suite import VALIDATION_PER_SIZE, validation_cells
 from lab.context import CONTEXT_PRESETS, DEFAULT_PRESET
 from lab.engineers import ENGINEERS
+from lab.jobs.worker import split_gpus, start_worker, visible_gpus
 from lab.loop import LoopError, advance, check_engineer, check_policy, create_run, queue_benchmark, resume
 from lab.runs import benchmark_checkpoints
 from lab.settings import RunSettings, first_error
 from lab.text import NAME_LIMIT, TEXT_LIMIT, too_long
-from lab.worker import split_gpus, start_worker, visible_gpus
 from storage.db import runs_root, session
 from storage.models import ACTIVE_JOB, Experiment, Job, JobKind, JobStatus, Run, RunStatus, Stage, StageStatus
 
-SCENARIOS = Path(__file__).resolve().parent.parent / "assets" / "scenarios"
+SCENARIOS = Path(__file__).resolve().parents[2] / "assets" / "scenarios"
 DEFAULT_SCENARIO = "default"
 EXPERIMENT_VALIDATION_PER_SIZE = 120  # an experiment's default: 960 validation boards (docs/experiments.md)
 ENDED = (RunStatus.DONE, RunStatus.FAILED, RunStatus.CANCELLED)
@@ -537,7 +537,7 @@ def run_experiment(engine: Engine, db: str | None, key: str | int, *, workers: i
     up every run where it stopped. `on_progress` is called after every poll. With `benchmark`, each run's last
     stage is then evaluated on the benchmark (`queue_benchmarks`) before the workers stop. `say` hears what was
     resumed. `threads` sets each worker's torch threads (OMP_NUM_THREADS; None: torch's own choice). The
-    visible GPUs are shared out between the workers (`lab.worker.split_gpus`): worker k owns its block.
+    visible GPUs are shared out between the workers (`lab.jobs.worker.split_gpus`): worker k owns its block.
     """
     if workers < 1:
         raise ExperimentError(f"workers = {workers}: run at least 1 worker")

@@ -17,7 +17,7 @@ from typing import Any
 
 from envsim.suite import Report
 
-LEADERBOARD_DIR = Path(__file__).resolve().parent.parent / "assets" / "leaderboard"
+LEADERBOARD_DIR = Path(__file__).resolve().parents[2] / "assets" / "leaderboard"
 PAPER_FILE = LEADERBOARD_DIR / "paper.json"
 TINY_FILE = LEADERBOARD_DIR / "tiny.json"
 TINY_NAME = "tiny policy (shipped, assets/tiny-policy)"

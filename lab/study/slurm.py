@@ -2,7 +2,7 @@
 array, submitted with submitit (docs/worker.md).
 
 Slurm schedules the workers, the lab's queue decides what each one does. Each array task is an ordinary envlab
-worker (`lab.worker.run_worker`) on the shared database: it claims jobs (`storage.queue.claim`, exclusive on
+worker (`lab.jobs.worker.run_worker`) on the shared database: it claims jobs (`storage.queue.claim`, exclusive on
 PostgreSQL), runs them on the GPUs Slurm gave it (`CUDA_VISIBLE_DEVICES`), records on each job row which Slurm
 job ran it (`Job.slurm`: array, task, node, state, log), and exits once it has found nothing to claim for
 `idle_exit` seconds, which frees its allocation.
@@ -40,7 +40,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import Engine, update
 from sqlmodel import select
 
-from lab.experiments import (
+from lab.jobs.worker import handlers, run_worker, visible_gpus
+from lab.loop import advance, after_job, cancel, resume
+from lab.study.experiments import (
     ENDED,
     ExperimentError,
     ExperimentProgress,
@@ -50,8 +52,6 @@ from lab.experiments import (
     log_dir,
     restart,
 )
-from lab.loop import advance, after_job, cancel, resume
-from lab.worker import handlers, run_worker, visible_gpus
 from storage import queue
 from storage.db import (
     DatabaseUnusable,
@@ -292,7 +292,7 @@ class SlurmTask:
 
         # As any worker's: a job that loads a model runs in a child process (under `accelerate launch` on the
         # task's GPUs), whose memory is given back when it ends; a signal that stops the task ends the child's
-        # process group too (`lab.worker.run_child`) and hands the job back.
+        # process group too (`lab.jobs.worker.run_child`) and hands the job back.
         try:
             return run_worker(engine, handlers(), worker_id=me.worker, poll_s=self.poll_s, stale_s=self.stale_s,
                               after=after, claimed=claimed, idle_exit_s=self.idle_exit_s, gpus=visible_gpus())
@@ -486,7 +486,7 @@ def run_on_slurm(engine: Engine, db: str, key: str | int, options: SlurmOptions,
     """Run an experiment to its end with Slurm array tasks as its workers (on the database `db`, a URL or path
     every node reaches).
 
-    Every run that is not done is resumed first (`lab.experiments.restart`), then one array is submitted (one
+    Every run that is not done is resumed first (`lab.study.experiments.restart`), then one array is submitted (one
     task per unfinished run unless `options.tasks` says otherwise). Each poll refreshes the tasks' states on the
     job rows, hands back the jobs of tasks that died (`sweep`), and, when every task has ended but work is left
     (tasks exit when idle), submits another array (`RESUBMITS` times in a row without a stage done, at most).

@@ -6,7 +6,7 @@ Create Date: 2026-11-24
 
 - `jobs.slurm` (JSON, NULL for a job no Slurm job ran): `{"array": "4182", "task": 3, "node": "gpu12",
   "state": "RUNNING", "log": "/shared/runs/experiments/2/slurm/4182_3_0_log.out", "gpus": "0"}`, written by the
-  array task that claimed the job (`lab.slurm`), its state refreshed by whoever watches the array.
+  array task that claimed the job (`lab.study.slurm`), its state refreshed by whoever watches the array.
 
 Frozen: plain SQLAlchemy types only, never the models.
 """

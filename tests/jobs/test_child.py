@@ -1,4 +1,4 @@
-"""A job in a process of its own (`lab.worker.run_child`, `lab.child`): Cancel ends its whole process group, a
+"""A job in a process of its own (`lab.jobs.worker.run_child`, `lab.jobs.child`): Cancel ends its whole process group, a
 child that dies is a failed attempt with its stderr's last lines, and a stage run there stores what it stores in
 the worker's own process."""
 
@@ -17,17 +17,17 @@ import torch
 from sqlmodel import select
 
 from envsim.config import EnvConfig
+from lab.jobs.worker import InChild, child_command, child_env, handlers, run_child, run_worker, split_gpus
 from lab.loop import LoopError, after_job, create_run, prune_checkpoints
 from lab.runs import disk_use
 from lab.settings import RunSettings
-from lab.worker import InChild, child_command, child_env, handlers, run_child, run_worker, split_gpus
 from storage import queue
 from storage.db import make_engine, run_folder, session, upgrade
 from storage.models import Episode, Job, JobStatus, Run, Stage, StageStatus
 from training.resolve import policy_params, resolve_policy
 
 CONFIG = EnvConfig.default(sizes=(3, 4), num_instances=4)
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _gone(pid: int) -> bool:
@@ -154,7 +154,7 @@ def test_the_zygote_and_its_children_end_with_the_workers_process(tmp_path):
         "import sys\n"
         "from storage.db import make_engine, upgrade, session\n"
         "from storage import queue\n"
-        "from lab.worker import InChild, run_child\n"
+        "from lab.jobs.worker import InChild, run_child\n"
         f"engine = make_engine({str(db)!r}); upgrade(engine)\n"
         "with session(engine) as s:\n"
         f"    queue.enqueue(s, 'probe', {{'pids': {str(pids)!r}}})\n"
@@ -183,10 +183,10 @@ def test_the_childs_command_and_environment_follow_the_workers_gpus(empty_lab, m
     monkeypatch.delenv("ENVLAB_ALLOW_DOWNLOADS", raising=False)
     job = _claimed(empty_lab, {})
     plain = child_command(job, InChild("m:f"), [])
-    assert plain[1:] == ["-m", "lab.child", str(job.id), "m:f"]
+    assert plain[1:] == ["-m", "lab.jobs.child", str(job.id), "m:f"]
     launched = child_command(job, InChild("m:f"), ["2", "3"])
     assert launched[1:5] == ["-m", "accelerate.commands.launch", "--num_processes", "2"]
-    assert launched[-4:] == ["-m", "lab.child", str(job.id), "m:f"]
+    assert launched[-4:] == ["-m", "lab.jobs.child", str(job.id), "m:f"]
     env = child_env(empty_lab, ["2", "3"])
     assert (env["CUDA_VISIBLE_DEVICES"], env["HF_HUB_OFFLINE"]) == ("2,3", "1")
     assert child_env(empty_lab, [])["CUDA_VISIBLE_DEVICES"] == ""
@@ -288,7 +288,7 @@ def test_the_child_process_benchmark_runs_at_a_tiny_budget(capsys, monkeypatch):
 
     monkeypatch.setenv("ENVLAB_ZYGOTE", "1")  # the benchmark sets it per measurement; given back after
 
-    spec = importlib.util.spec_from_file_location("bench_child", Path(__file__).parent.parent / "benchmarks" /
+    spec = importlib.util.spec_from_file_location("bench_child", Path(__file__).parents[2] / "benchmarks" /
                                                   "bench_child.py")
     bench = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = bench  # its dataclasses look their module up while they are made

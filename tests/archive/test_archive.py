@@ -18,10 +18,10 @@ from sqlmodel import SQLModel, select
 
 from lab.archive import ArchiveError, export_run, import_run, read_manifest, run_tables
 from lab.cli import main
+from lab.jobs.worker import run_worker
 from lab.loop import advance, create_run, drive, resume, stages_of
 from lab.proposals import current_proposal, decide
 from lab.settings import RunSettings
-from lab.worker import run_worker
 from storage.db import checkpoint_of, make_engine, upgrade
 from storage.db import session as open_session
 from storage.models import Episode, Priority, Run, Stage

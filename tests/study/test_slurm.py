@@ -20,16 +20,16 @@ from sqlalchemy import update
 from sqlmodel import select
 
 from lab.cli import main
-from lab.experiments import experiment_runs, find_experiment
 from lab.pages import train
 from lab.pages.compare import compare_view
 from lab.settings import RunSettings
-from lab.slurm import SlurmError, SlurmJob, SlurmOptions, slurm_options, task_states
+from lab.study.experiments import experiment_runs, find_experiment
+from lab.study.slurm import SlurmError, SlurmJob, SlurmOptions, slurm_options, task_states
 from storage.db import make_engine, session
 from storage.models import Job
 from tests.recorded import CONFIG, nothing_lost_nothing_twice
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def new_experiment(name: str, db: str, tmp_path: Path, *, arms: str, seeds: int, boards: int = 4) -> None:

@@ -42,7 +42,7 @@ from storage.models import Job, Priority, Run, Stage
 from tests.recorded import build_run, counts, fake_checkpoints
 
 MIB = 1 << 20
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 OTHER_UUID = "0123456789abcdef0123456789abcdef"
 
 
@@ -785,8 +785,8 @@ def test_an_imported_run_sends_nothing_to_the_server_its_archive_names(waiting, 
                                                                          listener):
     """The run's server URL is dropped on import, and said; resumed with the lab's API key set, the llm engineer
     asks no server (this machine names none), and the listener at the archive's URL receives nothing."""
+    from lab.jobs.worker import handlers, run_worker
     from lab.loop import resume
-    from lab.worker import handlers, run_worker
     from storage.models import Proposal, Run
 
     for name in ("ENVLAB_ALLOWED_SERVERS", "ENVLAB_OPENAI_BASE_URL", "ENVLAB_RUNS"):

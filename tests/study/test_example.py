@@ -1,5 +1,5 @@
 """The shipped example: a new lab imports it on its first start and never again, `--no-example` leaves a new lab
-empty, and `assets/example-run.zip` holds the real 3-stage heuristic run that `python -m lab.make_example --make`
+empty, and `assets/example-run.zip` holds the real 3-stage heuristic run that `python scripts/make_example.py --make`
 makes, with a decision of each kind and the reason for each."""
 
 from __future__ import annotations
@@ -11,15 +11,15 @@ from sqlmodel import func, select
 
 import app
 from envsim.suite import Split
-from lab import example
 from lab.archive import ArchiveError, read_manifest
 from lab.engineers import ENGINEERS
-from lab.example import EXAMPLE, NAME, ensure_example
 from lab.loop import create_run, evidence_for, stages_of
-from lab.make_example import decision
 from lab.pages.runs import run_choices, runs_table
 from lab.results import stage_summaries
 from lab.settings import RunSettings
+from lab.study import example
+from lab.study.example import EXAMPLE, NAME, ensure_example
+from scripts.make_example import decision
 from storage.db import make_engine, session, upgrade
 from storage.models import Action, Decision, Episode, Proposal, Run, RunStatus, StageStatus
 from tests.recorded import CONFIG
@@ -168,7 +168,7 @@ def test_a_person_rejected_edited_and_accepted_its_proposals_saying_why(shipped)
 
 def test_its_proposals_are_the_heuristics_and_its_decisions_are_lab_example_s(shipped):
     """The file agrees with the code: each proposal is what the heuristic makes of the run's stored results,
-    and each decision (action, config, note) is what `lab.make_example.decision` takes on it now."""
+    and each decision (action, config, note) is what `decision` (scripts/make_example.py) takes on it now."""
     engine, run_id = shipped
     with session(engine) as s:
         run = s.get(Run, run_id)
@@ -210,9 +210,9 @@ def test_the_shipped_study_is_imported_with_the_numbers_of_its_report(tmp_path: 
     import gzip
     import shutil
 
-    from lab.comparison import comparison, summary_rows
-    from lab.example import STUDIES, import_studies
     from lab.pages.compare import compare_view
+    from lab.study.comparison import comparison, summary_rows
+    from lab.study.example import STUDIES, import_studies
 
     engine = _engine(tmp_path / "lab.db")
     ids = import_studies(engine)

@@ -3,7 +3,7 @@ scenarios, the larger validation set, and the policy that cannot be its own engi
 
 The report is checked on runs whose `stage` job replays scripted answers (real boards, real scores, the real
 engineers, the real loop), so every rate is known; the experiment through the REAL worker processes and the
-real GRPO stage with the tiny policy, killed and resumed, is in tests/test_experiment_e2e.py.
+real GRPO stage with the tiny policy, killed and resumed, is in tests/study/test_experiment_e2e.py.
 """
 
 from __future__ import annotations
@@ -23,7 +23,13 @@ from envsim.config import EnvConfig, project
 from envsim.generator import generate
 from envsim.suite import WAIT_SUBSETS, build, round_half_up
 from lab import cli
-from lab.comparison import (
+from lab.context import CONTEXT_PRESETS
+from lab.engineers import ENGINEERS, EngineerAnswer
+from lab.jobs.worker import run_worker
+from lab.loop import LoopError, check_engineer, create_run
+from lab.pages import runs as runs_page
+from lab.settings import RunSettings
+from lab.study.comparison import (
     AUC,
     POOLED,
     Rate,
@@ -38,9 +44,7 @@ from lab.comparison import (
     t_power,
     write_report,
 )
-from lab.context import CONTEXT_PRESETS
-from lab.engineers import ENGINEERS, EngineerAnswer
-from lab.experiments import (
+from lab.study.experiments import (
     Arm,
     ExperimentError,
     _benchmarks_pending,
@@ -54,10 +58,6 @@ from lab.experiments import (
     load_scenario,
     queue_benchmarks,
 )
-from lab.loop import LoopError, check_engineer, create_run
-from lab.pages import runs as runs_page
-from lab.settings import RunSettings
-from lab.worker import run_worker
 from storage.db import make_engine, session, upgrade
 from storage.models import Episode, Experiment, Job, Proposal, Run, Stage, StageMetric
 from tests.recorded import CONFIG, run_all, scripted_experiment
@@ -121,7 +121,7 @@ def test_a_compact_policy_cannot_be_its_own_engineer(empty_lab, tmp_path, capsys
         check_engineer("llm", "hf:policy", "tiny")
     copy = tmp_path / "tiny-copy"  # a compact folder without envlab.json: known by its tokenizer
     copy.mkdir()
-    for f in (Path(cli.__file__).parent.parent / "assets" / "tiny-policy").iterdir():
+    for f in (Path(cli.__file__).parent.parent.parent / "assets" / "tiny-policy").iterdir():
         if f.name != "envlab.json":
             (copy / f.name).write_bytes(f.read_bytes())
     with pytest.raises(LoopError, match="reads compact prompts"):
@@ -411,15 +411,15 @@ def test_run_takes_a_scenario_a_preset_and_a_larger_validation_set(empty_lab, tm
                                        "failures-only", "--engineer", "llm", "--backend", "openai:m",
                                        "--validation-per-size", "33", "--grpo", "max_steps=1"])
     with session(empty_lab) as s:
-        run = cli._new_run(s, args)
+        run = cli.runs._new_run(s, args)
         stage0 = s.exec(select(Stage).where(Stage.run_id == run.id)).one()
     assert (run.settings["context_preset"], run.settings["validation_per_size"], run.settings["grpo"]) == (
         "failures-only", 33, {"max_steps": 1})
     assert (stage0.config["num_instances"], stage0.config["data_ratio"]["10"]) == (16, 0.86)
     with pytest.raises(cli.UsageError, match="unknown scenario 'easy'"):
-        cli._new_run(None, cli.arguments().parse_args(["run", "--scenario", "easy"]))
+        cli.runs._new_run(None, cli.arguments().parse_args(["run", "--scenario", "easy"]))
     with pytest.raises(cli.UsageError, match="validation_per_size = 31: a multiple of 3"), session(empty_lab) as s:
-        cli._new_run(s, cli.arguments().parse_args(["run", "--validation-per-size", "31"]))
+        cli.runs._new_run(s, cli.arguments().parse_args(["run", "--validation-per-size", "31"]))
 
 
 def test_the_real_stage_evaluates_on_the_larger_validation_set(empty_lab, tmp_path):
@@ -489,7 +489,7 @@ def test_an_arm_added_later_runs_every_seed_on_what_the_others_share(empty_lab, 
     assert len(experiment_runs(empty_lab, experiment.id)) == 8  # a refused arm stores nothing
 
 
-SHIPPED = Path(__file__).resolve().parent.parent / "docs" / "results" / "study-6seed" / "study.db.gz"
+SHIPPED = Path(__file__).resolve().parents[2] / "docs" / "results" / "study-6seed" / "study.db.gz"
 
 
 def test_an_experiment_adopts_done_runs_of_another_database_at_the_same_compute(empty_lab, tmp_path, capsys):

@@ -13,7 +13,7 @@ from pathlib import Path
 from sqlalchemy import Engine, text
 from sqlmodel import select
 
-from lab.worker import beside_page_env, run_worker
+from lab.jobs.worker import beside_page_env, run_worker
 from storage import queue
 from storage.db import make_engine, session, upgrade
 from storage.models import Job
@@ -165,9 +165,9 @@ def test_the_worker_command_runs_the_queue_once_and_exits(tmp_path):
     upgrade(engine)
     with session(engine) as s:
         job_id = queue.enqueue(s, "propose", {}).id
-    done = subprocess.run([sys.executable, "-m", "lab.worker", "--db", url, "--once", "--poll", "0.01",
+    done = subprocess.run([sys.executable, "-m", "lab.jobs.worker", "--db", url, "--once", "--poll", "0.01",
                            "--worker-id", "cli"], capture_output=True, text=True, timeout=120,
-                          cwd=Path(__file__).resolve().parent.parent)
+                          cwd=Path(__file__).resolve().parents[2])
     assert done.returncode == 0, done.stderr
     assert "worker cli: stopped after 1 jobs" in done.stderr
     job = _job(engine, job_id)
@@ -183,11 +183,11 @@ def test_a_probe_lane_runs_a_measure_job_while_the_stage_ahead_of_it_waits_and_l
     with session(engine) as s:
         stage = queue.enqueue(s, "stage", {}).id
         probe = queue.enqueue(s, "probe", {}).id
-    script = ("import os, sys; from lab.worker import main; code = main(sys.argv[1:]); "
+    script = ("import os, sys; from lab.jobs.worker import main; code = main(sys.argv[1:]); "
               "print('niceness', os.nice(0)); sys.exit(code)")
     done = subprocess.run([sys.executable, "-c", script, "--db", url, "--once", "--poll", "0.01",
                            "--worker-id", "lane", "--kinds", "probe", "--nice", "5"], capture_output=True, text=True,
-                          timeout=120, cwd=Path(__file__).resolve().parent.parent)
+                          timeout=120, cwd=Path(__file__).resolve().parents[2])
     assert done.returncode == 0, done.stderr
     assert "worker lane: stopped after 1 jobs" in done.stderr
     assert done.stdout.split()[-1] == str(os.nice(0) + 5)  # lower than this process, which serves the page

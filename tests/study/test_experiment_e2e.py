@@ -22,14 +22,14 @@ from sqlmodel import select
 from envsim.config import EnvConfig
 from envsim.suite import Split, build_cell, cells, write_jsonl
 from lab.cli import main
-from lab.experiments import benchmark_choices, experiment_runs, find_experiment
 from lab.loop import _alive
+from lab.study.experiments import benchmark_choices, experiment_runs, find_experiment
 from storage.db import make_engine, session
 from storage.models import Episode, Job, Proposal, Stage, StageMetric
 from tests.recorded import CONFIG, nothing_lost_nothing_twice
 from training.evaluate import BENCHMARK_FILE
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def command(db: str) -> list[str]:

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 import app
-from lab.comparison import Rate, comparison, report_markdown
-from lab.experiments import create_experiment, experiment_runs
 from lab.pages.compare import compare_view
 from lab.settings import RunSettings
+from lab.study.comparison import Rate, comparison, report_markdown
+from lab.study.experiments import create_experiment, experiment_runs
 from lab.text import as_text
 from storage.db import make_engine, upgrade
 from tests.recorded import CONFIG, scripted_experiment
@@ -102,9 +102,9 @@ def test_the_shipped_study_is_what_its_database_says(name: str, tmp_path: Path):
     import gzip
     import shutil
 
-    from lab.comparison import difference_rows, report_markdown, seed_rows, summary_rows
+    from lab.study.comparison import difference_rows, report_markdown, seed_rows, summary_rows
 
-    study = Path(__file__).resolve().parent.parent / "docs" / "results" / "study-6seed"
+    study = Path(__file__).resolve().parents[2] / "docs" / "results" / "study-6seed"
     shipped = study / name
     db = tmp_path / "study.db"
     with gzip.open(study / "study.db.gz", "rb") as src, db.open("wb") as dst:

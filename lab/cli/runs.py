@@ -1,0 +1,241 @@
+"""`envlab run`, `worker`, `export`, `import` and `serve`: a run headless, the workers, a run as a file, the page."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
+
+from tqdm import tqdm
+
+from envsim.config import EnvConfig
+from lab.cli.common import UsageError, config_file, engine_of, grpo_overrides
+from lab.llm import allow_server
+from lab.settings import MAX_BOARDS, SEED, settings_arguments
+
+if TYPE_CHECKING:
+    from sqlmodel import Session
+
+    from storage.models import Run, Stage
+
+
+def quiet_libraries() -> None:
+    """For a run whose output goes to a file or a pipe: no progress bars from the libraries (transformers'
+    weight loading and saving, datasets' maps) and no FutureWarning or DeprecationWarning that a library
+    raises about itself or another library (ours still show)."""
+    import datasets
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    datasets.disable_progress_bars()
+    for category in (FutureWarning, DeprecationWarning):
+        warnings.filterwarnings("ignore", category=category, module=r"(?!(envsim|lab|training|storage|app)\b)")
+
+
+def duration(seconds: float) -> str:
+    """`42s`, `1m 42s`, `2h 05m`."""
+    s = round(seconds)
+    if s < 60:
+        return f"{s}s"
+    return f"{s // 60}m {s % 60:02d}s" if s < 3600 else f"{s // 3600}h {s % 3600 // 60:02d}m"
+
+
+def stage_line(s: Session, stage: Stage, stages: int) -> str:
+    """One line for a finished stage: its validation rates, how long it took, the valid rate per size."""
+    from lab.results import stage_summaries
+
+    summary = stage_summaries(s, stage.run_id, stage_index=stage.index)[stage.index]
+    total = summary.pooled
+    took = (duration((stage.finished_at - stage.started_at).total_seconds())
+            if stage.started_at and stage.finished_at else "time unknown")
+    sizes = " ".join(f"{size}:{t.valid_rate:.0%}" for size, t in sorted(summary.by_size.items()))
+    return (f"stage {stage.index}/{stages} done: validation valid {total.valid_rate:.1%} "
+            f"optimal {total.optimal_rate:.1%} ({took}; {total.episodes} boards, valid by size {sizes})")
+
+
+def _initial(args: argparse.Namespace) -> tuple[EnvConfig, dict]:
+    """The initial config and GRPO overrides of `--scenario`, `--config`, `--instances` and `--grpo` (each on
+    top of the one before)."""
+    from lab.study.experiments import ExperimentError, load_scenario
+
+    try:
+        scenario = load_scenario(args.scenario or "default")
+    except ExperimentError as err:
+        raise UsageError(str(err)) from err
+    config = config_file(args.config) if args.config else scenario.config
+    if args.instances is not None:
+        config = config.model_copy(update={"num_instances": args.instances})
+    return config, {**scenario.grpo, **grpo_overrides(args.grpo)}
+
+
+def _new_run(s: Session, args: argparse.Namespace) -> Run:
+    from lab.loop import LoopError, create_run
+    from lab.settings import RunSettings, SettingsError
+
+    config, grpo = _initial(args)
+    try:
+        return create_run(s, name=args.name, config=config, settings=RunSettings.from_args(args, grpo=grpo),
+                          policy=args.policy, engineer=args.engineer or "heuristic",
+                          engineer_backend=args.backend or "", seed=args.seed)
+    except (LoopError, SettingsError) as err:
+        raise UsageError(str(err)) from err
+
+
+def cmd_run(args: argparse.Namespace) -> None:
+    """Without a terminal (a file, a pipe, a job scheduler's log) a run writes one line per stage and no
+    progress bars; in a terminal a progress bar of stages runs below those lines."""
+    from lab.jobs.worker import handlers, run_worker, visible_gpus
+    from lab.loop import LoopError, after_job, drive, resume, stages_of, switch_engineer
+    from storage.db import session
+    from storage.models import Run, RunStatus, StageStatus
+
+    quiet = not sys.stdout.isatty()
+    if quiet:
+        quiet_libraries()
+    if args.base_url:
+        allow_server(args.base_url)  # given on this machine's command line
+    engine = engine_of(args.db)
+    with session(engine) as s:
+        if args.resume is not None:
+            run = s.get(Run, args.resume)
+            if run is None:
+                raise UsageError(f"--resume {args.resume}: no such run")
+        else:
+            run = _new_run(s, args)
+        stages = run.settings["stages"]
+    if args.resume is not None:
+        try:
+            requeued = (switch_engineer(engine, run.id, args.engineer, args.backend or "") if args.engineer
+                        else resume(engine, run.id))
+        except LoopError as err:
+            raise UsageError(str(err)) from err
+        print(f"run {run.id}: resumed ({len(requeued)} jobs queued again)", flush=True)
+    lab_handlers, gpus = handlers(), visible_gpus()  # only this run's jobs, each that loads a model in a child
+    shown: set[int] = set()
+    last = ""
+    with tqdm(total=stages + 1, desc=f"run {run.id}", unit="stage", disable=quiet) as bar:
+        say = (lambda line: print(line, flush=True)) if quiet else bar.write
+
+        def on_state(state: str) -> None:
+            nonlocal last
+            with session(engine) as s:
+                done = [st for st in stages_of(s, run.id) if st.status == StageStatus.DONE]
+                lines = [stage_line(s, st, stages) for st in done if st.index not in shown]
+            shown.update(st.index for st in done)
+            for line in lines:
+                say(line)
+            bar.update(len(done) - bar.n)
+            bar.set_postfix_str(state[:60])
+            if state.startswith(RunStatus.WAITING) and not args.auto_apply and state != last:
+                say(f"{state}: decide in the web lab (envlab serve), or rerun with --auto-apply")
+            last = state
+
+        state = drive(engine, run.id, lambda: run_worker(engine, lab_handlers, once=True, after=after_job,
+                                                         gpus=gpus, run_id=run.id) > 0, on_state=on_state)
+    print(f"run {run.id}: {state}", flush=True)
+    if state.startswith((RunStatus.FAILED, RunStatus.CANCELLED)):
+        raise UsageError(f"run {run.id} {state}; resume it with: envlab run --resume {run.id} "
+                         "(add --engineer NAME to switch its engineer)")
+
+
+def cmd_worker(args: argparse.Namespace) -> None:
+    from lab.jobs.worker import run_from_args
+
+    if args.slurm:
+        cmd_worker_slurm(args)
+        return
+    raise SystemExit(run_from_args(args))
+
+
+def cmd_worker_slurm(args: argparse.Namespace) -> None:
+    """`envlab worker --slurm`: submit the workers as a Slurm job array and return (docs/worker.md)."""
+    from lab.study.slurm import SlurmError, options_from_args, submit_workers
+    from storage.db import RunsRootUnusable, database_url
+
+    engine = engine_of(args.db)
+    try:
+        options = options_from_args(args)
+        arrays, folder = submit_workers(engine, database_url(args.db), options)
+    except (SlurmError, RunsRootUnusable) as err:
+        raise UsageError(str(err)) from None
+    print(f"slurm array {', '.join(arrays)}: {options.tasks or 1} worker task(s) ({options.describe()}); they exit "
+          f"after {options.idle_exit:g} s with nothing to claim; logs in {folder}")
+
+
+def cmd_export(args: argparse.Namespace) -> None:
+    from lab.archive import ArchiveError, export_run
+
+    try:
+        out = export_run(engine_of(args.db), args.run, args.out, checkpoints=args.checkpoints)
+    except ArchiveError as err:
+        raise UsageError(str(err)) from err
+    print(f"run {args.run} -> {out} ({out.stat().st_size / 1e6:.1f} MB)")
+
+
+def cmd_import(args: argparse.Namespace) -> None:
+    from lab.archive import ArchiveError, import_archive, read_manifest
+
+    try:
+        run = read_manifest(args.file)["run"]
+        imported = import_archive(engine_of(args.db), args.file)
+    except ArchiveError as err:
+        raise UsageError(str(err)) from err
+    print(f"{args.file}: run {run['uuid']} ({run['name']}) -> run {imported.run_id}{imported.note()}")
+
+
+def serve(argv: list[str]) -> NoReturn:
+    """`envlab serve`: this process becomes `python -m app` (the web lab, which parses its own options:
+    --host, --port, --auth, --db, --no-worker, --no-example). The page sits above the lab, so the lab starts it
+    as a program, as the page starts `envlab worker`, instead of importing it; the process keeps its id, so
+    signals reach the page."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-m", "app", *argv])
+
+
+def run_arguments(sub: argparse._SubParsersAction) -> None:
+    """`envlab run`'s options."""
+    s = sub.add_parser("run", help="run stages headless: train, evaluate, propose, decide, repeat")
+    settings_arguments(s)
+    s.add_argument("--engineer", help="fixed, random, heuristic, learnability, evidence or llm (default heuristic; "
+                                      "with --resume: switch the run's engineer, e.g. after the llm engineer failed)")
+    s.add_argument("--backend", help="the llm engineer's backend: hf:policy, hf:gemma3-270m, openai:<model>")
+    s.add_argument("--policy", default="tiny", help="tiny, gemma3-270m, a checkpoint folder or a model name")
+    s.add_argument("--config", type=Path, help="initial EnvConfig JSON (default: the round-0 config)")
+    s.add_argument("--instances", type=MAX_BOARDS, help="training instances per stage")
+    s.add_argument("--grpo", action="append", default=[], metavar="KEY=VALUE", help="a GRPOConfig field")
+    s.add_argument("--scenario", help="a named start, assets/scenarios/NAME.json (default: the round-0 config)")
+    s.add_argument("--name", default="run")
+    s.add_argument("--seed", type=SEED, default=0)
+    s.add_argument("--resume", type=int, metavar="RUN_ID", help="continue a run that was interrupted")
+    s.add_argument("--db", help="database path or URL (default: $ENVLAB_DB or runs/envlab.db)")
+    s.set_defaults(fn=cmd_run)
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    """`envlab run`, `worker`, `export` and `import` (`serve` is the page's: `main` hands it over unparsed)."""
+    run_arguments(sub)
+
+    s = sub.add_parser("worker", help="run queued jobs (training stages, evaluations, proposals)")
+    from lab.jobs.worker import add_arguments
+
+    add_arguments(s)
+    from lab.study.slurm import add_arguments as slurm_arguments
+
+    slurm_arguments(s)
+    s.set_defaults(fn=cmd_worker)
+
+    s = sub.add_parser("export", help="write a run (its rows, optionally its checkpoints) to one file")
+    s.add_argument("run", type=int, metavar="RUN_ID")
+    s.add_argument("--out", type=Path, required=True, help="the file to write, e.g. run-3.zip")
+    s.add_argument("--checkpoints", action="store_true", help="include the checkpoint folders of its stages")
+    s.add_argument("--db", help="database path or URL (default: $ENVLAB_DB or runs/envlab.db)")
+    s.set_defaults(fn=cmd_export)
+
+    s = sub.add_parser("import", help="load a run exported by `envlab export` into this database, with new ids")
+    s.add_argument("file", type=Path)
+    s.add_argument("--db", help="database path or URL (default: $ENVLAB_DB or runs/envlab.db)")
+    s.set_defaults(fn=cmd_import)
