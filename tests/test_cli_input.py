@@ -151,3 +151,15 @@ def test_a_name_or_description_over_its_bound_is_refused_before_anything_is_stor
     err = capsys.readouterr().err
     assert err == f"envlab {argv[0]}: {message}\n"
     assert runs_in(db) == runs_in(db, Experiment) == 0
+
+
+def test_slurm_on_a_sqlite_file_is_refused_naming_postgresql(tmp_path, capsys):
+    from lab.cli import main
+
+    db = str(tmp_path / "lab.db")
+    assert main(["experiment", "new", "--name", "e", "--arms", "fixed", "--seeds", "1", "--stages", "1", "--db", db]) == 0
+    capsys.readouterr()
+    assert main(["experiment", "run", "e", "--slurm", "--db", db]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "envlab experiment: --slurm needs a database every node's tasks can share: PostgreSQL (--db "
+        "postgresql+psycopg://user@host/envlab); a SQLite file is not safe there (docs/worker.md)")

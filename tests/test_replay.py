@@ -118,3 +118,17 @@ def test_the_ghost_rings_the_solvers_cells_and_each_goal_and_agent_carries_its_n
             x, y = cell_centre(cell, CELL_PX)
             disc = {frame.getpixel((x + dx, y + dy)) for dx in range(-4, 5) for dy in range(-6, 3)}
             assert _rgb("#ffffff") in disc and _rgb(colour(i)) in disc
+
+
+def test_show_writes_a_gif_of_the_width_asked_and_refuses_one_too_narrow(tmp_path: Path, capsys):
+    boards = tmp_path / "boards.jsonl"
+    boards.write_text(label(CROSSING).to_json() + "\n")
+    out = tmp_path / "clash.gif"
+    assert main(["show", "--instances", str(boards), "--plan", "Agent 0: D D\nAgent 1: R R", "--gif", str(out),
+                 "--gif-width", "720", "--ghost"]) == 0
+    printed = capsys.readouterr().out
+    assert "t=1: agents 0 and 1 collide at (1, 1)" in printed
+    with Image.open(out) as gif:
+        assert gif.size[0] == 720
+    assert main(["show", "--instances", str(boards), "--reference", "--gif", str(out), "--gif-width", "50"]) == 2
+    assert "50 is less than 120: a replay narrower than that is unreadable" in capsys.readouterr().err

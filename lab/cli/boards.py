@@ -17,8 +17,10 @@ from envsim.instance import Instance
 from envsim.scoring import Outcome, score, score_answer
 from envsim.suite import SUITE_SEED, Entry, Split, build, report, write_jsonl
 from lab.cli.common import WORKERS, UsageError, config_file
+from lab.replay import sentence
 from lab.settings import Count
 
+GIF_WIDTH = Count(120, 3840, "a 4K screen's width; a slide needs no more", "a replay narrower than that is unreadable")
 GENERATED = Count(1, 10_000_000, "about 10 hours of generating on one core at a few ms a board; split a larger "
                                  "set over several --seed values", "generate at least 1 board")
 
@@ -165,14 +167,14 @@ def cmd_show(args: argparse.Namespace) -> None:
     else:
         outcome = score_answer(inst, args.plan)
     for t, positions in enumerate(outcome.positions):
-        events = [f"{e.type} (agents {', '.join(map(str, e.agents))})" for e in outcome.events if e.time == t]
+        events = [sentence(e) for e in outcome.events if e.time == t]
         print(f"\nt={t}" + (f": {'; '.join(events)}" if events else ""))
         print(render_positions(inst, positions))
     print(f"\n{outcome.message}")
     if args.gif:
         from lab.replay import replay_gif
 
-        path = replay_gif(inst, outcome, args.gif)
+        path = replay_gif(inst, outcome, args.gif, width_px=args.gif_width, ghost=args.ghost)
         print(f"replay: {path} ({len(outcome.positions)} frames)")
 
 
@@ -206,4 +208,6 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--plan", help='an answer, e.g. "Agent 0: R D\\nAgent 1: U"')
     s.add_argument("--reference", action="store_true", help="step through the solver's reference plan")
     s.add_argument("--gif", type=Path, metavar="FILE", help="also write the replay as an animated GIF (for slides)")
+    s.add_argument("--gif-width", type=GIF_WIDTH, metavar="PX", help="the GIF about this wide (e.g. 480, 720, 960)")
+    s.add_argument("--ghost", action="store_true", help="draw the solver's plan in the GIF too (rings)")
     s.set_defaults(fn=cmd_show)

@@ -117,6 +117,9 @@ def _experiment_on_slurm(engine, args: argparse.Namespace, experiment, quiet: bo
 
     if args.benchmark:
         raise UsageError("--benchmark is not run on Slurm yet: run `envlab experiment benchmark NAME` and a worker")
+    if engine.dialect.name == "sqlite":
+        raise UsageError("--slurm needs a database every node's tasks can share: PostgreSQL (--db "
+                         "postgresql+psycopg://user@host/envlab); a SQLite file is not safe there (docs/worker.md)")
     try:
         options = options_from_args(args)
     except SlurmError as err:
