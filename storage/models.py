@@ -372,7 +372,8 @@ class TrainingLog(SQLModel, table=True):
 
 class Probe(SQLModel, table=True):
     """A config's boards answered by a checkpoint, measured for GRPO signal (`training.probe`): one row per
-    cache key, a hash of (config, checkpoint, seed, boards, answers, temperature), so asking twice costs nothing.
+    cache key, a hash of (config, checkpoint, seed, boards, answers, temperature, and the run's thinking mode and
+    completion length where not their defaults), so asking twice costs nothing.
 
     `checkpoint` is the policy as a stage row names it (relative to the runs root, or a spec such as `tiny`).
     `sizes` maps each map size to its measurement (valid and optimal answers, learnability, the shares of
