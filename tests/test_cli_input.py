@@ -157,7 +157,8 @@ def test_slurm_on_a_sqlite_file_is_refused_naming_postgresql(tmp_path, capsys):
     from lab.cli import main
 
     db = str(tmp_path / "lab.db")
-    assert main(["experiment", "new", "--name", "e", "--arms", "fixed", "--seeds", "1", "--stages", "1", "--db", db]) == 0
+    new = ["experiment", "new", "--name", "e", "--arms", "fixed", "--seeds", "1", "--stages", "1", "--db", db]
+    assert main(new) == 0
     capsys.readouterr()
     assert main(["experiment", "run", "e", "--slurm", "--db", db]) == 2
     assert capsys.readouterr().err.strip() == (

@@ -28,6 +28,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 from tqdm import tqdm
@@ -44,6 +45,7 @@ AGENT_WEIGHTS = {2: 0.16, 3: 0.24, 4: 0.28, 5: 0.32}
 SIZE_WEIGHTS = {3: 0.10, 4: 0.12, 5: 0.14, 6: 0.14, 7: 0.13, 8: 0.13, 9: 0.12, 10: 0.12}
 LABELS_NAMESPACE = 101  # after TRAINING in a shard's seed: no stage's boards share its stream
 MANIFEST = "labels.json"
+T = TypeVar("T")
 
 
 @dataclass
@@ -78,7 +80,7 @@ def plan(boards: int, shard_boards: int) -> list[Shard]:
     """The shards of a label set in the order they are made: round by round over every cell."""
     shares = {}
     for k, s in cells():
-        sizes = [t for t in range(max(3, k), MAX_SIZE + 1)]
+        sizes = range(max(3, k), MAX_SIZE + 1)
         shares[(k, s)] = AGENT_WEIGHTS[k] * SIZE_WEIGHTS[s] / sum(SIZE_WEIGHTS[t] for t in sizes)
     per_cell = {cell: max(1, -(-round(boards * share) // shard_boards)) for cell, share in shares.items()}
     rounds = max(per_cell.values())
@@ -168,13 +170,14 @@ def run(args: Args) -> int:
     return made
 
 
-def parse_args(argv: list[str] | None = None) -> Args:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for field in dataclasses.fields(Args):
-        parser.add_argument(f"--{field.name.replace('_', '-')}", type=type(field.default), default=field.default,
-                            help=None)
-    return Args(**vars(parser.parse_args(argv)))
+def command_line(settings: type[T], doc: str, argv: list[str] | None = None) -> T:
+    """A settings dataclass as the command line sets it: one flag a field (`--a-b` for `a_b`), the defaults its own
+    (the labels' and the warm start's scripts)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    for field in dataclasses.fields(settings):
+        parser.add_argument(f"--{field.name.replace('_', '-')}", type=type(field.default), default=field.default)
+    return settings(**vars(parser.parse_args(argv)))
 
 
 if __name__ == "__main__":
-    run(parse_args())
+    run(command_line(Args, __doc__))

@@ -22,7 +22,6 @@ on from there, to the same checkpoint an unbroken run would have written.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
@@ -52,7 +51,7 @@ from envsim.suite import (
     validation_cells,
 )
 from training.evaluate import evaluate
-from training.labels import read_shards
+from training.labels import command_line, read_shards
 from training.policy import Policy, build_tiny
 from training.tokenizer import compact_text
 
@@ -270,12 +269,5 @@ def train(args: Args) -> tuple[Policy, list[float]]:
     return policy, losses
 
 
-def parse_args(argv: list[str] | None = None) -> Args:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for field in dataclasses.fields(Args):
-        parser.add_argument(f"--{field.name.replace('_', '-')}", type=type(field.default), default=field.default)
-    return Args(**vars(parser.parse_args(argv)))
-
-
 if __name__ == "__main__":
-    train(parse_args())
+    train(command_line(Args, __doc__))

@@ -204,12 +204,13 @@ class Guard:
             more = message.get("more_body", False)
         if len(body) > MAX_LOGIN_BODY:
             return await _answer(send, 413, {"detail": "the login form is too large"})
-        fields = Counter(name for name, _ in parse_qsl(body.decode("latin-1"), keep_blank_values=True))
+        form = parse_qsl(body.decode("latin-1"), keep_blank_values=True)
+        fields = Counter(name for name, _ in form)
         if twice := sorted(name for name in ("username", "password") if fields[name] > 1):
             self.throttle.failed([f"addr:{_client(scope)}"])  # a form no page sends: a guesser's, counted
             return await _answer(send, 400, {"detail": f"the login form has {fields[twice[0]]} {twice[0]!r} "
                                                        "fields: send one of each"})
-        user = dict(parse_qsl(body.decode("latin-1"), keep_blank_values=True)).get("username", "").strip()
+        user = dict(form).get("username", "").strip()
         user_key = f"user:{user}"
         keys = [f"addr:{_client(scope)}", user_key]
         if (wait := self.throttle.held(keys)) > 0:
