@@ -120,8 +120,8 @@ def build_demo(engine: Engine, own_worker: bool = True) -> gr.Blocks:
         showing = gr.Textbox("runs", visible=False)
         drawn = gr.State({})
         poll = gr.Timer(POLL_S, active=False)  # started by the page's first answer (`on_load`)
-        with gr.Tabs(elem_id="tabs") as tabs:
-            page = Page(engine, run_pick, tabs, worker, quiet, own_worker)
+        with gr.Tabs(elem_id="tabs") as tab_bar:
+            page = Page(engine, run_pick, tab_bar, worker, quiet, own_worker)
             with gr.Tab("Runs", id="runs") as runs_item:
                 runs_tab = runs.build(page)
             with gr.Tab("Stage review", id="review") as review_item:
@@ -138,19 +138,13 @@ def build_demo(engine: Engine, own_worker: bool = True) -> gr.Blocks:
                 leaderboard_tab = leaderboard.build(page)
             with gr.Tab("Compare", id="compare") as compare_item:
                 compare_tab = compare.build(page)
-        # The tabs a run does not fill are drawn when first opened, not as the page loads beside everything else.
-        compare_item.select(compare_tab.refresh, [compare_tab.pick, compare_tab.rate], compare_tab.outputs)
-        leaderboard_item.select(leaderboard_tab.opened, leaderboard_tab.pick,
-                                [leaderboard_tab.pick, *leaderboard_tab.outputs])
-        playground_item.select(playground_tab.first_visit, [playground_tab.view, playground_tab.board_text],
-                               playground_tab.outputs)
         items = {"runs": runs_item, "review": review_item, "episode": episode_item, "proposal": proposal_item,
                  "train": train_item, "playground": playground_item, "leaderboard": leaderboard_item,
                  "compare": compare_item}
-        for tab_id, item in items.items():  # in the browser only, at once: an answer drawn later cannot reorder it
-            item.select(None, None, showing, js=f"() => {tab_id!r}")
-        _wire(page, refresh, poll, waiting, Shown(seen, showing, drawn, items), demo, runs_tab, review_tab,
-              episode_tab, proposal_tab, train_tab, playground_tab, leaderboard_tab)
+        tabs = Tabs(page, refresh, poll, waiting, Shown(seen, showing, drawn, items), runs=runs_tab,
+                    review=review_tab, episode=episode_tab, proposal=proposal_tab, train=train_tab,
+                    playground=playground_tab, leaderboard=leaderboard_tab, compare=compare_tab)
+        _wire(tabs, demo)
     return demo
 
 
@@ -168,139 +162,106 @@ class Shown:
 LAZY = ("train", "review", "proposal")  # the tabs a run fills: drawn when shown, not behind the tab shown
 
 
-def _wire(page: Page, refresh: gr.Button, poll: gr.Timer, waiting: gr.HTML, shown: Shown, demo: gr.Blocks,
-          runs_tab: runs.RunsTab,
-          review_tab: review.ReviewTab, episode_tab: episode.EpisodeTab, proposal_tab: proposal.ProposalTab,
-          train_tab: train.TrainTab, playground_tab: playground.PlaygroundTab,
-          leaderboard_tab: leaderboard.LeaderboardTab) -> None:
-    """The events that cross tabs: the run picked above them, links, the poll, a new run, a decision.
+@dataclass(frozen=True)
+class Tabs:
+    """The page as the events that cross tabs read it: the bar above the tabs (`page`: the run picked, the tabs,
+    the worker's badge; `refresh`, `waiting`), the poll, what the browser has drawn (`shown`) and each tab's object
+    (its widgets and view functions). Its methods draw a run across the tabs, for those events to answer with."""
 
-    A run opens in one answer (`open_run`), never in a chain of events another event (the poll) can slip between:
-    the bar above the tabs and the tab shown are drawn for it, and each other tab of `LAZY` when it is next opened
-    (`opened`), so the browser lays out one tab, not three. Events read what a tab has drawn from its `gr.State`
-    (`shown`), never a dropdown's value, whose choices may be changing on the server while the browser sends it."""
-    engine, run_pick = page.engine, page.run_pick
-    seen, showing, drawn = shown.seen, shown.showing, shown.drawn
-    draw = _wire_lazy_tabs(page, shown, review_tab, proposal_tab, train_tab)
-    top_out = [run_pick, runs_tab.table, page.worker, waiting]
-    everywhere = [*top_out, *train_tab.outputs, *review_tab.outputs, *proposal_tab.outputs, seen, drawn]
+    page: Page
+    refresh: gr.Button
+    poll: gr.Timer
+    waiting: gr.HTML
+    shown: Shown
+    runs: runs.RunsTab
+    review: review.ReviewTab
+    episode: episode.EpisodeTab
+    proposal: proposal.ProposalTab
+    train: train.TrainTab
+    playground: playground.PlaygroundTab
+    leaderboard: leaderboard.LeaderboardTab
+    compare: compare.CompareTab
 
-    def top(run_id: int | None, select: bool = True) -> dict[Any, Any]:
+    def top_outputs(self) -> list[Any]:
+        """What `top` draws: the bar above the tabs and the runs table."""
+        return [self.page.run_pick, self.runs.table, self.page.worker, self.waiting]
+
+    def run_outputs(self) -> list[Any]:
+        """What `open_run` draws: the bar above the tabs, the tabs a run fills, and what the browser has drawn."""
+        return [*self.top_outputs(), *self.train.outputs, *self.review.outputs, *self.proposal.outputs,
+                self.shown.seen, self.shown.drawn]
+
+    def top(self, run_id: int | None, select: bool = True) -> dict[Any, Any]:
         """The bar above the tabs and the runs table. With `select` the dropdown's choices and value are set
         together (to `run_id`); without, only its choices, which only grow, so the value the browser holds
         stays among them (the poll's way: it must not undo a run opened meanwhile)."""
+        engine = self.page.engine
         choices = runs.run_choices(engine)
-        ids = [c[1] for c in choices]
+        ids = [choice[1] for choice in choices]
         pick = gr.update(choices=choices, value=run_id if run_id in ids else None) if select else \
             gr.update(choices=choices)
-        return {run_pick: pick, runs_tab.table: runs.runs_table(engine),
-                page.worker: worker_badge(engine, page.own_worker), waiting: waiting_banner(engine)}
+        return {self.page.run_pick: pick, self.runs.table: runs.runs_table(engine),
+                self.page.worker: worker_badge(engine, self.page.own_worker), self.waiting: waiting_banner(engine)}
 
-    def open_run(run_id: int | None, tab: str, proposal_id: int | None = None, stage_index: int | None = None,
+    def draw(self, tab: str, run_id: int | None, proposal_id: int | None = None,
+             stage_index: int | None = None) -> dict[Any, Any]:
+        """Tab `tab` drawn for run `run_id` (nothing for a tab a run does not fill)."""
+        if tab == "train":
+            return self.train.show(run_id)
+        if tab == "review":
+            return self.review.show(run_id, stage_index)
+        if tab == "proposal":
+            return self.proposal.show_all(run_id, proposal_id)
+        return {}
+
+    def open_run(self, run_id: int | None, tab: str, proposal_id: int | None = None, stage_index: int | None = None,
                  select: bool = True) -> dict[Any, Any]:
         """Run `run_id` open: the bar above the tabs, and the tab shown (`tab`; Proposal at `proposal_id`, else
         the one that waits, else the newest; Stage review at `stage_index`, else the latest); the other tabs of
         `LAZY` are marked as drawn for no run, so each is drawn when opened. Marked drawn for the poll."""
-        return top(run_id, select) | draw(tab, run_id, proposal_id, stage_index) | {
-            drawn: {tab: run_id} if tab in LAZY else {}, seen: (lab_version(engine), run_id)}
+        drawn = {tab: run_id} if tab in LAZY else {}
+        return self.top(run_id, select) | self.draw(tab, run_id, proposal_id, stage_index) | {
+            self.shown.drawn: drawn, self.shown.seen: (lab_version(self.page.engine), run_id)}
 
-    def reopen(run_id: int | None, tab: str, proposal_id: int | None, stage_index: int | None) -> dict[Any, Any]:
-        return open_run(run_id, tab, proposal_id, stage_index)
 
+def _wire(tabs: Tabs, demo: gr.Blocks) -> None:
+    """The events that cross tabs: the run picked above them, links, the poll, a new run, a decision.
+
+    A run opens in one answer (`Tabs.open_run`), never in a chain of events another event (the poll) can slip
+    between: the bar above the tabs and the tab shown are drawn for it, and each other tab of `LAZY` when it is next
+    opened (`opened`), so the browser lays out one tab, not three. Events read what a tab has drawn from its
+    `gr.State` (`shown`), never a dropdown's value, whose choices may be changing on the server while the browser
+    sends it."""
+    _wire_first_visits(tabs)
+    _wire_lazy_tabs(tabs)
     # A poll answer read for the run open before lands after a run is opened: the next poll sees that `seen` is of
     # another run and redraws the tab shown (cancelling the poll instead would mark its outputs "Error"). The events
     # that draw a run's tabs answer one at a time (`VIEW`), so that answer is drawn before the run opened, not after.
-    _wire_poll(page, poll, shown, top, top_out, draw, review_tab, proposal_tab, train_tab)
-    # Progress shows on the bar above the tabs only: a status tracker on each of the ~40 outputs costs the browser
-    # more than the answer does, and flashes Gradio's timer text in every status line.
-    refresh.click(reopen, [run_pick, showing, proposal_tab.shown, review_tab.shown], everywhere,
-                  show_progress_on=run_pick, **VIEW) \
-        .then(leaderboard_tab.choices, None, leaderboard_tab.pick)
-
-    def picked(run_id: int | None, tab: str) -> dict[Any, Any]:
-        """A run picked in the dropdown: the tab shown follows (the others when opened); the dropdown itself is
-        left as the person set it, so an answer that lands after a later pick cannot set it back."""
-        return open_run(run_id, tab, select=False)
-
-    # `select`, as `input` fires twice per pick (Gradio 6). `always_last`: a pick made while the previous one is
-    # answered runs after it (the default, `once`, drops it, and the tabs would stay on the run picked before).
-    run_pick.select(picked, [run_pick, showing], everywhere, show_progress_on=run_pick, trigger_mode="always_last",
-                    **VIEW)
-
-    def create(*form: Any) -> dict[Any, Any]:
-        message, run_id = runs.create_run_from_form(engine, *form)
-        if run_id is None:
-            return {runs_tab.message: message}
-        return open_run(run_id, "train") | {runs_tab.message: message, page.tabs: gr.Tabs(selected="train"),
-                                            showing: "train", train_tab.message: message}
-
-    runs_tab.create.click(create, runs_tab.form, [runs_tab.message, *everywhere, page.tabs, showing,
-                                                  train_tab.message], show_progress_on=runs_tab.message, **VIEW)
-
-    def imported(path: str | None, tab: str) -> dict[Any, Any]:
-        message, run_id = runs.import_file(engine, path, uploaded=True)
-        done = {runs_tab.import_message: message, runs_tab.upload: None}  # ready for the next file
-        return done if run_id is None else open_run(run_id, tab) | done
-
-    runs_tab.upload.upload(imported, [runs_tab.upload, showing],
-                           [runs_tab.import_message, runs_tab.upload, *everywhere],
-                           show_progress_on=runs_tab.import_message, **VIEW)
-
-    def open_from_gallery(ghost: bool, evt: gr.SelectData) -> dict[Any, Any]:
-        """A failure row clicked: its episode drawn and the Episode tab shown, in one answer."""
-        episode_id = evt.row_value[0]
-        return {episode_tab.episode_id: episode_id, page.tabs: gr.Tabs(selected="episode"), showing: "episode"} | \
-            episode_tab.show(episode_id, ghost)
-
-    review_tab.gallery.select(open_from_gallery, episode_tab.ghost,
-                              [episode_tab.episode_id, page.tabs, showing, *episode_tab.outputs],
-                              show_progress_on=review_tab.gallery) \
-        .then(episode_tab.extras, episode_tab.follows, episode_tab.extra_outputs, **no_progress(page))
-
-    def after_decision(run_id: int | None, has: dict[str, Any]) -> dict[Any, Any]:
-        """The bar above the tabs, and the Train tab where it is drawn for this run (else it is when opened)."""
-        return (train_tab.show(run_id) if has.get("train", False) == run_id else {}) | top(run_id, select=False)
-
-    for decided in proposal_tab.decided:
-        decided.then(after_decision, [run_pick, drawn], [*train_tab.outputs, *top_out], **no_progress(page))
-
-    def on_load(request: gr.Request) -> dict[Any, Any]:
-        link = linked(engine, dict(request.query_params) if request is not None else {})
-        tab = link["tab"] or "runs"
-        # Everything a link opens goes out with the first answer: a link to a proposal or an episode paints in one
-        # round trip.
-        episode = {} if link["episode"] is None else episode_tab.show(link["episode"], True)
-        # The poll starts with this answer: one started before would read the page as it was before it (no run
-        # open) and draw that over it. The note box starts empty and this answer leaves it alone: a note typed
-        # while the page loads is the person's, for the proposal drawn around it.
-        first = open_run(link["run"], tab, link["proposal"])
-        first.pop(proposal_tab.note, None)
-        return first | episode | {
-            poll: gr.Timer(active=True), episode_tab.episode_id: link["episode"]} | (
-            # a tab the person opened before this answer came is left as it is (and drawn: `opened`)
-            {page.tabs: gr.Tabs(selected=tab), showing: tab} if link["tab"] else {})
-
-    demo.load(on_load, None, [*everywhere, poll, page.tabs, showing, episode_tab.episode_id, *episode_tab.outputs],
-              show_progress_on=run_pick, **VIEW) \
-        .then(episode_tab.extras, episode_tab.follows, episode_tab.extra_outputs, **no_progress(page))
+    _wire_poll(tabs)
+    _wire_run_pick(tabs)
+    _wire_new_runs(tabs)
+    _wire_review_and_decisions(tabs)
+    _wire_load(tabs, demo)
 
 
-def _wire_lazy_tabs(page: Page, shown: Shown, review_tab: review.ReviewTab, proposal_tab: proposal.ProposalTab,
-                    train_tab: train.TrainTab) -> Callable[..., dict[Any, Any]]:
+def _wire_first_visits(tabs: Tabs) -> None:
+    """The tabs a run does not fill, drawn when first opened, not as the page loads beside everything else; and
+    the tab shown, noted as each tab is opened."""
+    compare_tab, leaderboard_tab, playground_tab = tabs.compare, tabs.leaderboard, tabs.playground
+    items = tabs.shown.items
+    items["compare"].select(compare_tab.refresh, [compare_tab.pick, compare_tab.rate], compare_tab.outputs)
+    items["leaderboard"].select(leaderboard_tab.opened, leaderboard_tab.pick,
+                                [leaderboard_tab.pick, *leaderboard_tab.outputs])
+    items["playground"].select(playground_tab.first_visit, [playground_tab.view, playground_tab.board_text],
+                               playground_tab.outputs)
+    for tab_id, item in items.items():  # in the browser only, at once: an answer drawn later cannot reorder it
+        item.select(None, None, tabs.shown.showing, js=f"() => {tab_id!r}")
+
+
+def _wire_lazy_tabs(tabs: Tabs) -> None:
     """Each tab of `LAZY` drawn for the open run when it is opened (`opened`: one event, which draws nothing when
-    the tab is drawn for that run already); returns `draw(tab, run_id, proposal_id=None, stage_index=None)`, the
-    tab drawn for a run (nothing for a tab a run does not fill)."""
-    seen, drawn = shown.seen, shown.drawn
-
-    def draw(tab: str, run_id: int | None, proposal_id: int | None = None,
-             stage_index: int | None = None) -> dict[Any, Any]:
-        if tab == "train":
-            return train_tab.show(run_id)
-        if tab == "review":
-            return review_tab.show(run_id, stage_index)
-        if tab == "proposal":
-            return proposal_tab.show_all(run_id, proposal_id)
-        return {}
+    the tab is drawn for that run already)."""
+    seen, drawn = tabs.shown.seen, tabs.shown.drawn
 
     def opener(tab: str) -> Callable[..., dict[Any, Any]]:
         def opened(drawn_for: tuple[LabVersion, int | None] | None, has: dict[str, Any]) -> dict[Any, Any]:
@@ -308,50 +269,148 @@ def _wire_lazy_tabs(page: Page, shown: Shown, review_tab: review.ReviewTab, prop
             run_id = drawn_for[1] if drawn_for is not None else None
             if tab in has and has[tab] == run_id:
                 return {drawn: has}  # (an empty dict would be read as one value)
-            return draw(tab, run_id) | {drawn: {**has, tab: run_id}}
+            return tabs.draw(tab, run_id) | {drawn: {**has, tab: run_id}}
         return opened
 
-    outputs = {"train": train_tab.outputs, "review": review_tab.outputs, "proposal": proposal_tab.outputs}
+    outputs = {"train": tabs.train.outputs, "review": tabs.review.outputs, "proposal": tabs.proposal.outputs}
     for tab in LAZY:
-        shown.items[tab].select(opener(tab), [seen, drawn], [*outputs[tab], drawn], **no_progress(page), **VIEW)
-    return draw
+        tabs.shown.items[tab].select(opener(tab), [seen, drawn], [*outputs[tab], drawn], **no_progress(tabs.page),
+                                     **VIEW)
 
 
-def _wire_poll(page: Page, poll: gr.Timer, shown: Shown, top: Callable[..., dict[Any, Any]], top_out: list[Any],
-               draw: Callable[..., dict[Any, Any]], review_tab: review.ReviewTab,
-               proposal_tab: proposal.ProposalTab, train_tab: train.TrainTab) -> Any:
+def _wire_poll(tabs: Tabs) -> Any:
     """The poll (its event, returned): one cheap read of what changed (`lab_version`); only the parts of the page
     that depend on it are redrawn (of the tabs a run fills, those drawn for the open run), and a newly stored
     proposal is selected. `seen` is (the version drawn, the run it was drawn for): a run other than the open one
     (the poll's answer crossed a run being opened) redraws the tab shown, the others when opened; so does a tab shown
     that is drawn for no run or another."""
-    engine, seen, drawn = page.engine, shown.seen, shown.drawn
+    page, seen, drawn = tabs.page, tabs.shown.seen, tabs.shown.drawn
+    engine = page.engine
 
     def follow(run_id: int | None, tab: str, proposal_id: int | None, stage_index: int | None,
                drawn_for: tuple[LabVersion, int | None] | None, has: dict[str, Any]) -> dict[Any, Any]:
         now = lab_version(engine)
         out: dict[Any, Any] = {page.worker: worker_badge(engine, page.own_worker), seen: (now, run_id)}
         if drawn_for is None or drawn_for[1] != run_id:
-            return out | top(run_id, select=False) | draw(tab, run_id) | {drawn: {tab: run_id} if tab in LAZY else {}}
+            return out | tabs.top(run_id, select=False) | tabs.draw(tab, run_id) | {
+                drawn: {tab: run_id} if tab in LAZY else {}}
         if tab in LAZY and has.get(tab) != run_id:
             # the tab shown is not drawn for the open run: it was opened as the page loaded, and its event reached
             # the server before the page's first answer, which then marked nothing drawn. Drawn now.
-            out |= draw(tab, run_id) | {drawn: {**has, tab: run_id}}
+            out |= tabs.draw(tab, run_id) | {drawn: {**has, tab: run_id}}
         drawn_ = drawn_for[0]
         here = {t for t in LAZY if t in has and has[t] == run_id}
         if "train" in here and (now.jobs != drawn_.jobs or now.runs != drawn_.runs):
-            out |= train_tab.show(run_id)
+            out |= tabs.train.show(run_id)
         if (now.runs, now.proposals, now.stages) != (drawn_.runs, drawn_.proposals, drawn_.stages):
-            out |= top(run_id, select=False)
+            out |= tabs.top(run_id, select=False)
             if "proposal" in here:
-                out |= proposal_tab.follow(run_id, proposal_id, jump=now.proposals[0] != drawn_.proposals[0])
+                out |= tabs.proposal.follow(run_id, proposal_id, jump=now.proposals[0] != drawn_.proposals[0])
         if "review" in here and now.stages != drawn_.stages:
-            out |= review_tab.show(run_id, stage_index)
+            out |= tabs.review.show(run_id, stage_index)
         return out
 
-    return poll.tick(follow, [page.run_pick, shown.showing, proposal_tab.shown, review_tab.shown, seen, drawn],
-                     [seen, drawn, *top_out, *train_tab.outputs, *proposal_tab.outputs, *review_tab.outputs],
-                     **no_progress(page), **VIEW)
+    return tabs.poll.tick(
+        follow, [page.run_pick, tabs.shown.showing, tabs.proposal.shown, tabs.review.shown, seen, drawn],
+        [seen, drawn, *tabs.top_outputs(), *tabs.train.outputs, *tabs.proposal.outputs, *tabs.review.outputs],
+        **no_progress(page), **VIEW)
+
+
+def _wire_run_pick(tabs: Tabs) -> None:
+    """A run opened from the bar above the tabs: picked in the dropdown, or drawn again by Refresh."""
+    run_pick, showing, everywhere = tabs.page.run_pick, tabs.shown.showing, tabs.run_outputs()
+
+    def reopen(run_id: int | None, tab: str, proposal_id: int | None, stage_index: int | None) -> dict[Any, Any]:
+        return tabs.open_run(run_id, tab, proposal_id, stage_index)
+
+    # Progress shows on the bar above the tabs only: a status tracker on each of the ~40 outputs costs the browser
+    # more than the answer does, and flashes Gradio's timer text in every status line.
+    tabs.refresh.click(reopen, [run_pick, showing, tabs.proposal.shown, tabs.review.shown], everywhere,
+                       show_progress_on=run_pick, **VIEW) \
+        .then(tabs.leaderboard.choices, None, tabs.leaderboard.pick)
+
+    def picked(run_id: int | None, tab: str) -> dict[Any, Any]:
+        """A run picked in the dropdown: the tab shown follows (the others when opened); the dropdown itself is
+        left as the person set it, so an answer that lands after a later pick cannot set it back."""
+        return tabs.open_run(run_id, tab, select=False)
+
+    # `select`, as `input` fires twice per pick (Gradio 6). `always_last`: a pick made while the previous one is
+    # answered runs after it (the default, `once`, drops it, and the tabs would stay on the run picked before).
+    run_pick.select(picked, [run_pick, showing], everywhere, show_progress_on=run_pick, trigger_mode="always_last",
+                    **VIEW)
+
+
+def _wire_new_runs(tabs: Tabs) -> None:
+    """A run created or imported on the Runs tab, opened at once."""
+    engine, runs_tab, showing, everywhere = tabs.page.engine, tabs.runs, tabs.shown.showing, tabs.run_outputs()
+
+    def create(*form: Any) -> dict[Any, Any]:
+        message, run_id = runs.create_run_from_form(engine, *form)
+        if run_id is None:
+            return {runs_tab.message: message}
+        return tabs.open_run(run_id, "train") | {runs_tab.message: message, tabs.page.tabs: gr.Tabs(selected="train"),
+                                                 showing: "train", tabs.train.message: message}
+
+    runs_tab.create.click(create, runs_tab.form, [runs_tab.message, *everywhere, tabs.page.tabs, showing,
+                                                  tabs.train.message], show_progress_on=runs_tab.message, **VIEW)
+
+    def imported(path: str | None, tab: str) -> dict[Any, Any]:
+        message, run_id = runs.import_file(engine, path, uploaded=True)
+        done = {runs_tab.import_message: message, runs_tab.upload: None}  # ready for the next file
+        return done if run_id is None else tabs.open_run(run_id, tab) | done
+
+    runs_tab.upload.upload(imported, [runs_tab.upload, showing],
+                           [runs_tab.import_message, runs_tab.upload, *everywhere],
+                           show_progress_on=runs_tab.import_message, **VIEW)
+
+
+def _wire_review_and_decisions(tabs: Tabs) -> None:
+    """A failure row clicked on Stage review opens its episode; a decision on a proposal redraws what it changed."""
+    page, episode_tab, showing = tabs.page, tabs.episode, tabs.shown.showing
+
+    def open_from_gallery(ghost: bool, evt: gr.SelectData) -> dict[Any, Any]:
+        """A failure row clicked: its episode drawn and the Episode tab shown, in one answer."""
+        episode_id = evt.row_value[0]
+        return {episode_tab.episode_id: episode_id, page.tabs: gr.Tabs(selected="episode"), showing: "episode"} | \
+            episode_tab.show(episode_id, ghost)
+
+    tabs.review.gallery.select(open_from_gallery, episode_tab.ghost,
+                               [episode_tab.episode_id, page.tabs, showing, *episode_tab.outputs],
+                               show_progress_on=tabs.review.gallery) \
+        .then(episode_tab.extras, episode_tab.follows, episode_tab.extra_outputs, **no_progress(page))
+
+    def after_decision(run_id: int | None, has: dict[str, Any]) -> dict[Any, Any]:
+        """The bar above the tabs, and the Train tab where it is drawn for this run (else it is when opened)."""
+        return (tabs.train.show(run_id) if has.get("train", False) == run_id else {}) | tabs.top(run_id, select=False)
+
+    for decided in tabs.proposal.decided:
+        decided.then(after_decision, [page.run_pick, tabs.shown.drawn], [*tabs.train.outputs, *tabs.top_outputs()],
+                     **no_progress(page))
+
+
+def _wire_load(tabs: Tabs, demo: gr.Blocks) -> None:
+    """The page's first answer: the run, tab, episode and proposal a link names (`linked`), and the poll started."""
+    page, episode_tab, showing = tabs.page, tabs.episode, tabs.shown.showing
+
+    def on_load(request: gr.Request) -> dict[Any, Any]:
+        link = linked(page.engine, dict(request.query_params) if request is not None else {})
+        tab = link["tab"] or "runs"
+        # Everything a link opens goes out with the first answer: a link to a proposal or an episode paints in one
+        # round trip.
+        episode_view = {} if link["episode"] is None else episode_tab.show(link["episode"], True)
+        # The poll starts with this answer: one started before would read the page as it was before it (no run
+        # open) and draw that over it. The note box starts empty and this answer leaves it alone: a note typed
+        # while the page loads is the person's, for the proposal drawn around it.
+        first = tabs.open_run(link["run"], tab, link["proposal"])
+        first.pop(tabs.proposal.note, None)
+        return first | episode_view | {
+            tabs.poll: gr.Timer(active=True), episode_tab.episode_id: link["episode"]} | (
+            # a tab the person opened before this answer came is left as it is (and drawn: `opened`)
+            {page.tabs: gr.Tabs(selected=tab), showing: tab} if link["tab"] else {})
+
+    demo.load(on_load, None, [*tabs.run_outputs(), tabs.poll, page.tabs, showing, episode_tab.episode_id,
+                              *episode_tab.outputs], show_progress_on=page.run_pick, **VIEW) \
+        .then(episode_tab.extras, episode_tab.follows, episode_tab.extra_outputs, **no_progress(page))
 
 
 # ---------------------------------------------------------------- the command

@@ -30,11 +30,11 @@ from sqlmodel import select
 from envsim.config import EnvConfig
 from envsim.suite import VALIDATION_PER_SIZE
 from lab.jobs import zygote
-from lab.jobs.worker import handlers, run_worker
+from lab.jobs.worker import WorkerOptions, handlers, run_worker
 from lab.loop import after_job, create_run, drive
-from lab.settings import RunSettings
 from storage.db import RUNS_SETTING, make_engine, session, upgrade
-from storage.models import Job, JobKind, JobStatus
+from storage.models import Job, JobKind, JobStatus, RunStatus
+from storage.settings import RunSettings
 from training.evaluate import validation_entries
 
 
@@ -62,10 +62,10 @@ def stage_seconds(args: Args, in_child: bool, forked: bool = False) -> list[floa
                              settings=RunSettings(stages=1, auto_apply=True, validation_boards=args.boards, grpo=grpo),
                              engineer="fixed")
         jobs = handlers(in_child=in_child)
-        state = drive(engine, run.id, lambda: run_worker(engine, jobs, once=True, after=after_job, poll_s=0.01,
-                                                         run_id=run.id) > 0, poll_s=0.01)
-        if state != "done":
-            raise SystemExit(f"the run ended {state}")
+        options = WorkerOptions(once=True, after=after_job, poll_s=0.01, run_id=run.id)
+        state = drive(engine, run.id, lambda: run_worker(engine, jobs, options) > 0, poll_s=0.01)
+        if state.status != RunStatus.DONE:
+            raise SystemExit(f"the run ended {state.text}")
         with session(engine) as s:
             rows = s.exec(select(Job).where(Job.kind == JobKind.STAGE, Job.status == JobStatus.DONE)
                           .order_by(Job.target)).all()

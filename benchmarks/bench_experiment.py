@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from envsim.config import EnvConfig
-from lab.settings import RunSettings
 from lab.study.experiments import create_experiment, experiment_runs, run_experiment
 from storage.db import make_engine, upgrade
 from storage.models import RunStatus
+from storage.settings import RunSettings
 
 QUICK = dict(arms="fixed,heuristic", seeds=2, stages=1, instances=8, validation_per_size=30, validation_boards=8,
              grpo="num_generations=2,per_device_train_batch_size=16")

@@ -27,11 +27,11 @@ from pathlib import Path
 from bench_experiment import QUICK, Study, grpo_of
 
 from envsim.config import EnvConfig
-from lab.settings import RunSettings
 from lab.study.experiments import create_experiment, experiment_runs
 from lab.study.slurm import SlurmOptions, experiment_arrays, run_on_slurm, sweep
 from storage.db import make_engine, upgrade
 from storage.models import RunStatus
+from storage.settings import RunSettings
 
 
 @dataclass

@@ -24,11 +24,11 @@ from sqlmodel import select
 
 from envsim.config import EnvConfig
 from envsim.suite import DEV_PER_SIZE
-from lab.jobs.worker import run_worker
-from lab.settings import RunSettings
+from lab.jobs.worker import WorkerOptions, run_worker
 from lab.study.experiments import create_experiment, experiment_runs
 from storage.db import make_engine, session, upgrade
 from storage.models import Episode, Evaluation
+from storage.settings import RunSettings
 from training.stage import run_stage_job
 
 QUICK = dict(seeds=2, validation_boards=8, dev_per_size=3)
@@ -61,7 +61,7 @@ def stage0(args: Args, folder: Path, arms: list[str], seeds: int, name: str) -> 
         RunSettings(stages=1, validation_per_size=args.validation_per_size, dev_per_size=args.dev_per_size,
                     validation_boards=args.validation_boards or None)))
     t0 = time.perf_counter()
-    ran = run_worker(engine, {"stage": run_stage_job}, poll_s=0.01, once=True)
+    ran = run_worker(engine, {"stage": run_stage_job}, WorkerOptions(poll_s=0.01, once=True))
     seconds = time.perf_counter() - t0
     runs = experiment_runs(engine, experiment.id)
     with session(engine) as s:

@@ -37,12 +37,13 @@ from PIL import Image
 
 import app
 from envsim.config import EnvConfig
-from lab.jobs.worker import handlers, run_worker
-from lab.loop import advance, after_job, create_run
-from lab.proposals import decide_on, proposal_states
+from lab.jobs.worker import WorkerOptions, handlers, run_worker
+from lab.loop import Step, advance, after_job, create_run, decide_and_advance
+from lab.proposals import proposal_states
 from lab.runs import failed_episodes, run_list
-from lab.settings import RunSettings
 from storage.db import make_engine, session, upgrade
+from storage.models import RunStatus
+from storage.settings import RunSettings
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -64,15 +65,15 @@ class Args:
     only: str = ""  # comma-separated pictures to take; '' = all of them
 
 
-def until_waiting(engine, run_id: int) -> str:
+def until_waiting(engine, run_id: int) -> Step:
     """Run the run's jobs in this process until it waits for a person (or ends)."""
     work = handlers()
     while True:
         state = advance(engine, run_id)
-        print(f"run {run_id}: {state}", file=sys.stderr, flush=True)
-        if state.startswith(("waiting", "done", "failed", "cancelled")):
+        print(f"run {run_id}: {state.text}", file=sys.stderr, flush=True)
+        if state.status != RunStatus.ACTIVE:
             return state
-        run_worker(engine, work, once=True, after=after_job)
+        run_worker(engine, work, WorkerOptions(once=True, after=after_job))
 
 
 def pending_proposal(engine, run_id: int) -> int:
@@ -87,10 +88,10 @@ def build_run(engine, args: Args) -> int:
                             validation_boards=args.validation_boards), engineer="heuristic",
                             description="the tiny policy, the heuristic engineer, two stages").id
     until_waiting(engine, run_id)
-    decide_on(engine, pending_proposal(engine, run_id), "accept", "local", note="looks sensible")
+    decide_and_advance(engine, pending_proposal(engine, run_id), "accept", "local", note="looks sensible")
     state = until_waiting(engine, run_id)
-    if not state.startswith("waiting"):
-        raise SystemExit(f"the run should wait for a decision after stage 1, but it is {state}")
+    if state.status != RunStatus.WAITING:
+        raise SystemExit(f"the run should wait for a decision after stage 1, but it is {state.text}")
     return run_id
 
 

@@ -26,6 +26,7 @@ from envsim.scoring import Outcome, Tally
 from envsim.suite import Split
 from lab.results import outcome_of, stage_summaries
 from storage.models import Episode, Stage
+from storage.settings import RunSettings
 from training.probe import ProbeResult  # the probe's numbers (torch loads only where a probe samples)
 
 SPLIT = Split.DEV  # the engineer reads dev results: the validation results score the run, so it never sees those
@@ -152,10 +153,10 @@ def preset_of(modules: ContextModules) -> str | None:
 # ---------------------------------------------------------------- from the database
 
 
-def evidence_split(settings: dict[str, Any]) -> Split:
+def evidence_split(settings: RunSettings) -> Split:
     """The split a run's engineers read: its dev boards; a run of an earlier version, which has none (no
     `dev_per_size` among its settings), was read on its validation boards, and is read as it was."""
-    return SPLIT if settings.get("dev_per_size") else Split.VALIDATION
+    return SPLIT if settings.dev_per_size else Split.VALIDATION
 
 
 def load_stage_result(session: Session, run_id: int, stage_index: int, cases: int = 3,
@@ -171,7 +172,7 @@ def load_stage_result(session: Session, run_id: int, stage_index: int, cases: in
         raise LookupError(f"run {run_id} has no stage {stage_index}")
     summary = stage_summaries(session, run_id, split, stage_index).get(stage_index)
     by_size = summary.by_size if summary else {}
-    return StageResult(stage_index, EnvConfig.model_validate(stage.config), by_size,
+    return StageResult(stage_index, stage.config, by_size,
                        _failure_cases(session, run_id, stage_index, cases, split) if cases > 0 else (),
                        _boards(session, run_id, stage_index, split))
 

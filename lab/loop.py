@@ -13,7 +13,7 @@ import shutil
 import socket
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -35,21 +35,18 @@ from lab.context import (
     preset_of,
     require_boards,
 )
-from lab.engineers import ENGINEERS, LEARN_ANSWERS, LEARN_BOARDS, EngineerAnswer
+from lab.engineers import ENGINEERS, EngineerAnswer, Needs, needs_of
 from lab.llm import LLMError, check_server
 from lab.proposals import (
-    ProposalState,
+    Decided,
     current_proposal,
     decide,
     decision_of,
-    edit_projection_in,
     fill_check,
     fillable,
     self_summary,
-    state_in,
     store_proposal,
 )
-from lab.settings import RunSettings, first_error, probe_size
 from lab.text import NAME_LIMIT, TEXT_LIMIT, too_long
 from storage.db import UnsafePath, checkpoint_of, lock_run, run_folder
 from storage.db import session as open_session
@@ -71,6 +68,7 @@ from storage.models import (
     utcnow,
 )
 from storage.queue import db_now, enqueue, fail, request_cancel, requeue, stale_after_s
+from storage.settings import RunSettings, SettingsError, first_error
 
 LOOP_KINDS = (JobKind.STAGE, JobKind.PROPOSE)  # the jobs that move a run; a benchmark job never blocks it
 PROPOSE_ATTEMPTS = 3  # a propose job that raises is tried this many times, then the run fails for a person
@@ -81,35 +79,13 @@ class LoopError(ValueError):
     """A run cannot be created or moved as asked; the message says why."""
 
 
-def check_grpo(instances: int, grpo: dict[str, Any], policy: str) -> None:
-    """Refuse GRPO overrides TRL would refuse (an unknown field, a value of the wrong type) before a run stores
-    them: the steps a stage would take are counted with them, as `envlab experiment new` does."""
-    from trl import GRPOConfig
-
-    from training.policy import prompt_style_of  # torch loads only when there are overrides to check
-    from training.stage import StageError, planned_steps
-
-    defaults = {f.name: f.default for f in fields(GRPOConfig)}
-    for key, value in grpo.items():
-        wanted = type(defaults.get(key))
-        if wanted in (bool, int, float) and not (
-                isinstance(value, wanted) and (wanted is bool or not isinstance(value, bool))
-                or wanted is float and isinstance(value, int) and not isinstance(value, bool)):
-            raise LoopError(f"grpo {key} = {value!r}: GRPOConfig's {key} is of type {wanted.__name__}")
-    try:
-        planned_steps(instances, grpo, prompt_style_of(policy))
-    except (StageError, ValueError, TypeError, ArithmeticError) as err:
-        raise LoopError(f"grpo settings {grpo}: {str(err).splitlines()[0] if str(err) else type(err).__name__}"
-                        ) from None
-
-
 def create_run(s: Session, *, name: str, config: EnvConfig, settings: RunSettings, policy: str = "tiny",
                engineer: str = "heuristic", engineer_backend: str = "", seed: int = 0, description: str = "",
                experiment_id: int | None = None, arm: str | None = None) -> Run:
     """Store a run, its stage 0 (the starting policy, evaluated on `config`) and queue that stage.
 
     The keyword arguments are who the run is (its row's columns); `settings` is everything it is asked to do
-    (`lab.settings.RunSettings`, checked when it was made), stored whole. What only the training stack can
+    (`storage.settings.RunSettings`, checked when it was made), stored whole. What only the training stack can
     check is checked here, before anything is stored: the engineer, the GRPO overrides (as TRL would count
     them) and the llm engineer's context (`settings.context`, else the preset `settings.context_preset`,
     default `paper-best`, resolved into its modules). `settings.dev_per_size` is the dev boards per map size each
@@ -133,7 +109,12 @@ def create_run(s: Session, *, name: str, config: EnvConfig, settings: RunSetting
     except ValidationError as err:
         raise LoopError(f"the initial config is not valid: {first_error(err)}") from None
     if settings.grpo:
-        check_grpo(config.num_instances, settings.grpo, policy)
+        from training.settings import check_grpo  # torch loads only when there are overrides to check
+
+        try:
+            check_grpo(settings, config.num_instances, policy)
+        except SettingsError as err:
+            raise LoopError(str(err)) from None
     try:
         modules = (ContextModules(**settings.context) if settings.context is not None
                    else context_preset(settings.context_preset or DEFAULT_PRESET))
@@ -141,11 +122,11 @@ def create_run(s: Session, *, name: str, config: EnvConfig, settings: RunSetting
         raise LoopError(f"context: {err}") from None
     settings = settings.model_copy(update={"context": asdict(modules), "context_preset": preset_of(modules)})
     run = Run(name=name, description=description, policy=policy, engineer=engineer, engineer_backend=engineer_backend,
-              settings=settings.stored(), seed=seed, status=RunStatus.ACTIVE, experiment_id=experiment_id, arm=arm)
+              settings=settings, seed=seed, status=RunStatus.ACTIVE, experiment_id=experiment_id, arm=arm)
     s.add(run)
     s.commit()
     s.refresh(run)
-    s.add(Stage(run_id=run.id, index=0, config=config.model_dump(mode="json"), status=StageStatus.QUEUED))
+    s.add(Stage(run_id=run.id, index=0, config=config, status=StageStatus.QUEUED))
     s.commit()
     _enqueue(s, JobKind.STAGE, run.id, 0)
     s.commit()
@@ -163,6 +144,9 @@ def check_policy(policy: str) -> None:
         raise LoopError(str(err)) from None
 
 
+ANY_SETTINGS = RunSettings(stages=1)  # a run that sets nothing beyond its stages
+
+
 def check_engineer(engineer: str, backend: str, policy: str | None = None) -> None:
     """Refuse an engineer the loop cannot run, before any run depends on it.
 
@@ -172,14 +156,15 @@ def check_engineer(engineer: str, backend: str, policy: str | None = None) -> No
     """
     if engineer not in ENGINEERS:
         raise LoopError(f"unknown engineer {engineer!r}: one of {', '.join(ENGINEERS)}")
-    if engineer == "llm" and not backend:
-        raise LoopError("the llm engineer needs a backend, e.g. hf:policy, hf:gemma3-270m or openai:<model>")
-    if engineer != "llm" or backend != SELF_BACKEND or policy is None:
+    language_model = needs_of(engineer, ANY_SETTINGS).language_model  # whatever the run's settings
+    if language_model and not backend:
+        raise LoopError(f"the {engineer} engineer needs a backend, e.g. hf:policy, hf:gemma3-270m or openai:<model>")
+    if not language_model or backend != SELF_BACKEND or policy is None:
         return
     from training.policy import prompt_style_of  # here: torch loads only for the one check that reads a policy
 
     if prompt_style_of(policy) == "compact":
-        raise LoopError(f"the llm engineer with backend {SELF_BACKEND} asks the policy itself to write the next "
+        raise LoopError(f"the {engineer} engineer with backend {SELF_BACKEND} asks the policy itself to write the next "
                         f"config, but policy {policy!r} reads compact prompts: its vocabulary is board cells and "
                         "actions, so it cannot write a config. Use a chat policy (gemma3-270m, any causal LM) for "
                         "policy-as-engineer, or another backend (openai:<model>, hf:gemma3-270m) or engineer")
@@ -187,7 +172,7 @@ def check_engineer(engineer: str, backend: str, policy: str | None = None) -> No
 
 def set_auto_apply(s: Session, run_id: int, on: bool) -> Run:
     run = s.get(Run, run_id)
-    run.settings = {**run.settings, "auto_apply": on}  # a new dict: JSON columns do not track edits inside one
+    run.settings = run.settings.model_copy(update={"auto_apply": on})  # a new value: the record is frozen
     s.add(run)
     s.commit()
     return run
@@ -231,7 +216,7 @@ def needs_gpu(run: Run) -> bool:
     CPU (`RunSettings.allow_cpu`)."""
     from training.resolve import policy_params
 
-    if run.settings.get("allow_cpu"):
+    if run.settings.allow_cpu:
         return False
     params = policy_params(run.policy)
     return params is not None and params > gpu_above()
@@ -242,7 +227,8 @@ def _enqueue(s: Session, kind: JobKind, run_id: int, target: int, *, priority: i
     """Queue a job of the run inside the caller's transaction (committed with the rest of its step), saying
     what it needs: a GPU where it loads a large policy (a proposal only when the policy is its own engineer)."""
     run = s.get(Run, run_id)
-    loads_policy = kind != JobKind.PROPOSE or (run.engineer == "llm" and run.engineer_backend == SELF_BACKEND)
+    loads_policy = kind != JobKind.PROPOSE or (engineer_needs(run).language_model
+                                               and run.engineer_backend == SELF_BACKEND)
     return enqueue(s, kind, {"run_id": run_id, _TARGET_KEY[kind]: target, **payload}, run_id=run_id,
                    target=target, commit=False, needs_gpu=loads_policy and needs_gpu(run), priority=priority)
 
@@ -251,8 +237,17 @@ def _set_status(run: Run, status: RunStatus, reason: str = "") -> None:
     run.status, run.status_reason = status, reason
 
 
-def advance(engine: Engine, run_id: int) -> str:
-    """Queue what comes next for a run and return a one-line description of where it stands.
+@dataclass(frozen=True)
+class Step:
+    """Where a run stands after `advance`: its status as the step left it, and one line that says what was queued,
+    what it waits for, or why it stopped."""
+
+    status: RunStatus
+    text: str
+
+
+def advance(engine: Engine, run_id: int) -> Step:
+    """Queue what comes next for a run and return where it stands.
 
     One transaction under the run's lock: any number of processes may call it at once (the worker's hook,
     the page, `envlab run`), and each step is taken once.
@@ -261,10 +256,16 @@ def advance(engine: Engine, run_id: int) -> str:
         run = lock_run(s, run_id)
         if run is None:
             raise LoopError(f"no run {run_id}")
-        state = _step(s, run)
-        s.add(run)
-        s.commit()
-        return state
+        return _take_step(s, run)
+
+
+def _take_step(s: Session, run: Run) -> Step:
+    """`_step` on a run locked by the caller, committed."""
+    text = _step(s, run)
+    step = Step(RunStatus(run.status), text)  # every path through `_step` leaves the run's status set
+    s.add(run)
+    s.commit()
+    return step
 
 
 def _step(s: Session, run: Run) -> str:
@@ -280,7 +281,7 @@ def _step(s: Session, run: Run) -> str:
     last = stages_of(s, run.id)[-1]
     if last.status != StageStatus.DONE:
         return _stage_ended(s, run, last)
-    if last.index >= run.settings["stages"]:
+    if last.index >= run.settings.stages:
         _set_status(run, RunStatus.DONE)
         return "done"
     proposal = current_proposal(s, run.id)
@@ -288,7 +289,7 @@ def _step(s: Session, run: Run) -> str:
     if proposal is None or (decision is not None and decision.action == Action.REJECT):
         return _ask_engineer(s, run, last.index, replaces=proposal.id if proposal else None)
     if decision is None:
-        if not run.settings.get("auto_apply"):
+        if not run.settings.auto_apply:
             _set_status(run, RunStatus.WAITING)
             return f"waiting: proposal {proposal.id} needs a decision"
         decision = _auto_decide(s, proposal, last)
@@ -349,7 +350,7 @@ def missing_checkpoint(engine: Engine, run_id: int, stage_index: int | None = No
         stages = list(s.exec(query.where(Stage.index == stage_index) if stage_index is not None
                              else query.where(Stage.index > 0).order_by(Stage.index)))
         run = s.get(Run, run_id)
-        example = bool(run and run.settings.get("example"))
+        example = bool(run and run.settings.example)
     for stage in stages:
         if stage.index == 0:
             continue  # the run's policy as given ("tiny", a model name): the worker loads it as any run does
@@ -408,7 +409,7 @@ def prune_checkpoints(engine: Engine, run_id: int, stage_index: int | None) -> l
     with open_session(engine) as s:
         run = s.get(Run, run_id)
         stage = s.exec(select(Stage).where(Stage.run_id == run_id, Stage.index == stage_index)).first()
-    if run is None or stage is None or stage.status != StageStatus.DONE or run.settings.get("keep_checkpoints"):
+    if run is None or stage is None or stage.status != StageStatus.DONE or run.settings.keep_checkpoints:
         return []
     try:
         trainer_dir = run_folder(engine, run.uuid) / f"stage-{stage.index}" / "trl"
@@ -427,16 +428,14 @@ def prune_checkpoints(engine: Engine, run_id: int, stage_index: int | None) -> l
 def _auto_decide(s: Session, proposal: Proposal, last: Stage) -> Decision:
     """Auto-apply: the projected config, or, for a failed proposal, the config in force (said in the note)."""
     if proposal.projected_config is not None:
-        return decide(s, proposal.id, Action.AUTO, "auto-apply", commit=False)
+        return decide(s, proposal.id, Action.AUTO, "auto-apply", commit=False).decision
     return record_decision(s, proposal.id, Action.AUTO, "auto-apply", last.config, commit=False,
                            note=f"the proposal failed ({proposal.error}); the previous config stays in force")
 
 
-def reads_episodes(run: Run) -> bool:
-    """Whether the run's engineer reads the episodes of the stage it follows, not only its per-size metrics:
-    `evidence` reads every dev board, `llm` the failed ones its context shows (`failure_cases`)."""
-    return run.engineer == "evidence" or (run.engineer == "llm"
-                                          and bool((run.settings.get("context") or {}).get("failure_cases")))
+def engineer_needs(run: Run) -> Needs:
+    """What the run's engineer needs besides the evidence, for the run's settings (`lab.engineers.NEEDS`)."""
+    return needs_of(run.engineer, run.settings)
 
 
 def evidence_for(s: Session, run: Run, after_stage: int) -> Evidence:
@@ -446,12 +445,12 @@ def evidence_for(s: Session, run: Run, after_stage: int) -> Evidence:
     proposal fails, loudly, instead of reading no board."""
     split = evidence_split(run.settings)
     results = [load_stage_result(s, run.id, k, split=split) for k in range(after_stage + 1)]
-    if reads_episodes(run):
+    if engineer_needs(run).reads_episodes:
         require_boards(results[-1], run.id, split)
-    total = run.settings["stages"]
+    total = run.settings.stages
     return Evidence(current=results[-1], history=tuple(results[:-1]), round_index=after_stage + 1,
                     rounds_left=total - after_stage - 1, instances_per_stage=results[-1].config.num_instances,
-                    hyperparameters=run.settings.get("grpo") or None,
+                    hyperparameters=run.settings.grpo or None,
                     self_summary=self_summary(s, run.id, after_stage))
 
 
@@ -469,18 +468,14 @@ def keep_instances(answer: EngineerAnswer, n: int) -> EngineerAnswer:
 
 
 def propose_loads_model(engine: Engine, job: Job) -> bool:
-    """Whether a `propose` job loads a model (so its worker runs it in a child process): the llm engineer on
-    an `hf:` backend or with probes, the learnability engineer (it probes the policy)."""
+    """Whether a `propose` job loads a model (so its worker runs it in a child process): an engineer that probes
+    the policy, or a language model that answers in process (an `hf:` backend)."""
     with open_session(engine) as s:
         run = s.get(Run, job.run_id) if job.run_id is not None else None
     if run is None:
         return False
-    if run.engineer == "learnability":
-        return True
-    if run.engineer != "llm":
-        return False
-    context = run.settings.get("context") or {}
-    return run.engineer_backend.startswith("hf:") or bool(context.get("measured") or run.settings.get("remeasure"))
+    needs = engineer_needs(run)
+    return needs.probe is not None or (needs.language_model and run.engineer_backend.startswith("hf:"))
 
 
 def run_propose_job(engine: Engine, job: Job, progress: Callable[..., bool]) -> dict:
@@ -493,18 +488,18 @@ def run_propose_job(engine: Engine, job: Job, progress: Callable[..., bool]) -> 
         evidence = evidence_for(s, run, after)
         stage = stages_of(s, run_id)[after]
         progress(0, 1, f"engineer {run.engineer} reads stage {after}")
+        needs = engineer_needs(run)
         options: dict[str, Any] = {}
-        if run.engineer == "learnability":
-            options = {"probe_fn": probe_for(engine, run, stage, boards=LEARN_BOARDS, answers=LEARN_ANSWERS)}
-        if run.engineer == "llm":
+        if needs.language_model:
+            options |= {"backend": run.engineer_backend, "base_url": run.settings.base_url,
+                        "modules": ContextModules(**run.settings.context),
+                        "remeasure": bool(run.settings.remeasure)}
+        if needs.policy_path:
             # stage 0's checkpoint is the run's policy as named ("gemma3-270m"): its folder here, never a hub name
-            policy_path = resolve_policy(run.policy, build=True) if stage.index == 0 else checkpoint_of(engine, stage)
-            options = {"backend": run.engineer_backend, "base_url": run.settings.get("base_url"),
-                       "policy_path": policy_path,
-                       "modules": ContextModules(**run.settings["context"]),
-                       "remeasure": bool(run.settings.get("remeasure"))}
-            if options["modules"].measured or options["remeasure"]:
-                options["probe_fn"] = probe_for(engine, run, stage, **probe_size(run.settings))
+            options["policy_path"] = (resolve_policy(run.policy, build=True) if stage.index == 0
+                                      else checkpoint_of(engine, stage))
+        if needs.probe is not None:
+            options["probe_fn"] = probe_for(engine, run, stage, **needs.probe)
         check = fill_check(run.seed, after + 1)
         answer = ENGINEERS[run.engineer](evidence, seed=run.seed * 1000 + after, cannot_fill=check, **options)
         if run.experiment_id is not None:
@@ -517,13 +512,13 @@ def run_propose_job(engine: Engine, job: Job, progress: Callable[..., bool]) -> 
 
 
 def engineer_name(run: Run, stage: Stage) -> str:
-    """Who wrote a proposal, as its row names it: the engineer, and for the llm engineer its backend; the policy
+    """Who wrote a proposal, as its row names it: the engineer, and for a language model its backend; the policy
     as its own engineer (`hf:policy`) is named by the checkpoint that answered (the stage's, as its row stores it)."""
-    if run.engineer != "llm":
+    if not engineer_needs(run).language_model:
         return run.engineer
     if run.engineer_backend == SELF_BACKEND:
-        return f"llm ({SELF_BACKEND}: {stage.checkpoint or run.policy})"
-    return f"llm ({run.engineer_backend})"
+        return f"{run.engineer} ({SELF_BACKEND}: {stage.checkpoint or run.policy})"
+    return f"{run.engineer} ({run.engineer_backend})"
 
 
 def probe_for(engine: Engine, run: Run, stage: Stage, *, boards: int, answers: int) -> Callable[[EnvConfig], Any]:
@@ -543,7 +538,7 @@ def probe_for(engine: Engine, run: Run, stage: Stage, *, boards: int, answers: i
                                       device=local_device()).configured(run.settings))
         return loaded[0]
 
-    temperature = sampling_temperature(run.settings.get("grpo"))
+    temperature = sampling_temperature(run.settings.grpo)
     return lambda config: measure(engine, config, name, policy=load, settings=run.settings, seed=run.seed,
                                   boards=boards, answers=answers, temperature=temperature)
 
@@ -598,9 +593,9 @@ def switch_engineer(engine: Engine, run_id: int, engineer: str, backend: str = "
         if run is None:
             raise LoopError(f"no run {run_id}")
         check_engineer(engineer, backend, run.policy)
-        history = [*run.settings.get("engineer_history", []),
+        history = [*run.settings.engineer_history,
                    {"engineer": run.engineer, "backend": run.engineer_backend, "until": utcnow().isoformat()}]
-        run.settings = {**run.settings, "engineer_history": history}
+        run.settings = run.settings.model_copy(update={"engineer_history": history})
         run.engineer, run.engineer_backend = engineer, backend
         s.add(run)
         s.commit()
@@ -652,43 +647,26 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-def drive(engine: Engine, run_id: int, work: Callable[[], bool], on_state: Callable[[str], None] | None = None,
-          poll_s: float = 2.0) -> str:
+def drive(engine: Engine, run_id: int, work: Callable[[], bool], on_state: Callable[[Step], None] | None = None,
+          poll_s: float = 2.0) -> Step:
     """Advance a run until it is done or failed, calling `work()` to run queued jobs (returns True if it ran
     one); while a proposal waits for a person (no auto-apply), poll until someone decides in the web lab."""
     while True:
         state = advance(engine, run_id)
         if on_state:
             on_state(state)
-        if state == "done" or state.startswith(("failed", "cancelled")):
+        if state.status in (RunStatus.DONE, RunStatus.FAILED, RunStatus.CANCELLED):
             return state
         if not work():
             time.sleep(poll_s)
 
 
-@dataclass(frozen=True)
-class Decided:
-    """What a decision made through `decide_and_advance` did: the proposal as it stood before, the edit as
-    projected (an edit only), and the run's next step."""
-
-    before: ProposalState
-    projection: Projection | None
-    next_step: str
-
-
 def decide_and_advance(engine: Engine, proposal_id: int, action: str, user: str, *, edited: Any = None,
-                       note: str = "", probes: list[str] | None = None) -> Decided:
-    """A decision and the run's next step in one session and one transaction under the run's lock (the page's
-    buttons: one database session per click). Raises what `decide` raises; LookupError for no such proposal."""
+                       note: str = "", probes: list[str] | None = None) -> tuple[Decided, Step]:
+    """A decision (`lab.proposals.decide`: what it stored, an edit as projected) and the run's next step, in one
+    session and one transaction under the run's lock (the page's buttons: one database session per click).
+    Raises what `decide` raises (LookupError for no such proposal)."""
     with open_session(engine) as s:
-        proposal = s.get(Proposal, proposal_id)
-        if proposal is None:
-            raise LookupError(f"no proposal {proposal_id}")
-        before = state_in(s, proposal)
-        projection = edit_projection_in(s, proposal, edited) if action == Action.EDIT else None
-        decide(s, proposal_id, action, user, edited=edited, note=note, commit=False, probes=probes)
-        run = lock_run(s, proposal.run_id)
-        state = _step(s, run)
-        s.add(run)
-        s.commit()
-        return Decided(before, projection, state)
+        decided = decide(s, proposal_id, action, user, edited=edited, note=note, commit=False, probes=probes)
+        run = lock_run(s, s.get(Proposal, proposal_id).run_id)  # in the session since `decide` read it
+        return decided, _take_step(s, run)

@@ -18,12 +18,11 @@ from sqlmodel import select
 
 from envsim.config import ConfigError, EnvConfig
 from lab.loop import needs_gpu
-from lab.proposals import edit_projection_in
-from lab.settings import probe_size
+from lab.proposals import project_edit
 from storage.db import checkpoint_of, session
 from storage.models import ACTIVE_JOB, Job, JobKind, JobStatus, Priority, Probe, Proposal, Run, Stage
 from storage.queue import AlreadyQueued, enqueue
-from training.probe import ProbeResult, result_of
+from training.probe import ProbeResult, probe_size, result_of
 
 IN_FORCE, PROPOSED, EDIT = "in force", "proposed", "your edit"
 
@@ -50,13 +49,12 @@ def measure_configs(engine: Engine, proposal_id: int, edited: dict[str, Any] | N
             raise LookupError(f"no proposal {proposal_id}")
         stage = s.exec(select(Stage).where(Stage.run_id == proposal.run_id,
                                            Stage.index == proposal.after_stage)).one()
-    in_force = EnvConfig.model_validate(stage.config)
+    in_force = stage.config
     configs = {IN_FORCE: in_force}
     if proposal.projected_config is not None:
-        configs[PROPOSED] = EnvConfig.model_validate(proposal.projected_config)
-    if edited is not None:
-        with session(engine) as s:  # as a decision projects it (an edit of the table keeps the random share)
-            mine = edit_projection_in(s, s.get(Proposal, proposal_id), edited).config
+        configs[PROPOSED] = proposal.projected_config
+    if edited is not None:  # as a decision projects it (an edit of the table keeps the random share)
+        mine = project_edit(edited, in_force, configs.get(PROPOSED, in_force)).config
         if mine not in configs.values():
             configs[EDIT] = mine
     return configs
@@ -97,10 +95,10 @@ def queue_measure(engine: Engine, proposal_id: int | None, edited: dict[str, Any
     with session(engine) as s:
         proposal = s.get(Proposal, int(proposal_id))
         run = s.get(Run, proposal.run_id)
-        temperature = float((run.settings.get("grpo") or {}).get("temperature", temperature))
+        temperature = float(run.settings.grpo.get("temperature", temperature))
         size = probe_size(run.settings)
         payload = {"run_id": run.id, "proposal_id": proposal.id, "checkpoint": name, "policy_path": path,
-                   "configs": {label: c.model_dump(mode="json") for label, c in configs.items()},
+                   "configs": {label: config.model_dump(mode="json") for label, config in configs.items()},
                    "seed": run.seed, **size, "temperature": temperature}
         try:
             job = enqueue(s, JobKind.PROBE, payload, run_id=run.id, target=proposal.after_stage,

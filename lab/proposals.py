@@ -24,8 +24,8 @@ from storage.db import session as open_session
 from storage.decisions import AlreadyDecided, record_decision
 from storage.models import Action, Decision, Proposal, Run, Stage
 
-__all__ = ["AlreadyDecided", "Change", "ProposalError", "ProposalState", "Superseded", "current_proposal", "decide",
-           "decide_on", "decision_of", "diff", "edit_projection", "fill_check", "fillable", "proposal_state",
+__all__ = ["AlreadyDecided", "Change", "Decided", "ProposalError", "ProposalState", "Superseded", "current_proposal",
+           "decide", "decision_of", "diff", "fill_check", "fillable", "project_edit", "proposal_state",
            "proposal_states", "self_summary", "store_proposal"]
 
 
@@ -127,10 +127,10 @@ def store_proposal(session: Session, run_id: int, after_stage: int, engineer: st
     row = Proposal(
         run_id=run_id, after_stage=after_stage, engineer=engineer, prompt=answer.prompt, raw_answer=answer.raw,
         parsed_config=answer.proposed,
-        projected_config=projection.config.model_dump(mode="json") if projection else None,
+        projected_config=projection.config if projection else None,
         adjustments=[{"field": a.field, "old": _json(a.old), "new": _json(a.new), "reason": a.reason}
                      for a in (projection.adjustments if projection else ())],
-        rationale=answer.rationale, diff={"changes": [asdict(c) for c in changes]}, error=answer.error,
+        rationale=answer.rationale, diff={"changes": [asdict(change) for change in changes]}, error=answer.error,
         compute=answer.compute,
     )
     session.add(row)
@@ -189,15 +189,14 @@ class ProposalState:
     @property
     def config(self) -> EnvConfig:
         """The config the proposal would apply: its projected one, or (a failed proposal) the one in force."""
-        projected = self.proposal.projected_config
-        return EnvConfig.model_validate(projected) if projected else self.base
+        return _proposed(self.proposal, self.base)
 
     @property
     def applied(self) -> EnvConfig | None:
         """The config its decision applied (`Decision.config`: a person's edit as stored), None while undecided
         or when it was rejected."""
         d = self.decision
-        return EnvConfig.model_validate(d.config) if d is not None and d.config else None
+        return d.config if d is not None else None
 
 
 def _state(s: Session, proposal: Proposal) -> ProposalState:
@@ -206,7 +205,7 @@ def _state(s: Session, proposal: Proposal) -> ProposalState:
     base = s.exec(select(Stage).where(Stage.run_id == proposal.run_id, Stage.index == proposal.after_stage)).one()
     took = (base.finished_at - base.started_at).total_seconds() if base.started_at and base.finished_at else None
     return ProposalState(proposal, decision, superseded_by(s, proposal) if decision is None else None,
-                         EnvConfig.model_validate(base.config), bool(run.settings.get("auto_apply")), took)
+                         base.config, run.settings.auto_apply, took)
 
 
 def proposal_state(engine: Engine, proposal_id: int) -> ProposalState | None:
@@ -222,19 +221,38 @@ def proposal_states(engine: Engine, run_id: int) -> list[ProposalState]:
         return [_state(s, p) for p in proposals]
 
 
-def decide_on(engine: Engine, proposal_id: int, action: str, user: str, edited: Any = None,
-              note: str = "", probes: list[str] | None = None) -> Decision:
-    """`decide` in a transaction of its own."""
-    with open_session(engine) as s:
-        return decide(s, proposal_id, action, user, edited=edited, note=note, probes=probes)
+def _proposed(proposal: Proposal, base: EnvConfig) -> EnvConfig:
+    """The config a proposal would apply: its projected one, or (a failed proposal) `base`, the one in force."""
+    return proposal.projected_config or base
+
+
+def project_edit(edited: Any, base: EnvConfig, proposed: EnvConfig) -> Projection:
+    """A person's edit (a config JSON object, e.g. the page's table) validated strictly and projected against
+    `base`, the config in force: `ConfigError` naming the field and range when it is invalid. The table has no cell
+    for `random_share`, so an edit that leaves it out keeps the one of `proposed` (`ProposalState.config`). What
+    the page shows while a person types, what is measured and what `decide` stores are this projection."""
+    if isinstance(edited, dict) and RANDOM_SHARE not in edited:
+        edited = {**edited, RANDOM_SHARE: proposed.random_share}
+    return project(edited, base, strict=True)
+
+
+@dataclass(frozen=True)
+class Decided:
+    """What `decide` stored: the decision and, for an edit, the person's config as projected (`edit`, with what the
+    projection changed in it) and the config the proposal would have applied (`proposed`), which the edit is told
+    against."""
+
+    decision: Decision
+    edit: Projection | None = None
+    proposed: EnvConfig | None = None
 
 
 def decide(session: Session, proposal_id: int, action: str, user: str, edited: Any = None,
-           note: str = "", *, commit: bool = True, probes: list[str] | None = None) -> Decision:
-    """Record what was done with a proposal and return the decision.
+           note: str = "", *, commit: bool = True, probes: list[str] | None = None) -> Decided:
+    """Record what was done with a proposal and return the decision, with the edit as projected (`Decided`).
 
     accept / auto: the proposal's projected config. edit: `edited` (a config JSON object, e.g. the
-    page's table) validated strictly and projected against the proposal's base; an invalid edit raises
+    page's table) validated strictly and projected against the proposal's base (`project_edit`); an invalid edit raises
     `ConfigError` naming the field and range, and nothing is stored. reject: no config (the loop asks
     the engineer again). `probes` are the keys of the probes the person saw (the Measure panel). The run's
     lock is held from the check to the write, so a decision never lands on a proposal that another process has
@@ -247,55 +265,26 @@ def decide(session: Session, proposal_id: int, action: str, user: str, edited: A
     proposal = session.get(Proposal, proposal_id)
     if proposal is None:
         raise LookupError(f"no proposal {proposal_id}")
-    made = None
+    edit = proposed = None
     if action == Action.EDIT:  # before the lock: an unfillable config spends every try of the generator
-        made = _edited_config(session, proposal, edited)
-        if (why := fill_check(session.get(Run, proposal.run_id).seed, proposal.after_stage + 1)(made)) is not None:
+        in_force = session.exec(select(Stage).where(Stage.run_id == proposal.run_id,
+                                                    Stage.index == proposal.after_stage)).one()
+        base = in_force.config
+        proposed = _proposed(proposal, base)
+        edit = project_edit(edited, base, proposed)
+        check = fill_check(session.get(Run, proposal.run_id).seed, proposal.after_stage + 1)
+        if (why := check(edit.config)) is not None:
             raise ProposalError(f"the edited config cannot be generated: {why}")
     lock_run(session, proposal.run_id)
     try:
-        config = _applied_config(session, proposal, action, made)
-        return record_decision(session, proposal_id, action, user, config, note, commit=commit, probes=probes)
+        config = _applied_config(session, proposal, action, edit.config if edit is not None else None)
+        decision = record_decision(session, proposal_id, action, user, config, note, commit=commit, probes=probes)
     except BaseException as err:
         if isinstance(err, AlreadyDecided) and err.decision in session:
             session.expunge(err.decision)  # the caller reads who won after the rollback below
         session.rollback()  # and so let go of the run's lock
         raise
-
-
-def _edited_config(session: Session, proposal: Proposal, edited: Any) -> EnvConfig:
-    """A person's edit, validated strictly and projected against the config in force (ConfigError if invalid)."""
-    return _edit_projection(session, proposal, edited).config
-
-
-def _edit_projection(session: Session, proposal: Proposal, edited: Any) -> Projection:
-    in_force = session.exec(select(Stage).where(Stage.run_id == proposal.run_id,
-                                                Stage.index == proposal.after_stage)).one()
-    if isinstance(edited, dict) and RANDOM_SHARE not in edited and proposal.projected_config is not None:
-        # the page's table has no cell for it: an edit keeps the proposal's share of boards drawn broadly
-        edited = {**edited, RANDOM_SHARE: EnvConfig.model_validate(proposal.projected_config).random_share}
-    return project(edited, EnvConfig.model_validate(in_force.config), strict=True)
-
-
-def state_in(session: Session, proposal: Proposal) -> ProposalState:
-    """A proposal's state read in the caller's session (one session for a whole decision)."""
-    return _state(session, proposal)
-
-
-def edit_projection_in(session: Session, proposal: Proposal, edited: Any) -> Projection:
-    """`edit_projection` in the caller's session."""
-    return _edit_projection(session, proposal, edited)
-
-
-def edit_projection(engine: Engine, proposal_id: int, edited: Any) -> Projection:
-    """What an edit of proposal `proposal_id` would store, and what the projection changed in it (the
-    `data_ratio` shares rescaled to sum to 1), while the person still types; `ConfigError` when it is invalid.
-    The same projection `decide` applies, so what is shown is what is stored."""
-    with open_session(engine) as s:
-        proposal = s.get(Proposal, proposal_id)
-        if proposal is None:
-            raise LookupError(f"no proposal {proposal_id}")
-        return _edit_projection(s, proposal, edited)
+    return Decided(decision, edit, proposed)
 
 
 def _applied_config(session: Session, proposal: Proposal, action: str, edited: EnvConfig | None) -> dict | None:

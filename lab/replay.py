@@ -112,13 +112,13 @@ def _box(centre: tuple[float, float], radius: float) -> tuple[float, float, floa
 def _board(instance: Instance, cell_px: int, size: tuple[int, int]) -> Image.Image:
     """The frame's still part: ice, holes and goals on a white canvas."""
     image = Image.new("P", size, _ink(WHITE))
-    image.putpalette([v for c in PALETTE for v in _rgb(c)])
+    image.putpalette([v for colour in PALETTE for v in _rgb(colour)])
     draw = ImageDraw.Draw(image)
     half, gap = cell_px // 2, max(1, cell_px // 24)
-    for r in range(instance.size):
-        for c in range(instance.size):
-            x, y = cell_centre((r, c), cell_px)
-            fill = HOLE if (r, c) in instance.hole_set else ICE
+    for row in range(instance.size):
+        for col in range(instance.size):
+            x, y = cell_centre((row, col), cell_px)
+            fill = HOLE if (row, col) in instance.hole_set else ICE
             draw.rectangle((x - half + gap, y - half + gap, x + half - gap, y + half - gap), fill=_ink(fill))
     font = ImageFont.load_default(size=max(8, cell_px // 4))
     for i, goal in enumerate(instance.goals):
@@ -182,7 +182,7 @@ def _frame(board: Image.Image, instance: Instance, outcome: Outcome, step: int, 
         draw.ellipse(_box(centre, cell_px * 0.45), outline=_ink(EVENT), width=width)
     now = outcome.positions[step]
     for cell in dict.fromkeys(now):
-        here = [i for i, c in enumerate(now) if c == cell]
+        here = [i for i, position in enumerate(now) if position == cell]
         x, y = cell_centre(cell, cell_px)
         radius = cell_px * 0.3 / len(here) ** 0.5
         number = ImageFont.load_default(size=max(7, int(radius * 1.1)))

@@ -87,7 +87,7 @@ def run_list(engine: Engine) -> list[RunRow]:
     """Every run, newest first."""
     with session(engine) as s:
         runs = list(s.exec(select(Run).order_by(Run.id.desc())))
-        done = {r.id: sum(st.status == StageStatus.DONE for st in stages_of(s, r.id)) for r in runs}
+        done = {r.id: sum(stage.status == StageStatus.DONE for stage in stages_of(s, r.id)) for r in runs}
     return [RunRow(r, max(done[r.id] - 1, 0), _run_disk(engine, r)) for r in runs]
 
 
@@ -105,7 +105,7 @@ class LabVersion:
 def lab_version(engine: Engine) -> LabVersion:
     """A cheap read of what changed in the database (the page polls it every few seconds): a few aggregates."""
     with session(engine) as s:
-        runs = tuple((i, str(st)) for i, st in s.exec(select(Run.id, Run.status).order_by(Run.id)))
+        runs = tuple((i, str(status)) for i, status in s.exec(select(Run.id, Run.status).order_by(Run.id)))
         proposal = s.exec(select(func.max(Proposal.id))).one() or 0
         decision = s.exec(select(func.max(Decision.id))).one() or 0
         stage, done = s.exec(select(func.max(Stage.id), func.count(Stage.id).filter(
@@ -180,8 +180,8 @@ def stage_review(engine: Engine, run_id: int, stage_index: int | None) -> StageR
         stages = stages_of(s, run_id)
         summaries = stage_summaries(s, run_id)
         decided = _decided(s, run_id)
-        if stage_index is None or stage_index not in [st.index for st in stages]:
-            evaluated = [st.index for st in stages if st.index in summaries]
+        if stage_index is None or stage_index not in [stage.index for stage in stages]:
+            evaluated = [stage.index for stage in stages if stage.index in summaries]
             stage_index = evaluated[-1] if evaluated else (stages[-1].index if stages else None)
         logs = [] if stage_index is None else [
             (log.step, log.metrics) for log in s.exec(select(TrainingLog).where(
@@ -227,23 +227,24 @@ def config_timeline(engine: Engine, run_id: int) -> list[ConfigStep]:
     with session(engine) as s:
         stages, decided = stages_of(s, run_id), _decided(s, run_id)
     out, before = [], None
-    for st in stages:
-        config = EnvConfig.model_validate(st.config)
+    for stage in stages:
+        config = stage.config
         source, set_by = "initial config", {}
-        if st.index in decided and before is not None:
-            p, d = decided[st.index]
+        if stage.index in decided and before is not None:
+            p, d = decided[stage.index]
             source = f"proposal #{p.id}, {APPLIED[d.action]} by {d.user}"
-            engineer = EnvConfig.model_validate(p.projected_config) if p.projected_config else before
-            for c in diff(before, config):
-                if c.change == 0:
+            engineer = p.projected_config or before
+            for change in diff(before, config):
+                if change.change == 0:
                     continue
-                field = c.knob if c.size is None else f"{c.knob}[{c.size}]"
-                proposed = getattr(engineer, c.knob) if c.size is None else getattr(engineer, c.knob)[c.size]
+                field = change.knob if change.size is None else f"{change.knob}[{change.size}]"
+                proposed = getattr(engineer, change.knob)
+                proposed = proposed if change.size is None else proposed[change.size]
                 set_by[field] = Setter.AUTO if d.action == Action.AUTO else \
-                    Setter.PERSON if d.action == Action.EDIT and proposed != c.new else Setter.ENGINEER
-        elif st.index > 0:
+                    Setter.PERSON if d.action == Action.EDIT and proposed != change.new else Setter.ENGINEER
+        elif stage.index > 0:
             source = "the stage before's config"
-        out.append(ConfigStep(st.index, source, config, set_by))
+        out.append(ConfigStep(stage.index, source, config, set_by))
         before = config
     return out
 

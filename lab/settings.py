@@ -1,127 +1,16 @@
-"""A run's settings as one typed object: checked once, where a run is asked for (the page, `envlab run`, an
-experiment), stored whole in `Run.settings`, and vouched for again when a run arrives from another lab
-(`lab.archive`). Kept light, with no torch behind it, so an archive is checked without loading the training stack.
-
-Adding a setting is one field here (its type, its default and its range) and, where a person should set it from
-the command line, one flag in `settings_arguments` whose `dest` is the field's name: `from_args` picks up every
-flag named like a field, `lab.loop.create_run` stores the object whole, and every command that creates runs
-(`envlab run`, `envlab experiment new`) gets the flag.
+"""The command line's and the page's side of a run's settings (`storage.settings.RunSettings`, the typed record):
+the flags every command that creates runs takes (`settings_arguments`, each `dest` a field's name, read back by
+`settings_from_args`), and the bounds of the counts a person types (`Count`), one bound for every way in.
 """
 
 from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-
-from envsim.suite import DEV_PER_SIZE, dev_cells, validation_cells
-from training.overrides import lab_owned
-from training.probe import PROBE_ANSWERS, PROBE_BOARDS
-
-
-class SettingsError(ValueError):
-    """Run settings that cannot be used; the message names the setting and what is wrong with it."""
-
-
-class RunSettings(BaseModel):
-    """Everything a run is asked to do beyond who it is (name, policy, engineer, seed: its row's columns) and
-    where it starts (stage 0's config), as `Run.settings` stores it and the loop, the stage and the pages read it.
-
-    A run's settings can arrive in another lab's archive (lab.archive checks them with this before anything is
-    stored), so every key the lab reads has its type here; a key the lab does not read travels as it is.
-    """
-
-    model_config = ConfigDict(strict=True, extra="allow")
-
-    stages: int  # training stages after stage 0 (at least 1)
-    auto_apply: bool = False
-    grpo: dict[str, Any] = Field(default_factory=dict)
-    lora: int = Field(default=0, ge=0)  # LoRA rank of every stage's training (0: every weight trains)
-    context: dict[str, bool] | None = None  # lab.context.ContextModules's fields (read there, with torch behind it)
-    context_preset: str | None = None  # the llm engineer's context preset (create_run resolves it into `context`)
-    base_url: str | None = None
-    validation_boards: int | None = None  # evaluate on that many of the validation boards (None: all of them)
-    validation_per_size: int | None = Field(default=None, ge=1)  # a larger validation set (None: the standard 30)
-    # dev boards per map size: evaluated after each stage, what the engineers read (None: a run of an earlier
-    # version, evaluated on the validation set only, whose engineers read that)
-    dev_per_size: int | None = Field(default=None, ge=3)
-    probe_boards: int | None = Field(default=None, ge=1, le=64)  # the Measure panel's and the llm engineer's probe
-    probe_answers: int | None = Field(default=None, ge=2, le=64)  # (None: training.probe's defaults)
-    remeasure: bool = False  # the llm engineer probes its answer and is asked once more (docs/engineers.md)
-    keep_checkpoints: bool = False  # keep TRL's intermediate checkpoints (checkpoint-*/) after a stage ends
-    allow_cpu: bool = False  # a large pretrained policy may run on a worker without a GPU (slow, but allowed)
-    thinking: Literal["off", "on"] = "off"  # a chat template's `enable_thinking` (Qwen3's reasoning before the answer)
-    completion_length: int | None = Field(default=None, ge=1, le=32768)  # new tokens per answer (None: by board)
-    validation_decoding: Literal["greedy", "sampled"] = "greedy"  # sampled: the model's own generation_config
-    engineer_history: list[dict[str, Any]] = Field(default_factory=list)
-    example: bool = False
-
-    @field_validator("grpo")
-    @classmethod
-    def _grpo(cls, value: dict[str, Any]) -> dict[str, Any]:
-        if owned := lab_owned(value):
-            raise ValueError(f"sets {', '.join(owned)}: the lab sets these itself (a run's files stay in its folder)")
-        return value
-
-    @field_validator("stages")
-    @classmethod
-    def _stages(cls, value: int) -> int:
-        if value < 1:
-            raise ValueError("a run trains at least 1 stage")
-        return value
-
-    @field_validator("validation_boards")
-    @classmethod
-    def _boards(cls, value: int | None) -> int | None:
-        if value is not None and value < 1:
-            raise ValueError("evaluate on at least 1 board (None: all 240)")
-        return value
-
-    @field_validator("validation_per_size")
-    @classmethod
-    def _per_size(cls, value: int | None) -> int | None:
-        if value is not None:
-            validation_cells(value)  # a ValueError naming the sizes it cannot fill
-        return value
-
-    @field_validator("dev_per_size")
-    @classmethod
-    def _dev(cls, value: int | None) -> int | None:
-        if value is not None:
-            dev_cells(value)  # a ValueError: not a multiple of the wait subsets
-        return value
-
-    @classmethod
-    def checked(cls, **values: Any) -> RunSettings:
-        """The settings of `values`, or a SettingsError naming the first setting that is wrong."""
-        try:
-            return cls.model_validate(values)
-        except ValidationError as err:
-            raise SettingsError(first_error(err)) from None
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace, **values: Any) -> RunSettings:
-        """The settings of a command's flags (`settings_arguments`: every flag whose `dest` is a field's name
-        and that was given), with `values` on top. `--grpo` collects KEY=VALUE pairs that the command parses
-        (with its scenario's): it arrives in `values`."""
-        given = {name: getattr(args, name) for name in cls.model_fields
-                 if name != "grpo" and getattr(args, name, None) is not None}
-        return cls.checked(**{**given, **values})
-
-    def stored(self) -> dict[str, Any]:
-        """What `Run.settings` holds: every setting that has a value."""
-        return self.model_dump(mode="json", exclude_none=True)
-
-
-def first_error(err: ValidationError) -> str:
-    """A pydantic error as one line: `field = value: message` (the value where it is a short one)."""
-    e = err.errors()[0]
-    where, msg = ".".join(map(str, e["loc"])), e["msg"].removeprefix("Value error, ")
-    if where and isinstance(e.get("input"), int | float | str | bool) and len(repr(e["input"])) <= 40:
-        where = f"{where} = {e['input']!r}"
-    return f"{where}: {msg}" if where else msg
+from envsim.suite import DEV_PER_SIZE
+from storage.settings import RunSettings
 
 
 @dataclass(frozen=True)
@@ -230,8 +119,10 @@ def settings_arguments(parser: argparse.ArgumentParser, *, experiment: bool = Fa
                         help="sampled answers per board in a probe (default 8)")
 
 
-def probe_size(settings: dict[str, Any]) -> dict[str, int]:
-    """B boards per size and K answers each for a run's probes: its settings, else `training.probe`'s defaults."""
-    return {"boards": settings.get("probe_boards") or PROBE_BOARDS,
-            "answers": settings.get("probe_answers") or PROBE_ANSWERS}
-
+def settings_from_args(args: argparse.Namespace, **values: Any) -> RunSettings:
+    """The settings of a command's flags (`settings_arguments`: every flag whose `dest` is a field's name and that
+    was given), with `values` on top. `--grpo` collects KEY=VALUE pairs that the command parses (with its
+    scenario's): it arrives in `values`."""
+    given = {name: getattr(args, name) for name in RunSettings.model_fields
+             if name != "grpo" and getattr(args, name, None) is not None}
+    return RunSettings.checked(**{**given, **values})

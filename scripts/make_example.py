@@ -45,14 +45,14 @@ from envsim.scoring import Tally  # noqa: E402
 from lab.archive import export_run  # noqa: E402
 from lab.cli.runs import quiet_libraries, stage_line  # noqa: E402
 from lab.engineers import CONFLICTS  # noqa: E402
-from lab.jobs.worker import handlers, run_worker  # noqa: E402
-from lab.loop import LoopError, after_job, create_run, drive, queue_benchmark, stages_of  # noqa: E402
+from lab.jobs.worker import WorkerOptions, handlers, run_worker  # noqa: E402
+from lab.loop import LoopError, Step, after_job, create_run, drive, queue_benchmark, stages_of  # noqa: E402
 from lab.proposals import current_proposal, decide  # noqa: E402
 from lab.results import stage_summaries  # noqa: E402
-from lab.settings import RunSettings  # noqa: E402
 from lab.study.example import DESCRIPTION, NAME  # noqa: E402
 from storage.db import RUNS_SETTING, make_engine, session, upgrade  # noqa: E402
 from storage.models import Action, Job, JobStatus, Proposal, Run, RunStatus, StageStatus  # noqa: E402
+from storage.settings import RunSettings  # noqa: E402
 
 STAGES = 3
 SEED = 0
@@ -168,9 +168,9 @@ def decision(s: Session, proposal: Proposal) -> tuple[Action, dict | None, str]:
     stages = stages_of(s, proposal.run_id)
     summaries = stage_summaries(s, proposal.run_id)
     k = proposal.after_stage
-    seen = Seen(k, EnvConfig.model_validate(stages[k].config), summaries[k].by_size,
-                None if k == 0 else (EnvConfig.model_validate(stages[k - 1].config), summaries[k - 1].by_size),
-                EnvConfig.model_validate(proposal.projected_config))
+    seen = Seen(k, stages[k].config, summaries[k].by_size,
+                None if k == 0 else (stages[k - 1].config, summaries[k - 1].by_size),
+                proposal.projected_config)
     asked = s.exec(select(func.count()).select_from(Proposal).where(  # this one and those before it
         Proposal.run_id == proposal.run_id, Proposal.after_stage == k, Proposal.id <= proposal.id)).one()
     if k == 0:
@@ -230,7 +230,7 @@ def _train(engine: Engine, say: Callable[[str], None]) -> int:
     jobs = handlers()
     shown: set[int] = set()
 
-    def on_state(state: str) -> None:
+    def on_state(state: Step) -> None:
         with session(engine) as s:
             for stage in stages_of(s, run_id):
                 if stage.status == StageStatus.DONE and stage.index not in shown:
@@ -238,11 +238,12 @@ def _train(engine: Engine, say: Callable[[str], None]) -> int:
                     say(stage_line(s, stage, STAGES))
 
     def work() -> bool:
-        return run_worker(engine, jobs, once=True, after=after_job) > 0 or _decide_waiting(engine, run_id, say)
+        ran = run_worker(engine, jobs, WorkerOptions(once=True, after=after_job))
+        return ran > 0 or _decide_waiting(engine, run_id, say)
 
     state = drive(engine, run_id, work, on_state=on_state, poll_s=0.5)
-    if state != RunStatus.DONE:
-        raise ExampleError(f"the example run ended {state}")
+    if state.status != RunStatus.DONE:
+        raise ExampleError(f"the example run ended {state.text}")
     return run_id
 
 
@@ -251,7 +252,7 @@ def _benchmark(engine: Engine, run_id: int, index: int) -> None:
         job = queue_benchmark(engine, run_id, index)
     except LoopError as err:
         raise ExampleError(str(err)) from err
-    run_worker(engine, handlers(), once=True)
+    run_worker(engine, handlers(), WorkerOptions(once=True))
     with session(engine) as s:
         ended = s.get(Job, job.id)
         if ended.status != JobStatus.DONE:

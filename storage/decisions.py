@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
+from envsim.config import EnvConfig
 from storage.models import Action, Decision, Proposal
 
 
@@ -34,7 +35,7 @@ def record_decision(
     proposal_id: int,
     action: str,
     user: str,
-    config_json: dict[str, Any] | None,
+    config: EnvConfig | dict[str, Any] | None,
     note: str = "",
     *,
     commit: bool = True,
@@ -42,8 +43,9 @@ def record_decision(
 ) -> Decision:
     """Store the one decision on a proposal and commit it.
 
-    `config_json` is the config actually applied: the proposal's projected config for accept and
-    auto, the person's edited config for edit, None for reject. `probes` are the keys of the probes the person
+    `config` is the config actually applied (validated as an `EnvConfig` before it is stored): the proposal's
+    projected config for accept and auto, the person's edited config for edit, None for reject. `probes` are the
+    keys of the probes the person
     saw before deciding (the Measure panel), None when none was shown. With `commit=False` the row is only
     flushed, for a caller that holds the run's lock and commits the rest of its step with it.
 
@@ -54,10 +56,10 @@ def record_decision(
     """
     if action not in tuple(Action):
         raise ValueError(f"action must be one of {', '.join(Action)}; got {action!r}")
-    if (action == Action.REJECT) != (config_json is None):
+    if (action == Action.REJECT) != (config is None):
         need = "no config" if action == Action.REJECT else "the config it applies"
         raise ValueError(f"a decision to {action} takes {need}")
-    decision = Decision(proposal_id=proposal_id, action=Action(action), user=user, config=config_json, note=note,
+    decision = Decision(proposal_id=proposal_id, action=Action(action), user=user, config=config, note=note,
                         probes=probes)
     session.add(decision)
     if not commit:

@@ -1,7 +1,9 @@
 """The lab's tables: experiments, runs, stages, proposals, decisions, jobs, episodes, stage metrics, training logs.
 
-Configs, instances, plans and outcomes are stored as JSON: `storage` knows nothing of `envsim`,
-so the shapes are whatever the lab writes (an `EnvConfig`'s `model_dump(mode="json")` and so on).
+Records are stored as JSON. The ones every layer reads are typed by their column (`Typed`): a stage's, a
+proposal's and a decision's config are `envsim.config.EnvConfig`s, a run's and an experiment's settings are
+`storage.settings` records, validated before they are stored and handed back as models. Instances, plans and
+outcomes are whatever the lab writes (`envsim`'s `model_dump(mode="json")`). The typed records are frozen and
 JSON columns do not track edits made inside a dict: assign a new value to change one.
 
 Rows are an audit trail. The lab inserts rows and moves job and stage rows through their
@@ -23,13 +25,16 @@ from datetime import UTC, datetime
 from enum import IntEnum, StrEnum
 from typing import Any
 
+from pydantic import BaseModel, ValidationError
 from sqlalchemy import JSON, CheckConstraint, DateTime, Index, Text, UniqueConstraint, false, text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
 from sqlmodel import AutoString, Field, SQLModel
 
+from envsim.config import EnvConfig
 from envsim.suite import Split
+from storage.settings import ExperimentSettings, RunSettings
 
 # Deterministic constraint names: the same on SQLite and PostgreSQL, so migrations can name them.
 SQLModel.metadata.naming_convention = {
@@ -95,6 +100,68 @@ ACTIVE_JOB = (JobStatus.QUEUED, JobStatus.RUNNING)
 JSONType = JSON().with_variant(JSONB(), "postgresql")
 
 
+class Unreadable:
+    """A typed column's value that its model does not read (a row an older version stored unchecked): the row
+    and every other row still load; reading any field of this value raises a ValueError naming the problem."""
+
+    def __init__(self, model: str, problem: str, raw: Any) -> None:
+        self.model, self.problem, self.raw = model, problem, raw
+
+    def __getattr__(self, name: str) -> Any:
+        raise ValueError(f"this stored {self.model} is not valid ({self.problem}): its {name} cannot be read")
+
+    def __repr__(self) -> str:
+        return f"Unreadable({self.model}: {self.problem})"
+
+
+class Typed(TypeDecorator[Any]):
+    """A JSON column that holds one pydantic model: a model or a dict on the way in (a dict is validated by the
+    model first, so nothing the model refuses is ever stored), the model on the way out (`Unreadable` where a
+    stored row does not validate: `storage/migrations` keeps old rows readable)."""
+
+    impl = JSONType
+    cache_ok = True
+
+    def __init__(self, model: type[BaseModel], *, exclude_none: bool = False) -> None:
+        super().__init__()
+        self.model = model
+        self.exclude_none = exclude_none  # leave out fields that are None (a run's settings: what has a value)
+
+    def dump(self, value: Any) -> Any:
+        """The JSON a value is stored as (an archive writes the same)."""
+        if isinstance(value, Unreadable):
+            return value.raw
+        if not isinstance(value, self.model):
+            value = self.model.model_validate(value)
+        return value.model_dump(mode="json", exclude_none=self.exclude_none)
+
+    def process_bind_param(self, value: Any, dialect: Dialect) -> Any:
+        return None if value is None else self.dump(value)
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> Any:
+        if value is None:
+            return None
+        try:
+            return self.model.model_validate(value)
+        except ValidationError as err:
+            e = err.errors(include_url=False)[0]
+            where = ".".join(map(str, e["loc"]))
+            return Unreadable(self.model.__name__, f"{where + ': ' if where else ''}{e['msg']}", value)
+
+
+class TypedRow:
+    """A table whose typed columns hold their model from the moment they are set: a dict assigned to one (a row made
+    in code, or read from an archive) is validated and turned into the model there, so a row in a session reads the
+    same before and after it is stored, and nothing its model refuses gets as far as the database."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        column = type(self).__table__.columns.get(name)  # type: ignore[attr-defined]
+        if column is not None and isinstance(column.type, Typed) and value is not None \
+                and not isinstance(value, column.type.model | Unreadable):
+            value = column.type.model.model_validate(value)
+        super().__setattr__(name, value)
+
+
 def utcnow() -> datetime:
     """The current time, timezone-aware UTC (the only kind of datetime the tables accept)."""
     return datetime.now(UTC)
@@ -132,7 +199,7 @@ def new_uuid() -> str:
     return uuid.uuid4().hex
 
 
-class Experiment(SQLModel, table=True):
+class Experiment(TypedRow, SQLModel, table=True):
     """A named set of runs (arms x seeds) that share everything but the engineer and the seed (lab.study.experiments).
 
     `arms` lists each arm as the lab defines it (name, engineer, backend, context preset); `settings` holds
@@ -149,11 +216,11 @@ class Experiment(SQLModel, table=True):
     policy: str
     arms: list[Any] = Field(default_factory=list, sa_type=JSONType)
     seeds: int
-    settings: dict[str, Any] = Field(default_factory=dict, sa_type=JSONType)
+    settings: ExperimentSettings = Field(sa_type=Typed(ExperimentSettings))
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
 
 
-class Run(SQLModel, table=True):
+class Run(TypedRow, SQLModel, table=True):
     """A sequence of stages with its own policy, engineer, settings and seed.
 
     `settings` holds the run's knobs as the lab defines them (including `auto_apply`: accept
@@ -173,7 +240,7 @@ class Run(SQLModel, table=True):
     policy: str
     engineer: str
     engineer_backend: str
-    settings: dict[str, Any] = Field(default_factory=dict, sa_type=JSONType)
+    settings: RunSettings = Field(sa_type=Typed(RunSettings, exclude_none=True))
     seed: int
     status: RunStatus = Field(default=RunStatus.ACTIVE, sa_type=AutoString)
     status_reason: str = Field(default="", sa_type=Text, sa_column_kwargs={"server_default": ""})
@@ -182,7 +249,7 @@ class Run(SQLModel, table=True):
     arm: str | None = None
 
 
-class Stage(SQLModel, table=True):
+class Stage(TypedRow, SQLModel, table=True):
     """One GRPO training stage of a run on one environment config; `index` counts from 0 within the run.
 
     `checkpoint` is the trained policy's folder relative to the runs root (`storage.db.runs_root`), or,
@@ -195,14 +262,14 @@ class Stage(SQLModel, table=True):
     id: int | None = Field(default=None, primary_key=True)
     run_id: int = Field(foreign_key="runs.id")
     index: int
-    config: dict[str, Any] = Field(sa_type=JSONType)
+    config: EnvConfig = Field(sa_type=Typed(EnvConfig))
     status: StageStatus = Field(default=StageStatus.QUEUED, sa_type=AutoString)
     checkpoint: str | None = None
     started_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     finished_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
 
 
-class Proposal(SQLModel, table=True):
+class Proposal(TypedRow, SQLModel, table=True):
     """What an engineer returned for the stage after `after_stage`, kept whole even when it failed.
 
     `parsed_config` is what the answer said (None when it could not be read), `projected_config`
@@ -221,7 +288,7 @@ class Proposal(SQLModel, table=True):
     prompt: str = Field(sa_type=Text)
     raw_answer: str = Field(sa_type=Text)
     parsed_config: dict[str, Any] | None = Field(default=None, sa_type=JSONType)
-    projected_config: dict[str, Any] | None = Field(default=None, sa_type=JSONType)
+    projected_config: EnvConfig | None = Field(default=None, sa_type=Typed(EnvConfig))
     adjustments: list[Any] = Field(default_factory=list, sa_type=JSONType)
     rationale: str = Field(default="", sa_type=Text)
     diff: dict[str, Any] = Field(default_factory=dict, sa_type=JSONType)
@@ -230,7 +297,7 @@ class Proposal(SQLModel, table=True):
     compute: dict[str, Any] | None = Field(default=None, sa_type=JSONType)  # probes the engineer ran (learnability)
 
 
-class Decision(SQLModel, table=True):
+class Decision(TypedRow, SQLModel, table=True):
     """What was done with a proposal: at most one per proposal (UNIQUE), never updated or deleted.
 
     `config` is the config actually applied: the projected one for accept and auto, the person's
@@ -247,7 +314,7 @@ class Decision(SQLModel, table=True):
     proposal_id: int = Field(foreign_key="proposals.id")
     action: Action = Field(sa_type=AutoString)
     user: str
-    config: dict[str, Any] | None = Field(default=None, sa_type=JSONType)
+    config: EnvConfig | None = Field(default=None, sa_type=Typed(EnvConfig))
     note: str = Field(default="", sa_type=Text)
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     probes: list[Any] | None = Field(default=None, sa_type=JSONType)  # keys of the probes the person saw
@@ -425,3 +492,4 @@ class Evaluation(SQLModel, table=True):
     source_run_id: int | None = None  # None: this stage generated the answers; else the run they were copied from
     source_stage_index: int | None = None
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+

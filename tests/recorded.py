@@ -15,13 +15,13 @@ from envsim.generator import generate
 from envsim.parser import format_plan
 from envsim.scoring import score_answer
 from envsim.suite import VALIDATION_PER_SIZE, Split
-from lab.jobs.worker import run_worker
+from lab.jobs.worker import WorkerOptions, run_worker
 from lab.loop import advance, after_job, create_run, run_propose_job
 from lab.proposals import current_proposal, decide
-from lab.settings import RunSettings
 from lab.study.experiments import create_experiment
 from storage.db import runs_root, session
 from storage.models import Episode, Experiment, Job, Proposal, Run, Stage, TrainingLog
+from storage.settings import RunSettings
 from training.evaluate import EpisodeResult, store_evaluation
 
 CONFIG = EnvConfig(data_ratio={3: 0.5, 4: 0.5}, hole_ratio={3: 0.2, 4: 0.2}, wait_ratio={3: 0.25, 4: 0.25},
@@ -62,7 +62,7 @@ HANDLERS = {"stage": recorded_stage, "propose": run_propose_job}
 
 
 def work(engine) -> bool:
-    return run_worker(engine, HANDLERS, once=True, poll_s=0.01, after=after_job) > 0
+    return run_worker(engine, HANDLERS, WorkerOptions(once=True, poll_s=0.01, after=after_job)) > 0
 
 
 def build_run(engine, name: str = "travel", finish: bool = True) -> int:
@@ -98,7 +98,7 @@ def build_run(engine, name: str = "travel", finish: bool = True) -> int:
             decide(s, current_proposal(s, run_id).id, "accept", "bob")
         advance(engine, run_id)
         work(engine)  # stage 2
-        assert advance(engine, run_id) == "done"
+        assert advance(engine, run_id).text == "done"
     return run_id
 
 
@@ -146,7 +146,7 @@ SCRIPTED = {"stage": scripted_stage, "propose": run_propose_job}
 
 
 def run_all(engine) -> None:
-    while run_worker(engine, SCRIPTED, once=True, poll_s=0.01, after=after_job):
+    while run_worker(engine, SCRIPTED, WorkerOptions(once=True, poll_s=0.01, after=after_job)):
         pass
 
 

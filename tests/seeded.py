@@ -17,10 +17,10 @@ from envsim.solver import label
 from lab.engineers import EngineerAnswer
 from lab.loop import advance, create_run, run_propose_job, stages_of
 from lab.proposals import store_proposal
-from lab.settings import RunSettings
 from storage.db import session, upgrade
 from storage.models import Episode, Stage, StageMetric, TrainingLog, utcnow
 from storage.queue import claim, finish
+from storage.settings import RunSettings
 from tests.boards import CROSSING, OPEN
 
 SIZES = (3, 4)

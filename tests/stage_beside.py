@@ -100,7 +100,7 @@ def start(engine: Engine, db: str, ids: dict[str, int], steps: int = STEPS) -> S
         stage0 = s.exec(select(Stage).where(Stage.run_id == run_id, Stage.index == 0)).one()
         stage0.checkpoint = "tiny"  # stage 0 evaluated the tiny policy as shipped
         run = s.get(Run, run_id)
-        run.settings = {**run.settings, "grpo": {"max_steps": steps}, "validation_boards": 1}
+        run.settings = run.settings.model_copy(update={"grpo": {"max_steps": steps}, "validation_boards": 1})
         s.add(stage0)
         s.add(run)
         s.commit()

@@ -24,12 +24,12 @@ from sqlmodel import select
 import app
 from envsim.config import EnvConfig
 from lab.archive import export_run, read_manifest
-from lab.jobs.worker import run_worker
+from lab.jobs.worker import WorkerOptions, run_worker
 from lab.loop import create_run
-from lab.proposals import decide_on
-from lab.settings import RunSettings
+from lab.proposals import decide
 from storage.db import make_engine, session
 from storage.models import Decision, Run, Stage, utcnow
+from storage.settings import RunSettings
 from tests.page_walk import ERRORS_SEEN, open_run_pick
 from tests.seeded import record_evaluation, seed_lab
 from tests.servers import TIMEOUT_MS, free_port
@@ -91,7 +91,7 @@ def test_create_a_run(lab, page):
     page.locator("#train-status").get_by_text("Run #3 browser run is active").wait_for()
     with session(engine) as s:
         run = s.get(Run, 3)
-    assert (run.name, run.engineer, run.settings["stages"]) == ("browser run", "heuristic", 3)
+    assert (run.name, run.engineer, run.settings.stages) == ("browser run", "heuristic", 3)
     page.get_by_role("tab", name="Runs").click()
     page.locator("#runs-table").get_by_text("browser run").wait_for()
 
@@ -120,7 +120,8 @@ def test_names_and_a_note_show_as_typed_and_fetch_nothing(lab, page):
         run_ids = [create_run(s, name=name, config=EnvConfig.default(), settings=RunSettings(stages=1),
                               engineer="fixed").id for name in names]
     note = "<b>x</b> **y**"
-    decide_on(engine, ids["pending"], "reject", "eve", note=note)
+    with session(engine) as s:
+        decide(s, ids["pending"], "reject", "eve", note=note)
     try:
         page.goto(url)
         page.get_by_role("tab", name="Runs").click()
@@ -207,7 +208,7 @@ def test_an_invalid_edit_is_refused_then_a_valid_one_applied(lab, page):
     page.click("#submit-edit")
     page.get_by_text(f"Proposal #{ids['pending']} edited by local").wait_for()
     d = decisions(engine)[-1]
-    assert (d.proposal_id, d.action, d.user, d.config["hole_ratio"]["4"]) == (ids["pending"], "edit", "local", 0.45)
+    assert (d.proposal_id, d.action, d.user, d.config.hole_ratio[4]) == (ids["pending"], "edit", "local", 0.45)
     page.get_by_text("edited by local at").wait_for()  # the page says who decided what and when
 
 
@@ -263,8 +264,8 @@ def test_queue_a_stage_and_watch_its_progress_to_done(lab, page):
     bar = page.locator("#job-progress")
     page.locator('#job-progress[data-status="queued"]').wait_for()
     stop = threading.Event()
-    worker = threading.Thread(target=run_worker, args=(engine, {"stage": stage}),
-                              kwargs={"poll_s": 0.2, "stop": stop}, daemon=True)
+    worker = threading.Thread(target=run_worker, args=(engine, {"stage": stage}, WorkerOptions(poll_s=0.2, stop=stop)),
+                              daemon=True)
     worker.start()
     try:
         seen = set()
@@ -312,7 +313,8 @@ def test_a_proposal_stored_by_another_process_appears_without_a_refresh(lab, pag
     page.goto(f"{url}?run={ids['history']}")
     page.get_by_role("tab", name="Proposal").click()
     page.locator("#proposal-status").get_by_text(f"Proposal #{ids['second']}").wait_for()
-    decide_on(engine, ids["second"], "reject", "carol")  # another person, in another tab
+    with session(engine) as s:  # another person, in another tab
+        decide(s, ids["second"], "reject", "carol")
     page.locator("#proposal-status").get_by_text("rejected by carol").wait_for()
     script = ("import sys; from lab.loop import advance; from storage.db import make_engine; "
               "from tests.seeded import propose; e = make_engine(sys.argv[1]); "
@@ -349,7 +351,7 @@ def test_an_edit_says_what_it_stores_while_typed_and_after(lab, page):
     page.click("#submit-edit")
     page.locator("#decision-msg").get_by_text(f"Proposal #{ids['pending']} edited by local; stored: "
                                               "data_ratio[3] 0.5455 (you typed 0.9)").wait_for()
-    assert decisions(engine)[-1].config["data_ratio"] == {"3": 0.9 / 1.65, "4": 0.75 / 1.65}
+    assert decisions(engine)[-1].config.data_ratio == {3: 0.9 / 1.65, 4: 0.75 / 1.65}
     page.locator('#edit-config [data-testid="cell-0-1"]').get_by_text("0.5455").wait_for()  # what was stored
     page.locator("#diff [role=gridcell]", has_text="✎ 0.5455").first.wait_for()
 
@@ -386,7 +388,7 @@ def test_measure_says_the_checkpoint_is_absent_measures_stage0_and_the_decision_
         job.payload = {**job.payload, "boards": 2, "answers": 2}
         s.add(job)
         s.commit()
-    assert run_worker(engine, {"probe": run_probe_job}, once=True, poll_s=0.01)
+    assert run_worker(engine, {"probe": run_probe_job}, WorkerOptions(once=True, poll_s=0.01))
     page.locator("#measure-table").get_by_text("boards with signal").last.wait_for()  # the panel's timer polled it
     page.click("#accept")
     page.get_by_text(f"Proposal #{ids['second']} accepted by local").wait_for()
@@ -521,7 +523,8 @@ def test_switching_runs_while_a_worker_writes_shows_no_error(lab, page):
     def writes() -> None:  # a rejection and the engineer's next proposal, over and over
         pending = ids["second"]
         while not stop.is_set():
-            decide_on(engine, pending, "reject", "bot")
+            with session(engine) as s:
+                decide(s, pending, "reject", "bot")
             pending = propose(engine, ids["history"])
             time.sleep(1.0)
 

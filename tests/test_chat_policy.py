@@ -20,9 +20,9 @@ from envsim.generator import generate
 from lab.loop import create_run
 from lab.pages import figures
 from lab.pages.train import train_view
-from lab.settings import RunSettings, SettingsError
 from storage.db import session
 from storage.models import Run, TrainingLog
+from storage.settings import RunSettings, SettingsError
 from training.evaluate import CHAT_BUDGET, answer_budget, evaluate
 from training.policy import Policy, build_tiny, load_policy
 from training.stage import StageArgs, dataset, stage_args, start_policy, trainer_for
@@ -60,10 +60,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 def test_the_runs_thinking_mode_reaches_the_prompt_trl_and_validation_read():
     board = generate(CONFIG, 1, seed=0)[0]
     policy = chat_policy()
-    off = policy.configured({}).prompt(board)  # off by default
+    off = policy.configured(None).prompt(board)  # off by default
     assert off.endswith(EMPTY_THINKING)
     assert dataset(policy, [board])["prompt"] == [off]  # what GRPOTrainer is given: the rendered text
-    on = policy.configured({"thinking": "on"}).prompt(board)
+    on = policy.configured(RunSettings(stages=1, thinking="on")).prompt(board)
     assert on.endswith("<|im_start|>assistant\n") and "<think>" not in on
     assert on == off.removesuffix("<think>\n\n</think>\n\n")
 
@@ -71,16 +71,16 @@ def test_the_runs_thinking_mode_reaches_the_prompt_trl_and_validation_read():
 def test_the_completion_length_bounds_every_answer_and_defaults_by_prompt_style():
     board = generate(CONFIG, 1, seed=0)[0]
     chat = chat_policy()
-    assert answer_budget(chat.configured({}), board) == CHAT_BUDGET == 512
-    assert answer_budget(chat.configured({"completion_length": 40}), board) == 40
+    assert answer_budget(chat.configured(None), board) == CHAT_BUDGET == 512
+    assert answer_budget(chat.configured(RunSettings(stages=1, completion_length=40)), board) == 40
     compact = build_tiny(0, **SMALL)
-    assert answer_budget(compact.configured({}), board) == 2 * (6 + 6 * 3)
-    assert answer_budget(compact.configured({"completion_length": 9}), board) == 9
+    assert answer_budget(compact.configured(None), board) == 2 * (6 + 6 * 3)
+    assert answer_budget(compact.configured(RunSettings(stages=1, completion_length=9)), board) == 9
 
 
 def test_validation_decodes_greedily_or_samples_with_the_models_own_generation_config():
     boards = generate(CONFIG, 4, seed=1)
-    policy = build_tiny(0, **SMALL).configured({"completion_length": 6})
+    policy = build_tiny(0, **SMALL).configured(RunSettings(stages=1, completion_length=6))
     greedy = [r.completion for r in evaluate(policy, boards)]
     assert greedy == [r.completion for r in evaluate(policy, boards)]  # greedy: the same answers every time
     policy.model.generation_config.temperature = 50.0  # the model's own sampling settings: near uniform
@@ -96,7 +96,7 @@ def test_a_runs_decoding_settings_are_stored_checked_and_reach_the_stage(empty_l
     with session(empty_lab) as s:
         run = create_run(s, name="chat", config=CONFIG, settings=RunSettings(
             stages=2, thinking="on", completion_length=48, validation_decoding="sampled"))
-        assert {k: run.settings[k] for k in ("thinking", "completion_length", "validation_decoding")} == \
+        assert {k: getattr(run.settings, k) for k in ("thinking", "completion_length", "validation_decoding")} == \
             {"thinking": "on", "completion_length": 48, "validation_decoding": "sampled"}
         with pytest.raises(SettingsError, match="thinking"):
             RunSettings.checked(stages=1, thinking="maybe")
@@ -161,7 +161,7 @@ def test_on_a_gpu_a_full_fine_tune_loads_float32_and_lora_or_evaluation_bf16(mon
 
     def dtype(stage: int, lora: int) -> torch.dtype:
         args = StageArgs(run_id=1, stage_index=stage, seed=1, policy=str(folder), config=CONFIG,
-                         run_dir=tmp_path / "run", run_uuid="u", lora=lora)
+                         run_dir=tmp_path / "run", run_uuid="u", settings=RunSettings(stages=1, lora=lora))
         return start_policy(args, "cpu").model.dtype
 
     assert dtype(1, 0) == torch.float32  # the full fine-tune's master weights

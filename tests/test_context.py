@@ -22,6 +22,7 @@ from lab.context import (
 )
 from storage.db import session
 from storage.models import Episode, Run, Stage, StageMetric
+from storage.settings import RunSettings
 from training.probe import ProbeResult, SizeProbe
 
 T, F = True, False
@@ -203,7 +204,8 @@ def _episode(run_id: int, stage: int, size: int, failure: str | None, n: int, sp
 
 def test_load_stage_result_reads_config_metrics_and_cases(engine: Engine) -> None:
     with session(engine) as s:
-        run = Run(name="r", policy="tiny", engineer="heuristic", engineer_backend="", seed=1)
+        run = Run(name="r", policy="tiny", engineer="heuristic", engineer_backend="", seed=1,
+                  settings=RunSettings(stages=1))
         s.add(run)
         s.commit()
         s.add(Stage(run_id=run.id, index=0, config=SECOND.model_dump(mode="json")))

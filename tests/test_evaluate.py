@@ -8,11 +8,13 @@ from pathlib import Path
 import pytest
 from sqlmodel import select
 
+from envsim.config import EnvConfig
 from envsim.scoring import Tally, score_answer
 from envsim.solver import label
 from envsim.suite import Entry, write_jsonl
 from storage.db import make_engine, runs_root, session, upgrade
 from storage.models import Episode, Job, Run, Stage, StageMetric
+from storage.settings import RunSettings
 from tests.boards import CROSSING, OPEN
 from training.evaluate import BENCHMARK_FILE, EpisodeResult, evaluate, run_benchmark_job, size_metrics, store_evaluation
 from training.policy import build_tiny
@@ -43,7 +45,8 @@ def engine(tmp_path: Path):
 
 def _run(engine, **settings) -> int:
     with session(engine) as s:
-        run = Run(name="t", policy="tiny", engineer="fixed", engineer_backend="none", seed=0, settings=settings)
+        run = Run(name="t", policy="tiny", engineer="fixed", engineer_backend="none", seed=0,
+                  settings=RunSettings(stages=1, **settings))
         s.add(run)
         s.commit()
         return run.id
@@ -92,7 +95,7 @@ def test_benchmark_job_evaluates_the_stage_checkpoint(engine, tmp_path: Path) ->
     run_id = _run(engine)
     checkpoint = build_tiny(seed=4, **SMALL_SHAPE).save(tmp_path / "stage-0")
     with session(engine) as s:
-        s.add(Stage(run_id=run_id, index=0, config={}, status="done", checkpoint=str(checkpoint)))
+        s.add(Stage(run_id=run_id, index=0, config=EnvConfig.default(), status="done", checkpoint=str(checkpoint)))
         s.commit()
     # A cached benchmark file is read instead of building the 3,150 boards.
     cache = runs_root(engine) / BENCHMARK_FILE  # one cache for every run of the database

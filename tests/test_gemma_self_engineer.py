@@ -16,12 +16,12 @@ from sqlalchemy import Engine
 from sqlmodel import select
 
 from envsim.config import EnvConfig
-from lab.jobs.worker import handlers, run_worker
+from lab.jobs.worker import WorkerOptions, handlers, run_worker
 from lab.loop import after_job, create_run
 from lab.pages.proposal import proposal_view
-from lab.settings import RunSettings
 from storage.db import make_engine, runs_root, session, upgrade
 from storage.models import Job, JobKind, JobStatus, Proposal, Stage
+from storage.settings import RunSettings
 
 # slow: two Gemma answers of a few hundred constrained tokens each and a LoRA step: about 20 minutes an answer
 # on two loaded CPU cores (docs/training.md), so it runs when asked for, ENVLAB_GEMMA_E2E=1, not in every test run
@@ -59,7 +59,7 @@ def test_gemma_trains_a_stage_then_engineers_its_next_one_from_its_own_checkpoin
         if not (job.kind == JobKind.PROPOSE and job.payload["after_stage"] == 1):
             after_job(engine, job)  # stage 0, its proposal, stage 1, the proposal after it; then the queue empties
 
-    run_worker(lab, handlers(), once=True, poll_s=0.01, after=until_the_second_proposal)
+    run_worker(lab, handlers(), WorkerOptions(once=True, poll_s=0.01, after=until_the_second_proposal))
     with session(lab) as s:
         jobs = s.exec(select(Job).where(Job.run_id == run.id).order_by(Job.id)).all()
         assert [(j.kind, j.target, j.status) for j in jobs] == [

@@ -15,7 +15,7 @@ from envsim.generator import cannot_fill, stage_seed
 from envsim.parser import format_plan
 from envsim.scoring import score_answer
 from lab.engineers import ENGINEERS, EngineerAnswer
-from lab.jobs.worker import run_worker
+from lab.jobs.worker import WorkerOptions, run_worker
 from lab.loop import (
     LoopError,
     advance,
@@ -29,9 +29,9 @@ from lab.loop import (
     stages_of,
 )
 from lab.proposals import AlreadyDecided, ProposalError, decide, diff, store_proposal
-from lab.settings import RunSettings, SettingsError
 from storage.db import session
 from storage.models import Decision, Episode, Proposal, Run, Stage
+from storage.settings import RunSettings, SettingsError
 from tests.recorded import BOARDS, CONFIG, recorded_stage, work
 from training.evaluate import EpisodeResult, store_evaluation
 
@@ -89,10 +89,10 @@ def test_an_engineer_reads_the_dev_boards_and_never_a_validation_episode(engine,
     with session(engine) as s:
         run = create_run(s, name="split", config=CONFIG, engineer=name,
                          settings=RunSettings(stages=2, auto_apply=True, dev_per_size=3))
-        assert run.settings["dev_per_size"] == 3
+        assert run.settings.dev_per_size == 3
     handlers = {"stage": split_stage, "propose": run_propose_job}
-    assert drive(engine, run.id, lambda: run_worker(engine, handlers, once=True, poll_s=0.01, after=after_job) > 0,
-                 poll_s=0.01) == "done"
+    options = WorkerOptions(once=True, poll_s=0.01, after=after_job)
+    assert drive(engine, run.id, lambda: run_worker(engine, handlers, options) > 0, poll_s=0.01).text == "done"
     assert [e.current.stage_index for e in seen] == [0, 1]
     validation = {b.id for b in BOARDS[4:]}
     dev = [(b.size, b.needs_wait) for b in BOARDS[:4]]
@@ -115,13 +115,13 @@ def test_a_stage_whose_dev_episodes_are_gone_fails_the_proposals_that_read_them(
     with session(engine) as s:
         run = create_run(s, name="gone", config=CONFIG, engineer=name, engineer_backend=backend,
                          settings=RunSettings(stages=2, auto_apply=True, dev_per_size=3, context_preset="full"))
-    assert run_worker(engine, {"stage": recorded_stage}, once=True, poll_s=0.01) == 1
+    assert run_worker(engine, {"stage": recorded_stage}, WorkerOptions(once=True, poll_s=0.01)) == 1
     with session(engine) as s:
         s.exec(delete(Episode).where(Episode.run_id == run.id, Episode.split == "dev"))
         s.commit()
-    assert advance(engine, run.id) == "queued a proposal after stage 0"
+    assert advance(engine, run.id).text == "queued a proposal after stage 0"
     if name == "heuristic":
-        assert run_worker(engine, {"propose": run_propose_job}, once=True, poll_s=0.01) == 1
+        assert run_worker(engine, {"propose": run_propose_job}, WorkerOptions(once=True, poll_s=0.01)) == 1
         with session(engine) as s:
             assert s.exec(select(Proposal)).one().error is None
         return
@@ -132,7 +132,7 @@ def test_a_stage_whose_dev_episodes_are_gone_fails_the_proposals_that_read_them(
         [job] = jobs_of(s, run.id, kinds=["propose"])
         assert (job.status, job.attempts, job.error) == ("failed", 3, why)
         assert s.exec(select(Proposal)).all() == []
-    assert advance(engine, run.id) == f"failed: proposal after stage 0 failed: {why}"
+    assert advance(engine, run.id).text == f"failed: proposal after stage 0 failed: {why}"
 
 
 def test_auto_applied_heuristic_run_goes_to_the_end(engine):
@@ -140,7 +140,7 @@ def test_auto_applied_heuristic_run_goes_to_the_end(engine):
         run = create_run(s, name="auto", config=CONFIG, settings=RunSettings(stages=2, auto_apply=True),
                          engineer="heuristic", seed=3)
     states = []
-    assert drive(engine, run.id, lambda: work(engine), on_state=states.append, poll_s=0.01) == "done"
+    assert drive(engine, run.id, lambda: work(engine), on_state=states.append, poll_s=0.01).text == "done"
     with session(engine) as s:
         stages = stages_of(s, run.id)
         assert [(st.index, st.status) for st in stages] == [(0, "done"), (1, "done"), (2, "done")]
@@ -153,30 +153,30 @@ def test_auto_applied_heuristic_run_goes_to_the_end(engine):
         assert stages[1].config != stages[0].config  # the heuristic moved something after stage 0
         assert s.get(Run, run.id).status == "done"
         assert all(j.status == "done" for j in jobs_of(s, run.id))
-    assert states[-1] == "done"
+    assert states[-1].text == "done"
 
 
 def test_a_person_decides_and_an_invalid_edit_stores_nothing(engine):
     with session(engine) as s:
         run = create_run(s, name="manual", config=CONFIG, settings=RunSettings(stages=1), engineer="fixed")
     work(engine)
-    assert advance(engine, run.id).startswith("waiting: proposal")
+    assert advance(engine, run.id).text.startswith("waiting: proposal")
     with session(engine) as s:
         proposal = s.exec(select(Proposal).where(Proposal.run_id == run.id)).one()
-        assert proposal.projected_config == CONFIG.model_dump(mode="json")
+        assert proposal.projected_config == CONFIG
         assert s.get(Run, run.id).status == "waiting"
         bad = {**CONFIG.model_dump(mode="json"), "hole_ratio": {"3": 0.2, "4": 0.9}}
         with pytest.raises(ConfigError, match=r"hole_ratio\[4\] = 0.9 is outside 0..0.5"):
             decide(s, proposal.id, "edit", "alice", bad)
         assert s.exec(select(Decision)).all() == []
         good = {**CONFIG.model_dump(mode="json"), "hole_ratio": {"3": 0.1, "4": 0.3}}
-        decision = decide(s, proposal.id, "edit", "alice", good)
-        assert decision.config["hole_ratio"] == {"3": 0.1, "4": 0.3}
+        decision = decide(s, proposal.id, "edit", "alice", good).decision
+        assert decision.config.hole_ratio == {3: 0.1, 4: 0.3}
         with pytest.raises(AlreadyDecided, match="edit by 'alice'"):
             decide(s, proposal.id, "accept", "bob")
-    assert advance(engine, run.id) == "queued stage 1 (edit by alice)"
+    assert advance(engine, run.id).text == "queued stage 1 (edit by alice)"
     work(engine)
-    assert advance(engine, run.id) == "done"
+    assert advance(engine, run.id).text == "done"
 
 
 def test_reject_asks_the_engineer_again_and_auto_apply_can_be_switched_on(engine):
@@ -187,11 +187,11 @@ def test_reject_asks_the_engineer_again_and_auto_apply_can_be_switched_on(engine
     with session(engine) as s:
         first = s.exec(select(Proposal).where(Proposal.run_id == run.id)).one()
         decide(s, first.id, "reject", "carol", note="too many holes")
-    assert advance(engine, run.id) == f"proposal {first.id} rejected: asking the engineer again"
+    assert advance(engine, run.id).text == f"proposal {first.id} rejected: asking the engineer again"
     work(engine)
     with session(engine) as s:
         set_auto_apply(s, run.id, True)
-    assert advance(engine, run.id) == "queued stage 1 (auto by auto-apply)"
+    assert advance(engine, run.id).text == "queued stage 1 (auto by auto-apply)"
     with session(engine) as s:
         proposals = list(s.exec(select(Proposal).where(Proposal.run_id == run.id).order_by(Proposal.id)))
         assert len(proposals) == 2 and proposals[0].projected_config == proposals[1].projected_config  # same seed
@@ -210,7 +210,7 @@ def test_the_engineer_reads_its_own_earlier_rationales_and_their_fate(engine):
     work(engine)  # asked again: the same draw
     with session(engine) as s:
         second = s.exec(select(Proposal).where(Proposal.run_id == run.id, Proposal.id != first.id)).one()
-        decide(s, second.id, "edit", "dan", {**second.projected_config, "num_instances": 8})
+        decide(s, second.id, "edit", "dan", {**second.projected_config.model_dump(mode="json"), "num_instances": 8})
     advance(engine, run.id)
     work(engine)  # stage 1
     said = "random baseline: a config drawn from seed 5000 and round 1"
@@ -232,9 +232,9 @@ def test_a_failed_proposal_keeps_the_config_in_force(engine):
         assert proposal.diff == {"changes": []} and proposal.raw_answer == "{not json"
         set_auto_apply(s, run.id, True)
     # the newest proposal is the failed one: auto-apply keeps the config in force and says why
-    assert advance(engine, run.id) == "queued stage 1 (auto by auto-apply)"
+    assert advance(engine, run.id).text == "queued stage 1 (auto by auto-apply)"
     with session(engine) as s:
-        assert stages_of(s, run.id)[1].config == CONFIG.model_dump(mode="json")
+        assert stages_of(s, run.id)[1].config == CONFIG
         note = s.exec(select(Decision).where(Decision.proposal_id == proposal.id)).one().note
         assert note.startswith("the proposal failed (no usable config")
 
@@ -261,7 +261,7 @@ def test_a_proposal_the_generator_cannot_fill_fails_and_auto_apply_keeps_the_con
         assert proposal.projected_config is None and proposal.parsed_config["wait_ratio"]["3"] == 0.25
         note = s.exec(select(Decision).where(Decision.proposal_id == proposal.id)).one().note
         assert note.startswith("the proposal failed (the generator cannot fill the proposed config: size 3")
-        assert stages_of(s, run.id)[1].config == lone.model_dump(mode="json")  # auto-apply queued it at once
+        assert stages_of(s, run.id)[1].config == lone  # auto-apply queued it at once
 
 
 def test_an_edit_the_generator_cannot_fill_is_refused_and_stores_nothing(engine):
@@ -277,7 +277,7 @@ def test_an_edit_the_generator_cannot_fill_is_refused_and_stores_nothing(engine)
             decide(s, proposal.id, "edit", "erin", lone)
         assert s.exec(select(Decision)).all() == []
         decide(s, proposal.id, "edit", "erin", {**lone, "wait_ratio": {"3": 0, "4": 0}})
-    assert advance(engine, run.id) == "queued stage 1 (edit by erin)"
+    assert advance(engine, run.id).text == "queued stage 1 (edit by erin)"
 
 
 def test_the_random_engineer_proposes_a_config_the_next_stage_can_generate(engine):
@@ -307,7 +307,7 @@ def test_two_people_deciding_at_once_store_exactly_one_decision(engine):
         with session(engine) as s:
             barrier.wait()
             try:
-                outcomes.append(decide(s, proposal_id, "accept", user).user)
+                outcomes.append(decide(s, proposal_id, "accept", user).decision.user)
             except AlreadyDecided as err:
                 outcomes.append(f"told: {err}")
 
@@ -329,15 +329,15 @@ def test_a_failed_stage_fails_the_run_and_resume_requeues_it(engine):
     with session(engine) as s:
         run = create_run(s, name="broken", config=CONFIG, settings=RunSettings(stages=1, auto_apply=True),
                          engineer="fixed")
-    run_worker(engine, {"stage": broken_stage}, once=True, poll_s=0.01)
-    state = advance(engine, run.id)
+    run_worker(engine, {"stage": broken_stage}, WorkerOptions(once=True, poll_s=0.01))
+    state = advance(engine, run.id).text
     assert state == "failed: stage 0 failed: RuntimeError: checkpoint runs/1/stage-0 is corrupt (job 1)"
     with session(engine) as s:
         assert s.get(Run, run.id).status_reason == state.removeprefix("failed: ")
     from lab.loop import resume
 
     assert len(resume(engine, run.id)) == 1
-    assert drive(engine, run.id, lambda: work(engine), poll_s=0.01) == "done"
+    assert drive(engine, run.id, lambda: work(engine), poll_s=0.01).text == "done"
 
 
 def test_a_random_share_is_diffed_stored_kept_through_a_tables_edit_and_trained_on(engine, monkeypatch):
@@ -359,13 +359,13 @@ def test_a_random_share_is_diffed_stored_kept_through_a_tables_edit_and_trained_
     advance(engine, run.id)
     with session(engine) as s:
         proposal = s.exec(select(Proposal).where(Proposal.run_id == run.id)).one()
-        assert proposal.projected_config["random_share"] == 0.5
+        assert proposal.projected_config.random_share == 0.5
         # the page's table has no random_share cell: an edit keeps the proposal's
         edited = config_from_table(config_rows(broad), broad.num_agents, broad.num_instances)
         assert "random_share" not in edited
         decide(s, proposal.id, "edit", "erin", {**edited, "hole_ratio": {"3": 0.3, "4": 0.2}})
         decision = s.exec(select(Decision).where(Decision.proposal_id == proposal.id)).one()
         assert EnvConfig.model_validate(decision.config).random_share == 0.5
-    assert advance(engine, run.id) == "queued stage 1 (edit by erin)"
+    assert advance(engine, run.id).text == "queued stage 1 (edit by erin)"
     with session(engine) as s:
         assert EnvConfig.model_validate(stages_of(s, run.id)[1].config).random_share == 0.5

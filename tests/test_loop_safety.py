@@ -13,11 +13,13 @@ import pytest
 from sqlalchemy import column, insert, inspect, table, text
 from sqlmodel import select
 
+from envsim.config import EnvConfig
 from lab.engineers import ENGINEERS
-from lab.jobs.worker import run_job, run_worker
+from lab.jobs.worker import WorkerOptions, run_job, run_worker
 from lab.loop import (
     PROPOSE_ATTEMPTS,
     LoopError,
+    Step,
     advance,
     after_job,
     cancel,
@@ -30,14 +32,17 @@ from lab.loop import (
     switch_engineer,
 )
 from lab.proposals import Superseded, decide, store_proposal
-from lab.settings import RunSettings
 from storage import queue
 from storage.db import current_revision, make_engine, session, upgrade
 from storage.models import Decision, Job, JobKind, JobStatus, Priority, Proposal, Run, RunStatus, Stage, utcnow
+from storage.settings import RunSettings
 from tests.processes import in_processes
 from tests.recorded import BOARDS, CONFIG, HANDLERS, recorded_stage, work
 from tests.test_storage import HEAD
 from training.evaluate import EpisodeResult, store_evaluation
+
+FIRST, SECOND = EnvConfig.default(hole_ratio=0.1), EnvConfig.default(hole_ratio=0.3)  # two configs an older lab stored
+FIRST_JSON, SECOND_JSON = FIRST.model_dump(mode="json"), SECOND.model_dump(mode="json")
 
 
 def _advance_and_work(barrier, url: str, run_id: int, calls: int) -> list[str]:
@@ -45,10 +50,10 @@ def _advance_and_work(barrier, url: str, run_id: int, calls: int) -> list[str]:
     barrier.wait()
     states = []
     for _ in range(calls):  # at most `calls` rounds: the propose job's generator check may keep the other busy
-        states.append(advance(engine, run_id))
+        states.append(advance(engine, run_id).text)
         if states[-1] == "done":
             break
-        run_worker(engine, HANDLERS, once=True, poll_s=0.001, after=after_job)
+        run_worker(engine, HANDLERS, WorkerOptions(once=True, poll_s=0.001, after=after_job))
     engine.dispose()
     return states[-1:]
 
@@ -91,8 +96,8 @@ def test_a_propose_job_that_raises_fails_the_run_after_bounded_retries_and_a_per
     with session(engine) as s:
         run = create_run(s, name="llm", config=CONFIG, settings=RunSettings(stages=1, auto_apply=True),
                          engineer="llm", engineer_backend="openai:x")
-    state = drive(engine, run.id, lambda: run_worker(engine, handlers, once=True, poll_s=0.01, after=after_job) > 0,
-                  poll_s=0.01)
+    options = WorkerOptions(once=True, poll_s=0.01, after=after_job)
+    state = drive(engine, run.id, lambda: run_worker(engine, handlers, options) > 0, poll_s=0.01).text
     job_id = 2  # job 1 is stage 0
     assert state == ("failed: proposal after stage 0 failed: RuntimeError: the engineer's server is down")
     with session(engine) as s:
@@ -102,16 +107,15 @@ def test_a_propose_job_that_raises_fails_the_run_after_bounded_retries_and_a_per
         got = s.get(Run, run.id)
         assert (got.status, got.status_reason) == ("failed", state.removeprefix("failed: "))
     for _ in range(5):  # the hook, the page and the CLI asking again change nothing
-        assert advance(engine, run.id) == state
+        assert advance(engine, run.id).text == state
     with session(engine) as s:
         assert len(jobs_of(s, run.id)) == 2
     # A person switches to the fixed engineer: the same job is tried again and the run goes to the end.
     assert switch_engineer(engine, run.id, "fixed") == [job_id]
-    assert drive(engine, run.id, lambda: run_worker(engine, handlers, once=True, poll_s=0.01, after=after_job) > 0,
-                 poll_s=0.01) == "done"
+    assert drive(engine, run.id, lambda: run_worker(engine, handlers, options) > 0, poll_s=0.01).text == "done"
     with session(engine) as s:
         got = s.get(Run, run.id)
-        assert (got.engineer, got.settings["engineer_history"][0]["engineer"]) == ("fixed", "llm")
+        assert (got.engineer, got.settings.engineer_history[0]["engineer"]) == ("fixed", "llm")
         assert len(jobs_of(s, run.id)) == 3  # + stage 1
 
 
@@ -136,7 +140,7 @@ def test_cancelling_a_run_is_not_undone_by_the_hook(engine):
     with session(engine) as s:
         job = s.get(Job, 2)
     after_job(engine, job)  # what the worker does when a job ends
-    assert advance(engine, run.id).startswith("cancelled: cancelled at ")
+    assert advance(engine, run.id).text.startswith("cancelled: cancelled at ")
     assert not work(engine)  # nothing was queued again
     with session(engine) as s:
         assert [(j.kind, j.status) for j in jobs_of(s, run.id)] == [("stage", "done"), ("propose", "cancelled")]
@@ -144,7 +148,7 @@ def test_cancelling_a_run_is_not_undone_by_the_hook(engine):
     # resume undoes it: the cancelled proposal job runs again
     assert resume(engine, run.id) == [2]
     assert work(engine)
-    assert advance(engine, run.id) == "waiting: proposal 1 needs a decision"
+    assert advance(engine, run.id) == Step(RunStatus.WAITING, "waiting: proposal 1 needs a decision")
 
 
 def test_a_cancelled_stage_job_leaves_the_run_cancelled(engine):
@@ -158,8 +162,8 @@ def test_a_cancelled_stage_job_leaves_the_run_cancelled(engine):
 
     with session(engine) as s:
         run = create_run(s, name="c", config=CONFIG, settings=RunSettings(stages=1, auto_apply=True), engineer="fixed")
-    run_worker(engine, {"stage": cancelled_stage}, once=True, poll_s=0.01, after=after_job)
-    assert advance(engine, run.id) == "cancelled: stage 0 was cancelled (job 1)"
+    run_worker(engine, {"stage": cancelled_stage}, WorkerOptions(once=True, poll_s=0.01, after=after_job))
+    assert advance(engine, run.id) == Step(RunStatus.CANCELLED, "cancelled: stage 0 was cancelled (job 1)")
     with session(engine) as s:
         assert len(jobs_of(s, run.id)) == 1
 
@@ -174,8 +178,8 @@ def test_a_proposal_that_is_no_longer_current_is_superseded_and_cannot_be_decide
         second = store_proposal(s, run.id, 0, "fixed", answer, CONFIG)
         with pytest.raises(Superseded, match=f"proposal {first.id} was superseded by proposal {second.id}"):
             decide(s, first.id, "accept", "alice")
-        assert decide(s, second.id, "accept", "bob").action == "accept"
-    assert advance(engine, run.id) == "queued stage 1 (accept by bob)"
+        assert decide(s, second.id, "accept", "bob").decision.action == "accept"
+    assert advance(engine, run.id) == Step(RunStatus.ACTIVE, "queued stage 1 (accept by bob)")
     with session(engine) as s:
         assert s.exec(select(Decision).where(Decision.proposal_id == first.id)).first() is None
 
@@ -199,7 +203,7 @@ def test_a_benchmark_job_is_queued_once_and_never_blocks_the_loop(engine):
     # the loop goes on beside it: stage 1 is queued although the benchmark job waits
     with session(engine) as s:
         decide(s, s.exec(select(Proposal)).one().id, "accept", "alice")
-    assert advance(engine, run.id) == "queued stage 1 (accept by alice)"
+    assert advance(engine, run.id).text == "queued stage 1 (accept by alice)"
     with session(engine) as s:  # alice waits on her stage: it goes first, the older benchmark job next
         first, second = queue.claim(s, "w"), queue.claim(s, "w")
         assert (first.kind, first.target, first.priority, second.id) == ("stage", 1, Priority.INTERACTIVE, job.id)
@@ -266,12 +270,12 @@ def test_a_database_of_the_previous_version_upgrades_with_nothing_lost(db_url):
             dict(id=2, name="new", description="d", policy="tiny", engineer="fixed", engineer_backend="",
                  settings=j({"stages": 1}), seed=1, status="created", created_at=stamp)])
         c.execute(insert(stages), [
-            dict(id=1, run_id=1, index=0, config=j({"a": 1}), status="done", checkpoint="/abs/tiny"),
-            dict(id=2, run_id=1, index=1, config=j({"a": 2}), status="pending", checkpoint=None)])
+            dict(id=1, run_id=1, index=0, config=j(FIRST_JSON), status="done", checkpoint="/abs/tiny"),
+            dict(id=2, run_id=1, index=1, config=j(SECOND_JSON), status="pending", checkpoint=None)])
         c.execute(insert(proposals), [dict(id=1, run_id=1, after_stage=0, engineer="heuristic", prompt="p",
                                            raw_answer="{}", adjustments="[]", rationale="r", diff="{}",
                                            created_at=stamp)])
-        c.execute(insert(decisions), [dict(id=1, proposal_id=1, action="edit", user="alice", config=j({"a": 2}),
+        c.execute(insert(decisions), [dict(id=1, proposal_id=1, action="edit", user="alice", config=j(SECOND_JSON),
                                            note="why", created_at=stamp)])
         c.execute(insert(jobs), [
             dict(id=k, kind=kind, payload=j(payload), status=status, step=0, cancel_requested=False, log_tail="",
@@ -287,17 +291,17 @@ def test_a_database_of_the_previous_version_upgrades_with_nothing_lost(db_url):
     with session(engine) as s:
         got_runs = s.exec(select(Run).order_by(Run.id)).all()
         assert [(r.id, r.name, r.description, r.settings, r.seed, r.status, r.status_reason, r.created_at)
-                for r in got_runs] == [(1, "old", "", {"stages": 2}, 0, "active", "", created),
-                                       (2, "new", "d", {"stages": 1}, 1, "active", "", created)]
+                for r in got_runs] == [(1, "old", "", RunSettings(stages=2), 0, "active", "", created),
+                                       (2, "new", "d", RunSettings(stages=1), 1, "active", "", created)]
         assert len({r.uuid for r in got_runs}) == 2 and all(len(r.uuid) == 32 for r in got_runs)
         assert [(st.id, st.run_id, st.index, st.config, st.status, st.checkpoint)
                 for st in s.exec(select(Stage).order_by(Stage.id))] == [
-            (1, 1, 0, {"a": 1}, "done", "/abs/tiny"), (2, 1, 1, {"a": 2}, "queued", None)]
+            (1, 1, 0, FIRST, "done", "/abs/tiny"), (2, 1, 1, SECOND, "queued", None)]
         p = s.exec(select(Proposal)).one()
         assert (p.id, p.run_id, p.after_stage, p.prompt, p.rationale, p.created_at) == (1, 1, 0, "p", "r", created)
         d = s.exec(select(Decision)).one()
         assert (d.id, d.proposal_id, d.action, d.user, d.config, d.note, d.created_at) == (
-            1, 1, "edit", "alice", {"a": 2}, "why", created)
+            1, 1, "edit", "alice", SECOND, "why", created)
         assert [(jb.id, jb.kind, jb.run_id, jb.target, jb.status, jb.payload["run_id"])
                 for jb in s.exec(select(Job).order_by(Job.id))] == [
             (1, "stage", 1, 0, "done", 1), (2, "propose", 1, 0, "failed", 1), (3, "propose", 1, 0, "queued", 1),

@@ -7,7 +7,7 @@ from sqlmodel import select
 
 from envsim.config import EnvConfig
 from lab.engineers import answer_of as _answer
-from lab.jobs.worker import run_worker
+from lab.jobs.worker import WorkerOptions, run_worker
 from lab.loop import create_run
 from lab.measurements import (
     EDIT,
@@ -21,9 +21,9 @@ from lab.measurements import (
 from lab.pages.common import config_rows
 from lab.pages.proposal import decide_proposal
 from lab.proposals import store_proposal
-from lab.settings import RunSettings
 from storage.db import session
 from storage.models import Decision, Job, Probe, Stage
+from storage.settings import RunSettings
 from training.probe import ProbeResult, SizeProbe, run_probe_job
 
 BASE = EnvConfig(data_ratio={3: 0.5, 4: 0.5}, hole_ratio={3: 0.2, 4: 0.2}, wait_ratio={3: 0.25, 4: 0.25},
@@ -115,7 +115,7 @@ def test_the_job_measures_on_the_worker_and_the_decision_keeps_what_was_seen(emp
     tiny_budget(empty_lab, job_id)
     view = measure_view(empty_lab, job_id)
     assert view.running and view.done == 0.0 and view.status.startswith(f"Measuring (job {job_id}, queued)")
-    assert run_worker(empty_lab, {"probe": run_probe_job}, once=True, poll_s=0.01)
+    assert run_worker(empty_lab, {"probe": run_probe_job}, WorkerOptions(once=True, poll_s=0.01))
     view = measure_view(empty_lab, job_id)
     assert not view.running and view.done == 1.0 and view.headers == ["size", IN_FORCE, PROPOSED, EDIT]
     assert [r[0] for r in view.rows] == ["3x3", "4x4", "boards with signal"]
@@ -144,7 +144,7 @@ def test_the_job_measures_on_the_worker_and_the_decision_keeps_what_was_seen(emp
     # asked again: the same probes, from the table (nothing sampled)
     again, _ = queue_measure(empty_lab, pid, config_from_table(rows, agents, instances))
     tiny_budget(empty_lab, again)
-    assert run_worker(empty_lab, {"probe": run_probe_job}, once=True, poll_s=0.01)
+    assert run_worker(empty_lab, {"probe": run_probe_job}, WorkerOptions(once=True, poll_s=0.01))
     assert measure_view(empty_lab, again).keys == view.keys
     with session(empty_lab) as s:
         assert "found in the cache" in s.get(Job, again).log_tail and len(s.exec(select(Probe)).all()) == 3
@@ -176,7 +176,7 @@ def test_the_stage0_policy_is_the_runs_own_even_where_its_row_names_another_mach
         s.commit()
     job_id, _ = queue_measure(empty_lab, pid, stage0=True)
     tiny_budget(empty_lab, job_id)
-    assert run_worker(empty_lab, {"probe": run_probe_job}, once=True, poll_s=0.01)
+    assert run_worker(empty_lab, {"probe": run_probe_job}, WorkerOptions(once=True, poll_s=0.01))
     with session(empty_lab) as s:
         job = s.get(Job, job_id)
     assert (job.payload["checkpoint"], job.status) == ("tiny", "done")

@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM, Gemma3TextConfig, Qwen3Config
 
 from envsim.config import EnvConfig
 from envsim.generator import generate
+from storage.settings import RunSettings
 from training.evaluate import answer_budget
 from training.memory import GB, StagePlan, plan_of, refusal, stage_memory
 from training.policy import build_tiny, load_policy
@@ -63,7 +64,7 @@ def test_gemma_at_the_chat_defaults_is_refused_on_this_machine_naming_what_would
 @pytest.mark.skipif(torch.cuda.is_available(), reason="reads the stage's CPU settings")
 def test_the_plan_is_read_from_the_stages_own_config_on_a_cpu(tmp_path: Path):
     args = StageArgs(run_id=1, stage_index=1, seed=0, policy="", config=EnvConfig.default(), run_dir=tmp_path,
-                     run_uuid="u", lora=8)
+                     run_uuid="u", settings=RunSettings(stages=1, lora=8))
     plan = plan_of(grpo_config(args, {}, 512, "chat"), lora=8, prompt=GEMMA_LONGEST_PROMPT, device_bytes=GIB_24)
     assert plan == StagePlan(device_bytes=GIB_24, batch=8, generations=4, prompt=511, completion=512, lora=8)
     colocated = plan_of(grpo_config(args, {"vllm_mode": "colocate"}, 512, "chat"), lora=8, prompt=511)

@@ -431,7 +431,7 @@ def test_a_valid_edit_is_applied_and_the_next_stage_queued(lab):
                        "hole_ratio[4] 0.45, wait_ratio[4] 0.5, num_instances 24. Next: queued stage 1 (edit by bob).")
     d = decisions(engine)[-1]
     assert (d.action, d.user, d.note) == ("edit", "bob", "gentler")
-    assert d.config["hole_ratio"] == {"3": 0.2, "4": 0.45} and d.config["num_instances"] == 24
+    assert d.config.hole_ratio == {3: 0.2, 4: 0.45} and d.config.num_instances == 24
     v = proposal.proposal_view(engine, ids["pending"])
     assert "**edited** by **bob**" in v.status and not v.pending
 
@@ -446,7 +446,7 @@ def test_an_edit_that_does_not_sum_to_one_is_shown_rescaled_before_and_after_it_
     assert decisions(engine)[-1].proposal_id == ids["accepted"]  # checking stores nothing
     message = proposal.decide_proposal(engine, ids["pending"], "edit", "bob", "", typed, 2, 16)
     assert message == f"✓ Proposal #{ids['pending']} edited by bob; stored: {said}. Next: queued stage 1 (edit by bob)."
-    assert decisions(engine)[-1].config["data_ratio"] == {"3": 0.9 / 1.4, "4": 0.5 / 1.4}
+    assert decisions(engine)[-1].config.data_ratio == {3: 0.9 / 1.4, 4: 0.5 / 1.4}
     v = proposal.proposal_view(engine, ids["pending"])  # the decided proposal shows what was stored
     assert v.edit == [[3, 0.6429, 0.2, 0.25], [4, 0.3571, 0.5, 0.25]]
     assert v.changed["data"] == [
@@ -750,7 +750,7 @@ def test_a_failed_stage_is_said_plainly_and_resumed(lab):
     with session(engine) as s:
         job = claim(s, "w1")
         fail(s, job.id, "StageError: no checkpoint folder there")
-    assert advance(engine, ids["waiting"]).startswith("failed: stage 1")
+    assert advance(engine, ids["waiting"]).text.startswith("failed: stage 1")
     t = train.train_view(engine, ids["waiting"])
     assert "is **failed**" in t["status"] and "StageError: no checkpoint folder there" in t["progress"]
     assert train.resume_run(engine, ids["waiting"]) == f"Run #{ids['waiting']}: queued job(s) {job.id} again " \
@@ -853,7 +853,7 @@ def test_a_random_share_shows_in_the_diff_and_the_timeline_and_an_edit_keeps_it(
     rows[1][2] = 0.4
     message = proposal.decide_proposal(engine, pid, "edit", "bob", "", rows, agents, instances)
     assert message.startswith(f"✓ Proposal #{pid} edited by bob")
-    assert decisions(engine)[-1].config["random_share"] == 0.5  # the table has no cell for it: the proposal's
+    assert decisions(engine)[-1].config.random_share == 0.5  # the table has no cell for it: the proposal's
     advance(engine, ids["waiting"])
     timeline = review.timeline(engine, ids["waiting"])
     assert timeline["headers"][-1] == "random_share"

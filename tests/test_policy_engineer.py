@@ -9,10 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from envsim.config import EnvConfig
 from envsim.generator import Unfillable
 from lab.llm import _load, complete
 from lab.loop import engineer_name
 from storage.models import Run, Stage
+from storage.settings import RunSettings
 from tests.servers import MESSAGES, build_tiny_model
 
 
@@ -48,10 +50,11 @@ def test_hf_policy_loads_on_the_workers_device_in_the_policys_dtype(tmp_path: Pa
 
 def test_a_proposal_names_its_engineer_and_the_policy_checkpoint_that_wrote_it():
     def run(engineer: str, backend: str = "") -> Run:
-        return Run(name="r", policy="gemma3-270m", engineer=engineer, engineer_backend=backend, seed=0, settings={})
+        return Run(name="r", policy="gemma3-270m", engineer=engineer, engineer_backend=backend, seed=0,
+                   settings=RunSettings(stages=1))
 
-    stage0, stage1 = Stage(run_id=1, index=0, config={}, checkpoint="gemma3-270m"), \
-        Stage(run_id=1, index=1, config={}, checkpoint="abc/stage-1/policy")
+    stage0, stage1 = Stage(run_id=1, index=0, config=EnvConfig.default(), checkpoint="gemma3-270m"), \
+        Stage(run_id=1, index=1, config=EnvConfig.default(), checkpoint="abc/stage-1/policy")
     assert engineer_name(run("heuristic"), stage1) == "heuristic"
     assert engineer_name(run("llm", "openai:qwen3"), stage1) == "llm (openai:qwen3)"
     assert engineer_name(run("llm", "hf:policy"), stage0) == "llm (hf:policy: gemma3-270m)"

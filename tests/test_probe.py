@@ -9,9 +9,9 @@ from sqlmodel import select
 from envsim.config import EnvConfig
 from envsim.generator import cannot_fill, stage_seed
 from lab.engineers import LEARN_ANSWERS, LEARN_BOARDS, grid
-from lab.settings import RunSettings
 from storage.db import make_engine, session, upgrade
 from storage.models import Probe
+from storage.settings import RunSettings
 from training.policy import Policy, build_tiny, load_policy
 from training.probe import (
     Band,
@@ -132,13 +132,15 @@ def test_probes_that_differ_only_in_thinking_or_completion_length_do_not_share_a
     keys = {}
     for name, settings in {"defaults": {}, "thinking": {"thinking": "on"}, "length": {"completion_length": 4}}.items():
         loads = []
-        result = measure(engine, SMALL, "tiny", policy=lambda loads=loads: loads.append(1) or tiny, settings=settings,
+        result = measure(engine, SMALL, "tiny", policy=lambda loads=loads: loads.append(1) or tiny,
+                         settings=RunSettings(stages=1, **settings),
                          seed=1, boards=2, answers=2)
         assert not result.cached and result.reused == 0 and loads == [1]  # measured: nothing shared, no size reused
         keys[name] = result.key
     assert len(set(keys.values())) == 3
     assert keys["defaults"] == probe_key(SMALL, "tiny", 1, 2, 2, 1.0)  # a probe stored before keeps its key
-    again = measure(engine, SMALL, "tiny", policy=None, settings={"completion_length": 4}, seed=1, boards=2, answers=2)
+    again = measure(engine, SMALL, "tiny", policy=None, settings=RunSettings(stages=1, completion_length=4), seed=1,
+                    boards=2, answers=2)
     assert again.cached and again.key == keys["length"]
     engine.dispose()
 
@@ -160,8 +162,8 @@ def test_a_probe_that_loads_its_policy_answers_as_the_runs_settings_say(tmp_path
         return generate(self, prompts, max_new_tokens, **kwargs)
 
     monkeypatch.setattr(Policy, "generate", spy)
-    measure(engine, one_size(SMALL, 3), str(folder), settings={"thinking": "on", "completion_length": 5}, seed=1,
-            boards=1, answers=1)
+    measure(engine, one_size(SMALL, 3), str(folder), settings=RunSettings(stages=1, thinking="on", completion_length=5),
+            seed=1, boards=1, answers=1)
     assert answered == [(True, 5)]  # not the chat default of 512 tokens
     engine.dispose()
 
@@ -180,7 +182,7 @@ def test_a_probe_of_no_answers_is_refused(tiny):
 def test_a_learnability_proposal_probes_the_runs_checkpoint_and_keeps_its_compute(tmp_path):
     """The propose job with the real tiny policy: 2 sizes x the 6 cells of the grid, stored, cached the second
     time; the proposal draws half of each size's boards broadly and the next stage can generate it."""
-    from lab.jobs.worker import run_worker
+    from lab.jobs.worker import WorkerOptions, run_worker
     from lab.loop import create_run, run_propose_job
     from storage.models import Job, Proposal, Stage
 
@@ -202,7 +204,7 @@ def test_a_learnability_proposal_probes_the_runs_checkpoint_and_keeps_its_comput
     for _ in range(2):
         with session(engine) as s:
             enqueue(s, "propose", {"run_id": run_id, "after_stage": 0, "replaces": None}, run_id=run_id, target=0)
-        assert run_worker(engine, {"propose": run_propose_job}, once=True, poll_s=0.01)
+        assert run_worker(engine, {"propose": run_propose_job}, WorkerOptions(once=True, poll_s=0.01))
     with session(engine) as s:
         first, second = s.exec(select(Proposal).order_by(Proposal.id)).all()
         probes = s.exec(select(Probe)).all()

@@ -19,14 +19,14 @@ from sqlmodel import select
 
 from envsim.config import EnvConfig
 from envsim.suite import VALIDATION_PER_SIZE, Split
-from lab.jobs.worker import run_job, run_worker
+from lab.jobs.worker import WorkerOptions, run_job, run_worker
 from lab.loop import advance, create_run, run_propose_job
 from lab.pages.train import train_view
-from lab.settings import RunSettings
 from lab.study.experiments import create_experiment, experiment_runs
 from storage import queue
 from storage.db import make_engine, session, upgrade
 from storage.models import Episode, Evaluation, Job, Proposal, Stage, StageMetric
+from storage.settings import RunSettings
 from training import evaluate as evaluation
 from training.policy import TINY_DIR, Policy
 from training.shared import ANSWER_SETTINGS, answer_key, evaluate_once
@@ -83,7 +83,7 @@ def _alone(tmp_path: Path, generated: list[int], **settings) -> tuple[tuple[list
     upgrade(engine)
     before = len(generated)
     [run_id] = _runs(engine, [5], **settings)
-    assert run_worker(engine, {"stage": run_stage_job}, poll_s=0.01, once=True) == 1
+    assert run_worker(engine, {"stage": run_stage_job}, WorkerOptions(poll_s=0.01, once=True)) == 1
     answers = _answers(engine, run_id)
     engine.dispose()
     return answers, sum(generated[before:])
@@ -100,7 +100,7 @@ def test_runs_from_one_checkpoint_evaluate_stage_0_once_and_store_what_a_run_alo
     assert alone_prompts == 8 + 24  # the validation boards, then the dev boards (3 per size, sizes 3..10)
     del generated[:]
     runs = _runs(engine, [0, 1, 2])  # greedy decoding: the seed changes no answer
-    assert run_worker(engine, {"stage": run_stage_job}, poll_s=0.01, once=True) == 3
+    assert run_worker(engine, {"stage": run_stage_job}, WorkerOptions(poll_s=0.01, once=True)) == 3
     assert sum(generated) == alone_prompts  # the first run generated; the other two generated nothing
     for run_id in runs:
         assert _answers(engine, run_id) == alone
@@ -136,7 +136,8 @@ def test_what_changes_the_answers_is_another_evaluation(tmp_path: Path):
     def key(settings=None, seed=0, **what) -> str:
         given = dict(policy="p", folder=str(folder), split=Split.VALIDATION, boards=boards, engine="transformers",
                      device="cpu")
-        return answer_key(**{**given, **what}, settings=settings or {}, seed=seed)
+        return answer_key(**{**given, **what}, settings=RunSettings(**{"stages": 1, **settings}) if settings else None,
+                          seed=seed)
 
     same = key()
     assert key(seed=1) == same and key(device="cpu") == key(device="cpu:0")  # greedy draws no random number
@@ -154,7 +155,7 @@ def test_what_changes_the_answers_is_another_evaluation(tmp_path: Path):
 def test_runs_that_answer_differently_each_generate(engine: Engine, generated: list[int]):
     """Another completion length, and sampled decoding under different seeds: no run copies another."""
     runs = _runs(engine, [0], completion_length=40) + _runs(engine, [0, 1], validation_decoding="sampled")
-    assert run_worker(engine, {"stage": run_stage_job}, poll_s=0.01, once=True) == 3
+    assert run_worker(engine, {"stage": run_stage_job}, WorkerOptions(poll_s=0.01, once=True)) == 3
     assert sum(generated) == 3 * (8 + 24)
     assert all("reused_from" not in j.result for j in _jobs(engine))
     assert _answers(engine, runs[1]) != _answers(engine, runs[2])  # two seeds sample two sets of answers
@@ -278,7 +279,7 @@ def test_the_studys_second_experiment_after_a_snapshot_reads_its_dev_boards(engi
     with engine.begin() as c:
         for statement in HOLD_BACK:
             c.execute(text(statement))
-    assert run_worker(engine, {"stage": run_stage_job}, worker_id="vm:1", poll_s=0.01, once=True) == 2
+    assert run_worker(engine, {"stage": run_stage_job}, WorkerOptions(worker_id="vm:1", poll_s=0.01, once=True)) == 2
     owner, copied = experiment_runs(engine, first.id)
     with engine.begin() as c:  # the snapshot, and the next pass
         c.execute(text("DELETE FROM episodes WHERE NOT (run_id = :kept AND stage_index = 0)"), {"kept": copied.id})
@@ -286,9 +287,10 @@ def test_the_studys_second_experiment_after_a_snapshot_reads_its_dev_boards(engi
             c.execute(text(statement))
     assert sum(generated) == 8 + 24
     [run] = experiment_runs(engine, second.id)
-    assert run_worker(engine, {"stage": run_stage_job}, worker_id="study-0", poll_s=0.01, once=True) == 1
-    assert advance(engine, run.id) == "queued a proposal after stage 0"
-    assert run_worker(engine, {"propose": run_propose_job}, worker_id="study-0", poll_s=0.01, once=True) == 1
+    study_worker = WorkerOptions(worker_id="study-0", poll_s=0.01, once=True)
+    assert run_worker(engine, {"stage": run_stage_job}, study_worker) == 1
+    assert advance(engine, run.id).text == "queued a proposal after stage 0"
+    assert run_worker(engine, {"propose": run_propose_job}, study_worker) == 1
     with session(engine) as s:
         job = s.exec(select(Job).where(Job.run_id == run.id, Job.kind == "stage")).one()
         dev = s.exec(select(Episode).where(Episode.run_id == run.id, Episode.split == Split.DEV)).all()

@@ -23,10 +23,11 @@ from sqlmodel import select
 from envsim.config import EnvConfig
 from envsim.generator import generate
 from envsim.prompts import compact_answer
-from lab.jobs.worker import run_worker
+from lab.jobs.worker import WorkerOptions, run_worker
 from storage import queue
 from storage.db import make_engine, runs_root, session, upgrade
 from storage.models import Episode, Job, Run, Stage, StageMetric, TrainingLog
+from storage.settings import RunSettings
 from training.policy import build_tiny, load_policy
 from training.progress import Cancelled
 from training.stage import (
@@ -86,7 +87,7 @@ def writer(one_thread, tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _run(engine: Engine, policy: str, stages: int = 2, **settings) -> int:
     with session(engine) as s:
         run = Run(name="t", policy=policy, engineer="fixed", engineer_backend="", seed=7,
-                  settings={"grpo": GRPO, "validation_boards": 8, **settings})
+                  settings={"stages": stages, "grpo": GRPO, "validation_boards": 8, **settings})
         s.add(run)
         s.commit()
         for k in range(stages):
@@ -151,7 +152,7 @@ def test_a_lora_stage_trains_adapters_and_saves_a_whole_model(empty_lab: Engine,
     args, grpo = stage_args(empty_lab, run_id, 0)
     assert args.lora == 4
     args = StageArgs(run_id=run_id, stage_index=1, seed=stage_seed(7, 1), policy=str(writer), config=CONFIG,
-                     run_dir=_run_dir(empty_lab, run_id), run_uuid="u", lora=4)
+                     run_dir=_run_dir(empty_lab, run_id), run_uuid="u", settings=RunSettings(stages=2, lora=4))
     policy = load_policy(str(writer))
     before = {name: p.detach().clone() for name, p in policy.model.named_parameters()}
     summary = train(empty_lab, args, policy, GRPO, lambda *a, **k: False)
@@ -171,7 +172,7 @@ def test_stage_jobs_through_the_worker_evaluate_then_train_and_record(empty_lab:
     for k in (0, 1):
         with session(empty_lab) as s:
             queue.enqueue(s, "stage", {"run_id": run_id, "stage_index": k})
-        ran.append(run_worker(empty_lab, {"stage": run_stage_job}, poll_s=0.01, once=True))
+        ran.append(run_worker(empty_lab, {"stage": run_stage_job}, WorkerOptions(poll_s=0.01, once=True)))
     assert ran == [1, 1]
     with session(empty_lab) as s:
         jobs = s.exec(select(Job).order_by(Job.id)).all()
@@ -216,7 +217,7 @@ def test_the_dev_boards_are_evaluated_after_the_validation_boards_and_change_not
         for k in (0, 1):
             with session(empty_lab) as s:
                 queue.enqueue(s, "stage", {"run_id": run_id, "stage_index": k})
-            assert run_worker(empty_lab, {"stage": run_stage_job}, poll_s=0.01, once=True) == 1
+            assert run_worker(empty_lab, {"stage": run_stage_job}, WorkerOptions(poll_s=0.01, once=True)) == 1
     with session(empty_lab) as s:
         def episodes(run_id: int, split: str) -> list[tuple[int, str, str]]:
             return [(e.stage_index, e.instance_id, e.completion) for e in s.exec(
@@ -249,7 +250,7 @@ def test_a_missing_or_corrupt_starting_checkpoint_fails_the_job_with_a_clear_err
         s.add(stage0)
         s.commit()
         job_id = queue.enqueue(s, "stage", {"run_id": run_id, "stage_index": 1}).id
-    assert run_worker(empty_lab, {"stage": run_stage_job}, poll_s=0.01, once=True) == 1
+    assert run_worker(empty_lab, {"stage": run_stage_job}, WorkerOptions(poll_s=0.01, once=True)) == 1
     with session(empty_lab) as s:
         job = s.get(Job, job_id)
         stage1 = s.exec(select(Stage).where(Stage.run_id == run_id, Stage.index == 1)).one()
@@ -371,7 +372,7 @@ def test_workers_anywhere_find_a_runs_files_and_two_databases_in_one_folder_keep
         monkeypatch.chdir(tmp_path / where)  # each lab's worker in a working directory of its own
         for k in (0, 1):
             _stage_job(engine, 1, k)
-            assert run_worker(engine, {"stage": run_stage_job}, poll_s=0.01, once=True) == 1
+            assert run_worker(engine, {"stage": run_stage_job}, WorkerOptions(poll_s=0.01, once=True)) == 1
     # stage 2 of database a, by a worker process started in yet another folder
     job_id = _stage_job(engines["a"], 1, 2)
     (tmp_path / "w3").mkdir()
@@ -408,7 +409,7 @@ def test_the_tiny_policy_trains_a_stage_on_the_gpu(empty_lab: Engine):
     for k in (0, 1):
         with session(empty_lab) as s:
             queue.enqueue(s, "stage", {"run_id": run_id, "stage_index": k}, run_id=run_id, target=k)
-        assert run_worker(empty_lab, {"stage": run_stage_job}, poll_s=0.01, once=True) == 1
+        assert run_worker(empty_lab, {"stage": run_stage_job}, WorkerOptions(poll_s=0.01, once=True)) == 1
     with session(empty_lab) as s:
         jobs = s.exec(select(Job).order_by(Job.id)).all()
         logs = s.exec(select(TrainingLog).where(TrainingLog.run_id == run_id)).all()

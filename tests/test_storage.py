@@ -9,11 +9,13 @@ from pathlib import Path
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import Engine, Float, cast, column, func, insert, inspect, table, text
+from pydantic import ValidationError
+from sqlalchemy import JSON, Engine, Float, cast, column, func, insert, inspect, table, text
 from sqlalchemy.exc import IntegrityError, StatementError
 from sqlalchemy.sql.expression import TableClause
 from sqlmodel import SQLModel, select
 
+from envsim.config import EnvConfig
 from storage.db import current_revision, database_url, make_engine, session, upgrade
 from storage.decisions import AlreadyDecided, record_decision
 from storage.models import (
@@ -27,16 +29,23 @@ from storage.models import (
     Stage,
     StageMetric,
     TrainingLog,
+    Unreadable,
+    UTCDateTime,
 )
+from storage.settings import ExperimentSettings, RunSettings
 from tests.processes import in_processes
 
-CONFIG = {"data_ratio": {"3": 0.5, "4": 0.5}, "hole_ratio": {"3": 0.1, "4": 0.2}, "num_agents": 2}
+ENV = EnvConfig(data_ratio={3: 0.5, 4: 0.5}, hole_ratio={3: 0.1, 4: 0.2}, wait_ratio={3: 0.0, 4: 0.25})
+CONFIG = ENV.model_dump(mode="json")  # as the lab stores it
 
-HEAD = "0010"  # the newest migration
+HEAD = "0011"  # the newest migration
+EXPERIMENT = ExperimentSettings(run=RunSettings(stages=2), config=EnvConfig.default(), steps_per_stage=1,
+                                validation_boards=1)
 
 
 def _run(s, **fields) -> Run:
-    run = Run(name="r", policy="tiny", engineer="self", engineer_backend="in-process", seed=7, **fields)
+    run = Run(name="r", policy="tiny", engineer="self", engineer_backend="in-process", seed=7,
+              **{"settings": RunSettings(stages=1), **fields})
     s.add(run)
     s.commit()
     return run
@@ -116,7 +125,7 @@ def test_database_made_by_the_first_schema_upgrades_with_its_data(db_url: str):
                 policy="tiny",
                 engineer="self",
                 engineer_backend="in-process",
-                settings={"auto_apply": True},
+                settings={"stages": 1, "auto_apply": True},
                 seed=3,
                 status="done",
                 created_at=created,
@@ -159,12 +168,12 @@ def test_database_made_by_the_first_schema_upgrades_with_its_data(db_url: str):
         assert (run.name, run.description, run.settings, run.created_at) == (
             "old",
             "",
-            {"auto_apply": True},
+            RunSettings(stages=1, auto_apply=True),
             created,
         )
-        assert s.exec(select(Stage)).one().config == CONFIG
+        assert s.exec(select(Stage)).one().config == ENV
         decision = s.exec(select(Decision)).one()
-        assert (decision.proposal_id, decision.action, decision.config) == (proposal_id, "auto", CONFIG)
+        assert (decision.proposal_id, decision.action, decision.config) == (proposal_id, "auto", ENV)
         _run(s, description="a new run")  # the new column takes writes
     engine.dispose()
 
@@ -183,16 +192,17 @@ def test_a_0004_database_with_runs_upgrades_to_experiments(db_url: str):
     with session(engine) as s:
         old = s.exec(select(Run)).one()
         assert (old.name, old.uuid, old.experiment_id, old.arm) == ("before", "u-before", None, None)
-        experiment = Experiment(name="e", policy="tiny", arms=[{"name": "fixed"}], seeds=1, settings={"stages": 2})
+        experiment = Experiment(name="e", policy="tiny", arms=[{"name": "fixed"}], seeds=1, settings=EXPERIMENT)
         s.add(experiment)
         s.commit()
         new = _run(s, experiment_id=experiment.id, arm="fixed")
         assert s.exec(select(Run).where(Run.experiment_id == experiment.id)).one().id == new.id
-        s.add(Run(name="x", policy="tiny", engineer="fixed", engineer_backend="", seed=0, experiment_id=999))
+        s.add(Run(name="x", policy="tiny", engineer="fixed", engineer_backend="", seed=0, experiment_id=999,
+                  settings=RunSettings(stages=1)))
         with pytest.raises(IntegrityError):  # the foreign key
             s.commit()
         s.rollback()
-        s.add(Experiment(name="e", policy="tiny", seeds=1))
+        s.add(Experiment(name="e", policy="tiny", seeds=1, settings=EXPERIMENT))
         with pytest.raises(IntegrityError):  # one experiment per name
             s.commit()
     engine.dispose()
@@ -246,11 +256,49 @@ def test_two_processes_starting_together_both_upgrade_a_fresh_database(db_url: s
     engine.dispose()
 
 
+def test_an_experiment_stored_before_its_runs_settings_were_kept_whole_reads_them_after_0011(db_url: str):
+    engine = make_engine(db_url)
+    upgrade(engine, "0010")
+    experiments = table("experiments", column("name"), column("description"), column("policy"), column("arms", JSON),
+                        column("seeds"), column("settings", JSON), column("created_at", UTCDateTime))
+    figures = {"stages": 3, "instances": 64, "grpo": {"beta": 0.01}, "steps_per_stage": 16, "validation_per_size": 120,
+               "validation_boards": 960, "validation_subset": None, "dev_per_size": 30, "lora": 0, "base_url": None,
+               "config": CONFIG, "auto_apply": True, "scenario": "default"}
+    with engine.begin() as c:
+        c.execute(insert(experiments), dict(name="old", description="", policy="tiny", arms=[{"name": "fixed"}],
+                                            seeds=2, settings=figures, created_at=datetime.now(UTC)))
+    upgrade(engine)
+    with session(engine) as s:
+        old = s.exec(select(Experiment)).one().settings
+    assert old.run == RunSettings(stages=3, grpo={"beta": 0.01}, lora=0, validation_per_size=120, dev_per_size=30,
+                                  auto_apply=True)
+    assert (old.config, old.steps_per_stage, old.validation_boards, old.scenario) == (ENV, 16, 960, "default")
+    assert old.compute() == {"stages": 3, "instances": ENV.num_instances, "grpo": {"beta": 0.01}, "steps_per_stage": 16,
+                             "validation_per_size": 120, "validation_boards": 960, "validation_subset": None,
+                             "config": CONFIG, "lora": 0}
+    engine.dispose()
+
+
+def test_a_typed_column_refuses_what_its_model_refuses_and_reads_a_bad_old_row_as_unreadable(engine: Engine):
+    with session(engine) as s:
+        with pytest.raises(ValidationError, match="a run trains at least 1 stage"):
+            Run(name="r", policy="tiny", engineer="fixed", engineer_backend="", seed=0, settings={"stages": 0})
+        run_id = _run(s).id
+    with engine.begin() as c:
+        c.execute(text("UPDATE runs SET settings = '[1, 2]' WHERE id = :i"), {"i": run_id})
+    with session(engine) as s:
+        bad = s.get(Run, run_id)
+        assert (bad.name, isinstance(bad.settings, Unreadable)) == ("r", True)
+        with pytest.raises(ValueError, match=r"this stored RunSettings is not valid \(Input should be a valid "
+                                             r"dictionary or instance of RunSettings\): its stages cannot be read"):
+            print(bad.settings.stages)
+
+
 # --- columns ------------------------------------------------------------------------------------
 
 
 def test_json_columns_round_trip(engine: Engine):
-    settings = {"auto_apply": False, "lr": 1e-6, "sizes": [3, 4, 10], "note": "ümlaut ✓", "none": None}
+    settings = RunSettings(stages=1, auto_apply=False, lr=1e-6, sizes=[3, 4, 10], note="ümlaut ✓")
     instance = {"size": 3, "holes": [[0, 1]], "starts": [[0, 0], [2, 2]], "goals": [[2, 0], [0, 2]]}
     plan = [["RIGHT", "DOWN"], ["WAIT", "UP"]]
     with session(engine) as s:
@@ -375,7 +423,7 @@ def test_a_proposal_takes_one_decision_and_the_second_names_the_first(engine: En
             AlreadyDecided, match=f"proposal {proposal.id} was already decided: edit by 'alice'"
         ) as e:
             record_decision(s, proposal.id, "reject", "bob", None, "")
-        assert e.value.decision.id == first.id and e.value.decision.config == edited
+        assert e.value.decision.id == first.id and e.value.decision.config == EnvConfig(**edited)
         assert s.exec(select(func.count()).select_from(Decision)).one() == 1
 
 

@@ -28,6 +28,7 @@ from envsim.config import EnvConfig
 from envsim.generator import generate
 from storage.db import session
 from storage.models import Episode, Run, Stage
+from storage.settings import RunSettings
 from training.policy import Policy, build_tiny
 from training.stage import GRPOTrainer, StageArgs, dataset, run_stage, train
 
@@ -75,15 +76,16 @@ def _stage(engine: Engine, tmp_path: Path, runs: Path, settings: dict) -> StageA
     """Stage 1 of a run of the chat policy, its rows stored, 2 validation boards."""
     folder = chat_policy().save(tmp_path / "chat")
     with session(engine) as s:
-        run = Run(name="t", policy=str(folder), engineer="fixed", engineer_backend="", seed=7, settings=settings)
+        run = Run(name="t", policy=str(folder), engineer="fixed", engineer_backend="", seed=7,
+                  settings=RunSettings(stages=1, **settings))
         s.add(run)
         s.commit()
         for k in (0, 1):
             s.add(Stage(run_id=run.id, index=k, config=CONFIG.model_dump(mode="json"), status="queued"))
         s.commit()
-        run_id, uuid = run.id, run.uuid
+        run_id, uuid, run_settings = run.id, run.uuid, run.settings.model_copy(update={"validation_boards": 2})
     return StageArgs(run_id=run_id, stage_index=1, seed=1, policy=str(folder), config=CONFIG,
-                     run_dir=runs / uuid, run_uuid=uuid, validation_boards=2, settings=settings)
+                     run_dir=runs / uuid, run_uuid=uuid, settings=run_settings)
 
 
 class FakeLLM:

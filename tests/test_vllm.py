@@ -15,11 +15,11 @@ import pytest
 from sqlmodel import select
 
 from envsim.config import EnvConfig
-from lab.jobs.worker import run_worker
+from lab.jobs.worker import WorkerOptions, run_worker
 from lab.loop import create_run
-from lab.settings import RunSettings
 from storage.db import make_engine, session, upgrade
 from storage.models import Job, JobStatus
+from storage.settings import RunSettings
 from training import vllm
 from training.policy import TINY_DIR
 from training.stage import StageArgs, grpo_config
@@ -137,7 +137,7 @@ def test_the_worker_hook_serves_only_stages_that_ask_for_a_server(tmp_path: Path
         seen.append(job.kind)
         return {}
 
-    run_worker(engine, {"stage": stage}, once=True, poll_s=0.01)
+    run_worker(engine, {"stage": stage}, WorkerOptions(once=True, poll_s=0.01))
     assert served == [str(TINY_DIR)] and seen == ["stage"]  # the run's policy's folder, served before its stage
     with session(engine) as s:
         job = s.exec(select(Job).where(Job.run_id == run.id)).one()

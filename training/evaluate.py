@@ -61,7 +61,7 @@ def answer_budget(policy: Policy, instance: Instance) -> int:
 
 
 CHAT_BUDGET = 512  # a chat model's new tokens per answer when its run does not set `completion_length`
-DECODINGS = ("greedy", "sampled")  # an evaluation's decoding (`lab.settings.RunSettings.validation_decoding`)
+DECODINGS = ("greedy", "sampled")  # an evaluation's decoding (`storage.settings.RunSettings.validation_decoding`)
 
 
 def evaluate(policy: Policy, instances: Sequence[Instance], batch_size: int = 64, max_new_tokens: int | None = None,
@@ -216,7 +216,7 @@ def run_benchmark_job(engine: Engine, job: Job, progress: Progress) -> dict[str,
     policy = load_policy(spec, device=local_device()).configured(run.settings)
     progress(0, len(entries), f"evaluating {spec} on {len(entries)} benchmark boards")
     results = evaluate(policy, [e.instance for e in entries], progress=lambda done, total: progress(done, total),
-                       decoding=run.settings.get("validation_decoding") or "greedy", seed=run.seed,
+                       decoding=run.settings.validation_decoding or "greedy", seed=run.seed,
                        vllm_model=policy_folder(spec) if vllm.available() else None)
     with session(engine) as s:
         store_evaluation(s, run_id, stage_index, Split.BENCHMARK, results, [e.subset for e in entries])

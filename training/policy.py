@@ -27,6 +27,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, 
 
 from envsim.instance import Instance
 from envsim.prompts import COMPACT_VOCAB, chat_prompt, chat_text, compact_prompt
+from storage.settings import RunSettings
 from training.tokenizer import build_tokenizer, compact_text, is_compact
 
 PromptStyle = Literal["compact", "chat"]
@@ -56,11 +57,11 @@ class Policy:
     thinking: bool = False  # the chat template's `enable_thinking` (a template without the flag ignores it)
     completion_length: int | None = None  # new tokens per answer; None: `training.evaluate.answer_budget`'s
 
-    def configured(self, settings: dict[str, Any]) -> Policy:
-        """This policy set up as a run's settings say it answers (`lab.settings.RunSettings`'s `thinking` and
-        `completion_length`), in place: training, validation, the benchmark and the probes all read it here."""
-        self.thinking = settings.get("thinking") == "on"
-        self.completion_length = settings.get("completion_length")
+    def configured(self, settings: RunSettings | None) -> Policy:
+        """This policy set up as a run's settings say it answers (`thinking` and `completion_length`; None: the
+        defaults), in place: training, validation, the benchmark and the probes all read it here."""
+        self.thinking = settings is not None and settings.thinking == "on"
+        self.completion_length = settings.completion_length if settings is not None else None
         return self
 
     def prompt(self, instance: Instance) -> str:

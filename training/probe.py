@@ -38,6 +38,7 @@ from envsim.parser import parse
 from envsim.scoring import score
 from storage.db import session
 from storage.models import Job, Probe, Run
+from storage.settings import RunSettings
 from training.progress import Cancelled, Progress
 
 if TYPE_CHECKING:  # torch loads only where a probe samples: the lab reads probes without it
@@ -125,7 +126,7 @@ class ProbeResult:
 
 
 def sampling_temperature(grpo: dict[str, Any] | None = None) -> float:
-    """The temperature a stage samples at: the run's `settings["grpo"]["temperature"]`, else TRL's default."""
+    """The temperature a stage samples at: the run's `settings.grpo["temperature"]`, else TRL's default."""
     from trl import GRPOConfig  # TRL loads only for the one number
 
     return float((grpo or {}).get("temperature", GRPOConfig.__dataclass_fields__["temperature"].default))
@@ -175,11 +176,18 @@ def probe_config(policy: Policy, config: EnvConfig, *, seed: int = 0, boards: in
                        time.perf_counter() - t0)
 
 
-def answering(settings: dict[str, Any] | None) -> dict[str, Any]:
+def probe_size(settings: RunSettings) -> dict[str, int]:
+    """B boards per size and K answers each for a run's probes: its settings, else `PROBE_BOARDS` and
+    `PROBE_ANSWERS`."""
+    return {"boards": settings.probe_boards or PROBE_BOARDS, "answers": settings.probe_answers or PROBE_ANSWERS}
+
+
+def answering(settings: RunSettings | None) -> dict[str, Any]:
     """How a run's policy answers a probe, as `Policy.configured` reads its settings: the chat template's thinking
     flag and the answer budget (None: `training.evaluate.answer_budget`'s)."""
-    settings = settings or {}
-    return {"thinking": settings.get("thinking") == "on", "completion_length": settings.get("completion_length")}
+    if settings is None:
+        return {"thinking": False, "completion_length": None}
+    return {"thinking": settings.thinking == "on", "completion_length": settings.completion_length}
 
 
 def probe_key(config: EnvConfig, checkpoint: str, seed: int, boards: int, answers: int, temperature: float,
@@ -203,7 +211,7 @@ def size_knobs(config: EnvConfig, size: int) -> tuple[float, float, int, float]:
 
 
 def measured_sizes(engine: Engine, config: EnvConfig, checkpoint: str, seed: int, boards: int, answers: int,
-                   temperature: float, settings: dict[str, Any] | None = None) -> dict[int, SizeProbe]:
+                   temperature: float, settings: RunSettings | None = None) -> dict[int, SizeProbe]:
     """The sizes of `config` measured already in any stored probe on the same checkpoint, seed, probe size,
     temperature and answering settings (`answering(settings)`), whose knobs for that size equal `config`'s."""
     with session(engine) as s:
@@ -238,7 +246,7 @@ def stored_probe(engine: Engine, key: str) -> ProbeResult | None:
 
 def measure(engine: Engine, config: EnvConfig, checkpoint: str, *,
             policy: Policy | Callable[[], Policy] | None = None, policy_path: str | None = None,
-            settings: dict[str, Any] | None = None, seed: int = 0, boards: int = PROBE_BOARDS,
+            settings: RunSettings | None = None, seed: int = 0, boards: int = PROBE_BOARDS,
             answers: int = PROBE_ANSWERS, temperature: float = 1.0,
             progress: Callable[[int, int], object] | None = None) -> ProbeResult:
     """The probe of `config` on `checkpoint` (as a stage row names it), from the `probes` table when it is
@@ -261,7 +269,7 @@ def measure(engine: Engine, config: EnvConfig, checkpoint: str, *,
         if policy is None:
             from training.policy import load_policy, local_device
 
-            policy = load_policy(policy_path or checkpoint, device=local_device()).configured(settings or {})
+            policy = load_policy(policy_path or checkpoint, device=local_device()).configured(settings)
         elif callable(policy):  # a loader: a Policy itself is not callable
             policy = policy()
         step = None if progress is None else (lambda done, _n: progress(len(known) + done, len(config.sizes)))
@@ -292,7 +300,7 @@ def run_probe_job(engine: Engine, job: Job, progress: Progress) -> dict[str, Any
     total = sum(len(c.sizes) for c in configs.values())
     with session(engine) as s:  # the run's settings say how its policy answers (thinking, length)
         run = s.get(Run, p["run_id"]) if p.get("run_id") is not None else None
-    settings = run.settings if run else {}
+    settings = run.settings if run else None
     loaded: list[Policy] = []
 
     def load() -> Policy:

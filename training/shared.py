@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from sqlalchemy import Engine, delete, func, update
 from sqlalchemy.exc import IntegrityError
@@ -41,12 +41,13 @@ from envsim.suite import Split
 from storage.db import session
 from storage.models import Episode, Evaluation, Job, JobKind, JobStatus, Stage, StageMetric, StageStatus, utcnow
 from storage.queue import db_now, stale_after_s
+from storage.settings import RunSettings
 from training.progress import Cancelled, Progress
 
 if TYPE_CHECKING:
     from training.evaluate import EpisodeResult
 
-# A run's settings that change the answers of an evaluation (`lab.settings.RunSettings`): the chat template's
+# A run's settings that change the answers of an evaluation (`storage.settings.RunSettings`): the chat template's
 # thinking flag, the answer budget, greedy or sampled decoding. The boards are in the key as themselves.
 ANSWER_SETTINGS = ("thinking", "completion_length", "validation_decoding")
 WAIT_S = 1.0  # how often a stage waiting for another's evaluation looks again
@@ -76,16 +77,18 @@ def policy_fingerprint(folder: str | None) -> list[tuple[str, int, int]]:
 
 
 def answer_key(*, policy: str, folder: str | None, split: Split, boards: Sequence[Instance],
-               settings: dict[str, Any], seed: int, engine: str, device: str) -> str:
+               settings: RunSettings | None, seed: int, engine: str, device: str) -> str:
     """The key of an evaluation: a hash of the canonical JSON of everything its answers depend on.
 
     `policy` is the spec the run names, `folder` where it lies on disk (None: a hub name), `seed` the seed
     sampled decoding draws from (left out of the key for greedy decoding, which draws none), `engine` the
     generator ("vllm" or "transformers") and `device` where it runs ("cpu", "cuda")."""
-    sampled = (settings.get("validation_decoding") or "greedy") == "sampled"
+    answers = {k: getattr(settings, k) if settings is not None else RunSettings.model_fields[k].default
+               for k in ANSWER_SETTINGS}
+    sampled = answers["validation_decoding"] == "sampled"
     boards_hash = hashlib.sha256("\n".join(b.to_json() for b in boards).encode()).hexdigest()
     text = json.dumps({"policy": policy, "files": policy_fingerprint(folder), "split": str(split),
-                       "boards": boards_hash, "answers": {k: settings.get(k) for k in ANSWER_SETTINGS},
+                       "boards": boards_hash, "answers": answers,
                        "seed": seed if sampled else None, "engine": engine, "device": device.split(":")[0]},
                       sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()
@@ -218,11 +221,3 @@ def evaluate_once(engine: Engine, key: str, run_id: int, stage_index: int, split
     with session(engine) as s:
         evaluation.store_evaluation(s, run_id, stage_index, split, results)
     return None
-
-
-def shared_from(engine: Engine, run_id: int) -> list[Evaluation]:
-    """The evaluations of a run that were copied from another run's stage, by stage and split."""
-    with session(engine) as s:
-        return list(s.exec(select(Evaluation).where(Evaluation.run_id == run_id,
-                                                    Evaluation.source_run_id.is_not(None))
-                           .order_by(Evaluation.stage_index, Evaluation.id)))

@@ -4,7 +4,7 @@ Reads top to bottom as the stage does: config, data, rewards, trainer, save, rec
 
 Why it is this short: TRL's `GRPOTrainer` is the algorithm (group-relative advantages, clipping, KL,
 generation, checkpoints, logging to Trackio/W&B/TensorBoard), and `GRPOConfig` is the training config.
-A run's `settings["grpo"]` holds `GRPOConfig` field overrides that are passed straight through on top of
+A run's `settings.grpo` holds `GRPOConfig` field overrides that are passed straight through on top of
 the few defaults below (the ones a CPU or a tiny model needs); nothing here re-declares TRL's fields. What
 is ours is `StageArgs` (where the stage lives, its seed, its starting policy and its `EnvConfig`), the
 data (boards from `envsim.generate` with the stage's seed, as prompts plus the board's JSON that the
@@ -57,9 +57,9 @@ from envsim.scoring import Tally
 from envsim.suite import VALIDATION_PER_SIZE, Split, build
 from storage.db import RUNS_SETTING, UnsafePath, checkpoint_of, make_engine, run_folder, runs_root, session
 from storage.models import Job, Run, Stage, StageMetric, StageStatus, TrainingLog, utcnow
+from storage.settings import RunSettings
 from training import evaluate as evaluation
 from training import memory, shared, vllm
-from training.overrides import lab_owned
 from training.policy import TINY_DIR, Policy, PolicyError, load_policy, local_device, lora_config, policy_folder
 from training.progress import Cancelled, Progress
 from training.rewards import DEFAULT_WEIGHTS, REWARDS
@@ -74,6 +74,9 @@ class StageError(RuntimeError):
 # ---------------------------------------------------------------- config
 
 
+DEFAULT_SETTINGS = RunSettings(stages=1)  # a stage outside any run (a benchmark's, a count of steps): every default
+
+
 @dataclass(frozen=True)
 class StageArgs:
     """What a stage needs beyond TRL's config: where it lives, its seed, where it starts, what it trains on."""
@@ -85,16 +88,32 @@ class StageArgs:
     config: EnvConfig
     run_dir: Path  # <runs root>/<run uuid>
     run_uuid: str
-    validation_boards: int | None = None  # None: every board of the validation set
-    validation_per_size: int = VALIDATION_PER_SIZE  # the validation set's boards per map size (30: the standard 240)
-    lora: int = 0  # LoRA rank for training (the run's settings["lora"]); 0: every weight trains
-    dev_per_size: int | None = None  # dev boards per map size, the ones the engineers read (None: no dev set)
-    settings: dict[str, Any] = dataclasses.field(default_factory=dict)  # the run's settings (thinking, lengths...)
+    settings: RunSettings = DEFAULT_SETTINGS  # the run's (LoRA, validation and dev sets, decoding, lengths...)
+
+    @property
+    def lora(self) -> int:
+        """LoRA rank for training; 0: every weight trains."""
+        return self.settings.lora
+
+    @property
+    def validation_boards(self) -> int | None:
+        """How many of the validation boards to evaluate on (None: every one)."""
+        return self.settings.validation_boards
+
+    @property
+    def validation_per_size(self) -> int:
+        """The validation set's boards per map size (30: the standard 240)."""
+        return self.settings.validation_per_size or VALIDATION_PER_SIZE
+
+    @property
+    def dev_per_size(self) -> int | None:
+        """Dev boards per map size, the ones the engineers read (None: no dev set)."""
+        return self.settings.dev_per_size
 
     @property
     def decoding(self) -> str:
         """How validation decodes: greedy, or sampled as the model's own generation_config says."""
-        return self.settings.get("validation_decoding") or "greedy"
+        return self.settings.validation_decoding
 
     @property
     def stage_dir(self) -> Path:
@@ -151,7 +170,7 @@ STYLE_DEFAULTS: dict[str, dict[str, Any]] = {
 
 def grpo_config(args: StageArgs, overrides: dict[str, Any], max_completion_length: int,
                 prompt_style: str = "chat") -> GRPOConfig:
-    """TRL's config: our defaults for this machine and task, then the run's `settings["grpo"]` on top.
+    """TRL's config: our defaults for this machine and task, then the run's `settings.grpo` on top.
 
     Defaults: CPU when there is no CUDA device (GPUs follow CUDA_VISIBLE_DEVICES), bf16 mixed precision (autocast
     over the float32 master weights `start_policy` loads for a full fine-tune, as Trainer's mixed precision does)
@@ -169,9 +188,6 @@ def grpo_config(args: StageArgs, overrides: dict[str, Any], max_completion_lengt
     unknown = sorted(set(overrides) - known)
     if unknown:
         raise StageError(f"settings['grpo'] has {', '.join(map(repr, unknown))}: not GRPOConfig fields")
-    if owned := lab_owned(overrides):
-        raise StageError(f"settings['grpo'] sets {', '.join(map(repr, owned))}: the lab sets these itself "
-                         "(a run's files stay in its own folder)")
     cuda = torch.cuda.is_available()
     large = cuda and prompt_style == "chat"
     fields: dict[str, Any] = dict(
@@ -491,12 +507,9 @@ def stage_args(engine: Engine, run_id: int, stage_index: int) -> tuple[StageArgs
     except UnsafePath as err:
         raise StageError(f"run {run_id} has no safe folder to train into: {err}") from None
     args = StageArgs(run_id=run_id, stage_index=stage_index, seed=stage_seed(run.seed, stage_index), policy=start,
-                     config=EnvConfig.model_validate(stages[stage_index].config),
-                     run_dir=folder, run_uuid=run.uuid,
-                     validation_boards=run.settings.get("validation_boards"), lora=int(run.settings.get("lora") or 0),
-                     validation_per_size=int(run.settings.get("validation_per_size") or VALIDATION_PER_SIZE),
-                     dev_per_size=run.settings.get("dev_per_size"), settings=dict(run.settings))
-    return args, dict(run.settings.get("grpo") or {})
+                     config=stages[stage_index].config,
+                     run_dir=folder, run_uuid=run.uuid, settings=run.settings)
+    return args, dict(run.settings.grpo)
 
 
 def _set_stage(engine: Engine, args: StageArgs, **values: Any) -> None:

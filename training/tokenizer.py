@@ -9,12 +9,10 @@ line break.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import WhitespaceSplit
-from transformers import AutoTokenizer, PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerFast
 
 from envsim.prompts import COMPACT_VOCAB, compact_tokens
 
@@ -28,11 +26,6 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     core.pre_tokenizer = WhitespaceSplit()
     return PreTrainedTokenizerFast(tokenizer_object=core, pad_token=PAD, unk_token=UNK, eos_token=EOS,
                                    padding_side="left", model_max_length=1024)
-
-
-def load_tokenizer(folder: str | Path) -> PreTrainedTokenizerFast:
-    """The tokenizer saved in `folder` (any `save_pretrained` folder; here for symmetry with `build`)."""
-    return AutoTokenizer.from_pretrained(str(folder))
 
 
 def is_compact(tokenizer) -> bool:

@@ -230,7 +230,7 @@ def serve_for_job(engine: Any, job: Any) -> str | None:
 
     with session(engine) as s:
         run = s.get(Run, job.payload["run_id"])
-    grpo = (run.settings.get("grpo") or {}) if run is not None else {}
+    grpo = run.settings.grpo if run is not None else {}
     if not (grpo.get("use_vllm") and grpo.get("vllm_mode") == "server" and not grpo.get("vllm_server_base_url")):
         return None
     return ensure_server(policy_folder(run.policy)).url

@@ -27,7 +27,7 @@ from lab.archive.tables import (
     stored_path,
 )
 from storage.db import checkpoint_of, current_revision, runs_root
-from storage.models import ACTIVE_JOB, Job, Run, Stage, utcnow
+from storage.models import ACTIVE_JOB, Job, Run, Stage, Typed, utcnow
 
 
 def _rows_of_run(table: Table, run_id: int) -> ColumnElement[bool]:
@@ -70,7 +70,7 @@ def _checkpoint_folders(engine: Engine, connection: Connection, run_id: int) -> 
         stored = str(stored_path(stage.checkpoint, f"stage {stage.index}'s checkpoint"))
         folder = Path(checkpoint_of(engine, Stage(index=stage.index, checkpoint=stage.checkpoint)))
         if not folder.is_dir():
-            if (connection.execute(select(Run.settings).where(Run.id == run_id)).scalar_one() or {}).get("example"):
+            if connection.execute(select(Run.settings).where(Run.id == run_id)).scalar_one().example:
                 raise ArchiveError(f"run {run_id} is the shipped example, whose checkpoints are not shipped "
                                    "(docs/example.md): export it without checkpoints")
             raise ArchiveError(f"stage {stage.index}'s checkpoint folder {folder} is missing (runs root "
@@ -79,7 +79,10 @@ def _checkpoint_folders(engine: Engine, connection: Connection, run_id: int) -> 
     return out
 
 
-def _encode(value: Any) -> Any:
+def _encode(value: Any, column_type: Any) -> Any:
+    """A column's value as JSON: a typed record as its column stores it (`storage.models.Typed`)."""
+    if isinstance(column_type, Typed) and value is not None:
+        return column_type.dump(value)
     return value.isoformat() if isinstance(value, datetime) else value
 
 
@@ -89,7 +92,7 @@ def _write_table(zf: zipfile.ZipFile, connection: Connection, table: Table, run_
     n = 0
     with zf.open(f"tables/{table.name}.jsonl", "w", force_zip64=True) as out:
         for row in rows.mappings():
-            line = json.dumps({name: _encode(value) for name, value in row.items()})
+            line = json.dumps({name: _encode(value, table.c[name].type) for name, value in row.items()})
             out.write(line.encode() + b"\n")
             n += 1
     return n
@@ -132,7 +135,8 @@ def export_run(engine: Engine, run_id: int, path: str | Path, checkpoints: bool 
                 "format": FORMAT, "version": VERSION, "exported_at": utcnow().isoformat(),
                 "schema_revision": current_revision(engine),
                 "run": {"id": run.id, "uuid": run.uuid, "name": run.name},
-                "tables": {t.name: {"rows": counts[t.name], "columns": [c.name for c in t.columns]} for t in tables},
+                "tables": {t.name: {"rows": counts[t.name], "columns": [column.name for column in t.columns]}
+                           for t in tables},
                 "checkpoints": _write_checkpoints(zf, folders),
             }
             zf.writestr(MANIFEST, json.dumps(manifest, indent=2, ensure_ascii=False))

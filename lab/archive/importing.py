@@ -45,6 +45,7 @@ from lab.archive.tables import (
 )
 from storage.db import UnsafePath, inside, run_folder, runs_root
 from storage.models import ACTIVE_JOB, Job, JobStatus, Priority, Run, Stage
+from storage.settings import RunSettings
 from training.resolve import GEMMA
 
 
@@ -130,8 +131,11 @@ def _check_policy(value: str, root: Path, where: str) -> None:
 
 
 def _without_server(row: dict[str, Any]) -> dict[str, Any]:
-    settings = row.get("settings")
-    return {**row, "settings": {**settings, "base_url": None}} if settings and settings.get("base_url") else row
+    """A run's row without the server its settings name (vouched for already: `lab.archive.reading`)."""
+    if row.get("settings") is None:
+        return row
+    settings = RunSettings.model_validate(row["settings"])
+    return {**row, "settings": settings.model_copy(update={"base_url": None})} if settings.base_url else row
 
 
 def _ended(row: dict[str, Any]) -> dict[str, Any]:
@@ -201,10 +205,10 @@ def _vouch(reader: Reader, manifest: dict[str, Any], root: Path) -> tuple[dict[s
             raise ArchiveError(f"{where} holds {len(seen)} rows, the manifest says {entry['rows']}")
     if list(ids[ROOT]) != [run["id"]]:
         raise ArchiveError(f"{path}: tables/{ROOT}.jsonl should hold exactly run {run['id']}")
-    for c in manifest["checkpoints"]:
-        if checkpoints.get(c["path"]) != c["stage_index"]:
-            raise ArchiveError(f"{path}: {MANIFEST}: checkpoint {c['path']} is not the checkpoint of stage "
-                               f"{c['stage_index']} in tables/stages.jsonl: refused")
+    for checkpoint in manifest["checkpoints"]:
+        if checkpoints.get(checkpoint["path"]) != checkpoint["stage_index"]:
+            raise ArchiveError(f"{path}: {MANIFEST}: checkpoint {checkpoint['path']} is not the checkpoint of stage "
+                               f"{checkpoint['stage_index']} in tables/stages.jsonl: refused")
     return stored_run, dropped
 
 
@@ -292,14 +296,14 @@ def _unpack(reader: Reader, manifest: dict[str, Any], root: Path, created: list[
     """
     zf = reader.zf
     todo = []
-    for c in manifest["checkpoints"]:
-        dest = _inside(root, c["path"])
+    for checkpoint in manifest["checkpoints"]:
+        dest = _inside(root, checkpoint["path"])
         if dest.exists():
-            if not _same_files(zf, c["path"], dest):
+            if not _same_files(zf, checkpoint["path"], dest):
                 raise ArchiveError(f"{dest} exists already with other files: move it away, or import into a "
                                    "database with another runs root (ENVLAB_RUNS)")
             continue
-        todo.append(c["path"])
+        todo.append(checkpoint["path"])
     members = {stored: checkpoint_files(zf, stored) for stored in todo}
     total = reader.room([info for m in members.values() for info, _ in m], root)
     _makedirs(root, created)

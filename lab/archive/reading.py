@@ -327,12 +327,12 @@ def in_run_folder(path: str, uuid: str, what: str) -> PurePosixPath:
 def _check_table(table: Table, entry: TableEntry, names: set[str], where: str) -> None:
     if len(set(entry.columns)) != len(entry.columns):
         raise ArchiveError(f"{where}: tables.{table.name}.columns names a column twice")
-    columns = {c.name: c for c in table.columns}
-    if unknown := [c for c in entry.columns if c not in columns]:
+    columns = {column.name: column for column in table.columns}
+    if unknown := [column for column in entry.columns if column not in columns]:
         raise ArchiveError(f"{where}: table {table.name} has columns this envlab does not know "
                            f"({', '.join(map(str, unknown))}): import it with a newer envlab")
-    needed = [c.name for c in table.columns if c.name not in entry.columns and not c.nullable
-              and c.default is None and c.server_default is None]
+    needed = [column.name for column in table.columns if column.name not in entry.columns and not column.nullable
+              and column.default is None and column.server_default is None]
     if needed:
         raise ArchiveError(f"{where}: table {table.name} lacks columns this database needs ({', '.join(needed)})")
     if f"tables/{table.name}.jsonl" not in names:
@@ -378,19 +378,20 @@ def check_manifest(reader: Reader) -> dict[str, Any]:
     names = set(zf.namelist())
     for name, entry in checked.tables.items():
         _check_table(known[name], entry, names, where)
-    paths = [c.path for c in checked.checkpoints]
+    paths = [checkpoint.path for checkpoint in checked.checkpoints]
     if len(set(paths)) != len(paths):
         raise ArchiveError(f"{where}: a checkpoint path is listed twice")
-    for c in checked.checkpoints:
-        in_run_folder(c.path, run.uuid, f"{where}: checkpoint")
-        if any(other.startswith(f"{c.path}/") for other in paths):
-            raise ArchiveError(f"{where}: checkpoint {c.path!r:.120} lies inside another checkpoint")
-        found = len(checkpoint_files(zf, c.path))
-        if c.files < 1:
-            raise ArchiveError(f"{where}: checkpoint {c.path} lists {c.files} files: a checkpoint holds at "
-                               "least one")
-        if found != c.files:
-            raise ArchiveError(f"{where}: checkpoint {c.path} should hold {c.files} files, the file has {found}")
+    for checkpoint in checked.checkpoints:
+        in_run_folder(checkpoint.path, run.uuid, f"{where}: checkpoint")
+        if any(other.startswith(f"{checkpoint.path}/") for other in paths):
+            raise ArchiveError(f"{where}: checkpoint {checkpoint.path!r:.120} lies inside another checkpoint")
+        found = len(checkpoint_files(zf, checkpoint.path))
+        if checkpoint.files < 1:
+            raise ArchiveError(f"{where}: checkpoint {checkpoint.path} lists {checkpoint.files} files: a checkpoint "
+                               "holds at least one")
+        if found != checkpoint.files:
+            raise ArchiveError(f"{where}: checkpoint {checkpoint.path} should hold {checkpoint.files} files, the file "
+                               f"has {found}")
     return manifest
 
 
@@ -451,7 +452,7 @@ def _instance(value: Any) -> Any:
 
 
 def _run_settings(value: Any) -> Any:
-    from lab.settings import RunSettings
+    from storage.settings import RunSettings
 
     return _validated(RunSettings, value)
 
@@ -515,7 +516,7 @@ def _row_type(table_name: str, columns: tuple[str, ...]) -> TypeAdapter:
     type (strict: no "1" for 1, no 1 for true), enums by value, datetimes with their zone, no other key."""
     table = SQLModel.metadata.tables[table_name]
     models = _model_classes()
-    row = TypedDict(f"{table_name}_row", {c: _annotation(table, c, models) for c in columns})  # type: ignore[misc]
+    row = TypedDict(f"{table_name}_row", {column: _annotation(table, column, models) for column in columns})  # type: ignore[misc]
     row.__pydantic_config__ = ConfigDict(strict=True, extra="forbid")  # type: ignore[attr-defined]
     return TypeAdapter(row)
 

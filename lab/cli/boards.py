@@ -132,10 +132,10 @@ def cmd_score(args: argparse.Namespace) -> None:
 def render_positions(inst: Instance, positions: tuple) -> str:
     """The board at one time step: agents as digits, holes `H`, goals `a, b, ...` where no agent stands."""
     grid = [list(row) for row in inst.rows()]
-    for i, (r, c) in enumerate(inst.goals):
-        grid[r][c] = chr(ord("a") + i)
-    for i, (r, c) in enumerate(positions):
-        grid[r][c] = str(i)
+    for i, (goal_row, goal_col) in enumerate(inst.goals):
+        grid[goal_row][goal_col] = chr(ord("a") + i)
+    for i, (agent_row, agent_col) in enumerate(positions):
+        grid[agent_row][agent_col] = str(i)
     return "\n".join("".join(row) for row in grid)
 
 

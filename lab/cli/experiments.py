@@ -12,15 +12,15 @@ from envsim.suite import dev_cells
 from lab.cli.common import WORKERS, UsageError, config_file, engine_of, grpo_overrides
 from lab.cli.runs import stage_line
 from lab.llm import allow_server
-from lab.settings import MAX_BOARDS, Count, settings_arguments
+from lab.settings import MAX_BOARDS, Count, settings_arguments, settings_from_args
 
 SEEDS = Count(1, 100, "every seed is one more run of every arm", "an experiment runs at least 1 seed")
 THREADS = Count(1, 1024, "more torch threads than a machine has cores only slows it down", "at least 1 thread")
 
 
 def cmd_experiment_new(args: argparse.Namespace) -> None:
-    from lab.settings import RunSettings, SettingsError
     from lab.study.experiments import ExperimentError, create_experiment, experiment_runs
+    from storage.settings import SettingsError
 
     if args.base_url:
         allow_server(args.base_url)  # given on this machine's command line
@@ -28,19 +28,19 @@ def cmd_experiment_new(args: argparse.Namespace) -> None:
     try:
         experiment = create_experiment(
             engine, name=args.name, arms=[a for a in args.arms.split(",") if a.strip()], seeds=args.seeds,
-            settings=RunSettings.from_args(args, auto_apply=True, grpo=grpo_overrides(args.grpo)),
+            settings=settings_from_args(args, auto_apply=True, grpo=grpo_overrides(args.grpo)),
             config=config_file(args.config) if args.config else None, scenario=args.scenario,
             instances=args.instances, policy=args.policy, description=args.description)
     except (ExperimentError, SettingsError) as err:
         raise UsageError(str(err)) from err
-    st = experiment.settings
+    settings = experiment.settings
     runs = experiment_runs(engine, experiment.id)
     print(f"experiment {experiment.id} {experiment.name!r}: {len(runs)} runs queued ({len(experiment.arms)} arms x "
           f"{experiment.seeds} seeds), runs {runs[0].id}..{runs[-1].id}")
-    dev = sum(c.count for c in dev_cells(st["dev_per_size"])) if st.get("dev_per_size") else 0
-    print(f"each run: {st['stages']} stages x {st['instances']} boards x {st['steps_per_stage']} GRPO steps; "
-          f"{st['validation_boards']} validation boards (the score) and {dev} dev boards (what the engineer reads) "
-          "per stage")
+    dev = sum(cell.count for cell in dev_cells(settings.run.dev_per_size)) if settings.run.dev_per_size else 0
+    print(f"each run: {settings.stages} stages x {settings.instances} boards x {settings.steps_per_stage} "
+          f"GRPO steps; {settings.validation_boards} validation boards (the score) and {dev} dev boards (what the "
+          "engineer reads) per stage")
     print(f"run it: envlab experiment run {experiment.name} [--workers K]")
 
 
@@ -67,9 +67,9 @@ def _progress_printer(engine, args: argparse.Namespace, bar: tqdm, say):
             if p.stages_done[run.id] <= shown.get(run.id, 0):
                 continue
             with session(engine) as s:
-                done = [st for st in stages_of(s, run.id) if st.status == StageStatus.DONE]
-                for st in done[shown.get(run.id, 0):]:
-                    say(f"run {run.id} ({run.arm}, seed {run.seed}) {stage_line(s, st, run.settings['stages'])}")
+                done = [stage for stage in stages_of(s, run.id) if stage.status == StageStatus.DONE]
+                for stage in done[shown.get(run.id, 0):]:
+                    say(f"run {run.id} ({run.arm}, seed {run.seed}) {stage_line(s, stage, run.settings.stages)}")
             shown[run.id] = len(done)
 
     return on_progress
@@ -203,9 +203,9 @@ def cmd_experiment_list(args: argparse.Namespace) -> None:
         print("no experiments yet: envlab experiment new --name N --arms fixed,heuristic --seeds 3 --stages 3")
     for p in found:
         e = p.experiment
-        states = ", ".join(f"{p.count(st)} {st}" for st in RunStatus if p.count(st))
+        states = ", ".join(f"{p.count(status)} {status}" for status in RunStatus if p.count(status))
         print(f"{e.id:>3} {e.name}: arms {', '.join(a['name'] for a in e.arms)}; {e.seeds} seeds; "
-              f"{e.settings['stages']} stages; runs {states}; {p.done}/{p.total} stages done; "
+              f"{e.settings.stages} stages; runs {states}; {p.done}/{p.total} stages done; "
               f"created {e.created_at:%Y-%m-%d %H:%M} UTC")
 
 
@@ -215,11 +215,11 @@ def cmd_experiment_report(args: argparse.Namespace) -> None:
 
     engine = engine_of(args.db)
     try:
-        c = comparison(engine, args.experiment)
+        compared = comparison(engine, args.experiment)
     except ExperimentError as err:
         raise UsageError(str(err)) from err
-    print(report_markdown(c))
-    written = write_report(c, args.out or log_dir(engine, c.experiment) / "report")
+    print(report_markdown(compared))
+    written = write_report(compared, args.out or log_dir(engine, compared.experiment) / "report")
     for what, where in written.items():
         print(f"{what}: {where}")
 

@@ -14,11 +14,12 @@ from tqdm import tqdm
 from envsim.config import EnvConfig
 from lab.cli.common import UsageError, config_file, engine_of, grpo_overrides
 from lab.llm import allow_server
-from lab.settings import MAX_BOARDS, SEED, settings_arguments
+from lab.settings import MAX_BOARDS, SEED, settings_arguments, settings_from_args
 
 if TYPE_CHECKING:
     from sqlmodel import Session
 
+    from lab.loop import Step
     from storage.models import Run, Stage
 
 
@@ -73,11 +74,11 @@ def _initial(args: argparse.Namespace) -> tuple[EnvConfig, dict]:
 
 def _new_run(s: Session, args: argparse.Namespace) -> Run:
     from lab.loop import LoopError, create_run
-    from lab.settings import RunSettings, SettingsError
+    from storage.settings import SettingsError
 
     config, grpo = _initial(args)
     try:
-        return create_run(s, name=args.name, config=config, settings=RunSettings.from_args(args, grpo=grpo),
+        return create_run(s, name=args.name, config=config, settings=settings_from_args(args, grpo=grpo),
                           policy=args.policy, engineer=args.engineer or "heuristic",
                           engineer_backend=args.backend or "", seed=args.seed)
     except (LoopError, SettingsError) as err:
@@ -87,7 +88,7 @@ def _new_run(s: Session, args: argparse.Namespace) -> Run:
 def cmd_run(args: argparse.Namespace) -> None:
     """Without a terminal (a file, a pipe, a job scheduler's log) a run writes one line per stage and no
     progress bars; in a terminal a progress bar of stages runs below those lines."""
-    from lab.jobs.worker import handlers, run_worker, visible_gpus
+    from lab.jobs.worker import WorkerOptions, handlers, run_worker, visible_gpus
     from lab.loop import LoopError, after_job, drive, resume, stages_of, switch_engineer
     from storage.db import session
     from storage.models import Run, RunStatus, StageStatus
@@ -105,7 +106,7 @@ def cmd_run(args: argparse.Namespace) -> None:
                 raise UsageError(f"--resume {args.resume}: no such run")
         else:
             run = _new_run(s, args)
-        stages = run.settings["stages"]
+        stages = run.settings.stages
     if args.resume is not None:
         try:
             requeued = (switch_engineer(engine, run.id, args.engineer, args.backend or "") if args.engineer
@@ -119,25 +120,25 @@ def cmd_run(args: argparse.Namespace) -> None:
     with tqdm(total=stages + 1, desc=f"run {run.id}", unit="stage", disable=quiet) as bar:
         say = (lambda line: print(line, flush=True)) if quiet else bar.write
 
-        def on_state(state: str) -> None:
+        def on_state(state: Step) -> None:
             nonlocal last
             with session(engine) as s:
-                done = [st for st in stages_of(s, run.id) if st.status == StageStatus.DONE]
-                lines = [stage_line(s, st, stages) for st in done if st.index not in shown]
-            shown.update(st.index for st in done)
+                done = [stage for stage in stages_of(s, run.id) if stage.status == StageStatus.DONE]
+                lines = [stage_line(s, stage, stages) for stage in done if stage.index not in shown]
+            shown.update(stage.index for stage in done)
             for line in lines:
                 say(line)
             bar.update(len(done) - bar.n)
-            bar.set_postfix_str(state[:60])
-            if state.startswith(RunStatus.WAITING) and not args.auto_apply and state != last:
-                say(f"{state}: decide in the web lab (envlab serve), or rerun with --auto-apply")
-            last = state
+            bar.set_postfix_str(state.text[:60])
+            if state.status == RunStatus.WAITING and not args.auto_apply and state.text != last:
+                say(f"{state.text}: decide in the web lab (envlab serve), or rerun with --auto-apply")
+            last = state.text
 
-        state = drive(engine, run.id, lambda: run_worker(engine, lab_handlers, once=True, after=after_job,
-                                                         gpus=gpus, run_id=run.id) > 0, on_state=on_state)
-    print(f"run {run.id}: {state}", flush=True)
-    if state.startswith((RunStatus.FAILED, RunStatus.CANCELLED)):
-        raise UsageError(f"run {run.id} {state}; resume it with: envlab run --resume {run.id} "
+        options = WorkerOptions(once=True, after=after_job, gpus=gpus, run_id=run.id)
+        state = drive(engine, run.id, lambda: run_worker(engine, lab_handlers, options) > 0, on_state=on_state)
+    print(f"run {run.id}: {state.text}", flush=True)
+    if state.status in (RunStatus.FAILED, RunStatus.CANCELLED):
+        raise UsageError(f"run {run.id} {state.text}; resume it with: envlab run --resume {run.id} "
                          "(add --engineer NAME to switch its engineer)")
 
 

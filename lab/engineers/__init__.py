@@ -2,7 +2,8 @@
 
 Each engineer is a function `engineer(evidence, *, seed, **options) -> EngineerAnswer`, chosen by name
 from `ENGINEERS`. Options an engineer does not use are ignored, so a caller passes the same ones to all.
-One module per family:
+What one needs beyond the evidence (a probe, the checkpoint's folder, a language model's backend) it declares
+beside its code, listed in `NEEDS` (`needs`): the loop reads that, never the engineer's name. One module per family:
 
 - `baselines`: `fixed` keeps the current config (the paper's fixed-environment baseline), `random` draws a
   legal config from the seed and the round (the paper's random baseline), `heuristic` is a transparent
@@ -38,7 +39,7 @@ from lab.engineers.baselines import (
     heuristic,
     random_config,
 )
-from lab.engineers.evidence import evidence_engineer
+from lab.engineers.evidence import evidence_engineer, evidence_needs
 from lab.engineers.language_model import (
     ANSWER_FORMAT,
     CONSTRAINED_RATIONALE_CHARS,
@@ -50,6 +51,7 @@ from lab.engineers.language_model import (
     changed_sizes,
     engineer_prompt,
     llm,
+    llm_needs,
 )
 from lab.engineers.learnability import (
     HOLE_CELLS,
@@ -61,7 +63,9 @@ from lab.engineers.learnability import (
     compute_of,
     grid,
     learnability,
+    learnability_needs,
 )
+from lab.engineers.needs import NOTHING, Needs
 from lab.engineers.reading import (
     MAX_ANSWER_CHARS,
     MAX_NUMBER_DIGITS,
@@ -70,6 +74,7 @@ from lab.engineers.reading import (
     Unreadable,
     read_config,
 )
+from storage.settings import RunSettings
 
 ENGINEERS: dict[str, Callable[..., EngineerAnswer]] = {
     "fixed": fixed,
@@ -80,11 +85,27 @@ ENGINEERS: dict[str, Callable[..., EngineerAnswer]] = {
     "llm": llm,
 }
 
+# What each engineer needs besides the evidence (`lab.engineers.needs`), declared beside it; one left out needs
+# nothing more.
+NEEDS: dict[str, Callable[[RunSettings], Needs]] = {
+    "learnability": learnability_needs,
+    "evidence": evidence_needs,
+    "llm": llm_needs,
+}
+
+
+def needs_of(engineer: str, settings: RunSettings) -> Needs:
+    """What `engineer` needs for a run with these settings."""
+    declared = NEEDS.get(engineer)
+    return NOTHING if declared is None else declared(settings)
+
+
 __all__ = [
     "ANSWER_FORMAT", "CONFLICTS", "CONSTRAINED_RATIONALE_CHARS", "DOMINANT", "ENGINEERS", "FLOOR", "HOLE_CELLS",
     "HOLE_STEP", "INSTRUCTIONS", "LEARN_ANSWERS", "LEARN_BOARDS", "LEARN_FLOOR", "MASTERED", "MAX_ANSWER_CHARS",
     "MAX_NUMBER_DIGITS", "RANDOM_DRAWS", "RATIONALE", "RATIONALE_CHARS", "REMEASURE", "RETRY", "SFL_RANDOM_SHARE",
-    "SHARE_STEP", "UNLEARNED", "WAIT_CELLS", "WAIT_STEP", "Complete", "EngineerAnswer", "ProbeFn", "Unreadable",
-    "answer_of", "answer_schema", "changed_sizes", "compute_of", "engineer_prompt", "evidence_engineer", "fixed",
-    "grid", "heuristic", "learnability", "llm", "random_config", "read_config", "shares",
+    "NEEDS", "SHARE_STEP", "UNLEARNED", "WAIT_CELLS", "WAIT_STEP", "Complete", "EngineerAnswer", "Needs", "ProbeFn",
+    "Unreadable", "answer_of", "answer_schema", "changed_sizes", "compute_of", "engineer_prompt",
+    "evidence_engineer", "fixed", "grid", "heuristic", "learnability", "llm", "needs_of", "random_config",
+    "read_config", "shares",
 ]

@@ -36,6 +36,12 @@ class EngineerAnswer:
     compute: dict[str, Any] | None = None  # what measuring cost: {"completions", "seconds", "probes", "cached"}
 
 
+def with_changes(base: EnvConfig, **changes: Any) -> EnvConfig:
+    """`base` with some fields changed, checked as a new config is (ranges, `data_ratio` summing to 1):
+    `model_copy(update=...)` alone would skip `EnvConfig`'s validation."""
+    return EnvConfig.model_validate(base.model_dump() | changes)
+
+
 def answer_of(config: EnvConfig, base: EnvConfig, rationale: str) -> EngineerAnswer:
     """The answer of an engineer that builds its config itself (it is legal by construction)."""
     proposed = config.model_dump(mode="json")
@@ -54,7 +60,7 @@ def shares(weights: dict[int, float], step: float = SHARE_STEP) -> dict[int, flo
     counts = {s: math.floor(q) for s, q in quotas.items()}
     for s in sorted(quotas, key=lambda s: (counts[s] - quotas[s], s))[:units - sum(counts.values())]:
         counts[s] += 1
-    return {s: round(c * step, 6) for s, c in counts.items()}
+    return {s: round(count * step, 6) for s, count in counts.items()}
 
 
 def revert_unfillable(config: EnvConfig, base: EnvConfig, cannot_fill: FillCheck | None) -> tuple[EnvConfig, list[str]]:

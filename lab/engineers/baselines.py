@@ -11,7 +11,7 @@ import numpy as np
 from envsim.config import KNOBS, EnvConfig
 from envsim.scoring import Tally
 from lab.context import Evidence, knob_text
-from lab.engineers.answer import SHARE_STEP, EngineerAnswer, FillCheck, answer_of, shares
+from lab.engineers.answer import SHARE_STEP, EngineerAnswer, FillCheck, answer_of, shares, with_changes
 
 # ---------------------------------------------------------------- fixed and random baselines
 
@@ -58,8 +58,7 @@ def _random_draw(base: EnvConfig, rng: np.random.Generator) -> EnvConfig:
     (hole_lo, hole_hi), (wait_lo, wait_hi) = KNOBS["hole_ratio"], KNOBS["wait_ratio"]
     hole = {s: round(float(rng.uniform(hole_lo, hole_hi)), 2) for s in sizes}
     wait = {s: round(float(rng.uniform(wait_lo, wait_hi)), 2) for s in sizes}
-    return EnvConfig(data_ratio=data, hole_ratio=hole, wait_ratio=wait, num_agents=base.num_agents,
-                     num_instances=base.num_instances, random_share=base.random_share)
+    return with_changes(base, data_ratio=data, hole_ratio=hole, wait_ratio=wait)
 
 
 # ---------------------------------------------------------------- a transparent curriculum rule
@@ -115,8 +114,7 @@ def heuristic(evidence: Evidence, *, seed: int = 0, **_options: Any) -> Engineer
             hole[s] = round(min(hole[s] + HOLE_STEP, hole_hi), 3)
             lines.append(f"size {s}: hole_ratio {knob_text(base.hole_ratio[s])} -> {knob_text(hole[s])} "
                          f"(valid {p:.0%}: mastered, so harder boards)")
-    config = EnvConfig(data_ratio=data, hole_ratio=hole, wait_ratio=wait, num_agents=base.num_agents,
-                       num_instances=base.num_instances, random_share=base.random_share)
+    config = with_changes(base, data_ratio=data, hole_ratio=hole, wait_ratio=wait)
     return answer_of(config, base, "\n".join(lines) or "no change: nothing in the dev results calls for one")
 
 

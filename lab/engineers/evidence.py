@@ -23,9 +23,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from envsim.config import KNOBS, EnvConfig
+from envsim.config import KNOBS
 from lab.context import BoardOutcome, Evidence, knob_text
-from lab.engineers.answer import EngineerAnswer, FillCheck, answer_of, revert_unfillable, shares
+from lab.engineers.answer import EngineerAnswer, FillCheck, answer_of, revert_unfillable, shares, with_changes
+from lab.engineers.needs import Needs
+from storage.settings import RunSettings
 
 HOLE_BINS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5)  # bin edges of the boards' hole ratios; the last bin holds 0.5
 MOVE = 0.5  # each knob moves this share of the way from its current value toward its target
@@ -144,7 +146,11 @@ def evidence_engineer(evidence: Evidence, *, seed: int = 0,
     else:
         read = sum(r.boards for r in readings.values())
         lines.append("no dev board failed: data_ratio kept" if read else "no dev boards to read: data_ratio kept")
-    config = EnvConfig(data_ratio=data, hole_ratio=hole, wait_ratio=wait, num_agents=base.num_agents,
-                       num_instances=base.num_instances, random_share=base.random_share)
+    config = with_changes(base, data_ratio=data, hole_ratio=hole, wait_ratio=wait)
     config, reverted = revert_unfillable(config, base, cannot_fill)
     return answer_of(config, base, "\n".join(lines + reverted))
+
+
+def evidence_needs(_settings: RunSettings) -> Needs:
+    """Every dev board of the stage it follows."""
+    return Needs(reads_episodes=True)

@@ -14,6 +14,7 @@ from envsim.config import KNOBS, EnvConfig, project
 from lab.context import ContextModules, Evidence, build_context, measured_table
 from lab.engineers.answer import SHARE_STEP, EngineerAnswer, FillCheck, ProbeFn
 from lab.engineers.learnability import compute_of
+from lab.engineers.needs import Needs
 from lab.engineers.reading import (
     RATIONALE,
     Unreadable,
@@ -22,7 +23,11 @@ from lab.engineers.reading import (
     split_rationale,
 )
 from lab.llm import LLMError, Messages, complete
-from training.probe import ProbeResult  # the probe's numbers; torch loads only where a probe samples
+from storage.settings import RunSettings
+from training.probe import (
+    ProbeResult,  # the probe's numbers; torch loads only where a probe samples
+    probe_size,
+)
 
 Complete = Callable[[Messages], str]
 # The longest rationale an in-process model may write when held to the schema: its answer has a token budget,
@@ -111,6 +116,16 @@ def llm(evidence: Evidence, *, seed: int, backend: str = "hf:policy", complete_f
     if spent:
         answer = replace(answer, compute=compute_of(spent))
     return answer
+
+
+def llm_needs(settings: RunSettings) -> Needs:
+    """A backend, and the checkpoint the proposal follows (which `hf:policy` asks); a probe of the run's size where
+    its context shows the current config measured or the run re-measures its answer; the stage's dev episodes where
+    its context shows failed boards (`failure_cases`)."""
+    context = settings.context or {}
+    measures = bool(context.get("measured") or settings.remeasure)
+    return Needs(language_model=True, policy_path=True, probe=probe_size(settings) if measures else None,
+                 reads_episodes=bool(context.get("failure_cases")))
 
 
 REMEASURE = """\

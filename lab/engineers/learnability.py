@@ -32,7 +32,9 @@ from typing import Any
 
 from envsim.config import KNOBS, RANDOM_SHARE, EnvConfig
 from lab.context import Evidence, knob_text
-from lab.engineers.answer import EngineerAnswer, FillCheck, ProbeFn, answer_of, revert_unfillable, shares
+from lab.engineers.answer import EngineerAnswer, FillCheck, ProbeFn, answer_of, revert_unfillable, shares, with_changes
+from lab.engineers.needs import Needs
+from storage.settings import RunSettings
 from training.probe import ProbeResult, SizeProbe  # the probe's numbers; torch loads only where a probe samples
 
 HOLE_CELLS = 3  # hole ratios per size: the centres of 3 equal bins of 0..0.5 (0.08, 0.25, 0.42)
@@ -98,7 +100,7 @@ def learnability(evidence: Evidence, *, seed: int = 0, probe_fn: ProbeFn | None 
             lines.append(f"size {size}: no cell of the grid could be generated; kept hole {knob_text(hole[size])}, "
                          f"wait {knob_text(wait[size])}")
             continue
-        ranked = sorted(cells, key=lambda c: -c.probe.learnability)  # stable: a tie keeps the earlier cell
+        ranked = sorted(cells, key=lambda cell: -cell.probe.learnability)  # stable: a tie keeps the earlier cell
         kept = ranked[0]
         hole[size], wait[size] = kept.hole, kept.wait
         weight[size] = max(kept.probe.learnability, LEARN_FLOOR)
@@ -112,14 +114,18 @@ def learnability(evidence: Evidence, *, seed: int = 0, probe_fn: ProbeFn | None 
     lines.append(f"{RANDOM_SHARE} {knob_text(base.random_share)} -> {knob_text(SFL_RANDOM_SHARE)}: that share of "
                  "each size's boards has its hole and wait ratios drawn at random over their ranges, the rest "
                  "is drawn on the kept cell")
-    config = EnvConfig(data_ratio=data, hole_ratio=hole, wait_ratio=wait, num_agents=base.num_agents,
-                       num_instances=base.num_instances, random_share=SFL_RANDOM_SHARE)
+    config = with_changes(base, data_ratio=data, hole_ratio=hole, wait_ratio=wait, random_share=SFL_RANDOM_SHARE)
     config, reverted = revert_unfillable(config, base, cannot_fill)
     lines += reverted
     compute = compute_of(spent)
     lines.append(f"probe compute: {compute['completions']} sampled answers, {compute['seconds']:.1f} s "
                  f"({compute['probes']} probes, {compute['cached']} cached)")
     return replace(answer_of(config, base, "\n".join(lines)), compute=compute)
+
+
+def learnability_needs(_settings: RunSettings) -> Needs:
+    """A probe of `LEARN_BOARDS` boards x `LEARN_ANSWERS` answers per cell, whatever the run's probe size."""
+    return Needs(probe={"boards": LEARN_BOARDS, "answers": LEARN_ANSWERS})
 
 
 def measure_cells(base: EnvConfig, size: int, probe_fn: ProbeFn, spent: list[ProbeResult]) -> list[Cell]:

@@ -323,32 +323,39 @@ def _unknown_kind(kinds: Sequence[str]) -> Handler:
     return handler
 
 
-def run_worker(engine: Engine, handlers: dict[str, Handler | InChild], *, worker_id: str | None = None,
-               poll_s: float = 1.0, stale_s: float | None = None, once: bool = False, after: After | None = None,
-               stop: threading.Event | None = None, gpus: Sequence[str] = (), run_id: int | None = None,
-               kinds: Sequence[str] | None = None, nice: int = 0, idle_exit_s: float | None = None,
-               claimed: After | None = None) -> int:
-    """Claim and run jobs until `stop` is set; returns how many jobs this worker ran.
+@dataclass(frozen=True)
+class WorkerOptions:
+    """How a worker claims and runs jobs (`run_worker`); the defaults poll for every kind of job until stopped."""
 
-    Each poll first reaps running jobs with no heartbeat for `stale_s` seconds (their worker died), then
-    claims the most urgent queued job this worker can run (`storage.queue.claim`: a person's before an
-    experiment's, then the oldest; one that needs a GPU only with `gpus`; only run `run_id`'s, when given; only
-    jobs of `kinds`, when given: a lane, `probe` jobs beside a long stage). A handler that is an `InChild` runs in
-    a child process on the worker's `gpus` (`run_child`). `after(engine, job)` runs after every job that ended
-    (done, failed or cancelled; the lab queues what comes next there). With `once`, the worker returns when it
-    finds nothing to claim instead of waiting for more work (jobs that `after` queues still run first); with
-    `idle_exit_s`, when it has found nothing to claim for that many seconds (a Slurm array task frees its
-    allocation so). `claimed(engine, job)` runs on each claimed job before its handler (a Slurm task records
-    itself on it). A job of
-    a kind with no handler is claimed and failed with a message naming the kinds this worker runs. `nice` lowers
-    this process's CPU priority first (`os.nice`; its children inherit it), so the page it serves beside answers
-    before its training.
+    worker_id: str | None = None  # its name in the jobs table (`Job.worker`); None: `host:pid`
+    poll_s: float = 1.0  # seconds between polls of an empty queue
+    stale_s: float | None = None  # seconds with no heartbeat before a running job counts as dead; None: stale_after_s()
+    once: bool = False  # return when a poll finds nothing to claim (jobs that `after` queues still run first)
+    after: After | None = None  # runs after each job that ended (done, failed, cancelled): the lab queues what is next
+    stop: threading.Event | None = None  # set it to stop the worker after its current job
+    gpus: Sequence[str] = ()  # the GPUs it owns: GPU jobs are claimed only with some, and an `InChild` runs on them
+    run_id: int | None = None  # claim only this run's jobs
+    kinds: Sequence[str] | None = None  # claim only jobs of these kinds (a lane: `probe` jobs beside a long stage)
+    nice: int = 0  # lower this process's CPU priority by this much first (`os.nice`; its children inherit it)
+    idle_exit_s: float | None = None  # return after this many seconds with nothing to claim (a Slurm task ends so)
+    claimed: After | None = None  # runs on each claimed job before its handler (a Slurm task records itself on it)
+
+
+def run_worker(engine: Engine, handlers: dict[str, Handler | InChild], options: WorkerOptions) -> int:
+    """Claim and run jobs until `options.stop` is set (or, with `once` or `idle_exit_s`, until there is nothing to
+    claim); returns how many jobs this worker ran.
+
+    Each poll first reaps running jobs whose heartbeat is older than `stale_s` (their worker died), then claims the
+    most urgent queued job this worker can run (`storage.queue.claim`: a person's before an experiment's, then the
+    oldest). A handler that is an `InChild` runs in a child process on the worker's GPUs (`run_child`). A job of a
+    kind with no handler is claimed and failed with a message naming the kinds this worker runs.
     """
-    if nice > 0:
-        os.nice(nice)
-    worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}"
-    stale_s = stale_after_s() if stale_s is None else stale_s
-    stop = stop or threading.Event()
+    if options.nice > 0:
+        os.nice(options.nice)
+    worker_id = options.worker_id or f"{socket.gethostname()}:{os.getpid()}"
+    stale_s = stale_after_s() if options.stale_s is None else options.stale_s
+    stop = options.stop or threading.Event()
+    gpus, poll_s, idle_exit_s = options.gpus, options.poll_s, options.idle_exit_s
     ran = 0
     idle_since = time.monotonic()
     log.info("worker %s: polling every %gs for %s%s", worker_id, poll_s, ", ".join(handlers),
@@ -357,36 +364,40 @@ def run_worker(engine: Engine, handlers: dict[str, Handler | InChild], *, worker
         with session(engine) as s:
             for reaped in queue.reap_stale(s, stale_s):
                 log.warning("job %s (%s) reaped: %s", reaped.id, reaped.kind, reaped.error)
-            job = queue.claim(s, worker_id, gpu=bool(gpus), run_id=run_id, kinds=kinds)
+            job = queue.claim(s, worker_id, gpu=bool(gpus), run_id=options.run_id, kinds=options.kinds)
         if job is None:
-            if once or (idle_exit_s is not None and time.monotonic() - idle_since >= idle_exit_s):
+            if options.once or (idle_exit_s is not None and time.monotonic() - idle_since >= idle_exit_s):
                 break
             stop.wait(poll_s)
             continue
         log.info("job %s (%s) claimed, attempt %d: %s", job.id, job.kind, job.attempts, job.payload)
-        if claimed is not None:
-            claimed(engine, job)
-        handler = handlers.get(job.kind) or _unknown_kind(list(handlers))
-        if isinstance(handler, InChild) and _in_child(engine, job, handler):
-            try:  # the worker's own vLLM server lives across stages; its children reach it by its URL
-                if (url := vllm.serve_for_job(engine, job)) is not None:
-                    os.environ[vllm.SERVER_URL_SETTING] = url
-            except Exception as err:  # a server that cannot start fails the job with what it printed
-                ended = _fail_job(engine, job, err)
-            else:
-                ended = run_child(engine, job, handler, gpus=gpus, stale_s=stale_s)
-        else:
-            ended = run_job(engine, job, vllm.with_server(handler.function() if isinstance(handler, InChild)
-                                                          else handler), stale_s=stale_s)
+        if options.claimed is not None:
+            options.claimed(engine, job)
+        ended = _run_claimed(engine, job, handlers, gpus, stale_s)
         ran += 1
-        if after is not None:
+        if options.after is not None:
             try:
-                after(engine, ended)
+                options.after(engine, ended)
             except Exception:
                 log.exception("job %s: the after hook failed", job.id)
         idle_since = time.monotonic()
     log.info("worker %s: stopped after %d jobs", worker_id, ran)
     return ran
+
+
+def _run_claimed(engine: Engine, job: Job, handlers: dict[str, Handler | InChild], gpus: Sequence[str],
+                 stale_s: float) -> Job:
+    """Run one claimed job with its handler, in a child process where it loads a model; its row as it ended."""
+    handler = handlers.get(job.kind) or _unknown_kind(list(handlers))
+    if not (isinstance(handler, InChild) and _in_child(engine, job, handler)):
+        return run_job(engine, job, vllm.with_server(handler.function() if isinstance(handler, InChild)
+                                                     else handler), stale_s=stale_s)
+    try:  # the worker's own vLLM server lives across stages; its children reach it by its URL
+        if (url := vllm.serve_for_job(engine, job)) is not None:
+            os.environ[vllm.SERVER_URL_SETTING] = url
+    except Exception as err:  # a server that cannot start fails the job with what it printed
+        return _fail_job(engine, job, err)
+    return run_child(engine, job, handler, gpus=gpus, stale_s=stale_s)
 
 
 # ---------------------------------------------------------------- the `envlab worker` command
@@ -503,9 +514,10 @@ def run_from_args(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGINT, on_signal)
         signal.signal(signal.SIGTERM, on_signal)
     try:
-        run_worker(engine, handlers(in_child=not args.in_process), worker_id=args.worker_id, poll_s=args.poll,
-                   stale_s=args.stale, once=args.once, after=after_job, stop=stop, gpus=gpus, kinds=args.kinds,
-                   nice=args.nice, idle_exit_s=getattr(args, "idle_exit_s", None))
+        options = WorkerOptions(worker_id=args.worker_id, poll_s=args.poll, stale_s=args.stale, once=args.once,
+                                after=after_job, stop=stop, gpus=gpus, kinds=args.kinds, nice=args.nice,
+                                idle_exit_s=getattr(args, "idle_exit_s", None))
+        run_worker(engine, handlers(in_child=not args.in_process), options)
     finally:
         engine.dispose()
     return 0

@@ -36,12 +36,12 @@ def compare_view(engine: Engine, experiment_id: int | None, rate: str = Rate.VAL
     if experiment_id is None:
         return dict(figure=empty_figure("no experiment in this lab yet"), summary=EMPTY,
                     differences=table(["difference"], []), sizes=table(["map size"], []), links="")
-    c = comparison(engine, int(experiment_id))
+    compared = comparison(engine, int(experiment_id))
     rate = Rate(rate or Rate.VALID)
-    headers, rows = size_rows(c, rate)
-    return dict(figure=curves_figure(c, (rate,)), summary=_summary(c),
-                differences=table(*difference_table_rows(c, rate)), sizes=table(*by_size(headers, rows)),
-                links=run_links(c) + slurm_jobs(engine, c))
+    headers, rows = size_rows(compared, rate)
+    return dict(figure=curves_figure(compared, (rate,)), summary=_summary(compared),
+                differences=table(*difference_table_rows(compared, rate)), sizes=table(*by_size(headers, rows)),
+                links=run_links(compared) + slurm_jobs(engine, compared))
 
 
 EMPTY = ("No experiment in this lab yet: `envlab experiment new --name N --arms fixed,random,heuristic --seeds 3 "
@@ -57,29 +57,30 @@ def by_size(headers: list[str], rows: list[list[str]]) -> tuple[list[str], list[
     return ["map size", *arms], [[size, *(row[i] for row in rows)] for i, size in enumerate(headers[1:], start=1)]
 
 
-def _summary(c: Comparison) -> str:
-    done = sum(r.status == "done" for r in c.runs.values())
-    return (f"**{as_text(c.experiment.name)}**: {done} of {len(c.runs)} runs done. {compute_statement(c)} Each "
+def _summary(compared: Comparison) -> str:
+    done = sum(r.status == "done" for r in compared.runs.values())
+    return (f"**{as_text(compared.experiment.name)}**: {done} of {len(compared.runs)} runs done. "
+            f"{compute_statement(compared)} Each "
             "point: the mean over seeds, with its 95% Student-t interval over seeds as a band and every seed as a "
-            f"dot. Below it, stage {c.stages}: every pair of arms' difference paired by seed, with its t interval "
-            "(n - 1 degrees of freedom) and the smallest difference this many seeds detect with 80% power; "
-            f"`envlab experiment report {c.experiment.id}` prints every number, every stage, and the area under "
+            f"dot. Below it, stage {compared.stages}: every pair of arms' difference paired by seed, with its t "
+            "interval (n - 1 degrees of freedom) and the smallest difference this many seeds detect with 80% power; "
+            f"`envlab experiment report {compared.experiment.id}` prints every number, every stage, and the area under "
             "each curve.")
 
 
-def run_links(c: Comparison) -> str:
+def run_links(compared: Comparison) -> str:
     """One link per run (`?run=ID` opens it in the lab), arm by arm."""
     lines = []
-    for arm in c.arms:
-        links = [f"[seed {seed}](?run={run.id}) ({run.status})" for seed in c.seeds
-                 if (run := c.runs.get((arm, seed))) is not None]
+    for arm in compared.arms:
+        links = [f"[seed {seed}](?run={run.id}) ({run.status})" for seed in compared.seeds
+                 if (run := compared.runs.get((arm, seed))) is not None]
         lines.append(f"- **{as_text(arm)}**: " + ", ".join(links))
     return "Runs:\n\n" + "\n".join(lines)
 
 
-def slurm_jobs(engine: Engine, c: Comparison) -> str:
+def slurm_jobs(engine: Engine, compared: Comparison) -> str:
     """For each stage that ran on Slurm: the array task, its node, its state and its log ("" when none did)."""
-    rows = [r for r in slurm_rows(engine, [run.id for run in c.runs.values()]) if r[6]]
+    rows = [r for r in slurm_rows(engine, [run.id for run in compared.runs.values()]) if r[6]]
     if not rows:
         return ""
     lines = ["", "", "Slurm jobs, stage by stage:", "", "| " + " | ".join(SLURM_HEADERS) + " |",

@@ -54,8 +54,8 @@ def _static_traces(instance: Instance, ghost: Sequence[Sequence[tuple[int, int]]
                    axes: dict[str, str]) -> list[dict[str, Any]]:
     n, k = instance.size, instance.num_agents
     holes = instance.hole_set
-    z = [[1 if (r, c) in holes else 0 for c in range(n)] for r in range(n)]
-    hover = [[f"({r},{c}) {'hole' if (r, c) in holes else 'ice'}" for c in range(n)] for r in range(n)]
+    z = [[1 if (row, col) in holes else 0 for col in range(n)] for row in range(n)]
+    hover = [[f"({row},{col}) {'hole' if (row, col) in holes else 'ice'}" for col in range(n)] for row in range(n)]
     traces: list[dict[str, Any]] = [dict(
         type="heatmap", name="board", z=z, x=list(range(n)), y=list(range(n)), zmin=0, zmax=1,
         colorscale=[[0, ICE], [0.5, ICE], [0.5, HOLE], [1, HOLE]], showscale=False, xgap=1, ygap=1,
@@ -77,8 +77,8 @@ def _static_traces(instance: Instance, ghost: Sequence[Sequence[tuple[int, int]]
         for i in range(k):
             cells = [row[i] for row in ghost]
             traces.append(dict(
-                type="scatter", name=f"ghost path {i}", mode="lines", x=[c[1] for c in cells],
-                y=[c[0] for c in cells], line=dict(color=colour(i), width=2, dash="dot"), opacity=0.45,
+                type="scatter", name=f"ghost path {i}", mode="lines", x=[cell[1] for cell in cells],
+                y=[cell[0] for cell in cells], line=dict(color=colour(i), width=2, dash="dot"), opacity=0.45,
                 hoverinfo="skip", showlegend=False, **axes))
     return traces
 
@@ -100,7 +100,8 @@ def _moving_traces(instance: Instance, outcome: Outcome | None, step: int,
         cells = [row[i] for row in positions[:step + 1]]
         d = _offset(i, k)
         traces.append(dict(
-            type="scatter", name=f"path {i}", mode="lines", x=[c[1] + d for c in cells], y=[c[0] + d for c in cells],
+            type="scatter", name=f"path {i}", mode="lines", x=[cell[1] + d for cell in cells],
+            y=[cell[0] + d for cell in cells],
             line=dict(color=colour(i), width=4), opacity=0.7, hoverinfo="skip", showlegend=False, **axes))
     for i in range(k):
         traces.append(dict(
@@ -112,14 +113,15 @@ def _moving_traces(instance: Instance, outcome: Outcome | None, step: int,
     if ghost is not None:
         at = ghost[min(step, len(ghost) - 1)]
         traces.append(dict(
-            type="scatter", name="solver's plan", mode="markers", x=[c[1] for c in at], y=[c[0] for c in at],
+            type="scatter", name="solver's plan", mode="markers", x=[cell[1] for cell in at],
+            y=[cell[0] for cell in at],
             marker=dict(symbol="circle-open", size=30, line=dict(width=2), color=[colour(i) for i in range(k)]),
-            opacity=0.6, hovertext=[f"solver's plan: agent {i} at ({c[0]},{c[1]})" for i, c in enumerate(at)],
+            opacity=0.6, hovertext=[f"solver's plan: agent {i} at ({cell[0]},{cell[1]})" for i, cell in enumerate(at)],
             hoverinfo="text", showlegend=legend, **axes))
     shown = [e for e in (outcome.events if outcome else ()) if e.cell is not None and e.time <= step]
     cells = [_on_board(e.cell, instance.size) for e in shown]
     traces.append(dict(
-        type="scatter", name="events", mode="markers", x=[c[1] for c in cells], y=[c[0] for c in cells],
+        type="scatter", name="events", mode="markers", x=[cell[1] for cell in cells], y=[cell[0] for cell in cells],
         marker=dict(symbol="x", color=EVENT, line=dict(color="white", width=1),
                     size=[26 if e.time == step else 14 for e in shown],
                     opacity=[1.0 if e.time == step else 0.55 for e in shown]),

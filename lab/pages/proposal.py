@@ -10,7 +10,7 @@ from typing import Any
 import gradio as gr
 from sqlalchemy import Engine
 
-from envsim.config import ConfigError, ConfigProblem, Projection, project
+from envsim.config import ConfigError, ConfigProblem, EnvConfig, Projection
 from envsim.generator import GenerationError, generate
 from lab.loop import advance, decide_and_advance
 from lab.pages import figures, measure
@@ -33,6 +33,7 @@ from lab.proposals import (
     ProposalError,
     ProposalState,
     diff,
+    project_edit,
     proposal_state,
     proposal_states,
     repeats_rejected,
@@ -52,13 +53,13 @@ def proposal_choices(engine: Engine, run_id: int | None,
     if run_id is None:
         return []
     out = []
-    for st in proposal_states(engine, run_id) if states is None else states:
-        p, d = st.proposal, st.decision
-        state = f"{DECIDED[d.action]} by {d.user}" if d else ("failed, waits for you" if p.error else
+    for state in proposal_states(engine, run_id) if states is None else states:
+        p, d = state.proposal, state.decision
+        status = f"{DECIDED[d.action]} by {d.user}" if d else ("failed, waits for you" if p.error else
                                                               "waits for your decision")
-        if st.superseded:
-            state = "superseded"
-        out.append((f"#{p.id} for stage {p.after_stage + 1}: {state}", p.id))
+        if state.superseded:
+            status = "superseded"
+        out.append((f"#{p.id} for stage {p.after_stage + 1}: {status}", p.id))
     return out
 
 
@@ -66,7 +67,7 @@ def pending_of(engine: Engine, run_id: int | None, states: Sequence[ProposalStat
     """The run's proposal that waits for a decision, if any (of `states` when given: read once by the caller)."""
     if states is None:
         states = [] if run_id is None else proposal_states(engine, run_id)
-    return next((st.proposal.id for st in states if st.pending), None)
+    return next((state.proposal.id for state in states if state.pending), None)
 
 
 @dataclass(frozen=True)
@@ -103,86 +104,88 @@ def proposal_view(engine: Engine, proposal_id: int | None) -> ProposalView:
     if proposal_id is None:
         return no_proposal()
     try:
-        st = proposal_state(engine, int(proposal_id))
+        state = proposal_state(engine, int(proposal_id))
     except BAD_ROW as err:
         return no_proposal(cannot_draw(f"Proposal {proposal_id}", None, err))
-    if st is None:
+    if state is None:
         return no_proposal(f"There is no proposal {proposal_id}.")
-    p = st.proposal
-    rows, changed = diff_rows(st)
+    p = state.proposal
+    rows, changed = diff_rows(state)
     person = sum(1 for r in rows if r[3].startswith(PERSON))
     adjusted = len({a["field"] for a in p.adjustments})
     summary = f"{len(changed)} of {len(rows)} values change"
     summary += f"; the person set {person} of them ({PERSON} in the diff)" if person else ""
     summary += f"; the projection adjusted {adjusted}." if adjusted else "."
-    summary += _compute_text(st)
+    summary += _compute_text(state)
     # Markdown joins single newlines; the heuristic engineer writes one line per change, so keep them apart.
     written = p.rationale.replace("\n", "  \n") if p.rationale else "_The engineer gave no rationale._"
-    config = st.applied or st.config
-    status = _status(st)
-    if st.pending and (same := repeats_rejected(engine, p)) is not None:
+    config = state.applied or state.config
+    status = _status(state)
+    if state.pending and (same := repeats_rejected(engine, p)) is not None:
         status += (f"  \n⚠ **The same config as rejected proposal #{same}**: the `{p.engineer}` engineer answered "
                    "the same when asked again. Edit it below, or switch the engineer in the Train tab.")
     return ProposalView(status=status, rationale=f"{written}\n\n{summary}", raw=p.raw_answer,
                         diff=table(DIFF_HEADERS, rows), changed=table(DIFF_HEADERS, changed), edit=config_rows(config),
-                        agents=config.num_agents, instances=config.num_instances, auto=st.auto_apply,
-                        pending=st.pending, run_id=p.run_id, label=_edit_label(st))
+                        agents=config.num_agents, instances=config.num_instances, auto=state.auto_apply,
+                        pending=state.pending, run_id=p.run_id, label=_edit_label(state))
 
 
-def _compute_text(st: ProposalState) -> str:
+def _compute_text(state: ProposalState) -> str:
     """What the engineer spent measuring configs on the policy, beside what the stage it read took."""
-    c = st.proposal.compute
-    if not c:
+    compute = state.proposal.compute
+    if not compute:
         return ""
-    text = (f" Measuring configs on the policy cost {c.get('completions', 0):,} sampled answers in "
-            f"{c.get('seconds', 0):.0f} s ({c.get('probes', 0)} probes, {c.get('cached', 0)} of them cached)")
-    if st.stage_seconds is not None:
-        text += f"; stage {st.proposal.after_stage} itself took {st.stage_seconds:.0f} s"
+    text = (f" Measuring configs on the policy cost {compute.get('completions', 0):,} sampled answers in "
+            f"{compute.get('seconds', 0):.0f} s ({compute.get('probes', 0)} probes, {compute.get('cached', 0)} of them "
+            "cached)")
+    if state.stage_seconds is not None:
+        text += f"; stage {state.proposal.after_stage} itself took {state.stage_seconds:.0f} s"
     return text + "."
 
 
 
-def _edit_label(st: ProposalState) -> str:
-    d = st.decision
-    if st.applied is not None:
+def _edit_label(state: ProposalState) -> str:
+    d = state.decision
+    if state.applied is not None:
         return f"The config {DECIDED[d.action]} (as stored with the decision; the stage trained on it)"
     if d is not None:
         return "The config the engineer proposed (rejected: never applied)"
-    return "The config the engineer proposed (superseded: never applied)" if st.superseded else EDIT_LABEL
+    return "The config the engineer proposed (superseded: never applied)" if state.superseded else EDIT_LABEL
 
 
-def diff_rows(st: ProposalState) -> tuple[list[list[Any]], list[list[Any]]]:
+def diff_rows(state: ProposalState) -> tuple[list[list[Any]], list[list[Any]]]:
     """Every value's row (old, new, change, note), and the rows that change, in table order. `new` is what the
     decision applied when there is one (a person's value marked ✎, with the engineer's in the note), else what
     the engineer proposed (bold when it changes)."""
-    p = st.proposal
+    p = state.proposal
     reasons = {a["field"]: a["reason"] for a in p.adjustments}
-    engineer, applied = st.config, st.applied
+    engineer, applied = state.config, state.applied
     rows, changed = [], []
-    for c in diff(st.base, applied or engineer, frozenset(reasons)):
-        field = c.knob if c.size is None else f"{c.knob}[{c.size}]"
-        proposed = getattr(engineer, c.knob) if c.size is None else getattr(engineer, c.knob)[c.size]
-        by_person = applied is not None and proposed != c.new
+    for change in diff(state.base, applied or engineer, frozenset(reasons)):
+        field = change.knob if change.size is None else f"{change.knob}[{change.size}]"
+        proposed = getattr(engineer, change.knob)
+        proposed = proposed if change.size is None else proposed[change.size]
+        by_person = applied is not None and proposed != change.new
         notes = []
-        if c.adjusted and not by_person:
-            said = (p.parsed_config or {}).get(c.knob)
-            said = said.get(str(c.size), said.get(c.size)) if isinstance(said, dict) else said
+        if change.adjusted and not by_person:
+            said = (p.parsed_config or {}).get(change.knob)
+            said = said.get(str(change.size), said.get(change.size)) if isinstance(said, dict) else said
             notes.append(f"⚠ {reasons.get(field, 'adjusted')}" + (f" (engineer said {said})" if said is not None
                                                                    else ""))
         if by_person:
-            notes.append(f"{PERSON} set by {st.decision.user}; the engineer proposed {_fmt(proposed)}")
-        new = _fmt(c.new)
-        new = f"{PERSON} {new}" if by_person else (f"**{new}**" if c.change != 0 else new)
-        row = ["all" if c.size is None else c.size, c.knob, _fmt(c.old), new, _fmt(c.change, signed=True),
-               "; ".join(notes)]
+            notes.append(f"{PERSON} set by {state.decision.user}; the engineer proposed {_fmt(proposed)}")
+        new = _fmt(change.new)
+        new = f"{PERSON} {new}" if by_person else (f"**{new}**" if change.change != 0 else new)
+        row = ["all" if change.size is None else change.size, change.knob, _fmt(change.old), new,
+               _fmt(change.change, signed=True), "; ".join(notes)]
         rows.append(row)
-        if c.change != 0 or by_person:
+        if change.change != 0 or by_person:
             changed.append(row)
     return rows, changed
 
 
-def _status(st: ProposalState) -> str:
-    p, d = st.proposal, st.decision
+def _status(state: ProposalState) -> str:
+    p, d = state.proposal, state.decision
     title = f"**Proposal #{p.id}** by the `{p.engineer}` engineer, after stage {p.after_stage}, " \
             f"for stage {p.after_stage + 1} ({when(p.created_at)})."
     if d is not None:
@@ -192,8 +195,8 @@ def _status(st: ProposalState) -> str:
             done += f"  \nThe diff and the table show the config as stored with the decision ({PERSON}: the " \
                     "person's value, where it differs from the engineer's)."
         return done
-    if st.superseded:
-        return f"{title}  \n**Superseded**: {st.superseded}. It can no longer be decided."
+    if state.superseded:
+        return f"{title}  \n**Superseded**: {state.superseded}. It can no longer be decided."
     if p.error:
         return f"{title}  \n✗ **The proposal failed**: {p.error}. The config in force stays; edit it " \
                "below or reject to ask the engineer again."
@@ -211,15 +214,15 @@ def _fmt(value: Any, signed: bool = False) -> str:
 def proposal_preview(engine: Engine, proposal_id: int | None, n: int = 4) -> tuple[Any, str]:
     """A few boards the proposed config would generate (the config in force, for a failed proposal)."""
     try:
-        st = None if proposal_id is None else proposal_state(engine, int(proposal_id))
+        state = None if proposal_id is None else proposal_state(engine, int(proposal_id))
     except BAD_ROW as err:
         note = cannot_draw(f"Proposal {proposal_id}", None, err)
         return figures.empty_figure(note), note
-    if st is None:
+    if state is None:
         return figures.empty_figure("no proposal"), ""
-    seed = st.proposal.id
+    seed = state.proposal.id
     try:
-        boards = generate(st.applied or st.config, n, seed=seed)
+        boards = generate(state.applied or state.config, n, seed=seed)
     except GenerationError as err:
         return figures.empty_figure("this config cannot generate boards"), f"✗ {err}"
     panels = [(b, None, f"{b.size}x{b.size}, {len(b.holes)} holes{', needs a wait' if b.needs_wait else ''}")
@@ -237,16 +240,17 @@ def _edit_config(rows: Sequence[Sequence[Any]] | None, agents: Any, instances: A
     return config_from_table(rows or [], agents, instances)
 
 
-def _stored_text(st: ProposalState, projection: Projection) -> str:
+def _stored_text(engineer: EnvConfig, projection: Projection) -> str:
     """What an edit stores, against the engineer's proposal: each value that differs, and each share the
     projection rescaled so that data_ratio sums to 1 (with what was typed)."""
-    engineer, made = st.config, projection.config
+    made = projection.config
     typed = {a.field: a.old for a in projection.adjustments}
     parts = []
-    for c in diff(engineer, made):
-        field = c.knob if c.size is None else f"{c.knob}[{c.size}]"
-        if c.change != 0 or field in typed:
-            parts.append(f"{field} {_fmt(c.new)}" + (f" (you typed {_fmt(typed[field])})" if field in typed else ""))
+    for change in diff(engineer, made):
+        field = change.knob if change.size is None else f"{change.knob}[{change.size}]"
+        if change.change != 0 or field in typed:
+            parts.append(f"{field} {_fmt(change.new)}"
+                         + (f" (you typed {_fmt(typed[field])})" if field in typed else ""))
     text = ", ".join(parts) if parts else "the engineer's config as proposed (no value differs)"
     shares = [a.old for a in projection.adjustments if a.field.startswith("data_ratio[")]
     if shares:
@@ -274,7 +278,7 @@ def cell_marks(cells: Sequence[tuple[int, int]], table_id: str = "edit-config") 
     """A style that outlines the given cells of a Gradio table in red."""
     if not cells:
         return ""
-    chosen = ", ".join(f'#{table_id} [data-testid="cell-{r}-{c}"]' for r, c in cells)
+    chosen = ", ".join(f'#{table_id} [data-testid="cell-{row}-{col}"]' for row, col in cells)
     return f"<style>{chosen} {{ background: #fde2e2 !important; outline: 2px solid #d62728; }}</style>"
 
 
@@ -296,21 +300,21 @@ def rescaled(rows: Sequence[Sequence[Any]]) -> tuple[list[list[Any]], str]:
 
 
 def edit_check(engine: Engine, proposal_id: int | None, rows: Sequence[Sequence[Any]] | None, agents: Any,
-               instances: Any, st: ProposalState | None = None) -> tuple[str, bool, list[ConfigProblem]]:
+               instances: Any, state: ProposalState | None = None) -> tuple[str, bool, list[ConfigProblem]]:
     """While a person edits the table: what "Apply my edit" would store (the same projection `decide` makes),
     or the one line that says why it cannot be applied; whether it can; and the problems, to mark their cells.
-    `st`: the proposal's state when the caller read it already (one read per keystroke)."""
-    if st is None and proposal_id is not None:
-        st = proposal_state(engine, int(proposal_id))
-    if st is None or not st.pending:
+    `state`: the proposal's state when the caller read it already (one read per keystroke)."""
+    if state is None and proposal_id is not None:
+        state = proposal_state(engine, int(proposal_id))
+    if state is None or not state.pending:
         return "", True, []
     try:
-        projection = project(_edit_config(rows, agents, instances), st.base, strict=True)
+        projection = project_edit(_edit_config(rows, agents, instances), state.base, state.config)
     except ConfigError as err:
         return f"✗ This edit cannot be applied: {_problems(err)}.", False, list(err.records)
-    if projection.config == st.config and not projection.adjustments:
+    if projection.config == state.config and not projection.adjustments:
         return "The table is the engineer's proposal as it stands: *Accept* applies it.", True, []
-    return f"*Apply my edit* will store: {_stored_text(st, projection)}.", True, []
+    return f"*Apply my edit* will store: {_stored_text(state.config, projection)}.", True, []
 
 
 def decide_proposal(engine: Engine, proposal_id: int | None, action: str, user: str, note: str = "",
@@ -326,8 +330,8 @@ def decide_proposal(engine: Engine, proposal_id: int | None, action: str, user: 
         return "No proposal is open."
     edited = _edit_config(rows, agents, instances) if action == Action.EDIT else None
     try:  # one session: the decision, what it stores and the run's next step
-        done = decide_and_advance(engine, int(proposal_id), action, user, edited=edited, note=note or "",
-                                  probes=probes or None)
+        done, step = decide_and_advance(engine, int(proposal_id), action, user, edited=edited, note=note or "",
+                                        probes=probes or None)
     except AlreadyDecided as err:
         d = err.decision
         return (f"⚠ Someone decided first: proposal #{proposal_id} was already {DECIDED[d.action]} by "
@@ -336,10 +340,10 @@ def decide_proposal(engine: Engine, proposal_id: int | None, action: str, user: 
         return "✗ Not saved, the edit is not valid: " + _problems(err)
     except (ProposalError, LookupError) as err:
         return f"✗ {err}"
-    stored = None if done.projection is None else _stored_text(done.before, done.projection)
+    stored = None if done.edit is None else _stored_text(done.proposed, done.edit)
     said = f"✓ Proposal #{proposal_id} {DECIDED[action]} by {as_text(user)}"
     said += f"; stored: {stored}." if stored else "."
-    return f"{said} Next: {done.next_step}."
+    return f"{said} Next: {step.text}."
 
 
 def toggle_auto_apply(engine: Engine, run_id: int | None, on: bool) -> str:
@@ -348,7 +352,8 @@ def toggle_auto_apply(engine: Engine, run_id: int | None, on: bool) -> str:
     set_run_auto_apply(engine, run_id, bool(on))
     if not on:
         return f"Auto-apply is off for run #{run_id}: each proposal waits for a person."
-    return f"Auto-apply is on for run #{run_id}: proposals are accepted as they come. Now: {advance(engine, run_id)}."
+    step = advance(engine, run_id)
+    return f"Auto-apply is on for run #{run_id}: proposals are accepted as they come. Now: {step.text}."
 
 
 @dataclass(eq=False)
@@ -407,7 +412,7 @@ class ProposalTab:
         try:  # one read of the run's proposals: the choices and the one chosen among them agree
             states = [] if run_id is None else proposal_states(self.engine, run_id)
             choices = proposal_choices(self.engine, run_id, states)
-            ids = [c[1] for c in choices]
+            ids = [choice[1] for choice in choices]
             chosen = proposal_id if proposal_id in ids else (pending_of(self.engine, run_id, states) or
                                                               (ids[0] if ids else None))
         except BAD_ROW as err:  # this run's rows cannot be read: say so, and the other runs still draw
@@ -422,15 +427,15 @@ class ProposalTab:
         try:
             waiting = pending_of(self.engine, run_id)
             chosen = waiting if waiting is not None and (jump or shown is None) else shown
-            st = None if chosen is None else proposal_state(self.engine, int(chosen))
+            state = None if chosen is None else proposal_state(self.engine, int(chosen))
         except BAD_ROW:
             return self.show_all(run_id)
-        return self.show_all(run_id, chosen, edit_table=chosen != shown or st is None or not st.pending)
+        return self.show_all(run_id, chosen, edit_table=chosen != shown or state is None or not state.pending)
 
     def after_decision(self, run_id: int | None, proposal_id: int | None) -> dict[Any, Any]:
         """The proposal as it now stands: the config as stored once decided; a refused edit stays as typed."""
-        st = None if proposal_id is None else proposal_state(self.engine, int(proposal_id))
-        return self.show_all(run_id, proposal_id, edit_table=st is None or not st.pending)
+        state = None if proposal_id is None else proposal_state(self.engine, int(proposal_id))
+        return self.show_all(run_id, proposal_id, edit_table=state is None or not state.pending)
 
     def show_preview(self, proposal_id: int | None) -> dict[Any, Any]:
         fig, note = proposal_preview(self.engine, proposal_id)
@@ -439,9 +444,9 @@ class ProposalTab:
     def checker(self, proposal_id: int | None, rows: Any, agents: Any, instances: Any) -> dict[Any, Any]:
         """The edit checked as it is typed: what would be stored, or why not, with the bad cells marked (and
         then no decision button but Reject is enabled)."""
-        st = None if proposal_id is None else proposal_state(self.engine, int(proposal_id))  # the one read
-        text, ok, problems = edit_check(self.engine, proposal_id, rows, agents, instances, st)
-        pending = st is not None and st.pending
+        state = None if proposal_id is None else proposal_state(self.engine, int(proposal_id))  # the one read
+        text, ok, problems = edit_check(self.engine, proposal_id, rows, agents, instances, state)
+        pending = state is not None and state.pending
         marks = "" if ok else cell_marks(bad_cells(problems, rows or []))
         return {self.check: text, self.marks: marks, self.buttons[Action.ACCEPT]: gr.update(interactive=pending and ok),
                 self.buttons[Action.EDIT]: gr.update(interactive=pending and ok)}

@@ -53,7 +53,7 @@ def _review(engine: Engine, run_id: int, stage_index: int | None, plots: bool) -
     current = r.summaries.get(r.stage_index)
     drawn = _figures(r, current) if plots else dict.fromkeys(PLOTS)
     return dict(
-        note=_note(r, current), stages=[(f"stage {st.index} ({st.status})", st.index) for st in r.stages],
+        note=_note(r, current), stages=[(f"stage {stage.index} ({stage.status})", stage.index) for stage in r.stages],
         stage=r.stage_index, table=_stages_table(r), sizes=sorted(current.by_size) if current else [],
         kinds=r.failure_kinds, timeline=timeline(engine, run_id), **drawn)
 
@@ -85,7 +85,7 @@ def _note(r: StageReview, current: StageSummary | None) -> str:
         return (f"Stage {r.stage_index}: valid {_share(pooled, 'valid_rate')}, optimal "
                 f"{_share(pooled, 'optimal_rate')} over {pooled.episodes} validation boards.")
     if r.stage_index is not None:
-        status = next(st.status for st in r.stages if st.index == r.stage_index)
+        status = next(stage.status for stage in r.stages if stage.index == r.stage_index)
         return (f"Stage {r.stage_index} is {status} and has no evaluation yet: its results appear here when its "
                 "job ends (the Train tab shows its progress).")
     return "This run has no stages yet."
@@ -93,13 +93,13 @@ def _note(r: StageReview, current: StageSummary | None) -> str:
 
 def _stages_table(r: StageReview) -> dict[str, Any]:
     rows = []
-    for st in r.stages:
-        pooled = r.summaries[st.index].pooled if st.index in r.summaries else Tally()
+    for stage in r.stages:
+        pooled = r.summaries[stage.index].pooled if stage.index in r.summaries else Tally()
         source = "initial config"
-        if st.index in r.decided:
-            p, d = r.decided[st.index]
+        if stage.index in r.decided:
+            p, d = r.decided[stage.index]
             source = f"proposal #{p.id}, {DECIDED[d.action]} by {d.user}"
-        rows.append([st.index, st.status, source, _share(pooled, "valid_rate"), _share(pooled, "optimal_rate"),
+        rows.append([stage.index, stage.status, source, _share(pooled, "valid_rate"), _share(pooled, "optimal_rate"),
                      pooled.episodes])
     return table(["stage", "status", "config from", POOLED_VALID, POOLED_OPTIMAL, "episodes"], rows)
 
@@ -119,11 +119,11 @@ def timeline(engine: Engine, run_id: int | None) -> dict[str, Any]:
     shared = [RANDOM_SHARE] if any(step.config.random_share for step in steps) else []
     rows = []
     for step in steps:
-        c = step.config
-        for size in c.sizes:
+        config = step.config
+        for size in config.sizes:
             rows.append([step.stage_index, step.source, size,
-                         *(_cell(step.set_by, f"{k}[{size}]", getattr(c, k)[size]) for k in KNOBS),
-                         *(_cell(step.set_by, g, getattr(c, g)) for g in [*GLOBALS, *shared])])
+                         *(_cell(step.set_by, f"{k}[{size}]", getattr(config, k)[size]) for k in KNOBS),
+                         *(_cell(step.set_by, g, getattr(config, g)) for g in [*GLOBALS, *shared])])
     return table(headers + shared, rows)
 
 

@@ -20,8 +20,9 @@ from lab.loop import LoopError, missing_checkpoint
 from lab.pages.common import BAD_ROW, KNOB_COLUMNS, Page, config_from_table, config_rows, table, when
 from lab.pages.tempfiles import EXPORTS, FILES_AGE_S, sweep
 from lab.runs import new_run, run_list, waiting_proposals
-from lab.settings import MAX_BOARDS, MAX_STAGES, SEED, RunSettings
+from lab.settings import MAX_BOARDS, MAX_STAGES, SEED
 from lab.text import NAME_LIMIT, TEXT_LIMIT, as_text
+from storage.settings import RunSettings
 
 
 def ordered_runs(engine: Engine) -> list[Any]:
@@ -43,8 +44,8 @@ def runs_table(engine: Engine) -> dict[str, Any]:
         r = row.run
         engineer = r.engineer + (f" ({r.engineer_backend})" if r.engineer_backend else "")
         try:
-            stages = f"{row.trained}/{r.settings.get('stages', '?')} trained"
-            auto = "on" if r.settings.get("auto_apply") else "off"
+            stages = f"{row.trained}/{r.settings.stages} trained"
+            auto = "on" if r.settings.auto_apply else "off"
         except BAD_ROW:  # one run's unreadable settings leave the others' rows as they are
             stages, auto = "? (its settings are unreadable)", "?"
         w = waiting.get(r.id)

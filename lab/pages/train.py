@@ -101,14 +101,14 @@ def _progress_bar(job: Job | None, trace: str = "") -> str:
 def _run_status(progress: RunProgress) -> str:
     """The run in one Markdown paragraph; its name and its status reason (which quotes names and errors) as text."""
     run, stages = progress.run, progress.stages
-    trained = sum(st.status == StageStatus.DONE for st in stages[1:])
+    trained = sum(stage.status == StageStatus.DONE for stage in stages[1:])
     reason = as_text(run.status_reason)
     waiting = {RunStatus.WAITING: " **A proposal waits for your decision in the Proposal tab.**",
                RunStatus.FAILED: f" **{reason}**. Fix the cause, then *Resume* (retry), or switch "
                                  "the engineer below.",
                RunStatus.CANCELLED: f" {reason}. *Resume* picks it up again."}.get(run.status, "")
-    return (f"Run #{run.id} **{as_text(run.name)}** is **{run.status}**: {trained} of {run.settings['stages']} "
-            f"training stages done; stages: " + ", ".join(f"{st.index} {st.status}" for st in stages) + "."
+    return (f"Run #{run.id} **{as_text(run.name)}** is **{run.status}**: {trained} of {run.settings.stages} "
+            f"training stages done; stages: " + ", ".join(f"{stage.index} {stage.status}" for stage in stages) + "."
             + _shared(progress) + waiting)
 
 
@@ -150,7 +150,7 @@ def advance_run(engine: Engine, run_id: int | None) -> str:
     if run_id is None:
         return "No run is open."
     try:
-        return f"Run #{run_id}: {advance(engine, run_id)}."
+        return f"Run #{run_id}: {advance(engine, run_id).text}."
     except LoopError as err:
         return f"✗ {err}"
 
@@ -160,7 +160,7 @@ def resume_run(engine: Engine, run_id: int | None) -> str:
         return "No run is open."
     requeued = resume(engine, run_id)
     if not requeued:
-        return f"Run #{run_id}: nothing had failed; now {advance(engine, run_id)}."
+        return f"Run #{run_id}: nothing had failed; now {advance(engine, run_id).text}."
     return f"Run #{run_id}: queued job(s) {', '.join(map(str, requeued))} again (a stage resumes from its checkpoint)."
 
 
@@ -185,7 +185,7 @@ def switch_run_engineer(engine: Engine, run_id: int | None, engineer: str, backe
     except LoopError as err:
         return f"✗ {err}"
     return f"Run #{run_id} now asks the `{engineer}` engineer; resumed ({len(requeued)} job(s) queued again). " \
-        f"Now: {advance(engine, run_id)}."
+        f"Now: {advance(engine, run_id).text}."
 
 
 @dataclass(eq=False)

@@ -167,7 +167,7 @@ class Comparison:
 def comparison(engine: Engine, key: str | int) -> Comparison:
     """Read an experiment's runs and their validation results (`stage_summaries`, one query per run)."""
     experiment = find_experiment(engine, key)
-    stages = experiment.settings["stages"]
+    stages = experiment.settings.stages
     runs = {(r.arm, r.seed): r for r in experiment_runs(engine, experiment.id)}
     values: dict[Key, dict[int, float]] = {}
     episodes: dict[tuple[str, int, int, int], int] = {}
@@ -233,125 +233,130 @@ def points(x: float | None, signed: bool = False) -> str:
     return "-" if x is None else f"{x * 100:{'+' if signed else ''}.2f}"
 
 
-def compute_statement(c: Comparison) -> str:
+def compute_statement(compared: Comparison) -> str:
     """What every arm was given: the equal compute, in one paragraph."""
-    st = c.experiment.settings
-    grpo = st.get("grpo") or {}
+    settings = compared.experiment.settings
+    grpo = settings.grpo
     over = ", ".join(f"{k}={v}" for k, v in sorted(grpo.items())) or "the lab's defaults"
-    return (f"Policy {as_text(c.experiment.policy)}, {len(c.arms)} arms x {c.experiment.seeds} seeds (seeds "
-            f"0..{c.experiment.seeds - 1}). Equal compute by construction: every run trains {st['stages']} stages, "
-            f"each on {st['instances']} boards in {st['steps_per_stage']} GRPO steps "
-            f"({st['stages'] * st['steps_per_stage']} in all; GRPO settings: {over}); each stage, stage 0 included, "
-            f"is evaluated on {st['validation_boards']} validation boards ({st['validation_per_size']} per map size "
-            f"in the set). Seed k gives every arm the same stage-0 policy and the same validation boards. "
-            f"Scenario: {st.get('scenario')}." + _probe_statement(c))
+    return (f"Policy {as_text(compared.experiment.policy)}, {len(compared.arms)} arms x {compared.experiment.seeds} "
+            f"seeds (seeds 0..{compared.experiment.seeds - 1}). Equal compute by construction: every run trains "
+            f"{settings.stages} stages, each on {settings.instances} boards in {settings.steps_per_stage} "
+            f"GRPO steps ({settings.stages * settings.steps_per_stage} in all; GRPO settings: {over}); each "
+            f"stage, stage 0 included, is evaluated on {settings.validation_boards} validation boards "
+            f"({settings.validation_per_size} per map size in the set). Seed k gives every arm the same stage-0 "
+            f"policy and the same validation boards. "
+            f"Scenario: {settings.scenario}." + _probe_statement(compared))
 
 
-def _probe_statement(c: Comparison) -> str:
+def _probe_statement(compared: Comparison) -> str:
     """What arms spent measuring configs on the policy (`training.probe`) on top of the equal training compute."""
-    if not c.probe_compute:
+    if not compared.probe_compute:
         return ""
     spent = "; ".join(f"{as_text(arm)} sampled {t['completions']:,.0f} answers in {t['seconds']:,.0f} s over "
-                      f"{t['proposals']:.0f} proposals" for arm, t in c.probe_compute.items())
-    others = [a for a in c.arms if a not in c.probe_compute]
+                      f"{t['proposals']:.0f} proposals" for arm, t in compared.probe_compute.items())
+    others = [a for a in compared.arms if a not in compared.probe_compute]
     return (f" Measuring configs on the policy before proposing them is compute the training does not count: "
             f"{spent}" + (f"; {', '.join(as_text(a) for a in others)} spent none." if others else "."))
 
 
-def _stage_table(c: Comparison, rate: Rate) -> list[str]:
-    head = ["arm", *(f"stage {k}" for k in range(c.stages + 1)), "AUC"]
+def _stage_table(compared: Comparison, rate: Rate) -> list[str]:
+    head = ["arm", *(f"stage {k}" for k in range(compared.stages + 1)), "AUC"]
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
-    for arm in c.arms:
-        cells = [f"{cell(e)} ({seeds_text(e, of=c.seeds)})" if (e := c.estimate(arm, rate, k)) else "-"
-                 for k in [*range(c.stages + 1), AUC]]
+    for arm in compared.arms:
+        cells = [f"{cell(e)} ({seeds_text(e, of=compared.seeds)})" if (e := compared.estimate(arm, rate, k)) else "-"
+                 for k in [*range(compared.stages + 1), AUC]]
         lines.append(f"| {as_text(arm)} | " + " | ".join(cells) + " |")
     return lines
 
 
-def _pair_tables(c: Comparison, rate: Rate = Rate.VALID) -> list[str]:
+def _pair_tables(compared: Comparison, rate: Rate = Rate.VALID) -> list[str]:
     """Per stage after 0 (and the AUC), every pair of arms: the paired difference's mean and t interval, the sd
     of the differences, the difference this many seeds detect with 80% power, and every seed's difference."""
     lines: list[str] = []
-    for k in [*range(1, c.stages + 1), AUC]:
+    for k in [*range(1, compared.stages + 1), AUC]:
         lines += ["", f"### {'AUC' if k == AUC else f'Stage {k}'}",
                   "| difference | mean [95% t interval] | sd | detectable (80% power) | every seed |",
                   "|---|---|---|---|---|"]
         lines += ["| " + " | ".join([as_text(pair), *cells]) + " |"
-                  for pair, *cells in difference_table_rows(c, rate, k)[1]]
+                  for pair, *cells in difference_table_rows(compared, rate, k)[1]]
     return lines
 
 
-def _difference_table(c: Comparison) -> list[str]:
-    head = ["arm", *(f"stage {k}" for k in range(c.stages + 1)), "AUC"]
+def _difference_table(compared: Comparison) -> list[str]:
+    head = ["arm", *(f"stage {k}" for k in range(compared.stages + 1)), "AUC"]
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
-    for arm in c.arms:
-        if arm != c.baseline:
-            cells = [cell(c.difference(arm, Rate.VALID, k), signed=True) for k in [*range(c.stages + 1), AUC]]
+    for arm in compared.arms:
+        if arm != compared.baseline:
+            cells = [cell(compared.difference(arm, Rate.VALID, k), signed=True)
+                     for k in [*range(compared.stages + 1), AUC]]
             lines.append(f"| {as_text(arm)} | " + " | ".join(cells) + " |")
     return lines
 
 
-def _seed_table(c: Comparison, rate: Rate) -> list[str]:
-    head = ["arm", "seed", "run", *(f"stage {k}" for k in range(c.stages + 1)), "AUC"]
+def _seed_table(compared: Comparison, rate: Rate) -> list[str]:
+    head = ["arm", "seed", "run", *(f"stage {k}" for k in range(compared.stages + 1)), "AUC"]
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
-    for arm in c.arms:
-        for seed in c.seeds:
-            run = c.runs.get((arm, seed))
+    for arm in compared.arms:
+        for seed in compared.seeds:
+            run = compared.runs.get((arm, seed))
             if run is None:
                 continue
-            cells = [pct(v[seed]) if seed in (v := c.values.get((arm, rate, k, POOLED), {})) else "-"
-                     for k in [*range(c.stages + 1), AUC]]
+            cells = [pct(v[seed]) if seed in (v := compared.values.get((arm, rate, k, POOLED), {})) else "-"
+                     for k in [*range(compared.stages + 1), AUC]]
             lines.append(f"| {as_text(arm)} | {seed} | {run.id} ({run.status}) | " + " | ".join(cells) + " |")
     return lines
 
 
-def size_rows(c: Comparison, rate: Rate = Rate.VALID) -> tuple[list[str], list[list[str]]]:
+def size_rows(compared: Comparison, rate: Rate = Rate.VALID) -> tuple[list[str], list[list[str]]]:
     """The last stage's rate per map size: (headers, one row per arm of `cell` texts)."""
-    headers = ["arm", *(f"{s}x{s}" for s in c.sizes), "all"]
-    rows = [[arm, *(cell(c.estimate(arm, rate, c.stages, s)) for s in [*c.sizes, POOLED])] for arm in c.arms]
+    headers = ["arm", *(f"{s}x{s}" for s in compared.sizes), "all"]
+    rows = [[arm, *(cell(compared.estimate(arm, rate, compared.stages, s)) for s in [*compared.sizes, POOLED])]
+            for arm in compared.arms]
     return headers, rows
 
 
-def difference_table_rows(c: Comparison, rate: Rate = Rate.VALID,
+def difference_table_rows(compared: Comparison, rate: Rate = Rate.VALID,
                           stage: int | None = None) -> tuple[list[str], list[list[str]]]:
     """Every pair of arms at `stage` (default the last): (headers, one row per pair of texts): the paired difference
     with its t interval, the sd of the differences, the difference detectable with 80% power, every seed's."""
-    k = c.stages if stage is None else stage
+    k = compared.stages if stage is None else stage
     headers = ["difference", "mean [95% t interval]", "sd", "detectable (80% power)", "every seed"]
     rows = [[f"{arm} - {against}", cell(d, signed=True), points(d.sd if len(d.values) > 1 else None),
              points(d.detectable),
-             seeds_text(d, signed=True, of=c.seeds)]
-            for arm, against in c.pairs() if (d := c.difference(arm, rate, k, against=against)) is not None]
+             seeds_text(d, signed=True, of=compared.seeds)]
+            for arm, against in compared.pairs()
+            if (d := compared.difference(arm, rate, k, against=against)) is not None]
     return headers, rows
 
 
-def report_markdown(c: Comparison) -> str:
+def report_markdown(compared: Comparison) -> str:
     """The experiment's report as Markdown (what `envlab experiment report` prints); every name and the description
     as text (`lab.text.as_text`)."""
-    e = c.experiment
-    headers, rows = size_rows(c)
-    done = sum(r.status == "done" for r in c.runs.values())
+    e = compared.experiment
+    headers, rows = size_rows(compared)
+    done = sum(r.status == "done" for r in compared.runs.values())
     lines = [f"# Experiment {as_text(e.name)}", "", *([as_text(e.description), ""] if e.description else []),
-             compute_statement(c), "",
-             f"Runs: {done} of {len(c.runs)} done. Arms: " + ", ".join(
+             compute_statement(compared), "",
+             f"Runs: {done} of {len(compared.runs)} done. Arms: " + ", ".join(
                  f"{as_text(a['name'])} ({a['engineer']}"
                  + (f", {as_text(a['backend'])}, context {a['context']}" if a["backend"] else "") + ")"
                  for a in e.arms) + ".", "",
              "Each cell: the mean over seeds, its 95% Student-t interval over seeds (n - 1 degrees of freedom), "
              "then every seed's value in seed order (points), after the seeds where an arm lacks some. AUC: the "
-             f"area under the curve over stages 0..{c.stages} by the trapezoid rule, divided by {c.stages}: the "
-             "curve's mean rate.", "",
-             "## Validation valid rate", *_stage_table(c, Rate.VALID), "",
-             "## Validation optimal rate", *_stage_table(c, Rate.OPTIMAL), "",
-             f"## Valid rate minus {as_text(c.baseline)}, paired by seed (points)", *_difference_table(c), "",
+             f"area under the curve over stages 0..{compared.stages} by the trapezoid rule, divided by "
+             f"{compared.stages}: the curve's mean rate.", "",
+             "## Validation valid rate", *_stage_table(compared, Rate.VALID), "",
+             "## Validation optimal rate", *_stage_table(compared, Rate.OPTIMAL), "",
+             f"## Valid rate minus {as_text(compared.baseline)}, paired by seed (points)",
+             *_difference_table(compared), "",
              "## Differences between arms, paired by seed (valid rate, points)", "",
              "Per seed, one arm's rate minus the other's on the same seed (the same stage-0 policy and validation "
              "boards); the mean of those differences with its paired t interval (n - 1 degrees of freedom), their "
              "standard deviation, and the smallest true difference a two-sided paired t test at alpha "
              f"{ALPHA:g} detects with {POWER:.0%} power with this many seeds, were the sd the one observed. "
-             "Stage 0 is the same policy for every arm: no difference there.", *_pair_tables(c), "",
-             "## Every seed (valid rate)", *_seed_table(c, Rate.VALID), "",
-             f"## Stage {c.stages} by map size (valid rate)", "| " + " | ".join(headers) + " |",
+             "Stage 0 is the same policy for every arm: no difference there.", *_pair_tables(compared), "",
+             "## Every seed (valid rate)", *_seed_table(compared, Rate.VALID), "",
+             f"## Stage {compared.stages} by map size (valid rate)", "| " + " | ".join(headers) + " |",
              "|---" * len(headers) + "|", *("| " + " | ".join([as_text(arm), *cells]) + " |" for arm, *cells in rows)]
     return "\n".join(lines) + "\n"
 
@@ -359,59 +364,59 @@ def report_markdown(c: Comparison) -> str:
 # ---------------------------------------------------------------- files
 
 
-def seed_rows(c: Comparison) -> tuple[list[str], list[list]]:
+def seed_rows(compared: Comparison) -> tuple[list[str], list[list]]:
     """One row per (arm, seed, stage): the pooled rates and each size's (runs.csv)."""
     header = ["experiment", "arm", "seed", "run_id", "stage", "episodes", "valid_rate", "optimal_rate",
-              *(f"{r}_rate_{s}" for r in Rate for s in c.sizes)]
+              *(f"{r}_rate_{s}" for r in Rate for s in compared.sizes)]
     rows = []
-    for arm in c.arms:
-        for seed in c.seeds:
-            run = c.runs.get((arm, seed))
-            for k in range(c.stages + 1):
-                if run is None or (arm, seed, k, POOLED) not in c.episodes:
+    for arm in compared.arms:
+        for seed in compared.seeds:
+            run = compared.runs.get((arm, seed))
+            for k in range(compared.stages + 1):
+                if run is None or (arm, seed, k, POOLED) not in compared.episodes:
                     continue
                 def value(rate: Rate, size: int, k: int = k, arm: str = arm, seed: int = seed) -> float | str:
-                    return c.values.get((arm, rate, k, size), {}).get(seed, "")
+                    return compared.values.get((arm, rate, k, size), {}).get(seed, "")
 
-                rows.append([c.experiment.name, arm, seed, run.id, k, c.episodes[(arm, seed, k, POOLED)],
-                             *(value(r, POOLED) for r in Rate), *(value(r, s) for r in Rate for s in c.sizes)])
+                rows.append([compared.experiment.name, arm, seed, run.id, k, compared.episodes[(arm, seed, k, POOLED)],
+                             *(value(r, POOLED) for r in Rate), *(value(r, s) for r in Rate for s in compared.sizes)])
     return header, rows
 
 
-def summary_rows(c: Comparison) -> tuple[list[str], list[list]]:
+def summary_rows(compared: Comparison) -> tuple[list[str], list[list]]:
     """One row per (arm, rate, stage or `auc`, size or `all`): seeds, mean, interval, paired difference."""
-    header = ["arm", "rate", "stage", "size", "seeds", "mean", "low", "high", "sd", f"diff_vs_{c.baseline}_mean",
+    header = ["arm", "rate", "stage", "size", "seeds", "mean", "low", "high", "sd", f"diff_vs_{compared.baseline}_mean",
               "diff_low", "diff_high", "diff_sd", "diff_detectable"]
     rows = []
-    for arm in c.arms:
+    for arm in compared.arms:
         for rate in Rate:
-            for k in [*range(c.stages + 1), AUC]:
-                for size in [POOLED, *(c.sizes if k != AUC else [])]:
-                    e = c.estimate(arm, rate, k, size)
+            for k in [*range(compared.stages + 1), AUC]:
+                for size in [POOLED, *(compared.sizes if k != AUC else [])]:
+                    e = compared.estimate(arm, rate, k, size)
                     if e is None:
                         continue
-                    d = c.difference(arm, rate, k, size)
+                    d = compared.difference(arm, rate, k, size)
                     rows.append([arm, rate.value, "auc" if k == AUC else k, "all" if size == POOLED else size,
                                  len(e.seeds), e.mean, e.low, e.high, e.sd,
                                  *((d.mean, d.low, d.high, d.sd, d.detectable) if d else ("",) * 5)])
     return header, rows
 
 
-def difference_rows(c: Comparison) -> tuple[list[str], list[list]]:
+def difference_rows(compared: Comparison) -> tuple[list[str], list[list]]:
     """One row per (pair of arms, rate, stage or `auc`), pooled: the paired difference, its t interval, sd, the
     difference detectable with 80% power, and every seed's difference (differences.csv)."""
     header = ["arm", "against", "rate", "stage", "seeds", "mean", "low", "high", "sd", "detectable",
-              *(f"seed_{k}" for k in c.seeds)]
+              *(f"seed_{k}" for k in compared.seeds)]
     rows = []
-    for arm, against in c.pairs():
+    for arm, against in compared.pairs():
         for rate in Rate:
-            for k in [*range(c.stages + 1), AUC]:
-                d = c.difference(arm, rate, k, against=against)
+            for k in [*range(compared.stages + 1), AUC]:
+                d = compared.difference(arm, rate, k, against=against)
                 if d is not None:
                     by_seed = dict(zip(d.seeds, d.values, strict=True))
                     rows.append([arm, against, rate.value, "auc" if k == AUC else k, len(d.seeds), d.mean, d.low,
                                  d.high, d.sd, "" if d.detectable is None else d.detectable,
-                                 *(by_seed.get(k2, "") for k2 in c.seeds)])
+                                 *(by_seed.get(k2, "") for k2 in compared.seeds)])
     return header, rows
 
 
@@ -422,19 +427,19 @@ def _write_csv(path: Path, header: list[str], rows: list[list]) -> None:
         writer.writerows(rows)
 
 
-def write_report(c: Comparison, out: Path) -> dict[str, Path | str]:
+def write_report(compared: Comparison, out: Path) -> dict[str, Path | str]:
     """Write `report.md`, `runs.csv`, `summary.csv`, `differences.csv` and `curves.png` into `out`; returns what was
     written (the PNG's entry is the reason instead when it could not be drawn, e.g. no Chromium for kaleido)."""
     out.mkdir(parents=True, exist_ok=True)
     written: dict[str, Path | str] = {"report": out / "report.md", "runs": out / "runs.csv",
                                       "summary": out / "summary.csv", "differences": out / "differences.csv",
                                       "figure": out / "curves.png"}
-    written["report"].write_text(report_markdown(c))
-    _write_csv(written["runs"], *seed_rows(c))
-    _write_csv(written["summary"], *summary_rows(c))
-    _write_csv(written["differences"], *difference_rows(c))
+    written["report"].write_text(report_markdown(compared))
+    _write_csv(written["runs"], *seed_rows(compared))
+    _write_csv(written["summary"], *summary_rows(compared))
+    _write_csv(written["differences"], *difference_rows(compared))
     try:
-        curves_figure(c, tuple(Rate)).write_image(written["figure"], width=1200, height=520, scale=2)
+        curves_figure(compared, tuple(Rate)).write_image(written["figure"], width=1200, height=520, scale=2)
     except Exception as err:  # kaleido needs a Chromium; the numbers are written whatever happens here
         written["figure"] = f"not drawn ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})"
     return written
@@ -448,15 +453,15 @@ def _rgba(colour: str, alpha: float) -> str:
     return f"rgba({r},{g},{b},{alpha})"
 
 
-def curves_figure(c: Comparison, rates: tuple[Rate, ...] = (Rate.VALID,)) -> go.Figure:
+def curves_figure(compared: Comparison, rates: tuple[Rate, ...] = (Rate.VALID,)) -> go.Figure:
     """Per rate, one panel: for each arm (one colour each) its mean curve over stages (trace named by the arm),
     its 95% interval as a band (`<arm> interval`) and one dot per seed (`<arm> seeds`)."""
     fig = make_subplots(rows=1, cols=len(rates), subplot_titles=[f"validation {r} rate" for r in rates])
     palette = qualitative.Plotly
     for col, rate in enumerate(rates, 1):
-        for i, arm in enumerate(c.arms):
+        for i, arm in enumerate(compared.arms):
             colour = palette[i % len(palette)]
-            found = [(k, e) for k in range(c.stages + 1) if (e := c.estimate(arm, rate, k)) is not None]
+            found = [(k, e) for k in range(compared.stages + 1) if (e := compared.estimate(arm, rate, k)) is not None]
             if not found:
                 continue
             xs = [k for k, _ in found]
@@ -471,7 +476,7 @@ def curves_figure(c: Comparison, rates: tuple[Rate, ...] = (Rate.VALID,)) -> go.
                                      hovertemplate=f"{arm}, stage %{{x}}: %{{y:.1%}} [%{{customdata[0]:.1%}}, "
                                                    "%{customdata[1]:.1%}] over %{customdata[2]} seeds<extra></extra>"),
                           row=1, col=col)
-            offset = (i - (len(c.arms) - 1) / 2) * 0.06  # arms' dots a little apart
+            offset = (i - (len(compared.arms) - 1) / 2) * 0.06  # arms' dots a little apart
             dots = [(k + offset, v, seed) for k, e in found for seed, v in zip(e.seeds, e.values, strict=True)]
             fig.add_trace(go.Scatter(x=[d[0] for d in dots], y=[d[1] for d in dots], mode="markers",
                                      name=f"{arm} seeds", legendgroup=arm, showlegend=False,
@@ -484,6 +489,6 @@ def curves_figure(c: Comparison, rates: tuple[Rate, ...] = (Rate.VALID,)) -> go.
     fig.update_layout(height=460, margin=dict(l=50, r=10, t=90, b=40), plot_bgcolor="white",
                       font=dict(family="system-ui, sans-serif", size=13),  # the legend above the subplot titles
                       legend=dict(orientation="h", x=1, xanchor="right", y=1.1, yanchor="bottom"),
-                      title=dict(text=f"Experiment {c.experiment.name}: mean over seeds, 95% interval, one dot per "
-                                      "seed", x=0.01, font=dict(size=14)))
+                      title=dict(text=f"Experiment {compared.experiment.name}: mean over seeds, 95% interval, one "
+                                      "dot per seed", x=0.01, font=dict(size=14)))
     return fig

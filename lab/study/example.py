@@ -38,7 +38,7 @@ DESCRIPTION = ("Example: a real 3-stage run shipped with envlab (assets/example-
 
 def ensure_example(engine: Engine, path: str | Path | None = None) -> int | None:
     """Import the example run (`path`, default `EXAMPLE`) into a database that holds no run yet, mark it
-    (`settings["example"]`) and return its id; None when the database holds a run already. Raises
+    (`settings.example`) and return its id; None when the database holds a run already. Raises
     `lab.archive.ArchiveError` for a missing or unreadable file, or when another process imported it meanwhile
     (the archive refuses a run twice)."""
     with session(engine) as s:
@@ -47,7 +47,7 @@ def ensure_example(engine: Engine, path: str | Path | None = None) -> int | None
     run_id = import_run(engine, EXAMPLE if path is None else path)
     with session(engine) as s:
         run = s.get(Run, run_id)
-        run.settings = {**run.settings, "example": True}  # a new dict: JSON columns do not track edits inside one
+        run.settings = run.settings.model_copy(update={"example": True})  # a new value: the record is frozen
         s.add(run)
         s.commit()
     return run_id

@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
 from sqlalchemy import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, func, select
@@ -38,10 +37,10 @@ from lab.engineers import ENGINEERS
 from lab.jobs.worker import split_gpus, start_worker, visible_gpus
 from lab.loop import LoopError, advance, check_engineer, check_policy, create_run, queue_benchmark, resume
 from lab.runs import benchmark_checkpoints
-from lab.settings import RunSettings, first_error
 from lab.text import NAME_LIMIT, TEXT_LIMIT, too_long
 from storage.db import runs_root, session
 from storage.models import ACTIVE_JOB, Experiment, Job, JobKind, JobStatus, Run, RunStatus, Stage, StageStatus
+from storage.settings import ExperimentSettings, RunSettings, SettingsError
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "assets" / "scenarios"
 DEFAULT_SCENARIO = "default"
@@ -126,24 +125,20 @@ def load_scenario(name: str = DEFAULT_SCENARIO) -> Scenario:
 # ---------------------------------------------------------------- creating one
 
 
-def compute_settings(*, policy: str, config: EnvConfig, settings: RunSettings) -> dict[str, Any]:
-    """What every run of the experiment shares and the compute it buys, as the experiment records it: the runs'
-    settings whole (`run`), and the figures a report quotes beside them."""
-    from training.policy import prompt_style_of  # torch loads here, for the one command that creates experiments
-    from training.stage import StageError, planned_steps
+def compute_settings(*, policy: str, config: EnvConfig, settings: RunSettings, scenario: str) -> ExperimentSettings:
+    """What every run of the experiment shares (its settings whole, the initial config) and the compute it buys,
+    as the experiment records it: a stage's GRPO steps as TRL counts them and the validation boards."""
+    from training.settings import check_grpo  # torch loads here, for the one command that creates experiments
 
     per_size = settings.validation_per_size or VALIDATION_PER_SIZE
     try:
-        steps = planned_steps(config.num_instances, settings.grpo, prompt_style_of(policy))
-    except (ValueError, StageError) as err:
+        steps = check_grpo(settings, config.num_instances, policy)
+    except SettingsError as err:
         raise ExperimentError(str(err)) from err
     boards = default_validation_boards(per_size)
     subset = settings.validation_boards
-    return {"stages": settings.stages, "instances": config.num_instances, "grpo": settings.grpo,
-            "steps_per_stage": steps, "validation_per_size": per_size,
-            "validation_boards": min(subset, boards) if subset else boards, "validation_subset": subset,
-            "dev_per_size": settings.dev_per_size, "config": config.model_dump(mode="json"), "auto_apply": True,
-            "base_url": settings.base_url, "lora": settings.lora, "run": settings.stored()}
+    return ExperimentSettings(run=settings, config=config, steps_per_stage=steps, validation_per_size=per_size,
+                              validation_boards=min(subset, boards) if subset else boards, scenario=scenario)
 
 
 def create_experiment(engine: Engine, *, name: str, arms: Sequence[str | Arm], seeds: int, settings: RunSettings,
@@ -187,8 +182,7 @@ def create_experiment(engine: Engine, *, name: str, arms: Sequence[str | Arm], s
             check_engineer(arm.engineer, arm.backend, policy)
         except LoopError as err:
             raise ExperimentError(f"arm {arm.name!r}: {err}") from None
-    recorded = compute_settings(policy=policy, config=config, settings=settings)
-    recorded.update(scenario=origin)
+    recorded = compute_settings(policy=policy, config=config, settings=settings, scenario=origin)
     with session(engine) as s:
         experiment = Experiment(name=name, description=description, policy=policy, seeds=seeds, settings=recorded,
                                 arms=[{"name": a.name, "engineer": a.engineer, "backend": a.backend,
@@ -200,21 +194,6 @@ def create_experiment(engine: Engine, *, name: str, arms: Sequence[str | Arm], s
             raise ExperimentError(f"an experiment named {name!r} exists already") from None
         _create_runs(s, experiment, parsed)
     return experiment
-
-
-def run_settings(experiment: Experiment) -> RunSettings:
-    """The settings every run of `experiment` shares (an experiment stored before they were kept whole: read
-    from the figures it recorded)."""
-    st = experiment.settings
-    stored = st.get("run") or {"stages": st["stages"], "grpo": st["grpo"], "base_url": st.get("base_url"),
-                               "lora": st.get("lora", 0), "validation_boards": st.get("validation_subset"),
-                               "validation_per_size": st["validation_per_size"],
-                               "dev_per_size": st.get("dev_per_size")}
-    try:
-        return RunSettings.model_validate({k: v for k, v in stored.items() if v is not None} | {"auto_apply": True})
-    except ValidationError as err:
-        raise ExperimentError(f"experiment {experiment.name!r}: its run settings are not valid: "
-                              f"{first_error(err)}") from None
 
 
 def _run_name(experiment: str, arm: str, seed: int) -> str:
@@ -233,8 +212,7 @@ def _check_run_names(experiment: str, arms: Sequence[Arm], seeds: int) -> None:
 
 def _create_runs(s: Session, experiment: Experiment, arms: Sequence[Arm]) -> None:
     """Queue the runs of `arms` (every seed, seed-major), from the settings every run of `experiment` shares."""
-    shared = run_settings(experiment)
-    config = EnvConfig.model_validate(experiment.settings["config"])
+    shared, config = experiment.settings.run, experiment.settings.config
     for seed in range(experiment.seeds):
         for arm in arms:
             try:
@@ -279,8 +257,6 @@ def add_arms(engine: Engine, key: str | int, arms: Sequence[str | Arm]) -> list[
 # steps on the same number of boards from the same start and are scored on the same validation boards. The dev
 # split is not among them: it is what the reading engineers read, so adopt a reading arm's runs only where they
 # reproduce (docs/experiments.md, "Adopting runs").
-COMPUTE_KEYS = ("stages", "instances", "grpo", "steps_per_stage", "validation_per_size", "validation_boards",
-                "validation_subset", "config", "lora")
 
 
 def _started(s: Session, run_id: int) -> bool:
@@ -298,7 +274,7 @@ def _source_runs(other: Engine, experiment: Experiment, source: Path, arm: str, 
         theirs = find_experiment(other, source_experiment or experiment.name)
     except ExperimentError as err:
         raise ExperimentError(f"{source}: {err}") from None
-    there, here = ({**{k: e.settings.get(k) for k in COMPUTE_KEYS}, "policy": e.policy}
+    there, here = ({**e.settings.compute(), "policy": e.policy}
                    for e in (theirs, experiment))
     differ = [f"{k} ({there[k]!r} there, {here[k]!r} here)" for k in here if there[k] != here[k]]
     if differ:
@@ -324,7 +300,8 @@ def adopt_runs(engine: Engine, key: str | int, source: str | Path, arm: str, see
     read from a copy: it is never changed) into experiment `key` as that arm's seeds, each with new ids.
 
     The source experiment (named `source_experiment`, default this one's name) must agree with this one on
-    every key of `COMPUTE_KEYS` and the policy, and each source run must be done and ran the arm's engineer.
+    every figure of `ExperimentSettings.compute` and the policy, and each source run must be done and ran the arm's
+    engineer.
     This experiment's own run of that arm and seed must not have started: it is cancelled and detached
     (`experiment_id` NULL), its queued jobs cancelled. Everything is checked before anything is stored.
     Returns (source run id, adopted run) pairs.
@@ -426,7 +403,7 @@ class ExperimentProgress:
 
     @property
     def total(self) -> int:
-        return len(self.runs) * (self.experiment.settings["stages"] + 1)
+        return len(self.runs) * (self.experiment.settings.stages + 1)
 
     @property
     def done(self) -> int:
@@ -480,7 +457,7 @@ def restart(engine: Engine, experiment_id: int) -> list[str]:
         state = advance(engine, run.id)
         if requeued or run.status in (RunStatus.FAILED, RunStatus.CANCELLED):
             lines.append(f"run {run.id} ({run.arm}, seed {run.seed}) was {run.status}: "
-                         f"{len(requeued)} job(s) queued again; now {state}")
+                         f"{len(requeued)} job(s) queued again; now {state.text}")
     return lines
 
 
@@ -488,7 +465,7 @@ def queue_benchmarks(engine: Engine, experiment_id: int) -> list[str]:
     """Queue the 3,150-board benchmark for each finished run's last stage, once; one line per run."""
     lines = []
     for run in experiment_runs(engine, experiment_id):
-        last = run.settings["stages"]
+        last = run.settings.stages
         if run.status != RunStatus.DONE:
             lines.append(f"run {run.id} ({run.arm}, seed {run.seed}): not done yet ({run.status})")
             continue
@@ -512,7 +489,7 @@ def _benchmarks_pending(engine: Engine, experiment_id: int) -> int:
         statuses = {status for run_id, status in ended if run_id == run.id}
         if not statuses:
             try:
-                queue_benchmark(engine, run.id, run.settings["stages"])
+                queue_benchmark(engine, run.id, run.settings.stages)
             except LoopError:
                 continue  # evaluated already (by an earlier command)
             pending += 1
@@ -595,7 +572,7 @@ def benchmark_choices(engine: Engine) -> list[tuple[str, str]]:
     first, grouped by experiment, arm and seed (`exp NAME / ARM / seed K, stage S`), then the other runs."""
     checkpoints = benchmark_checkpoints(engine)
     with session(engine) as s:
-        runs = {r.id: r for r in s.exec(select(Run).where(Run.id.in_([c[0] for c in checkpoints])))}
+        runs = {r.id: r for r in s.exec(select(Run).where(Run.id.in_([run_stage[0] for run_stage in checkpoints])))}
         names = {e.id: e.name for e in s.exec(select(Experiment))}
     grouped, others = [], []
     for run_id, stage_index, name in checkpoints:
@@ -611,4 +588,4 @@ def benchmark_choices(engine: Engine) -> list[tuple[str, str]]:
 
 def default_validation_boards(per_size: int = VALIDATION_PER_SIZE) -> int:
     """Boards in a validation set of `per_size` boards per map size (sizes 3..10)."""
-    return sum(c.count for c in validation_cells(per_size))
+    return sum(cell.count for cell in validation_cells(per_size))

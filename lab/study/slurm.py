@@ -40,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import Engine, update
 from sqlmodel import select
 
-from lab.jobs.worker import handlers, run_worker, visible_gpus
+from lab.jobs.worker import WorkerOptions, handlers, run_worker, visible_gpus
 from lab.loop import advance, after_job, cancel, resume
 from lab.study.experiments import (
     ENDED,
@@ -294,8 +294,9 @@ class SlurmTask:
         # task's GPUs), whose memory is given back when it ends; a signal that stops the task ends the child's
         # process group too (`lab.jobs.worker.run_child`) and hands the job back.
         try:
-            return run_worker(engine, handlers(), worker_id=me.worker, poll_s=self.poll_s, stale_s=self.stale_s,
-                              after=after, claimed=claimed, idle_exit_s=self.idle_exit_s, gpus=visible_gpus())
+            options = WorkerOptions(worker_id=me.worker, poll_s=self.poll_s, stale_s=self.stale_s, after=after,
+                                    claimed=claimed, idle_exit_s=self.idle_exit_s, gpus=visible_gpus())
+            return run_worker(engine, handlers(), options)
         except Stopped as err:
             job_id = self._current
             self._release(f"{err}: stopped (scancel, time limit or preemption) during the job")
@@ -329,7 +330,7 @@ class SlurmTask:
 
 
 def require_slurm() -> None:
-    absent = [c for c in ("sbatch", "scontrol", "scancel") if shutil.which(c) is None]
+    absent = [command for command in ("sbatch", "scontrol", "scancel") if shutil.which(command) is None]
     if absent:
         raise SlurmError(f"no {', '.join(absent)} on PATH: run this on a machine of the cluster (a login node) "
                          "with Slurm's commands")
@@ -464,7 +465,7 @@ def experiment_arrays(engine: Engine, experiment_id: int) -> list[str]:
     """The Slurm arrays submitted for an experiment, and any other whose tasks ran its jobs."""
     with session(engine) as s:
         experiment = s.get(Experiment, experiment_id)
-        listed = [str(a) for a in (experiment.settings or {}).get("slurm_arrays", []) if str(a).isdigit()]
+        listed = [a for a in experiment.settings.slurm_arrays if a.isdigit()]
         run_ids = [r.id for r in s.exec(select(Run).where(Run.experiment_id == experiment_id))]
         recorded = {sl.array for j in s.exec(select(Job).where(Job.run_id.in_(run_ids))) if (sl := SlurmJob.of(j))}
     return sorted(set(listed) | recorded, key=lambda a: (len(a), a))
@@ -473,8 +474,8 @@ def experiment_arrays(engine: Engine, experiment_id: int) -> list[str]:
 def _note_array(engine: Engine, experiment_id: int, arrays: Sequence[str]) -> None:
     with session(engine) as s:
         experiment = s.get(Experiment, experiment_id)
-        experiment.settings = {**experiment.settings,
-                               "slurm_arrays": [*experiment.settings.get("slurm_arrays", []), *arrays]}
+        experiment.settings = experiment.settings.model_copy(
+            update={"slurm_arrays": [*experiment.settings.slurm_arrays, *map(str, arrays)]})
         s.add(experiment)
         s.commit()
 
@@ -615,7 +616,8 @@ def stage_jobs(engine: Engine, run_ids: Sequence[int]) -> list[StageJob]:
         jobs: dict[tuple[int, int], Job] = {}
         for j in s.exec(select(Job).where(Job.run_id.in_(list(run_ids)), Job.kind == JobKind.STAGE).order_by(Job.id)):
             jobs[(j.run_id, j.target)] = j
-    return [StageJob(runs[st.run_id], st.index, str(st.status), jobs.get((st.run_id, st.index))) for st in stages]
+    return [StageJob(runs[stage.run_id], stage.index, str(stage.status), jobs.get((stage.run_id, stage.index)))
+            for stage in stages]
 
 
 SLURM_HEADERS = ["run", "arm", "seed", "stage", "status", "job", "slurm job", "node", "state", "log"]

@@ -18,13 +18,13 @@ from sqlmodel import SQLModel, select
 
 from lab.archive import ArchiveError, export_run, import_run, read_manifest, run_tables
 from lab.cli import main
-from lab.jobs.worker import run_worker
+from lab.jobs.worker import WorkerOptions, run_worker
 from lab.loop import advance, create_run, drive, resume, stages_of
 from lab.proposals import current_proposal, decide
-from lab.settings import RunSettings
 from storage.db import checkpoint_of, make_engine, upgrade
 from storage.db import session as open_session
 from storage.models import Episode, Priority, Run, Stage
+from storage.settings import RunSettings
 from tests.recorded import BOARDS, CONFIG, build_run, counts, fake_checkpoints, work
 
 TRAVELLING = ["runs", "stages", "proposals", "decisions", "jobs", "episodes", "stage_metrics", "training_logs"]
@@ -163,8 +163,8 @@ def test_an_imported_run_carries_on_in_its_new_lab(engine, new_database, tmp_pat
     with open_session(engine) as s:
         run_id = create_run(s, name="broken", config=CONFIG, settings=RunSettings(stages=1, auto_apply=True),
                             engineer="fixed").id
-    run_worker(engine, {"stage": broken_stage}, once=True, poll_s=0.01)
-    assert advance(engine, run_id).startswith("failed: stage 0 failed: RuntimeError: out of memory")
+    run_worker(engine, {"stage": broken_stage}, WorkerOptions(once=True, poll_s=0.01))
+    assert advance(engine, run_id).text.startswith("failed: stage 0 failed: RuntimeError: out of memory")
     file = export_run(engine, run_id, tmp_path / "broken.zip")
 
     target = new_database(kind_of(engine))
@@ -172,7 +172,7 @@ def test_an_imported_run_carries_on_in_its_new_lab(engine, new_database, tmp_pat
     new_id = import_run(target, file)
     assert new_id != run_id
     assert len(resume(target, new_id)) == 1
-    assert drive(target, new_id, lambda: work(target), poll_s=0.01) == "done"
+    assert drive(target, new_id, lambda: work(target), poll_s=0.01).text == "done"
     with open_session(target) as s:
         assert [st.status for st in stages_of(s, new_id)] == ["done", "done"]
         assert len(s.exec(select(Episode).where(Episode.run_id == new_id)).all()) == 2 * 2 * len(BOARDS)  # val, dev
@@ -364,7 +364,7 @@ def test_a_random_share_travels_and_an_out_of_range_one_is_refused(engine, new_d
     target = new_database(kind_of(engine))
     with open_session(target) as s:
         stage = s.exec(select(Stage).where(Stage.run_id == import_run(target, file))).first()
-        assert EnvConfig.model_validate(stage.config) == broad and stage.config["random_share"] == 0.5
+        assert stage.config == broad and stage.config.random_share == 0.5
     bad = rewrite(file, tmp_path / "too-broad.zip", lambda name, d: d.replace(b'"random_share": 0.5',
                                                                              b'"random_share": 1.5')
                   if name == "tables/stages.jsonl" else d)

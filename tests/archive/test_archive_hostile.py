@@ -34,11 +34,11 @@ from sqlmodel import select
 from lab.archive import ArchiveError, Limits, export_run, import_run, parse_size, read_manifest
 from lab.cli import main
 from lab.pages import runs as runs_page
-from lab.settings import RunSettings
 from storage import queue
 from storage.db import checkpoint_of, make_engine, upgrade
 from storage.db import session as open_session
 from storage.models import Job, Priority, Run, Stage
+from storage.settings import RunSettings
 from tests.recorded import build_run, counts, fake_checkpoints
 
 MIB = 1 << 20
@@ -785,7 +785,7 @@ def test_an_imported_run_sends_nothing_to_the_server_its_archive_names(waiting, 
                                                                          listener):
     """The run's server URL is dropped on import, and said; resumed with the lab's API key set, the llm engineer
     asks no server (this machine names none), and the listener at the archive's URL receives nothing."""
-    from lab.jobs.worker import handlers, run_worker
+    from lab.jobs.worker import WorkerOptions, handlers, run_worker
     from lab.loop import resume
     from storage.models import Proposal, Run
 
@@ -800,9 +800,9 @@ def test_an_imported_run_sends_nothing_to_the_server_its_archive_names(waiting, 
                         "this lab uses its own)\n"), out
     engine = make_engine(str(db))
     with open_session(engine) as s:
-        assert s.get(Run, 1).settings["base_url"] is None
+        assert s.get(Run, 1).settings.base_url is None
     assert resume(engine, 1) != []  # the Resume button's and `envlab run --resume`'s first step
-    assert run_worker(engine, handlers(), once=True) == 1  # the engineer is asked again, by a worker
+    assert run_worker(engine, handlers(), WorkerOptions(once=True)) == 1  # the engineer is asked again, by a worker
     with open_session(engine) as s:
         newest = s.exec(select(Proposal).order_by(Proposal.id.desc())).first()
     engine.dispose()

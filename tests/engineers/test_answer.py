@@ -4,10 +4,11 @@ generator's failure as data (its size), never from its message."""
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
 from envsim.config import EnvConfig
 from envsim.generator import GenerationError, Unfillable, cannot_fill, generate
-from lab.engineers.answer import revert_unfillable
+from lab.engineers.answer import revert_unfillable, with_changes
 from tests.engineers.scripts import CONFIG
 
 MOVED = CONFIG.model_copy(update={"hole_ratio": {3: 0.3, 4: 0.1, 5: 0.4}, "wait_ratio": {3: 0.5, 4: 0.25, 5: 0.75}})
@@ -55,3 +56,11 @@ def test_a_size_named_that_did_not_change_puts_back_the_last_changed_and_it_stop
     assert [line.split(":")[0] for line in lines] == ["size 5", "size 3"]
     assert revert_unfillable(MOVED, CONFIG, None) == (MOVED, [])
     assert revert_unfillable(CONFIG, CONFIG, lambda _c: Unfillable(3, "x")) == (CONFIG, [])
+
+
+def test_a_config_an_engineer_builds_from_the_current_one_is_checked_as_a_new_one() -> None:
+    assert with_changes(CONFIG, random_share=0.5) == CONFIG.model_copy(update={"random_share": 0.5})
+    with pytest.raises(ValidationError, match=r"hole_ratio\[3\] = 0.9 is outside 0..0.5"):
+        with_changes(CONFIG, hole_ratio={3: 0.9, 4: 0.2, 5: 0.2})
+    with pytest.raises(ValidationError, match="data_ratio sums to 1.5; it must sum to 1"):
+        with_changes(CONFIG, data_ratio={3: 0.5, 4: 0.5, 5: 0.5})

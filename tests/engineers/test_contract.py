@@ -10,8 +10,14 @@ from envsim.config import EnvConfig, project
 from lab.context import Evidence
 from lab.engineers import (
     ENGINEERS,
+    LEARN_ANSWERS,
+    LEARN_BOARDS,
+    NEEDS,
     EngineerAnswer,
+    Needs,
+    needs_of,
 )
+from storage.settings import RunSettings
 from tests.engineers.scripts import CONFIG, GOOD, Script, ScriptedProbe, evidence
 
 # ---------------------------------------------------------------- the contract, for every engineer
@@ -45,3 +51,21 @@ def test_fixed_keeps_the_current_config() -> None:
     answer = ENGINEERS["fixed"](evidence(), seed=1)
     assert answer.projection.config == CONFIG and answer.projection.adjustments == ()
     assert answer.rationale == "fixed environment: keeps the current config"
+
+
+def test_each_engineer_declares_what_its_propose_job_gives_it() -> None:
+    size = {"boards": 8, "answers": 2}  # the run's probe size
+    plain = RunSettings(stages=1, probe_boards=8, probe_answers=2)
+    assert set(NEEDS) <= set(ENGINEERS)
+    assert {name: needs_of(name, plain) for name in sorted(ENGINEERS)} == {
+        "evidence": Needs(reads_episodes=True),
+        "fixed": Needs(),
+        "heuristic": Needs(),
+        "learnability": Needs(probe={"boards": LEARN_BOARDS, "answers": LEARN_ANSWERS}),
+        "llm": Needs(language_model=True, policy_path=True),
+        "random": Needs(),
+    }
+    assert needs_of("llm", plain.model_copy(update={"context": {"measured": True, "failure_cases": True}})) == \
+        Needs(language_model=True, policy_path=True, probe=size, reads_episodes=True)
+    assert needs_of("llm", plain.model_copy(update={"remeasure": True})).probe == size
+    assert needs_of("learnability", plain.model_copy(update={"remeasure": True})).probe == {"boards": 16, "answers": 4}

@@ -17,13 +17,22 @@ import torch
 from sqlmodel import select
 
 from envsim.config import EnvConfig
-from lab.jobs.worker import InChild, child_command, child_env, handlers, run_child, run_worker, split_gpus
+from lab.jobs.worker import (
+    InChild,
+    WorkerOptions,
+    child_command,
+    child_env,
+    handlers,
+    run_child,
+    run_worker,
+    split_gpus,
+)
 from lab.loop import LoopError, after_job, create_run, prune_checkpoints
 from lab.runs import disk_use
-from lab.settings import RunSettings
 from storage import queue
 from storage.db import make_engine, run_folder, session, upgrade
 from storage.models import Episode, Job, JobStatus, Run, Stage, StageStatus
+from storage.settings import RunSettings
 from training.resolve import policy_params, resolve_policy
 
 CONFIG = EnvConfig.default(sizes=(3, 4), num_instances=4)
@@ -206,7 +215,7 @@ def _stage0(tmp_path: Path, in_child: bool) -> list[tuple]:
     torch.set_num_threads(1)
     try:
         stage = {"stage": handlers(in_child=in_child)["stage"]}
-        assert run_worker(engine, stage, once=True, poll_s=0.01, run_id=run.id) == 1
+        assert run_worker(engine, stage, WorkerOptions(once=True, poll_s=0.01, run_id=run.id)) == 1
     finally:
         torch.set_num_threads(threads)
     with session(engine) as s:

@@ -13,7 +13,7 @@ from pathlib import Path
 from sqlalchemy import Engine, text
 from sqlmodel import select
 
-from lab.jobs.worker import beside_page_env, run_worker
+from lab.jobs.worker import WorkerOptions, beside_page_env, run_worker
 from storage import queue
 from storage.db import make_engine, session, upgrade
 from storage.models import Job
@@ -65,7 +65,7 @@ def _wait_for(predicate, timeout: float = 30.0) -> None:
 
 
 def _doomed_worker(url: str) -> None:
-    run_worker(make_engine(url), {"stage": resumable}, worker_id="doomed", poll_s=0.02, stale_s=0.4)
+    run_worker(make_engine(url), {"stage": resumable}, WorkerOptions(worker_id="doomed", poll_s=0.02, stale_s=0.4))
 
 
 def test_a_killed_workers_job_is_reaped_then_requeued_and_resumed_from_its_checkpoint(db_url: str, engine: Engine):
@@ -87,7 +87,8 @@ def test_a_killed_workers_job_is_reaped_then_requeued_and_resumed_from_its_check
 
     time.sleep(0.5)
     # A second worker's first poll reaps the dead worker's job; nothing else is queued, so it returns.
-    assert run_worker(engine, {"stage": resumable}, worker_id="second", poll_s=0.02, stale_s=0.4, once=True) == 0
+    second = WorkerOptions(worker_id="second", poll_s=0.02, stale_s=0.4, once=True)
+    assert run_worker(engine, {"stage": resumable}, second) == 0
     dead = _job(engine, job_id)
     assert (dead.status, dead.attempts, dead.worker) == ("failed", 1, "doomed")
     assert dead.error.startswith("worker stopped sending heartbeats") and "'doomed'" in dead.error
@@ -95,7 +96,7 @@ def test_a_killed_workers_job_is_reaped_then_requeued_and_resumed_from_its_check
 
     with session(engine) as s:
         queue.requeue(s, job_id)
-    assert run_worker(engine, {"stage": resumable}, worker_id="second", poll_s=0.02, stale_s=0.4, once=True) == 1
+    assert run_worker(engine, {"stage": resumable}, second) == 1
     resumed = _job(engine, job_id)
     assert (resumed.status, resumed.attempts, resumed.worker) == ("done", 2, "second")
     assert resumed.result == {"resumed_from": "stage-1/trl/checkpoint-1", "attempt": 2}
@@ -108,7 +109,7 @@ def _worker_in_child(barrier, url: str, name: str) -> int:
     with session(engine) as s:
         s.exec(text("SELECT 1"))  # connected before the start line
     barrier.wait()
-    return run_worker(engine, {"benchmark": noted}, worker_id=name, poll_s=0.01, once=True)
+    return run_worker(engine, {"benchmark": noted}, WorkerOptions(worker_id=name, poll_s=0.01, once=True))
 
 
 def test_two_worker_processes_never_take_the_same_job(db_url: str, engine: Engine):
@@ -133,8 +134,8 @@ def test_cancel_stops_a_running_job_and_the_after_hook_sees_it(engine: Engine):
     def after(engine: Engine, job: Job) -> None:
         seen.append((job.id, job.status))
 
-    worker = threading.Thread(target=run_worker, args=(engine, {"stage": patient}),
-                              kwargs=dict(poll_s=0.02, once=True, after=after))
+    worker = threading.Thread(target=run_worker,
+                              args=(engine, {"stage": patient}, WorkerOptions(poll_s=0.02, once=True, after=after)))
     worker.start()
     _wait_for(lambda: _job(engine, job_id).step >= 3)
     with session(engine) as s:
@@ -149,7 +150,7 @@ def test_cancel_stops_a_running_job_and_the_after_hook_sees_it(engine: Engine):
 def test_a_failing_handler_fails_only_its_job_with_the_last_traceback_line(engine: Engine):
     with session(engine) as s:
         bad, odd, good = (queue.enqueue(s, kind, {}).id for kind in ("stage", "propose", "benchmark"))
-    ran = run_worker(engine, {"stage": broken, "benchmark": noted}, poll_s=0.02, once=True)
+    ran = run_worker(engine, {"stage": broken, "benchmark": noted}, WorkerOptions(poll_s=0.02, once=True))
     assert ran == 3
     failed = _job(engine, bad)
     assert (failed.status, failed.error) == ("failed", f"ValueError: checkpoint for job {bad} is unreadable")

@@ -9,11 +9,11 @@ import pytest
 
 import app
 from lab.pages.compare import compare_view
-from lab.settings import RunSettings
 from lab.study.comparison import Rate, comparison, report_markdown
 from lab.study.experiments import create_experiment, experiment_runs
 from lab.text import as_text
 from storage.db import make_engine, upgrade
+from storage.settings import RunSettings
 from tests.recorded import CONFIG, scripted_experiment
 from tests.servers import TIMEOUT_MS, free_port
 

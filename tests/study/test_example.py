@@ -10,18 +10,19 @@ import pytest
 from sqlmodel import func, select
 
 import app
+from envsim.config import EnvConfig
 from envsim.suite import Split
 from lab.archive import ArchiveError, read_manifest
 from lab.engineers import ENGINEERS
 from lab.loop import create_run, evidence_for, stages_of
 from lab.pages.runs import run_choices, runs_table
 from lab.results import stage_summaries
-from lab.settings import RunSettings
 from lab.study import example
 from lab.study.example import EXAMPLE, NAME, ensure_example
 from scripts.make_example import decision
 from storage.db import make_engine, session, upgrade
 from storage.models import Action, Decision, Episode, Proposal, Run, RunStatus, StageStatus
+from storage.settings import RunSettings
 from tests.recorded import CONFIG
 from tests.servers import free_port
 
@@ -57,7 +58,7 @@ def test_a_new_lab_gets_the_example_once_and_marked_as_one(tmp_path: Path):
     assert run_id is not None
     assert ensure_example(engine) is None  # the second start: the database is not empty
     [run] = _runs(engine)
-    assert (run.id, run.name, run.settings["example"]) == (run_id, NAME, True)
+    assert (run.id, run.name, run.settings.example) == (run_id, NAME, True)
     assert run.description.startswith("Example: ")
     assert run_choices(engine) == [(f"#{run_id} {NAME} (done)", run_id)]  # the Runs list says what it is
     with pytest.raises(ArchiveError, match="is already in this database"):  # and the archive refuses it twice
@@ -137,7 +138,7 @@ def test_it_is_a_finished_3_stage_run_of_the_tiny_policy_with_the_heuristic_engi
     with session(engine) as s:
         run = s.get(Run, run_id)
         assert (run.policy, run.engineer, run.seed, run.status) == ("tiny", "heuristic", 0, RunStatus.DONE)
-        assert (run.settings["stages"], run.settings["auto_apply"]) == (3, False)
+        assert (run.settings.stages, run.settings.auto_apply) == (3, False)
         stages = stages_of(s, run_id)
         assert [(st.index, st.status) for st in stages] == [(k, StageStatus.DONE) for k in range(4)]
         summaries = stage_summaries(s, run_id)
@@ -174,13 +175,13 @@ def test_its_proposals_are_the_heuristics_and_its_decisions_are_lab_example_s(sh
         run = s.get(Run, run_id)
         for proposal in s.exec(select(Proposal).where(Proposal.run_id == run_id).order_by(Proposal.id)):
             answer = ENGINEERS["heuristic"](evidence_for(s, run, proposal.after_stage))
-            assert answer.projection.config.model_dump(mode="json") == proposal.projected_config
+            assert answer.projection.config == proposal.projected_config
             assert answer.rationale == proposal.rationale
             stored = s.exec(select(Decision).where(Decision.proposal_id == proposal.id)).one()
             action, edited, note = decision(s, proposal)
             assert (action, note) == (stored.action, stored.note)
             if action == Action.EDIT:
-                assert edited == stored.config
+                assert EnvConfig.model_validate(edited) == stored.config
 
 
 def test_its_edited_proposal_shows_the_stored_config_and_work_on_its_weights_is_refused(shipped, tmp_path: Path):
@@ -193,7 +194,7 @@ def test_its_edited_proposal_shows_the_stored_config_and_work_on_its_weights_is_
     with session(engine) as s:
         edited = s.exec(select(Decision).where(Decision.action == Action.EDIT)).one()
     view = proposal.proposal_view(engine, edited.proposal_id)
-    assert view.edit[0][:4] == [3, round(edited.config["data_ratio"]["3"], 4), 0.2, 0.25]  # wait_ratio kept 0.25
+    assert view.edit[0][:4] == [3, round(edited.config.data_ratio[3], 4), 0.2, 0.25]  # wait_ratio kept 0.25
     kept = [r for r in view.changed["data"] if r[1] == "wait_ratio" and r[3] == "✎ 0.25"]
     assert [r[0] for r in kept] == [3, 4, 5, 8]  # the sizes whose raise the person took out
     why = f"stage 1 of run {run_id} has no weights here: the example run ships without checkpoints (docs/example.md)"

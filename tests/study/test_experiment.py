@@ -11,7 +11,6 @@ from __future__ import annotations
 import csv
 import gzip
 import hashlib
-import json
 from dataclasses import asdict
 from pathlib import Path
 
@@ -25,10 +24,9 @@ from envsim.suite import WAIT_SUBSETS, build, round_half_up
 from lab import cli
 from lab.context import CONTEXT_PRESETS
 from lab.engineers import ENGINEERS, EngineerAnswer
-from lab.jobs.worker import run_worker
+from lab.jobs.worker import WorkerOptions, run_worker
 from lab.loop import LoopError, check_engineer, create_run
 from lab.pages import runs as runs_page
-from lab.settings import RunSettings
 from lab.study.comparison import (
     AUC,
     POOLED,
@@ -60,6 +58,7 @@ from lab.study.experiments import (
 )
 from storage.db import make_engine, session, upgrade
 from storage.models import Episode, Experiment, Job, Proposal, Run, Stage, StageMetric
+from storage.settings import RunSettings
 from tests.recorded import CONFIG, run_all, scripted_experiment
 from training.evaluate import dev_entries, validation_entries
 from training.stage import planned_steps
@@ -71,8 +70,8 @@ def test_a_run_keeps_its_preset_and_refuses_an_unknown_one(empty_lab):
     with session(empty_lab) as s:
         run = create_run(s, name="r", config=CONFIG, settings=RunSettings(stages=1, context_preset="no-history"),
                          engineer="llm", engineer_backend="openai:m")
-        assert run.settings["context_preset"] == "no-history"
-        assert run.settings["context"] == asdict(CONTEXT_PRESETS["no-history"])
+        assert run.settings.context_preset == "no-history"
+        assert run.settings.context == asdict(CONTEXT_PRESETS["no-history"])
         with pytest.raises(LoopError, match="unknown context preset 'tiny': one of paper-best, failures-only"):
             create_run(s, name="r", config=CONFIG, settings=RunSettings(stages=1, context_preset="tiny"))
 
@@ -239,8 +238,8 @@ def test_the_report_equals_a_hand_computation_from_the_stored_rows(engine, tmp_p
     experiment = scripted_experiment(engine)
     runs = experiment_runs(engine, experiment.id)
     assert [(r.arm, r.seed) for r in runs] == [(a, k) for k in range(3) for a in ("fixed", "heuristic")]
-    assert {r.status for r in runs} == {"done"} and {r.settings["auto_apply"] for r in runs} == {True}
-    assert experiment.settings["steps_per_stage"] == 1 and experiment.settings["validation_boards"] == 8
+    assert {r.status for r in runs} == {"done"} and {r.settings.auto_apply for r in runs} == {True}
+    assert experiment.settings.steps_per_stage == 1 and experiment.settings.validation_boards == 8
     rates = {(r.arm, r.seed): stored_rates(engine, r.id) for r in runs}
     c = comparison(engine, "cmp")
     for arm in ("fixed", "heuristic"):
@@ -317,7 +316,7 @@ def test_experiment_commands_queue_list_report_and_refuse(empty_lab, tmp_path, c
     assert cli.main(["experiment", "new", "--name", "hard", "--arms", "fixed", "--seeds", "1", "--scenario",
                      "hard-start", "--instances", "32", "--db", db]) == 0
     hard = find_experiment(empty_lab, "hard").settings
-    assert (hard["scenario"], hard["instances"], hard["config"]["hole_ratio"]["10"]) == ("hard-start", 32, 0.4)
+    assert (hard.scenario, hard.instances, hard.config.hole_ratio[10]) == ("hard-start", 32, 0.4)
     assert cli.main(["experiment", "new", "--name", "x", "--arms", "fixed", "--stages", "0", "--db", db]) == 2
     assert "--stages: 0 is less than 1" in capsys.readouterr().err and find_experiment(empty_lab, "hard").id == 2
     assert cli.main(["experiment", "new", "--name", "cli", "--arms", "fixed", "--db", db]) == 2
@@ -357,7 +356,7 @@ def test_benchmarks_are_queued_once_per_run_and_labelled_by_experiment_arm_and_s
     assert f"run {runs[0].id} (fixed, seed 0): benchmark job" in out and "queued for stage 1" in out
     assert queue_benchmarks(empty_lab, experiment.id)[0].endswith("has a benchmark job queued or running already")
     assert _benchmarks_pending(empty_lab, experiment.id) == 2
-    run_worker(empty_lab, {"benchmark": scripted_benchmark}, once=True, poll_s=0.01)
+    run_worker(empty_lab, {"benchmark": scripted_benchmark}, WorkerOptions(once=True, poll_s=0.01))
     assert _benchmarks_pending(empty_lab, experiment.id) == 0
     assert "was evaluated on the benchmark at" in queue_benchmarks(empty_lab, experiment.id)[1]
     assert benchmark_choices(empty_lab) == [("exp cmp / fixed / seed 0, stage 1", f"{runs[0].id}:1"),
@@ -371,15 +370,14 @@ def test_benchmarks_are_queued_once_per_run_and_labelled_by_experiment_arm_and_s
 def test_settings_record_the_equal_compute(empty_lab):
     experiment = create_experiment(empty_lab, name="rec", settings=RunSettings(stages=3), arms=["fixed", "random"],
                                    seeds=2, instances=64, scenario="hard-start")
-    st = experiment.settings
-    assert (st["stages"], st["instances"], st["steps_per_stage"], st["validation_per_size"], st["validation_boards"],
-            st["scenario"]) == (3, 64, 16, 120, 960, "hard-start")
+    recorded = experiment.settings
+    assert (recorded.stages, recorded.instances, recorded.steps_per_stage, recorded.validation_per_size,
+            recorded.validation_boards, recorded.scenario) == (3, 64, 16, 120, 960, "hard-start")
     for run in experiment_runs(empty_lab, experiment.id):
-        assert run.settings["validation_per_size"] == 120 and run.settings["grpo"] == {}
+        assert run.settings.validation_per_size == 120 and run.settings.grpo == {}
         with session(empty_lab) as s:
             stage0 = s.exec(select(Stage).where(Stage.run_id == run.id)).one()
-        assert EnvConfig.model_validate(stage0.config).data_ratio[10] == 0.86
-        assert json.loads(json.dumps(stage0.config))["num_instances"] == 64
+        assert (stage0.config.data_ratio[10], stage0.config.num_instances) == (0.86, 64)
 
 
 def test_an_experiment_run_keeps_its_boards_per_stage_whatever_the_engineer_proposes(empty_lab, monkeypatch):
@@ -393,7 +391,7 @@ def test_an_experiment_run_keeps_its_boards_per_stage_whatever_the_engineer_prop
     with session(empty_lab) as s:
         for run in experiment_runs(empty_lab, experiment.id):
             stage1 = s.exec(select(Stage).where(Stage.run_id == run.id, Stage.index == 1)).one()
-            assert stage1.config["num_instances"] == 8
+            assert stage1.config.num_instances == 8
         proposal = s.exec(select(Proposal).where(Proposal.engineer == "fixed")).one()
         assert proposal.adjustments[-1] == {"field": "num_instances", "old": 99, "new": 8, "reason": (
             "kept: every stage of an experiment's run trains on the same number of boards")}
@@ -402,8 +400,8 @@ def test_an_experiment_run_keeps_its_boards_per_stage_whatever_the_engineer_prop
                          engineer="fixed")
     run_all(empty_lab)
     with session(empty_lab) as s:
-        assert s.exec(select(Stage).where(Stage.run_id == run.id, Stage.index == 1)).one().config[
-            "num_instances"] == 99
+        assert s.exec(select(Stage).where(Stage.run_id == run.id, Stage.index == 1)).one().config \
+            .num_instances == 99
 
 
 def test_run_takes_a_scenario_a_preset_and_a_larger_validation_set(empty_lab, tmp_path):
@@ -413,9 +411,9 @@ def test_run_takes_a_scenario_a_preset_and_a_larger_validation_set(empty_lab, tm
     with session(empty_lab) as s:
         run = cli.runs._new_run(s, args)
         stage0 = s.exec(select(Stage).where(Stage.run_id == run.id)).one()
-    assert (run.settings["context_preset"], run.settings["validation_per_size"], run.settings["grpo"]) == (
+    assert (run.settings.context_preset, run.settings.validation_per_size, run.settings.grpo) == (
         "failures-only", 33, {"max_steps": 1})
-    assert (stage0.config["num_instances"], stage0.config["data_ratio"]["10"]) == (16, 0.86)
+    assert (stage0.config.num_instances, stage0.config.data_ratio[10]) == (16, 0.86)
     with pytest.raises(cli.UsageError, match="unknown scenario 'easy'"):
         cli.runs._new_run(None, cli.arguments().parse_args(["run", "--scenario", "easy"]))
     with pytest.raises(cli.UsageError, match="validation_per_size = 31: a multiple of 3"), session(empty_lab) as s:
@@ -433,7 +431,7 @@ def test_the_real_stage_evaluates_on_the_larger_validation_set(empty_lab, tmp_pa
             run = create_run(s, name="big", config=CONFIG,
                              settings=RunSettings(stages=1, validation_per_size=33, dev_per_size=3),
                              engineer="fixed")
-        run_worker(empty_lab, {"stage": run_stage_job}, once=True, poll_s=0.01)
+        run_worker(empty_lab, {"stage": run_stage_job}, WorkerOptions(once=True, poll_s=0.01))
     finally:
         torch.set_num_threads(threads)
     with session(empty_lab) as s:
@@ -476,9 +474,9 @@ def test_an_arm_added_later_runs_every_seed_on_what_the_others_share(empty_lab, 
                                                           ("learnability", 1, "learnability"), ("r", 1, "random")]
     shared = ("stages", "grpo", "validation_per_size", "validation_boards", "auto_apply")
     for run in new:
-        assert {k: run.settings.get(k) for k in shared} == {k: old[0].settings.get(k) for k in shared}
+        assert {k: getattr(run.settings, k) for k in shared} == {k: getattr(old[0].settings, k) for k in shared}
         with session(empty_lab) as s:
-            assert s.exec(select(Stage).where(Stage.run_id == run.id)).one().config == CONFIG.model_dump(mode="json")
+            assert s.exec(select(Stage).where(Stage.run_id == run.id)).one().config == CONFIG
     assert all(r.status == "done" for r in old)  # nothing that was done is queued again
     with session(empty_lab) as s:
         queued = s.exec(select(Job).where(Job.status == "queued")).all()

@@ -89,7 +89,7 @@ def test_an_experiment_through_the_real_workers_is_killed_and_resumed_by_two(db_
         metrics = s.exec(select(StageMetric).where(StageMetric.split == "validation")).all()
     # equal compute: the trainer took the steps the experiment planned
     assert {j.result["train"]["steps"] for j in jobs if j.kind == "stage" and j.target == 1} == {
-        experiment.settings["steps_per_stage"]} == {1}
+        experiment.settings.steps_per_stage} == {1}
     # the seed's stage-0 policy on the same boards for every arm
     rate = {(m.run_id, m.stage_index, m.size): (m.valid, m.episodes) for m in metrics}
     by_arm = {r.arm: r.id for r in runs}
@@ -144,7 +144,7 @@ def test_an_llm_arm_over_a_real_server_two_workers_and_the_benchmark(tmp_path: P
         # asked three times over HTTP: two unusable answers in the conversation, the third kept as the raw answer
         assert proposal.prompt.count("--- assistant ---") == 2 and proposal.raw_answer
         stage1 = s.exec(select(Stage).where(Stage.run_id == llm_run.id, Stage.index == 1)).one()
-        assert stage1.config == CONFIG.model_dump(mode="json")  # auto-apply kept the config in force
+        assert stage1.config == CONFIG  # auto-apply kept the config in force
         benchmark = s.exec(select(Episode).where(Episode.split == "benchmark")).all()
         jobs = s.exec(select(Job).where(Job.kind == "benchmark")).all()
     # each run's last checkpoint was evaluated once on the 6 boards

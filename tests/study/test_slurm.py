@@ -22,12 +22,12 @@ from sqlmodel import select
 from lab.cli import main
 from lab.pages import train
 from lab.pages.compare import compare_view
-from lab.settings import RunSettings
 from lab.study.experiments import experiment_runs, find_experiment
 from lab.study.slurm import SlurmError, SlurmJob, SlurmOptions, slurm_options, task_states
 from lab.text import as_text
 from storage.db import make_engine, session
 from storage.models import Job
+from storage.settings import RunSettings
 from tests.recorded import CONFIG, nothing_lost_nothing_twice
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,0 +1,168 @@
+"""What a run and an experiment are asked to do, as typed records: `RunSettings` (a run's settings) and
+`ExperimentSettings` (what every run of an experiment shares and the compute it buys).
+
+Checked once where they are made (the page, `envlab run`, an experiment; `lab.settings` holds the command line's
+flags and bounds), stored whole in `Run.settings` and `Experiment.settings`, whose column type validates them on
+the way in and hands them back typed on the way out (`storage.models.Typed`), and vouched for again when a run
+arrives from another lab (`lab.archive`). Every layer above reads their fields, never string keys. Kept light,
+with no torch behind it, so a row or an archive is checked without loading the training stack; what only the
+training stack can check (the GRPO overrides, as TRL counts them) is `training.settings.check_grpo`.
+
+Adding a setting is one field of `RunSettings` (its type, its default and its range) and, where a person should
+set it from the command line, one flag in `lab.settings.settings_arguments` whose `dest` is the field's name.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from envsim.config import EnvConfig
+from envsim.suite import VALIDATION_PER_SIZE, dev_cells, validation_cells
+
+# Which GRPOConfig fields a run's `grpo` overrides may not set: the lab owns them. A run's settings can come from
+# another lab's archive; fields that name a place to write (the trainer's folder, its logs), a place to read (a
+# checkpoint to resume from) or somewhere to send the weights (the Hub) would let those settings reach outside the
+# run's own folder, so the stage sets them itself and an override of any of them is refused wherever settings are
+# validated (made, stored, read back, imported).
+LAB_OWNED = frozenset({
+    "output_dir", "logging_dir", "resume_from_checkpoint", "push_to_hub", "hub_model_id", "hub_token",
+    "hub_strategy", "hub_private_repo", "hub_always_push", "hub_revision", "deepspeed", "fsdp_config",
+})
+
+
+def lab_owned(overrides: dict[str, Any]) -> list[str]:
+    """The keys of `overrides` that the lab sets itself (sorted); empty when the overrides may be used."""
+    return sorted(set(overrides) & LAB_OWNED)
+
+
+class SettingsError(ValueError):
+    """Run settings that cannot be used; the message names the setting and what is wrong with it."""
+
+
+class RunSettings(BaseModel):
+    """Everything a run is asked to do beyond who it is (name, policy, engineer, seed: its row's columns) and
+    where it starts (stage 0's config), as `Run.settings` stores it and the loop, the stage and the pages read it.
+
+    A run's settings can arrive in another lab's archive (lab.archive checks them with this before anything is
+    stored), so every key the lab reads has its type here; a key the lab does not read travels as it is.
+    """
+
+    model_config = ConfigDict(strict=True, extra="allow", frozen=True)
+
+    stages: int  # training stages after stage 0 (at least 1)
+    auto_apply: bool = False
+    grpo: dict[str, Any] = Field(default_factory=dict)
+    lora: int = Field(default=0, ge=0)  # LoRA rank of every stage's training (0: every weight trains)
+    context: dict[str, bool] | None = None  # lab.context.ContextModules's fields (read there, with torch behind it)
+    context_preset: str | None = None  # the llm engineer's context preset (create_run resolves it into `context`)
+    base_url: str | None = None
+    validation_boards: int | None = None  # evaluate on that many of the validation boards (None: all of them)
+    validation_per_size: int | None = Field(default=None, ge=1)  # a larger validation set (None: the standard 30)
+    # dev boards per map size: evaluated after each stage, what the engineers read (None: a run of an earlier
+    # version, evaluated on the validation set only, whose engineers read that)
+    dev_per_size: int | None = Field(default=None, ge=3)
+    probe_boards: int | None = Field(default=None, ge=1, le=64)  # the Measure panel's and the llm engineer's probe
+    probe_answers: int | None = Field(default=None, ge=2, le=64)  # (None: training.probe's defaults)
+    remeasure: bool = False  # the llm engineer probes its answer and is asked once more (docs/engineers.md)
+    keep_checkpoints: bool = False  # keep TRL's intermediate checkpoints (checkpoint-*/) after a stage ends
+    allow_cpu: bool = False  # a large pretrained policy may run on a worker without a GPU (slow, but allowed)
+    thinking: Literal["off", "on"] = "off"  # a chat template's `enable_thinking` (Qwen3's reasoning before the answer)
+    completion_length: int | None = Field(default=None, ge=1, le=32768)  # new tokens per answer (None: by board)
+    validation_decoding: Literal["greedy", "sampled"] = "greedy"  # sampled: the model's own generation_config
+    engineer_history: list[dict[str, Any]] = Field(default_factory=list)
+    example: bool = False
+
+    @field_validator("grpo")
+    @classmethod
+    def _grpo(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if owned := lab_owned(value):
+            raise ValueError(f"sets {', '.join(owned)}: the lab sets these itself (a run's files stay in its folder)")
+        return value
+
+    @field_validator("stages")
+    @classmethod
+    def _stages(cls, value: int) -> int:
+        if value < 1:
+            raise ValueError("a run trains at least 1 stage")
+        return value
+
+    @field_validator("validation_boards")
+    @classmethod
+    def _boards(cls, value: int | None) -> int | None:
+        if value is not None and value < 1:
+            raise ValueError("evaluate on at least 1 board (None: all 240)")
+        return value
+
+    @field_validator("validation_per_size")
+    @classmethod
+    def _per_size(cls, value: int | None) -> int | None:
+        if value is not None:
+            validation_cells(value)  # a ValueError naming the sizes it cannot fill
+        return value
+
+    @field_validator("dev_per_size")
+    @classmethod
+    def _dev(cls, value: int | None) -> int | None:
+        if value is not None:
+            dev_cells(value)  # a ValueError: not a multiple of the wait subsets
+        return value
+
+    @classmethod
+    def checked(cls, **values: Any) -> RunSettings:
+        """The settings of `values`, or a SettingsError naming the first setting that is wrong."""
+        try:
+            return cls.model_validate(values)
+        except ValidationError as err:
+            raise SettingsError(first_error(err)) from None
+
+
+def first_error(err: ValidationError) -> str:
+    """A pydantic error as one line: `field = value: message` (the value where it is a short one)."""
+    e = err.errors()[0]
+    where, msg = ".".join(map(str, e["loc"])), e["msg"].removeprefix("Value error, ")
+    if where and isinstance(e.get("input"), int | float | str | bool) and len(repr(e["input"])) <= 40:
+        where = f"{where} = {e['input']!r}"
+    return f"{where}: {msg}" if where else msg
+
+
+class ExperimentSettings(BaseModel):
+    """What every run of an experiment shares (`run`, its settings whole, and `config`, the initial config) and the
+    compute it buys, as `Experiment.settings` stores it: the figures a report quotes beside them are derived from
+    those when the experiment is made (`lab.study.experiments.compute_settings`) and never change after."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    run: RunSettings  # every run's settings (each arm sets its own context on top)
+    config: EnvConfig  # stage 0's config of every run
+    steps_per_stage: int = Field(ge=1)  # GRPO steps a stage takes, as TRL counts them (training.stage.planned_steps)
+    validation_boards: int = Field(ge=1)  # boards each stage is evaluated on
+    validation_per_size: int = Field(default=VALIDATION_PER_SIZE, ge=1)
+    scenario: str | None = None  # where the initial config came from (a scenario's name, or "a config of its own")
+    slurm_arrays: list[str] = Field(default_factory=list)  # the Slurm array jobs that ran it (lab.study.slurm)
+
+    @property
+    def stages(self) -> int:
+        return self.run.stages
+
+    @property
+    def instances(self) -> int:
+        """Boards per stage."""
+        return self.config.num_instances
+
+    @property
+    def grpo(self) -> dict[str, Any]:
+        return self.run.grpo
+
+    @property
+    def validation_subset(self) -> int | None:
+        """The validation boards asked for (None: the whole set)."""
+        return self.run.validation_boards
+
+    def compute(self) -> dict[str, Any]:
+        """What two experiments must share to be compared at equal compute (`lab.study.experiments.adopt_runs`)."""
+        return {"stages": self.stages, "instances": self.instances, "grpo": self.grpo,
+                "steps_per_stage": self.steps_per_stage, "validation_per_size": self.validation_per_size,
+                "validation_boards": self.validation_boards, "validation_subset": self.validation_subset,
+                "config": self.config.model_dump(mode="json"), "lora": self.run.lora}

@@ -1,0 +1,58 @@
+"""A run's GRPO overrides checked as TRL reads them, once, before a run or an experiment is stored.
+
+`storage.settings.RunSettings` checks what needs no training stack (the fields a run may not set among them);
+this checks the rest: each override by its type in `GRPOConfig`'s own annotations, strictly (8.0 is no int, true
+is no number, "0.1" is no float), then the whole config built as a stage builds it (`training.stage.grpo_config`:
+an unknown field is refused there) and a stage's steps counted from it, so what TRL would refuse in the middle of
+a stage is refused before anything depends on it.
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from functools import cache
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+
+from storage.settings import RunSettings, SettingsError
+
+
+@cache
+def _annotations() -> dict[str, Any]:
+    from trl import GRPOConfig
+
+    return typing.get_type_hints(GRPOConfig)
+
+
+def _type_name(hint: Any) -> str:
+    """`int | None` as "int", `float` as "float", `str | list[str]` as "str or list[str]"."""
+    parts = typing.get_args(hint) if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union \
+        else (hint,)
+    names = [getattr(p, "__name__", None) if typing.get_origin(p) is None else str(p).replace("typing.", "")
+             for p in parts if p is not type(None)]
+    return " or ".join(n or str(p) for n, p in zip(names, parts, strict=False))
+
+
+def check_grpo(settings: RunSettings, instances: int, policy: str) -> int:
+    """The steps a stage of `instances` boards takes with `settings.grpo` on `policy`'s defaults, or a
+    SettingsError naming the override TRL would refuse and why."""
+    from training.policy import prompt_style_of  # torch loads here, for the commands that create runs
+    from training.stage import StageError, planned_steps
+
+    hints = _annotations()
+    for key, value in settings.grpo.items():
+        if key not in hints:
+            continue  # grpo_config names every unknown field at once
+        try:
+            TypeAdapter(hints[key]).validate_python(value, strict=True)
+        except ValidationError:
+            raise SettingsError(f"grpo {key} = {value!r}: GRPOConfig's {key} is of type "
+                                f"{_type_name(hints[key])}") from None
+    try:
+        return planned_steps(instances, settings.grpo, prompt_style_of(policy))
+    except (StageError, ValueError, TypeError, ArithmeticError) as err:
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise SettingsError(first if isinstance(err, StageError) else f"grpo settings {settings.grpo}: {first}"
+                            ) from None
