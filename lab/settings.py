@@ -6,11 +6,15 @@ the flags every command that creates runs takes (`settings_arguments`, each `des
 from __future__ import annotations
 
 import argparse
+import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import yaml
+
 from envsim.suite import DEV_PER_SIZE
-from storage.settings import RunSettings
+from storage.settings import RunSettings, SettingsError
 
 
 @dataclass(frozen=True)
@@ -78,14 +82,18 @@ def settings_arguments(parser: argparse.ArgumentParser, *, experiment: bool = Fa
     `experiment`: the flags of `envlab experiment new` (its runs always auto-apply; the context is each arm's)."""
     from lab.context import CONTEXT_PRESETS, DEFAULT_PRESET  # here: the presets' names, for the flag's choices
 
-    parser.add_argument("--stages", type=MAX_STAGES, default=3)
+    parser.add_argument("--settings", type=Path, metavar="FILE.yaml",
+                        help="every run setting from one YAML file (keys: the settings' names, grpo: a mapping of "
+                             "GRPOConfig fields); the flags given go on top (docs/training.md, \"Settings files\")")
+    parser.add_argument("--stages", type=MAX_STAGES,
+                        help=f"training stages after stage 0 (default {FLAG_DEFAULTS['stages']})")
     parser.add_argument("--base-url", help="base URL of an OpenAI-compatible server (openai: backends)")
-    parser.add_argument("--lora", type=LORA_RANK, default=0, metavar="RANK",
+    parser.add_argument("--lora", type=LORA_RANK, metavar="RANK",
                         help="train LoRA adapters of this rank (needs peft), e.g. 16 for a large policy; 0: every "
                              "weight")
     parser.add_argument("--validation-boards", type=VALIDATION_BOARDS, metavar="N",
                         help="evaluate each stage on N of the validation boards, spread over the sizes (default: all)")
-    parser.add_argument("--validation-per-size", type=PER_SIZE, metavar="N", default=120 if experiment else None,
+    parser.add_argument("--validation-per-size", type=PER_SIZE, metavar="N",
                         help="validation boards per map size (e.g. 120: 960 boards; 30: the standard 240; default "
                              f"{120 if experiment else 30})")
     parser.add_argument("--keep-checkpoints", action="store_true", default=None,
@@ -93,7 +101,7 @@ def settings_arguments(parser: argparse.ArgumentParser, *, experiment: bool = Fa
                              "finished stage keeps only its final weights")
     parser.add_argument("--allow-cpu", action="store_true", default=None,
                         help="let a worker without a GPU run a large pretrained policy (see ENVLAB_GPU_ABOVE)")
-    parser.add_argument("--dev-per-size", type=DEV_BOARDS, default=DEV_PER_SIZE, metavar="N",
+    parser.add_argument("--dev-per-size", type=DEV_BOARDS, metavar="N",
                         help=f"dev boards per map size, evaluated after each stage: what the engineers read, never the "
                              f"validation boards (a multiple of 3; default {DEV_PER_SIZE})")
     parser.add_argument("--thinking", choices=("off", "on"), default=None,
@@ -108,8 +116,8 @@ def settings_arguments(parser: argparse.ArgumentParser, *, experiment: bool = Fa
         return
     parser.add_argument("--auto-apply", action="store_true", default=None,
                         help="apply every proposal without waiting for a person")
-    parser.add_argument("--context", dest="context_preset", default=DEFAULT_PRESET, choices=list(CONTEXT_PRESETS),
-                        help="the llm engineer's context preset (docs/engineers.md)")
+    parser.add_argument("--context", dest="context_preset", choices=list(CONTEXT_PRESETS),
+                        help=f"the llm engineer's context preset (docs/engineers.md; default {DEFAULT_PRESET})")
     parser.add_argument("--remeasure", action="store_true", default=None,
                         help="the llm engineer probes its answer on the policy and is asked once more where a size "
                              "it changed measures too easy or too hard (docs/engineers.md)")
@@ -119,10 +127,107 @@ def settings_arguments(parser: argparse.ArgumentParser, *, experiment: bool = Fa
                         help="sampled answers per board in a probe (default 8)")
 
 
-def settings_from_args(args: argparse.Namespace, **values: Any) -> RunSettings:
-    """The settings of a command's flags (`settings_arguments`: every flag whose `dest` is a field's name and that
-    was given), with `values` on top. `--grpo` collects KEY=VALUE pairs that the command parses (with its
-    scenario's): it arrives in `values`."""
+def settings_from_args(args: argparse.Namespace, *, grpo: dict[str, Any] | None = None,
+                       grpo_under: dict[str, Any] | None = None, **values: Any) -> RunSettings:
+    """The settings of a command: the flags' defaults (`FLAG_DEFAULTS`), then `--settings FILE.yaml`, then every
+    flag given (`settings_arguments`: each `dest` a field's name), then `values`. GRPO fields merge the same way,
+    over `grpo_under` (a scenario's): the file's `grpo`, then `grpo` (the `--grpo KEY=VALUE` pairs the command
+    parsed). A SettingsError names the file's line where the setting came from the file."""
+    file = settings_file(args)
     given = {name: getattr(args, name) for name in RunSettings.model_fields
              if name != "grpo" and getattr(args, name, None) is not None}
-    return RunSettings.checked(**{**given, **values})
+    from_file = dict(file.values) if file else {}
+    merged = {**(grpo_under or {}), **from_file.pop("grpo", {}), **(grpo or {})}
+    try:
+        return RunSettings.checked(**{**FLAG_DEFAULTS, **from_file, **given, **values, "grpo": merged})
+    except SettingsError as err:
+        raise SettingsError(file.located(str(err), set(given) | set(values), set(grpo or {})) if file
+                            else str(err)) from None
+
+
+# What a flag left out means, below a settings file (a RunSettings field without one here takes the model's default).
+FLAG_DEFAULTS: dict[str, Any] = {"stages": 3, "dev_per_size": DEV_PER_SIZE}
+SETTINGS_FILE_BYTES = 64 * 1024  # a settings file is a few lines; anything larger is not one
+FILE_KEYS = tuple(sorted(set(RunSettings.model_fields) - {"context", "engineer_history", "example"}))
+_NAMED = re.compile(r"^(?:settings\['grpo'\] has '(?P<unknown>\w+)'|grpo (?P<grpo>\w+) =|(?P<field>\w+)(?: =|:))")
+
+
+@dataclass(frozen=True)
+class SettingsFile:
+    """A settings file read and checked for its shape (`read_settings_file`): its values, and the line of each
+    setting (`grpo.KEY` for a GRPO field) for the messages that name one."""
+
+    path: Path
+    values: dict[str, Any]
+    lines: dict[str, int]
+
+    def located(self, message: str, flags: set[str] = frozenset(), grpo_flags: set[str] = frozenset()) -> str:
+        """`message` with `FILE:LINE: ` in front where it names a setting that came from this file (not from a
+        flag given on top of it)."""
+        found = _NAMED.match(message)
+        if found is not None:
+            grpo = found["unknown"] or found["grpo"]
+            key = f"grpo.{grpo}" if grpo else found["field"]
+            if key in self.lines and (grpo or key) not in (grpo_flags if grpo else flags):
+                return f"{self.path}:{self.lines[key]}: {message}"
+        return f"{self.path}: {message}"
+
+
+def settings_file(args: argparse.Namespace) -> SettingsFile | None:
+    """The `--settings` file of a command, read (None without one)."""
+    path = getattr(args, "settings", None)
+    return None if path is None else read_settings_file(path)
+
+
+def read_settings_file(path: Path) -> SettingsFile:
+    """A YAML mapping of run settings (`FILE_KEYS`; `grpo` a mapping of GRPOConfig fields), bounded in size and
+    read with YAML's safe loader; its values are checked with the flags' (`settings_from_args`). A SettingsError
+    names the file and the line of what is wrong."""
+    try:
+        size = path.stat().st_size
+        if size > SETTINGS_FILE_BYTES:
+            raise SettingsError(f"{path}: {size:,} bytes, more than {SETTINGS_FILE_BYTES:,}: not a settings file")
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise SettingsError(f"{path}: cannot be read ({err.strerror if isinstance(err, OSError) else err})"
+                            ) from None
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return SettingsFile(path, {}, {})
+        if not isinstance(node, yaml.MappingNode):
+            raise SettingsError(f"{path}:{node.start_mark.line + 1}: a settings file is a mapping of setting: value")
+        lines = _lines(path, node)
+        values = loader.construct_document(node)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        raise SettingsError(f"{where}: not YAML: {getattr(err, 'problem', None) or err}") from None
+    finally:
+        loader.dispose()
+    if not isinstance(values.get("grpo", {}), dict):
+        raise SettingsError(f"{path}:{lines['grpo']}: grpo is a mapping of GRPOConfig fields (field: value)")
+    return SettingsFile(path, values, lines)
+
+
+def _lines(path: Path, node: yaml.MappingNode) -> dict[str, int]:
+    """The line of each setting of the file's mapping (and of each field of its `grpo`), refusing a key that is not
+    a setting, or one given twice."""
+    lines: dict[str, int] = {}
+    for key_node, value_node in node.value:
+        key, line = key_node.value, key_node.start_mark.line + 1
+        if key not in FILE_KEYS:
+            raise SettingsError(f"{path}:{line}: {key!r:.60} is not a run setting (one of {', '.join(FILE_KEYS)})")
+        if key in lines:
+            raise SettingsError(f"{path}:{line}: {key} is given twice (first on line {lines[key]})")
+        lines[key] = line
+        if key == "grpo" and isinstance(value_node, yaml.MappingNode):
+            lines.update({f"grpo.{k.value}": k.start_mark.line + 1 for k, _ in value_node.value})
+    return lines
+
+
+def settings_yaml(settings: RunSettings) -> str:
+    """A run's settings as a settings file (`read_settings_file` reads it back): what `--print-settings` writes."""
+    shown = settings.model_dump(mode="json", exclude_none=True, include=set(FILE_KEYS))
+    return yaml.safe_dump(shown, sort_keys=False, allow_unicode=True)

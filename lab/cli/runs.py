@@ -14,7 +14,7 @@ from tqdm import tqdm
 from envsim.config import EnvConfig
 from lab.cli.common import UsageError, config_file, engine_of, grpo_overrides
 from lab.llm import allow_server
-from lab.settings import MAX_BOARDS, SEED, settings_arguments, settings_from_args
+from lab.settings import MAX_BOARDS, SEED, settings_arguments, settings_file, settings_from_args, settings_yaml
 
 if TYPE_CHECKING:
     from sqlmodel import Session
@@ -58,8 +58,8 @@ def stage_line(s: Session, stage: Stage, stages: int) -> str:
 
 
 def _initial(args: argparse.Namespace) -> tuple[EnvConfig, dict]:
-    """The initial config and GRPO overrides of `--scenario`, `--config`, `--instances` and `--grpo` (each on
-    top of the one before)."""
+    """The initial config of `--scenario`, `--config` and `--instances` (each on top of the one before), and the
+    scenario's GRPO overrides (a settings file's and `--grpo`'s go on top: `settings_from_args`)."""
     from lab.study.experiments import ExperimentError, load_scenario
 
     try:
@@ -69,20 +69,44 @@ def _initial(args: argparse.Namespace) -> tuple[EnvConfig, dict]:
     config = config_file(args.config) if args.config else scenario.config
     if args.instances is not None:
         config = config.model_copy(update={"num_instances": args.instances})
-    return config, {**scenario.grpo, **grpo_overrides(args.grpo)}
+    return config, scenario.grpo
 
 
 def _new_run(s: Session, args: argparse.Namespace) -> Run:
     from lab.loop import LoopError, create_run
     from storage.settings import SettingsError
 
-    config, grpo = _initial(args)
+    config, scenario_grpo = _initial(args)
     try:
-        return create_run(s, name=args.name, config=config, settings=settings_from_args(args, grpo=grpo),
-                          policy=args.policy, engineer=args.engineer or "heuristic",
-                          engineer_backend=args.backend or "", seed=args.seed)
-    except (LoopError, SettingsError) as err:
+        settings = settings_from_args(args, grpo=grpo_overrides(args.grpo), grpo_under=scenario_grpo)
+        return create_run(s, name=args.name, config=config, settings=settings, policy=args.policy,
+                          engineer=args.engineer or "heuristic", engineer_backend=args.backend or "", seed=args.seed)
+    except SettingsError as err:
         raise UsageError(str(err)) from err
+    except LoopError as err:  # what only the training stack checks (the GRPO overrides): named in the file too
+        file = settings_file(args)
+        raise UsageError(file.located(str(err), grpo_flags=set(grpo_overrides(args.grpo))) if file
+                         else str(err)) from err
+
+
+def _print_settings(args: argparse.Namespace) -> None:
+    """`--print-settings`: the settings file of the run `--resume` names, else of the run these flags would make."""
+    from storage.db import session
+    from storage.models import Run
+    from storage.settings import SettingsError
+
+    if args.resume is not None:
+        with session(engine_of(args.db)) as s:
+            run = s.get(Run, args.resume)
+        if run is None:
+            raise UsageError(f"--resume {args.resume}: no such run")
+        settings = run.settings
+    else:
+        try:
+            settings = settings_from_args(args, grpo=grpo_overrides(args.grpo), grpo_under=_initial(args)[1])
+        except SettingsError as err:
+            raise UsageError(str(err)) from err
+    print(settings_yaml(settings), end="")
 
 
 def cmd_run(args: argparse.Namespace) -> None:
@@ -93,6 +117,9 @@ def cmd_run(args: argparse.Namespace) -> None:
     from storage.db import session
     from storage.models import Run, RunStatus, StageStatus
 
+    if args.print_settings:
+        _print_settings(args)
+        return
     quiet = not sys.stdout.isatty()
     if quiet:
         quiet_libraries()
@@ -106,7 +133,7 @@ def cmd_run(args: argparse.Namespace) -> None:
                 raise UsageError(f"--resume {args.resume}: no such run")
         else:
             run = _new_run(s, args)
-        stages = run.settings.stages
+        stages, auto_apply = run.settings.stages, run.settings.auto_apply
     if args.resume is not None:
         try:
             requeued = (switch_engineer(engine, run.id, args.engineer, args.backend or "") if args.engineer
@@ -130,7 +157,7 @@ def cmd_run(args: argparse.Namespace) -> None:
                 say(line)
             bar.update(len(done) - bar.n)
             bar.set_postfix_str(state.text[:60])
-            if state.status == RunStatus.WAITING and not args.auto_apply and state.text != last:
+            if state.status == RunStatus.WAITING and not auto_apply and state.text != last:
                 say(f"{state.text}: decide in the web lab (envlab serve), or rerun with --auto-apply")
             last = state.text
 
@@ -212,6 +239,9 @@ def run_arguments(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--name", default="run")
     s.add_argument("--seed", type=SEED, default=0)
     s.add_argument("--resume", type=int, metavar="RUN_ID", help="continue a run that was interrupted")
+    s.add_argument("--print-settings", action="store_true",
+                   help="write the run's settings as a settings file (--settings reads it back) and start nothing: "
+                        "the run --resume names, else the one these flags would make")
     s.add_argument("--db", help="database path or URL (default: $ENVLAB_DB or runs/envlab.db)")
     s.set_defaults(fn=cmd_run)
 

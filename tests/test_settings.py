@@ -1,0 +1,110 @@
+"""A run's settings from one YAML file (`envlab run --settings`, `experiment new --settings`), flags on top, with
+the file's line named in a refusal; `--print-settings` writes the file a run used."""
+
+from __future__ import annotations
+
+import pytest
+from sqlmodel import select
+
+from lab.cli import arguments, main
+from lab.settings import read_settings_file, settings_from_args
+from storage.db import make_engine, session
+from storage.models import Experiment, Run
+from storage.settings import RunSettings, SettingsError
+
+FILE = """\
+# the settings of a short study
+stages: 2
+lora: 0
+validation_boards: 16
+dev_per_size: 6
+thinking: "off"
+grpo:
+  max_steps: 3
+  learning_rate: 1.0e-05
+"""
+
+
+def args_of(*flags: str):
+    return arguments().parse_args(["run", *flags])
+
+
+def write(tmp_path, text: str = FILE):
+    path = tmp_path / "study.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_the_file_gives_every_setting_and_the_flags_go_on_top(tmp_path):
+    path = write(tmp_path)
+    assert settings_from_args(args_of("--settings", str(path))) == RunSettings(
+        stages=2, validation_boards=16, dev_per_size=6, grpo={"max_steps": 3, "learning_rate": 1e-5})
+    flagged = settings_from_args(args_of("--settings", str(path), "--stages", "4", "--grpo", "max_steps=9"),
+                                 grpo={"max_steps": 9}, grpo_under={"beta": 0.0, "max_steps": 1})
+    assert (flagged.stages, flagged.validation_boards, flagged.grpo) == (
+        4, 16, {"beta": 0.0, "max_steps": 9, "learning_rate": 1e-5})  # scenario, then file, then flags
+    assert settings_from_args(args_of()) == RunSettings(stages=3, dev_per_size=30)  # no file: the flags' defaults
+
+
+def test_print_settings_writes_the_file_a_run_reads_back(tmp_path, capsys):
+    path = write(tmp_path)
+    db = tmp_path / "lab.db"
+    assert main(["run", "--db", str(db), "--settings", str(path), "--completion-length", "40", "--print-settings"]) == 0
+    printed = capsys.readouterr().out
+    assert not db.exists()  # nothing was made
+    again = tmp_path / "printed.yaml"
+    again.write_text(printed)
+    assert read_settings_file(again).values == {
+        "stages": 2, "auto_apply": False, "grpo": {"max_steps": 3, "learning_rate": 1e-5}, "lora": 0,
+        "validation_boards": 16, "dev_per_size": 6, "remeasure": False, "keep_checkpoints": False, "allow_cpu": False,
+        "thinking": "off", "completion_length": 40, "validation_decoding": "greedy"}
+
+
+@pytest.mark.parametrize("text, flags, message", [
+    (FILE.replace("stages: 2", "stages: 0"), [], "study.yaml:2: stages = 0: a run trains at least 1 stage"),
+    (FILE.replace("lora: 0", "lora: -1"), [], "study.yaml:3: lora = -1: Input should be greater than or equal to 0"),
+    (FILE.replace("thinking: \"off\"", "thinking: maybe"), [], "study.yaml:6: thinking = 'maybe': Input should be"),
+    (FILE + "stagez: 3\n", [], "study.yaml:10: 'stagez' is not a run setting (one of allow_cpu, auto_apply"),
+    (FILE + "stages: 3\n", [], "study.yaml:10: stages is given twice (first on line 2)"),
+    (FILE.replace("max_steps: 3", "max_stepz: 3"), [],
+     "study.yaml:8: settings['grpo'] has 'max_stepz': not GRPOConfig"),
+    (FILE.replace("max_steps: 3", "max_steps: three"), [],
+     "study.yaml:8: grpo max_steps = 'three': GRPOConfig's max_steps is of type int"),
+    (FILE.replace("grpo:\n  max_steps: 3\n  learning_rate: 1.0e-05\n", "grpo: 3\n"), [],
+     "study.yaml:7: grpo is a mapping of GRPOConfig fields"),
+    ("stages: [2\n", [], "study.yaml:2: not YAML"),
+    ("- 2\n", [], "study.yaml:1: a settings file is a mapping of setting: value"),
+])
+def test_a_bad_file_is_refused_naming_its_line_and_nothing_is_stored(tmp_path, capsys, text, flags, message):
+    path = write(tmp_path, text)
+    db = tmp_path / "lab.db"
+    assert main(["run", "--db", str(db), "--engineer", "fixed", "--settings", str(path), *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"envlab run: {path.parent}/") and message in err, err
+    if db.exists():
+        engine = make_engine(str(db))
+        with session(engine) as s:
+            assert s.exec(select(Run)).all() == []
+        engine.dispose()
+
+
+def test_a_flag_on_top_of_a_bad_value_wins_and_a_large_file_is_refused(tmp_path):
+    path = write(tmp_path, FILE.replace("stages: 2", "stages: 0"))
+    assert settings_from_args(args_of("--settings", str(path), "--stages", "1")).stages == 1
+    path.write_text("# " + "x" * 70_000)
+    with pytest.raises(SettingsError, match=r"study.yaml: 70,002 bytes, more than 65,536: not a settings file"):
+        settings_from_args(args_of("--settings", str(path)))
+
+
+def test_an_experiment_takes_its_runs_settings_from_the_file(tmp_path):
+    path = write(tmp_path, FILE.replace("max_steps: 3", "max_steps: 1"))
+    db = tmp_path / "lab.db"
+    assert main(["experiment", "new", "--name", "filed", "--arms", "fixed", "--seeds", "1", "--instances", "8",
+                 "--settings", str(path), "--db", str(db)]) == 0
+    engine = make_engine(str(db))
+    with session(engine) as s:
+        experiment = s.exec(select(Experiment)).one()
+        run = s.exec(select(Run)).one()
+    engine.dispose()
+    assert (experiment.settings.stages, experiment.settings.steps_per_stage, run.settings.validation_boards,
+            run.settings.grpo, run.settings.auto_apply) == (2, 1, 16, {"max_steps": 1, "learning_rate": 1e-5}, True)
