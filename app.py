@@ -585,6 +585,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         launch(build_demo(engine, own_worker=not args.no_worker), host, port, auth,
                allowed=args.allowed_hosts.split(","), forwarded_allow_ips=args.forwarded_allow_ips)
+    except KeyboardInterrupt:  # Ctrl+C: one line; the worker it started hands its job back as it stops (atexit)
+        print("envlab serve: stopped", file=sys.stderr)
+        return 0
     except OSError:
         if port_free(host, port):
             raise

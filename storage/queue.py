@@ -225,6 +225,32 @@ def reap_stale(session: Session, max_age_s: float) -> list[Job]:
     return [_reload(session, job_id) for job_id in reaped]
 
 
+def hand_back(session: Session, job_id: int, why: str, *, commit: bool = True) -> Job | None:
+    """Give a running job back to the queue because its worker is ending (a signal, Ctrl+C, Slurm's SIGTERM or
+    time limit), not because the job failed: queued again in place (its id keeps its turn), this attempt not
+    counted (`attempts` back by one, so no retry is spent on it), its recorded result (a checkpoint) kept for the
+    next attempt, `why` in its log tail. A job whose cancel was asked ends cancelled instead. None when it was not
+    running (it ended, or another process handed it back first)."""
+    job = _reload(session, job_id)
+    if job.status != JobStatus.RUNNING:
+        return None
+    if job.cancel_requested:
+        _update_running(session, job_id, {"status": JobStatus.CANCELLED, "error": f"cancelled; {why}",
+                                          "finished_at": db_now(session)}, commit=commit)
+        return _reload(session, job_id)
+    step = f"at step {job.step}" + (f" of {job.total}" if job.total else "")
+    changed = session.exec(
+        _jobs(Job.id == job_id, Job.status == JobStatus.RUNNING).values(
+            status=JobStatus.QUEUED, worker=None, heartbeat_at=None, started_at=None, finished_at=None, error=None,
+            attempts=Job.attempts - 1,
+            log_tail=_append(job.log_tail, f"-- handed back {step}: {why} (the attempt is not counted)"),
+        )
+    ).rowcount
+    if commit:
+        session.commit()
+    return _reload(session, job_id) if changed else None
+
+
 def requeue(session: Session, job_id: int, *, commit: bool = True) -> Job:
     """Queue a failed or cancelled job again for a new attempt.
 

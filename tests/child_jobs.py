@@ -19,6 +19,19 @@ def stubborn(engine, job, progress):
         time.sleep(0.1)
 
 
+def patient(engine, job, progress):
+    """Reports a step every 0.1 s until asked to stop, then writes "saved at step N" to the payload's file (as a
+    stage saves its checkpoint) and raises Cancelled."""
+    from training.progress import Cancelled
+
+    step = 0
+    while not progress(step, 1000, f"step {step}" if step % 10 == 0 else None):
+        step += 1
+        time.sleep(0.1)
+    Path(job.payload["saved"]).write_text(f"saved at step {step}")
+    raise Cancelled(f"stopped at step {step}")
+
+
 def killed(engine, job, progress):
     """Reports once, says something on stderr, then is killed with SIGKILL (as the kernel's OOM killer does)."""
     progress(1, 2, "halfway")

@@ -202,6 +202,25 @@ def test_a_worker_whose_clock_is_off_keeps_its_job_and_a_dead_one_is_still_reape
         assert queue.heartbeat(s, live, 2, 10) is False  # its worker carries on
 
 
+def test_hand_back_queues_a_running_job_again_in_place_uncounted_unless_a_cancel_was_asked(engine: Engine):
+    with session(engine) as s:
+        job = queue.enqueue(s, "stage", {"run_id": 1, "stage": 2})
+        asked = queue.enqueue(s, "stage", {"run_id": 2, "stage": 1})
+        queue.claim(s, "w0")
+        queue.heartbeat(s, job.id, 40, 100, "step 40", result={"checkpoint": "runs/1/stage-2/step-40"})
+        back = queue.hand_back(s, job.id, "its worker got SIGTERM")
+        assert (back.status, back.attempts, back.worker, back.step, back.started_at, back.error, back.result) == (
+            "queued", 0, None, 40, None, None, {"checkpoint": "runs/1/stage-2/step-40"})
+        assert back.log_tail.splitlines()[-1] == \
+            "-- handed back at step 40 of 100: its worker got SIGTERM (the attempt is not counted)"
+        assert queue.hand_back(s, job.id, "again") is None  # queued: not running any more
+        assert (queue.claim(s, "w1").id, s.get(Job, job.id).attempts) == (job.id, 1)  # its turn kept
+        queue.claim(s, "w1")
+        queue.request_cancel(s, asked.id)
+        cancelled = queue.hand_back(s, asked.id, "its worker got SIGINT")
+        assert (cancelled.status, cancelled.error) == ("cancelled", "cancelled; its worker got SIGINT")
+
+
 def test_requeue_gives_a_failed_job_a_new_attempt_that_resumes_from_its_checkpoint(engine: Engine):
     with session(engine) as s:
         job = queue.enqueue(s, "stage", {"run_id": 1, "stage": 2})

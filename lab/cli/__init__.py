@@ -39,6 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, GenerationError) as err:
         print(f"envlab {args.command}: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl+C: a job in hand went back to the queue (lab.jobs.worker), nothing half-written
+        print(f"envlab {args.command}: interrupted", file=sys.stderr)
+        return 130
     except OSError as err:
         if err.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise

@@ -44,7 +44,12 @@ def _other_rank(engine, job: Job) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run job JOB_ID (claimed by the worker that started this process) with its handler; 0 when it ended
     done, 1 when it ended otherwise (its row says how)."""
-    from lab.jobs.worker import DB_SETTING, run_job, target_function  # the worker's runner: heartbeats, lines, its end
+    from lab.jobs.worker import (  # the worker's runner: heartbeats, lines, its end
+        DB_SETTING,
+        run_job,
+        stop_gracefully_on_sigterm,
+        target_function,
+    )
 
     parser = argparse.ArgumentParser(prog="python -m lab.jobs.child", description=main.__doc__.splitlines()[0])
     parser.add_argument("job", type=int)
@@ -56,6 +61,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # instead of raising BrokenPipeError in the middle of the job, which would end the job failed for a cause
     # that is not the job's. The job stays running, and is handed back when its worker is seen dead.
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    # A SIGTERM (its worker ending, Slurm stopping the task) stops the job at its next step: a stage saves its TRL
+    # checkpoint, and the job goes back to the queue for the next attempt to resume from it (a second: at once).
+    stop_gracefully_on_sigterm()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     engine = make_engine(os.environ.get(DB_SETTING))

@@ -112,7 +112,7 @@ def run_job(engine: Engine, job: Job, handler: Handler, *, stale_s: float | None
         if line is not None:
             log.info("job %s: %s", job.id, line)
         beat.cancelled = beat.cancelled or cancelled
-        return beat.cancelled
+        return beat.cancelled or ENDING.is_set()
 
     beat.start()
     try:
@@ -125,14 +125,29 @@ def run_job(engine: Engine, job: Job, handler: Handler, *, stale_s: float | None
         with session(engine) as s:
             return s.get(Job, job.id, populate_existing=True)
     except Exception as err:
-        ended = _fail_job(engine, job, err)
-    except KeyboardInterrupt as err:  # a second SIGINT/SIGTERM: end the job as failed, then stop
-        _fail_job(engine, job, err)
+        ended = _handed_back(engine, job) if ENDING.is_set() and isinstance(err, Cancelled) else \
+            _fail_job(engine, job, err)
+    except KeyboardInterrupt:  # a second SIGINT/SIGTERM: hand the job back as it is, then stop
+        _handed_back(engine, job)
         raise
     finally:
         beat.done.set()
         beat.join()
     return ended
+
+
+def _handed_back(engine: Engine, job: Job) -> Job:
+    """Give a job this ending process ran back to the queue (`storage.queue.hand_back`); its row as it is now."""
+    with session(engine) as s:
+        back = queue.hand_back(s, job.id, _ending_why[0])
+        if back is not None:
+            log.info("job %s (%s) handed back to the queue at step %s: %s", job.id, job.kind, job_step(back),
+                     _ending_why[0])
+        return s.get(Job, job.id, populate_existing=True)
+
+
+def job_step(job: Job) -> str:
+    return f"{job.step}" + (f"/{job.total}" if job.total else "")
 
 
 def _fail_job(engine: Engine, job: Job, err: BaseException) -> Job:
@@ -159,7 +174,34 @@ def _fail_job(engine: Engine, job: Job, err: BaseException) -> Job:
 
 CHILD_TAIL_LINES = 40  # of a dead child's stderr, kept in its job's log tail
 CANCEL_GRACE_S = 10.0  # a cancelled child's time to stop by itself (a stage saves its checkpoint) before SIGTERM
-KILL_GRACE_S = 5.0  # then SIGTERM's, before SIGKILL
+KILL_GRACE_S = 5.0  # then SIGTERM's (stop and save), before SIGTERM again (stop now) and SIGKILL
+HAND_BACK_GRACE_S = 20.0  # an ending worker's child's time to save and hand its job back (Slurm's KillWait: 30 s)
+ENDING = threading.Event()
+"""Set when this process is ending (a signal, Ctrl+C, Slurm's SIGTERM): the job it runs stops at its next step,
+saving what it has (a stage its TRL checkpoint), and is handed back to the queue (`storage.queue.hand_back`: queued
+again, the attempt not counted), never failed for it. `end_process` sets it."""
+_ending_why = ["this process is ending"]
+
+
+def end_process(why: str) -> None:
+    """Hand the running job back and stop (`ENDING`), saying `why` in its log."""
+    _ending_why[0] = why
+    ENDING.set()
+
+
+HAND_BACK_SIGNAL = signal.SIGUSR1  # what an ending worker sends its child: stop at the next step, save, hand back
+
+
+def stop_gracefully_on_sigterm() -> None:
+    """A child's signals: `HAND_BACK_SIGNAL` (its worker is ending) and a first SIGTERM (Slurm stopping the task,
+    a cancel's escalation) stop the job at its next step, which saves and hands it back; a second SIGTERM ends the
+    process at once."""
+    def on_term(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        end_process("its process got SIGTERM (its worker or the scheduler is stopping it)")
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(HAND_BACK_SIGNAL, lambda signum, frame: end_process("its worker is ending"))
 DB_SETTING = "ENVLAB_CHILD_DB"  # the worker's database URL, password included: in the environment, not argv
 
 
@@ -217,8 +259,9 @@ def child_env(engine: Engine, gpus: Sequence[str]) -> dict[str, str]:
 
 
 def _kill_group(proc: subprocess.Popen, grace_s: float = KILL_GRACE_S) -> None:
-    """End the child's whole process group (its own children too): SIGTERM, then SIGKILL after `grace_s`."""
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, None)):
+    """End the child's whole process group (its own children too): SIGTERM (a child stops at its next step and
+    saves), SIGTERM again after `grace_s` (at once), then SIGKILL."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGTERM, 1.0), (signal.SIGKILL, None)):
         try:
             os.killpg(proc.pid, sig)
         except (ProcessLookupError, PermissionError):
@@ -292,19 +335,28 @@ def run_child(engine: Engine, job: Job, child: InChild, *, gpus: Sequence[str] =
                 stop_asked = time.monotonic()
                 log.info("job %s: %s; the child has %gs to stop", job.id,
                          "cancel requested" if row.cancel_requested else f"job is {row.status}", cancel_grace_s)
+            elif stop_asked is None and ENDING.is_set():  # this worker is ending: the child saves and hands back
+                stop_asked, cancel_grace_s = time.monotonic(), HAND_BACK_GRACE_S
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(proc.pid, HAND_BACK_SIGNAL)
             if stop_asked is not None and time.monotonic() - stop_asked >= cancel_grace_s:
                 log.info("job %s: ending child process group %d", job.id, proc.pid)
                 _kill_group(proc)
-    except BaseException:  # a second SIGINT/SIGTERM: the child goes with the job
+    except BaseException:  # a second SIGINT/SIGTERM: the child goes, its job back to the queue
         _kill_group(proc)
+        _handed_back(engine, job)
         raise
     finally:
         _reap_group(proc.pid)
         reader.join(timeout=5)
     with session(engine) as s:
         ended = s.get(Job, job.id, populate_existing=True)
-        if ended.status != JobStatus.RUNNING:
-            return ended
+    if ended.status != JobStatus.RUNNING:
+        return ended
+    if ENDING.is_set():  # the child ended before it could hand its job back
+        return _handed_back(engine, job)
+    with session(engine) as s:
+        ended = s.get(Job, job.id, populate_existing=True)
         how = _ended_how(proc.returncode)
         last = next((line for line in reversed(tail) if line.strip()), "")
         try:
@@ -358,6 +410,7 @@ def run_worker(engine: Engine, handlers: dict[str, Handler | InChild], options: 
     gpus, poll_s, idle_exit_s = options.gpus, options.poll_s, options.idle_exit_s
     ran = 0
     idle_since = time.monotonic()
+    hand_back_orphans(engine)
     log.info("worker %s: polling every %gs for %s%s", worker_id, poll_s, ", ".join(handlers),
              f" on GPUs {','.join(gpus)}" if gpus else " (no GPU)")
     while not stop.is_set():
@@ -383,6 +436,33 @@ def run_worker(engine: Engine, handlers: dict[str, Handler | InChild], options: 
         idle_since = time.monotonic()
     log.info("worker %s: stopped after %d jobs", worker_id, ran)
     return ran
+
+
+def hand_back_orphans(engine: Engine) -> list[Job]:
+    """Running jobs whose worker was a process of this host that is gone (killed, the machine restarted): handed back
+    to the queue at once (`storage.queue.hand_back`), not failed after the heartbeat timeout. A worker is named
+    `host:pid` (`WorkerOptions.worker_id`'s default); a job of a worker named otherwise is left to the reaper."""
+    host = socket.gethostname()
+    back = []
+    with session(engine) as s:
+        running = s.exec(select(Job).where(Job.status == JobStatus.RUNNING, Job.worker.like(f"{host}:%"))).all()
+        for job in running:
+            pid, worker = job.worker.rpartition(":")[2], job.worker
+            why = f"its worker {worker} is gone from this host"
+            if pid.isdigit() and not _alive(int(pid)) and queue.hand_back(s, job.id, why) is not None:
+                log.info("job %s (%s) handed back to the queue: %s", job.id, job.kind, why)
+                back.append(s.get(Job, job.id, populate_existing=True))
+    return back
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process of that number
+        return True
+    return True
 
 
 def _run_claimed(engine: Engine, job: Job, handlers: dict[str, Handler | InChild], gpus: Sequence[str],
@@ -486,6 +566,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="exit after SECONDS with nothing to claim (what a Slurm array task does)")
 
 
+def stop_on_signals() -> threading.Event:
+    """A worker's SIGINT (Ctrl+C) and SIGTERM: the first hands the job in hand back to the queue (it stops at its
+    next step and saves: `ENDING`) and stops the worker (the event returned: `WorkerOptions.stop`), in one log line;
+    a second stops it at once (KeyboardInterrupt; the job still goes back, as it is)."""
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        name = signal.Signals(signum).name
+        log.info("%s: handing the job in hand back to the queue and stopping (again to stop at once)", name)
+        end_process(f"its worker got {name}")
+        stop.set()
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, on_signal)
+        signal.signal(signal.SIGTERM, on_signal)
+    return stop
+
+
 def run_from_args(args: argparse.Namespace) -> int:
     """Migrate the database, then run a worker of every lab job kind until SIGINT/SIGTERM (the first stops
     after the current job, a second interrupts it) or, with `--once`, until the queue is empty. After each
@@ -502,22 +602,14 @@ def run_from_args(args: argparse.Namespace) -> int:
         print(f"envlab worker: {err}", file=sys.stderr)
         return 2
     log.info("GPUs this worker owns: %s", ",".join(gpus) or "none")
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: Any) -> None:
-        if stop.is_set():
-            raise KeyboardInterrupt
-        log.info("signal %d: stopping after the current job (again to interrupt it)", signum)
-        stop.set()
-
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, on_signal)
-        signal.signal(signal.SIGTERM, on_signal)
+    stop = stop_on_signals()
     try:
         options = WorkerOptions(worker_id=args.worker_id, poll_s=args.poll, stale_s=args.stale, once=args.once,
                                 after=after_job, stop=stop, gpus=gpus, kinds=args.kinds, nice=args.nice,
                                 idle_exit_s=getattr(args, "idle_exit_s", None))
         run_worker(engine, handlers(in_child=not args.in_process), options)
+    except KeyboardInterrupt:  # a second signal: the job in hand went back to the queue as it was (run_job)
+        log.info("stopped at once")
     finally:
         engine.dispose()
     return 0

@@ -29,6 +29,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import tomllib
 from collections.abc import Callable, Sequence
@@ -40,7 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import Engine, update
 from sqlmodel import select
 
-from lab.jobs.worker import WorkerOptions, handlers, run_worker, visible_gpus
+from lab.jobs.worker import WorkerOptions, end_process, handlers, run_worker, visible_gpus
 from lab.loop import advance, after_job, cancel, resume
 from lab.study.experiments import (
     ENDED,
@@ -207,14 +208,18 @@ def record(engine: Engine, job_id: int, slurm: SlurmJob) -> None:
         s.commit()
 
 
-def release(engine: Engine, job_id: int, why: str) -> Job | None:
+def release(engine: Engine, job_id: int, why: str, *, counted: bool = True) -> Job | None:
     """End a running job whose Slurm job stopped as failed with `why`, and queue it again in the same
     transaction (its next attempt resumes from its recorded checkpoint), unless a cancel had been asked or it
-    died `RETRIES` times. None when the job was not running (ended already, or released by someone else)."""
+    died `RETRIES` times. Not `counted` (Slurm stopped a live task: scancel, its time limit, preemption): handed
+    back, the attempt not counted against the retries (`storage.queue.hand_back`). None when the job was not
+    running (ended already, or released by someone else)."""
     with session(engine) as s:
         job = s.get(Job, job_id, populate_existing=True)
         if job is None or job.status != JobStatus.RUNNING:
             return None
+        if not counted:
+            return queue.hand_back(s, job_id, why)
         try:
             ended = queue.fail(s, job_id, why, commit=False)
         except LostJob:
@@ -277,8 +282,15 @@ class SlurmTask:
         print(f"envlab worker: slurm {me.key} on {me.node}, GPUs {me.gpus or 'none'}, runs root {self.runs}",
               file=sys.stderr, flush=True)
 
+        stopping = threading.Event()
+
         def stop(signum: int, frame: Any) -> None:
-            raise Stopped(f"slurm job {me.key} on {me.node} got {signal.Signals(signum).name}")
+            why = f"slurm job {me.key} on {me.node} got {signal.Signals(signum).name}"
+            if stopping.is_set():  # a second: now
+                raise Stopped(why)
+            print(f"envlab worker: {why}: handing the job in hand back and stopping", file=sys.stderr, flush=True)
+            end_process(why)  # the job stops at its next step, saves and goes back to the queue, uncounted
+            stopping.set()
 
         signal.signal(signal.SIGTERM, stop)
 
@@ -295,23 +307,24 @@ class SlurmTask:
         # process group too (`lab.jobs.worker.run_child`) and hands the job back.
         try:
             options = WorkerOptions(worker_id=me.worker, poll_s=self.poll_s, stale_s=self.stale_s, after=after,
-                                    claimed=claimed, idle_exit_s=self.idle_exit_s, gpus=visible_gpus())
+                                    claimed=claimed, idle_exit_s=self.idle_exit_s, gpus=visible_gpus(),
+                                    stop=stopping)
             return run_worker(engine, handlers(), options)
         except Stopped as err:
             job_id = self._current
-            self._release(f"{err}: stopped (scancel, time limit or preemption) during the job")
+            self._release(f"{err}: stopped (scancel, time limit or preemption) during the job", counted=False)
             held = f"job {job_id} handed back to the queue" if job_id else "it held no job"
             print(f"envlab worker: {err}; {held}", file=sys.stderr, flush=True)
             return 0
         finally:
             engine.dispose()
 
-    def _release(self, why: str) -> None:
+    def _release(self, why: str, *, counted: bool = True) -> None:
         if self._current is None:
             return
         engine = open_database(self.db)  # a fresh pool: the signal may have cut a statement short on the old one
         try:
-            release(engine, self._current, why)
+            release(engine, self._current, why, counted=counted)
         finally:
             engine.dispose()
         self._current = None
@@ -321,7 +334,7 @@ class SlurmTask:
         back to the queue and requeue this task (a fresh one, from the same settings)."""
         import submitit
 
-        self._release("slurm job reached its time limit or was preempted; requeued")
+        self._release("slurm job reached its time limit or was preempted; requeued", counted=False)
         return submitit.helpers.DelayedSubmission(SlurmTask(self.db, self.runs, self.stale_s, self.idle_exit_s,
                                                             self.threads, self.poll_s))
 

@@ -4,6 +4,8 @@ workers never share a job, cancel stops a running job, a failing handler fails o
 from __future__ import annotations
 
 import os
+import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -13,7 +15,7 @@ from pathlib import Path
 from sqlalchemy import Engine, text
 from sqlmodel import select
 
-from lab.jobs.worker import WorkerOptions, beside_page_env, run_worker
+from lab.jobs.worker import InChild, WorkerOptions, beside_page_env, run_worker, stop_on_signals
 from storage import queue
 from storage.db import make_engine, session, upgrade
 from storage.models import Job
@@ -202,3 +204,66 @@ def test_a_worker_beside_the_page_leaves_it_a_core_unless_told_its_threads():
     assert beside_page_env({}, cores=1) == {"OMP_NUM_THREADS": "1"}  # at least one
     assert beside_page_env({}, cores=16) == {"OMP_NUM_THREADS": "15"}
     assert beside_page_env({"OMP_NUM_THREADS": "4"}, cores=16) == {}  # what the person set is kept
+
+
+def _ending_worker(url: str, log_path: str) -> None:
+    """A worker process as `envlab worker` runs one: its signals handled, its probe jobs in child processes."""
+    import logging
+
+    logging.basicConfig(filename=log_path, level=logging.INFO, format="%(name)s %(levelname)s %(message)s", force=True)
+    stop = stop_on_signals()
+    run_worker(make_engine(url), {"probe": InChild("tests.child_jobs:patient")}, WorkerOptions(poll_s=0.05, stop=stop))
+
+
+def test_a_signalled_worker_hands_its_job_back_saved_and_uncounted_and_the_next_worker_finishes_it(
+        db_url: str, engine: Engine, tmp_path: Path):
+    saved, log_path = tmp_path / "saved", tmp_path / "worker.log"
+    with session(engine) as s:
+        job_id = queue.enqueue(s, "probe", {"saved": str(saved)}).id
+    engine.dispose()  # no pooled connection crosses the fork
+    worker = FORK.Process(target=_ending_worker, args=(db_url, str(log_path)))
+    worker.start()
+    try:
+        _wait_for(lambda: _job(engine, job_id).step >= 3, timeout=180)  # the child is at work
+        os.kill(worker.pid, signal.SIGTERM)
+        worker.join(timeout=60)
+    finally:
+        if worker.is_alive():
+            worker.kill()
+    assert worker.exitcode == 0
+    back = _job(engine, job_id)
+    assert (back.status, back.attempts, back.worker, back.error) == ("queued", 0, None, None)
+    assert saved.read_text().startswith("saved at step ")  # it stopped at a step and saved, as a stage does
+    assert f"-- handed back at step {back.step} of 1000: its worker is ending (the attempt" in back.log_tail
+    logged = log_path.read_text()
+    assert "SIGTERM: handing the job in hand back to the queue and stopping" in logged and "Traceback" not in logged
+
+    def finish(engine, job, progress) -> dict:
+        return {"attempt": job.attempts}
+
+    assert run_worker(engine, {"probe": finish}, WorkerOptions(poll_s=0.02, once=True)) == 1
+    done = _job(engine, job_id)
+    assert (done.status, done.attempts, done.result) == ("done", 1, {"attempt": 1})  # the handed-back one not counted
+
+
+def test_a_job_whose_worker_process_is_gone_from_this_host_is_handed_back_at_the_next_start(engine: Engine):
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dead = f"{socket.gethostname()}:{gone.pid}"
+    with session(engine) as s:
+        job_id = queue.enqueue(s, "stage", {"run_id": 1, "stage_index": 1}).id
+        other = queue.enqueue(s, "stage", {"run_id": 2, "stage_index": 1}).id
+        queue.claim(s, dead)
+        queue.heartbeat(s, job_id, 7, 20, None, {"checkpoint": "stage-1/trl/checkpoint-7"})
+        queue.claim(s, f"another-host:{gone.pid}")  # not this host's: left to the heartbeat reaper
+
+    def resume(engine, job, progress) -> dict:
+        return {"resumed_from": job.result["checkpoint"], "attempt": job.attempts}
+
+    assert run_worker(engine, {"stage": resume}, WorkerOptions(poll_s=0.02, stale_s=3600, once=True)) == 1
+    job = _job(engine, job_id)
+    assert (job.status, job.attempts, job.result) == (
+        "done", 1, {"resumed_from": "stage-1/trl/checkpoint-7", "attempt": 1})
+    assert f"-- handed back at step 7 of 20: its worker {dead} is gone from this host (the attempt is not counted)" \
+        in job.log_tail
+    assert _job(engine, other).status == "running"
