@@ -108,13 +108,14 @@ def create_run(s: Session, *, name: str, config: EnvConfig, settings: RunSetting
         config = EnvConfig.model_validate(config.model_dump())
     except ValidationError as err:
         raise LoopError(f"the initial config is not valid: {first_error(err)}") from None
-    if settings.grpo:
-        from training.settings import check_grpo  # torch loads only when there are overrides to check
+    from training.settings import check_grpo, check_packages  # torch loads only where there are overrides
 
-        try:
+    try:
+        check_packages(settings)
+        if settings.grpo:
             check_grpo(settings, config.num_instances, policy)
-        except SettingsError as err:
-            raise LoopError(str(err)) from None
+    except SettingsError as err:
+        raise LoopError(str(err)) from None
     try:
         modules = (ContextModules(**settings.context) if settings.context is not None
                    else context_preset(settings.context_preset or DEFAULT_PRESET))

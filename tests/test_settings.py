@@ -3,6 +3,8 @@ the file's line named in a refusal; `--print-settings` writes the file a run use
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 from sqlmodel import select
 
@@ -108,3 +110,20 @@ def test_an_experiment_takes_its_runs_settings_from_the_file(tmp_path):
     engine.dispose()
     assert (experiment.settings.stages, experiment.settings.steps_per_stage, run.settings.validation_boards,
             run.settings.grpo, run.settings.auto_apply) == (2, 1, 16, {"max_steps": 1, "learning_rate": 1e-5}, True)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
+def test_a_run_that_needs_a_missing_package_is_refused_when_it_is_made_naming_the_extra(tmp_path, capsys, monkeypatch):
+    db = tmp_path / "lab.db"
+    assert main(["run", "--db", str(db), "--engineer", "fixed", "--grpo", "use_vllm=true"]) == 2
+    assert capsys.readouterr().err == ("envlab run: grpo use_vllm = True (vLLM generation) needs the vllm package, "
+                                       "which is not installed: pip install 'envlab[vllm]'\n")
+    found = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "peft" else found(name, *a))
+    assert main(["experiment", "new", "--name", "e", "--arms", "fixed", "--lora", "8", "--db", str(db)]) == 2
+    assert capsys.readouterr().err == ("envlab experiment: lora = 8 (LoRA adapters) needs the peft package, which "
+                                       "is not installed: pip install 'envlab[lora]'\n")
+    engine = make_engine(str(db))
+    with session(engine) as s:
+        assert (s.exec(select(Run)).all(), s.exec(select(Experiment)).all()) == ([], [])
+    engine.dispose()

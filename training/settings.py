@@ -9,6 +9,7 @@ a stage is refused before anything depends on it.
 
 from __future__ import annotations
 
+import importlib.util
 import types
 import typing
 from functools import cache
@@ -56,3 +57,26 @@ def check_grpo(settings: RunSettings, instances: int, policy: str) -> int:
         first = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise SettingsError(first if isinstance(err, StageError) else f"grpo settings {settings.grpo}: {first}"
                             ) from None
+
+
+# The packages a setting needs beyond the base install, with the extra that installs each (pyproject.toml).
+EXTRAS = {"peft": "lora", "vllm": "vllm", "submitit": "slurm"}
+
+
+def check_packages(settings: RunSettings) -> None:
+    """Refuse settings that need a package this install lacks, naming the extra that installs it, before a run
+    depends on them (LoRA needs peft, `use_vllm` needs vLLM), instead of failing a stage minutes later."""
+    needs = [("peft", f"lora = {settings.lora} (LoRA adapters)")] if settings.lora else []
+    if settings.grpo.get("use_vllm"):
+        needs.append(("vllm", "grpo use_vllm = True (vLLM generation)"))
+    for package, setting in needs:
+        if importlib.util.find_spec(package) is None:
+            raise SettingsError(f"{setting} needs the {package} package, which is not installed: "
+                                f"pip install 'envlab[{EXTRAS[package]}]'")
+
+
+def check_slurm_package() -> None:
+    """Workers on Slurm are submitted with submitit: refused in one line where it is not installed."""
+    if importlib.util.find_spec("submitit") is None:
+        raise SettingsError("workers on Slurm need the submitit package, which is not installed: "
+                            "pip install 'envlab[slurm]'")

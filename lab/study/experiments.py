@@ -40,7 +40,7 @@ from lab.runs import benchmark_checkpoints
 from lab.text import NAME_LIMIT, TEXT_LIMIT, too_long
 from storage.db import runs_root, session
 from storage.models import ACTIVE_JOB, Experiment, Job, JobKind, JobStatus, Run, RunStatus, Stage, StageStatus
-from storage.settings import ExperimentSettings, RunSettings, SettingsError
+from storage.settings import PRIMARY_RATES, ExperimentSettings, RunSettings, SettingsError
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "assets" / "scenarios"
 DEFAULT_SCENARIO = "default"
@@ -125,32 +125,37 @@ def load_scenario(name: str = DEFAULT_SCENARIO) -> Scenario:
 # ---------------------------------------------------------------- creating one
 
 
-def compute_settings(*, policy: str, config: EnvConfig, settings: RunSettings, scenario: str) -> ExperimentSettings:
+def compute_settings(*, policy: str, config: EnvConfig, settings: RunSettings, scenario: str,
+                     primary: str = "valid") -> ExperimentSettings:
     """What every run of the experiment shares (its settings whole, the initial config) and the compute it buys,
-    as the experiment records it: a stage's GRPO steps as TRL counts them and the validation boards."""
-    from training.settings import check_grpo  # torch loads here, for the one command that creates experiments
+    as the experiment records it: a stage's GRPO steps as TRL counts them and the validation boards; and the rate
+    its report leads with (`primary`)."""
+    from training.settings import check_grpo, check_packages  # torch loads here, for the command that makes one
 
     per_size = settings.validation_per_size or VALIDATION_PER_SIZE
     try:
+        check_packages(settings)
         steps = check_grpo(settings, config.num_instances, policy)
     except SettingsError as err:
         raise ExperimentError(str(err)) from err
     boards = default_validation_boards(per_size)
     subset = settings.validation_boards
     return ExperimentSettings(run=settings, config=config, steps_per_stage=steps, validation_per_size=per_size,
-                              validation_boards=min(subset, boards) if subset else boards, scenario=scenario)
+                              validation_boards=min(subset, boards) if subset else boards, scenario=scenario,
+                              primary=primary)
 
 
 def create_experiment(engine: Engine, *, name: str, arms: Sequence[str | Arm], seeds: int, settings: RunSettings,
                       config: EnvConfig | None = None, scenario: str | None = None, policy: str = "tiny",
-                      instances: int | None = None, description: str = "") -> Experiment:
+                      instances: int | None = None, description: str = "", primary: str = "valid") -> Experiment:
     """Store an experiment and queue its runs (arms x seeds, seed-major, auto-apply), refusing anything that
     would fail later (an unknown arm, a policy that cannot be its own engineer, a bad GRPO field) first.
 
     `settings` are every run's (checked when they were made; auto-apply is on whatever they say, the context is
     each arm's, the validation set 120 boards per size unless they name one). The initial config is `config`,
     else the scenario's (default `default`, the round-0 config); `instances` replaces its boards per stage;
-    `settings.grpo` goes on top of the scenario's overrides.
+    `settings.grpo` goes on top of the scenario's overrides. `primary` (valid or optimal) is the rate its report
+    and the Compare tab lead with.
     """
     parsed = [a if isinstance(a, Arm) else Arm.parse(a) for a in arms]
     if not parsed:
@@ -159,6 +164,8 @@ def create_experiment(engine: Engine, *, name: str, arms: Sequence[str | Arm], s
         raise ExperimentError(f"arm names must be unique: {[a.name for a in parsed]}; name one NAME=SPEC")
     if seeds < 1:
         raise ExperimentError(f"seeds = {seeds}: an experiment runs at least 1 seed per arm")
+    if primary not in PRIMARY_RATES:
+        raise ExperimentError(f"primary = {primary!r}: the primary metric is one of {', '.join(PRIMARY_RATES)}")
     for what, text, limit in (("experiment name", name, NAME_LIMIT), ("experiment description", description,
                                                                          TEXT_LIMIT)):
         if (why := too_long(what, text, limit)) is not None:
@@ -182,7 +189,7 @@ def create_experiment(engine: Engine, *, name: str, arms: Sequence[str | Arm], s
             check_engineer(arm.engineer, arm.backend, policy)
         except LoopError as err:
             raise ExperimentError(f"arm {arm.name!r}: {err}") from None
-    recorded = compute_settings(policy=policy, config=config, settings=settings, scenario=origin)
+    recorded = compute_settings(policy=policy, config=config, settings=settings, scenario=origin, primary=primary)
     with session(engine) as s:
         experiment = Experiment(name=name, description=description, policy=policy, seeds=seeds, settings=recorded,
                                 arms=[{"name": a.name, "engineer": a.engineer, "backend": a.backend,

@@ -343,6 +343,13 @@ class SlurmTask:
 
 
 def require_slurm() -> None:
+    from storage.settings import SettingsError
+    from training.settings import check_slurm_package
+
+    try:
+        check_slurm_package()
+    except SettingsError as err:
+        raise SlurmError(str(err)) from None
     absent = [command for command in ("sbatch", "scontrol", "scancel") if shutil.which(command) is None]
     if absent:
         raise SlurmError(f"no {', '.join(absent)} on PATH: run this on a machine of the cluster (a login node) "
