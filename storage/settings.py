@@ -14,7 +14,7 @@ set it from the command line, one flag in `lab.settings.settings_arguments` whos
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -127,6 +127,10 @@ def first_error(err: ValidationError) -> str:
     return f"{where}: {msg}" if where else msg
 
 
+Primary = Literal["valid", "optimal"]  # an experiment's primary metric: the rate its report leads with
+PRIMARY_RATES: tuple[str, ...] = get_args(Primary)
+
+
 class ExperimentSettings(BaseModel):
     """What every run of an experiment shares (`run`, its settings whole, and `config`, the initial config) and the
     compute it buys, as `Experiment.settings` stores it: the figures a report quotes beside them are derived from
@@ -141,6 +145,7 @@ class ExperimentSettings(BaseModel):
     validation_per_size: int = Field(default=VALIDATION_PER_SIZE, ge=1)
     scenario: str | None = None  # where the initial config came from (a scenario's name, or "a config of its own")
     slurm_arrays: list[str] = Field(default_factory=list)  # the Slurm array jobs that ran it (lab.study.slurm)
+    primary: Primary = "valid"  # the rate its report and the Compare tab lead with; an experiment made before: valid
 
     @property
     def stages(self) -> int:
