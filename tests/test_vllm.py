@@ -14,8 +14,9 @@ from types import SimpleNamespace
 import pytest
 from sqlmodel import select
 
+import training.settings
 from envsim.config import EnvConfig
-from lab.jobs.worker import WorkerOptions, run_worker
+from lab.jobs.worker import InChild, WorkerOptions, run_worker
 from lab.loop import create_run
 from storage.db import make_engine, session, upgrade
 from storage.models import Job, JobStatus
@@ -125,12 +126,14 @@ def test_a_stage_closes_its_weight_sync_link():
 def test_the_worker_hook_serves_only_stages_that_ask_for_a_server(tmp_path: Path, monkeypatch):
     engine = make_engine(f"sqlite:///{tmp_path / 'envlab.db'}")
     upgrade(engine)
+    monkeypatch.setattr(vllm, "available", lambda: True)  # as on a GPU with vLLM installed
+    monkeypatch.setattr(training.settings, "installed", lambda package: True)
     with session(engine) as s:
         run = create_run(s, name="server", config=EnvConfig.default(sizes=(3,), num_instances=8),
                          settings=RunSettings(stages=1, grpo={"use_vllm": True, "vllm_mode": "server"}))
     served: list[str] = []
-    monkeypatch.setattr(vllm, "available", lambda: True)  # as on a GPU with vLLM installed
-    monkeypatch.setattr(vllm, "ensure_server", lambda model: served.append(model) or SimpleNamespace(url="http://x:1"))
+    monkeypatch.setattr(vllm, "ensure_server",
+                        lambda model, gpus=None: served.append(model) or SimpleNamespace(url="http://x:1"))
     seen: list[str | None] = []
 
     def stage(engine, job, progress):
@@ -142,4 +145,38 @@ def test_the_worker_hook_serves_only_stages_that_ask_for_a_server(tmp_path: Path
     with session(engine) as s:
         job = s.exec(select(Job).where(Job.run_id == run.id)).one()
     assert job.status == JobStatus.DONE and "the worker's vLLM server for this run's policy: http://x:1" in job.log_tail
+    engine.dispose()
+
+
+def test_server_mode_gets_gpus_of_its_own_and_a_group_port_of_its_own(tmp_path: Path, monkeypatch):
+    assert vllm.split_for_server(["0", "1", "2"]) == (("0", "1"), ("2",))  # the last serves, the rest train
+    assert vllm.split_for_server(["0", "1", "2", "3"], ["3"]) == (("0", "1", "2"), ("3",))
+    assert vllm.split_for_server([]) == ((), ())  # no CUDA here: nothing to split
+    with pytest.raises(vllm.VLLMError, match="server mode needs a GPU of its own beside the training ones, and this "
+                                             "worker owns GPU 0 only: use vllm_mode colocate"):
+        vllm.split_for_server(["0"])
+    with pytest.raises(vllm.VLLMError, match="--vllm-gpus 0,1 leaves no GPU of 0,1 to train on"):
+        vllm.split_for_server(["0", "1"], ["0", "1"])
+    first = vllm.ensure_server("model-a", "1", command=fake_command)
+    assert first.gpus == "1" and int(os.environ[vllm.GROUP_PORT_SETTING]) > 0
+    fields = vllm.vllm_fields({"use_vllm": True, "vllm_mode": "server"})
+    assert (fields["vllm_server_base_url"], fields["vllm_group_port"]) == (first.url,
+                                                                          int(os.environ[vllm.GROUP_PORT_SETTING]))
+    assert vllm.ensure_server("model-a", "2", command=fake_command) is not first  # other devices: another server
+    vllm.stop_server()
+    assert vllm.GROUP_PORT_SETTING not in os.environ
+
+    engine = make_engine(f"sqlite:///{tmp_path / 'envlab.db'}")
+    upgrade(engine)
+    monkeypatch.setattr(vllm, "available", lambda: True)  # as on a GPU with vLLM installed
+    monkeypatch.setattr(training.settings, "installed", lambda package: True)
+    with session(engine) as s:
+        create_run(s, name="server", config=EnvConfig.default(sizes=(3,), num_instances=8),
+                   settings=RunSettings(stages=1, grpo={"use_vllm": True, "vllm_mode": "server"}))
+    run_worker(engine, {"stage": InChild("tests.child_jobs:answer")}, WorkerOptions(once=True, poll_s=0.01, gpus=["0"]))
+    with session(engine) as s:
+        job = s.exec(select(Job)).one()
+    assert (job.status, job.error) == (JobStatus.FAILED, "training.vllm.VLLMError: server mode needs a GPU of its own "
+                                       "beside the training ones, and this worker owns GPU 0 only: use vllm_mode "
+                                       "colocate (the one-GPU way), or give the worker two GPUs")
     engine.dispose()

@@ -70,13 +70,17 @@ def check_packages(settings: RunSettings) -> None:
     if settings.grpo.get("use_vllm"):
         needs.append(("vllm", "grpo use_vllm = True (vLLM generation)"))
     for package, setting in needs:
-        if importlib.util.find_spec(package) is None:
+        if not installed(package):
             raise SettingsError(f"{setting} needs the {package} package, which is not installed: "
                                 f"pip install 'envlab[{EXTRAS[package]}]'")
 
 
+def installed(package: str) -> bool:
+    return importlib.util.find_spec(package) is not None
+
+
 def check_slurm_package() -> None:
     """Workers on Slurm are submitted with submitit: refused in one line where it is not installed."""
-    if importlib.util.find_spec("submitit") is None:
+    if not installed("submitit"):
         raise SettingsError("workers on Slurm need the submitit package, which is not installed: "
                             "pip install 'envlab[slurm]'")

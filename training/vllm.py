@@ -25,12 +25,13 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("envlab.vllm")
 
+GROUP_PORT_SETTING = "ENVLAB_VLLM_GROUP_PORT"  # the weight-sync group port of the worker's server, for its stages
 SERVER_URL_SETTING = "ENVLAB_VLLM_SERVER_URL"  # the worker's server, for the stages it runs (and their children)
 COLOCATE_MEMORY = 0.3  # the GPU memory share of a colocated engine (TRL's vllm_gpu_memory_utilization)
 SERVE_TIMEOUT_S = 600.0  # a large model loads and compiles for minutes
@@ -67,6 +68,8 @@ def vllm_fields(fields: dict[str, Any], server_url: str | None = None) -> dict[s
         url = server_url or os.environ.get(SERVER_URL_SETTING)
         if url:
             fields["vllm_server_base_url"] = url
+            if (group := os.environ.get(GROUP_PORT_SETTING)) is not None:  # each server its own: no two collide
+                fields.setdefault("vllm_group_port", int(group))
     return fields
 
 
@@ -194,18 +197,36 @@ class Server:
 _server: Server | None = None  # this worker's server
 
 
+def split_for_server(gpus: Sequence[str], vllm_gpus: Sequence[str] = ()) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(training GPUs, server GPUs) of a worker that owns `gpus` and serves vLLM to its stages: `vllm_gpus` where
+    given (none of them trains), else the last of its GPUs. A worker of one GPU cannot: the server and training rank
+    0 would share the device, and TRL's weight sync refuses two ranks on one device. A worker of none (no CUDA here)
+    leaves the server's devices as they are."""
+    if vllm_gpus:
+        train = tuple(g for g in gpus if g not in vllm_gpus)
+        if gpus and not train:
+            raise VLLMError(f"--vllm-gpus {','.join(vllm_gpus)} leaves no GPU of {','.join(gpus)} to train on")
+        return train, tuple(vllm_gpus)
+    if len(gpus) == 1:
+        raise VLLMError(f"server mode needs a GPU of its own beside the training ones, and this worker owns GPU "
+                        f"{gpus[0]} only: use vllm_mode colocate (the one-GPU way), or give the worker two GPUs")
+    return tuple(gpus[:-1]), tuple(gpus[-1:])
+
+
 def ensure_server(model: str, gpus: str | None = None,
                   command: Callable[[str, int], list[str]] = serve_command) -> Server:
-    """This worker's server for `model`: the running one, or a new one on a free port (an old one for another
-    model is stopped first); `command(model, port)` is its command line. Stopped when the worker exits."""
+    """This worker's server for `model` on `gpus` (None: the devices the worker sees): the running one, or a new one
+    on a free port with a free weight-sync group port of its own (an old one for another model or devices is
+    stopped first); `command(model, port)` is its command line. Stopped when the worker exits."""
     global _server
-    if _server is not None and _server.running() and _server.model == model:
+    if _server is not None and _server.running() and (_server.model, _server.gpus) == (model, gpus):
         return _server
     stop_server()
     port = free_port()
     _server = Server(model, command(model, port), port, gpus=gpus).start()
     atexit.register(stop_server)
     os.environ[SERVER_URL_SETTING] = _server.url
+    os.environ[GROUP_PORT_SETTING] = str(free_port())
     return _server
 
 
@@ -216,14 +237,17 @@ def stop_server() -> None:
         _server.stop()
         _server = None
     os.environ.pop(SERVER_URL_SETTING, None)
+    os.environ.pop(GROUP_PORT_SETTING, None)
 
 
-def serve_for_job(engine: Any, job: Any) -> str | None:
-    """The worker's hook before it runs a job: a stage of a run whose GRPO settings ask for vLLM's server mode with
-    no URL of their own gets this worker's server, for the run's policy; returns its URL (None: nothing to serve).
-    Without vLLM the stage itself says so and generates with transformers."""
+def serve_for_job(engine: Any, job: Any, gpus: Sequence[str] = (),
+                  vllm_gpus: Sequence[str] = ()) -> tuple[str | None, tuple[str, ...]]:
+    """The worker's hook before it runs a job, with the GPUs it owns: a stage of a run whose GRPO settings ask for
+    vLLM's server mode with no URL of their own gets this worker's server, for the run's policy, on GPUs of its own
+    (`split_for_server`). Returns the server's URL (None: nothing to serve) and the GPUs the job trains on. Without
+    vLLM the stage itself says so and generates with transformers."""
     if job.kind != "stage" or not available():
-        return None
+        return None, tuple(gpus)
     from storage.db import session
     from storage.models import Run
     from training.policy import policy_folder
@@ -232,15 +256,16 @@ def serve_for_job(engine: Any, job: Any) -> str | None:
         run = s.get(Run, job.payload["run_id"])
     grpo = run.settings.grpo if run is not None else {}
     if not (grpo.get("use_vllm") and grpo.get("vllm_mode") == "server" and not grpo.get("vllm_server_base_url")):
-        return None
-    return ensure_server(policy_folder(run.policy)).url
+        return None, tuple(gpus)
+    train, served = split_for_server(gpus, vllm_gpus)
+    return ensure_server(policy_folder(run.policy), ",".join(served) or None).url, train
 
 
 def with_server(handler: Callable[..., Any]) -> Callable[..., Any]:
     """The worker's one hook: `handler` (a job kind's) run after `serve_for_job` has the server it needs up; a
     server that cannot start fails the job with what the server printed."""
     def run(engine: Any, job: Any, progress: Callable[..., bool]) -> Any:
-        if (url := serve_for_job(engine, job)) is not None:
+        if (url := serve_for_job(engine, job)[0]) is not None:
             progress(0, None, f"the worker's vLLM server for this run's policy: {url}")
         return handler(engine, job, progress)
 

@@ -391,6 +391,7 @@ class WorkerOptions:
     nice: int = 0  # lower this process's CPU priority by this much first (`os.nice`; its children inherit it)
     idle_exit_s: float | None = None  # return after this many seconds with nothing to claim (a Slurm task ends so)
     claimed: After | None = None  # runs on each claimed job before its handler (a Slurm task records itself on it)
+    vllm_gpus: Sequence[str] = ()  # the GPUs its vLLM server (server mode) runs on; none: the last of `gpus`
 
 
 def run_worker(engine: Engine, handlers: dict[str, Handler | InChild], options: WorkerOptions) -> int:
@@ -426,7 +427,7 @@ def run_worker(engine: Engine, handlers: dict[str, Handler | InChild], options: 
         log.info("job %s (%s) claimed, attempt %d: %s", job.id, job.kind, job.attempts, job.payload)
         if options.claimed is not None:
             options.claimed(engine, job)
-        ended = _run_claimed(engine, job, handlers, gpus, stale_s)
+        ended = _run_claimed(engine, job, handlers, gpus, stale_s, options.vllm_gpus)
         ran += 1
         if options.after is not None:
             try:
@@ -466,14 +467,15 @@ def _alive(pid: int) -> bool:
 
 
 def _run_claimed(engine: Engine, job: Job, handlers: dict[str, Handler | InChild], gpus: Sequence[str],
-                 stale_s: float) -> Job:
+                 stale_s: float, vllm_gpus: Sequence[str] = ()) -> Job:
     """Run one claimed job with its handler, in a child process where it loads a model; its row as it ended."""
     handler = handlers.get(job.kind) or _unknown_kind(list(handlers))
     if not (isinstance(handler, InChild) and _in_child(engine, job, handler)):
         return run_job(engine, job, vllm.with_server(handler.function() if isinstance(handler, InChild)
                                                      else handler), stale_s=stale_s)
     try:  # the worker's own vLLM server lives across stages; its children reach it by its URL
-        if (url := vllm.serve_for_job(engine, job)) is not None:
+        url, gpus = vllm.serve_for_job(engine, job, gpus, vllm_gpus)  # a server on its GPUs, training on the rest
+        if url is not None:
             os.environ[vllm.SERVER_URL_SETTING] = url
     except Exception as err:  # a server that cannot start fails the job with what it printed
         return _fail_job(engine, job, err)
@@ -553,6 +555,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpus", metavar="LIST",
                         help="the GPUs this worker owns, e.g. 0,1 (its jobs' processes run under accelerate launch "
                              "with one process per GPU), or none; default: every visible GPU")
+    parser.add_argument("--vllm-gpus", metavar="LIST",
+                        help="the GPUs of this worker's vLLM server, for runs in vLLM's server mode (training runs on "
+                             "the rest of --gpus); default: the last of its GPUs")
     parser.add_argument("--in-process", action="store_true",
                         help="run every job in the worker's own process instead of a child process per job that "
                              "loads a model (debugging; the memory of a model is then never given back)")
@@ -606,7 +611,8 @@ def run_from_args(args: argparse.Namespace) -> int:
     try:
         options = WorkerOptions(worker_id=args.worker_id, poll_s=args.poll, stale_s=args.stale, once=args.once,
                                 after=after_job, stop=stop, gpus=gpus, kinds=args.kinds, nice=args.nice,
-                                idle_exit_s=getattr(args, "idle_exit_s", None))
+                                idle_exit_s=getattr(args, "idle_exit_s", None),
+                                vllm_gpus=parse_gpus(args.vllm_gpus) if getattr(args, "vllm_gpus", None) else ())
         run_worker(engine, handlers(in_child=not args.in_process), options)
     except KeyboardInterrupt:  # a second signal: the job in hand went back to the queue as it was (run_job)
         log.info("stopped at once")
