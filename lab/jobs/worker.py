@@ -238,14 +238,21 @@ def _in_child(engine: Engine, job: Job, child: InChild) -> bool:
         return True
 
 
+ACCELERATE_CONFIGS = Path(__file__).resolve().parents[2] / "assets" / "accelerate"  # the lab's own configs
+
+
 def child_command(job: Job, child: InChild, gpus: Sequence[str], stale_s: float | None = None) -> list[str]:
-    """The child's command line: `accelerate launch --num_processes N -m lab.jobs.child ...` where the worker owns
-    N GPUs, a plain `python -m lab.jobs.child ...` otherwise."""
+    """The child's command line: `accelerate launch --config_file <the lab's> [--multi_gpu] --num_processes N -m
+    lab.jobs.child ...` where the worker owns N GPUs (the lab's own config, `assets/accelerate/`, so a
+    default_config.yaml of the user's never changes how a stage runs), a plain `python -m lab.jobs.child ...`
+    otherwise."""
     args = [str(job.id), child.target] + ([] if stale_s is None else ["--stale", str(stale_s)])
     if not gpus:
         return [sys.executable, "-m", "lab.jobs.child", *args]
-    return [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(len(gpus)),
-            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "lab.jobs.child", *args]
+    config, multi = (("multi-gpu.yaml", ["--multi_gpu"]) if len(gpus) > 1 else ("one-gpu.yaml", []))
+    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ACCELERATE_CONFIGS / config),
+            *multi, "--num_processes", str(len(gpus)), "--num_machines", "1", "--mixed_precision", "no",
+            "--dynamo_backend", "no", "-m", "lab.jobs.child", *args]
 
 
 def child_env(engine: Engine, gpus: Sequence[str]) -> dict[str, str]:

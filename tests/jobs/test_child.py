@@ -18,6 +18,7 @@ from sqlmodel import select
 
 from envsim.config import EnvConfig
 from lab.jobs.worker import (
+    ACCELERATE_CONFIGS,
     InChild,
     WorkerOptions,
     child_command,
@@ -194,8 +195,15 @@ def test_the_childs_command_and_environment_follow_the_workers_gpus(empty_lab, m
     plain = child_command(job, InChild("m:f"), [])
     assert plain[1:] == ["-m", "lab.jobs.child", str(job.id), "m:f"]
     launched = child_command(job, InChild("m:f"), ["2", "3"])
-    assert launched[1:5] == ["-m", "accelerate.commands.launch", "--num_processes", "2"]
+    assert launched[1:7] == ["-m", "accelerate.commands.launch", "--config_file", str(ACCELERATE_CONFIGS /
+                             "multi-gpu.yaml"), "--multi_gpu", "--num_processes"] and launched[7] == "2"
     assert launched[-4:] == ["-m", "lab.jobs.child", str(job.id), "m:f"]
+    one = child_command(job, InChild("m:f"), ["1"])
+    assert one[3:7] == ["--config_file", str(ACCELERATE_CONFIGS / "one-gpu.yaml"), "--num_processes", "1"]
+    from accelerate.commands.config.config_args import load_config_from_file  # the lab's configs are accelerate's
+
+    assert [(load_config_from_file(str(ACCELERATE_CONFIGS / name)).distributed_type, name) for name in
+            ("one-gpu.yaml", "multi-gpu.yaml")] == [("NO", "one-gpu.yaml"), ("MULTI_GPU", "multi-gpu.yaml")]
     env = child_env(empty_lab, ["2", "3"])
     assert (env["CUDA_VISIBLE_DEVICES"], env["HF_HUB_OFFLINE"]) == ("2,3", "1")
     assert child_env(empty_lab, [])["CUDA_VISIBLE_DEVICES"] == ""
