@@ -326,7 +326,9 @@ def _ask_engineer(s: Session, run: Run, after: int, replaces: int | None) -> str
     """
     job = _last_job(s, run.id, JobKind.PROPOSE, after)
     if job is None or job.payload.get("replaces") != replaces:
-        _enqueue(s, JobKind.PROPOSE, run.id, after, replaces=replaces)
+        # a person rejected a proposal and waits for the next: it goes before an experiment's work
+        _enqueue(s, JobKind.PROPOSE, run.id, after, replaces=replaces,
+                 priority=Priority.BACKGROUND if replaces is None else Priority.INTERACTIVE)
         _set_status(run, RunStatus.ACTIVE)
         if replaces is not None:
             return f"proposal {replaces} rejected: asking the engineer again"
