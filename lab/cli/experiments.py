@@ -13,6 +13,7 @@ from lab.cli.common import WORKERS, UsageError, config_file, engine_of, grpo_ove
 from lab.cli.runs import stage_line
 from lab.llm import allow_server
 from lab.settings import MAX_BOARDS, Count, settings_arguments, settings_file, settings_from_args
+from storage.settings import PRIMARY_RATES
 
 SEEDS = Count(1, 100, "every seed is one more run of every arm", "an experiment runs at least 1 seed")
 THREADS = Count(1, 1024, "more torch threads than a machine has cores only slows it down", "at least 1 thread")
@@ -30,7 +31,7 @@ def cmd_experiment_new(args: argparse.Namespace) -> None:
             engine, name=args.name, arms=[a for a in args.arms.split(",") if a.strip()], seeds=args.seeds,
             settings=settings_from_args(args, auto_apply=True, grpo=grpo_overrides(args.grpo)),
             config=config_file(args.config) if args.config else None, scenario=args.scenario,
-            instances=args.instances, policy=args.policy, description=args.description)
+            instances=args.instances, policy=args.policy, description=args.description, primary=args.primary)
     except SettingsError as err:
         raise UsageError(str(err)) from err
     except ExperimentError as err:  # a GRPO override TRL refuses: named in the settings file too
@@ -44,7 +45,7 @@ def cmd_experiment_new(args: argparse.Namespace) -> None:
     dev = sum(cell.count for cell in dev_cells(settings.run.dev_per_size)) if settings.run.dev_per_size else 0
     print(f"each run: {settings.stages} stages x {settings.instances} boards x {settings.steps_per_stage} "
           f"GRPO steps; {settings.validation_boards} validation boards (the score) and {dev} dev boards (what the "
-          "engineer reads) per stage")
+          f"engineer reads) per stage; the report leads with the {settings.primary} rate")
     print(f"run it: envlab experiment run {experiment.name} [--workers K]")
 
 
@@ -259,6 +260,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--grpo", action="append", default=[], metavar="KEY=VALUE", help="a GRPOConfig field, for every run")
     s.add_argument("--policy", default="tiny")
     s.add_argument("--description", default="")
+    s.add_argument("--primary", choices=PRIMARY_RATES, default="valid",
+                   help="the rate the report and the Compare tab lead with (default valid)")
     s.add_argument("--db", **db)
     s.set_defaults(fn=cmd_experiment_new)
     s = verbs.add_parser("run", help="run (or resume) every run of an experiment until all are done")

@@ -1,7 +1,9 @@
-"""The Compare tab: an experiment's arms side by side (docs/experiments.md). The curves over stages (per arm the mean
-over seeds, its 95% t interval as a band and one dot per seed), every pair of arms' difference at the last stage
-paired by seed (t interval, sd, what this many seeds detect, every seed's), the last stage per map size (arms x
-sizes, mean and interval), what every arm was given (equal compute), and a link to every run (`?run=ID`).
+"""The Compare tab: an experiment's arms side by side (docs/experiments.md). What the study shows in one sentence
+(`finding`: the primary metric at the last stage), the curves over stages (per arm the mean over seeds, its 95% t
+interval as a band and one dot per seed), each arm minus the baseline at the last stage, Holm-adjusted, for the
+primary metric and then the other rate, every pair of arms' difference at the last stage paired by seed (t
+interval, sd, what this many seeds detect, every seed's), the last stage per map size (arms x sizes, mean and
+interval), what every arm was given (equal compute), where its report is, and a link to every run (`?run=ID`).
 
 Every number comes from one `lab.study.comparison.Comparison`, the one `envlab experiment report` prints.
 """
@@ -20,28 +22,51 @@ from lab.study.comparison import (
     Comparison,
     Rate,
     comparison,
+    comparisons,
     compute_statement,
     curves_figure,
     difference_table_rows,
+    finding,
+    holm_header,
+    holm_rows,
     size_rows,
 )
-from lab.study.experiments import experiment_choices
+from lab.study.experiments import experiment_choices, log_dir
 from lab.study.slurm import SLURM_HEADERS, slurm_rows
 from lab.text import as_text
 
 
-def compare_view(engine: Engine, experiment_id: int | None, rate: str = Rate.VALID) -> dict[str, Any]:
-    """What the tab shows of an experiment: figure, summary, the paired differences, the per-size table and the
-    run links."""
+def compare_view(engine: Engine, experiment_id: int | None, rate: str | None = None) -> dict[str, Any]:
+    """What the tab shows of an experiment: summary (the finding first), figure, the comparisons with the baseline
+    (`primary`, `secondary`: a table and its label each, the primary metric's first), the paired differences, the
+    per-size table and the run links. `rate` (default the primary metric) is the figure's, the pairs' and the
+    sizes'; `rate` in the answer is the one shown."""
     if experiment_id is None:
-        return dict(figure=empty_figure("no experiment in this lab yet"), summary=EMPTY,
+        return dict(rate=Rate.VALID, figure=empty_figure("no experiment in this lab yet"), summary=EMPTY,
+                    primary=table(["difference"], []), primary_label=BASELINE_LABEL,
+                    secondary=table(["difference"], []), secondary_label=BASELINE_LABEL,
                     differences=table(["difference"], []), sizes=table(["map size"], []), links="")
     compared = comparison(engine, int(experiment_id))
-    rate = Rate(rate or Rate.VALID)
+    rate = Rate(rate) if rate else compared.rates[0]
     headers, rows = size_rows(compared, rate)
-    return dict(figure=curves_figure(compared, (rate,)), summary=_summary(compared),
+    (primary, primary_label), (secondary, secondary_label) = (baseline_table(compared, r) for r in compared.rates)
+    return dict(rate=rate, figure=curves_figure(compared, (rate,)), summary=_summary(engine, compared),
+                primary=primary, primary_label=primary_label, secondary=secondary, secondary_label=secondary_label,
                 differences=table(*difference_table_rows(compared, rate)), sizes=table(*by_size(headers, rows)),
                 links=run_links(compared) + slurm_jobs(engine, compared))
+
+
+BASELINE_LABEL = "Last stage: each arm minus the baseline, paired by seed (points), Holm-adjusted"
+
+
+def baseline_table(compared: Comparison, rate: Rate) -> tuple[dict[str, Any], str]:
+    """The last stage's comparisons with the baseline for `rate`: the table and its label, which names the rate,
+    whether it is the primary metric, and the Holm family."""
+    k = compared.stages
+    primary = " (the primary metric)" if rate == compared.rates[0] else ""
+    return table(*holm_rows(compared, rate, [k])), (
+        f"{rate.capitalize()} rate{primary}, stage {k}: each arm minus {compared.baseline}, paired by seed (points); "
+        f"{holm_header(compared, rate, [k], name=str)}. ★: the interval excludes zero")
 
 
 EMPTY = ("No experiment in this lab yet: `envlab experiment new --name N --arms fixed,random,heuristic --seeds 3 "
@@ -57,15 +82,31 @@ def by_size(headers: list[str], rows: list[list[str]]) -> tuple[list[str], list[
     return ["map size", *arms], [[size, *(row[i] for row in rows)] for i, size in enumerate(headers[1:], start=1)]
 
 
-def _summary(compared: Comparison) -> str:
+def _summary(engine: Engine, compared: Comparison) -> str:
+    """The run count, what the study shows (`finding`), where its report is, then what the tab shows."""
     done = sum(r.status == "done" for r in compared.runs.values())
-    return (f"**{as_text(compared.experiment.name)}**: {done} of {len(compared.runs)} runs done. "
-            f"{compute_statement(compared)} Each "
+    base, k = as_text(compared.baseline), compared.stages
+    family = len(compared.versus_baseline(compared.rates[0], k))
+    return (f"**{as_text(compared.experiment.name)}**: {done} of {len(compared.runs)} runs done.\n\n"
+            f"{finding(compared)}\n\n{report_file(engine, compared)}\n\n{compute_statement(compared)} Each "
             "point: the mean over seeds, with its 95% Student-t interval over seeds as a band and every seed as a "
-            f"dot. Below it, stage {compared.stages}: every pair of arms' difference paired by seed, with its t "
-            "interval (n - 1 degrees of freedom) and the smallest difference this many seeds detect with 80% power; "
-            f"`envlab experiment report {compared.experiment.id}` prints every number, every stage, and the area under "
-            "each curve.")
+            f"dot. Below it, stage {k}: each arm minus {base} paired by seed, the {compared.rates[0]} rate (the "
+            f"primary metric) first, Holm-adjusted over {comparisons(family)} with {base}: the interval at the "
+            "level of its Holm step (★ where it excludes zero), the raw p and the Holm p; then every pair of arms' "
+            "difference paired by seed, with its own 95% t interval (n - 1 degrees of freedom) and the smallest "
+            "difference this many seeds detect with 80% power. Differences are in points.")
+
+
+def report_file(engine: Engine, compared: Comparison) -> str:
+    """Where `envlab experiment report` wrote the experiment's report by default, or that it has not yet."""
+    folder = log_dir(engine, compared.experiment) / "report"
+    command = f"`envlab experiment report {compared.experiment.id}`"
+    if (folder / "report.md").is_file():
+        return (f"Report: {as_text(str(folder / 'report.md'))} (with runs.csv, summary.csv, differences.csv and "
+                f"curves.png beside it), written by {command}, which prints every number, every stage, and the area "
+                "under each curve.")
+    return (f"No report written yet: {command} prints every number, every stage, and the area under each curve, "
+            f"and writes report.md, the CSV files and curves.png to {as_text(str(folder))}.")
 
 
 def run_links(compared: Comparison) -> str:
@@ -96,25 +137,33 @@ class CompareTab:
     rate: gr.Radio
     summary: gr.Markdown
     figure: gr.Plot
+    primary: gr.Dataframe
+    secondary: gr.Dataframe
     differences: gr.Dataframe
     sizes: gr.Dataframe
     links: gr.Markdown
 
     @property
     def outputs(self) -> list[Any]:
-        return [self.pick, self.summary, self.figure, self.differences, self.sizes, self.links]
+        return [self.pick, self.rate, self.summary, self.figure, self.primary, self.secondary, self.differences,
+                self.sizes, self.links]
 
     def show(self, experiment_id: int | None, rate: str | None = None) -> dict[Any, Any]:
-        v = compare_view(self.engine, experiment_id, rate or Rate.VALID)
-        return {self.summary: v["summary"], self.figure: v["figure"], self.differences: v["differences"],
-                self.sizes: v["sizes"], self.links: v["links"]}
+        """The experiment drawn for `rate` (None: its primary metric, which the Rate radio then shows)."""
+        v = compare_view(self.engine, experiment_id, rate)
+        return {self.rate: v["rate"].value, self.summary: v["summary"], self.figure: v["figure"],
+                self.primary: gr.update(value=v["primary"], label=v["primary_label"]),
+                self.secondary: gr.update(value=v["secondary"], label=v["secondary_label"]),
+                self.differences: v["differences"], self.sizes: v["sizes"], self.links: v["links"]}
 
     def refresh(self, experiment_id: int | None = None, rate: str | None = None) -> dict[Any, Any]:
-        """The experiments as they are now, the chosen one (else the newest) drawn."""
+        """The experiments as they are now, the chosen one (else the newest) drawn; for the rate shown while it
+        stays the one drawn, else for the newly drawn one's primary metric."""
         choices = experiment_choices(self.engine)
         ids = [i for _, i in choices]
         chosen = experiment_id if experiment_id in ids else (ids[0] if ids else None)
-        return {self.pick: gr.update(choices=choices, value=chosen)} | self.show(chosen, rate)
+        return {self.pick: gr.update(choices=choices, value=chosen)} | self.show(
+            chosen, rate if chosen == experiment_id else None)
 
 
 def build(page: Page) -> CompareTab:
@@ -124,13 +173,16 @@ def build(page: Page) -> CompareTab:
         refresh = gr.Button("↻ Refresh", scale=0, min_width=100, elem_id="compare-refresh")
     summary = gr.Markdown(elem_id="compare-summary")
     figure = gr.Plot(elem_id="compare-curves", show_label=False)
-    differences = gr.Dataframe(label="Last stage: every pair of arms, paired by seed (valid or optimal rate, points)",
+    primary = gr.Dataframe(label=BASELINE_LABEL, interactive=False, elem_id="compare-primary", wrap=True)
+    secondary = gr.Dataframe(label=BASELINE_LABEL, interactive=False, elem_id="compare-secondary", wrap=True)
+    differences = gr.Dataframe(label="Last stage: every pair of arms, paired by seed (the rate chosen above, points; "
+                                     "each pair's own 95% interval, not adjusted for the number of pairs)",
                                interactive=False, elem_id="compare-differences", wrap=True)
     sizes = gr.Dataframe(label="Last stage by map size: mean over seeds [95% interval], one column per arm",
                          interactive=False, elem_id="compare-sizes", wrap=True)
     links = gr.Markdown(elem_id="compare-runs")
-    tab = CompareTab(page.engine, pick, rate, summary, figure, differences, sizes, links)
-    pick.select(tab.show, [pick, rate], tab.outputs[1:], trigger_mode="always_last")
+    tab = CompareTab(page.engine, pick, rate, summary, figure, primary, secondary, differences, sizes, links)
+    pick.select(tab.show, [pick], tab.outputs[1:], trigger_mode="always_last")  # a new pick: its primary metric
     rate.input(tab.show, [pick, rate], tab.outputs[1:], trigger_mode="always_last")
     refresh.click(tab.refresh, [pick, rate], tab.outputs)
     return tab

@@ -1,6 +1,6 @@
 """An experiment's results compared: per arm and stage, every seed's rate, their mean and a 95% interval, the
-differences between arms paired by seed, what this many seeds can detect, and the area under the valid-rate curve
-(docs/experiments.md).
+differences between arms paired by seed, each arm against the baseline Holm-adjusted, what this many seeds can
+detect, and the area under the valid-rate curve (docs/experiments.md).
 
 Every rate is a stage's rate as `lab.results.stage_summaries` reads it (docs/results.md): pooled over the stage's
 validation boards, or over one map size's. The statistics, each computed here only:
@@ -11,19 +11,25 @@ validation boards, or over one map size's. The statistics, each computed here on
 - paired difference: per seed, one arm's rate minus another's on the same seed (every pair of arms; the
   baseline, `fixed` when the experiment has it, else its first arm, for the summary), then mean, sd and t interval
   as above over the seeds both have: the paired t interval with n - 1 degrees of freedom;
+- p: the two-sided paired t test of a zero mean difference (`paired_p`), n - 1 degrees of freedom;
+- against the baseline (`Comparison.versus_baseline`): every other arm minus the baseline at one stage is one family
+  of comparisons, their p Holm-adjusted together (`holm`), each with its paired t interval at the level of its Holm
+  step (`holm_levels`), so that an interval excludes zero exactly where its Holm p is below 0.05;
 - detectable difference (`detectable`): the smallest true mean difference a two-sided paired t test at alpha 0.05
   finds with 80% power with this many seeds, were the differences' sd the one observed (the noncentral t);
 - AUC: the trapezoid area under a run's valid-rate curve over stages 0..S divided by S, so it is the curve's
   mean rate (the same for the optimal rate); only for runs with every stage evaluated.
 
-`report_markdown`, `write_report` (CSV and PNG) and `curves_figure` (the page's Compare tab and the PNG) all
-read one `Comparison`.
+Rates are fractions here and percent in words; a difference between two rates is in points (`+1.20`, never `%`).
+`finding` says in one sentence what the comparisons with the baseline show for the experiment's primary metric at
+the last stage. `report_markdown`, `write_report` (CSV and PNG) and `curves_figure` (the page's Compare tab and the
+PNG) all read one `Comparison`.
 """
 
 from __future__ import annotations
 
 import csv
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -43,7 +49,7 @@ from storage.db import session
 from storage.models import Experiment, Proposal, Run
 
 LEVEL = 0.95  # the intervals' coverage
-ALPHA = 0.05  # the paired t test's level (two-sided) for the detectable difference
+ALPHA = 0.05  # the paired t tests' level (two-sided): the detectable difference's, and Holm's family-wise
 POWER = 0.8  # and the power it is detected with
 BASELINE = "fixed"
 POOLED = 0  # the `size` of a pooled rate in `Comparison.values` (map sizes start at 3)
@@ -60,8 +66,8 @@ class Rate(StrEnum):
 @dataclass(frozen=True)
 class Estimate:
     """Seeds' values of one quantity: their mean, sd and 95% t interval; `seeds` in the order of `values`.
-    `detectable` is, for a paired difference, the smallest true difference this many seeds detect with 80% power
-    (None with fewer than 2 seeds)."""
+    For a paired difference, `detectable` is the smallest true difference this many seeds detect with 80% power
+    and `p` the paired t test's two-sided p (both None with fewer than 2 seeds)."""
 
     seeds: tuple[int, ...]
     values: tuple[float, ...]
@@ -70,6 +76,7 @@ class Estimate:
     high: float
     sd: float = 0.0
     detectable: float | None = None
+    p: float | None = None
 
 
 def t_interval(values: Sequence[float], level: float = LEVEL) -> tuple[float, float]:
@@ -104,17 +111,77 @@ def detectable(sd: float, n: int, alpha: float = ALPHA, power: float = POWER) ->
     return float(optimize.brentq(lambda d: t_power(d, sd, n, alpha) - power, 0.0, high, xtol=1e-12 * se))
 
 
+def paired_p(values: Sequence[float]) -> float | None:
+    """The two-sided p of the paired t test that the mean difference is 0: 2 P(T > |mean| / (sd / sqrt(n))), T
+    Student's t with n - 1 degrees of freedom. None with fewer than 2 values; with no spread, 1 when every difference
+    is 0 and 0 otherwise (as the t interval: a point)."""
+    x = np.asarray(values, dtype=float)
+    if len(x) < 2:
+        return None
+    sd = float(x.std(ddof=1))
+    if sd == 0:
+        return 1.0 if x.mean() == 0 else 0.0
+    return float(2 * stats.t.sf(abs(x.mean()) / (sd / np.sqrt(len(x))), len(x) - 1))
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm's step-down adjustment of a family of m p-values, in their order: the i-th smallest times (m - i + 1),
+    at most 1, and never below the adjusted p of the one before it."""
+    m, running = len(pvalues), 0.0
+    adjusted = [0.0] * m
+    for step, i in enumerate(sorted(range(m), key=lambda i: pvalues[i])):
+        running = max(running, min(1.0, (m - step) * pvalues[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+def holm_levels(pvalues: Sequence[float], alpha: float = ALPHA) -> list[float]:
+    """The coverage of each comparison's interval that goes with Holm's step-down at `alpha`, in their order: the
+    i-th smallest p's step tests at alpha / (m - i + 1), so its interval has level 1 - alpha / (m - i + 1) while
+    every step before it rejected; from the first step that does not reject on, every interval has that step's
+    level (1 - alpha / (m - r), r the rejections). So an interval excludes zero exactly where the Holm p is below
+    `alpha`; with one comparison it is the plain 1 - alpha interval, and it is never narrower than that."""
+    m, rejecting, step_alpha = len(pvalues), True, alpha
+    levels = [0.0] * m
+    for step, i in enumerate(sorted(range(m), key=lambda i: pvalues[i])):
+        if rejecting:
+            step_alpha = alpha / (m - step)
+            rejecting = pvalues[i] < step_alpha
+        levels[i] = 1 - step_alpha
+    return levels
+
+
 def estimate(by_seed: dict[int, float], paired: bool = False) -> Estimate | None:
     """Mean, sd and t interval of the values by seed (None when there is none); for a paired difference
-    (`paired`) also the difference this many seeds detect with 80% power."""
+    (`paired`) also the difference this many seeds detect with 80% power and the paired t test's p."""
     if not by_seed:
         return None
     seeds = tuple(sorted(by_seed))
     values = tuple(by_seed[k] for k in seeds)
     low, high = t_interval(values)
     sd = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
-    return Estimate(seeds, values, float(np.mean(values)), low, high, sd,
-                    detectable(sd, len(values)) if paired else None)
+    if not paired:
+        return Estimate(seeds, values, float(np.mean(values)), low, high, sd)
+    return Estimate(seeds, values, float(np.mean(values)), low, high, sd, detectable(sd, len(values)),
+                    paired_p(values))
+
+
+@dataclass(frozen=True)
+class Adjusted:
+    """One arm minus the baseline as one of the comparisons with it at a stage, Holm-adjusted together: the
+    paired difference (its raw p is `difference.p`), the Holm-adjusted p, and the paired t interval at the level of
+    its Holm step (`holm_levels`), which excludes zero exactly where `holm_p` is below ALPHA."""
+
+    arm: str
+    difference: Estimate
+    holm_p: float
+    level: float
+    low: float
+    high: float
+
+    @property
+    def excludes_zero(self) -> bool:
+        return self.low > 0 or self.high < 0
 
 
 def auc(curve: Sequence[float]) -> float:
@@ -144,6 +211,12 @@ class Comparison:
     def baseline(self) -> str:
         return BASELINE if BASELINE in self.arms else self.arms[0]
 
+    @property
+    def rates(self) -> tuple[Rate, Rate]:
+        """Both rates, the experiment's primary metric (`ExperimentSettings.primary`) first."""
+        primary = Rate(self.experiment.settings.primary)
+        return primary, next(r for r in Rate if r != primary)
+
     def estimate(self, arm: str, rate: Rate, stage: int, size: int = POOLED) -> Estimate | None:
         return estimate(self.values.get((arm, rate, stage, size), {}))
 
@@ -157,6 +230,15 @@ class Comparison:
         mine = self.values.get((arm, rate, stage, size), {})
         base = self.values.get((other, rate, stage, size), {})
         return estimate({k: mine[k] - base[k] for k in mine if k in base}, paired=True)
+
+    def versus_baseline(self, rate: Rate, stage: int, size: int = POOLED) -> list[Adjusted]:
+        """Every other arm minus the baseline at `stage`, paired by seed, in the arms' order: the family of those
+        with 2 or more seeds paired (an arm with fewer has no p and is left out), Holm-adjusted together."""
+        tested = [(arm, d) for arm in self.arms
+                  if (d := self.difference(arm, rate, stage, size)) is not None and d.p is not None]
+        ps = [d.p for _, d in tested]
+        return [Adjusted(arm, d, p, level, *t_interval(d.values, level))
+                for (arm, d), p, level in zip(tested, holm(ps), holm_levels(ps), strict=True)]
 
     def pairs(self) -> list[tuple[str, str]]:
         """Every pair of arms as (arm, against): each arm against every arm before it (the baseline first)."""
@@ -206,31 +288,115 @@ def pct(x: float) -> str:
     return f"{x:.1%}"
 
 
-def cell(e: Estimate | None, signed: bool = False) -> str:
-    """`57.9% [55.0, 60.1]` (percent, interval in points); `57.9% [1 seed: no interval]`; `-` for nothing; `+` on
-    differences."""
+def points(x: float | None, signed: bool = False) -> str:
+    """A difference of rates (or its sd) in points, two decimals: `+1.20`; `-` for nothing."""
+    return "-" if x is None else f"{x * 100:{'+' if signed else ''}.2f}"
+
+
+def p_text(p: float | None) -> str:
+    """`0.012`; `<0.001`; `-` for none (fewer than 2 seeds)."""
+    return "-" if p is None else "<0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def cell(e: Estimate | None) -> str:
+    """A rate: `57.9% [55.0, 60.1]` (percent, the interval's ends in percent); `57.9% [1 seed: no interval]`; `-`
+    for nothing."""
     if e is None:
         return "-"
-    sign = "+" if signed else ""
     if len(e.values) < 2:
-        return f"{e.mean * 100:{sign}.1f}% [1 seed: no interval]"
-    return f"{e.mean * 100:{sign}.1f}% [{e.low * 100:{sign}.1f}, {e.high * 100:{sign}.1f}]"
+        return f"{e.mean * 100:.1f}% [1 seed: no interval]"
+    return f"{e.mean * 100:.1f}% [{e.low * 100:.1f}, {e.high * 100:.1f}]"
+
+
+def difference_cell(d: Estimate | None) -> str:
+    """A paired difference in points with its 95% t interval: `+1.80 [+1.30, +2.30]`; `+1.50 [1 seed: no
+    interval]`; `-` for nothing."""
+    if d is None:
+        return "-"
+    if len(d.values) < 2:
+        return f"{points(d.mean, signed=True)} [1 seed: no interval]"
+    return f"{points(d.mean, signed=True)} [{points(d.low, signed=True)}, {points(d.high, signed=True)}]"
+
+
+def adjusted_cell(a: Adjusted) -> str:
+    """A difference from the baseline in points with its interval at the Holm level, ★ where that excludes zero:
+    `+2.10 [+0.80, +3.40] ★`."""
+    return (f"{points(a.difference.mean, signed=True)} [{points(a.low, signed=True)}, {points(a.high, signed=True)}]"
+            + (" ★" if a.excludes_zero else ""))
 
 
 def seeds_text(e: Estimate | None, signed: bool = False, of: Sequence[int] | None = None) -> str:
-    """Every seed's value in points, in seed order: `52.8, 53.1, 53.5`; where they are not all the seeds `of`
-    (an arm or a pair that lacks some), the seeds they are come first: `seeds 0, 3: 52.8, 53.5`."""
+    """Every seed's value in seed order: rates in percent, `52.8, 53.1, 53.5`; differences (`signed`) in points,
+    `+0.30, -1.10`; where they are not all the seeds `of` (an arm or a pair that lacks some), the seeds they are
+    come first: `seeds 0, 3: 52.8, 53.5`."""
     if e is None:
         return "-"
-    sign = "+" if signed else ""
-    values = ", ".join(f"{v * 100:{sign}.1f}" for v in e.values)
+    values = ", ".join(points(v, signed=True) if signed else f"{v * 100:.1f}" for v in e.values)
     if of is None or list(e.seeds) == sorted(of):
         return values
     return f"seed{'s' if len(e.seeds) > 1 else ''} {', '.join(map(str, e.seeds))}: {values}"
 
 
-def points(x: float | None, signed: bool = False) -> str:
-    return "-" if x is None else f"{x * 100:{'+' if signed else ''}.2f}"
+def comparisons(n: int) -> str:
+    return f"{n} comparison{'' if n == 1 else 's'}"
+
+
+def stage_name(k: int) -> str:
+    return "AUC" if k == AUC else str(k)
+
+
+def finding(compared: Comparison) -> str:
+    """What the study shows, in one sentence computed from the numbers, for the primary metric at the last stage:
+    each arm whose difference from the baseline excludes zero at its Holm level (the difference, that interval and
+    the Holm p), then the others in a phrase, then the scope in parentheses. Names as text (`lab.text.as_text`):
+    `heuristic - random: +2.10 points [+0.80, +3.40], Holm p 0.012; the others do not differ from random beyond
+    their intervals (valid rate at stage 3, Holm over 3 comparisons).`"""
+    rate, k, base = compared.rates[0], compared.stages, as_text(compared.baseline)
+    scope = f"{rate} rate at stage {k}"
+    if len(compared.arms) < 2:
+        return f"One arm, {as_text(compared.arms[0])}: nothing to compare it with ({scope})."
+    tested = compared.versus_baseline(rate, k)
+    if not tested:
+        return f"No arm has 2 seeds paired with {base} yet: no interval to compare ({scope})."
+    found = [a for a in tested if a.excludes_zero]
+    rest = [a for a in tested if not a.excludes_zero]
+    parts = [f"{as_text(a.arm)} - {base}: {points(a.difference.mean, signed=True)} points "
+             f"[{points(a.low, signed=True)}, {points(a.high, signed=True)}], Holm p {p_text(a.holm_p)}"
+             for a in found]
+    if len(rest) == 1:
+        parts.append(f"{as_text(rest[0].arm)} does not differ from {base} beyond its interval")
+    elif rest:
+        parts.append(f"the others do not differ from {base} beyond their intervals" if found
+                     else f"No arm differs from {base} beyond its interval")
+    compared_arms = {a.arm for a in tested}
+    if missing := [as_text(a) for a in compared.arms if a != compared.baseline and a not in compared_arms]:
+        parts.append(f"{', '.join(missing)} not compared yet (fewer than 2 seeds paired)")
+    return "; ".join(parts) + f" ({scope}, Holm over {comparisons(len(tested))})."
+
+
+def holm_header(compared: Comparison, rate: Rate, stages: Sequence[int],
+                name: Callable[[str], str] = as_text) -> str:
+    """`Holm-adjusted over 4 comparisons with fixed`: the family at `stages` (each stage's, where they differ)."""
+    sizes = {k: len(compared.versus_baseline(rate, k)) for k in stages}
+    base = name(compared.baseline)
+    if not any(sizes.values()):
+        return f"Holm-adjusted over the comparisons with {base}, none yet (no arm has 2 seeds paired with it)"
+    if len(set(sizes.values())) == 1:
+        return f"Holm-adjusted over {comparisons(next(iter(sizes.values())))} with {base}"
+    each = ", ".join(f"{n} at {'the AUC' if k == AUC else f'stage {k}'}" for k, n in sizes.items())
+    return f"Holm-adjusted over the comparisons with {base} at each stage ({each})"
+
+
+def holm_rows(compared: Comparison, rate: Rate, stages: Sequence[int]) -> tuple[list[str], list[list[str]]]:
+    """Every arm minus the baseline at each of `stages`, stage by stage: (headers, one row per arm and stage of
+    texts): the mean difference and its interval at the Holm level in points (★: it excludes zero), that level, the
+    raw p and the Holm-adjusted p."""
+    headers = [f"difference ({rate} rate)", "stage", "mean [interval at the Holm level] (points)", "level", "p",
+               "Holm p"]
+    rows = [[f"{a.arm} - {compared.baseline}", stage_name(k), adjusted_cell(a), f"{a.level:.2%}",
+             p_text(a.difference.p), p_text(a.holm_p)]
+            for k in stages for a in compared.versus_baseline(rate, k)]
+    return headers, rows
 
 
 def compute_statement(compared: Comparison) -> str:
@@ -269,27 +435,36 @@ def _stage_table(compared: Comparison, rate: Rate) -> list[str]:
     return lines
 
 
-def _pair_tables(compared: Comparison, rate: Rate = Rate.VALID) -> list[str]:
+def _markdown_table(headers: list[str], rows: list[list[str]]) -> list[str]:
+    """A Markdown table of texts whose first cell names arms (shown as text)."""
+    return ["| " + " | ".join(headers) + " |", "|---" * len(headers) + "|",
+            *("| " + " | ".join([as_text(first), *cells]) + " |" for first, *cells in rows)]
+
+
+HOLM_TEXT = (
+    "Per seed, the arm's rate minus the baseline's on the same seed (the same stage-0 policy and validation boards), "
+    "then the mean of those differences in points. p: the two-sided paired t test of a zero mean difference (n - 1 "
+    "degrees of freedom). Holm p: Holm's step-down adjustment over the arms compared with the baseline at that "
+    "stage, one family per stage. The interval: the paired t interval at the level of the comparison's Holm step "
+    f"(1 - {ALPHA:g} / (m - i + 1) for the i-th smallest p of m while every smaller one is rejected, then the level of "
+    "the first step that is not), so it excludes zero, marked ★, exactly where the Holm p is below "
+    f"{ALPHA:g}. Stage 0 is the same policy for every arm: no difference there.")
+
+
+def _holm_section(compared: Comparison, rate: Rate, explain: bool = False) -> list[str]:
+    stages = [*range(1, compared.stages + 1), AUC]
+    return [f"## {rate.capitalize()} rate minus {as_text(compared.baseline)}, paired by seed (points): "
+            f"{holm_header(compared, rate, stages)}", *(["", HOLM_TEXT, ""] if explain else []),
+            *_markdown_table(*holm_rows(compared, rate, stages))]
+
+
+def _pair_tables(compared: Comparison, rate: Rate) -> list[str]:
     """Per stage after 0 (and the AUC), every pair of arms: the paired difference's mean and t interval, the sd
     of the differences, the difference this many seeds detect with 80% power, and every seed's difference."""
     lines: list[str] = []
     for k in [*range(1, compared.stages + 1), AUC]:
-        lines += ["", f"### {'AUC' if k == AUC else f'Stage {k}'}",
-                  "| difference | mean [95% t interval] | sd | detectable (80% power) | every seed |",
-                  "|---|---|---|---|---|"]
-        lines += ["| " + " | ".join([as_text(pair), *cells]) + " |"
-                  for pair, *cells in difference_table_rows(compared, rate, k)[1]]
-    return lines
-
-
-def _difference_table(compared: Comparison) -> list[str]:
-    head = ["arm", *(f"stage {k}" for k in range(compared.stages + 1)), "AUC"]
-    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
-    for arm in compared.arms:
-        if arm != compared.baseline:
-            cells = [cell(compared.difference(arm, Rate.VALID, k), signed=True)
-                     for k in [*range(compared.stages + 1), AUC]]
-            lines.append(f"| {as_text(arm)} | " + " | ".join(cells) + " |")
+        lines += ["", f"### {'AUC' if k == AUC else f'Stage {k}'}", *_markdown_table(
+            *difference_table_rows(compared, rate, k))]
     return lines
 
 
@@ -317,47 +492,51 @@ def size_rows(compared: Comparison, rate: Rate = Rate.VALID) -> tuple[list[str],
 
 def difference_table_rows(compared: Comparison, rate: Rate = Rate.VALID,
                           stage: int | None = None) -> tuple[list[str], list[list[str]]]:
-    """Every pair of arms at `stage` (default the last): (headers, one row per pair of texts): the paired difference
-    with its t interval, the sd of the differences, the difference detectable with 80% power, every seed's."""
+    """Every pair of arms at `stage` (default the last): (headers, one row per pair of texts, in points): the paired
+    difference with its own 95% t interval (not adjusted for the number of pairs), the sd of the differences, the
+    difference detectable with 80% power, every seed's."""
     k = compared.stages if stage is None else stage
-    headers = ["difference", "mean [95% t interval]", "sd", "detectable (80% power)", "every seed"]
-    rows = [[f"{arm} - {against}", cell(d, signed=True), points(d.sd if len(d.values) > 1 else None),
-             points(d.detectable),
-             seeds_text(d, signed=True, of=compared.seeds)]
+    headers = ["difference", "mean [95% t interval] (points)", "sd (points)", "detectable, 80% power (points)",
+               "every seed (points)"]
+    rows = [[f"{arm} - {against}", difference_cell(d), points(d.sd if len(d.values) > 1 else None),
+             points(d.detectable), seeds_text(d, signed=True, of=compared.seeds)]
             for arm, against in compared.pairs()
             if (d := compared.difference(arm, rate, k, against=against)) is not None]
     return headers, rows
 
 
 def report_markdown(compared: Comparison) -> str:
-    """The experiment's report as Markdown (what `envlab experiment report` prints); every name and the description
-    as text (`lab.text.as_text`)."""
+    """The experiment's report as Markdown (what `envlab experiment report` prints): the finding (`finding`) first,
+    then every table, the primary metric's before the other rate's; every name and the description as text
+    (`lab.text.as_text`)."""
     e = compared.experiment
-    headers, rows = size_rows(compared)
+    primary, other = compared.rates
     done = sum(r.status == "done" for r in compared.runs.values())
-    lines = [f"# Experiment {as_text(e.name)}", "", *([as_text(e.description), ""] if e.description else []),
-             compute_statement(compared), "",
+    lines = [f"# Experiment {as_text(e.name)}", "", finding(compared), "",
+             *([as_text(e.description), ""] if e.description else []), compute_statement(compared), "",
              f"Runs: {done} of {len(compared.runs)} done. Arms: " + ", ".join(
                  f"{as_text(a['name'])} ({a['engineer']}"
                  + (f", {as_text(a['backend'])}, context {a['context']}" if a["backend"] else "") + ")"
-                 for a in e.arms) + ".", "",
+                 for a in e.arms) + f". Primary metric: the {primary} rate.", "",
              "Each cell: the mean over seeds, its 95% Student-t interval over seeds (n - 1 degrees of freedom), "
-             "then every seed's value in seed order (points), after the seeds where an arm lacks some. AUC: the "
+             "then every seed's value in seed order (percent), after the seeds where an arm lacks some. AUC: the "
              f"area under the curve over stages 0..{compared.stages} by the trapezoid rule, divided by "
              f"{compared.stages}: the curve's mean rate.", "",
-             "## Validation valid rate", *_stage_table(compared, Rate.VALID), "",
-             "## Validation optimal rate", *_stage_table(compared, Rate.OPTIMAL), "",
-             f"## Valid rate minus {as_text(compared.baseline)}, paired by seed (points)",
-             *_difference_table(compared), "",
-             "## Differences between arms, paired by seed (valid rate, points)", "",
+             f"## Validation {primary} rate", *_stage_table(compared, primary), "",
+             f"## Validation {other} rate", *_stage_table(compared, other), "",
+             *_holm_section(compared, primary, explain=True), "",
+             *_holm_section(compared, other), "",
+             f"## Differences between arms, paired by seed ({primary} rate, points)", "",
              "Per seed, one arm's rate minus the other's on the same seed (the same stage-0 policy and validation "
              "boards); the mean of those differences with its paired t interval (n - 1 degrees of freedom), their "
              "standard deviation, and the smallest true difference a two-sided paired t test at alpha "
              f"{ALPHA:g} detects with {POWER:.0%} power with this many seeds, were the sd the one observed. "
-             "Stage 0 is the same policy for every arm: no difference there.", *_pair_tables(compared), "",
-             "## Every seed (valid rate)", *_seed_table(compared, Rate.VALID), "",
-             f"## Stage {compared.stages} by map size (valid rate)", "| " + " | ".join(headers) + " |",
-             "|---" * len(headers) + "|", *("| " + " | ".join([as_text(arm), *cells]) + " |" for arm, *cells in rows)]
+             "Each interval here is its pair's own 95% interval, not adjusted for the number of pairs: the "
+             f"comparisons with {as_text(compared.baseline)} above are. Stage 0 is the same policy for every arm: "
+             "no difference there.", *_pair_tables(compared, primary), "",
+             f"## Every seed ({primary} rate)", *_seed_table(compared, primary), "",
+             f"## Stage {compared.stages} by map size ({primary} rate)",
+             *_markdown_table(*size_rows(compared, primary))]
     return "\n".join(lines) + "\n"
 
 
@@ -384,21 +563,27 @@ def seed_rows(compared: Comparison) -> tuple[list[str], list[list]]:
 
 
 def summary_rows(compared: Comparison) -> tuple[list[str], list[list]]:
-    """One row per (arm, rate, stage or `auc`, size or `all`): seeds, mean, interval, paired difference."""
+    """One row per (arm, rate, stage or `auc`, size or `all`): seeds, mean, interval, the paired difference from the
+    baseline with its 95% interval, and its raw p, Holm-adjusted p and interval at the Holm level (the family: every
+    arm against the baseline at that rate, stage and size)."""
     header = ["arm", "rate", "stage", "size", "seeds", "mean", "low", "high", "sd", f"diff_vs_{compared.baseline}_mean",
-              "diff_low", "diff_high", "diff_sd", "diff_detectable"]
+              "diff_low", "diff_high", "diff_sd", "diff_detectable", "diff_p", "diff_holm_p", "diff_holm_level",
+              "diff_holm_low", "diff_holm_high"]
+    cells = [(rate, k, size) for rate in Rate for k in [*range(compared.stages + 1), AUC]
+             for size in [POOLED, *(compared.sizes if k != AUC else [])]]
+    families = {c: {a.arm: a for a in compared.versus_baseline(*c)} for c in cells}
     rows = []
     for arm in compared.arms:
-        for rate in Rate:
-            for k in [*range(compared.stages + 1), AUC]:
-                for size in [POOLED, *(compared.sizes if k != AUC else [])]:
-                    e = compared.estimate(arm, rate, k, size)
-                    if e is None:
-                        continue
-                    d = compared.difference(arm, rate, k, size)
-                    rows.append([arm, rate.value, "auc" if k == AUC else k, "all" if size == POOLED else size,
-                                 len(e.seeds), e.mean, e.low, e.high, e.sd,
-                                 *((d.mean, d.low, d.high, d.sd, d.detectable) if d else ("",) * 5)])
+        for rate, k, size in cells:
+            e = compared.estimate(arm, rate, k, size)
+            if e is None:
+                continue
+            d = compared.difference(arm, rate, k, size)
+            a = families[(rate, k, size)].get(arm)
+            rows.append([arm, rate.value, "auc" if k == AUC else k, "all" if size == POOLED else size,
+                         len(e.seeds), e.mean, e.low, e.high, e.sd,
+                         *((d.mean, d.low, d.high, d.sd, d.detectable, d.p) if d else ("",) * 6),
+                         *((a.holm_p, a.level, a.low, a.high) if a else ("",) * 4)])
     return header, rows
 
 
@@ -439,7 +624,7 @@ def write_report(compared: Comparison, out: Path) -> dict[str, Path | str]:
     _write_csv(written["summary"], *summary_rows(compared))
     _write_csv(written["differences"], *difference_rows(compared))
     try:
-        curves_figure(compared, tuple(Rate)).write_image(written["figure"], width=1200, height=520, scale=2)
+        curves_figure(compared, compared.rates).write_image(written["figure"], width=1200, height=520, scale=2)
     except Exception as err:  # kaleido needs a Chromium; the numbers are written whatever happens here
         written["figure"] = f"not drawn ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})"
     return written

@@ -1,21 +1,42 @@
 """The Compare tab: its view of a scripted experiment, and the tab in a real browser (Debian's Chromium driven by
-Playwright, as in tests/test_browser.py) drawing one curve per arm."""
+Playwright, as in tests/test_browser.py) drawing one curve per arm; the comparisons with the baseline, Holm-adjusted,
+on known p-values, on comparisons built by hand and on scripted runs whose valid and optimal rates differ; and the
+primary metric an experiment is made with."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+from scipy import stats
+from sqlmodel import select
 
 import app
+from envsim.parser import format_plan
+from envsim.scoring import score_answer
+from lab import cli
+from lab.jobs.worker import WorkerOptions, run_worker
+from lab.loop import after_job, run_propose_job
 from lab.pages.compare import compare_view
-from lab.study.comparison import Rate, comparison, report_markdown
-from lab.study.experiments import create_experiment, experiment_runs
+from lab.study.comparison import (
+    POOLED,
+    Comparison,
+    Rate,
+    comparison,
+    finding,
+    holm,
+    holm_levels,
+    paired_p,
+    report_markdown,
+)
+from lab.study.experiments import ExperimentError, create_experiment, experiment_runs, find_experiment, log_dir
 from lab.text import as_text
-from storage.db import make_engine, upgrade
-from storage.settings import RunSettings
-from tests.recorded import CONFIG, scripted_experiment
+from storage.db import make_engine, session, upgrade
+from storage.models import Experiment, Run, Stage
+from storage.settings import ExperimentSettings, RunSettings
+from tests.recorded import BOARDS, CONFIG, scripted_experiment
 from tests.servers import TIMEOUT_MS, free_port
+from training.evaluate import EpisodeResult, store_evaluation
 
 
 def test_the_view_draws_each_arm_tables_its_sizes_and_links_its_runs(empty_lab):
@@ -29,11 +50,11 @@ def test_the_view_draws_each_arm_tables_its_sizes_and_links_its_runs(empty_lab):
     e = c.estimate("heuristic", Rate.OPTIMAL, 1, 3)
     assert view["sizes"]["data"][0][2] == f"{e.mean:.1%} [{e.low * 100:.1f}, {e.high * 100:.1f}]"
     d = c.difference("heuristic", Rate.OPTIMAL, 1, against="fixed")
-    assert view["differences"]["headers"] == ["difference", "mean [95% t interval]", "sd", "detectable (80% power)",
-                                              "every seed"]
-    assert view["differences"]["data"] == [["heuristic - fixed", f"{d.mean * 100:+.1f}% [{d.low * 100:+.1f}, "
-                                            f"{d.high * 100:+.1f}]", f"{d.sd * 100:.2f}", f"{d.detectable * 100:.2f}",
-                                            ", ".join(f"{v * 100:+.1f}" for v in d.values)]]
+    assert view["differences"]["headers"] == ["difference", "mean [95% t interval] (points)", "sd (points)",
+                                              "detectable, 80% power (points)", "every seed (points)"]
+    assert view["differences"]["data"] == [["heuristic - fixed", f"{d.mean * 100:+.2f} [{d.low * 100:+.2f}, "
+                                            f"{d.high * 100:+.2f}]", f"{d.sd * 100:.2f}", f"{d.detectable * 100:.2f}",
+                                            ", ".join(f"{v * 100:+.2f}" for v in d.values)]]
     assert "Student-t interval" in view["summary"] and "bootstrap" not in view["summary"]
     for run in experiment_runs(empty_lab, experiment.id):
         assert f"[seed {run.seed}](?run={run.id}) (done)" in view["links"]
@@ -87,6 +108,10 @@ def test_the_compare_tab_shows_one_curve_per_arm(empty_lab, page):
         page.locator("#compare-sizes th", has_text="heuristic").first.wait_for()
         page.wait_for_function("() => (document.querySelector('#compare-differences') || {}).textContent"
                                "?.includes('heuristic - fixed')", timeout=TIMEOUT_MS)
+        primary = "() => (document.querySelector('#compare-primary') || {}).textContent || ''"
+        page.wait_for_function(f"({primary})().includes('+12.50 [+12.50, +12.50] ★')", timeout=TIMEOUT_MS)
+        assert "Valid rate (the primary metric), stage 1: each arm minus fixed, paired by seed (points); " \
+               "Holm-adjusted over 1 comparison with fixed" in page.evaluate(primary)  # its label, set per experiment
         page.goto(f"http://127.0.0.1:{port}/{link.get_attribute('href')}")  # where the link leads: the run, open
         page.wait_for_function("id => (document.querySelector('#run-pick input') || {}).value?.startsWith(id)",
                                arg=f"#{first.id} ")
@@ -121,3 +146,155 @@ def test_the_shipped_study_is_what_its_database_says(name: str, tmp_path: Path):
     assert {(r.arm, r.seed): r.status for r in experiment_runs(engine, c.experiment.id)} == {
         (arm, seed): "done" for arm in arms for seed in range(6)}
     engine.dispose()
+
+
+def test_holm_on_known_p_values():
+    """Sorted 0.01, 0.03, 0.04: 3 x 0.01 = 0.03, 2 x 0.03 = 0.06, 1 x 0.04 = 0.04 raised to the 0.06 before it; the
+    first step (0.01 < 0.05 / 3) rejects, the second (0.03 > 0.05 / 2) does not, so it and every later step keep its
+    level, 97.5%."""
+    assert holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert holm_levels([0.01, 0.04, 0.03]) == pytest.approx([1 - 0.05 / 3, 0.975, 0.975])
+    assert holm([0.001, 0.01, 0.04]) == pytest.approx([0.003, 0.02, 0.04])  # every step rejects: 95% at the last
+    assert holm_levels([0.001, 0.01, 0.04]) == pytest.approx([1 - 0.05 / 3, 0.975, 0.95])
+    assert holm([0.6, 0.7]) == [1.0, 1.0] and holm([0.2]) == [0.2] and holm([]) == holm_levels([]) == []
+    assert holm_levels([0.2]) == [0.95]  # one comparison: the plain 95% interval
+    differences = [0.010, 0.003, 0.012, 0.005]
+    assert paired_p(differences) == pytest.approx(stats.ttest_1samp(differences, 0).pvalue)
+    assert (paired_p([0.01]), paired_p([0.0, 0.0]), paired_p([0.02, 0.02])) == (None, 1.0, 0.0)
+
+
+def built(arms: dict[str, list[float]], stage: int = 1) -> Comparison:
+    """A comparison of these arms' valid rates at `stage`, seed k the k-th value, built without a database."""
+    settings = ExperimentSettings(run=RunSettings(stages=stage), config=CONFIG, steps_per_stage=1, validation_boards=8)
+    experiment = Experiment(id=1, name="built", policy="tiny", seeds=4, settings=settings,
+                            arms=[{"name": a, "engineer": a, "backend": "", "context": ""} for a in arms])
+    values = {(arm, Rate.VALID, stage, POOLED): dict(enumerate(v)) for arm, v in arms.items()}
+    return Comparison(experiment, list(arms), [0, 1, 2, 3], stage, [], {}, values, {})
+
+
+def test_the_finding_names_the_arms_whose_holm_interval_excludes_zero():
+    """heuristic is 2.1 points above fixed on every seed (p 0.0007); evidence's p of 0.038 is below 0.05 alone but
+    not once Holm-adjusted (2 x 0.038 = 0.075); random is noise (p 0.89)."""
+    fixed = [0.5] * 4
+    arms = {"fixed": fixed, "random": [0.510, 0.490, 0.520, 0.485], "heuristic": [0.520, 0.525, 0.518, 0.521],
+            "evidence": [0.510, 0.503, 0.512, 0.505]}
+    c = built(arms)
+    assert finding(c) == ("heuristic - fixed: +2.10 points [+1.39, +2.81], Holm p 0.002; the others do not differ "
+                          "from fixed beyond their intervals (valid rate at stage 1, Holm over 3 comparisons).")
+    by_arm = {a.arm: a for a in c.versus_baseline(Rate.VALID, 1)}
+    evidence = by_arm["evidence"]
+    assert (evidence.difference.p, evidence.holm_p) == pytest.approx((0.0376, 0.0752), abs=1e-4)
+    assert evidence.difference.low > 0 and not evidence.excludes_zero  # its own 95% interval does; at 97.5% it does not
+    assert (by_arm["heuristic"].level, evidence.level, by_arm["random"].level) == pytest.approx((1 - 0.05 / 3, 0.975,
+                                                                                               0.975))
+    assert finding(built({k: v for k, v in arms.items() if k != "heuristic"})) == (
+        "No arm differs from fixed beyond its interval (valid rate at stage 1, Holm over 2 comparisons).")
+    assert finding(built({"fixed": fixed, "random": arms["random"]})) == (
+        "random does not differ from fixed beyond its interval (valid rate at stage 1, Holm over 1 comparison).")
+    assert finding(built({"fixed": fixed, "random": arms["random"][:1]})) == (
+        "No arm has 2 seeds paired with fixed yet: no interval to compare (valid rate at stage 1).")
+
+
+def test_the_finding_of_scripted_runs_opens_the_report_and_the_tab(empty_lab):
+    """heuristic solves 2, 2 and 1 boards of 8 more than fixed at stage 2 (tests.recorded.solved): differences of
+    25, 25 and 12.5 points, t = 5 with 2 degrees of freedom, p = 1 - 5 / sqrt(27) = 0.038."""
+    experiment = scripted_experiment(empty_lab)
+    c = comparison(empty_lab, experiment.id)
+    sentence = ("heuristic - fixed: +20.83 points [+2.91, +38.76], Holm p 0.038 (valid rate at stage 2, Holm over 1 "
+                "comparison).")
+    assert finding(c) == sentence
+    assert c.versus_baseline(Rate.VALID, 2)[0].difference.p == pytest.approx(1 - 5 / 27 ** 0.5)
+    report = report_markdown(c)
+    assert report.startswith(f"# Experiment cmp\n\n{sentence}\n\n")
+    assert ("## Valid rate minus fixed, paired by seed (points): Holm-adjusted over 1 comparison with fixed" in report)
+    assert "| heuristic - fixed | 2 | +20.83 [+2.91, +38.76] ★ | 95.00% | 0.038 | 0.038 |" in report
+    view = compare_view(empty_lab, experiment.id)
+    assert view["summary"].startswith(f"**cmp**: 6 of 6 runs done.\n\n{sentence}\n\nNo report written yet: "
+                                      f"`envlab experiment report {experiment.id}`")
+    assert view["primary"] == {"headers": ["difference (valid rate)", "stage",
+                                           "mean [interval at the Holm level] (points)", "level", "p", "Holm p"],
+                               "data": [["heuristic - fixed", "2", "+20.83 [+2.91, +38.76] ★", "95.00%", "0.038",
+                                         "0.038"]]}
+    assert view["primary_label"] == ("Valid rate (the primary metric), stage 2: each arm minus fixed, paired by seed "
+                                     "(points); Holm-adjusted over 1 comparison with fixed. ★: the interval excludes "
+                                     "zero")
+    written = log_dir(empty_lab, experiment) / "report" / "report.md"  # where `envlab experiment report` writes it
+    assert f"curves.png to {as_text(str(written.parent))}." in view["summary"]
+    written.parent.mkdir(parents=True)
+    written.write_text(report)
+    assert f"Report: {as_text(str(written))} (with runs.csv" in compare_view(empty_lab, experiment.id)["summary"]
+
+
+# Stage 1's boards answered, (valid, of which optimal), by arm and seed; stage 0: 2 valid, 1 of them optimal
+ANSWERED = {("fixed", 0): (4, 3), ("fixed", 1): (5, 4), ("fixed", 2): (4, 4),
+            ("heuristic", 0): (6, 3), ("heuristic", 1): (6, 5), ("heuristic", 2): (7, 4)}
+
+
+def late_stage(engine, job, progress):
+    """The stage job without training: of the 8 boards the first `optimal` answered with the reference plan, the
+    next `valid - optimal` with it one step late (every agent waits first: valid, not optimal), the rest wrong."""
+    run_id, k = job.payload["run_id"], job.payload["stage_index"]
+    with session(engine) as s:
+        run = s.get(Run, run_id)
+        valid, optimal = (2, 1) if k == 0 else ANSWERED[(run.arm, run.seed)]
+        results = []
+        for i, board in enumerate(BOARDS):
+            late = [("WAIT", *actions) for actions in board.reference_plan]
+            text = "no idea" if i >= valid else format_plan(board.reference_plan if i < optimal else late)
+            results.append(EpisodeResult(board, text, score_answer(board, text)))
+        store_evaluation(s, run_id, k, "validation", results)
+        store_evaluation(s, run_id, k, "dev", results)
+        stage = s.exec(select(Stage).where(Stage.run_id == run_id, Stage.index == k)).one()
+        stage.status, stage.checkpoint = "done", f"{run.uuid}/stage-{k}"
+        s.add(stage)
+        s.commit()
+    return {"stage_index": k}
+
+
+def test_the_primary_metric_is_stored_and_leads_with_the_optimal_rate_beside_the_valid(empty_lab, tmp_path, capsys):
+    """Made with `--primary optimal`: the report and the tab lead with the optimal rate. Paired by seed, stage 1's
+    valid differences are 2, 1 and 3 boards of 8 (25 points, sd 12.5: t = 2 sqrt(3), p = 1 - sqrt(6/7) = 0.074) and
+    the optimal ones 0, 1 and 0 (4.17 points, t = 1, p = 1 - 1/sqrt(3) = 0.423), t(0.975, 2) = 4.303."""
+    (tmp_path / "small.json").write_text(CONFIG.model_dump_json())
+    assert cli.main(["experiment", "new", "--name", "opt", "--arms", "fixed,heuristic", "--seeds", "3", "--stages",
+                     "1", "--config", str(tmp_path / "small.json"), "--validation-boards", "8", "--grpo",
+                     "max_steps=1", "--primary", "optimal", "--db", str(tmp_path / "lab.db")]) == 0
+    assert "the report leads with the optimal rate" in capsys.readouterr().out
+    assert cli.main(["experiment", "new", "--name", "x", "--arms", "fixed", "--primary", "best", "--db",
+                     str(tmp_path / "lab.db")]) == 2
+    assert "--primary: invalid choice: 'best' (choose from 'valid', 'optimal')" in capsys.readouterr().err
+    with pytest.raises(ExperimentError, match="primary = 'best': the primary metric is one of valid, optimal"):
+        create_experiment(empty_lab, name="x", arms=["fixed"], seeds=1, settings=RunSettings(stages=1),
+                          primary="best")
+    while run_worker(empty_lab, {"stage": late_stage, "propose": run_propose_job},
+                     WorkerOptions(once=True, poll_s=0.01, after=after_job)):
+        pass
+    experiment = find_experiment(empty_lab, "opt")
+    assert experiment.settings.primary == "optimal"  # read back from its row
+    assert ExperimentSettings.model_validate(experiment.settings.model_dump(exclude={"primary"})).primary == "valid"
+    c = comparison(empty_lab, "opt")
+    assert c.rates == (Rate.OPTIMAL, Rate.VALID)
+    assert c.estimate("heuristic", Rate.OPTIMAL, 1).values == (3 / 8, 5 / 8, 4 / 8)
+    assert c.estimate("heuristic", Rate.VALID, 1).values == (6 / 8, 6 / 8, 7 / 8)
+    sentence = ("heuristic does not differ from fixed beyond its interval (optimal rate at stage 1, Holm over 1 "
+                "comparison).")
+    optimal_row = ["heuristic - fixed", "1", "+4.17 [-13.76, +22.09]", "95.00%", "0.423", "0.423"]
+    valid_row = ["heuristic - fixed", "1", "+25.00 [-6.05, +56.05]", "95.00%", "0.074", "0.074"]
+    assert finding(c) == sentence
+    report = report_markdown(c)
+    assert report.startswith(f"# Experiment opt\n\n{sentence}\n\n") and "Primary metric: the optimal rate." in report
+    sections = [line for line in report.splitlines() if line.startswith("## ")]
+    assert sections[:4] == ["## Validation optimal rate", "## Validation valid rate",
+                            "## Optimal rate minus fixed, paired by seed (points): Holm-adjusted over 1 comparison "
+                            "with fixed",
+                            "## Valid rate minus fixed, paired by seed (points): Holm-adjusted over 1 comparison with "
+                            "fixed"]
+    assert "| heuristic | 12.5% [12.5, 12.5] (12.5, 12.5, 12.5) | 50.0% [18.9, 81.1] (37.5, 62.5, 50.0) |" in report
+    assert "| " + " | ".join(optimal_row) + " |" in report and "| " + " | ".join(valid_row) + " |" in report
+    view = compare_view(empty_lab, experiment.id)
+    assert view["rate"] == Rate.OPTIMAL and f"\n\n{sentence}\n\n" in view["summary"]
+    assert (view["primary"]["data"], view["secondary"]["data"]) == ([optimal_row], [valid_row])
+    assert view["primary_label"].startswith("Optimal rate (the primary metric), stage 1: each arm minus fixed")
+    assert view["secondary_label"].startswith("Valid rate, stage 1: each arm minus fixed")
+    assert view["differences"]["data"][0][1] == "+4.17 [-13.76, +22.09]"  # the figure's rate: the optimal
+    assert compare_view(empty_lab, experiment.id, Rate.VALID)["differences"]["data"][0][1] == "+25.00 [-6.05, +56.05]"

@@ -31,10 +31,10 @@ from lab.study.comparison import (
     AUC,
     POOLED,
     Rate,
-    cell,
     comparison,
     curves_figure,
     detectable,
+    difference_cell,
     estimate,
     report_markdown,
     seeds_text,
@@ -218,7 +218,7 @@ def test_the_t_interval_and_the_detectable_difference_by_hand():
                                                            0.53 + 4.302652729911275 * 0.03 / 3 ** 0.5))
     assert t_interval([0.4]) == (0.4, 0.4)
     one, two = estimate({3: 0.015}, paired=True), estimate({0: 0.01, 3: 0.02}, paired=True)
-    assert (cell(one, signed=True), cell(two, signed=True)) == ("+1.5% [1 seed: no interval]", "+1.5% [-4.9, +7.9]")
+    assert (difference_cell(one), difference_cell(two)) == ("+1.50 [1 seed: no interval]", "+1.50 [-4.85, +7.85]")
     # the standardized differences a two-sided paired t test at 0.05 detects with 80% power (G*Power's table:
     # n = 3: 3.264, n = 6: 1.435, n = 10: 0.996), scaled by the sd of the differences
     assert detectable(0.01, 3) == pytest.approx(0.03264, abs=1e-5)
@@ -270,8 +270,8 @@ def test_the_report_equals_a_hand_computation_from_the_stored_rows(engine, tmp_p
     final = c.estimate("heuristic", Rate.VALID, 2)
     assert f"| heuristic | {c.estimate('heuristic', Rate.VALID, 0).mean * 100:.1f}%" in text
     assert f"{final.mean * 100:.1f}% [{final.low * 100:.1f}, {final.high * 100:.1f}]" in text
-    assert (f"| heuristic - fixed | +{d.mean * 100:.1f}% [{d.low * 100:+.1f}, {d.high * 100:+.1f}] | "
-            f"{d.sd * 100:.2f} | {d.detectable * 100:.2f} | +25.0, +25.0, +12.5 |") in text
+    assert (f"| heuristic - fixed | {d.mean * 100:+.2f} [{d.low * 100:+.2f}, {d.high * 100:+.2f}] | "
+            f"{d.sd * 100:.2f} | {d.detectable * 100:.2f} | +25.00, +25.00, +12.50 |") in text  # points, no %
     assert "bootstrap" not in text
     written = write_report(c, tmp_path / "report")
     with open(written["runs"]) as f:
