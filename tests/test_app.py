@@ -57,17 +57,19 @@ def _serving(url: str, proc: subprocess.Popen, seconds: float = 120) -> bool:
     return False
 
 
-def test_python_app_py_serves_the_lab_with_a_worker_and_stops_both(tmp_path: Path):
+@pytest.mark.parametrize("stop", ["SIGTERM", "Ctrl+C"])
+def test_python_app_py_serves_the_lab_with_a_worker_and_stops_both(tmp_path: Path, stop: str):
     """The entry point end to end: `python app.py` migrates a fresh database, starts `envlab worker` beside
-    the page and its probe lane (each with torch threads on every core but one), serves it, and on SIGTERM stops the
-    page and the worker it started."""
+    the page and its probe lane (each with torch threads on every core but one), serves it, and on SIGTERM, or a
+    Ctrl+C (SIGINT to the terminal's whole process group), stops the page and the workers it started, with no
+    traceback."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     root = Path(app.__file__).parent
     proc = subprocess.Popen([sys.executable, str(root / "app.py"), "--port", str(port), "--no-example",
                              "--db", str(tmp_path / "lab.db")],
-                            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
                             env={k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"})
     try:
         assert _serving(f"http://127.0.0.1:{port}/", proc), proc.stderr.read().decode()[-2000:] if proc.poll() else ""
@@ -76,12 +78,16 @@ def test_python_app_py_serves_the_lab_with_a_worker_and_stops_both(tmp_path: Pat
         assert sorted(b"--kinds\x00probe" in commands[c] for c in workers) == [False, True]  # the worker, the lane
         threads = f"OMP_NUM_THREADS={max(1, len(os.sched_getaffinity(0)) - 1)}".encode()
         assert all(threads in Path(f"/proc/{c}/environ").read_bytes().split(b"\x00") for c in workers)
-        proc.send_signal(signal.SIGTERM)
+        if stop == "SIGTERM":
+            proc.send_signal(signal.SIGTERM)
+        else:
+            os.killpg(proc.pid, signal.SIGINT)
         assert proc.wait(timeout=30) == 0
         deadline = time.monotonic() + 30
         while any(Path(f"/proc/{w}").exists() for w in workers) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert not any(Path(f"/proc/{w}").exists() for w in workers)  # reaped by the page on its way out
+        assert "Traceback" not in proc.stderr.read().decode()
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -26,7 +26,17 @@ def arguments() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`envlab ARGS`: the exit status (0; 2 for bad input, a full disk; 130 for Ctrl+C, in one line: a job in hand
+    went back to the queue, `lab.jobs.worker`, and nothing was left half-written)."""
     argv = sys.argv[1:] if argv is None else argv
+    try:
+        return _command(argv)
+    except KeyboardInterrupt:
+        print(f"envlab {' '.join(argv[:1])}: interrupted".replace(" :", ":"), file=sys.stderr)
+        return 130
+
+
+def _command(argv: list[str]) -> int:
     if argv[:1] == ["serve"]:
         runs.serve(argv[1:])
     try:
@@ -39,9 +49,6 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, GenerationError) as err:
         print(f"envlab {args.command}: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # Ctrl+C: a job in hand went back to the queue (lab.jobs.worker), nothing half-written
-        print(f"envlab {args.command}: interrupted", file=sys.stderr)
-        return 130
     except OSError as err:
         if err.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
