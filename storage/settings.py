@@ -145,6 +145,8 @@ class ExperimentSettings(BaseModel):
     validation_per_size: int = Field(default=VALIDATION_PER_SIZE, ge=1)
     scenario: str | None = None  # where the initial config came from (a scenario's name, or "a config of its own")
     slurm_arrays: list[str] = Field(default_factory=list)  # the Slurm array jobs that ran it (lab.study.slurm)
+    rollouts_per_stage: int | None = Field(default=None, ge=1)  # completions a stage samples for training (None:
+    # an experiment made before they were recorded: counted from its settings when asked)
     primary: Primary = "valid"  # the rate its report and the Compare tab lead with; an experiment made before: valid
 
     @property

@@ -256,6 +256,19 @@ def planned_steps(instances: int, overrides: dict[str, Any], prompt_style: str =
     return math.ceil(config.num_train_epochs * per_epoch)
 
 
+def planned_rollouts(instances: int, overrides: dict[str, Any], prompt_style: str = "chat") -> int:
+    """The completions a stage of `instances` boards samples for its training boards (its rollouts), as TRL
+    generates them: a generation batch of `generation_batch_size` completions every `steps_per_generation x
+    num_iterations` micro-batches, each optimizer step `gradient_accumulation_steps` micro-batches. With TRL's
+    defaults that is the steps times `per_device_train_batch_size` (the tiny policy: 128 x 32 = 4,096)."""
+    args = StageArgs(run_id=0, stage_index=1, seed=0, policy="", config=EnvConfig.default(num_instances=instances),
+                     run_dir=Path(os.devnull), run_uuid="")
+    config = grpo_config(args, overrides, max_completion_length=1, prompt_style=prompt_style)
+    micro_batches = planned_steps(instances, overrides, prompt_style) * config.gradient_accumulation_steps
+    return math.ceil(micro_batches / (config.steps_per_generation * config.num_iterations)) \
+        * config.generation_batch_size
+
+
 # ---------------------------------------------------------------- data
 
 

@@ -3,7 +3,9 @@
 interval as a band and one dot per seed), each arm minus the baseline at the last stage, Holm-adjusted, for the
 primary metric and then the other rate, every pair of arms' difference at the last stage paired by seed (t
 interval, sd, what this many seeds detect, every seed's), the last stage per map size (arms x sizes, mean and
-interval), what every arm was given (equal compute), where its report is, and a link to every run (`?run=ID`).
+interval), what every arm was given (equal compute) and what it spent (GRPO steps and rollouts, probe answers,
+validation and dev answers, its jobs' wall time, its answers per run against the cheapest arm's), where its report
+is, and a link to every run (`?run=ID`).
 
 Every number comes from one `lab.study.comparison.Comparison`, the one `envlab experiment report` prints.
 """
@@ -23,6 +25,7 @@ from lab.study.comparison import (
     Rate,
     comparison,
     comparisons,
+    compute_rows,
     compute_statement,
     curves_figure,
     difference_table_rows,
@@ -39,13 +42,14 @@ from lab.text import as_text
 def compare_view(engine: Engine, experiment_id: int | None, rate: str | None = None) -> dict[str, Any]:
     """What the tab shows of an experiment: summary (the finding first), figure, the comparisons with the baseline
     (`primary`, `secondary`: a table and its label each, the primary metric's first), the paired differences, the
-    per-size table and the run links. `rate` (default the primary metric) is the figure's, the pairs' and the
-    sizes'; `rate` in the answer is the one shown."""
+    per-size table, what every arm spent (`compute`) and the run links. `rate` (default the primary metric) is the
+    figure's, the pairs' and the sizes'; `rate` in the answer is the one shown."""
     if experiment_id is None:
         return dict(rate=Rate.VALID, figure=empty_figure("no experiment in this lab yet"), summary=EMPTY,
                     primary=table(["difference"], []), primary_label=BASELINE_LABEL,
                     secondary=table(["difference"], []), secondary_label=BASELINE_LABEL,
-                    differences=table(["difference"], []), sizes=table(["map size"], []), links="")
+                    differences=table(["difference"], []), sizes=table(["map size"], []),
+                    compute=table(["arm"], []), links="")
     compared = comparison(engine, int(experiment_id))
     rate = Rate(rate) if rate else compared.rates[0]
     headers, rows = size_rows(compared, rate)
@@ -53,7 +57,7 @@ def compare_view(engine: Engine, experiment_id: int | None, rate: str | None = N
     return dict(rate=rate, figure=curves_figure(compared, (rate,)), summary=_summary(engine, compared),
                 primary=primary, primary_label=primary_label, secondary=secondary, secondary_label=secondary_label,
                 differences=table(*difference_table_rows(compared, rate)), sizes=table(*by_size(headers, rows)),
-                links=run_links(compared) + slurm_jobs(engine, compared))
+                compute=table(*compute_rows(compared)), links=run_links(compared) + slurm_jobs(engine, compared))
 
 
 BASELINE_LABEL = "Last stage: each arm minus the baseline, paired by seed (points), Holm-adjusted"
@@ -94,7 +98,9 @@ def _summary(engine: Engine, compared: Comparison) -> str:
             f"primary metric) first, Holm-adjusted over {comparisons(family)} with {base}: the interval at the "
             "level of its Holm step (★ where it excludes zero), the raw p and the Holm p; then every pair of arms' "
             "difference paired by seed, with its own 95% t interval (n - 1 degrees of freedom) and the smallest "
-            "difference this many seeds detect with 80% power. Differences are in points.")
+            "difference this many seeds detect with 80% power. Differences are in points. Last, what every arm "
+            "spent, summed over its runs (the mean per run): GRPO steps and rollouts, probe answers, validation and "
+            "dev answers, its jobs' wall time, and its answers per run against the cheapest arm's.")
 
 
 def report_file(engine: Engine, compared: Comparison) -> str:
@@ -141,12 +147,13 @@ class CompareTab:
     secondary: gr.Dataframe
     differences: gr.Dataframe
     sizes: gr.Dataframe
+    compute: gr.Dataframe
     links: gr.Markdown
 
     @property
     def outputs(self) -> list[Any]:
         return [self.pick, self.rate, self.summary, self.figure, self.primary, self.secondary, self.differences,
-                self.sizes, self.links]
+                self.sizes, self.compute, self.links]
 
     def show(self, experiment_id: int | None, rate: str | None = None) -> dict[Any, Any]:
         """The experiment drawn for `rate` (None: its primary metric, which the Rate radio then shows)."""
@@ -154,7 +161,8 @@ class CompareTab:
         return {self.rate: v["rate"].value, self.summary: v["summary"], self.figure: v["figure"],
                 self.primary: gr.update(value=v["primary"], label=v["primary_label"]),
                 self.secondary: gr.update(value=v["secondary"], label=v["secondary_label"]),
-                self.differences: v["differences"], self.sizes: v["sizes"], self.links: v["links"]}
+                self.differences: v["differences"], self.sizes: v["sizes"], self.compute: v["compute"],
+                self.links: v["links"]}
 
     def refresh(self, experiment_id: int | None = None, rate: str | None = None) -> dict[Any, Any]:
         """The experiments as they are now, the chosen one (else the newest) drawn; for the rate shown while it
@@ -180,8 +188,10 @@ def build(page: Page) -> CompareTab:
                                interactive=False, elem_id="compare-differences", wrap=True)
     sizes = gr.Dataframe(label="Last stage by map size: mean over seeds [95% interval], one column per arm",
                          interactive=False, elem_id="compare-sizes", wrap=True)
+    compute = gr.Dataframe(label="Compute per arm: each cell the sum over the arm's runs (the mean per run)",
+                           interactive=False, elem_id="compare-compute", wrap=True)
     links = gr.Markdown(elem_id="compare-runs")
-    tab = CompareTab(page.engine, pick, rate, summary, figure, primary, secondary, differences, sizes, links)
+    tab = CompareTab(page.engine, pick, rate, summary, figure, primary, secondary, differences, sizes, compute, links)
     pick.select(tab.show, [pick], tab.outputs[1:], trigger_mode="always_last")  # a new pick: its primary metric
     rate.input(tab.show, [pick, rate], tab.outputs[1:], trigger_mode="always_last")
     refresh.click(tab.refresh, [pick, rate], tab.outputs)

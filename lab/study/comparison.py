@@ -20,6 +20,13 @@ validation boards, or over one map size's. The statistics, each computed here on
 - AUC: the trapezoid area under a run's valid-rate curve over stages 0..S divided by S, so it is the curve's
   mean rate (the same for the optimal rate); only for runs with every stage evaluated.
 
+What every arm spent (`Spent`, `compute_rows`), summed over its runs and per run: GRPO optimizer steps and rollouts
+(the completions GRPO samples for training boards, as the stage's `GRPOConfig` makes them: `stage_rollouts`), the
+answers its engineer sampled probing configs (`Proposal.compute`), its validation and dev answers (episodes), its
+jobs' wall time by kind, and every answer it generated per run against the cheapest arm's; where an arm's probes add
+more than 5% to the answers it generated otherwise, the compute statement says the arms are not at equal compute in
+answers (`answers_statement`).
+
 Rates are fractions here and percent in words; a difference between two rates is in points (`+1.20`, never `%`).
 `finding` says in one sentence what the comparisons with the baseline show for the experiment's primary metric at
 the last stage. `report_markdown`, `write_report` (CSV and PNG) and `curves_figure` (the page's Compare tab and the
@@ -39,14 +46,16 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 from scipy import optimize, stats
-from sqlalchemy import Engine
-from sqlmodel import select
+from sqlalchemy import Engine, func
+from sqlmodel import Session, select
 
+from envsim.suite import Split
 from lab.results import stage_summaries
 from lab.study.experiments import arm_names, experiment_runs, find_experiment
 from lab.text import as_text
 from storage.db import session
-from storage.models import Experiment, Proposal, Run
+from storage.models import Experiment, Job, JobKind, Proposal, Run, Stage, StageMetric, StageStatus
+from storage.settings import ExperimentSettings
 
 LEVEL = 0.95  # the intervals' coverage
 ALPHA = 0.05  # the paired t tests' level (two-sided): the detectable difference's, and Holm's family-wise
@@ -54,6 +63,8 @@ POWER = 0.8  # and the power it is detected with
 BASELINE = "fixed"
 POOLED = 0  # the `size` of a pooled rate in `Comparison.values` (map sizes start at 3)
 AUC = -1  # the `stage` of an area-under-the-curve value in `Comparison.values`
+PROBE_SHARE = 0.05  # probes that add more than this to an arm's other answers: not at equal compute in answers
+TIMED = (JobKind.STAGE, JobKind.PROPOSE, JobKind.PROBE)  # the job kinds whose wall time the compute table shows
 
 
 class Rate(StrEnum):
@@ -194,6 +205,30 @@ Key = tuple[str, Rate, int, int]  # (arm, rate, stage or AUC, size or POOLED)
 
 
 @dataclass(frozen=True)
+class Spent:
+    """What an arm's runs spent, summed over them: GRPO optimizer steps and rollouts (completions sampled for
+    training boards) of their trained stages, the answers their engineers sampled probing configs
+    (`Proposal.compute`), their validation and dev answers (the episodes of every evaluated stage, as stored), and
+    their jobs' wall time (finished minus started) by `JobKind`, in seconds."""
+
+    runs: int
+    steps: int
+    rollouts: int
+    probe_answers: int
+    evaluated: int
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def answers(self) -> int:
+        """Every answer the runs generated: rollouts, probe answers, validation and dev answers."""
+        return self.rollouts + self.probe_answers + self.evaluated
+
+    @property
+    def answers_per_run(self) -> float | None:
+        return self.answers / self.runs if self.runs else None
+
+
+@dataclass(frozen=True)
 class Comparison:
     """An experiment's numbers: `values[key][seed]` per (arm, rate, stage, size); `runs[(arm, seed)]` the run."""
 
@@ -206,6 +241,8 @@ class Comparison:
     values: dict[Key, dict[int, float]]
     episodes: dict[tuple[str, int, int, int], int]  # (arm, seed, stage, size or POOLED) -> validation episodes
     probe_compute: dict[str, dict[str, float]] = field(default_factory=dict)  # arm -> what its proposals measured
+    spent: dict[str, Spent] = field(default_factory=dict)  # arm -> what its runs spent, every arm of the experiment
+    stage_rollouts: int = 0  # completions GRPO samples in a trained stage (`stage_rollouts`; 0 before any trained)
 
     @property
     def baseline(self) -> str:
@@ -247,7 +284,8 @@ class Comparison:
 
 
 def comparison(engine: Engine, key: str | int) -> Comparison:
-    """Read an experiment's runs and their validation results (`stage_summaries`, one query per run)."""
+    """Read an experiment's runs and their validation results (`stage_summaries`, one query per run), and what
+    every arm spent (`Spent`: its proposals' probes, trained stages, validation and dev episodes and jobs' times)."""
     experiment = find_experiment(engine, key)
     stages = experiment.settings.stages
     runs = {(r.arm, r.seed): r for r in experiment_runs(engine, experiment.id)}
@@ -268,17 +306,54 @@ def comparison(engine: Engine, key: str | int) -> Comparison:
                 for rate in Rate:
                     curve = [values[(arm, rate, k, POOLED)][seed] for k in range(stages + 1)]
                     values.setdefault((arm, rate, AUC, POOLED), {})[seed] = auc(curve)
-        spent = s.exec(select(Run.arm, Proposal.compute).join(Run, Run.id == Proposal.run_id)
-                       .where(Run.experiment_id == experiment.id)).all()
-    probe_compute: dict[str, dict[str, float]] = {}
-    for arm, compute in spent:
-        if compute:
-            total = probe_compute.setdefault(arm, {"proposals": 0, "completions": 0, "seconds": 0.0})
-            total["proposals"] += 1
-            total["completions"] += compute.get("completions", 0)
-            total["seconds"] += compute.get("seconds", 0.0)
+        probed = s.exec(select(Run.arm, Proposal.compute).join(Run, Run.id == Proposal.run_id)
+                        .where(Run.experiment_id == experiment.id)).all()
+        probe_compute: dict[str, dict[str, float]] = {}
+        for arm, compute in probed:
+            if compute:
+                total = probe_compute.setdefault(arm, {"proposals": 0, "completions": 0, "seconds": 0.0})
+                total["proposals"] += 1
+                total["completions"] += compute.get("completions", 0)
+                total["seconds"] += compute.get("seconds", 0.0)
+        per_stage, spent = _spent(s, experiment, [arm for arm, _ in runs], probe_compute)
     return Comparison(experiment, arm_names(experiment), sorted({seed for _, seed in runs}), stages, sorted(sizes),
-                      runs, values, episodes, probe_compute)
+                      runs, values, episodes, probe_compute, spent, per_stage)
+
+
+def stage_rollouts(settings: ExperimentSettings, policy: str) -> int:
+    """The completions GRPO samples for the training boards of one stage (its rollouts), as the experiment recorded
+    them when it was made (`training.stage.planned_rollouts`); an experiment made before that: counted now from its
+    settings, as the stage's `GRPOConfig` makes them (torch and TRL load for it, once)."""
+    if settings.rollouts_per_stage is not None:
+        return settings.rollouts_per_stage
+    from training.policy import prompt_style_of
+    from training.stage import planned_rollouts
+
+    return planned_rollouts(settings.instances, settings.grpo, prompt_style_of(policy))
+
+
+def _spent(s: Session, experiment: Experiment, run_arms: list[str],
+           probe_compute: dict[str, dict[str, float]]) -> tuple[int, dict[str, Spent]]:
+    """A trained stage's rollouts and what every arm's runs spent (`Spent`), `run_arms` the arm of each run: one
+    query each for the trained stages, the validation and dev episodes and the jobs' times."""
+    ours = Run.experiment_id == experiment.id
+    trained = dict(s.exec(select(Run.arm, func.count()).select_from(Stage).join(Run, Run.id == Stage.run_id)
+                          .where(ours, Stage.index > 0, Stage.status == StageStatus.DONE).group_by(Run.arm)).all())
+    evaluated = dict(s.exec(select(Run.arm, func.sum(StageMetric.episodes)).select_from(StageMetric)
+                            .join(Run, Run.id == StageMetric.run_id)
+                            .where(ours, StageMetric.split.in_([Split.VALIDATION, Split.DEV])).group_by(Run.arm)).all())
+    seconds: dict[str, dict[str, float]] = {}
+    for arm, kind, started, finished in s.exec(
+            select(Run.arm, Job.kind, Job.started_at, Job.finished_at).select_from(Job).join(Run, Run.id == Job.run_id)
+            .where(ours, Job.started_at.is_not(None), Job.finished_at.is_not(None))):
+        by_kind = seconds.setdefault(arm, {})
+        by_kind[kind] = by_kind.get(kind, 0.0) + (finished - started).total_seconds()
+    per_stage = stage_rollouts(experiment.settings, experiment.policy) if trained else 0  # no torch before then
+    steps = experiment.settings.steps_per_stage
+    return per_stage, {arm: Spent(run_arms.count(arm), trained.get(arm, 0) * steps, trained.get(arm, 0) * per_stage,
+                                  int(probe_compute.get(arm, {}).get("completions", 0)), int(evaluated.get(arm) or 0),
+                                  seconds.get(arm, {}))
+                       for arm in arm_names(experiment)}
 
 
 # ---------------------------------------------------------------- words
@@ -411,7 +486,8 @@ def compute_statement(compared: Comparison) -> str:
             f"stage, stage 0 included, is evaluated on {settings.validation_boards} validation boards "
             f"({settings.validation_per_size} per map size in the set). Seed k gives every arm the same stage-0 "
             f"policy and the same validation boards. "
-            f"Scenario: {settings.scenario}." + _probe_statement(compared))
+            f"Scenario: {settings.scenario}." + _probe_statement(compared)
+            + (f" {unequal}" if (unequal := answers_statement(compared)) else ""))
 
 
 def _probe_statement(compared: Comparison) -> str:
@@ -423,6 +499,67 @@ def _probe_statement(compared: Comparison) -> str:
     others = [a for a in compared.arms if a not in compared.probe_compute]
     return (f" Measuring configs on the policy before proposing them is compute the training does not count: "
             f"{spent}" + (f"; {', '.join(as_text(a) for a in others)} spent none." if others else "."))
+
+
+def _cheapest(compared: Comparison) -> float | None:
+    """The fewest answers an arm generated per run (None when no arm generated any)."""
+    return min((x.answers_per_run for x in compared.spent.values() if x.answers_per_run), default=None)
+
+
+def _times(x: Spent, cheapest: float | None) -> str:
+    """An arm's answers per run over the cheapest arm's: `1.30x`; `-` for an arm without runs or answers."""
+    return f"{x.answers_per_run / cheapest:.2f}x" if x.answers_per_run and cheapest else "-"
+
+
+def answers_statement(compared: Comparison) -> str:
+    """One sentence, where an arm's probes add more than `PROBE_SHARE` to the answers its runs generated otherwise
+    (training and evaluation): the arms are not at equal compute in answers, each such arm's share and its answers
+    per run over the cheapest arm's; "" where none does."""
+    cheapest = _cheapest(compared)
+    parts = [f"{as_text(arm)}'s probes add {pct(x.probe_answers / own)} to the {own:,} answers its runs generated "
+             f"in training and evaluation ({_times(x, cheapest)} the cheapest arm's answers per run)"
+             for arm, x in compared.spent.items()
+             if (own := x.answers - x.probe_answers) and x.probe_answers > PROBE_SHARE * own]
+    return f"The arms are not at equal compute in answers: {'; '.join(parts)}." if parts else ""
+
+
+def _sum_and_mean(total: float, runs: int, unit: float = 1, digits: int = 0) -> str:
+    """A sum over an arm's runs and its mean per run: `1,024 (512)`; `-` without runs."""
+    if not runs:
+        return "-"
+    return f"{total / unit:,.{digits}f} ({total / unit / runs:,.{digits}f})"
+
+
+def compute_rows(compared: Comparison) -> tuple[list[str], list[list[str]]]:
+    """What every arm spent (`Comparison.spent`): (headers, one row per arm of texts), each count and time summed
+    over the arm's runs with its mean per run in parentheses, then every answer generated per run over the
+    cheapest arm's (`1.30x`)."""
+    headers = ["arm", "runs", "GRPO steps (optimizer steps)", "GRPO rollouts (completions sampled for training "
+               "boards)", "probe answers (completions sampled measuring configs)", "validation + dev answers "
+               "(episodes)", *(f"{kind} jobs (min)" for kind in TIMED), "answers per run (rollouts + probe + "
+               "validation + dev) vs the cheapest arm"]
+    cheapest = _cheapest(compared)
+    rows = [[arm, str(x.runs), *(_sum_and_mean(n, x.runs) for n in (x.steps, x.rollouts, x.probe_answers,
+                                                                         x.evaluated)),
+             *(_sum_and_mean(x.seconds.get(kind, 0.0), x.runs, unit=60, digits=1) for kind in TIMED),
+             _times(x, cheapest)]
+            for arm in compared.arms if (x := compared.spent.get(arm)) is not None]
+    return headers, rows
+
+
+def _compute_section(compared: Comparison) -> list[str]:
+    steps = compared.experiment.settings.steps_per_stage
+    rollouts = (f"{compared.stage_rollouts:,} per trained stage ({compared.stage_rollouts / steps:,.4g} per step)"
+                if compared.stage_rollouts else "none yet: no stage trained")
+    return ["## Compute per arm", "",
+            "Each cell: the sum over the arm's runs, then the mean per run in parentheses. GRPO steps: optimizer "
+            f"steps as TRL counts them, {steps} per trained stage. A rollout: one completion GRPO samples for a "
+            f"training board, {rollouts}, as the stage's GRPOConfig makes them. Probe answers: the completions an "
+            "engineer sampled measuring configs on the policy before proposing. Validation + dev answers: the "
+            "episodes of every evaluated stage, stage 0's included (where runs share it, one generated it and the "
+            "others copied it: docs/experiments.md). Job times: finished minus started, summed, in minutes. The "
+            "last column: every answer generated per run over the cheapest arm's.", "",
+            *_markdown_table(*compute_rows(compared))]
 
 
 def _stage_table(compared: Comparison, rate: Rate) -> list[str]:
@@ -507,8 +644,8 @@ def difference_table_rows(compared: Comparison, rate: Rate = Rate.VALID,
 
 def report_markdown(compared: Comparison) -> str:
     """The experiment's report as Markdown (what `envlab experiment report` prints): the finding (`finding`) first,
-    then every table, the primary metric's before the other rate's; every name and the description as text
-    (`lab.text.as_text`)."""
+    the compute statement, what every arm spent (`compute_rows`), then every table of rates, the primary metric's
+    before the other rate's; every name and the description as text (`lab.text.as_text`)."""
     e = compared.experiment
     primary, other = compared.rates
     done = sum(r.status == "done" for r in compared.runs.values())
@@ -518,11 +655,12 @@ def report_markdown(compared: Comparison) -> str:
                  f"{as_text(a['name'])} ({a['engineer']}"
                  + (f", {as_text(a['backend'])}, context {a['context']}" if a["backend"] else "") + ")"
                  for a in e.arms) + f". Primary metric: the {primary} rate.", "",
+             *_compute_section(compared), "",
+             f"## Validation {primary} rate", "",
              "Each cell: the mean over seeds, its 95% Student-t interval over seeds (n - 1 degrees of freedom), "
              "then every seed's value in seed order (percent), after the seeds where an arm lacks some. AUC: the "
              f"area under the curve over stages 0..{compared.stages} by the trapezoid rule, divided by "
-             f"{compared.stages}: the curve's mean rate.", "",
-             f"## Validation {primary} rate", *_stage_table(compared, primary), "",
+             f"{compared.stages}: the curve's mean rate.", "", *_stage_table(compared, primary), "",
              f"## Validation {other} rate", *_stage_table(compared, other), "",
              *_holm_section(compared, primary, explain=True), "",
              *_holm_section(compared, other), "",

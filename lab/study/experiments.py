@@ -138,11 +138,15 @@ def compute_settings(*, policy: str, config: EnvConfig, settings: RunSettings, s
         steps = check_grpo(settings, config.num_instances, policy)
     except SettingsError as err:
         raise ExperimentError(str(err)) from err
+    from training.policy import prompt_style_of
+    from training.stage import planned_rollouts
+
+    rollouts = planned_rollouts(config.num_instances, settings.grpo, prompt_style_of(policy))
     boards = default_validation_boards(per_size)
     subset = settings.validation_boards
     return ExperimentSettings(run=settings, config=config, steps_per_stage=steps, validation_per_size=per_size,
                               validation_boards=min(subset, boards) if subset else boards, scenario=scenario,
-                              primary=primary)
+                              rollouts_per_stage=rollouts, primary=primary)
 
 
 def create_experiment(engine: Engine, *, name: str, arms: Sequence[str | Arm], seeds: int, settings: RunSettings,

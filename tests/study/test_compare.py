@@ -1,10 +1,12 @@
 """The Compare tab: its view of a scripted experiment, and the tab in a real browser (Debian's Chromium driven by
 Playwright, as in tests/test_browser.py) drawing one curve per arm; the comparisons with the baseline, Holm-adjusted,
-on known p-values, on comparisons built by hand and on scripted runs whose valid and optimal rates differ; and the
-primary metric an experiment is made with."""
+on known p-values, on comparisons built by hand and on scripted runs whose valid and optimal rates differ; the
+primary metric an experiment is made with; and what every arm spent, on scripted runs with known job times and
+probe answers."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -22,7 +24,9 @@ from lab.study.comparison import (
     POOLED,
     Comparison,
     Rate,
+    answers_statement,
     comparison,
+    compute_rows,
     finding,
     holm,
     holm_levels,
@@ -32,7 +36,7 @@ from lab.study.comparison import (
 from lab.study.experiments import ExperimentError, create_experiment, experiment_runs, find_experiment, log_dir
 from lab.text import as_text
 from storage.db import make_engine, session, upgrade
-from storage.models import Experiment, Run, Stage
+from storage.models import Experiment, Job, JobKind, JobStatus, Proposal, Run, Stage
 from storage.settings import ExperimentSettings, RunSettings
 from tests.recorded import BOARDS, CONFIG, scripted_experiment
 from tests.servers import TIMEOUT_MS, free_port
@@ -284,7 +288,7 @@ def test_the_primary_metric_is_stored_and_leads_with_the_optimal_rate_beside_the
     report = report_markdown(c)
     assert report.startswith(f"# Experiment opt\n\n{sentence}\n\n") and "Primary metric: the optimal rate." in report
     sections = [line for line in report.splitlines() if line.startswith("## ")]
-    assert sections[:4] == ["## Validation optimal rate", "## Validation valid rate",
+    assert sections[:5] == ["## Compute per arm", "## Validation optimal rate", "## Validation valid rate",
                             "## Optimal rate minus fixed, paired by seed (points): Holm-adjusted over 1 comparison "
                             "with fixed",
                             "## Valid rate minus fixed, paired by seed (points): Holm-adjusted over 1 comparison with "
@@ -298,3 +302,73 @@ def test_the_primary_metric_is_stored_and_leads_with_the_optimal_rate_beside_the
     assert view["secondary_label"].startswith("Valid rate, stage 1: each arm minus fixed")
     assert view["differences"]["data"][0][1] == "+4.17 [-13.76, +22.09]"  # the figure's rate: the optimal
     assert compare_view(empty_lab, experiment.id, Rate.VALID)["differences"]["data"][0][1] == "+25.00 [-6.05, +56.05]"
+
+
+def timed_jobs(engine, experiment_id: int) -> None:
+    """Every job of the experiment's runs made to take a known time: a stage job 60 s, a propose job 6 s for `fixed`
+    and 30 s for `heuristic`, and one probe job more, of 120 s, on heuristic's seed 0."""
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    with session(engine) as s:
+        runs = {r.id: r for r in s.exec(select(Run).where(Run.experiment_id == experiment_id))}
+        for job in s.exec(select(Job).where(Job.run_id.in_(list(runs)))):
+            seconds = 60 if job.kind == JobKind.STAGE else 6 if runs[job.run_id].arm == "fixed" else 30
+            job.started_at, job.finished_at = start, start + timedelta(seconds=seconds)
+            s.add(job)
+        seed_0 = next(r.id for r in runs.values() if (r.arm, r.seed) == ("heuristic", 0))
+        s.add(Job(kind=JobKind.PROBE, run_id=seed_0, target=1, status=JobStatus.DONE, started_at=start,
+                  finished_at=start + timedelta(seconds=120)))
+        s.commit()
+
+
+def probed(engine, experiment_id: int, answers: int) -> None:
+    """Each heuristic proposal sampled `answers` answers measuring configs (as the learnability engineer records
+    them)."""
+    with session(engine) as s:
+        for proposal in s.exec(select(Proposal).join(Run, Run.id == Proposal.run_id)
+                               .where(Run.experiment_id == experiment_id, Run.arm == "heuristic")):
+            proposal.compute = {"completions": answers, "seconds": 1.5, "probes": 2, "cached": 0}
+            s.add(proposal)
+        s.commit()
+
+
+def test_the_compute_table_sums_each_arm_s_runs_and_says_where_probes_break_equal_compute(empty_lab):
+    """2 arms x 2 seeds of 1 stage on 8 boards, 4 generations each in batches of 32: 1 GRPO step and 32 rollouts a
+    trained stage. Per run, stages 0 and 1 each answer 8 validation and 8 dev boards (32 answers) and its jobs
+    take 2 x 60 s of stages and one proposal (6 s for fixed, 30 s for heuristic; `timed_jobs`). heuristic's 2
+    proposals sample 16 answers each (`probed`): 32 on its 128 answers in training and evaluation, 25%, so 80
+    answers a run against fixed's 64, 1.25x; with 3 each (6 of 128: 4.7%) it is not said, 1.05x."""
+    experiment = scripted_experiment(empty_lab, seeds=2, stages=1)
+    assert experiment.settings.steps_per_stage == 1
+    timed_jobs(empty_lab, experiment.id)
+    probed(empty_lab, experiment.id, answers=16)
+    c = comparison(empty_lab, experiment.id)
+    assert c.stage_rollouts == 32
+    headers, rows = compute_rows(c)
+    assert headers == ["arm", "runs", "GRPO steps (optimizer steps)",
+                       "GRPO rollouts (completions sampled for training boards)",
+                       "probe answers (completions sampled measuring configs)", "validation + dev answers (episodes)",
+                       "stage jobs (min)", "propose jobs (min)", "probe jobs (min)",
+                       "answers per run (rollouts + probe + validation + dev) vs the cheapest arm"]
+    assert rows == [["fixed", "2", "2 (1)", "64 (32)", "0 (0)", "64 (32)", "4.0 (2.0)", "0.2 (0.1)", "0.0 (0.0)",
+                     "1.00x"],
+                    ["heuristic", "2", "2 (1)", "64 (32)", "32 (16)", "64 (32)", "4.0 (2.0)", "1.0 (0.5)", "2.0 (1.0)",
+                     "1.25x"]]
+    sentence = ("The arms are not at equal compute in answers: heuristic's probes add 25.0% to the 128 answers its "
+                "runs generated in training and evaluation (1.25x the cheapest arm's answers per run).")
+    assert answers_statement(c) == sentence
+    report = report_markdown(c)
+    lines = report.splitlines()
+    statement = next(line for line in lines if line.startswith("Policy tiny, 2 arms x 2 seeds"))
+    assert statement.endswith("heuristic sampled 32 answers in 3 s over 2 proposals; fixed spent none. " + sentence)
+    section = lines.index("## Compute per arm")
+    assert lines.index(statement) < section < lines.index("## Validation valid rate")
+    assert "A rollout: one completion GRPO samples for a training board, 32 per trained stage (32 per step)" in report
+    assert lines[section + 4:section + 8] == ["| " + " | ".join(headers) + " |", "|---" * len(headers) + "|",
+                                              *("| " + " | ".join(row) + " |" for row in rows)]
+    view = compare_view(empty_lab, experiment.id)
+    assert view["compute"] == {"headers": headers, "data": rows}
+    assert sentence in view["summary"]
+    probed(empty_lab, experiment.id, answers=3)
+    c = comparison(empty_lab, experiment.id)
+    assert compute_rows(c)[1][1][4:] == ["6 (3)", "64 (32)", "4.0 (2.0)", "1.0 (0.5)", "2.0 (1.0)", "1.05x"]
+    assert answers_statement(c) == "" and "not at equal compute" not in report_markdown(c)
