@@ -44,7 +44,7 @@ def main(args: Args) -> None:
     rows = []
     for size in scenario.config.sizes:
         one = EnvConfig(data_ratio={size: 1.0}, hole_ratio={size: scenario.config.hole_ratio[size]},
-                        wait_ratio={size: scenario.config.wait_ratio[size]}, num_agents=scenario.config.num_agents)
+                        wait_ratio={size: scenario.config.wait_ratio[size]}, agent_ratio=scenario.config.agent_ratio)
         boards = generate(one, args.boards, seed=args.seed)
         prompts = [policy.prompt(b) for b in boards for _ in range(args.generations)]
         answers = policy.generate(prompts, max_new_tokens=answer_budget(policy, boards[0]), do_sample=True,

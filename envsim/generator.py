@@ -7,6 +7,12 @@ in the board's largest ice component, labels each with the exact solver, and kee
 `needs_wait` label). Each size draws from its own random stream, so changing one size's knobs never
 changes another size's boards.
 
+The agent counts follow `agent_ratio` (`cell_counts`): the stage's boards are split over counts by largest
+remainder, exactly as over sizes, and dealt out size by size, so each size's mix is as close to the ratio as whole
+boards allow. A size's cells (one per agent count, fewest agents first) draw one after another from the size's
+stream, each meeting the size's knobs on its own boards (the wait count is per cell); a config of one count has one
+cell a size, whose boards are those it had before the mix existed.
+
 With `random_share` > 0, `round_half_up(random_share * count[s])` of a size's boards are drawn broadly instead
 (after the size's own, from a stream of their own): each board's wait ratio uniform over its legal range (it
 needs a wait with that chance; a lone agent never does) and each draw's hole ratio uniform over its legal range.
@@ -60,14 +66,42 @@ def round_half_up(x: float) -> int:
     return math.floor(x + 0.5)
 
 
+def _largest_remainder(shares: dict[int, float], n: int) -> dict[int, int]:
+    """`n` split by `shares` (keys in order): each key its quota's floor, the rest one each to the largest
+    remainders (ties: the smaller key first)."""
+    quotas = {k: shares[k] * n for k in sorted(shares)}
+    counts = {k: math.floor(q) for k, q in quotas.items()}
+    rest = n - sum(counts.values())
+    for k in sorted(quotas, key=lambda k: (-(quotas[k] - counts[k]), k))[:rest]:
+        counts[k] += 1
+    return counts
+
+
 def size_counts(config: EnvConfig, n: int) -> dict[int, int]:
     """Largest-remainder split of `n` instances over sizes by `data_ratio` (ties: smaller size first)."""
-    quotas = {s: config.data_ratio[s] * n for s in config.sizes}
-    counts = {s: math.floor(q) for s, q in quotas.items()}
-    rest = n - sum(counts.values())
-    for s in sorted(quotas, key=lambda s: (-(quotas[s] - counts[s]), s))[:rest]:
-        counts[s] += 1
-    return counts
+    return _largest_remainder(config.data_ratio, n)
+
+
+def cell_counts(config: EnvConfig, n: int) -> dict[int, dict[int, int]]:
+    """Boards per map size and agent count (`{size: {agents: boards}}`, counts with a share only).
+
+    Sizes get `size_counts`; the stage's boards per count are the largest-remainder split of `n` by `agent_ratio`
+    (exactly what the ratio says, as sizes are). They are dealt out board by board, size by size, each to the count
+    furthest behind its share of the boards dealt so far (ties: fewer agents first), so every size's mix is as close
+    to the ratio as whole boards allow and no count gains from rounding size after size."""
+    totals = {k: c for k, c in _largest_remainder(config.agent_ratio, n).items() if config.agent_ratio[k] > 0}
+    dealt = dict.fromkeys(totals, 0)
+    cells: dict[int, dict[int, int]] = {}
+    done = 0
+    for size, count in size_counts(config, n).items():
+        cells[size] = dict.fromkeys(totals, 0)
+        for _ in range(count):
+            done += 1
+            k = max((k for k in totals if dealt[k] < totals[k]),
+                    key=lambda k: (config.agent_ratio[k] * done - dealt[k], -k))
+            dealt[k] += 1
+            cells[size][k] += 1
+    return cells
 
 
 def _components(size: int, holes: set[tuple[int, int]]) -> list[list[tuple[int, int]]]:
@@ -190,31 +224,40 @@ def generate(config: EnvConfig, n: int | None = None, seed: int = 0,
 def boards(config: EnvConfig, n: int | None = None, seed: int = 0) -> Iterator[Instance]:
     """`generate`'s boards one at a time, as they are made: a long set is written as it goes, never held."""
     n = config.num_instances if n is None else n
-    for size, total in size_counts(config, n).items():
-        if total == 0:
+    for size, per_count in cell_counts(config, n).items():
+        if not any(per_count.values()):
             continue
-        broad = round_half_up(config.random_share * total)
-        count = total - broad
-        num_holes = round_half_up(config.hole_ratio[size] * size * size)
-        k = config.num_agents
-        if count and size * size - num_holes < 2 * k:
-            raise GenerationError(
-                f"size {size}: hole_ratio {config.hole_ratio[size]:g} leaves {size * size - num_holes} ice cells, "
-                f"too few for {k} agents' starts and goals ({2 * k} cells)", size)
         rng = np.random.default_rng([TRAINING, seed, size])
-        wait_count = round_half_up(config.wait_ratio[size] * count)
-        if k == 1 and wait_count:
-            raise GenerationError(f"size {size}: wait_ratio {config.wait_ratio[size]:g} asks for boards that need "
-                                  f"a wait, and a lone agent never needs one (set it to 0 or train 2+ agents)", size)
-        what = (f"size {size} (hole_ratio {config.hole_ratio[size]:g}, wait_ratio {config.wait_ratio[size]:g}, "
-                f"{k} agents)")
-        def draw(r: np.random.Generator, s: int = size, h: int = num_holes, k: int = k) -> Instance | None:
-            return random_board(s, h, k, r)
-
+        broad_rng = np.random.default_rng([TRAINING, seed, size, BROAD])
         seen: set[str] = set()
-        yield from stratified(draw, count, wait_count, rng, what, size=size, seen=seen)
-        if broad:
-            yield from broad_boards(size, broad, k, np.random.default_rng([TRAINING, seed, size, BROAD]), seen)
+        for k, total in per_count.items():
+            if total:
+                yield from _cell(config, size, k, total, rng, broad_rng, seen)
+
+
+def _cell(config: EnvConfig, size: int, k: int, total: int, rng: np.random.Generator,
+          broad_rng: np.random.Generator, seen: set[str]) -> Iterator[Instance]:
+    """The `total` boards of `size` with `k` agents: the size's own knobs on them, then those drawn broadly."""
+    broad = round_half_up(config.random_share * total)
+    count = total - broad
+    num_holes = round_half_up(config.hole_ratio[size] * size * size)
+    if count and size * size - num_holes < 2 * k:
+        raise GenerationError(
+            f"size {size}: hole_ratio {config.hole_ratio[size]:g} leaves {size * size - num_holes} ice cells, "
+            f"too few for {k} agents' starts and goals ({2 * k} cells)", size)
+    wait_count = round_half_up(config.wait_ratio[size] * count)
+    if k == 1 and wait_count:
+        raise GenerationError(f"size {size}: wait_ratio {config.wait_ratio[size]:g} asks for boards that need "
+                              f"a wait, and a lone agent never needs one (set it to 0 or train 2+ agents)", size)
+    what = (f"size {size} (hole_ratio {config.hole_ratio[size]:g}, wait_ratio {config.wait_ratio[size]:g}, "
+            f"{k} agents)")
+
+    def draw(r: np.random.Generator) -> Instance | None:
+        return random_board(size, num_holes, k, r)
+
+    yield from stratified(draw, count, wait_count, rng, what, size=size, seen=seen)
+    if broad:
+        yield from broad_boards(size, broad, k, broad_rng, seen)
 
 
 def broad_boards(size: int, count: int, num_agents: int, rng: np.random.Generator,

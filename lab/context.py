@@ -19,7 +19,7 @@ from typing import Any
 
 from sqlmodel import Session, select
 
-from envsim.config import GLOBALS, KNOB_HELP, KNOBS, EnvConfig
+from envsim.config import AGENT_COUNTS, AGENT_RATIO, AGENT_RATIO_RANGE, GLOBALS, KNOB_HELP, KNOBS, EnvConfig
 from envsim.instance import Instance
 from envsim.rules import Failure
 from envsim.scoring import Outcome, Tally
@@ -298,9 +298,10 @@ def _history(ev: Evidence, *, with_default: bool) -> str:
 
 
 def _config_and_results(result: StageResult) -> str:
-    """One table of a stage's knobs and its results, size by size; the globals on a line above it."""
+    """One table of a stage's knobs and its results, size by size; the agent mix and the globals on a line above
+    it."""
     config = result.config
-    glob = ", ".join(f"{name} {getattr(config, name)}" for name in GLOBALS)
+    glob = ", ".join([f"{AGENT_RATIO} {agent_mix(config)}", *(f"{name} {getattr(config, name)}" for name in GLOBALS)])
     if config.random_share:
         glob += f", random_share {knob_text(config.random_share)}"
     lines = [glob, "| size | " + " | ".join(KNOBS) + " | valid | optimal | most common failure |",
@@ -337,12 +338,15 @@ def guideline(config: EnvConfig) -> str:
     """What each knob does and its legal range, from `envsim.config` (the one source of truth)."""
     sizes = ", ".join(map(str, config.sizes))
     per_size = [f"- {k}: {KNOB_HELP[k]}; {knob_text(lo)} to {knob_text(hi)}" for k, (lo, hi) in KNOBS.items()]
-    globals_ = [f"- {k}: {KNOB_HELP[k]}; {lo} to {hi}" for k, (lo, hi) in GLOBALS.items()]
+    (least, most), (lo, hi) = AGENT_COUNTS, AGENT_RATIO_RANGE
+    globals_ = [f"- {AGENT_RATIO}: {KNOB_HELP[AGENT_RATIO]}; agent counts {least} to {most}, each share "
+                f"{knob_text(lo)} to {knob_text(hi)}",
+                *(f"- {k}: {KNOB_HELP[k]}; {lo} to {hi}" for k, (lo, hi) in GLOBALS.items())]
     return "\n".join([
         "## The knobs",
         f"Per map size (the keys are the map sizes {sizes}):", *per_size,
         "Global:", *globals_,
-        "A value outside its range is clamped into it, and data_ratio is rescaled to sum to 1.",
+        f"A value outside its range is clamped into it, and data_ratio and {AGENT_RATIO} are rescaled to sum to 1.",
     ])
 
 
@@ -389,3 +393,8 @@ def _pct(x: float) -> str:
 def knob_text(x: float) -> str:
     """A knob value for people: at most 3 decimals, no trailing zeros (0.125, 0.2, 0)."""
     return f"{x:.3f}".rstrip("0").rstrip(".") or "0"
+
+
+def agent_mix(config: EnvConfig) -> str:
+    """The agent mix as the config's JSON writes it, the counts with a share: `{"2": 0.5, "3": 0.5}`."""
+    return "{" + ", ".join(f'"{k}": {knob_text(v)}' for k, v in sorted(config.agent_ratio.items()) if v > 0) + "}"

@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlmodel import Session, select
 
-from envsim.config import GLOBALS, KNOBS, RANDOM_SHARE, EnvConfig, Projection, project
+from envsim.config import AGENT_RATIO, GLOBALS, KNOBS, NUM_AGENTS, RANDOM_SHARE, EnvConfig, Projection, project
 from envsim.generator import Unfillable, cannot_fill, stage_seed
 from lab.engineers import EngineerAnswer
 from lab.text import TEXT_LIMIT, too_long
@@ -39,8 +39,8 @@ class Superseded(ProposalError):
 
 @dataclass(frozen=True)
 class Change:
-    """One knob of one size (`size` None for a global knob): old and new values, and whether projection
-    had to adjust the engineer's value."""
+    """One knob of one size (`size` None for a global knob; `count`: the agent count of an `agent_ratio` share):
+    old and new values, and whether projection had to adjust the engineer's value."""
 
     knob: str
     size: int | None
@@ -48,18 +48,33 @@ class Change:
     new: float
     change: float
     adjusted: bool
+    count: int | None = None
 
+    @property
+    def field(self) -> str:
+        """The value's name as adjustments and the page say it: `wait_ratio[3]`, `agent_ratio[2]`, `num_instances`."""
+        key = self.size if self.size is not None else self.count
+        return self.knob if key is None else f"{self.knob}[{key}]"
 
-def _field(knob: str, size: int | None) -> str:
-    return knob if size is None else f"{knob}[{size}]"
+    def value(self, config: EnvConfig) -> float:
+        """This value in `config` (a share of an agent count the config does not name: 0)."""
+        if self.count is not None:
+            return config.agent_ratio.get(self.count, 0.0)
+        knob = getattr(config, self.knob)
+        return knob if self.size is None else knob[self.size]
 
 
 def diff(old: EnvConfig, new: EnvConfig, adjusted_fields: frozenset[str] = frozenset()) -> list[Change]:
-    """Every knob of every size, in table order (sizes, then knobs, then globals), changed or not; `random_share`
-    last, where either config draws boards broadly (a row of 0 -> 0 would only say that nothing is)."""
+    """Every knob of every size, in table order (sizes, then knobs, then the agent mix by count, then globals),
+    changed or not; `random_share` last, where either config draws boards broadly (a row of 0 -> 0 would only say
+    that nothing is). An `agent_ratio` share counts as adjusted where the answer's `num_agents` was."""
     out = [Change(k, s, getattr(old, k)[s], getattr(new, k)[s], getattr(new, k)[s] - getattr(old, k)[s],
-                  _field(k, s) in adjusted_fields)
+                  f"{k}[{s}]" in adjusted_fields)
            for s in new.sizes for k in KNOBS]
+    for count in sorted(old.agent_ratio.keys() | new.agent_ratio.keys()):
+        was, now = old.agent_ratio.get(count, 0.0), new.agent_ratio.get(count, 0.0)
+        out.append(Change(AGENT_RATIO, None, was, now, now - was,
+                          f"{AGENT_RATIO}[{count}]" in adjusted_fields or NUM_AGENTS in adjusted_fields, count))
     out += [Change(g, None, getattr(old, g), getattr(new, g), getattr(new, g) - getattr(old, g), g in adjusted_fields)
             for g in GLOBALS]
     if old.random_share or new.random_share:

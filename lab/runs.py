@@ -209,7 +209,7 @@ class Setter(StrEnum):
 @dataclass(frozen=True)
 class ConfigStep:
     """The config one stage trained on, where it came from, and who set each value that changed from the
-    stage before (`set_by`: field, e.g. `wait_ratio[3]` or `num_agents`, to its setter)."""
+    stage before (`set_by`: field, e.g. `wait_ratio[3]` or `agent_ratio[2]`, to its setter)."""
 
     stage_index: int
     source: str
@@ -237,10 +237,8 @@ def config_timeline(engine: Engine, run_id: int) -> list[ConfigStep]:
             for change in diff(before, config):
                 if change.change == 0:
                     continue
-                field = change.knob if change.size is None else f"{change.knob}[{change.size}]"
-                proposed = getattr(engineer, change.knob)
-                proposed = proposed if change.size is None else proposed[change.size]
-                set_by[field] = Setter.AUTO if d.action == Action.AUTO else \
+                proposed = change.value(engineer)
+                set_by[change.field] = Setter.AUTO if d.action == Action.AUTO else \
                     Setter.PERSON if d.action == Action.EDIT and proposed != change.new else Setter.ENGINEER
         elif stage.index > 0:
             source = "the stage before's config"

@@ -83,6 +83,20 @@ def test_bad_input_gets_one_clear_line_and_exit_status_2(tmp_path, capsys):
     assert "size 3: hole_ratio 0.5 leaves 4 ice cells, too few for 5 agents" in capsys.readouterr().err
 
 
+def test_generate_takes_the_agent_mix_from_the_command_line(tmp_path, capsys):
+    config_file = tmp_path / "config.json"
+    config_file.write_text(SMALL.model_dump_json())
+    boards_file = tmp_path / "boards.jsonl"
+    assert main(["generate", "--config", str(config_file), "--agent-ratio", "2=0.5,3=0.5", "--out",
+                 str(boards_file)]) == 0
+    boards = [Instance.from_json(line) for line in boards_file.read_text().splitlines()]
+    assert [(b.size, b.num_agents) for b in boards] == [(3, 2), (3, 2), (3, 3), (4, 2), (4, 3), (4, 3)]
+    capsys.readouterr()
+    assert main(["generate", "--config", str(config_file), "--agent-ratio", "2=0.5,9=0.5"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "envlab generate: --agent-ratio 2=0.5,9=0.5: agent_ratio: agent count 9 is outside 1..8")
+
+
 # ---------------------------------------------------------------- envlab serve
 
 ROOT = Path(lab.__file__).parent.parent

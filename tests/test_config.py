@@ -5,14 +5,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from envsim.config import GLOBALS, KNOBS, ConfigError, EnvConfig, project
+from envsim.config import AGENT_RATIO, GLOBALS, KNOBS, NUM_AGENTS, ConfigError, EnvConfig, mix_text, project, read_mix
 
 
 def test_default_config():
     c = EnvConfig.default()
     assert c.sizes == (3, 4, 5, 6, 7, 8, 9, 10)
     assert c.data_ratio[3] == 0.125 and c.hole_ratio[10] == 0.2 and c.wait_ratio[5] == 0.25
-    assert (c.num_agents, c.num_instances) == (2, 512)
+    assert (c.agent_ratio, c.agent_counts, c.most_agents, c.num_instances) == ({2: 1.0}, (2,), 2, 512)
     assert EnvConfig.model_validate_json(c.model_dump_json()) == c
 
 
@@ -22,7 +22,7 @@ def test_projection_clamps_renormalises_and_reports_each_change():
     p = project(raw)
     assert p.config.data_ratio == {3: 0.5, 4: 0.5}
     assert p.config.hole_ratio == {3: 0.5, 4: 0.1}
-    assert p.config.num_agents == 8
+    assert p.config.agent_ratio == {8: 1.0}
     assert [str(a) for a in p.adjustments] == [
         "data_ratio[3]: 2.0 -> 1.0 (clamped into 0..1)",
         "hole_ratio[3]: 0.9 -> 0.5 (clamped into 0..0.5)",
@@ -47,7 +47,8 @@ def test_missing_sizes_keep_the_current_value_in_a_proposal_but_not_in_an_edit()
     ({"wait_ratio": {"5": float("nan")}}, r"wait_ratio\[5\] must be a finite number, got nan"),
     ({"wait_ratio": {"5": "high"}}, r"wait_ratio\[5\] must be a number, got 'high'"),
     ({"data_ratio": {"11": 0.1}}, r"data_ratio: size 11 is not one of the run's sizes \[3, 4, 5, 6, 7, 8, 9, 10\]"),
-    ({"temperature": 1.0}, "unknown keys 'temperature'; allowed: data_ratio, hole_ratio, wait_ratio, num_agents"),
+    ({"temperature": 1.0}, "unknown keys 'temperature'; allowed: data_ratio, hole_ratio, wait_ratio, agent_ratio, "
+                           r"num_instances, random_share \(or num_agents: one agent count for every board\)"),
     ({"num_instances": 10**400}, "num_instances must be a finite number, got 1000000000"),
     ({"num_agents": 2.5}, "num_agents must be a whole number, got 2.5"),
     ({"num_instances": 0}, "num_instances = 0 is outside 1..100000"),
@@ -74,7 +75,9 @@ def test_the_json_schema_states_each_knobs_range_and_validation_keeps_its_own_me
         "data_ratio": {"type": "number", "minimum": 0.0, "maximum": 1.0},
         "hole_ratio": {"type": "number", "minimum": 0.0, "maximum": 0.5},
         "wait_ratio": {"type": "number", "minimum": 0.0, "maximum": 1.0}}
-    assert [(properties[k]["minimum"], properties[k]["maximum"]) for k in GLOBALS] == [(1, 8), (1, 100_000)]
+    assert [(properties[k]["minimum"], properties[k]["maximum"]) for k in GLOBALS] == [(1, 100_000)]
+    assert properties["agent_ratio"]["additionalProperties"] == {"type": "number", "minimum": 0.0, "maximum": 1.0}
+    assert properties["agent_ratio"]["propertyNames"] == {"enum": ["1", "2", "3", "4", "5", "6", "7", "8"]}
     with pytest.raises(ValueError, match=r"hole_ratio\[3\] = 0.6 is outside 0..0.5") as err:
         EnvConfig(data_ratio={3: 1}, hole_ratio={3: 0.6}, wait_ratio={3: 0.1})
     assert "less than or equal" not in str(err.value)
@@ -82,13 +85,17 @@ def test_the_json_schema_states_each_knobs_range_and_validation_keeps_its_own_me
 
 def test_the_sized_schema_names_every_size_and_closes_every_object():
     schema = EnvConfig.sized_schema((3, 5))
-    assert schema["required"] == ["data_ratio", "hole_ratio", "wait_ratio", "num_agents", "num_instances"]
+    assert schema["required"] == ["data_ratio", "hole_ratio", "wait_ratio", "agent_ratio", "num_instances"]
     assert schema["additionalProperties"] is False
     hole = schema["properties"]["hole_ratio"]
     assert hole["properties"] == {"3": {"type": "number", "minimum": 0.0, "maximum": 0.5},
                                   "5": {"type": "number", "minimum": 0.0, "maximum": 0.5}}
     assert (hole["required"], hole["additionalProperties"]) == (["3", "5"], False)
-    assert "default" not in schema["properties"]["num_agents"]
+    agents = schema["properties"]["agent_ratio"]
+    assert (agents["required"], agents["additionalProperties"]) == (["1", "2", "3", "4", "5", "6", "7", "8"], False)
+    assert agents["properties"]["5"] == {"type": "number", "minimum": 0.0, "maximum": 1.0}
+    assert "default" not in agents and "propertyNames" not in agents
+    assert "default" not in schema["properties"]["num_instances"]
     assert EnvConfig.model_json_schema()["properties"]["hole_ratio"]["additionalProperties"]  # the original is kept
 
 numbers = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-10**30, 10**30),
@@ -96,7 +103,7 @@ numbers = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(
 junk = st.one_of(numbers, st.text(max_size=5), st.none(), st.booleans(), st.lists(numbers, max_size=2))
 size_keys = st.one_of(st.integers(0, 40), st.sampled_from(["3", " 4", "x", "10.5"]))
 raw_configs = st.dictionaries(
-    st.sampled_from([*KNOBS, *GLOBALS, "extra"]),
+    st.sampled_from([*KNOBS, AGENT_RATIO, NUM_AGENTS, *GLOBALS, "extra"]),
     st.one_of(st.dictionaries(size_keys, st.one_of(numbers, junk), max_size=10), junk), max_size=6)
 
 
@@ -113,7 +120,8 @@ def test_projection_yields_a_legal_config_or_a_clear_error(raw, strict, with_bas
     for knob, (lo, hi) in KNOBS.items():
         assert set(getattr(c, knob)) == set(c.sizes)
         assert all(lo <= v <= hi and math.isfinite(v) for v in getattr(c, knob).values())
-    assert 1 <= c.num_agents <= 8 and 1 <= c.num_instances <= 100_000
+    assert abs(sum(c.agent_ratio.values()) - 1) <= 1e-6 and c.agent_counts
+    assert all(1 <= k <= 8 and 0 <= v <= 1 for k, v in c.agent_ratio.items()) and 1 <= c.num_instances <= 100_000
 
 
 @given(st.dictionaries(st.integers(2, 32), st.floats(0, 1e6), min_size=1, max_size=8))
@@ -145,3 +153,88 @@ def test_random_share_is_validated_read_from_answers_and_left_out_of_the_json_wh
     with pytest.raises(ConfigError, match="random_share must be a number"):
         project({"random_share": "half"}, base=base)
     assert project(broad, base=base, strict=True).config == broad
+
+
+# ---------------------------------------------------------------- agent_ratio: the mix of agent counts
+
+SIZES = {"data_ratio": {3: 1.0}, "hole_ratio": {3: 0.2}, "wait_ratio": {3: 0.25}}
+
+
+def test_agent_ratio_is_a_mix_of_counts_summing_to_one_within_the_rules_range():
+    mix = EnvConfig(**SIZES, agent_ratio={2: 0.25, 3: 0.25, 4: 0.25, 5: 0.25, 7: 0.0})
+    assert (mix.agent_counts, mix.most_agents) == ((2, 3, 4, 5), 5)  # a count with no share has no boards
+    with pytest.raises(ValidationError, match="agent_ratio sums to 0.75; it must sum to 1"):
+        EnvConfig(**SIZES, agent_ratio={2: 0.5, 3: 0.25})
+    with pytest.raises(ValidationError, match=r"agent_ratio: agent count 9 is outside 1..8; "
+                                              r"agent_ratio\[9\] = 1.5 is outside 0..1; agent_ratio sums to 2"):
+        EnvConfig(**SIZES, agent_ratio={2: 0.5, 9: 1.5})
+    with pytest.raises(ValidationError, match="agent_ratio sums to 0; it must sum to 1"):
+        EnvConfig(**SIZES, agent_ratio={})
+
+
+def test_an_old_num_agents_config_reads_as_one_count_and_dumps_as_agent_ratio():
+    old = {"data_ratio": {"3": 1.0}, "hole_ratio": {"3": 0.2}, "wait_ratio": {"3": 0.25}, "num_agents": 3,
+           "num_instances": 64}
+    config = EnvConfig.model_validate(old)
+    assert config.agent_ratio == {3: 1.0} and config == EnvConfig.default((3,), num_agents=3, num_instances=64)
+    dumped = config.model_dump(mode="json")
+    assert dumped == {"data_ratio": {"3": 1.0}, "hole_ratio": {"3": 0.2}, "wait_ratio": {"3": 0.25},
+                      "agent_ratio": {"3": 1.0}, "num_instances": 64}
+    assert EnvConfig.model_validate_json(config.model_dump_json()) == config
+    assert EnvConfig.model_validate({**old, "agent_ratio": {"3": 1.0}}) == config  # both given, agreeing
+    with pytest.raises(ValidationError, match=r"num_agents = 3 and agent_ratio = \{'2': 0.5, '3': 0.5\} disagree"):
+        EnvConfig.model_validate({**old, "agent_ratio": {"2": 0.5, "3": 0.5}})
+    assert project(old, strict=True).config == config
+
+
+def test_the_projection_clamps_and_renormalises_the_mix_and_names_each_count():
+    base = EnvConfig.default((3, 4))
+    p = project({"agent_ratio": {"2": 3, "3": 1, "4": -1}}, base)
+    assert p.config.agent_ratio == {2: 0.5, 3: 0.5, 4: 0.0}
+    assert [str(a) for a in p.adjustments if a.field.startswith("agent_ratio")] == [
+        "agent_ratio[2]: 3.0 -> 1.0 (clamped into 0..1)",
+        "agent_ratio[4]: -1.0 -> 0.0 (clamped into 0..1)",
+        "agent_ratio[2]: 1.0 -> 0.5 (renormalised (sum was 2))",
+        "agent_ratio[3]: 1.0 -> 0.5 (renormalised (sum was 2))",
+    ]
+    assert project({"agent_ratio": {"2": 0, "5": 0}}, base).config.agent_ratio == {2: 0.5, 5: 0.5}  # all 0: uniform
+    assert project({"hole_ratio": {"3": 0.3}}, EnvConfig(**{**base.model_dump(), "agent_ratio": {3: 1}})) \
+        .config.agent_ratio == {3: 1.0}  # left out: the base's mix stands
+    assert project({"num_agents": 4}, base).config.agent_ratio == {4: 1.0}
+
+
+def test_a_strict_edit_of_the_mix_is_refused_naming_the_field_and_count():
+    base = EnvConfig.default((3,))
+    edit = base.model_dump(mode="json")
+
+    def refused(**change) -> list[tuple]:
+        with pytest.raises(ConfigError) as err:
+            project({**edit, **change}, base, strict=True)
+        return [(r.field, r.count, r.legal, r.message) for r in err.value.records]
+
+    assert refused(agent_ratio={"2": 0.5, "9": 0.5}) == [
+        ("agent_ratio", 9, (1, 8), "agent_ratio: agent count 9 is outside 1..8")]
+    assert refused(agent_ratio={"2": 1.5}) == [("agent_ratio", 2, (0.0, 1.0), "agent_ratio[2] = 1.5 is outside 0..1")]
+    assert refused(agent_ratio={"2": 0, "3": 0}) == [
+        ("agent_ratio", None, None, "agent_ratio sums to 0; at least one agent count needs a positive share")]
+    assert refused(agent_ratio={"two": 1}) == [
+        ("agent_ratio", None, (1, 8), "agent_ratio has key 'two'; keys are agent counts 1..8")]
+    assert refused(agent_ratio=[2, 3]) == [
+        ("agent_ratio", None, None, "agent_ratio must be an object mapping agent count to a share, got list")]
+    assert refused(num_agents=3, agent_ratio={"2": 1}) == [
+        ("agent_ratio", None, None, "num_agents = 3 and agent_ratio = {'2': 1} disagree: num_agents k means "
+                                    "agent_ratio {k: 1}; give agent_ratio alone")]
+    # a strict edit renormalises the mix as it does data_ratio
+    assert project({**edit, "agent_ratio": {"2": 0.125, "3": 0.375}}, base, strict=True).config.agent_ratio == {2: 0.25,
+                                                                                                        3: 0.75}
+
+
+def test_a_mix_reads_from_text_and_writes_back_as_the_same_text():
+    assert read_mix("2=0.5, 3=0.5") == read_mix("2:0.5,3:0.5") == {"2": 0.5, "3": 0.5}
+    assert read_mix(" 3 ") == {"3": 1.0}
+    assert mix_text({3: 0.5, 2: 0.5}) == "2=0.5, 3=0.5" and mix_text({2: 1.0}) == "2=1"
+    with pytest.raises(ConfigError, match=r"agent_ratio: '3=half' is not count=share \(e.g. 2=0.5, 3=0.5\)"):
+        read_mix("2=0.5, 3=half")
+    edit = {**EnvConfig.default((3,)).model_dump(), "agent_ratio": read_mix("2=0.125, 4=0.375")}
+    config = project(edit, strict=True).config
+    assert config.agent_ratio == {2: 0.25, 4: 0.75}

@@ -72,7 +72,7 @@ included: 2. Each stage trains on 128 instances.""",
     "history": """\
 ## Earlier stages (oldest first): config and results per map size
 ### Stage 1
-num_agents 2, num_instances 512
+agent_ratio {"2": 1}, num_instances 512
 | size | data_ratio | hole_ratio | wait_ratio | valid | optimal | most common failure |
 |---|---|---|---|---|---|---|
 | 3 | 0.333 | 0.2 | 0.25 | 60% | 40% | hole (3) |
@@ -81,14 +81,14 @@ num_agents 2, num_instances 512
     "history_with_default": """\
 ## Earlier stages (oldest first): config and results per map size
 ### Stage 0 (the round-0 default config)
-num_agents 2, num_instances 512
+agent_ratio {"2": 1}, num_instances 512
 | size | data_ratio | hole_ratio | wait_ratio | valid | optimal | most common failure |
 |---|---|---|---|---|---|---|
 | 3 | 0.333 | 0.2 | 0.25 | 50% | 50% | hole (5) |
 | 4 | 0.333 | 0.2 | 0.25 | - | - | - |
 | 5 | 0.333 | 0.2 | 0.25 | - | - | - |
 ### Stage 1
-num_agents 2, num_instances 512
+agent_ratio {"2": 1}, num_instances 512
 | size | data_ratio | hole_ratio | wait_ratio | valid | optimal | most common failure |
 |---|---|---|---|---|---|---|
 | 3 | 0.333 | 0.2 | 0.25 | 60% | 40% | hole (3) |
@@ -112,9 +112,10 @@ Per map size (the keys are the map sizes 3, 4, 5):
 - hole_ratio: share of the board's cells that are holes; 0 to 0.5
 - wait_ratio: share of this size's instances whose optimal plans need a WAIT; 0 to 1
 Global:
-- num_agents: agents per training board; 1 to 8
+- agent_ratio: share of the stage's training instances with this many agents (the keys are agent counts; the \
+shares sum to 1); agent counts 1 to 8, each share 0 to 1
 - num_instances: training instances in the stage; 1 to 100000
-A value outside its range is clamped into it, and data_ratio is rescaled to sum to 1.""",
+A value outside its range is clamped into it, and data_ratio and agent_ratio are rescaled to sum to 1.""",
     "hyperparameters": """\
 ## Training hyperparameters
 - beta: 0.0

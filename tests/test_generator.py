@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from envsim.config import EnvConfig
-from envsim.generator import GenerationError, _components, generate, round_half_up, size_counts
+from envsim.generator import GenerationError, _components, cell_counts, generate, round_half_up, size_counts
 from envsim.scoring import score
 
 SMALL = EnvConfig(data_ratio={3: 0.25, 4: 0.25, 5: 0.5}, hole_ratio={3: 0.2, 4: 0.3, 5: 0.5},
@@ -115,3 +115,45 @@ def test_a_whole_random_share_ignores_the_sizes_own_knobs_and_a_lone_agent_never
     boards = generate(crowded, 12, seed=0)  # the own knobs (a lone agent asked to wait) are never used
     assert len(boards) == 12 and not any(b.needs_wait for b in boards)
     assert len({len(b.holes) for b in boards}) >= 3
+
+
+# ---------------------------------------------------------------- agent_ratio: a mix of agent counts
+
+MIX = EnvConfig(data_ratio={3: 0.5, 4: 0.5}, hole_ratio={3: 0.2, 4: 0.25}, wait_ratio={3: 0.5, 4: 0.25},
+                agent_ratio={2: 0.5, 3: 0.5}, num_instances=22)
+
+
+def test_cell_counts_split_the_boards_over_counts_exactly_as_the_ratio_says():
+    # 11 boards a size; 11 of each count over the stage, dealt 2, 3, 2, 3, ... board by board across the sizes
+    assert cell_counts(MIX, 22) == {3: {2: 6, 3: 5}, 4: {2: 5, 3: 6}}
+    assert cell_counts(SMALL, 20) == {3: {2: 5}, 4: {2: 5}, 5: {2: 10}}  # one count: one cell a size
+    quarters = EnvConfig(**{**EnvConfig.default().model_dump(), "agent_ratio": {2: 0.25, 3: 0.25, 4: 0.25, 5: 0.25}})
+    cells = cell_counts(quarters, 100)  # 12.5 boards a size: per-size rounding alone would favour 2 and 3 agents
+    assert {k: sum(c[k] for c in cells.values()) for k in (2, 3, 4, 5)} == {2: 25, 3: 25, 4: 25, 5: 25}
+    assert {s: sum(c.values()) for s, c in cells.items()} == size_counts(quarters, 100)
+    assert cell_counts(EnvConfig(**{**SMALL.model_dump(), "agent_ratio": {2: 1.0, 4: 0.0}}), 20) == \
+        cell_counts(SMALL, 20)  # a count with no share has no cell
+
+
+def test_a_mix_of_agent_counts_draws_each_cell_exactly_and_reproducibly():
+    boards = generate(MIX, seed=4)
+    assert [(b.size, b.num_agents) for b in boards] == [(3, 2)] * 6 + [(3, 3)] * 5 + [(4, 2)] * 5 + [(4, 3)] * 6
+    for (size, k), wait_count in {(3, 2): 3, (3, 3): 3, (4, 2): 1, (4, 3): 2}.items():  # round_half_up(w * cell)
+        cell = [b for b in boards if (b.size, b.num_agents) == (size, k)]
+        assert sum(b.needs_wait for b in cell) == wait_count
+        assert all(len(b.holes) == round_half_up(MIX.hole_ratio[size] * size * size) for b in cell)
+    assert _digest(boards) == _digest(generate(MIX, seed=4)) != _digest(generate(MIX, seed=5))
+
+
+def test_a_config_of_one_count_draws_the_boards_it_drew_before_the_mix_existed():
+    three = EnvConfig(**{**EnvConfig.default().model_dump(), "agent_ratio": {3: 1.0, 5: 0.0}})
+    assert _digest(generate(three, 40, seed=11)) == BEFORE["three-agents-40-11"]
+    old = {**SMALL.model_dump(mode="json"), "num_agents": 2}
+    del old["agent_ratio"]
+    assert _digest(generate(EnvConfig.model_validate(old), seed=7)) == BEFORE["small-7"]
+
+
+def test_a_mix_fails_naming_the_size_and_the_count_it_cannot_fill():
+    crowded = EnvConfig(data_ratio={3: 1.0}, hole_ratio={3: 0.5}, wait_ratio={3: 0.0}, agent_ratio={2: 0.5, 3: 0.5})
+    with pytest.raises(GenerationError, match="size 3: hole_ratio 0.5 leaves 4 ice cells, too few for 3 agents"):
+        generate(crowded, 4)

@@ -162,7 +162,7 @@ def test_the_request_to_a_server_carries_the_answer_schema(fake_server: http.ser
     assert body["response_format"] == {"type": "json_schema", "json_schema": {
         "name": "EngineerAnswer", "strict": True, "schema": answer_schema((3, 4))}}
     schema = body["response_format"]["json_schema"]["schema"]
-    assert schema["required"] == ["data_ratio", "hole_ratio", "wait_ratio", "num_agents", "num_instances",
+    assert schema["required"] == ["data_ratio", "hole_ratio", "wait_ratio", "agent_ratio", "num_instances",
                                   "rationale"]
     assert schema["properties"]["hole_ratio"]["properties"]["4"] == {
         "type": "number", "minimum": 0.0, "maximum": 0.5, "multipleOf": 0.001}
@@ -276,12 +276,13 @@ def test_hf_backend_in_process_with_and_without_a_chat_template(tmp_path: Path, 
 
 def _within_schema(answer_text: str, sizes: tuple[int, ...]) -> dict:
     """The answer as JSON, checked key by key against `answer_schema(sizes)` (bounds, thousandths, lengths)."""
-    from envsim.config import GLOBALS, KNOBS
+    from envsim.config import AGENT_RATIO, AGENT_RATIO_RANGE, GLOBALS, KNOBS
 
     obj = json.loads(answer_text)
-    assert list(obj) == [*KNOBS, *GLOBALS, "rationale"]
-    for knob, (lo, hi) in KNOBS.items():
-        assert list(obj[knob]) == [str(s) for s in sizes]
+    assert list(obj) == [*KNOBS, AGENT_RATIO, *GLOBALS, "rationale"]
+    for knob, (lo, hi), keys in [*((k, r, sizes) for k, r in KNOBS.items()), (AGENT_RATIO, AGENT_RATIO_RANGE,
+                                                                              range(1, 9))]:
+        assert list(obj[knob]) == [str(s) for s in keys]
         for v in obj[knob].values():
             assert lo <= v <= hi and abs(v * 1000 - round(v * 1000)) < 1e-6
     for name, (lo, hi) in GLOBALS.items():
@@ -302,8 +303,9 @@ def test_constrained_decoding_holds_a_random_model_to_the_schema(tmp_path: Path,
     assert answer.rationale == " ".join(obj["rationale"].split())
     config = answer.projection.config
     assert EnvConfig.model_validate(config.model_dump()) == config and config.sizes == (3, 4)
-    # the schema kept every number in range: what the projection did is only the shares' sum
-    assert all(a.field.startswith("data_ratio[") and a.reason.startswith(("renormalised", "all shares were 0"))
+    # the schema kept every number in range: what the projection did is only the shares' sums
+    assert all(a.field.startswith(("data_ratio[", "agent_ratio["))
+               and a.reason.startswith(("renormalised", "all shares were 0"))
                for a in answer.projection.adjustments)
     again = llm(evidence(), seed=0, backend=f"hf:{folder}", max_attempts=1, max_tokens=1024, temperature=temperature)
     assert again.raw == answer.raw  # seeded
@@ -323,7 +325,6 @@ def test_a_schema_the_grammar_cannot_take_is_named(tmp_path: Path) -> None:
                  schema={"type": "object", "properties": {"x": {"$ref": "#/nowhere"}}, "required": ["x"]})
 
 
-@pytest.mark.slow
 def test_llm_engineer_with_gemma_end_to_end() -> None:
     """Gemma 3 270M base, converted from its PyPI package on first use (about 1.5 min), answers once, held to
     the schema: a legal config (free text, it writes none: docs/engineers.md)."""

@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import delete
 from sqlmodel import select
 
-from envsim.config import ConfigError, EnvConfig, Projection
+from envsim.config import ConfigError, EnvConfig, Projection, mix_text
 from envsim.generator import cannot_fill, stage_seed
 from envsim.parser import format_plan
 from envsim.scoring import score_answer
@@ -30,7 +30,7 @@ from lab.loop import (
 )
 from lab.proposals import AlreadyDecided, ProposalError, decide, diff, store_proposal
 from storage.db import session
-from storage.models import Decision, Episode, Proposal, Run, Stage
+from storage.models import Decision, Episode, Job, JobKind, Priority, Proposal, Run, Stage
 from storage.settings import RunSettings, SettingsError
 from tests.recorded import BOARDS, CONFIG, recorded_stage, work
 from training.evaluate import EpisodeResult, store_evaluation
@@ -188,6 +188,10 @@ def test_reject_asks_the_engineer_again_and_auto_apply_can_be_switched_on(engine
         first = s.exec(select(Proposal).where(Proposal.run_id == run.id)).one()
         decide(s, first.id, "reject", "carol", note="too many holes")
     assert advance(engine, run.id).text == f"proposal {first.id} rejected: asking the engineer again"
+    with session(engine) as s:  # the person waits for it: ahead of an experiment's work
+        asks = list(s.exec(select(Job).where(Job.run_id == run.id, Job.kind == JobKind.PROPOSE).order_by(Job.id)))
+    assert [(j.payload.get("replaces"), j.priority) for j in asks] == [
+        (None, Priority.BACKGROUND), (first.id, Priority.INTERACTIVE)]
     work(engine)
     with session(engine) as s:
         set_auto_apply(s, run.id, True)
@@ -240,7 +244,7 @@ def test_a_failed_proposal_keeps_the_config_in_force(engine):
 
 
 def test_a_proposal_the_generator_cannot_fill_fails_and_auto_apply_keeps_the_config(engine, monkeypatch):
-    lone = CONFIG.model_copy(update={"num_agents": 1, "wait_ratio": {3: 0.0, 4: 0.0}})
+    lone = CONFIG.model_copy(update={"agent_ratio": {1: 1.0}, "wait_ratio": {3: 0.0, 4: 0.0}})
     asks_waits = lone.model_copy(update={"wait_ratio": {3: 0.25, 4: 0.0}})
 
     def proposes_waits(evidence, **_options):
@@ -271,7 +275,7 @@ def test_an_edit_the_generator_cannot_fill_is_refused_and_stores_nothing(engine)
     advance(engine, run.id)
     with session(engine) as s:
         proposal = s.exec(select(Proposal).where(Proposal.run_id == run.id)).one()
-        lone = {**CONFIG.model_dump(mode="json"), "num_agents": 1}
+        lone = {**CONFIG.model_dump(mode="json"), "agent_ratio": {"1": 1.0}}
         with pytest.raises(ProposalError, match=r"^the edited config cannot be generated: size 3: wait_ratio 0.25 "
                                                 r"asks for boards that need a wait, and a lone agent never needs one"):
             decide(s, proposal.id, "edit", "erin", lone)
@@ -361,7 +365,7 @@ def test_a_random_share_is_diffed_stored_kept_through_a_tables_edit_and_trained_
         proposal = s.exec(select(Proposal).where(Proposal.run_id == run.id)).one()
         assert proposal.projected_config.random_share == 0.5
         # the page's table has no random_share cell: an edit keeps the proposal's
-        edited = config_from_table(config_rows(broad), broad.num_agents, broad.num_instances)
+        edited = config_from_table(config_rows(broad), mix_text(broad.agent_ratio), broad.num_instances)
         assert "random_share" not in edited
         decide(s, proposal.id, "edit", "erin", {**edited, "hole_ratio": {"3": 0.3, "4": 0.2}})
         decision = s.exec(select(Decision).where(Decision.proposal_id == proposal.id)).one()

@@ -119,21 +119,6 @@ def test_a_propose_job_that_raises_fails_the_run_after_bounded_retries_and_a_per
         assert len(jobs_of(s, run.id)) == 3  # + stage 1
 
 
-def test_a_persons_rejection_asks_the_engineer_again_ahead_of_background_work(engine):
-    with session(engine) as s:
-        run = create_run(s, name="reject", config=CONFIG, settings=RunSettings(stages=1), engineer="random", seed=5)
-    work(engine)
-    advance(engine, run.id)
-    with session(engine) as s:
-        first = s.exec(select(Proposal).where(Proposal.run_id == run.id)).one()
-        decide(s, first.id, "reject", "carol", note="fewer holes")
-    advance(engine, run.id)
-    with session(engine) as s:
-        asks = list(s.exec(select(Job).where(Job.run_id == run.id, Job.kind == JobKind.PROPOSE).order_by(Job.id)))
-    assert [(j.payload.get("replaces"), j.priority) for j in asks] == [
-        (None, Priority.BACKGROUND), (first.id, Priority.INTERACTIVE)]
-
-
 def test_switching_to_an_unknown_engineer_is_refused(engine):
     with session(engine) as s:
         run = create_run(s, name="x", config=CONFIG, settings=RunSettings(stages=1), engineer="fixed")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from sqlmodel import select
 
-from envsim.config import EnvConfig
+from envsim.config import EnvConfig, mix_text
 from lab.engineers import answer_of as _answer
 from lab.jobs.worker import WorkerOptions, run_worker
 from lab.loop import create_run
@@ -51,7 +51,7 @@ def proposal_after(engine, stage_index: int = 0, checkpoint: str = "tiny", propo
 
 
 def rows_of(config: EnvConfig) -> tuple[list, int, int]:
-    return config_rows(config), config.num_agents, config.num_instances
+    return config_rows(config), mix_text(config.agent_ratio), config.num_instances
 
 
 def test_the_configs_measured_are_in_force_proposed_and_an_edit_that_differs(empty_lab):

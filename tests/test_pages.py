@@ -210,9 +210,8 @@ def test_every_number_box_sends_what_was_typed(empty_lab):
     """No box rounds (`precision=0` would make 1.5 a 2 before any check could name it): each callback checks."""
     demo = app.build_demo(empty_lab)
     boxes = [b for b in demo.blocks.values() if isinstance(b, gr.Number)]
-    assert sorted(b.label for b in boxes) == ["Agents per training board", "Episode", "Episode", "Seed", "Seed",
-                                             "Stage", "Training instances per stage", "Training stages",
-                                             "num_agents", "num_instances"]
+    assert sorted(b.label for b in boxes) == ["Episode", "Episode", "Seed", "Seed", "Stage",
+                                             "Training instances per stage", "Training stages", "num_instances"]
     assert [b.label for b in boxes if b.precision is not None] == []
 
 
@@ -457,10 +456,28 @@ def test_an_edit_that_does_not_sum_to_one_is_shown_rescaled_before_and_after_it_
     assert "the person set 2 of them" in v.rationale
     # the Stage review's timeline: the config stage 1 trains on, and who set each value that changed
     assert review.timeline(engine, ids["waiting"])["data"] == [
-        [0, "initial config", 3, "0.5", "0.2", "0.25", "2", "16"],
-        [0, "initial config", 4, "0.5", "0.2", "0.25", "2", "16"],
-        [1, f"proposal #{ids['pending']}, edited by bob", 3, "0.6429 (person)", "0.2", "0.25", "2", "16"],
-        [1, f"proposal #{ids['pending']}, edited by bob", 4, "0.3571 (person)", "0.5 (engineer)", "0.25", "2", "16"]]
+        [0, "initial config", 3, "0.5", "0.2", "0.25", "2=1", "16"],
+        [0, "initial config", 4, "0.5", "0.2", "0.25", "2=1", "16"],
+        [1, f"proposal #{ids['pending']}, edited by bob", 3, "0.6429 (person)", "0.2", "0.25", "2=1", "16"],
+        [1, f"proposal #{ids['pending']}, edited by bob", 4, "0.3571 (person)", "0.5 (engineer)", "0.25", "2=1", "16"]]
+
+
+def test_an_edit_of_the_agent_mix_is_stored_and_shown_by_count(lab):
+    engine, ids = lab
+    view = proposal.proposal_view(engine, ids["pending"])
+    assert view.agents == "2=1"
+    text, ok, _ = proposal.edit_check(engine, ids["pending"], view.edit, "2=0.5, 9=0.5", 16)
+    assert (text, ok) == ("✗ This edit cannot be applied: agent_ratio: agent count 9 is outside 1..8.", False)
+    message = proposal.decide_proposal(engine, ids["pending"], "edit", "bob", "", view.edit, "2=0.5, 3=0.5", 16)
+    assert message.startswith(f"✓ Proposal #{ids['pending']} edited by bob; stored: agent_ratio[2] 0.5, "
+                              "agent_ratio[3] 0.5"), message
+    assert decisions(engine)[-1].config.agent_ratio == {2: 0.5, 3: 0.5}
+    view = proposal.proposal_view(engine, ids["pending"])
+    assert view.agents == "2=0.5, 3=0.5"
+    assert [row[:5] for row in view.changed["data"] if row[1].startswith("agent_ratio")] == [
+        ["all", "agent_ratio[2]", "1", "✎ 0.5", "-0.5"], ["all", "agent_ratio[3]", "0", "✎ 0.5", "+0.5"]]
+    assert [row[6] for row in review.timeline(engine, ids["waiting"])["data"]] == [
+        "2=1", "2=1", "2=0.5, 3=0.5 (person)", "2=0.5, 3=0.5 (person)"]
 
 
 def test_one_click_rescales_the_shares_to_sum_to_one(lab):
@@ -857,5 +874,5 @@ def test_a_random_share_shows_in_the_diff_and_the_timeline_and_an_edit_keeps_it(
     advance(engine, ids["waiting"])
     timeline = review.timeline(engine, ids["waiting"])
     assert timeline["headers"][-1] == "random_share"
-    assert timeline["data"][-1] == [1, f"proposal #{pid}, edited by bob", 4, "0.5", "0.4 (person)", "0.25", "2",
+    assert timeline["data"][-1] == [1, f"proposal #{pid}, edited by bob", 4, "0.5", "0.4 (person)", "0.25", "2=1",
                                     "16", "0.5 (engineer)"]

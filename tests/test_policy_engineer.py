@@ -73,8 +73,8 @@ def test_the_llm_engineer_asks_again_when_the_generator_cannot_fill_its_config()
         return next(answers)
 
     def cannot_fill(config):
-        return Unfillable(None, "too few ice cells for 8 agents") if config.num_agents == 8 else None
+        return Unfillable(None, "too few ice cells for 8 agents") if config.most_agents == 8 else None
 
     answer = llm(evidence(), seed=0, complete_fn=scripted, max_attempts=3, cannot_fill=cannot_fill)
-    assert answer.error is None and answer.attempts == 2 and answer.projection.config.num_agents == 2
+    assert answer.error is None and answer.attempts == 2 and answer.projection.config.agent_ratio == {2: 1.0}
     assert "the generator cannot fill this config: too few ice cells for 8 agents" in seen[1][-1]["content"]

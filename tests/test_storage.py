@@ -10,7 +10,7 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from pydantic import ValidationError
-from sqlalchemy import JSON, Engine, Float, cast, column, func, insert, inspect, table, text
+from sqlalchemy import JSON, Engine, Float, cast, column, func, insert, inspect, table, text, update
 from sqlalchemy.exc import IntegrityError, StatementError
 from sqlalchemy.sql.expression import TableClause
 from sqlmodel import SQLModel, select
@@ -38,7 +38,7 @@ from tests.processes import in_processes
 ENV = EnvConfig(data_ratio={3: 0.5, 4: 0.5}, hole_ratio={3: 0.1, 4: 0.2}, wait_ratio={3: 0.0, 4: 0.25})
 CONFIG = ENV.model_dump(mode="json")  # as the lab stores it
 
-HEAD = "0011"  # the newest migration
+HEAD = "0012"  # the newest migration
 EXPERIMENT = ExperimentSettings(run=RunSettings(stages=2), config=EnvConfig.default(), steps_per_stage=1,
                                 validation_boards=1)
 
@@ -279,6 +279,45 @@ def test_an_experiment_stored_before_its_runs_settings_were_kept_whole_reads_the
     engine.dispose()
 
 
+def test_a_0011_database_with_num_agents_configs_stores_them_as_agent_ratio_after_0012(db_url: str):
+    engine = make_engine(db_url)
+    upgrade(engine, "0011")  # the schema is head's: rows are made with the models, their configs then set the old way
+    knobs = {k: CONFIG[k] for k in ("data_ratio", "hole_ratio", "wait_ratio")}
+    old = {**knobs, "num_agents": 3, "num_instances": 512}  # as the lab stored a config before agent_ratio
+    new = {**knobs, "agent_ratio": {"3": 1.0}, "num_instances": 512}
+    answer = {"hole_ratio": {"3": 0.2}, "num_agents": "three"}  # an answer as given, not a whole number: kept
+    with session(engine) as s:
+        run = _run(s)
+        proposal = _proposal(s, run)
+        s.add_all([Stage(run_id=run.id, index=0, config=ENV), Decision(proposal_id=proposal.id, action="edit",
+                                                                        user="a", config=ENV),
+                   Probe(key="k", config=CONFIG, checkpoint="tiny", seed=0, boards=2, answers=2, temperature=1.0,
+                         completions=4, seconds=0.5),
+                   Experiment(name="e", policy="tiny", seeds=1, settings=EXPERIMENT),
+                   Job(kind="probe", payload={"configs": {"mine": old, "bad": [1]}, "seed": 0})])
+        s.commit()
+    columns = [("stages", "config"), ("proposals", "projected_config"), ("decisions", "config"), ("probes", "config")]
+    with engine.begin() as c:
+        for name, at in columns:
+            c.execute(update(table(name, column(at, JSON))).values({at: old}))
+        c.execute(update(table("proposals", column("parsed_config", JSON))).values(parsed_config=answer))
+        c.execute(update(table("experiments", column("settings", JSON))).values(
+            settings={**EXPERIMENT.model_dump(mode="json"), "config": old}))
+    upgrade(engine)
+    with engine.connect() as c:
+        def stored(name: str, at: str) -> object:
+            return c.execute(select(table(name, column(at, JSON)).c[at])).scalar_one()
+
+        assert [stored(name, at) for name, at in columns] == [new] * 4
+        assert stored("proposals", "parsed_config") == answer
+        assert stored("experiments", "settings")["config"] == new
+        assert stored("jobs", "payload") == {"configs": {"mine": new, "bad": [1]}, "seed": 0}
+    with session(engine) as s:
+        assert s.exec(select(Stage)).one().config == EnvConfig(**{**CONFIG, "agent_ratio": {3: 1.0}})
+        assert s.exec(select(Experiment)).one().settings.config.agent_ratio == {3: 1.0}
+    engine.dispose()
+
+
 def test_a_typed_column_refuses_what_its_model_refuses_and_reads_a_bad_old_row_as_unreadable(engine: Engine):
     with session(engine) as s:
         with pytest.raises(ValidationError, match="a run trains at least 1 stage"):
@@ -417,7 +456,7 @@ def test_stage_metrics_answer_valid_rate_per_size_and_size_by_failure(engine: En
 def test_a_proposal_takes_one_decision_and_the_second_names_the_first(engine: Engine):
     with session(engine) as s:
         proposal = _proposal(s, _run(s))
-        edited = {**CONFIG, "num_agents": 3}
+        edited = {**CONFIG, "agent_ratio": {"3": 1.0}}
         first = record_decision(s, proposal.id, "edit", "alice", edited, "more agents")
         with pytest.raises(
             AlreadyDecided, match=f"proposal {proposal.id} was already decided: edit by 'alice'"

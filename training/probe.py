@@ -13,7 +13,7 @@ A probe is a pure function of (config, policy, seed, boards, answers, temperatur
 (the run's `thinking` and `completion_length`, `Policy.configured`): the same arguments give the same numbers.
 `measure` keeps each in the `probes` table under a key of those arguments (the checkpoint by the name a stage row
 gives it), so asking twice costs nothing. A size's numbers depend only on that size's knobs (hole and wait ratio,
-the number of agents), so a size whose knobs equal one measured already, in any stored config on the same
+the mix of agent counts), so a size whose knobs equal one measured already, in any stored config on the same
 checkpoint, seed, probe size and answering settings, is reused rather than sampled again. Torch loads only when
 a probe samples, so the lab reads stored probes (and their defaults) without it.
 """
@@ -136,7 +136,7 @@ def one_size(config: EnvConfig, size: int) -> EnvConfig:
     """The config's boards of one map size: that size's hole and wait ratios and the config's random share, all
     of the data."""
     return EnvConfig(data_ratio={size: 1.0}, hole_ratio={size: config.hole_ratio[size]},
-                     wait_ratio={size: config.wait_ratio[size]}, num_agents=config.num_agents,
+                     wait_ratio={size: config.wait_ratio[size]}, agent_ratio=config.agent_ratio,
                      num_instances=config.num_instances, random_share=config.random_share)
 
 
@@ -194,8 +194,8 @@ def probe_key(config: EnvConfig, checkpoint: str, seed: int, boards: int, answer
               thinking: bool = False, completion_length: int | None = None) -> str:
     """The cache key: a hash of the canonical JSON of everything the numbers depend on. `thinking` and
     `completion_length` enter it only where they are not the defaults, so a probe stored before they did keeps
-    its key."""
-    fields = {"config": config.model_dump(mode="json"), "checkpoint": checkpoint, "seed": seed, "boards": boards,
+    its key; so does a config of one agent count, hashed as it was written before `agent_ratio` (`num_agents`)."""
+    fields = {"config": _keyed(config), "checkpoint": checkpoint, "seed": seed, "boards": boards,
               "answers": answers, "temperature": temperature}
     if thinking:
         fields["thinking"] = True
@@ -204,10 +204,21 @@ def probe_key(config: EnvConfig, checkpoint: str, seed: int, boards: int, answer
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:32]
 
 
-def size_knobs(config: EnvConfig, size: int) -> tuple[float, float, int, float]:
-    """What one size's probe depends on in a config: its hole and wait ratio, the number of agents and the share
-    of boards drawn broadly."""
-    return config.hole_ratio[size], config.wait_ratio[size], config.num_agents, config.random_share
+def _keyed(config: EnvConfig) -> dict[str, Any]:
+    """The config's JSON as a key hashes it: a lone agent count as `num_agents`, the form before the mix existed."""
+    dumped = config.model_dump(mode="json")
+    if len(config.agent_ratio) == 1:
+        (count,) = config.agent_ratio
+        del dumped["agent_ratio"]
+        dumped["num_agents"] = count
+    return dumped
+
+
+def size_knobs(config: EnvConfig, size: int) -> tuple[float, float, tuple[tuple[int, float], ...], float]:
+    """What one size's probe depends on in a config: its hole and wait ratio, the mix of agent counts (those with a
+    share) and the share of boards drawn broadly."""
+    mix = tuple((k, config.agent_ratio[k]) for k in config.agent_counts)
+    return config.hole_ratio[size], config.wait_ratio[size], mix, config.random_share
 
 
 def measured_sizes(engine: Engine, config: EnvConfig, checkpoint: str, seed: int, boards: int, answers: int,

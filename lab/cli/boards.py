@@ -12,6 +12,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from envsim.config import AGENT_RATIO, ConfigError, project
 from envsim.generator import boards
 from envsim.instance import Instance
 from envsim.scoring import Outcome, score, score_answer
@@ -58,6 +59,11 @@ def cmd_generate(args: argparse.Namespace) -> None:
     """Boards are written as they are made (one line each), never held: a file appears whole at the end
     (written beside it and renamed), or not at all."""
     config = config_file(args.config)
+    if args.agent_ratio is not None:
+        try:
+            config = project({**config.model_dump(), AGENT_RATIO: args.agent_ratio}, strict=True).config
+        except ConfigError as err:
+            raise UsageError(f"--agent-ratio {args.agent_ratio}: {err}") from err
     n = args.n if args.n is not None else config.num_instances
     part = args.out.with_name(args.out.name + ".part") if args.out else None
     written = 0
@@ -191,6 +197,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser("generate", help="generate labelled training boards from an EnvConfig JSON file")
     s.add_argument("--config", type=Path, help="EnvConfig JSON (default: the round-0 config)")
     s.add_argument("--n", type=GENERATED, help="number of boards (default: the config's num_instances)")
+    s.add_argument("--agent-ratio", metavar="MIX", help="the agent counts' shares instead of the config's, e.g. "
+                                                        "2=0.5,3=0.5 (or one count, e.g. 3)")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--out", type=Path, help="JSONL file (default: standard output)")
     s.set_defaults(fn=cmd_generate)

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from envsim.config import KNOBS, EnvConfig, project
+from envsim.config import AGENT_RATIO, KNOBS, EnvConfig, project
 from lab.context import ContextModules, Evidence, build_context, measured_table
 from lab.engineers.answer import SHARE_STEP, EngineerAnswer, FillCheck, ProbeFn
 from lab.engineers.learnability import compute_of
@@ -186,14 +186,15 @@ def _converse(base: EnvConfig, messages: Messages, ask: Callable[[Messages, int]
 
 def answer_schema(sizes: tuple[int, ...], *, rationale_chars: int | None = None) -> dict[str, Any]:
     """The JSON schema of the llm engineer's answer: the config for these sizes (`EnvConfig.sized_schema`:
-    every knob of every size, each within its range, given to the thousandth) and, last, the rationale as a
-    string field of the same object (at most `rationale_chars` characters when given). What it cannot say
-    (that the data shares sum to 1) is left to `project`, which renormalises and reports it.
+    every knob of every size and the share of every agent count, each within its range, given to the thousandth)
+    and, last, the rationale as a string field of the same object (at most `rationale_chars` characters when
+    given). What it cannot say (that the data and agent shares sum to 1) is left to `project`, which renormalises
+    and reports it.
 
     The thousandth (`multipleOf`, the step of `shares`) bounds every number's length: a model held to the
     schema cannot spin out digits until its token budget ends and leave the object unclosed."""
     schema = EnvConfig.sized_schema(sizes)
-    for knob in KNOBS:
+    for knob in (*KNOBS, AGENT_RATIO):
         for item in schema["properties"][knob]["properties"].values():
             item["multipleOf"] = SHARE_STEP
     schema["title"] = "EngineerAnswer"

@@ -51,11 +51,12 @@ def _centres(lo: float, hi: float, n: int) -> list[float]:
     return [round(lo + (hi - lo) * (i + 0.5) / n, 2) for i in range(n)]
 
 
-def grid(num_agents: int) -> list[tuple[float, float]]:
+def grid(fewest_agents: int) -> list[tuple[float, float]]:
     """The (hole, wait) cells the engineer measures at every size, hole first then wait, each ascending: the
-    centres of `HOLE_CELLS` x `WAIT_CELLS` equal bins of the legal ranges (a lone agent never waits: wait 0)."""
+    centres of `HOLE_CELLS` x `WAIT_CELLS` equal bins of the legal ranges (a lone agent never waits: wait 0 where
+    the fewest agents on a board, `fewest_agents`, is 1)."""
     holes = _centres(*KNOBS["hole_ratio"], HOLE_CELLS)
-    waits = [0.0] if num_agents == 1 else _centres(*KNOBS["wait_ratio"], WAIT_CELLS)
+    waits = [0.0] if fewest_agents == 1 else _centres(*KNOBS["wait_ratio"], WAIT_CELLS)
     return [(h, w) for h in holes for w in waits]
 
 
@@ -134,9 +135,9 @@ def measure_cells(base: EnvConfig, size: int, probe_fn: ProbeFn, spent: list[Pro
     from envsim.generator import GenerationError
 
     cells = []
-    for h, w in grid(base.num_agents):
+    for h, w in grid(base.agent_counts[0]):
         one = EnvConfig(data_ratio={size: 1.0}, hole_ratio={size: h}, wait_ratio={size: w},
-                        num_agents=base.num_agents, num_instances=base.num_instances)
+                        agent_ratio=base.agent_ratio, num_instances=base.num_instances)
         try:
             spent.append(probe_fn(one))
         except GenerationError:

@@ -9,7 +9,7 @@ import math
 import re
 from typing import Any
 
-from envsim.config import GLOBALS, KNOBS, RANDOM_SHARE
+from envsim.config import AGENT_RATIO, GLOBALS, KNOBS, NUM_AGENTS, RANDOM_SHARE
 
 MAX_ANSWER_CHARS = 50_000  # the reader looks at the last this-many characters of an answer
 MAX_NUMBER_DIGITS = 300  # a JSON integer longer than this is refused (it does not fit in a float)
@@ -37,7 +37,7 @@ def split_rationale(proposed: dict[str, Any]) -> tuple[dict[str, Any], str | Non
 _FENCE = re.compile(r"```[ \t]*+([A-Za-z0-9_+-]*+)[^\n`]*+\n?(.*?)```", re.DOTALL)
 # A JSON string (escapes included) or a brace: the scanner skips strings, so braces inside them do not count.
 _BRACE = re.compile(r'"(?:[^"\\]|\\.)*+"|[{}]', re.DOTALL)
-_CONFIG_KEYS = frozenset(KNOBS) | frozenset(GLOBALS) | {RANDOM_SHARE}
+_CONFIG_KEYS = frozenset(KNOBS) | frozenset(GLOBALS) | {AGENT_RATIO, NUM_AGENTS, RANDOM_SHARE}
 
 
 def read_config(text: str) -> tuple[dict[str, Any], tuple[int, int]]:

@@ -11,7 +11,7 @@ from typing import Any
 import gradio as gr
 from sqlalchemy import Engine
 
-from envsim.config import KNOBS, EnvConfig
+from envsim.config import AGENT_RATIO, KNOBS, NUM_AGENTS, EnvConfig
 from envsim.instance import Instance
 from envsim.rules import Failure
 from envsim.scoring import Outcome
@@ -92,8 +92,9 @@ def _number_or_text(value: Any) -> Any:
         return value
 
 
-def config_from_table(rows: Sequence[Sequence[Any]], num_agents: Any, num_instances: Any) -> dict[str, Any]:
-    """The raw config a person typed: one row per size; checked later by `project(..., strict=True)`."""
+def config_from_table(rows: Sequence[Sequence[Any]], agents: Any, num_instances: Any) -> dict[str, Any]:
+    """The raw config a person typed: one row per size, and the agents as one count (`num_agents`) or a mix
+    (`agent_ratio` as text, `2=0.5, 3=0.5`; blank: the config's own); checked later by `project(..., strict=True)`."""
     raw: dict[str, Any] = {k: {} for k in KNOBS}
     for row in rows:
         if not row or all(str(v).strip() == "" for v in row):
@@ -101,7 +102,8 @@ def config_from_table(rows: Sequence[Sequence[Any]], num_agents: Any, num_instan
         size = str(row[0]).strip().removesuffix(".0")
         for knob, value in zip(KNOBS, row[1:], strict=False):
             raw[knob][size] = _number_or_text(value)
-    raw["num_agents"] = _number_or_text(num_agents)
+    agents = None if agents is None or str(agents).strip() == "" else _number_or_text(agents)
+    raw[NUM_AGENTS if isinstance(agents, int | float) else AGENT_RATIO] = agents
     raw["num_instances"] = _number_or_text(num_instances)
     return raw
 

@@ -10,7 +10,7 @@ from typing import Any
 import gradio as gr
 from sqlalchemy import Engine
 
-from envsim.config import ConfigError, ConfigProblem, EnvConfig, Projection
+from envsim.config import DEFAULT_AGENTS, ConfigError, ConfigProblem, EnvConfig, Projection, mix_text
 from envsim.generator import GenerationError, generate
 from lab.loop import advance, decide_and_advance
 from lab.pages import figures, measure
@@ -80,7 +80,7 @@ class ProposalView:
     diff: Any  # every value's row (old, new, change, note)
     changed: Any  # the rows that change
     edit: list[list[Any]]  # the config table: the decision's config, else the proposal's
-    agents: int
+    agents: str  # the agent mix as text (`envsim.config.mix_text`)
     instances: int
     auto: bool  # the run auto-applies its proposals
     pending: bool  # it waits for a decision
@@ -94,8 +94,8 @@ NO_PROPOSAL = "No proposal yet: the engineer proposes after a stage has been eva
 def no_proposal(status: str = NO_PROPOSAL) -> ProposalView:
     """The view without a proposal: new tables each time, since the page may hold on to what it was given."""
     return ProposalView(status=status, rationale="", raw="", diff=table(DIFF_HEADERS, []),
-                        changed=table(DIFF_HEADERS, []), edit=[], agents=2, instances=512, auto=False, pending=False,
-                        run_id=None, label=EDIT_LABEL)
+                        changed=table(DIFF_HEADERS, []), edit=[], agents=mix_text({DEFAULT_AGENTS: 1.0}),
+                        instances=512, auto=False, pending=False, run_id=None, label=EDIT_LABEL)
 
 
 def proposal_view(engine: Engine, proposal_id: int | None) -> ProposalView:
@@ -126,7 +126,7 @@ def proposal_view(engine: Engine, proposal_id: int | None) -> ProposalView:
                    "the same when asked again. Edit it below, or switch the engineer in the Train tab.")
     return ProposalView(status=status, rationale=f"{written}\n\n{summary}", raw=p.raw_answer,
                         diff=table(DIFF_HEADERS, rows), changed=table(DIFF_HEADERS, changed), edit=config_rows(config),
-                        agents=config.num_agents, instances=config.num_instances, auto=state.auto_apply,
+                        agents=mix_text(config.agent_ratio), instances=config.num_instances, auto=state.auto_apply,
                         pending=state.pending, run_id=p.run_id, label=_edit_label(state))
 
 
@@ -162,22 +162,22 @@ def diff_rows(state: ProposalState) -> tuple[list[list[Any]], list[list[Any]]]:
     engineer, applied = state.config, state.applied
     rows, changed = [], []
     for change in diff(state.base, applied or engineer, frozenset(reasons)):
-        field = change.knob if change.size is None else f"{change.knob}[{change.size}]"
-        proposed = getattr(engineer, change.knob)
-        proposed = proposed if change.size is None else proposed[change.size]
+        field = change.field
+        proposed = change.value(engineer)
         by_person = applied is not None and proposed != change.new
         notes = []
         if change.adjusted and not by_person:
             said = (p.parsed_config or {}).get(change.knob)
-            said = said.get(str(change.size), said.get(change.size)) if isinstance(said, dict) else said
+            key = change.size if change.size is not None else change.count
+            said = said.get(str(key), said.get(key)) if isinstance(said, dict) else said
             notes.append(f"⚠ {reasons.get(field, 'adjusted')}" + (f" (engineer said {said})" if said is not None
                                                                    else ""))
         if by_person:
             notes.append(f"{PERSON} set by {state.decision.user}; the engineer proposed {_fmt(proposed)}")
         new = _fmt(change.new)
         new = f"{PERSON} {new}" if by_person else (f"**{new}**" if change.change != 0 else new)
-        row = ["all" if change.size is None else change.size, change.knob, _fmt(change.old), new,
-               _fmt(change.change, signed=True), "; ".join(notes)]
+        row = ["all" if change.size is None else change.size, field if change.size is None else change.knob,
+               _fmt(change.old), new, _fmt(change.change, signed=True), "; ".join(notes)]
         rows.append(row)
         if change.change != 0 or by_person:
             changed.append(row)
@@ -247,7 +247,7 @@ def _stored_text(engineer: EnvConfig, projection: Projection) -> str:
     typed = {a.field: a.old for a in projection.adjustments}
     parts = []
     for change in diff(engineer, made):
-        field = change.knob if change.size is None else f"{change.knob}[{change.size}]"
+        field = change.field
         if change.change != 0 or field in typed:
             parts.append(f"{field} {_fmt(change.new)}"
                          + (f" (you typed {_fmt(typed[field])})" if field in typed else ""))
@@ -372,7 +372,7 @@ class ProposalTab:
     preview_note: gr.Markdown
     preview: gr.Plot
     edit: gr.Dataframe
-    agents: gr.Number
+    agents: gr.Textbox
     instances: gr.Number
     check: gr.Markdown
     marks: gr.HTML  # a style that marks the edit table's bad cells
@@ -497,7 +497,8 @@ def build(page: Page) -> ProposalTab:
                             label=EDIT_LABEL)
         with gr.Row():
             # No `precision=0`: it would round 1.5 to 2 unsaid; the config's validator names a fraction instead.
-            agents = gr.Number(label="num_agents", elem_id="edit-agents")
+            agents = gr.Textbox(label="agent_ratio (count=share, e.g. 2=0.5, 3=0.5; or one count)",
+                                elem_id="edit-agents", max_lines=1)
             instances = gr.Number(label="num_instances", elem_id="edit-instances")
             rescale = gr.Button("Rescale data_ratio to sum to 1", scale=0, min_width=240, elem_id="rescale")
     shown = gr.State(None)

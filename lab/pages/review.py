@@ -13,7 +13,7 @@ from typing import Any
 import gradio as gr
 from sqlalchemy import Engine
 
-from envsim.config import GLOBALS, KNOBS, RANDOM_SHARE
+from envsim.config import AGENT_RATIO, GLOBALS, KNOBS, RANDOM_SHARE, EnvConfig, mix_text
 from envsim.scoring import Tally
 from lab.pages import figures
 from lab.pages.common import ALL, BAD_ROW, DECIDED, VIEW, Page, cannot_draw, no_progress, table
@@ -110,9 +110,9 @@ TIMELINE_NOTE = ("Each stage's config as it trained, per map size. A value that 
 
 
 def timeline(engine: Engine, run_id: int | None) -> dict[str, Any]:
-    """The config each stage of the run trained on, per size, and who set each value that changed; a
-    `random_share` column where a stage drew boards broadly."""
-    headers = ["stage", "config from", "size", *KNOBS, *GLOBALS]
+    """The config each stage of the run trained on, per size, and who set each value that changed; the agent mix
+    as text (`2=0.5, 3=0.5`); a `random_share` column where a stage drew boards broadly."""
+    headers = ["stage", "config from", "size", *KNOBS, AGENT_RATIO, *GLOBALS]
     if run_id is None:
         return table(headers, [])
     steps = config_timeline(engine, run_id)
@@ -123,6 +123,7 @@ def timeline(engine: Engine, run_id: int | None) -> dict[str, Any]:
         for size in config.sizes:
             rows.append([step.stage_index, step.source, size,
                          *(_cell(step.set_by, f"{k}[{size}]", getattr(config, k)[size]) for k in KNOBS),
+                         _mix_cell(step.set_by, config),
                          *(_cell(step.set_by, g, getattr(config, g)) for g in [*GLOBALS, *shared])])
     return table(headers + shared, rows)
 
@@ -130,6 +131,13 @@ def timeline(engine: Engine, run_id: int | None) -> dict[str, Any]:
 def _cell(set_by: dict[str, Any], field: str, value: Any) -> str:
     text = f"{value:.4g}" if isinstance(value, float) else str(value)
     return f"{text} ({set_by[field]})" if field in set_by else text
+
+
+def _mix_cell(set_by: dict[str, Any], config: EnvConfig) -> str:
+    """The agent mix, with who set it where a share of it changed."""
+    setters = [by for field, by in set_by.items() if field.startswith(f"{AGENT_RATIO}[")]
+    text = mix_text(config.agent_ratio)
+    return f"{text} ({setters[0]})" if setters else text
 
 
 def gallery(engine: Engine, run_id: int | None, stage_index: int | None, size: Any = ALL,

@@ -12,7 +12,7 @@ from typing import Any
 import gradio as gr
 from sqlalchemy import Engine
 
-from envsim.config import KNOB_HELP, KNOBS, ConfigError, EnvConfig, project
+from envsim.config import AGENT_RATIO, KNOB_HELP, KNOBS, ConfigError, EnvConfig, mix_text, project
 from envsim.suite import DEV_PER_SIZE
 from lab.archive import ArchiveError, export_run, import_archive, read_manifest
 from lab.engineers import ENGINEERS
@@ -159,7 +159,7 @@ class RunsTab:
 
 
 def build(page: Page) -> RunsTab:
-    knob_help = " ".join(f"**{k}**: {v}." for k, v in KNOB_HELP.items() if k in KNOBS)
+    knob_help = " ".join(f"**{k}**: {v}." for k, v in KNOB_HELP.items() if k in (*KNOBS, AGENT_RATIO))
     default = EnvConfig.default()
     runs_df = gr.Dataframe(label="Runs (newest first); pick one in “Open run” above", interactive=False,
                            elem_id="runs-table")
@@ -181,7 +181,8 @@ def build(page: Page) -> RunsTab:
             # 2 unsaid; the form's check names the field and its range.
             stages = gr.Number(label="Training stages", value=3)
             instances = gr.Number(label="Training instances per stage", value=default.num_instances)
-            agents = gr.Number(label="Agents per training board", value=default.num_agents)
+            agents = gr.Textbox(label="Agents per training board (count=share, e.g. 2=0.5, 3=0.5)",
+                                value=mix_text(default.agent_ratio), max_lines=1)
             seed = gr.Number(label="Seed", value=0)
             auto = gr.Checkbox(label="Auto-apply proposals (no review)", value=False)
         description = gr.Textbox(label="Description (optional)", lines=1, max_length=TEXT_LIMIT)

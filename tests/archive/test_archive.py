@@ -371,3 +371,25 @@ def test_a_random_share_travels_and_an_out_of_range_one_is_refused(engine, new_d
     other = new_database(kind_of(engine))
     with pytest.raises(ArchiveError, match="random_share = 1.5 is outside 0..1"):
         import_run(other, bad)
+
+
+def test_an_archive_whose_configs_name_num_agents_imports_them_as_agent_ratio(engine, new_database, tmp_path):
+    """An archive written before `agent_ratio` says `num_agents`: it imports, and is stored as the lab writes now."""
+    with open_session(engine) as s:
+        run_id = create_run(s, name="old", config=CONFIG, settings=RunSettings(stages=1), engineer="fixed").id
+    work(engine)  # stage 0
+    work(engine)  # the proposal
+    file = export_run(engine, run_id, tmp_path / "run.zip")
+    assert b'"agent_ratio": {"2": 1.0}' in zipfile.ZipFile(file).read("tables/stages.jsonl")
+    old = rewrite(file, tmp_path / "old.zip", lambda name, d: d.replace(b'"agent_ratio": {"2": 1.0}',
+                                                                      b'"num_agents": 2')
+                  if name.startswith("tables/") else d)
+    assert b"agent_ratio" not in zipfile.ZipFile(old).read("tables/stages.jsonl")
+    target = new_database(kind_of(engine))
+    new_id = import_run(target, old)
+    with open_session(target) as s:
+        stage = s.exec(select(Stage).where(Stage.run_id == new_id)).one()
+        assert stage.config == CONFIG and stage.config.agent_ratio == {2: 1.0}
+    with target.connect() as c:
+        stored = c.execute(text("SELECT config FROM stages WHERE run_id = :r"), {"r": new_id}).scalar_one()
+    assert "agent_ratio" in str(stored) and "num_agents" not in str(stored)

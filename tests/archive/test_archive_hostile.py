@@ -853,7 +853,7 @@ def test_a_run_created_on_the_page_with_a_server_this_machine_does_not_allow_is_
     monkeypatch.delenv("ENVLAB_OPENAI_BASE_URL", raising=False)
     config = EnvConfig.default()
     message, run_id = runs_page.create_run_from_form(
-        engine, "r", "", "tiny", "llm", "openai:m", listener.url, 1, config.num_instances, config.num_agents, 0,
+        engine, "r", "", "tiny", "llm", "openai:m", listener.url, 1, config.num_instances, "2=1", 0,
         False, config_rows(config))
     assert run_id is None and message.startswith(f"✗ Not created: server URL '{listener.url}' is not one this "
                                                  "machine allows"), message

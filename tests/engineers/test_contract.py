@@ -36,7 +36,7 @@ def test_every_engineer_returns_a_legal_config_on_the_runs_sizes(name: str) -> N
     config = answer.projection.config
     assert EnvConfig.model_validate(config.model_dump()) == config
     assert config.sizes == CONFIG.sizes
-    assert (config.num_agents, config.num_instances) == (CONFIG.num_agents, CONFIG.num_instances)
+    assert (config.agent_ratio, config.num_instances) == (CONFIG.agent_ratio, CONFIG.num_instances)
     assert answer.proposed is not None and answer.raw and answer.rationale
     assert project(answer.proposed, base=CONFIG).config == config  # what was proposed projects to what is kept
     json.dumps(answer.proposed, allow_nan=False)  # storable as strict JSON

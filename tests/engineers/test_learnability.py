@@ -62,7 +62,7 @@ def test_each_size_keeps_its_most_learnable_cell_and_half_the_boards_are_drawn_b
     assert config.wait_ratio == {3: 0.75, 4: 0.75, 5: 0.25}
     assert config.data_ratio == shares({3: 0.25, 4: 0.1875, 5: LEARN_FLOOR}) == {3: 0.546, 4: 0.41, 5: 0.044}
     assert config.random_share == SFL_RANDOM_SHARE == 0.5
-    assert (config.num_agents, config.num_instances) == (CONFIG.num_agents, CONFIG.num_instances)
+    assert (config.agent_ratio, config.num_instances) == (CONFIG.agent_ratio, CONFIG.num_instances)
     lines = answer.rationale.splitlines()
     assert lines[0] == ("size 3: hole 0.25, wait 0.75 (p 50%, learnability 0.250) kept, of 6 cells; runner-up hole "
                         "0.08, wait 0.25 (p 81%, learnability 0.141); data_ratio 0.333 -> 0.546")
