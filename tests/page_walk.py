@@ -221,6 +221,7 @@ class Walk:
         self.failure_to_replay()  # Stage review first, then its failure row to the Episode tab
         self.play_to_the_end(steps)
         page.get_by_role("tab", name="Playground").click()
+        page.locator("#pg-board-plot .js-plotly-plot").wait_for(timeout=TIMEOUT_MS)  # the first visit's read
         page.get_by_role("button", name="Read board").click()
         page.get_by_role("button", name="Use the solver's plan").click()
         page.wait_for_function("() => document.querySelector('#pg-plan textarea').value.includes('Agent 0:')",

@@ -666,6 +666,20 @@ def test_a_board_that_cannot_be_read_is_named_and_the_board_shown_stays():
     assert shown[tab.view] is not None  # nothing else is in the answer: the board drawn and the text typed stay
 
 
+def test_reading_the_board_shown_again_keeps_its_plan_and_verdict_and_a_new_board_clears_them():
+    """Read board clicked twice, or before the tab's first read came back, never wipes the plan written for it."""
+    with gr.Blocks():
+        tab = playground.build(common.Page(None, gr.Dropdown(), gr.Tabs(), gr.HTML(), gr.HTML()))
+    shown = tab.read("A.b\n...\nB.a")[tab.view]
+    again = tab.read("A.b\n...\nB.a", shown)
+    assert set(again) == {tab.board_text, tab.message}  # no plan, verdict or view in the answer: they stay
+    assert again[tab.message].startswith("Optimal makespan 3")
+    other = tab.read("A.b\n.H.\nB.a", shown)
+    assert other[tab.plan] == "" and other[tab.verdict] == "" and other[tab.view] != shown
+    made = tab.make(5, 2, 0.2, 3, None)
+    assert set(tab.make(5, 2, 0.2, 3, made[tab.view])) == {tab.board_text, tab.message}
+
+
 def test_the_playground_refuses_a_board_text_too_long_before_it_reads_it():
     huge = "\n".join(["." * 4000] * 4000)  # the 4000x4000 board that took 15 s to be refused
     assert playground.read_board(huge) == (None, "", "✗ This text is 16,003,999 characters long; a board is read from "

@@ -106,19 +106,23 @@ class PlaygroundTab:
         fig, events = draw(view, t, True)
         return {self.board: fig, self.step: gr.update(maximum=max(end, 1), value=t), self.events: events}
 
-    def new_board(self, made: tuple[dict | None, str, str]) -> dict[Any, Any]:
-        """A board made or read; one that could not be is said, and the board shown (and the text typed) stay."""
+    def new_board(self, made: tuple[dict | None, str, str], shown: dict | None = None) -> dict[Any, Any]:
+        """A board made or read; one that could not be is said, and the board shown (and the text typed) stay.
+        The same board as the one `shown` keeps its plan and verdict: clicking Read board twice, or before the
+        first read came back, never wipes a plan typed (or the solver's) for it."""
         view, picture, message = made
         if view is None:
             return {self.message: message}
+        if shown is not None and shown.get("instance") == view["instance"]:
+            return {self.board_text: picture or gr.update(), self.message: message}
         return {self.view: view, self.board_text: picture or gr.update(), self.message: message, self.plan: "",
                 self.verdict: ""} | self.drawn(view)
 
-    def make(self, size: Any, agents: Any, holes: Any, seed: Any) -> dict[Any, Any]:
-        return self.new_board(make_board(size, agents, holes, seed))
+    def make(self, size: Any, agents: Any, holes: Any, seed: Any, shown: dict | None = None) -> dict[Any, Any]:
+        return self.new_board(make_board(size, agents, holes, seed), shown)
 
-    def read(self, text: str) -> dict[Any, Any]:
-        return self.new_board(read_board(text))
+    def read(self, text: str, shown: dict | None = None) -> dict[Any, Any]:
+        return self.new_board(read_board(text), shown)
 
     def first_visit(self, view: dict | None, text: str) -> dict[Any, Any]:
         """The tab opened: the board in the box read, the first time only (a board being worked on stays)."""
@@ -177,8 +181,8 @@ def build(page: Page) -> PlaygroundTab:
             step = gr.Slider(0, 1, value=0, step=1, label="Time step t")
             events = gr.Markdown()
     tab = PlaygroundTab(page.engine, view, board_text, message, plan, verdict_md, board, step, events)
-    make.click(tab.make, [size, agents, holes, seed], tab.outputs)
-    read.click(tab.read, board_text, tab.outputs)
+    make.click(tab.make, [size, agents, holes, seed, view], tab.outputs)
+    read.click(tab.read, [board_text, view], tab.outputs)
     plan.change(tab.score, [view, plan], [view, verdict_md, board, step, events], trigger_mode="always_last",
                 **no_progress(page))
     step.input(tab.at_step, [view, step], [board, events], trigger_mode="always_last", **no_progress(page))
