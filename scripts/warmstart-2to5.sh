@@ -20,5 +20,5 @@ nohup setsid bash -c "
     nice -n 5 '$python' -m training.labels --out '$work/labels' --boards 120000 &&
     nice -n 5 '$python' -m training.warmstart --labels '$work/labels' --out '$work/ws-big/tiny' --steps 40000 \
         --eval-every 2000 --check-per-cell 3 --threads 1
-" > "$work/warmstart-2to5.log" 2>&1 &
+" >> "$work/warmstart-2to5.log" 2>&1 &
 echo "warm start for 2 to 5 agents running at commit $commit; log: $work/warmstart-2to5.log"
