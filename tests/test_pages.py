@@ -673,7 +673,7 @@ def test_reading_the_board_shown_again_keeps_its_plan_and_verdict_and_a_new_boar
     shown = tab.read("A.b\n...\nB.a")[tab.view]
     again = tab.read("A.b\n...\nB.a", shown)
     assert set(again) == {tab.board_text, tab.message}  # no plan, verdict or view in the answer: they stay
-    assert again[tab.message].startswith("Optimal makespan 3")
+    assert again[tab.message].startswith("Optimal makespan 4")
     other = tab.read("A.b\n.H.\nB.a", shown)
     assert other[tab.plan] == "" and other[tab.verdict] == "" and other[tab.view] != shown
     made = tab.make(5, 2, 0.2, 3, None)

@@ -54,7 +54,7 @@ def test_an_experiment_through_the_real_workers_is_killed_and_resumed_by_two(db_
                  "--grpo", "num_generations=2", "--grpo", "per_device_train_batch_size=16", "--db", db]) == 0
     assert "each run: 1 stages x 8 boards x 1 GRPO steps; 4 validation boards" in capsys.readouterr().out
     engine = make_engine(db)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "ENVLAB_STALE_S": "20",
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
            "ENVLAB_RUNS": str(tmp_path / "runs")}
     first = subprocess.Popen(command(db), env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 300
