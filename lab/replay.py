@@ -136,15 +136,22 @@ def ghost_positions(instance: Instance) -> tuple[tuple[tuple[int, int], ...], ..
     return score(instance, instance.reference_plan).positions
 
 
-def _legend(draw: ImageDraw.ImageDraw, instance: Instance, top: int, cell_px: int, font: Any, ghost: bool) -> None:
-    """One line under the caption: each agent's disc and number, then what a square, a ring and a red ring mean."""
+def _legend(draw: ImageDraw.ImageDraw, instance: Instance, top: int, cell_px: int, font: Any, ghost: bool,
+            width: int) -> None:
+    """Under the caption: each agent's disc and number, then what a square, a ring and a red ring mean; on one
+    line where the image is wide enough, else the words on a second line (`legend_lines`)."""
     x, radius = cell_px // 2, _radius(font)
     for i in range(instance.num_agents):
         draw.ellipse(_box((x + radius, top + radius), radius), fill=_ink(colour(i)))
         draw.text((x + 2 * radius + 3, top + radius), f"agent {i}", fill=_ink(TEXT), font=font, anchor="lm")
         x += 2 * radius + 8 + int(draw.textlength(f"agent {i}", font=font)) + 10
-    words = "square: its goal" + ("; ring: the solver's plan" if ghost else "") + "; red: what went wrong"
-    draw.text((x, top + radius), words, fill=_ink(TEXT), font=font, anchor="lm")
+    if legend_lines(instance, cell_px, font, ghost, width) == 2:
+        x, top = cell_px // 2, top + _line(font)
+    draw.text((x, top + radius), _legend_words(ghost), fill=_ink(TEXT), font=font, anchor="lm")
+
+
+def _legend_words(ghost: bool) -> str:
+    return "square: its goal" + ("; ring: the solver's plan" if ghost else "") + "; red: what went wrong"
 
 
 def _radius(font: Any) -> int:
@@ -152,14 +159,23 @@ def _radius(font: Any) -> int:
     return max(4, int(getattr(font, "size", 10)) // 2)
 
 
-def legend_width(instance: Instance, cell_px: int, font: Any, ghost: bool) -> int:
-    """The legend line's width in pixels."""
-    image = Image.new("P", (1, 1))
-    draw = ImageDraw.Draw(image)
+def _legend_widths(instance: Instance, font: Any, ghost: bool) -> tuple[int, int]:
+    """The legend's agents and its words, each's width in pixels."""
+    draw = ImageDraw.Draw(Image.new("P", (1, 1)))
     radius = _radius(font)
     agents = sum(2 * radius + 18 + int(draw.textlength(f"agent {i}", font=font)) for i in range(instance.num_agents))
-    words = "square: its goal" + ("; ring: the solver's plan" if ghost else "") + "; red: what went wrong"
-    return cell_px // 2 + agents + int(draw.textlength(words, font=font)) + cell_px // 2
+    return agents, int(draw.textlength(_legend_words(ghost), font=font))
+
+
+def legend_width(instance: Instance, cell_px: int, font: Any, ghost: bool, lines: int = 1) -> int:
+    """The legend's width in pixels, on one line or on two (the agents, then the words)."""
+    agents, words = _legend_widths(instance, font, ghost)
+    return cell_px // 2 + (agents + words if lines == 1 else max(agents, words)) + cell_px // 2
+
+
+def legend_lines(instance: Instance, cell_px: int, font: Any, ghost: bool, width: int) -> int:
+    """1 where the legend fits on one line of an image `width` wide, else 2."""
+    return 1 if legend_width(instance, cell_px, font, ghost) <= width else 2
 
 
 def _frame(board: Image.Image, instance: Instance, outcome: Outcome, step: int, cell_px: int,
@@ -191,7 +207,7 @@ def _frame(board: Image.Image, instance: Instance, outcome: Outcome, step: int, 
             draw.ellipse(_box((x + dx, y), radius), fill=_ink(colour(i)), outline=_ink(WHITE), width=1)
             draw.text((x + dx, y - radius * 0.15), str(i), fill=_ink(WHITE), font=number, anchor="mm")
     draw.text((cell_px // 2, (n + 1) * cell_px), step_caption(outcome, step), fill=_ink(TEXT), font=font)
-    _legend(draw, instance, (n + 1) * cell_px + _line(font), cell_px, font, ghost is not None)
+    _legend(draw, instance, (n + 1) * cell_px + _line(font), cell_px, font, ghost is not None, image.width)
     return image
 
 
@@ -217,16 +233,21 @@ def replay_gif(instance: Instance, outcome: Outcome, path: str | Path, *, cell_p
     plan = ghost_positions(instance) if ghost else None
     measure = ImageDraw.Draw(Image.new("P", (1, 1)))
     font_px = max(10, cell_px // 3)
-    while True:  # with `width_px`, the captions shrink to fit that width (a large board's cells would not)
-        font = ImageFont.load_default(size=font_px)
+    lines = 1
+    while True:  # with `width_px`, the captions shrink to fit that width (a large board's cells would not), and
+        font = ImageFont.load_default(size=font_px)  # at the smallest font the legend takes two lines
         text_px = max(*(measure.textlength(step_caption(outcome, t), font=font) for t in steps),
-                      legend_width(instance, cell_px, font, plan is not None) - cell_px // 2)
-        if width_px is None or font_px == 10 or text_px + cell_px // 2 <= width_px:
+                      legend_width(instance, cell_px, font, plan is not None, lines) - cell_px // 2)
+        if width_px is None or text_px + cell_px // 2 <= width_px or (font_px == 10 and lines == 2):
             break
-        font_px -= 1
+        if font_px == 10:
+            lines = 2
+        else:
+            font_px -= 1
     width = max((instance.size + 1) * cell_px, int(text_px) + cell_px // 2 if width_px else int(text_px) + cell_px,
                 width_px or 0)
-    height = (instance.size + 1) * cell_px + 2 * _line(font) + max(4, cell_px // 4)
+    height = (instance.size + 1) * cell_px + (1 + legend_lines(instance, cell_px, font, plan is not None, width)) \
+        * _line(font) + max(4, cell_px // 4)
     board = _board(instance, cell_px, (width, height))
     frames = [_frame(board, instance, outcome, t, cell_px, font, plan) for t in steps]
     path = Path(path)

@@ -27,6 +27,7 @@ from lab.archive import export_run, read_manifest
 from lab.jobs.worker import WorkerOptions, run_worker
 from lab.loop import create_run
 from lab.proposals import decide
+from lab.replay import GIF_WIDTHS
 from storage.db import make_engine, session
 from storage.models import Decision, Run, Stage, utcnow
 from storage.settings import RunSettings
@@ -171,6 +172,25 @@ def test_open_a_failed_episode_from_the_gallery_and_step_the_replay(lab, page):
     name = download.value.suggested_filename
     assert name.startswith("replay-") and name.endswith(".html")
     assert "Plotly.addFrames" in Path(download.value.path()).read_text()
+
+
+def test_a_gif_width_picked_then_downloaded_at_once_gives_a_file_of_that_width(lab, page):
+    """Each width picked and the GIF button clicked at once, without a pause: the file is the width the dropdown
+    shows at the moment of the click (the button is disabled until the new file is made, so the click waits)."""
+    url, _, ids = lab
+    page.goto(f"{url}?run={ids['history']}")
+    page.get_by_role("tab", name="Episode").click()
+    page.fill("#episode-id input", str(ids["clash"]))
+    page.keyboard.press("Enter")
+    page.get_by_text(f"Episode {ids['clash']}").first.wait_for()
+    page.locator("#replay-gif").get_by_text(f"Download GIF ({GIF_WIDTHS[0]} px)").wait_for()
+    for width in (*GIF_WIDTHS[1:], GIF_WIDTHS[0]):  # 720, 960, then back to 480
+        page.locator("#gif-width input").click()
+        page.get_by_role("option", name=str(width), exact=True).click()
+        with page.expect_download() as download:
+            page.click("#replay-gif")
+        with Image.open(download.value.path()) as gif:
+            assert gif.width == width, (width, gif.width)
 
 
 def test_import_a_run_file_and_export_it_again(lab, page, tmp_path: Path):

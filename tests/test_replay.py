@@ -1,5 +1,6 @@
 """Replays as GIFs: one frame per step, each agent's colour exactly where the scorer puts the agent."""
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -8,7 +9,7 @@ from PIL import Image, ImageSequence
 from envsim.scoring import score_answer
 from envsim.solver import label
 from lab.cli import main
-from lab.replay import cell_centre, colour, replay_gif
+from lab.replay import TEXT, cell_centre, colour, replay_gif
 from tests.boards import CROSSING, OPEN
 
 CELL_PX = 40
@@ -132,3 +133,18 @@ def test_show_writes_a_gif_of_the_width_asked_and_refuses_one_too_narrow(tmp_pat
         assert gif.size[0] == 720
     assert main(["show", "--instances", str(boards), "--reference", "--gif", str(out), "--gif-width", "50"]) == 2
     assert "50 is less than 120: a replay narrower than that is unreadable" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("width, lines", [(480, 2), (960, 1)])
+def test_a_gif_is_the_width_asked_its_legend_on_two_lines_where_one_does_not_fit(tmp_path: Path, width, lines):
+    """A 2-agent clash with the ghost at 480 px: at the smallest caption font the legend is wider than the image, so
+    its words go on a second line and the image stays 480 wide (it was 561); at 960 it fits on one."""
+    board = label(CROSSING)
+    outcome = score_answer(board, "Agent 0: D D\nAgent 1: R R")
+    with Image.open(replay_gif(board, outcome, tmp_path / "g.gif", width_px=width, ghost=True)) as gif:
+        assert gif.width == width
+        frame, below_board = gif.convert("RGB"), (board.size + 1) * (width // (board.size + 1))
+        text_rows = [y for y in range(below_board, gif.height)
+                     if any(frame.getpixel((x, y)) == _rgb(TEXT) for x in range(gif.width))]
+    bands = 1 + sum(b - a > 3 for a, b in itertools.pairwise(text_rows))  # runs of rows holding text
+    assert bands == 1 + lines  # the caption, then the legend's lines
