@@ -481,6 +481,19 @@ def propose_loads_model(engine: Engine, job: Job) -> bool:
     return needs.probe is not None or (needs.language_model and run.engineer_backend.startswith("hf:"))
 
 
+ASKED_AGAIN = 10**15  # the seed's step per rejected proposal: above any run's `seed * 1000 + stage`
+
+
+def proposal_seed(s: Session, run: Run, after: int) -> int:
+    """The engineer's seed for the proposal after stage `after`: the run's seed and the stage, moved on by each
+    proposal for that stage a person rejected already, so an engineer that draws (`random`, `learnability`'s probes,
+    a sampling model) answers anew when asked again; one that reads only the evidence cannot
+    (`lab.engineers.SAME_WHEN_ASKED_AGAIN`), and the page says so before it is asked."""
+    rejected = s.exec(select(Decision.id).join(Proposal, Decision.proposal_id == Proposal.id).where(
+        Proposal.run_id == run.id, Proposal.after_stage == after, Decision.action == Action.REJECT)).all()
+    return run.seed * 1000 + after + ASKED_AGAIN * len(rejected)
+
+
 def run_propose_job(engine: Engine, job: Job, progress: Callable[..., bool]) -> dict:
     """The `propose` job: run the engineer on the evidence and store its proposal (even a failed one)."""
     from training.resolve import resolve_policy
@@ -504,7 +517,7 @@ def run_propose_job(engine: Engine, job: Job, progress: Callable[..., bool]) -> 
         if needs.probe is not None:
             options["probe_fn"] = probe_for(engine, run, stage, **needs.probe)
         check = fill_check(run.seed, after + 1)
-        answer = ENGINEERS[run.engineer](evidence, seed=run.seed * 1000 + after, cannot_fill=check, **options)
+        answer = ENGINEERS[run.engineer](evidence, seed=proposal_seed(s, run, after), cannot_fill=check, **options)
         if run.experiment_id is not None:
             answer = keep_instances(answer, evidence.current.config.num_instances)
         progress(0, 1, "checking that the generator can fill the proposed config")

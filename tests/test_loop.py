@@ -17,6 +17,7 @@ from envsim.scoring import score_answer
 from lab.engineers import ENGINEERS, EngineerAnswer
 from lab.jobs.worker import WorkerOptions, run_worker
 from lab.loop import (
+    ASKED_AGAIN,
     LoopError,
     advance,
     after_job,
@@ -198,7 +199,11 @@ def test_reject_asks_the_engineer_again_and_auto_apply_can_be_switched_on(engine
     assert advance(engine, run.id).text == "queued stage 1 (auto by auto-apply)"
     with session(engine) as s:
         proposals = list(s.exec(select(Proposal).where(Proposal.run_id == run.id).order_by(Proposal.id)))
-        assert len(proposals) == 2 and proposals[0].projected_config == proposals[1].projected_config  # same seed
+        assert len(proposals) == 2 and proposals[0].projected_config != proposals[1].projected_config
+    # asked again, `random` draws from a seed the rejection moved on (lab.loop.proposal_seed)
+    assert proposals[0].rationale.startswith("random baseline: a config drawn from seed 5000 and round 1")
+    assert proposals[1].rationale.startswith(f"random baseline: a config drawn from seed {ASKED_AGAIN + 5000} and "
+                                             "round 1")
 
 
 def test_the_engineer_reads_its_own_earlier_rationales_and_their_fate(engine):
@@ -211,16 +216,17 @@ def test_the_engineer_reads_its_own_earlier_rationales_and_their_fate(engine):
         first = s.exec(select(Proposal).where(Proposal.run_id == run.id)).one()
         decide(s, first.id, "reject", "carol")
     advance(engine, run.id)
-    work(engine)  # asked again: the same draw
+    work(engine)  # asked again: a new draw
     with session(engine) as s:
         second = s.exec(select(Proposal).where(Proposal.run_id == run.id, Proposal.id != first.id)).one()
         decide(s, second.id, "edit", "dan", {**second.projected_config.model_dump(mode="json"), "num_instances": 8})
     advance(engine, run.id)
     work(engine)  # stage 1
-    said = "random baseline: a config drawn from seed 5000 and round 1"
+    said = "random baseline: a config drawn from seed {} and round 1"
     with session(engine) as s:
         summary = evidence_for(s, s.get(Run, run.id), 1).self_summary
-    assert summary == f"- after stage 0: {said} [rejected by carol]\n- after stage 0: {said} [edited by dan]"
+    assert summary == (f"- after stage 0: {said.format(5000)} [rejected by carol]\n"
+                       f"- after stage 0: {said.format(ASKED_AGAIN + 5000)} [edited by dan]")
 
 
 def test_a_failed_proposal_keeps_the_config_in_force(engine):

@@ -830,7 +830,11 @@ def test_the_progress_bar_says_the_jobs_phase_beside_its_steps():
 
 def test_a_proposal_that_repeats_a_rejected_one_says_so(lab):
     engine, ids = lab
-    assert "same config as rejected" not in proposal.proposal_view(engine, ids["second"]).status
+    before = proposal.proposal_view(engine, ids["second"]).status
+    assert "same config as rejected" not in before  # but said before asking: a deterministic engineer repeats
+    assert before.endswith("**Waiting for a decision.** Asked again, the `heuristic` engineer answers this same config "
+                           "(it reads only this stage's results): to change it, edit it below, or switch the run's "
+                           "engineer in the Train tab before rejecting.")
     said = proposal.decide_proposal(engine, ids["second"], "reject", "ann", "try something else")
     assert said.startswith(f"✓ Proposal #{ids['second']} rejected by ann.")
     again = propose(engine, ids["history"])  # the heuristic engineer, asked again, answers the same

@@ -94,6 +94,12 @@ NEEDS: dict[str, Callable[[RunSettings], Needs]] = {
 }
 
 
+# The engineers whose answer is a function of the stage's evidence alone: asked again on the same stage (a person
+# rejected the proposal), they answer the same config; the others draw from a seed that each rejection moves on
+# (`lab.loop.proposal_seed`).
+SAME_WHEN_ASKED_AGAIN = frozenset({"fixed", "heuristic", "evidence"})
+
+
 def needs_of(engineer: str, settings: RunSettings) -> Needs:
     """What `engineer` needs for a run with these settings."""
     declared = NEEDS.get(engineer)
@@ -104,8 +110,9 @@ __all__ = [
     "ANSWER_FORMAT", "CONFLICTS", "CONSTRAINED_RATIONALE_CHARS", "DOMINANT", "ENGINEERS", "FLOOR", "HOLE_CELLS",
     "HOLE_STEP", "INSTRUCTIONS", "LEARN_ANSWERS", "LEARN_BOARDS", "LEARN_FLOOR", "MASTERED", "MAX_ANSWER_CHARS",
     "MAX_NUMBER_DIGITS", "RANDOM_DRAWS", "RATIONALE", "RATIONALE_CHARS", "REMEASURE", "RETRY", "SFL_RANDOM_SHARE",
-    "NEEDS", "SHARE_STEP", "UNLEARNED", "WAIT_CELLS", "WAIT_STEP", "Complete", "EngineerAnswer", "Needs", "ProbeFn",
-    "Unreadable", "answer_of", "answer_schema", "changed_sizes", "compute_of", "engineer_prompt",
+    "NEEDS", "SAME_WHEN_ASKED_AGAIN", "SHARE_STEP", "UNLEARNED", "WAIT_CELLS", "WAIT_STEP", "Complete",
+    "EngineerAnswer", "Needs", "ProbeFn", "Unreadable", "answer_of", "answer_schema", "changed_sizes", "compute_of",
+    "engineer_prompt",
     "evidence_engineer", "fixed", "grid", "heuristic", "learnability", "llm", "needs_of", "random_config",
     "read_config", "shares",
 ]

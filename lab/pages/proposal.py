@@ -12,6 +12,7 @@ from sqlalchemy import Engine
 
 from envsim.config import DEFAULT_AGENTS, ConfigError, ConfigProblem, EnvConfig, Projection, mix_text
 from envsim.generator import GenerationError, generate
+from lab.engineers import SAME_WHEN_ASKED_AGAIN
 from lab.loop import advance, decide_and_advance
 from lab.pages import figures, measure
 from lab.pages.common import (
@@ -200,7 +201,12 @@ def _status(state: ProposalState) -> str:
     if p.error:
         return f"{title}  \n✗ **The proposal failed**: {p.error}. The config in force stays; edit it " \
                "below or reject to ask the engineer again."
-    return f"{title}  \n**Waiting for a decision.**"
+    waiting = f"{title}  \n**Waiting for a decision.**"
+    if p.engineer in SAME_WHEN_ASKED_AGAIN:
+        waiting += (f" Asked again, the `{p.engineer}` engineer answers this same config (it reads only this stage's "
+                    "results): to change it, edit it below, or switch the run's engineer in the Train tab before "
+                    "rejecting.")
+    return waiting
 
 
 def _fmt(value: Any, signed: bool = False) -> str:
