@@ -66,7 +66,7 @@ def test_print_settings_writes_the_file_a_run_reads_back(tmp_path, capsys):
     (FILE.replace("stages: 2", "stages: 0"), [], "study.yaml:2: stages = 0: a run trains at least 1 stage"),
     (FILE.replace("lora: 0", "lora: -1"), [], "study.yaml:3: lora = -1: Input should be greater than or equal to 0"),
     (FILE.replace("thinking: \"off\"", "thinking: maybe"), [], "study.yaml:6: thinking = 'maybe': Input should be"),
-    (FILE + "stagez: 3\n", [], "study.yaml:10: 'stagez' is not a run setting (one of allow_cpu, auto_apply"),
+    (FILE + "stagez: 3\n", [], "study.yaml:10: 'stagez' is not a run setting (one of agent_counts, allow_cpu, auto_apply"),
     (FILE + "stages: 3\n", [], "study.yaml:10: stages is given twice (first on line 2)"),
     (FILE.replace("max_steps: 3", "max_stepz: 3"), [],
      "study.yaml:8: settings['grpo'] has 'max_stepz': not GRPOConfig"),
