@@ -82,7 +82,7 @@ def learnable_mix(evidence: Evidence, floor: float, move: float = 1.0) -> tuple[
     mix = shares({k: base.get(k, 0.0) + move * (target[k] - base.get(k, 0.0)) for k in counts})
     if all(abs(mix.get(k, 0.0) - base.get(k, 0.0)) < SHARE_STEP for k in {*mix, *base}):
         return dict(base), []
-    why = ", ".join(f"{k}: valid {read[k].valid_rate:.0%} of {read[k].episodes}, p(1-p) "
+    why = "; ".join(f"{k}: valid {read[k].valid_rate:.0%} of {read[k].episodes}, p(1-p) "
                     f"{read[k].valid_rate * (1 - read[k].valid_rate):.2f}" if k in read else f"{k}: no dev boards"
                     for k in counts)
     toward = "" if move == 1 else f" moved {move:g} of the way toward {mix_text(target)}"

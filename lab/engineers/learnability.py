@@ -180,7 +180,7 @@ def measure_mix(config: EnvConfig, counts: tuple[int, ...] | None, probe_fn: Pro
         measured[k] = sum(result.data_ratio.get(s, 0.0) * m.learnability for s, m in result.sizes.items()) / (
             weight or 1.0)
     mix = shares({k: max(v, LEARN_FLOOR) if v is not None else LEARN_FLOOR for k, v in measured.items()})
-    why = ", ".join(f"{k}: learnability {v:.3f}" if v is not None else f"{k}: cannot be generated"
+    why = "; ".join(f"{k}: learnability {v:.3f}" if v is not None else f"{k}: cannot be generated"
                     for k, v in measured.items())
     return mix, [f"{AGENT_RATIO} {mix_text(config.agent_ratio)} -> {mix_text(mix)} (each agent count probed on the "
                  f"kept cells, floor {LEARN_FLOOR:g}: {why})"]
