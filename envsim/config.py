@@ -96,6 +96,19 @@ class ConfigError(ValueError):
         super().__init__("; ".join(self.problems))
 
 
+def count_keys(counts: tuple[int, ...] | None = None) -> list[str]:
+    """The keys `agent_ratio` may have in a schema: a run's agent counts (`RunSettings.agent_counts`), else every
+    count the rules allow."""
+    return [str(k) for k in (counts or range(AGENT_COUNTS[0], AGENT_COUNTS[1] + 1))]
+
+
+def narrow_counts(schema: dict[str, Any], counts: tuple[int, ...] | None) -> dict[str, Any]:
+    """`schema` (`EnvConfig.model_json_schema()`) with `agent_ratio`'s keys narrowed to `counts` (None: unchanged)."""
+    if counts is not None:
+        schema["properties"][AGENT_RATIO]["propertyNames"] = {"enum": count_keys(counts)}
+    return schema
+
+
 def _schema_ranges(schema: dict[str, Any]) -> None:
     """Write each knob's legal range into the JSON schema (`minimum`/`maximum`), from `KNOBS` and `GLOBALS`.
 
@@ -111,7 +124,7 @@ def _schema_ranges(schema: dict[str, Any]) -> None:
         properties[knob]["additionalProperties"].update(minimum=lo, maximum=hi)
     lo, hi = AGENT_RATIO_RANGE
     properties[AGENT_RATIO]["additionalProperties"].update(minimum=lo, maximum=hi)
-    properties[AGENT_RATIO]["propertyNames"] = {"enum": [str(k) for k in range(AGENT_COUNTS[0], AGENT_COUNTS[1] + 1)]}
+    properties[AGENT_RATIO]["propertyNames"] = {"enum": count_keys()}
     for name, (lo, hi) in GLOBALS.items():
         properties[name].update(minimum=lo, maximum=hi)
 
@@ -188,18 +201,18 @@ class EnvConfig(BaseModel):
                    num_instances=num_instances)
 
     @classmethod
-    def sized_schema(cls, sizes: tuple[int, ...]) -> dict[str, Any]:
+    def sized_schema(cls, sizes: tuple[int, ...], counts: tuple[int, ...] | None = None) -> dict[str, Any]:
         """The JSON schema of a config for these map sizes: `model_json_schema()` with each per-size knob an
-        object whose keys are exactly the sizes, `agent_ratio` one whose keys are every legal agent count, every
-        property required and no other allowed (the form a server's strict structured output accepts: closed
-        objects, no defaults)."""
+        object whose keys are exactly the sizes, `agent_ratio` one whose keys are exactly `counts` (a run's agent
+        counts; None: every legal agent count), every property required and no other allowed (the form a server's
+        strict structured output accepts: closed objects, no defaults)."""
         schema = cls.model_json_schema()
         properties = schema["properties"]
-        counts = range(AGENT_COUNTS[0], AGENT_COUNTS[1] + 1)
         properties[AGENT_RATIO].pop("propertyNames")
-        for knob, keys in [*((k, sizes) for k in KNOBS), (AGENT_RATIO, counts)]:
+        for knob, keys in [*((k, map(str, sizes)) for k in KNOBS), (AGENT_RATIO, count_keys(counts))]:
+            keys = list(keys)
             item = properties[knob].pop("additionalProperties")
-            properties[knob].update(properties={str(s): dict(item) for s in keys}, required=[str(s) for s in keys],
+            properties[knob].update(properties={s: dict(item) for s in keys}, required=keys,
                                     additionalProperties=False)
         for name in GLOBALS:
             properties[name].pop("default", None)
@@ -362,7 +375,8 @@ def _clamp_or_refuse(name: str, value: float, lo: float, hi: float, strict: bool
     return clamped
 
 
-def project(raw: Any, base: EnvConfig | None = None, *, strict: bool = False) -> Projection:
+def project(raw: Any, base: EnvConfig | None = None, *, strict: bool = False,
+            counts: tuple[int, ...] | None = None) -> Projection:
     """Read an untrusted config into a legal `EnvConfig`, reporting each adjustment.
 
     Non-strict (an engineer's proposal): out-of-range values are clamped, sizes the answer left out
@@ -372,6 +386,8 @@ def project(raw: Any, base: EnvConfig | None = None, *, strict: bool = False) ->
     NaN, sizes outside the run's set, agent counts outside the rules' range, a `num_agents` that disagrees with
     the `agent_ratio` beside it) raise `ConfigError` in both modes. An `agent_ratio` given is the whole mix (a
     count it leaves out has no boards); left out, the base's mix stands (a lone `num_agents: k` is `{k: 1}`).
+    `counts` (a run's `agent_counts`, which an engineer's proposal must keep to): an agent count given outside
+    them is refused too, the problem naming the count and the run's counts.
     """
     if isinstance(raw, BaseModel):
         raw = raw.model_dump()
@@ -387,7 +403,7 @@ def project(raw: Any, base: EnvConfig | None = None, *, strict: bool = False) ->
         allowed = ", ".join([*KNOBS, AGENT_RATIO, *GLOBALS, RANDOM_SHARE])
         problems.append(ConfigProblem("", f"unknown keys {named}; allowed: {allowed} (or {NUM_AGENTS}: one agent "
                                           f"count for every board)"))
-    read = _Reading(base, strict, problems, adjustments)
+    read = _Reading(base, strict, problems, adjustments, counts)
     values: dict[str, Any] = {knob: per_size for knob in KNOBS
                               if (per_size := read.per_size(knob, raw.get(knob))) is not None}
     if (mix := read.mix(raw.get(AGENT_RATIO), raw.get(NUM_AGENTS))) is not None:
@@ -428,6 +444,7 @@ class _Reading:
     strict: bool
     problems: list[ConfigProblem]
     adjustments: list[Adjustment]
+    counts: tuple[int, ...] | None = None  # the agent counts a mix may name (None: any the rules allow)
 
     def clamp(self, name: str, v: float, lo: float, hi: float, size: int | None = None,
               whole: bool = False, count: int | None = None) -> float | None:
@@ -462,7 +479,7 @@ class _Reading:
         """`agent_ratio`: {agent count: share} as given (a mapping, or a person's text `2=0.5, 3=0.5`: `read_mix`;
         None when it is neither), else `num_agents: k` as `{k: 1}`, else the base's mix (else every board at
         `DEFAULT_AGENTS`). Given both, they must agree."""
-        count = None if one_count is None else self.whole(NUM_AGENTS, one_count, AGENT_COUNTS)
+        count = None if one_count is None else self.allowed(self.whole(NUM_AGENTS, one_count, AGENT_COUNTS))
         if isinstance(given, str):
             try:
                 given = read_mix(given)
@@ -479,7 +496,7 @@ class _Reading:
             return None
         mix: dict[int, float] = {}
         for key, value in given.items():
-            k = _count_key(key, self.problems)
+            k = self.allowed(_count_key(key, self.problems))
             v = _number(value, AGENT_RATIO, self.problems) if k is None else \
                 _number(value, f"{AGENT_RATIO}[{k}]", self.problems)
             if k is not None and v is not None and (v := self.clamp(AGENT_RATIO, v, *AGENT_RATIO_RANGE,
@@ -488,6 +505,15 @@ class _Reading:
         if one_count is not None and count is not None and not _agrees(count, mix):
             self.problems.append(ConfigProblem(AGENT_RATIO, _disagreement(one_count, dict(given))))
         return dict(sorted(mix.items()))
+
+    def allowed(self, count: int | None) -> int | None:
+        """An agent count the mix may name: one of `counts` where they are given (a problem naming it and them, and
+        None, else)."""
+        if count is None or self.counts is None or count in self.counts:
+            return count
+        self.problems.append(ConfigProblem(AGENT_RATIO, f"{AGENT_RATIO}: agent count {count} is not one of the run's "
+                                                        f"agent counts {list(self.counts)}", count=count))
+        return None
 
     def whole(self, name: str, given: Any, legal: tuple[int, int] | None = None) -> int | None:
         """A global whole number (num_instances; `num_agents`, read into `agent_ratio`, with its `legal` range);

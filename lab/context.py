@@ -13,13 +13,23 @@ the combinations a context ablation compares (docs/engineers.md), so an llm arm 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
 from sqlmodel import Session, select
 
-from envsim.config import AGENT_COUNTS, AGENT_RATIO, AGENT_RATIO_RANGE, GLOBALS, KNOB_HELP, KNOBS, EnvConfig
+from envsim.config import (
+    AGENT_COUNTS,
+    AGENT_RATIO,
+    AGENT_RATIO_RANGE,
+    DEFAULT_AGENTS,
+    GLOBALS,
+    KNOB_HELP,
+    KNOBS,
+    EnvConfig,
+)
 from envsim.instance import Instance
 from envsim.rules import Failure
 from envsim.scoring import Outcome, Tally
@@ -45,18 +55,20 @@ class FailureCase:
 @dataclass(frozen=True)
 class BoardOutcome:
     """One dev board as an engineer that reads failures board by board sees it: its size, hole ratio, whether its
-    optimal plan needs a wait, and how the policy did (`failure` None when valid)."""
+    optimal plan needs a wait, how the policy did (`failure` None when valid, `optimal`) and its agent count."""
 
     size: int
     hole_ratio: float
     needs_wait: bool
     valid: bool
     failure: str | None = None
+    agents: int = DEFAULT_AGENTS
+    optimal: bool = False
 
     @classmethod
-    def of(cls, instance: Instance, valid: bool, failure: str | None) -> BoardOutcome:
+    def of(cls, instance: Instance, valid: bool, failure: str | None, optimal: bool = False) -> BoardOutcome:
         return cls(instance.size, round(len(instance.holes) / instance.size ** 2, 4), bool(instance.needs_wait),
-                   valid, failure)
+                   valid, failure, instance.num_agents, optimal)
 
 
 @dataclass(frozen=True)
@@ -74,6 +86,16 @@ class StageResult:
     def total(self) -> Tally:
         """Every size together: the stage's pooled counts on those boards (docs/results.md)."""
         return Tally.total(self.by_size.values())
+
+    @property
+    def by_agents(self) -> dict[int, Tally]:
+        """The stage's results per agent count, fewest agents first, counted from its dev boards (`boards`)."""
+        counts: dict[int, list[BoardOutcome]] = {}
+        for board in self.boards:
+            counts.setdefault(board.agents, []).append(board)
+        return {k: Tally(len(b), sum(x.valid for x in b), sum(x.optimal for x in b),
+                         dict(sorted(Counter(x.failure for x in b if x.failure is not None).items())))
+                for k, b in sorted(counts.items())}
 
 
 @dataclass(frozen=True)
@@ -93,6 +115,9 @@ class Evidence:
     hyperparameters: dict[str, Any] | None = None
     self_summary: str | None = None
     measured: ProbeResult | None = None  # the current config probed on the current checkpoint (`training.probe`)
+    # the agent counts the engineer may put in the next stage's mix (the run's `agent_counts`, else stage 0's); None:
+    # an engineer keeps the mix as it is, and the llm's schema names every legal count (evidence made outside a run)
+    agent_counts: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -195,9 +220,10 @@ def require_boards(result: StageResult, run_id: int, split: Split) -> StageResul
 
 
 def _boards(session: Session, run_id: int, stage_index: int, split: Split) -> tuple[BoardOutcome, ...]:
-    rows = session.exec(select(Episode.instance, Episode.valid, Episode.failure).where(
+    rows = session.exec(select(Episode.instance, Episode.valid, Episode.failure, Episode.optimal).where(
         Episode.run_id == run_id, Episode.stage_index == stage_index, Episode.split == split).order_by(Episode.id))
-    return tuple(BoardOutcome.of(Instance.model_validate(inst), valid, failure) for inst, valid, failure in rows)
+    return tuple(BoardOutcome.of(Instance.model_validate(inst), valid, failure, optimal)
+                 for inst, valid, failure, optimal in rows)
 
 
 def _failure_cases(session: Session, run_id: int, stage_index: int, n: int,
@@ -242,7 +268,7 @@ def build_context(evidence: Evidence, modules: ContextModules | None = None) -> 
     if modules.failure_cases:
         sections.append(_cases(evidence.current))
     if modules.guideline:
-        sections.append(guideline(evidence.current.config))
+        sections.append(guideline(evidence.current.config, evidence.agent_counts))
     if modules.hyperparameters:
         sections.append(_hyperparameters(evidence.hyperparameters))
     if modules.self_summary:
@@ -260,10 +286,16 @@ def _bookkeeping(ev: Evidence) -> str:
 
 
 def _breakdown(result: StageResult) -> str:
+    """The stage's results per map size; where its boards had several agent counts, per agent count too."""
     head = f"## Failure breakdown of stage {result.stage_index} ({SPLIT} set, per map size)"
     if not result.by_size:
         return f"{head}\nNo {SPLIT} results were recorded for this stage."
-    return f"{head}\n{_results_table(result)}"
+    text = f"{head}\n{_results_table(result.by_size, 'size', result.total)}"
+    by_agents = result.by_agents
+    if len(by_agents) > 1:
+        text += (f"\n\nThe same boards per agent count:\n"
+                 f"{_results_table(by_agents, 'agents', Tally.total(by_agents.values()))}")
+    return text
 
 
 def _failure_types(results: list[Tally]) -> list[str]:
@@ -272,13 +304,13 @@ def _failure_types(results: list[Tally]) -> list[str]:
     return sorted(seen, key=lambda f: (_failure_rank(f), f))
 
 
-def _results_table(result: StageResult) -> str:
-    sizes = sorted(result.by_size)
-    kinds = _failure_types([result.by_size[s] for s in sizes])
-    total = result.total
-    lines = ["| size | episodes | valid | optimal | " + " | ".join(kinds) + " |" if kinds else
-             "| size | episodes | valid | optimal |", "|---" * (4 + len(kinds)) + "|"]
-    for label, r in [*((str(s), result.by_size[s]) for s in sizes), ("all", total)]:
+def _results_table(rows: dict[int, Tally], key: str, total: Tally) -> str:
+    """One row per key (a map size, an agent count: `key` heads its column), then the `all` row, `total`."""
+    keys = sorted(rows)
+    kinds = _failure_types([rows[k] for k in keys])
+    lines = [f"| {key} | episodes | valid | optimal | " + " | ".join(kinds) + " |" if kinds else
+             f"| {key} | episodes | valid | optimal |", "|---" * (4 + len(kinds)) + "|"]
+    for label, r in [*((str(k), rows[k]) for k in keys), ("all", total)]:
         cells = [label, str(r.episodes), _pct(r.valid_rate), _pct(r.optimal_rate),
                  *(str(r.failures.get(k, 0)) for k in kinds)]
         lines.append("| " + " | ".join(cells) + " |")
@@ -334,13 +366,15 @@ def _cases(result: StageResult) -> str:
     return "\n".join(parts)
 
 
-def guideline(config: EnvConfig) -> str:
-    """What each knob does and its legal range, from `envsim.config` (the one source of truth)."""
+def guideline(config: EnvConfig, counts: tuple[int, ...] | None = None) -> str:
+    """What each knob does and its legal range, from `envsim.config` (the one source of truth); `counts`: the run's
+    agent counts, the only keys `agent_ratio` may have (None: every count the rules allow)."""
     sizes = ", ".join(map(str, config.sizes))
     per_size = [f"- {k}: {KNOB_HELP[k]}; {knob_text(lo)} to {knob_text(hi)}" for k, (lo, hi) in KNOBS.items()]
     (least, most), (lo, hi) = AGENT_COUNTS, AGENT_RATIO_RANGE
-    globals_ = [f"- {AGENT_RATIO}: {KNOB_HELP[AGENT_RATIO]}; agent counts {least} to {most}, each share "
-                f"{knob_text(lo)} to {knob_text(hi)}",
+    keys = f"agent counts {least} to {most}" if counts is None else \
+        f"the run's agent counts {', '.join(map(str, counts))} only"
+    globals_ = [f"- {AGENT_RATIO}: {KNOB_HELP[AGENT_RATIO]}; {keys}, each share {knob_text(lo)} to {knob_text(hi)}",
                 *(f"- {k}: {KNOB_HELP[k]}; {lo} to {hi}" for k, (lo, hi) in GLOBALS.items())]
     return "\n".join([
         "## The knobs",

@@ -445,7 +445,8 @@ def evidence_for(s: Session, run: Run, after_stage: int) -> Evidence:
     """What the engineer reads after `after_stage`: that stage's results and every earlier stage's, on the run's
     dev boards (`lab.context.evidence_split`): never its validation boards, which score it. An engineer that reads
     the episodes of that stage gets `NoEvidence` where they are not all stored (`lab.context.require_boards`): its
-    proposal fails, loudly, instead of reading no board."""
+    proposal fails, loudly, instead of reading no board. The agent counts it may put in the mix are the run's
+    `agent_counts`, else stage 0's."""
     split = evidence_split(run.settings)
     results = [load_stage_result(s, run.id, k, split=split) for k in range(after_stage + 1)]
     if engineer_needs(run).reads_episodes:
@@ -454,7 +455,8 @@ def evidence_for(s: Session, run: Run, after_stage: int) -> Evidence:
     return Evidence(current=results[-1], history=tuple(results[:-1]), round_index=after_stage + 1,
                     rounds_left=total - after_stage - 1, instances_per_stage=results[-1].config.num_instances,
                     hyperparameters=run.settings.grpo or None,
-                    self_summary=self_summary(s, run.id, after_stage))
+                    self_summary=self_summary(s, run.id, after_stage),
+                    agent_counts=run.settings.agent_counts or results[0].config.agent_counts)
 
 
 def keep_instances(answer: EngineerAnswer, n: int) -> EngineerAnswer:

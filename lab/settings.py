@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from envsim.suite import DEV_PER_SIZE
-from storage.settings import RunSettings, SettingsError
+from storage.settings import RunSettings, SettingsError, checked_counts
 
 
 @dataclass(frozen=True)
@@ -77,6 +77,19 @@ SEED = Count(0, 2**31 - 1, "a run's seed is stored in a 32-bit column (PostgreSQ
              "numpy's generators take no negative seed")
 
 
+def agent_counts(text: str) -> tuple[int, ...]:
+    """`--agent-counts 2,3,4`: agent counts separated by commas, checked as `RunSettings.agent_counts` is."""
+    try:
+        counts = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r:.40} is not agent counts separated by commas (e.g. 2,3,4)"
+                                         ) from None
+    try:
+        return checked_counts(counts)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def settings_arguments(parser: argparse.ArgumentParser, *, experiment: bool = False) -> None:
     """The flags of a run's settings, for every command that creates runs; each `dest` is a RunSettings field.
     `experiment`: the flags of `envlab experiment new` (its runs always auto-apply; the context is each arm's)."""
@@ -112,6 +125,9 @@ def settings_arguments(parser: argparse.ArgumentParser, *, experiment: bool = Fa
     parser.add_argument("--validation-decoding", choices=("greedy", "sampled"), default=None,
                         help="how validation and the benchmark decode: greedy, or sampled with the model's own "
                              "generation_config (default greedy)")
+    parser.add_argument("--agent-counts", type=agent_counts, metavar="K,K,...",
+                        help="the agent counts an engineer may put in a stage's agent mix, e.g. 2,3,4,5 (default: "
+                             "stage 0's counts; docs/engineers.md)")
     if experiment:
         return
     parser.add_argument("--auto-apply", action="store_true", default=None,

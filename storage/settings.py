@@ -18,7 +18,7 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from envsim.config import EnvConfig
+from envsim.config import AGENT_COUNTS, EnvConfig
 from envsim.suite import VALIDATION_PER_SIZE, dev_cells, validation_cells
 
 # Which GRPOConfig fields a run's `grpo` overrides may not set: the lab owns them. A run's settings can come from
@@ -71,6 +71,9 @@ class RunSettings(BaseModel):
     thinking: Literal["off", "on"] = "off"  # a chat template's `enable_thinking` (Qwen3's reasoning before the answer)
     completion_length: int | None = Field(default=None, ge=1, le=32768)  # new tokens per answer (None: by board)
     validation_decoding: Literal["greedy", "sampled"] = "greedy"  # sampled: the model's own generation_config
+    # the agent counts an engineer may put in a stage's mix (`EnvConfig.agent_ratio`), fewest first (None: those of
+    # stage 0's config, so a run that starts on 2 agents stays on 2, as every run did before the setting)
+    agent_counts: tuple[int, ...] | None = None
     engineer_history: list[dict[str, Any]] = Field(default_factory=list)
     example: bool = False
 
@@ -109,6 +112,17 @@ class RunSettings(BaseModel):
             dev_cells(value)  # a ValueError: not a multiple of the wait subsets
         return value
 
+    @field_validator("agent_counts", mode="before")
+    @classmethod
+    def _counts_read(cls, value: Any) -> Any:
+        """A list (a row's JSON, a settings file) reads as the tuple it was."""
+        return tuple(value) if isinstance(value, list) else value
+
+    @field_validator("agent_counts")
+    @classmethod
+    def _counts(cls, value: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        return None if value is None else checked_counts(value)
+
     @classmethod
     def checked(cls, **values: Any) -> RunSettings:
         """The settings of `values`, or a SettingsError naming the first setting that is wrong."""
@@ -116,6 +130,17 @@ class RunSettings(BaseModel):
             return cls.model_validate(values)
         except ValidationError as err:
             raise SettingsError(first_error(err)) from None
+
+
+def checked_counts(counts: tuple[int, ...]) -> tuple[int, ...]:
+    """A run's `agent_counts` as it is stored: each within the rules' range, fewest first, each once; a ValueError
+    naming the count out of range, or saying there is none."""
+    least, most = AGENT_COUNTS
+    if not counts:
+        raise ValueError(f"name at least one agent count ({least}..{most})")
+    if outside := [k for k in counts if not least <= k <= most]:
+        raise ValueError(f"agent count {outside[0]} is outside {least}..{most}")
+    return tuple(sorted(set(counts)))
 
 
 def first_error(err: ValidationError) -> str:

@@ -238,3 +238,18 @@ def test_a_mix_reads_from_text_and_writes_back_as_the_same_text():
     edit = {**EnvConfig.default((3,)).model_dump(), "agent_ratio": read_mix("2=0.125, 4=0.375")}
     config = project(edit, strict=True).config
     assert config.agent_ratio == {2: 0.25, 4: 0.75}
+
+
+def test_a_runs_agent_counts_narrow_what_a_mix_may_name() -> None:
+    base = EnvConfig.default((3, 4))
+    with pytest.raises(ConfigError) as err:
+        project({"agent_ratio": {"2": 0.5, "5": 0.5}, "num_instances": 64}, base, counts=(2, 3, 4))
+    (problem,) = err.value.records
+    assert (problem.field, problem.count) == ("agent_ratio", 5)
+    assert problem.message == "agent_ratio: agent count 5 is not one of the run's agent counts [2, 3, 4]"
+    with pytest.raises(ConfigError, match=r"agent count 6 is not one of the run's agent counts \[2, 3\]"):
+        project({"num_agents": 6}, base, counts=(2, 3))
+    assert project({"agent_ratio": {"3": 1}}, base, counts=(2, 3)).config.agent_ratio == {3: 1.0}
+    assert project({"agent_ratio": {"5": 1}}, base).config.agent_ratio == {5: 1.0}  # no counts: the rules' range
+    agents = EnvConfig.sized_schema((3,), (2, 4))["properties"]["agent_ratio"]
+    assert (list(agents["properties"]), agents["required"]) == (["2", "4"], ["2", "4"])

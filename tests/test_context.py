@@ -13,11 +13,13 @@ from envsim.scoring import Tally, score_answer
 from envsim.suite import Split
 from lab.context import (
     CONTEXT_PRESETS,
+    BoardOutcome,
     ContextModules,
     Evidence,
     FailureCase,
     StageResult,
     build_context,
+    guideline,
     load_stage_result,
 )
 from storage.db import session
@@ -240,6 +242,7 @@ def test_load_stage_result_reads_config_metrics_and_cases(engine: Engine) -> Non
             (3, 0.1111, False, "hole"), (4, 0.0, False, "parse_error"), (4, 0.0, False, "parse_error"),
             (3, 0.1111, True, None), (4, 0.0, False, "vertex_conflict"), (3, 0.1111, False, "hole"),
             (4, 0.0, False, "parse_error")]
+        assert [(b.agents, b.optimal) for b in result.boards] == [(2, False)] * 3 + [(2, True)] + [(2, False)] * 3
         assert load_stage_result(s, run.id, 0, split=Split.VALIDATION).by_size == {5: Tally(10, 0, 0, {"hole": 10})}
         assert load_stage_result(s, run.id, 0, cases=0).cases == ()
         with pytest.raises(LookupError, match="no stage 5"):
@@ -260,3 +263,29 @@ def test_presets_hold_the_modules_their_names_say():
     assert "(the round-0 default config)" in build_context(ev, CONTEXT_PRESETS["with-default"])
     assert "(the round-0 default config)" not in build_context(ev, CONTEXT_PRESETS["paper-best"])
     assert "## Earlier stages" not in build_context(ev, CONTEXT_PRESETS["no-history"])
+
+
+def test_the_breakdown_counts_the_boards_per_agent_count_where_they_had_several() -> None:
+    boards = (BoardOutcome(3, 0.2, False, True, None, 2, True), BoardOutcome(4, 0.2, False, False, "hole", 2),
+              BoardOutcome(3, 0.2, False, True, None, 3), BoardOutcome(5, 0.2, True, False, "vertex_conflict", 3))
+    current = replace(evidence().current, boards=boards)
+    only = ContextModules.none()
+    text = build_context(replace(evidence(), current=current), replace(only, failure_breakdown=True))
+    assert text == SECTIONS["failure_breakdown"] + """
+
+The same boards per agent count:
+| agents | episodes | valid | optimal | hole | vertex_conflict |
+|---|---|---|---|---|---|
+| 2 | 2 | 50% | 50% | 1 | 0 |
+| 3 | 2 | 50% | 0% | 0 | 1 |
+| all | 4 | 50% | 25% | 1 | 1 |"""
+    one_count = replace(current, boards=boards[:2])  # one agent count: the breakdown as before
+    assert build_context(replace(evidence(), current=one_count), replace(only, failure_breakdown=True)) == \
+        SECTIONS["failure_breakdown"]
+
+
+def test_the_guideline_names_the_runs_agent_counts() -> None:
+    text = guideline(CONFIG, (2, 3, 4))
+    assert ("- agent_ratio: share of the stage's training instances with this many agents (the keys are agent counts; "
+            "the shares sum to 1); the run's agent counts 2, 3, 4 only, each share 0 to 1") in text
+    assert guideline(CONFIG) == SECTIONS["guideline"]

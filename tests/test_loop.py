@@ -14,7 +14,7 @@ from envsim.config import ConfigError, EnvConfig, Projection, mix_text
 from envsim.generator import cannot_fill, stage_seed
 from envsim.parser import format_plan
 from envsim.scoring import score_answer
-from lab.engineers import ENGINEERS, EngineerAnswer
+from lab.engineers import ENGINEERS, EngineerAnswer, shares
 from lab.jobs.worker import WorkerOptions, run_worker
 from lab.loop import (
     ASKED_AGAIN,
@@ -379,3 +379,21 @@ def test_a_random_share_is_diffed_stored_kept_through_a_tables_edit_and_trained_
     assert advance(engine, run.id).text == "queued stage 1 (edit by erin)"
     with session(engine) as s:
         assert EnvConfig.model_validate(stages_of(s, run.id)[1].config).random_share == 0.5
+
+
+def test_the_engineer_mixes_the_runs_agent_counts_else_stays_on_stage_zeros(engine):
+    with session(engine) as s:
+        plain = create_run(s, name="plain", config=CONFIG, settings=RunSettings(stages=1), engineer="heuristic").id
+        mixed = create_run(s, name="mixed", config=CONFIG, settings=RunSettings(stages=1, agent_counts=(3, 2)),
+                           engineer="heuristic").id
+    for _ in range(4):
+        work(engine)  # each run's stage 0, then its proposal
+    with session(engine) as s:
+        assert s.get(Run, mixed).settings.agent_counts == (2, 3)  # stored as JSON, read back fewest first
+        assert evidence_for(s, s.get(Run, plain), 0).agent_counts == (2,)  # stage 0's counts
+        assert evidence_for(s, s.get(Run, mixed), 0).agent_counts == (2, 3)
+        proposed = {run: s.exec(select(Proposal).where(Proposal.run_id == run)).one().projected_config
+                    for run in (plain, mixed)}
+    assert proposed[plain].agent_ratio == {2: 1.0}
+    # the dev boards are all 2-agent, p(1-p) = 0.1875 on them; count 3 has none: the floor 0.05
+    assert proposed[mixed].agent_ratio == shares({2: 0.1875, 3: 0.05}) == {2: 0.789, 3: 0.211}

@@ -4,11 +4,13 @@ the file's line named in a refusal; `--print-settings` writes the file a run use
 from __future__ import annotations
 
 import importlib.util
+import re
 
 import pytest
 from sqlmodel import select
 
 from lab.cli import arguments, main
+from lab.cli.common import UsageError
 from lab.settings import read_settings_file, settings_from_args
 from storage.db import make_engine, session
 from storage.models import Experiment, Run
@@ -66,7 +68,7 @@ def test_print_settings_writes_the_file_a_run_reads_back(tmp_path, capsys):
     (FILE.replace("stages: 2", "stages: 0"), [], "study.yaml:2: stages = 0: a run trains at least 1 stage"),
     (FILE.replace("lora: 0", "lora: -1"), [], "study.yaml:3: lora = -1: Input should be greater than or equal to 0"),
     (FILE.replace("thinking: \"off\"", "thinking: maybe"), [], "study.yaml:6: thinking = 'maybe': Input should be"),
-    (FILE + "stagez: 3\n", [], "study.yaml:10: 'stagez' is not a run setting (one of allow_cpu, auto_apply"),
+    (FILE + "stagez: 3\n", [], "study.yaml:10: 'stagez' is not a run setting (one of agent_counts, allow_cpu"),
     (FILE + "stages: 3\n", [], "study.yaml:10: stages is given twice (first on line 2)"),
     (FILE.replace("max_steps: 3", "max_stepz: 3"), [],
      "study.yaml:8: settings['grpo'] has 'max_stepz': not GRPOConfig"),
@@ -127,3 +129,18 @@ def test_a_run_that_needs_a_missing_package_is_refused_when_it_is_made_naming_th
     with session(engine) as s:
         assert (s.exec(select(Run)).all(), s.exec(select(Experiment)).all()) == ([], [])
     engine.dispose()
+
+
+def test_agent_counts_come_from_a_flag_or_the_file_checked_and_fewest_first(tmp_path, capsys):
+    assert settings_from_args(args_of()).agent_counts is None  # the default: stage 0's counts
+    assert settings_from_args(args_of("--agent-counts", "5,2,3,2")).agent_counts == (2, 3, 5)
+    path = write(tmp_path, FILE + "agent_counts: [4, 2]\n")
+    assert settings_from_args(args_of("--settings", str(path))).agent_counts == (2, 4)
+    assert main(["run", "--db", str(tmp_path / "lab.db"), "--settings", str(path), "--print-settings"]) == 0
+    assert "agent_counts:\n- 2\n- 4\n" in capsys.readouterr().out
+    for flag, message in [("2,9", "agent count 9 is outside 1..8"), ("two", "'two' is not agent counts"),
+                          (",", "name at least one agent count (1..8)")]:
+        with pytest.raises(UsageError, match=f"argument --agent-counts: {re.escape(message)}"):
+            args_of("--agent-counts", flag)
+    with pytest.raises(SettingsError, match=r"agent_counts: agent count 0 is outside 1..8"):
+        settings_from_args(args_of("--settings", str(write(tmp_path, FILE + "agent_counts: [0]\n"))))

@@ -1,6 +1,7 @@
 """What every engineer returns (`EngineerAnswer`), and the pieces the engineers that build their config
-themselves share: the answer of a config made by construction, data shares in steps of 0.001, and the sizes put
-back where the next stage's generator cannot fill the config."""
+themselves share: the answer of a config made by construction, data shares in steps of 0.001, the agent mix
+weighted by learnability over the run's agent counts, and the sizes put back where the next stage's generator cannot
+fill the config."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from envsim.config import EnvConfig, Projection, project
+from envsim.config import AGENT_RATIO, EnvConfig, Projection, mix_text, project
 from envsim.generator import Unfillable
-from lab.context import knob_text
+from lab.context import Evidence, knob_text
 
 if TYPE_CHECKING:
     from training.probe import ProbeResult
@@ -63,23 +64,58 @@ def shares(weights: dict[int, float], step: float = SHARE_STEP) -> dict[int, flo
     return {s: round(count * step, 6) for s, count in counts.items()}
 
 
+def learnable_mix(evidence: Evidence, floor: float, move: float = 1.0) -> tuple[dict[int, float], list[str]]:
+    """The next stage's agent mix over the run's agent counts (`evidence.agent_counts`) and its rationale line (none
+    where the mix stays): each count weighted by the learnability p(1-p) of its dev boards (p their valid rate),
+    never below `floor` (a count without dev boards gets it), as the heuristic weights map sizes; the mix moves
+    `move` of the way from the current shares toward those (a count outside the run's counts has none).
+
+    Without agent counts (evidence made outside a run) the current mix stays; with one count every board has it."""
+    base = evidence.current.config.agent_ratio
+    counts = evidence.agent_counts
+    if counts is None:
+        return dict(base), []
+    tallies = evidence.current.by_agents
+    read = {k: tallies[k] for k in counts if k in tallies and tallies[k].episodes}
+    target = shares({k: max(read[k].valid_rate * (1 - read[k].valid_rate), floor) if k in read else floor
+                     for k in counts})
+    mix = shares({k: base.get(k, 0.0) + move * (target[k] - base.get(k, 0.0)) for k in counts})
+    if all(abs(mix.get(k, 0.0) - base.get(k, 0.0)) < SHARE_STEP for k in {*mix, *base}):
+        return dict(base), []
+    why = "; ".join(f"{k}: valid {read[k].valid_rate:.0%} of {read[k].episodes}, p(1-p) "
+                    f"{read[k].valid_rate * (1 - read[k].valid_rate):.2f}" if k in read else f"{k}: no dev boards"
+                    for k in counts)
+    toward = "" if move == 1 else f" moved {move:g} of the way toward {mix_text(target)}"
+    return mix, [f"{AGENT_RATIO} {mix_text(base)} -> {mix_text(mix)}{toward} (agent counts {list(counts)} by "
+                 f"learnability p(1-p), floor {floor:g}: {why})"]
+
+
 def revert_unfillable(config: EnvConfig, base: EnvConfig, cannot_fill: FillCheck | None) -> tuple[EnvConfig, list[str]]:
     """`config` with sizes put back to `base`'s hole and wait ratios until the next stage's generator can fill it,
     and one rationale line per size put back.
 
     A few probe or dev boards may be drawn where a stage's many cannot (a wait ratio the size rarely needs). Each
     round asks `cannot_fill`: the size it names goes back when its ratios changed, else the last changed size; it
-    stops when the config fills, or when no changed size is left (the caller's check then fails the answer).
-    Without `cannot_fill` the config is returned as it is."""
+    stops when the config fills, or when no changed size is left: then a changed agent mix goes back to `base`'s
+    (where the config still cannot be filled, the caller's check fails the answer). Without `cannot_fill` the config
+    is returned as it is."""
     changed = [s for s in base.sizes
                if (config.hole_ratio[s], config.wait_ratio[s]) != (base.hole_ratio[s], base.wait_ratio[s])]
     hole, wait = dict(config.hole_ratio), dict(config.wait_ratio)
     lines: list[str] = []
-    while cannot_fill is not None and changed and (why := cannot_fill(config)) is not None:
+    if cannot_fill is None:
+        return config, lines
+    while changed:
+        if (why := cannot_fill(config)) is None:
+            return config, lines
         size = why.size if why.size in changed else changed[-1]
         changed.remove(size)
         hole[size], wait[size] = base.hole_ratio[size], base.wait_ratio[size]
         lines.append(f"size {size}: back to hole {knob_text(hole[size])}, wait {knob_text(wait[size])}: the "
                      f"generator could not fill the config ({why})")
         config = config.model_copy(update={"hole_ratio": dict(hole), "wait_ratio": dict(wait)})
+    if config.agent_ratio != base.agent_ratio and (why := cannot_fill(config)) is not None:
+        lines.append(f"{AGENT_RATIO}: back to {mix_text(base.agent_ratio)}: the generator could not fill the config "
+                     f"({why})")
+        config = config.model_copy(update={AGENT_RATIO: dict(base.agent_ratio)})
     return config, lines

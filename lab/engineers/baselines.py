@@ -11,7 +11,15 @@ import numpy as np
 from envsim.config import KNOBS, EnvConfig
 from envsim.scoring import Tally
 from lab.context import Evidence, knob_text
-from lab.engineers.answer import SHARE_STEP, EngineerAnswer, FillCheck, answer_of, shares, with_changes
+from lab.engineers.answer import (
+    SHARE_STEP,
+    EngineerAnswer,
+    FillCheck,
+    answer_of,
+    learnable_mix,
+    shares,
+    with_changes,
+)
 
 # ---------------------------------------------------------------- fixed and random baselines
 
@@ -28,7 +36,9 @@ RANDOM_DRAWS = 10  # the random engineer's draws per proposal before it gives up
 def random_config(evidence: Evidence, *, seed: int, cannot_fill: FillCheck | None = None,
                   **_options: Any) -> EngineerAnswer:
     """A random legal config from (seed, round): data shares from a flat Dirichlet, hole and wait ratios
-    uniform over their ranges, rounded to 0.001 and 0.01; the global knobs are kept.
+    uniform over their ranges, rounded to 0.001 and 0.01, then agent shares from a flat Dirichlet over the run's
+    agent counts (`evidence.agent_counts`: one count takes every board and draws nothing; none given keeps the
+    mix); the instance count is kept.
 
     Some legal configs cannot be generated (3x3 boards with no holes rarely need a wait, so a wait ratio of 0.62
     there cannot be met). With `cannot_fill` (the loop passes the generator's check for the next stage's
@@ -39,7 +49,7 @@ def random_config(evidence: Evidence, *, seed: int, cannot_fill: FillCheck | Non
     skipped: list[str] = []
     for draw in range(RANDOM_DRAWS):
         rng = np.random.default_rng([seed, evidence.round_index, *([draw] if draw else [])])
-        config = _random_draw(base, rng)
+        config = _random_draw(base, rng, evidence.agent_counts)
         why = cannot_fill(config) if cannot_fill is not None else None
         if why is None:
             said = f"random baseline: a config drawn from seed {seed} and round {evidence.round_index}"
@@ -52,13 +62,16 @@ def random_config(evidence: Evidence, *, seed: int, cannot_fill: FillCheck | Non
     return EngineerAnswer(prompt="", raw="", proposed=None, projection=None, rationale="", error=error)
 
 
-def _random_draw(base: EnvConfig, rng: np.random.Generator) -> EnvConfig:
+def _random_draw(base: EnvConfig, rng: np.random.Generator, counts: tuple[int, ...] | None) -> EnvConfig:
+    """One draw; the agent shares are drawn last, so the per-size knobs are those a draw without them makes."""
     sizes = base.sizes
     data = shares(dict(zip(sizes, rng.dirichlet(np.ones(len(sizes))).tolist(), strict=True)))
     (hole_lo, hole_hi), (wait_lo, wait_hi) = KNOBS["hole_ratio"], KNOBS["wait_ratio"]
     hole = {s: round(float(rng.uniform(hole_lo, hole_hi)), 2) for s in sizes}
     wait = {s: round(float(rng.uniform(wait_lo, wait_hi)), 2) for s in sizes}
-    return with_changes(base, data_ratio=data, hole_ratio=hole, wait_ratio=wait)
+    mix = dict(base.agent_ratio) if counts is None else {counts[0]: 1.0} if len(counts) == 1 else \
+        shares(dict(zip(counts, rng.dirichlet(np.ones(len(counts))).tolist(), strict=True)))
+    return with_changes(base, data_ratio=data, hole_ratio=hole, wait_ratio=wait, agent_ratio=mix)
 
 
 # ---------------------------------------------------------------- a transparent curriculum rule
@@ -80,7 +93,8 @@ def heuristic(evidence: Evidence, *, seed: int = 0, **_options: Any) -> Engineer
     - hole_ratio - `HOLE_STEP` where holes are at least half of the failures and p < `UNLEARNED`,
       hole_ratio + `HOLE_STEP` where p >= `MASTERED`.
 
-    A size without dev episodes keeps its hole and wait ratios and gets the floor weight.
+    A size without dev episodes keeps its hole and wait ratios and gets the floor weight. The agent mix follows
+    the same learnability over the run's agent counts (`learnable_mix`: a count without dev boards gets the floor).
     """
     base = evidence.current.config
     results = evidence.current.by_size
@@ -114,8 +128,9 @@ def heuristic(evidence: Evidence, *, seed: int = 0, **_options: Any) -> Engineer
             hole[s] = round(min(hole[s] + HOLE_STEP, hole_hi), 3)
             lines.append(f"size {s}: hole_ratio {knob_text(base.hole_ratio[s])} -> {knob_text(hole[s])} "
                          f"(valid {p:.0%}: mastered, so harder boards)")
-    config = with_changes(base, data_ratio=data, hole_ratio=hole, wait_ratio=wait)
-    return answer_of(config, base, "\n".join(lines) or "no change: nothing in the dev results calls for one")
+    mix, said = learnable_mix(evidence, FLOOR)
+    config = with_changes(base, data_ratio=data, hole_ratio=hole, wait_ratio=wait, agent_ratio=mix)
+    return answer_of(config, base, "\n".join(lines + said) or "no change: nothing in the dev results calls for one")
 
 
 def _learnability(r: Tally | None) -> str:

@@ -14,6 +14,8 @@ needs a wait, the failure type):
   `FLOOR`; with no failure anywhere the shares are kept.
 - A size whose config works is kept: its dev valid rate rose by at least `KEEP_GAIN` since the previous stage,
   so its hole and wait ratios stay (its data share still follows the failures).
+- `agent_ratio` moves `MOVE` of the way toward the learning signal of each of the run's agent counts: shares by
+  p(1-p) of that count's dev boards, never below `FLOOR` (`answer.learnable_mix`).
 
 No probe: it spends no compute beyond the dev evaluation every stage has. Its rationale cites the counts it used.
 """
@@ -25,7 +27,15 @@ from typing import Any
 
 from envsim.config import KNOBS
 from lab.context import BoardOutcome, Evidence, knob_text
-from lab.engineers.answer import EngineerAnswer, FillCheck, answer_of, revert_unfillable, shares, with_changes
+from lab.engineers.answer import (
+    EngineerAnswer,
+    FillCheck,
+    answer_of,
+    learnable_mix,
+    revert_unfillable,
+    shares,
+    with_changes,
+)
 from lab.engineers.needs import Needs
 from storage.settings import RunSettings
 
@@ -146,9 +156,10 @@ def evidence_engineer(evidence: Evidence, *, seed: int = 0,
     else:
         read = sum(r.boards for r in readings.values())
         lines.append("no dev board failed: data_ratio kept" if read else "no dev boards to read: data_ratio kept")
-    config = with_changes(base, data_ratio=data, hole_ratio=hole, wait_ratio=wait)
+    mix, said = learnable_mix(evidence, FLOOR, MOVE)
+    config = with_changes(base, data_ratio=data, hole_ratio=hole, wait_ratio=wait, agent_ratio=mix)
     config, reverted = revert_unfillable(config, base, cannot_fill)
-    return answer_of(config, base, "\n".join(lines + reverted))
+    return answer_of(config, base, "\n".join(lines + said + reverted))
 
 
 def evidence_needs(_settings: RunSettings) -> Needs:

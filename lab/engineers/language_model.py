@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from envsim.config import AGENT_RATIO, KNOBS, EnvConfig, project
+from envsim.config import AGENT_RATIO, KNOBS, EnvConfig, narrow_counts, project
 from lab.context import ContextModules, Evidence, build_context, measured_table
 from lab.engineers.answer import SHARE_STEP, EngineerAnswer, FillCheck, ProbeFn
 from lab.engineers.learnability import compute_of
@@ -41,6 +41,11 @@ where agents must reach their goals without falling into a hole, leaving the gri
 stage you choose the environment config of the next stage: for each map size, the share of training \
 instances, the hole ratio and the wait ratio. Choose the config that will most improve the policy's valid \
 and optimal rates on all map sizes by the end of training."""
+
+# Added to the instructions where the run lets the engineer mix several agent counts (`Evidence.agent_counts`).
+AGENT_MIX = """\
+You also choose the stage's agent mix, {knob}: the share of the stage's training instances with each agent \
+count (the keys), summing to 1. This run may use the agent counts {counts} only."""
 
 ANSWER_FORMAT = """\
 ## Your answer
@@ -88,7 +93,8 @@ def llm(evidence: Evidence, *, seed: int, backend: str = "hf:policy", complete_f
     schema = None
     if structured:
         in_process = backend.partition(":")[0] == "hf"
-        schema = answer_schema(base.sizes, rationale_chars=CONSTRAINED_RATIONALE_CHARS if in_process else None)
+        schema = answer_schema(base.sizes, evidence.agent_counts,
+                               rationale_chars=CONSTRAINED_RATIONALE_CHARS if in_process else None)
 
     def ask(messages: Messages, attempt: int) -> str:
         return (complete_fn(messages) if complete_fn is not None else
@@ -96,7 +102,7 @@ def llm(evidence: Evidence, *, seed: int, backend: str = "hf:policy", complete_f
                          base_url=base_url, policy_path=policy_path, timeout=timeout, schema=schema))
 
     messages: Messages = [{"role": "user", "content": engineer_prompt(evidence, modules)}]
-    answer, messages = _converse(base, messages, ask, max_attempts, cannot_fill)
+    answer, messages = _converse(base, messages, ask, max_attempts, cannot_fill, evidence.agent_counts)
     if remeasure and probe_fn is not None and answer.projection is not None:
         measured = probe(answer.projection.config)
         flagged = [s for s in changed_sizes(base, answer.projection.config)
@@ -106,7 +112,8 @@ def llm(evidence: Evidence, *, seed: int, backend: str = "hf:policy", complete_f
                      {"role": "user", "content": REMEASURE.format(
                          sizes=", ".join(f"{s} ({measured.sizes[s].band})" for s in flagged),
                          table=measured_table(measured))}]
-            second, _ = _converse(base, again, lambda m, a: ask(m, answer.attempts + a), 1)
+            second, _ = _converse(base, again, lambda m, a: ask(m, answer.attempts + a), 1,
+                                  counts=evidence.agent_counts)
             if second.projection is not None:
                 answer = replace(second, attempts=answer.attempts + 1)
             else:
@@ -142,11 +149,12 @@ def changed_sizes(before: EnvConfig, after: EnvConfig) -> list[int]:
 
 
 def _converse(base: EnvConfig, messages: Messages, ask: Callable[[Messages, int], str],
-              max_attempts: int, cannot_fill: FillCheck | None = None,
+              max_attempts: int, cannot_fill: FillCheck | None = None, counts: tuple[int, ...] | None = None,
               ) -> tuple[EngineerAnswer, Messages]:
     """Ask until an answer reads and projects (up to `max_attempts` answers), showing the model each error; the
     answer and the conversation that led to it. `ask(messages, attempt)` is one call of the model. With
-    `cannot_fill` (the next stage's generator check), a config its boards cannot fill is an error to retry too."""
+    `cannot_fill` (the next stage's generator check), a config its boards cannot fill is an error to retry too;
+    with `counts` (the run's agent counts), so is an agent count outside them."""
     raw, proposed, error = "", None, "no answer"
     attempts = 0
     for attempt in range(max(1, max_attempts)):
@@ -169,7 +177,7 @@ def _converse(base: EnvConfig, messages: Messages, ask: Callable[[Messages, int]
             continue
         proposed, said = split_rationale(proposed)
         try:
-            projection = project(proposed, base=base)
+            projection = project(proposed, base=base, counts=counts)
         except (ValueError, TypeError, OverflowError) as err:  # ConfigError is a ValueError
             error = f"the config is not legal: {err}"
             continue
@@ -184,16 +192,18 @@ def _converse(base: EnvConfig, messages: Messages, ask: Callable[[Messages, int]
 
 
 
-def answer_schema(sizes: tuple[int, ...], *, rationale_chars: int | None = None) -> dict[str, Any]:
+def answer_schema(sizes: tuple[int, ...], counts: tuple[int, ...] | None = None, *,
+                  rationale_chars: int | None = None) -> dict[str, Any]:
     """The JSON schema of the llm engineer's answer: the config for these sizes (`EnvConfig.sized_schema`:
-    every knob of every size and the share of every agent count, each within its range, given to the thousandth)
+    every knob of every size and the share of each of the run's agent counts, `counts` (None: every legal count),
+    each within its range, given to the thousandth)
     and, last, the rationale as a string field of the same object (at most `rationale_chars` characters when
     given). What it cannot say (that the data and agent shares sum to 1) is left to `project`, which renormalises
     and reports it.
 
     The thousandth (`multipleOf`, the step of `shares`) bounds every number's length: a model held to the
     schema cannot spin out digits until its token budget ends and leave the object unclosed."""
-    schema = EnvConfig.sized_schema(sizes)
+    schema = EnvConfig.sized_schema(sizes, counts)
     for knob in (*KNOBS, AGENT_RATIO):
         for item in schema["properties"][knob]["properties"].values():
             item["multipleOf"] = SHARE_STEP
@@ -209,10 +219,14 @@ def answer_schema(sizes: tuple[int, ...], *, rationale_chars: int | None = None)
 
 
 def engineer_prompt(evidence: Evidence, modules: ContextModules | None = None) -> str:
-    """The first message to the model: instructions, the context, the current config and the answer format."""
-    schema = json.dumps(EnvConfig.model_json_schema(), separators=(",", ":"))
+    """The first message to the model: instructions (with the agent mix where the run has several agent counts),
+    the context, the current config and the answer format, whose schema names the run's agent counts only."""
+    counts = evidence.agent_counts
+    schema = json.dumps(narrow_counts(EnvConfig.model_json_schema(), counts), separators=(",", ":"))
     current = json.dumps(evidence.current.config.model_dump(mode="json"), separators=(", ", ": "))
-    return "\n\n".join([INSTRUCTIONS, build_context(evidence, modules),
+    instructions = INSTRUCTIONS if counts is None or len(counts) == 1 else \
+        f"{INSTRUCTIONS}\n{AGENT_MIX.format(knob=AGENT_RATIO, counts=', '.join(map(str, counts)))}"
+    return "\n\n".join([instructions, build_context(evidence, modules),
                         f"## The current config (stage {evidence.current.stage_index})\n{current}",
                         ANSWER_FORMAT.format(schema=schema)])
 

@@ -11,6 +11,11 @@ config's `random_share` becomes `SFL_RANDOM_SHARE`: half of every size's boards 
 drawn uniformly over their ranges, board by board (`envsim.generator.broad_boards`), as SFL mixes its buffer of
 learnable levels with levels drawn from the generator.
 
+Where the run has several agent counts (`Evidence.agent_counts`), each count is probed as sizes are: the kept
+config (every size on its kept cell) with every board at that count, on the same boards and answers per size; its
+learnability is the data-weighted mean of its sizes', and the agent shares follow it (never below `LEARN_FLOOR`).
+One count takes every board unprobed; a run without counts keeps the mix.
+
 Why not the engineer it replaces: it probed 4 candidates close to the current pair (0.1 more or fewer holes, one
 other wait ratio) on 4 boards x 8 answers each. Measured on the `hardstart` study, measuring the same candidates
 twice differed as much as the candidates did, and the kept candidate's learnability did not predict the next
@@ -18,8 +23,9 @@ stage's gain (r = -0.09): the choice was noise. The grid's cells lie far apart, 
 boards (where p_b(1 - p_b) varies most: between boards, not between answers), and half the data no longer
 rests on the choice at all.
 
-Compute per proposal: sizes x cells x boards x answers sampled answers; with the defaults on 8 sizes,
-8 x 6 x 16 x 4 = 3,072 (three times the old 1,024). With the tiny policy on one CPU thread that took 2.8x the
+Compute per proposal: sizes x (cells + agent counts, where several) x boards x answers sampled answers; with the
+defaults on 8 sizes and one agent count, 8 x 6 x 16 x 4 = 3,072 (three times the old 1,024); agent counts 2, 3, 4
+add 8 x 3 x 16 x 4 = 1,536. With the tiny policy on one CPU thread that took 2.8x the
 old workload's seconds in the same run (500 s against 177 s on a 2-core machine at a load average of 10; about
 43 s at the load where `benchmarks/bench_probe.py` timed the old proposal at 15.4 s). A cell found in the probe
 cache costs nothing; `compute` says what was spent.
@@ -30,7 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from envsim.config import KNOBS, RANDOM_SHARE, EnvConfig
+from envsim.config import AGENT_RATIO, KNOBS, RANDOM_SHARE, EnvConfig, mix_text
 from lab.context import Evidence, knob_text
 from lab.engineers.answer import EngineerAnswer, FillCheck, ProbeFn, answer_of, revert_unfillable, shares, with_changes
 from lab.engineers.needs import Needs
@@ -116,6 +122,9 @@ def learnability(evidence: Evidence, *, seed: int = 0, probe_fn: ProbeFn | None 
                  "each size's boards has its hole and wait ratios drawn at random over their ranges, the rest "
                  "is drawn on the kept cell")
     config = with_changes(base, data_ratio=data, hole_ratio=hole, wait_ratio=wait, random_share=SFL_RANDOM_SHARE)
+    mix, said = measure_mix(config, evidence.agent_counts, probe_fn, spent)
+    config = with_changes(config, agent_ratio=mix)
+    lines += said
     config, reverted = revert_unfillable(config, base, cannot_fill)
     lines += reverted
     compute = compute_of(spent)
@@ -144,6 +153,37 @@ def measure_cells(base: EnvConfig, size: int, probe_fn: ProbeFn, spent: list[Pro
             continue
         cells.append(Cell(h, w, spent[-1].sizes[size]))
     return cells
+
+
+def measure_mix(config: EnvConfig, counts: tuple[int, ...] | None, probe_fn: ProbeFn,
+                spent: list[ProbeResult]) -> tuple[dict[int, float], list[str]]:
+    """The agent mix over the run's agent counts and its rationale line (none where it stays): each count probed on
+    `config` (its kept cells, no random share) with every board at that count, weighted by the data-weighted mean
+    learnability of its sizes, never below `LEARN_FLOOR` (a count the generator cannot make gets the floor). One
+    count takes every board unprobed; no counts keep `config`'s mix. Every probe is added to `spent`."""
+    from envsim.generator import GenerationError
+
+    if counts is None or len(counts) == 1:
+        mix = dict(config.agent_ratio) if counts is None else {counts[0]: 1.0}
+        changed = mix != config.agent_ratio
+        return mix, [f"{AGENT_RATIO} {mix_text(config.agent_ratio)} -> {mix_text(mix)}: the run's one agent count"] \
+            if changed else []
+    measured: dict[int, float | None] = {}
+    for k in counts:
+        try:
+            spent.append(probe_fn(with_changes(config, agent_ratio={k: 1.0}, random_share=0.0)))
+        except GenerationError:
+            measured[k] = None
+            continue
+        result = spent[-1]
+        weight = sum(result.data_ratio.get(s, 0.0) for s in result.sizes)
+        measured[k] = sum(result.data_ratio.get(s, 0.0) * m.learnability for s, m in result.sizes.items()) / (
+            weight or 1.0)
+    mix = shares({k: max(v, LEARN_FLOOR) if v is not None else LEARN_FLOOR for k, v in measured.items()})
+    why = "; ".join(f"{k}: learnability {v:.3f}" if v is not None else f"{k}: cannot be generated"
+                    for k, v in measured.items())
+    return mix, [f"{AGENT_RATIO} {mix_text(config.agent_ratio)} -> {mix_text(mix)} (each agent count probed on the "
+                 f"kept cells, floor {LEARN_FLOOR:g}: {why})"]
 
 
 def compute_of(results: list[ProbeResult]) -> dict[str, Any]:
