@@ -308,17 +308,22 @@ class Projection:
     adjustments: tuple[Adjustment, ...]
 
 
-def _number(value: Any, field: str, problems: list[ConfigProblem], size: int | None = None) -> float | None:
-    name = field if size is None else f"{field}[{size}]"
+def _number(value: Any, field: str, problems: list[ConfigProblem], size: int | None = None,
+            count: int | None = None) -> float | None:
+    """`value` as a finite number, else a problem naming it (`size`: the map size of a per-size knob; `count`: the
+    agent count of an `agent_ratio` share) and None."""
+    key = size if size is not None else count
+    name = field if key is None else f"{field}[{key}]"
     if isinstance(value, bool) or not isinstance(value, int | float):
-        problems.append(ConfigProblem(field, f"{name} must be a number, got {value!r:.40}", size))
+        problems.append(ConfigProblem(field, f"{name} must be a number, got {value!r:.40}", size, count=count))
         return None
     try:
         number = float(value)
     except OverflowError:  # an integer too large for a float
         number = math.inf
     if not math.isfinite(number):
-        problems.append(ConfigProblem(field, f"{name} must be a finite number, got {str(value)[:40]}", size))
+        problems.append(ConfigProblem(field, f"{name} must be a finite number, got {str(value)[:40]}", size,
+                                      count=count))
         return None
     return number
 
@@ -497,8 +502,7 @@ class _Reading:
         mix: dict[int, float] = {}
         for key, value in given.items():
             k = self.allowed(_count_key(key, self.problems))
-            v = _number(value, AGENT_RATIO, self.problems) if k is None else \
-                _number(value, f"{AGENT_RATIO}[{k}]", self.problems)
+            v = _number(value, AGENT_RATIO, self.problems, count=k)
             if k is not None and v is not None and (v := self.clamp(AGENT_RATIO, v, *AGENT_RATIO_RANGE,
                                                                     count=k)) is not None:
                 mix[k] = v

@@ -391,6 +391,63 @@ def test_one_click_rescales_the_typed_shares(lab, page):
     assert [d.proposal_id for d in decisions(engine)] == [ids["accepted"]]  # nothing stored until applied
 
 
+def test_an_agent_mix_typed_in_its_table_is_stored_and_the_next_stage_trains_on_both_counts(lab, page):
+    """The agent mix edited in its table (2=0.5, 3=0.5, after a share out of range is marked on its row) with 4
+    training boards, applied: the decision and the stage it queues carry the mix, and a worker trains that stage of
+    the tiny policy (one GRPO step over all four boards) on two boards of each count, as its log on the Train tab
+    says. The tiny policy writes two-agent plans only, so its three-agent boards score 0: expected."""
+    from lab.jobs.worker import run_worker as work
+    from storage.models import Job, TrainingLog
+    from training.stage import run_stage_job
+
+    url, engine, ids = lab
+    run_id = ids["waiting"]
+    with session(engine) as s:  # stage 0 evaluated the tiny policy as shipped; its stage 1 at a tiny budget
+        stage0 = s.exec(select(Stage).where(Stage.run_id == run_id, Stage.index == 0)).one()
+        stage0.checkpoint = "tiny"
+        run = s.get(Run, run_id)
+        run.settings = run.settings.model_copy(update={
+            "grpo": {"max_steps": 1, "num_generations": 2, "per_device_train_batch_size": 8}, "validation_boards": 1})
+        s.add_all([stage0, run])
+        s.commit()
+    page.goto(f"{url}?proposal={ids['pending']}")
+    page.locator("#proposal-status").get_by_text("Waiting for a decision").wait_for()
+    page.get_by_text("Edit before applying").click()
+    edit_cell(page, "edit-agents", 1, 1, "1.5")  # agent_ratio[3]: out of range, marked on its row
+    page.locator("#edit-check").get_by_text("✗ This edit cannot be applied: agent_ratio[3] = 1.5 is outside "
+                                            "0..1.").wait_for()
+    cell = page.locator('#edit-agents [data-testid="cell-1-1"]')
+    assert cell.evaluate("c => getComputedStyle(c).backgroundColor") == "rgb(253, 226, 226)"
+    assert page.locator("#submit-edit").is_disabled()
+    edit_cell(page, "edit-agents", 1, 1, "0.5")
+    edit_cell(page, "edit-agents", 0, 1, "0.5")
+    page.locator("#edit-instances input").fill("4")
+    stored = "agent_ratio[2] 0.5, agent_ratio[3] 0.5, num_instances 4"
+    page.locator("#edit-check").get_by_text(f"will store: {stored}").wait_for()
+    assert page.locator("#submit-edit").is_enabled()
+    page.click("#submit-edit")
+    page.locator("#decision-msg").get_by_text(f"Proposal #{ids['pending']} edited by local; stored: {stored}. "
+                                              "Next: queued stage 1").wait_for()
+    page.locator('#edit-agents [data-testid="cell-1-1"]').get_by_text("0.5").wait_for()  # the mix as stored
+    d = decisions(engine)[-1]
+    assert (d.proposal_id, d.action, d.config.agent_ratio, d.config.num_instances) == (
+        ids["pending"], "edit", {2: 0.5, 3: 0.5}, 4)
+    with session(engine) as s:
+        stage = s.exec(select(Stage).where(Stage.run_id == run_id, Stage.index == 1)).one()
+        job = s.exec(select(Job).where(Job.run_id == run_id, Job.kind == "stage").order_by(Job.id.desc())).first()
+    assert stage.config == d.config and (job.status, job.payload) == ("queued", {"run_id": run_id, "stage_index": 1})
+    assert work(engine, {"stage": run_stage_job}, WorkerOptions(once=True, poll_s=0.01)) == 1
+    with session(engine) as s:
+        job, stage = s.get(Job, job.id), s.get(Stage, stage.id)
+        [step] = s.exec(select(TrainingLog).where(TrainingLog.run_id == run_id, TrainingLog.stage_index == 1)).all()
+    trained = "generated 4/4 training boards (2 agents: 2, 3 agents: 2)"
+    assert (job.status, stage.status, step.step, step.metrics["epoch"]) == ("done", "done", 1, 1.0), job.error
+    assert trained in job.log_tail
+    page.get_by_role("tab", name="Train").click()
+    page.wait_for_function("t => (document.querySelector('#log-tail textarea') || {}).value?.includes(t)", arg=trained,
+                           timeout=TIMEOUT_MS)
+
+
 def test_measure_says_the_checkpoint_is_absent_measures_stage0_and_the_decision_keeps_what_was_shown(lab, page):
     from storage.models import Job
     from training.probe import run_probe_job

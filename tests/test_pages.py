@@ -33,7 +33,7 @@ from lab.settings import MAX_STAGES
 from lab.study import reference
 from lab.text import as_text
 from storage.db import make_engine, session, upgrade
-from storage.models import Decision, Episode, Job, Proposal, Stage, utcnow
+from storage.models import Action, Decision, Episode, Job, Proposal, Stage, utcnow
 from storage.queue import claim, fail
 from tests.seeded import CROSSING_CLASH, OPEN_OFF_GRID, boards, propose
 
@@ -462,22 +462,55 @@ def test_an_edit_that_does_not_sum_to_one_is_shown_rescaled_before_and_after_it_
         [1, f"proposal #{ids['pending']}, edited by bob", 4, "0.3571 (person)", "0.5 (engineer)", "0.25", "2=1", "16"]]
 
 
-def test_an_edit_of_the_agent_mix_is_stored_and_shown_by_count(lab):
+def test_an_edit_of_the_agent_mix_is_projected_stored_and_shown_by_count(lab):
     engine, ids = lab
     view = proposal.proposal_view(engine, ids["pending"])
-    assert view.agents == "2=1"
-    text, ok, _ = proposal.edit_check(engine, ids["pending"], view.edit, "2=0.5, 9=0.5", 16)
-    assert (text, ok) == ("✗ This edit cannot be applied: agent_ratio: agent count 9 is outside 1..8.", False)
-    message = proposal.decide_proposal(engine, ids["pending"], "edit", "bob", "", view.edit, "2=0.5, 3=0.5", 16)
-    assert message.startswith(f"✓ Proposal #{ids['pending']} edited by bob; stored: agent_ratio[2] 0.5, "
-                              "agent_ratio[3] 0.5"), message
+    # a row per count 2..5: the share to apply (typed) beside the one in force
+    assert view.agents == [[2, 1.0, 1.0], [3, 0.0, 0.0], [4, 0.0, 0.0], [5, 0.0, 0.0]]
+    typed = [[2, "0.25", 1.0], [3, "0.25", 0.0], [4, 0, 0.0], [5, "", 0.0]]  # the shares sum to 0.5
+    said = ("agent_ratio[2] 0.5 (you typed 0.25), agent_ratio[3] 0.5 (you typed 0.25); the agent_ratio shares you "
+            "typed sum to 0.5, so each is rescaled to make them sum to 1")
+    assert proposal.edit_check(engine, ids["pending"], view.edit, typed, 16) == (
+        f"*Apply my edit* will store: {said}.", True, [])
+    message = proposal.decide_proposal(engine, ids["pending"], "edit", "bob", "", view.edit, typed, 16)
+    assert message == f"✓ Proposal #{ids['pending']} edited by bob; stored: {said}. Next: queued stage 1 (edit by bob)."
     assert decisions(engine)[-1].config.agent_ratio == {2: 0.5, 3: 0.5}
+    with session(engine) as s:  # the next stage is queued on the mix as stored
+        stage = s.exec(select(Stage).where(Stage.run_id == ids["waiting"], Stage.index == 1)).one()
+        job = s.exec(select(Job).where(Job.run_id == ids["waiting"], Job.kind == "stage")
+                     .order_by(Job.id.desc())).first()
+    assert stage.config.agent_ratio == {2: 0.5, 3: 0.5}
+    assert (job.status, job.payload) == ("queued", {"run_id": ids["waiting"], "stage_index": 1})
     view = proposal.proposal_view(engine, ids["pending"])
-    assert view.agents == "2=0.5, 3=0.5"
+    assert view.agents == [[2, 0.5, 1.0], [3, 0.5, 0.0], [4, 0.0, 0.0], [5, 0.0, 0.0]]
     assert [row[:5] for row in view.changed["data"] if row[1].startswith("agent_ratio")] == [
         ["all", "agent_ratio[2]", "1", "✎ 0.5", "-0.5"], ["all", "agent_ratio[3]", "0", "✎ 0.5", "+0.5"]]
     assert [row[6] for row in review.timeline(engine, ids["waiting"])["data"]] == [
         "2=1", "2=1", "2=0.5, 3=0.5 (person)", "2=0.5, 3=0.5 (person)"]
+
+
+@pytest.mark.parametrize("typed, said, cells", [
+    ([[2, 0.5, 1.0], [3, 1.5, 0.0]], "agent_ratio[3] = 1.5 is outside 0..1", [(1, 1)]),
+    ([[2, 0.5, 1.0], [3, "half", 0.0]], "agent_ratio[3] must be a number, got 'half'", [(1, 1)]),
+    ([[2, 0.5, 1.0], [3, 0, 0.0], [9, 0.5, ""]], "agent_ratio: agent count 9 is outside 1..8", [(2, 0)]),
+    ([[2, 0.5, 1.0], ["two", 0.5, 0.0]], "agent_ratio has key 'two'; keys are agent counts 1..8", [(1, 0)]),
+    ([[2, 0, 1.0], [3, 0, 0.0]], "agent_ratio sums to 0; at least one agent count needs a positive share",
+     [(0, 1), (1, 1)]),
+])
+def test_a_bad_agent_mix_is_marked_on_its_row_and_nothing_is_stored(lab, typed, said, cells):
+    engine, ids = lab
+    with gr.Blocks():
+        tab = proposal.build(common.Page(engine, gr.Dropdown(), gr.Tabs(), gr.HTML(), gr.HTML()))
+    rows = proposal.proposal_view(engine, ids["pending"]).edit
+    checked = tab.checker(ids["pending"], rows, typed, 16)
+    assert checked[tab.check] == f"✗ This edit cannot be applied: {said}."
+    marked = ", ".join(f'#edit-agents [data-testid="cell-{r}-{c}"]' for r, c in cells)
+    assert checked[tab.marks] == f"<style>{marked} {{ background: #fde2e2 !important; outline: 2px solid #d62728; }}" \
+                                 "</style>"
+    assert [checked[tab.buttons[a]]["interactive"] for a in (Action.ACCEPT, Action.EDIT)] == [False, False]
+    assert proposal.decide_proposal(engine, ids["pending"], "edit", "bob", "", rows, typed, 16) == \
+        f"✗ Not saved, the edit is not valid: {said}"
+    assert [d.proposal_id for d in decisions(engine)] == [ids["accepted"]]
 
 
 def test_one_click_rescales_the_shares_to_sum_to_one(lab):

@@ -35,6 +35,7 @@ import logging
 import math
 import os
 import sys
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -376,13 +377,13 @@ def trainer_for(engine: Engine, args: StageArgs, policy: Policy, grpo: dict[str,
     """TRL's trainer for the stage (its boards generated, its prompts rendered as the policy is configured), the
     callback that records it, and the number of boards."""
     n = args.config.num_instances
-    made = 0
+    made: Counter[int] = Counter()  # boards kept so far, by agent count
 
-    def on_board(_: Instance) -> None:
-        nonlocal made
-        made += 1
-        if made % 64 == 0 or made == n:
-            progress(0, None, f"generated {made}/{n} training boards")
+    def on_board(board: Instance) -> None:
+        made[board.num_agents] += 1
+        if (done := made.total()) % 64 == 0 or done == n:
+            by_count = ", ".join(f"{k} agents: {m}" for k, m in sorted(made.items()))
+            progress(0, None, f"generated {done}/{n} training boards ({by_count})")
 
     instances = generate(args.config, n, seed=args.seed, on_board=on_board)
     budget = max(evaluation.answer_budget(policy, i) for i in instances)

@@ -26,6 +26,9 @@ ALL = "all"  # a gallery filter that keeps every value
 VIEW = {"concurrency_id": "view", "concurrency_limit": 1}
 DECIDED = {Action.ACCEPT: "accepted", Action.EDIT: "edited", Action.REJECT: "rejected", Action.AUTO: "auto-applied"}
 KNOB_COLUMNS = ["size", *KNOBS]
+# The agent mix table of the Proposal form: a row per count, its share in the config shown (typed) and in force.
+MIX_COLUMNS = ["agents", AGENT_RATIO, "in force"]
+MIX_COUNTS = (2, 3, 4, 5)  # the validation set's count and the benchmark's: a row each, whatever the configs say
 
 
 # What a stored row the lab did not write (an older version's import, a hand edit) can make a view raise. The view
@@ -92,18 +95,52 @@ def _number_or_text(value: Any) -> Any:
         return value
 
 
+def _blank(row: Sequence[Any] | None) -> bool:
+    return not row or all(str(v).strip() == "" for v in row)
+
+
+def _key(cell: Any) -> str:
+    """A table's key cell (a size, an agent count) as typed: `3`, also where the table sent it as `3.0`."""
+    return str(cell).strip().removesuffix(".0")
+
+
+def mix_rows(config: EnvConfig, in_force: EnvConfig) -> list[list[Any]]:
+    """The agent mix table's rows: one per count of `MIX_COUNTS` and any other that either config names, fewest
+    agents first; each with its share in `config` (what the form applies) and in `in_force`, to 4 significant
+    digits as the diff shows them."""
+    counts = sorted(set(MIX_COUNTS) | config.agent_ratio.keys() | in_force.agent_ratio.keys())
+    return [[k, *(float(f"{c.agent_ratio.get(k, 0.0):.4g}") for c in (config, in_force))] for k in counts]
+
+
+def mix_from_rows(rows: Sequence[Sequence[Any]]) -> dict[str, Any]:
+    """The agent mix a person typed in the mix table, as the raw `agent_ratio` that `project` checks: each row's
+    count to its share as typed (a number where it reads as one). A row whose share is 0 or blank is left out: no
+    boards at that count, the same config as one that does not name it."""
+    mix: dict[str, Any] = {}
+    for row in rows:
+        if _blank(row):
+            continue
+        share = _number_or_text(row[1] if len(row) > 1 else "")
+        if share != 0 and str(share).strip() != "":
+            mix[_key(row[0])] = share
+    return mix
+
+
 def config_from_table(rows: Sequence[Sequence[Any]], agents: Any, num_instances: Any) -> dict[str, Any]:
-    """The raw config a person typed: one row per size, and the agents as one count (`num_agents`) or a mix
-    (`agent_ratio` as text, `2=0.5, 3=0.5`; blank: the config's own); checked later by `project(..., strict=True)`."""
+    """The raw config a person typed: one row per size, and the agents as the mix table's rows (`mix_from_rows`),
+    one count (`num_agents`) or a mix as text (`agent_ratio`, `2=0.5, 3=0.5`; blank: the config's own); checked
+    later by `project(..., strict=True)`."""
     raw: dict[str, Any] = {k: {} for k in KNOBS}
     for row in rows:
-        if not row or all(str(v).strip() == "" for v in row):
+        if _blank(row):
             continue
-        size = str(row[0]).strip().removesuffix(".0")
         for knob, value in zip(KNOBS, row[1:], strict=False):
-            raw[knob][size] = _number_or_text(value)
-    agents = None if agents is None or str(agents).strip() == "" else _number_or_text(agents)
-    raw[NUM_AGENTS if isinstance(agents, int | float) else AGENT_RATIO] = agents
+            raw[knob][_key(row[0])] = _number_or_text(value)
+    if isinstance(agents, list | tuple):
+        raw[AGENT_RATIO] = mix_from_rows(agents)
+    else:
+        agents = None if agents is None or str(agents).strip() == "" else _number_or_text(agents)
+        raw[NUM_AGENTS if isinstance(agents, int | float) else AGENT_RATIO] = agents
     raw["num_instances"] = _number_or_text(num_instances)
     return raw
 

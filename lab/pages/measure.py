@@ -67,7 +67,7 @@ class MeasurePanel:
                 self.stage0: gr.update(visible=False), self.timer: gr.Timer(active=False)}
 
 
-def build(page: Page, drawn: gr.State, edit: gr.Dataframe, agents: gr.Number,
+def build(page: Page, drawn: gr.State, edit: gr.Dataframe, agents: gr.Dataframe,
           instances: gr.Number) -> MeasurePanel:
     """The panel, wired to the tab's proposal drawn (`drawn`) and edit table."""
     with gr.Accordion("Measure on the policy", open=False):

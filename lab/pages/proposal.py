@@ -10,7 +10,7 @@ from typing import Any
 import gradio as gr
 from sqlalchemy import Engine
 
-from envsim.config import DEFAULT_AGENTS, ConfigError, ConfigProblem, EnvConfig, Projection, mix_text
+from envsim.config import AGENT_COUNTS, AGENT_RATIO, ConfigError, ConfigProblem, EnvConfig, Projection
 from envsim.generator import GenerationError, generate
 from lab.engineers import SAME_WHEN_ASKED_AGAIN
 from lab.loop import advance, decide_and_advance
@@ -19,11 +19,13 @@ from lab.pages.common import (
     BAD_ROW,
     DECIDED,
     KNOB_COLUMNS,
+    MIX_COLUMNS,
     VIEW,
     Page,
     cannot_draw,
     config_from_table,
     config_rows,
+    mix_rows,
     no_progress,
     table,
     user_of,
@@ -46,6 +48,8 @@ from storage.models import Action
 DIFF_HEADERS = ["size", "knob", "old", "new", "change", "note"]
 PERSON = "✎"  # marks a value a person's edit set, in the diff
 EDIT_LABEL = "Config to apply (one row per map size): edit it, then “Apply my edit”"
+MIX_LABEL = ("Agent mix to apply (agent_ratio: each count's share of the stage's boards; 0: none; the shares are "
+             "rescaled to sum to 1). In force: the current stage's")
 
 
 def proposal_choices(engine: Engine, run_id: int | None,
@@ -81,7 +85,7 @@ class ProposalView:
     diff: Any  # every value's row (old, new, change, note)
     changed: Any  # the rows that change
     edit: list[list[Any]]  # the config table: the decision's config, else the proposal's
-    agents: str  # the agent mix as text (`envsim.config.mix_text`)
+    agents: list[list[Any]]  # the agent mix table: a row per count, its share here and in force (`mix_rows`)
     instances: int
     auto: bool  # the run auto-applies its proposals
     pending: bool  # it waits for a decision
@@ -95,7 +99,7 @@ NO_PROPOSAL = "No proposal yet: the engineer proposes after a stage has been eva
 def no_proposal(status: str = NO_PROPOSAL) -> ProposalView:
     """The view without a proposal: new tables each time, since the page may hold on to what it was given."""
     return ProposalView(status=status, rationale="", raw="", diff=table(DIFF_HEADERS, []),
-                        changed=table(DIFF_HEADERS, []), edit=[], agents=mix_text({DEFAULT_AGENTS: 1.0}),
+                        changed=table(DIFF_HEADERS, []), edit=[], agents=[],
                         instances=512, auto=False, pending=False, run_id=None, label=EDIT_LABEL)
 
 
@@ -127,7 +131,7 @@ def proposal_view(engine: Engine, proposal_id: int | None) -> ProposalView:
                    "the same when asked again. Edit it below, or switch the engineer in the Train tab.")
     return ProposalView(status=status, rationale=f"{written}\n\n{summary}", raw=p.raw_answer,
                         diff=table(DIFF_HEADERS, rows), changed=table(DIFF_HEADERS, changed), edit=config_rows(config),
-                        agents=mix_text(config.agent_ratio), instances=config.num_instances, auto=state.auto_apply,
+                        agents=mix_rows(config, state.base), instances=config.num_instances, auto=state.auto_apply,
                         pending=state.pending, run_id=p.run_id, label=_edit_label(state))
 
 
@@ -248,7 +252,7 @@ def _edit_config(rows: Sequence[Sequence[Any]] | None, agents: Any, instances: A
 
 def _stored_text(engineer: EnvConfig, projection: Projection) -> str:
     """What an edit stores, against the engineer's proposal: each value that differs, and each share the
-    projection rescaled so that data_ratio sums to 1 (with what was typed)."""
+    projection rescaled so that data_ratio and agent_ratio sum to 1 (with what was typed)."""
     made = projection.config
     typed = {a.field: a.old for a in projection.adjustments}
     parts = []
@@ -258,9 +262,9 @@ def _stored_text(engineer: EnvConfig, projection: Projection) -> str:
             parts.append(f"{field} {_fmt(change.new)}"
                          + (f" (you typed {_fmt(typed[field])})" if field in typed else ""))
     text = ", ".join(parts) if parts else "the engineer's config as proposed (no value differs)"
-    shares = [a.old for a in projection.adjustments if a.field.startswith("data_ratio[")]
-    if shares:
-        text += f"; the data_ratio shares you typed sum to {sum(shares):.4g}, so each is rescaled to make them sum to 1"
+    for name in ("data_ratio", AGENT_RATIO):  # in strict mode the only adjustments are these rescalings
+        if shares := [a.old for a in projection.adjustments if a.field.startswith(f"{name}[")]:
+            text += f"; the {name} shares you typed sum to {sum(shares):.4g}, so each is rescaled to make them sum to 1"
     return text
 
 
@@ -277,6 +281,25 @@ def bad_cells(problems: Sequence[ConfigProblem], rows: Sequence[Sequence[Any]]) 
             cells.append((row, 0))
         elif problem.field in KNOB_COLUMNS:
             cells.append((row, KNOB_COLUMNS.index(problem.field)))
+    return list(dict.fromkeys(cells))
+
+
+def bad_mix_cells(problems: Sequence[ConfigProblem], rows: Sequence[Sequence[Any]]) -> list[tuple[int, int]]:
+    """The (row, column) of the agent mix table that each `agent_ratio` problem names: the count cell of a count
+    outside the rules' range (`legal` is then the counts' range) or of a key that is no count, the share cell of a
+    share that is not a number or out of its range; every share cell where the shares sum to 0."""
+    counts = [str(row[0]).strip().removesuffix(".0") if row else "" for row in rows]
+    typed = [i for i, row in enumerate(rows) if row and any(str(v).strip() for v in row)]
+    cells = []
+    for problem in problems:
+        if problem.field != AGENT_RATIO:
+            continue
+        if problem.count is not None and str(problem.count) in counts:
+            cells.append((counts.index(str(problem.count)), 0 if problem.legal == AGENT_COUNTS else 1))
+        elif problem.count is None and problem.legal == AGENT_COUNTS:  # a key that reads as no count
+            cells += [(i, 0) for i in typed if not counts[i].lstrip("-").isdigit()]
+        elif problem.count is None:
+            cells += [(i, 1) for i in typed]
     return list(dict.fromkeys(cells))
 
 
@@ -318,7 +341,7 @@ def edit_check(engine: Engine, proposal_id: int | None, rows: Sequence[Sequence[
         projection = project_edit(_edit_config(rows, agents, instances), state.base, state.config)
     except ConfigError as err:
         return f"✗ This edit cannot be applied: {_problems(err)}.", False, list(err.records)
-    if projection.config == state.config and not projection.adjustments:
+    if not projection.adjustments and not any(change.change for change in diff(state.config, projection.config)):
         return "The table is the engineer's proposal as it stands: *Accept* applies it.", True, []
     return f"*Apply my edit* will store: {_stored_text(state.config, projection)}.", True, []
 
@@ -378,7 +401,7 @@ class ProposalTab:
     preview_note: gr.Markdown
     preview: gr.Plot
     edit: gr.Dataframe
-    agents: gr.Textbox
+    agents: gr.Dataframe  # the agent mix table (`mix_rows`)
     instances: gr.Number
     check: gr.Markdown
     marks: gr.HTML  # a style that marks the edit table's bad cells
@@ -453,7 +476,8 @@ class ProposalTab:
         state = None if proposal_id is None else proposal_state(self.engine, int(proposal_id))  # the one read
         text, ok, problems = edit_check(self.engine, proposal_id, rows, agents, instances, state)
         pending = state is not None and state.pending
-        marks = "" if ok else cell_marks(bad_cells(problems, rows or []))
+        marks = "" if ok else (cell_marks(bad_cells(problems, rows or []))
+                               + cell_marks(bad_mix_cells(problems, agents or []), "edit-agents"))
         return {self.check: text, self.marks: marks, self.buttons[Action.ACCEPT]: gr.update(interactive=pending and ok),
                 self.buttons[Action.EDIT]: gr.update(interactive=pending and ok)}
 
@@ -502,11 +526,12 @@ def build(page: Page) -> ProposalTab:
         edit = gr.Dataframe(headers=KNOB_COLUMNS, type="array", interactive=True, elem_id="edit-config",
                             label=EDIT_LABEL)
         with gr.Row():
-            # No `precision=0`: it would round 1.5 to 2 unsaid; the config's validator names a fraction instead.
-            agents = gr.Textbox(label="agent_ratio (count=share, e.g. 2=0.5, 3=0.5; or one count)",
-                                elem_id="edit-agents", max_lines=1)
-            instances = gr.Number(label="num_instances", elem_id="edit-instances")
-            rescale = gr.Button("Rescale data_ratio to sum to 1", scale=0, min_width=240, elem_id="rescale")
+            agents = gr.Dataframe(headers=MIX_COLUMNS, type="array", interactive=True, static_columns=[2],
+                                  elem_id="edit-agents", label=MIX_LABEL, scale=2)
+            with gr.Column(scale=1):
+                # No `precision=0`: it would round 1.5 to 2 unsaid; the config's validator names a fraction instead.
+                instances = gr.Number(label="num_instances", elem_id="edit-instances")
+                rescale = gr.Button("Rescale data_ratio to sum to 1", min_width=240, elem_id="rescale")
     shown = gr.State(None)
     measured = measure.build(page, shown, edit, agents, instances)
     note = gr.Textbox(label="Note (kept with this decision only)", lines=1, elem_id="decision-note",
