@@ -446,7 +446,7 @@ def evidence_for(s: Session, run: Run, after_stage: int) -> Evidence:
     dev boards (`lab.context.evidence_split`): never its validation boards, which score it. An engineer that reads
     the episodes of that stage gets `NoEvidence` where they are not all stored (`lab.context.require_boards`): its
     proposal fails, loudly, instead of reading no board. The agent counts it may put in the mix are the run's
-    `agent_counts`, else stage 0's."""
+    `agent_counts`, else those of the config in force (a person's edit that added a count keeps it)."""
     split = evidence_split(run.settings)
     results = [load_stage_result(s, run.id, k, split=split) for k in range(after_stage + 1)]
     if engineer_needs(run).reads_episodes:
@@ -456,7 +456,7 @@ def evidence_for(s: Session, run: Run, after_stage: int) -> Evidence:
                     rounds_left=total - after_stage - 1, instances_per_stage=results[-1].config.num_instances,
                     hyperparameters=run.settings.grpo or None,
                     self_summary=self_summary(s, run.id, after_stage),
-                    agent_counts=run.settings.agent_counts or results[0].config.agent_counts)
+                    agent_counts=run.settings.agent_counts or results[-1].config.agent_counts)
 
 
 def keep_instances(answer: EngineerAnswer, n: int) -> EngineerAnswer:

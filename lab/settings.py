@@ -126,8 +126,8 @@ def settings_arguments(parser: argparse.ArgumentParser, *, experiment: bool = Fa
                         help="how validation and the benchmark decode: greedy, or sampled with the model's own "
                              "generation_config (default greedy)")
     parser.add_argument("--agent-counts", type=agent_counts, metavar="K,K,...",
-                        help="the agent counts an engineer may put in a stage's agent mix, e.g. 2,3,4,5 (default: "
-                             "stage 0's counts; docs/engineers.md)")
+                        help="the agent counts an engineer may put in a stage's agent mix, e.g. 2,3,4,5 (default: the "
+                             "counts of the config in force; docs/engineers.md)")
     if experiment:
         return
     parser.add_argument("--auto-apply", action="store_true", default=None,
