@@ -21,21 +21,28 @@ from envsim.instance import Instance
 from envsim.scoring import Outcome, Tally, score_answer
 from envsim.suite import Split
 from storage.models import Episode, StageMetric
-from training.evaluate import summed
+from training.evaluate import summed, tally_of
 
 
 @dataclass(frozen=True)
 class StageSummary:
-    """One stage's results on one split: a tally per map size (smallest first, summed over agent counts), a tally
-    per agent count (fewest first, summed over sizes) and their pooled tally."""
+    """One stage's results on one split: a tally per map size (smallest first, summed over agent counts), per
+    (map size, agent count) as stored (`cells`), per agent count (fewest first, summed over sizes) and their pooled
+    tally. The sums over sizes are made where they are read, as the pooled one is: a row an older version stored
+    unchecked fails the view that sums it, not every reader of the run."""
 
     stage_index: int
     by_size: dict[int, Tally]
-    by_agents: dict[int, Tally] = field(default_factory=dict)
+    cells: dict[tuple[int, int], Tally] = field(default_factory=dict)
 
     @property
     def pooled(self) -> Tally:
         return Tally.total(self.by_size.values())
+
+    @property
+    def by_agents(self) -> dict[int, Tally]:
+        counts = sorted({agents for _, agents in self.cells})
+        return {k: Tally.total(t for (_, agents), t in self.cells.items() if agents == k) for k in counts}
 
 
 def stage_summaries(s: Session, run_id: int, split: Split = Split.VALIDATION,
@@ -50,7 +57,7 @@ def stage_summaries(s: Session, run_id: int, split: Split = Split.VALIDATION,
     rows: dict[int, list[StageMetric]] = {}
     for m in s.exec(query.order_by(StageMetric.stage_index, StageMetric.size, StageMetric.agents)):
         rows.setdefault(m.stage_index, []).append(m)
-    return {k: StageSummary(k, summed(ms), summed(ms, "agents")) for k, ms in rows.items()}
+    return {k: StageSummary(k, summed(ms), {(m.size, m.agents): tally_of(m) for m in ms}) for k, ms in rows.items()}
 
 
 def outcome_of(episode: Episode, instance: Instance | None = None) -> Outcome:

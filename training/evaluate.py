@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine
 from sqlmodel import Session, select
@@ -138,13 +138,13 @@ def tally_of(metric: StageMetric) -> Tally:
     return Tally(metric.episodes, metric.valid, metric.optimal, dict(metric.failures))
 
 
-def summed(metrics: Iterable[StageMetric], by: Literal["size", "agents"] = "size") -> dict[int, Tally]:
-    """Stored metric rows summed per map size (over agent counts), or per agent count (`by="agents"`, over
-    sizes): one tally each, smallest first."""
+def summed(metrics: Iterable[StageMetric]) -> dict[int, Tally]:
+    """Stored metric rows summed per map size over agent counts, smallest first; a size of one row is that row's
+    tally as it is (boards of one agent count read exactly as they did when a row held a whole size)."""
     groups: dict[int, list[Tally]] = {}
     for m in metrics:
-        groups.setdefault(getattr(m, by), []).append(tally_of(m))
-    return {value: Tally.total(tallies) for value, tallies in sorted(groups.items())}
+        groups.setdefault(m.size, []).append(tally_of(m))
+    return {size: tallies[0] if len(tallies) == 1 else Tally.total(tallies) for size, tallies in sorted(groups.items())}
 
 
 def store_evaluation(session: Session, run_id: int, stage_index: int, split: Split,
