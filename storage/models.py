@@ -400,15 +400,16 @@ class Episode(SQLModel, table=True):
 
 
 class StageMetric(SQLModel, table=True):
-    """A stage's evaluation summed per map size: one row per (run, stage, split, size).
+    """A stage's evaluation summed per map size and agent count: one row per (run, stage, split, size, agents).
 
-    Valid rate per size is `valid / episodes` of a row; the size x failure-type table is
-    `{(row.size, kind): n for row in rows for kind, n in row.failures.items()}`.
+    A size's numbers are the sum of its rows over agent counts, an agent count's the sum over sizes
+    (`lab.results.stage_summaries` reads both); the size x failure-type table is
+    `{(row.size, kind): n summed over rows for kind, n in row.failures.items()}`.
     `failures` counts episodes per failure type (types with no episode are left out).
     """
 
     __tablename__ = "stage_metrics"
-    __table_args__ = (UniqueConstraint("run_id", "stage_index", "split", "size"),
+    __table_args__ = (UniqueConstraint("run_id", "stage_index", "split", "size", "agents"),
                       CheckConstraint(_in("split", Split), name="split"))
 
     id: int | None = Field(default=None, primary_key=True)
@@ -416,6 +417,9 @@ class StageMetric(SQLModel, table=True):
     stage_index: int
     split: Split = Field(sa_type=AutoString)
     size: int
+    # the boards' agent count (`Instance.num_agents`); 2 for a row inserted without one (an older archive's:
+    # validation and dev boards were 2-agent boards, storage/migrations/versions/0013)
+    agents: int = Field(sa_column_kwargs={"server_default": "2"})
     episodes: int
     valid: int
     optimal: int

@@ -48,8 +48,9 @@ def answers(stage_index: int, b: dict[str, Instance]) -> list[tuple[Instance, st
 
 
 def record_evaluation(engine, run_id: int, stage_index: int, split: str = "validation") -> None:
-    """Store a stage's scored episodes and per-size sums, as the stage job does after training."""
-    per_size: dict[int, dict] = {}
+    """Store a stage's scored episodes and their sums per (size, agent count), as the stage job does after
+    training."""
+    per_cell: dict[tuple[int, int], dict] = {}
     with session(engine) as s:
         for inst, text in answers(stage_index, boards()):
             o = score_answer(inst, text)
@@ -57,15 +58,17 @@ def record_evaluation(engine, run_id: int, stage_index: int, split: str = "valid
                           instance=inst.model_dump(mode="json"), size=inst.size, num_agents=inst.num_agents,
                           completion=text, outcome=o.to_dict(), valid=o.valid, optimal=o.optimal,
                           failure=None if o.failure is None else o.failure.value))
-            m = per_size.setdefault(inst.size, {"episodes": 0, "valid": 0, "optimal": 0, "failures": Counter()})
+            m = per_cell.setdefault((inst.size, inst.num_agents),
+                                    {"episodes": 0, "valid": 0, "optimal": 0, "failures": Counter()})
             m["episodes"] += 1
             m["valid"] += o.valid
             m["optimal"] += o.optimal
             if o.failure is not None:
                 m["failures"][o.failure.value] += 1
-        for size, m in per_size.items():
-            s.add(StageMetric(run_id=run_id, stage_index=stage_index, split=split, size=size, episodes=m["episodes"],
-                              valid=m["valid"], optimal=m["optimal"], failures=dict(m["failures"])))
+        for (size, agents), m in per_cell.items():
+            s.add(StageMetric(run_id=run_id, stage_index=stage_index, split=split, size=size, agents=agents,
+                              episodes=m["episodes"], valid=m["valid"], optimal=m["optimal"],
+                              failures=dict(m["failures"])))
         s.commit()
 
 

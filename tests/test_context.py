@@ -212,15 +212,15 @@ def test_load_stage_result_reads_config_metrics_and_cases(engine: Engine) -> Non
         s.add(run)
         s.commit()
         s.add(Stage(run_id=run.id, index=0, config=SECOND.model_dump(mode="json")))
-        s.add(StageMetric(run_id=run.id, stage_index=0, split="dev", size=4, episodes=10, valid=5,
+        s.add(StageMetric(run_id=run.id, stage_index=0, split="dev", size=4, agents=2, episodes=10, valid=5,
                           optimal=2, failures={"hole": 5}))
-        s.add(StageMetric(run_id=run.id, stage_index=0, split="dev", size=3, episodes=10, valid=9,
+        s.add(StageMetric(run_id=run.id, stage_index=0, split="dev", size=3, agents=2, episodes=10, valid=9,
                           optimal=8, failures={"hole": 1}))
-        s.add(StageMetric(run_id=run.id, stage_index=0, split="validation", size=5, episodes=10, valid=0,
+        s.add(StageMetric(run_id=run.id, stage_index=0, split="validation", size=5, agents=2, episodes=10, valid=0,
                           optimal=0, failures={"hole": 10}))  # the score: never read by an engineer
         for n in range(5):
             s.add(_episode(run.id, 0, 5, "parse_error", 100 + n, split="validation"))
-        s.add(StageMetric(run_id=run.id, stage_index=0, split="benchmark", size=3, episodes=50, valid=1,
+        s.add(StageMetric(run_id=run.id, stage_index=0, split="benchmark", size=3, agents=3, episodes=50, valid=1,
                           optimal=0, failures={"hole": 49}))
         # parse errors are the most common (3), then holes (2), then one vertex conflict.
         for n, (size, failure) in enumerate([(3, "hole"), (4, "parse_error"), (4, "parse_error"), (3, None),

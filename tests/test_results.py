@@ -4,16 +4,23 @@ the page, the engineer's context and `envlab run` showing the same numbers from 
 from __future__ import annotations
 
 import pytest
+from sqlmodel import select
 
+from envsim.config import EnvConfig
 from envsim.instance import Instance
+from envsim.parser import format_plan
 from envsim.scoring import Tally, score_answer
 from envsim.solver import label
 from envsim.suite import Split
+from lab.cli.runs import stage_line
 from lab.context import load_stage_result
 from lab.pages import review
 from lab.results import outcome_of, stage_summaries
 from storage.db import session
-from storage.models import Episode
+from storage.models import Episode, Run, Stage, StageMetric
+from storage.settings import RunSettings
+from tests.boards import CROSSING, OPEN
+from training.evaluate import EpisodeResult, store_evaluation, tally_of
 
 
 def test_a_tally_defines_the_rates_and_sums_into_the_pooled_one():
@@ -57,3 +64,52 @@ def test_a_stored_outcome_without_positions_is_scored_again_everywhere(lab):
         # the engineer's failure cases read it the same way (they used to fail on such a row)
         cases = load_stage_result(s, ids["history"], 1, split=Split.VALIDATION).cases
     assert [c.outcome for c in cases] == [expected]
+
+
+MIXED = [  # board (agents, size), answer: 2 agents on 3x3, 3 agents on 3x3 and 4x4
+    (label(OPEN), None),  # the reference plan: optimal
+    (label(CROSSING), "Agent 0: D D\nAgent 1: R R"),  # both enter the centre at t=1: vertex conflict
+    (label(Instance.from_str("A.a\nB.b\nC.c")), None),
+    (label(Instance.from_str("A.a\nB.b\nC.c")), "hello"),  # unreadable
+    (label(Instance.from_str("A..a\nB..b\nC..c\n....")), None),
+    (label(Instance.from_str("A..a\nB..b\nC..c\n....")), "Agent 0: W R R R\nAgent 1: R R R\nAgent 2: R R R"),  # late
+]
+
+
+def test_an_evaluation_of_two_and_three_agent_boards_reads_back_per_size_and_per_agent_count(empty_lab):
+    engine = empty_lab
+    results = [EpisodeResult(board, text := answer or format_plan(board.reference_plan), score_answer(board, text))
+               for board, answer in MIXED]
+    with session(engine) as s:
+        run = Run(name="mixed", policy="tiny", engineer="fixed", engineer_backend="", seed=0,
+                  settings=RunSettings(stages=1))
+        s.add(run)
+        s.commit()
+        s.add(Stage(run_id=run.id, index=0, config=EnvConfig.default(), status="done"))
+        store_evaluation(s, run.id, 0, Split.VALIDATION, results)
+        rows = s.exec(select(StageMetric).order_by(StageMetric.size, StageMetric.agents)).all()
+        summary = stage_summaries(s, run.id)[0]
+        stage = s.exec(select(Stage)).one()
+        line = stage_line(s, stage, 1)
+    assert [(m.size, m.agents, tally_of(m)) for m in rows] == [
+        (3, 2, Tally(2, 1, 1, {"vertex_conflict": 1})), (3, 3, Tally(2, 1, 1, {"parse_error": 1})),
+        (4, 3, Tally(2, 2, 1, {}))]
+    # per size: each size's rows summed over agent counts, as one row per size held it before
+    assert summary.by_size == {3: Tally(4, 2, 2, {"parse_error": 1, "vertex_conflict": 1}), 4: Tally(2, 2, 1, {})}
+    assert summary.by_agents == {2: Tally(2, 1, 1, {"vertex_conflict": 1}), 3: Tally(4, 3, 2, {"parse_error": 1})}
+    assert summary.pooled == Tally(6, 4, 3, {"parse_error": 1, "vertex_conflict": 1})
+    assert line == ("stage 0/1 done: validation valid 66.7% optimal 50.0% (time unknown; 6 boards, valid by size "
+                    "3:50% 4:100%, by agent count 2:50% 3:75%)")
+    assert review.review(engine, run.id, 0)["note"] == (
+        "Stage 0: valid 66.7%, optimal 50.0% over 6 validation boards.\n\n"
+        "| agents | boards | valid | optimal |\n"
+        "|---:|---:|---:|---:|\n"
+        "| 2 | 2 | 50.0% | 50.0% |\n"
+        "| 3 | 4 | 75.0% | 50.0% |")
+
+
+def test_boards_of_one_agent_count_add_no_table_to_the_review(lab):
+    engine, ids = lab
+    with session(engine) as s:
+        assert list(stage_summaries(s, ids["history"])[1].by_agents) == [2]
+    assert "agents" not in review.review(engine, ids["history"], 1)["note"]

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from pydantic import ValidationError
@@ -16,7 +17,7 @@ from sqlalchemy.sql.expression import TableClause
 from sqlmodel import SQLModel, select
 
 from envsim.config import EnvConfig
-from storage.db import current_revision, database_url, make_engine, session, upgrade
+from storage.db import alembic_config, current_revision, database_url, make_engine, session, upgrade
 from storage.decisions import AlreadyDecided, record_decision
 from storage.models import (
     Decision,
@@ -38,7 +39,7 @@ from tests.processes import in_processes
 ENV = EnvConfig(data_ratio={3: 0.5, 4: 0.5}, hole_ratio={3: 0.1, 4: 0.2}, wait_ratio={3: 0.0, 4: 0.25})
 CONFIG = ENV.model_dump(mode="json")  # as the lab stores it
 
-HEAD = "0012"  # the newest migration
+HEAD = "0013"  # the newest migration
 EXPERIMENT = ExperimentSettings(run=RunSettings(stages=2), config=EnvConfig.default(), steps_per_stage=1,
                                 validation_boards=1)
 
@@ -111,7 +112,7 @@ def test_database_made_by_the_first_schema_upgrades_with_its_data(db_url: str):
     added = sorted(d[2] + "." + d[3].name for d in _schema_diff(engine) if d[0] == "add_column")
     assert added == ["decisions.probes", "episodes.subset", "jobs.needs_gpu", "jobs.priority", "jobs.run_id",
                      "jobs.slurm", "jobs.target", "proposals.compute", "runs.arm", "runs.description",
-                     "runs.experiment_id", "runs.status_reason", "runs.uuid"]
+                     "runs.experiment_id", "runs.status_reason", "runs.uuid", "stage_metrics.agents"]
     created = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
     runs, stages, proposals, decisions = (
         _as_first_written(Run, "description", "uuid", "status_reason", "experiment_id", "arm"),
@@ -318,6 +319,69 @@ def test_a_0011_database_with_num_agents_configs_stores_them_as_agent_ratio_afte
     engine.dispose()
 
 
+def _old_episode(run_id: int, split: str, size: int, agents: int, failure: str | None, optimal: bool = False) -> dict:
+    return dict(run_id=run_id, stage_index=0, split=split, instance_id=f"{split}-{size}-{agents}-{failure}",
+                instance={}, size=size, num_agents=agents, completion="", outcome={}, valid=failure is None,
+                optimal=optimal, failure=failure)
+
+
+def test_a_0012_database_keeps_its_metrics_per_agent_count_after_0013_and_sums_them_back_on_downgrade(db_url: str):
+    engine = make_engine(db_url)
+    upgrade(engine, "0012")
+    old = table("stage_metrics", *(column(c) for c in ("run_id", "stage_index", "split", "size", "episodes", "valid",
+                                                       "optimal")), column("failures", JSON))
+    with session(engine) as s:
+        run_id = _run(s).id
+    with engine.begin() as c:  # rows as 0012 stored them: one per size, whatever the boards' agent counts
+        json = ("instance", "outcome")
+        c.execute(insert(table("episodes", *(column(k) for k in _old_episode(0, "", 0, 0, None) if k not in json),
+                               *(column(k, JSON) for k in json))), [
+            _old_episode(run_id, "validation", 3, 2, None, optimal=True),
+            _old_episode(run_id, "validation", 3, 2, "hole"),
+            *(_old_episode(run_id, "benchmark", 4, 3, f) for f in (None, "hole", "vertex_conflict")),
+            *(_old_episode(run_id, "benchmark", 4, 4, f, optimal=True) for f in (None, None)),
+            _old_episode(run_id, "benchmark", 4, 4, "hole")])
+        c.execute(insert(old), [
+            dict(run_id=run_id, stage_index=0, split="validation", size=3, episodes=2, valid=1, optimal=1,
+                 failures={"hole": 1}),
+            dict(run_id=run_id, stage_index=0, split="benchmark", size=4, episodes=6, valid=3, optimal=2,
+                 failures={"hole": 2, "vertex_conflict": 1}),
+            dict(run_id=run_id, stage_index=0, split="dev", size=5, episodes=10, valid=4, optimal=3,
+                 failures={"hole": 6})])  # no episodes of its own to read: 2 agents, as every dev board so far
+    upgrade(engine)
+    assert current_revision(engine) == HEAD and _schema_diff(engine) == []
+
+    def stored() -> list[tuple]:
+        with session(engine) as s:
+            return [(m.split, m.size, m.agents, m.episodes, m.valid, m.optimal, m.failures) for m in s.exec(
+                select(StageMetric).order_by(StageMetric.split, StageMetric.size, StageMetric.agents))]
+
+    assert stored() == [("benchmark", 4, 3, 3, 1, 0, {"hole": 1, "vertex_conflict": 1}),
+                        ("benchmark", 4, 4, 3, 2, 2, {"hole": 1}),
+                        ("dev", 5, 2, 10, 4, 3, {"hole": 6}),
+                        ("validation", 3, 2, 2, 1, 1, {"hole": 1})]
+    with session(engine) as s:
+        s.add(StageMetric(run_id=run_id, stage_index=0, split="validation", size=3, agents=3, episodes=1, valid=1,
+                          optimal=0))
+        s.commit()  # another agent count of the same size: its own row
+        s.add(StageMetric(run_id=run_id, stage_index=0, split="validation", size=3, agents=3, episodes=1, valid=1,
+                          optimal=0))
+        with pytest.raises(IntegrityError):  # one row per (run, stage, split, size, agents)
+            s.commit()
+    with engine.connect() as c:
+        if c.dialect.name == "sqlite":  # as `storage.db.upgrade` does: SQLite copies a table to alter it
+            c.exec_driver_sql("PRAGMA foreign_keys=OFF")
+            c.commit()
+        with c.begin():
+            command.downgrade(alembic_config(c), "0012")
+    with engine.connect() as c:
+        assert sorted(c.execute(select(old)).all()) == [
+            (run_id, 0, "benchmark", 4, 6, 3, 2, {"hole": 2, "vertex_conflict": 1}),
+            (run_id, 0, "dev", 5, 10, 4, 3, {"hole": 6}),
+            (run_id, 0, "validation", 3, 3, 2, 1, {"hole": 1})]
+    engine.dispose()
+
+
 def test_a_typed_column_refuses_what_its_model_refuses_and_reads_a_bad_old_row_as_unreadable(engine: Engine):
     with session(engine) as s:
         with pytest.raises(ValidationError, match="a run trains at least 1 stage"):
@@ -424,6 +488,7 @@ def test_stage_metrics_answer_valid_rate_per_size_and_size_by_failure(engine: En
                     stage_index=1,
                     split="validation",
                     size=size,
+                    agents=2,
                     episodes=episodes,
                     valid=valid,
                     optimal=valid - 1,
@@ -443,7 +508,7 @@ def test_stage_metrics_answer_valid_rate_per_size_and_size_by_failure(engine: En
         assert table == {(3, "collision"): 2, (4, "collision"): 4, (4, "hole"): 6}
         s.add(
             StageMetric(
-                run_id=run.id, stage_index=1, split="validation", size=3, episodes=1, valid=1, optimal=1
+                run_id=run.id, stage_index=1, split="validation", size=3, agents=2, episodes=1, valid=1, optimal=1
             )
         )
         with pytest.raises(IntegrityError):

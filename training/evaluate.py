@@ -1,5 +1,5 @@
 """Evaluation: a policy answers a set of boards (greedy or sampled, batched), envsim scores each answer, and the
-episodes and per-size sums go into the database.
+episodes and their sums per (map size, agent count) go into the database.
 
 Generation is the only costly part, so every board of a set is answered in length-sorted batches
 (`Policy.generate`); scoring is exact and cheap. The same functions serve the per-stage validation
@@ -9,7 +9,7 @@ Generation is the only costly part, so every board of a set is answered in lengt
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -116,6 +116,14 @@ def size_metrics(results: Sequence[EpisodeResult]) -> dict[int, Tally]:
     return {size: Tally.of(outcomes) for size, outcomes in sorted(by_size.items())}
 
 
+def cell_metrics(results: Sequence[EpisodeResult]) -> dict[tuple[int, int], Tally]:
+    """Per (map size, agent count), in that order: what a `StageMetric` row holds."""
+    by_cell: dict[tuple[int, int], list[Outcome]] = {}
+    for r in results:
+        by_cell.setdefault((r.instance.size, r.instance.num_agents), []).append(r.outcome)
+    return {cell: Tally.of(outcomes) for cell, outcomes in sorted(by_cell.items())}
+
+
 def metrics_table(metrics: dict[int, Tally]) -> str:
     """A short text table of valid and optimal rates per size (for logs)."""
     lines = ["size  n    valid  optimal  top failure"]
@@ -126,13 +134,22 @@ def metrics_table(metrics: dict[int, Tally]) -> str:
 
 
 def tally_of(metric: StageMetric) -> Tally:
-    """A stored per-size metric row as counts (its rates are `Tally`'s, docs/results.md)."""
+    """A stored metric row (one size, one agent count) as counts (its rates are `Tally`'s, docs/results.md)."""
     return Tally(metric.episodes, metric.valid, metric.optimal, dict(metric.failures))
+
+
+def summed(metrics: Iterable[StageMetric]) -> dict[int, Tally]:
+    """Stored metric rows summed per map size over agent counts, smallest first; a size of one row is that row's
+    tally as it is (boards of one agent count read exactly as they did when a row held a whole size)."""
+    groups: dict[int, list[Tally]] = {}
+    for m in metrics:
+        groups.setdefault(m.size, []).append(tally_of(m))
+    return {size: tallies[0] if len(tallies) == 1 else Tally.total(tallies) for size, tallies in sorted(groups.items())}
 
 
 def store_evaluation(session: Session, run_id: int, stage_index: int, split: Split,
                      results: Sequence[EpisodeResult], subsets: Sequence[float] | None = None) -> None:
-    """Write one Episode row per result and one StageMetric row per size, then commit.
+    """Write one Episode row per result and one StageMetric row per (size, agent count), then commit.
 
     `subsets` gives each benchmark board's wait subset (same order as `results`), for the leaderboard.
 
@@ -148,8 +165,8 @@ def store_evaluation(session: Session, run_id: int, stage_index: int, split: Spl
             outcome=r.outcome.to_dict(), valid=r.outcome.valid, optimal=r.outcome.optimal,
             failure=None if r.outcome.failure is None else r.outcome.failure.value,
             subset=None if subsets is None else subsets[i]))
-    for size, m in size_metrics(results).items():
-        session.add(StageMetric(run_id=run_id, stage_index=stage_index, split=split, size=size,
+    for (size, agents), m in cell_metrics(results).items():
+        session.add(StageMetric(run_id=run_id, stage_index=stage_index, split=split, size=size, agents=agents,
                                 episodes=m.episodes, valid=m.valid, optimal=m.optimal, failures=m.failures))
     session.commit()
 

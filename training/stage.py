@@ -615,7 +615,7 @@ def _evaluate(engine: Engine, args: StageArgs, split: Split, boards: list[Instan
     if source is None:
         return None
     copied = _metrics(engine, args, split)
-    table = evaluation.metrics_table({m.size: evaluation.tally_of(m) for m in sorted(copied, key=lambda m: m.size)})
+    table = evaluation.metrics_table(evaluation.summed(copied))
     progress(0, None, f"stage 0 {what}: reused run {source.run_id}'s stage {source.stage_index} evaluation (the same "
                       f"policy, {len(boards)} {what} boards and decoding): {sum(m.episodes for m in copied)} "
                       f"episodes copied, nothing generated\n{table}")

@@ -45,7 +45,8 @@ def duration(seconds: float) -> str:
 
 
 def stage_line(s: Session, stage: Stage, stages: int) -> str:
-    """One line for a finished stage: its validation rates, how long it took, the valid rate per size."""
+    """One line for a finished stage: its validation rates, how long it took, the valid rate per size (and per agent
+    count, where its boards have several)."""
     from lab.results import stage_summaries
 
     summary = stage_summaries(s, stage.run_id, stage_index=stage.index)[stage.index]
@@ -53,8 +54,10 @@ def stage_line(s: Session, stage: Stage, stages: int) -> str:
     took = (duration((stage.finished_at - stage.started_at).total_seconds())
             if stage.started_at and stage.finished_at else "time unknown")
     sizes = " ".join(f"{size}:{t.valid_rate:.0%}" for size, t in sorted(summary.by_size.items()))
+    counts = " ".join(f"{k}:{t.valid_rate:.0%}" for k, t in summary.by_agents.items())
     return (f"stage {stage.index}/{stages} done: validation valid {total.valid_rate:.1%} "
-            f"optimal {total.optimal_rate:.1%} ({took}; {total.episodes} boards, valid by size {sizes})")
+            f"optimal {total.optimal_rate:.1%} ({took}; {total.episodes} boards, valid by size {sizes}"
+            + (f", by agent count {counts}" if len(summary.by_agents) > 1 else "") + ")")
 
 
 def _initial(args: argparse.Namespace) -> tuple[EnvConfig, dict]:

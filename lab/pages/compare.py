@@ -3,9 +3,9 @@
 interval as a band and one dot per seed), each arm minus the baseline at the last stage, Holm-adjusted, for the
 primary metric and then the other rate, every pair of arms' difference at the last stage paired by seed (t
 interval, sd, what this many seeds detect, every seed's), the last stage per map size (arms x sizes, mean and
-interval), what every arm was given (equal compute) and what it spent (GRPO steps and rollouts, probe answers,
-validation and dev answers, its jobs' wall time, its answers per run against the cheapest arm's), where its report
-is, and a link to every run (`?run=ID`).
+interval; then per agent count where the validation boards have several), what every arm was given (equal compute)
+and what it spent (GRPO steps and rollouts, probe answers, validation and dev answers, its jobs' wall time, its
+answers per run against the cheapest arm's), where its report is, and a link to every run (`?run=ID`).
 
 Every number comes from one `lab.study.comparison.Comparison`, the one `envlab experiment report` prints.
 """
@@ -23,6 +23,7 @@ from lab.pages.figures import empty_figure
 from lab.study.comparison import (
     Comparison,
     Rate,
+    agents_rows,
     comparison,
     comparisons,
     compute_rows,
@@ -48,19 +49,30 @@ def compare_view(engine: Engine, experiment_id: int | None, rate: str | None = N
         return dict(rate=Rate.VALID, figure=empty_figure("no experiment in this lab yet"), summary=EMPTY,
                     primary=table(["difference"], []), primary_label=BASELINE_LABEL,
                     secondary=table(["difference"], []), secondary_label=BASELINE_LABEL,
-                    differences=table(["difference"], []), sizes=table(["map size"], []),
+                    differences=table(["difference"], []), sizes=table(["map size"], []), sizes_label=SIZES_LABEL,
                     compute=table(["arm"], []), links="")
     compared = comparison(engine, int(experiment_id))
     rate = Rate(rate) if rate else compared.rates[0]
-    headers, rows = size_rows(compared, rate)
     (primary, primary_label), (secondary, secondary_label) = (baseline_table(compared, r) for r in compared.rates)
     return dict(rate=rate, figure=curves_figure(compared, (rate,)), summary=_summary(engine, compared),
                 primary=primary, primary_label=primary_label, secondary=secondary, secondary_label=secondary_label,
-                differences=table(*difference_table_rows(compared, rate)), sizes=table(*by_size(headers, rows)),
+                differences=table(*difference_table_rows(compared, rate)), **sizes_table(compared, rate),
                 compute=table(*compute_rows(compared)), links=run_links(compared) + slurm_jobs(engine, compared))
 
 
 BASELINE_LABEL = "Last stage: each arm minus the baseline, paired by seed (points), Holm-adjusted"
+SIZES_LABEL = "Last stage by map size: mean over seeds [95% interval], one column per arm"
+
+
+def sizes_table(compared: Comparison, rate: Rate) -> dict[str, Any]:
+    """The last stage per map size (`by_size`), then, where the validation boards have several agent counts, per
+    count (`N agents`, each over every size): the table (`sizes`) and its label (`sizes_label`)."""
+    headers, rows = by_size(*size_rows(compared, rate))
+    if len(compared.agents) < 2:
+        return dict(sizes=table(headers, rows), sizes_label=SIZES_LABEL)
+    return dict(sizes=table(headers, rows + by_size(*agents_rows(compared, rate))[1]),
+                sizes_label="Last stage by map size, then by agent count (each over every size): mean over seeds "
+                            "[95% interval], one column per arm")
 
 
 def baseline_table(compared: Comparison, rate: Rate) -> tuple[dict[str, Any], str]:
@@ -161,7 +173,8 @@ class CompareTab:
         return {self.rate: v["rate"].value, self.summary: v["summary"], self.figure: v["figure"],
                 self.primary: gr.update(value=v["primary"], label=v["primary_label"]),
                 self.secondary: gr.update(value=v["secondary"], label=v["secondary_label"]),
-                self.differences: v["differences"], self.sizes: v["sizes"], self.compute: v["compute"],
+                self.differences: v["differences"], self.sizes: gr.update(value=v["sizes"], label=v["sizes_label"]),
+                self.compute: v["compute"],
                 self.links: v["links"]}
 
     def refresh(self, experiment_id: int | None = None, rate: str | None = None) -> dict[Any, Any]:
@@ -186,8 +199,7 @@ def build(page: Page) -> CompareTab:
     differences = gr.Dataframe(label="Last stage: every pair of arms, paired by seed (the rate chosen above, points; "
                                      "each pair's own 95% interval, not adjusted for the number of pairs)",
                                interactive=False, elem_id="compare-differences", wrap=True)
-    sizes = gr.Dataframe(label="Last stage by map size: mean over seeds [95% interval], one column per arm",
-                         interactive=False, elem_id="compare-sizes", wrap=True)
+    sizes = gr.Dataframe(label=SIZES_LABEL, interactive=False, elem_id="compare-sizes", wrap=True)
     compute = gr.Dataframe(label="Compute per arm: each cell the sum over the arm's runs (the mean per run)",
                            interactive=False, elem_id="compare-compute", wrap=True)
     links = gr.Markdown(elem_id="compare-runs")

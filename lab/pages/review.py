@@ -1,7 +1,8 @@
 """The Stage review tab: what the policy gets right and wrong at each stage, and the gallery of its failures.
 
 A stage's valid and optimal rates are its pooled rates (`lab.results`, docs/results.md), in the table, the
-note and the thick curves alike; the bars and the thin curves are per map size.
+note and the thick curves alike; the bars and the thin curves are per map size. Where the validation boards have
+several agent counts, the note adds a small table of each count's rates.
 """
 
 from __future__ import annotations
@@ -83,12 +84,23 @@ def _note(r: StageReview, current: StageSummary | None) -> str:
     if current is not None:
         pooled = current.pooled
         return (f"Stage {r.stage_index}: valid {_share(pooled, 'valid_rate')}, optimal "
-                f"{_share(pooled, 'optimal_rate')} over {pooled.episodes} validation boards.")
+                f"{_share(pooled, 'optimal_rate')} over {pooled.episodes} validation boards."
+                + agents_table(current))
     if r.stage_index is not None:
         status = next(stage.status for stage in r.stages if stage.index == r.stage_index)
         return (f"Stage {r.stage_index} is {status} and has no evaluation yet: its results appear here when its "
                 "job ends (the Train tab shows its progress).")
     return "This run has no stages yet."
+
+
+def agents_table(summary: StageSummary) -> str:
+    """Valid and optimal rate per agent count, as a Markdown table after a blank line; "" for boards of one
+    count (the note says the pooled rates, which are that count's)."""
+    if len(summary.by_agents) < 2:
+        return ""
+    rows = [f"| {k} | {t.episodes} | {_share(t, 'valid_rate')} | {_share(t, 'optimal_rate')} |"
+            for k, t in summary.by_agents.items()]
+    return "\n\n" + "\n".join(["| agents | boards | valid | optimal |", "|---:|---:|---:|---:|", *rows])
 
 
 def _stages_table(r: StageReview) -> dict[str, Any]:

@@ -29,8 +29,9 @@ answers (`answers_statement`).
 
 Rates are fractions here and percent in words; a difference between two rates is in points (`+1.20`, never `%`).
 `finding` says in one sentence what the comparisons with the baseline show for the experiment's primary metric at
-the last stage. `report_markdown`, `write_report` (CSV and PNG) and `curves_figure` (the page's Compare tab and the
-PNG) all read one `Comparison`.
+the last stage. Where the validation boards have several agent counts, the report and the page add the last stage's
+rate per count (`agents_rows`). `report_markdown`, `write_report` (CSV and PNG) and `curves_figure` (the page's
+Compare tab and the PNG) all read one `Comparison`.
 """
 
 from __future__ import annotations
@@ -243,6 +244,12 @@ class Comparison:
     probe_compute: dict[str, dict[str, float]] = field(default_factory=dict)  # arm -> what its proposals measured
     spent: dict[str, Spent] = field(default_factory=dict)  # arm -> what its runs spent, every arm of the experiment
     stage_rollouts: int = 0  # completions GRPO samples in a trained stage (`stage_rollouts`; 0 before any trained)
+    agents: list[int] = field(default_factory=list)  # the validation boards' agent counts, fewest first
+    by_agents: dict[Key, dict[int, float]] = field(default_factory=dict)  # (arm, rate, stage, agent count) -> seed
+
+    def agents_estimate(self, arm: str, rate: Rate, stage: int, agents: int) -> Estimate | None:
+        """The rate over the boards with `agents` agents (of every size) at `stage`, over seeds."""
+        return estimate(self.by_agents.get((arm, rate, stage, agents), {}))
 
     @property
     def baseline(self) -> str:
@@ -290,8 +297,10 @@ def comparison(engine: Engine, key: str | int) -> Comparison:
     stages = experiment.settings.stages
     runs = {(r.arm, r.seed): r for r in experiment_runs(engine, experiment.id)}
     values: dict[Key, dict[int, float]] = {}
+    by_agents: dict[Key, dict[int, float]] = {}
     episodes: dict[tuple[str, int, int, int], int] = {}
     sizes: set[int] = set()
+    counts: set[int] = set()
     with session(engine) as s:
         for (arm, seed), run in runs.items():
             summaries = stage_summaries(s, run.id)
@@ -302,6 +311,10 @@ def comparison(engine: Engine, key: str | int) -> Comparison:
                     episodes[(arm, seed, k, size)] = tally.episodes
                     values.setdefault((arm, Rate.VALID, k, size), {})[seed] = tally.valid_rate
                     values.setdefault((arm, Rate.OPTIMAL, k, size), {})[seed] = tally.optimal_rate
+                counts.update(summary.by_agents)
+                for agents, tally in summary.by_agents.items():
+                    by_agents.setdefault((arm, Rate.VALID, k, agents), {})[seed] = tally.valid_rate
+                    by_agents.setdefault((arm, Rate.OPTIMAL, k, agents), {})[seed] = tally.optimal_rate
             if all(k in summaries for k in range(stages + 1)):
                 for rate in Rate:
                     curve = [values[(arm, rate, k, POOLED)][seed] for k in range(stages + 1)]
@@ -317,7 +330,7 @@ def comparison(engine: Engine, key: str | int) -> Comparison:
                 total["seconds"] += compute.get("seconds", 0.0)
         per_stage, spent = _spent(s, experiment, [arm for arm, _ in runs], probe_compute)
     return Comparison(experiment, arm_names(experiment), sorted({seed for _, seed in runs}), stages, sorted(sizes),
-                      runs, values, episodes, probe_compute, spent, per_stage)
+                      runs, values, episodes, probe_compute, spent, per_stage, sorted(counts), by_agents)
 
 
 def stage_rollouts(settings: ExperimentSettings, policy: str) -> int:
@@ -627,6 +640,15 @@ def size_rows(compared: Comparison, rate: Rate = Rate.VALID) -> tuple[list[str],
     return headers, rows
 
 
+def agents_rows(compared: Comparison, rate: Rate = Rate.VALID) -> tuple[list[str], list[list[str]]]:
+    """The last stage's rate per agent count of the validation boards (each over every size): (headers, one row
+    per arm of `cell` texts)."""
+    headers = ["arm", *(f"{k} agents" for k in compared.agents)]
+    rows = [[arm, *(cell(compared.agents_estimate(arm, rate, compared.stages, k)) for k in compared.agents)]
+            for arm in compared.arms]
+    return headers, rows
+
+
 def difference_table_rows(compared: Comparison, rate: Rate = Rate.VALID,
                           stage: int | None = None) -> tuple[list[str], list[list[str]]]:
     """Every pair of arms at `stage` (default the last): (headers, one row per pair of texts, in points): the paired
@@ -675,6 +697,10 @@ def report_markdown(compared: Comparison) -> str:
              f"## Every seed ({primary} rate)", *_seed_table(compared, primary), "",
              f"## Stage {compared.stages} by map size ({primary} rate)",
              *_markdown_table(*size_rows(compared, primary))]
+    if len(compared.agents) > 1:
+        lines += ["", f"## Stage {compared.stages} by agent count ({primary} rate)", "",
+                  "Each count's rate over its validation boards of every size: mean over seeds [95% interval].", "",
+                  *_markdown_table(*agents_rows(compared, primary))]
     return "\n".join(lines) + "\n"
 
 

@@ -9,13 +9,16 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import numpy as np
 import pytest
 from scipy import stats
 from sqlmodel import select
 
 import app
+from envsim.instance import Instance
 from envsim.parser import format_plan
 from envsim.scoring import score_answer
+from envsim.solver import label
 from lab import cli
 from lab.jobs.worker import WorkerOptions, run_worker
 from lab.loop import after_job, run_propose_job
@@ -38,6 +41,7 @@ from lab.text import as_text
 from storage.db import make_engine, session, upgrade
 from storage.models import Experiment, Job, JobKind, JobStatus, Proposal, Run, Stage
 from storage.settings import ExperimentSettings, RunSettings
+from tests.boards import CROSSING, OPEN
 from tests.recorded import BOARDS, CONFIG, scripted_experiment
 from tests.servers import TIMEOUT_MS, free_port
 from training.evaluate import EpisodeResult, store_evaluation
@@ -372,3 +376,53 @@ def test_the_compute_table_sums_each_arm_s_runs_and_says_where_probes_break_equa
     c = comparison(empty_lab, experiment.id)
     assert compute_rows(c)[1][1][4:] == ["6 (3)", "64 (32)", "4.0 (2.0)", "1.0 (0.5)", "2.0 (1.0)", "1.05x"]
     assert answers_statement(c) == "" and "not at equal compute" not in report_markdown(c)
+
+
+MIXED_BOARDS = [label(OPEN), label(CROSSING), label(Instance.from_str("A.a\nB.b\nC.c")),
+                label(Instance.from_str("A..a\nB..b\nC..c\n...."))]  # 2, 2, 3 and 3 agents
+# Stage 1's boards answered right (the reference plan), by arm and seed: (2-agent boards, 3-agent boards); stage 0
+# answers every board wrong
+MIXED_RIGHT = {("fixed", 0): (2, 0), ("fixed", 1): (1, 0), ("heuristic", 0): (2, 2), ("heuristic", 1): (2, 1)}
+
+
+def mixed_stage(engine, job, progress):
+    """The stage job without training, on validation boards of 2 and 3 agents (`MIXED_RIGHT`)."""
+    run_id, k = job.payload["run_id"], job.payload["stage_index"]
+    with session(engine) as s:
+        run = s.get(Run, run_id)
+        two, three = (0, 0) if k == 0 else MIXED_RIGHT[(run.arm, run.seed)]
+        right = [*MIXED_BOARDS[:two], *MIXED_BOARDS[2:2 + three]]
+        results = [EpisodeResult(b, text := format_plan(b.reference_plan) if b in right else "no idea",
+                                 score_answer(b, text)) for b in MIXED_BOARDS]
+        store_evaluation(s, run_id, k, "validation", results)
+        stage = s.exec(select(Stage).where(Stage.run_id == run_id, Stage.index == k)).one()
+        stage.status, stage.checkpoint = "done", f"{run.uuid}/stage-{k}"
+        s.add(stage)
+        s.commit()
+    return {"stage_index": k}
+
+
+def test_validation_boards_of_two_agent_counts_give_each_count_s_rate_in_the_report_and_the_tab(empty_lab):
+    experiment = create_experiment(empty_lab, name="mix", arms=["fixed", "heuristic"], seeds=2, config=CONFIG,
+                                   settings=RunSettings(stages=1, validation_boards=4))
+    while run_worker(empty_lab, {"stage": mixed_stage, "propose": run_propose_job},
+                     WorkerOptions(once=True, poll_s=0.01, after=after_job)):
+        pass
+    c = comparison(empty_lab, experiment.id)
+    assert c.agents == [2, 3]
+    assert c.agents_estimate("fixed", Rate.VALID, 1, 2).values == (1.0, 0.5)
+    assert c.agents_estimate("fixed", Rate.VALID, 1, 3).values == (0.0, 0.0)
+    assert c.agents_estimate("heuristic", Rate.OPTIMAL, 1, 3).values == (1.0, 0.5)
+    assert c.estimate("heuristic", Rate.VALID, 1).values == (1.0, 0.75)  # pooled over sizes and counts as before
+    assert c.estimate("fixed", Rate.VALID, 1, 3).values == (2 / 3, 1 / 3)  # 3x3: the 2-agent boards and a 3-agent one
+    t = stats.t.ppf(0.975, 1) * np.std([1.0, 0.5], ddof=1) / np.sqrt(2)  # the interval of (100%, 50%)
+    rows = [["fixed", f"75.0% [{(0.75 - t) * 100:.1f}, {(0.75 + t) * 100:.1f}]", "0.0% [0.0, 0.0]"],
+            ["heuristic", "100.0% [100.0, 100.0]", f"75.0% [{(0.75 - t) * 100:.1f}, {(0.75 + t) * 100:.1f}]"]]
+    report = report_markdown(c)
+    section = report[report.index("## Stage 1 by agent count (valid rate)"):].splitlines()
+    assert section[4:8] == ["| arm | 2 agents | 3 agents |", "|---|---|---|", "| " + " | ".join(rows[0]) + " |",
+                            "| " + " | ".join(rows[1]) + " |"]
+    view = compare_view(empty_lab, experiment.id)
+    assert [row[0] for row in view["sizes"]["data"]] == ["3x3", "4x4", "all", "2 agents", "3 agents"]
+    assert view["sizes"]["data"][3:] == [["2 agents", rows[0][1], rows[1][1]], ["3 agents", rows[0][2], rows[1][2]]]
+    assert view["sizes_label"].startswith("Last stage by map size, then by agent count")
