@@ -51,7 +51,7 @@ def main(args: Args) -> None:
     command = f"python benchmarks/tiny_benchmark.py --threads {args.threads} --batch-size {args.batch_size}"
     failures = Counter(str(r.outcome.failure) for r in results if r.outcome.failure is not None)
     data = tiny_result(table, dict(failures), len(entries), command, datetime.now(UTC).strftime("%Y-%m-%d"),
-                       time.perf_counter() - t0)
+                       time.perf_counter() - t0, policy.trained_agents)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(data, indent=1) + "\n")
     print(table.to_markdown())

@@ -115,8 +115,9 @@ class Evidence:
     hyperparameters: dict[str, Any] | None = None
     self_summary: str | None = None
     measured: ProbeResult | None = None  # the current config probed on the current checkpoint (`training.probe`)
-    # the agent counts the engineer may put in the next stage's mix (the run's `agent_counts`, else the config in force's); None:
-    # an engineer keeps the mix as it is, and the llm's schema names every legal count (evidence made outside a run)
+    # the agent counts the engineer may put in the next stage's mix (the run's `agent_counts`, else the config in
+    # force's); None: an engineer keeps the mix as it is, and the llm's schema names every legal count (evidence made
+    # outside a run)
     agent_counts: tuple[int, ...] | None = None
 
 

@@ -36,6 +36,7 @@ from storage.db import make_engine, session, upgrade
 from storage.models import Action, Decision, Episode, Job, Proposal, Stage, utcnow
 from storage.queue import claim, fail
 from tests.seeded import CROSSING_CLASH, OPEN_OFF_GRID, boards, propose
+from training.policy import load_policy
 
 
 def decisions(engine) -> list[Decision]:
@@ -788,10 +789,15 @@ def test_an_empty_lab_shows_the_paper_s_rows_and_the_tiny_policy_s_apart(tmp_pat
     tiny = json.loads(reference.TINY_FILE.read_text())
     means = tiny["mean_over_sizes"]
     assert shown["local"] == {"headers": ["this lab", "3 agents", "4 agents", "5 agents"], "data": [
-        ["tiny policy (shipped, assets/tiny-policy)",
+        ["tiny policy (shipped, assets/tiny-policy); trained on 2 agents",
          *(f"{means[a]['valid']:.2f} / {means[a]['optimal']:.2f}" for a in ("3", "4", "5"))]]}
     assert tiny["boards"] == sum(row["n"] for row in tiny["by_size"]) == 3150
     assert tiny["command"] in shown["local_note"] and "3,150 benchmark boards" in shown["local_note"]
+    # the row says why it scores 0: the shipped policy's warm start saw 2 agents, as its folder says
+    assert shown["local_note"].endswith("It was warm-started on boards of 2 agents only, and a policy answers for "
+                                        "the agent counts it has seen: on 3, 4, 5 agents its answers name the wrong "
+                                        "number of agents (`wrong_agent_count`), so it scores 0 there")
+    assert load_policy("tiny").trained_agents == tuple(tiny["trained_agents"]) == (2,)
     assert shown["by_size"]["data"] == [] and shown["by_subset"]["data"] == []
     engine.dispose()
 

@@ -82,7 +82,14 @@ def test_save_and_load_give_identical_logits(tmp_path: Path) -> None:
     policy.save(tmp_path / "ckpt")
     assert json.loads((tmp_path / "ckpt" / "envlab.json").read_text()) == {"name": "tiny", "prompt_style": "compact"}
     loaded = load_policy(str(tmp_path / "ckpt"))
-    assert loaded.prompt_style == "compact"
+    assert loaded.prompt_style == "compact" and loaded.trained_agents is None
+    loaded.trained_agents = (2, 3, 4, 5)  # a warm start says which agent counts it imitated
+    loaded.save(tmp_path / "warm")
+    assert json.loads((tmp_path / "warm" / "envlab.json").read_text())["trained_agents"] == [2, 3, 4, 5]
+    assert load_policy(str(tmp_path / "warm")).trained_agents == (2, 3, 4, 5)
+    (tmp_path / "warm" / "envlab.json").write_text('{"prompt_style": "compact", "trained_agents": [2, 9]}')
+    with pytest.raises(PolicyError, match=r"trained_agents \[2, 9\] is not a list of agent counts 1..8"):
+        load_policy(str(tmp_path / "warm"))
     batch = policy.tokenizer([policy.prompt(CROSSING), policy.prompt(OPEN)], return_tensors="pt", padding=True)
     with torch.no_grad():
         assert torch.equal(policy.model(**batch).logits, loaded.model(**batch).logits)

@@ -56,6 +56,9 @@ class Policy:
     prompt_style: PromptStyle
     thinking: bool = False  # the chat template's `enable_thinking` (a template without the flag ignores it)
     completion_length: int | None = None  # new tokens per answer; None: `training.evaluate.answer_budget`'s
+    # the agent counts its warm start imitated (`envlab.json`'s `trained_agents`; None: not said), which the
+    # Leaderboard states beside its benchmark row: a policy answers only for the counts it has seen
+    trained_agents: tuple[int, ...] | None = None
 
     def configured(self, settings: RunSettings | None) -> Policy:
         """This policy set up as a run's settings say it answers (`thinking` and `completion_length`; None: the
@@ -133,8 +136,10 @@ class Policy:
             part.mkdir()
             self.model.save_pretrained(part)
             self.tokenizer.save_pretrained(part)
-            (part / MARKER).write_text(json.dumps({"name": self.name, "prompt_style": self.prompt_style},
-                                                  indent=2) + "\n")
+            marker = {"name": self.name, "prompt_style": self.prompt_style}
+            if self.trained_agents is not None:
+                marker["trained_agents"] = list(self.trained_agents)
+            (part / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
             if path.exists():
                 shutil.rmtree(path)
             part.rename(path)
@@ -302,6 +307,7 @@ def _load_folder(path: Path, device: str, name: str, dtype: torch.dtype | None =
     for file in (w for w in weights if w.suffix == ".safetensors"):
         _check_safetensors(file)
     style: PromptStyle = "chat"
+    trained = None
     if (path / MARKER).is_file():
         try:
             marker = json.loads((path / MARKER).read_text())
@@ -310,6 +316,10 @@ def _load_folder(path: Path, device: str, name: str, dtype: torch.dtype | None =
         style = marker.get("prompt_style", "chat")
         if style not in ("compact", "chat"):
             raise PolicyError(f"{path / MARKER}: prompt_style {style!r} is not 'compact' or 'chat'")
+        trained = marker.get("trained_agents")
+        if trained is not None and not (isinstance(trained, list) and trained
+                                        and all(type(k) is int and 1 <= k <= 8 for k in trained)):
+            raise PolicyError(f"{path / MARKER}: trained_agents {str(trained)[:40]} is not a list of agent counts 1..8")
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path))
     except Exception as e:  # transformers raises many types for a broken tokenizer folder
@@ -327,7 +337,8 @@ def _load_folder(path: Path, device: str, name: str, dtype: torch.dtype | None =
         raise PolicyError(f"{path}: the tokenizer has {len(tokenizer)} tokens but the model's embedding holds "
                           f"only {vocab}: wrong tokenizer for these weights")
     _ensure_pad(tokenizer)
-    return Policy(model=model, tokenizer=tokenizer, name=name, prompt_style=style)
+    return Policy(model=model, tokenizer=tokenizer, name=name, prompt_style=style,
+                  trained_agents=tuple(trained) if trained is not None else None)
 
 
 def _load_hub(name: str, device: str, dtype: torch.dtype | None = None) -> Policy:

@@ -220,6 +220,7 @@ def train(args: Args) -> tuple[Policy, list[float]]:
     held_out = held_out_ids(Path(args.labels) / HELD_OUT)
     data, dropped = load_labels(args.labels, held_out)
     boards = sum(len(b) for b in data.values())
+    policy.trained_agents = tuple(sorted({agents for agents, _ in data}))  # said in its envlab.json
     checks = check_boards(args.check_per_cell) if args.eval_every > 0 else []
     params = sum(p.numel() for p in model.parameters())
     print(f"tiny policy: {params:,} parameters; {boards:,} labelled boards in {len(data)} cells "

@@ -51,7 +51,16 @@ def tiny_row(path: Path = TINY_FILE) -> ReferenceRow | None:
     failed = ", ".join(f"{kind} {n:,}" for kind, n in data["failures"].items())
     source = f"greedy answers to the {data['boards']:,} benchmark boards, {data['date']}, `{data['command']}`" + \
         (f"; failures: {failed}" if failed else "")
-    return ReferenceRow(data["name"], source, _means(data["mean_over_sizes"]))
+    name, trained = data["name"], data.get("trained_agents")
+    if trained:
+        counts = ", ".join(map(str, trained))
+        name += f"; trained on {counts} agents"
+        unseen = sorted({int(a) for a in data["mean_over_sizes"]} - set(trained))
+        if unseen and all(data["mean_over_sizes"][str(a)]["valid"] == 0 for a in unseen):
+            source += (f". It was warm-started on boards of {counts} agents only, and a policy answers for the agent "
+                       f"counts it has seen: on {', '.join(map(str, unseen))} agents its answers name the wrong "
+                       "number of agents (`wrong_agent_count`), so it scores 0 there")
+    return ReferenceRow(name, source, _means(data["mean_over_sizes"]))
 
 
 def percent(rate: float) -> float:
@@ -59,7 +68,7 @@ def percent(rate: float) -> float:
 
 
 def tiny_result(table: Report, failures: dict[str, int], boards: int, command: str, date: str,
-                seconds: float) -> dict[str, Any]:
+                seconds: float, trained_agents: tuple[int, ...] | None = None) -> dict[str, Any]:
     """What `tiny.json` holds: `table` (the benchmark's `envsim.suite.report`) in percent, the mean over sizes
     per number of agents, per (agents, size) and per (agents, wait subset) with their episode counts, and how
     many answers failed in each way (`failures`, most frequent first)."""
@@ -74,4 +83,4 @@ def tiny_result(table: Report, failures: dict[str, int], boards: int, command: s
                       for (a, w), (v, o, count) in table.by_subset.items()],
         "failures": dict(sorted(failures.items(), key=lambda kv: (-kv[1], kv[0]))),
         "command": command, "date": date, "seconds": round(seconds, 1),
-    }
+    } | ({"trained_agents": list(trained_agents)} if trained_agents else {})
