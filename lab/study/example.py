@@ -15,6 +15,7 @@ from __future__ import annotations
 import gzip
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from sqlalchemy import Engine
@@ -56,10 +57,13 @@ def ensure_example(engine: Engine, path: str | Path | None = None) -> int | None
 STUDIES = Path(__file__).resolve().parents[2] / "docs" / "results"  # the shipped study: */study.db.gz
 
 
-def import_studies(engine: Engine, folder: str | Path = STUDIES) -> list[int]:
+def import_studies(engine: Engine, folder: str | Path = STUDIES,
+                   progress: Callable[[int, int], object] | None = None) -> list[int]:
     """Import the experiments of the shipped study (`folder/*/study.db.gz`, docs/results/README.md) with their
     runs, so that a new lab's Compare tab shows what the README shows; returns the new experiments' ids. Each
-    run travels as a run archive (new ids here) and is attached to its experiment again, with its arm."""
+    run travels as a run archive (new ids here); an experiment appears only once all its runs are in, with its
+    runs attached in one transaction, so a page that reads meanwhile never compares a half-imported one.
+    `progress(done, total)` after each run (`envlab serve` draws a bar on the command line)."""
     made = []
     for packed in sorted(Path(folder).glob("*/study.db.gz")):
         with tempfile.TemporaryDirectory(prefix="envlab-study-") as scratch:
@@ -69,24 +73,32 @@ def import_studies(engine: Engine, folder: str | Path = STUDIES) -> list[int]:
             study = make_engine(str(db))
             upgrade(study)
             try:
-                made += [_import_experiment(engine, study, p.experiment, Path(scratch))
-                         for p in reversed(list_experiments(study))]
+                experiments = [p.experiment for p in reversed(list_experiments(study))]
+                runs = {e.id: experiment_runs(study, e.id) for e in experiments}
+                total, done = sum(len(r) for r in runs.values()), 0
+                for experiment in experiments:
+                    arms = {}
+                    for run in runs[experiment.id]:
+                        arms[import_run(engine, export_run(study, run.id, Path(scratch) / f"run-{run.id}.zip"))] = \
+                            run.arm
+                        done += 1
+                        if progress is not None:
+                            progress(done, total)
+                    made.append(_attach(engine, experiment, arms))
             finally:
                 study.dispose()
     return made
 
 
-def _import_experiment(engine: Engine, study: Engine, experiment: Experiment, scratch: Path) -> int:
+def _attach(engine: Engine, experiment: Experiment, arms: dict[int, str | None]) -> int:
+    """The experiment stored here, its imported runs (`arms`: run id here -> arm) attached in the same commit."""
     with session(engine) as s:
         row = Experiment(**experiment.model_dump(exclude={"id"}))
         s.add(row)
-        s.commit()
-        new_id = row.id
-    for run in experiment_runs(study, experiment.id):
-        run_id = import_run(engine, export_run(study, run.id, scratch / f"run-{run.id}.zip"))
-        with session(engine) as s:
+        s.flush()
+        for run_id, arm in arms.items():
             mine = s.get(Run, run_id)
-            mine.experiment_id, mine.arm = new_id, run.arm
+            mine.experiment_id, mine.arm = row.id, arm
             s.add(mine)
-            s.commit()
-    return new_id
+        s.commit()
+        return row.id

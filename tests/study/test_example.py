@@ -216,8 +216,10 @@ def test_the_shipped_study_is_imported_with_the_numbers_of_its_report(tmp_path: 
     from lab.study.example import STUDIES, import_studies
 
     engine = _engine(tmp_path / "lab.db")
-    ids = import_studies(engine)
+    calls: list[tuple[int, int]] = []
+    ids = import_studies(engine, progress=lambda done, total: calls.append((done, total)))
     assert len(ids) == 2
+    assert calls == [(k, 48) for k in range(1, 49)]  # one call per run: 30 of hardstart, 18 of defaults
     for name in ("defaults", "hardstart"):
         db = tmp_path / f"{name}.db"
         with gzip.open(STUDIES / "study-6seed" / "study.db.gz", "rb") as src, db.open("wb") as dst:
