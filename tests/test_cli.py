@@ -113,7 +113,7 @@ def _serve(tmp_path: Path, *flags: str, port: int, **popen) -> subprocess.Popen:
 
 
 def test_serve_takes_its_address_from_the_flags_then_gradios_variables(monkeypatch):
-    import app
+    from lab.pages import web as app
 
     monkeypatch.delenv("GRADIO_SERVER_NAME", raising=False)
     monkeypatch.delenv("GRADIO_SERVER_PORT", raising=False)

@@ -16,7 +16,6 @@ import pytest
 from PIL import Image
 from sqlmodel import select
 
-import app
 from envsim.config import EnvConfig, project
 from envsim.instance import Instance
 from envsim.parser import format_plan
@@ -26,6 +25,7 @@ from lab.engineers import EngineerAnswer
 from lab.jobs import worker
 from lab.loop import advance, stages_of
 from lab.pages import common, episode, leaderboard, playground, proposal, review, runs, train
+from lab.pages import web as app
 from lab.proposals import store_proposal
 from lab.replay import GIF_WIDTHS
 from lab.runs import lab_version, waiting_proposals

@@ -33,7 +33,7 @@ def quiet_libraries() -> None:
     hf_logging.disable_progress_bar()
     datasets.disable_progress_bars()
     for category in (FutureWarning, DeprecationWarning):
-        warnings.filterwarnings("ignore", category=category, module=r"(?!(envsim|lab|training|storage|app)\b)")
+        warnings.filterwarnings("ignore", category=category, module=r"(?!(envsim|lab|training|storage)\b)")
 
 
 def duration(seconds: float) -> str:
@@ -215,13 +215,13 @@ def cmd_import(args: argparse.Namespace) -> None:
 
 
 def serve(argv: list[str]) -> NoReturn:
-    """`envlab serve`: this process becomes `python -m app` (the web lab, which parses its own options:
+    """`envlab serve`: this process becomes `python -m lab.pages.web` (the web lab, which parses its own options:
     --host, --port, --auth, --db, --no-worker, --no-example). The page sits above the lab, so the lab starts it
     as a program, as the page starts `envlab worker`, instead of importing it; the process keeps its id, so
     signals reach the page."""
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execv(sys.executable, [sys.executable, "-m", "app", *argv])
+    os.execv(sys.executable, [sys.executable, "-m", "lab.pages.web", *argv])
 
 
 def run_arguments(sub: argparse._SubParsersAction) -> None:

@@ -13,12 +13,12 @@ import pytest
 from scipy import stats
 from sqlmodel import select
 
-import app
 from envsim.parser import format_plan
 from envsim.scoring import score_answer
 from lab import cli
 from lab.jobs.worker import WorkerOptions, run_worker
 from lab.loop import after_job, run_propose_job
+from lab.pages import web as app
 from lab.pages.compare import compare_view
 from lab.study.comparison import (
     POOLED,
