@@ -322,11 +322,12 @@ def benchmark_checkpoints(engine: Engine) -> list[tuple[int, int, str]]:
 
 
 def benchmark_report(engine: Engine, run_id: int, stage_index: int) -> Report:
-    """The paper's tables of a stage's benchmark episodes (`envsim.suite.report`); an episode stored before
-    episodes kept their wait subset counts in subset -1."""
+    """The paper's tables of a stage's benchmark episodes (`envsim.suite.report`), with the hash of the boards they
+    were scored on, in the order they were stored (the suite's table order); an episode stored before episodes kept
+    their wait subset counts in subset -1."""
     with session(engine) as s:
         episodes = list(s.exec(select(Episode).where(Episode.run_id == run_id, Episode.stage_index == stage_index,
-                                                     Episode.split == Split.BENCHMARK)))
+                                                     Episode.split == Split.BENCHMARK).order_by(Episode.id)))
     entries = [Entry(split=Split.BENCHMARK, subset=-1.0 if ep.subset is None else ep.subset,
                      instance=Instance.model_validate(ep.instance)) for ep in episodes]
     return report(entries, [ep.valid for ep in episodes], [ep.optimal for ep in episodes])

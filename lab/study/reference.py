@@ -25,12 +25,14 @@ TINY_NAME = "tiny policy (shipped, assets/tiny-policy)"
 
 @dataclass(frozen=True)
 class ReferenceRow:
-    """One row of a mean-over-sizes table: a name, where it comes from, and per number of agents the
-    (valid %, optimal %) mean over map sizes."""
+    """One row of a mean-over-sizes table: a name, where it comes from, per number of agents the
+    (valid %, optimal %) mean over map sizes, and the `envsim.suite.boards_hash` of the boards it was scored on
+    ("" where unknown: the paper's rows, a tiny.json written before it kept the hash)."""
 
     name: str
     source: str
     mean_over_sizes: dict[int, tuple[float, float]]
+    boards: str = ""
 
 
 def _means(raw: dict[str, Any]) -> dict[int, tuple[float, float]]:
@@ -51,7 +53,7 @@ def tiny_row(path: Path = TINY_FILE) -> ReferenceRow | None:
     failed = ", ".join(f"{kind} {n:,}" for kind, n in data["failures"].items())
     source = f"greedy answers to the {data['boards']:,} benchmark boards, {data['date']}, `{data['command']}`" + \
         (f"; failures: {failed}" if failed else "")
-    return ReferenceRow(data["name"], source, _means(data["mean_over_sizes"]))
+    return ReferenceRow(data["name"], source, _means(data["mean_over_sizes"]), data.get("boards_sha256", ""))
 
 
 def percent(rate: float) -> float:
@@ -62,10 +64,10 @@ def tiny_result(table: Report, failures: dict[str, int], boards: int, command: s
                 seconds: float) -> dict[str, Any]:
     """What `tiny.json` holds: `table` (the benchmark's `envsim.suite.report`) in percent, the mean over sizes
     per number of agents, per (agents, size) and per (agents, wait subset) with their episode counts, and how
-    many answers failed in each way (`failures`, most frequent first)."""
+    many answers failed in each way (`failures`, most frequent first), and the boards' hash (`boards_sha256`)."""
     return {
-        "name": TINY_NAME, "policy": "tiny", "split": "benchmark", "boards": boards, "unit": "percent",
-        "decoding": "greedy",
+        "name": TINY_NAME, "policy": "tiny", "split": "benchmark", "boards": boards, "boards_sha256": table.boards,
+        "unit": "percent", "decoding": "greedy",
         "mean_over_sizes": {str(a): {"valid": percent(v), "optimal": percent(o)}
                             for a, (v, o) in table.mean_over_sizes.items()},
         "by_size": [{"agents": a, "size": n, "valid": percent(v), "optimal": percent(o), "n": count}
