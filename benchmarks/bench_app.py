@@ -48,12 +48,12 @@ import gradio as gr  # noqa: E402
 import numpy as np  # noqa: E402
 import plotly.graph_objects as go  # noqa: E402
 
-import app  # noqa: E402
 from envsim.generator import random_board  # noqa: E402
 from envsim.instance import Instance  # noqa: E402
 from envsim.scoring import Outcome, score  # noqa: E402
 from envsim.solver import Unsolved, label  # noqa: E402
 from lab.pages import figures  # noqa: E402
+from lab.pages import web as app  # noqa: E402
 from lab.pages.episode import PLAY_S  # noqa: E402
 from storage.db import make_engine  # noqa: E402
 from tests.stage_beside import STEPS as STAGE_STEPS  # noqa: E402

@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence  # noqa: E402
 
 from bench_app import ACTION_TARGET_S, STEPS, store_big_episode  # noqa: E402
 
-import app  # noqa: E402
+from lab.pages import web as app  # noqa: E402
 from storage.db import make_engine  # noqa: E402
 from tests import stage_beside  # noqa: E402
 from tests.page_walk import ERRORS_SEEN, Walk  # noqa: E402

@@ -35,10 +35,10 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-import app
 from envsim.config import EnvConfig
 from lab.jobs.worker import WorkerOptions, handlers, run_worker
 from lab.loop import Step, advance, after_job, create_run, decide_and_advance
+from lab.pages import web as app
 from lab.proposals import proposal_states
 from lab.runs import failed_episodes, run_list
 from storage.db import make_engine, session, upgrade

@@ -18,6 +18,7 @@ both. A run's engineers read how its policy does on these (`dev_entries`), while
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import sys
@@ -212,11 +213,26 @@ def build(split: Split, seed: int = SUITE_SEED, workers: int = 2, progress: bool
     return entries, stats
 
 
+def jsonl_line(entry: Entry) -> str:
+    """A suite row as its JSONL line: what `write_jsonl` writes and what `boards_hash` hashes."""
+    return entry.model_dump_json() + "\n"
+
+
 def write_jsonl(entries: Iterable[Entry], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as f:
         for e in entries:
-            f.write(e.model_dump_json() + "\n")
+            f.write(jsonl_line(e))
+
+
+def boards_hash(entries: Iterable[Entry]) -> str:
+    """The boards' content hash: sha256 (hex) over their JSONL lines in table order, i.e. of the file `write_jsonl`
+    writes. The same boards give the same hash however they were kept (a JSONL file, a `datasets` folder, the
+    episodes a stage was scored on), so a result names the exact boards behind it."""
+    digest = hashlib.sha256()
+    for e in entries:
+        digest.update(jsonl_line(e).encode())
+    return digest.hexdigest()
 
 
 def read_jsonl(path: Path) -> list[Entry]:
@@ -239,6 +255,7 @@ class Report:
     by_size: dict[tuple[int, int], tuple[float, float, int]]  # (agents, size) -> (valid, optimal, n)
     mean_over_sizes: dict[int, tuple[float, float]]
     by_subset: dict[tuple[int, float], tuple[float, float, int]]
+    boards: str = ""  # `boards_hash` of the entries scored, in their order
 
     def to_markdown(self) -> str:
         agents = sorted(self.mean_over_sizes)
@@ -262,7 +279,7 @@ class Report:
 
 
 def report(entries: Sequence[Entry], valid: Sequence[bool], optimal: Sequence[bool]) -> Report:
-    """Tables from scored episodes, one per entry in the same order."""
+    """Tables from scored episodes, one per entry in the same order, and the entries' `boards_hash`."""
     if not (len(entries) == len(valid) == len(optimal)):
         raise ValueError(f"{len(entries)} entries but {len(valid)} valid flags and {len(optimal)} optimal flags")
     size_acc: dict[tuple[int, int], list[int]] = defaultdict(lambda: [0, 0, 0])
@@ -278,4 +295,4 @@ def report(entries: Sequence[Entry], valid: Sequence[bool], optimal: Sequence[bo
     for k in sorted({k for k, _ in by_size}):
         rows = [v for (kk, _), v in by_size.items() if kk == k]
         mean[k] = (sum(r[0] for r in rows) / len(rows), sum(r[1] for r in rows) / len(rows))
-    return Report(by_size, mean, by_subset)
+    return Report(by_size, mean, by_subset, boards_hash(entries))

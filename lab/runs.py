@@ -21,7 +21,7 @@ from envsim.config import EnvConfig
 from envsim.instance import Instance
 from envsim.suite import Entry, Report, Split, report
 from lab.loop import create_run, jobs_of, set_auto_apply, stages_of
-from lab.proposals import current_proposal, decision_of, diff
+from lab.proposals import Change, current_proposal, decision_of, diff
 from lab.results import StageSummary, stage_summaries
 from storage.db import UnsafePath, run_folder, session
 from storage.models import (
@@ -209,12 +209,14 @@ class Setter(StrEnum):
 @dataclass(frozen=True)
 class ConfigStep:
     """The config one stage trained on, where it came from, and who set each value that changed from the
-    stage before (`set_by`: field, e.g. `wait_ratio[3]` or `agent_ratio[2]`, to its setter)."""
+    stage before (`set_by`: field, e.g. `wait_ratio[3]` or `agent_ratio[2]`, to its setter; `changes`: those
+    values, old and new)."""
 
     stage_index: int
     source: str
     config: EnvConfig
     set_by: dict[str, Setter]
+    changes: tuple[Change, ...] = ()
 
 
 APPLIED = {Action.ACCEPT: "accepted", Action.EDIT: "edited", Action.AUTO: "auto-applied"}
@@ -229,20 +231,19 @@ def config_timeline(engine: Engine, run_id: int) -> list[ConfigStep]:
     out, before = [], None
     for stage in stages:
         config = stage.config
-        source, set_by = "initial config", {}
+        source, set_by, changes = "initial config", {}, ()
         if stage.index in decided and before is not None:
             p, d = decided[stage.index]
             source = f"proposal #{p.id}, {APPLIED[d.action]} by {d.user}"
             engineer = p.projected_config or before
-            for change in diff(before, config):
-                if change.change == 0:
-                    continue
+            changes = tuple(change for change in diff(before, config) if change.change != 0)
+            for change in changes:
                 proposed = change.value(engineer)
                 set_by[change.field] = Setter.AUTO if d.action == Action.AUTO else \
                     Setter.PERSON if d.action == Action.EDIT and proposed != change.new else Setter.ENGINEER
         elif stage.index > 0:
             source = "the stage before's config"
-        out.append(ConfigStep(stage.index, source, config, set_by))
+        out.append(ConfigStep(stage.index, source, config, set_by, changes))
         before = config
     return out
 
@@ -322,11 +323,12 @@ def benchmark_checkpoints(engine: Engine) -> list[tuple[int, int, str]]:
 
 
 def benchmark_report(engine: Engine, run_id: int, stage_index: int) -> Report:
-    """The paper's tables of a stage's benchmark episodes (`envsim.suite.report`); an episode stored before
-    episodes kept their wait subset counts in subset -1."""
+    """The paper's tables of a stage's benchmark episodes (`envsim.suite.report`), with the hash of the boards they
+    were scored on, in the order they were stored (the suite's table order); an episode stored before episodes kept
+    their wait subset counts in subset -1."""
     with session(engine) as s:
         episodes = list(s.exec(select(Episode).where(Episode.run_id == run_id, Episode.stage_index == stage_index,
-                                                     Episode.split == Split.BENCHMARK)))
+                                                     Episode.split == Split.BENCHMARK).order_by(Episode.id)))
     entries = [Entry(split=Split.BENCHMARK, subset=-1.0 if ep.subset is None else ep.subset,
                      instance=Instance.model_validate(ep.instance)) for ep in episodes]
     return report(entries, [ep.valid for ep in episodes], [ep.optimal for ep in episodes])

@@ -204,7 +204,7 @@ class Walk:
         stage trains opened on the Train tab (its progress bar running), the Runs table, a proposal with its edit
         table and its whole diff, Stage review's failure row to its replay played to its end (`steps`), the
         Playground's board and solver, the Leaderboard, Compare; then a poll or two."""
-        from app import POLL_S
+        from lab.pages.web import POLL_S
 
         page = self.page
         self.turn = 0

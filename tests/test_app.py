@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-import app
 from lab.jobs.worker import worker_status
 from lab.pages import proposal, train
+from lab.pages import web as app
 from storage.db import make_engine, upgrade
 
 
@@ -66,7 +66,7 @@ def test_python_app_py_serves_the_lab_with_a_worker_and_stops_both(tmp_path: Pat
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    root = Path(app.__file__).parent
+    root = Path(__file__).resolve().parent.parent  # the checkout, whose app.py is the entry point
     proc = subprocess.Popen([sys.executable, str(root / "app.py"), "--port", str(port), "--no-example",
                              "--db", str(tmp_path / "lab.db")],
                             cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,

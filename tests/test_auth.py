@@ -28,7 +28,7 @@ def free_port() -> int:
 @pytest.fixture
 def page(tmp_path):
     """The lab's page, served under `--auth` on a free port: (base URL, the Gradio Blocks)."""
-    import app
+    from lab.pages import web as app
 
     engine = make_engine(str(tmp_path / "envlab.db"))
     upgrade(engine)

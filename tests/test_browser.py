@@ -21,11 +21,11 @@ import pytest
 from PIL import Image
 from sqlmodel import select
 
-import app
 from envsim.config import EnvConfig
 from lab.archive import export_run, read_manifest
 from lab.jobs.worker import WorkerOptions, run_worker
 from lab.loop import create_run
+from lab.pages import web as app
 from lab.proposals import decide
 from lab.replay import GIF_WIDTHS
 from storage.db import make_engine, session

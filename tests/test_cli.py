@@ -1,5 +1,6 @@
 """The `envlab` command line, end to end with tiny budgets."""
 
+import hashlib
 import json
 import os
 import re
@@ -17,7 +18,7 @@ import lab
 from envsim.config import EnvConfig
 from envsim.instance import Instance
 from envsim.parser import format_plan
-from envsim.suite import Split, read_jsonl
+from envsim.suite import Entry, Split, read_jsonl
 from lab.cli import main
 from lab.context import load_stage_result
 from storage.db import make_engine, session
@@ -32,6 +33,26 @@ def test_bench_suite_writes_the_validation_set(tmp_path, capsys):
     entries = read_jsonl(tmp_path / "validation.jsonl")
     assert len(entries) == 240 and {e.agents for e in entries} == {2}
     assert "validation: 240 boards" in capsys.readouterr().out
+
+
+def test_bench_suite_writes_a_datasets_folder_that_loads_back_to_the_boards_with_their_hash(tmp_path, capsys):
+    """`--format datasets`: the validation set as a `datasets` folder; loaded back with `datasets.load_from_disk`
+    its rows are the boards the JSONL format writes, in order, and the hash recorded and printed is theirs."""
+    datasets = pytest.importorskip("datasets")
+    assert main(["bench-suite", "--split", "validation", "--format", "datasets", "--out", str(tmp_path),
+                 "--workers", "1"]) == 0
+    out = capsys.readouterr().out
+    folder = tmp_path / "datasets"
+    assert not (tmp_path / "validation.jsonl").exists()
+    assert main(["bench-suite", "--split", "validation", "--out", str(tmp_path), "--workers", "1"]) == 0
+    boards = read_jsonl(tmp_path / "validation.jsonl")
+    loaded = datasets.load_from_disk(str(folder))
+    assert list(loaded) == ["validation"] and loaded["validation"].num_rows == 240
+    assert [Entry.model_validate(row) for row in loaded["validation"]] == boards
+    digest = hashlib.sha256((tmp_path / "validation.jsonl").read_bytes()).hexdigest()
+    assert (folder / "envlab-hash.txt").read_text() == f"validation {digest}\n"
+    assert f"sha256 {digest})" in out and f"validation -> {folder} (datasets.load_from_disk)" in out
+    assert f"sha256 {digest})" in capsys.readouterr().out  # the JSONL format says the same hash
 
 
 def test_generate_score_and_show(tmp_path, capsys):
@@ -113,7 +134,7 @@ def _serve(tmp_path: Path, *flags: str, port: int, **popen) -> subprocess.Popen:
 
 
 def test_serve_takes_its_address_from_the_flags_then_gradios_variables(monkeypatch):
-    import app
+    from lab.pages import web as app
 
     monkeypatch.delenv("GRADIO_SERVER_NAME", raising=False)
     monkeypatch.delenv("GRADIO_SERVER_PORT", raising=False)

@@ -8,8 +8,8 @@ import unittest.mock
 import pytest
 from sqlalchemy import func, select
 
-import app
 from lab.cli import main
+from lab.pages import web as app
 from storage.db import make_engine
 from storage.models import Experiment, Run
 

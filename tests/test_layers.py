@@ -4,7 +4,8 @@ Every module of the project is parsed (not imported) and every import in it is r
 included: a lazy import is still a dependency. Three rules follow from the layers:
 - a module imports project modules of its own layer or the layers below it, never above;
 - no modules import each other in a circle, directly or through others;
-- page code (`app.py` and `lab/pages/`) runs no database query: it imports neither `sqlmodel` nor the session.
+- page code (`lab/pages/`, and `app.py`, the checkout's entry point to it) runs no database query: it imports
+  neither `sqlmodel` nor the session.
 
 lab/ itself is in rooms (README, "What is where"): the design loop at its root, at most `LAB_ROOT_MODULES` modules,
 and the rest in packages of their own (`jobs/`, `study/`, `archive/`, `engineers/`, `cli/`, `pages/`). The rooms
@@ -20,7 +21,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("envsim", "storage", "training", "lab")
-# The page is the top layer: `app.py` and the tabs it assembles from lab/pages/.
+# The page is the top layer: lab/pages/ (`lab.pages.web` assembles its tabs) and `app.py`, which starts it.
 LAYERS = ("envsim", "storage", "training", "lab", "page")
 LAB_ROOT_MODULES = 12  # lab/'s own .py files beside its __init__; a package (a room) counts as none of them
 BELOW_THE_PAGE = ("lab.jobs", "lab.study", "lab.archive")
@@ -82,7 +83,8 @@ GRAPH = {module: project_imports(module) for module in MODULES}
 
 def test_every_layer_is_a_known_one():
     assert {layer(m) for m in MODULES} <= set(LAYERS)
-    assert "lab.jobs.worker" in MODULES and "lab.results" in MODULES and "app" in MODULES
+    assert "lab.jobs.worker" in MODULES and "lab.results" in MODULES and "app" in MODULES and "lab.pages.web" in MODULES
+    assert layer("app") == layer("lab.pages.web") == "page"
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))

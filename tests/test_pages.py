@@ -16,16 +16,18 @@ import pytest
 from PIL import Image
 from sqlmodel import select
 
-import app
 from envsim.config import EnvConfig, project
 from envsim.instance import Instance
 from envsim.parser import format_plan
 from envsim.scoring import score, score_answer
+from envsim.suite import Split, boards_hash, build_cell, cells
 from lab import results
+from lab.cli.boards import HASH_FILE, save_datasets
 from lab.engineers import EngineerAnswer
 from lab.jobs import worker
 from lab.loop import advance, stages_of
 from lab.pages import common, episode, leaderboard, playground, proposal, review, runs, train
+from lab.pages import web as app
 from lab.proposals import store_proposal
 from lab.replay import GIF_WIDTHS
 from lab.runs import lab_version, waiting_proposals
@@ -36,6 +38,7 @@ from storage.db import make_engine, session, upgrade
 from storage.models import Action, Decision, Episode, Job, Proposal, Stage, utcnow
 from storage.queue import claim, fail
 from tests.seeded import CROSSING_CLASH, OPEN_OFF_GRID, boards, propose
+from training.evaluate import EpisodeResult, store_evaluation
 from training.policy import load_policy
 
 
@@ -776,6 +779,24 @@ def test_the_leaderboard_puts_checkpoints_side_by_side(lab):
     assert by_size["data"] == [[2, "3x3", "0.0% / 0.0%", "50.0% / 50.0%"], [2, "mean", "0.0% / 0.0%", "50.0% / 50.0%"]]
     assert by_subset["data"] == [[2, "0.25", "0.0% / 0.0%", "100.0% / 100.0%"],
                                  [2, "0.75", "0.0% / 0.0%", "0.0% / 0.0%"]]
+
+
+def test_the_leaderboard_names_the_hash_of_the_boards_its_rows_were_scored_on(lab, tmp_path: Path):
+    """A stage scored on benchmark boards (stored as the benchmark job stores them) is named on the Leaderboard with
+    the hash `envlab bench-suite --format datasets` records for the same boards (a few cells, for speed)."""
+    pytest.importorskip("datasets")
+    engine, ids = lab
+    entries = [e for cell in cells(Split.BENCHMARK)[:2] for e in build_cell(cell)[0]]  # 100 boards, table order
+    folder = save_datasets({Split.BENCHMARK: entries}, tmp_path / "datasets")
+    recorded = (folder / HASH_FILE).read_text().split()
+    scored = [EpisodeResult(e.instance, format_plan(e.instance.reference_plan),
+                             score(e.instance, e.instance.reference_plan)) for e in entries]
+    with session(engine) as s:
+        store_evaluation(s, ids["history"], 1, Split.BENCHMARK, scored, [e.subset for e in entries])
+    note = leaderboard.leaderboard(engine, [f"{ids['history']}:1"])["local_note"]
+    assert recorded == ["benchmark", boards_hash(entries)]
+    assert f"Boards sha256 `{recorded[1]}`: run #{ids['history']} curriculum, stage 1." in note.split("\n\n")
+    assert "Boards not hashed (scored before results kept the hash): tiny policy" in note
 
 
 def test_an_empty_lab_shows_the_paper_s_rows_and_the_tiny_policy_s_apart(tmp_path: Path):

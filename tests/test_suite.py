@@ -1,3 +1,4 @@
+import hashlib
 import subprocess
 import sys
 import time
@@ -11,6 +12,7 @@ from envsim.suite import (
     WAIT_SUBSETS,
     Entry,
     Split,
+    boards_hash,
     build,
     build_cell,
     cells,
@@ -52,6 +54,18 @@ def test_validation_set_is_disjoint_from_the_benchmark(tmp_path):
     assert not bench_ids & {e.instance.id for e in validation}
     write_jsonl(validation, tmp_path / "v.jsonl")
     assert read_jsonl(tmp_path / "v.jsonl") == validation
+
+
+def test_the_boards_hash_is_the_jsonl_file_s_sha256_and_names_the_boards(tmp_path):
+    """The hash of a suite's boards is the sha256 of the JSONL file they are written to, fixed by the seed (pinned
+    here: a change to how the suite draws its boards changes it), and the report of scored boards carries it."""
+    entries = build_cell(cells(Split.BENCHMARK)[0])[0]  # agents 3, 3x3, wait subset 0.25: 50 boards
+    write_jsonl(entries, tmp_path / "cell.jsonl")
+    assert boards_hash(entries) == hashlib.sha256((tmp_path / "cell.jsonl").read_bytes()).hexdigest() == \
+        "e69abb13f578cde90da4c2300ba16c3466cb5c94b465b120e80b8843841d62e3"
+    assert boards_hash(read_jsonl(tmp_path / "cell.jsonl")) == boards_hash(entries)
+    assert boards_hash(entries[::-1]) != boards_hash(entries)  # in table order
+    assert report(entries, [True] * 50, [False] * 50).boards == boards_hash(entries)
 
 
 def test_report_tables_from_known_outcomes():

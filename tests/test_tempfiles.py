@@ -35,7 +35,7 @@ def test_an_upload_is_deleted_once_read_and_its_message_names_no_server_folder(t
 
 
 def test_old_exports_are_swept_and_the_page_deletes_its_file_cache(tmp_path, monkeypatch):
-    import app
+    from lab.pages import web as app
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     engine = make_engine(str(tmp_path / "envlab.db"))

@@ -16,7 +16,7 @@ from envsim.config import AGENT_RATIO, ConfigError, project
 from envsim.generator import boards
 from envsim.instance import Instance
 from envsim.scoring import Outcome, score, score_answer
-from envsim.suite import SUITE_SEED, Entry, Split, build, report, write_jsonl
+from envsim.suite import SUITE_SEED, Entry, Split, boards_hash, build, report, write_jsonl
 from lab.cli.common import WORKERS, UsageError, config_file
 from lab.replay import sentence
 from lab.settings import Count
@@ -46,13 +46,42 @@ def _instance(row: Entry | Instance) -> Instance:
     return row.instance if isinstance(row, Entry) else row
 
 
+FORMATS = ("jsonl", "datasets")
+DATASETS_DIR = "datasets"  # the `datasets` format's folder under --out
+HASH_FILE = "envlab-hash.txt"  # in that folder: one line per split, `SPLIT SHA256` (`envsim.suite.boards_hash`)
+
+
 def cmd_bench_suite(args: argparse.Namespace) -> None:
+    """Each split built and said with its boards' hash; written as it is built (`jsonl`), or all into one
+    `datasets` folder at the end."""
+    built: dict[str, list[Entry]] = {}
     for split in args.split:
         entries, stats = build(split, seed=args.seed, workers=args.workers, progress=True)
-        out = args.out / f"{split}.jsonl"
-        write_jsonl(entries, out)
-        print(f"{split}: {stats['boards']} boards in {stats['seconds']:.1f} s -> {out} "
-              f"(slowest board {stats['slowest_board']}: {stats['slowest_seconds'] * 1000:.0f} ms)")
+        built[split] = entries
+        where = ""
+        if args.format == "jsonl":
+            write_jsonl(entries, args.out / f"{split}.jsonl")
+            where = f" -> {args.out / f'{split}.jsonl'}"
+        print(f"{split}: {stats['boards']} boards in {stats['seconds']:.1f} s{where} "
+              f"(slowest board {stats['slowest_board']}: {stats['slowest_seconds'] * 1000:.0f} ms; "
+              f"sha256 {boards_hash(entries)})")
+    if args.format == "datasets":
+        print(f"{', '.join(built)} -> {save_datasets(built, args.out / DATASETS_DIR)} (datasets.load_from_disk)")
+
+
+def save_datasets(splits: dict[str, list[Entry]], folder: Path) -> Path:
+    """The splits as one Hugging Face `DatasetDict` saved to `folder` (a split a row per board, in table order:
+    `split`, `subset` and the `instance` as a struct, `Entry.model_validate` reads a row back), with each split's
+    `boards_hash` in `HASH_FILE` beside it."""
+    try:
+        from datasets import Dataset, DatasetDict
+    except ImportError:
+        raise UsageError("--format datasets needs the `datasets` library: pip install 'envlab[datasets]'") from None
+    data = DatasetDict({split: Dataset.from_list([e.model_dump(mode="json") for e in entries])
+                        for split, entries in splits.items()})
+    data.save_to_disk(str(folder))
+    (folder / HASH_FILE).write_text("".join(f"{split} {boards_hash(entries)}\n" for split, entries in splits.items()))
+    return folder
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
@@ -186,8 +215,12 @@ def cmd_show(args: argparse.Namespace) -> None:
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
     """`envlab bench-suite`, `generate`, `score` and `show`."""
-    s = sub.add_parser("bench-suite", help="write the benchmark (3,150 boards) and validation sets as JSONL")
+    s = sub.add_parser("bench-suite", help="write the benchmark (3,150 boards) and validation sets as JSONL "
+                                           "or as a Hugging Face datasets folder, each with its boards' sha256")
     s.add_argument("--out", type=Path, default=Path("data/suite"))
+    s.add_argument("--format", choices=FORMATS, default="jsonl",
+                   help=f"jsonl: SPLIT.jsonl each; datasets: one folder OUT/{DATASETS_DIR} (datasets.load_from_disk) "
+                        f"with the hashes in {HASH_FILE}")
     s.add_argument("--seed", type=int, default=SUITE_SEED)
     s.add_argument("--workers", type=WORKERS, default=2)
     splits = [Split.VALIDATION.value, Split.BENCHMARK.value]

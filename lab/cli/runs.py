@@ -1,4 +1,5 @@
-"""`envlab run`, `worker`, `export`, `import` and `serve`: a run headless, the workers, a run as a file, the page."""
+"""`envlab run`, `worker`, `export`, `push`, `import` and `serve`: a run headless, the workers, a run as a file (or a
+stage on the Hugging Face Hub), the page."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ def quiet_libraries() -> None:
     hf_logging.disable_progress_bar()
     datasets.disable_progress_bars()
     for category in (FutureWarning, DeprecationWarning):
-        warnings.filterwarnings("ignore", category=category, module=r"(?!(envsim|lab|training|storage|app)\b)")
+        warnings.filterwarnings("ignore", category=category, module=r"(?!(envsim|lab|training|storage)\b)")
 
 
 def duration(seconds: float) -> str:
@@ -217,14 +218,44 @@ def cmd_import(args: argparse.Namespace) -> None:
     print(f"{args.file}: run {run['uuid']} ({run['name']}) -> run {imported.run_id}{imported.note()}")
 
 
+def cmd_push(args: argparse.Namespace) -> None:
+    """`envlab push`: a trained stage's policy and its model card to the Hub (docs/archive.md), or, with --dry-run,
+    only the folder that would go there."""
+    from lab.archive.hub import PushError, upload, write_folder
+
+    try:
+        folder = write_folder(engine_of(args.db), args.run, args.stage, args.repo)
+        if args.dry_run:
+            print(folder)
+            return
+        url = upload(folder, args.repo)
+    except PushError as err:
+        raise UsageError(str(err)) from None
+    print(f"run {args.run} -> {url} (from {folder})")
+
+
+def hub_repo(value: str) -> str:
+    """ORG/NAME, as the Hub spells a model repo."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(value)
+    except HFValidationError as err:
+        raise argparse.ArgumentTypeError(str(err).splitlines()[0]) from None
+    if value.count("/") != 1:
+        raise argparse.ArgumentTypeError(f"{value!r}: expected ORG/NAME (a user or organisation, then the repo's name)")
+    return value
+
+
 def serve(argv: list[str]) -> NoReturn:
-    """`envlab serve`: this process becomes `python -m app` (the web lab, which parses its own options:
+    """`envlab serve`: this process becomes `python -m lab.pages.web` (the web lab, which parses its own options:
     --host, --port, --auth, --db, --no-worker, --no-example). The page sits above the lab, so the lab starts it
     as a program, as the page starts `envlab worker`, instead of importing it; the process keeps its id, so
     signals reach the page."""
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execv(sys.executable, [sys.executable, "-m", "app", *argv])
+    os.execv(sys.executable, [sys.executable, "-m", "lab.pages.web", *argv])
 
 
 def run_arguments(sub: argparse._SubParsersAction) -> None:
@@ -250,7 +281,7 @@ def run_arguments(sub: argparse._SubParsersAction) -> None:
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
-    """`envlab run`, `worker`, `export` and `import` (`serve` is the page's: `main` hands it over unparsed)."""
+    """`envlab run`, `worker`, `export`, `push` and `import` (`serve` is the page's: `main` hands it over unparsed)."""
     run_arguments(sub)
 
     s = sub.add_parser("worker", help="run queued jobs (training stages, evaluations, proposals)")
@@ -268,6 +299,16 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--checkpoints", action="store_true", help="include the checkpoint folders of its stages")
     s.add_argument("--db", help="database path or URL (default: $ENVLAB_DB or runs/envlab.db)")
     s.set_defaults(fn=cmd_export)
+
+    s = sub.add_parser("push", help="upload a trained stage's policy, with a model card, to the Hugging Face Hub")
+    s.add_argument("run", type=int, metavar="RUN_ID")
+    s.add_argument("--stage", type=int, metavar="N", help="the stage to push (default: the run's last trained stage)")
+    s.add_argument("--repo", type=hub_repo, required=True, metavar="ORG/NAME",
+                   help="the Hub model repo (made if missing)")
+    s.add_argument("--dry-run", action="store_true",
+                   help="write the folder (checkpoint and README.md), print its path, upload nothing")
+    s.add_argument("--db", help="database path or URL (default: $ENVLAB_DB or runs/envlab.db)")
+    s.set_defaults(fn=cmd_push)
 
     s = sub.add_parser("import", help="load a run exported by `envlab export` into this database, with new ids")
     s.add_argument("file", type=Path)

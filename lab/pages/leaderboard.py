@@ -51,14 +51,27 @@ def reference() -> tuple[dict[str, Any], str]:
 
 
 def local_means(reports: dict[str, Report], labels: dict[str, str]) -> tuple[dict[str, Any], str]:
-    """This lab's rows (mean over map sizes): the shipped tiny policy's result, then each chosen checkpoint."""
+    """This lab's rows (mean over map sizes): the shipped tiny policy's result, then each chosen checkpoint; the
+    note says where the tiny policy's comes from and which boards each row was scored on (`boards_note`)."""
     tiny = tiny_row()
     rows = [tiny] if tiny else []
     rows += [ReferenceRow(labels.get(key, key), "", {a: (percent(v), percent(o)) for a, (v, o) in
-                                                      r.mean_over_sizes.items()}) for key, r in reports.items()]
+                                                      r.mean_over_sizes.items()}, r.boards)
+             for key, r in reports.items()]
     note = f"Tiny policy: {tiny.source}" if tiny else "The tiny policy's result is missing " \
         "(assets/leaderboard/tiny.json; `python benchmarks/tiny_benchmark.py` writes it)."
-    return _means_table("this lab", rows), note
+    return _means_table("this lab", rows), "\n\n".join([note, *boards_note(rows)])
+
+
+def boards_note(rows: Sequence[ReferenceRow]) -> list[str]:
+    """Which boards the rows were scored on, one line per hash (`envsim.suite.boards_hash`: the hash
+    `envlab bench-suite` prints for the boards it writes), rows scored on the same boards together."""
+    by_hash: dict[str, list[str]] = {}
+    for row in rows:
+        by_hash.setdefault(row.boards, []).append(row.name)
+    return [f"Boards sha256 `{boards}`: {', '.join(names)}." if boards else
+            f"Boards not hashed (scored before results kept the hash): {', '.join(names)}."
+            for boards, names in by_hash.items()]
 
 
 def checkpoint_tables(reports: dict[str, Report], labels: dict[str, str]) -> tuple[dict[str, Any], dict[str, Any],

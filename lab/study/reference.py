@@ -25,12 +25,14 @@ TINY_NAME = "tiny policy (shipped, assets/tiny-policy)"
 
 @dataclass(frozen=True)
 class ReferenceRow:
-    """One row of a mean-over-sizes table: a name, where it comes from, and per number of agents the
-    (valid %, optimal %) mean over map sizes."""
+    """One row of a mean-over-sizes table: a name, where it comes from, per number of agents the
+    (valid %, optimal %) mean over map sizes, and the `envsim.suite.boards_hash` of the boards it was scored on
+    ("" where unknown: the paper's rows, a tiny.json written before it kept the hash)."""
 
     name: str
     source: str
     mean_over_sizes: dict[int, tuple[float, float]]
+    boards: str = ""
 
 
 def _means(raw: dict[str, Any]) -> dict[int, tuple[float, float]]:
@@ -60,7 +62,7 @@ def tiny_row(path: Path = TINY_FILE) -> ReferenceRow | None:
             source += (f". It was warm-started on boards of {counts} agents only, and a policy answers for the agent "
                        f"counts it has seen: on {', '.join(map(str, unseen))} agents its answers name the wrong "
                        "number of agents (`wrong_agent_count`), so it scores 0 there")
-    return ReferenceRow(name, source, _means(data["mean_over_sizes"]))
+    return ReferenceRow(name, source, _means(data["mean_over_sizes"]), data.get("boards_sha256", ""))
 
 
 def percent(rate: float) -> float:
@@ -71,10 +73,10 @@ def tiny_result(table: Report, failures: dict[str, int], boards: int, command: s
                 seconds: float, trained_agents: tuple[int, ...] | None = None) -> dict[str, Any]:
     """What `tiny.json` holds: `table` (the benchmark's `envsim.suite.report`) in percent, the mean over sizes
     per number of agents, per (agents, size) and per (agents, wait subset) with their episode counts, and how
-    many answers failed in each way (`failures`, most frequent first)."""
+    many answers failed in each way (`failures`, most frequent first), and the boards' hash (`boards_sha256`)."""
     return {
-        "name": TINY_NAME, "policy": "tiny", "split": "benchmark", "boards": boards, "unit": "percent",
-        "decoding": "greedy",
+        "name": TINY_NAME, "policy": "tiny", "split": "benchmark", "boards": boards, "boards_sha256": table.boards,
+        "unit": "percent", "decoding": "greedy",
         "mean_over_sizes": {str(a): {"valid": percent(v), "optimal": percent(o)}
                             for a, (v, o) in table.mean_over_sizes.items()},
         "by_size": [{"agents": a, "size": n, "valid": percent(v), "optimal": percent(o), "n": count}

@@ -435,7 +435,7 @@ def free_port() -> int:
 
 
 def test_the_page_caps_uploads_and_shows_no_api_schema_under_auth(tmp_path, monkeypatch):
-    import app
+    from lab.pages import web as app
 
     monkeypatch.setenv("ENVLAB_ARCHIVE_UPLOAD", "4k")
     engine = make_engine(str(tmp_path / "envlab.db"))

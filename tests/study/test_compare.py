@@ -14,7 +14,6 @@ import pytest
 from scipy import stats
 from sqlmodel import select
 
-import app
 from envsim.instance import Instance
 from envsim.parser import format_plan
 from envsim.scoring import score_answer
@@ -22,6 +21,7 @@ from envsim.solver import label
 from lab import cli
 from lab.jobs.worker import WorkerOptions, run_worker
 from lab.loop import after_job, run_propose_job
+from lab.pages import web as app
 from lab.pages.compare import compare_view
 from lab.study.comparison import (
     POOLED,

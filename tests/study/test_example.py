@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from sqlmodel import func, select
 
-import app
 from envsim.config import EnvConfig
 from envsim.suite import Split
 from lab.archive import ArchiveError, read_manifest
 from lab.engineers import ENGINEERS
 from lab.loop import create_run, evidence_for, stages_of
+from lab.pages import web as app
 from lab.pages.runs import run_choices, runs_table
 from lab.results import stage_summaries
 from lab.study import example

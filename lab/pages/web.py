@@ -1,0 +1,600 @@
+"""The envlab web lab: review, replay and steer runs in the browser.
+
+`envlab serve` (or `python app.py` in a checkout, which calls `main` here) opens the lab on the embedded defaults:
+the SQLite file `runs/envlab.db` (or `--db` / `$ENVLAB_DB`), one worker process beside the page, the `tiny` policy.
+The page only shows what `lab` reads and calls `lab` to act: it queues jobs and a worker trains (docs/loop.md).
+Per-user state (the open episode, the playground's board) lives in `gr.State`; everything else is in the database,
+which the page polls with `gr.Timer`.
+
+This module assembles the page: the bar above the tabs (the open run, the worker's badge), the tabs from
+`lab/pages/` (one module each, with its view functions and its widgets), and the events that cross tabs.
+
+A lab that starts on an empty database imports the shipped example run first (`lab.study.example`: a real 3-stage
+run with a decision of each kind), so every tab has something to show on the first visit; `--no-example`
+skips it, and a database that holds a run already is left as it is.
+
+A worker is started beside the page unless `--no-worker` is given or one is visibly at work: a running job
+whose heartbeat is fresh. An idle worker writes nothing (a worker has no row of its own), so a lab whose
+worker idles on another machine gets a second one here; that is harmless, as claims are exclusive. Beside it a
+light lane starts too (`envlab worker --kinds probe`): a Measure job runs while the worker trains a long stage.
+Workers lower their CPU priority (`--nice`) and leave the page a core (`lab.jobs.worker.beside_page_env`: torch
+threads on every core but one), so the page stays quick while a stage trains.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import html
+import inspect
+import os
+import signal
+import socket
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+from sqlalchemy import Engine
+from starlette.middleware import Middleware
+
+from lab.archive import ArchiveError, Limits
+from lab.jobs.worker import WorkerState, beside_page_env, start_worker, worker_busy, worker_status
+from lab.pages import compare, episode, leaderboard, playground, proposal, review, runs, train
+from lab.pages.auth import Guard, allowed_hosts
+from lab.pages.common import VIEW, Page, no_progress
+from lab.pages.tempfiles import FILES_AGE_S, SWEEP_S
+from lab.runs import LabVersion, lab_version, run_list, run_of_episode, run_of_proposal, waiting_proposals
+from lab.study.example import ensure_example, import_studies
+from storage.db import DatabaseUnusable, open_database
+
+ASSETS = Path(__file__).resolve().parents[2] / "assets"
+POLL_S = 2.0
+
+INTRO = """# envlab
+An LLM policy trains in stages on MAPF-FrozenLake; after each stage an *environment engineer* proposes the next
+stage's environment and you review it. **Runs** → create or open a run · **Stage review** → what the policy gets
+right and wrong · **Episode** → replay one answer · **Proposal** → accept, edit or reject the engineer's
+next config · **Train** → the worker's progress · **Playground** → try boards and plans · **Leaderboard** →
+benchmark tables · **Compare** → an experiment's engineers side by side."""
+
+
+NO_WORKER = "No worker was started with this lab (--no-worker): queued jobs wait for `envlab worker`."
+LANES = (("--kinds", "probe"),)  # the light lanes beside the worker: Measure jobs never wait behind a long stage
+
+
+def worker_badge(engine: Engine, own_worker: bool = True) -> str:
+    """The worker's badge above the tabs; a lab started without a worker does not call an empty queue idle."""
+    state, text = worker_status(engine)
+    if state == WorkerState.IDLE and not own_worker:
+        text = NO_WORKER
+    return f'<div class="worker {state}"><span class="dot"></span>{html.escape(text)}</div>'.replace(
+        "`envlab worker`", "<code>envlab worker</code>")
+
+
+def waiting_banner(engine: Engine) -> str:
+    """Every proposal that waits for a decision, each a link that opens it: shown above the tabs, so a new
+    one is seen from any tab."""
+    items = [f'<a href="?proposal={w.proposal_id}">Proposal #{w.proposal_id}</a> waits for your decision '
+             f'(run #{w.run_id} {html.escape(w.run_name)}, for stage {w.for_stage}'
+             + ("; the engineer\'s answer failed: edit it or reject it" if w.failed else "") + ")"
+             for w in waiting_proposals(engine)]
+    return "" if not items else '<div class="waiting-bar"><b>Waiting for you:</b> ' + " · ".join(items) + "</div>"
+
+
+def linked(engine: Engine, params: dict[str, str]) -> dict[str, Any]:
+    """What a link opens (`?episode=ID`, `?proposal=ID`, `?run=ID`): the run, the tab, the episode and the
+    proposal; the newest run when the link names none."""
+    run_id, tab, episode_id, proposal_id = None, None, None, None
+    if params.get("proposal", "").isdigit():
+        proposal_id = int(params["proposal"])
+        run_id, tab = run_of_proposal(engine, proposal_id), "proposal"
+    if params.get("run", "").isdigit():
+        run_id = int(params["run"])
+    if params.get("episode", "").isdigit():
+        episode_id, tab = int(params["episode"]), "episode"
+        run_id = run_of_episode(engine, episode_id) or run_id
+    if run_id is None:  # the newest run of this lab's own, before the runs of experiments
+        rows = sorted(run_list(engine), key=lambda row: row.run.experiment_id is not None)
+        run_id = rows[0].run.id if rows else None
+    return {"run": run_id, "tab": tab, "episode": episode_id, "proposal": proposal_id}
+
+
+def build_demo(engine: Engine, own_worker: bool = True) -> gr.Blocks:
+    """The lab's page on `engine` (migrated already); launch it with `launch`. Without `own_worker` (`--no-worker`)
+    the badge says that no worker was started rather than "idle"."""
+    # Uploads, and the copies of exports the page offers for download, are deleted after FILES_AGE_S.
+    with gr.Blocks(title="envlab", delete_cache=(SWEEP_S, FILES_AGE_S)) as demo:
+        gr.Markdown(INTRO, elem_id="intro")
+        with gr.Row(equal_height=True):
+            run_pick = gr.Dropdown(label="Open run", choices=[], value=None, scale=3, elem_id="run-pick")
+            refresh = gr.Button("↻ Refresh", scale=0, min_width=100)
+            worker = gr.HTML(elem_id="worker-status")
+        quiet = gr.HTML(visible=False)
+        waiting = gr.HTML(elem_id="waiting")
+        seen = gr.State(None)  # the `LabVersion` this browser last drew
+        # The tab shown, held by the browser (set there as a tab is clicked, before any answer), and the run each of
+        # the tabs a run fills was last drawn for (`LAZY`): a run opens in the tab shown, the others when opened.
+        showing = gr.Textbox("runs", visible=False)
+        drawn = gr.State({})
+        poll = gr.Timer(POLL_S, active=False)  # started by the page's first answer (`on_load`)
+        with gr.Tabs(elem_id="tabs") as tab_bar:
+            page = Page(engine, run_pick, tab_bar, worker, quiet, own_worker)
+            with gr.Tab("Runs", id="runs") as runs_item:
+                runs_tab = runs.build(page)
+            with gr.Tab("Stage review", id="review") as review_item:
+                review_tab = review.build(page)
+            with gr.Tab("Episode", id="episode") as episode_item:
+                episode_tab = episode.build(page)
+            with gr.Tab("Proposal", id="proposal") as proposal_item:
+                proposal_tab = proposal.build(page)
+            with gr.Tab("Train", id="train") as train_item:
+                train_tab = train.build(page)
+            with gr.Tab("Playground", id="playground") as playground_item:
+                playground_tab = playground.build(page)
+            with gr.Tab("Leaderboard", id="leaderboard") as leaderboard_item:
+                leaderboard_tab = leaderboard.build(page)
+            with gr.Tab("Compare", id="compare") as compare_item:
+                compare_tab = compare.build(page)
+        items = {"runs": runs_item, "review": review_item, "episode": episode_item, "proposal": proposal_item,
+                 "train": train_item, "playground": playground_item, "leaderboard": leaderboard_item,
+                 "compare": compare_item}
+        tabs = Tabs(page, refresh, poll, waiting, Shown(seen, showing, drawn, items), runs=runs_tab,
+                    review=review_tab, episode=episode_tab, proposal=proposal_tab, train=train_tab,
+                    playground=playground_tab, leaderboard=leaderboard_tab, compare=compare_tab)
+        _wire(tabs, demo)
+    return demo
+
+
+@dataclass(frozen=True)
+class Shown:
+    """What the browser has drawn: `seen` (the `LabVersion` and the run last drawn), `showing` (the tab shown) and
+    `drawn` (the run each tab of `LAZY` was last drawn for)."""
+
+    seen: gr.State
+    showing: gr.Textbox
+    drawn: gr.State
+    items: dict[str, gr.Tab]
+
+
+LAZY = ("train", "review", "proposal")  # the tabs a run fills: drawn when shown, not behind the tab shown
+
+
+@dataclass(frozen=True)
+class Tabs:
+    """The page as the events that cross tabs read it: the bar above the tabs (`page`: the run picked, the tabs,
+    the worker's badge; `refresh`, `waiting`), the poll, what the browser has drawn (`shown`) and each tab's object
+    (its widgets and view functions). Its methods draw a run across the tabs, for those events to answer with."""
+
+    page: Page
+    refresh: gr.Button
+    poll: gr.Timer
+    waiting: gr.HTML
+    shown: Shown
+    runs: runs.RunsTab
+    review: review.ReviewTab
+    episode: episode.EpisodeTab
+    proposal: proposal.ProposalTab
+    train: train.TrainTab
+    playground: playground.PlaygroundTab
+    leaderboard: leaderboard.LeaderboardTab
+    compare: compare.CompareTab
+
+    def top_outputs(self) -> list[Any]:
+        """What `top` draws: the bar above the tabs and the runs table."""
+        return [self.page.run_pick, self.runs.table, self.page.worker, self.waiting]
+
+    def run_outputs(self) -> list[Any]:
+        """What `open_run` draws: the bar above the tabs, the tabs a run fills, and what the browser has drawn."""
+        return [*self.top_outputs(), *self.train.outputs, *self.review.outputs, *self.proposal.outputs,
+                self.shown.seen, self.shown.drawn]
+
+    def top(self, run_id: int | None, select: bool = True) -> dict[Any, Any]:
+        """The bar above the tabs and the runs table. With `select` the dropdown's choices and value are set
+        together (to `run_id`); without, only its choices, which only grow, so the value the browser holds
+        stays among them (the poll's way: it must not undo a run opened meanwhile)."""
+        engine = self.page.engine
+        choices = runs.run_choices(engine)
+        ids = [choice[1] for choice in choices]
+        pick = gr.update(choices=choices, value=run_id if run_id in ids else None) if select else \
+            gr.update(choices=choices)
+        return {self.page.run_pick: pick, self.runs.table: runs.runs_table(engine),
+                self.page.worker: worker_badge(engine, self.page.own_worker), self.waiting: waiting_banner(engine)}
+
+    def draw(self, tab: str, run_id: int | None, proposal_id: int | None = None,
+             stage_index: int | None = None) -> dict[Any, Any]:
+        """Tab `tab` drawn for run `run_id` (nothing for a tab a run does not fill)."""
+        if tab == "train":
+            return self.train.show(run_id)
+        if tab == "review":
+            return self.review.show(run_id, stage_index)
+        if tab == "proposal":
+            return self.proposal.show_all(run_id, proposal_id)
+        return {}
+
+    def open_run(self, run_id: int | None, tab: str, proposal_id: int | None = None, stage_index: int | None = None,
+                 select: bool = True) -> dict[Any, Any]:
+        """Run `run_id` open: the bar above the tabs, and the tab shown (`tab`; Proposal at `proposal_id`, else
+        the one that waits, else the newest; Stage review at `stage_index`, else the latest); the other tabs of
+        `LAZY` are marked as drawn for no run, so each is drawn when opened. Marked drawn for the poll."""
+        drawn = {tab: run_id} if tab in LAZY else {}
+        return self.top(run_id, select) | self.draw(tab, run_id, proposal_id, stage_index) | {
+            self.shown.drawn: drawn, self.shown.seen: (lab_version(self.page.engine), run_id)}
+
+
+def _wire(tabs: Tabs, demo: gr.Blocks) -> None:
+    """The events that cross tabs: the run picked above them, links, the poll, a new run, a decision.
+
+    A run opens in one answer (`Tabs.open_run`), never in a chain of events another event (the poll) can slip
+    between: the bar above the tabs and the tab shown are drawn for it, and each other tab of `LAZY` when it is next
+    opened (`opened`), so the browser lays out one tab, not three. Events read what a tab has drawn from its
+    `gr.State` (`shown`), never a dropdown's value, whose choices may be changing on the server while the browser
+    sends it."""
+    _wire_first_visits(tabs)
+    _wire_lazy_tabs(tabs)
+    # A poll answer read for the run open before lands after a run is opened: the next poll sees that `seen` is of
+    # another run and redraws the tab shown (cancelling the poll instead would mark its outputs "Error"). The events
+    # that draw a run's tabs answer one at a time (`VIEW`), so that answer is drawn before the run opened, not after.
+    _wire_poll(tabs)
+    _wire_run_pick(tabs)
+    _wire_new_runs(tabs)
+    _wire_review_and_decisions(tabs)
+    _wire_load(tabs, demo)
+
+
+def _wire_first_visits(tabs: Tabs) -> None:
+    """The tabs a run does not fill, drawn when first opened, not as the page loads beside everything else; and
+    the tab shown, noted as each tab is opened."""
+    compare_tab, leaderboard_tab, playground_tab = tabs.compare, tabs.leaderboard, tabs.playground
+    items = tabs.shown.items
+    items["compare"].select(compare_tab.refresh, [compare_tab.pick, compare_tab.rate], compare_tab.outputs)
+    items["leaderboard"].select(leaderboard_tab.opened, leaderboard_tab.pick,
+                                [leaderboard_tab.pick, *leaderboard_tab.outputs])
+    items["playground"].select(playground_tab.first_visit, [playground_tab.view, playground_tab.board_text],
+                               playground_tab.outputs)
+    for tab_id, item in items.items():  # in the browser only, at once: an answer drawn later cannot reorder it
+        item.select(None, None, tabs.shown.showing, js=f"() => {tab_id!r}")
+
+
+def _wire_lazy_tabs(tabs: Tabs) -> None:
+    """Each tab of `LAZY` drawn for the open run when it is opened (`opened`: one event, which draws nothing when
+    the tab is drawn for that run already)."""
+    seen, drawn = tabs.shown.seen, tabs.shown.drawn
+
+    def opener(tab: str) -> Callable[..., dict[Any, Any]]:
+        def opened(drawn_for: tuple[LabVersion, int | None] | None, has: dict[str, Any]) -> dict[Any, Any]:
+            """Tab `tab` opened: drawn for the open run unless it is already."""
+            run_id = drawn_for[1] if drawn_for is not None else None
+            if tab in has and has[tab] == run_id:
+                return {drawn: has}  # (an empty dict would be read as one value)
+            return tabs.draw(tab, run_id) | {drawn: {**has, tab: run_id}}
+        return opened
+
+    outputs = {"train": tabs.train.outputs, "review": tabs.review.outputs, "proposal": tabs.proposal.outputs}
+    for tab in LAZY:
+        tabs.shown.items[tab].select(opener(tab), [seen, drawn], [*outputs[tab], drawn], **no_progress(tabs.page),
+                                     **VIEW)
+
+
+def _wire_poll(tabs: Tabs) -> Any:
+    """The poll (its event, returned): one cheap read of what changed (`lab_version`); only the parts of the page
+    that depend on it are redrawn (of the tabs a run fills, those drawn for the open run), and a newly stored
+    proposal is selected. `seen` is (the version drawn, the run it was drawn for): a run other than the open one
+    (the poll's answer crossed a run being opened) redraws the tab shown, the others when opened; so does a tab shown
+    that is drawn for no run or another."""
+    page, seen, drawn = tabs.page, tabs.shown.seen, tabs.shown.drawn
+    engine = page.engine
+
+    def follow(run_id: int | None, tab: str, proposal_id: int | None, stage_index: int | None,
+               drawn_for: tuple[LabVersion, int | None] | None, has: dict[str, Any]) -> dict[Any, Any]:
+        now = lab_version(engine)
+        out: dict[Any, Any] = {page.worker: worker_badge(engine, page.own_worker), seen: (now, run_id)}
+        if drawn_for is None or drawn_for[1] != run_id:
+            return out | tabs.top(run_id, select=False) | tabs.draw(tab, run_id) | {
+                drawn: {tab: run_id} if tab in LAZY else {}}
+        if tab in LAZY and has.get(tab) != run_id:
+            # the tab shown is not drawn for the open run: it was opened as the page loaded, and its event reached
+            # the server before the page's first answer, which then marked nothing drawn. Drawn now.
+            out |= tabs.draw(tab, run_id) | {drawn: {**has, tab: run_id}}
+        drawn_ = drawn_for[0]
+        here = {t for t in LAZY if t in has and has[t] == run_id}
+        if "train" in here and (now.jobs != drawn_.jobs or now.runs != drawn_.runs):
+            out |= tabs.train.show(run_id)
+        if (now.runs, now.proposals, now.stages) != (drawn_.runs, drawn_.proposals, drawn_.stages):
+            out |= tabs.top(run_id, select=False)
+            if "proposal" in here:
+                out |= tabs.proposal.follow(run_id, proposal_id, jump=now.proposals[0] != drawn_.proposals[0])
+        if "review" in here and now.stages != drawn_.stages:
+            out |= tabs.review.show(run_id, stage_index)
+        return out
+
+    return tabs.poll.tick(
+        follow, [page.run_pick, tabs.shown.showing, tabs.proposal.shown, tabs.review.shown, seen, drawn],
+        [seen, drawn, *tabs.top_outputs(), *tabs.train.outputs, *tabs.proposal.outputs, *tabs.review.outputs],
+        **no_progress(page), **VIEW)
+
+
+def _wire_run_pick(tabs: Tabs) -> None:
+    """A run opened from the bar above the tabs: picked in the dropdown, or drawn again by Refresh."""
+    run_pick, showing, everywhere = tabs.page.run_pick, tabs.shown.showing, tabs.run_outputs()
+
+    def reopen(run_id: int | None, tab: str, proposal_id: int | None, stage_index: int | None) -> dict[Any, Any]:
+        return tabs.open_run(run_id, tab, proposal_id, stage_index)
+
+    # Progress shows on the bar above the tabs only: a status tracker on each of the ~40 outputs costs the browser
+    # more than the answer does, and flashes Gradio's timer text in every status line.
+    tabs.refresh.click(reopen, [run_pick, showing, tabs.proposal.shown, tabs.review.shown], everywhere,
+                       show_progress_on=run_pick, **VIEW) \
+        .then(tabs.leaderboard.choices, None, tabs.leaderboard.pick)
+
+    def picked(run_id: int | None, tab: str) -> dict[Any, Any]:
+        """A run picked in the dropdown: the tab shown follows (the others when opened); the dropdown itself is
+        left as the person set it, so an answer that lands after a later pick cannot set it back."""
+        return tabs.open_run(run_id, tab, select=False)
+
+    # `select`, as `input` fires twice per pick (Gradio 6). `always_last`: a pick made while the previous one is
+    # answered runs after it (the default, `once`, drops it, and the tabs would stay on the run picked before).
+    run_pick.select(picked, [run_pick, showing], everywhere, show_progress_on=run_pick, trigger_mode="always_last",
+                    **VIEW)
+
+
+def _wire_new_runs(tabs: Tabs) -> None:
+    """A run created or imported on the Runs tab, opened at once."""
+    engine, runs_tab, showing, everywhere = tabs.page.engine, tabs.runs, tabs.shown.showing, tabs.run_outputs()
+
+    def create(*form: Any) -> dict[Any, Any]:
+        message, run_id = runs.create_run_from_form(engine, *form)
+        if run_id is None:
+            return {runs_tab.message: message}
+        return tabs.open_run(run_id, "train") | {runs_tab.message: message, tabs.page.tabs: gr.Tabs(selected="train"),
+                                                 showing: "train", tabs.train.message: message}
+
+    runs_tab.create.click(create, runs_tab.form, [runs_tab.message, *everywhere, tabs.page.tabs, showing,
+                                                  tabs.train.message], show_progress_on=runs_tab.message, **VIEW)
+
+    def imported(path: str | None, tab: str) -> dict[Any, Any]:
+        message, run_id = runs.import_file(engine, path, uploaded=True)
+        done = {runs_tab.import_message: message, runs_tab.upload: None}  # ready for the next file
+        return done if run_id is None else tabs.open_run(run_id, tab) | done
+
+    runs_tab.upload.upload(imported, [runs_tab.upload, showing],
+                           [runs_tab.import_message, runs_tab.upload, *everywhere],
+                           show_progress_on=runs_tab.import_message, **VIEW)
+
+
+def _wire_review_and_decisions(tabs: Tabs) -> None:
+    """A failure row clicked on Stage review opens its episode; a decision on a proposal redraws what it changed."""
+    page, episode_tab, showing = tabs.page, tabs.episode, tabs.shown.showing
+
+    def open_from_gallery(ghost: bool, evt: gr.SelectData) -> dict[Any, Any]:
+        """A failure row clicked: its episode drawn and the Episode tab shown, in one answer."""
+        episode_id = evt.row_value[0]
+        return {episode_tab.episode_id: episode_id, page.tabs: gr.Tabs(selected="episode"), showing: "episode"} | \
+            episode_tab.show(episode_id, ghost)
+
+    tabs.review.gallery.select(open_from_gallery, episode_tab.ghost,
+                               [episode_tab.episode_id, page.tabs, showing, *episode_tab.outputs],
+                               show_progress_on=tabs.review.gallery) \
+        .then(episode_tab.extras, episode_tab.follows, episode_tab.extra_outputs, **no_progress(page))
+
+    def after_decision(run_id: int | None, has: dict[str, Any]) -> dict[Any, Any]:
+        """The bar above the tabs, and the Train tab where it is drawn for this run (else it is when opened)."""
+        return (tabs.train.show(run_id) if has.get("train", False) == run_id else {}) | tabs.top(run_id, select=False)
+
+    for decided in tabs.proposal.decided:
+        decided.then(after_decision, [page.run_pick, tabs.shown.drawn], [*tabs.train.outputs, *tabs.top_outputs()],
+                     **no_progress(page))
+
+
+def _wire_load(tabs: Tabs, demo: gr.Blocks) -> None:
+    """The page's first answer: the run, tab, episode and proposal a link names (`linked`), and the poll started."""
+    page, episode_tab, showing = tabs.page, tabs.episode, tabs.shown.showing
+
+    def on_load(request: gr.Request) -> dict[Any, Any]:
+        link = linked(page.engine, dict(request.query_params) if request is not None else {})
+        tab = link["tab"] or "runs"
+        # Everything a link opens goes out with the first answer: a link to a proposal or an episode paints in one
+        # round trip.
+        episode_view = {} if link["episode"] is None else episode_tab.show(link["episode"], True)
+        # The poll starts with this answer: one started before would read the page as it was before it (no run
+        # open) and draw that over it. The note box starts empty and this answer leaves it alone: a note typed
+        # while the page loads is the person's, for the proposal drawn around it.
+        first = tabs.open_run(link["run"], tab, link["proposal"])
+        first.pop(tabs.proposal.note, None)
+        return first | episode_view | {
+            tabs.poll: gr.Timer(active=True), episode_tab.episode_id: link["episode"]} | (
+            # a tab the person opened before this answer came is left as it is (and drawn: `opened`)
+            {page.tabs: gr.Tabs(selected=tab), showing: tab} if link["tab"] else {})
+
+    demo.load(on_load, None, [*tabs.run_outputs(), tabs.poll, page.tabs, showing, episode_tab.episode_id,
+                              *episode_tab.outputs], show_progress_on=page.run_pick, **VIEW) \
+        .then(episode_tab.extras, episode_tab.follows, episode_tab.extra_outputs, **no_progress(page))
+
+
+# ---------------------------------------------------------------- the command
+
+
+def read_auth(value: str | None) -> list[tuple[str, str]] | None:
+    """`user:password`, or a file of such lines (blank lines and `#` comments skipped)."""
+    if not value:
+        return None
+    path = Path(value)
+    lines = path.read_text().splitlines() if path.is_file() else [value]
+    pairs = []
+    for line in lines:
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        user, sep, password = line.partition(":")
+        if not sep or not user or not password:
+            raise SystemExit(f"--auth: expected user:password (or a file of such lines), got {line[:40]!r}")
+        pairs.append((user, password))
+    return pairs
+
+
+def plotly_warmup() -> str:
+    """A script for the page's head that loads Gradio's Plotly bundle (4.6 MB of JavaScript, which Gradio imports
+    only when the first plot is drawn) as soon as the page is idle after its load, so the first board or chart a
+    person opens is drawn without waiting for it. The same module URL as Gradio's own import, so it is evaluated
+    once; empty when this Gradio ships no such bundle."""
+    bundles = sorted((Path(gr.__file__).parent / "templates" / "frontend" / "assets").glob("PlotlyPlot-*.js"))
+    if len(bundles) != 1:
+        return ""
+    return ('<script type="module">(window.requestIdleCallback || setTimeout)'
+            f'(() => import("./assets/{bundles[0].name}").catch(() => null));</script>')
+
+
+def close_api_docs(demo: gr.Blocks) -> None:
+    """Under `--auth`, say nothing of the page's endpoints to someone who has not logged in: Gradio embeds the
+    public endpoints' schema in `/` (login page included), so every endpoint is made "undocumented" (still
+    callable by the page itself, after its login; hidden from that schema and `/gradio_api/info`)."""
+    for fn in demo.fns.values():
+        if fn.api_visibility == "public":
+            fn.api_visibility = "undocumented"
+
+
+def launch(demo: gr.Blocks, host: str = "127.0.0.1", port: int | None = None,
+           auth: list[tuple[str, str]] | None = None, block: bool = True, allowed: Sequence[str] = (),
+           forwarded_allow_ips: str = "") -> None:
+    """Serve the page; with `block`, say where in one line and serve until interrupted. Raises OSError when
+    the port is taken.
+
+    Uploads are capped at `Limits.upload` (Gradio's `max_file_size`, per file; docs/archive.md) and FastAPI's
+    own `/openapi.json` is off (Gradio's routes, no lab data, but answered without a login); under `auth` the
+    endpoints' schema is not shown either (`close_api_docs`), failed logins are throttled and every request
+    that can change something needs the login (`lab.pages.auth.Guard`). The guard answers only to the lab's host names
+    (`allowed` adds to them) and the lab's own page, in front of every other layer of the app (Gradio's CORS layer
+    would otherwise answer another site's preflight first); `X-Forwarded-For` is believed only from the proxies in
+    `forwarded_allow_ips` (uvicorn's setting; none by default)."""
+    if auth:
+        close_api_docs(demo)
+    os.environ["FORWARDED_ALLOW_IPS"] = forwarded_allow_ips  # read by the uvicorn Gradio starts
+    # Gradio asks the page of itself once before it returns and gives up after one 3 s wait: on a loaded machine
+    # (a stage training beside it) the lab would refuse to start. The lab serves its own page; skip the asking.
+    unasked = {"_frontend": False} if "_frontend" in inspect.signature(demo.launch).parameters else {}
+    demo.launch(**unasked, server_name=host, server_port=port, auth=auth, prevent_thread_lock=True, quiet=True,
+                css_paths=[ASSETS / "lab.css"], head=plotly_warmup(), theme=gr.themes.Soft(), footer_links=[],
+                ssr_mode=False, run_history=False, show_error=True, max_file_size=Limits.from_env().upload,
+                app_kwargs={"openapi_url": None, "middleware": [Middleware(Guard, hosts=allowed_hosts(host, allowed))]})
+    guard_first(demo.server_app)
+    if block:
+        print(f"envlab: serving on http://{host}:{demo.server_port}", flush=True)
+        demo.block_thread()
+
+
+def guard_first(server: Any) -> None:
+    """Put the guard in front of the layers Gradio adds to its app (compression, CORS), and build the app's stack
+    again: Starlette builds it at the first request, which may already have come."""
+    guard = next(m for m in server.user_middleware if m.cls is Guard)
+    server.user_middleware.remove(guard)
+    server.user_middleware.insert(0, guard)
+    server.middleware_stack = server.build_middleware_stack()
+
+
+def arguments() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="envlab serve", description="The envlab web lab.")
+    p.add_argument("--host", help="address to bind (0.0.0.0 to expose the lab; use --auth); "
+                                   "default: $GRADIO_SERVER_NAME, else 127.0.0.1")
+    p.add_argument("--port", type=int, help="default: $GRADIO_SERVER_PORT, else 7860")
+    p.add_argument("--auth", help="user:password, or a file with one user:password per line")
+    p.add_argument("--allowed-hosts", default="", metavar="NAMES",
+                   help="more host names the page answers to, comma-separated (e.g. lab.example.org behind a proxy; "
+                        "'*' for any); localhost's and --host's always")
+    p.add_argument("--forwarded-allow-ips", default="", metavar="IPS",
+                   help="proxies whose X-Forwarded-For names the client (comma-separated addresses or networks); "
+                        "none by default: the client is the TCP peer")
+    p.add_argument("--db", help="database path or URL (default: $ENVLAB_DB, else runs/envlab.db)")
+    p.add_argument("--no-worker", action="store_true", help="do not start a worker beside the page")
+    p.add_argument("--no-example", action="store_true",
+                   help="leave a new, empty database empty (by default the shipped example run is imported into it)")
+    return p
+
+
+def address(host: str | None, port: int | None) -> tuple[str, int]:
+    """Where to serve: the flags, else Gradio's own GRADIO_SERVER_NAME and GRADIO_SERVER_PORT, else
+    127.0.0.1:7860."""
+    host = host or os.environ.get("GRADIO_SERVER_NAME") or "127.0.0.1"
+    if port is None:
+        raw = os.environ.get("GRADIO_SERVER_PORT") or "7860"
+        if not raw.isdigit():
+            raise SystemExit(f"envlab serve: GRADIO_SERVER_PORT={raw!r} is not a port number")
+        port = int(raw)
+    return host, port
+
+
+def port_free(host: str, port: int) -> bool:
+    """Whether the page can listen on `(host, port)`; any reason but a taken port ends the command."""
+    try:
+        socket.create_server((host, port)).close()
+    except OSError as err:
+        if err.errno == errno.EADDRINUSE:
+            return False
+        raise SystemExit(f"envlab serve: cannot serve on {host}:{port}: {err.strerror or err}") from None
+    return True
+
+
+def add_example(engine: Engine) -> None:
+    """The shipped example run, into a database that holds no run yet; a file that cannot be imported is said
+    in one line, and the lab starts without it."""
+    try:
+        run_id = ensure_example(engine)
+    except ArchiveError as err:
+        print(f"the example run was not imported: {err}", file=sys.stderr)
+        return
+    if run_id is not None:
+        print(f"an empty lab: the example run is run #{run_id} (--no-example leaves a new lab empty)", file=sys.stderr)
+        try:
+            studies = import_studies(engine)
+        except (ArchiveError, OSError) as err:
+            print(f"the shipped study was not imported: {err}", file=sys.stderr)
+            return
+        print(f"and the shipped study's {len(studies)} experiment(s) are on the Compare tab", file=sys.stderr)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = arguments().parse_args(argv)
+    host, port = address(args.host, args.port)
+    taken = f"envlab serve: port {port} is taken; choose another with --port N or GRADIO_SERVER_PORT"
+    if not port_free(host, port):  # before the worker starts and the page is built
+        print(taken, file=sys.stderr)
+        return 2
+    auth = read_auth(args.auth)
+    if host not in ("127.0.0.1", "localhost") and not auth:
+        print(f"warning: serving on {host} without --auth: anyone who can reach it can decide proposals",
+              file=sys.stderr)
+    try:
+        engine = open_database(args.db)
+    except DatabaseUnusable as err:
+        print(f"envlab serve: {err}", file=sys.stderr)
+        return 2
+    if not args.no_example:
+        add_example(engine)
+    if args.no_worker:
+        print("not starting a worker (--no-worker): queued jobs wait for `envlab worker`", file=sys.stderr)
+    elif worker_busy(engine):
+        print("a worker is already at work on this database: not starting another", file=sys.stderr)
+    else:
+        start_worker(args.db, env=beside_page_env())
+    if not args.no_worker:
+        for lane in LANES:  # a probe job runs here while the worker trains a stage
+            start_worker(args.db, options=lane, env=beside_page_env())
+    # SIGTERM ends the page like Ctrl-C does, so the atexit hook stops the worker it started.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+    try:
+        launch(build_demo(engine, own_worker=not args.no_worker), host, port, auth,
+               allowed=args.allowed_hosts.split(","), forwarded_allow_ips=args.forwarded_allow_ips)
+    except KeyboardInterrupt:  # Ctrl+C: one line; the worker it started hands its job back as it stops (atexit)
+        print("envlab serve: stopped", file=sys.stderr)
+        return 0
+    except OSError:
+        if port_free(host, port):
+            raise
+        print(taken, file=sys.stderr)  # taken between the check and the launch
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,198 @@
+"""`envlab push`: a trained stage of the seeded lab's history run (tests/seeded.py), with a checkpoint folder and
+benchmark episodes stored as the lab stores them, written as the folder the Hub gets, to its exact model card.
+
+No test reaches the network. The upload is tested with `huggingface_hub.HfApi` replaced by a recorder, at the
+network boundary only (the folder, the repo name and the calls are the lab's own); the failures with the real
+`huggingface_hub`: no token anywhere, and a Hub endpoint where nothing listens.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import huggingface_hub
+import pytest
+from huggingface_hub import constants
+from sqlmodel import select
+
+from envsim.parser import format_plan
+from envsim.scoring import score_answer
+from envsim.suite import Entry, Split, boards_hash
+from lab.cli import main
+from storage.db import session
+from storage.models import Run, Stage
+from tests.seeded import OPEN_OFF_GRID, boards
+from tests.servers import free_port
+from training.evaluate import EpisodeResult, store_evaluation
+
+REPO = "alice/envlab-curriculum"
+WEIGHTS = b"\x00weights\x01" * 100
+
+
+@pytest.fixture
+def pushable(lab, tmp_path: Path):
+    """The seeded lab, its history run's stage 1 with a checkpoint folder and two benchmark episodes: (engine, ids,
+    the --db setting, the run folder, the benchmark boards' hash)."""
+    engine, ids = lab
+    with session(engine) as s:
+        run = s.get(Run, ids["history"])
+        stage = s.exec(select(Stage).where(Stage.run_id == run.id, Stage.index == 1)).one()
+        stage.checkpoint = f"{run.uuid}/stage-1/policy"
+        s.add(stage)
+        s.commit()
+        uuid = run.uuid
+    policy = tmp_path / uuid / "stage-1" / "policy"
+    policy.mkdir(parents=True)
+    (policy / "config.json").write_text('{"model_type": "qwen3"}\n')
+    (policy / "model.safetensors").write_bytes(WEIGHTS)
+    b = boards()
+    bench = [Entry(split=Split.BENCHMARK, subset=0.25, instance=b["crossing"]),
+             Entry(split=Split.BENCHMARK, subset=0.75, instance=b["open"])]
+    answers = [format_plan(b["crossing"].reference_plan), OPEN_OFF_GRID]
+    with session(engine) as s:
+        store_evaluation(s, ids["history"], 1, Split.BENCHMARK,
+                         [EpisodeResult(e.instance, a, score_answer(e.instance, a)) for e, a in zip(bench, answers,
+                                                                                                      strict=True)],
+                         [e.subset for e in bench])
+    return engine, ids, str(tmp_path / "lab.db"), tmp_path / uuid, boards_hash(bench)
+
+
+def card(run_id: int, proposal_id: int, boards: str) -> str:
+    return f"""---
+library_name: transformers
+tags:
+- envlab
+- mapf-frozenlake
+- grpo
+---
+
+# {REPO}
+
+Stage 1 of envlab run #{run_id} `curriculum`: a policy trained with GRPO (TRL) in stages on MAPF-FrozenLake. \
+After each stage an environment engineer proposed the next stage's environment config, and a person (or the run \
+itself, auto-apply) decided on it.
+
+- Started from: `tiny`
+- Engineer: `heuristic`
+- Run seed: 0
+
+## Config timeline
+
+Each stage's config as it trained: stage 0's whole, then each value that changed from the stage before and who set \
+it (engineer: proposed and accepted; person: a person's edit; auto-apply: applied by the run itself).
+
+| stage | config from | changed |
+| --- | --- | --- |
+| 0 | initial config | `{{"data_ratio":{{"3":0.5,"4":0.5}},"hole_ratio":{{"3":0.2,"4":0.2}},\
+"wait_ratio":{{"3":0.25,"4":0.25}},"agent_ratio":{{"2":1.0}},"num_instances":16}}` |
+| 1 | proposal #{proposal_id}, accepted by alice | wait_ratio[3] 0.25 → 0.35 (engineer); \
+hole_ratio[4] 0.2 → 0.15 (engineer) |
+
+## Decisions
+
+| proposal | after stage | engineer | decision | by | note |
+| --- | --- | --- | --- | --- | --- |
+| #{proposal_id} | 0 | heuristic | accept | alice |  |
+
+## Validation
+
+Valid and optimal rates over each stage's validation episodes, pooled over map sizes.
+
+| stage | valid | optimal | episodes |
+| --- | --- | --- | --- |
+| 0 | 0.0% | 0.0% | 3 |
+| 1 | 66.7% | 66.7% | 3 |
+
+## Benchmark
+
+Stage 1, on the boards with sha256 `{boards}` (`envlab bench-suite` prints it); the mean over map sizes as the \
+paper reports it:
+
+valid rate / optimal rate
+
+| agents | 3x3 | mean |
+|---|---|---|
+| 2 | 50.0% / 50.0% | 50.0% / 50.0% |
+
+| agents | wait 0.25 | wait 0.75 |
+|---|---|---|
+| 2 | 100.0% / 100.0% | 0.0% / 0.0% |
+"""
+
+
+def test_a_dry_run_writes_the_checkpoint_and_its_model_card(pushable, capsys):
+    engine, ids, db, run_dir, boards = pushable
+    assert main(["push", str(ids["history"]), "--repo", REPO, "--dry-run", "--db", db]) == 0
+    folder = run_dir / "hub" / "stage-1"
+    assert capsys.readouterr().out == f"{folder}\n"
+    assert sorted(p.name for p in folder.iterdir()) == ["README.md", "config.json", "model.safetensors"]
+    assert (folder / "model.safetensors").read_bytes() == WEIGHTS
+    assert (folder / "README.md").read_text() == card(ids["history"], ids["accepted"], boards)
+    # the second proposal waits for a decision: not in the card; pushed again, the folder is made anew
+    (folder / "stale.bin").write_bytes(b"old")
+    assert main(["push", str(ids["history"]), "--stage", "1", "--repo", REPO, "--dry-run", "--db", db]) == 0
+    assert sorted(p.name for p in folder.iterdir()) == ["README.md", "config.json", "model.safetensors"]
+    assert (run_dir / "stage-1" / "policy" / "README.md").exists() is False  # the checkpoint is left as it was
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["--stage", "0"], "stage 0 of run {run} is its starting policy (tiny), not trained by the run"),
+    (["--stage", "5"], "run {run} has no stage 5"),
+    ([], None),
+])
+def test_what_cannot_be_pushed_is_said_in_one_line(pushable, capsys, args, said):
+    engine, ids, db, _, _ = pushable
+    run = ids["history"] if said else ids["waiting"]
+    said = said or "run {run} has no trained stage yet (stage 0 is its starting policy, tiny)"
+    assert main(["push", str(run), *args, "--repo", REPO, "--dry-run", "--db", db]) == 2
+    assert capsys.readouterr().err == f"envlab push: {said.format(run=run)}\n"
+
+
+def test_a_repo_that_is_not_org_slash_name_is_refused(pushable, capsys):
+    _, ids, db, _, _ = pushable
+    assert main(["push", str(ids["history"]), "--repo", "just-a-name", "--dry-run", "--db", db]) == 2
+    assert "argument --repo: 'just-a-name': expected ORG/NAME" in capsys.readouterr().err
+
+
+class RecordingHub:
+    """`huggingface_hub.HfApi` at the network boundary: records what the lab asks of the Hub."""
+
+    calls: list[tuple[str, dict]] = []
+
+    def create_repo(self, repo_id: str, **kwargs):
+        self.calls.append(("create_repo", {"repo_id": repo_id, **kwargs}))
+        return f"https://huggingface.co/{repo_id}"
+
+    def upload_folder(self, **kwargs):
+        self.calls.append(("upload_folder", {**kwargs, "files": sorted(p.name for p in Path(kwargs["folder_path"])
+                                                                        .iterdir())}))
+
+
+def test_push_makes_the_repo_and_uploads_the_folder(pushable, capsys, monkeypatch):
+    _, ids, db, run_dir, _ = pushable
+    monkeypatch.setenv("HF_TOKEN", "hf_test")
+    monkeypatch.setattr(huggingface_hub, "HfApi", RecordingHub)
+    RecordingHub.calls = []
+    assert main(["push", str(ids["history"]), "--repo", REPO, "--db", db]) == 0
+    folder = run_dir / "hub" / "stage-1"
+    assert RecordingHub.calls == [
+        ("create_repo", {"repo_id": REPO, "exist_ok": True}),
+        ("upload_folder", {"repo_id": REPO, "folder_path": folder, "commit_message": "envlab push: stage-1",
+                           "files": ["README.md", "config.json", "model.safetensors"]})]
+    assert capsys.readouterr().out == f"run {ids['history']} -> https://huggingface.co/{REPO} (from {folder})\n"
+
+
+def test_no_token_and_no_network_are_each_one_line(pushable, capsys, monkeypatch, tmp_path):
+    _, ids, db, _, _ = pushable
+    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_OIDC_RESOURCE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
+    assert main(["push", str(ids["history"]), "--repo", REPO, "--db", db]) == 2
+    assert capsys.readouterr().err == ("envlab push: no Hugging Face token: set HF_TOKEN or run `hf auth login` "
+                                       "(--dry-run writes the folder only)\n")
+    monkeypatch.setenv("HF_TOKEN", "hf_test")
+    monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    assert main(["push", str(ids["history"]), "--repo", REPO, "--db", db]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"envlab push: the upload to {REPO} failed: ") and err.count("\n") == 1
+    assert "Traceback" not in err
