@@ -31,6 +31,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,7 @@ from typing import Any
 import gradio as gr
 from sqlalchemy import Engine
 from starlette.middleware import Middleware
+from tqdm import tqdm
 
 from lab.archive import ArchiveError, Limits
 from lab.jobs.worker import WorkerState, beside_page_env, start_worker, worker_busy, worker_status
@@ -535,22 +537,39 @@ def port_free(host: str, port: int) -> bool:
     return True
 
 
-def add_example(engine: Engine) -> None:
-    """The shipped example run, into a database that holds no run yet; a file that cannot be imported is said
-    in one line, and the lab starts without it."""
+def add_example(engine: Engine, beside: bool = False) -> threading.Thread | None:
+    """The shipped example run, into a database that holds no run yet, then the shipped study; a file that cannot
+    be imported is said in one line, and the lab starts without it. With `beside`, the study (48 runs, most of a
+    first start's time) is imported in a thread while the page starts, with a bar on the command line; an
+    experiment shows on the Compare tab once all its runs are in (`import_studies`). Returns that thread."""
     try:
         run_id = ensure_example(engine)
     except ArchiveError as err:
         print(f"the example run was not imported: {err}", file=sys.stderr)
-        return
-    if run_id is not None:
-        print(f"an empty lab: the example run is run #{run_id} (--no-example leaves a new lab empty)", file=sys.stderr)
+        return None
+    if run_id is None:
+        return None
+    print(f"an empty lab: the example run is run #{run_id} (--no-example leaves a new lab empty)", file=sys.stderr)
+    if not beside:
+        add_studies(engine)
+        return None
+    thread = threading.Thread(target=add_studies, args=(engine,), name="envlab-study-import", daemon=True)
+    thread.start()
+    return thread
+
+
+def add_studies(engine: Engine) -> None:
+    """The shipped study's experiments, run by run with a progress bar, then one line saying where they are."""
+    with tqdm(desc="importing the shipped study", unit="run", file=sys.stderr, leave=False) as bar:
+        def step(done: int, total: int) -> None:
+            bar.total = total
+            bar.update(done - bar.n)
         try:
-            studies = import_studies(engine)
+            studies = import_studies(engine, progress=step)
         except (ArchiveError, OSError) as err:
             print(f"the shipped study was not imported: {err}", file=sys.stderr)
             return
-        print(f"and the shipped study's {len(studies)} experiment(s) are on the Compare tab", file=sys.stderr)
+    print(f"the shipped study's {len(studies)} experiment(s) are on the Compare tab", file=sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -569,8 +588,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DatabaseUnusable as err:
         print(f"envlab serve: {err}", file=sys.stderr)
         return 2
-    if not args.no_example:
-        add_example(engine)
+    study = None if args.no_example else add_example(engine, beside=True)
     if args.no_worker:
         print("not starting a worker (--no-worker): queued jobs wait for `envlab worker`", file=sys.stderr)
     elif worker_busy(engine):
@@ -593,6 +611,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(taken, file=sys.stderr)  # taken between the check and the launch
         return 2
+    if study is not None:
+        study.join()  # the page ended on its own: let the study's import end too
     return 0
 
 

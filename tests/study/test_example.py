@@ -4,6 +4,7 @@ makes, with a decision of each kind and the reason for each."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -86,13 +87,17 @@ def test_a_missing_example_file_is_said_in_one_line_and_the_lab_starts_empty(tmp
 
 
 def test_serve_imports_the_example_before_the_page_is_built_unless_no_example(tmp_path: Path, monkeypatch, capsys):
-    """`python app.py` / `envlab serve` down to the page: the example is in before `build_demo` runs, once;
-    `--no-example` leaves a new lab empty. The page itself is not built or served here (tests/test_app.py)."""
+    """`python app.py` / `envlab serve` down to the page: the example is in before `build_demo` runs, once, and the
+    shipped study is imported beside the page as it starts (the page does not wait for it; `main` waits for it
+    once the page ended); `--no-example` leaves a new lab empty. The page itself is not built or served here
+    (tests/test_app.py)."""
     runs_when_built: list[list[str]] = []
+    importing_when_built: list[bool] = []
 
     def build_demo(engine, own_worker=True):
         assert not own_worker  # --no-worker: the badge will say no worker was started
-        runs_when_built.append([r.name for r in _runs(engine)])
+        runs_when_built.append([r.name for r in _runs(engine)][:1])
+        importing_when_built.append(any(t.name == "envlab-study-import" for t in threading.enumerate()))
         return "the page"
 
     monkeypatch.setattr(app, "build_demo", build_demo)
@@ -109,9 +114,10 @@ def test_serve_imports_the_example_before_the_page_is_built_unless_no_example(tm
     assert app.main(["--db", first, "--port", port, "--no-worker"]) == 0
     assert "example" not in capsys.readouterr().err
     empty_lab, first_start, second_start = runs_when_built
-    # the example, then hardstart (5 arms x 6 seeds) and defaults (3 arms x 6 seeds)
-    assert empty_lab == [] and first_start[0] == NAME and len(first_start) == 1 + 30 + 18
-    assert second_start == first_start  # nothing imported twice
+    assert empty_lab == [] and first_start == second_start == [NAME]
+    assert importing_when_built == [False, True, False]  # the study's import ran while the page was built
+    # the example, then hardstart (5 arms x 6 seeds) and defaults (3 arms x 6 seeds), nothing imported twice
+    assert len(_runs(_engine(Path(first)))) == 1 + 30 + 18
     engine = make_engine(first)
     assert run_choices(engine)[0][0].startswith(f"#1 {NAME}")  # the example heads the runs, not the study's
     assert runs_table(engine)["data"][0][:2] == [1, NAME]
