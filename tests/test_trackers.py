@@ -41,7 +41,8 @@ def _run(engine: Engine, grpo: dict, stages: int = 3) -> Run:
 
 
 def test_two_stages_log_into_one_trackio_run_on_one_step_axis(empty_lab: Engine, monkeypatch: pytest.MonkeyPatch):
-    pytest.importorskip("trackio")
+    import trackio  # noqa: F401  (the dev install has it: pyproject's `track` extra; CI runs this for real)
+
     monkeypatch.delenv(trackers.TRACKIO_DIR_SETTING, raising=False)
     run = _run(empty_lab, GRPO)
     for k in (0, 1, 2):  # stage 0 is evaluated, 1 and 2 train: each in a child process of the worker
