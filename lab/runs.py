@@ -37,6 +37,7 @@ from storage.models import (
     StageStatus,
     TrainingLog,
 )
+from training import trackers
 
 
 @dataclass(frozen=True)
@@ -286,6 +287,7 @@ class RunProgress:
     latest: StageSummary | None  # the validation results of the last evaluated stage
     training: tuple[int, list[tuple[int, dict[str, Any]]]] | None = None  # the last trained stage: (index, logs)
     shared: tuple[Evaluation, ...] = ()  # evaluations copied from another run's equal one (stage 0: evaluated once)
+    trackio: str | None = None  # the command that shows the run's curves in Trackio, when it reports to Trackio
 
 
 def run_progress(engine: Engine, run_id: int) -> RunProgress | None:
@@ -297,7 +299,8 @@ def run_progress(engine: Engine, run_id: int) -> RunProgress | None:
         shared = s.exec(select(Evaluation).where(Evaluation.run_id == run_id, Evaluation.source_run_id.is_not(None))
                         .order_by(Evaluation.stage_index, Evaluation.id)).all()
         return RunProgress(run, stages_of(s, run_id), jobs_of(s, run_id),
-                           summaries[max(summaries)] if summaries else None, _last_training(s, run_id), tuple(shared))
+                           summaries[max(summaries)] if summaries else None, _last_training(s, run_id), tuple(shared),
+                           trackers.where_to_see(engine, run))
 
 
 def _last_training(s: Session, run_id: int) -> tuple[int, list[tuple[int, dict[str, Any]]]] | None:

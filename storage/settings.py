@@ -25,10 +25,12 @@ from envsim.suite import VALIDATION_PER_SIZE, dev_cells, validation_cells
 # another lab's archive; fields that name a place to write (the trainer's folder, its logs), a place to read (a
 # checkpoint to resume from) or somewhere to send the weights (the Hub) would let those settings reach outside the
 # run's own folder, so the stage sets them itself and an override of any of them is refused wherever settings are
-# validated (made, stored, read back, imported).
+# validated (made, stored, read back, imported). The tracker's project and run name are the lab's and the run's
+# (training.trackers): another name would split the run's curves or pour them into another run's.
 LAB_OWNED = frozenset({
     "output_dir", "logging_dir", "resume_from_checkpoint", "push_to_hub", "hub_model_id", "hub_token",
     "hub_strategy", "hub_private_repo", "hub_always_push", "hub_revision", "deepspeed", "fsdp_config",
+    "project", "run_name",
 })
 
 
@@ -81,7 +83,8 @@ class RunSettings(BaseModel):
     @classmethod
     def _grpo(cls, value: dict[str, Any]) -> dict[str, Any]:
         if owned := lab_owned(value):
-            raise ValueError(f"sets {', '.join(owned)}: the lab sets these itself (a run's files stay in its folder)")
+            raise ValueError(f"sets {', '.join(owned)}: the lab sets these itself (a run's files stay in its folder, "
+                             "its curves in its tracker run)")
         return value
 
     @field_validator("stages")

@@ -60,15 +60,21 @@ def check_grpo(settings: RunSettings, instances: int, policy: str) -> int:
 
 
 # The packages a setting needs beyond the base install, with the extra that installs each (pyproject.toml).
-EXTRAS = {"peft": "lora", "vllm": "vllm", "submitit": "slurm"}
+EXTRAS = {"peft": "lora", "vllm": "vllm", "submitit": "slurm", "trackio": "track", "wandb": "wandb"}
 
 
 def check_packages(settings: RunSettings) -> None:
     """Refuse settings that need a package this install lacks, naming the extra that installs it, before a run
-    depends on them (LoRA needs peft, `use_vllm` needs vLLM), instead of failing a stage minutes later."""
+    depends on them (LoRA needs peft, `use_vllm` needs vLLM, `report_to` a tracker its package), instead of failing
+    a stage minutes later."""
+    from training.trackers import reported
+
     needs = [("peft", f"lora = {settings.lora} (LoRA adapters)")] if settings.lora else []
     if settings.grpo.get("use_vllm"):
         needs.append(("vllm", "grpo use_vllm = True (vLLM generation)"))
+    report_to = settings.grpo.get("report_to")
+    if report_to not in ("all", ["all"]):  # "all": whichever trackers are installed
+        needs += [(tracker, f"grpo report_to = {report_to!r}") for tracker in reported(report_to)]
     for package, setting in needs:
         if not installed(package):
             raise SettingsError(f"{setting} needs the {package} package, which is not installed: "

@@ -8,8 +8,10 @@ A run's `settings.grpo` holds `GRPOConfig` field overrides that are passed strai
 the few defaults below (the ones a CPU or a tiny model needs); nothing here re-declares TRL's fields. What
 is ours is `StageArgs` (where the stage lives, its seed, its starting policy and its `EnvConfig`), the
 data (boards from `envsim.generate` with the stage's seed, as prompts plus the board's JSON that the
-rewards read), the reward functions (`training.rewards`) and a callback that writes TRL's logs into the
-lab's database, reports progress and stops the trainer when someone cancels the job.
+rewards read), the reward functions (`training.rewards`), a callback that writes TRL's logs into the
+lab's database, reports progress and stops the trainer when someone cancels the job, and, for a run that reports
+to Trackio or W&B, transformers' callbacks for them logging every stage into the run's one tracker run on one step
+axis (`training.trackers`).
 
 Files of a run live in `<runs root>/<run uuid>/` (`storage.db.runs_root`: `$ENVLAB_RUNS`, else the SQLite
 file's folder): stage `k`'s trained policy in `stage-<k>/policy/` (an ordinary Hugging Face folder that
@@ -28,6 +30,7 @@ stages run outside the worker under `accelerate launch -m training.stage` (docs/
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import importlib.util
 import json
@@ -47,6 +50,8 @@ from datasets import Dataset
 from sqlalchemy import Engine
 from sqlmodel import delete, select
 from transformers import TrainerCallback
+from transformers.integrations import TrackioCallback, WandbCallback
+from transformers.integrations.integration_utils import rewrite_logs
 from transformers.trainer_callback import PrinterCallback
 from transformers.trainer_utils import get_last_checkpoint
 from trl import GRPOConfig, GRPOTrainer
@@ -60,7 +65,7 @@ from storage.db import RUNS_SETTING, UnsafePath, checkpoint_of, make_engine, run
 from storage.models import Job, Run, Stage, StageMetric, StageStatus, TrainingLog, utcnow
 from storage.settings import RunSettings
 from training import evaluate as evaluation
-from training import memory, shared, vllm
+from training import memory, shared, trackers, vllm
 from training.policy import TINY_DIR, Policy, PolicyError, load_policy, local_device, lora_config, policy_folder
 from training.progress import Cancelled, Progress
 from training.rewards import DEFAULT_WEIGHTS, REWARDS
@@ -170,7 +175,7 @@ STYLE_DEFAULTS: dict[str, dict[str, Any]] = {
 
 
 def grpo_config(args: StageArgs, overrides: dict[str, Any], max_completion_length: int,
-                prompt_style: str = "chat") -> GRPOConfig:
+                prompt_style: str = "chat", tracking: trackers.Tracking | None = None) -> GRPOConfig:
     """TRL's config: our defaults for this machine and task, then the run's `settings.grpo` on top.
 
     Defaults: CPU when there is no CUDA device (GPUs follow CUDA_VISIBLE_DEVICES), bf16 mixed precision (autocast
@@ -181,7 +186,8 @@ def grpo_config(args: StageArgs, overrides: dict[str, Any], max_completion_lengt
     the stage's boards, generations, batch, learning rate and reward scaling by prompt style
     (`STYLE_DEFAULTS`), a completion budget from the board sizes, a log line per step, a TRL checkpoint
     every 50 steps (2 kept), the stage's seed, `training.rewards.DEFAULT_WEIGHTS`. `report_to` is TRL's
-    (none unless asked: "trackio", "wandb", "tensorboard"). `use_vllm` (with `vllm_mode` "colocate" or
+    (none unless asked: "trackio", "wandb", "tensorboard"); Trackio's project and run are the lab's and the run's
+    (`tracking`, `training.trackers`). `use_vllm` (with `vllm_mode` "colocate" or
     "server") is honoured when vLLM is importable; without it the stage says so and generates with
     transformers.
     """
@@ -206,6 +212,7 @@ def grpo_config(args: StageArgs, overrides: dict[str, Any], max_completion_lengt
         seed=args.seed,
         reward_weights=list(DEFAULT_WEIGHTS),
         disable_tqdm=True,
+        **(tracking.fields() if tracking is not None else {}),
     )
     fields = {**installed_fields(fields, known), **overrides}
     fields = vllm.vllm_fields(fields)
@@ -369,6 +376,63 @@ class Record(TrainerCallback):
         control.should_save = True
 
 
+# Transformers' end-of-training summary, which its tracker callbacks keep out of the curves.
+SUMMARY_KEYS = ("train_runtime", "train_samples_per_second", "train_steps_per_second", "train_loss", "total_flos")
+
+
+def on_the_runs_axis(logs: dict[str, Any], state: Any, tracking: trackers.Tracking) -> tuple[dict[str, Any], int]:
+    """A step's logs as the run's tracker run takes them (`training.trackers`): transformers' names, the stage's own
+    step and its index as fields, and the step on the run's axis."""
+    step = tracking.step(state.global_step)
+    logs = rewrite_logs({k: v for k, v in logs.items() if k not in SUMMARY_KEYS})
+    return {**logs, "train/global_step": step, "train/stage_step": state.global_step, "train/stage": tracking.stage}, \
+        step
+
+
+class TrackioOnTheRunsAxis(TrackioCallback):
+    """Transformers' Trackio callback (it opens the run's tracker run, `GRPOConfig.project`/`run_name`, with
+    resume="allow", records the config, finishes), logging each step at its place on the run's axis: Trackio takes
+    the step it is given, where transformers' lets it count one per log."""
+
+    def __init__(self, tracking: trackers.Tracking):
+        super().__init__()
+        self.tracking = tracking
+
+    def on_log(self, args, state, control, model=None, logs=None, **kwargs):
+        if not self._initialized:
+            self.setup(args, state, model)
+        if state.is_world_process_zero and "train_runtime" not in logs:  # the summary at the end is no step
+            metrics, step = on_the_runs_axis(logs, state, self.tracking)
+            self._trackio.log(metrics, step=step)
+
+
+class WandbOnTheRunsAxis(WandbCallback):
+    """Transformers' W&B callback in the run's W&B run (`Tracking.wandb_init`: the run's uuid as its id, resumed by
+    each stage), its step metric `train/global_step` on the run's axis."""
+
+    def __init__(self, tracking: trackers.Tracking):
+        super().__init__()
+        self.tracking = tracking
+
+    def setup(self, args, state, model, **kwargs):
+        if state.is_world_process_zero and self._wandb.run is None:
+            self._wandb.init(**self.tracking.wandb_init())
+        super().setup(args, state, model, **kwargs)
+
+    def on_log(self, args, state, control, model=None, logs=None, **kwargs):
+        shifted = copy.copy(state)
+        shifted.global_step = self.tracking.step(state.global_step)
+        super().on_log(args, shifted, control, model=model, logs={
+            **logs, "stage_step": state.global_step, "stage": self.tracking.stage}, **kwargs)
+
+
+def log_on_the_runs_axis(trainer: GRPOTrainer, tracking: trackers.Tracking) -> None:
+    """Swap transformers' Trackio and W&B callbacks of `trainer` (those its `report_to` added) for ours."""
+    for ours, theirs in ((TrackioOnTheRunsAxis, TrackioCallback), (WandbOnTheRunsAxis, WandbCallback)):
+        if trainer.pop_callback(theirs) is not None:
+            trainer.add_callback(ours(tracking))
+
+
 # ---------------------------------------------------------------- the stage
 
 
@@ -389,7 +453,9 @@ def trainer_for(engine: Engine, args: StageArgs, policy: Policy, grpo: dict[str,
     budget = max(evaluation.answer_budget(policy, i) for i in instances)
     data = dataset(policy, instances)
     # trainer, once its peak memory fits the device (`training.memory`): else the stage fails saying what would fit
-    config = grpo_config(args, grpo, budget, policy.prompt_style)
+    tracking = trackers.tracking(engine, args.run_id, args.stage_index) \
+        if trackers.reported(grpo.get("report_to")) else None
+    config = grpo_config(args, grpo, budget, policy.prompt_style, tracking)
     prompt = max(len(policy.tokenizer(p)["input_ids"]) for p in data["prompt"])  # as TRL tokenizes it
     if (why := memory.refusal(policy.model, memory.plan_of(config, lora=args.lora, prompt=prompt))) is not None:
         raise StageError(f"stage {args.stage_index} of run {args.run_id} {why}")
@@ -398,6 +464,9 @@ def trainer_for(engine: Engine, args: StageArgs, policy: Policy, grpo: dict[str,
                           processing_class=policy.tokenizer, callbacks=[record],
                           peft_config=lora_config(args.lora) if args.lora else None)
     trainer.remove_callback(PrinterCallback)  # with tqdm off it prints every log dict; `record` reports them
+    if tracking is not None:
+        log_on_the_runs_axis(trainer, tracking)
+        progress(0, None, trackers.announce(tracking, trackers.reported(config.report_to)))
     return trainer, record, len(instances)
 
 

@@ -256,13 +256,14 @@ def child_command(job: Job, child: InChild, gpus: Sequence[str], stale_s: float 
 
 
 def child_env(engine: Engine, gpus: Sequence[str]) -> dict[str, str]:
-    """The child's environment: the worker's, its database, the worker's GPUs (none: no GPU is visible), and no
-    model hub unless downloads are allowed (`training.policy.downloads_allowed`)."""
+    """The child's environment: the worker's, its database, the worker's GPUs (none: no GPU is visible), Trackio's
+    folder (`training.trackers`) and no model hub unless downloads are allowed (`training.policy.downloads_allowed`)."""
+    from training import trackers
     from training.resolve import offline_env
 
     env = {**os.environ, DB_SETTING: engine.url.render_as_string(hide_password=False),
            "CUDA_VISIBLE_DEVICES": ",".join(gpus), "PYTHONUNBUFFERED": "1"}
-    return {**env, **offline_env()}
+    return {**env, **trackers.child_env(engine), **offline_env()}
 
 
 def _kill_group(proc: subprocess.Popen, grace_s: float = KILL_GRACE_S) -> None:

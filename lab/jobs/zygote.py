@@ -36,9 +36,9 @@ SETTING = "ENVLAB_ZYGOTE"
 # What a child's module imports before its job starts, once, in the zygote (the stage's modules pull in torch,
 # transformers, TRL and datasets); not the module it runs, which runs as `__main__`.
 PRELOAD = ("training.stage", "training.evaluate", "training.probe", "lab.loop", "lab.jobs.worker")
-# Settings read when those modules are imported (thread pools, the model hub's, the interpreter's): a child
-# whose environment differs in one of them gets a zygote of its own.
-IMPORT_PREFIXES = ("OMP_", "MKL_", "OPENBLAS_", "HF_", "TRANSFORMERS_", "TORCH", "PYTORCH_", "TOKENIZERS_",
+# Settings read when those modules are imported (thread pools, the model hub's, Trackio's folder, the
+# interpreter's): a child whose environment differs in one of them gets a zygote of its own.
+IMPORT_PREFIXES = ("OMP_", "MKL_", "OPENBLAS_", "HF_", "TRANSFORMERS_", "TRACKIO_", "TORCH", "PYTORCH_", "TOKENIZERS_",
                    "PYTHON", "LD_")
 MAX_REQUEST = 1 << 20
 

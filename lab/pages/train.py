@@ -21,6 +21,7 @@ from lab.runs import RunProgress, run_progress
 from lab.study.slurm import SlurmJob, cancel_slurm_of
 from lab.text import as_text
 from storage.models import ACTIVE_JOB, Job, JobKind, JobStatus, RunStatus, StageStatus
+from training import trackers
 
 JOB_HEADERS = ["job", "kind", "for", "status", "progress", "heartbeat", "error", "slurm job"]
 
@@ -109,7 +110,14 @@ def _run_status(progress: RunProgress) -> str:
                RunStatus.CANCELLED: f" {reason}. *Resume* picks it up again."}.get(run.status, "")
     return (f"Run #{run.id} **{as_text(run.name)}** is **{run.status}**: {trained} of {run.settings.stages} "
             f"training stages done; stages: " + ", ".join(f"{stage.index} {stage.status}" for stage in stages) + "."
-            + _shared(progress) + waiting)
+            + _shared(progress) + waiting + _trackio(progress))
+
+
+def _trackio(progress: RunProgress) -> str:
+    """Where the run's curves are in Trackio, when it reports to Trackio: one tracker run for all its stages."""
+    if progress.trackio is None:
+        return ""
+    return f"\n\nCurves in Trackio, run *{as_text(trackers.run_name(progress.run))}*: `{progress.trackio}`"
 
 
 def _shared(progress: RunProgress) -> str:
