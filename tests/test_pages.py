@@ -35,7 +35,7 @@ from lab.settings import MAX_STAGES
 from lab.study import reference
 from lab.text import as_text
 from storage.db import make_engine, session, upgrade
-from storage.models import Action, Decision, Episode, Job, Proposal, Stage, utcnow
+from storage.models import Action, Decision, Episode, Job, Proposal, RunStatus, Stage, utcnow
 from storage.queue import claim, fail
 from tests.seeded import CROSSING_CLASH, OPEN_OFF_GRID, boards, propose
 from training.evaluate import EpisodeResult, store_evaluation
@@ -877,6 +877,26 @@ def test_a_proposal_shows_what_measuring_cost_beside_the_stage_it_read(lab):
     assert text.endswith(" Measuring configs on the policy cost 1,280 sampled answers in 15 s (20 probes, 4 of them "
                          f"cached); stage {after} itself took 181 s.")
     assert "Measuring" not in proposal.proposal_view(engine, ids["second"]).rationale
+
+
+def test_the_train_tabs_buttons_follow_the_runs_stored_status(lab):
+    """The button to press is the primary one, by the stored status (after a restart a failed run is resumed, not
+    moved along), and a button that can do nothing is disabled."""
+    engine, ids = lab
+    states = {status: train.button_states(status) for status in (*RunStatus, None)}
+    assert {status: ([n for n, b in s.items() if b["variant"] == "primary"],
+                     [n for n, b in s.items() if b["interactive"]]) for status, s in states.items()} == {
+        RunStatus.ACTIVE: (["queue"], ["queue", "cancel"]),
+        RunStatus.WAITING: ([], ["cancel"]),
+        RunStatus.FAILED: (["resume"], ["resume", "cancel"]),
+        RunStatus.CANCELLED: (["resume"], ["resume", "cancel"]),
+        RunStatus.DONE: ([], []),
+        None: ([], [])}
+    assert all(s["cancel"]["variant"] == "stop" for s in states.values())
+    with gr.Blocks():
+        tab = train.build(common.Page(engine, gr.Dropdown(), gr.Tabs(), gr.HTML(), gr.HTML()))
+    shown = tab.show(ids["waiting"])  # a run whose proposal waits: decided on the Proposal tab
+    assert [shown[tab.buttons[n]]["interactive"] for n in ("queue", "resume", "cancel")] == [False, False, True]
 
 
 def test_the_progress_bar_says_the_jobs_phase_beside_its_steps():

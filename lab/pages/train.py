@@ -31,12 +31,33 @@ def train_view(engine: Engine, run_id: int | None) -> dict[str, Any]:
     progress = None if run_id is None else run_progress(engine, run_id)
     if progress is None:
         return dict(status="No run is open.", progress="", jobs=table(JOB_HEADERS, []), log="", results="",
-                    training=figures.empty_figure("no run is open"))
+                    training=figures.empty_figure("no run is open"), run_status=None)
     try:
-        return _train_view(progress)
+        return _train_view(progress) | {"run_status": progress.run.status}
     except BAD_ROW as err:
         return dict(status=cannot_draw("The Train tab", run_id, err), progress="", jobs=table(JOB_HEADERS, []),
-                    log="", results="", training=figures.empty_figure("cannot draw this run's training"))
+                    log="", results="", training=figures.empty_figure("cannot draw this run's training"),
+                    run_status=None)
+
+
+# Which button is the one to press, by the run's stored status (`primary`), and which can do nothing (disabled):
+# after a restart, a failed or cancelled run is resumed, not moved along; a run that waits is decided on the
+# Proposal tab; a done run has nothing left.
+BUTTONS: dict[RunStatus | None, tuple[str | None, frozenset[str]]] = {
+    RunStatus.ACTIVE: ("queue", frozenset({"resume"})),
+    RunStatus.WAITING: (None, frozenset({"queue", "resume"})),
+    RunStatus.FAILED: ("resume", frozenset({"queue"})),
+    RunStatus.CANCELLED: ("resume", frozenset({"queue"})),
+    RunStatus.DONE: (None, frozenset({"queue", "resume", "cancel"})),
+    None: (None, frozenset({"queue", "resume", "cancel"})),
+}
+
+
+def button_states(status: RunStatus | None) -> dict[str, dict[str, Any]]:
+    """Each run button's variant and whether it can be pressed, for a run in `status` (None: no run open)."""
+    primary, disabled = BUTTONS[status]
+    return {name: {"variant": "stop" if name == "cancel" else "primary" if name == primary else "secondary",
+                   "interactive": name not in disabled} for name in ("queue", "resume", "cancel")}
 
 
 def _train_view(progress: RunProgress) -> dict[str, Any]:
@@ -206,15 +227,17 @@ class TrainTab:
     log: gr.Textbox
     jobs: gr.Dataframe
     training: gr.Plot
+    buttons: dict[str, gr.Button]
 
     @property
     def outputs(self) -> list[Any]:
-        return [self.status, self.progress, self.jobs, self.log, self.results, self.training]
+        return [self.status, self.progress, self.jobs, self.log, self.results, self.training, *self.buttons.values()]
 
     def show(self, run_id: int | None) -> dict[Any, Any]:
         t = train_view(self.engine, run_id)
         return {self.status: t["status"], self.progress: t["progress"], self.jobs: t["jobs"], self.log: t["log"],
-                self.results: t["results"], self.training: t["training"]}
+                self.results: t["results"], self.training: t["training"]} | {
+            self.buttons[name]: gr.update(**state) for name, state in button_states(t["run_status"]).items()}
 
     def says(self, action: Any):
         """A button's callback: `action(engine, run_id, *more)`'s message in the tab's message line."""
@@ -244,7 +267,8 @@ def build(page: Page) -> TrainTab:
                      autoscroll=True, placeholder="(no log lines yet)")
     training = gr.Plot(label="Training curves of the last stage trained", elem_id="train-curves")
     jobs = gr.Dataframe(label="Jobs of this run (newest first)", interactive=False)
-    tab = TrainTab(page.engine, status, message, progress, results, log, jobs, training)
+    tab = TrainTab(page.engine, status, message, progress, results, log, jobs, training,
+                   {"queue": queue_next, "resume": resume_button, "cancel": cancel_button})
     for button, action, inputs in ((queue_next, advance_run, []), (resume_button, resume_run, []),
                                    (cancel_button, cancel_run_jobs, []),
                                    (switch_button, switch_run_engineer, [switch_to, switch_backend])):
