@@ -136,6 +136,13 @@ def dev_cells(per_size: int = DEV_PER_SIZE, agents: Sequence[int] = VALIDATION_A
             for s in range(max(3, k), MAX_SIZE + 1) for w in WAIT_SUBSETS]
 
 
+def boards_in(split: Split, per_size: int, agents: Sequence[int] = VALIDATION_AGENTS) -> int:
+    """The boards of a validation or dev set of `per_size` per (agent count, size): 960 for the validation set of 120
+    per size at 2 agents, 2,520 at agents 3, 4, 5 (8 + 7 + 6 sizes)."""
+    todo = dev_cells(per_size, agents) if split == Split.DEV else validation_cells(per_size, agents)
+    return sum(cell.count for cell in todo)
+
+
 def _checked_agents(agents: Sequence[int]) -> Sequence[int]:
     """The agent counts of a validation or dev set; a ValueError for none, or for a count whose cells cannot be
     drawn: one agent never waits, so no board of it meets a wait subset."""

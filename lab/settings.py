@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from envsim.suite import DEV_PER_SIZE, VALIDATION_AGENTS, VALIDATION_PER_SIZE, Split, dev_cells, validation_cells
+from envsim.suite import DEV_PER_SIZE, VALIDATION_PER_SIZE, Split, boards_in, validation_cells
 from storage.settings import RunSettings, SettingsError, checked_counts
 
 
@@ -108,16 +108,6 @@ def _counts(text: str, check: Callable[[tuple[int, ...]], tuple[int, ...]]) -> t
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
-def boards_text(per_size: int, agents: Sequence[int] = VALIDATION_AGENTS, split: Split = Split.VALIDATION) -> str:
-    """How many boards a validation (or dev) set of `per_size` per (agent count, size) holds, in words: "960
-    validation boards (120 per size)", "2,520 validation boards (120 per size and agent count, agents 3-5)"."""
-    cells = dev_cells(per_size, agents) if split == Split.DEV else validation_cells(per_size, agents)
-    total = sum(cell.count for cell in cells)
-    if tuple(agents) == VALIDATION_AGENTS:
-        return f"{total:,} {split} boards ({per_size} per size)"
-    return f"{total:,} {split} boards ({per_size} per size and agent count, agents {counts_text(agents)})"
-
-
 def counts_text(agents: Sequence[int]) -> str:
     """Agent counts in words: "3-5" for a range, "2, 4" otherwise, "3" for one."""
     counts = sorted(agents)
@@ -144,9 +134,10 @@ def settings_arguments(parser: argparse.ArgumentParser, *, experiment: bool = Fa
                         help="evaluate each stage on N of the validation boards, spread over the (agent count, size) "
                              "cells (default: all)")
     parser.add_argument("--validation-per-size", type=PER_SIZE, metavar="N",
-                        help=f"validation boards per map size and agent count (e.g. 120: {boards_text(120)}; "
-                             f"{boards_text(120, PAPER_AGENTS)}; 30: the standard 240; default "
-                             f"{120 if experiment else 30})")
+                        help=f"validation boards per map size and agent count (e.g. 120: "
+                             f"{boards_in(Split.VALIDATION, 120):,} boards at 2 agents, "
+                             f"{boards_in(Split.VALIDATION, 120, PAPER_AGENTS):,} at agents 3-5; 30: the standard 240; "
+                             f"default {120 if experiment else 30})")
     parser.add_argument("--validation-agents", type=validation_agents, metavar="K,K,...",
                         help="the agent counts of the validation and dev boards, each on sizes max(3, K)..10, e.g. "
                              "3,4,5 (the paper's) (default 2; docs/experiments.md)")

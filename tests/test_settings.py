@@ -12,6 +12,7 @@ from sqlmodel import select
 from lab.cli import arguments, main
 from lab.cli.common import UsageError
 from lab.settings import read_settings_file, settings_from_args
+from lab.study.comparison import comparison, compute_statement
 from storage.db import make_engine, session
 from storage.models import Experiment, Run
 from storage.settings import RunSettings, SettingsError
@@ -172,7 +173,10 @@ def test_validation_agents_come_from_a_flag_or_the_file_and_an_experiment_carrie
     with session(engine) as s:
         experiment = s.exec(select(Experiment)).one()
         run = s.exec(select(Run)).one()
+    statement = compute_statement(comparison(engine, "paper"))
     engine.dispose()
+    assert ("is evaluated on 2,520 validation boards (120 per map size and agent count, agents 3-5 in the set)"
+            in statement)
     assert (experiment.settings.validation_agents, experiment.settings.validation_boards,
             experiment.settings.compute()["validation_agents"], run.settings.validation_agents) == (
         (3, 4, 5), 2520, [3, 4, 5], (3, 4, 5))

@@ -12,6 +12,7 @@ from envsim.suite import (
     WAIT_SUBSETS,
     Entry,
     Split,
+    boards_in,
     build,
     build_cell,
     cells,
@@ -117,6 +118,8 @@ def test_the_papers_agent_counts_give_cells_on_the_benchmarks_sizes():
             by_cell[c.agents, c.size] += c.count
         assert by_cell == {(k, s): per_size for k in (3, 4, 5) for s in range(k if k > 3 else 3, 11)}
     assert Counter(c.agents for c in dev_cells(30, (3, 4, 5)) for _ in range(c.count)) == {3: 240, 4: 210, 5: 180}
+    assert [boards_in(Split.VALIDATION, 120), boards_in(Split.VALIDATION, 120, (3, 4, 5)),
+            boards_in(Split.DEV, 30, (3, 4, 5))] == [960, 2520, 630]
     with pytest.raises(ValueError, match="agent count 1: one agent never waits"):
         validation_cells(30, (1, 2))
     # dev boards at 3 agents: 3 per size, each cell's subset met, and a board among `exclude` drawn anew

@@ -497,7 +497,7 @@ def compute_statement(compared: Comparison) -> str:
             f"seeds (seeds 0..{compared.experiment.seeds - 1}). Equal compute by construction: every run trains "
             f"{settings.stages} stages, each on {settings.instances} boards in {settings.steps_per_stage} "
             f"GRPO steps ({settings.stages * settings.steps_per_stage} in all; GRPO settings: {over}); each "
-            f"stage, stage 0 included, is evaluated on {settings.validation_boards} validation boards "
+            f"stage, stage 0 included, is evaluated on {settings.validation_boards:,} validation boards "
             f"({settings.validation_per_size} per map size{_agents_text(settings)} in the set). Seed k gives every "
             "arm the same stage-0 policy and the same validation boards. "
             f"Scenario: {settings.scenario}." + _probe_statement(compared)
