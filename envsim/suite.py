@@ -1,4 +1,4 @@
-"""The paper's benchmark suite, the 2-agent validation set, and the tables scored episodes make.
+"""The paper's benchmark suite, the validation and dev sets, and the tables scored episodes make.
 
 Benchmark: agents 3, 4, 5; sizes max(3, K)..10; wait subsets 0.25 / 0.50 / 0.75; 50 boards per
 (agents, size, subset) cell: 3,150 boards fixed by one seed. Each board's hole ratio is drawn
@@ -14,6 +14,11 @@ evaluated on the standard 240 on their common boards.
 Dev: boards drawn like the validation boards (2 agents, sizes 3..10, each cell's wait subset met exactly) from a
 namespace of their own (`DEV`), skipping every board of the validation set they are drawn beside, so no board is in
 both. A run's engineers read how its policy does on these (`dev_entries`), while its score stays the validation rate.
+
+Other agent counts (`agents`, a run's `validation_agents`, e.g. the paper's 3, 4, 5): the validation and dev sets
+repeat the same construction for each count on the benchmark's sizes max(3, K)..10, each count's cells drawing from
+a stream of their own, `per_size` boards per (count, size); the 2-agent cells are the same boards whatever other
+counts sit beside them.
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ VALIDATION_PER_SIZE = 30  # the standard validation set: 10 boards per (size, wa
 # stage's evaluation costs at most twice the standard one's and a quarter more than an experiment's 960-board one,
 # while each size still shows its engineer 30 boards (10 per wait subset) to read failures from.
 DEV_PER_SIZE = 30
+VALIDATION_AGENTS = (2,)  # the validation and dev sets' agent counts unless a run names others (`validation_agents`)
 
 class Split(StrEnum):
     """The instance sets: the 3,150-board benchmark, the validation set (the score) and the dev set (what the
@@ -102,36 +108,59 @@ def cells(split: Split, agents: Sequence[int] | None = None) -> list[SuiteCell]:
             for w in WAIT_SUBSETS]
 
 
-def validation_cells(per_size: int = VALIDATION_PER_SIZE) -> list[SuiteCell]:
-    """The cells of a validation set with `per_size` boards per map size (a multiple of 3, at least 30): each
-    standard cell, then (past 30 per size) the cell of the boards it adds, in table order."""
+def validation_cells(per_size: int = VALIDATION_PER_SIZE, agents: Sequence[int] = VALIDATION_AGENTS
+                     ) -> list[SuiteCell]:
+    """The cells of a validation set with `per_size` boards per (agent count, map size) (a multiple of 3, at least
+    30), for each count of `agents` on sizes max(3, K)..10: each standard cell, then (past 30 per size) the cell of
+    the boards it adds, in table order (count, size, wait subset)."""
     subsets = len(WAIT_SUBSETS)
     if per_size < VALIDATION_PER_SIZE or per_size % subsets:
         raise ValueError(f"validation_per_size = {per_size}: a multiple of {subsets} (one share per wait subset), "
                          f"at least {VALIDATION_PER_SIZE} (the standard set)")
     extra = per_size // subsets - VALIDATION_PER_SIZE // subsets
     out = []
-    for cell in cells(Split.VALIDATION):
+    for cell in cells(Split.VALIDATION, agents=_checked_agents(agents)):
         out.append(cell)
         if extra:
             out.append(SuiteCell(cell.split, cell.agents, cell.size, cell.subset, extra, extra=True))
     return out
 
 
-def dev_cells(per_size: int = DEV_PER_SIZE) -> list[SuiteCell]:
-    """The cells of a dev set with `per_size` boards per map size (a multiple of 3, at least 3), in table order."""
+def dev_cells(per_size: int = DEV_PER_SIZE, agents: Sequence[int] = VALIDATION_AGENTS) -> list[SuiteCell]:
+    """The cells of a dev set with `per_size` boards per (agent count, map size) (a multiple of 3, at least 3), for
+    each count of `agents` on sizes max(3, K)..10, in table order."""
     subsets = len(WAIT_SUBSETS)
     if per_size < subsets or per_size % subsets:
         raise ValueError(f"dev_per_size = {per_size}: a multiple of {subsets} (one share per wait subset), "
                          f"at least {subsets}")
-    return [SuiteCell(Split.DEV, 2, s, w, per_size // subsets) for s in range(3, MAX_SIZE + 1) for w in WAIT_SUBSETS]
+    return [SuiteCell(Split.DEV, k, s, w, per_size // subsets) for k in _checked_agents(agents)
+            for s in range(max(3, k), MAX_SIZE + 1) for w in WAIT_SUBSETS]
 
 
-def dev_entries(per_size: int, exclude: Iterable[Instance], seed: int = SUITE_SEED) -> list[Entry]:
-    """The dev boards, `per_size` per map size, none of them among `exclude` (the validation boards beside them):
-    a board drawn again as one of those is drawn anew, so the two sets never share a board."""
+def boards_in(split: Split, per_size: int, agents: Sequence[int] = VALIDATION_AGENTS) -> int:
+    """The boards of a validation or dev set of `per_size` per (agent count, size): 960 for the validation set of 120
+    per size at 2 agents, 2,520 at agents 3, 4, 5 (8 + 7 + 6 sizes)."""
+    todo = dev_cells(per_size, agents) if split == Split.DEV else validation_cells(per_size, agents)
+    return sum(cell.count for cell in todo)
+
+
+def _checked_agents(agents: Sequence[int]) -> Sequence[int]:
+    """The agent counts of a validation or dev set; a ValueError for none, or for a count whose cells cannot be
+    drawn: one agent never waits, so no board of it meets a wait subset."""
+    if not agents:
+        raise ValueError("name at least one agent count")
+    if (few := min(agents)) < 2:
+        raise ValueError(f"agent count {few}: one agent never waits, so its boards cannot meet the wait subsets "
+                         "(validation and dev boards have 2 agents or more)")
+    return agents
+
+
+def dev_entries(per_size: int, exclude: Iterable[Instance], seed: int = SUITE_SEED,
+                agents: Sequence[int] = VALIDATION_AGENTS) -> list[Entry]:
+    """The dev boards, `per_size` per (agent count, map size), none of them among `exclude` (the validation boards
+    beside them): a board drawn again as one of those is drawn anew, so the two sets never share a board."""
     taken = frozenset(board.id for board in exclude)
-    return [e for cell in dev_cells(per_size) for e in build_cell(cell, seed, taken)[0]]
+    return [e for cell in dev_cells(per_size, agents) for e in build_cell(cell, seed, taken)[0]]
 
 
 def suite_draw(size: int, agents: int, exclude: frozenset[str] = frozenset()):
@@ -188,10 +217,10 @@ def pool(workers: int) -> ProcessPoolExecutor:
 
 
 def build(split: Split, seed: int = SUITE_SEED, workers: int = 2, progress: bool = False,
-          per_size: int = VALIDATION_PER_SIZE) -> tuple[list[Entry], dict]:
-    """All boards of a split in table order, and build stats (seconds, slowest board). `per_size` sizes the
-    validation set (`validation_cells`)."""
-    todo = validation_cells(per_size) if split == Split.VALIDATION else cells(split)
+          per_size: int = VALIDATION_PER_SIZE, agents: Sequence[int] = VALIDATION_AGENTS) -> tuple[list[Entry], dict]:
+    """All boards of a split in table order, and build stats (seconds, slowest board). `per_size` and `agents` make
+    the validation set (`validation_cells`)."""
+    todo = validation_cells(per_size, agents) if split == Split.VALIDATION else cells(split)
     t0 = time.perf_counter()
     entries: list[Entry] = []
     slowest = (0.0, "")

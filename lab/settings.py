@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import argparse
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from envsim.suite import DEV_PER_SIZE
+from envsim.suite import DEV_PER_SIZE, VALIDATION_PER_SIZE, Split, boards_in, validation_cells
 from storage.settings import RunSettings, SettingsError, checked_counts
 
 
@@ -64,30 +65,55 @@ MAX_STAGES = Count(1, 1000, "each stage trains and evaluates the policy (minutes
                             "the last stage's checkpoint for more", "a run trains at least 1 stage")
 MAX_BOARDS = Count(1, 100_000, "a config's num_instances is at most 100,000 boards per stage",
                    "a stage trains on at least 1 board")
-VALIDATION_BOARDS = Count(1, 100_000, "more boards than a validation set of 10,000 per size holds",
+VALIDATION_BOARDS = Count(1, 100_000, "more boards than a 2-agent validation set of 10,000 per size holds",
                           "evaluate on at least 1 board")
-PER_SIZE = Count(1, 10_000, "10,000 boards per size is 80,000 boards to evaluate after every stage",
+PER_SIZE = Count(1, 10_000, "10,000 boards per size is 80,000 boards per agent count to evaluate after every "
+                            "stage",
                  "a size needs at least 1 validation board")
 DEV_BOARDS = Count(3, 10_000, "10,000 boards per size is 80,000 boards to evaluate after every stage",
                    "the dev split needs at least 3 boards per size (one per wait subset)")
 COMPLETION_TOKENS = Count(1, 32768, "longer than any chat model here answers; a plan needs far fewer tokens",
                           "an answer needs at least 1 token")
 LORA_RANK = Count(0, 4096, "a LoRA rank above a model's width adds nothing (Gemma 3 270M: 640)")
+PAPER_AGENTS = (3, 4, 5)  # the paper's agent counts, as the flags' help quotes them
 SEED = Count(0, 2**31 - 1, "a run's seed is stored in a 32-bit column (PostgreSQL's integer)",
              "numpy's generators take no negative seed")
 
 
 def agent_counts(text: str) -> tuple[int, ...]:
     """`--agent-counts 2,3,4`: agent counts separated by commas, checked as `RunSettings.agent_counts` is."""
+    return _counts(text, checked_counts)
+
+
+def validation_agents(text: str) -> tuple[int, ...]:
+    """`--validation-agents 3,4,5`: agent counts separated by commas, checked as `RunSettings.validation_agents`
+    is (each within the rules' range and at least 2: one agent never meets a wait subset)."""
+    def checked(counts: tuple[int, ...]) -> tuple[int, ...]:
+        counts = checked_counts(counts)
+        validation_cells(VALIDATION_PER_SIZE, counts)
+        return counts
+
+    return _counts(text, checked)
+
+
+def _counts(text: str, check: Callable[[tuple[int, ...]], tuple[int, ...]]) -> tuple[int, ...]:
     try:
         counts = tuple(int(part) for part in text.split(",") if part.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r:.40} is not agent counts separated by commas (e.g. 2,3,4)"
                                          ) from None
     try:
-        return checked_counts(counts)
+        return check(counts)
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def counts_text(agents: Sequence[int]) -> str:
+    """Agent counts in words: "3-5" for a range, "2, 4" otherwise, "3" for one."""
+    counts = sorted(agents)
+    if len(counts) > 2 and counts == list(range(counts[0], counts[-1] + 1)):
+        return f"{counts[0]}-{counts[-1]}"
+    return ", ".join(map(str, counts))
 
 
 def settings_arguments(parser: argparse.ArgumentParser, *, experiment: bool = False) -> None:
@@ -105,10 +131,16 @@ def settings_arguments(parser: argparse.ArgumentParser, *, experiment: bool = Fa
                         help="train LoRA adapters of this rank (needs peft), e.g. 16 for a large policy; 0: every "
                              "weight")
     parser.add_argument("--validation-boards", type=VALIDATION_BOARDS, metavar="N",
-                        help="evaluate each stage on N of the validation boards, spread over the sizes (default: all)")
+                        help="evaluate each stage on N of the validation boards, spread over the (agent count, size) "
+                             "cells (default: all)")
     parser.add_argument("--validation-per-size", type=PER_SIZE, metavar="N",
-                        help="validation boards per map size (e.g. 120: 960 boards; 30: the standard 240; default "
-                             f"{120 if experiment else 30})")
+                        help=f"validation boards per map size and agent count (e.g. 120: "
+                             f"{boards_in(Split.VALIDATION, 120):,} boards at 2 agents, "
+                             f"{boards_in(Split.VALIDATION, 120, PAPER_AGENTS):,} at agents 3-5; 30: the standard 240; "
+                             f"default {120 if experiment else 30})")
+    parser.add_argument("--validation-agents", type=validation_agents, metavar="K,K,...",
+                        help="the agent counts of the validation and dev boards, each on sizes max(3, K)..10, e.g. "
+                             "3,4,5 (the paper's) (default 2; docs/experiments.md)")
     parser.add_argument("--keep-checkpoints", action="store_true", default=None,
                         help="keep TRL's intermediate checkpoints (checkpoint-*/) of every stage; by default a "
                              "finished stage keeps only its final weights")

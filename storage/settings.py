@@ -19,7 +19,7 @@ from typing import Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from envsim.config import AGENT_COUNTS, EnvConfig
-from envsim.suite import VALIDATION_PER_SIZE, dev_cells, validation_cells
+from envsim.suite import VALIDATION_AGENTS, VALIDATION_PER_SIZE, dev_cells, validation_cells
 
 # Which GRPOConfig fields a run's `grpo` overrides may not set: the lab owns them. A run's settings can come from
 # another lab's archive; fields that name a place to write (the trainer's folder, its logs), a place to read (a
@@ -76,6 +76,9 @@ class RunSettings(BaseModel):
     # the agent counts an engineer may put in a stage's mix (`EnvConfig.agent_ratio`), fewest first (None: those of
     # stage 0's config, so a run that starts on 2 agents stays on 2, as every run did before the setting)
     agent_counts: tuple[int, ...] | None = None
+    # the agent counts of the validation and dev boards, fewest first: `validation_per_size` and `dev_per_size` boards
+    # per (count, size), on sizes max(3, K)..10 (`envsim.suite.validation_cells`); the paper's are 3, 4, 5
+    validation_agents: tuple[int, ...] = VALIDATION_AGENTS
     engineer_history: list[dict[str, Any]] = Field(default_factory=list)
     example: bool = False
 
@@ -98,7 +101,7 @@ class RunSettings(BaseModel):
     @classmethod
     def _boards(cls, value: int | None) -> int | None:
         if value is not None and value < 1:
-            raise ValueError("evaluate on at least 1 board (None: all 240)")
+            raise ValueError("evaluate on at least 1 board (None: all of them)")
         return value
 
     @field_validator("validation_per_size")
@@ -115,7 +118,7 @@ class RunSettings(BaseModel):
             dev_cells(value)  # a ValueError: not a multiple of the wait subsets
         return value
 
-    @field_validator("agent_counts", mode="before")
+    @field_validator("agent_counts", "validation_agents", mode="before")
     @classmethod
     def _counts_read(cls, value: Any) -> Any:
         """A list (a row's JSON, a settings file) reads as the tuple it was."""
@@ -125,6 +128,13 @@ class RunSettings(BaseModel):
     @classmethod
     def _counts(cls, value: tuple[int, ...] | None) -> tuple[int, ...] | None:
         return None if value is None else checked_counts(value)
+
+    @field_validator("validation_agents")
+    @classmethod
+    def _validation_agents(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        counts = checked_counts(value)
+        dev_cells(3, counts)  # a ValueError for a count whose boards cannot meet the wait subsets
+        return counts
 
     @classmethod
     def checked(cls, **values: Any) -> RunSettings:
@@ -191,6 +201,11 @@ class ExperimentSettings(BaseModel):
         return self.run.grpo
 
     @property
+    def validation_agents(self) -> tuple[int, ...]:
+        """The agent counts of every run's validation and dev boards."""
+        return self.run.validation_agents
+
+    @property
     def validation_subset(self) -> int | None:
         """The validation boards asked for (None: the whole set)."""
         return self.run.validation_boards
@@ -199,5 +214,6 @@ class ExperimentSettings(BaseModel):
         """What two experiments must share to be compared at equal compute (`lab.study.experiments.adopt_runs`)."""
         return {"stages": self.stages, "instances": self.instances, "grpo": self.grpo,
                 "steps_per_stage": self.steps_per_stage, "validation_per_size": self.validation_per_size,
-                "validation_boards": self.validation_boards, "validation_subset": self.validation_subset,
+                "validation_agents": list(self.validation_agents), "validation_boards": self.validation_boards,
+                "validation_subset": self.validation_subset,
                 "config": self.config.model_dump(mode="json"), "lora": self.run.lora}

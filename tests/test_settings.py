@@ -12,6 +12,7 @@ from sqlmodel import select
 from lab.cli import arguments, main
 from lab.cli.common import UsageError
 from lab.settings import read_settings_file, settings_from_args
+from lab.study.comparison import comparison, compute_statement
 from storage.db import make_engine, session
 from storage.models import Experiment, Run
 from storage.settings import RunSettings, SettingsError
@@ -61,7 +62,7 @@ def test_print_settings_writes_the_file_a_run_reads_back(tmp_path, capsys):
     assert read_settings_file(again).values == {
         "stages": 2, "auto_apply": False, "grpo": {"max_steps": 3, "learning_rate": 1e-5}, "lora": 0,
         "validation_boards": 16, "dev_per_size": 6, "remeasure": False, "keep_checkpoints": False, "allow_cpu": False,
-        "thinking": "off", "completion_length": 40, "validation_decoding": "greedy"}
+        "thinking": "off", "completion_length": 40, "validation_decoding": "greedy", "validation_agents": [2]}
 
 
 @pytest.mark.parametrize("text, flags, message", [
@@ -144,3 +145,38 @@ def test_agent_counts_come_from_a_flag_or_the_file_checked_and_fewest_first(tmp_
             args_of("--agent-counts", flag)
     with pytest.raises(SettingsError, match=r"agent_counts: agent count 0 is outside 1..8"):
         settings_from_args(args_of("--settings", str(write(tmp_path, FILE + "agent_counts: [0]\n"))))
+
+
+def test_validation_agents_come_from_a_flag_or_the_file_and_an_experiment_carries_them_to_its_runs(tmp_path, capsys):
+    assert settings_from_args(args_of()).validation_agents == (2,)  # the default: the 2-agent sets of every run before
+    assert settings_from_args(args_of("--validation-agents", "5,3,4,3")).validation_agents == (3, 4, 5)
+    path = write(tmp_path, FILE + "validation_agents: [3, 2]\n")
+    assert settings_from_args(args_of("--settings", str(path))).validation_agents == (2, 3)
+    assert main(["run", "--db", str(tmp_path / "lab.db"), "--settings", str(path), "--print-settings"]) == 0
+    assert "validation_agents:\n- 2\n- 3\n" in capsys.readouterr().out
+    for flag, message in [("2,9", "agent count 9 is outside 1..8"), ("x", "'x' is not agent counts"),
+                          ("1,2", "agent count 1: one agent never waits, so its boards cannot meet the wait subsets")]:
+        with pytest.raises(UsageError, match=f"argument --validation-agents: {re.escape(message)}"):
+            args_of("--validation-agents", flag)
+    with pytest.raises(SettingsError, match=r"validation_agents: agent count 1: one agent never waits"):
+        settings_from_args(args_of("--settings", str(write(tmp_path, FILE + "validation_agents: [1]\n"))))
+    with pytest.raises(SettingsError, match=r"validation_agents: name at least one agent count \(1..8\)"):
+        RunSettings.checked(stages=1, validation_agents=())
+
+    db = tmp_path / "exp.db"
+    assert main(["experiment", "new", "--name", "paper", "--arms", "fixed", "--seeds", "1", "--instances", "8",
+                 "--validation-agents", "3,4,5", "--dev-per-size", "3", "--grpo", "max_steps=1", "--db", str(db)]) == 0
+    # 120 per (count, size) on sizes 3..10, 4..10, 5..10: 21 cells; 3 dev boards for each
+    assert ("2,520 validation boards (the score) and 63 dev boards (what the engineer reads) per stage, agents 3-5"
+            in capsys.readouterr().out)
+    engine = make_engine(str(db))
+    with session(engine) as s:
+        experiment = s.exec(select(Experiment)).one()
+        run = s.exec(select(Run)).one()
+    statement = compute_statement(comparison(engine, "paper"))
+    engine.dispose()
+    assert ("is evaluated on 2,520 validation boards (120 per map size and agent count, agents 3-5 in the set)"
+            in statement)
+    assert (experiment.settings.validation_agents, experiment.settings.validation_boards,
+            experiment.settings.compute()["validation_agents"], run.settings.validation_agents) == (
+        (3, 4, 5), 2520, [3, 4, 5], (3, 4, 5))

@@ -24,7 +24,7 @@ from lab.loop import advance, create_run, run_propose_job
 from lab.pages.train import train_view
 from lab.study.experiments import create_experiment, experiment_runs
 from storage import queue
-from storage.db import make_engine, session, upgrade
+from storage.db import make_engine, runs_root, session, upgrade
 from storage.models import Episode, Evaluation, Job, Proposal, Stage, StageMetric
 from storage.settings import RunSettings
 from training import evaluate as evaluation
@@ -39,7 +39,7 @@ SETTINGS = dict(stages=1, validation_boards=8, dev_per_size=3)
 # themselves, so the board counts are too): a new field must be placed here or in training.shared.ANSWER_SETTINGS.
 NOT_ANSWERS = {"stages", "auto_apply", "grpo", "lora", "context", "context_preset", "base_url", "validation_boards",
                "validation_per_size", "dev_per_size", "probe_boards", "probe_answers", "remeasure",
-               "keep_checkpoints", "allow_cpu", "engineer_history", "example"}
+               "keep_checkpoints", "allow_cpu", "agent_counts", "validation_agents", "engineer_history", "example"}
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -301,3 +301,32 @@ def test_the_studys_second_experiment_after_a_snapshot_reads_its_dev_boards(engi
     assert len(dev) == 24 and sum(generated) == 2 * (8 + 24)  # generated again, once
     assert proposal.error is None and "no dev boards" not in proposal.rationale
     assert proposal.rationale.startswith("size 3: ") and "of 3 dev boards failed" in proposal.rationale
+
+
+def test_runs_validated_at_other_agent_counts_share_stage_0_only_with_each_other(empty_lab: Engine,
+                                                                                  generated: list[int]):
+    """Two runs at agents (2, 3) and one at the default (2,), same policy and seed: the (2,) run answers its own
+    boards (the 2-agent sets, cached under their own names), the second (2, 3) run copies the first's."""
+    paired = _runs(empty_lab, [0], validation_agents=(2, 3))
+    alone = _runs(empty_lab, [0])
+    paired += _runs(empty_lab, [0], validation_agents=(2, 3))
+    assert run_worker(empty_lab, {"stage": run_stage_job}, WorkerOptions(poll_s=0.01, once=True)) == 3
+    # 8 validation boards spread over 16 (count, size) cells or 8 sizes; 3 dev boards per (count, size)
+    assert generated == [8, 48, 8, 24]
+    jobs = _jobs(empty_lab)
+    assert ["reused_from" in j.result for j in jobs] == [False, False, True]
+    assert jobs[2].result["reused_from"] == {"validation": paired[0], "dev": paired[0]}
+    assert _answers(empty_lab, paired[1]) == _answers(empty_lab, paired[0]) != _answers(empty_lab, alone[0])
+    with session(empty_lab) as s:
+        def agents(run_id: int, split: Split) -> set[int]:
+            return set(s.exec(select(StageMetric.agents).where(StageMetric.run_id == run_id,
+                                                               StageMetric.split == split)))
+
+        assert [(agents(r, Split.VALIDATION), agents(r, Split.DEV)) for r in (*paired, *alone)] == [
+            ({2, 3}, {2, 3}), ({2, 3}, {2, 3}), ({2}, {2})]
+        sources = s.exec(select(Evaluation.run_id, Evaluation.source_run_id).order_by(Evaluation.id)).all()
+    assert sources == [(paired[0], None)] * 2 + [(alone[0], None)] * 2 + [(paired[1], paired[0])] * 2
+    root = runs_root(empty_lab)
+    assert sorted(p.name for p in root.glob("*.jsonl")) == [
+        "dev-3-beside-validation-30-agents-2-3.jsonl", "dev-3-beside-validation-30.jsonl",
+        "validation-30-agents-2-3.jsonl", "validation-30.jsonl"]

@@ -234,6 +234,33 @@ def test_the_dev_boards_are_evaluated_after_the_validation_boards_and_change_not
     assert torch.equal(_probe(trained[0]), _probe(trained[1]))
 
 
+def test_a_run_validated_at_two_agent_counts_stores_and_shows_each_counts_rates(empty_lab: Engine, writer: Path):
+    """`validation_agents` (2, 3): 4 validation boards spread over the (count, size) cells, 3 dev boards per (count,
+    size); every stage stores metrics at both counts, and the Stage review's note adds the per-count table."""
+    from lab.pages.review import review
+
+    run_id = _run(empty_lab, str(writer), grpo=dict(GRPO, max_steps=1), validation_boards=4, dev_per_size=3,
+                  validation_agents=[2, 3])
+    for k in (0, 1):
+        with session(empty_lab) as s:
+            queue.enqueue(s, "stage", {"run_id": run_id, "stage_index": k})
+        assert run_worker(empty_lab, {"stage": run_stage_job}, WorkerOptions(poll_s=0.01, once=True)) == 1
+    with session(empty_lab) as s:
+        assert [(j.status, j.error) for j in s.exec(select(Job))] == [("done", None)] * 2
+        metrics = s.exec(select(StageMetric).where(StageMetric.run_id == run_id)).all()
+    cells = {(m.stage_index, m.split, m.agents, m.size): m.episodes for m in metrics}
+    # 480 boards (30 per (count, size)), every 120th: sizes 3 and 7 at 2 agents, then at 3
+    assert {key: n for key, n in cells.items() if key[1] == "validation"} == {
+        (k, "validation", agents, size): 1 for k in (0, 1) for agents in (2, 3) for size in (3, 7)}
+    assert {key: n for key, n in cells.items() if key[1] == "dev"} == {
+        (k, "dev", agents, size): 3 for k in (0, 1) for agents in (2, 3) for size in range(3, 11)}
+    assert (_run_dir(empty_lab, run_id).parent / "validation-30-agents-2-3.jsonl").is_file()
+    note = review(empty_lab, run_id, 1, plots=False)["note"]
+    assert "over 4 validation boards" in note and "| agents | boards | valid | optimal |" in note
+    assert [line.split(" | ")[:2] for line in note.splitlines() if line.startswith("| 2 ") or line.startswith(
+        "| 3 ")] == [["| 2", "2"], ["| 3", "2"]]
+
+
 @pytest.mark.parametrize("damage", ["missing", "truncated"])
 def test_a_missing_or_corrupt_starting_checkpoint_fails_the_job_with_a_clear_error(empty_lab: Engine, writer: Path,
                                                                                    tmp_path: Path, damage: str):

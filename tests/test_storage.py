@@ -275,8 +275,8 @@ def test_an_experiment_stored_before_its_runs_settings_were_kept_whole_reads_the
                                   auto_apply=True)
     assert (old.config, old.steps_per_stage, old.validation_boards, old.scenario) == (ENV, 16, 960, "default")
     assert old.compute() == {"stages": 3, "instances": ENV.num_instances, "grpo": {"beta": 0.01}, "steps_per_stage": 16,
-                             "validation_per_size": 120, "validation_boards": 960, "validation_subset": None,
-                             "config": CONFIG, "lora": 0}
+                             "validation_per_size": 120, "validation_agents": [2], "validation_boards": 960,
+                             "validation_subset": None, "config": CONFIG, "lora": 0}
     engine.dispose()
 
 

@@ -13,6 +13,7 @@ from envsim.suite import (
     Entry,
     Split,
     boards_hash,
+    boards_in,
     build,
     build_cell,
     cells,
@@ -20,6 +21,7 @@ from envsim.suite import (
     dev_entries,
     read_jsonl,
     report,
+    validation_cells,
     write_jsonl,
 )
 
@@ -100,6 +102,47 @@ def test_the_dev_boards_are_drawn_like_the_validation_boards_and_share_none_with
     assert dev_entries(30, validation) == dev  # a pure function of the seed and the boards it avoids
     with pytest.raises(ValueError, match="dev_per_size = 10: a multiple of 3"):
         dev_cells(10)
+
+
+def _digest(entries: list[Entry]) -> str:
+    return hashlib.sha256("\n".join(e.instance.id for e in entries).encode()).hexdigest()[:16]
+
+
+def test_the_2_agent_validation_and_dev_sets_are_the_boards_they_were_before_other_counts():
+    """The default counts, (2,), give the boards every stored run was evaluated on: the ids in order, pinned from
+    the functions as they were before they took `agents` (the same digests for 120 per size: 0cef1775c2e3434d, and
+    its 3-per-size dev set: b09d314be6165db6)."""
+    validation = build(Split.VALIDATION)[0]
+    assert _digest(validation) == "ff2f81ffe4920c1e"
+    assert _digest(dev_entries(30, [e.instance for e in validation])) == "0331292042b4451c"
+    assert [(c.agents, c.size, c.subset, c.count, c.extra) for c in validation_cells(120)] == [
+        (2, s, w, n, extra) for s in range(3, 11) for w in WAIT_SUBSETS for n, extra in ((10, False), (30, True))]
+    # beside other counts, the 2-agent cells are the same cells, first: each cell's boards are a function of it
+    assert validation_cells(120, (2, 3))[:48] == validation_cells(120)
+    assert dev_cells(30, (2, 4))[:24] == dev_cells(30)
+
+
+def test_the_papers_agent_counts_give_cells_on_the_benchmarks_sizes():
+    for per_size, boards in [(30, 630), (120, 2520)]:  # 8 + 7 + 6 sizes at agents 3, 4, 5
+        todo = validation_cells(per_size, (3, 4, 5))
+        assert sum(c.count for c in todo) == boards
+        by_cell = Counter()
+        for c in todo:
+            by_cell[c.agents, c.size] += c.count
+        assert by_cell == {(k, s): per_size for k in (3, 4, 5) for s in range(k if k > 3 else 3, 11)}
+    assert Counter(c.agents for c in dev_cells(30, (3, 4, 5)) for _ in range(c.count)) == {3: 240, 4: 210, 5: 180}
+    assert [boards_in(Split.VALIDATION, 120), boards_in(Split.VALIDATION, 120, (3, 4, 5)),
+            boards_in(Split.DEV, 30, (3, 4, 5))] == [960, 2520, 630]
+    with pytest.raises(ValueError, match="agent count 1: one agent never waits"):
+        validation_cells(30, (1, 2))
+    # dev boards at 3 agents: 3 per size, each cell's subset met, and a board among `exclude` drawn anew
+    dev = dev_entries(3, [], agents=(3,))
+    assert Counter((e.agents, e.size) for e in dev) == {(3, s): 3 for s in range(3, 11)}
+    waits = Counter(e.size for e in dev if e.instance.needs_wait)  # 1 board a cell: round(0.25, 0.5, 0.75) waits
+    assert waits == {s: 0 + 1 + 1 for s in range(3, 11)}
+    guarded = dev_entries(3, [dev[0].instance], agents=(3,))
+    assert len(guarded) == 24 and dev[0].instance.id not in {e.instance.id for e in guarded}
+    assert guarded[1:] == dev[1:]  # only the first cell was drawn again: each cell is a stream of its own
 
 
 KILLED_WITH_ITS_POOL = """

@@ -31,8 +31,10 @@ if TYPE_CHECKING:  # torch loads only where a policy answers: the lab reads stor
     from training.policy import Policy
 
 BENCHMARK_FILE = "benchmark.jsonl"
-VALIDATION_FILE = "validation-{per_size}.jsonl"  # a validation set, per board count per size
-DEV_FILE = "dev-{per_size}-beside-validation-{validation_per_size}.jsonl"  # a dev set, and the set it avoids
+# A validation set, per board count per size; a dev set, and the set it avoids. Each file's name is one of these and
+# its agent counts (`set_file`): validation-120.jsonl, dev-30-beside-validation-120-agents-3-4-5.jsonl.
+VALIDATION_FILE = "validation-{per_size}"
+DEV_FILE = "dev-{per_size}-beside-validation-{validation_per_size}"
 
 
 @dataclass(frozen=True)
@@ -171,21 +173,31 @@ def store_evaluation(session: Session, run_id: int, stage_index: int, split: Spl
     session.commit()
 
 
-def validation_entries(cache_dir: Path, per_size: int) -> list[suite.Entry]:
-    """A validation set of `per_size` boards per map size (`envsim.suite.validation_cells`), built once and cached as
-    JSONL in `cache_dir` (the runs root): every stage's process reads it there (the standard 240 take seconds of
-    solver time on a loaded machine, the file milliseconds)."""
-    return _cached(cache_dir / VALIDATION_FILE.format(per_size=per_size),
-                   lambda: suite.build(Split.VALIDATION, per_size=per_size)[0])
+def validation_entries(cache_dir: Path, per_size: int, agents: Sequence[int] = suite.VALIDATION_AGENTS
+                       ) -> list[suite.Entry]:
+    """A validation set of `per_size` boards per (agent count, map size) for the counts `agents`
+    (`envsim.suite.validation_cells`), built once and cached as JSONL in `cache_dir` (the runs root): every stage's
+    process reads it there (the standard 240 take seconds of solver time on a loaded machine, the file
+    milliseconds)."""
+    return _cached(cache_dir / set_file(VALIDATION_FILE.format(per_size=per_size), agents),
+                   lambda: suite.build(Split.VALIDATION, per_size=per_size, agents=agents)[0])
 
 
-def dev_entries(cache_dir: Path, per_size: int, validation_per_size: int = suite.VALIDATION_PER_SIZE) -> list[
-        suite.Entry]:
-    """The dev boards, `per_size` per map size, none of them among the validation set of `validation_per_size` per
-    size (`envsim.suite.dev_entries`), built once and cached as JSONL in `cache_dir` beside it."""
-    return _cached(cache_dir / DEV_FILE.format(per_size=per_size, validation_per_size=validation_per_size),
-                   lambda: suite.dev_entries(per_size, [e.instance for e in validation_entries(cache_dir,
-                                                                                               validation_per_size)]))
+def dev_entries(cache_dir: Path, per_size: int, validation_per_size: int = suite.VALIDATION_PER_SIZE,
+                agents: Sequence[int] = suite.VALIDATION_AGENTS) -> list[suite.Entry]:
+    """The dev boards, `per_size` per (agent count, map size), none of them among the validation set of
+    `validation_per_size` per (count, size) beside them (`envsim.suite.dev_entries`), built once and cached as JSONL
+    in `cache_dir` beside it."""
+    name = set_file(DEV_FILE.format(per_size=per_size, validation_per_size=validation_per_size), agents)
+    return _cached(cache_dir / name, lambda: suite.dev_entries(
+        per_size, [e.instance for e in validation_entries(cache_dir, validation_per_size, agents)], agents=agents))
+
+
+def set_file(stem: str, agents: Sequence[int]) -> str:
+    """A cached set's file name: `stem.jsonl` for the 2-agent sets (the names they were cached under before other
+    counts existed), `stem-agents-3-4-5.jsonl` for counts 3, 4, 5: a set of other counts is never read for them."""
+    counts = tuple(agents)
+    return stem + ("" if counts == suite.VALIDATION_AGENTS else "-agents-" + "-".join(map(str, counts))) + ".jsonl"
 
 
 def _cached(path: Path, build: Callable[[], list[suite.Entry]]) -> list[suite.Entry]:

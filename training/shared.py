@@ -4,7 +4,8 @@ one of them generates the answers and the others copy its episodes and stage met
 Every run of an experiment starts from the same stage-0 checkpoint and evaluates it on the same validation and
 dev boards; generating those answers once per run is the same work done again. An evaluation's `key` is a hash of
 everything that determines its answers: the policy (its spec, and the size and modification time of every file
-of its folder), the boards themselves (their JSON), the settings that change how the policy answers
+of its folder), the boards themselves (their JSON: so their agent counts, and a run whose `validation_agents`
+differ evaluates other boards under another key), the settings that change how the policy answers
 (`ANSWER_SETTINGS`), the seed where decoding samples (greedy decoding draws no random number), and where it runs
 (vLLM or transformers, CPU or GPU: the same maths in another order can round a logit the other way). The dev
 boards are drawn once for every seed (`envsim.suite.dev_entries`), so they share like the validation boards;

@@ -60,7 +60,7 @@ from envsim.config import EnvConfig
 from envsim.generator import generate, stage_seed
 from envsim.instance import Instance
 from envsim.scoring import Tally
-from envsim.suite import VALIDATION_PER_SIZE, Split, build
+from envsim.suite import VALIDATION_AGENTS, VALIDATION_PER_SIZE, Split, build
 from storage.db import RUNS_SETTING, UnsafePath, checkpoint_of, make_engine, run_folder, runs_root, session
 from storage.models import Job, Run, Stage, StageMetric, StageStatus, TrainingLog, utcnow
 from storage.settings import RunSettings
@@ -110,6 +110,11 @@ class StageArgs:
     def validation_per_size(self) -> int:
         """The validation set's boards per map size (30: the standard 240)."""
         return self.settings.validation_per_size or VALIDATION_PER_SIZE
+
+    @property
+    def validation_agents(self) -> tuple[int, ...]:
+        """The agent counts of the validation and dev boards."""
+        return self.settings.validation_agents
 
     @property
     def dev_per_size(self) -> int | None:
@@ -301,25 +306,30 @@ def trl_prompt(policy: Policy, instance: Instance) -> str:
 
 
 @lru_cache(maxsize=2)
-def validation_set(per_size: int = VALIDATION_PER_SIZE, cache_dir: Path | None = None) -> tuple[Instance, ...]:
-    """The validation boards (2 agents, sizes 3..10, `per_size` per size), once per process: read from (or built
-    once into) `cache_dir`, the runs root; built here without one."""
+def validation_set(per_size: int = VALIDATION_PER_SIZE, cache_dir: Path | None = None,
+                   agents: tuple[int, ...] = VALIDATION_AGENTS) -> tuple[Instance, ...]:
+    """The validation boards (`agents` agents, sizes max(3, K)..10, `per_size` per (count, size)), once per process:
+    read from (or built once into) `cache_dir`, the runs root; built here without one."""
     if cache_dir is None:
-        return tuple(entry.instance for entry in build(Split.VALIDATION, per_size=per_size)[0])
-    return tuple(entry.instance for entry in evaluation.validation_entries(cache_dir, per_size))
+        return tuple(entry.instance for entry in build(Split.VALIDATION, per_size=per_size, agents=agents)[0])
+    return tuple(entry.instance for entry in evaluation.validation_entries(cache_dir, per_size, agents))
 
 
 @lru_cache(maxsize=2)
-def dev_set(per_size: int, validation_per_size: int, cache_dir: Path) -> tuple[Instance, ...]:
-    """The dev boards, `per_size` per map size, disjoint from the validation set of `validation_per_size` per size
-    (`envsim.suite.dev_entries`), once per process: read from (or built once into) `cache_dir`, the runs root."""
-    return tuple(entry.instance for entry in evaluation.dev_entries(cache_dir, per_size, validation_per_size))
+def dev_set(per_size: int, validation_per_size: int, cache_dir: Path,
+            agents: tuple[int, ...] = VALIDATION_AGENTS) -> tuple[Instance, ...]:
+    """The dev boards, `per_size` per (agent count, map size), disjoint from the validation set of
+    `validation_per_size` per (count, size) of the same counts (`envsim.suite.dev_entries`), once per process: read
+    from (or built once into) `cache_dir`, the runs root."""
+    return tuple(entry.instance for entry in evaluation.dev_entries(cache_dir, per_size, validation_per_size, agents))
 
 
 def validation_boards(limit: int | None = None, per_size: int = VALIDATION_PER_SIZE,
-                      cache_dir: Path | None = None) -> list[Instance]:
-    """The validation boards, or `limit` of them spread evenly over the set (so every size keeps a share)."""
-    boards = validation_set(per_size, cache_dir)
+                      cache_dir: Path | None = None, agents: tuple[int, ...] = VALIDATION_AGENTS) -> list[Instance]:
+    """The validation boards, or `limit` of them spread evenly over the set: the set holds `per_size` boards per
+    (agent count, map size) in table order, so every (count, size) keeps a share (one each where `limit` is their
+    number)."""
+    boards = validation_set(per_size, cache_dir, agents)
     if limit is None or limit >= len(boards):
         return list(boards)
     return [boards[i * len(boards) // limit] for i in range(limit)]
@@ -638,13 +648,15 @@ def run_stage(engine: Engine, args: StageArgs, grpo: dict[str, Any], progress: P
             policy_folder(args.policy) if args.stage_index == 0 else str(args.policy_dir)
         # record: the validation set (once: an attempt that died after storing it leaves it stored)
         if not _validation_metrics(engine, args):
-            boards = validation_boards(args.validation_boards, args.validation_per_size, args.run_dir.parent)
+            boards = validation_boards(args.validation_boards, args.validation_per_size, args.run_dir.parent,
+                                       args.validation_agents)
             if (source := _evaluate(engine, args, Split.VALIDATION, boards, policy, folder, progress)) is not None:
                 reused[Split.VALIDATION] = source
         else:
             progress(0, None, "the validation results of an earlier attempt are stored already: kept")
         if args.dev_per_size and not _metrics(engine, args, Split.DEV):
-            boards = list(dev_set(args.dev_per_size, args.validation_per_size, args.run_dir.parent))
+            boards = list(dev_set(args.dev_per_size, args.validation_per_size, args.run_dir.parent,
+                                  args.validation_agents))
             if (source := _evaluate(engine, args, Split.DEV, boards, policy, folder, progress)) is not None:
                 reused[Split.DEV] = source
         _set_stage(engine, args, status=StageStatus.DONE, checkpoint=checkpoint, finished_at=utcnow())

@@ -8,11 +8,11 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from envsim.suite import dev_cells
+from envsim.suite import VALIDATION_AGENTS, Split, boards_in
 from lab.cli.common import WORKERS, UsageError, config_file, engine_of, grpo_overrides
 from lab.cli.runs import stage_line
 from lab.llm import allow_server
-from lab.settings import MAX_BOARDS, Count, settings_arguments, settings_file, settings_from_args
+from lab.settings import MAX_BOARDS, Count, counts_text, settings_arguments, settings_file, settings_from_args
 from storage.settings import PRIMARY_RATES
 
 SEEDS = Count(1, 100, "every seed is one more run of every arm", "an experiment runs at least 1 seed")
@@ -42,10 +42,12 @@ def cmd_experiment_new(args: argparse.Namespace) -> None:
     runs = experiment_runs(engine, experiment.id)
     print(f"experiment {experiment.id} {experiment.name!r}: {len(runs)} runs queued ({len(experiment.arms)} arms x "
           f"{experiment.seeds} seeds), runs {runs[0].id}..{runs[-1].id}")
-    dev = sum(cell.count for cell in dev_cells(settings.run.dev_per_size)) if settings.run.dev_per_size else 0
+    agents = settings.validation_agents
+    dev = boards_in(Split.DEV, settings.run.dev_per_size, agents) if settings.run.dev_per_size else 0
+    at = "" if agents == VALIDATION_AGENTS else f", agents {counts_text(agents)}"
     print(f"each run: {settings.stages} stages x {settings.instances} boards x {settings.steps_per_stage} "
-          f"GRPO steps; {settings.validation_boards} validation boards (the score) and {dev} dev boards (what the "
-          f"engineer reads) per stage; the report leads with the {settings.primary} rate")
+          f"GRPO steps; {settings.validation_boards:,} validation boards (the score) and {dev:,} dev boards (what the "
+          f"engineer reads) per stage{at}; the report leads with the {settings.primary} rate")
     print(f"run it: envlab experiment run {experiment.name} [--workers K]")
 
 

@@ -50,8 +50,9 @@ from scipy import optimize, stats
 from sqlalchemy import Engine, func
 from sqlmodel import Session, select
 
-from envsim.suite import Split
+from envsim.suite import VALIDATION_AGENTS, Split
 from lab.results import stage_summaries
+from lab.settings import counts_text
 from lab.study.experiments import arm_names, experiment_runs, find_experiment
 from lab.text import as_text
 from storage.db import session
@@ -496,11 +497,18 @@ def compute_statement(compared: Comparison) -> str:
             f"seeds (seeds 0..{compared.experiment.seeds - 1}). Equal compute by construction: every run trains "
             f"{settings.stages} stages, each on {settings.instances} boards in {settings.steps_per_stage} "
             f"GRPO steps ({settings.stages * settings.steps_per_stage} in all; GRPO settings: {over}); each "
-            f"stage, stage 0 included, is evaluated on {settings.validation_boards} validation boards "
-            f"({settings.validation_per_size} per map size in the set). Seed k gives every arm the same stage-0 "
-            f"policy and the same validation boards. "
+            f"stage, stage 0 included, is evaluated on {settings.validation_boards:,} validation boards "
+            f"({settings.validation_per_size} per map size{_agents_text(settings)} in the set). Seed k gives every "
+            "arm the same stage-0 policy and the same validation boards. "
             f"Scenario: {settings.scenario}." + _probe_statement(compared)
             + (f" {unequal}" if (unequal := answers_statement(compared)) else ""))
+
+
+def _agents_text(settings: ExperimentSettings) -> str:
+    """The validation boards' agent counts where they are not the 2 of every experiment before them."""
+    if settings.validation_agents == VALIDATION_AGENTS:
+        return ""
+    return f" and agent count, agents {counts_text(settings.validation_agents)}"
 
 
 def _probe_statement(compared: Comparison) -> str:

@@ -31,7 +31,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, func, select
 
 from envsim.config import ConfigError, EnvConfig, project
-from envsim.suite import VALIDATION_PER_SIZE, validation_cells
+from envsim.suite import VALIDATION_PER_SIZE, Split, boards_in
 from lab.context import CONTEXT_PRESETS, DEFAULT_PRESET
 from lab.engineers import ENGINEERS
 from lab.jobs.worker import split_gpus, start_worker, visible_gpus
@@ -142,7 +142,7 @@ def compute_settings(*, policy: str, config: EnvConfig, settings: RunSettings, s
     from training.stage import planned_rollouts
 
     rollouts = planned_rollouts(config.num_instances, settings.grpo, prompt_style_of(policy))
-    boards = default_validation_boards(per_size)
+    boards = boards_in(Split.VALIDATION, per_size, settings.validation_agents)
     subset = settings.validation_boards
     return ExperimentSettings(run=settings, config=config, steps_per_stage=steps, validation_per_size=per_size,
                               validation_boards=min(subset, boards) if subset else boards, scenario=scenario,
@@ -595,8 +595,3 @@ def benchmark_choices(engine: Engine) -> list[tuple[str, str]]:
         else:
             others.append((f"run #{run_id} {name}, stage {stage_index}", f"{run_id}:{stage_index}"))
     return [choice for _, choice in sorted(grouped)] + others
-
-
-def default_validation_boards(per_size: int = VALIDATION_PER_SIZE) -> int:
-    """Boards in a validation set of `per_size` boards per map size (sizes 3..10)."""
-    return sum(cell.count for cell in validation_cells(per_size))
