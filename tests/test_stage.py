@@ -35,6 +35,7 @@ from training.stage import (
     StageError,
     grpo_config,
     installed_fields,
+    needs_fsdp,
     run_stage_job,
     stage_args,
     stage_seed,
@@ -455,3 +456,19 @@ def test_a_default_the_installed_version_lacks_goes_by_its_older_name_or_is_left
     assert installed_fields({"activation_checkpointing": False}, {"seed"}) == {}
     with pytest.raises(StageError, match="no 'activation_checkpointing'"):
         installed_fields({"activation_checkpointing": True}, {"seed"})
+
+
+def test_the_worker_asks_the_stage_whether_it_needs_fsdp_from_its_model_config_alone(empty_lab: Engine, writer: Path):
+    """`python -m training.stage --fsdp-on N` (the worker's question, `lab.jobs.worker.stage_needs_fsdp`): the
+    starting policy's shape on the meta device, the stage's GRPOConfig, the chat budget and prompts of 512 tokens."""
+    run_id = _run(empty_lab, str(writer))
+    with session(empty_lab) as s:
+        first = s.exec(select(Stage).where(Stage.run_id == run_id, Stage.index == 0)).one()
+        first.checkpoint = str(writer)
+        s.add(first)
+        s.commit()
+    assert needs_fsdp(empty_lab, run_id, 0, 8) == (False, f"stage 0 of run {run_id} evaluates only: no FSDP")
+    fsdp, line = needs_fsdp(empty_lab, run_id, 1, 8, device_bytes=80 * 10**9)
+    assert not fsdp and line.startswith("full fine-tune of 0.0B on 8 GPUs: ") and line.endswith(" each unsharded: DDP")
+    fsdp, line = needs_fsdp(empty_lab, run_id, 1, 8, device_bytes=10**8)  # a GPU of 100 MB
+    assert fsdp and line.endswith("with FSDP: using FSDP")

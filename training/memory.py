@@ -12,18 +12,26 @@ What a GRPO step holds at its peak, per device, in bytes (`StageMemory`):
 - gradients and optimizer: 4 bytes per trained parameter, and AdamW's two float32 states (8 bytes); LoRA trains
   only its adapters (rank r on every linear layer but the output layer, peft's "all-linear");
 - vllm: a colocated vLLM engine's share of the GPU (`vllm_gpu_memory_utilization`);
-- logits: `per_device_train_batch_size` sequences of prompt + completion tokens over the vocabulary in float32,
-  twice (the log-softmax and its gradient);
+- logits: TRL 1.16 scores tokens through a fused LM head (`trl.trainer.utils.add_fused_lm_head`) that never
+  holds a batch's logits, only one tile of at most 4,096 tokens by 32,768 vocabulary columns at a time (`head_tile`):
+  on a GPU one tile in the compute dtype (its Triton kernels keep the rest in registers) and only the completion's
+  tokens; on a CPU every position, and the torch fold of forward and backward holds `CPU_TILE_COPIES` float32
+  tiles at its peak (measured). Where the head trains (a full fine-tune), its backward also accumulates the head's
+  gradient in float32 before it joins the weight's. A TRL without that head holds `per_device_train_batch_size`
+  sequences of prompt + completion tokens over the vocabulary in float32, twice (the log-softmax and its gradient);
 - activations, roughly: 17 values per token, layer and hidden unit kept for the backward (Korthikanti et al. 2022,
   with fused attention), or, under activation checkpointing, each layer's input plus one layer recomputed.
 FSDP or ZeRO-3 over N processes splits weights, autocast copies, gradients and optimizer N ways; DDP (accelerate's
-default) copies them to every GPU. Generation is left out: a step's peak is its loss and backward. A stage is
-refused above `HEADROOM` of its device: the CUDA context, the allocator's fragmentation, and on a CPU the system
-and the worker itself need the rest.
+default) copies them to every GPU. A worker of several GPUs launches a full fine-tune under FSDP where DDP would not
+fit and FSDP would (`fsdp_needed`, the lab's `assets/accelerate/fsdp.yaml`); everything else keeps DDP.
+Generation is left out: a step's peak is its loss and backward. A stage is refused above `HEADROOM` of its
+device: the CUDA context, the allocator's fragmentation, and on a CPU the system and the worker itself need the
+rest.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import os
@@ -37,7 +45,11 @@ import torch
 HEADROOM = 0.9  # the share of a device a stage may plan to use
 LORA_RANK = 16  # the rank a refusal suggests (docs/training.md)
 ACTIVATIONS_PER_UNIT = 17  # values kept per token, layer and hidden unit without checkpointing (34 bytes in bf16)
+# float32 tiles TRL's fused LM head holds at its peak on a CPU (its backward's torch fold): 9.7 measured with
+# `ChunkedLogProbFunction` on one and on four tiles (ru_maxrss), rounded up
+CPU_TILE_COPIES = 10
 GB = 1e9
+PROMPT_BOUND = 512  # tokens a chat prompt of the lab's boards stays under (the longest, sizes 3..10: 511 in Gemma's)
 CGROUP_LIMIT = Path("/sys/fs/cgroup/memory.max")  # a Slurm job's or a container's limit (cgroup v2)
 
 
@@ -92,9 +104,33 @@ def lora_parameters(model: Any, rank: int) -> int:
                if isinstance(m, torch.nn.Linear) and m is not output)
 
 
-def stage_memory(model: Any, plan: StagePlan) -> StageMemory:
+def head_tile() -> tuple[int, int] | None:
+    """(tokens, vocabulary columns) of one tile of the installed TRL's fused LM head, through which `GRPOTrainer`
+    computes every log-probability (TRL 1.16: 4,096 x 32,768); None for a TRL without it, which holds whole logits.
+    TRL has no setting for the tile (`GRPOConfig` has no field for it): the stage leaves it as TRL sets it."""
+    try:
+        from trl.kernels.chunked_logprob import TOKEN_CHUNK_SIZE
+        from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE
+    except ImportError:
+        return None
+    return TOKEN_CHUNK_SIZE, _CHUNKED_LOGPROB_CHUNK_SIZE
+
+
+def logits_memory(plan: StagePlan, vocab: int, hidden: int, tile: tuple[int, int] | None) -> int:
+    """The bytes the log-probabilities of one micro-batch hold at their peak (the module docstring's logits)."""
+    if tile is None:  # whole logits: a batch of prompt + completion tokens over the vocabulary, and their gradient
+        return 2 * plan.batch * (plan.prompt + plan.completion) * vocab * 4
+    scored = plan.batch * (plan.completion if plan.gpu else plan.prompt + plan.completion)
+    cells = min(scored, tile[0]) * min(vocab, tile[1])
+    held = cells * (2 if plan.bf16 else 4) if plan.gpu else cells * 4 * CPU_TILE_COPIES
+    return held + (0 if plan.lora else 4 * vocab * hidden)  # the trained head's float32 gradient, whole
+
+
+def stage_memory(model: Any, plan: StagePlan, tile: tuple[int, int] | None = None) -> StageMemory:
     """The peak memory per device of a GRPO stage of `model` (as loaded for training; a model on the meta device
-    will do) under `plan`: the parts of the module docstring."""
+    will do) under `plan`: the parts of the module docstring, the logits as the installed TRL holds them (`head_tile`)
+    unless `tile` says otherwise."""
+    tile = tile or head_tile()
     config = model.config.get_text_config()
     params = list(model.parameters())
     count = sum(p.numel() for p in params)
@@ -111,7 +147,8 @@ def stage_memory(model: Any, plan: StagePlan) -> StageMemory:
     return StageMemory(
         weights=weights // plan.shards, autocast=autocast // plan.shards, gradients=4 * trained // plan.shards,
         optimizer=8 * trained // plan.shards, vllm=int(plan.vllm_share * plan.device_bytes) if plan.gpu else 0,
-        logits=2 * tokens * config.vocab_size * 4, activations=tokens * config.hidden_size * kept * per_value)
+        logits=logits_memory(plan, config.vocab_size, config.hidden_size, tile),
+        activations=tokens * config.hidden_size * kept * per_value)
 
 
 def refusal(model: Any, plan: StagePlan) -> str | None:
@@ -134,8 +171,8 @@ def refusal(model: Any, plan: StagePlan) -> str | None:
     options = []
     if not plan.lora and (found := first([(LORA_RANK, replace(plan, lora=LORA_RANK))])):
         options.append(f"LoRA (--lora {LORA_RANK}: about {found[1]})")
-    if plan.gpu and (found := first((n, replace(plan, shards=n)) for n in (2, 4, 8))):
-        options.append(f"FSDP or ZeRO-3 over {found[0]} GPUs (about {found[1]} each)")
+    if plan.gpu and (found := first((n, replace(plan, shards=n)) for n in SHARDS if n > plan.shards)):
+        options.append(f"FSDP over {found[0]} GPUs (about {found[1]} each)")
     if found := first((c, replace(plan, completion=c)) for c in _halves(plan.completion)):
         options.append(f"--completion-length {found[0]} (about {found[1]})")
     if found := first((b, replace(plan, batch=b)) for b in _halves(plan.batch)):
@@ -144,6 +181,32 @@ def refusal(model: Any, plan: StagePlan) -> str | None:
     fix = "it would fit with " + " or ".join(options) if options else "nothing short of a larger device fits"
     return (f"needs about {size(need.total)} per {'GPU' if plan.gpu else 'process'} ({need.parts()}), more than "
             f"{HEADROOM:.0%} of the {size(plan.device_bytes)} it has: {fix}")
+
+
+SHARDS = (2, 4, 8, 16, 32, 64)  # the GPU counts a refusal tries under FSDP
+
+
+def fsdp_needed(model: Any, plan: StagePlan, gpus: int) -> tuple[bool, str]:
+    """Whether a stage of `model` under `plan` on `gpus` GPUs runs under FSDP, and the line that says why.
+
+    FSDP where DDP cannot fit and sharding can help: a full fine-tune on several GPUs whose estimate per GPU, with
+    the whole model, its gradients and AdamW's states on each (DDP), is above `HEADROOM` of a GPU. Everything else
+    keeps DDP, whose steps gather no weights: LoRA (its trained state is small), one GPU, a model that fits
+    anyway. A full fine-tune that does not fit even sharded runs under FSDP too, and the stage refuses it with its
+    own estimate (`refusal`).
+    """
+    count = sum(p.numel() for p in model.parameters())
+    what = f"{f'LoRA {plan.lora}' if plan.lora else 'full fine-tune'} of {count / 1e9:.1f}B on {gpus} " \
+           f"GPU{'s' if gpus > 1 else ''}"
+    unsharded = stage_memory(model, dataclasses.replace(plan, shards=1)).total
+    if gpus <= 1:
+        return False, f"{what}: {size(unsharded)}: one process"
+    if plan.lora:
+        return False, f"{what}: {size(unsharded)} each: DDP"
+    if unsharded <= HEADROOM * plan.device_bytes:
+        return False, f"{what}: {size(unsharded)} each unsharded: DDP"
+    sharded = stage_memory(model, dataclasses.replace(plan, shards=gpus)).total
+    return True, f"{what}: {size(unsharded)} each unsharded, {size(sharded)} with FSDP: using FSDP"
 
 
 def _halves(n: int) -> list[int]:
@@ -180,3 +243,78 @@ def device_memory(gpu: bool) -> int:
     with contextlib.suppress(OSError, ValueError):  # no cgroup v2 limit here ("max", or no such file)
         machine = min(machine, int(CGROUP_LIMIT.read_text()))
     return machine // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+
+
+# ---------------------------------------------------------------- the table of docs/training.md
+
+# Qwen3's published shapes (config.json of Qwen/Qwen3-0.6B and Qwen/Qwen3-4B), built on the meta device
+QWEN3 = {"0.6B": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16),
+         "4B": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32)}
+# a chat policy's stage on a GPU of 80 GB at the lab's defaults (`training.stage.grpo_config`): batches of 8
+# completions, bf16 autocast, activation checkpointing; a prompt of `PROMPT_BOUND` tokens and the chat budget of 512
+CHAT_ON_80_GB = StagePlan(device_bytes=80 * 10**9, batch=8, generations=4, prompt=PROMPT_BOUND, completion=512,
+                          bf16=True, checkpointing=True, gpu=True)
+TABLE_GPUS = 8
+
+
+def qwen3(name: str, dtype: torch.dtype = torch.float32) -> Any:
+    """Qwen3 of the size `name` ("0.6B", "4B") on the meta device: its real parameters and layers, no weights."""
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    config = Qwen3Config(vocab_size=151_936, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True,
+                         **QWEN3[name])
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config, dtype=dtype)
+
+
+def table(plan: StagePlan = CHAT_ON_80_GB, gpus: int = TABLE_GPUS) -> list[dict[str, Any]]:
+    """docs/training.md's table: for each Qwen3 size, full and LoRA (rank `LORA_RANK`, its base in bf16), bytes per
+    GPU on one GPU (as on each under DDP), on each of `gpus` under FSDP and as the lab launches `gpus`
+    (`fsdp_needed`: "DDP" or "FSDP"), the last also beside a colocated vLLM engine (0.3 of the GPU)."""
+    rows = []
+    for name in QWEN3:
+        for lora in (0, LORA_RANK):
+            model = qwen3(name, torch.bfloat16 if lora else torch.float32)
+            row: dict[str, Any] = {"policy": f"Qwen3-{name}", "training": "LoRA" if lora else "full"}
+            for share, suffix in ((0.0, ""), (0.3, " vllm")):
+                at = dataclasses.replace(plan, lora=lora, vllm_share=share)
+                fsdp, _ = fsdp_needed(model, at, gpus)
+                row["1 GPU" + suffix] = stage_memory(model, at).total
+                row["FSDP" + suffix] = stage_memory(model, dataclasses.replace(at, shards=gpus)).total
+                row["launched" + suffix] = ("FSDP", row["FSDP" + suffix]) if fsdp else ("DDP", row["1 GPU" + suffix])
+            rows.append(row)
+    return rows
+
+
+def markdown(rows: list[dict[str, Any]], plan: StagePlan = CHAT_ON_80_GB, gpus: int = TABLE_GPUS) -> str:
+    """The rows of `table` as docs/training.md shows them: GB per GPU, "refused" above `HEADROOM`."""
+    usable = HEADROOM * plan.device_bytes
+
+    def cell(n: int) -> str:
+        return f"{n / GB:.1f}" + (": refused" if n > usable else "")
+
+    head = ["policy", "training", f"1 GPU, or each of {gpus} under DDP", f"each of {gpus} under FSDP",
+            f"{gpus} GPUs as the lab launches them", "1 GPU, colocated vLLM (0.3)",
+            f"{gpus} GPUs as launched, colocated vLLM (0.3)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        launched = [f"{r[k][0]}, {cell(r[k][1])}" for k in ("launched", "launched vllm")]
+        lines.append("| " + " | ".join([r["policy"], r["training"], cell(r["1 GPU"]), cell(r["FSDP"]), launched[0],
+                                        cell(r["1 GPU vllm"]), launched[1]]) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m training.memory --table`: docs/training.md's table of estimates, in Markdown."""
+    parser = argparse.ArgumentParser(prog="python -m training.memory", description=main.__doc__.splitlines()[0])
+    parser.add_argument("--table", action="store_true", help="print the table of estimates for Qwen3 0.6B and 4B")
+    args = parser.parse_args(argv)
+    if not args.table:
+        parser.print_help()
+        return 2
+    print(markdown(table()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

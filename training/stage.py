@@ -488,15 +488,21 @@ def train(engine: Engine, args: StageArgs, policy: Policy, grpo: dict[str, Any],
     validation's own vLLM engine finds the GPU free after a large full fine-tune, and the process leaves
     torch.distributed (`_leave_process_group`): the lab's child processes of every rank call only this."""
     trainer, record, boards = trainer_for(engine, args, policy, grpo, progress)
+    whole = None
     try:
         summary, bf16, main = _fit(trainer, record, engine, args, policy, boards, progress)
+        if trainer.is_fsdp_enabled:  # each process holds a shard: every one gathers, the main one gets the whole
+            whole = trainer.accelerator.get_state_dict(trainer.model)
     finally:
         _let_go(trainer)
         del trainer
         vllm.free_memory()
         _leave_process_group()
-    if bf16 and not args.lora:  # float32 master weights trained under bf16 autocast: evaluated and saved as bf16
-        policy.model = policy.model.to(torch.bfloat16)
+    dtype = torch.bfloat16 if bf16 and not args.lora else None  # float32 master weights trained under bf16 autocast
+    if whole is not None and main:  # FSDP: the policy that is saved and evaluated is built from the gathered weights
+        policy.model = _unsharded(policy.model.config, whole, dtype or torch.float32).to(local_device())
+    elif dtype is not None:  # evaluated and saved as bf16
+        policy.model = policy.model.to(dtype)
     # save (the marker last: its presence means the policy folder is complete)
     if main:
         policy.save(args.policy_dir)
@@ -525,6 +531,19 @@ def _fit(trainer: GRPOTrainer, record: Record, engine: Engine, args: StageArgs, 
         policy.model = trainer.model.merge_and_unload()
     summary = {"steps": trainer.state.global_step, "resumed_from": resume, **record.summary}
     return summary, bool(config.bf16), trainer.accelerator.is_main_process
+
+
+def _unsharded(config: Any, state: dict[str, torch.Tensor], dtype: torch.dtype) -> Any:
+    """A whole model of `config` with FSDP's gathered (FULL_STATE_DICT) weights, on the CPU: an ordinary model that
+    `Policy.save` writes as a Hugging Face checkpoint and evaluation runs as any other."""
+    from transformers import AutoModelForCausalLM
+    from transformers.initialization import no_init_weights
+
+    with no_init_weights():  # every weight is overwritten; the buffers (rotary frequencies) are computed as built
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model.load_state_dict({k: v.to(dtype) for k, v in state.items()})
+    model.tie_weights()  # a tied head shares the embedding again, as `from_pretrained` would give it
+    return model.eval()
 
 
 def _let_go(trainer: GRPOTrainer) -> None:
@@ -720,6 +739,36 @@ def run_stage_job(engine: Engine, job: Job, progress: Progress) -> dict[str, Any
     return run_stage(engine, args, grpo, progress)
 
 
+# ---------------------------------------------------------------- how a stage starts on several GPUs
+
+
+def needs_fsdp(engine: Engine, run_id: int, stage_index: int, gpus: int,
+               device_bytes: int | None = None) -> tuple[bool, str]:
+    """Whether stage `stage_index` of run `run_id` runs under FSDP on `gpus` GPUs (`memory.fsdp_needed`), and the
+    line that says why; on this process's GPU unless `device_bytes` says otherwise.
+
+    Read before any process of the stage loads its weights: the starting policy's architecture on the meta device
+    (its config only), the stage's `GRPOConfig` as `grpo_config` builds it, the run's completion budget (its
+    `completion_length`, else the chat budget, which bounds a compact policy's too) and prompts of
+    `memory.PROMPT_BOUND` tokens. The stage checks its memory again with its real prompts before it trains
+    (`trainer_for`). Stage 0 only evaluates: no FSDP.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from training.policy import prompt_style_of
+
+    args, grpo = stage_args(engine, run_id, stage_index)
+    if stage_index == 0:
+        return False, f"stage 0 of run {run_id} evaluates only: no FSDP"
+    architecture = AutoConfig.from_pretrained(policy_folder(args.policy))
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(architecture, dtype=torch.bfloat16 if args.lora else torch.float32)
+    completion = args.settings.completion_length or evaluation.CHAT_BUDGET
+    config = grpo_config(args, grpo, completion, prompt_style_of(args.policy))
+    plan = memory.plan_of(config, lora=args.lora, prompt=memory.PROMPT_BOUND, device_bytes=device_bytes)
+    return memory.fsdp_needed(model, plan, gpus)
+
+
 # ---------------------------------------------------------------- multi-GPU entry point
 
 
@@ -730,9 +779,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--run", type=int, required=True)
     parser.add_argument("--stage", type=int, required=True)
     parser.add_argument("--db", help="database path or URL (default: $ENVLAB_DB, else runs/envlab.db)")
+    parser.add_argument("--fsdp-on", type=int, metavar="GPUS",
+                        help="train nothing: print whether the stage runs under FSDP on GPUS GPUs, as JSON "
+                             '{"fsdp": ..., "line": ...} (`needs_fsdp`; the worker asks before it launches a stage)')
     opts = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
     engine = make_engine(opts.db)
+    if opts.fsdp_on is not None:
+        fsdp, line = needs_fsdp(engine, opts.run, opts.stage, opts.fsdp_on)
+        print(json.dumps({"fsdp": fsdp, "line": line}))
+        return 0
     main_process = int(os.environ.get("RANK", "0")) == 0
 
     def progress(step: int, total: int | None, line: str | None = None, result: dict | None = None) -> bool:

@@ -30,6 +30,7 @@ import argparse
 import atexit
 import contextlib
 import importlib
+import json
 import logging
 import os
 import shutil
@@ -53,6 +54,7 @@ from sqlmodel import select
 
 from lab.jobs import zygote
 from storage import queue
+from storage.db import DB_SETTING as DATABASE_SETTING
 from storage.db import DatabaseUnusable, RunsRootUnusable, open_database, session, usable_runs_root
 from storage.models import Job, JobKind, JobStatus, utcnow
 from storage.queue import LostJob, db_now, stale_after_s
@@ -219,14 +221,29 @@ class InChild:
 
     `target` is the handler as `module:function`, imported in the child. `when(engine, job)`, where given,
     says whether this job loads a model at all (a proposal of the heuristic engineer does not): one that does
-    not runs in the worker's own process, with no child's start-up to pay.
+    not runs in the worker's own process, with no child's start-up to pay. `fsdp(engine, job, gpus)`, where given,
+    says whether the job runs under FSDP on a worker of several GPUs, and why (`stage_needs_fsdp`).
     """
 
     target: str
     when: Callable[[Engine, Job], bool] | None = None
+    fsdp: Callable[[Engine, Job, Sequence[str]], tuple[bool, str]] | None = None
 
     def function(self) -> Handler:
         return target_function(self.target)
+
+    def sharded(self, engine: Engine, job: Job, gpus: Sequence[str]) -> bool:
+        """Whether `job` runs under FSDP on `gpus`; a decision that fails keeps DDP (the stage's own estimate then
+        says what would fit)."""
+        if self.fsdp is None or len(gpus) <= 1:
+            return False
+        try:
+            fsdp, line = self.fsdp(engine, job, gpus)
+        except Exception:
+            log.exception("job %s: could not tell whether it needs FSDP; it runs under DDP", job.id)
+            return False
+        log.info("job %s: %s", job.id, line)
+        return fsdp
 
 
 def _in_child(engine: Engine, job: Job, child: InChild) -> bool:
@@ -239,17 +256,36 @@ def _in_child(engine: Engine, job: Job, child: InChild) -> bool:
 
 
 ACCELERATE_CONFIGS = Path(__file__).resolve().parents[2] / "assets" / "accelerate"  # the lab's own configs
+FSDP_DECISION_TIMEOUT_S = 600  # for `stage_needs_fsdp`'s process: imports, a model's config, perhaps a conversion
 
 
-def child_command(job: Job, child: InChild, gpus: Sequence[str], stale_s: float | None = None) -> list[str]:
+def stage_needs_fsdp(engine: Engine, job: Job, gpus: Sequence[str]) -> tuple[bool, str]:
+    """Whether a `stage` job runs under FSDP on `gpus`, and the line of its estimate that says why
+    (`training.stage.needs_fsdp`), asked of `python -m training.stage --fsdp-on N` in a process of its own on those
+    GPUs, so that the worker itself never imports torch or opens a CUDA context."""
+    command = [sys.executable, "-m", "training.stage", "--run", str(job.payload["run_id"]),
+               "--stage", str(job.payload["stage_index"]), "--fsdp-on", str(len(gpus))]
+    env = {**child_env(engine, gpus), DATABASE_SETTING: engine.url.render_as_string(hide_password=False)}
+    done = subprocess.run(command, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          timeout=FSDP_DECISION_TIMEOUT_S)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(command[1:])} {_ended_how(done.returncode)}: "
+                           f"{(done.stderr.strip().splitlines() or [''])[-1]}")
+    answer = json.loads(done.stdout.strip().splitlines()[-1])
+    return bool(answer["fsdp"]), str(answer["line"])
+
+
+def child_command(job: Job, child: InChild, gpus: Sequence[str], stale_s: float | None = None,
+                  fsdp: bool = False) -> list[str]:
     """The child's command line: `accelerate launch --config_file <the lab's> [--multi_gpu] --num_processes N -m
     lab.jobs.child ...` where the worker owns N GPUs (the lab's own config, `assets/accelerate/`, so a
-    default_config.yaml of the user's never changes how a stage runs), a plain `python -m lab.jobs.child ...`
-    otherwise."""
+    default_config.yaml of the user's never changes how a stage runs: one-gpu.yaml, multi-gpu.yaml for DDP, and
+    fsdp.yaml where `fsdp` and N > 1, `InChild.sharded`), a plain `python -m lab.jobs.child ...` otherwise."""
     args = [str(job.id), child.target] + ([] if stale_s is None else ["--stale", str(stale_s)])
     if not gpus:
         return [sys.executable, "-m", "lab.jobs.child", *args]
-    config, multi = (("multi-gpu.yaml", ["--multi_gpu"]) if len(gpus) > 1 else ("one-gpu.yaml", []))
+    config, multi = ("one-gpu.yaml", []) if len(gpus) == 1 else ("fsdp.yaml", []) if fsdp \
+        else ("multi-gpu.yaml", ["--multi_gpu"])
     return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ACCELERATE_CONFIGS / config),
             *multi, "--num_processes", str(len(gpus)), "--num_machines", "1", "--mixed_precision", "no",
             "--dynamo_backend", "no", "-m", "lab.jobs.child", *args]
@@ -306,7 +342,8 @@ def run_child(engine: Engine, job: Job, child: InChild, *, gpus: Sequence[str] =
     dies without ending its job fails it, with its last lines of stderr in the log tail. The child's output goes
     to the worker's stderr as it comes, where the worker logs at INFO (`envlab worker`; `envlab run` does not).
     """
-    command, env = child_command(job, child, gpus, stale_s), child_env(engine, gpus)
+    fsdp = child.sharded(engine, job, gpus)
+    command, env = child_command(job, child, gpus, stale_s, fsdp), child_env(engine, gpus)
     proc: subprocess.Popen | zygote.Forked | None = None
     if not gpus and zygote.enabled(env):  # forked from a process that has imported the training stack once
         try:
@@ -504,7 +541,7 @@ def handlers(in_child: bool = True) -> dict[str, Handler | InChild]:
     if in_child:
         from lab.loop import propose_loads_model
 
-        return {JobKind.STAGE: InChild("training.stage:run_stage_job"),
+        return {JobKind.STAGE: InChild("training.stage:run_stage_job", fsdp=stage_needs_fsdp),
                 JobKind.BENCHMARK: InChild("training.evaluate:run_benchmark_job"),
                 JobKind.PROPOSE: InChild("lab.loop:run_propose_job", when=propose_loads_model),
                 JobKind.PROBE: InChild("training.probe:run_probe_job")}

@@ -27,12 +27,13 @@ from lab.jobs.worker import (
     run_child,
     run_worker,
     split_gpus,
+    stage_needs_fsdp,
 )
 from lab.loop import LoopError, after_job, create_run, prune_checkpoints
 from lab.runs import disk_use
 from storage import queue
 from storage.db import make_engine, run_folder, session, upgrade
-from storage.models import Episode, Job, JobStatus, Run, Stage, StageStatus
+from storage.models import Episode, Job, JobKind, JobStatus, Run, Stage, StageStatus
 from storage.settings import RunSettings
 from training.resolve import policy_params, resolve_policy
 
@@ -211,6 +212,45 @@ def test_the_childs_command_and_environment_follow_the_workers_gpus(empty_lab, m
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     assert "HF_HUB_OFFLINE" not in child_env(empty_lab, [])
     assert split_gpus(["0", "1", "2"], 2) == [["0", "1"], ["2"]] and split_gpus(["0"], 3) == [["0"], [], []]
+
+
+def test_a_stage_that_needs_fsdp_is_launched_with_the_labs_fsdp_config(empty_lab):
+    """The worker asks the stage's handler whether it runs under FSDP (only on several GPUs) and launches it with
+    assets/accelerate/fsdp.yaml, which accelerate's own loader and launcher read as FSDP2, full state dict."""
+    job = _claimed(empty_lab, {})
+    asked = []
+
+    def decides(engine, job, gpus):
+        asked.append(list(gpus))
+        return True, "full fine-tune of 4.0B on 8 GPUs: 76.5 GB each unsharded, 13.1 GB with FSDP: using FSDP"
+
+    child = InChild("m:f", fsdp=decides)
+    gpus = [str(i) for i in range(8)]
+    assert not child.sharded(empty_lab, job, ["0"]) and asked == []  # one GPU: nothing to shard, nothing asked
+    assert child.sharded(empty_lab, job, gpus) and asked == [gpus]
+    command = child_command(job, child, gpus, fsdp=True)
+    assert command[1:8] == ["-m", "accelerate.commands.launch", "--config_file", str(ACCELERATE_CONFIGS / "fsdp.yaml"),
+                            "--num_processes", "8", "--num_machines"]
+    assert "--multi_gpu" not in command and command[-4:] == ["-m", "lab.jobs.child", str(job.id), "m:f"]
+    one = child_command(job, child, ["0"], fsdp=True)
+    assert one[3:5] == ["--config_file", str(ACCELERATE_CONFIGS / "one-gpu.yaml")]
+    assert InChild("m:f", fsdp=lambda *a: 1 / 0).sharded(empty_lab, job, gpus) is False  # a failed decision: DDP
+    assert handlers()[JobKind.STAGE].fsdp is stage_needs_fsdp
+
+    from accelerate.commands.config.config_args import load_config_from_file
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+
+    config = load_config_from_file(str(ACCELERATE_CONFIGS / "fsdp.yaml"))
+    assert (config.distributed_type, config.num_machines, config.mixed_precision) == ("FSDP", 1, "no")
+    assert config.fsdp_config == {
+        "fsdp_version": 2, "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP", "fsdp_reshard_after_forward": True,
+        "fsdp_offload_params": False, "fsdp_state_dict_type": "FULL_STATE_DICT",
+        "fsdp_cpu_ram_efficient_loading": False, "fsdp_activation_checkpointing": False}
+    launch = launch_command_parser().parse_args(command[3:])
+    launch, _, _ = _validate_launch_command(launch)
+    assert (launch.use_fsdp, launch.multi_gpu, launch.num_processes, str(launch.fsdp_version)) == (True, False, 8, "2")
+    assert (launch.fsdp_state_dict_type, launch.fsdp_auto_wrap_policy) == ("FULL_STATE_DICT", "TRANSFORMER_BASED_WRAP")
+    assert launch.fsdp_transformer_layer_cls_to_wrap is None  # the model's own `_no_split_modules` decide
 
 
 def _stage0(tmp_path: Path, in_child: bool) -> list[tuple]:
