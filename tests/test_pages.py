@@ -772,8 +772,9 @@ def test_the_leaderboard_puts_checkpoints_side_by_side(lab):
     assert keys == [f"{ids['history']}:0", f"{ids['history']}:1"]
     shown = leaderboard.leaderboard(engine, keys)
     by_size, by_subset = shown["by_size"], shown["by_subset"]
-    assert [row[0] for row in shown["local"]["data"]] == [reference.TINY_NAME, f"run #{ids['history']} curriculum, "
-                                                          "stage 0", f"run #{ids['history']} curriculum, stage 1"]
+    assert [row[0] for row in shown["local"]["data"]] == [
+        f"{reference.TINY_NAME}; trained on 2 agents", f"run #{ids['history']} curriculum, stage 0",
+        f"run #{ids['history']} curriculum, stage 1"]
     assert shown["local"]["headers"] == ["this lab", "2 agents", "3 agents", "4 agents", "5 agents"]
     assert shown["local"]["data"][2][1:] == ["50.00 / 50.00", "-", "-", "-"]  # these boards have 2 agents
     assert by_size["data"] == [[2, "3x3", "0.0% / 0.0%", "50.0% / 50.0%"], [2, "mean", "0.0% / 0.0%", "50.0% / 50.0%"]]
@@ -796,7 +797,9 @@ def test_the_leaderboard_names_the_hash_of_the_boards_its_rows_were_scored_on(la
     note = leaderboard.leaderboard(engine, [f"{ids['history']}:1"])["local_note"]
     assert recorded == ["benchmark", boards_hash(entries)]
     assert f"Boards sha256 `{recorded[1]}`: run #{ids['history']} curriculum, stage 1." in note.split("\n\n")
-    assert "Boards not hashed (scored before results kept the hash): tiny policy" in note
+    tiny = json.loads(reference.TINY_FILE.read_text())  # the shipped policy's row, scored on all 3,150 boards
+    assert (f"Boards sha256 `{tiny['boards_sha256']}`: tiny policy (shipped, assets/tiny-policy); trained on 2 "
+            "agents.") in note.split("\n\n")
 
 
 def test_an_empty_lab_shows_the_paper_s_rows_and_the_tiny_policy_s_apart(tmp_path: Path):
@@ -815,9 +818,9 @@ def test_an_empty_lab_shows_the_paper_s_rows_and_the_tiny_policy_s_apart(tmp_pat
     assert tiny["boards"] == sum(row["n"] for row in tiny["by_size"]) == 3150
     assert tiny["command"] in shown["local_note"] and "3,150 benchmark boards" in shown["local_note"]
     # the row says why it scores 0: the shipped policy's warm start saw 2 agents, as its folder says
-    assert shown["local_note"].endswith("It was warm-started on boards of 2 agents only, and a policy answers for "
-                                        "the agent counts it has seen: on 3, 4, 5 agents its answers name the wrong "
-                                        "number of agents (`wrong_agent_count`), so it scores 0 there")
+    assert shown["local_note"].split("\n\n")[0].endswith(
+        "It was warm-started on boards of 2 agents only, and a policy answers for the agent counts it has seen: on 3, "
+        "4, 5 agents its answers name the wrong number of agents (`wrong_agent_count`), so it scores 0 there")
     assert load_policy("tiny").trained_agents == tuple(tiny["trained_agents"]) == (2,)
     assert shown["by_size"]["data"] == [] and shown["by_subset"]["data"] == []
     engine.dispose()
