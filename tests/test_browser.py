@@ -187,6 +187,7 @@ def test_a_gif_width_picked_then_downloaded_at_once_gives_a_file_of_that_width(l
     for width in (*GIF_WIDTHS[1:], GIF_WIDTHS[0]):  # 720, 960, then back to 480
         page.locator("#gif-width input").click()
         page.get_by_role("option", name=str(width), exact=True).click()
+        assert page.locator("#replay-gif").is_disabled()  # at once, in the browser: the old file cannot be had
         with page.expect_download() as download:
             page.click("#replay-gif")
         with Image.open(download.value.path()) as gif:

@@ -215,6 +215,11 @@ class EpisodeTab:
                 self.ticker: gr.Timer(active=going), self.play: "❚❚ Pause" if going else "▶ Play"}
 
 
+DISABLE_GIF = """() => { const el = document.getElementById('replay-gif');
+    const button = el && (el.tagName === 'BUTTON' ? el : el.querySelector('button'));
+    if (button) button.disabled = true; }"""
+
+
 def build(page: Page) -> EpisodeTab:
     with gr.Row():
         episode_id = gr.Number(label="Episode", value=None, scale=0, min_width=140, elem_id="episode-id")
@@ -247,10 +252,12 @@ def build(page: Page) -> EpisodeTab:
         .then(tab.extras, tab.follows, tab.extra_outputs, **no_progress(page))
     gr.on([step.input, ghost.input], tab.redraw, [view, step, ghost], [board, events], trigger_mode="always_last",
           **no_progress(page))
-    # A new width or ghost: the button is disabled at once (outside the queue), then holds the new file.
+    # A new width or ghost: the button is disabled at once, in the browser before any round trip (a click right
+    # after the pick would otherwise still download the old file), and by the server outside the queue; then it holds
+    # the new file.
     gr.on([gif_width.select, ghost.input], lambda: gr.update(interactive=False), None, gif, queue=False,
-          trigger_mode="always_last").then(lambda v, w, g: {gif: gif_button(v, w, g)}, [view, gif_width, ghost], gif,
-                                           trigger_mode="always_last")
+          trigger_mode="always_last", js=DISABLE_GIF).then(
+        lambda v, w, g: {gif: gif_button(v, w, g)}, [view, gif_width, ghost], gif, trigger_mode="always_last")
     play.click(tab.toggle_play, [view, tab.playing, step], [tab.playing, tab.ticker, play, step])
     tab.ticker.tick(tab.tick, [view, tab.playing, step, ghost], [step, board, events, tab.playing, tab.ticker, play],
                     **no_progress(page))
