@@ -28,11 +28,11 @@ JOB_HEADERS = ["job", "kind", "for", "status", "progress", "heartbeat", "error",
 
 def train_view(engine: Engine, run_id: int | None) -> dict[str, Any]:
     """The run's jobs as the worker last wrote them: progress of the active one, its log tail, results."""
-    progress = None if run_id is None else run_progress(engine, run_id)
-    if progress is None:
-        return dict(status="No run is open.", progress="", jobs=table(JOB_HEADERS, []), log="", results="",
-                    training=figures.empty_figure("no run is open"), run_status=None)
     try:
+        progress = None if run_id is None else run_progress(engine, run_id)
+        if progress is None:
+            return dict(status="No run is open.", progress="", jobs=table(JOB_HEADERS, []), log="", results="",
+                        training=figures.empty_figure("no run is open"), run_status=None)
         return _train_view(progress) | {"run_status": progress.run.status}
     except BAD_ROW as err:
         return dict(status=cannot_draw("The Train tab", run_id, err), progress="", jobs=table(JOB_HEADERS, []),
