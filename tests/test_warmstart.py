@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from envsim.prompts import compact_answer
-from envsim.suite import Split, build_cell, cells
+from envsim.suite import Split, build_cell, cells, validation_cells
 from training.labels import Args as LabelArgs
 from training.labels import Shard, open_folder, plan, run, write_shard
 from training.policy import load_policy
@@ -36,7 +36,9 @@ def test_no_held_out_board_is_trained_on(tmp_path: Path) -> None:
     benchmark = [e.instance for c in cells(Split.BENCHMARK) if c.size == 3 for e in build_cell(c)[0]]
     validation = [e.instance for c in cells(Split.VALIDATION, agents=(2, 3)) if c.size == 3
                   for e in build_cell(c)[0]]
-    assert {b.id for b in benchmark + validation} <= held_out
+    paper = [e.instance for c in validation_cells(120, (3, 4, 5)) if c.size == 3 for e in build_cell(c)[0]]
+    assert len(paper) == 120  # `--validation-agents 3,4,5` at 120 per size: at 3x3 only 3 agents fit
+    assert {b.id for b in benchmark + validation + paper} <= held_out
     folder = tmp_path / "labels"
     args = LabelArgs(out=str(folder), boards=29 * 60, shard_boards=60)
     run_cells = [s for s in plan(args.boards, args.shard_boards) if s.size == 3]

@@ -89,25 +89,30 @@ class Args:
     """overrides of the tiny model's shape, e.g. "hidden_size=192,num_hidden_layers=8" """
 
 
+HELD_OUT_AGENTS = ((2,), (3, 4, 5))  # the validation sets' agent counts: today's default and the paper's
+
+
 def held_out_ids(cache: Path | None = None, sizes: Collection[int] | None = None) -> frozenset[str]:
     """Every board id the warm start must never train on: the benchmark, the largest and the standard validation
-    set, the dev sets beside each, and the validation cells of every agent count 2..5 (the check boards among
-    them); only boards of `sizes` where given (a test's cheap subset). Cached in `cache`."""
+    set and the dev sets beside each, at 2 agents and at 3..5 (`HELD_OUT_AGENTS`, a run's `validation_agents`), and
+    the validation cells of every agent count 2..5 (the check boards among them); only boards of `sizes` where given
+    (a test's cheap subset). Cached in `cache`."""
     if cache is not None and cache.is_file():
         return frozenset(json.loads(cache.read_text()))
     def wanted(cell: SuiteCell) -> bool:
         return sizes is None or cell.size in sizes
 
-    todo = [c for c in cells(Split.BENCHMARK) + validation_cells(LARGEST_VALIDATION)
-            + cells(Split.VALIDATION, agents=(3, 4, 5)) if wanted(c)]
+    todo = [c for c in cells(Split.BENCHMARK) + cells(Split.VALIDATION, agents=(3, 4, 5))
+            + [v for agents in HELD_OUT_AGENTS for v in validation_cells(LARGEST_VALIDATION, agents)] if wanted(c)]
     with pool(2) as workers:
         ids = {e.instance.id for part, *_ in workers.map(build_cell, todo) for e in part}
-        for per_size in (VALIDATION_PER_SIZE, LARGEST_VALIDATION):
-            beside = frozenset(e.instance.id for c in validation_cells(per_size) if wanted(c)
-                               for e in build_cell(c)[0])
-            dev = [c for c in dev_cells(DEV_PER_SIZE) if wanted(c)]
-            ids |= {e.instance.id for part, *_ in workers.map(build_cell, dev, [SUITE_SEED] * len(dev),
-                                                              [beside] * len(dev)) for e in part}
+        for agents in HELD_OUT_AGENTS:
+            for per_size in (VALIDATION_PER_SIZE, LARGEST_VALIDATION):
+                beside = frozenset(e.instance.id for c in validation_cells(per_size, agents) if wanted(c)
+                                   for e in build_cell(c)[0])
+                dev = [c for c in dev_cells(DEV_PER_SIZE, agents) if wanted(c)]
+                ids |= {e.instance.id for part, *_ in workers.map(build_cell, dev, [SUITE_SEED] * len(dev),
+                                                                  [beside] * len(dev)) for e in part}
     if cache is not None:
         cache.write_text(json.dumps(sorted(ids)))
     return frozenset(ids)
