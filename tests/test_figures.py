@@ -140,6 +140,7 @@ def test_boards_side_by_side_are_drawn_at_their_end(crossing):
 
 def test_rates_curves_failures_and_training():
     rows = {4: Tally(4, 1, 0, {"hole": 3}), 3: Tally(2, 2, 1, {})}
+    assert {t.textangle for t in figures.rates_figure(rows).data} == {-90}  # side by side, labels never touch
     rates = traces(figures.rates_figure(rows))
     assert rates["valid rate"]["x"] == ["3x3", "4x4"] and rates["valid rate"]["y"] == [1.0, 0.25]
     assert rates["optimal rate"]["y"] == [0.5, 0.0]
@@ -163,7 +164,8 @@ def test_rates_curves_failures_and_training():
                                          "completions/mean_length": 31.0})])
     assert [t.name for t in five.data] == ["reward", "loss", "kl", "completions/clipped_ratio",
                                            "completions/mean_length"]
-    assert five.layout.yaxis4.title.text == "share, 0..1" and five.layout.height == 600  # two rows of three
+    assert five.layout.yaxis4.title.text == "share, 0..1" and five.layout.height == 900  # three rows of two
+    assert five.layout.xaxis3.domain == five.layout.xaxis1.domain  # the third panel under the first: titles apart
 
 
 def test_empty_inputs_say_why_they_are_empty():

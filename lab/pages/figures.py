@@ -251,10 +251,11 @@ def rates_figure(by_size: Mapping[int, Tally], title: str = "") -> go.Figure:
     for rate, name, col in (("valid_rate", "valid rate", "#2b8cbe"), ("optimal_rate", "optimal rate", "#31a354")):
         rates = [getattr(by_size[s], rate) for s in sizes]
         fig.add_bar(name=name, x=[f"{s}x{s}" for s in sizes], y=rates, marker_color=col,
-                    text=[f"{v:.0%}" for v in rates], textposition="outside",
+                    text=[f"{v:.0%}" for v in rates], textposition="outside", textangle=-90,  # upright, the
+                    # labels of two bars side by side ran into each other ("90%90%")
                     customdata=[by_size[s].episodes for s in sizes],
                     hovertemplate="%{x}: %{y:.1%} of %{customdata} episodes<extra>" + name + "</extra>")
-    fig.update_layout(title=title, barmode="group", height=320, yaxis=dict(range=[0, 1.12], tickformat=".0%"),
+    fig.update_layout(title=title, barmode="group", height=320, yaxis=dict(range=[0, 1.2], tickformat=".0%"),
                       margin=dict(l=40, r=10, t=40, b=30), font=_FONT, legend=dict(orientation="h", y=1.12),
                       plot_bgcolor="white")
     return fig
@@ -304,7 +305,7 @@ TRAINING_KEYS = (("reward", "reward (mean per answer)", "reward, 0..2.4"), ("los
                  ("kl", "KL to the reference", "KL, nats"),
                  ("completions/clipped_ratio", "truncated answers (at the length cap)", "share, 0..1"),
                  ("completions/mean_length", "mean answer length", "tokens"))
-TRAINING_COLUMNS = 3
+TRAINING_COLUMNS = 2  # the figure is half the page wide: three panels a row ran their titles into each other
 
 
 def training_figure(logs: Sequence[tuple[int, Mapping[str, Any]]]) -> go.Figure:
