@@ -262,6 +262,20 @@ def failed_episodes(engine: Engine, run_id: int, stage_index: int, size: int | N
         return list(s.exec(query.order_by(Episode.size, Episode.id).limit(limit)))
 
 
+def first_failure(engine: Engine, run_id: int) -> Episode | None:
+    """The episode a run opens on when none is asked for: its latest evaluated stage's first failed validation
+    episode (by size, then id), else that stage's first validation episode; None for a run with none."""
+    with session(engine) as s:
+        latest = s.exec(select(Episode.stage_index).where(Episode.run_id == run_id, Episode.split == Split.VALIDATION)
+                        .order_by(Episode.stage_index.desc()).limit(1)).first()
+        if latest is None:
+            return None
+        query = select(Episode).where(Episode.run_id == run_id, Episode.stage_index == latest,
+                                      Episode.split == Split.VALIDATION)
+        failed = s.exec(query.where(Episode.failure.is_not(None)).order_by(Episode.size, Episode.id).limit(1)).first()
+        return failed or s.exec(query.order_by(Episode.size, Episode.id).limit(1)).first()
+
+
 def episode_across_stages(engine: Engine, episode_id: int) -> tuple[Episode, list[Episode]] | None:
     """An episode, and every episode of its run on the same board and split (itself included), by stage."""
     with session(engine) as s:

@@ -174,16 +174,31 @@ def test_open_a_failed_episode_from_the_gallery_and_step_the_replay(lab, page):
     assert "Plotly.addFrames" in Path(download.value.path()).read_text()
 
 
+def test_the_episode_tab_opened_first_shows_the_runs_first_failure(lab, page):
+    """A fresh page, the Episode tab opened before any episode: it draws the open run's first failed episode (the
+    latest stage's, smallest size first), says which, and offers its files."""
+    url, _, ids = lab
+    page.goto(f"{url}?run={ids['history']}")
+    page.get_by_role("tab", name="Episode").click()
+    page.get_by_text(f"Run #{ids['history']}'s first failed episode at stage 1").wait_for()
+    page.get_by_text(f"Episode {ids['clash']}").first.wait_for()
+    assert page.locator("#episode-id input").input_value() == str(ids["clash"])
+    wait_plotted(page, "replay", "agent 0", [(0, 1)])  # t = 0: the starts of the crossing board
+    page.locator("#replay-gif:not([disabled])").wait_for()
+    with page.expect_download() as download:
+        page.click("#replay-gif")
+    with Image.open(download.value.path()) as gif:
+        assert gif.n_frames == 3 and gif.width == GIF_WIDTHS[0]  # the crossing board, t = 0, 1, 2
+
+
 def test_a_gif_width_picked_then_downloaded_at_once_gives_a_file_of_that_width(lab, page):
     """Each width picked and the GIF button clicked at once, without a pause: the file is the width the dropdown
     shows at the moment of the click (the button is disabled until the new file is made, so the click waits)."""
     url, _, ids = lab
     page.goto(f"{url}?run={ids['history']}")
     page.get_by_role("tab", name="Episode").click()
-    page.fill("#episode-id input", str(ids["clash"]))
-    page.keyboard.press("Enter")
-    page.get_by_text(f"Episode {ids['clash']}").first.wait_for()
-    page.locator("#replay-gif").get_by_text(f"Download GIF ({GIF_WIDTHS[0]} px)").wait_for()
+    page.get_by_text(f"Episode {ids['clash']}").first.wait_for()  # the tab opens on the run's first failure
+    page.locator("#replay-gif:not([disabled])").get_by_text(f"Download GIF ({GIF_WIDTHS[0]} px)").wait_for()
     for width in (*GIF_WIDTHS[1:], GIF_WIDTHS[0]):  # 720, 960, then back to 480
         page.locator("#gif-width input").click()
         page.get_by_role("option", name=str(width), exact=True).click()

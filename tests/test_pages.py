@@ -30,7 +30,7 @@ from lab.pages import common, episode, leaderboard, playground, proposal, review
 from lab.pages import web as app
 from lab.proposals import store_proposal
 from lab.replay import GIF_WIDTHS
-from lab.runs import lab_version, waiting_proposals
+from lab.runs import first_failure, lab_version, waiting_proposals
 from lab.settings import MAX_STAGES
 from lab.study import reference
 from lab.text import as_text
@@ -308,6 +308,26 @@ def test_an_episode_opens_with_its_board_answer_and_the_same_board_across_stages
     assert events.startswith("The answer has ended (t=2); what went wrong: vertex_conflict: agents 0 and 1 at (1,1)")
 
 
+def test_the_episode_tab_opens_on_the_runs_first_failure_when_none_is_open(lab):
+    """Opened with nothing open, the tab shows the open run's latest stage's first failed episode, says so, and
+    leaves an episode already open alone."""
+    engine, ids = lab
+    first = first_failure(engine, ids["history"])
+    assert (first.id, first.stage_index, first.size, first.failure) == (ids["clash"], 1, 3, "vertex_conflict")
+    tab = episode.EpisodeTab(engine, *[object() for _ in range(18)])  # one key per component
+    shown = tab.first_visit(None, ids["history"])
+    assert shown[tab.episode_id] == ids["clash"] and shown[tab.opened_here] is True
+    assert shown[tab.header].startswith(f"_Run #{ids['history']}'s first failed episode at stage 1; open another")
+    assert f"**Episode {ids['clash']}**: run #{ids['history']}, stage 1" in shown[tab.header]
+    assert shown[tab.answer] == CROSSING_CLASH
+    extras = tab.extras_if_opened(True, ids["clash"], shown[tab.view])
+    assert extras[tab.gif]["value"].endswith(".gif") and extras[tab.strip]["visible"] is True
+    kept = tab.first_visit(shown[tab.view], ids["waiting"])  # one open already: kept
+    assert kept == {tab.episode_id: gr.skip(), tab.opened_here: False}
+    assert tab.extras_if_opened(False, ids["clash"], shown[tab.view]) == {o: gr.skip() for o in tab.extra_outputs}
+    assert tab.first_visit(None, None) == {tab.episode_id: gr.skip(), tab.opened_here: False}  # no run open
+
+
 def test_a_missing_episode_is_reported_not_raised(lab):
     engine, _ = lab
     assert episode.episode_view(engine, 99999)["error"] == "There is no episode 99999."
@@ -334,7 +354,7 @@ def test_a_playing_replay_follows_its_clock_so_late_ticks_do_not_slow_it():
 
 def test_play_starts_the_clock_and_pause_stops_it(lab):
     engine, ids = lab
-    tab = episode.EpisodeTab(engine, *[object() for _ in range(17)])  # one key per component
+    tab = episode.EpisodeTab(engine, *[object() for _ in range(18)])  # one key per component
     view = episode.episode_view(engine, ids["clash"])["view"]
     end = episode.view_end(view)
     started = tab.toggle_play(view, None, end)  # at the end: from the start again

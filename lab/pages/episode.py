@@ -19,7 +19,7 @@ from lab.pages import figures
 from lab.pages.common import Page, draw, no_progress, table, verdict, view_end
 from lab.replay import GIF_WIDTHS, replay_gif
 from lab.results import outcome_of
-from lab.runs import episode_across_stages
+from lab.runs import episode_across_stages, first_failure
 from lab.settings import Count
 
 PLAY_S = 0.6  # seconds per step while a replay plays
@@ -135,6 +135,7 @@ class EpisodeTab:
     gif: gr.DownloadButton
     html: gr.DownloadButton
     gif_width: gr.Dropdown
+    opened_here: gr.State  # whether the tab's first visit opened an episode (`first_visit`)
 
     @property
     def opens(self) -> list[Any]:
@@ -174,6 +175,24 @@ class EpisodeTab:
                 self.step: gr.update(maximum=max(v["end"], 1), value=0), self.board: fig, self.events: events,
                 self.strip_note: "", self.strip: gr.update(visible=False),
                 self.strip_table: gr.update(visible=False)} | stopped
+
+    def first_visit(self, view: dict | None, run_id: int | None) -> dict[Any, Any]:
+        """The tab opened with no episode open: run `run_id`'s first failed episode (`first_failure`), said so
+        above it. An episode already open stays."""
+        first = None if view is not None or run_id is None else first_failure(self.engine, run_id)
+        if first is None:
+            return {self.episode_id: gr.skip(), self.opened_here: False}
+        shown = self.show(first.id, True)
+        what = "first failed episode" if first.failure is not None else "first episode (none failed)"
+        shown[self.header] = (f"_Run #{run_id}'s {what} at stage {first.stage_index}; open another from Stage "
+                              f"review's failures, or type its number._\n\n{shown[self.header]}")
+        return shown | {self.episode_id: first.id, self.opened_here: True}
+
+    def extras_if_opened(self, opened: bool, episode_id: Any, view: dict | None, gif_width: Any = None,
+                         ghost: bool = False) -> dict[Any, Any]:
+        """`extras` after `first_visit` opened an episode; nothing when it left the one open."""
+        return self.extras(episode_id, view, gif_width, ghost) if opened else \
+            {output: gr.skip() for output in self.extra_outputs}
 
     def extras(self, episode_id: Any, view: dict | None, gif_width: Any = None, ghost: bool = False) -> dict[Any, Any]:
         """What follows an opened episode's board (`show`), in the answer after it: the same board across stages,
@@ -247,7 +266,8 @@ def build(page: Page) -> EpisodeTab:
     strip_table = gr.Dataframe(label="Its answer at each stage", interactive=False, visible=False, wrap=True,
                                column_widths=["60px", "80px", "150px", "35%", "40%"], elem_id="strip-table")
     tab = EpisodeTab(page.engine, episode_id, header, view, board, step, play, ghost, events, answer, strip_note,
-                     strip, strip_table, gr.State(None), gr.Timer(PLAY_S, active=False), gif, html, gif_width)
+                     strip, strip_table, gr.State(None), gr.Timer(PLAY_S, active=False), gif, html, gif_width,
+                     gr.State(False))
     gr.on([open_episode.click, episode_id.submit], tab.show, tab.opens, tab.outputs) \
         .then(tab.extras, tab.follows, tab.extra_outputs, **no_progress(page))
     gr.on([step.input, ghost.input], tab.redraw, [view, step, ghost], [board, events], trigger_mode="always_last",

@@ -256,6 +256,22 @@ def _wire_first_visits(tabs: Tabs) -> None:
                                 [leaderboard_tab.pick, *leaderboard_tab.outputs])
     items["playground"].select(playground_tab.first_visit, [playground_tab.view, playground_tab.board_text],
                                playground_tab.outputs)
+    episode_tab = tabs.episode
+
+    def first_episode(view: dict | None, drawn_for: tuple[LabVersion, int | None] | None,
+                      request: gr.Request) -> dict[Any, Any]:
+        """The Episode tab opened: the open run's first failure when no episode is open; the run a link names
+        when the tab is opened before the page's first answer came."""
+        if drawn_for is not None:
+            run_id = drawn_for[1]
+        else:
+            run_id = linked(tabs.page.engine, dict(request.query_params) if request is not None else {})["run"]
+        return episode_tab.first_visit(view, run_id)
+
+    items["episode"].select(first_episode, [episode_tab.view, tabs.shown.seen],
+                            [episode_tab.episode_id, episode_tab.opened_here, *episode_tab.outputs]) \
+        .then(episode_tab.extras_if_opened, [episode_tab.opened_here, *episode_tab.follows],
+              episode_tab.extra_outputs, **no_progress(tabs.page))
     for tab_id, item in items.items():  # in the browser only, at once: an answer drawn later cannot reorder it
         item.select(None, None, tabs.shown.showing, js=f"() => {tab_id!r}")
 
@@ -405,14 +421,22 @@ def _wire_load(tabs: Tabs, demo: gr.Blocks) -> None:
         # while the page loads is the person's, for the proposal drawn around it.
         first = tabs.open_run(link["run"], tab, link["proposal"])
         first.pop(tabs.proposal.note, None)
-        return first | episode_view | {
-            tabs.poll: gr.Timer(active=True), episode_tab.episode_id: link["episode"]} | (
+        # Without a link to an episode the Episode tab is left alone: it may have opened the run's first failure
+        # already (`first_visit`), the person having opened it before this answer came.
+        opened = {} if link["episode"] is None else {episode_tab.episode_id: link["episode"]}
+        return first | episode_view | opened | {tabs.poll: gr.Timer(active=True)} | (
             # a tab the person opened before this answer came is left as it is (and drawn: `opened`)
             {page.tabs: gr.Tabs(selected=tab), showing: tab} if link["tab"] else {})
 
+    def load_extras(episode_id: Any, view: dict | None, gif_width: Any, ghost: bool,
+                    request: gr.Request) -> dict[Any, Any]:
+        """`extras` for the episode a link opened; nothing without one."""
+        params = dict(request.query_params) if request is not None else {}
+        return episode_tab.extras_if_opened(params.get("episode", "").isdigit(), episode_id, view, gif_width, ghost)
+
     demo.load(on_load, None, [*tabs.run_outputs(), tabs.poll, page.tabs, showing, episode_tab.episode_id,
                               *episode_tab.outputs], show_progress_on=page.run_pick, **VIEW) \
-        .then(episode_tab.extras, episode_tab.follows, episode_tab.extra_outputs, **no_progress(page))
+        .then(load_extras, episode_tab.follows, episode_tab.extra_outputs, **no_progress(page))
 
 
 # ---------------------------------------------------------------- the command
