@@ -68,7 +68,7 @@ from storage.models import (
     utcnow,
 )
 from storage.queue import db_now, enqueue, fail, request_cancel, requeue, stale_after_s
-from storage.settings import RunSettings, SettingsError, first_error
+from storage.settings import HeldConfigs, RunSettings, SettingsError, first_error
 
 LOOP_KINDS = (JobKind.STAGE, JobKind.PROPOSE)  # the jobs that move a run; a benchmark job never blocks it
 PROPOSE_ATTEMPTS = 3  # a propose job that raises is tried this many times, then the run fails for a person
@@ -98,7 +98,7 @@ def create_run(s: Session, *, name: str, config: EnvConfig, settings: RunSetting
         if (why := too_long(field, text, limit)) is not None:
             raise LoopError(why)
     check_policy(policy)
-    check_engineer(engineer, engineer_backend, policy)
+    check_engineer(engineer, engineer_backend, policy, settings.held_configs)
     if settings.base_url:
         try:
             check_server(settings.base_url)
@@ -148,16 +148,23 @@ def check_policy(policy: str) -> None:
 ANY_SETTINGS = RunSettings(stages=1)  # a run that sets nothing beyond its stages
 
 
-def check_engineer(engineer: str, backend: str, policy: str | None = None) -> None:
+def check_engineer(engineer: str, backend: str, policy: str | None = None, held: HeldConfigs | None = None) -> None:
     """Refuse an engineer the loop cannot run, before any run depends on it.
 
     `hf:policy` asks the run's own checkpoint to write a config, which only a policy that reads chat prompts can
     (`training.policy.prompt_style_of`, read without loading weights): the tiny policy and any compact one
-    speak in cells and actions, so they are refused here, with `policy` the run's policy spec.
+    speak in cells and actions, so they are refused here, with `policy` the run's policy spec. A held engineer
+    (`static`, `schedule`) proposes the configs the run holds (`held`, read for that engineer from a file when an
+    experiment's arm was made): a run without them is refused.
     """
     if engineer not in ENGINEERS:
         raise LoopError(f"unknown engineer {engineer!r}: one of {', '.join(ENGINEERS)}")
-    language_model = needs_of(engineer, ANY_SETTINGS).language_model  # whatever the run's settings
+    needs = needs_of(engineer, ANY_SETTINGS)  # whatever the run's settings
+    if needs.held_configs and (held is None or held.kind != engineer):
+        holds = "no configs" if held is None else f"a {held.kind} arm's configs from {held.source}"
+        raise LoopError(f"the {engineer} engineer proposes the configs of a file, read once when an experiment's arm "
+                        f"is made (envlab experiment new --arms {engineer}:FILE); this run holds {holds}")
+    language_model = needs.language_model
     if language_model and not backend:
         raise LoopError(f"the {engineer} engineer needs a backend, e.g. hf:policy, hf:gemma3-270m or openai:<model>")
     if not language_model or backend != SELF_BACKEND or policy is None:
@@ -518,6 +525,8 @@ def run_propose_job(engine: Engine, job: Job, progress: Callable[..., bool]) -> 
                                       else checkpoint_of(engine, stage))
         if needs.probe is not None:
             options["probe_fn"] = probe_for(engine, run, stage, **needs.probe)
+        if needs.held_configs:
+            options["held"] = run.settings.held_configs
         check = fill_check(run.seed, after + 1)
         answer = ENGINEERS[run.engineer](evidence, seed=proposal_seed(s, run, after), cannot_fill=check, **options)
         if run.experiment_id is not None:
@@ -610,7 +619,7 @@ def switch_engineer(engine: Engine, run_id: int, engineer: str, backend: str = "
         run = lock_run(s, run_id)
         if run is None:
             raise LoopError(f"no run {run_id}")
-        check_engineer(engineer, backend, run.policy)
+        check_engineer(engineer, backend, run.policy, run.settings.held_configs)
         history = [*run.settings.engineer_history,
                    {"engineer": run.engineer, "backend": run.engineer_backend, "until": utcnow().isoformat()}]
         run.settings = run.settings.model_copy(update={"engineer_history": history})

@@ -14,11 +14,12 @@ set it from the command line, one flag in `lab.settings.settings_arguments` whos
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from envsim.config import AGENT_COUNTS, EnvConfig
+from envsim.config import AGENT_COUNTS, ConfigError, EnvConfig, project
 from envsim.suite import VALIDATION_AGENTS, VALIDATION_PER_SIZE, dev_cells, validation_cells
 
 # Which GRPOConfig fields a run's `grpo` overrides may not set: the lab owns them. A run's settings can come from
@@ -41,6 +42,47 @@ def lab_owned(overrides: dict[str, Any]) -> list[str]:
 
 class SettingsError(ValueError):
     """Run settings that cannot be used; the message names the setting and what is wrong with it."""
+
+
+class Held(StrEnum):
+    """The engineers that propose configs a person wrote down (`lab.engineers.held`): `static` one config for every
+    stage, `schedule` one per stage."""
+
+    STATIC = "static"
+    SCHEDULE = "schedule"
+
+
+class HeldConfigs(BaseModel):
+    """The configs a `static` or `schedule` arm proposes, read once from a person's file when the arm was made and
+    stored with each of its runs (`RunSettings.held_configs`), so a run never reads the file again (it may have
+    moved). Each config is checked as strictly as a person's edit (`envsim.config.project(strict=True)`) wherever
+    the record is made: from the file, from the database, from another lab's archive."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Held  # the engineer the configs were read for: a run of the other one cannot use them
+    source: str = Field(min_length=1, max_length=255)  # the file's name, as the answers' rationale says it
+    configs: tuple[EnvConfig, ...] = Field(min_length=1)  # a schedule's items in order; a static arm's one config
+
+    @field_validator("configs", mode="before")
+    @classmethod
+    def _strict(cls, value: Any) -> Any:
+        """Each item through the strict projection, the problem naming the item (counted from 1)."""
+        if not isinstance(value, list | tuple):
+            return value  # pydantic says what is wrong with it
+        configs = []
+        for n, item in enumerate(value, 1):
+            try:
+                configs.append(item if isinstance(item, EnvConfig) else project(item, strict=True).config)
+            except ConfigError as err:
+                raise ValueError(f"item {n}: {err}") from None
+        return tuple(configs)
+
+    @model_validator(mode="after")
+    def _one_held(self) -> HeldConfigs:
+        if self.kind == Held.STATIC and len(self.configs) != 1:
+            raise ValueError(f"a static arm holds one config, not {len(self.configs)}")
+        return self
 
 
 class RunSettings(BaseModel):
@@ -81,6 +123,7 @@ class RunSettings(BaseModel):
     validation_agents: tuple[int, ...] = VALIDATION_AGENTS
     engineer_history: list[dict[str, Any]] = Field(default_factory=list)
     example: bool = False
+    held_configs: HeldConfigs | None = None  # what a `static` or `schedule` arm's run proposes (None: other runs)
 
     @field_validator("grpo")
     @classmethod

@@ -8,6 +8,8 @@ beside its code, listed in `NEEDS` (`needs`): the loop reads that, never the eng
 - `baselines`: `fixed` keeps the current config (the paper's fixed-environment baseline), `random` draws a
   legal config from the seed and the round (the paper's random baseline), `heuristic` is a transparent
   curriculum rule; its rationale has one line per change it makes.
+- `held`: `static` proposes one config a person wrote down for every stage, `schedule` one per stage; read once
+  from a file when an experiment's arm is made (`read_held`) and stored with its runs.
 - `learnability`: sampling for learnability (SFL): per size it measures a grid of hole and wait ratios on the
   policy (`training.probe`), trains half of the size's boards on the most learnable cell, weights the sizes by
   learnability, and draws the other half broadly at random (`random_share`).
@@ -40,6 +42,7 @@ from lab.engineers.baselines import (
     random_config,
 )
 from lab.engineers.evidence import evidence_engineer, evidence_needs
+from lab.engineers.held import MAX_HELD_BYTES, HeldFileError, check_held, held_needs, read_held, schedule, static
 from lab.engineers.language_model import (
     ANSWER_FORMAT,
     CONSTRAINED_RATIONALE_CHARS,
@@ -74,7 +77,7 @@ from lab.engineers.reading import (
     Unreadable,
     read_config,
 )
-from storage.settings import RunSettings
+from storage.settings import Held, RunSettings
 
 ENGINEERS: dict[str, Callable[..., EngineerAnswer]] = {
     "fixed": fixed,
@@ -83,7 +86,13 @@ ENGINEERS: dict[str, Callable[..., EngineerAnswer]] = {
     "learnability": learnability,
     "evidence": evidence_engineer,
     "llm": llm,
+    Held.STATIC: static,
+    Held.SCHEDULE: schedule,
 }
+
+# The engineers a run alone can be given (the Runs page's choices): a held one runs only as an experiment's arm, whose
+# runs store the configs of its file (`check_engineer` refuses it elsewhere, naming the arm to make).
+ALONE = tuple(name for name in ENGINEERS if name not in set(Held))
 
 # What each engineer needs besides the evidence (`lab.engineers.needs`), declared beside it; one left out needs
 # nothing more.
@@ -91,13 +100,15 @@ NEEDS: dict[str, Callable[[RunSettings], Needs]] = {
     "learnability": learnability_needs,
     "evidence": evidence_needs,
     "llm": llm_needs,
+    Held.STATIC: held_needs,
+    Held.SCHEDULE: held_needs,
 }
 
 
 # The engineers whose answer is a function of the stage's evidence alone: asked again on the same stage (a person
 # rejected the proposal), they answer the same config; the others draw from a seed that each rejection moves on
 # (`lab.loop.proposal_seed`).
-SAME_WHEN_ASKED_AGAIN = frozenset({"fixed", "heuristic", "evidence"})
+SAME_WHEN_ASKED_AGAIN = frozenset({"fixed", "heuristic", "evidence", Held.STATIC, Held.SCHEDULE})
 
 
 def needs_of(engineer: str, settings: RunSettings) -> Needs:
@@ -107,12 +118,13 @@ def needs_of(engineer: str, settings: RunSettings) -> Needs:
 
 
 __all__ = [
-    "ANSWER_FORMAT", "CONFLICTS", "CONSTRAINED_RATIONALE_CHARS", "DOMINANT", "ENGINEERS", "FLOOR", "HOLE_CELLS",
+    "ALONE", "ANSWER_FORMAT", "CONFLICTS", "CONSTRAINED_RATIONALE_CHARS", "DOMINANT", "ENGINEERS", "FLOOR",
+    "HOLE_CELLS",
     "HOLE_STEP", "INSTRUCTIONS", "LEARN_ANSWERS", "LEARN_BOARDS", "LEARN_FLOOR", "MASTERED", "MAX_ANSWER_CHARS",
     "MAX_NUMBER_DIGITS", "RANDOM_DRAWS", "RATIONALE", "RATIONALE_CHARS", "REMEASURE", "RETRY", "SFL_RANDOM_SHARE",
     "NEEDS", "SAME_WHEN_ASKED_AGAIN", "SHARE_STEP", "UNLEARNED", "WAIT_CELLS", "WAIT_STEP", "Complete",
-    "EngineerAnswer", "Needs", "ProbeFn", "Unreadable", "answer_of", "answer_schema", "changed_sizes", "compute_of",
-    "engineer_prompt",
+    "EngineerAnswer", "HeldFileError", "MAX_HELD_BYTES", "Needs", "ProbeFn", "Unreadable", "answer_of",
+    "answer_schema", "changed_sizes", "check_held", "compute_of", "engineer_prompt",
     "evidence_engineer", "fixed", "grid", "heuristic", "learnability", "llm", "needs_of", "random_config",
-    "read_config", "shares",
+    "read_config", "read_held", "schedule", "shares", "static",
 ]

@@ -21,13 +21,16 @@ class Needs:
     the model answers in the job's own process, and on `hf:policy` the run's own policy is that model.
     `policy_path`: the folder of the checkpoint the proposal follows. `probe`: the boards and answers of each probe
     `probe_fn` samples on that checkpoint (None: no probe). `reads_episodes`: it reads the stage's dev episodes,
-    not only its per-size metrics, so they must all be stored.
+    not only its per-size metrics, so they must all be stored. `held_configs`: the configs a person wrote down for
+    the run (`RunSettings.held_configs`, stored with it when its arm was made), passed as `held`: a run must hold
+    them, read for this engineer.
     """
 
     language_model: bool = False
     policy_path: bool = False
     probe: Mapping[str, int] | None = None
     reads_episodes: bool = False
+    held_configs: bool = False
 
 
 NOTHING = Needs()  # the evidence alone: `fixed`, `random`, `heuristic`

@@ -44,6 +44,7 @@ from lab.proposals import (
 from lab.runs import set_run_auto_apply
 from lab.text import TEXT_LIMIT, as_text
 from storage.models import Action
+from storage.settings import Held
 
 DIFF_HEADERS = ["size", "knob", "old", "new", "change", "note"]
 PERSON = "✎"  # marks a value a person's edit set, in the diff
@@ -207,9 +208,10 @@ def _status(state: ProposalState) -> str:
                "below or reject to ask the engineer again."
     waiting = f"{title}  \n**Waiting for a decision.**"
     if p.engineer in SAME_WHEN_ASKED_AGAIN:
-        waiting += (f" Asked again, the `{p.engineer}` engineer answers this same config (it reads only this stage's "
-                    "results): to change it, edit it below, or switch the run's engineer in the Train tab before "
-                    "rejecting.")
+        why = "it proposes the configs its run holds" if p.engineer in set(Held) else \
+            "it reads only this stage's results"
+        waiting += (f" Asked again, the `{p.engineer}` engineer answers this same config ({why}): to change it, edit "
+                    "it below, or switch the run's engineer in the Train tab before rejecting.")
     return waiting
 
 

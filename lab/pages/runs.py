@@ -15,7 +15,7 @@ from sqlalchemy import Engine
 from envsim.config import AGENT_RATIO, KNOB_HELP, KNOBS, ConfigError, EnvConfig, mix_text, project
 from envsim.suite import DEV_PER_SIZE
 from lab.archive import ArchiveError, export_run, import_archive, read_manifest
-from lab.engineers import ENGINEERS
+from lab.engineers import ALONE
 from lab.loop import LoopError, missing_checkpoint
 from lab.pages.common import BAD_ROW, KNOB_COLUMNS, Page, config_from_table, config_rows, table, when
 from lab.pages.tempfiles import EXPORTS, FILES_AGE_S, sweep
@@ -170,7 +170,7 @@ def build(page: Page) -> RunsTab:
             policy = gr.Textbox(label="Policy", value="tiny",
                                 info="`tiny` (ships in assets/, trains on a CPU), `gemma3-270m`, a "
                                      "checkpoint folder or a Hugging Face model name")
-            engineer = gr.Dropdown(label="Engineer", choices=list(ENGINEERS), value="heuristic", elem_id="new-engineer")
+            engineer = gr.Dropdown(label="Engineer", choices=list(ALONE), value="heuristic", elem_id="new-engineer")
             backend = gr.Textbox(label="LLM backend", placeholder="hf:policy", visible=False,
                                  info="hf:policy (the policy itself, as in the paper), hf:gemma3-270m, "
                                       "or openai:<model> with a server URL")

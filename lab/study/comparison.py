@@ -41,6 +41,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import plotly.graph_objects as go
@@ -57,7 +58,7 @@ from lab.study.experiments import arm_names, experiment_runs, find_experiment
 from lab.text import as_text
 from storage.db import session
 from storage.models import Experiment, Job, JobKind, Proposal, Run, Stage, StageMetric, StageStatus
-from storage.settings import ExperimentSettings
+from storage.settings import ExperimentSettings, Held
 
 LEVEL = 0.95  # the intervals' coverage
 ALPHA = 0.05  # the paired t tests' level (two-sided): the detectable difference's, and Holm's family-wise
@@ -672,6 +673,12 @@ def difference_table_rows(compared: Comparison, rate: Rate = Rate.VALID,
     return headers, rows
 
 
+def _held_text(held: dict[str, Any]) -> str:
+    """A held arm's configs in a few words: its file, and a schedule's length."""
+    n = len(held.get("configs") or ())
+    return f"{as_text(str(held.get('source')))}" + (f", {n} items" if held.get("kind") == Held.SCHEDULE else "")
+
+
 def report_markdown(compared: Comparison) -> str:
     """The experiment's report as Markdown (what `envlab experiment report` prints): the finding (`finding`) first,
     the compute statement, what every arm spent (`compute_rows`), then every table of rates, the primary metric's
@@ -683,7 +690,8 @@ def report_markdown(compared: Comparison) -> str:
              *([as_text(e.description), ""] if e.description else []), compute_statement(compared), "",
              f"Runs: {done} of {len(compared.runs)} done. Arms: " + ", ".join(
                  f"{as_text(a['name'])} ({a['engineer']}"
-                 + (f", {as_text(a['backend'])}, context {a['context']}" if a["backend"] else "") + ")"
+                 + (f", {as_text(a['backend'])}, context {a['context']}" if a["backend"] else "")
+                 + (f", {_held_text(a['held'])}" if a.get("held") else "") + ")"
                  for a in e.arms) + f". Primary metric: the {primary} rate.", "",
              *_compute_section(compared), "",
              f"## Validation {primary} rate", "",

@@ -33,14 +33,14 @@ from sqlmodel import Session, func, select
 from envsim.config import ConfigError, EnvConfig, project
 from envsim.suite import VALIDATION_PER_SIZE, Split, boards_in
 from lab.context import CONTEXT_PRESETS, DEFAULT_PRESET
-from lab.engineers import ENGINEERS
+from lab.engineers import ENGINEERS, HeldFileError, check_held, read_held
 from lab.jobs.worker import split_gpus, start_worker, visible_gpus
 from lab.loop import LoopError, advance, check_engineer, check_policy, create_run, queue_benchmark, resume
 from lab.runs import benchmark_checkpoints
 from lab.text import NAME_LIMIT, TEXT_LIMIT, too_long
 from storage.db import runs_root, session
 from storage.models import ACTIVE_JOB, Experiment, Job, JobKind, JobStatus, Run, RunStatus, Stage, StageStatus
-from storage.settings import PRIMARY_RATES, ExperimentSettings, RunSettings, SettingsError
+from storage.settings import PRIMARY_RATES, ExperimentSettings, Held, HeldConfigs, RunSettings, SettingsError
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "assets" / "scenarios"
 DEFAULT_SCENARIO = "default"
@@ -58,23 +58,33 @@ class ExperimentError(ValueError):
 
 @dataclass(frozen=True)
 class Arm:
-    """One arm: an engineer, its llm backend and context preset, under a name unique in its experiment."""
+    """One arm: an engineer, its llm backend and context preset or its held configs, under a name unique in its
+    experiment."""
 
     name: str
     engineer: str
     backend: str = ""
     context: str = DEFAULT_PRESET
+    held: HeldConfigs | None = field(default=None, hash=False)  # a static or schedule arm's configs, read once
 
     @classmethod
     def parse(cls, text: str) -> Arm:
-        """`fixed`, `random`, `heuristic`, or `llm:BACKEND[@PRESET]` (e.g. `llm:openai:qwen3-4b@paper-best`),
-        optionally named: `NAME=SPEC`. The name defaults to the spec as written."""
+        """`fixed`, `random`, `heuristic`, `learnability`, `evidence`, `llm:BACKEND[@PRESET]` (e.g.
+        `llm:openai:qwen3-4b@paper-best`), `static:FILE` or `schedule:FILE` (the file is read here, once:
+        `lab.engineers.read_held`), optionally named: `NAME=SPEC`. The name defaults to the spec as written."""
         name, sep, spec = text.strip().partition("=")
         spec = spec.strip() if sep else name
         name = name.strip()
         engineer, _, rest = spec.partition(":")
         if engineer not in ENGINEERS:
             raise ExperimentError(f"arm {text!r}: unknown engineer {engineer!r} (one of {', '.join(ENGINEERS)})")
+        if engineer in (Held.STATIC, Held.SCHEDULE):
+            if not rest:
+                raise ExperimentError(f"arm {text!r}: a {engineer} arm names its file of configs: {engineer}:FILE")
+            try:
+                return cls(name or spec, engineer, held=read_held(rest, Held(engineer)))
+            except HeldFileError as err:
+                raise ExperimentError(f"arm {text!r}: {err}") from None
         if engineer != "llm":
             if rest:
                 raise ExperimentError(f"arm {text!r}: only an llm arm takes a backend and a context preset")
@@ -89,7 +99,15 @@ class Arm:
 
     @property
     def spec(self) -> str:
+        if self.held is not None:
+            return f"{self.engineer}:{self.held.source}"
         return self.engineer if self.engineer != "llm" else f"llm:{self.backend}@{self.context}"
+
+    def row(self) -> dict[str, Any]:
+        """The arm as its experiment's `arms` stores it (a held arm's configs too: its runs never read the file)."""
+        held = {"held": self.held.model_dump(mode="json")} if self.held is not None else {}
+        return {"name": self.name, "engineer": self.engineer, "backend": self.backend, "context": self.context,
+                **held}
 
 
 @dataclass(frozen=True)
@@ -188,16 +206,11 @@ def create_experiment(engine: Engine, *, name: str, arms: Sequence[str | Arm], s
         check_policy(policy)
     except LoopError as err:
         raise ExperimentError(str(err)) from None
-    for arm in parsed:
-        try:
-            check_engineer(arm.engineer, arm.backend, policy)
-        except LoopError as err:
-            raise ExperimentError(f"arm {arm.name!r}: {err}") from None
+    _check_arms(parsed, policy, config, settings.agent_counts)
     recorded = compute_settings(policy=policy, config=config, settings=settings, scenario=origin, primary=primary)
     with session(engine) as s:
         experiment = Experiment(name=name, description=description, policy=policy, seeds=seeds, settings=recorded,
-                                arms=[{"name": a.name, "engineer": a.engineer, "backend": a.backend,
-                                       "context": a.context} for a in parsed])
+                                arms=[a.row() for a in parsed])
         s.add(experiment)
         try:
             s.commit()
@@ -221,6 +234,18 @@ def _check_run_names(experiment: str, arms: Sequence[Arm], seeds: int) -> None:
                                   "experiment's or the arm's name")
 
 
+def _check_arms(arms: Sequence[Arm], policy: str, config: EnvConfig, counts: tuple[int, ...] | None) -> None:
+    """Refuse an arm whose engineer the loop cannot run for `policy`, or whose held configs do not fit runs that
+    start on `config` with the agent counts `counts` (`lab.engineers.check_held`)."""
+    for arm in arms:
+        try:
+            check_engineer(arm.engineer, arm.backend, policy, arm.held)
+        except LoopError as err:
+            raise ExperimentError(f"arm {arm.name!r}: {err}") from None
+        if arm.held is not None and (why := check_held(arm.held, config, counts)) is not None:
+            raise ExperimentError(f"arm {arm.name!r}: {why}")
+
+
 def _create_runs(s: Session, experiment: Experiment, arms: Sequence[Arm]) -> None:
     """Queue the runs of `arms` (every seed, seed-major), from the settings every run of `experiment` shares."""
     shared, config = experiment.settings.run, experiment.settings.config
@@ -228,7 +253,8 @@ def _create_runs(s: Session, experiment: Experiment, arms: Sequence[Arm]) -> Non
         for arm in arms:
             try:
                 create_run(s, name=_run_name(experiment.name, arm.name, seed), config=config,
-                           settings=shared.model_copy(update={"context_preset": arm.context, "context": None}),
+                           settings=shared.model_copy(update={"context_preset": arm.context, "context": None,
+                                                              "held_configs": arm.held}),
                            policy=experiment.policy, engineer=arm.engineer, engineer_backend=arm.backend, seed=seed,
                            description=f"experiment {experiment.name!r}, arm {arm.name!r}, seed {seed}",
                            experiment_id=experiment.id, arm=arm.name)
@@ -247,15 +273,10 @@ def add_arms(engine: Engine, key: str | int, arms: Sequence[str | Arm]) -> list[
         raise ExperimentError(f"arms {names}: give at least one, each named once and not one of the experiment's "
                               f"({', '.join(arm_names(experiment))}); name one NAME=SPEC")
     _check_run_names(experiment.name, parsed, experiment.seeds)
-    for arm in parsed:
-        try:
-            check_engineer(arm.engineer, arm.backend, experiment.policy)
-        except LoopError as err:
-            raise ExperimentError(f"arm {arm.name!r}: {err}") from None
+    _check_arms(parsed, experiment.policy, experiment.settings.config, experiment.settings.run.agent_counts)
     with session(engine) as s:
         row = s.get(Experiment, experiment.id)
-        row.arms = [*row.arms, *({"name": a.name, "engineer": a.engineer, "backend": a.backend,
-                                  "context": a.context} for a in parsed)]
+        row.arms = [*row.arms, *(a.row() for a in parsed)]
         s.add(row)
         s.commit()
         s.refresh(row)
@@ -302,7 +323,15 @@ def _source_runs(other: Engine, experiment: Experiment, source: Path, arm: str, 
         elif (run.engineer, run.engineer_backend) != (spec["engineer"], spec["backend"]):
             problems.append(f"seed {seed}: its run {run.id} there ran engineer {run.engineer!r}, "
                             f"this arm runs {spec['engineer']!r}")
+        elif _held_of(run) != spec.get("held"):
+            problems.append(f"seed {seed}: its run {run.id} there held other configs than this arm's")
     return theirs, found, problems
+
+
+def _held_of(run: Run) -> dict[str, Any] | None:
+    """A run's held configs as its experiment's arm stores them (None: it holds none)."""
+    held = run.settings.held_configs
+    return None if held is None else held.model_dump(mode="json")
 
 
 def adopt_runs(engine: Engine, key: str | int, source: str | Path, arm: str, seeds: Sequence[int],

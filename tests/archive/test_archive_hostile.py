@@ -203,6 +203,11 @@ def test_a_resume_of_a_run_stored_with_a_bad_uuid_writes_nothing(lab, tmp_path, 
     ("runs", 1, {"settings": [1, 2]}, r"tables/runs.jsonl row 1, column settings: Input should be an object"),
     ("runs", 1, {"settings": {"stages": "two"}}, r"column settings: not a valid RunSettings: stages"),
     ("runs", 1, {"settings": {"stages": 2, "grpo": {"output_dir": "/srv"}}}, r"column settings: .*output_dir"),
+    ("runs", 1, {"settings": {"stages": 2, "held_configs": {"kind": "schedule", "source": "s.json", "configs": [
+        {"data_ratio": {"3": 1}, "hole_ratio": {"3": 0.1}, "wait_ratio": {"3": 0.2}},
+        {"data_ratio": {"3": 1}, "hole_ratio": {"3": 0.9}, "wait_ratio": {"3": 0.2}}]}}},
+     r"column settings: not a valid RunSettings: held_configs.configs: item 2: hole_ratio\[3\] = 0.9 is outside "
+     r"0..0.5 \(got "),
     ("runs", 1, {"seed": "zero"}, r"tables/runs.jsonl row 1, column seed: Input should be a valid integer"),
     ("runs", 1, {"status": "hacked"}, r"tables/runs.jsonl row 1, column status: Input should be 'active'"),
     ("runs", 1, {"created_at": "2026-01-01T00:00:00"}, r"column created_at: Input should have timezone info"),

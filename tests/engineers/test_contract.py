@@ -17,15 +17,17 @@ from lab.engineers import (
     Needs,
     needs_of,
 )
-from storage.settings import RunSettings
+from storage.settings import Held, HeldConfigs, RunSettings
 from tests.engineers.scripts import CONFIG, GOOD, Script, ScriptedProbe, evidence
+
+HELD = HeldConfigs(kind=Held.SCHEDULE, source="held.json", configs=(CONFIG,))  # what a held engineer's run stores
 
 # ---------------------------------------------------------------- the contract, for every engineer
 
 
 def _run(name: str, ev: Evidence, seed: int = 0) -> EngineerAnswer:
     return ENGINEERS[name](ev, seed=seed, complete_fn=Script(GOOD), backend="openai:unused", unused_option=1,
-                           probe_fn=ScriptedProbe({}))
+                           probe_fn=ScriptedProbe({}), held=HELD)
 
 
 @pytest.mark.parametrize("name", sorted(ENGINEERS))
@@ -64,6 +66,8 @@ def test_each_engineer_declares_what_its_propose_job_gives_it() -> None:
         "learnability": Needs(probe={"boards": LEARN_BOARDS, "answers": LEARN_ANSWERS}),
         "llm": Needs(language_model=True, policy_path=True),
         "random": Needs(),
+        "schedule": Needs(held_configs=True),
+        "static": Needs(held_configs=True),
     }
     assert needs_of("llm", plain.model_copy(update={"context": {"measured": True, "failure_cases": True}})) == \
         Needs(language_model=True, policy_path=True, probe=size, reads_episodes=True)
