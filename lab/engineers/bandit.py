@@ -18,11 +18,14 @@ teach nothing. `PRIOR` = 1 sits at the top of what a cell measures here (optimis
 2.6): an untried cell is tried, and a cell's optimism fades as its stages come in (one stage at `ALPHA` 0.5 leaves
 it halfway between 1 and its reward).
 
-The temperature fits the scale of mean |advantage| here, not SEC's rewards in [0, 1]: with the lab's rewards (0 to
-2.4 an answer) a group's mean |advantage| runs from 0 (every answer alike) to about 1 (half the answers valid and
-optimal, half not; with TRL's `scale_rewards="group"` at most about 0.87 at 4 answers a group), and cells of a
-tiny-policy stage differ by 0.1 to 0.5. `TEMPERATURE` = 0.25 gives a cell whose Q is 0.25 higher e (2.7) times the
-share: 0.5 higher, about 7 times. SEC's tau 1 on this scale would leave the shares within a factor 2.7 of uniform.
+The temperature fits the scale of mean |advantage| here, not SEC's rewards in [0, 1]. With the lab's rewards (0 to
+2.4 an answer) centred per group and not scaled (the tiny policy's `scale_rewards="none"`), a group's mean
+|advantage| runs from 0 (every answer alike) to 1.2 (half the answers valid and optimal, half earning nothing); with
+TRL's `scale_rewards="group"` it is at most sqrt((G-1)/G), 0.87 at 4 answers a group. The validity and optimality
+terms alone give a cell about 4p(1-p) (p its valid rate): 0.51 at 85%, 1.0 at 50%, so sizes where the tiny policy
+is valid 21% to 85% of the time (docs/experiments.md, the default scenario) should differ by up to about 0.5 (an
+estimate). `TEMPERATURE` = 0.25 gives a cell whose Q is 0.25 higher e (2.7) times the share, 0.5 higher about 7
+times; SEC's tau 1 on this scale would make a gap of 0.5 a factor 1.6.
 
 The config is not a distribution over cells: it has shares per map size (`data_ratio`) and one agent mix for every
 size (`agent_ratio`), and the generator deals the mix out size by size (`envsim.generator.cell_counts`), so the next
