@@ -35,8 +35,10 @@ from envsim.rules import Failure
 from envsim.scoring import Outcome, Tally
 from envsim.suite import Split
 from lab.results import outcome_of, stage_summaries
-from storage.models import Episode, Stage
+from storage.models import Episode, Stage, TrainingLog
 from storage.settings import RunSettings
+from training import advantage
+from training.advantage import Cell, CellSignal
 from training.probe import ProbeResult  # the probe's numbers (torch loads only where a probe samples)
 
 SPLIT = Split.DEV  # the engineer reads dev results: the validation results score the run, so it never sees those
@@ -74,13 +76,16 @@ class BoardOutcome:
 @dataclass(frozen=True)
 class StageResult:
     """A stage's config and its results per map size on the dev boards, with a few failed episodes and every
-    board's outcome (`boards`, in stored order)."""
+    board's outcome (`boards`, in stored order), and what its training boards taught: TRL's advantages per cell
+    (agent count, map size), summed over its training logs (`cells`, `training.advantage`; None where the stage
+    recorded none: stage 0 trains nothing, and a stage trained before the record existed has none)."""
 
     stage_index: int
     config: EnvConfig
     by_size: dict[int, Tally]
     cases: tuple[FailureCase, ...] = ()
     boards: tuple[BoardOutcome, ...] = ()
+    cells: dict[Cell, CellSignal] | None = None
 
     @property
     def total(self) -> Tally:
@@ -187,7 +192,8 @@ def evidence_split(settings: RunSettings) -> Split:
 
 def load_stage_result(session: Session, run_id: int, stage_index: int, cases: int = 3,
                       split: Split = SPLIT) -> StageResult:
-    """A stage's config, its per-size metrics on `split` (the dev boards) and up to `cases` failed episodes there.
+    """A stage's config, its per-size metrics on `split` (the dev boards), up to `cases` failed episodes there and
+    its training's advantages per cell.
 
     Cases are picked one per failure type, the most common type first (ties: the rule order), then a
     second of each type, and so on; within a type the earliest stored episode comes first.
@@ -198,9 +204,11 @@ def load_stage_result(session: Session, run_id: int, stage_index: int, cases: in
         raise LookupError(f"run {run_id} has no stage {stage_index}")
     summary = stage_summaries(session, run_id, split, stage_index).get(stage_index)
     by_size = summary.by_size if summary else {}
+    logs = session.exec(select(TrainingLog.metrics).where(TrainingLog.run_id == run_id,
+                                                          TrainingLog.stage_index == stage_index))
     return StageResult(stage_index, stage.config, by_size,
                        _failure_cases(session, run_id, stage_index, cases, split) if cases > 0 else (),
-                       _boards(session, run_id, stage_index, split))
+                       _boards(session, run_id, stage_index, split), advantage.read(logs))
 
 
 class NoEvidence(LookupError):

@@ -23,11 +23,14 @@ from sqlmodel import select
 from envsim.config import EnvConfig
 from envsim.generator import generate
 from envsim.prompts import compact_answer
+from lab.engineers.bandit import bandit
 from lab.jobs.worker import WorkerOptions, run_worker
+from lab.loop import evidence_for
 from storage import queue
 from storage.db import make_engine, runs_root, session, upgrade
 from storage.models import Episode, Job, Run, Stage, StageMetric, TrainingLog
 from storage.settings import RunSettings
+from training import advantage
 from training.policy import build_tiny, load_policy
 from training.progress import Cancelled
 from training.stage import (
@@ -85,14 +88,14 @@ def writer(one_thread, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return policy.save(tmp_path_factory.mktemp("writer") / "policy")
 
 
-def _run(engine: Engine, policy: str, stages: int = 2, **settings) -> int:
+def _run(engine: Engine, policy: str, stages: int = 2, config: EnvConfig = CONFIG, **settings) -> int:
     with session(engine) as s:
         run = Run(name="t", policy=policy, engineer="fixed", engineer_backend="", seed=7,
                   settings={"stages": stages, "grpo": GRPO, "validation_boards": 8, **settings})
         s.add(run)
         s.commit()
         for k in range(stages):
-            s.add(Stage(run_id=run.id, index=k, config=CONFIG.model_dump(mode="json"), status="queued"))
+            s.add(Stage(run_id=run.id, index=k, config=config.model_dump(mode="json"), status="queued"))
         s.commit()
         return run.id
 
@@ -146,6 +149,54 @@ def test_a_grpo_stage_moves_the_weights_logs_each_step_and_resumes_after_a_cance
         assert {"reward", "reward_std", "loss", "rewards/validity_reward/mean", "rewards/format_reward/mean",
                 "completions/mean_length", "step_time", "learning_rate"} <= set(log.metrics)
     assert any(log.metrics["reward_std"] > 0 for log in logs)  # some group had something to learn from
+    # each step's row keeps its 2 boards' advantages: the resumed attempt's step 3 beside the first attempt's 1 and 2
+    assert [sum(r["groups"] for r in log.metrics[advantage.CELLS]) for log in logs] == [2, 2, 2]
+    assert advantage.read([log.metrics for log in logs]) == {(2, 3): advantage.CellSignal(
+        6, 24, sum(r["abs_advantage"] for log in logs for r in log.metrics[advantage.CELLS]))}
+
+
+MIXED = EnvConfig(data_ratio={3: 0.5, 4: 0.5}, hole_ratio={3: 0.2, 4: 0.2}, wait_ratio={3: 0.25, 4: 0.25},
+                  agent_ratio={2: 0.5, 3: 0.5}, num_instances=8)
+
+
+def test_a_stage_records_trls_advantages_per_cell_of_its_boards_and_the_bandit_reads_them(empty_lab: Engine,
+                                                                                         writer: Path):
+    run_id = _run(empty_lab, str(writer), config=MIXED)
+    args = StageArgs(run_id=run_id, stage_index=1, seed=stage_seed(7, 1), policy=str(writer), config=MIXED,
+                     run_dir=_run_dir(empty_lab, run_id), run_uuid="u")
+    train(empty_lab, args, load_policy(str(writer)), GRPO, lambda *a, **k: False)
+
+    with session(empty_lab) as s:
+        rows = [log.metrics for log in s.exec(select(TrainingLog).where(TrainingLog.run_id == run_id)
+                                              .order_by(TrainingLog.step))]
+        run = s.get(Run, run_id)
+        evidence = evidence_for(s, run, after_stage=1)
+    assert len(rows) == 3 and all(advantage.CELLS in row for row in rows)
+    cells = advantage.read(rows)
+    boards = {(b.num_agents, b.size) for b in generate(MIXED, 8, seed=args.seed)}
+    assert boards == {(2, 3), (3, 3), (2, 4), (3, 4)} and set(cells) <= boards
+    # 3 steps of 8 answers, 4 to a board: 2 boards (prompt groups) a step, 6 in all
+    assert sum(c.groups for c in cells.values()) == 6 and sum(c.completions for c in cells.values()) == 24
+    assert all(sum(r["groups"] for r in row[advantage.CELLS]) == 2 for row in rows)
+    assert all(math.isfinite(c.abs_advantage) and c.abs_advantage >= 0 for c in cells.values())
+    assert any(c.abs_advantage > 0 for c in cells.values())  # some group had something to learn from
+
+    assert evidence.current.cells == cells and evidence.history[0].cells is None  # stage 0 trains nothing
+    answer = bandit(evidence, seed=0)
+    assert answer.error is None and answer.projection.config.agent_counts == (2, 3)
+    for (k, s), c in cells.items():
+        assert f"{k} agents, size {s}: stage 1: r {c.mean:.3f} ({c.groups} group" in answer.rationale
+
+
+def test_advantages_scored_after_the_last_logged_step_go_into_that_steps_row(empty_lab: Engine, writer: Path):
+    run_id = _run(empty_lab, str(writer))
+    args = StageArgs(run_id=run_id, stage_index=1, seed=stage_seed(7, 1), policy=str(writer), config=CONFIG,
+                     run_dir=_run_dir(empty_lab, run_id), run_uuid="u")
+    train(empty_lab, args, load_policy(str(writer)), dict(GRPO, logging_steps=2), lambda *a, **k: False)
+    with session(empty_lab) as s:
+        rows = s.exec(select(TrainingLog).where(TrainingLog.run_id == run_id).order_by(TrainingLog.step)).all()
+    assert [(row.step, sum(r["groups"] for r in row.metrics[advantage.CELLS])) for row in rows] == [(2, 4), (3, 2)]
+    assert set(rows[1].metrics) == {advantage.CELLS}  # step 3 logged nothing else
 
 
 def test_a_lora_stage_trains_adapters_and_saves_a_whole_model(empty_lab: Engine, writer: Path, tmp_path: Path):

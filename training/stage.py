@@ -9,7 +9,8 @@ the few defaults below (the ones a CPU or a tiny model needs); nothing here re-d
 is ours is `StageArgs` (where the stage lives, its seed, its starting policy and its `EnvConfig`), the
 data (boards from `envsim.generate` with the stage's seed, as prompts plus the board's JSON that the
 rewards read), the reward functions (`training.rewards`), a callback that writes TRL's logs into the
-lab's database, reports progress and stops the trainer when someone cancels the job, and, for a run that reports
+lab's database (with TRL's advantages per agent count and map size of the boards, `training.advantage`), reports
+progress and stops the trainer when someone cancels the job, and, for a run that reports
 to Trackio or W&B, transformers' callbacks for them logging every stage into the run's one tracker run on one step
 axis (`training.trackers`).
 
@@ -64,8 +65,8 @@ from envsim.suite import VALIDATION_AGENTS, VALIDATION_PER_SIZE, Split, build
 from storage.db import RUNS_SETTING, UnsafePath, checkpoint_of, make_engine, run_folder, runs_root, session
 from storage.models import Job, Run, Stage, StageMetric, StageStatus, TrainingLog, utcnow
 from storage.settings import RunSettings
+from training import advantage, memory, shared, trackers, vllm
 from training import evaluate as evaluation
-from training import memory, shared, trackers, vllm
 from training.policy import TINY_DIR, Policy, PolicyError, load_policy, local_device, lora_config, policy_folder
 from training.progress import Cancelled, Progress
 from training.rewards import DEFAULT_WEIGHTS, REWARDS
@@ -341,6 +342,9 @@ def validation_boards(limit: int | None = None, per_size: int = VALIDATION_PER_S
 class Record(TrainerCallback):
     """Writes each logged step into `TrainingLog`, reports progress, records checkpoints, stops on cancel.
 
+    Each row also holds, under `advantage.CELLS`, TRL's advantages per cell (agent count, map size) of the
+    generation batches scored since the previous row (`add_cells`; an empty list for a step that generated
+    nothing). Batches scored after the last logged step (a `logging_steps` above 1) go into the last step's row.
     Only the main process writes (under `accelerate launch` every process runs the callback).
     """
 
@@ -348,6 +352,10 @@ class Record(TrainerCallback):
         self.engine, self.args, self.progress = engine, args, progress
         self.cancelled = False
         self.summary: dict[str, float] = {}
+        self.cells: dict[advantage.Cell, advantage.CellSignal] = {}  # scored, not yet written
+
+    def add_cells(self, batch: dict[advantage.Cell, advantage.CellSignal]) -> None:
+        self.cells = advantage.merged([self.cells, batch])
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs:
@@ -356,13 +364,16 @@ class Record(TrainerCallback):
                    if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)}
         if "train_runtime" in logs:  # the end-of-training summary, not a step
             self.summary = numbers
+            if self.cells:
+                self._write_cells(state.global_step)
             return
+        cells, self.cells = self.cells, {}
         with session(self.engine) as s:
             s.exec(delete(TrainingLog).where(TrainingLog.run_id == self.args.run_id,  # a dead attempt's row
                                              TrainingLog.stage_index == self.args.stage_index,
                                              TrainingLog.step == state.global_step))
             s.add(TrainingLog(run_id=self.args.run_id, stage_index=self.args.stage_index, step=state.global_step,
-                              metrics=numbers))
+                              metrics={**numbers, advantage.CELLS: advantage.records(cells)}))
             s.commit()
         line = f"step {state.global_step}/{state.max_steps}" + "".join(
             f" {k} {numbers[k]:.4g}" for k in ("reward", "loss", "kl", "completions/mean_length",
@@ -378,6 +389,19 @@ class Record(TrainerCallback):
         if state.is_world_process_zero:
             checkpoint = str(Path(args.output_dir) / f"checkpoint-{state.global_step}")
             self.progress(state.global_step, state.max_steps, f"saved {checkpoint}", result={"checkpoint": checkpoint})
+
+    def _write_cells(self, step: int) -> None:
+        """The cells not yet written, added to the row of `step` (made where the step logged none)."""
+        with session(self.engine) as s:
+            row = s.exec(select(TrainingLog).where(TrainingLog.run_id == self.args.run_id,
+                                                   TrainingLog.stage_index == self.args.stage_index,
+                                                   TrainingLog.step == step)).first()
+            row = row or TrainingLog(run_id=self.args.run_id, stage_index=self.args.stage_index, step=step)
+            written = advantage.read([row.metrics]) or {}
+            row.metrics = {**row.metrics, advantage.CELLS: advantage.records(advantage.merged([written, self.cells]))}
+            s.add(row)
+            s.commit()
+        self.cells = {}
 
     def _stop(self, control) -> None:
         # Save on the way out, so a requeued attempt resumes here instead of from the last periodic checkpoint.
@@ -446,8 +470,30 @@ def log_on_the_runs_axis(trainer: GRPOTrainer, tracking: trackers.Tracking) -> N
 # ---------------------------------------------------------------- the stage
 
 
+class Trainer(GRPOTrainer):
+    """TRL's GRPO trainer, handing the advantages of each generation batch it trains on, per cell of its boards
+    (`training.advantage`), to `on_cells`.
+
+    They are TRL's own, read where it logs them after scoring a batch (`_logs`: every process's answers, in the
+    order it grouped them), so they follow whatever `scale_rewards` and `multi_objective_aggregation` the run set,
+    with no extra forward pass. `cell_of` maps each prompt to its board's cell: one prompt is one board."""
+
+    def __init__(self, *args: Any, cell_of: dict[str, advantage.Cell],
+                 on_cells: Callable[[dict[advantage.Cell, advantage.CellSignal]], None], **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.cell_of, self.on_cells = cell_of, on_cells
+
+    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        output = super()._generate_and_score_completions(inputs)
+        if self.model.training:
+            n = len(inputs) * self.accelerator.num_processes  # the batch TRL just logged, gathered
+            prompts, advantages = list(self._logs["prompt"])[-n:], list(self._logs["advantages"])[-n:]
+            self.on_cells(advantage.tally([self.cell_of[p] for p in prompts], advantages, self.num_generations))
+        return output
+
+
 def trainer_for(engine: Engine, args: StageArgs, policy: Policy, grpo: dict[str, Any],
-                progress: Progress) -> tuple[GRPOTrainer, Record, int]:
+                progress: Progress) -> tuple[Trainer, Record, int]:
     """TRL's trainer for the stage (its boards generated, its prompts rendered as the policy is configured), the
     callback that records it, and the number of boards."""
     n = args.config.num_instances
@@ -470,9 +516,11 @@ def trainer_for(engine: Engine, args: StageArgs, policy: Policy, grpo: dict[str,
     if (why := memory.refusal(policy.model, memory.plan_of(config, lora=args.lora, prompt=prompt))) is not None:
         raise StageError(f"stage {args.stage_index} of run {args.run_id} {why}")
     record = Record(engine, args, progress)
-    trainer = GRPOTrainer(model=policy.model, reward_funcs=list(REWARDS), args=config, train_dataset=data,
-                          processing_class=policy.tokenizer, callbacks=[record],
-                          peft_config=lora_config(args.lora) if args.lora else None)
+    cell_of = {p: (i.num_agents, i.size) for p, i in zip(data["prompt"], instances, strict=True)}
+    trainer = Trainer(model=policy.model, reward_funcs=list(REWARDS), args=config, train_dataset=data,
+                      processing_class=policy.tokenizer, callbacks=[record],
+                      peft_config=lora_config(args.lora) if args.lora else None,
+                      cell_of=cell_of, on_cells=record.add_cells)
     trainer.remove_callback(PrinterCallback)  # with tqdm off it prints every log dict; `record` reports them
     if tracking is not None:
         log_on_the_runs_axis(trainer, tracking)

@@ -251,9 +251,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     s = verbs.add_parser("new", help="store an experiment and queue its runs (arms x seeds, auto-apply)")
     s.add_argument("--name", required=True)
     s.add_argument("--arms", required=True, help="comma-separated: fixed, random, heuristic, learnability, evidence, "
-                                                 "llm:BACKEND@PRESET (e.g. llm:openai:MODEL@paper-best), static:FILE "
-                                                 "(one config for every stage), schedule:FILE (a JSON list, a config "
-                                                 "per stage); NAME=SPEC names one")
+                                                 "bandit, llm:BACKEND@PRESET (e.g. llm:openai:MODEL@paper-best), "
+                                                 "static:FILE (one config for every stage), schedule:FILE (a JSON "
+                                                 "list, a config per stage); NAME=SPEC names one")
     s.add_argument("--seeds", type=SEEDS, default=3, help="seeds 0..N-1 for every arm (default 3)")
     settings_arguments(s, experiment=True)
     s.add_argument("--instances", type=MAX_BOARDS, help="training boards per stage (default: the scenario's, 512)")

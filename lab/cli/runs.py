@@ -262,9 +262,9 @@ def run_arguments(sub: argparse._SubParsersAction) -> None:
     """`envlab run`'s options."""
     s = sub.add_parser("run", help="run stages headless: train, evaluate, propose, decide, repeat")
     settings_arguments(s)
-    s.add_argument("--engineer", help="fixed, random, heuristic, learnability, evidence or llm (default heuristic; "
-                                      "with --resume: switch the run's engineer, e.g. after the llm engineer failed; "
-                                      "static and schedule run as an experiment's arms only)")
+    s.add_argument("--engineer", help="fixed, random, heuristic, learnability, evidence, llm or bandit (default "
+                                      "heuristic; with --resume: switch the run's engineer, e.g. after the llm "
+                                      "engineer failed; static and schedule run as an experiment's arms only)")
     s.add_argument("--backend", help="the llm engineer's backend: hf:policy, hf:gemma3-270m, openai:<model>")
     s.add_argument("--policy", default="tiny", help="tiny, gemma3-270m, a checkpoint folder or a model name")
     s.add_argument("--config", type=Path, help="initial EnvConfig JSON (default: the round-0 config)")

@@ -13,6 +13,9 @@ beside its code, listed in `NEEDS` (`needs`): the loop reads that, never the eng
 - `learnability`: sampling for learnability (SFL): per size it measures a grid of hole and wait ratios on the
   policy (`training.probe`), trains half of the size's boards on the most learnable cell, weights the sizes by
   learnability, and draws the other half broadly at random (`random_share`).
+- `bandit`: a self-evolving curriculum (SEC): a bandit over (agent count, map size) cells whose reward is the mean
+  |advantage| each cell's boards had in training (`training.advantage`), its Q a pure function of the run's stages;
+  the Boltzmann shares over the cells become `data_ratio` and `agent_ratio`.
 - `evidence`: reads the dev failures board by board; per size it moves the hole and wait ratios toward them
   and weights the data by them, keeping a size whose config works; no probe compute.
 - `language_model`: `llm` asks a language model (the policy itself, Gemma, or any OpenAI-compatible server);
@@ -28,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from lab.engineers.answer import SHARE_STEP, EngineerAnswer, ProbeFn, answer_of, shares
+from lab.engineers.bandit import bandit
 from lab.engineers.baselines import (
     CONFLICTS,
     DOMINANT,
@@ -88,6 +92,7 @@ ENGINEERS: dict[str, Callable[..., EngineerAnswer]] = {
     "llm": llm,
     Held.STATIC: static,
     Held.SCHEDULE: schedule,
+    "bandit": bandit,
 }
 
 # The engineers a run alone can be given (the Runs page's choices): a held one runs only as an experiment's arm, whose
@@ -108,7 +113,7 @@ NEEDS: dict[str, Callable[[RunSettings], Needs]] = {
 # The engineers whose answer is a function of the stage's evidence alone: asked again on the same stage (a person
 # rejected the proposal), they answer the same config; the others draw from a seed that each rejection moves on
 # (`lab.loop.proposal_seed`).
-SAME_WHEN_ASKED_AGAIN = frozenset({"fixed", "heuristic", "evidence", Held.STATIC, Held.SCHEDULE})
+SAME_WHEN_ASKED_AGAIN = frozenset({"fixed", "heuristic", "evidence", "bandit", Held.STATIC, Held.SCHEDULE})
 
 
 def needs_of(engineer: str, settings: RunSettings) -> Needs:
@@ -124,7 +129,7 @@ __all__ = [
     "MAX_NUMBER_DIGITS", "RANDOM_DRAWS", "RATIONALE", "RATIONALE_CHARS", "REMEASURE", "RETRY", "SFL_RANDOM_SHARE",
     "NEEDS", "SAME_WHEN_ASKED_AGAIN", "SHARE_STEP", "UNLEARNED", "WAIT_CELLS", "WAIT_STEP", "Complete",
     "EngineerAnswer", "HeldFileError", "MAX_HELD_BYTES", "Needs", "ProbeFn", "Unreadable", "answer_of",
-    "answer_schema", "changed_sizes", "check_held", "compute_of", "engineer_prompt",
+    "answer_schema", "bandit", "changed_sizes", "check_held", "compute_of", "engineer_prompt",
     "evidence_engineer", "fixed", "grid", "heuristic", "learnability", "llm", "needs_of", "random_config",
     "read_config", "read_held", "schedule", "shares", "static",
 ]

@@ -6,9 +6,12 @@ from __future__ import annotations
 from envsim.config import EnvConfig
 from envsim.scoring import Tally
 from lab.context import Evidence, StageResult
+from training.advantage import CellSignal
 from training.probe import ProbeResult, SizeProbe
 
 CONFIG = EnvConfig.default((3, 4, 5))
+# What stage 1 trained on, per cell (agents, size): groups, answers, the sum of their |advantage| (`bandit` reads it).
+CELLS = {(2, 3): CellSignal(4, 32, 6.4), (2, 4): CellSignal(4, 32, 16.0), (2, 5): CellSignal(4, 32, 3.2)}
 GOOD = """Here is my proposal.
 ```json
 {"data_ratio": {"3": 1, "4": 0.5, "5": 0.5}, "hole_ratio": {"3": 0.7}, "wait_ratio": {"4": 0.5}}
@@ -22,7 +25,8 @@ def evidence(by_size: dict[int, Tally] | None = None, config: EnvConfig = CONFIG
         4: Tally(10, 5, 2, {"vertex_conflict": 4, "hole": 1}),
         5: Tally(10, 0, 0, {"hole": 7, "goal_not_reached": 3}),
     } if by_size is None else by_size
-    return Evidence(StageResult(1, config, by_size), (StageResult(0, CONFIG, {}),), round_index=2, rounds_left=3)
+    return Evidence(StageResult(1, config, by_size, cells=CELLS), (StageResult(0, CONFIG, {}),), round_index=2,
+                    rounds_left=3)
 
 
 class Script:

@@ -97,7 +97,7 @@ def test_random_draws_a_flat_dirichlet_over_the_counts_after_the_sizes() -> None
     assert random_config(mixed((3,)), seed=7).projection.config.agent_ratio == {3: 1.0}
 
 
-@pytest.mark.parametrize("name", ["fixed", "random", "heuristic", "evidence", "llm"])
+@pytest.mark.parametrize("name", ["fixed", "random", "heuristic", "evidence", "llm", "bandit"])
 def test_no_engineer_puts_a_board_outside_the_runs_counts(name: str) -> None:
     ev = mixed((3, 4))
     answer = ENGINEERS[name](ev, seed=1, complete_fn=Script(GOOD.replace('"wait_ratio"', '"agent_ratio": '

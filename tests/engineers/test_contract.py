@@ -60,6 +60,7 @@ def test_each_engineer_declares_what_its_propose_job_gives_it() -> None:
     plain = RunSettings(stages=1, probe_boards=8, probe_answers=2)
     assert set(NEEDS) <= set(ENGINEERS)
     assert {name: needs_of(name, plain) for name in sorted(ENGINEERS)} == {
+        "bandit": Needs(),
         "evidence": Needs(reads_episodes=True),
         "fixed": Needs(),
         "heuristic": Needs(),
