@@ -65,6 +65,9 @@ class RunSettings(BaseModel):
     # dev boards per map size: evaluated after each stage, what the engineers read (None: a run of an earlier
     # version, evaluated on the validation set only, whose engineers read that)
     dev_per_size: int | None = Field(default=None, ge=3)
+    # the dev boards drawn from the run's seed, so each seed's engineer reads boards of its own (False: one dev set
+    # for every seed, as every run made before had; the validation set is every seed's either way)
+    dev_per_seed: bool = False
     probe_boards: int | None = Field(default=None, ge=1, le=64)  # the Measure panel's and the llm engineer's probe
     probe_answers: int | None = Field(default=None, ge=2, le=64)  # (None: training.probe's defaults)
     remeasure: bool = False  # the llm engineer probes its answer and is asked once more (docs/engineers.md)
