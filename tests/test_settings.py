@@ -168,7 +168,8 @@ def test_validation_agents_come_from_a_flag_or_the_file_and_an_experiment_carrie
     assert main(["experiment", "new", "--name", "paper", "--arms", "fixed", "--seeds", "1", "--instances", "8",
                  "--validation-agents", "3,4,5", "--dev-per-size", "3", "--grpo", "max_steps=1", "--db", str(db)]) == 0
     # 120 per (count, size) on sizes 3..10, 4..10, 5..10: 21 cells; 3 dev boards for each
-    assert ("2,520 validation boards (the score) and 63 dev boards (what the engineer reads) per stage, agents 3-5"
+    assert ("2,520 validation boards (the score) and 63 dev boards (what the engineer reads, each seed its own) per "
+            "stage, agents 3-5"
             in capsys.readouterr().out)
     engine = make_engine(str(db))
     with session(engine) as s:
