@@ -17,8 +17,8 @@ import pytest
 from sqlalchemy import Engine, text
 from sqlmodel import select
 
-from envsim.config import EnvConfig
 from envsim import suite
+from envsim.config import EnvConfig
 from envsim.suite import VALIDATION_PER_SIZE, Split
 from lab.jobs.worker import WorkerOptions, run_job, run_worker
 from lab.loop import advance, create_run, evidence_for, run_propose_job

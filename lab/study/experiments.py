@@ -350,8 +350,8 @@ def add_arms(engine: Engine, key: str | int, arms: Sequence[str | Arm]) -> list[
         added = match_compute(matched.mode, {a.name: probe_answers(a, settings.run, settings.config) for a in parsed},
                               instances=settings.instances, grpo=settings.grpo, policy=experiment.policy,
                               steps=settings.steps_per_stage, rollouts=settings.rollouts_per_stage, target=target)
-        matched = matched.model_copy(update={
-            name: {**getattr(matched, name), **getattr(added, name)} for name in ("probe_answers", "steps", "rollouts")})
+        matched = matched.model_copy(update={name: {**getattr(matched, name), **getattr(added, name)}
+                                              for name in ("probe_answers", "steps", "rollouts")})
     with session(engine) as s:
         row = s.get(Experiment, experiment.id)
         row.arms = [*row.arms, *({"name": a.name, "engineer": a.engineer, "backend": a.backend,
