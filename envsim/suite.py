@@ -14,6 +14,9 @@ evaluated on the standard 240 on their common boards.
 Dev: boards drawn like the validation boards (2 agents, sizes 3..10, each cell's wait subset met exactly) from a
 namespace of their own (`DEV`), skipping every board of the validation set they are drawn beside, so no board is in
 both. A run's engineers read how its policy does on these (`dev_entries`), while its score stays the validation rate.
+A run drawn per seed (`draw`, its run seed) reads a dev set of its own: the seed joins each cell's stream, so two
+seeds' engineers read different boards, while every seed is scored on the same validation set; without `draw`, the
+one dev set every run read before runs drew theirs per seed.
 
 Other agent counts (`agents`, a run's `validation_agents`, e.g. the paper's 3, 4, 5): the validation and dev sets
 repeat the same construction for each count on the benchmark's sizes max(3, K)..10, each count's cells drawing from
@@ -94,6 +97,7 @@ class SuiteCell:
     subset: float
     count: int
     extra: bool = False  # boards a larger validation set adds to the standard cell (namespace VALIDATION_EXTRA)
+    draw: int | None = None  # a dev cell drawn for one run seed (None: the dev set every seed shares)
 
 
 def cells(split: Split, agents: Sequence[int] | None = None) -> list[SuiteCell]:
@@ -126,14 +130,15 @@ def validation_cells(per_size: int = VALIDATION_PER_SIZE, agents: Sequence[int] 
     return out
 
 
-def dev_cells(per_size: int = DEV_PER_SIZE, agents: Sequence[int] = VALIDATION_AGENTS) -> list[SuiteCell]:
+def dev_cells(per_size: int = DEV_PER_SIZE, agents: Sequence[int] = VALIDATION_AGENTS,
+              draw: int | None = None) -> list[SuiteCell]:
     """The cells of a dev set with `per_size` boards per (agent count, map size) (a multiple of 3, at least 3), for
-    each count of `agents` on sizes max(3, K)..10, in table order."""
+    each count of `agents` on sizes max(3, K)..10, in table order; drawn for run seed `draw` (None: shared)."""
     subsets = len(WAIT_SUBSETS)
     if per_size < subsets or per_size % subsets:
         raise ValueError(f"dev_per_size = {per_size}: a multiple of {subsets} (one share per wait subset), "
                          f"at least {subsets}")
-    return [SuiteCell(Split.DEV, k, s, w, per_size // subsets) for k in _checked_agents(agents)
+    return [SuiteCell(Split.DEV, k, s, w, per_size // subsets, draw=draw) for k in _checked_agents(agents)
             for s in range(max(3, k), MAX_SIZE + 1) for w in WAIT_SUBSETS]
 
 
@@ -156,11 +161,12 @@ def _checked_agents(agents: Sequence[int]) -> Sequence[int]:
 
 
 def dev_entries(per_size: int, exclude: Iterable[Instance], seed: int = SUITE_SEED,
-                agents: Sequence[int] = VALIDATION_AGENTS) -> list[Entry]:
+                agents: Sequence[int] = VALIDATION_AGENTS, draw: int | None = None) -> list[Entry]:
     """The dev boards, `per_size` per (agent count, map size), none of them among `exclude` (the validation boards
-    beside them): a board drawn again as one of those is drawn anew, so the two sets never share a board."""
+    beside them): a board drawn again as one of those is drawn anew, so the two sets never share a board. `draw`
+    is the run seed a dev set of its own is drawn for (None: the dev set every seed shares)."""
     taken = frozenset(board.id for board in exclude)
-    return [e for cell in dev_cells(per_size, agents) for e in build_cell(cell, seed, taken)[0]]
+    return [e for cell in dev_cells(per_size, agents, draw) for e in build_cell(cell, seed, taken)[0]]
 
 
 def suite_draw(size: int, agents: int, exclude: frozenset[str] = frozenset()):
@@ -187,7 +193,9 @@ def build_cell(cell: SuiteCell, seed: int = SUITE_SEED,
     (for reports)."""
     namespace = (BENCHMARK if cell.split == Split.BENCHMARK else DEV if cell.split == Split.DEV
                  else VALIDATION_EXTRA if cell.extra else VALIDATION)
-    rng = np.random.default_rng([namespace, seed, cell.agents, cell.size, WAIT_SUBSETS.index(cell.subset)])
+    stream = [namespace, seed, cell.agents, cell.size, WAIT_SUBSETS.index(cell.subset)]
+    # a run seed's dev cell: the seed joins the stream (five words already, so a 0 appended is a stream of its own)
+    rng = np.random.default_rng(stream if cell.draw is None else [*stream, cell.draw])
     wait_count = round_half_up(cell.subset * cell.count)
     if cell.extra:  # the standard cell and its added boards together meet the subset exactly
         standard = VALIDATION_PER_SIZE // len(WAIT_SUBSETS)

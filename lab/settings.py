@@ -194,7 +194,7 @@ def settings_from_args(args: argparse.Namespace, *, grpo: dict[str, Any] | None 
 
 
 # What a flag left out means, below a settings file (a RunSettings field without one here takes the model's default).
-FLAG_DEFAULTS: dict[str, Any] = {"stages": 3, "dev_per_size": DEV_PER_SIZE}
+FLAG_DEFAULTS: dict[str, Any] = {"stages": 3, "dev_per_size": DEV_PER_SIZE, "dev_per_seed": True}
 SETTINGS_FILE_BYTES = 64 * 1024  # a settings file is a few lines; anything larger is not one
 FILE_KEYS = tuple(sorted(set(RunSettings.model_fields) - {"context", "engineer_history", "example"}))
 _NAMED = re.compile(r"^(?:settings\['grpo'\] has '(?P<unknown>\w+)'|grpo (?P<grpo>\w+) =|(?P<field>\w+)(?: =|:))")

@@ -107,6 +107,9 @@ class RunSettings(BaseModel):
     # dev boards per map size: evaluated after each stage, what the engineers read (None: a run of an earlier
     # version, evaluated on the validation set only, whose engineers read that)
     dev_per_size: int | None = Field(default=None, ge=3)
+    # the dev boards drawn from the run's seed, so each seed's engineer reads boards of its own (False: one dev set
+    # for every seed, as every run made before had; the validation set is every seed's either way)
+    dev_per_seed: bool = False
     probe_boards: int | None = Field(default=None, ge=1, le=64)  # the Measure panel's and the llm engineer's probe
     probe_answers: int | None = Field(default=None, ge=2, le=64)  # (None: training.probe's defaults)
     remeasure: bool = False  # the llm engineer probes its answer and is asked once more (docs/engineers.md)
@@ -210,6 +213,24 @@ def first_error(err: ValidationError) -> str:
 
 Primary = Literal["valid", "optimal"]  # an experiment's primary metric: the rate its report leads with
 PRIMARY_RATES: tuple[str, ...] = get_args(Primary)
+# How `--match-compute` evens the answers an experiment's arms generate per stage: `extra`, the arms that probe less
+# (none, mostly) train extra GRPO steps for the answers the most probing arm samples; `trim`, the arms that probe
+# more train fewer steps, down to the least probing arm's answers.
+MatchMode = Literal["extra", "trim"]
+MATCH_MODES: tuple[str, ...] = get_args(MatchMode)
+
+
+class ComputeMatch(BaseModel):
+    """How an experiment evened its arms' generated answers (`lab.study.experiments.match_compute`): each arm's probe
+    answers per proposal as planned (0: it does not probe), and the GRPO steps added to each of its trained stages,
+    the stages that follow a proposal (negative: taken off), with the rollouts those steps sample."""
+
+    model_config = ConfigDict(strict=True, frozen=True)
+
+    mode: MatchMode
+    probe_answers: dict[str, int]  # arm -> probe answers per proposal (planned: none found in the probe cache)
+    steps: dict[str, int]  # arm -> GRPO steps added to every trained stage
+    rollouts: dict[str, int]  # arm -> rollouts (completions) those steps add to every trained stage
 
 
 class ExperimentSettings(BaseModel):
@@ -229,6 +250,7 @@ class ExperimentSettings(BaseModel):
     rollouts_per_stage: int | None = Field(default=None, ge=1)  # completions a stage samples for training (None:
     # an experiment made before they were recorded: counted from its settings when asked)
     primary: Primary = "valid"  # the rate its report and the Compare tab lead with; an experiment made before: valid
+    matched: ComputeMatch | None = None  # the arms' answers evened by GRPO steps (None: every arm trains the same)
 
     @property
     def stages(self) -> int:
@@ -259,4 +281,9 @@ class ExperimentSettings(BaseModel):
                 "steps_per_stage": self.steps_per_stage, "validation_per_size": self.validation_per_size,
                 "validation_agents": list(self.validation_agents), "validation_boards": self.validation_boards,
                 "validation_subset": self.validation_subset,
-                "config": self.config.model_dump(mode="json"), "lora": self.run.lora}
+                "config": self.config.model_dump(mode="json"), "lora": self.run.lora,
+                **({"matched": self.matched.model_dump()} if self.matched is not None else {})}
+
+    def arm_steps(self, arm: str) -> int:
+        """The GRPO steps each trained stage of `arm`'s runs takes: the experiment's, and its matching steps."""
+        return self.steps_per_stage + (self.matched.steps.get(arm, 0) if self.matched is not None else 0)

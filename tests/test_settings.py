@@ -43,12 +43,13 @@ def write(tmp_path, text: str = FILE):
 def test_the_file_gives_every_setting_and_the_flags_go_on_top(tmp_path):
     path = write(tmp_path)
     assert settings_from_args(args_of("--settings", str(path))) == RunSettings(
-        stages=2, validation_boards=16, dev_per_size=6, grpo={"max_steps": 3, "learning_rate": 1e-5})
+        stages=2, validation_boards=16, dev_per_size=6, dev_per_seed=True, grpo={"max_steps": 3, "learning_rate": 1e-5})
     flagged = settings_from_args(args_of("--settings", str(path), "--stages", "4", "--grpo", "max_steps=9"),
                                  grpo={"max_steps": 9}, grpo_under={"beta": 0.0, "max_steps": 1})
     assert (flagged.stages, flagged.validation_boards, flagged.grpo) == (
         4, 16, {"beta": 0.0, "max_steps": 9, "learning_rate": 1e-5})  # scenario, then file, then flags
-    assert settings_from_args(args_of()) == RunSettings(stages=3, dev_per_size=30)  # no file: the flags' defaults
+    # no file: the flags' defaults (each seed's dev boards its own: a run made before read the shared ones)
+    assert settings_from_args(args_of()) == RunSettings(stages=3, dev_per_size=30, dev_per_seed=True)
 
 
 def test_print_settings_writes_the_file_a_run_reads_back(tmp_path, capsys):
@@ -61,7 +62,8 @@ def test_print_settings_writes_the_file_a_run_reads_back(tmp_path, capsys):
     again.write_text(printed)
     assert read_settings_file(again).values == {
         "stages": 2, "auto_apply": False, "grpo": {"max_steps": 3, "learning_rate": 1e-5}, "lora": 0,
-        "validation_boards": 16, "dev_per_size": 6, "remeasure": False, "keep_checkpoints": False, "allow_cpu": False,
+        "validation_boards": 16, "dev_per_size": 6, "dev_per_seed": True, "remeasure": False, "keep_checkpoints": False,
+        "allow_cpu": False,
         "thinking": "off", "completion_length": 40, "validation_decoding": "greedy", "validation_agents": [2]}
 
 
@@ -167,7 +169,8 @@ def test_validation_agents_come_from_a_flag_or_the_file_and_an_experiment_carrie
     assert main(["experiment", "new", "--name", "paper", "--arms", "fixed", "--seeds", "1", "--instances", "8",
                  "--validation-agents", "3,4,5", "--dev-per-size", "3", "--grpo", "max_steps=1", "--db", str(db)]) == 0
     # 120 per (count, size) on sizes 3..10, 4..10, 5..10: 21 cells; 3 dev boards for each
-    assert ("2,520 validation boards (the score) and 63 dev boards (what the engineer reads) per stage, agents 3-5"
+    assert ("2,520 validation boards (the score) and 63 dev boards (what the engineer reads, each seed its own) per "
+            "stage, agents 3-5"
             in capsys.readouterr().out)
     engine = make_engine(str(db))
     with session(engine) as s:

@@ -17,15 +17,16 @@ import pytest
 from sqlalchemy import Engine, text
 from sqlmodel import select
 
+from envsim import suite
 from envsim.config import EnvConfig
 from envsim.suite import VALIDATION_PER_SIZE, Split
 from lab.jobs.worker import WorkerOptions, run_job, run_worker
-from lab.loop import advance, create_run, run_propose_job
+from lab.loop import advance, create_run, evidence_for, run_propose_job
 from lab.pages.train import train_view
 from lab.study.experiments import create_experiment, experiment_runs
 from storage import queue
 from storage.db import make_engine, runs_root, session, upgrade
-from storage.models import Episode, Evaluation, Job, Proposal, Stage, StageMetric
+from storage.models import Episode, Evaluation, Job, Proposal, Run, Stage, StageMetric
 from storage.settings import RunSettings
 from training import evaluate as evaluation
 from training.policy import TINY_DIR, Policy
@@ -38,7 +39,7 @@ SETTINGS = dict(stages=1, validation_boards=8, dev_per_size=3)
 # RunSettings fields that cannot change the answers of a stage-0 evaluation (the boards are in the key as
 # themselves, so the board counts are too): a new field must be placed here or in training.shared.ANSWER_SETTINGS.
 NOT_ANSWERS = {"stages", "auto_apply", "grpo", "lora", "context", "context_preset", "base_url", "validation_boards",
-               "validation_per_size", "dev_per_size", "probe_boards", "probe_answers", "remeasure",
+               "validation_per_size", "dev_per_size", "dev_per_seed", "probe_boards", "probe_answers", "remeasure",
                "keep_checkpoints", "allow_cpu", "agent_counts", "validation_agents", "engineer_history", "example"}
 
 
@@ -330,3 +331,47 @@ def test_runs_validated_at_other_agent_counts_share_stage_0_only_with_each_other
     assert sorted(p.name for p in root.glob("*.jsonl")) == [
         "dev-3-beside-validation-30-agents-2-3.jsonl", "dev-3-beside-validation-30.jsonl",
         "validation-30-agents-2-3.jsonl", "validation-30.jsonl"]
+
+
+def test_dev_boards_drawn_per_seed_are_shared_within_a_seed_and_validation_across_seeds(empty_lab: Engine,
+                                                                                       generated: list[int]):
+    """Seed 0's `evidence` and `heuristic` runs, seed 1's `evidence` run (dev drawn per seed) and seed 1's run made
+    with the settings of before (one dev set for every seed), all from one checkpoint: the validation boards are
+    answered once for all four; seed 0's dev boards once for its two arms, seed 1's own once, the shared set once.
+    The two `evidence` runs read different dev boards; seed 0's two arms read the same."""
+    def run(engineer: str, seed: int, **settings) -> int:
+        with session(empty_lab) as s:
+            return create_run(s, name=f"{engineer} {seed}", config=CONFIG, engineer=engineer, seed=seed,
+                              settings=RunSettings(**{**SETTINGS, "dev_per_seed": True, **settings})).id
+
+    evidence0, heuristic0, evidence1, old1 = (run("evidence", 0), run("heuristic", 0), run("evidence", 1),
+                                              run("evidence", 1, dev_per_seed=False))
+    assert run_worker(empty_lab, {"stage": run_stage_job}, WorkerOptions(poll_s=0.01, once=True)) == 4
+    assert generated == [8, 24, 24, 24]  # validation once; the dev boards of seed 0, of seed 1, and the shared ones
+    with session(empty_lab) as s:
+        sources = s.exec(select(Evaluation.run_id, Evaluation.split, Evaluation.source_run_id)
+                         .order_by(Evaluation.id)).all()
+
+        def ids(run_id: int, split: Split) -> list[str]:
+            return list(s.exec(select(Episode.instance_id).where(Episode.run_id == run_id, Episode.split == split)
+                               .order_by(Episode.id)))
+
+        validation = [ids(r, Split.VALIDATION) for r in (evidence0, heuristic0, evidence1, old1)]
+        dev = {r: ids(r, Split.DEV) for r in (evidence0, heuristic0, evidence1, old1)}
+        read = {r: evidence_for(s, s.get(Run, r), 0).current.boards for r in (evidence0, heuristic0, evidence1)}
+    assert sources == [(evidence0, Split.VALIDATION, None), (evidence0, Split.DEV, None),
+                       (heuristic0, Split.VALIDATION, evidence0), (heuristic0, Split.DEV, evidence0),
+                       (evidence1, Split.VALIDATION, evidence0), (evidence1, Split.DEV, None),
+                       (old1, Split.VALIDATION, evidence0), (old1, Split.DEV, None)]
+    assert validation[0] == validation[1] == validation[2] == validation[3]
+    standard = [e.instance for e in suite.build(Split.VALIDATION)[0]]
+    assert dev[evidence0] == dev[heuristic0] == [e.instance.id for e in suite.dev_entries(3, standard, draw=0)]
+    assert dev[evidence1] == [e.instance.id for e in suite.dev_entries(3, standard, draw=1)] != dev[evidence0]
+    assert dev[old1] == [e.instance.id for e in suite.dev_entries(3, standard)]  # the boards of every earlier run
+    assert len({*dev[evidence0], *dev[evidence1], *dev[old1]}) >= 3 * 24 - 2  # 3x3 boards may repeat
+    assert len(read[evidence0]) == len(read[evidence1]) == 24
+    assert read[evidence0] == read[heuristic0] != read[evidence1]  # what the engineer reads differs by seed
+    assert [(b.size, b.needs_wait) for b in read[evidence0]] == [(b.size, b.needs_wait) for b in read[evidence1]]
+    assert sorted(p.name for p in runs_root(empty_lab).glob("dev-*.jsonl")) == [
+        "dev-3-beside-validation-30.jsonl", "dev-3-seed-0-beside-validation-30.jsonl",
+        "dev-3-seed-1-beside-validation-30.jsonl"]

@@ -180,3 +180,28 @@ def _running(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_a_dev_set_drawn_per_seed_is_the_seeds_own_and_never_a_validation_or_benchmark_board():
+    """Each run seed draws a dev set of its own (the seed joins every cell's stream), beside the one validation set
+    every seed is scored on; the same seed draws the same boards, and no draw (a run made before) draws the shared
+    set, the boards pinned above."""
+    validation = [e.instance for e in build(Split.VALIDATION)[0]]
+    shared = dev_entries(3, validation)
+    drawn = {seed: dev_entries(3, validation, draw=seed) for seed in range(4)}
+    ids = {seed: [e.instance.id for e in entries] for seed, entries in drawn.items()}
+    assert dev_entries(3, validation, draw=2) == drawn[2]  # a pure function of the seed
+    assert all(len(set(i)) == 24 for i in ids.values())
+    assert len({tuple(i) for i in ids.values()} | {tuple(e.instance.id for e in shared)}) == 5
+    assert all(len(set(ids[a]) & set(ids[b])) <= 1 for a in ids for b in ids if a < b)  # 3x3 boards may repeat
+    assert [(e.size, e.subset, e.instance.needs_wait) for e in drawn[1]] == [
+        (e.size, e.subset, e.instance.needs_wait) for e in shared]  # drawn like the shared set, cell by cell
+    held = {b.id for b in validation}
+    assert not any(set(i) & held for i in ids.values())
+    # at 3 agents, beside that count's validation cells, and apart from the benchmark's 3-agent boards (sizes 3, 4)
+    small = [c for c in cells(Split.BENCHMARK) + cells(Split.VALIDATION, agents=(3,)) if c.agents == 3 and c.size <= 4]
+    held = {e.instance.id for c in small for e in build_cell(c)[0]}
+    for seed in range(3):
+        beside = [e.instance for c in cells(Split.VALIDATION, agents=(3,)) if c.size <= 4 for e in build_cell(c)[0]]
+        dev = [e for e in dev_entries(3, beside, agents=(3,), draw=seed) if e.size <= 4]
+        assert len(dev) == 6 and not {e.instance.id for e in dev} & held

@@ -31,10 +31,12 @@ if TYPE_CHECKING:  # torch loads only where a policy answers: the lab reads stor
     from training.policy import Policy
 
 BENCHMARK_FILE = "benchmark.jsonl"
-# A validation set, per board count per size; a dev set, and the set it avoids. Each file's name is one of these and
-# its agent counts (`set_file`): validation-120.jsonl, dev-30-beside-validation-120-agents-3-4-5.jsonl.
+# A validation set, per board count per size; a dev set (the shared one, or a run seed's), and the set it avoids. Each
+# file's name is one of these and its agent counts (`set_file`): validation-120.jsonl,
+# dev-30-beside-validation-120-agents-3-4-5.jsonl, dev-30-seed-2-beside-validation-120.jsonl.
 VALIDATION_FILE = "validation-{per_size}"
 DEV_FILE = "dev-{per_size}-beside-validation-{validation_per_size}"
+SEED_DEV_FILE = "dev-{per_size}-seed-{draw}-beside-validation-{validation_per_size}"
 
 
 @dataclass(frozen=True)
@@ -184,13 +186,15 @@ def validation_entries(cache_dir: Path, per_size: int, agents: Sequence[int] = s
 
 
 def dev_entries(cache_dir: Path, per_size: int, validation_per_size: int = suite.VALIDATION_PER_SIZE,
-                agents: Sequence[int] = suite.VALIDATION_AGENTS) -> list[suite.Entry]:
+                agents: Sequence[int] = suite.VALIDATION_AGENTS, draw: int | None = None) -> list[suite.Entry]:
     """The dev boards, `per_size` per (agent count, map size), none of them among the validation set of
-    `validation_per_size` per (count, size) beside them (`envsim.suite.dev_entries`), built once and cached as JSONL
-    in `cache_dir` beside it."""
-    name = set_file(DEV_FILE.format(per_size=per_size, validation_per_size=validation_per_size), agents)
-    return _cached(cache_dir / name, lambda: suite.dev_entries(
-        per_size, [e.instance for e in validation_entries(cache_dir, validation_per_size, agents)], agents=agents))
+    `validation_per_size` per (count, size) beside them (`envsim.suite.dev_entries`), drawn for run seed `draw` (None:
+    the set every seed shares), built once and cached as JSONL in `cache_dir` beside it."""
+    stem = (DEV_FILE if draw is None else SEED_DEV_FILE).format(per_size=per_size, draw=draw,
+                                                                 validation_per_size=validation_per_size)
+    return _cached(cache_dir / set_file(stem, agents), lambda: suite.dev_entries(
+        per_size, [e.instance for e in validation_entries(cache_dir, validation_per_size, agents)], agents=agents,
+        draw=draw))
 
 
 def set_file(stem: str, agents: Sequence[int]) -> str:

@@ -7,9 +7,11 @@ everything that determines its answers: the policy (its spec, and the size and m
 of its folder), the boards themselves (their JSON: so their agent counts, and a run whose `validation_agents`
 differ evaluates other boards under another key), the settings that change how the policy answers
 (`ANSWER_SETTINGS`), the seed where decoding samples (greedy decoding draws no random number), and where it runs
-(vLLM or transformers, CPU or GPU: the same maths in another order can round a logit the other way). The dev
-boards are drawn once for every seed (`envsim.suite.dev_entries`), so they share like the validation boards;
-a key that differs in anything is simply another evaluation.
+(vLLM or transformers, CPU or GPU: the same maths in another order can round a logit the other way). A key that
+differs in anything is simply another evaluation. So the validation boards, every seed's, are answered once for
+the whole experiment; a run whose dev boards are drawn per seed (`RunSettings.dev_per_seed`) shares its stage-0
+dev evaluation only with the runs of its own seed (the other arms'), since another seed's dev boards hash to another
+key; a run of an earlier version, whose dev boards every seed shares, shares them as it shares the validation set.
 
 The `evaluations` table holds the claim: the first stage to insert a key's row without a source generates its
 answers; a second one with the same key copies them once they are stored, and waits (heartbeating, cancellable)

@@ -96,6 +96,7 @@ class StageArgs:
     run_dir: Path  # <runs root>/<run uuid>
     run_uuid: str
     settings: RunSettings = DEFAULT_SETTINGS  # the run's (LoRA, validation and dev sets, decoding, lengths...)
+    run_seed: int = 0  # the run's seed (`seed` is the stage's): a run drawn per seed reads the dev set of this one
 
     @property
     def lora(self) -> int:
@@ -121,6 +122,11 @@ class StageArgs:
     def dev_per_size(self) -> int | None:
         """Dev boards per map size, the ones the engineers read (None: no dev set)."""
         return self.settings.dev_per_size
+
+    @property
+    def dev_seed(self) -> int | None:
+        """The run seed its dev set is drawn for, the same at every stage (None: the dev set every seed shares)."""
+        return self.run_seed if self.settings.dev_per_seed else None
 
     @property
     def decoding(self) -> str:
@@ -318,11 +324,12 @@ def validation_set(per_size: int = VALIDATION_PER_SIZE, cache_dir: Path | None =
 
 @lru_cache(maxsize=2)
 def dev_set(per_size: int, validation_per_size: int, cache_dir: Path,
-            agents: tuple[int, ...] = VALIDATION_AGENTS) -> tuple[Instance, ...]:
+            agents: tuple[int, ...] = VALIDATION_AGENTS, draw: int | None = None) -> tuple[Instance, ...]:
     """The dev boards, `per_size` per (agent count, map size), disjoint from the validation set of
-    `validation_per_size` per (count, size) of the same counts (`envsim.suite.dev_entries`), once per process: read
-    from (or built once into) `cache_dir`, the runs root."""
-    return tuple(entry.instance for entry in evaluation.dev_entries(cache_dir, per_size, validation_per_size, agents))
+    `validation_per_size` per (count, size) of the same counts (`envsim.suite.dev_entries`), drawn for run seed `draw`
+    (None: the set every seed shares), once per process: read from (or built once into) `cache_dir`, the runs root."""
+    return tuple(entry.instance for entry in evaluation.dev_entries(cache_dir, per_size, validation_per_size, agents,
+                                                                    draw))
 
 
 def validation_boards(limit: int | None = None, per_size: int = VALIDATION_PER_SIZE,
@@ -668,7 +675,7 @@ def stage_args(engine: Engine, run_id: int, stage_index: int) -> tuple[StageArgs
         raise StageError(f"run {run_id} has no safe folder to train into: {err}") from None
     args = StageArgs(run_id=run_id, stage_index=stage_index, seed=stage_seed(run.seed, stage_index), policy=start,
                      config=stages[stage_index].config,
-                     run_dir=folder, run_uuid=run.uuid, settings=run.settings)
+                     run_dir=folder, run_uuid=run.uuid, settings=run.settings, run_seed=run.seed)
     return args, dict(run.settings.grpo)
 
 
@@ -723,7 +730,7 @@ def run_stage(engine: Engine, args: StageArgs, grpo: dict[str, Any], progress: P
             progress(0, None, "the validation results of an earlier attempt are stored already: kept")
         if args.dev_per_size and not _metrics(engine, args, Split.DEV):
             boards = list(dev_set(args.dev_per_size, args.validation_per_size, args.run_dir.parent,
-                                  args.validation_agents))
+                                  args.validation_agents, args.dev_seed))
             if (source := _evaluate(engine, args, Split.DEV, boards, policy, folder, progress)) is not None:
                 reused[Split.DEV] = source
         _set_stage(engine, args, status=StageStatus.DONE, checkpoint=checkpoint, finished_at=utcnow())

@@ -13,7 +13,7 @@ from lab.cli.common import WORKERS, UsageError, config_file, engine_of, grpo_ove
 from lab.cli.runs import stage_line
 from lab.llm import allow_server
 from lab.settings import MAX_BOARDS, Count, counts_text, settings_arguments, settings_file, settings_from_args
-from storage.settings import PRIMARY_RATES
+from storage.settings import MATCH_MODES, PRIMARY_RATES
 
 SEEDS = Count(1, 100, "every seed is one more run of every arm", "an experiment runs at least 1 seed")
 THREADS = Count(1, 1024, "more torch threads than a machine has cores only slows it down", "at least 1 thread")
@@ -31,7 +31,8 @@ def cmd_experiment_new(args: argparse.Namespace) -> None:
             engine, name=args.name, arms=[a for a in args.arms.split(",") if a.strip()], seeds=args.seeds,
             settings=settings_from_args(args, auto_apply=True, grpo=grpo_overrides(args.grpo)),
             config=config_file(args.config) if args.config else None, scenario=args.scenario,
-            instances=args.instances, policy=args.policy, description=args.description, primary=args.primary)
+            instances=args.instances, policy=args.policy, description=args.description, primary=args.primary,
+            match=args.match_compute)
     except SettingsError as err:
         raise UsageError(str(err)) from err
     except ExperimentError as err:  # a GRPO override TRL refuses: named in the settings file too
@@ -47,8 +48,18 @@ def cmd_experiment_new(args: argparse.Namespace) -> None:
     at = "" if agents == VALIDATION_AGENTS else f", agents {counts_text(agents)}"
     print(f"each run: {settings.stages} stages x {settings.instances} boards x {settings.steps_per_stage} "
           f"GRPO steps; {settings.validation_boards:,} validation boards (the score) and {dev:,} dev boards (what the "
-          f"engineer reads) per stage{at}; the report leads with the {settings.primary} rate")
+          f"engineer reads{', each seed its own' if settings.run.dev_per_seed else ''}) per stage{at}; the report "
+          f"leads with the {settings.primary} rate")
+    if (matched := match_line(settings)) is not None:
+        print(matched)
     print(f"run it: envlab experiment run {experiment.name} [--workers K]")
+
+
+def match_line(settings) -> str | None:
+    """What `--match-compute` gave each arm, in one line (None where the experiment was not matched)."""
+    from lab.study.experiments import match_text
+
+    return None if settings.matched is None else f"compute matched ({settings.matched.mode}): {match_text(settings)}"
 
 
 def _progress_printer(engine, args: argparse.Namespace, bar: tqdm, say):
@@ -214,6 +225,8 @@ def cmd_experiment_list(args: argparse.Namespace) -> None:
         print(f"{e.id:>3} {e.name}: arms {', '.join(a['name'] for a in e.arms)}; {e.seeds} seeds; "
               f"{e.settings.stages} stages; runs {states}; {p.done}/{p.total} stages done; "
               f"created {e.created_at:%Y-%m-%d %H:%M} UTC")
+        if (matched := match_line(e.settings)) is not None:
+            print(f"    {matched}")
 
 
 def cmd_experiment_report(args: argparse.Namespace) -> None:
@@ -265,6 +278,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--description", default="")
     s.add_argument("--primary", choices=PRIMARY_RATES, default="valid",
                    help="the rate the report and the Compare tab lead with (default valid)")
+    s.add_argument("--match-compute", nargs="?", const="extra", choices=MATCH_MODES, metavar="extra|trim",
+                   help="even the answers the arms generate per stage where an arm probes configs (learnability): "
+                        "extra (the default) gives the arms that probe less extra GRPO steps per trained stage whose "
+                        "rollouts equal the probe answers; trim takes steps off the probing arm's stages instead")
     s.add_argument("--db", **db)
     s.set_defaults(fn=cmd_experiment_new)
     s = verbs.add_parser("run", help="run (or resume) every run of an experiment until all are done")

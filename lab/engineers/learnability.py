@@ -186,6 +186,16 @@ def measure_mix(config: EnvConfig, counts: tuple[int, ...] | None, probe_fn: Pro
                  f"kept cells, floor {LEARN_FLOOR:g}: {why})"]
 
 
+def planned_answers(config: EnvConfig, agent_counts: tuple[int, ...] | None = None) -> int:
+    """The answers one proposal's probes sample on `config` where none is found in the cache and every cell can be
+    generated (what `compute_of` counts then): per size, each cell of `grid`, and where the run has several agent
+    counts (`agent_counts`, else the config's) one probe of every size per count, each `LEARN_BOARDS` boards x
+    `LEARN_ANSWERS` answers. The defaults on 8 sizes and one count: 8 x 6 x 16 x 4 = 3,072."""
+    counts = agent_counts or config.agent_counts
+    probes = len(grid(config.agent_counts[0])) + (len(counts) if len(counts) > 1 else 0)
+    return len(config.sizes) * probes * LEARN_BOARDS * LEARN_ANSWERS
+
+
 def compute_of(results: list[ProbeResult]) -> dict[str, Any]:
     """What probes cost: the answers sampled and the seconds spent by those not found in the cache."""
     new = [r for r in results if not r.cached]

@@ -89,7 +89,8 @@ def create_run_from_form(engine: Engine, name: str, description: str, policy: st
         return "✗ The initial config is not valid, nothing was stored: " + "; ".join(err.problems), None
     try:
         settings = RunSettings.checked(stages=counts["Training stages"], auto_apply=bool(auto_apply),
-                                       base_url=base_url or None, dev_per_size=DEV_PER_SIZE)
+                                       base_url=base_url or None, dev_per_size=DEV_PER_SIZE,
+                                       dev_per_seed=True)
         run = new_run(engine, name=name or "run", description=description, config=config, settings=settings,
                       policy=policy or "tiny", engineer=engineer, engineer_backend=backend, seed=counts["Seed"])
     except (LoopError, ValueError, TypeError) as err:

@@ -54,7 +54,7 @@ from sqlmodel import Session, select
 from envsim.suite import VALIDATION_AGENTS, Split
 from lab.results import stage_summaries
 from lab.settings import counts_text
-from lab.study.experiments import arm_names, experiment_runs, find_experiment
+from lab.study.experiments import MATCH_WORDS, arm_names, experiment_runs, find_experiment, match_text
 from lab.text import as_text
 from storage.db import session
 from storage.models import Experiment, Job, JobKind, Proposal, Run, Stage, StageMetric, StageStatus
@@ -363,9 +363,11 @@ def _spent(s: Session, experiment: Experiment, run_arms: list[str],
             .where(ours, Job.started_at.is_not(None), Job.finished_at.is_not(None))):
         by_kind = seconds.setdefault(arm, {})
         by_kind[kind] = by_kind.get(kind, 0.0) + (finished - started).total_seconds()
-    per_stage = stage_rollouts(experiment.settings, experiment.policy) if trained else 0  # no torch before then
-    steps = experiment.settings.steps_per_stage
-    return per_stage, {arm: Spent(run_arms.count(arm), trained.get(arm, 0) * steps, trained.get(arm, 0) * per_stage,
+    settings = experiment.settings
+    per_stage = stage_rollouts(settings, experiment.policy) if trained else 0  # no torch before then
+    matched = settings.matched.rollouts if settings.matched is not None else {}
+    return per_stage, {arm: Spent(run_arms.count(arm), trained.get(arm, 0) * settings.arm_steps(arm),
+                                  trained.get(arm, 0) * (per_stage + matched.get(arm, 0) if per_stage else 0),
                                   int(probe_compute.get(arm, {}).get("completions", 0)), int(evaluated.get(arm) or 0),
                                   seconds.get(arm, {}))
                        for arm in arm_names(experiment)}
@@ -501,8 +503,23 @@ def compute_statement(compared: Comparison) -> str:
             f"stage, stage 0 included, is evaluated on {settings.validation_boards:,} validation boards "
             f"({settings.validation_per_size} per map size{_agents_text(settings)} in the set). Seed k gives every "
             "arm the same stage-0 policy and the same validation boards. "
-            f"Scenario: {settings.scenario}." + _probe_statement(compared)
+            f"Scenario: {settings.scenario}." + _probe_statement(compared) + match_statement(compared)
             + (f" {unequal}" if (unequal := answers_statement(compared)) else ""))
+
+
+def match_statement(compared: Comparison) -> str:
+    """Whether the arms' generated answers were matched (`envlab experiment new --match-compute`), and how: each
+    arm's extra (or fewer) GRPO steps per trained stage and the answers they sample; "" where no arm probes."""
+    settings = compared.experiment.settings
+    if settings.matched is not None:
+        return (f" Compute matched ({MATCH_WORDS[settings.matched.mode]}, `--match-compute "
+                f"{settings.matched.mode}`): {match_text(settings)}.")
+    probing = [as_text(arm) for arm in compared.arms if arm in compared.probe_compute]
+    if not probing:
+        return ""
+    return (f" Compute not matched: every arm trained the same GRPO steps, and {', '.join(probing)}'s probe answers "
+            "came on top (`envlab experiment new --match-compute` gives the arms without probes extra GRPO steps "
+            "for them).")
 
 
 def _agents_text(settings: ExperimentSettings) -> str:
@@ -575,13 +592,23 @@ def _compute_section(compared: Comparison) -> list[str]:
                 if compared.stage_rollouts else "none yet: no stage trained")
     return ["## Compute per arm", "",
             "Each cell: the sum over the arm's runs, then the mean per run in parentheses. GRPO steps: optimizer "
-            f"steps as TRL counts them, {steps} per trained stage. A rollout: one completion GRPO samples for a "
+            f"steps as TRL counts them, {steps} per trained stage{_matched_words(compared)}. A rollout: one "
+            "completion GRPO samples for a "
             f"training board, {rollouts}, as the stage's GRPOConfig makes them. Probe answers: the completions an "
             "engineer sampled measuring configs on the policy before proposing. Validation + dev answers: the "
             "episodes of every evaluated stage, stage 0's included (where runs share it, one generated it and the "
             "others copied it: docs/experiments.md). Job times: finished minus started, summed, in minutes. The "
             "last column: every answer generated per run over the cheapest arm's.", "",
             *_markdown_table(*compute_rows(compared))]
+
+
+def _matched_words(compared: Comparison) -> str:
+    """The matching steps beside a stage's steps, where the experiment's arms were matched (`match_statement`)."""
+    matched = compared.experiment.settings.matched
+    if matched is None or not any(matched.steps.values()):
+        return ""
+    return ", " + ", ".join(f"{as_text(arm)} {compared.experiment.settings.arm_steps(arm)}"
+                            for arm in compared.arms if matched.steps.get(arm)) + " (compute matched)"
 
 
 def _stage_table(compared: Comparison, rate: Rate) -> list[str]:

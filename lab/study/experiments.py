@@ -6,7 +6,14 @@ initial config (and so the boards per stage), the GRPO settings and the validati
 same number of GRPO steps on the same number of boards: equal compute by construction, written down in the
 experiment's settings (`steps_per_stage`, as TRL counts them: `training.stage.planned_steps`). Seed `k` is the
 run seed of every arm's run `k`: the same stage-0 policy evaluated on the same validation boards, so arms
-compare pair by pair.
+compare pair by pair; each seed's engineers read dev boards of that seed's own (`RunSettings.dev_per_seed`), so a
+deterministic engineer's seeds are separate decisions, not one decision repeated.
+
+An engineer that probes configs on the policy (`learnability`) generates answers the training does not count. With
+`match_compute` (`envlab experiment new --match-compute`) the other arms' trained stages take extra GRPO steps whose
+rollouts equal those probe answers (`extra`, the default), or the probing arm's take fewer (`trim`), rounded to
+whole steps and written down in the experiment's settings (`ExperimentSettings.matched`); each run's stages get its
+arm's steps through its GRPO settings (`max_steps`).
 
 Runs are ordinary queued jobs, so any worker on the database moves them; `run_experiment` starts `K` worker
 processes of its own (they die with it), resumes every run that is not done (`lab.loop.resume`: only dead work
@@ -22,7 +29,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +47,16 @@ from lab.runs import benchmark_checkpoints
 from lab.text import NAME_LIMIT, TEXT_LIMIT, too_long
 from storage.db import runs_root, session
 from storage.models import ACTIVE_JOB, Experiment, Job, JobKind, JobStatus, Run, RunStatus, Stage, StageStatus
-from storage.settings import PRIMARY_RATES, ExperimentSettings, Held, HeldConfigs, RunSettings, SettingsError
+from storage.settings import (
+    MATCH_MODES,
+    PRIMARY_RATES,
+    ComputeMatch,
+    ExperimentSettings,
+    Held,
+    HeldConfigs,
+    RunSettings,
+    SettingsError,
+)
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "assets" / "scenarios"
 DEFAULT_SCENARIO = "default"
@@ -167,9 +183,83 @@ def compute_settings(*, policy: str, config: EnvConfig, settings: RunSettings, s
                               rollouts_per_stage=rollouts, primary=primary)
 
 
+def probe_answers(arm: Arm, settings: RunSettings, config: EnvConfig) -> int:
+    """The answers `arm`'s engineer samples probing configs per proposal, as planned from the initial config (0: it
+    does not probe); an ExperimentError for an engineer whose probes cannot be counted before it runs (an llm arm
+    that measures: how many configs it probes depends on what it answers)."""
+    from lab.context import context_preset
+    from lab.engineers import needs_of
+    from lab.engineers.learnability import planned_answers
+
+    modules = asdict(context_preset(arm.context)) if arm.engineer == "llm" else settings.context
+    if needs_of(arm.engineer, settings.model_copy(update={"context": modules})).probe is None:
+        return 0
+    if arm.engineer == "learnability":
+        return planned_answers(config, settings.agent_counts)
+    raise ExperimentError(f"arm {arm.name!r}: its engineer probes configs as its answers lead it, so its probe "
+                          "answers cannot be matched before it runs; leave out --match-compute, or the arm")
+
+
+def match_compute(mode: str, probes: dict[str, int], *, instances: int, grpo: dict[str, Any], policy: str,
+                  steps: int, rollouts: int, target: int | None = None) -> ComputeMatch:
+    """Each arm's GRPO steps per trained stage that even the answers generated per stage (rollouts + probe answers),
+    rounded to whole steps: `extra` adds steps to every arm below the most probing arm's answers (`target`: an
+    experiment's, for an arm added later), `trim` takes them off every arm above the least probing one's. The
+    rollouts the steps add are counted as the stage's GRPOConfig samples them (`training.stage.planned_rollouts`)."""
+    from training.policy import prompt_style_of
+    from training.stage import planned_rollouts
+
+    if mode not in MATCH_MODES:
+        raise ExperimentError(f"match_compute = {mode!r}: one of {', '.join(MATCH_MODES)}")
+    target = target if target is not None else max(probes.values()) if mode == "extra" else min(probes.values())
+    per_step = rollouts / steps  # rollouts per optimizer step (the tiny policy's defaults: 4,096 / 128 = 32)
+    added = {arm: round((target - n) / per_step) for arm, n in probes.items()}
+    if wrong := [arm for arm, k in added.items() if (k < 0) == (mode == "extra") and k]:
+        raise ExperimentError(f"arm {wrong[0]!r} probes {probes[wrong[0]]:,} answers per proposal, past the "
+                              f"{target:,} the experiment's arms were matched to ({mode}): make a new experiment")
+    if short := [arm for arm, k in added.items() if steps + k < 1]:
+        raise ExperimentError(f"arm {short[0]!r}: its probes ({probes[short[0]]:,} answers per proposal) outweigh a "
+                              f"stage's {rollouts:,} rollouts; trimmed, its stages would train no step: match with "
+                              "extra steps for the others instead")
+    style = prompt_style_of(policy)
+    more = {arm: planned_rollouts(instances, {**grpo, "max_steps": steps + k}, style) - rollouts if k else 0
+            for arm, k in added.items()}
+    return ComputeMatch(mode=mode, probe_answers=dict(probes), steps=added, rollouts=more)
+
+
+MATCH_WORDS = {"extra": "extra rollouts for the others", "trim": "the probing arms' stages trimmed"}
+
+
+def match_text(settings: ExperimentSettings) -> str:
+    """What `match_compute` gave each arm, in words: `arms without probes (fixed, heuristic) trained 96 extra GRPO
+    steps per stage (3,072 answers) to match learnability's probes (3,072 answers per proposal)`."""
+    matched = settings.matched
+    if matched is None:
+        return ""
+    probes = matched.probe_answers
+    target = max(probes.values()) if matched.mode == "extra" else min(probes.values())
+    groups: dict[tuple[int, int, int], list[str]] = {}
+    for arm, k in matched.steps.items():
+        if k:
+            groups.setdefault((k, matched.rollouts[arm], probes[arm]), []).append(arm)
+    if not groups:
+        return "no arm probes more than another: every arm trains the same GRPO steps"
+    reference = [arm for arm, k in matched.steps.items() if not k and probes[arm] == target]
+
+    def who(arms: list[str], probed: int) -> str:
+        what = "without probes" if not probed else f"probing {probed:,} answers per proposal"
+        return f"arms {what} ({', '.join(arms)})" if len(arms) > 1 else f"{arms[0]} ({what})"
+
+    to = (f"{', '.join(reference)}'s probes ({target:,} answers per proposal)" if target
+          else who(reference, 0) if reference else "the arms without probes")
+    return "; ".join(f"{who(arms, probed)} trained {abs(k)} {'extra' if k > 0 else 'fewer'} GRPO steps per stage "
+                     f"({abs(r):,} answers)" for (k, r, probed), arms in groups.items()) + f" to match {to}"
+
+
 def create_experiment(engine: Engine, *, name: str, arms: Sequence[str | Arm], seeds: int, settings: RunSettings,
                       config: EnvConfig | None = None, scenario: str | None = None, policy: str = "tiny",
-                      instances: int | None = None, description: str = "", primary: str = "valid") -> Experiment:
+                      instances: int | None = None, description: str = "", primary: str = "valid",
+                      match: str | None = None) -> Experiment:
     """Store an experiment and queue its runs (arms x seeds, seed-major, auto-apply), refusing anything that
     would fail later (an unknown arm, a policy that cannot be its own engineer, a bad GRPO field) first.
 
@@ -177,7 +267,8 @@ def create_experiment(engine: Engine, *, name: str, arms: Sequence[str | Arm], s
     each arm's, the validation set 120 boards per size unless they name one). The initial config is `config`,
     else the scenario's (default `default`, the round-0 config); `instances` replaces its boards per stage;
     `settings.grpo` goes on top of the scenario's overrides. `primary` (valid or optimal) is the rate its report
-    and the Compare tab lead with.
+    and the Compare tab lead with. `match` (`extra` or `trim`, None: not) evens the arms' answers per stage where
+    some arm probes (`match_compute`).
     """
     parsed = [a if isinstance(a, Arm) else Arm.parse(a) for a in arms]
     if not parsed:
@@ -208,6 +299,11 @@ def create_experiment(engine: Engine, *, name: str, arms: Sequence[str | Arm], s
         raise ExperimentError(str(err)) from None
     _check_arms(parsed, policy, config, settings.agent_counts)
     recorded = compute_settings(policy=policy, config=config, settings=settings, scenario=origin, primary=primary)
+    if match is not None:
+        probes = {arm.name: probe_answers(arm, settings, config) for arm in parsed}
+        recorded = recorded.model_copy(update={"matched": match_compute(
+            match, probes, instances=config.num_instances, grpo=settings.grpo, policy=policy,
+            steps=recorded.steps_per_stage, rollouts=recorded.rollouts_per_stage)})
     with session(engine) as s:
         experiment = Experiment(name=name, description=description, policy=policy, seeds=seeds, settings=recorded,
                                 arms=[a.row() for a in parsed])
@@ -251,10 +347,12 @@ def _create_runs(s: Session, experiment: Experiment, arms: Sequence[Arm]) -> Non
     shared, config = experiment.settings.run, experiment.settings.config
     for seed in range(experiment.seeds):
         for arm in arms:
+            steps = experiment.settings.arm_steps(arm.name)
+            grpo = shared.grpo if steps == experiment.settings.steps_per_stage else {**shared.grpo, "max_steps": steps}
             try:
                 create_run(s, name=_run_name(experiment.name, arm.name, seed), config=config,
                            settings=shared.model_copy(update={"context_preset": arm.context, "context": None,
-                                                              "held_configs": arm.held}),
+                                                              "held_configs": arm.held, "grpo": grpo}),
                            policy=experiment.policy, engineer=arm.engineer, engineer_backend=arm.backend, seed=seed,
                            description=f"experiment {experiment.name!r}, arm {arm.name!r}, seed {seed}",
                            experiment_id=experiment.id, arm=arm.name)
@@ -274,9 +372,21 @@ def add_arms(engine: Engine, key: str | int, arms: Sequence[str | Arm]) -> list[
                               f"({', '.join(arm_names(experiment))}); name one NAME=SPEC")
     _check_run_names(experiment.name, parsed, experiment.seeds)
     _check_arms(parsed, experiment.policy, experiment.settings.config, experiment.settings.run.agent_counts)
+    matched = experiment.settings.matched
+    if matched is not None:  # the new arms matched to the answers the experiment's arms were matched to
+        settings = experiment.settings
+        target = max(matched.probe_answers.values()) if matched.mode == "extra" else min(
+            matched.probe_answers.values())
+        added = match_compute(matched.mode, {a.name: probe_answers(a, settings.run, settings.config) for a in parsed},
+                              instances=settings.instances, grpo=settings.grpo, policy=experiment.policy,
+                              steps=settings.steps_per_stage, rollouts=settings.rollouts_per_stage, target=target)
+        matched = matched.model_copy(update={name: {**getattr(matched, name), **getattr(added, name)}
+                                              for name in ("probe_answers", "steps", "rollouts")})
     with session(engine) as s:
         row = s.get(Experiment, experiment.id)
         row.arms = [*row.arms, *(a.row() for a in parsed)]
+        if matched is not None:
+            row.settings = row.settings.model_copy(update={"matched": matched})
         s.add(row)
         s.commit()
         s.refresh(row)

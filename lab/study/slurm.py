@@ -51,6 +51,7 @@ from lab.study.experiments import (
     experiment_runs,
     find_experiment,
     log_dir,
+    match_text,
     restart,
 )
 from storage import queue
@@ -659,6 +660,8 @@ def status_lines(engine: Engine, key: str | int) -> list[str]:
     progress = experiment_progress(engine, experiment.id)
     lines = [f"experiment {experiment.name}: {progress.count(RunStatus.DONE)} of {len(progress.runs)} runs done, "
              f"{progress.done} of {progress.total} stages"]
+    if experiment.settings.matched is not None:
+        lines.append(f"compute matched ({experiment.settings.matched.mode}): {match_text(experiment.settings)}")
     arrays = experiment_arrays(engine, experiment.id)
     if arrays:
         lines.append(f"slurm arrays: {', '.join(arrays)}")

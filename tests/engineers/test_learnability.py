@@ -107,3 +107,15 @@ def test_a_size_with_no_makeable_cell_keeps_its_ratios_at_the_floor() -> None:
 def test_learnability_without_a_probe_fails_saying_why() -> None:
     answer = learnability(evidence(), seed=0)
     assert answer.projection is None and "needs a probe" in answer.error
+
+
+def test_the_planned_probe_answers_are_what_a_proposal_samples_when_every_cell_is_made() -> None:
+    """What `--match-compute` plans (`planned_answers`) against what a proposal's probes sampled (`compute`): 3
+    sizes x 6 cells x 16 boards x 4 answers; one cell fewer where the generator cannot make it."""
+    from lab.engineers.learnability import planned_answers
+
+    answer = learnability(evidence(), seed=0, probe_fn=BoardProbe(TABLE))
+    assert planned_answers(CONFIG) == answer.compute["completions"] == 3 * 6 * 64 == 1152
+    assert learnability(evidence(), seed=0, probe_fn=BoardProbe(TABLE, unmakeable=((5, 0.42, 0.75),))
+                        ).compute["completions"] == 1152 - 64
+    assert planned_answers(CONFIG, (2, 3, 4)) == 3 * (6 + 3) * 64  # a probe of every size per agent count

@@ -363,7 +363,11 @@ def test_the_compute_table_sums_each_arm_s_runs_and_says_where_probes_break_equa
     report = report_markdown(c)
     lines = report.splitlines()
     statement = next(line for line in lines if line.startswith("Policy tiny, 2 arms x 2 seeds"))
-    assert statement.endswith("heuristic sampled 32 answers in 3 s over 2 proposals; fixed spent none. " + sentence)
+    unmatched = ("Compute not matched: every arm trained the same GRPO steps, and heuristic's probe answers came on "
+                 "top (`envlab experiment new --match-compute` gives the arms without probes extra GRPO steps for "
+                 "them).")
+    assert statement.endswith("heuristic sampled 32 answers in 3 s over 2 proposals; fixed spent none. " + unmatched
+                              + " " + sentence)
     section = lines.index("## Compute per arm")
     assert lines.index(statement) < section < lines.index("## Validation valid rate")
     assert "A rollout: one completion GRPO samples for a training board, 32 per trained stage (32 per step)" in report
