@@ -120,13 +120,21 @@ def _board(instance: Instance, cell_px: int, size: tuple[int, int]) -> Image.Ima
             x, y = cell_centre((row, col), cell_px)
             fill = HOLE if (row, col) in instance.hole_set else ICE
             draw.rectangle((x - half + gap, y - half + gap, x + half - gap, y + half - gap), fill=_ink(fill))
-    font = ImageFont.load_default(size=max(8, cell_px // 4))
     for i, goal in enumerate(instance.goals):
         x, y = cell_centre(goal, cell_px)
         draw.rectangle(_box((x, y), half - 3 * gap), outline=_ink(colour(i)), width=max(2, cell_px // 16))
-        # the goal's agent, in the square's lower right corner: an agent standing on the goal leaves it readable
-        draw.text((x + half - 4 * gap, y + half - 4 * gap), str(i), fill=_ink(colour(i)), font=font, anchor="rb")
     return image
+
+
+def _goal_numbers(draw: ImageDraw.ImageDraw, instance: Instance, cell_px: int) -> None:
+    """Each goal's agent, in its square's lower right corner, outlined in white: drawn over the agents, so that
+    discs crowding the cell never hide whose goal it is."""
+    half, gap = cell_px // 2, max(1, cell_px // 24)
+    font = ImageFont.load_default(size=max(8, cell_px // 4))
+    for i, goal in enumerate(instance.goals):
+        x, y = cell_centre(goal, cell_px)
+        draw.text((x + half - 4 * gap, y + half - 4 * gap), str(i), fill=_ink(colour(i)), font=font, anchor="rb",
+                  stroke_width=max(1, cell_px // 32), stroke_fill=_ink(WHITE))
 
 
 def ghost_positions(instance: Instance) -> tuple[tuple[tuple[int, int], ...], ...] | None:
@@ -206,6 +214,7 @@ def _frame(board: Image.Image, instance: Instance, outcome: Outcome, step: int, 
             dx = (slot - (len(here) - 1) / 2) * 2.1 * radius
             draw.ellipse(_box((x + dx, y), radius), fill=_ink(colour(i)), outline=_ink(WHITE), width=1)
             draw.text((x + dx, y - radius * 0.15), str(i), fill=_ink(WHITE), font=number, anchor="mm")
+    _goal_numbers(draw, instance, cell_px)
     draw.text((cell_px // 2, (n + 1) * cell_px), step_caption(outcome, step), fill=_ink(TEXT), font=font)
     _legend(draw, instance, (n + 1) * cell_px + _line(font), cell_px, font, ghost is not None, image.width)
     return image

@@ -148,3 +148,24 @@ def test_a_gif_is_the_width_asked_its_legend_on_two_lines_where_one_does_not_fit
                      if any(frame.getpixel((x, y)) == _rgb(TEXT) for x in range(gif.width))]
     bands = 1 + sum(b - a > 3 for a, b in itertools.pairwise(text_rows))  # runs of rows holding text
     assert bands == 1 + lines  # the caption, then the legend's lines
+
+
+def test_a_goals_number_stays_readable_under_agents_crowding_its_cell(tmp_path: Path):
+    """Agents 1 and 2 collide on agent 0's goal: their discs share the cell, and the goal's number is drawn over
+    them, in agent 0's colour."""
+    from envsim.instance import Instance
+
+    board = Instance.from_str("""
+.B.
+AaC
+bc.
+""")
+    outcome = score_answer(board, "Agent 0: W R\nAgent 1: D\nAgent 2: L")
+    assert outcome.positions[1] == ((1, 0), (1, 1), (1, 1))
+    alone, crowded = _frames(replay_gif(board, outcome, tmp_path / "crowd.gif", cell_px=CELL_PX))[:2]
+    x, y = cell_centre((1, 1), CELL_PX)
+    corner = [(x + dx, y + dy) for dx in range(6, 15) for dy in range(6, 15)]  # the number, inside the square
+    number = [xy for xy in corner if alone.getpixel(xy) == _rgb(colour(0))]  # t = 0: nobody on the goal
+    assert len(number) >= 10
+    assert [crowded.getpixel(xy) for xy in number] == [_rgb(colour(0))] * len(number)  # t = 1: all of it shows
+    assert _rgb(colour(2)) in {crowded.getpixel(xy) for xy in corner}  # beside agent 2's disc
