@@ -153,8 +153,8 @@ def test_open_a_failed_episode_from_the_gallery_and_step_the_replay(lab, page):
     assert plotted(page, "replay", "agent 1") == [(1, 0)]
     page.locator("#replay-step input[type=range]").focus()
     page.keyboard.press("ArrowRight")  # t = 1: both agents in (1,1), the conflict marked there
-    wait_plotted(page, "replay", "agent 0", [(1, 1)])
-    assert plotted(page, "replay", "agent 1") == [(1, 1)]
+    wait_plotted(page, "replay", "agent 0", [(1, 0.82)])  # side by side in (1, 1)
+    assert plotted(page, "replay", "agent 1") == [(1, 1.18)]
     assert plotted(page, "replay", "events") == [(1, 1)]
     assert plotted(page, "replay", "solver's plan") == [(0, 1), (1, 1)]  # the ghost waits a step first
     page.get_by_text("At this step: t=1: agents 0 and 1 collide at (1, 1)").wait_for()

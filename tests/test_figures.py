@@ -37,11 +37,17 @@ def cells(trace) -> list[tuple[float, float]]:
     return list(zip(trace["y"], trace["x"], strict=True))
 
 
-@pytest.mark.parametrize(("step", "agent0", "agent1"), [(0, (0, 1), (1, 0)), (1, (1, 1), (1, 1)), (2, (2, 1), (1, 2))])
+@pytest.mark.parametrize(("step", "agent0", "agent1"), [(0, (0, 1), (1, 0)), (1, (1, 0.82), (1, 1.18)),
+                                                       (2, (2, 1), (1, 2))])
 def test_agents_are_drawn_where_the_rules_put_them_at_each_step(crossing, step, agent0, agent1):
+    """At t = 1 both agents are in (1, 1): drawn side by side in it, smaller, neither hiding the other."""
     fig = figures.board_figure(crossing, score_answer(crossing, CLASH), step)
     t = traces(fig)
     assert cells(t["agent 0"]) == [agent0] and cells(t["agent 1"]) == [agent1]
+    sizes = [t[f"agent {i}"]["marker"]["size"] for i in (0, 1)]
+    assert sizes == ([17, 17] if step == 1 else [figures.DISC_PX] * 2)
+    if step == 1:  # the cell it is in, said exactly
+        assert t["agent 1"]["hovertext"] == ["agent 1 at (1,1), t=1"]
     assert t["agent 0"]["marker"]["color"] == figures.colour(0) != t["agent 1"]["marker"]["color"]
 
 
@@ -120,7 +126,7 @@ def test_the_replay_carries_every_step_as_a_frame(crossing):
     for frame in fig["frames"]:
         assert [names[i] for i in frame["traces"]] == [t["name"] for t in frame["data"]]
     one = traces({"data": fig["frames"][1]["data"]})
-    assert cells(one["agent 0"]) == [(1, 1)] and cells(one["events"]) == [(1, 1)]
+    assert cells(one["agent 0"]) == [(1, 0.82)] and cells(one["events"]) == [(1, 1)]
     assert fig["frames"][1]["layout"]["title"]["text"] == "t = 1 / 2: agents 0 and 1 collide at (1, 1)"
     assert [s["args"][0] for s in fig["layout"]["sliders"][0]["steps"]] == [["0"], ["1"], ["2"]]
     legend, buttons = fig["layout"]["legend"], fig["layout"]["updatemenus"][0]

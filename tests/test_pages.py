@@ -300,7 +300,7 @@ def test_an_episode_opens_with_its_board_answer_and_the_same_board_across_stages
     assert [a.text for a in v["strip"].layout.annotations] == ["stage 0: vertex_conflict", "stage 1: vertex_conflict"]
     fig, events = common.draw(v["view"], 1, True)
     agents = {t.name: (t.y[0], t.x[0]) for t in fig.data if t.name.startswith("agent ")}
-    assert agents == {"agent 0": (1, 1), "agent 1": (1, 1)}
+    assert agents == {"agent 0": (1, 0.82), "agent 1": (1, 1.18)}  # side by side in (1, 1)
     assert events.startswith("**At this step:** t=1: agents 0 and 1 collide at (1, 1)")
     assert events.endswith(" Cells are (row, col), counted from 0 at the top left.")
     fig, events = common.draw(v["view"], 2, True)  # the end: the title and the text agree on what went wrong

@@ -103,11 +103,12 @@ def _moving_traces(instance: Instance, outcome: Outcome | None, step: int,
             type="scatter", name=f"path {i}", mode="lines", x=[cell[1] + d for cell in cells],
             y=[cell[0] + d for cell in cells],
             line=dict(color=colour(i), width=4), opacity=0.7, hoverinfo="skip", showlegend=False, **axes))
-    for i in range(k):
+    for i, (dx, size) in enumerate(_side_by_side(now)):
         traces.append(dict(
             type="scatter", name=f"agent {i}", legendgroup=f"agent {i}", mode="markers+text",
-            x=[now[i][1]], y=[now[i][0]], text=[str(i)], textfont=dict(color="white", size=13),
-            marker=dict(size=24, color=colour(i), line=dict(color="white", width=2)),
+            x=[round(now[i][1] + dx, 3)], y=[now[i][0]], text=[str(i)],
+            textfont=dict(color="white", size=13 if size == DISC_PX else 10),
+            marker=dict(size=size, color=colour(i), line=dict(color="white", width=2)),
             hovertext=[f"agent {i} at ({now[i][0]},{now[i][1]}), t={step}"], hoverinfo="text",
             showlegend=legend, **axes))
     if ghost is not None:
@@ -127,6 +128,23 @@ def _moving_traces(instance: Instance, outcome: Outcome | None, step: int,
                     opacity=[1.0 if e.time == step else 0.55 for e in shown]),
         hovertext=[describe(e) for e in shown], hoverinfo="text", showlegend=False, **axes))
     return traces
+
+
+DISC_PX = 24  # an agent's disc, alone on its cell
+
+
+def _side_by_side(now: Sequence[tuple[int, int]]) -> list[tuple[float, int]]:
+    """Each agent's horizontal shift (in cells) and disc size: agents that share a cell (a collision) are drawn
+    side by side in it, smaller, in the order of their numbers, so no disc hides another."""
+    out = []
+    for i, cell in enumerate(now):
+        here = [j for j, other in enumerate(now) if other == cell]
+        if len(here) == 1:
+            out.append((0.0, DISC_PX))
+            continue
+        spread = min(0.36, 0.8 / (len(here) - 1))
+        out.append(((here.index(i) - (len(here) - 1) / 2) * spread, max(10, round(DISC_PX / len(here) ** 0.5))))
+    return out
 
 
 def _on_board(cell: tuple[int, int], size: int) -> tuple[float, float]:
