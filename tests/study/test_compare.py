@@ -46,6 +46,8 @@ from tests.recorded import BOARDS, CONFIG, scripted_experiment
 from tests.servers import TIMEOUT_MS, free_port
 from training.evaluate import EpisodeResult, store_evaluation
 
+STUDY_DB = Path(__file__).resolve().parents[2] / "docs" / "results" / "study-6seed" / "study.db.gz"
+
 
 def test_the_view_draws_each_arm_tables_its_sizes_and_links_its_runs(empty_lab):
     experiment = scripted_experiment(empty_lab, seeds=2, stages=1)
@@ -154,6 +156,26 @@ def test_the_shipped_study_is_what_its_database_says(name: str, tmp_path: Path):
     assert {(r.arm, r.seed): r.status for r in experiment_runs(engine, c.experiment.id)} == {
         (arm, seed): "done" for arm in arms for seed in range(6)}
     engine.dispose()
+
+
+def test_the_shipped_study_draws_on_compare_without_loading_torch(tmp_path: Path):
+    """Every experiment of the shipped database recorded its rollouts per stage, so the Compare tab draws it without
+    counting them again (which loads torch and TRL: tens of seconds on a loaded machine, on the tab's first visit)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import gzip, shutil, sys\n"
+        "from storage.db import make_engine, upgrade\n"
+        "from lab.pages.compare import compare_view\n"
+        f"db = {str(tmp_path / 'study.db')!r}\n"
+        f"with gzip.open({str(STUDY_DB)!r}, 'rb') as src, open(db, 'wb') as dst: shutil.copyfileobj(src, dst)\n"
+        "engine = make_engine(db); upgrade(engine)\n"
+        "views = [compare_view(engine, key) for key in (1, 2)]\n"
+        "print(sorted(v['summary'].split('**')[1] for v in views), 'torch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.stdout.strip() == "['defaults', 'hardstart'] False"
 
 
 def test_holm_on_known_p_values():
