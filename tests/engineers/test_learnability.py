@@ -40,10 +40,10 @@ class BoardProbe:
 
 
 TABLE = {
-    (3, 0.25, 0.75): [2] * 16,  # every board half valid: learnability 0.25, the most there is
-    (3, 0.08, 0.25): [3] * 12 + [4] * 4,  # p 81%, learnability 12 x 0.1875 / 16 = 0.141
-    (4, 0.08, 0.75): [1] * 16,  # a tie at 0.1875: the earlier cell of the grid is kept
-    (4, 0.42, 0.25): [1] * 16,
+    (3, 0.25, 0.75): [4] * 16,  # every board half valid: learnability 0.25, the most there is
+    (3, 0.08, 0.25): [6] * 12 + [8] * 4,  # p 81%, learnability 12 x 0.1875 / 16 = 0.141
+    (4, 0.08, 0.75): [2] * 16,  # a tie at 0.1875: the earlier cell of the grid is kept
+    (4, 0.42, 0.25): [2] * 16,
 }
 
 
@@ -71,8 +71,13 @@ def test_each_size_keeps_its_most_learnable_cell_and_half_the_boards_are_drawn_b
     assert lines[2] == ("size 5: hole 0.08, wait 0.25 (p 0%, learnability 0.000) kept, of 5 cells; runner-up hole "
                         "0.08, wait 0.75 (p 0%, learnability 0.000); data_ratio 0.333 -> 0.044")
     assert lines[3].startswith("random_share 0 -> 0.5: that share of each size's boards has its hole and wait")
-    assert answer.compute == {"completions": 17 * 64, "seconds": 25.5, "probes": 17, "cached": 0}
-    assert lines[-1] == "probe compute: 1088 sampled answers, 25.5 s (17 probes, 0 cached)"
+    assert answer.compute == {"completions": 17 * 128, "seconds": 25.5, "probes": 17, "cached": 0}
+    assert lines[-1] == "probe compute: 2176 sampled answers, 25.5 s (17 probes, 0 cached)"
+    # every board of the 4 cells in the table with answers that disagree (16 + 12 + 16 + 16) fits the buffer's 256
+    assert lines[-2] == ("buffer: 60 of the stage's 512 boards replayed (room for 256, 0.5 of them), the most "
+                         "learnable of 272 boards probed (60 with learnability above 0); sizes 3: 28, 4: 32; the other "
+                         "452 drawn fresh from the config")
+    assert len(answer.replay) == 60 and len({b.id for b in answer.replay}) == 60
     assert answer.projection.adjustments == ()
 
 
@@ -89,7 +94,7 @@ def test_cached_cells_cost_nothing_and_a_kept_cell_the_stage_cannot_fill_goes_ba
     assert (config.hole_ratio, config.wait_ratio) == ({3: 0.2, 4: 0.08, 5: 0.08}, {3: 0.25, 4: 0.75, 5: 0.25})
     assert config.random_share == 0.5 and config.data_ratio == {3: 0.546, 4: 0.41, 5: 0.044}
     assert len(refused) == 2  # refused naming size 3: size 3 went back, size 4 keeps its cell
-    assert answer.rationale.splitlines()[-2] == ("size 3: back to hole 0.2, wait 0.25: the generator could not "
+    assert answer.rationale.splitlines()[-3] == ("size 3: back to hole 0.2, wait 0.25: the generator could not "
                                                  "fill the config (size 3: too many waits)")
     assert answer.compute == {"completions": 0, "seconds": 0.0, "probes": 18, "cached": 18}
 
@@ -111,11 +116,11 @@ def test_learnability_without_a_probe_fails_saying_why() -> None:
 
 def test_the_planned_probe_answers_are_what_a_proposal_samples_when_every_cell_is_made() -> None:
     """What `--match-compute` plans (`planned_answers`) against what a proposal's probes sampled (`compute`): 3
-    sizes x 6 cells x 16 boards x 4 answers; one cell fewer where the generator cannot make it."""
+    sizes x 6 cells x 16 boards x 8 answers; one cell fewer where the generator cannot make it."""
     from lab.engineers.learnability import planned_answers
 
     answer = learnability(evidence(), seed=0, probe_fn=BoardProbe(TABLE))
-    assert planned_answers(CONFIG) == answer.compute["completions"] == 3 * 6 * 64 == 1152
+    assert planned_answers(CONFIG) == answer.compute["completions"] == 3 * 6 * 128 == 2304
     assert learnability(evidence(), seed=0, probe_fn=BoardProbe(TABLE, unmakeable=((5, 0.42, 0.75),))
-                        ).compute["completions"] == 1152 - 64
-    assert planned_answers(CONFIG, (2, 3, 4)) == 3 * (6 + 3) * 64  # a probe of every size per agent count
+                        ).compute["completions"] == 2304 - 128
+    assert planned_answers(CONFIG, (2, 3, 4)) == 3 * (6 + 3) * 128  # a probe of every size per agent count
