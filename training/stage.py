@@ -9,10 +9,10 @@ the few defaults below (the ones a CPU or a tiny model needs); nothing here re-d
 is ours is `StageArgs` (where the stage lives, its seed, its starting policy and its `EnvConfig`), the
 data (boards from `envsim.generate` with the stage's seed, beside any boards its proposal replays as they are,
 `stage_boards`, as prompts plus the board's JSON that the rewards read), the reward functions
-(`training.rewards`), a callback that writes TRL's logs into the lab's database (with TRL's advantages per agent count and map size of the boards, `training.advantage`), reports
-progress and stops the trainer when someone cancels the job, and, for a run that reports
-to Trackio or W&B, transformers' callbacks for them logging every stage into the run's one tracker run on one step
-axis (`training.trackers`).
+(`training.rewards`), a callback that writes TRL's logs into the lab's database (with TRL's advantages per agent
+count and map size of the boards, `training.advantage`), reports progress and stops the trainer when someone
+cancels the job, and, for a run that reports to Trackio or W&B, transformers' callbacks for them logging every
+stage into the run's one tracker run on one step axis (`training.trackers`).
 
 Files of a run live in `<runs root>/<run uuid>/` (`storage.db.runs_root`: `$ENVLAB_RUNS`, else the SQLite
 file's folder): stage `k`'s trained policy in `stage-<k>/policy/` (an ordinary Hugging Face folder that

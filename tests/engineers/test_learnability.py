@@ -124,3 +124,53 @@ def test_the_planned_probe_answers_are_what_a_proposal_samples_when_every_cell_i
     assert learnability(evidence(), seed=0, probe_fn=BoardProbe(TABLE, unmakeable=((5, 0.42, 0.75),))
                         ).compute["completions"] == 2304 - 128
     assert planned_answers(CONFIG, (2, 3, 4)) == 3 * (6 + 3) * 128  # a probe of every size per agent count
+
+
+SMALL = EnvConfig.default((3, 4), num_instances=16)  # room for round(0.5 x 16) = 8 boards in the buffer
+BOARDS = {  # each board's valid answers of 8: p_b(1 - p_b) is 16/64 for 4, 15/64 for 3 or 5, 12/64 for 2 or 6, ...
+    (3, 0.25, 0.75): [4, 0, 8, 3, 5] + [0] * 11,
+    (3, 0.08, 0.25): [2, 6] + [8] * 14,
+    (4, 0.08, 0.25): [4, 4, 1, 7] + [0] * 12,
+}
+
+
+def drawn(size: int, hole: float, wait: float, config: EnvConfig = SMALL) -> list:
+    """The boards the probe of one cell drew (seed 0, as `BoardProbe`'s results say)."""
+    from training.probe import probe_boards
+
+    one = EnvConfig(data_ratio={size: 1.0}, hole_ratio={size: hole}, wait_ratio={size: wait},
+                    agent_ratio=config.agent_ratio, num_instances=config.num_instances)
+    return probe_boards(one, size, LEARN_BOARDS, 0)
+
+
+def test_the_buffer_keeps_the_most_learnable_boards_in_rank_order_ties_by_size_cell_and_board() -> None:
+    answer = learnability(evidence(config=SMALL), seed=0, probe_fn=BoardProbe(BOARDS))
+    a, b, c = drawn(3, 0.25, 0.75), drawn(3, 0.08, 0.25), drawn(4, 0.08, 0.25)
+    # 1/4: size 3's board 0, then (a tie: the larger size after) size 4's boards 0 and 1; 15/64: size 3's boards 3
+    # and 4; 3/16: boards 0 and 1 of size 3's cell (0.08, 0.25); 7/64: size 4's boards 2 and 3 tie for the last
+    # place, and the earlier board takes it
+    assert [x.id for x in answer.replay] == [x.id for x in (a[0], c[0], c[1], a[3], a[4], b[0], b[1], c[2])]
+    assert all(x.opt_soc is not None and x.reference_plan is not None for x in answer.replay)  # labelled
+    assert answer.rationale.splitlines()[-2] == (
+        "buffer: 8 of the stage's 16 boards replayed (room for 8, 0.5 of them), the most learnable of 192 boards "
+        "probed (9 with learnability above 0); sizes 3: 5, 4: 3; the other 8 drawn fresh from the config")
+
+
+def test_boards_always_or_never_solved_never_enter_the_buffer_and_held_out_boards_are_passed_over() -> None:
+    few = {(3, 0.25, 0.75): [4, 0, 8, 3] + [8] * 12}  # 2 boards with answers that disagree, 14 without
+    answer = learnability(evidence(config=SMALL), seed=0, probe_fn=BoardProbe(few))
+    a = drawn(3, 0.25, 0.75)
+    assert [x.id for x in answer.replay] == [a[0].id, a[3].id]
+    assert answer.rationale.splitlines()[-2].endswith("sizes 3: 2; the other 14 drawn fresh from the config")
+    held = learnability(evidence(config=SMALL), seed=0, probe_fn=BoardProbe(few), held_out=frozenset({a[0].id}))
+    assert [x.id for x in held.replay] == [a[3].id]
+    assert "; 1 held-out boards passed over;" in held.rationale.splitlines()[-2]
+
+
+def test_the_buffer_draws_again_the_boards_the_probe_answered() -> None:
+    """`probe_boards` is the probe's own draw: the boards a probe answers are the ones the buffer replays."""
+    from envsim.generator import generate
+    from training.probe import one_size, probe_boards
+
+    one = EnvConfig(data_ratio={3: 1.0}, hole_ratio={3: 0.25}, wait_ratio={3: 0.75}, num_instances=16)
+    assert probe_boards(one, 3, 16, 7) == generate(one_size(one, 3), 16, seed=7)
