@@ -24,7 +24,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
 from envsim.config import Adjustment, EnvConfig, Projection
-from envsim.suite import Split
+from envsim.suite import VALIDATION_PER_SIZE, Split
 from lab.context import (
     DEFAULT_PRESET,
     ContextModules,
@@ -48,7 +48,7 @@ from lab.proposals import (
     store_proposal,
 )
 from lab.text import NAME_LIMIT, TEXT_LIMIT, too_long
-from storage.db import UnsafePath, checkpoint_of, lock_run, run_folder
+from storage.db import UnsafePath, checkpoint_of, lock_run, run_folder, runs_root
 from storage.db import session as open_session
 from storage.decisions import record_decision
 from storage.models import (
@@ -301,7 +301,10 @@ def _step(s: Session, run: Run) -> str:
             _set_status(run, RunStatus.WAITING)
             return f"waiting: proposal {proposal.id} needs a decision"
         decision = _auto_decide(s, proposal, last)
-    s.add(Stage(run_id=run.id, index=last.index + 1, config=decision.config, status=StageStatus.QUEUED))
+    # the proposal's replayed boards go with the config it applies, a person's edit of it too (a failed proposal has
+    # none): the stage reads and checks them (`training.stage.stage_args`)
+    s.add(Stage(run_id=run.id, index=last.index + 1, config=decision.config, status=StageStatus.QUEUED,
+                replay=proposal.replay))
     # a person decided and waits for the stage: it goes before an experiment's work
     _enqueue(s, JobKind.STAGE, run.id, last.index + 1,
              priority=Priority.BACKGROUND if decision.action == Action.AUTO else Priority.INTERACTIVE)
@@ -525,6 +528,9 @@ def run_propose_job(engine: Engine, job: Job, progress: Callable[..., bool]) -> 
                                       else checkpoint_of(engine, stage))
         if needs.probe is not None:
             options["probe_fn"] = probe_for(engine, run, stage, **needs.probe)
+        if needs.held_out:
+            progress(0, 1, "reading the run's held-out boards (validation, dev, benchmark)")
+            options["held_out"] = held_out_of(engine, run, evidence.agent_counts)
         if needs.held_configs:
             options["held"] = run.settings.held_configs
         check = fill_check(run.seed, after + 1)
@@ -568,6 +574,26 @@ def probe_for(engine: Engine, run: Run, stage: Stage, *, boards: int, answers: i
     temperature = sampling_temperature(run.settings.grpo)
     return lambda config: measure(engine, config, name, policy=load, settings=run.settings, seed=run.seed,
                                   boards=boards, answers=answers, temperature=temperature)
+
+
+def held_out_of(engine: Engine, run: Run, counts: Sequence[int] | None = None) -> frozenset[str]:
+    """The ids of the boards a run holds out, which nothing the run trains on as it is may be (`Needs.held_out`):
+    its validation and dev sets, as its stages evaluate them (cached in the runs root), and, where its agent counts
+    (`counts`, else its validation counts) reach 3, the benchmark's boards (3, 4 and 5 agents; built once per runs
+    root, a few minutes of solver time, where the cache is missing)."""
+    from training.evaluate import benchmark_entries, dev_entries, validation_entries
+
+    settings, root = run.settings, runs_root(engine)
+    per_size = settings.validation_per_size or VALIDATION_PER_SIZE
+    agents = settings.validation_agents
+    ids = {e.instance.id for e in validation_entries(root, per_size, agents)}
+    if settings.dev_per_size:
+        ids |= {e.instance.id for e in dev_entries(root, settings.dev_per_size, per_size, agents,
+                                                    run.seed if settings.dev_per_seed else None)}
+    if max((*(counts or ()), *agents)) >= 3:
+        root.mkdir(parents=True, exist_ok=True)
+        ids |= {e.instance.id for e in benchmark_entries(root)}
+    return frozenset(ids)
 
 
 def resume(engine: Engine, run_id: int) -> list[int]:

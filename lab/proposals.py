@@ -22,7 +22,7 @@ from lab.text import TEXT_LIMIT, too_long
 from storage.db import lock_run
 from storage.db import session as open_session
 from storage.decisions import AlreadyDecided, record_decision
-from storage.models import Action, Decision, Proposal, Run, Stage
+from storage.models import Action, Decision, Proposal, Replay, Run, Stage
 
 __all__ = ["AlreadyDecided", "Change", "Decided", "ProposalError", "ProposalState", "Superseded", "current_proposal",
            "decide", "decision_of", "diff", "fill_check", "fillable", "project_edit", "proposal_state",
@@ -133,7 +133,8 @@ def fillable(answer: EngineerAnswer, check: Callable[[EnvConfig], Unfillable | N
 
 def store_proposal(session: Session, run_id: int, after_stage: int, engineer: str, answer: EngineerAnswer,
                    current: EnvConfig) -> Proposal:
-    """Keep everything an engineer returned, with its diff; a failed answer is kept too, with its error."""
+    """Keep everything an engineer returned, with its diff; a failed answer is kept too, with its error. The boards
+    it would replay (`EngineerAnswer.replay`) are kept with a config only: a failed answer replays nothing."""
     projection = answer.projection
     changes: list[Change] = []
     if projection is not None:
@@ -147,6 +148,7 @@ def store_proposal(session: Session, run_id: int, after_stage: int, engineer: st
                      for a in (projection.adjustments if projection else ())],
         rationale=answer.rationale, diff={"changes": [asdict(change) for change in changes]}, error=answer.error,
         compute=answer.compute,
+        replay=Replay(boards=answer.replay) if answer.replay and projection is not None else None,
     )
     session.add(row)
     session.commit()

@@ -25,14 +25,15 @@ from datetime import UTC, datetime
 from enum import IntEnum, StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 from sqlalchemy import JSON, CheckConstraint, DateTime, Index, Text, UniqueConstraint, false, text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
 from sqlmodel import AutoString, Field, SQLModel
 
-from envsim.config import EnvConfig
+from envsim.config import GLOBALS, EnvConfig
+from envsim.instance import Instance
 from envsim.suite import Split
 from storage.settings import ExperimentSettings, RunSettings
 
@@ -249,11 +250,43 @@ class Run(TypedRow, SQLModel, table=True):
     arm: str | None = None
 
 
+MAX_REPLAY = GLOBALS["num_instances"][1]  # a stage trains on at most this many boards, replayed ones among them
+
+
+class Replay(BaseModel):
+    """Boards a stage trains on as they are, beside those it draws from its config: the `learnability` engineer's
+    buffer of the most learnable boards it probed (`lab.engineers.learnability`). Each is a whole labelled board (the
+    rewards read its solver labels), checked as any board is (`Instance`) wherever the record is read; at most
+    `MAX_REPLAY` of them."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    boards: tuple[Instance, ...] = Field(max_length=MAX_REPLAY)
+
+    @field_validator("boards")
+    @classmethod
+    def _labelled(cls, boards: tuple[Instance, ...]) -> tuple[Instance, ...]:
+        for i, board in enumerate(boards):
+            if board.opt_soc is None or board.opt_makespan is None or board.needs_wait is None \
+                    or board.reference_plan is None:
+                raise ValueError(f"board {i} ({board.id}) has no solver labels: a replayed board is trained on as "
+                                 "the generator labels it")
+        return boards
+
+    def sizes_text(self) -> str:
+        """How many boards per map size, smallest first: `3: 40, 4: 88`."""
+        counts: dict[int, int] = {}
+        for board in self.boards:
+            counts[board.size] = counts.get(board.size, 0) + 1
+        return ", ".join(f"{size}: {n}" for size, n in sorted(counts.items()))
+
+
 class Stage(TypedRow, SQLModel, table=True):
     """One GRPO training stage of a run on one environment config; `index` counts from 0 within the run.
 
     `checkpoint` is the trained policy's folder relative to the runs root (`storage.db.runs_root`), or,
-    for stage 0, the run's policy spec ("tiny", a model name or an absolute folder).
+    for stage 0, the run's policy spec ("tiny", a model name or an absolute folder). `replay` is the boards the
+    stage trains on as they are (its proposal's, `Replay`), the rest drawn from `config`; None: every board drawn.
     """
 
     __tablename__ = "stages"
@@ -267,6 +300,7 @@ class Stage(TypedRow, SQLModel, table=True):
     checkpoint: str | None = None
     started_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     finished_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    replay: Replay | None = Field(default=None, sa_type=Typed(Replay))
 
 
 class Proposal(TypedRow, SQLModel, table=True):
@@ -275,7 +309,8 @@ class Proposal(TypedRow, SQLModel, table=True):
     `parsed_config` is what the answer said (None when it could not be read), `projected_config`
     is that config moved onto the legal space (None when nothing legal could be made of it),
     `adjustments` lists what the projection changed, `diff` compares the projected config with the
-    current one, and `error` says why a failed proposal failed.
+    current one, and `error` says why a failed proposal failed. `replay` is the boards the next stage would train
+    on as they are (`Replay`; None: none), which a decision that applies a config passes on to the stage.
     """
 
     __tablename__ = "proposals"
@@ -295,6 +330,7 @@ class Proposal(TypedRow, SQLModel, table=True):
     error: str | None = Field(default=None, sa_type=Text)
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     compute: dict[str, Any] | None = Field(default=None, sa_type=JSONType)  # probes the engineer ran (learnability)
+    replay: Replay | None = Field(default=None, sa_type=Typed(Replay))
 
 
 class Decision(TypedRow, SQLModel, table=True):

@@ -11,7 +11,7 @@ from sqlalchemy import delete
 from sqlmodel import select
 
 from envsim.config import ConfigError, EnvConfig, Projection, mix_text
-from envsim.generator import cannot_fill, stage_seed
+from envsim.generator import cannot_fill, generate, stage_seed
 from envsim.parser import format_plan
 from envsim.scoring import score_answer
 from lab.engineers import ENGINEERS, EngineerAnswer, shares
@@ -397,3 +397,72 @@ def test_the_engineer_mixes_the_runs_agent_counts_else_stays_on_stage_zeros(engi
     assert proposed[plain].agent_ratio == {2: 1.0}
     # the dev boards are all 2-agent, p(1-p) = 0.1875 on them; count 3 has none: the floor 0.05
     assert proposed[mixed].agent_ratio == shares({2: 0.1875, 3: 0.05}) == {2: 0.789, 3: 0.211}
+
+
+def _replaying_run(engine, n: int = 16) -> tuple[int, EnvConfig, tuple]:
+    """A run at stage 0 whose current proposal keeps its config and replays 8 labelled boards (a buffer's stand-in),
+    accepted: stage 1 queued."""
+    from dataclasses import replace
+
+    from envsim.generator import generate
+    from lab.engineers import answer_of
+    from lab.loop import decide_and_advance
+    from lab.pages.proposal import replay_text
+
+    config = EnvConfig.model_validate({**CONFIG.model_dump(), "num_instances": n})
+    with session(engine) as s:
+        run = create_run(s, name="sfl", config=config, settings=RunSettings(stages=2), engineer="fixed")
+    work(engine)  # stage 0
+    work(engine)  # the fixed engineer's proposal
+    replay = tuple(generate(config, 8, seed=99))
+    with session(engine) as s:
+        proposal = store_proposal(s, run.id, 0, "learnability", replace(answer_of(config, config, "r"), replay=replay),
+                                  config)
+        assert replay_text(proposal) == ("The next stage replays 8 boards from the buffer (sizes 3: 4, 4: 4) as they "
+                                         "are, beside the boards drawn from this config.")
+    _, step = decide_and_advance(engine, proposal.id, "accept", "erin")
+    assert step.text == "queued stage 1 (accept by erin)"
+    return run.id, config, replay
+
+
+def test_the_stage_a_proposal_with_a_buffer_queues_trains_on_its_boards_then_on_fresh_ones(engine):
+    from training.stage import stage_args, stage_boards
+
+    run_id, config, replay = _replaying_run(engine)
+    args, _ = stage_args(engine, run_id, 1)
+    assert [b.id for b in args.replay] == [b.id for b in replay]
+    boards = stage_boards(args)
+    # 16 boards: the 8 replayed (0.5 of them, as SFL's rho asks) as they are, then 8 drawn from the config
+    assert [b.id for b in boards[:8]] == [b.id for b in replay] and boards[:8] == list(replay)
+    assert boards[8:] == generate(config, 8, seed=args.seed)
+    assert args.marker_key()["replay"] == [b.id for b in replay]  # an earlier attempt on other boards is not adopted
+
+
+def test_a_stage_without_replayed_boards_draws_every_board_as_before(engine):
+    from training.stage import stage_args, stage_boards
+
+    with session(engine) as s:
+        run = create_run(s, name="old", config=CONFIG, settings=RunSettings(stages=2, auto_apply=True),
+                         engineer="fixed")
+    for _ in range(2):
+        work(engine)  # stage 0, then the proposal, auto-applied: stage 1 queued
+    args, _ = stage_args(engine, run.id, 1)
+    with session(engine) as s:
+        assert stages_of(s, run.id)[1].replay is None
+        assert {p.replay for p in s.exec(select(Proposal))} == {None}
+    assert args.replay == () and "replay" not in args.marker_key()
+    assert stage_boards(args) == generate(CONFIG, CONFIG.num_instances, seed=args.seed)
+
+
+def test_a_stored_replay_that_does_not_read_stops_the_stage_saying_why(engine):
+    from sqlalchemy import JSON, column, table, update
+
+    from training.stage import StageError, stage_args
+
+    run_id, *_ = _replaying_run(engine)
+    broken = {"boards": [{"size": 3, "holes": [], "starts": [[0, 0]], "goals": [[0, 0]]}]}
+    with engine.begin() as c:
+        c.execute(update(table("stages", column("replay", JSON))).values(replay=broken))
+    with pytest.raises(StageError, match=r"stage 1 of run \d+ cannot read the boards it replays: this stored Replay "
+                                         r"is not valid \(boards.0: .*start and goal are the same cell"):
+        stage_args(engine, run_id, 1)

@@ -181,10 +181,13 @@ def test_a_probe_of_no_answers_is_refused(tiny):
 
 def test_a_learnability_proposal_probes_the_runs_checkpoint_and_keeps_its_compute(tmp_path):
     """The propose job with the real tiny policy: 2 sizes x the 6 cells of the grid, stored, cached the second
-    time; the proposal draws half of each size's boards broadly and the next stage can generate it."""
+    time; the proposal draws half of each size's boards broadly and the next stage can generate it, and replays the
+    most learnable boards probed, none of the run's validation boards among them, each one a probe drew."""
+    from lab.engineers import SFL_RHO
     from lab.jobs.worker import WorkerOptions, run_worker
-    from lab.loop import create_run, run_propose_job
-    from storage.models import Job, Proposal, Stage
+    from lab.loop import create_run, held_out_of, run_propose_job
+    from storage.models import Job, Proposal, Run, Stage
+    from training.probe import probe_boards
 
     engine = make_engine(str(tmp_path / "lab.db"))
     upgrade(engine)
@@ -209,10 +212,10 @@ def test_a_learnability_proposal_probes_the_runs_checkpoint_and_keeps_its_comput
         first, second = s.exec(select(Proposal).order_by(Proposal.id)).all()
         probes = s.exec(select(Probe)).all()
     assert first.error is None and first.engineer == "learnability"
-    assert first.compute["probes"] == len(probes) == 2 * 6 and first.compute["completions"] == 2 * 6 * 16 * 4
+    assert first.compute["probes"] == len(probes) == 2 * 6 and first.compute["completions"] == 2 * 6 * 16 * 8
     assert first.compute["cached"] == 0 and first.compute["seconds"] > 0
     assert {p.checkpoint for p in probes} == {"tiny"}
-    assert {(p.seed, p.boards, p.answers) for p in probes} == {(2, LEARN_BOARDS, LEARN_ANSWERS)} == {(2, 16, 4)}
+    assert {(p.seed, p.boards, p.answers) for p in probes} == {(2, LEARN_BOARDS, LEARN_ANSWERS)} == {(2, 16, 8)}
     assert {(h, w) for p in probes for h, w in zip(p.config["hole_ratio"].values(), p.config["wait_ratio"].values(),
                                                    strict=True)} == set(grid(2))
     assert second.compute == {"completions": 0, "seconds": 0.0, "probes": 12, "cached": 12}  # all from the table
@@ -221,4 +224,13 @@ def test_a_learnability_proposal_probes_the_runs_checkpoint_and_keeps_its_comput
     proposed = EnvConfig.model_validate(first.projected_config)
     assert proposed.random_share == 0.5 and cannot_fill(proposed, stage_seed(2, 1)) is None
     assert first.rationale.splitlines()[0].startswith("size 3: hole ")
+    replayed = [] if first.replay is None else list(first.replay.boards)
+    assert second.replay == first.replay and len(replayed) <= round(SFL_RHO * SMALL.num_instances)
+    with session(engine) as s:
+        held_out = held_out_of(engine, s.get(Run, run_id))
+    assert len(held_out) == 240 and not {b.id for b in replayed} & held_out  # the standard validation set
+    probed = {b.id for p in probes for size in p.config["data_ratio"]
+              for b in probe_boards(EnvConfig.model_validate(p.config), int(size), p.boards, p.seed)}
+    assert {b.id for b in replayed} <= probed and first.rationale.splitlines()[-2].startswith(
+        f"buffer: {len(replayed)} of the stage's {SMALL.num_instances} boards replayed")
     engine.dispose()

@@ -6,8 +6,10 @@ size from it (seeded), answering each `answers` times exactly as a stage samples
 answer budget, `training.stage.sampling_temperature`, `training.evaluate.answer_budget`), scoring every answer,
 and keeping per size: p, the valid share; the optimal share; the learnability, the mean over boards of
 p_b(1 - p_b) with p_b a board's valid share over its answers (the variance of its group's valid reward); and the
-shares of boards with no valid answer and with every answer valid. Weighted by the config's data ratios, the
-share of boards that carry signal says how much of a stage's data can move the policy.
+shares of boards with no valid answer and with every answer valid, and each board's count of valid answers
+(`board_valid`, in the order the boards are drawn: `probe_boards` draws them again, the same ones, from the config
+and the result's `seed`). Weighted by the config's data ratios, the share of boards that carry signal says how much
+of a stage's data can move the policy.
 
 A probe is a pure function of (config, policy, seed, boards, answers, temperature) and of how the policy answers
 (the run's `thinking` and `completion_length`, `Policy.configured`): the same arguments give the same numbers.
@@ -34,6 +36,7 @@ from sqlmodel import select
 
 from envsim.config import EnvConfig
 from envsim.generator import generate
+from envsim.instance import Instance
 from envsim.parser import parse
 from envsim.scoring import score
 from storage.db import session
@@ -69,6 +72,8 @@ class SizeProbe:
     learnability: float  # mean over boards of p_b (1 - p_b)
     none_valid: float  # share of boards with no valid answer
     all_valid: float  # share of boards whose every answer is valid
+    # each board's valid answers, in drawing order (`probe_boards`); empty in a probe stored before they were kept
+    board_valid: tuple[int, ...] = ()
 
     @property
     def p(self) -> float:
@@ -98,7 +103,12 @@ class SizeProbe:
         return cls(size=size, boards=len(valid), answers=len(valid[0]), valid=sum(map(sum, valid)),
                    optimal=sum(map(sum, optimal)), learnability=sum(p * (1 - p) for p in shares) / len(shares),
                    none_valid=sum(p == 0 for p in shares) / len(shares),
-                   all_valid=sum(p == 1 for p in shares) / len(shares))
+                   all_valid=sum(p == 1 for p in shares) / len(shares), board_valid=tuple(map(sum, valid)))
+
+    @classmethod
+    def from_json(cls, stored: dict[str, Any]) -> SizeProbe:
+        """A size as the `probes` table stores it (`ProbeResult.to_json`)."""
+        return cls(**{**stored, "board_valid": tuple(stored.get("board_valid", ()))})
 
 
 @dataclass(frozen=True)
@@ -112,6 +122,7 @@ class ProbeResult:
     key: str = ""
     cached: bool = False
     reused: int = 0  # sizes taken from other stored probes (same knobs, checkpoint, seed and probe size)
+    seed: int = 0  # the seed the boards were drawn with (`probe_boards`)
 
     @property
     def signal_share(self) -> float:
@@ -140,6 +151,12 @@ def one_size(config: EnvConfig, size: int) -> EnvConfig:
                      num_instances=config.num_instances, random_share=config.random_share)
 
 
+def probe_boards(config: EnvConfig, size: int, boards: int, seed: int) -> list[Instance]:
+    """The `boards` boards a probe of `config` answers at `size` with `seed`, in its order: a pure function, so the
+    boards of a stored probe are drawn again exactly (`SizeProbe.board_valid` follows this order)."""
+    return generate(one_size(config, size), boards, seed=seed)
+
+
 def probe_config(policy: Policy, config: EnvConfig, *, seed: int = 0, boards: int = PROBE_BOARDS,
                  answers: int = PROBE_ANSWERS, temperature: float = 1.0, sizes: Sequence[int] | None = None,
                  progress: Callable[[int, int], object] | None = None) -> ProbeResult:
@@ -158,7 +175,7 @@ def probe_config(policy: Policy, config: EnvConfig, *, seed: int = 0, boards: in
         raise ValueError(f"boards = {boards}, answers = {answers}: a probe answers at least 1 board at least once")
     chosen = list(sizes if sizes is not None else config.sizes)
     t0 = time.perf_counter()
-    drawn = {s: generate(one_size(config, s), boards, seed=seed) for s in chosen}
+    drawn = {s: probe_boards(config, s, boards, seed) for s in chosen}
     measured: dict[int, SizeProbe] = {}
     for done, (size, instances) in enumerate(drawn.items(), start=1):
         budget = max(answer_budget(policy, b) for b in instances)
@@ -173,7 +190,7 @@ def probe_config(policy: Policy, config: EnvConfig, *, seed: int = 0, boards: in
         if progress is not None:
             progress(done, len(drawn))
     return ProbeResult(measured, {s: config.data_ratio.get(s, 0.0) for s in chosen}, len(chosen) * boards * answers,
-                       time.perf_counter() - t0)
+                       time.perf_counter() - t0, seed=seed)
 
 
 def probe_size(settings: RunSettings) -> dict[str, int]:
@@ -238,15 +255,16 @@ def measured_sizes(engine: Engine, config: EnvConfig, checkpoint: str, seed: int
             size = int(size)
             if size not in found and size in config.sizes and size in other.sizes \
                     and size_knobs(other, size) == size_knobs(config, size):
-                found[size] = SizeProbe(**measured)
+                found[size] = SizeProbe.from_json(measured)
     return found
 
 
 def result_of(row: Probe, cached: bool = True) -> ProbeResult:
     """A stored probe as a result."""
-    sizes = {int(s): SizeProbe(**p) for s, p in row.sizes.items()}
+    sizes = {int(s): SizeProbe.from_json(p) for s, p in row.sizes.items()}
     ratios = EnvConfig.model_validate(row.config).data_ratio
-    return ProbeResult(sizes, {s: ratios.get(s, 0.0) for s in sizes}, row.completions, row.seconds, row.key, cached)
+    return ProbeResult(sizes, {s: ratios.get(s, 0.0) for s in sizes}, row.completions, row.seconds, row.key, cached,
+                       seed=row.seed)
 
 
 def stored_probe(engine: Engine, key: str) -> ProbeResult | None:
@@ -288,7 +306,7 @@ def measure(engine: Engine, config: EnvConfig, checkpoint: str, *,
                              sizes=missing, progress=step)
     everything = {size: known.get(size) or sized.sizes[size] for size in config.sizes}
     result = ProbeResult(everything, {s: config.data_ratio.get(s, 0.0) for s in config.sizes}, sized.completions,
-                         sized.seconds, key, cached=False, reused=len(known))
+                         sized.seconds, key, cached=False, reused=len(known), seed=seed)
     with session(engine) as s:
         s.add(Probe(key=key, config=config.model_dump(mode="json"), checkpoint=checkpoint, seed=seed, boards=boards,
                     answers=answers, temperature=temperature, sizes=result.to_json(),

@@ -7,12 +7,12 @@ generation, checkpoints, logging to Trackio/W&B/TensorBoard), and `GRPOConfig` i
 A run's `settings.grpo` holds `GRPOConfig` field overrides that are passed straight through on top of
 the few defaults below (the ones a CPU or a tiny model needs); nothing here re-declares TRL's fields. What
 is ours is `StageArgs` (where the stage lives, its seed, its starting policy and its `EnvConfig`), the
-data (boards from `envsim.generate` with the stage's seed, as prompts plus the board's JSON that the
-rewards read), the reward functions (`training.rewards`), a callback that writes TRL's logs into the
-lab's database (with TRL's advantages per agent count and map size of the boards, `training.advantage`), reports
-progress and stops the trainer when someone cancels the job, and, for a run that reports
-to Trackio or W&B, transformers' callbacks for them logging every stage into the run's one tracker run on one step
-axis (`training.trackers`).
+data (boards from `envsim.generate` with the stage's seed, beside any boards its proposal replays as they are,
+`stage_boards`, as prompts plus the board's JSON that the rewards read), the reward functions
+(`training.rewards`), a callback that writes TRL's logs into the lab's database (with TRL's advantages per agent
+count and map size of the boards, `training.advantage`), reports progress and stops the trainer when someone
+cancels the job, and, for a run that reports to Trackio or W&B, transformers' callbacks for them logging every
+stage into the run's one tracker run on one step axis (`training.trackers`).
 
 Files of a run live in `<runs root>/<run uuid>/` (`storage.db.runs_root`: `$ENVLAB_RUNS`, else the SQLite
 file's folder): stage `k`'s trained policy in `stage-<k>/policy/` (an ordinary Hugging Face folder that
@@ -97,6 +97,7 @@ class StageArgs:
     run_uuid: str
     settings: RunSettings = DEFAULT_SETTINGS  # the run's (LoRA, validation and dev sets, decoding, lengths...)
     run_seed: int = 0  # the run's seed (`seed` is the stage's): a run drawn per seed reads the dev set of this one
+    replay: tuple[Instance, ...] = ()  # boards trained on as they are (`Stage.replay`), the rest drawn from `config`
 
     @property
     def lora(self) -> int:
@@ -156,8 +157,9 @@ class StageArgs:
 
     def marker_key(self) -> dict[str, Any]:
         """What a trained-stage marker must name for this stage to adopt it."""
-        return {"run_uuid": self.run_uuid, "stage_index": self.stage_index,
-                "config": self.config.model_dump(mode="json")}
+        key = {"run_uuid": self.run_uuid, "stage_index": self.stage_index,
+               "config": self.config.model_dump(mode="json")}
+        return key | ({"replay": [board.id for board in self.replay]} if self.replay else {})
 
     def adoptable_marker(self) -> dict[str, Any] | None:
         """The summary an earlier attempt of this very stage left, or None (no marker, or another's)."""
@@ -499,6 +501,18 @@ class Trainer(GRPOTrainer):
         return output
 
 
+def stage_boards(args: StageArgs, on_board: Callable[[Instance], None] | None = None) -> list[Instance]:
+    """The stage's `num_instances` training boards: its replayed boards as they are (`args.replay`, the first
+    `num_instances` of them), then the rest drawn from its config with its seed (`envsim.generate`). A stage without
+    replayed boards draws every one, as it always did."""
+    n = args.config.num_instances
+    replayed = list(args.replay[:n])
+    for board in replayed:
+        if on_board is not None:
+            on_board(board)
+    return replayed + generate(args.config, n - len(replayed), seed=args.seed, on_board=on_board)
+
+
 def trainer_for(engine: Engine, args: StageArgs, policy: Policy, grpo: dict[str, Any],
                 progress: Progress) -> tuple[Trainer, Record, int]:
     """TRL's trainer for the stage (its boards generated, its prompts rendered as the policy is configured), the
@@ -512,7 +526,7 @@ def trainer_for(engine: Engine, args: StageArgs, policy: Policy, grpo: dict[str,
             by_count = ", ".join(f"{k} agents: {m}" for k, m in sorted(made.items()))
             progress(0, None, f"generated {done}/{n} training boards ({by_count})")
 
-    instances = generate(args.config, n, seed=args.seed, on_board=on_board)
+    instances = stage_boards(args, on_board)
     budget = max(evaluation.answer_budget(policy, i) for i in instances)
     data = dataset(policy, instances)
     # trainer, once its peak memory fits the device (`training.memory`): else the stage fails saying what would fit
@@ -673,9 +687,15 @@ def stage_args(engine: Engine, run_id: int, stage_index: int) -> tuple[StageArgs
         folder = run_folder(engine, run.uuid)
     except UnsafePath as err:
         raise StageError(f"run {run_id} has no safe folder to train into: {err}") from None
+    replay = stages[stage_index].replay
+    try:  # a stored replay is read back checked (`storage.models.Replay`): one that does not read stops the stage
+        replayed = () if replay is None else replay.boards
+    except ValueError as err:
+        raise StageError(f"stage {stage_index} of run {run_id} cannot read the boards it replays: {err}; it trains "
+                         "on no other boards in their place") from None
     args = StageArgs(run_id=run_id, stage_index=stage_index, seed=stage_seed(run.seed, stage_index), policy=start,
                      config=stages[stage_index].config,
-                     run_dir=folder, run_uuid=run.uuid, settings=run.settings, run_seed=run.seed)
+                     run_dir=folder, run_uuid=run.uuid, settings=run.settings, run_seed=run.seed, replay=replayed)
     return args, dict(run.settings.grpo)
 
 

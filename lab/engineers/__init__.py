@@ -10,9 +10,10 @@ beside its code, listed in `NEEDS` (`needs`): the loop reads that, never the eng
   curriculum rule; its rationale has one line per change it makes.
 - `held`: `static` proposes one config a person wrote down for every stage, `schedule` one per stage; read once
   from a file when an experiment's arm is made (`read_held`) and stored with its runs.
-- `learnability`: sampling for learnability (SFL): per size it measures a grid of hole and wait ratios on the
-  policy (`training.probe`), trains half of the size's boards on the most learnable cell, weights the sizes by
-  learnability, and draws the other half broadly at random (`random_share`).
+- `learnability`: sampling for learnability (SFL): per size it probes a grid of hole and wait ratios on the
+  policy (`training.probe`), scores every probed board by p(1-p), replays the most learnable boards as half of the
+  next stage (`EngineerAnswer.replay`) and draws the other half fresh from a config built from the same probes (each
+  size on its most learnable cell, weighted by learnability, half of it broadly at random: `random_share`).
 - `bandit`: a self-evolving curriculum (SEC): a bandit over (agent count, map size) cells whose reward is the mean
   |advantage| each cell's boards had in training (`training.advantage`), its Q a pure function of the run's stages;
   the Boltzmann shares over the cells become `data_ratio` and `agent_ratio`.
@@ -66,7 +67,9 @@ from lab.engineers.learnability import (
     LEARN_BOARDS,
     LEARN_FLOOR,
     SFL_RANDOM_SHARE,
+    SFL_RHO,
     WAIT_CELLS,
+    buffer,
     compute_of,
     grid,
     learnability,
@@ -127,9 +130,10 @@ __all__ = [
     "HOLE_CELLS",
     "HOLE_STEP", "INSTRUCTIONS", "LEARN_ANSWERS", "LEARN_BOARDS", "LEARN_FLOOR", "MASTERED", "MAX_ANSWER_CHARS",
     "MAX_NUMBER_DIGITS", "RANDOM_DRAWS", "RATIONALE", "RATIONALE_CHARS", "REMEASURE", "RETRY", "SFL_RANDOM_SHARE",
+    "SFL_RHO",
     "NEEDS", "SAME_WHEN_ASKED_AGAIN", "SHARE_STEP", "UNLEARNED", "WAIT_CELLS", "WAIT_STEP", "Complete",
     "EngineerAnswer", "HeldFileError", "MAX_HELD_BYTES", "Needs", "ProbeFn", "Unreadable", "answer_of",
-    "answer_schema", "bandit", "changed_sizes", "check_held", "compute_of", "engineer_prompt",
+    "answer_schema", "bandit", "buffer", "changed_sizes", "check_held", "compute_of", "engineer_prompt",
     "evidence_engineer", "fixed", "grid", "heuristic", "learnability", "llm", "needs_of", "random_config",
     "read_config", "read_held", "schedule", "shares", "static",
 ]

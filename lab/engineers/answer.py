@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from envsim.config import AGENT_RATIO, EnvConfig, Projection, mix_text, project
 from envsim.generator import Unfillable
+from envsim.instance import Instance
 from lab.context import Evidence, knob_text
 
 if TYPE_CHECKING:
@@ -35,6 +36,7 @@ class EngineerAnswer:
     error: str | None = None
     attempts: int = 1
     compute: dict[str, Any] | None = None  # what measuring cost: {"completions", "seconds", "probes", "cached"}
+    replay: tuple[Instance, ...] = ()  # boards the next stage trains on as they are, beside its config's (learnability)
 
 
 def with_changes(base: EnvConfig, **changes: Any) -> EnvConfig:

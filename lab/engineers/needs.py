@@ -23,7 +23,9 @@ class Needs:
     `probe_fn` samples on that checkpoint (None: no probe). `reads_episodes`: it reads the stage's dev episodes,
     not only its per-size metrics, so they must all be stored. `held_configs`: the configs a person wrote down for
     the run (`RunSettings.held_configs`, stored with it when its arm was made), passed as `held`: a run must hold
-    them, read for this engineer.
+    them, read for this engineer. `held_out`: the ids of the boards the run holds out (its validation and dev
+    boards, and the benchmark's at its agent counts), passed as `held_out`: boards the engineer hands the next stage
+    to train on as they are (`EngineerAnswer.replay`) are never among them.
     """
 
     language_model: bool = False
@@ -31,6 +33,7 @@ class Needs:
     probe: Mapping[str, int] | None = None
     reads_episodes: bool = False
     held_configs: bool = False
+    held_out: bool = False
 
 
 NOTHING = Needs()  # the evidence alone: `fixed`, `random`, `heuristic`

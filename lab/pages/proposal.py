@@ -43,7 +43,7 @@ from lab.proposals import (
 )
 from lab.runs import set_run_auto_apply
 from lab.text import TEXT_LIMIT, as_text
-from storage.models import Action
+from storage.models import Action, Proposal
 from storage.settings import Held
 
 DIFF_HEADERS = ["size", "knob", "old", "new", "change", "note"]
@@ -130,6 +130,8 @@ def proposal_view(engine: Engine, proposal_id: int | None) -> ProposalView:
     if state.pending and (same := repeats_rejected(engine, p)) is not None:
         status += (f"  \n⚠ **The same config as rejected proposal #{same}**: the `{p.engineer}` engineer answered "
                    "the same when asked again. Edit it below, or switch the engineer in the Train tab.")
+    if (replay := replay_text(p)) is not None:
+        summary += f"\n\n{replay}"
     return ProposalView(status=status, rationale=f"{written}\n\n{summary}", raw=p.raw_answer,
                         diff=table(DIFF_HEADERS, rows), changed=table(DIFF_HEADERS, changed), edit=config_rows(config),
                         agents=mix_rows(config, state.base), instances=config.num_instances, auto=state.auto_apply,
@@ -148,6 +150,19 @@ def _compute_text(state: ProposalState) -> str:
         text += f"; stage {state.proposal.after_stage} itself took {state.stage_seconds:.0f} s"
     return text + "."
 
+
+
+def replay_text(proposal: Proposal) -> str | None:
+    """The line on the boards the next stage replays as they are (`Proposal.replay`), read-only: they are no knob of
+    the config, and an edit of the config keeps them. None where it replays none."""
+    replay = proposal.replay
+    if replay is None:
+        return None
+    try:
+        return (f"The next stage replays {len(replay.boards)} boards from the buffer (sizes {replay.sizes_text()}) "
+                "as they are, beside the boards drawn from this config.")
+    except ValueError as err:
+        return f"⚠ The boards this proposal replays cannot be read: {err}"
 
 
 def _edit_label(state: ProposalState) -> str:

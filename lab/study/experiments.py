@@ -231,8 +231,8 @@ MATCH_WORDS = {"extra": "extra rollouts for the others", "trim": "the probing ar
 
 
 def match_text(settings: ExperimentSettings) -> str:
-    """What `match_compute` gave each arm, in words: `arms without probes (fixed, heuristic) trained 96 extra GRPO
-    steps per stage (3,072 answers) to match learnability's probes (3,072 answers per proposal)`."""
+    """What `match_compute` gave each arm, in words: `arms without probes (fixed, heuristic) trained 192 extra GRPO
+    steps per stage (6,144 answers) to match learnability's probes (6,144 answers per proposal)`."""
     matched = settings.matched
     if matched is None:
         return ""

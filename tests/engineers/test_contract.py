@@ -64,7 +64,7 @@ def test_each_engineer_declares_what_its_propose_job_gives_it() -> None:
         "evidence": Needs(reads_episodes=True),
         "fixed": Needs(),
         "heuristic": Needs(),
-        "learnability": Needs(probe={"boards": LEARN_BOARDS, "answers": LEARN_ANSWERS}),
+        "learnability": Needs(probe={"boards": LEARN_BOARDS, "answers": LEARN_ANSWERS}, held_out=True),
         "llm": Needs(language_model=True, policy_path=True),
         "random": Needs(),
         "schedule": Needs(held_configs=True),
@@ -73,4 +73,4 @@ def test_each_engineer_declares_what_its_propose_job_gives_it() -> None:
     assert needs_of("llm", plain.model_copy(update={"context": {"measured": True, "failure_cases": True}})) == \
         Needs(language_model=True, policy_path=True, probe=size, reads_episodes=True)
     assert needs_of("llm", plain.model_copy(update={"remeasure": True})).probe == size
-    assert needs_of("learnability", plain.model_copy(update={"remeasure": True})).probe == {"boards": 16, "answers": 4}
+    assert needs_of("learnability", plain.model_copy(update={"remeasure": True})).probe == {"boards": 16, "answers": 8}

@@ -40,10 +40,10 @@ class BoardProbe:
 
 
 TABLE = {
-    (3, 0.25, 0.75): [2] * 16,  # every board half valid: learnability 0.25, the most there is
-    (3, 0.08, 0.25): [3] * 12 + [4] * 4,  # p 81%, learnability 12 x 0.1875 / 16 = 0.141
-    (4, 0.08, 0.75): [1] * 16,  # a tie at 0.1875: the earlier cell of the grid is kept
-    (4, 0.42, 0.25): [1] * 16,
+    (3, 0.25, 0.75): [4] * 16,  # every board half valid: learnability 0.25, the most there is
+    (3, 0.08, 0.25): [6] * 12 + [8] * 4,  # p 81%, learnability 12 x 0.1875 / 16 = 0.141
+    (4, 0.08, 0.75): [2] * 16,  # a tie at 0.1875: the earlier cell of the grid is kept
+    (4, 0.42, 0.25): [2] * 16,
 }
 
 
@@ -71,8 +71,13 @@ def test_each_size_keeps_its_most_learnable_cell_and_half_the_boards_are_drawn_b
     assert lines[2] == ("size 5: hole 0.08, wait 0.25 (p 0%, learnability 0.000) kept, of 5 cells; runner-up hole "
                         "0.08, wait 0.75 (p 0%, learnability 0.000); data_ratio 0.333 -> 0.044")
     assert lines[3].startswith("random_share 0 -> 0.5: that share of each size's boards has its hole and wait")
-    assert answer.compute == {"completions": 17 * 64, "seconds": 25.5, "probes": 17, "cached": 0}
-    assert lines[-1] == "probe compute: 1088 sampled answers, 25.5 s (17 probes, 0 cached)"
+    assert answer.compute == {"completions": 17 * 128, "seconds": 25.5, "probes": 17, "cached": 0}
+    assert lines[-1] == "probe compute: 2176 sampled answers, 25.5 s (17 probes, 0 cached)"
+    # every board of the 4 cells in the table with answers that disagree (16 + 12 + 16 + 16) fits the buffer's 256
+    assert lines[-2] == ("buffer: 60 of the stage's 512 boards replayed (room for 256, 0.5 of them), the most "
+                         "learnable of 272 boards probed (60 with learnability above 0); sizes 3: 28, 4: 32; the other "
+                         "452 drawn fresh from the config")
+    assert len(answer.replay) == 60 and len({b.id for b in answer.replay}) == 60
     assert answer.projection.adjustments == ()
 
 
@@ -89,7 +94,7 @@ def test_cached_cells_cost_nothing_and_a_kept_cell_the_stage_cannot_fill_goes_ba
     assert (config.hole_ratio, config.wait_ratio) == ({3: 0.2, 4: 0.08, 5: 0.08}, {3: 0.25, 4: 0.75, 5: 0.25})
     assert config.random_share == 0.5 and config.data_ratio == {3: 0.546, 4: 0.41, 5: 0.044}
     assert len(refused) == 2  # refused naming size 3: size 3 went back, size 4 keeps its cell
-    assert answer.rationale.splitlines()[-2] == ("size 3: back to hole 0.2, wait 0.25: the generator could not "
+    assert answer.rationale.splitlines()[-3] == ("size 3: back to hole 0.2, wait 0.25: the generator could not "
                                                  "fill the config (size 3: too many waits)")
     assert answer.compute == {"completions": 0, "seconds": 0.0, "probes": 18, "cached": 18}
 
@@ -111,11 +116,61 @@ def test_learnability_without_a_probe_fails_saying_why() -> None:
 
 def test_the_planned_probe_answers_are_what_a_proposal_samples_when_every_cell_is_made() -> None:
     """What `--match-compute` plans (`planned_answers`) against what a proposal's probes sampled (`compute`): 3
-    sizes x 6 cells x 16 boards x 4 answers; one cell fewer where the generator cannot make it."""
+    sizes x 6 cells x 16 boards x 8 answers; one cell fewer where the generator cannot make it."""
     from lab.engineers.learnability import planned_answers
 
     answer = learnability(evidence(), seed=0, probe_fn=BoardProbe(TABLE))
-    assert planned_answers(CONFIG) == answer.compute["completions"] == 3 * 6 * 64 == 1152
+    assert planned_answers(CONFIG) == answer.compute["completions"] == 3 * 6 * 128 == 2304
     assert learnability(evidence(), seed=0, probe_fn=BoardProbe(TABLE, unmakeable=((5, 0.42, 0.75),))
-                        ).compute["completions"] == 1152 - 64
-    assert planned_answers(CONFIG, (2, 3, 4)) == 3 * (6 + 3) * 64  # a probe of every size per agent count
+                        ).compute["completions"] == 2304 - 128
+    assert planned_answers(CONFIG, (2, 3, 4)) == 3 * (6 + 3) * 128  # a probe of every size per agent count
+
+
+SMALL = EnvConfig.default((3, 4), num_instances=16)  # room for round(0.5 x 16) = 8 boards in the buffer
+BOARDS = {  # each board's valid answers of 8: p_b(1 - p_b) is 16/64 for 4, 15/64 for 3 or 5, 12/64 for 2 or 6, ...
+    (3, 0.25, 0.75): [4, 0, 8, 3, 5] + [0] * 11,
+    (3, 0.08, 0.25): [2, 6] + [8] * 14,
+    (4, 0.08, 0.25): [4, 4, 1, 7] + [0] * 12,
+}
+
+
+def drawn(size: int, hole: float, wait: float, config: EnvConfig = SMALL) -> list:
+    """The boards the probe of one cell drew (seed 0, as `BoardProbe`'s results say)."""
+    from training.probe import probe_boards
+
+    one = EnvConfig(data_ratio={size: 1.0}, hole_ratio={size: hole}, wait_ratio={size: wait},
+                    agent_ratio=config.agent_ratio, num_instances=config.num_instances)
+    return probe_boards(one, size, LEARN_BOARDS, 0)
+
+
+def test_the_buffer_keeps_the_most_learnable_boards_in_rank_order_ties_by_size_cell_and_board() -> None:
+    answer = learnability(evidence(config=SMALL), seed=0, probe_fn=BoardProbe(BOARDS))
+    a, b, c = drawn(3, 0.25, 0.75), drawn(3, 0.08, 0.25), drawn(4, 0.08, 0.25)
+    # 1/4: size 3's board 0, then (a tie: the larger size after) size 4's boards 0 and 1; 15/64: size 3's boards 3
+    # and 4; 3/16: boards 0 and 1 of size 3's cell (0.08, 0.25); 7/64: size 4's boards 2 and 3 tie for the last
+    # place, and the earlier board takes it
+    assert [x.id for x in answer.replay] == [x.id for x in (a[0], c[0], c[1], a[3], a[4], b[0], b[1], c[2])]
+    assert all(x.opt_soc is not None and x.reference_plan is not None for x in answer.replay)  # labelled
+    assert answer.rationale.splitlines()[-2] == (
+        "buffer: 8 of the stage's 16 boards replayed (room for 8, 0.5 of them), the most learnable of 192 boards "
+        "probed (9 with learnability above 0); sizes 3: 5, 4: 3; the other 8 drawn fresh from the config")
+
+
+def test_boards_always_or_never_solved_never_enter_the_buffer_and_held_out_boards_are_passed_over() -> None:
+    few = {(3, 0.25, 0.75): [4, 0, 8, 3] + [8] * 12}  # 2 boards with answers that disagree, 14 without
+    answer = learnability(evidence(config=SMALL), seed=0, probe_fn=BoardProbe(few))
+    a = drawn(3, 0.25, 0.75)
+    assert [x.id for x in answer.replay] == [a[0].id, a[3].id]
+    assert answer.rationale.splitlines()[-2].endswith("sizes 3: 2; the other 14 drawn fresh from the config")
+    held = learnability(evidence(config=SMALL), seed=0, probe_fn=BoardProbe(few), held_out=frozenset({a[0].id}))
+    assert [x.id for x in held.replay] == [a[3].id]
+    assert "; 1 held-out boards passed over;" in held.rationale.splitlines()[-2]
+
+
+def test_the_buffer_draws_again_the_boards_the_probe_answered() -> None:
+    """`probe_boards` is the probe's own draw: the boards a probe answers are the ones the buffer replays."""
+    from envsim.generator import generate
+    from training.probe import one_size, probe_boards
+
+    one = EnvConfig(data_ratio={3: 1.0}, hole_ratio={3: 0.25}, wait_ratio={3: 0.75}, num_instances=16)
+    assert probe_boards(one, 3, 16, 7) == generate(one_size(one, 3), 16, seed=7)

@@ -550,44 +550,49 @@ def test_an_experiment_adopts_done_runs_of_another_database_at_the_same_compute(
 
 def test_match_compute_gives_the_arms_without_probes_the_probe_answers_as_extra_grpo_steps(empty_lab):
     """The default scenario (512 boards on 8 sizes) with the tiny policy: a stage is 128 GRPO steps of 32 rollouts;
-    learnability probes 8 sizes x 6 cells x 16 boards x 4 answers = 3,072 answers per proposal, the rollouts of 96
-    steps. `extra` gives fixed those 96 steps at every trained stage (its runs' max_steps 224); `trim` takes them
-    off learnability's (32). Agent counts 2, 3, 4 add a probe per count: 8 x 9 x 64 = 4,608 answers, 144 steps."""
+    learnability probes 8 sizes x 6 cells x 16 boards x 8 answers = 6,144 answers per proposal, the rollouts of 192
+    steps. `extra` gives fixed those 192 steps at every trained stage (its runs' max_steps 320); `trim` would take
+    them off learnability's 128 and is refused. Agent counts 2, 3, 4 add a probe per count: 8 x 9 x 128 = 9,216
+    answers, 288 steps."""
     from storage.settings import ComputeMatch
 
     extra = create_experiment(empty_lab, name="extra", arms=["fixed", "learnability"], seeds=2,
                               settings=RunSettings(stages=2), match="extra")
     assert (extra.settings.steps_per_stage, extra.settings.rollouts_per_stage) == (128, 4096)
-    assert extra.settings.matched == ComputeMatch(mode="extra", probe_answers={"fixed": 0, "learnability": 3072},
-                                                  steps={"fixed": 96, "learnability": 0},
-                                                  rollouts={"fixed": 3072, "learnability": 0})
+    assert extra.settings.matched == ComputeMatch(mode="extra", probe_answers={"fixed": 0, "learnability": 6144},
+                                                  steps={"fixed": 192, "learnability": 0},
+                                                  rollouts={"fixed": 6144, "learnability": 0})
     grpo = {(r.arm, r.seed): r.settings.grpo for r in experiment_runs(empty_lab, extra.id)}
-    assert grpo == {("fixed", 0): {"max_steps": 224}, ("learnability", 0): {},
-                    ("fixed", 1): {"max_steps": 224}, ("learnability", 1): {}}
-    assert planned_steps(512, grpo[("fixed", 0)], "compact") == 224
-    trim = create_experiment(empty_lab, name="trim", arms=["fixed", "learnability"], seeds=1,
-                             settings=RunSettings(stages=2), match="trim")
-    assert (trim.settings.matched.steps, trim.settings.matched.rollouts) == ({"fixed": 0, "learnability": -96},
-                                                                             {"fixed": 0, "learnability": -3072})
-    assert [r.settings.grpo for r in experiment_runs(empty_lab, trim.id)] == [{}, {"max_steps": 32}]
+    assert grpo == {("fixed", 0): {"max_steps": 320}, ("learnability", 0): {},
+                    ("fixed", 1): {"max_steps": 320}, ("learnability", 1): {}}
+    assert planned_steps(512, grpo[("fixed", 0)], "compact") == 320
+    with pytest.raises(ExperimentError, match="arm 'learnability': its probes \\(6,144 answers per proposal\\) "
+                                              "outweigh a stage's 4,096 rollouts"):
+        create_experiment(empty_lab, name="trim", arms=["fixed", "learnability"], seeds=1,
+                          settings=RunSettings(stages=2), match="trim")
+    trim = create_experiment(empty_lab, name="trim", arms=["fixed", "learnability"], seeds=1, match="trim",
+                             settings=RunSettings(stages=2, grpo={"max_steps": 256}))
+    assert (trim.settings.matched.steps, trim.settings.matched.rollouts) == ({"fixed": 0, "learnability": -192},
+                                                                             {"fixed": 0, "learnability": -6144})
+    assert [r.settings.grpo for r in experiment_runs(empty_lab, trim.id)] == [{"max_steps": 256}, {"max_steps": 64}]
     counts = create_experiment(empty_lab, name="counts", arms=["heuristic", "learnability"], seeds=1,
                                settings=RunSettings(stages=1, agent_counts=(2, 3, 4)), match="extra")
-    assert counts.settings.matched.steps == {"heuristic": 144, "learnability": 0}
-    # 40 completions a step (8 generations of 5 boards; 102 steps, the last 2 boards dropped): 3,072 / 40 = 76.8,
-    # rounded to 77 steps of 3,080 answers
+    assert counts.settings.matched.steps == {"heuristic": 288, "learnability": 0}
+    # 40 completions a step (8 generations of 5 boards; 102 steps, the last 2 boards dropped): 6,144 / 40 = 153.6,
+    # rounded to 154 steps of 6,160 answers
     rounded = create_experiment(empty_lab, name="rounded", arms=["fixed", "learnability"], seeds=1, match="extra",
                                 settings=RunSettings(stages=1, grpo={"per_device_train_batch_size": 40}))
     assert (rounded.settings.steps_per_stage, rounded.settings.rollouts_per_stage) == (102, 4080)
-    assert (rounded.settings.matched.steps["fixed"], rounded.settings.matched.rollouts["fixed"]) == (77, 3080)
+    assert (rounded.settings.matched.steps["fixed"], rounded.settings.matched.rollouts["fixed"]) == (154, 6160)
     plain = create_experiment(empty_lab, name="plain", arms=["fixed", "learnability"], seeds=1,
                               settings=RunSettings(stages=1))
     assert plain.settings.matched is None and all(r.settings.grpo == {} for r in experiment_runs(empty_lab, plain.id))
     # an arm added later is matched to the same probes; one whose probes cannot be planned is refused
     add_arms(empty_lab, "extra", ["heuristic"])
-    assert find_experiment(empty_lab, "extra").settings.matched.steps == {"fixed": 96, "learnability": 0,
-                                                                          "heuristic": 96}
+    assert find_experiment(empty_lab, "extra").settings.matched.steps == {"fixed": 192, "learnability": 0,
+                                                                          "heuristic": 192}
     assert {r.settings.grpo.get("max_steps") for r in experiment_runs(empty_lab, extra.id)
-            if r.arm == "heuristic"} == {224}
+            if r.arm == "heuristic"} == {320}
     with pytest.raises(ExperimentError, match="arm 'llm:openai:m@paper-best': its engineer probes configs as its "
                                               "answers lead it"):
         create_experiment(empty_lab, name="llm", arms=["fixed", "llm:openai:m@paper-best"], seeds=1,
@@ -595,8 +600,8 @@ def test_match_compute_gives_the_arms_without_probes_the_probe_answers_as_extra_
 
 
 def test_an_arm_without_probes_trains_its_extra_steps_in_the_stage_it_queues(empty_lab):
-    """8 boards on sizes 3 and 4 in 1 GRPO step of 32 rollouts; learnability probes 2 x 6 x 64 = 768 answers per
-    proposal, 24 steps' rollouts: fixed's stage 1, queued after its proposal, trains 25 steps (its GRPO settings,
+    """8 boards on sizes 3 and 4 in 1 GRPO step of 32 rollouts; learnability probes 2 x 6 x 128 = 1,536 answers per
+    proposal, 48 steps' rollouts: fixed's stage 1, queued after its proposal, trains 49 steps (its GRPO settings,
     as the stage job reads them), and the compute table counts them."""
     from storage.models import JobStatus
     from tests.recorded import SCRIPTED
@@ -620,17 +625,17 @@ def test_an_arm_without_probes_trains_its_extra_steps_in_the_stage_it_queues(emp
         stage_1 = s.exec(select(Job).where(Job.run_id == fixed.id, Job.kind == "stage", Job.target == 1)).one()
     assert stage_1.status == "done"
     args, grpo = stage_args(empty_lab, stage_1.payload["run_id"], stage_1.payload["stage_index"])
-    assert grpo == {"num_generations": 4, "per_device_train_batch_size": 32, "max_steps": 25}
-    assert planned_steps(8, grpo, "compact") == 25
+    assert grpo == {"num_generations": 4, "per_device_train_batch_size": 32, "max_steps": 49}
+    assert planned_steps(8, grpo, "compact") == 49
     c = comparison(empty_lab, experiment.id)
     from lab.study.comparison import compute_rows, match_statement
 
-    assert compute_rows(c)[1][0][:4] == ["fixed", "1", "25 (25)", "800 (800)"]  # 32 + 768 rollouts
+    assert compute_rows(c)[1][0][:4] == ["fixed", "1", "49 (49)", "1,568 (1,568)"]  # 32 + 1,536 rollouts
     assert match_statement(c) == (" Compute matched (extra rollouts for the others, `--match-compute extra`): fixed "
-                                  "(without probes) trained 24 extra GRPO steps per stage (768 answers) to match "
-                                  "learnability's probes (768 answers per proposal).")
+                                  "(without probes) trained 48 extra GRPO steps per stage (1,536 answers) to match "
+                                  "learnability's probes (1,536 answers per proposal).")
     assert match_statement(c) in report_markdown(c)
-    assert "24 extra GRPO steps" in report_markdown(c) and "per trained stage, fixed 25 (compute matched)" \
+    assert "48 extra GRPO steps" in report_markdown(c) and "per trained stage, fixed 49 (compute matched)" \
         in report_markdown(c)
 
 
@@ -638,17 +643,17 @@ def test_experiment_new_match_compute_is_stored_and_shown(empty_lab, tmp_path, c
     db = str(tmp_path / "lab.db")
     assert cli.main(["experiment", "new", "--name", "m", "--arms", "fixed,learnability", "--seeds", "1", "--stages",
                      "1", "--match-compute", "--db", db]) == 0
-    said = ("compute matched (extra): fixed (without probes) trained 96 extra GRPO steps per stage (3,072 answers) "
-            "to match learnability's probes (3,072 answers per proposal)")
+    said = ("compute matched (extra): fixed (without probes) trained 192 extra GRPO steps per stage (6,144 answers) "
+            "to match learnability's probes (6,144 answers per proposal)")
     assert said in capsys.readouterr().out
     assert cli.main(["experiment", "list", "--db", db]) == 0
     assert f"    {said}" in capsys.readouterr().out
     assert cli.main(["experiment", "status", "m", "--db", db]) == 0
     assert said in capsys.readouterr().out
     assert cli.main(["experiment", "new", "--name", "t", "--arms", "fixed,learnability", "--seeds", "1", "--stages",
-                     "1", "--match-compute", "trim", "--db", db]) == 0
-    assert ("compute matched (trim): learnability (probing 3,072 answers per proposal) trained 96 fewer GRPO steps "
-            "per stage (3,072 answers) to match fixed (without probes)") in capsys.readouterr().out
+                     "1", "--match-compute", "trim", "--instances", "1024", "--db", db]) == 0
+    assert ("compute matched (trim): learnability (probing 6,144 answers per proposal) trained 192 fewer GRPO steps "
+            "per stage (6,144 answers) to match fixed (without probes)") in capsys.readouterr().out
     assert cli.main(["experiment", "new", "--name", "p", "--arms", "fixed,learnability", "--seeds", "1", "--stages",
                      "1", "--db", db]) == 0
     assert "compute matched" not in capsys.readouterr().out

@@ -159,7 +159,7 @@ def test_an_llm_arm_over_a_real_server_two_workers_and_the_benchmark(tmp_path: P
 
 def test_a_learnability_arm_runs_end_to_end_and_trains_half_its_boards_broadly(tmp_path: Path, capsys):
     """One `learnability` run through the real command and worker: stage 0, the propose job probing the grid with
-    the tiny policy (1 size x 6 cells x 16 boards x 4 answers), and stage 1 trained on the proposal."""
+    the tiny policy (1 size x 6 cells x 16 boards x 8 answers), and stage 1 trained on the proposal."""
     from lab.engineers import LEARN_ANSWERS, LEARN_BOARDS, grid
 
     db = str(tmp_path / "lab.db")
@@ -182,7 +182,7 @@ def test_a_learnability_arm_runs_end_to_end_and_trains_half_its_boards_broadly(t
     cells = len(one_size.sizes) * len(grid(2))
     assert proposal.error is None and proposal.engineer == "learnability"
     assert proposal.compute["probes"] == cells == 6
-    assert proposal.compute["completions"] == cells * LEARN_BOARDS * LEARN_ANSWERS == 384
+    assert proposal.compute["completions"] == cells * LEARN_BOARDS * LEARN_ANSWERS == 768
     trained = EnvConfig.model_validate(stages[1].config)
     assert [s.status for s in stages] == ["done", "done"] and trained.random_share == 0.5
     assert {(trained.hole_ratio[s], trained.wait_ratio[s]) for s in trained.sizes} <= set(grid(2)) | {(0.2, 0.25)}
