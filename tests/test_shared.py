@@ -40,7 +40,8 @@ SETTINGS = dict(stages=1, validation_boards=8, dev_per_size=3)
 # themselves, so the board counts are too): a new field must be placed here or in training.shared.ANSWER_SETTINGS.
 NOT_ANSWERS = {"stages", "auto_apply", "grpo", "lora", "context", "context_preset", "base_url", "validation_boards",
                "validation_per_size", "dev_per_size", "dev_per_seed", "probe_boards", "probe_answers", "remeasure",
-               "keep_checkpoints", "allow_cpu", "agent_counts", "validation_agents", "engineer_history", "example"}
+               "keep_checkpoints", "allow_cpu", "agent_counts", "validation_agents", "engineer_history", "example",
+               "held_configs"}
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
