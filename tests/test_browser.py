@@ -92,12 +92,19 @@ def test_create_a_run(lab, page):
     url, engine, _ = lab
     page.goto(url)
     page.locator("#new-name textarea, #new-name input").first.fill("browser run")
+    counts = page.locator("#new-agent-counts input, #new-agent-counts textarea").first
+    counts.fill("2,x")
+    page.click("#create-run")
+    page.locator("#create-msg").get_by_text("✗ Not created: Agent counts: '2,x' is not agent counts").wait_for()
+    counts.fill("3,2")
     page.click("#create-run")
     page.locator("#train-msg").get_by_text("Created run #3").wait_for()  # the page moves on to the Train tab
     page.locator("#train-status").get_by_text("Run #3 browser run is active").wait_for()
     with session(engine) as s:
         run = s.get(Run, 3)
+        assert s.get(Run, 4) is None  # the refused form stored nothing
     assert (run.name, run.engineer, run.settings.stages) == ("browser run", "heuristic", 3)
+    assert (run.settings.agent_counts, run.settings.validation_agents) == ((2, 3), (2,))
     page.get_by_role("tab", name="Runs").click()
     page.locator("#runs-table").get_by_text("browser run").wait_for()
 
