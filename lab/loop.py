@@ -405,9 +405,18 @@ def queue_benchmark(engine: Engine, run_id: int, stage_index: int) -> Job:
 
 def after_job(engine: Engine, job: Job) -> None:
     """The worker's `after` hook: once any job of a run ends, drop a finished stage's intermediate checkpoints
-    (`prune_checkpoints`) and queue what comes next for that run."""
+    (`prune_checkpoints`) and queue what comes next for that run. A stage job handed back to the queue (its worker
+    is ending) leaves its stage queued, not failed: the stage marks itself failed on any exception, its stop
+    included."""
     if job.run_id is not None and job.kind == JobKind.STAGE and job.status == JobStatus.DONE:
         prune_checkpoints(engine, job.run_id, job.target)
+    if job.run_id is not None and job.kind == JobKind.STAGE and job.status == JobStatus.QUEUED:
+        with open_session(engine) as s:
+            stage = s.exec(select(Stage).where(Stage.run_id == job.run_id, Stage.index == job.target)).first()
+            if stage is not None and stage.status == StageStatus.FAILED:
+                stage.status, stage.finished_at = StageStatus.QUEUED, None
+                s.add(stage)
+                s.commit()
     if job.run_id is not None and job.kind in LOOP_KINDS:
         advance(engine, job.run_id)
 

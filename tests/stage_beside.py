@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import Engine, func
 from sqlmodel import select
@@ -92,20 +93,27 @@ class StageBeside:
             self.worker.wait()
 
 
-def start(engine: Engine, db: str, ids: dict[str, int], steps: int = STEPS) -> StageBeside:
-    """Stage 1 of the `waiting` run queued (from the tiny policy as shipped, `steps` GRPO steps) and a worker
-    started on `db` to train it; its log beside the database."""
+def queue_stage(engine: Engine, ids: dict[str, int], grpo: dict[str, Any]) -> int:
+    """Stage 1 of the `waiting` run queued, from the tiny policy as shipped, with the GRPO fields `grpo` and one
+    validation board, by accepting its pending proposal; returns the run's id."""
     run_id = ids["waiting"]
     with session(engine) as s:
         stage0 = s.exec(select(Stage).where(Stage.run_id == run_id, Stage.index == 0)).one()
         stage0.checkpoint = "tiny"  # stage 0 evaluated the tiny policy as shipped
         run = s.get(Run, run_id)
-        run.settings = run.settings.model_copy(update={"grpo": {"max_steps": steps}, "validation_boards": 1})
+        run.settings = run.settings.model_copy(update={"grpo": grpo, "validation_boards": 1})
         s.add(stage0)
         s.add(run)
         s.commit()
     said = decide_proposal(engine, ids["pending"], "accept", "bench")
     assert said.startswith("✓"), said
+    return run_id
+
+
+def start(engine: Engine, db: str, ids: dict[str, int], steps: int = STEPS) -> StageBeside:
+    """Stage 1 of the `waiting` run queued (`queue_stage`: `steps` GRPO steps) and a worker started on `db` to train
+    it; its log beside the database."""
+    run_id = queue_stage(engine, ids, {"max_steps": steps})
     log = Path(db).with_suffix(".worker.log")
     worker = start_worker(db, options=["--poll", "0.2"], log=log, die_with_parent=True, env=beside_page_env())
     return StageBeside(engine, run_id, worker, log, steps)

@@ -10,10 +10,15 @@ from __future__ import annotations
 
 import functools
 import http.server
+import os
+import re
+import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -87,12 +92,19 @@ def test_create_a_run(lab, page):
     url, engine, _ = lab
     page.goto(url)
     page.locator("#new-name textarea, #new-name input").first.fill("browser run")
+    counts = page.locator("#new-agent-counts input, #new-agent-counts textarea").first
+    counts.fill("2,x")
+    page.click("#create-run")
+    page.locator("#create-msg").get_by_text("✗ Not created: Agent counts: '2,x' is not agent counts").wait_for()
+    counts.fill("3,2")
     page.click("#create-run")
     page.locator("#train-msg").get_by_text("Created run #3").wait_for()  # the page moves on to the Train tab
     page.locator("#train-status").get_by_text("Run #3 browser run is active").wait_for()
     with session(engine) as s:
         run = s.get(Run, 3)
+        assert s.get(Run, 4) is None  # the refused form stored nothing
     assert (run.name, run.engineer, run.settings.stages) == ("browser run", "heuristic", 3)
+    assert (run.settings.agent_counts, run.settings.validation_agents) == ((2, 3), (2,))
     page.get_by_role("tab", name="Runs").click()
     page.locator("#runs-table").get_by_text("browser run").wait_for()
 
@@ -590,8 +602,6 @@ TEXTS_SEEN = """() => { window.__texts = new Set();
 def test_the_status_lines_show_no_timer_text_as_the_page_loads_and_polls(lab, page):
     """Gradio draws an event's timer text ("0.1s", "processing | 0.1/0.2s", "queue: 1/1") on its outputs even with
     its progress hidden: the page's load and its polls (three of them) leave every status line as written."""
-    import re
-
     url, engine, ids = lab
     page.add_init_script(f"({TEXTS_SEEN})()")
     page.goto(f"{url}?proposal={ids['second']}")
@@ -742,3 +752,147 @@ def test_each_action_asks_the_server_once_and_hidden_tabs_wait_until_opened(brow
     finally:
         demo.close()
         engine.dispose()
+
+
+# ---------------------------------------------------------------- a restart of `envlab serve` mid-stage
+
+RESTART_GRPO = {"max_steps": 500, "num_generations": 2, "per_device_train_batch_size": 4, "save_steps": 1}
+STAGE_WAIT_S = 240  # for a worker's child to start and train (it imports the training stack; 20-40 s here)
+BUTTON_IDS = {"queue": "queue-next", "resume": "resume", "cancel": "cancel"}
+
+BUTTONS_SHOWN = """ids => ids.map(id => { const b = document.getElementById(id);
+    return b && [b.innerText.trim(), !b.disabled, ['primary', 'secondary', 'stop'].find(v => b.classList.contains(v))];
+})"""
+
+
+def serve(db: Path, runs: Path, log: Path) -> tuple[subprocess.Popen, str]:
+    """`envlab serve` on `db` (its worker and probe lane beside it), in a session of its own as a terminal starts
+    it, its output in `log`; returns it and its URL once it answers."""
+    port = free_port()
+    env = {**os.environ, "ENVLAB_RUNS": str(runs), "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "lab.cli", "serve", "--no-example", "--port", str(port),
+                                 "--db", str(db)], env=env, cwd=db.parent, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    url, deadline = f"http://127.0.0.1:{port}/", time.monotonic() + STAGE_WAIT_S
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as answer:
+                if answer.status == 200:
+                    return proc, url
+        except OSError:
+            time.sleep(0.5)
+    proc.kill()
+    pytest.fail(f"envlab serve did not answer ({proc.poll()}):\n{log.read_text()[-3000:]}")
+
+
+def stop_serving(proc: subprocess.Popen) -> None:
+    """The page stopped as a test's cleanup: SIGTERM, then SIGKILL to its whole session after a minute."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def wait_job(engine, job_id: int, ready, what: str):
+    """The job's row once `ready(row)` holds, within STAGE_WAIT_S (the worker's child starts cold)."""
+    from storage.models import Job
+
+    deadline = time.monotonic() + STAGE_WAIT_S
+    while True:
+        with session(engine) as s:
+            row = s.get(Job, job_id)
+        if ready(row):
+            return row
+        assert time.monotonic() < deadline, f"{what}: job {job_id} is {row.status} at step {row.step}:\n{row.log_tail}"
+        time.sleep(0.3)
+
+
+def wait_buttons(page, status) -> None:
+    """The Train tab's three run buttons as `train.button_states(status)` gives them: each label, whether it can be
+    pressed, and its variant."""
+    from lab.pages import train
+
+    labels = {"queue": "Queue what comes next", "resume": "Resume (retry what failed)", "cancel": "Cancel this run"}
+    want = [[labels[name], state["interactive"], state["variant"]]
+            for name, state in train.button_states(status).items()]
+    ids = [BUTTON_IDS[name] for name in train.button_states(status)]
+    try:
+        page.wait_for_function(f"([ids, want]) => JSON.stringify(({BUTTONS_SHOWN})(ids)) === JSON.stringify(want)",
+                               arg=[ids, want])
+    except Exception:
+        print("buttons shown:", page.evaluate(BUTTONS_SHOWN, ids), "wanted:", want)
+        raise
+
+
+def test_ctrl_c_mid_stage_hands_the_job_back_and_the_next_start_resumes_it_on_the_train_tab(page, tmp_path: Path):
+    """`envlab serve` trains stage 1 of a run (the tiny policy, a TRL checkpoint every GRPO step) in its worker and
+    is stopped by Ctrl+C (SIGINT to its process group) mid-stage: its output says once that the job was handed back
+    and shows no traceback; the job is queued again with its last checkpoint, the stage reads queued, not failed.
+    Started again on the same database, the page's new worker takes the job by itself and the stage resumes from
+    that checkpoint: the Train tab says the stage is running, the run's buttons are those of an active run, the
+    worker's badge is busy with a fresh heartbeat (no stale line). Cancelled from the tab, the job stops at its next
+    step and the buttons are those of a cancelled run."""
+    from playwright.sync_api import expect
+
+    from storage.models import Job, RunStatus
+    from tests.stage_beside import queue_stage
+
+    db, runs = tmp_path / "lab.db", tmp_path / "runs"
+    engine = make_engine(str(db))
+    ids = seed_lab(engine)
+    run_id = queue_stage(engine, ids, RESTART_GRPO)
+    with session(engine) as s:
+        job_id = s.exec(select(Job.id).where(Job.run_id == run_id, Job.kind == "stage", Job.target == 1)).one()
+
+    first, _ = serve(db, runs, tmp_path / "serve-1.log")
+    try:
+        claimed = wait_job(engine, job_id, lambda j: j.status == "running" and j.step >= 1 and j.result, "training")
+        assert claimed.heartbeat_at is not None and claimed.worker.startswith(f"{socket.gethostname()}:")
+        os.killpg(first.pid, signal.SIGINT)  # Ctrl+C: the terminal's SIGINT to the page's process group
+        assert first.wait(timeout=90) == 0
+    finally:
+        stop_serving(first)
+    said = (tmp_path / "serve-1.log").read_text()
+    assert said.count("handed back to the queue") == 1 and f"job {job_id} (stage) handed back to the queue" in said, \
+        said[-3000:]
+    assert "Traceback" not in said and "stopped at once" not in said, said[-3000:]  # one signal: saved, then back
+    with session(engine) as s:
+        back = s.get(Job, job_id)
+        stage = s.exec(select(Stage).where(Stage.run_id == run_id, Stage.index == 1)).one()
+    checkpoint = back.result["checkpoint"]
+    assert (back.status, back.attempts, back.worker, stage.status) == ("queued", 0, None, "queued")
+    assert Path(checkpoint).is_dir() and Path(checkpoint).is_relative_to(runs)
+    assert (Path(checkpoint).parent.parent.name, Path(checkpoint).parent.name) == ("stage-1", "trl")
+
+    second, url = serve(db, runs, tmp_path / "serve-2.log")
+    try:
+        page.goto(f"{url}?run={run_id}")
+        page.get_by_role("tab", name="Train").click()
+        status = page.locator("#train-status")
+        status.get_by_text(f"Run #{run_id} llm engineer is active").wait_for()
+        page.wait_for_function("t => (document.querySelector('#log-tail textarea') || {}).value?.includes(t)",
+                               arg=f"resuming from {checkpoint}", timeout=STAGE_WAIT_S * 1000)
+        status.get_by_text("stages: 0 done, 1 running.").wait_for()
+        page.locator('#job-progress[data-status="running"]').wait_for()
+        wait_buttons(page, RunStatus.ACTIVE)
+        badge = page.locator("#worker-status .worker")
+        expect(badge).to_have_class(re.compile(r"\bbusy\b"))
+        expect(badge).to_contain_text(f"Worker busy: stage job {job_id}")
+        expect(page.locator("#worker-status")).not_to_contain_text("has sent no heartbeat")
+        expect(status).not_to_contain_text("failed")
+
+        page.click("#cancel")
+        page.locator("#train-msg").get_by_text(f"Run #{run_id} is cancelled. Cancel requested for job(s) {job_id}")\
+            .wait_for()
+        wait_job(engine, job_id, lambda j: j.status == "cancelled", "cancel")
+        status.get_by_text(f"Run #{run_id} llm engineer is cancelled").wait_for()
+        wait_buttons(page, RunStatus.CANCELLED)
+    finally:
+        stop_serving(second)
+        engine.dispose()
+    assert "Traceback" not in (tmp_path / "serve-2.log").read_text()

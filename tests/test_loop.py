@@ -61,6 +61,42 @@ def test_create_run_refuses_bad_settings(engine):
             create_run(s, name="x", config=CONFIG, settings=RunSettings(stages=2), engineer="llm")
 
 
+def test_a_stage_handed_back_by_its_ending_worker_reads_queued_not_failed(engine, monkeypatch):
+    """A worker that is ending (a signal) stops its stage, which marks itself failed as it stops (as
+    `training.stage.run_stage` does on any exception): the job goes back to the queue, and the hook leaves the stage
+    queued and the run active, as the Train tab then shows them."""
+    from lab.jobs import worker
+    from storage.queue import claim
+    from training.progress import Cancelled
+
+    with session(engine) as s:
+        run_id = create_run(s, name="back", config=CONFIG, settings=RunSettings(stages=1), engineer="fixed").id
+
+    def stopping(engine, job, progress):
+        with session(engine) as s:
+            stage = s.exec(select(Stage).where(Stage.run_id == run_id, Stage.index == 0)).one()
+            stage.status = "failed"
+            s.add(stage)
+            s.commit()
+        progress(3, 10, "saved checkpoint-3", result={"checkpoint": "stage-0/trl/checkpoint-3"})
+        raise Cancelled("stopped at step 3")
+
+    monkeypatch.setattr(worker, "_ending_why", ["its worker got SIGTERM"])
+    worker.ENDING.set()
+    try:
+        with session(engine) as s:
+            job = claim(s, "here:1")
+        ended = worker.run_job(engine, job, stopping)
+    finally:
+        worker.ENDING.clear()
+    after_job(engine, ended)
+    with session(engine) as s:
+        job, run = s.get(Job, job.id), s.get(Run, run_id)
+        stage = s.exec(select(Stage).where(Stage.run_id == run_id, Stage.index == 0)).one()
+    assert (job.status, job.attempts, job.result, stage.status, stage.finished_at, run.status) == (
+        "queued", 0, {"checkpoint": "stage-0/trl/checkpoint-3"}, "queued", None, "active")
+
+
 def split_stage(engine, job, progress):
     """Stage k fails every validation board (BOARDS[4:]) and solves every dev board (BOARDS[:4])."""
     run_id, k = job.payload["run_id"], job.payload["stage_index"]

@@ -5,6 +5,7 @@ Most tests take `lab`: a lab seeded through the real lab functions (tests/seeded
 
 from __future__ import annotations
 
+import argparse
 import html
 import json
 import re
@@ -20,7 +21,7 @@ from envsim.config import EnvConfig, project
 from envsim.instance import Instance
 from envsim.parser import format_plan
 from envsim.scoring import score, score_answer
-from envsim.suite import Split, boards_hash, build_cell, cells
+from envsim.suite import VALIDATION_AGENTS, Split, boards_hash, build_cell, cells
 from lab import results
 from lab.cli.boards import HASH_FILE, save_datasets
 from lab.engineers import EngineerAnswer
@@ -31,11 +32,11 @@ from lab.pages import web as app
 from lab.proposals import store_proposal
 from lab.replay import GIF_WIDTHS
 from lab.runs import first_failure, lab_version, waiting_proposals
-from lab.settings import MAX_STAGES
+from lab.settings import MAX_STAGES, settings_arguments
 from lab.study import reference
 from lab.text import as_text
 from storage.db import make_engine, session, upgrade
-from storage.models import Action, Decision, Episode, Job, Proposal, RunStatus, Stage, utcnow
+from storage.models import Action, Decision, Episode, Job, Proposal, Run, RunStatus, Stage, utcnow
 from storage.queue import claim, fail
 from tests.seeded import CROSSING_CLASH, OPEN_OFF_GRID, boards, propose
 from training.evaluate import EpisodeResult, store_evaluation
@@ -88,6 +89,68 @@ def test_a_form_number_out_of_range_is_named_and_nothing_is_stored(lab):
     assert runs.create_run_from_form(engine, *form, 2, 32, 1.5, 0, False, table) == (
         "✗ The initial config is not valid, nothing was stored: num_agents must be a whole number, got 1.5", None)
     assert runs.run_choices(engine) == before
+
+
+def test_the_forms_agent_counts_are_stored_as_the_flags_store_them(lab):
+    """The agent counts and the validation agents typed in the form ("2,3,4", in any order, a count twice) are stored
+    fewest first, each once; boxes left empty store what flags not given store (the config in force's counts, the
+    default validation agents)."""
+    engine, _ = lab
+    table = [[3, 0.5, 0.1, 0.0], [5, 0.5, 0.3, 0.5]]
+    form = ["mine", "", "tiny", "fixed", "", "", 2, 32, 2, 7, False, table]
+    _, run_id = runs.create_run_from_form(engine, *form, "4, 2,3,2", "3,2,4")
+    _, default_id = runs.create_run_from_form(engine, *form, "", " ")
+    with session(engine) as s:
+        stored, default = s.get(Run, run_id).settings, s.get(Run, default_id).settings
+    assert (stored.agent_counts, stored.validation_agents) == ((2, 3, 4), (2, 3, 4))
+    assert (default.agent_counts, default.validation_agents) == (None, VALIDATION_AGENTS)
+    assert stored.model_dump(exclude={"agent_counts", "validation_agents"}) == default.model_dump(
+        exclude={"agent_counts", "validation_agents"})
+
+
+def flag_refusal(flag: str, typed: str) -> str | None:
+    """What the command line says of `flag typed`, None where it takes it."""
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    settings_arguments(parser)
+    try:
+        parser.parse_args([flag, typed])
+    except argparse.ArgumentError as err:
+        return err.message
+    return None
+
+
+@pytest.mark.parametrize("typed", ["1", "6", "2,x", "9", "2,3,4"])
+@pytest.mark.parametrize("box", ["Agent counts", "Validation agents"])
+def test_the_forms_agent_counts_are_refused_as_their_flags_are_naming_the_box(lab, box: str, typed: str):
+    """One definition: each box takes what its flag takes (`--agent-counts`, `--validation-agents`: counts 1..8, a
+    validation count at least 2) and refuses what it refuses, in the flag's words after the box's name; nothing is
+    stored then."""
+    engine, _ = lab
+    before = runs.run_choices(engine)
+    refusal = flag_refusal({"Agent counts": "--agent-counts", "Validation agents": "--validation-agents"}[box], typed)
+    typed_in = (typed, "") if box == "Agent counts" else ("", typed)
+    message, run_id = runs.create_run_from_form(engine, "mine", "", "tiny", "fixed", "", "", 2, 32, 2, 7, False,
+                                               [[3, 1.0, 0.1, 0.0]], *typed_in)
+    if refusal is None:
+        assert run_id is not None, message
+    else:
+        assert (message, run_id) == (f"✗ Not created: {box}: {refusal}.", None)
+        assert runs.run_choices(engine) == before
+    # the command line's bounds: 1..8 agents (`envsim.rules`), and a validation board needs 2 to meet a wait subset
+    taken = {"Agent counts": ("1", "6", "2,3,4"), "Validation agents": ("6", "2,3,4")}[box]
+    assert (refusal is None) == (typed in taken)
+
+
+def test_the_forms_agent_count_refusals_in_words(lab):
+    """What a person reads for a count out of the rules' range, a validation count of one agent, and a typo."""
+    engine, _ = lab
+    form = ["mine", "", "tiny", "fixed", "", "", 2, 32, 2, 7, False, [[3, 1.0, 0.1, 0.0]]]
+    assert runs.create_run_from_form(engine, *form, "2,9", "1") == (
+        "✗ Not created: Agent counts: agent count 9 is outside 1..8; Validation agents: agent count 1: one agent "
+        "never waits, so its boards cannot meet the wait subsets (validation and dev boards have 2 agents or more).",
+        None)
+    assert runs.create_run_from_form(engine, *form, "2,x", "") == (
+        "✗ Not created: Agent counts: '2,x' is not agent counts separated by commas (e.g. 2,3,4).", None)
 
 
 def test_an_invalid_initial_config_names_the_field_and_stores_nothing(lab):

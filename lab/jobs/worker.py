@@ -753,17 +753,26 @@ def beside_page_env(environ: Mapping[str, str] | None = None, cores: int | None 
     return {"OMP_NUM_THREADS": str(max(1, cores - 1))}
 
 
+STOP_WAIT_S = HAND_BACK_GRACE_S + KILL_GRACE_S + 5  # a stopped worker's time to hand its job back and exit
+
+
 def start_worker(db: str | None, *, options: Sequence[str] = (), die_with_parent: bool = False,
-                 log: Path | None = None, env: dict[str, str] | None = None) -> subprocess.Popen:
+                 own_group: bool = False, log: Path | None = None,
+                 env: dict[str, str] | None = None) -> subprocess.Popen:
     """`envlab worker [options]` as a child process on the same database; it stops when this process stops
     (with `die_with_parent`, also when this process is killed). Its log goes to `log` when given; `env` adds
-    variables to this process's environment for it."""
+    variables to this process's environment for it.
+
+    With `own_group` the worker is in a process group of its own, so a Ctrl+C at the terminal reaches this process
+    only, and this process stops the worker with one SIGTERM as it exits: the job in hand is saved and handed back
+    (`stop_on_signals`). Without it the terminal's SIGINT reaches the worker too, and the SIGTERM that follows is a
+    second signal, which stops it at once and gives the job's process seconds, not `HAND_BACK_GRACE_S`, to save."""
     env = {**os.environ, **(env or {})}
     if db:
         env["ENVLAB_DB"] = db
     out = log.open("a") if log is not None else None
     proc = subprocess.Popen([sys.executable, "-m", "lab.cli", "worker", *options], env=env,  # same working directory
-                            stdout=out, stderr=subprocess.STDOUT if out else None,
+                            stdout=out, stderr=subprocess.STDOUT if out else None, start_new_session=own_group,
                             preexec_fn=_death_signal() if die_with_parent else None)
     if out is not None:
         out.close()  # the child holds its own copy
@@ -772,7 +781,7 @@ def start_worker(db: str | None, *, options: Sequence[str] = (), die_with_parent
         if proc.poll() is None:
             proc.terminate()
             try:
-                proc.wait(timeout=15)
+                proc.wait(timeout=STOP_WAIT_S)
             except subprocess.TimeoutExpired:
                 proc.kill()
 

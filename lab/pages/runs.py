@@ -3,6 +3,7 @@ run exported for download, a downloaded one imported (`lab.archive`, docs/archiv
 
 from __future__ import annotations
 
+import argparse
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -13,7 +14,7 @@ import gradio as gr
 from sqlalchemy import Engine
 
 from envsim.config import AGENT_RATIO, KNOB_HELP, KNOBS, ConfigError, EnvConfig, mix_text, project
-from envsim.suite import DEV_PER_SIZE
+from envsim.suite import DEV_PER_SIZE, VALIDATION_AGENTS
 from lab.archive import ArchiveError, export_run, import_archive, read_manifest
 from lab.engineers import ALONE
 from lab.loop import LoopError, missing_checkpoint
@@ -21,6 +22,8 @@ from lab.pages.common import BAD_ROW, KNOB_COLUMNS, Page, config_from_table, con
 from lab.pages.tempfiles import EXPORTS, FILES_AGE_S, sweep
 from lab.runs import new_run, run_list, waiting_proposals
 from lab.settings import MAX_BOARDS, MAX_STAGES, SEED
+from lab.settings import agent_counts as read_agent_counts
+from lab.settings import validation_agents as read_validation_agents
 from lab.text import NAME_LIMIT, TEXT_LIMIT, as_text
 from storage.settings import RunSettings
 
@@ -68,9 +71,12 @@ def size_text(size: int | None) -> str:
 
 def create_run_from_form(engine: Engine, name: str, description: str, policy: str, engineer: str, backend: str,
                          base_url: str, stages: Any, instances: Any, agents: Any, seed: Any, auto_apply: bool,
-                         rows: Sequence[Sequence[Any]]) -> tuple[str, int | None]:
+                         rows: Sequence[Sequence[Any]], agent_counts: str | None = "",
+                         validation_agents: str | None = "") -> tuple[str, int | None]:
     """Validate the form, store the run and queue its stage 0; returns (message, new run id or None). The counts are
-    checked with the command line's bounds (`lab.settings`), the name and the description by `create_run`."""
+    checked with the command line's bounds (`lab.settings`), the name and the description by `create_run`; the agent
+    counts (`--agent-counts`) and the validation agents (`--validation-agents`) are read as their flags are, and a
+    box left empty is a flag not given (the config in force's counts; the default validation agents)."""
     name, description, policy, backend, base_url = ((v or "").strip() for v in (name, description, policy, backend,
                                                                                base_url))  # hidden fields send None
     counts: dict[str, int] = {}
@@ -81,6 +87,15 @@ def create_run_from_form(engine: Engine, name: str, description: str, policy: st
             counts[label] = bounds.check(value)
         except ValueError as err:
             wrong.append(f"{label}: {err}")
+    agent_settings: dict[str, tuple[int, ...]] = {}
+    for label, field, text, read in (("Agent counts", "agent_counts", agent_counts, read_agent_counts),
+                                     ("Validation agents", "validation_agents", validation_agents,
+                                      read_validation_agents)):
+        if (text or "").strip():
+            try:
+                agent_settings[field] = read(text.strip())
+            except argparse.ArgumentTypeError as err:
+                wrong.append(f"{label}: {err}")
     if wrong:
         return "✗ Not created: " + "; ".join(wrong) + ".", None
     try:
@@ -90,7 +105,7 @@ def create_run_from_form(engine: Engine, name: str, description: str, policy: st
     try:
         settings = RunSettings.checked(stages=counts["Training stages"], auto_apply=bool(auto_apply),
                                        base_url=base_url or None, dev_per_size=DEV_PER_SIZE,
-                                       dev_per_seed=True)
+                                       dev_per_seed=True, **agent_settings)
         run = new_run(engine, name=name or "run", description=description, config=config, settings=settings,
                       policy=policy or "tiny", engineer=engineer, engineer_backend=backend, seed=counts["Seed"])
     except (LoopError, ValueError, TypeError) as err:
@@ -186,6 +201,14 @@ def build(page: Page) -> RunsTab:
                                 value=mix_text(default.agent_ratio), max_lines=1)
             seed = gr.Number(label="Seed", value=0)
             auto = gr.Checkbox(label="Auto-apply proposals (no review)", value=False)
+        with gr.Row():
+            counts = gr.Textbox(label="Agent counts the engineer may use (e.g. 2,3,4)", max_lines=1,
+                                placeholder="the initial config's", elem_id="new-agent-counts",
+                                info="the counts an engineer may put in a stage's agent mix (--agent-counts)")
+            validation = gr.Textbox(label="Validation agents (e.g. 3,4,5)", max_lines=1,
+                                    value=",".join(map(str, VALIDATION_AGENTS)), elem_id="new-validation-agents",
+                                    info="the agent counts of the validation and dev boards, each on sizes "
+                                         "max(3, K)..10 (--validation-agents)")
         description = gr.Textbox(label="Description (optional)", lines=1, max_length=TEXT_LIMIT)
         gr.Markdown(f"Initial config (stage 0 and the round-0 default), one row per map size. {knob_help}")
         config_df = gr.Dataframe(value=config_rows(default), headers=KNOB_COLUMNS, type="array", interactive=True,
@@ -197,7 +220,8 @@ def build(page: Page) -> RunsTab:
         return {backend: gr.update(visible=chosen == "llm"), base_url: gr.update(visible=chosen == "llm")}
 
     engineer.select(show_backend, engineer, [backend, base_url], trigger_mode="always_last")
-    form = [name, description, policy, engineer, backend, base_url, stages, instances, agents, seed, auto, config_df]
+    form = [name, description, policy, engineer, backend, base_url, stages, instances, agents, seed, auto, config_df,
+            counts, validation]
     return RunsTab(runs_df, form, create, message, upload, import_message)
 
 

@@ -618,16 +618,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif worker_busy(engine):
         print("a worker is already at work on this database: not starting another", file=sys.stderr)
     else:
-        start_worker(args.db, env=beside_page_env())
+        start_worker(args.db, env=beside_page_env(), die_with_parent=True, own_group=True)
     if not args.no_worker:
         for lane in LANES:  # a probe job runs here while the worker trains a stage
-            start_worker(args.db, options=lane, env=beside_page_env())
-    # SIGTERM ends the page like Ctrl-C does, so the atexit hook stops the worker it started.
+            start_worker(args.db, options=lane, env=beside_page_env(), die_with_parent=True, own_group=True)
+    # SIGTERM ends the page like Ctrl-C does, so the atexit hook stops the workers it started, each with one SIGTERM
+    # (they are in process groups of their own: a Ctrl+C reaches the page only), and each hands its job back.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     try:
         launch(build_demo(engine, own_worker=not args.no_worker), host, port, auth,
                allowed=args.allowed_hosts.split(","), forwarded_allow_ips=args.forwarded_allow_ips)
-    except KeyboardInterrupt:  # Ctrl+C: one line; the worker it started hands its job back as it stops (atexit)
+    except KeyboardInterrupt:  # Ctrl+C before the page serves: one line; its workers are stopped as above (atexit)
         print("envlab serve: stopped", file=sys.stderr)
         return 0
     except OSError:
