@@ -147,7 +147,7 @@ def test_a_stage_that_cannot_fit_fails_before_it_builds_a_trainer(empty_lab: Eng
     def never(*a, **k):
         raise AssertionError("a stage that cannot fit must not build its trainer")
 
-    monkeypatch.setattr("training.stage.GRPOTrainer", never)
+    monkeypatch.setattr("training.stage.Trainer", never)
     with pytest.raises(StageError) as refused:
         train(empty_lab, args, policy, {"max_steps": 1}, lambda *a, **k: False)
     assert str(refused.value) == (

@@ -30,7 +30,7 @@ from storage.db import session
 from storage.models import Episode, Run, Stage
 from storage.settings import RunSettings
 from training.policy import Policy, build_tiny
-from training.stage import GRPOTrainer, StageArgs, dataset, run_stage, train
+from training.stage import StageArgs, Trainer, dataset, run_stage, train
 
 SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
              num_key_value_heads=2, head_dim=32)
@@ -112,7 +112,7 @@ def test_the_trainer_its_optimizer_and_trls_engine_are_gone_before_validation_st
     args = _stage(empty_lab, tmp_path, runs, {"grpo": GRPO, "completion_length": 3})
     held: dict[str, weakref.ref] = {}
 
-    class Colocated(GRPOTrainer):  # TRL's trainer, with a colocated engine as `vllm_mode="colocate"` gives it
+    class Colocated(Trainer):  # the stage's trainer (TRL's), with a colocated engine as `vllm_mode="colocate"` gives it
         def __init__(self, *a, **k):
             super().__init__(*a, **k)
             self.vllm_generation = SimpleNamespace(llm=FakeLLM(fake_vllm, "TRL's engine"))
@@ -135,7 +135,7 @@ def test_the_trainer_its_optimizer_and_trls_engine_are_gone_before_validation_st
         budgets.append(max_tokens)
         return ["Agent 0 : (0,0)"] * len(prompts)
 
-    monkeypatch.setattr("training.stage.GRPOTrainer", Colocated)
+    monkeypatch.setattr("training.stage.Trainer", Colocated)
     monkeypatch.setattr("training.vllm.available", lambda: True)
     monkeypatch.setattr("training.vllm.vllm_engine", validation_engine)
     monkeypatch.setattr("training.vllm.generate_texts", answers)
