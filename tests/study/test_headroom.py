@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,14 +17,16 @@ from scipy import stats
 from sqlmodel import select
 
 from envsim.config import EnvConfig, project
+from envsim.generator import cell_counts, round_half_up
 from lab.cli import main as envlab
-from lab.engineers import check_held, read_held
+from lab.engineers import check_held, random_config, read_held
 from lab.study import headroom as hr
-from lab.study.comparison import Rate, comparison
-from lab.study.experiments import create_experiment, experiment_runs, find_experiment
+from lab.study.comparison import Rate, comparison, welch_interval
+from lab.study.experiments import create_experiment, experiment_runs, find_experiment, load_scenario
 from storage.db import make_engine, session
 from storage.models import Stage, StageMetric
 from storage.settings import Held, RunSettings
+from tests.engineers.scripts import evidence
 
 ROOT = Path(__file__).resolve().parents[2]
 SIZES = (5, 6, 7, 8, 9, 10)
@@ -67,6 +70,30 @@ def test_the_sizes_are_those_that_hold_five_agents():
     assert hr.initial_config(hard).hole_ratio == dict.fromkeys(SIZES, 0.4)  # the scenario's knobs on those sizes
     with pytest.raises(hr.HeadroomError, match=r"sizes \[3, 4\] hold no board of 5 agents"):
         hr.screen_sizes(EnvConfig.default(sizes=(3, 4)))
+
+
+def room_left(config: EnvConfig) -> str | None:
+    """The generator's first refusal, without drawing a board: a (size, count) cell with boards whose holes leave
+    too few ice cells for its agents' starts and goals (`envsim.generator._cell`)."""
+    for size, per_count in cell_counts(config, config.num_instances).items():
+        ice = size * size - round_half_up(config.hole_ratio[size] * size * size)
+        for k, n in per_count.items():
+            if n and ice < 2 * k:
+                return f"size {size}: {ice} ice cells for {k} agents"
+    return None
+
+
+def test_random_draws_configs_that_hold_their_agents_only_on_the_screen_s_sizes():
+    """On the default sizes 3..10, `random` over agent counts 2..5 spends all its draws on configs with boards too
+    small for their agents for most seeds (its proposal fails; the run trains on the initial config); on the
+    screen's initial config, sizes 5..10, never."""
+    default = load_scenario("default").config
+    failed = {}
+    for name, config in (("default", default), ("screen", hr.initial_config(default))):
+        ask = replace(evidence(config=config), agent_counts=hr.AGENT_COUNTS)
+        failed[name] = [seed for seed in range(20)
+                        if random_config(ask, seed=seed, cannot_fill=room_left).projection is None]
+    assert len(failed["default"]) == 14 and failed["screen"] == []  # 14 of 20 seeds fail on sizes 3..10
 
 
 # ---------------------------------------------------------------- the report on scripted metrics
@@ -150,6 +177,15 @@ def test_the_report_s_numbers_are_exact(empty_lab, tmp_path: Path, best: list[in
     assert float(rows[2]["valid_gain_mean"]) == pytest.approx(0.07)
     assert (float(rows[3]["valid_gain_mean"]), float(rows[3]["valid_gain_low"])) == pytest.approx(
         (h.headroom, ci.low / 100))
+
+
+def test_welch_s_interval_needs_two_values_a_side():
+    assert welch_interval([0.1], [0.2, 0.3]) is None and welch_interval([0.1, 0.2], [0.3]) is None
+    assert welch_interval([0.5, 0.5], [0.25, 0.25, 0.25]) == (0.25, 0.25, 3.0)  # no spread: a point
+    low, high, df = welch_interval([1.0, 3.0], [0.0, 1.0, 2.0])
+    se = (2 / 2 + 1 / 3) ** 0.5  # each side's variance over its count
+    assert df == pytest.approx((2 / 2 + 1 / 3) ** 2 / ((2 / 2) ** 2 / 1 + (1 / 3) ** 2 / 2))
+    assert (low, high) == pytest.approx((1 - stats.t.ppf(0.975, df) * se, 1 + stats.t.ppf(0.975, df) * se))
 
 
 def test_the_report_command_writes_both_files_and_the_commands_that_remake_it(empty_lab, tmp_path: Path, capsys):
