@@ -43,6 +43,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from scipy import stats
 from sqlalchemy import Engine
 from sqlmodel import select
 
@@ -50,6 +51,7 @@ from envsim.config import EnvConfig, mix_text
 from envsim.suite import DEV_PER_SIZE
 from lab.settings import counts_text
 from lab.study.comparison import (
+    LEVEL,
     POOLED,
     Comparison,
     Estimate,
@@ -356,6 +358,17 @@ def _experiment_text(c: Comparison) -> str:
             f"seeds, {done} of {len(c.runs)} runs done)")
 
 
+def _few_seeds(h: Headroom) -> str:
+    """What a config's interval is worth with its few seeds: `With 2 seeds that is 1 degree of freedom: ...`."""
+    n = len(h.best.valid.values)
+    if n < 2:
+        return "With 1 seed a config has no interval; the screen ranks configs, and the headroom has none either."
+    t = float(stats.t.ppf(0.5 + LEVEL / 2, n - 1))
+    return (f"With {n} seeds that is {n - 1} degree{'s' if n > 2 else ''} of freedom: the half-width is {t:.1f} "
+            "standard errors, so one config's interval is wide and says little alone; the screen ranks configs, and "
+            "the headroom compares the best with every draw.")
+
+
 def report_markdown(h: Headroom, remake: Sequence[str] = ()) -> str:
     """The screen's report: the commands that remake it, the headroom sentence and its interval, every config's gain
     and the random draws'; where the headroom is under 3 points, what the screen varied."""
@@ -372,12 +385,11 @@ def report_markdown(h: Headroom, remake: Sequence[str] = ()) -> str:
              f"the same checkpoint for every run, evaluated once: valid rate {h.best.stage0.mean:.1%}.", "",
              "## How to read it", "",
              f"- A gain is a run's validation valid rate after stage {STAGES} minus stage 0's, in points; per arm the "
-             "mean over its seeds with a 95% Student-t interval (n - 1 degrees of freedom). With 2 seeds that is 1 "
-             "degree of freedom: the half-width is 12.7 standard errors, so one config's interval is wide and says "
-             "little alone; the screen ranks configs, and the headroom compares the best with every draw.",
+             f"mean over its seeds with a 95% Student-t interval (n - 1 degrees of freedom). {_few_seeds(h)}",
              "- The headroom is the best config's mean gain minus the random draws' mean gain. Its interval is "
              "Welch's (unpaired, each side its own variance): stage 0 is one checkpoint for every seed, so a seed "
-             "shares only the training's random numbers across arms, and pairing would keep 2 of the 6 draws.",
+             "shares only the training's random numbers across arms, and pairing by seed would keep "
+             f"{len(set(h.best.valid.seeds) & set(h.draws.valid.seeds))} of the {len(h.draws.valid.values)} draws.",
              f"- The best config is picked on the runs that measure it, so its gain is biased upward (the largest "
              f"of {len(h.configs)} noisy means): a config worth keeping is run again on new seeds.", "",
              "## Every config's gain", "", *markdown_table(*gain_rows(h)), "",
