@@ -28,7 +28,7 @@ if [ ! -f "$configs/initial.json" ]; then
     "$python" -m lab.study.headroom make-configs --out "$configs" > "$work/commands.txt"
 fi
 shared=(--stages 1 --scenario default --config "$configs/initial.json" --agent-counts 2,3,4,5
-        --validation-agents 3,4,5 --policy "$policy" --db "$db")
+        --validation-agents 3,4,5 --dev-per-size 3 --policy "$policy" --db "$db")
 if [ ! -f "$work/made-headroom" ]; then
     arms=$(cd "$configs" && for f in mix*.json; do printf '%s=static:%s,' "${f%.json}" "$configs/$f"; done)
     "$python" -m lab.cli experiment new --name headroom --arms "${arms%,}" --seeds 2 "${shared[@]}"

@@ -48,7 +48,6 @@ from sqlalchemy import Engine
 from sqlmodel import select
 
 from envsim.config import EnvConfig, mix_text
-from envsim.suite import DEV_PER_SIZE
 from lab.settings import counts_text
 from lab.study.comparison import (
     LEVEL,
@@ -84,6 +83,10 @@ VALIDATION_AGENTS = (3, 4, 5)  # what they are scored on (--validation-agents)
 SEEDS = 2  # per config
 DRAWS = 6  # random configs: the random arm's seeds
 STAGES = 1  # one trained stage after stage 0
+# dev boards per (count, size): the fewest the runs take (one per wait subset). Neither `static` nor `random` reads
+# them, so the default 30 (630 boards of 3 to 5 agents, drawn for each seed and answered after every stage) is spent
+# for nothing here.
+DEV_PER_SIZE_SCREEN = 3
 THRESHOLD = 0.03  # headroom below 3 points: the environment, as screened, leaves an engineer little to find
 INITIAL = "initial.json"
 
@@ -155,6 +158,7 @@ class Plan:
     draws: int = DRAWS
     agent_counts: tuple[int, ...] = AGENT_COUNTS
     validation_agents: tuple[int, ...] = VALIDATION_AGENTS
+    dev_per_size: int | None = DEV_PER_SIZE_SCREEN
     options: tuple[str, ...] = ()
 
 
@@ -168,7 +172,8 @@ def commands(folder: Path, plan: Plan = Plan(), *, db: str = "headroom.db",
     shared = " ".join([f"--stages {STAGES} --scenario {plan.scenario} --config {f}/{INITIAL}",
                        f"--agent-counts {','.join(map(str, plan.agent_counts))}",
                        f"--validation-agents {','.join(map(str, plan.validation_agents))}",
-                       *plan.options, f"--db {d}"])
+                       *([f"--dev-per-size {plan.dev_per_size}"] if plan.dev_per_size else []), *plan.options,
+                       f"--db {d}"])
     name = plan.name
     return [f"python -m lab.study.headroom make-configs --out {f} --from-scenario {plan.scenario}",
             f"envlab experiment new --name {name} --arms {shlex.quote(arms)} --seeds {plan.seeds} {shared}",
@@ -280,7 +285,7 @@ def headroom(engine: Engine, name: str = NAME, draws: str | None = None) -> Head
 
 def plan_of(h: Headroom, scenario: str = SCENARIO) -> Plan:
     """The plan that made the screen `h`, read back from its experiments: where an option of `envlab experiment new`
-    differs from its default (boards per stage, validation and dev sets, GRPO settings, the policy), it is named."""
+    differs from its default (boards per stage, the validation set, GRPO settings, the policy), it is named."""
     e, chosen = h.experiment.experiment, load_scenario(scenario)
     s, run, options = e.settings, e.settings.run, []
     if s.instances != chosen.config.num_instances:
@@ -289,15 +294,14 @@ def plan_of(h: Headroom, scenario: str = SCENARIO) -> Plan:
         options.append(f"--validation-per-size {s.validation_per_size}")
     if run.validation_boards:
         options.append(f"--validation-boards {run.validation_boards}")
-    if run.dev_per_size is not None and run.dev_per_size != DEV_PER_SIZE:
-        options.append(f"--dev-per-size {run.dev_per_size}")
     options += [f"--grpo {shlex.quote(f'{k}={json.dumps(v)}')}" for k, v in run.grpo.items()
                 if chosen.grpo.get(k) != v]
     if e.policy != "tiny":
         options.append(f"--policy {shlex.quote(e.policy)}")
     held = tuple(Path(a["held"]["source"]).stem for a in e.arms if a.get("held"))
     return Plan(e.name, scenario, held, e.seeds, h.draws_experiment.experiment.seeds,
-                tuple(run.agent_counts or s.config.agent_counts), tuple(s.validation_agents), tuple(options))
+                tuple(run.agent_counts or s.config.agent_counts), tuple(s.validation_agents), run.dev_per_size,
+                tuple(options))
 
 
 # ---------------------------------------------------------------- words and files

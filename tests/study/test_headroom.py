@@ -58,10 +58,10 @@ def test_make_configs_writes_the_twelve_configs_and_the_initial_one(tmp_path: Pa
     assert lines[2].startswith("envlab experiment new --name headroom --arms mixA-holes0.1-waits0.25=static:")
     assert lines[2].count("=static:") == 12 and lines[2].endswith(
         f"--seeds 2 --stages 1 --scenario default --config {tmp_path}/initial.json --agent-counts 2,3,4,5 "
-        "--validation-agents 3,4,5 --db headroom.db")
+        "--validation-agents 3,4,5 --dev-per-size 3 --db headroom.db")
     assert lines[3] == (f"envlab experiment new --name headroom-random --arms random --seeds 6 --stages 1 --scenario "
                         f"default --config {tmp_path}/initial.json --agent-counts 2,3,4,5 --validation-agents 3,4,5 "
-                        "--db headroom.db")
+                        "--dev-per-size 3 --db headroom.db")
 
 
 def test_the_sizes_are_those_that_hold_five_agents():
@@ -258,8 +258,8 @@ def test_the_screen_runs_end_to_end_at_the_tiny_budget(tmp_path: Path, capsys):
     for seed, config in h.drawn.items():  # random drew over the initial config's sizes and the runs' agent counts
         assert config.sizes == SIZES and set(config.agent_counts) <= set(hr.AGENT_COUNTS), seed
     report = (tmp_path / "out" / "report.md").read_text()
-    assert "--instances 8 --validation-per-size 30 --validation-boards 4 --dev-per-size 3 --grpo num_generations=2 " \
-           "--grpo per_device_train_batch_size=16" in report
+    assert "--validation-agents 3 --dev-per-size 3 --instances 8 --validation-per-size 30 --validation-boards 4 " \
+           "--grpo num_generations=2 --grpo per_device_train_batch_size=16 --db" in report
     assert "no interval: a side has fewer than 2 seeds" in report
     assert comparison(engine, "hr").estimate(h.best.arm, Rate.VALID, 1) is not None
     engine.dispose()
