@@ -11,6 +11,8 @@ validation boards, or over one map size's. The statistics, each computed here on
 - paired difference: per seed, one arm's rate minus another's on the same seed (every pair of arms; the
   baseline, `fixed` when the experiment has it, else its first arm, for the summary), then mean, sd and t interval
   as above over the seeds both have: the paired t interval with n - 1 degrees of freedom;
+- unpaired difference (`welch_interval`, the headroom screen's best config against the random draws): Welch's t
+  interval, each sample's own variance, Welch-Satterthwaite degrees of freedom;
 - p: the two-sided paired t test of a zero mean difference (`paired_p`), n - 1 degrees of freedom;
 - against the baseline (`Comparison.versus_baseline`): every other arm minus the baseline at one stage is one family
   of comparisons, their p Holm-adjusted together (`holm`), each with its paired t interval at the level of its Holm
@@ -101,6 +103,22 @@ def t_interval(values: Sequence[float], level: float = LEVEL) -> tuple[float, fl
         return mean, mean
     half = float(stats.t.ppf((1 + level) / 2, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x)))
     return mean - half, mean + half
+
+
+def welch_interval(a: Sequence[float], b: Sequence[float], level: float = LEVEL) -> tuple[float, float, float] | None:
+    """Welch's t interval of mean(a) - mean(b) for two unpaired samples of unequal spread: the difference +-
+    t((1 + level) / 2, df) x sqrt(var(a) / n_a + var(b) / n_b), df by Welch-Satterthwaite; returns (low, high, df).
+    None where either sample has fewer than 2 values (no spread to measure); a point where neither has spread."""
+    x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if len(x) < 2 or len(y) < 2:
+        return None
+    diff = float(x.mean() - y.mean())
+    vx, vy = x.var(ddof=1) / len(x), y.var(ddof=1) / len(y)
+    if vx + vy == 0:
+        return diff, diff, float(len(x) + len(y) - 2)
+    df = float((vx + vy) ** 2 / (vx ** 2 / (len(x) - 1) + vy ** 2 / (len(y) - 1)))
+    half = float(stats.t.ppf((1 + level) / 2, df) * np.sqrt(vx + vy))
+    return diff - half, diff + half, df
 
 
 def t_power(difference: float, sd: float, n: int, alpha: float = ALPHA) -> float:
@@ -599,7 +617,7 @@ def _compute_section(compared: Comparison) -> list[str]:
             "episodes of every evaluated stage, stage 0's included (where runs share it, one generated it and the "
             "others copied it: docs/experiments.md). Job times: finished minus started, summed, in minutes. The "
             "last column: every answer generated per run over the cheapest arm's.", "",
-            *_markdown_table(*compute_rows(compared))]
+            *markdown_table(*compute_rows(compared))]
 
 
 def _matched_words(compared: Comparison) -> str:
@@ -621,7 +639,7 @@ def _stage_table(compared: Comparison, rate: Rate) -> list[str]:
     return lines
 
 
-def _markdown_table(headers: list[str], rows: list[list[str]]) -> list[str]:
+def markdown_table(headers: list[str], rows: list[list[str]]) -> list[str]:
     """A Markdown table of texts whose first cell names arms (shown as text)."""
     return ["| " + " | ".join(headers) + " |", "|---" * len(headers) + "|",
             *("| " + " | ".join([as_text(first), *cells]) + " |" for first, *cells in rows)]
@@ -641,7 +659,7 @@ def _holm_section(compared: Comparison, rate: Rate, explain: bool = False) -> li
     stages = [*range(1, compared.stages + 1), AUC]
     return [f"## {rate.capitalize()} rate minus {as_text(compared.baseline)}, paired by seed (points): "
             f"{holm_header(compared, rate, stages)}", *(["", HOLM_TEXT, ""] if explain else []),
-            *_markdown_table(*holm_rows(compared, rate, stages))]
+            *markdown_table(*holm_rows(compared, rate, stages))]
 
 
 def _pair_tables(compared: Comparison, rate: Rate) -> list[str]:
@@ -649,7 +667,7 @@ def _pair_tables(compared: Comparison, rate: Rate) -> list[str]:
     of the differences, the difference this many seeds detect with 80% power, and every seed's difference."""
     lines: list[str] = []
     for k in [*range(1, compared.stages + 1), AUC]:
-        lines += ["", f"### {'AUC' if k == AUC else f'Stage {k}'}", *_markdown_table(
+        lines += ["", f"### {'AUC' if k == AUC else f'Stage {k}'}", *markdown_table(
             *difference_table_rows(compared, rate, k))]
     return lines
 
@@ -739,11 +757,11 @@ def report_markdown(compared: Comparison) -> str:
              "no difference there.", *_pair_tables(compared, primary), "",
              f"## Every seed ({primary} rate)", *_seed_table(compared, primary), "",
              f"## Stage {compared.stages} by map size ({primary} rate)",
-             *_markdown_table(*size_rows(compared, primary))]
+             *markdown_table(*size_rows(compared, primary))]
     if len(compared.agents) > 1:
         lines += ["", f"## Stage {compared.stages} by agent count ({primary} rate)", "",
                   "Each count's rate over its validation boards of every size: mean over seeds [95% interval].", "",
-                  *_markdown_table(*agents_rows(compared, primary))]
+                  *markdown_table(*agents_rows(compared, primary))]
     return "\n".join(lines) + "\n"
 
 
@@ -812,7 +830,7 @@ def difference_rows(compared: Comparison) -> tuple[list[str], list[list]]:
     return header, rows
 
 
-def _write_csv(path: Path, header: list[str], rows: list[list]) -> None:
+def write_csv(path: Path, header: list[str], rows: list[list]) -> None:
     with path.open("w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(header)
@@ -827,9 +845,9 @@ def write_report(compared: Comparison, out: Path) -> dict[str, Path | str]:
                                       "summary": out / "summary.csv", "differences": out / "differences.csv",
                                       "figure": out / "curves.png"}
     written["report"].write_text(report_markdown(compared))
-    _write_csv(written["runs"], *seed_rows(compared))
-    _write_csv(written["summary"], *summary_rows(compared))
-    _write_csv(written["differences"], *difference_rows(compared))
+    write_csv(written["runs"], *seed_rows(compared))
+    write_csv(written["summary"], *summary_rows(compared))
+    write_csv(written["differences"], *difference_rows(compared))
     try:
         curves_figure(compared, compared.rates).write_image(written["figure"], width=1200, height=520, scale=2)
     except Exception as err:  # kaleido needs a Chromium; the numbers are written whatever happens here

@@ -1,0 +1,265 @@
+"""The headroom screen (lab/study/headroom.py): its 12 configs exactly, each legal and fit for the screen's runs; its
+report's numbers exact on two experiments whose stage metrics are scripted, the headroom sentence on either side of
+3 points; and the whole screen at the tiny test budget through the real commands and worker processes."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from scipy import stats
+from sqlmodel import select
+
+from envsim.config import EnvConfig, project
+from envsim.generator import cell_counts, round_half_up
+from lab.cli import main as envlab
+from lab.engineers import check_held, random_config, read_held
+from lab.study import headroom as hr
+from lab.study.comparison import Rate, comparison, welch_interval
+from lab.study.experiments import create_experiment, experiment_runs, find_experiment, load_scenario
+from storage.db import make_engine, session
+from storage.models import Stage, StageMetric
+from storage.settings import Held, RunSettings
+from tests.engineers.scripts import evidence
+
+ROOT = Path(__file__).resolve().parents[2]
+SIZES = (5, 6, 7, 8, 9, 10)
+MIXES = {"mixA": {2: 0.4, 3: 0.4, 4: 0.1, 5: 0.1}, "mixB": {2: 0.25, 3: 0.25, 4: 0.25, 5: 0.25},
+         "mixC": {2: 0.1, 3: 0.1, 4: 0.4, 5: 0.4}}
+
+
+def test_make_configs_writes_the_twelve_configs_and_the_initial_one(tmp_path: Path, capsys):
+    hr.main(["make-configs", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    names = {f"{mix}-holes{holes}-waits{waits}" for mix in MIXES for holes in ("0.1", "0.4")
+             for waits in ("0.25", "0.75")}
+    assert {p.stem for p in tmp_path.glob("*.json")} == names | {"initial"} and len(names) == 12
+    initial = project(json.loads((tmp_path / "initial.json").read_text()), strict=True).config
+    assert initial == EnvConfig(data_ratio=dict.fromkeys(SIZES, 1 / 6), hole_ratio=dict.fromkeys(SIZES, 0.2),
+                                wait_ratio=dict.fromkeys(SIZES, 0.25), agent_ratio={2: 1.0}, num_instances=512)
+    for name in names:
+        raw = json.loads((tmp_path / f"{name}.json").read_text())
+        config = project(raw, strict=True).config
+        mix, holes, waits = name.split("-")
+        assert config == EnvConfig(data_ratio=dict.fromkeys(SIZES, 1 / 6),
+                                   hole_ratio=dict.fromkeys(SIZES, float(holes.removeprefix("holes"))),
+                                   wait_ratio=dict.fromkeys(SIZES, float(waits.removeprefix("waits"))),
+                                   agent_ratio=MIXES[mix], num_instances=512)
+        held = read_held(tmp_path / f"{name}.json", Held.STATIC)  # what `static:FILE` reads
+        assert held.configs == (config,) and check_held(held, initial, hr.AGENT_COUNTS) is None
+    lines = out.splitlines()
+    assert lines[0] == f"12 configs and initial.json in {tmp_path}"
+    assert lines[2].startswith("envlab experiment new --name headroom --arms mixA-holes0.1-waits0.25=static:")
+    assert lines[2].count("=static:") == 12 and lines[2].endswith(
+        f"--seeds 2 --stages 1 --scenario default --config {tmp_path}/initial.json --agent-counts 2,3,4,5 "
+        "--validation-agents 3,4,5 --dev-per-size 3 --db headroom.db")
+    assert lines[3] == (f"envlab experiment new --name headroom-random --arms random --seeds 6 --stages 1 --scenario "
+                        f"default --config {tmp_path}/initial.json --agent-counts 2,3,4,5 --validation-agents 3,4,5 "
+                        "--dev-per-size 3 --db headroom.db")
+
+
+def test_the_sizes_are_those_that_hold_five_agents():
+    hard = hr.load_scenario("hard-start").config
+    assert hr.screen_sizes(hard) == SIZES
+    assert hr.initial_config(hard).hole_ratio == dict.fromkeys(SIZES, 0.4)  # the scenario's knobs on those sizes
+    with pytest.raises(hr.HeadroomError, match=r"sizes \[3, 4\] hold no board of 5 agents"):
+        hr.screen_sizes(EnvConfig.default(sizes=(3, 4)))
+
+
+def room_left(config: EnvConfig) -> str | None:
+    """The generator's first refusal, without drawing a board: a (size, count) cell with boards whose holes leave
+    too few ice cells for its agents' starts and goals (`envsim.generator._cell`)."""
+    for size, per_count in cell_counts(config, config.num_instances).items():
+        ice = size * size - round_half_up(config.hole_ratio[size] * size * size)
+        for k, n in per_count.items():
+            if n and ice < 2 * k:
+                return f"size {size}: {ice} ice cells for {k} agents"
+    return None
+
+
+def test_random_draws_configs_that_hold_their_agents_only_on_the_screen_s_sizes():
+    """On the default sizes 3..10, `random` over agent counts 2..5 spends all its draws on configs with boards too
+    small for their agents for most seeds (its proposal fails; the run trains on the initial config); on the
+    screen's initial config, sizes 5..10, never."""
+    default = load_scenario("default").config
+    failed = {}
+    for name, config in (("default", default), ("screen", hr.initial_config(default))):
+        ask = replace(evidence(config=config), agent_counts=hr.AGENT_COUNTS)
+        failed[name] = [seed for seed in range(20)
+                        if random_config(ask, seed=seed, cannot_fill=room_left).projection is None]
+    assert len(failed["default"]) == 14 and failed["screen"] == []  # 14 of 20 seeds fail on sizes 3..10
+
+
+# ---------------------------------------------------------------- the report on scripted metrics
+
+# valid boards of 100 per run: stage 0 (the same checkpoint for all), then stage 1 per arm and seed
+STAGE0 = 50
+RANDOM = [55, 57, 59, 56, 58, 57]  # gains +5, +7, +9, +6, +8, +7: mean +7
+DRAWN = EnvConfig(data_ratio=dict.fromkeys(SIZES, 1 / 6), hole_ratio={5: 0.05, 6: 0.5, 7: 0.1, 8: 0.2, 9: 0.3, 10: 0.4},
+                  wait_ratio=dict.fromkeys(SIZES, 0.6), agent_ratio={2: 0.5, 5: 0.5}, num_instances=512)
+
+
+def scripted_screen(engine, folder: Path, best: list[int], other: list[int], instances: int = 512) -> None:
+    """Experiments `screen` (two held configs, 2 seeds) and `screen-random` (6 seeds), every run's validation
+    metrics stored as given: one (size, count) cell of 100 boards, valid as listed, optimal half of that (rounded
+    down); the random draws' stage 1 trained on DRAWN (seed 3's on the initial config: a failed draw)."""
+    hr.write_configs(folder)
+    initial = EnvConfig.model_validate_json((folder / "initial.json").read_text())
+    settings = RunSettings(stages=1, agent_counts=hr.AGENT_COUNTS, validation_agents=hr.VALIDATION_AGENTS)
+    arms = [f"{n}=static:{folder / n}.json" for n in ("mixA-holes0.1-waits0.25", "mixC-holes0.4-waits0.75")]
+    create_experiment(engine, name="screen", arms=arms, seeds=2, settings=settings, config=initial)
+    create_experiment(engine, name="screen-random", arms=["random"], seeds=6, settings=settings,
+                      config=initial.model_copy(update={"num_instances": instances}))
+    valid = {("mixA-holes0.1-waits0.25", k): v for k, v in enumerate(other)}
+    valid |= {("mixC-holes0.4-waits0.75", k): v for k, v in enumerate(best)}
+    valid |= {("random", k): v for k, v in enumerate(RANDOM)}
+    with session(engine) as s:
+        for name in ("screen", "screen-random"):
+            for run in experiment_runs(engine, find_experiment(engine, name).id):
+                for k, v in ((0, STAGE0), (1, valid[(run.arm, run.seed)])):
+                    s.add(StageMetric(run_id=run.id, stage_index=k, split="validation", size=5, agents=3,
+                                      episodes=100, valid=v, optimal=v // 2, failures={}))
+                if run.arm == "random":
+                    s.add(Stage(run_id=run.id, index=1, config=initial if run.seed == 3 else DRAWN, status="done"))
+        s.commit()
+
+
+@pytest.mark.parametrize(("best", "verdict"), [([60, 64], "Headroom +5.00 points: at least 3 points."),
+                                               ([58, 60], "Headroom +2.00 points: under 3 points.")])
+def test_the_report_s_numbers_are_exact(empty_lab, tmp_path: Path, best: list[int], verdict: str):
+    scripted_screen(empty_lab, tmp_path / "configs", best, other=[52, 51])
+    h = hr.headroom(empty_lab, "screen")
+    gains = [b - STAGE0 for b in best]
+    assert [g.arm for g in h.configs] == ["mixC-holes0.4-waits0.75", "mixA-holes0.1-waits0.25"]  # best first
+    assert h.best.valid.values == pytest.approx([g / 100 for g in gains])
+    assert h.best.valid.mean == pytest.approx(sum(gains) / 200)
+    half = stats.t.ppf(0.975, 1) * stats.tstd(gains) / 2 ** 0.5 / 100  # 2 seeds: 1 degree of freedom
+    assert (h.best.valid.low, h.best.valid.high) == pytest.approx((h.best.valid.mean - half, h.best.valid.mean + half))
+    assert h.best.optimal.values == pytest.approx([(b // 2 - STAGE0 // 2) / 100 for b in best])
+    assert h.configs[1].valid.values == pytest.approx([0.02, 0.01])
+    assert h.draws.valid.values == pytest.approx([(v - STAGE0) / 100 for v in RANDOM]) and h.draws.valid.mean == \
+        pytest.approx(0.07)
+    assert h.headroom == pytest.approx(sum(gains) / 200 - 0.07)
+    welch = stats.ttest_ind(gains, [v - STAGE0 for v in RANDOM], equal_var=False)
+    ci = welch.confidence_interval(0.95)
+    assert h.welch == pytest.approx((ci.low / 100, ci.high / 100, welch.df))
+    assert hr.verdict(h) == verdict
+    assert h.drawn == {k: (h.draws_experiment.experiment.settings.config if k == 3 else DRAWN) for k in range(6)}
+
+    report = hr.report_markdown(h, ["envlab experiment run screen"])
+    assert report.startswith("# Headroom screen\n\nRemade by:\n\n```bash\nenvlab experiment run screen\n```\n")
+    assert f"**{verdict}** The best config, mixC-holes0.4-waits0.75, gained {sum(gains) / 2:+.2f} points" in report
+    assert (f"Best minus random: 95% Welch interval [{ci.low:+.2f}, {ci.high:+.2f}], {welch.df:.1f} degrees of "
+            "freedom") in report
+    mean, low, high = h.best.valid.mean * 100, h.best.valid.low * 100, h.best.valid.high * 100
+    assert (f"| mixC-holes0.4-waits0.75 | 2=0.1, 3=0.1, 4=0.4, 5=0.4 | 0.4 | 0.75 | 2 | {mean:+.2f} [{low:+.2f}, "
+            f"{high:+.2f}] | {gains[0]:+.2f}, {gains[1]:+.2f} |") in report
+    assert "| random | drawn per seed (below) |  |  | 6 | +7.00 [" in report
+    assert "| 0 | +5.00 | 2=0.5, 5=0.5 | 0.05-0.5 | 0.6 |  |" in report
+    assert "| 3 | +6.00 | 2=1 | 0.2 | 0.25 | the engineer drew no config: trained on the initial one |" in report
+    assert "valid rate 50.0%" in report and "2,520 validation boards of 3-5 agents" in report
+    assert ("## Under 3 points" in report) == ("under" in verdict)
+
+    written = hr.write_report(h, tmp_path / "out")
+    with open(written["gains"]) as f:
+        rows = list(csv.DictReader(f))
+    assert [r["arm"] for r in rows] == ["mixC-holes0.4-waits0.75", "mixA-holes0.1-waits0.25", "random",
+                                        "mixC-holes0.4-waits0.75 - random"]
+    assert float(rows[0]["valid_gain_mean"]) == pytest.approx(h.best.valid.mean)
+    assert rows[0]["valid_gain_per_seed"] == " ".join(f"{g / 100:.6g}" for g in gains)
+    assert (rows[2]["kind"], rows[2]["seeds"]) == ("random", "6")
+    assert float(rows[2]["valid_gain_mean"]) == pytest.approx(0.07)
+    assert (float(rows[3]["valid_gain_mean"]), float(rows[3]["valid_gain_low"])) == pytest.approx(
+        (h.headroom, ci.low / 100))
+
+
+def test_welch_s_interval_needs_two_values_a_side():
+    assert welch_interval([0.1], [0.2, 0.3]) is None and welch_interval([0.1, 0.2], [0.3]) is None
+    assert welch_interval([0.5, 0.5], [0.25, 0.25, 0.25]) == (0.25, 0.25, 3.0)  # no spread: a point
+    low, high, df = welch_interval([1.0, 3.0], [0.0, 1.0, 2.0])
+    se = (2 / 2 + 1 / 3) ** 0.5  # each side's variance over its count
+    assert df == pytest.approx((2 / 2 + 1 / 3) ** 2 / ((2 / 2) ** 2 / 1 + (1 / 3) ** 2 / 2))
+    assert (low, high) == pytest.approx((1 - stats.t.ppf(0.975, df) * se, 1 + stats.t.ppf(0.975, df) * se))
+
+
+def test_the_report_command_writes_both_files_and_the_commands_that_remake_it(empty_lab, tmp_path: Path, capsys):
+    scripted_screen(empty_lab, tmp_path / "configs", [60, 64], other=[52, 51])
+    db = str(tmp_path / "lab.db")
+    hr.main(["report", "screen", "--db", db, "--out", str(tmp_path / "out"), "--configs", str(tmp_path / "configs")])
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "Headroom +5.00 points: at least 3 points."
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert f"python -m lab.study.headroom make-configs --out {tmp_path}/configs --from-scenario default\n" in report
+    assert "envlab experiment new --name screen-random --arms random --seeds 6 --stages 1" in report
+    assert f"python -m lab.study.headroom report screen --db {db}" in report
+    assert (tmp_path / "out" / "gains.csv").is_file()
+
+
+def test_two_experiments_that_differ_in_compute_are_not_one_screen(empty_lab, tmp_path: Path):
+    scripted_screen(empty_lab, tmp_path / "configs", [60, 64], other=[52, 51], instances=256)
+    with pytest.raises(hr.HeadroomError, match=r"experiments 'screen' and 'screen-random' differ in instances "
+                                               r"\(512 against 256\)"):
+        hr.headroom(empty_lab, "screen")
+    with pytest.raises(hr.HeadroomError, match="no experiment 'other'"):
+        hr.headroom(empty_lab, "screen", draws="other")
+
+
+# ---------------------------------------------------------------- the screen through the real commands
+
+
+def test_the_screen_runs_end_to_end_at_the_tiny_budget(tmp_path: Path, capsys):
+    """`make-configs`, both experiments made with `envlab experiment new` (2 of the configs, 1 seed; random, 2
+    seeds), run by `envlab experiment run` with its worker process (the tiny policy, 8 boards and 1 GRPO step a
+    stage, 4 validation boards of 3 agents: the 3- to 5-agent set would build 630 boards first), and `report`:
+    every gain is the stored stage 1 minus stage 0."""
+    configs, db = tmp_path / "configs", str(tmp_path / "lab.db")
+    hr.main(["make-configs", "--out", str(configs)])
+    tiny = ["--stages", "1", "--config", str(configs / "initial.json"), "--agent-counts", "2,3,4,5",
+            "--validation-agents", "3", "--validation-per-size", "30", "--validation-boards", "4", "--dev-per-size",
+            "3", "--instances", "8", "--grpo", "num_generations=2", "--grpo", "per_device_train_batch_size=16",
+            "--db", db]
+    arms = ",".join(f"{n}=static:{configs / n}.json" for n in ("mixA-holes0.1-waits0.25", "mixC-holes0.4-waits0.75"))
+    assert envlab(["experiment", "new", "--name", "hr", "--arms", arms, "--seeds", "1", *tiny]) == 0
+    assert envlab(["experiment", "new", "--name", "hr-random", "--arms", "random", "--seeds", "2", *tiny]) == 0
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    for name in ("hr", "hr-random"):
+        done = subprocess.run([sys.executable, "-m", "lab.cli", "experiment", "run", name, "--threads", "1", "--db",
+                               db], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=1200)
+        assert done.returncode == 0, done.stdout + done.stderr
+    capsys.readouterr()
+    hr.main(["report", "hr", "--db", db, "--out", str(tmp_path / "out"), "--configs", str(configs)])
+    assert capsys.readouterr().out.startswith("Headroom ")
+    engine = make_engine(db)
+    h = hr.headroom(engine, "hr")
+    for c in (h.experiment, h.draws_experiment):
+        assert {r.status for r in c.runs.values()} == {"done"}
+    with session(engine) as s:
+        metrics = s.exec(select(StageMetric).where(StageMetric.split == "validation")).all()
+        stage1 = {st.run_id: st for st in s.exec(select(Stage).where(Stage.index == 1))}
+
+    def rate(run_id: int, k: int) -> float:
+        mine = [m for m in metrics if (m.run_id, m.stage_index) == (run_id, k)]
+        return sum(m.valid for m in mine) / sum(m.episodes for m in mine)
+
+    stage0 = {rate(run.id, 0) for c in (h.experiment, h.draws_experiment) for run in c.runs.values()}
+    assert len(stage0) == 1  # one checkpoint, one evaluation, for both experiments
+    for g, c in [*((g, h.experiment) for g in h.configs), (h.draws, h.draws_experiment)]:
+        runs = {seed: run for (arm, seed), run in c.runs.items() if arm == g.arm}
+        assert g.valid.values == tuple(rate(runs[k].id, 1) - rate(runs[k].id, 0) for k in sorted(runs))
+    for g in h.configs:  # each held config trained stage 1, the experiment's boards per stage put back into it
+        (run,) = [r for (arm, _), r in h.experiment.runs.items() if arm == g.arm]
+        assert stage1[run.id].config == g.config.model_copy(update={"num_instances": 8})
+    for seed, config in h.drawn.items():  # random drew over the initial config's sizes and the runs' agent counts
+        assert config.sizes == SIZES and set(config.agent_counts) <= set(hr.AGENT_COUNTS), seed
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "--validation-agents 3 --dev-per-size 3 --instances 8 --validation-per-size 30 --validation-boards 4 " \
+           "--grpo num_generations=2 --grpo per_device_train_batch_size=16 --db" in report
+    assert "no interval: a side has fewer than 2 seeds" in report
+    assert comparison(engine, "hr").estimate(h.best.arm, Rate.VALID, 1) is not None
+    engine.dispose()
