@@ -181,3 +181,15 @@ def test_empty_inputs_say_why_they_are_empty():
     assert figures.failure_heatmap(no_failures).layout.annotations[0].text == "no failures at this stage"
     assert "not trained" in figures.training_figure([]).layout.annotations[0].text
     assert figures.board_figure(OPEN).layout.title.text == "the board (no plan yet)"
+
+
+def test_starts_and_goals_are_named_over_the_agents(crossing):
+    """The goal squares and the start and goal names come after the agents (Plotly draws later traces on top), each
+    name with a shadow, so a disc on a start or a goal never hides whose it is; in a replay too."""
+    outcome = score_answer(crossing, CLASH)
+    names = [t["name"] for t in figures.board_figure(crossing, outcome, 0).to_plotly_json()["data"]]
+    assert names[-2:] == ["goals", "starts"] and names.index("agent 1") < names.index("goals")
+    replay = figures.replay_figure(crossing, outcome)
+    assert [t["name"] for t in replay["data"]][-2:] == ["goals", "starts"]
+    assert {(t["textfont"]["shadow"], t["cliponaxis"]) for t in replay["data"][-2:]} == {("auto", False)}
+    assert all(t["name"] not in ("goals", "starts") for frame in replay["frames"] for t in frame["data"])

@@ -60,19 +60,6 @@ def _static_traces(instance: Instance, ghost: Sequence[Sequence[tuple[int, int]]
         type="heatmap", name="board", z=z, x=list(range(n)), y=list(range(n)), zmin=0, zmax=1,
         colorscale=[[0, ICE], [0.5, ICE], [0.5, HOLE], [1, HOLE]], showscale=False, xgap=1, ygap=1,
         hovertext=hover, hoverinfo="text", **axes)]
-    traces.append(dict(
-        type="scatter", name="goals", mode="markers+text", x=[g[1] for g in instance.goals],
-        y=[g[0] for g in instance.goals], text=[f"goal {i}" for i in range(k)], textposition="bottom right",
-        textfont=dict(color=[colour(i) for i in range(k)], size=11),  # beside the square: no disc hides it
-        marker=dict(symbol="square-open", size=30, line=dict(width=3), color=[colour(i) for i in range(k)]),
-        hovertext=[f"goal of agent {i} {g}" for i, g in enumerate(instance.goals)], hoverinfo="text",
-        showlegend=False, **axes))
-    traces.append(dict(
-        type="scatter", name="starts", mode="text", x=[s[1] for s in instance.starts],
-        y=[s[0] for s in instance.starts], text=[f"start {i}" for i in range(k)],
-        textposition="top left", textfont=dict(color=[colour(i) for i in range(k)], size=11),
-        hovertext=[f"start of agent {i} {s}" for i, s in enumerate(instance.starts)], hoverinfo="text",
-        showlegend=False, **axes))
     if ghost is not None:
         for i in range(k):
             cells = [row[i] for row in ghost]
@@ -80,6 +67,28 @@ def _static_traces(instance: Instance, ghost: Sequence[Sequence[tuple[int, int]]
                 type="scatter", name=f"ghost path {i}", mode="lines", x=[cell[1] for cell in cells],
                 y=[cell[0] for cell in cells], line=dict(color=colour(i), width=2, dash="dot"), opacity=0.45,
                 hoverinfo="skip", showlegend=False, **axes))
+    return traces
+
+
+def _mark_traces(instance: Instance, axes: dict[str, str]) -> list[dict[str, Any]]:
+    """Each agent's goal (a square in its colour) and start, named: drawn over the agents, each name with a shadow
+    that keeps it readable on a disc, so no disc on a start or a goal hides whose it is; not clipped at the board's
+    edge, so a name beside an edge cell shows whole."""
+    k = instance.num_agents
+    traces: list[dict[str, Any]] = []
+    traces.append(dict(
+        type="scatter", name="goals", mode="markers+text", x=[g[1] for g in instance.goals],
+        y=[g[0] for g in instance.goals], text=[f"goal {i}" for i in range(k)], textposition="bottom right",
+        textfont=dict(color=[colour(i) for i in range(k)], size=11, shadow="auto"),
+        marker=dict(symbol="square-open", size=30, line=dict(width=3), color=[colour(i) for i in range(k)]),
+        hovertext=[f"goal of agent {i} {g}" for i, g in enumerate(instance.goals)], hoverinfo="text",
+        showlegend=False, cliponaxis=False, **axes))
+    traces.append(dict(
+        type="scatter", name="starts", mode="text", x=[s[1] for s in instance.starts],
+        y=[s[0] for s in instance.starts], text=[f"start {i}" for i in range(k)],
+        textposition="top left", textfont=dict(color=[colour(i) for i in range(k)], size=11, shadow="auto"),
+        hovertext=[f"start of agent {i} {s}" for i, s in enumerate(instance.starts)], hoverinfo="text",
+        showlegend=False, cliponaxis=False, **axes))
     return traces
 
 
@@ -171,7 +180,8 @@ def board_figure(instance: Instance, outcome: Outcome | None = None, step: int |
     step = last_step(outcome) if step is None else max(0, min(step, last_step(outcome)))
     ghosts = ghost_positions(instance) if ghost else None
     axes = dict(xaxis="x", yaxis="y")
-    data = _static_traces(instance, ghosts, axes) + _moving_traces(instance, outcome, step, ghosts, axes)
+    data = (_static_traces(instance, ghosts, axes) + _moving_traces(instance, outcome, step, ghosts, axes)
+            + _mark_traces(instance, axes))
     layout = _board_layout(instance, step_caption(outcome, step) if title is None else title, height)
     plan_level = [e for e in (outcome.events if outcome else ()) if e.cell is None]
     if plan_level:
@@ -208,7 +218,7 @@ def replay_figure(instance: Instance, outcome: Outcome, *, ghost: bool = True) -
                               steps=[dict(label=str(t), method="animate", args=[[str(t)], animate])
                                      for t in range(end + 1)])]
     first = _moving_traces(instance, outcome, 0, ghosts, axes)
-    return dict(data=static + first, layout=layout, frames=frames)
+    return dict(data=static + first + _mark_traces(instance, axes), layout=layout, frames=frames)
 
 
 def write_replay_html(figure: dict[str, Any], path: str, title: str = "envlab replay") -> None:
@@ -236,7 +246,8 @@ def boards_figure(panels: Sequence[tuple[Instance, Outcome | None, str]], *, gho
         axes = dict(xaxis=f"x{suffix}", yaxis=f"y{suffix}")
         ghosts = ghost_positions(instance) if ghost else None
         fig.add_traces(_static_traces(instance, ghosts, axes)
-                       + _moving_traces(instance, outcome, last_step(outcome), ghosts, axes, legend=False))
+                       + _moving_traces(instance, outcome, last_step(outcome), ghosts, axes, legend=False)
+                       + _mark_traces(instance, axes))
         size = instance.size
         fig.update_layout({f"xaxis{suffix}": dict(range=[-0.5, size - 0.5], showticklabels=False, showgrid=False,
                                                   zeroline=False, constrain="domain", fixedrange=True),
