@@ -856,7 +856,7 @@ def test_the_leaderboard_puts_checkpoints_side_by_side(lab):
     shown = leaderboard.leaderboard(engine, keys)
     by_size, by_subset = shown["by_size"], shown["by_subset"]
     assert [row[0] for row in shown["local"]["data"]] == [
-        f"{reference.TINY_NAME}; trained on 2 agents", f"run #{ids['history']} curriculum, stage 0",
+        f"{reference.TINY_NAME}; trained on 2, 3, 4, 5 agents", f"run #{ids['history']} curriculum, stage 0",
         f"run #{ids['history']} curriculum, stage 1"]
     assert shown["local"]["headers"] == ["this lab", "2 agents", "3 agents", "4 agents", "5 agents"]
     assert shown["local"]["data"][2][1:] == ["50.00 / 50.00", "-", "-", "-"]  # these boards have 2 agents
@@ -881,8 +881,8 @@ def test_the_leaderboard_names_the_hash_of_the_boards_its_rows_were_scored_on(la
     assert recorded == ["benchmark", boards_hash(entries)]
     assert f"Boards sha256 `{recorded[1]}`: run #{ids['history']} curriculum, stage 1." in note.split("\n\n")
     tiny = json.loads(reference.TINY_FILE.read_text())  # the shipped policy's row, scored on all 3,150 boards
-    assert (f"Boards sha256 `{tiny['boards_sha256']}`: tiny policy (shipped, assets/tiny-policy); trained on 2 "
-            "agents.") in note.split("\n\n")
+    assert (f"Boards sha256 `{tiny['boards_sha256']}`: tiny policy (shipped, assets/tiny-policy); trained on 2, 3, "
+            "4, 5 agents.") in note.split("\n\n")
 
 
 def test_an_empty_lab_shows_the_paper_s_rows_and_the_tiny_policy_s_apart(tmp_path: Path):
@@ -896,17 +896,26 @@ def test_an_empty_lab_shows_the_paper_s_rows_and_the_tiny_policy_s_apart(tmp_pat
     tiny = json.loads(reference.TINY_FILE.read_text())
     means = tiny["mean_over_sizes"]
     assert shown["local"] == {"headers": ["this lab", "3 agents", "4 agents", "5 agents"], "data": [
-        ["tiny policy (shipped, assets/tiny-policy); trained on 2 agents",
+        ["tiny policy (shipped, assets/tiny-policy); trained on 2, 3, 4, 5 agents",
          *(f"{means[a]['valid']:.2f} / {means[a]['optimal']:.2f}" for a in ("3", "4", "5"))]]}
     assert tiny["boards"] == sum(row["n"] for row in tiny["by_size"]) == 3150
     assert tiny["command"] in shown["local_note"] and "3,150 benchmark boards" in shown["local_note"]
-    # the row says why it scores 0: the shipped policy's warm start saw 2 agents, as its folder says
-    assert shown["local_note"].split("\n\n")[0].endswith(
-        "It was warm-started on boards of 2 agents only, and a policy answers for the agent counts it has seen: on 3, "
-        "4, 5 agents its answers name the wrong number of agents (`wrong_agent_count`), so it scores 0 there")
-    assert load_policy("tiny").trained_agents == tuple(tiny["trained_agents"]) == (2,)
+    assert load_policy("tiny").trained_agents == tuple(tiny["trained_agents"]) == (2, 3, 4, 5)
+    paper = [float(cell.split(" / ")[0]) for cell in shown["reference"]["data"][1][1:]]
+    assert all(means[a]["valid"] >= p for a, p in zip(("3", "4", "5"), paper, strict=True))  # the paper's random
     assert shown["by_size"]["data"] == [] and shown["by_subset"]["data"] == []
     engine.dispose()
+
+
+def test_the_2_agent_tiny_policys_row_says_why_it_scores_0_on_3_to_5_agents():
+    """The policy before it, kept for the runs made with it: warm-started on 2 agents only, as its folder says."""
+    row = reference.tiny_row(reference.TINY_FILE.with_name("tiny-2agent.json"))
+    assert row.name == "tiny-2agent policy (shipped, assets/tiny-2agent-policy); trained on 2 agents"
+    assert [row.mean_over_sizes[a][0] for a in (3, 4, 5)] == [0.0, 0.0, 0.0]
+    assert row.source.endswith(
+        "It was warm-started on boards of 2 agents only, and a policy answers for the agent counts it has seen: on 3, "
+        "4, 5 agents its answers name the wrong number of agents (`wrong_agent_count`), so it scores 0 there")
+    assert load_policy("tiny-2agent").trained_agents == (2,)
 
 
 # ---------------------------------------------------------------- who decides
@@ -1001,6 +1010,9 @@ def test_a_proposal_that_repeats_a_rejected_one_says_so(lab):
     assert before.endswith("**Waiting for a decision.** Asked again, the `heuristic` engineer answers this same config "
                            "(it reads only this stage's results): to change it, edit it below, or switch the run's "
                            "engineer in the Train tab before rejecting.")
+    assert [proposal.same_again(e) for e in ("static", "bandit", "evidence")] == [
+        "it proposes the configs its run holds", "it reads the training logs of its run's stages so far",
+        "it reads only this stage's results"]
     said = proposal.decide_proposal(engine, ids["second"], "reject", "ann", "try something else")
     assert said.startswith(f"✓ Proposal #{ids['second']} rejected by ann.")
     again = propose(engine, ids["history"])  # the heuristic engineer, asked again, answers the same

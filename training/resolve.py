@@ -15,7 +15,11 @@ import re
 from pathlib import Path
 
 DOWNLOADS_SETTING = "ENVLAB_ALLOW_DOWNLOADS"
-TINY_DIR = Path(__file__).resolve().parent.parent / "assets" / "tiny-policy"
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+TINY_DIR = ASSETS / "tiny-policy"
+# The policies shipped in assets/, by name: `tiny` plays 2 to 5 agents; `tiny-2agent`, the earlier `tiny`, was
+# warm-started on 2 agents only (what every run stored before the 2-to-5-agent one shipped was made with).
+SHIPPED = {"tiny": TINY_DIR, "tiny-2agent": ASSETS / "tiny-2agent-policy"}
 GEMMA = "gemma3-270m"
 GEMMA_PARAMS = 268_000_000
 _TRUE = ("1", "true", "yes", "on")
@@ -58,8 +62,8 @@ def resolve_policy(spec: str, *, build: bool = False) -> str:
     the spec itself while it is not converted yet, unless `build` converts it now; a folder with config.json),
     or a hub name that loads here (in the local cache, or downloads allowed). Raises PolicyUnavailable naming
     `spec` otherwise."""
-    if spec == "tiny":
-        return str(TINY_DIR)
+    if spec in SHIPPED:
+        return str(SHIPPED[spec])
     if spec == GEMMA:
         from training.gemma import GemmaUnavailable, _require, cache_root
 
@@ -91,7 +95,7 @@ def resolve_policy(spec: str, *, build: bool = False) -> str:
 def policy_params(spec: str) -> int | None:
     """About how many parameters policy `spec` has, read without loading it: its weight files' size over the
     bytes per weight its config names, or a size in its name (`Qwen3-4B`, `gemma3-270m`); None when unknown."""
-    if spec == "tiny":
+    if spec in SHIPPED:
         return 1_400_000
     if spec == GEMMA:
         return GEMMA_PARAMS

@@ -67,8 +67,9 @@ from storage.models import Job, Run, Stage, StageMetric, StageStatus, TrainingLo
 from storage.settings import RunSettings
 from training import advantage, memory, shared, trackers, vllm
 from training import evaluate as evaluation
-from training.policy import TINY_DIR, Policy, PolicyError, load_policy, local_device, lora_config, policy_folder
+from training.policy import Policy, PolicyError, load_policy, local_device, lora_config, policy_folder
 from training.progress import Cancelled, Progress
+from training.resolve import SHIPPED
 from training.rewards import DEFAULT_WEIGHTS, REWARDS
 
 log = logging.getLogger("envlab.stage")
@@ -652,8 +653,8 @@ def start_policy(args: StageArgs, device: str) -> Policy:
 
 def checkpoint_path(spec: str) -> str:
     """Where a policy spec lives on disk when it does (`tiny` is the shipped folder); else the spec itself."""
-    if spec == "tiny":
-        return str(TINY_DIR)
+    if spec in SHIPPED:
+        return str(SHIPPED[spec])
     path = Path(spec).expanduser()
     return str(path.resolve()) if path.exists() else spec
 

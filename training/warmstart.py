@@ -87,6 +87,9 @@ class Args:
     threads: int = 1
     shape: str = ""
     """overrides of the tiny model's shape, e.g. "hidden_size=192,num_hidden_layers=8" """
+    agents: str = ""
+    """train on these agent counts only, e.g. "2,3" (the paper's question: does it carry to 4 and 5?); "": all"""
+    device: str = "cpu"
 
 
 HELD_OUT_AGENTS = ((2,), (3, 4, 5))  # the validation sets' agent counts: today's default and the paper's
@@ -195,7 +198,7 @@ def check(policy: Policy, boards: list[Instance]) -> dict[int, float]:
 def _resumable(args: Args) -> dict:
     """The settings a saved state must share to be resumed (not the clock cap, threads or checks)."""
     keep = ("labels", "seed", "steps", "batch_size", "lr", "min_lr_ratio", "warmup", "weight_decay", "open_at",
-            "shape")
+            "shape", "agents")
     return {k: getattr(args, k) for k in keep}
 
 
@@ -204,7 +207,7 @@ def train(args: Args) -> tuple[Policy, list[float]]:
     torch.set_num_threads(args.threads)
     shape = {k: int(v) for k, v in (kv.split("=") for kv in args.shape.split(",") if kv)}
     policy = build_tiny(seed=args.seed, **shape)
-    model = policy.model
+    model = policy.model.to(args.device)
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
     optim = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
@@ -214,7 +217,7 @@ def train(args: Args) -> tuple[Policy, list[float]]:
     losses: list[float] = []
     history: list[dict] = []
     if state_file.is_file():
-        state = torch.load(state_file, weights_only=False)
+        state = torch.load(state_file, weights_only=False, map_location=args.device)
         if state["settings"] != _resumable(args):
             raise SystemExit(f"{state_file} was saved with other settings: remove it to start again")
         model.load_state_dict(state["model"])
@@ -224,6 +227,9 @@ def train(args: Args) -> tuple[Policy, list[float]]:
 
     held_out = held_out_ids(Path(args.labels) / HELD_OUT)
     data, dropped = load_labels(args.labels, held_out)
+    if args.agents:
+        only = {int(a) for a in args.agents.split(",")}
+        data = {cell: boards for cell, boards in data.items() if cell[0] in only}
     boards = sum(len(b) for b in data.values())
     policy.trained_agents = tuple(sorted({agents for agents, _ in data}))  # said in its envlab.json
     checks = check_boards(args.check_per_cell) if args.eval_every > 0 else []
@@ -248,7 +254,7 @@ def train(args: Args) -> tuple[Policy, list[float]]:
             cell, instances = step_batch(data, args, step)
             for group in optim.param_groups:
                 group["lr"] = lr_at(step, args)
-            loss = model(**batch(policy, instances)).loss
+            loss = model(**{k: v.to(args.device) for k, v in batch(policy, instances).items()}).loss
             optim.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -38,6 +38,8 @@ from lab.archive.tables import (
     JSON_IDS,
     MANIFEST,
     ROOT,
+    TINY_RENAMED,
+    VERSION,
     ArchiveError,
     links,
     primary_key,
@@ -46,7 +48,7 @@ from lab.archive.tables import (
 from storage.db import UnsafePath, inside, run_folder, runs_root
 from storage.models import ACTIVE_JOB, Job, JobStatus, Priority, Run, Stage
 from storage.settings import RunSettings
-from training.resolve import GEMMA
+from training.resolve import GEMMA, SHIPPED
 
 
 def _refuse_duplicate(engine: Engine, run: dict[str, Any]) -> None:
@@ -115,8 +117,9 @@ MODEL_NAME = re.compile(r"(?!.*\.\.)[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?", r
 
 def _check_policy(value: str, root: Path, where: str) -> None:
     """A run's policy (what its stages load and train) is never a folder the file chooses: it must be the lab's
-    own `tiny` or `gemma3-270m`, a model name that is no folder here, or a folder inside this lab's runs root."""
-    if value in ("tiny", GEMMA) or MODEL_NAME.fullmatch(value) and not Path(value).exists():
+    own `tiny`, `tiny-2agent` or `gemma3-270m`, a model name that is no folder here, or a folder inside this lab's
+    runs root."""
+    if value in SHIPPED or value == GEMMA or MODEL_NAME.fullmatch(value) and not Path(value).exists():
         return
     path = Path(value)
     try:
@@ -126,8 +129,8 @@ def _check_policy(value: str, root: Path, where: str) -> None:
     except ValueError:  # UnsafePath, or a name the file system cannot hold
         pass
     raise ArchiveError(f"{where}, column policy: {value!r:.120} is not a policy this lab takes from an archive "
-                       f"(tiny, {GEMMA}, a model name such as Qwen/Qwen3-4B, or a folder inside this lab's runs "
-                       "root): refused")
+                       f"(tiny, tiny-2agent, {GEMMA}, a model name such as Qwen/Qwen3-4B, or a folder inside this "
+                       "lab's runs root): refused")
 
 
 def _without_server(row: dict[str, Any]) -> dict[str, Any]:
@@ -149,13 +152,19 @@ def _ended(row: dict[str, Any]) -> dict[str, Any]:
     return {**row, "status": status, "error": error, "priority": Priority.BACKGROUND}
 
 
-def _as_imported(table: str, row: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
-    """What an import changes in a row beyond its ids: the run's server URL goes (`_foreign_run`), every job
-    arrives ended (`_ended`), and stage 0's checkpoint becomes the run's policy (checked by `_check_policy`): the
-    file's value is the folder the source machine loaded that policy from (`training.stage.checkpoint_path`),
-    which stage 1 and a benchmark of stage 0 would load here."""
+def _named_as_now(row: dict[str, Any], version: int) -> dict[str, Any]:
+    """The run's row with its policy named as this envlab names it (`TINY_RENAMED`: an earlier file's `tiny`)."""
+    policy = TINY_RENAMED.get(version, {}).get(row.get("policy"))
+    return row if policy is None else {**row, "policy": policy}
+
+
+def _as_imported(table: str, row: dict[str, Any], run: dict[str, Any], version: int = VERSION) -> dict[str, Any]:
+    """What an import changes in a row beyond its ids: the run's server URL goes (`_foreign_run`), its policy is
+    named as this envlab names it (`_named_as_now`), every job arrives ended (`_ended`), and stage 0's checkpoint
+    becomes the run's policy (checked by `_check_policy`): the file's value is the folder the source machine loaded
+    that policy from (`training.stage.checkpoint_path`), which stage 1 and a benchmark of stage 0 would load here."""
     if table == ROOT:
-        return _without_server(row)
+        return _without_server(_named_as_now(row, version))
     if table == Job.__tablename__:
         return _ended(row)
     if table == Stage.__tablename__ and row["index"] == 0 and row.get("checkpoint") is not None:
@@ -195,6 +204,7 @@ def _vouch(reader: Reader, manifest: dict[str, Any], root: Path) -> tuple[dict[s
                 raise ArchiveError(f"{where} row {n}: run {old} ({row.get('uuid')}) is not the manifest's run "
                                    f"{run['id']} ({run['uuid']})")
             if table.name == ROOT:
+                row = _named_as_now(row, manifest["version"])
                 dropped += _foreign_run(row, f"{where} row {n}")
                 _check_policy(row["policy"], root, f"{where} row {n}")
                 stored_run = row
@@ -229,7 +239,8 @@ def _insert_rows(connection: Connection, reader: Reader, manifest: dict[str, Any
             pk = primary_key(table)
             insert = table.insert().returning(pk, sort_by_parameter_order=True)
             for batch in _batches(checked_rows(reader, table, entry, where)):
-                values = [rows.convert(_as_imported(table.name, row, run), n) for n, _, row in batch]
+                values = [rows.convert(_as_imported(table.name, row, run, manifest["version"]), n)
+                          for n, _, row in batch]
                 try:
                     new = connection.execute(insert, values).scalars().all()
                 except SQLAlchemyError as err:

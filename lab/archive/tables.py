@@ -17,7 +17,10 @@ from sqlmodel import SQLModel
 from storage.models import Run
 
 FORMAT = "envlab-run"
-VERSION = 1  # raise it when a file of this version would be read wrongly by the code that reads it now
+# Raise it when a file of this version would be read wrongly by the code that reads it now. 2: `tiny` is the
+# 2-to-5-agent policy; a version-1 file's `tiny` was the 2-agent one, read as `tiny-2agent` (`lab.archive.importing`).
+VERSION = 2
+TINY_RENAMED = {1: {"tiny": "tiny-2agent"}}  # a version's policy names as this version calls them
 MANIFEST = "manifest.json"
 ROOT = Run.__tablename__
 BATCH_ROWS = 500

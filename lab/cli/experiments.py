@@ -213,7 +213,7 @@ def cmd_experiment_adopt(args: argparse.Namespace) -> None:
 
 
 def cmd_experiment_list(args: argparse.Namespace) -> None:
-    from lab.study.experiments import list_experiments
+    from lab.study.experiments import arm_names, list_experiments
     from storage.models import RunStatus
 
     found = list_experiments(engine_of(args.db))
@@ -222,7 +222,7 @@ def cmd_experiment_list(args: argparse.Namespace) -> None:
     for p in found:
         e = p.experiment
         states = ", ".join(f"{p.count(status)} {status}" for status in RunStatus if p.count(status))
-        print(f"{e.id:>3} {e.name}: arms {', '.join(a['name'] for a in e.arms)}; {e.seeds} seeds; "
+        print(f"{e.id:>3} {e.name}: arms {', '.join(arm_names(e))}; {e.seeds} seeds; "
               f"{e.settings.stages} stages; runs {states}; {p.done}/{p.total} stages done; "
               f"created {e.created_at:%Y-%m-%d %H:%M} UTC")
         if (matched := match_line(e.settings)) is not None:

@@ -223,11 +223,19 @@ def _status(state: ProposalState) -> str:
                "below or reject to ask the engineer again."
     waiting = f"{title}  \n**Waiting for a decision.**"
     if p.engineer in SAME_WHEN_ASKED_AGAIN:
-        why = "it proposes the configs its run holds" if p.engineer in set(Held) else \
-            "it reads only this stage's results"
-        waiting += (f" Asked again, the `{p.engineer}` engineer answers this same config ({why}): to change it, edit "
-                    "it below, or switch the run's engineer in the Train tab before rejecting.")
+        waiting += (f" Asked again, the `{p.engineer}` engineer answers this same config ({same_again(p.engineer)}): "
+                    "to change it, edit it below, or switch the run's engineer in the Train tab before rejecting.")
     return waiting
+
+
+def same_again(engineer: str) -> str:
+    """Why an engineer of `SAME_WHEN_ASKED_AGAIN` answers a rejected config again: what it reads, which a rejection
+    does not change."""
+    if engineer in set(Held):
+        return "it proposes the configs its run holds"
+    if engineer == "bandit":
+        return "it reads the training logs of its run's stages so far"
+    return "it reads only this stage's results"
 
 
 def _fmt(value: Any, signed: bool = False) -> str:

@@ -43,7 +43,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import plotly.graph_objects as go
@@ -56,11 +55,11 @@ from sqlmodel import Session, select
 from envsim.suite import VALIDATION_AGENTS, Split
 from lab.results import stage_summaries
 from lab.settings import counts_text
-from lab.study.experiments import MATCH_WORDS, arm_names, experiment_runs, find_experiment, match_text
+from lab.study.experiments import MATCH_WORDS, arm_names, arms_of, experiment_runs, find_experiment, match_text
 from lab.text import as_text
 from storage.db import session
 from storage.models import Experiment, Job, JobKind, Proposal, Run, Stage, StageMetric, StageStatus
-from storage.settings import ExperimentSettings, Held
+from storage.settings import ExperimentSettings, Held, HeldConfigs
 
 LEVEL = 0.95  # the intervals' coverage
 ALPHA = 0.05  # the paired t tests' level (two-sided): the detectable difference's, and Holm's family-wise
@@ -718,10 +717,9 @@ def difference_table_rows(compared: Comparison, rate: Rate = Rate.VALID,
     return headers, rows
 
 
-def _held_text(held: dict[str, Any]) -> str:
+def _held_text(held: HeldConfigs) -> str:
     """A held arm's configs in a few words: its file, and a schedule's length."""
-    n = len(held.get("configs") or ())
-    return f"{as_text(str(held.get('source')))}" + (f", {n} items" if held.get("kind") == Held.SCHEDULE else "")
+    return as_text(held.source) + (f", {len(held.configs)} items" if held.kind == Held.SCHEDULE else "")
 
 
 def report_markdown(compared: Comparison) -> str:
@@ -734,10 +732,10 @@ def report_markdown(compared: Comparison) -> str:
     lines = [f"# Experiment {as_text(e.name)}", "", finding(compared), "",
              *([as_text(e.description), ""] if e.description else []), compute_statement(compared), "",
              f"Runs: {done} of {len(compared.runs)} done. Arms: " + ", ".join(
-                 f"{as_text(a['name'])} ({a['engineer']}"
-                 + (f", {as_text(a['backend'])}, context {a['context']}" if a["backend"] else "")
-                 + (f", {_held_text(a['held'])}" if a.get("held") else "") + ")"
-                 for a in e.arms) + f". Primary metric: the {primary} rate.", "",
+                 f"{as_text(a.name)} ({a.engineer}"
+                 + (f", {as_text(a.backend)}, context {a.context}" if a.backend else "")
+                 + (f", {_held_text(a.held)}" if a.held is not None else "") + ")"
+                 for a in arms_of(e)) + f". Primary metric: the {primary} rate.", "",
              *_compute_section(compared), "",
              f"## Validation {primary} rate", "",
              "Each cell: the mean over seeds, its 95% Student-t interval over seeds (n - 1 degrees of freedom), "

@@ -125,6 +125,13 @@ class Arm:
         return {"name": self.name, "engineer": self.engineer, "backend": self.backend, "context": self.context,
                 **held}
 
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Arm:
+        """The arm an experiment's `arms` stores (`row()`'s inverse); its held configs checked as when made."""
+        held = row.get("held")
+        return cls(row["name"], row["engineer"], row.get("backend", ""), row.get("context", DEFAULT_PRESET),
+                   HeldConfigs.model_validate(held) if held is not None else None)
+
 
 @dataclass(frozen=True)
 class Scenario:
@@ -411,7 +418,7 @@ def _source_runs(other: Engine, experiment: Experiment, source: Path, arm: str, 
                  source_experiment: str | None) -> tuple[Experiment, dict[int, Run], list[str]]:
     """`adopt_runs`' look at the other database: its experiment (refused unless at the same compute), its runs
     of `arm` by seed, and what is wrong with the ones asked for."""
-    spec = next(a for a in experiment.arms if a["name"] == arm)
+    spec = next(a for a in arms_of(experiment) if a.name == arm)
     try:
         theirs = find_experiment(other, source_experiment or experiment.name)
     except ExperimentError as err:
@@ -430,18 +437,12 @@ def _source_runs(other: Engine, experiment: Experiment, source: Path, arm: str, 
             problems.append(f"seed {seed}: no run of arm {arm!r} there")
         elif run.status != RunStatus.DONE:
             problems.append(f"seed {seed}: its run {run.id} there is {run.status}, not done")
-        elif (run.engineer, run.engineer_backend) != (spec["engineer"], spec["backend"]):
+        elif (run.engineer, run.engineer_backend) != (spec.engineer, spec.backend):
             problems.append(f"seed {seed}: its run {run.id} there ran engineer {run.engineer!r}, "
-                            f"this arm runs {spec['engineer']!r}")
-        elif _held_of(run) != spec.get("held"):
+                            f"this arm runs {spec.engineer!r}")
+        elif run.settings.held_configs != spec.held:
             problems.append(f"seed {seed}: its run {run.id} there held other configs than this arm's")
     return theirs, found, problems
-
-
-def _held_of(run: Run) -> dict[str, Any] | None:
-    """A run's held configs as its experiment's arm stores them (None: it holds none)."""
-    held = run.settings.held_configs
-    return None if held is None else held.model_dump(mode="json")
 
 
 def adopt_runs(engine: Engine, key: str | int, source: str | Path, arm: str, seeds: Sequence[int],
@@ -463,8 +464,7 @@ def adopt_runs(engine: Engine, key: str | int, source: str | Path, arm: str, see
     from storage.db import DatabaseUnusable, open_database
 
     experiment = find_experiment(engine, key)
-    spec = next((a for a in experiment.arms if a["name"] == arm), None)
-    if spec is None:
+    if arm not in arm_names(experiment):
         raise ExperimentError(f"experiment {experiment.name!r} has no arm {arm!r} "
                               f"(its arms: {', '.join(arm_names(experiment))})")
     seeds = sorted(set(seeds))
@@ -538,8 +538,13 @@ def experiment_runs(engine: Engine, experiment_id: int) -> list[Run]:
         return list(s.exec(select(Run).where(Run.experiment_id == experiment_id).order_by(Run.id)))
 
 
+def arms_of(experiment: Experiment) -> list[Arm]:
+    """The experiment's arms, typed, in the order they were made."""
+    return [Arm.from_row(a) for a in experiment.arms]
+
+
 def arm_names(experiment: Experiment) -> list[str]:
-    return [a["name"] for a in experiment.arms]
+    return [a.name for a in arms_of(experiment)]
 
 
 @dataclass(frozen=True)

@@ -65,7 +65,7 @@ from lab.study.comparison import (
     welch_interval,
     write_csv,
 )
-from lab.study.experiments import EXPERIMENT_VALIDATION_PER_SIZE, ExperimentError, load_scenario
+from lab.study.experiments import EXPERIMENT_VALIDATION_PER_SIZE, ExperimentError, arms_of, load_scenario
 from storage.db import session
 from storage.models import Stage
 
@@ -232,8 +232,8 @@ def gain_of(compared: Comparison, arm: str) -> Gain | None:
     valid, optimal = _gain(compared, arm, Rate.VALID), _gain(compared, arm, Rate.OPTIMAL)
     if valid is None or optimal is None:
         return None
-    held = next(a for a in compared.experiment.arms if a["name"] == arm).get("held")
-    config = EnvConfig.model_validate(held["configs"][0]) if held else None
+    held = next(a for a in arms_of(compared.experiment) if a.name == arm).held
+    config = held.configs[0] if held is not None else None
     return Gain(arm, config, valid, optimal, compared.estimate(arm, Rate.VALID, 0))
 
 
@@ -261,7 +261,7 @@ def headroom(engine: Engine, name: str = NAME, draws: str | None = None) -> Head
     (default `NAME-random`; `name` itself where it has a random arm and `draws` is not given)."""
     try:
         compared = comparison(engine, name)
-        own = any(a["engineer"] == "random" for a in compared.experiment.arms)
+        own = any(a.engineer == "random" for a in arms_of(compared.experiment))
         other = compared if draws is None and own else comparison(engine, draws or f"{name}-random")
     except ExperimentError as err:
         raise HeadroomError(str(err)) from None
@@ -270,10 +270,10 @@ def headroom(engine: Engine, name: str = NAME, draws: str | None = None) -> Head
     if compared.stages != STAGES:
         raise HeadroomError(f"experiment {compared.experiment.name!r} has {compared.stages} stages; a screen trains "
                             f"{STAGES} after stage 0")
-    random_arms = [a["name"] for a in other.experiment.arms if a["engineer"] == "random"]
+    random_arms = [a.name for a in arms_of(other.experiment) if a.engineer == "random"]
     if not random_arms:
         raise HeadroomError(f"experiment {other.experiment.name!r} has no random arm: its draws are the baseline")
-    configs = [g for a in compared.experiment.arms if a.get("held") and (g := gain_of(compared, a["name"]))]
+    configs = [g for a in arms_of(compared.experiment) if a.held is not None and (g := gain_of(compared, a.name))]
     drawn = gain_of(other, random_arms[0])
     if not configs or drawn is None:
         raise HeadroomError(f"no gain to read yet: no run of {'a held config' if not configs else 'random'} has both "
@@ -298,7 +298,7 @@ def plan_of(h: Headroom, scenario: str = SCENARIO) -> Plan:
                 if chosen.grpo.get(k) != v]
     if e.policy != "tiny":
         options.append(f"--policy {shlex.quote(e.policy)}")
-    held = tuple(Path(a["held"]["source"]).stem for a in e.arms if a.get("held"))
+    held = tuple(Path(a.held.source).stem for a in arms_of(e) if a.held is not None)
     return Plan(e.name, scenario, held, e.seeds, h.draws_experiment.experiment.seeds,
                 tuple(run.agent_counts or s.config.agent_counts), tuple(s.validation_agents), run.dev_per_size,
                 tuple(options))

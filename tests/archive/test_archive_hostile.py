@@ -141,6 +141,25 @@ def replaced(old: str, new: str):
     return change
 
 
+# ---------------------------------------------------------------- the policy's name across versions
+
+
+@pytest.mark.parametrize(("version", "policy", "imported"), [(1, "tiny", "tiny-2agent"), (2, "tiny", "tiny"),
+                                                             (2, "tiny-2agent", "tiny-2agent")])
+def test_a_version_1_files_tiny_is_the_2_agent_policy_and_a_version_2_files_is_todays(good, lab, tmp_path, version,
+                                                                                      policy, imported):
+    """`tiny` played 2 agents when version-1 files were written: such a run arrives as `tiny-2agent`, its stage 0
+    (the policy it started from) too; a version-2 file's names are this envlab's."""
+    engine, _ = lab
+    assert read_manifest(good)["version"] == 2
+    file = rebuild(good, tmp_path / "run.zip", manifest_changed(lambda m: m.update(version=version)))
+    file = rebuild(file, tmp_path / "named.zip", rows_changed("runs", 1, policy=policy))
+    run_id = import_run(engine, file)
+    with open_session(engine) as s:
+        assert s.get(Run, run_id).policy == imported
+        assert s.exec(select(Stage).where(Stage.run_id == run_id, Stage.index == 0)).one().checkpoint == imported
+
+
 # ---------------------------------------------------------------- where files go
 
 
@@ -895,8 +914,8 @@ def test_a_job_the_archive_calls_queued_or_running_arrives_cancelled_and_no_work
 def refused_policy(value: str) -> str:
     """The refusal of a run whose policy is `value`."""
     return re.escape(f"tables/runs.jsonl row 1, column policy: {value!r} is not a policy this lab takes from an "
-                     "archive (tiny, gemma3-270m, a model name such as Qwen/Qwen3-4B, or a folder inside this lab's "
-                     "runs root): refused")
+                     "archive (tiny, tiny-2agent, gemma3-270m, a model name such as Qwen/Qwen3-4B, or a folder inside "
+                     "this lab's runs root): refused")
 
 
 @pytest.mark.parametrize("value", ["/etc", "{outside}", "{root}/../outside", "{root}", "~/models/mine",

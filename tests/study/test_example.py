@@ -139,13 +139,15 @@ def test_the_file_is_a_small_run_archive_without_checkpoints():
     assert EXAMPLE.stat().st_size < 5_000_000
 
 
-def test_it_is_a_finished_3_stage_run_of_the_tiny_policy_with_the_heuristic_engineer(shipped):
+def test_it_is_a_finished_3_stage_run_of_the_2_agent_tiny_policy_with_the_heuristic_engineer(shipped):
     engine, run_id = shipped
     with session(engine) as s:
         run = s.get(Run, run_id)
-        assert (run.policy, run.engineer, run.seed, run.status) == ("tiny", "heuristic", 0, RunStatus.DONE)
+        # made with the 2-agent tiny policy, which a version-1 archive calls `tiny`
+        assert (run.policy, run.engineer, run.seed, run.status) == ("tiny-2agent", "heuristic", 0, RunStatus.DONE)
         assert (run.settings.stages, run.settings.auto_apply) == (3, False)
         stages = stages_of(s, run_id)
+        assert stages[0].checkpoint == "tiny-2agent"
         assert [(st.index, st.status) for st in stages] == [(k, StageStatus.DONE) for k in range(4)]
         summaries = stage_summaries(s, run_id)
         assert {k: summaries[k].pooled.episodes for k in summaries} == {k: VALIDATION_BOARDS for k in range(4)}

@@ -495,8 +495,12 @@ def test_an_experiment_adopts_done_runs_of_another_database_at_the_same_compute(
     with gzip.open(SHIPPED, "rb") as src, source.open("wb") as dst:
         dst.write(src.read())
     before = hashlib.sha256(source.read_bytes()).hexdigest()
+    today = create_experiment(empty_lab, name="today", scenario="hard-start", arms=["random"], seeds=1,
+                              settings=RunSettings(stages=3))  # the shipped runs were made with the 2-agent tiny
+    with pytest.raises(ExperimentError, match=r"differs from 'today' in policy \('tiny-2agent' there, 'tiny' here\)"):
+        adopt_runs(empty_lab, today.id, source, "random", [0], source_experiment="hardstart")
     experiment = create_experiment(empty_lab, name="hardstart", scenario="hard-start", arms=["fixed", "random"],
-                                   seeds=4, settings=RunSettings(stages=3))
+                                   seeds=4, settings=RunSettings(stages=3), policy="tiny-2agent")
     own = {(r.arm, r.seed): r.id for r in experiment_runs(empty_lab, experiment.id)}
     db = str(empty_lab.url.database)
     for args, why in ((["--arm", "heuristic", "--seeds", "0"], "has no arm 'heuristic'"),
@@ -504,11 +508,12 @@ def test_an_experiment_adopts_done_runs_of_another_database_at_the_same_compute(
                       (["--arm", "random", "--seeds", "0", "--from-experiment", "nope"], "no experiment 'nope'")):
         assert cli.main(["experiment", "adopt", "hardstart", "--from", str(source), *args, "--db", db]) == 2
         assert why in capsys.readouterr().err
-    other = create_experiment(empty_lab, name="defaults", arms=["random"], seeds=1, settings=RunSettings(stages=3))
+    other = create_experiment(empty_lab, name="defaults", arms=["random"], seeds=1, settings=RunSettings(stages=3),
+                              policy="tiny-2agent")
     with pytest.raises(ExperimentError, match=r"differs from 'defaults' in config .*: not the same compute"):
         adopt_runs(empty_lab, other.id, source, "random", [0], source_experiment="hardstart")
     renamed = create_experiment(empty_lab, name="renamed", scenario="hard-start", arms=["random=heuristic"], seeds=1,
-                                settings=RunSettings(stages=3))
+                                settings=RunSettings(stages=3), policy="tiny-2agent")
     with pytest.raises(ExperimentError, match=r"seed 0: its run 49 there ran engineer 'random', this arm runs "
                                               r"'heuristic'"):
         adopt_runs(empty_lab, renamed.id, source, "random", [0], source_experiment="hardstart")

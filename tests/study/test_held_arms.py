@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 from sqlmodel import select
 
 from lab import cli
@@ -52,6 +53,12 @@ def test_a_held_arm_reads_its_file_once_named_or_not(files):
     assert Arm.parse(f"best=static:{best}").spec == "static:best.json"
     assert Arm.parse(f"ramp=schedule:{steps}").row()["held"] == {
         "kind": "schedule", "source": "steps.json", "configs": [as_json(c) for c in STEPS]}
+    for text in (f"static:{best}", f"ramp=schedule:{steps}", "random", "llm:openai:qwen3-4b@paper-best"):
+        arm = Arm.parse(text)
+        assert Arm.from_row(json.loads(json.dumps(arm.row()))) == arm  # as the database gives it back
+    bad = {**Arm.parse(f"best=static:{best}").row(), "held": {"kind": "static", "source": "best.json", "configs": []}}
+    with pytest.raises(ValidationError, match="configs"):
+        Arm.from_row(bad)
     assert {"static", "schedule"} <= SAME_WHEN_ASKED_AGAIN and {"static", "schedule"} <= set(ENGINEERS)
     assert not {"static", "schedule"} & set(ALONE)  # the Runs page cannot give a run alone a held engineer
 
