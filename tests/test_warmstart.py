@@ -77,6 +77,9 @@ def test_a_few_steps_lower_the_loss_resume_exactly_and_write_a_checkpoint(labels
     assert len(train(again)[1]) == 1  # stopped after one step, its state saved
     _, resumed = train(Args(**{**vars(again), "minutes": 0.0}))
     assert resumed == losses  # the same seed, the same run, stopped or not
+    kept = Args(**{**vars(args), "out": str(tmp_path / "kept"), "stop_at": 4})
+    assert len(train(kept)[1]) == 4  # a checkpoint on the way, kept: the run stops after step 4, its state saved
+    assert train(Args(**{**vars(kept), "stop_at": 0}))[1] == losses
     first, second = load_policy(args.out), load_policy(again.out)
     assert all(torch.equal(a, b) for a, b in zip(first.model.parameters(), second.model.parameters(), strict=True))
     assert first.prompt_style == "compact"

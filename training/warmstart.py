@@ -84,6 +84,8 @@ class Args:
     """steps between saves of the resumable state"""
     minutes: float = 0.0
     """stop (saving the state, to be resumed) after this long; 0: run to the end"""
+    stop_at: int = 0
+    """stop (saving the state, to be resumed) after this step, e.g. to keep a checkpoint on the way; 0: none"""
     threads: int = 1
     shape: str = ""
     """overrides of the tiny model's shape, e.g. "hidden_size=192,num_hidden_layers=8" """
@@ -267,11 +269,11 @@ def train(args: Args) -> tuple[Policy, list[float]]:
                 print(f"\nstep {done}, loss {np.mean(losses[-50:]):.4f}", flush=True)
                 history.append({"step": done, "valid": check(policy, checks)})
                 model.train()
-            out_of_time = args.minutes > 0 and (time.perf_counter() - t0) / 60 >= args.minutes
-            if done % args.save_every == 0 or done == args.steps or out_of_time or stop["now"]:
+            pause = args.minutes > 0 and (time.perf_counter() - t0) / 60 >= args.minutes or done == args.stop_at
+            if done % args.save_every == 0 or done == args.steps or pause or stop["now"]:
                 save_state()
                 policy.save(args.out)  # a run cut short still leaves its latest checkpoint
-            if out_of_time or stop["now"]:
+            if pause or stop["now"]:
                 print(f"\nstopped at step {done} of {args.steps}: run the same command to go on", flush=True)
                 break
     finally:
