@@ -854,7 +854,13 @@ def test_ctrl_c_mid_stage_hands_the_job_back_and_the_next_start_resumes_it_on_th
         claimed = wait_job(engine, job_id, lambda j: j.status == "running" and j.step >= 1 and j.result, "training")
         assert claimed.heartbeat_at is not None and claimed.worker.startswith(f"{socket.gethostname()}:")
         os.killpg(first.pid, signal.SIGINT)  # Ctrl+C: the terminal's SIGINT to the page's process group
-        assert first.wait(timeout=90) == 0
+        try:
+            assert first.wait(timeout=90) == 0
+        except subprocess.TimeoutExpired:  # say where the page is: it prints every thread's stack on SIGUSR1
+            os.kill(first.pid, signal.SIGUSR1)
+            time.sleep(2)
+            pytest.fail("envlab serve did not stop within 90 s of Ctrl+C; its threads:\n"
+                        + (tmp_path / "serve-1.log").read_text()[-6000:])
     finally:
         stop_serving(first)
     said = (tmp_path / "serve-1.log").read_text()

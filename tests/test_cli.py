@@ -161,8 +161,13 @@ def test_serve_listens_on_gradio_server_port_and_says_where(tmp_path: Path):
                 time.sleep(0.3)
         assert status == 200, proc.stderr.read()[-2000:] if proc.poll() is not None else "no answer"
         assert proc.stdout.readline() == f"envlab: serving on http://127.0.0.1:{port}\n"
+        proc.send_signal(signal.SIGUSR1)  # where every thread is, for a page that does not stop: it keeps serving
+        time.sleep(1)
+        assert proc.poll() is None
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
+        assert re.search(r"Current thread 0x[0-9a-f]+ .*\n(  File .*\n)*  File .*, line \d+ in block_thread",
+                         proc.stderr.read())
     finally:
         if proc.poll() is None:
             proc.kill()

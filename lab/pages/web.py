@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import faulthandler
 import html
 import inspect
 import os
@@ -625,6 +626,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # SIGTERM ends the page like Ctrl-C does, so the atexit hook stops the workers it started, each with one SIGTERM
     # (they are in process groups of their own: a Ctrl+C reaches the page only), and each hands its job back.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID`: every thread's stack, on stderr
     try:
         launch(build_demo(engine, own_worker=not args.no_worker), host, port, auth,
                allowed=args.allowed_hosts.split(","), forwarded_allow_ips=args.forwarded_allow_ips)
