@@ -5,6 +5,7 @@
 # `envlab experiment run` goes on where it stopped; the configs and the two experiments are made once.
 #
 #   bash scripts/headroom-screen.sh [COMMIT]     # POLICY=path/to/policy for another policy than `tiny`
+#                                                # WORKERS=K workers of one torch thread (default 2: one a core here)
 #
 # The report lands in $WORK/headroom/report (report.md, gains.csv); it is shipped as docs/results/headroom/.
 set -euo pipefail
@@ -12,6 +13,7 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 work=${WORK:-$HOME/envlab-long}/headroom
 commit=${1:-$(cat "$work/COMMIT" 2>/dev/null || git -C "$repo" rev-parse --short HEAD)}
 policy=${POLICY:-tiny}
+workers=${WORKERS:-2}
 python=$repo/.venv/bin/python
 mkdir -p "$work"
 echo "$commit" > "$work/COMMIT"
@@ -40,8 +42,8 @@ if [ ! -f "$work/made-headroom-random" ]; then
 fi
 # A worker takes any queued job of the database, so the first command's worker also moves the random runs.
 nohup setsid nice -n 5 bash -c "
-    '$python' -m lab.cli experiment run headroom --workers 1 --threads 1 --db '$db' &&
-    '$python' -m lab.cli experiment run headroom-random --workers 1 --threads 1 --db '$db' &&
+    '$python' -m lab.cli experiment run headroom --workers $workers --threads 1 --db '$db' &&
+    '$python' -m lab.cli experiment run headroom-random --workers $workers --threads 1 --db '$db' &&
     '$python' -m lab.study.headroom report headroom --db '$db' --configs '$configs' --out '$work/report'
 " >> "$work/headroom.log" 2>&1 &
 echo "headroom screen: 24 config runs + 6 random draws at commit $commit; log: $work/headroom.log; report: $work/report"
