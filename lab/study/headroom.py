@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shlex
 import sys
 from collections.abc import Sequence
@@ -57,6 +58,7 @@ from lab.study.comparison import (
     Rate,
     cell,
     comparison,
+    detectable,
     difference_cell,
     estimate,
     markdown_table,
@@ -88,6 +90,8 @@ STAGES = 1  # one trained stage after stage 0
 # for nothing here.
 DEV_PER_SIZE_SCREEN = 3
 THRESHOLD = 0.03  # headroom below 3 points: the environment, as screened, leaves an engineer little to find
+STUDY_EFFECT = 0.02  # the difference between engineers a study after the screen is sized to detect (80% power)
+STUDY_LEAST_SEEDS = 8
 INITIAL = "initial.json"
 
 
@@ -219,6 +223,24 @@ class Headroom:
     @property
     def headroom(self) -> float:
         return self.best.valid.mean - self.draws.valid.mean
+
+    @property
+    def seed_sd(self) -> float | None:
+        """The seed spread of one config's gain: the pooled standard deviation over the configs with 2 or more seeds
+        (each config's seeds differ only in the training's random numbers); None without such a config."""
+        spread = [(len(g.valid.values) - 1, g.valid.sd) for g in self.configs if len(g.valid.values) > 1]
+        dof = sum(d for d, _ in spread)
+        return None if not dof else math.sqrt(sum(d * sd * sd for d, sd in spread) / dof)
+
+
+def seeds_for(sd: float, effect: float = STUDY_EFFECT, least: int = STUDY_LEAST_SEEDS) -> int:
+    """The seeds a study needs to detect a true difference of `effect` between two arms with 80% power (two-sided
+    paired t test at 0.05), where one arm's seeds spread by `sd`: the difference of two independent arms spreads by
+    sqrt(2) x sd; at least `least`."""
+    n = least
+    while (found := detectable(math.sqrt(2) * sd, n)) is not None and found > effect:
+        n += 1
+    return n
 
 
 def _gain(compared: Comparison, arm: str, rate: Rate) -> Estimate | None:
@@ -373,6 +395,18 @@ def _few_seeds(h: Headroom) -> str:
             "the headroom compares the best with every draw.")
 
 
+def _seeds_lines(h: Headroom) -> list[str]:
+    """The seeds the second-pass study needs at this spread (`seeds_for`), as a paragraph of the report."""
+    if h.seed_sd is None:
+        return []
+    n = seeds_for(h.seed_sd)
+    return ["## Seeds for a study of engineers", "",
+            f"One config's gain spreads by {points(h.seed_sd)} points over its seeds (pooled over the configs). A "
+            f"difference of two arms then spreads by about {points(math.sqrt(2) * h.seed_sd)} points, and "
+            f"{n} seeds detect a true difference of {points(STUDY_EFFECT)} points with 80% power (two-sided paired t "
+            f"test at 0.05; at least {STUDY_LEAST_SEEDS} seeds).", ""]
+
+
 def report_markdown(h: Headroom, remake: Sequence[str] = ()) -> str:
     """The screen's report: the commands that remake it, the headroom sentence and its interval, every config's gain
     and the random draws'; where the headroom is under 3 points, what the screen varied."""
@@ -396,6 +430,7 @@ def report_markdown(h: Headroom, remake: Sequence[str] = ()) -> str:
              f"{len(set(h.best.valid.seeds) & set(h.draws.valid.seeds))} of the {len(h.draws.valid.values)} draws.",
              f"- The best config is picked on the runs that measure it, so its gain is biased upward (the largest "
              f"of {len(h.configs)} noisy means): a config worth keeping is run again on new seeds.", "",
+             *_seeds_lines(h),
              "## Every config's gain", "", *markdown_table(*gain_rows(h)), "",
              "## The random draws", "", *markdown_table(*draw_rows(h)), ""]
     if h.headroom < THRESHOLD:

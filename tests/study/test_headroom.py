@@ -21,7 +21,7 @@ from envsim.generator import cell_counts, round_half_up
 from lab.cli import main as envlab
 from lab.engineers import check_held, random_config, read_held
 from lab.study import headroom as hr
-from lab.study.comparison import Rate, comparison, welch_interval
+from lab.study.comparison import Rate, comparison, detectable, t_power, welch_interval
 from lab.study.experiments import create_experiment, experiment_runs, find_experiment, load_scenario
 from storage.db import make_engine, session
 from storage.models import Stage, StageMetric
@@ -165,6 +165,12 @@ def test_the_report_s_numbers_are_exact(empty_lab, tmp_path: Path, best: list[in
     assert "| 3 | +6.00 | 2=1 | 0.2 | 0.25 | the engineer drew no config: trained on the initial one |" in report
     assert "valid rate 50.0%" in report and "2,520 validation boards of 3-5 agents" in report
     assert ("## Under 3 points" in report) == ("under" in verdict)
+    pooled = ((stats.tstd(gains) ** 2 + stats.tstd([2, 1]) ** 2) / 2) ** 0.5 / 100  # 1 degree of freedom each
+    assert h.seed_sd == pytest.approx(pooled)
+    n = hr.seeds_for(pooled)
+    assert (f"One config's gain spreads by {pooled * 100:.2f} points over its seeds (pooled over the configs). A "
+            f"difference of two arms then spreads by about {pooled * 100 * 2 ** 0.5:.2f} points, and {n} seeds "
+            "detect a true difference of 2.00 points with 80% power") in report
 
     written = hr.write_report(h, tmp_path / "out")
     with open(written["gains"]) as f:
@@ -177,6 +183,16 @@ def test_the_report_s_numbers_are_exact(empty_lab, tmp_path: Path, best: list[in
     assert float(rows[2]["valid_gain_mean"]) == pytest.approx(0.07)
     assert (float(rows[3]["valid_gain_mean"]), float(rows[3]["valid_gain_low"])) == pytest.approx(
         (h.headroom, ci.low / 100))
+
+
+def test_the_study_s_seeds_detect_2_points_with_80_percent_power_and_are_at_least_8():
+    """A paired difference of two arms spreads by sqrt(2) x one arm's seed spread; the fewest seeds (at least 8) at
+    which the paired t test finds 2 points 80% of the time."""
+    assert [hr.seeds_for(sd) for sd in (0.005, 0.01, 0.02, 0.03)] == [8, 8, 18, 38]
+    for sd in (0.02, 0.03):
+        n = hr.seeds_for(sd)
+        assert detectable(2 ** 0.5 * sd, n) <= 0.02 < detectable(2 ** 0.5 * sd, n - 1)
+        assert t_power(0.02, 2 ** 0.5 * sd, n) >= 0.8 > t_power(0.02, 2 ** 0.5 * sd, n - 1)
 
 
 def test_welch_s_interval_needs_two_values_a_side():
