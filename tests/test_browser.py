@@ -723,8 +723,10 @@ def test_each_action_asks_the_server_once_and_hidden_tabs_wait_until_opened(brow
         assert page.locator("#train-status").get_by_text(f"Run #{ids['waiting']} ").count() == 1
         assert page.locator("#proposal-status").get_by_text(f"Proposal #{ids['pending']} ").count() == 1
 
+        calls.clear()
         page.goto(f"http://127.0.0.1:{port}/?run={ids['history']}")
         page.locator("#run-pick input").wait_for()
+        assert counted(calls, "on_load", 1) == 1  # the page's first answer in, as a person sees the page first
         page.get_by_role("tab", name="Stage review").click()  # the gallery, then its four plots in the next answer
         page.wait_for_function("() => [...document.querySelectorAll('.js-plotly-plot')]"
                                ".filter(d => d.data && d.data.length && d.offsetParent).length === 4")
@@ -771,10 +773,14 @@ def serve(db: Path, runs: Path, log: Path) -> tuple[subprocess.Popen, str]:
     port = free_port()
     env = {**os.environ, "ENVLAB_RUNS": str(runs), "OMP_NUM_THREADS": "1",
            "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    # As a terminal starts it: SIGINT at its default. A test process may have it ignored (an ignored signal stays
+    # ignored through exec, and Python then leaves Ctrl+C ignored), so the command resets it before it execs.
+    command = [sys.executable, "-m", "lab.cli", "serve", "--no-example", "--port", str(port), "--db", str(db)]
+    terminal = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                "os.execv(sys.executable, sys.argv[1:])")
     with log.open("w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "lab.cli", "serve", "--no-example", "--port", str(port),
-                                 "--db", str(db)], env=env, cwd=db.parent, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen([sys.executable, "-c", terminal, *command], env=env, cwd=db.parent, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
     url, deadline = f"http://127.0.0.1:{port}/", time.monotonic() + STAGE_WAIT_S
     while proc.poll() is None and time.monotonic() < deadline:
         try:

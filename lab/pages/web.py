@@ -24,6 +24,7 @@ threads on every core but one), so the page stays quick while a stage trains.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import faulthandler
 import html
@@ -626,7 +627,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # SIGTERM ends the page like Ctrl-C does, so the atexit hook stops the workers it started, each with one SIGTERM
     # (they are in process groups of their own: a Ctrl+C reaches the page only), and each hands its job back.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
-    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID`: every thread's stack, on stderr
+    with contextlib.suppress(OSError, ValueError):  # io.UnsupportedOperation: a stderr that is no file (a capture)
+        faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID`: every thread's stack, on stderr
     try:
         launch(build_demo(engine, own_worker=not args.no_worker), host, port, auth,
                allowed=args.allowed_hosts.split(","), forwarded_allow_ips=args.forwarded_allow_ips)
