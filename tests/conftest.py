@@ -29,9 +29,11 @@ import itertools
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -60,6 +62,16 @@ LONGEST_FIRST = ["test_slurm", "test_experiment_e2e", "test_browser", "test_stag
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))  # stable: each module's own order kept
+
+
+@pytest.fixture(autouse=True)
+def _ctrl_c_at_its_default() -> Iterator[None]:
+    """Every test's children start with Ctrl+C at its default, as a terminal starts them. Something a test runs in
+    this process can leave SIGINT ignored here, and an ignored signal stays ignored through exec (Python then leaves
+    Ctrl+C ignored): a child's test of Ctrl+C would then wait for nothing."""
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
 
 
 def _postgres_bin() -> Path | None:
