@@ -9,7 +9,7 @@ hook queues what comes next). The stage-0 episodes of every run are compared wit
 fails if any differs.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_stage0.py --seeds 3 --arms fixed,heuristic
-    OMP_NUM_THREADS=1 python benchmarks/bench_stage0.py --quick   # 2 arms x 2 seeds, 8 + 24 boards
+    OMP_NUM_THREADS=1 python benchmarks/bench_stage0.py --quick   # 2 arms x 2 seeds, 8 + 63 boards
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import torch
 from sqlmodel import select
 
 from envsim.config import EnvConfig
-from envsim.suite import DEV_PER_SIZE
+from envsim.suite import DEV_PER_SIZE, Split, boards_in
 from lab.jobs.worker import WorkerOptions, run_worker
 from lab.study.experiments import create_experiment, experiment_runs
 from storage.db import make_engine, session, upgrade
@@ -78,7 +78,8 @@ def main(args: Args) -> None:
         args = Args(**{**vars(args), **QUICK})
     torch.set_num_threads(args.threads)
     arms = args.arms.split(",")
-    boards = f"{args.validation_boards or 8 * args.validation_per_size} validation + {8 * args.dev_per_size} dev"
+    boards = (f"{args.validation_boards or boards_in(Split.VALIDATION, args.validation_per_size)} validation + "
+              f"{boards_in(Split.DEV, args.dev_per_size)} dev")
     print(f"stage 0 of an experiment: arms {','.join(arms)} x {args.seeds} seeds, tiny policy, {boards} boards, "
           f"{args.threads} torch thread(s)")
     with tempfile.TemporaryDirectory() as folder:

@@ -3,25 +3,24 @@
 Benchmark: agents 3, 4, 5; sizes max(3, K)..10; wait subsets 0.25 / 0.50 / 0.75; 50 boards per
 (agents, size, subset) cell: 3,150 boards fixed by one seed. Each board's hole ratio is drawn
 uniformly from 0 to 0.5 and lowered one hole at a time only while the largest ice component cannot
-hold the agents' starts and goals. Validation: the same construction with 2 agents on sizes 3..10,
-10 boards per cell (240 in all), drawn from a separate seed namespace so no board is shared.
+hold the agents' starts and goals. Validation: the same construction on the benchmark's agent counts (3, 4, 5:
+`VALIDATION_AGENTS`, unless a run names others in `validation_agents`) and sizes max(3, K)..10, 10 boards per
+(count, size, subset) cell (630 in all), each count's cells drawn from a stream of their own in a separate seed
+namespace, so no board is shared. The first validation set had 2 agents on sizes 3..10 (240 boards,
+`FIRST_AGENTS`): a run stored before the default changed names it, and its boards are the same as they were; the
+2-agent cells are the same boards whatever other counts sit beside them.
 
-A larger validation set (`validation_cells(per_size)`, e.g. 120 boards per size, 960 in all) keeps those 240
+A larger validation set (`validation_cells(per_size)`, e.g. 120 boards per (count, size)) keeps the standard
 boards first in each cell and adds the rest from a namespace of its own (`VALIDATION_EXTRA`), with the same
 construction and each whole cell's wait subset met exactly: a stage evaluated on it can be compared with one
-evaluated on the standard 240 on their common boards.
+evaluated on the standard set on their common boards.
 
-Dev: boards drawn like the validation boards (2 agents, sizes 3..10, each cell's wait subset met exactly) from a
-namespace of their own (`DEV`), skipping every board of the validation set they are drawn beside, so no board is in
-both. A run's engineers read how its policy does on these (`dev_entries`), while its score stays the validation rate.
-A run drawn per seed (`draw`, its run seed) reads a dev set of its own: the seed joins each cell's stream, so two
-seeds' engineers read different boards, while every seed is scored on the same validation set; without `draw`, the
-one dev set every run read before runs drew theirs per seed.
-
-Other agent counts (`agents`, a run's `validation_agents`, e.g. the paper's 3, 4, 5): the validation and dev sets
-repeat the same construction for each count on the benchmark's sizes max(3, K)..10, each count's cells drawing from
-a stream of their own, `per_size` boards per (count, size); the 2-agent cells are the same boards whatever other
-counts sit beside them.
+Dev: boards drawn like the validation boards (the same counts and sizes, each cell's wait subset met exactly) from
+a namespace of their own (`DEV`), skipping every board of the validation set they are drawn beside, so no board is
+in both. A run's engineers read how its policy does on these (`dev_entries`), while its score stays the validation
+rate. A run drawn per seed (`draw`, its run seed) reads a dev set of its own: the seed joins each cell's stream, so
+two seeds' engineers read different boards, while every seed is scored on the same validation set; without `draw`,
+the one dev set every run read before runs drew theirs per seed.
 """
 
 from __future__ import annotations
@@ -60,7 +59,10 @@ VALIDATION_PER_SIZE = 30  # the standard validation set: 10 boards per (size, wa
 # stage's evaluation costs at most twice the standard one's and a quarter more than an experiment's 960-board one,
 # while each size still shows its engineer 30 boards (10 per wait subset) to read failures from.
 DEV_PER_SIZE = 30
-VALIDATION_AGENTS = (2,)  # the validation and dev sets' agent counts unless a run names others (`validation_agents`)
+VALIDATION_AGENTS = (3, 4, 5)  # the validation and dev sets' agent counts unless a run names others: the paper's
+# The counts of the first validation and dev sets (2 agents): what a run stored without `validation_agents` was scored
+# on, and the sets whose cached files keep their first names (`training.evaluate.set_file`).
+FIRST_AGENTS = (2,)
 
 class Split(StrEnum):
     """The instance sets: the 3,150-board benchmark, the validation set (the score) and the dev set (what the
@@ -102,11 +104,11 @@ class SuiteCell:
 
 def cells(split: Split, agents: Sequence[int] | None = None) -> list[SuiteCell]:
     """The (agents, size, subset) cells of a split, in table order; `agents` replaces the split's agent counts
-    (the benchmark's 3, 4, 5; the validation set's 2): each count's cells draw from a stream of their own."""
+    (the benchmark's 3, 4, 5; the first validation set's 2): each count's cells draw from a stream of their own."""
     if split == Split.BENCHMARK:
         counts, per_cell = (3, 4, 5), 50
     else:
-        counts, per_cell = (2,), VALIDATION_PER_SIZE // len(WAIT_SUBSETS)
+        counts, per_cell = FIRST_AGENTS, VALIDATION_PER_SIZE // len(WAIT_SUBSETS)
     agents = counts if agents is None else agents
     return [SuiteCell(split, k, s, w, per_cell) for k in agents for s in range(max(3, k), MAX_SIZE + 1)
             for w in WAIT_SUBSETS]

@@ -122,7 +122,8 @@ class RunSettings(BaseModel):
     # stage 0's config, so a run that starts on 2 agents stays on 2, as every run did before the setting)
     agent_counts: tuple[int, ...] | None = None
     # the agent counts of the validation and dev boards, fewest first: `validation_per_size` and `dev_per_size` boards
-    # per (count, size), on sizes max(3, K)..10 (`envsim.suite.validation_cells`); the paper's are 3, 4, 5
+    # per (count, size), on sizes max(3, K)..10 (`envsim.suite.validation_cells`); by default the paper's, 3, 4, 5 (a
+    # run stored before that default says 2: storage/migrations/versions/0015_tiny_2agent.py)
     validation_agents: tuple[int, ...] = VALIDATION_AGENTS
     engineer_history: list[dict[str, Any]] = Field(default_factory=list)
     example: bool = False

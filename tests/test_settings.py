@@ -64,7 +64,7 @@ def test_print_settings_writes_the_file_a_run_reads_back(tmp_path, capsys):
         "stages": 2, "auto_apply": False, "grpo": {"max_steps": 3, "learning_rate": 1e-5}, "lora": 0,
         "validation_boards": 16, "dev_per_size": 6, "dev_per_seed": True, "remeasure": False, "keep_checkpoints": False,
         "allow_cpu": False,
-        "thinking": "off", "completion_length": 40, "validation_decoding": "greedy", "validation_agents": [2]}
+        "thinking": "off", "completion_length": 40, "validation_decoding": "greedy", "validation_agents": [3, 4, 5]}
 
 
 @pytest.mark.parametrize("text, flags, message", [

@@ -35,7 +35,8 @@ from training.stage import run_stage_job, validation_boards
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_stage0.py"
 CONFIG = EnvConfig.default(sizes=(3, 4), num_instances=8)
-SETTINGS = dict(stages=1, validation_boards=8, dev_per_size=3)
+# at 2 agents, the fewest dev boards (3 per size, sizes 3..10: 24), so the tests answer few boards
+SETTINGS = dict(stages=1, validation_boards=8, dev_per_size=3, validation_agents=(2,))
 # RunSettings fields that cannot change the answers of a stage-0 evaluation (the boards are in the key as
 # themselves, so the board counts are too): a new field must be placed here or in training.shared.ANSWER_SETTINGS.
 NOT_ANSWERS = {"stages", "auto_apply", "grpo", "lora", "context", "context_preset", "base_url", "validation_boards",
@@ -237,7 +238,7 @@ def test_bench_stage0_at_a_tiny_budget(capsys: pytest.CaptureFixture, monkeypatc
     spec.loader.exec_module(bench)
     bench.main(bench.Args(arms="fixed,heuristic", seeds=1, validation_boards=8, dev_per_size=3))
     out = capsys.readouterr().out
-    assert "arms fixed,heuristic x 1 seeds, tiny policy, 8 validation + 24 dev boards" in out
+    assert "arms fixed,heuristic x 1 seeds, tiny policy, 8 validation + 63 dev boards" in out
     assert "s for 2 runs, 1 generated" in out and "s for 2 runs, 2 generated" in out
     assert "(stage-0 episodes identical)" in out
 
@@ -274,7 +275,8 @@ def test_the_studys_second_experiment_after_a_snapshot_reads_its_dev_boards(engi
     must read its stage-0 dev boards. The claim's own episodes are gone, so its stage 0 generates them again: copying
     would copy per-size metrics and no episode, and the engineer would propose on nothing ("no dev boards to read"
     at every size, the study's `defaults` seeds 1 to 5)."""
-    settings = RunSettings(stages=1, validation_per_size=VALIDATION_PER_SIZE, validation_boards=8, dev_per_size=3)
+    settings = RunSettings(stages=1, validation_per_size=VALIDATION_PER_SIZE, validation_boards=8, dev_per_size=3,
+                           validation_agents=(2,))
     hard = CONFIG.model_copy(update={"hole_ratio": {3: 0.4, 4: 0.4}})
     first = create_experiment(engine, name="hardstart", arms=["heuristic"], seeds=2, config=hard, settings=settings)
     second = create_experiment(engine, name="defaults", arms=["evidence"], seeds=1, config=CONFIG, settings=settings)
@@ -307,7 +309,7 @@ def test_the_studys_second_experiment_after_a_snapshot_reads_its_dev_boards(engi
 
 def test_runs_validated_at_other_agent_counts_share_stage_0_only_with_each_other(empty_lab: Engine,
                                                                                   generated: list[int]):
-    """Two runs at agents (2, 3) and one at the default (2,), same policy and seed: the (2,) run answers its own
+    """Two runs at agents (2, 3) and one at 2, same policy and seed: the (2,) run answers its own
     boards (the 2-agent sets, cached under their own names), the second (2, 3) run copies the first's."""
     paired = _runs(empty_lab, [0], validation_agents=(2, 3))
     alone = _runs(empty_lab, [0])
@@ -365,10 +367,11 @@ def test_dev_boards_drawn_per_seed_are_shared_within_a_seed_and_validation_acros
                        (evidence1, Split.VALIDATION, evidence0), (evidence1, Split.DEV, None),
                        (old1, Split.VALIDATION, evidence0), (old1, Split.DEV, None)]
     assert validation[0] == validation[1] == validation[2] == validation[3]
-    standard = [e.instance for e in suite.build(Split.VALIDATION)[0]]
-    assert dev[evidence0] == dev[heuristic0] == [e.instance.id for e in suite.dev_entries(3, standard, draw=0)]
-    assert dev[evidence1] == [e.instance.id for e in suite.dev_entries(3, standard, draw=1)] != dev[evidence0]
-    assert dev[old1] == [e.instance.id for e in suite.dev_entries(3, standard)]  # the boards of every earlier run
+    standard = [e.instance for e in suite.build(Split.VALIDATION, agents=(2,))[0]]
+    two = dict(agents=(2,))
+    assert dev[evidence0] == dev[heuristic0] == [e.instance.id for e in suite.dev_entries(3, standard, draw=0, **two)]
+    assert dev[evidence1] == [e.instance.id for e in suite.dev_entries(3, standard, draw=1, **two)] != dev[evidence0]
+    assert dev[old1] == [e.instance.id for e in suite.dev_entries(3, standard, **two)]  # the boards of every earlier run
     assert len({*dev[evidence0], *dev[evidence1], *dev[old1]}) >= 3 * 24 - 2  # 3x3 boards may repeat
     assert len(read[evidence0]) == len(read[evidence1]) == 24
     assert read[evidence0] == read[heuristic0] != read[evidence1]  # what the engineer reads differs by seed

@@ -273,7 +273,7 @@ def test_an_experiment_stored_before_its_runs_settings_were_kept_whole_reads_the
     with session(engine) as s:
         old = s.exec(select(Experiment)).one().settings
     assert old.run == RunSettings(stages=3, grpo={"beta": 0.01}, lora=0, validation_per_size=120, dev_per_size=30,
-                                  auto_apply=True)
+                                  auto_apply=True, validation_agents=(2,))  # scored on 2 agents (0015)
     assert (old.config, old.steps_per_stage, old.validation_boards, old.scenario) == (ENV, 16, 960, "default")
     assert old.compute() == {"stages": 3, "instances": ENV.num_instances, "grpo": {"beta": 0.01}, "steps_per_stage": 16,
                              "validation_per_size": 120, "validation_agents": [2], "validation_boards": 960,

@@ -9,6 +9,8 @@ import pytest
 
 from envsim.generator import round_half_up
 from envsim.suite import (
+    FIRST_AGENTS,
+    VALIDATION_AGENTS,
     WAIT_SUBSETS,
     Entry,
     Split,
@@ -47,7 +49,7 @@ def test_a_benchmark_cell_hits_its_wait_subset_exactly():
 
 
 def test_validation_set_is_disjoint_from_the_benchmark(tmp_path):
-    validation, stats = build("validation", workers=2)
+    validation, stats = build("validation", workers=2, agents=FIRST_AGENTS)
     assert stats["boards"] == len(validation) == 240
     assert all(e.agents == 2 for e in validation)
     assert len({e.instance.id for e in validation}) == 240
@@ -89,17 +91,17 @@ def test_report_tables_from_known_outcomes():
 
 
 def test_the_dev_boards_are_drawn_like_the_validation_boards_and_share_none_with_them():
-    validation = [e.instance for e in build(Split.VALIDATION)[0]]
-    dev = dev_entries(30, validation)
+    validation = [e.instance for e in build(Split.VALIDATION, agents=FIRST_AGENTS)[0]]
+    dev = dev_entries(30, validation, agents=FIRST_AGENTS)
     assert len(dev) == 240 and {e.split for e in dev} == {Split.DEV}
     assert Counter(e.size for e in dev) == {s: 30 for s in range(3, 11)}
     waits = Counter((e.size, e.subset) for e in dev if e.instance.needs_wait)  # each cell's subset met exactly
     assert waits == {(s, w): round_half_up(10 * w) for s in range(3, 11) for w in WAIT_SUBSETS}
     assert not {e.instance.id for e in dev} & {b.id for b in validation}  # no board in both sets
     # drawn without the exclusion, the dev stream does meet a validation board: the exclusion is what keeps them apart
-    unguarded = dev_entries(30, [])
+    unguarded = dev_entries(30, [], agents=FIRST_AGENTS)
     assert sum(e.instance.id in {b.id for b in validation} for e in unguarded) == 1
-    assert dev_entries(30, validation) == dev  # a pure function of the seed and the boards it avoids
+    assert dev_entries(30, validation, agents=FIRST_AGENTS) == dev  # a pure function of the seed and the boards it avoids
     with pytest.raises(ValueError, match="dev_per_size = 10: a multiple of 3"):
         dev_cells(10)
 
@@ -109,17 +111,19 @@ def _digest(entries: list[Entry]) -> str:
 
 
 def test_the_2_agent_validation_and_dev_sets_are_the_boards_they_were_before_other_counts():
-    """The default counts, (2,), give the boards every stored run was evaluated on: the ids in order, pinned from
-    the functions as they were before they took `agents` (the same digests for 120 per size: 0cef1775c2e3434d, and
-    its 3-per-size dev set: b09d314be6165db6)."""
-    validation = build(Split.VALIDATION)[0]
+    """The first counts, (2,), give the boards every run stored before the default became 3, 4, 5 was evaluated on:
+    the ids in order, pinned from the functions as they were before they took `agents` (the same digests for 120 per
+    size: 0cef1775c2e3434d, and its 3-per-size dev set: b09d314be6165db6)."""
+    validation = build(Split.VALIDATION, agents=FIRST_AGENTS)[0]
     assert _digest(validation) == "ff2f81ffe4920c1e"
-    assert _digest(dev_entries(30, [e.instance for e in validation])) == "0331292042b4451c"
-    assert [(c.agents, c.size, c.subset, c.count, c.extra) for c in validation_cells(120)] == [
+    assert _digest(dev_entries(30, [e.instance for e in validation], agents=FIRST_AGENTS)) == "0331292042b4451c"
+    assert [(c.agents, c.size, c.subset, c.count, c.extra) for c in validation_cells(120, FIRST_AGENTS)] == [
         (2, s, w, n, extra) for s in range(3, 11) for w in WAIT_SUBSETS for n, extra in ((10, False), (30, True))]
     # beside other counts, the 2-agent cells are the same cells, first: each cell's boards are a function of it
-    assert validation_cells(120, (2, 3))[:48] == validation_cells(120)
-    assert dev_cells(30, (2, 4))[:24] == dev_cells(30)
+    assert validation_cells(120, (2, 3))[:48] == validation_cells(120, FIRST_AGENTS)
+    assert dev_cells(30, (2, 4))[:24] == dev_cells(30, FIRST_AGENTS)
+    # the default is the paper's counts
+    assert VALIDATION_AGENTS == (3, 4, 5) and validation_cells(30) == validation_cells(30, (3, 4, 5))
 
 
 def test_the_papers_agent_counts_give_cells_on_the_benchmarks_sizes():
@@ -131,7 +135,7 @@ def test_the_papers_agent_counts_give_cells_on_the_benchmarks_sizes():
             by_cell[c.agents, c.size] += c.count
         assert by_cell == {(k, s): per_size for k in (3, 4, 5) for s in range(k if k > 3 else 3, 11)}
     assert Counter(c.agents for c in dev_cells(30, (3, 4, 5)) for _ in range(c.count)) == {3: 240, 4: 210, 5: 180}
-    assert [boards_in(Split.VALIDATION, 120), boards_in(Split.VALIDATION, 120, (3, 4, 5)),
+    assert [boards_in(Split.VALIDATION, 120, FIRST_AGENTS), boards_in(Split.VALIDATION, 120),
             boards_in(Split.DEV, 30, (3, 4, 5))] == [960, 2520, 630]
     with pytest.raises(ValueError, match="agent count 1: one agent never waits"):
         validation_cells(30, (1, 2))
@@ -186,11 +190,12 @@ def test_a_dev_set_drawn_per_seed_is_the_seeds_own_and_never_a_validation_or_ben
     """Each run seed draws a dev set of its own (the seed joins every cell's stream), beside the one validation set
     every seed is scored on; the same seed draws the same boards, and no draw (a run made before) draws the shared
     set, the boards pinned above."""
-    validation = [e.instance for e in build(Split.VALIDATION)[0]]
-    shared = dev_entries(3, validation)
-    drawn = {seed: dev_entries(3, validation, draw=seed) for seed in range(4)}
+    two = dict(agents=FIRST_AGENTS)
+    validation = [e.instance for e in build(Split.VALIDATION, **two)[0]]
+    shared = dev_entries(3, validation, **two)
+    drawn = {seed: dev_entries(3, validation, draw=seed, **two) for seed in range(4)}
     ids = {seed: [e.instance.id for e in entries] for seed, entries in drawn.items()}
-    assert dev_entries(3, validation, draw=2) == drawn[2]  # a pure function of the seed
+    assert dev_entries(3, validation, draw=2, **two) == drawn[2]  # a pure function of the seed
     assert all(len(set(i)) == 24 for i in ids.values())
     assert len({tuple(i) for i in ids.values()} | {tuple(e.instance.id for e in shared)}) == 5
     assert all(len(set(ids[a]) & set(ids[b])) <= 1 for a in ids for b in ids if a < b)  # 3x3 boards may repeat

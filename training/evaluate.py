@@ -8,8 +8,13 @@ Generation is the only costly part, so every board of a set is answered in lengt
 
 from __future__ import annotations
 
+import fcntl
+import functools
+import hashlib
+import logging
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -201,30 +206,85 @@ def set_file(stem: str, agents: Sequence[int]) -> str:
     """A cached set's file name: `stem.jsonl` for the 2-agent sets (the names they were cached under before other
     counts existed), `stem-agents-3-4-5.jsonl` for counts 3, 4, 5: a set of other counts is never read for them."""
     counts = tuple(agents)
-    return stem + ("" if counts == suite.VALIDATION_AGENTS else "-agents-" + "-".join(map(str, counts))) + ".jsonl"
+    return stem + ("" if counts == suite.FIRST_AGENTS else "-agents-" + "-".join(map(str, counts))) + ".jsonl"
+
+
+CACHE_SETTING = "ENVLAB_CACHE"  # the machine's cache folder (default ~/.cache/envlab; empty: no machine cache)
+
+
+@functools.cache
+def envsim_fingerprint() -> str:
+    """A hash of envsim's source: a set cached by one version of the generator and solver is never read by another."""
+    digest = hashlib.sha256()
+    for source in sorted(Path(suite.__file__).parent.glob("*.py")):
+        digest.update(source.name.encode() + b"\0" + source.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def boards_cache() -> Path | None:
+    """Where this machine keeps the board sets it has built, for every runs root and every test's:
+    `$ENVLAB_CACHE/boards/<envsim_fingerprint()>` (default `~/.cache/envlab`, or `$XDG_CACHE_HOME/envlab`); None
+    where `$ENVLAB_CACHE` is set empty or the folder cannot be made."""
+    base = os.environ.get(CACHE_SETTING)
+    if base == "":
+        return None
+    if base is None:
+        base = os.path.join(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "envlab")
+    where = Path(base).expanduser() / "boards" / envsim_fingerprint()
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return where
+
+
+@contextmanager
+def _locked(folder: Path, name: str) -> Iterator[None]:
+    """Hold `folder/name.lock` (an exclusive flock): two processes that need the same set build it once."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _write(entries: list[suite.Entry], path: Path) -> None:
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")  # written whole, then renamed: no reader sees half a set
+    suite.write_jsonl(entries, tmp)
+    tmp.replace(path)
 
 
 def _cached(path: Path, build: Callable[[], list[suite.Entry]]) -> list[suite.Entry]:
+    """The set in `path` (a runs root's copy), else the machine's copy (`boards_cache`) copied there, else `build()`
+    written to both. One process builds a set while the others needing it wait; a machine copy that does not read
+    as suite rows is built again."""
     if path.is_file():
         return suite.read_jsonl(path)
-    entries = build()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")  # each process its own: two workers may build it at once
-    suite.write_jsonl(entries, tmp)
-    tmp.replace(path)
+    machine = boards_cache()
+    with _locked(machine or path.parent, path.name):
+        if path.is_file():  # another process made it while this one waited
+            return suite.read_jsonl(path)
+        entries = None
+        if machine is not None and (machine / path.name).is_file():
+            try:
+                entries = suite.read_jsonl(machine / path.name)
+            except ValueError as err:
+                logging.getLogger(__name__).warning("building again: %s", err)
+        if entries is None:
+            entries = build()
+            if machine is not None:
+                _write(entries, machine / path.name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _write(entries, path)
     return entries
 
 
 def benchmark_entries(run_dir: Path) -> list[suite.Entry]:
-    """The 3,150 benchmark boards, built once (a few minutes of solver time) and cached as JSONL in `run_dir`."""
-    path = run_dir / BENCHMARK_FILE
-    if path.is_file():
-        return suite.read_jsonl(path)
-    entries, _ = suite.build(Split.BENCHMARK)
-    tmp = path.with_suffix(".jsonl.tmp")
-    suite.write_jsonl(entries, tmp)
-    tmp.replace(path)  # a crash mid-write never leaves a short cache behind
-    return entries
+    """The 3,150 benchmark boards, built once (a few minutes of solver time) and cached as JSONL in `run_dir` and
+    in the machine's cache (`_cached`)."""
+    return _cached(run_dir / BENCHMARK_FILE, lambda: suite.build(Split.BENCHMARK)[0])
 
 
 def run_benchmark_job(engine: Engine, job: Job, progress: Progress) -> dict[str, Any]:

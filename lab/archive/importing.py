@@ -38,8 +38,8 @@ from lab.archive.tables import (
     JSON_IDS,
     MANIFEST,
     ROOT,
+    SETTINGS_LEFT_OUT,
     TINY_RENAMED,
-    VERSION,
     ArchiveError,
     links,
     primary_key,
@@ -152,19 +152,27 @@ def _ended(row: dict[str, Any]) -> dict[str, Any]:
     return {**row, "status": status, "error": error, "priority": Priority.BACKGROUND}
 
 
-def _named_as_now(row: dict[str, Any], version: int) -> dict[str, Any]:
-    """The run's row with its policy named as this envlab names it (`TINY_RENAMED`: an earlier file's `tiny`)."""
+def _read_as_now(row: dict[str, Any], version: int) -> dict[str, Any]:
+    """The run's row as this envlab reads it: its policy named as this envlab names it (`TINY_RENAMED`: an earlier
+    file's `tiny`), and the settings its version left out filled in as that version read them
+    (`SETTINGS_LEFT_OUT`: an earlier file's run that names no validation agent counts was scored on 2)."""
     policy = TINY_RENAMED.get(version, {}).get(row.get("policy"))
-    return row if policy is None else {**row, "policy": policy}
+    if policy is not None:
+        row = {**row, "policy": policy}
+    settings = row.get("settings")
+    if isinstance(settings, dict) and (left_out := {k: v for k, v in SETTINGS_LEFT_OUT.get(version, {}).items()
+                                                    if k not in settings}):
+        row = {**row, "settings": {**settings, **left_out}}
+    return row
 
 
-def _as_imported(table: str, row: dict[str, Any], run: dict[str, Any], version: int = VERSION) -> dict[str, Any]:
-    """What an import changes in a row beyond its ids: the run's server URL goes (`_foreign_run`), its policy is
-    named as this envlab names it (`_named_as_now`), every job arrives ended (`_ended`), and stage 0's checkpoint
+def _as_imported(table: str, row: dict[str, Any], run: dict[str, Any], version: int) -> dict[str, Any]:
+    """What an import changes in a row beyond its ids: the run's server URL goes (`_foreign_run`), it is read as
+    this envlab reads it (`_read_as_now`), every job arrives ended (`_ended`), and stage 0's checkpoint
     becomes the run's policy (checked by `_check_policy`): the file's value is the folder the source machine loaded
     that policy from (`training.stage.checkpoint_path`), which stage 1 and a benchmark of stage 0 would load here."""
     if table == ROOT:
-        return _without_server(_named_as_now(row, version))
+        return _without_server(_read_as_now(row, version))
     if table == Job.__tablename__:
         return _ended(row)
     if table == Stage.__tablename__ and row["index"] == 0 and row.get("checkpoint") is not None:
@@ -204,7 +212,7 @@ def _vouch(reader: Reader, manifest: dict[str, Any], root: Path) -> tuple[dict[s
                 raise ArchiveError(f"{where} row {n}: run {old} ({row.get('uuid')}) is not the manifest's run "
                                    f"{run['id']} ({run['uuid']})")
             if table.name == ROOT:
-                row = _named_as_now(row, manifest["version"])
+                row = _read_as_now(row, manifest["version"])
                 dropped += _foreign_run(row, f"{where} row {n}")
                 _check_policy(row["policy"], root, f"{where} row {n}")
                 stored_run = row

@@ -19,8 +19,12 @@ from storage.models import Run
 FORMAT = "envlab-run"
 # Raise it when a file of this version would be read wrongly by the code that reads it now. 2: `tiny` is the
 # 2-to-5-agent policy; a version-1 file's `tiny` was the 2-agent one, read as `tiny-2agent` (`lab.archive.importing`).
-VERSION = 2
+# 3: a run's validation and dev boards are of 3, 4 and 5 agents unless its settings say otherwise; an earlier file's
+# run whose settings name no counts was scored on 2 agents, and reads so.
+VERSION = 3
 TINY_RENAMED = {1: {"tiny": "tiny-2agent"}}  # a version's policy names as this version calls them
+# A version's run settings that its runs left out, as that version read them: filled in on import.
+SETTINGS_LEFT_OUT = {1: {"validation_agents": [2]}, 2: {"validation_agents": [2]}}
 MANIFEST = "manifest.json"
 ROOT = Run.__tablename__
 BATCH_ROWS = 500

@@ -137,7 +137,7 @@ def test_export_then_import_gives_back_the_run_exactly(engine, new_database, tmp
     assert {d["action"] for d in before["decisions"]} == {"edit", "reject", "accept"}
     file = export_run(engine, run_id, tmp_path / "run.zip")
     manifest = read_manifest(file)
-    assert (manifest["format"], manifest["version"], manifest["run"]["id"]) == ("envlab-run", 2, run_id)
+    assert (manifest["format"], manifest["version"], manifest["run"]["id"]) == ("envlab-run", 3, run_id)
     assert {name: t["rows"] for name, t in manifest["tables"].items()} == {n: len(r) for n, r in before.items()}
 
     fresh = new_database(target)
@@ -219,7 +219,7 @@ def test_truncated_corrupt_and_foreign_files_are_refused_and_change_nothing(engi
     (bad / "corrupt.zip").write_bytes(random.Random(0).randbytes(len(data)))
     rewrite(file, bad / "no-manifest.zip", lambda name, d: None if name == "manifest.json" else d)
     rewrite(file, bad / "other-format.zip", with_manifest(format="someone-elses-run"))
-    rewrite(file, bad / "newer.zip", with_manifest(version=3))
+    rewrite(file, bad / "newer.zip", with_manifest(version=4))
     rewrite(file, bad / "not-a-version.zip", with_manifest(version="1"))
     # failures found half way through the rows, after some tables were inserted: the transaction undoes them
     rewrite(file, bad / "short.zip", lambda name, d: b"".join(d.splitlines(keepends=True)[1:])
@@ -233,7 +233,7 @@ def test_truncated_corrupt_and_foreign_files_are_refused_and_change_nothing(engi
         "corrupt.zip": "not a run archive: it is not a zip file, or it is truncated",
         "no-manifest.zip": "no manifest.json: not an envlab run archive",
         "other-format.zip": "names format 'someone-elses-run', not 'envlab-run': not an envlab run archive",
-        "newer.zip": r"written by a newer envlab \(format version 3; this one reads versions 1 to 2\)",
+        "newer.zip": r"written by a newer envlab \(format version 4; this one reads versions 1 to 3\)",
         "not-a-version.zip": "version '1' is not a format version",
         "short.zip": f"tables/episodes.jsonl holds {episodes - 1} rows, the manifest says {episodes}",
         "orphan.zip": "tables/decisions.jsonl row 1: proposal_id = 9999.* names no proposals row of this archive",

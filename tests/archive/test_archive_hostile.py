@@ -145,19 +145,38 @@ def replaced(old: str, new: str):
 
 
 @pytest.mark.parametrize(("version", "policy", "imported"), [(1, "tiny", "tiny-2agent"), (2, "tiny", "tiny"),
-                                                             (2, "tiny-2agent", "tiny-2agent")])
-def test_a_version_1_files_tiny_is_the_2_agent_policy_and_a_version_2_files_is_todays(good, lab, tmp_path, version,
-                                                                                      policy, imported):
+                                                             (2, "tiny-2agent", "tiny-2agent"), (3, "tiny", "tiny")])
+def test_a_version_1_files_tiny_is_the_2_agent_policy_and_a_later_files_is_todays(good, lab, tmp_path, version,
+                                                                                  policy, imported):
     """`tiny` played 2 agents when version-1 files were written: such a run arrives as `tiny-2agent`, its stage 0
-    (the policy it started from) too; a version-2 file's names are this envlab's."""
+    (the policy it started from) too; a later file's names are this envlab's."""
     engine, _ = lab
-    assert read_manifest(good)["version"] == 2
+    assert read_manifest(good)["version"] == 3
     file = rebuild(good, tmp_path / "run.zip", manifest_changed(lambda m: m.update(version=version)))
     file = rebuild(file, tmp_path / "named.zip", rows_changed("runs", 1, policy=policy))
     run_id = import_run(engine, file)
     with open_session(engine) as s:
         assert s.get(Run, run_id).policy == imported
         assert s.exec(select(Stage).where(Stage.run_id == run_id, Stage.index == 0)).one().checkpoint == imported
+
+
+@pytest.mark.parametrize(("version", "counts"), [(1, (2,)), (2, (2,)), (3, (3, 4, 5))])
+def test_settings_that_name_no_validation_agents_read_as_the_files_version_read_them(good, lab, tmp_path, version,
+                                                                                     counts):
+    """Before version 3 a run whose settings named no validation agent counts was scored on 2-agent boards: such a
+    file's run arrives saying 2; a version-3 file's run without them takes today's default, 3, 4 and 5. Counts the
+    file names are kept whatever its version."""
+    engine, _ = lab
+    settings = json.loads(zipfile.ZipFile(good).read("tables/runs.jsonl").decode().splitlines()[0])["settings"]
+    unnamed = {k: v for k, v in settings.items() if k != "validation_agents"}
+    file = rebuild(good, tmp_path / "run.zip", manifest_changed(lambda m: m.update(version=version)))
+    plain = import_run(engine, rebuild(file, tmp_path / "plain.zip", rows_changed("runs", 1, settings=unnamed)))
+    other = rebuild(file, tmp_path / "other.zip", replaced(uuid_of(good), "f" * 32))  # a second run: another uuid
+    named = import_run(engine, rebuild(other, tmp_path / "named.zip", rows_changed(
+        "runs", 1, settings={**unnamed, "validation_agents": [4, 5]})))
+    with open_session(engine) as s:
+        assert s.get(Run, plain).settings.validation_agents == counts
+        assert s.get(Run, named).settings.validation_agents == (4, 5)
 
 
 # ---------------------------------------------------------------- where files go
