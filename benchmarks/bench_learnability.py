@@ -19,7 +19,7 @@ import torch
 
 from envsim.config import EnvConfig
 from envsim.generator import generate
-from envsim.parser import parse
+from envsim.parser import parse as parse_plan  # `parse` is the command line's (flags.parse) run as a script
 from envsim.scoring import score
 from lab.study.experiments import load_scenario
 from training.evaluate import answer_budget
@@ -49,7 +49,7 @@ def main(args: Args) -> None:
         prompts = [policy.prompt(b) for b in boards for _ in range(args.generations)]
         answers = policy.generate(prompts, max_new_tokens=answer_budget(policy, boards[0]), do_sample=True,
                                   seed=args.seed)
-        valid = [score(b, parse(answers[i * args.generations + g], b.num_agents)).valid
+        valid = [score(b, parse_plan(answers[i * args.generations + g], b.num_agents)).valid
                  for i, b in enumerate(boards) for g in range(args.generations)]
         groups = [valid[i * args.generations:(i + 1) * args.generations] for i in range(len(boards))]
         shares = [sum(g) / len(g) for g in groups]

@@ -9,6 +9,10 @@ their ratio holds on a loaded machine even where the seconds do not.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_probe.py --db runs/hardstart/study.db
 
+`--boards`/`--answers` set the probe's size (default the probe's, `training.probe`) and `--learn-boards`/
+`--learn-answers` the learnability proposal's (default the engineer's, `lab.engineers.learnability`): smaller for a
+quick check of the path.
+
 On this 2-core machine, 2026-11-24, once its load had dropped (load average 4): a scenario's probe 9.0 s
 (`default` and `hard-start`), a proposal of the learnability engineer SFL replaced (1,024 completions) 15.4 s of
 probing; in the `hardstart` study's learnability runs (the machine loaded), such a proposal took 7% of a training
@@ -40,6 +44,10 @@ class Args:
     seed: int = 0
     db: str = ""  # an experiment's database with a `learnability` arm: its stage and propose jobs, timed
     arm: str = "learnability"
+    boards: int = PROBE_BOARDS  # per size, in the probes and the Measure panel's columns
+    answers: int = PROBE_ANSWERS  # per board
+    learn_boards: int = LEARN_BOARDS  # per (size, cell), in the learnability proposal
+    learn_answers: int = LEARN_ANSWERS
 
 
 def main(args: Args) -> None:
@@ -48,14 +56,15 @@ def main(args: Args) -> None:
     print(f"tiny policy, {args.threads} torch thread(s)")
     for name in ("default", "hard-start"):
         config = load_scenario(name).config
-        result = probe_config(policy, config, seed=args.seed)
-        print(f"probe of `{name}`: 8 sizes x {PROBE_BOARDS} boards x {PROBE_ANSWERS} answers = {result.completions} "
+        result = probe_config(policy, config, seed=args.seed, boards=args.boards, answers=args.answers)
+        print(f"probe of `{name}`: {len(config.sizes)} sizes x {args.boards} boards x {args.answers} answers = "
+              f"{result.completions} "
               f"completions in {result.seconds:.1f} s; signal share {result.signal_share:.0%}")
-    three_columns(policy, args.seed)
+    three_columns(policy, args.seed, args.boards, args.answers)
     config = load_scenario("hard-start").config
     t0 = time.perf_counter()
     answer = learnability(Evidence(StageResult(0, config, {})), seed=args.seed, probe_fn=lambda c: probe_config(
-        policy, c, seed=args.seed, boards=LEARN_BOARDS, answers=LEARN_ANSWERS))
+        policy, c, seed=args.seed, boards=args.learn_boards, answers=args.learn_answers))
     print(f"a learnability proposal on `hard-start`: {answer.compute['completions']} completions, "
           f"{answer.compute['seconds']:.1f} s probing, {time.perf_counter() - t0:.1f} s in all")
     if args.db:
@@ -66,9 +75,9 @@ def main(args: Args) -> None:
                   f"{propose:.0f} s (mean of {len(propose_s)}): {propose / stage:.0%} of a stage")
 
 
-def three_columns(policy, seed: int) -> float:
-    """The Measure panel's three columns at the default probe size, as its job measures them (`measure`, on a
-    fresh table): the config in force (`default`), a proposal that changes every size (`hard-start`, the worst
+def three_columns(policy, seed: int, boards: int = PROBE_BOARDS, answers: int = PROBE_ANSWERS) -> float:
+    """The Measure panel's three columns at a probe size (default the probe's), as its job measures them (`measure`,
+    on a fresh table): the config in force (`default`), a proposal that changes every size (`hard-start`, the worst
     case) and a person's edit of it that changes one size, whose other seven sizes are reused."""
     import tempfile
     from pathlib import Path
@@ -83,7 +92,8 @@ def three_columns(policy, seed: int) -> float:
         engine = make_engine(str(Path(folder) / "probes.db"))
         upgrade(engine)
         t0 = time.perf_counter()
-        results = [measure(engine, c, "tiny", policy=policy, seed=seed) for c in (in_force, proposed, edit)]
+        results = [measure(engine, c, "tiny", policy=policy, seed=seed, boards=boards, answers=answers)
+                   for c in (in_force, proposed, edit)]
         seconds = time.perf_counter() - t0
         engine.dispose()
     sampled = " + ".join(f"{len(r.sizes) - r.reused}" for r in results)

@@ -1,18 +1,17 @@
 """Gemma 3 270M (base) as the llm engineer, without and with constrained decoding, on the example run.
 
-Run: `OMP_NUM_THREADS=1 python benchmarks/bench_structured_engineer.py [--seeds 5] [--max-tokens 384]
+Run: `OMP_NUM_THREADS=1 python benchmarks/bench_structured_engineer.py [--seeds 5] [--summaries 0] [--max-tokens 384]
 [--temperature 0.7] [--threads 1] [--show]`.
 
-The evidence is what the loop gives the engineer (`lab.loop.evidence_for`) after each of the 4 stages of
-the shipped example run (assets/example-run.zip, imported into a temporary database): stage results per
-size, the history, the paper-best context. After the last stage the summary is taken as if one more stage
-were to come. Each summary is asked `--seeds` times (seeds 0, 1, ...), so 4 x 5 = 20 proposals by default,
-and every proposal is asked twice in a row, first free text (`structured=False`, the answer read out of
-the text as before) and then held to the answer schema (llguidance), one answer each (`max_attempts=1`),
-so both modes see the same machine load. Prints per mode: legal configs out of the proposals, answers the
-projection had to adjust (renormalised shares, clamps), seconds per proposal, and tokens per second (the
-answer's tokens, counted by re-tokenising it, over the seconds of the whole call, prompt reading
-included). Nothing is asserted.
+The evidence is what the loop gives the engineer (`lab.loop.evidence_for`) after each of the 4 stages of the shipped
+example run (assets/example-run.zip, imported into a temporary database): stage results per size, the history, the
+paper-best context. After the last stage the summary is taken as if one more stage were to come. Each summary is
+asked `--seeds` times (seeds 0, 1, ...), so 4 x 5 = 20 proposals by default (`--summaries N`: after the first N
+stages only), and every proposal is asked twice in a row, first free text (`structured=False`, the answer read out
+of the text as before) and then held to the answer schema (llguidance), one answer each (`max_attempts=1`), so both
+modes see the same machine load. Prints per mode: legal configs out of the proposals, answers the projection had to
+adjust (renormalised shares, clamps), seconds per proposal, and tokens per second (the answer's tokens, counted by
+re-tokenising it, over the seconds of the whole call, prompt reading included). Nothing is asserted.
 """
 
 from __future__ import annotations
@@ -63,6 +62,7 @@ def example_summaries(folder: Path) -> list[Evidence]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, default=5, help="proposals per stage summary")
+    p.add_argument("--summaries", type=int, default=0, help="ask after the first N stages only (0: every stage)")
     p.add_argument("--max-tokens", type=int, default=384)
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--threads", type=int, default=1)
@@ -71,10 +71,11 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     t0 = time.perf_counter()
-    tokenizer = _load(str(gemma_checkpoint()))[1]
+    gemma_checkpoint()  # built once from its package where it is not yet
+    tokenizer = _load(BACKEND.removeprefix("hf:"))[1]  # the model `complete` loads, loaded once
     complete(BACKEND, [{"role": "user", "content": "Hello"}], max_tokens=1, temperature=0, seed=0)
     with tempfile.TemporaryDirectory() as tmp:
-        summaries = example_summaries(Path(tmp))
+        summaries = example_summaries(Path(tmp))[:args.summaries or None]
     print(f"setup (example run, Gemma load): {time.perf_counter() - t0:.1f} s; "
           f"{len(summaries)} stage summaries x {args.seeds} seeds", flush=True)
 
