@@ -18,6 +18,7 @@ peak), peak GPU memory per GPU (nvidia-smi, polled), the saved checkpoint's dtyp
 metric is there.
 
     python benchmarks/gpu_check.py --wheels wheels          # one H100/H200: under 10 minutes
+    python benchmarks/gpu_check.py --wheels wheels --shapes 4b   # the 4B LoRA part alone
     python benchmarks/gpu_check.py --tiny                   # the same path on a CPU at a tiny size (CI)
 """
 
@@ -214,11 +215,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--completion-length", type=int, default=256)
     p.add_argument("--lora", action="store_true", help="LoRA on the first model too")
     p.add_argument("--out", help="write the figures here as JSON")
+    p.add_argument("--shapes", default="0.6b,4b", help="the models to check, of 0.6b (full) and 4b (LoRA), in order")
     args = p.parse_args(argv)
+    named = {"0.6b": "qwen3-0.6b-shape", "4b": "qwen3-4b-shape-lora"}
+    shapes = args.shapes.split(",")
+    if unknown := [shape for shape in shapes if shape not in named]:
+        p.error(f"--shapes {args.shapes}: {', '.join(unknown)} is not one of {', '.join(named)}")
     install_missing(args.wheels)
     sys.path.insert(0, str(ROOT))
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
-        models = [("tiny", "tiny")] if args.tiny else [("qwen3-0.6b-shape", "0.6b"), ("qwen3-4b-shape-lora", "4b")]
+        models = [("tiny", "tiny")] if args.tiny else [(named[shape], shape) for shape in shapes]
         results = [check(name, shape, args, Path(tmp)) for name, shape in models]
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1) + "\n")

@@ -14,7 +14,15 @@ from typing import Any
 
 import yaml
 
-from envsim.suite import DEV_PER_SIZE, VALIDATION_PER_SIZE, Split, boards_in, validation_cells
+from envsim.suite import (
+    DEV_PER_SIZE,
+    FIRST_AGENTS,
+    VALIDATION_AGENTS,
+    VALIDATION_PER_SIZE,
+    Split,
+    boards_in,
+    validation_cells,
+)
 from storage.settings import RunSettings, SettingsError, checked_counts
 
 
@@ -75,7 +83,6 @@ DEV_BOARDS = Count(3, 10_000, "10,000 boards per size is 80,000 boards to evalua
 COMPLETION_TOKENS = Count(1, 32768, "longer than any chat model here answers; a plan needs far fewer tokens",
                           "an answer needs at least 1 token")
 LORA_RANK = Count(0, 4096, "a LoRA rank above a model's width adds nothing (Gemma 3 270M: 640)")
-PAPER_AGENTS = (3, 4, 5)  # the paper's agent counts, as the flags' help quotes them
 SEED = Count(0, 2**31 - 1, "a run's seed is stored in a 32-bit column (PostgreSQL's integer)",
              "numpy's generators take no negative seed")
 
@@ -135,12 +142,13 @@ def settings_arguments(parser: argparse.ArgumentParser, *, experiment: bool = Fa
                              "cells (default: all)")
     parser.add_argument("--validation-per-size", type=PER_SIZE, metavar="N",
                         help=f"validation boards per map size and agent count (e.g. 120: "
-                             f"{boards_in(Split.VALIDATION, 120):,} boards at 2 agents, "
-                             f"{boards_in(Split.VALIDATION, 120, PAPER_AGENTS):,} at agents 3-5; 30: the standard 240; "
-                             f"default {120 if experiment else 30})")
+                             f"{boards_in(Split.VALIDATION, 120):,} boards at agents 3-5, "
+                             f"{boards_in(Split.VALIDATION, 120, FIRST_AGENTS):,} at 2 agents; 30: the standard "
+                             f"{boards_in(Split.VALIDATION, 30):,}; default {120 if experiment else 30})")
     parser.add_argument("--validation-agents", type=validation_agents, metavar="K,K,...",
                         help="the agent counts of the validation and dev boards, each on sizes max(3, K)..10, e.g. "
-                             "3,4,5 (the paper's) (default 2; docs/experiments.md)")
+                             f"2 (the first sets) (default {','.join(map(str, VALIDATION_AGENTS))}, the paper's; "
+                             "docs/experiments.md)")
     parser.add_argument("--keep-checkpoints", action="store_true", default=None,
                         help="keep TRL's intermediate checkpoints (checkpoint-*/) of every stage; by default a "
                              "finished stage keeps only its final weights")

@@ -56,7 +56,9 @@ _database_numbers = itertools.count()
 # tests in one (`pytest -n 2 --dist loadfile`), handing out modules in the order collected: the long ones first,
 # then the many short ones fill in beside them, so neither process is left alone with a long module at the end.
 LONGEST_FIRST = ["test_slurm", "test_experiment_e2e", "test_browser", "test_stage", "test_llm", "test_bench_page",
-                 "test_cli", "test_bench_app", "test_child", "test_experiment", "test_warmstart"]
+                 "test_cli", "test_bench_app", "test_child", "test_experiment", "test_warmstart",
+                 "test_bench_experiment", "test_bench_structured_engineer", "test_bench_probe",
+                 "test_bench_gemma_engineer"]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

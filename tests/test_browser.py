@@ -104,7 +104,7 @@ def test_create_a_run(lab, page):
         run = s.get(Run, 3)
         assert s.get(Run, 4) is None  # the refused form stored nothing
     assert (run.name, run.engineer, run.settings.stages) == ("browser run", "heuristic", 3)
-    assert (run.settings.agent_counts, run.settings.validation_agents) == ((2, 3), (2,))
+    assert (run.settings.agent_counts, run.settings.validation_agents) == ((2, 3), (3, 4, 5))  # the box's default
     page.get_by_role("tab", name="Runs").click()
     page.locator("#runs-table").get_by_text("browser run").wait_for()
 

@@ -21,3 +21,10 @@ def test_the_device_check_trains_and_stores_everything_at_a_tiny_size(tmp_path: 
     assert figures["saved_dtype"] == "F32" and figures["stored"]["stages"] == [[0, "done"], [1, "done"]]
     assert figures["stored"]["all_there"] and figures["grpo_tokens_per_s"] > 0
     assert figures["mfu"] is None and figures["peak_gpu_memory_mib"] is None  # no GPU: nothing made up
+
+
+def test_a_shape_it_does_not_know_is_named_before_anything_runs(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, str(CHECK), "--shapes", "4b,7b", "--out", str(tmp_path / "figures.json")],
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and "--shapes 4b,7b: 7b is not one of 0.6b, 4b" in done.stderr
+    assert not (tmp_path / "figures.json").exists()

@@ -371,7 +371,7 @@ def test_dev_boards_drawn_per_seed_are_shared_within_a_seed_and_validation_acros
     two = dict(agents=(2,))
     assert dev[evidence0] == dev[heuristic0] == [e.instance.id for e in suite.dev_entries(3, standard, draw=0, **two)]
     assert dev[evidence1] == [e.instance.id for e in suite.dev_entries(3, standard, draw=1, **two)] != dev[evidence0]
-    assert dev[old1] == [e.instance.id for e in suite.dev_entries(3, standard, **two)]  # the boards of every earlier run
+    assert dev[old1] == [e.instance.id for e in suite.dev_entries(3, standard, **two)]  # every earlier run's boards
     assert len({*dev[evidence0], *dev[evidence1], *dev[old1]}) >= 3 * 24 - 2  # 3x3 boards may repeat
     assert len(read[evidence0]) == len(read[evidence1]) == 24
     assert read[evidence0] == read[heuristic0] != read[evidence1]  # what the engineer reads differs by seed

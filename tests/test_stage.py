@@ -91,7 +91,9 @@ def writer(one_thread, tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _run(engine: Engine, policy: str, stages: int = 2, config: EnvConfig = CONFIG, **settings) -> int:
     with session(engine) as s:
         run = Run(name="t", policy=policy, engineer="fixed", engineer_backend="", seed=7,
-                  settings={"stages": stages, "grpo": GRPO, "validation_boards": 8, **settings})
+                  # 2-agent validation and dev boards: the fewest, and the first sets' (`FIRST_AGENTS`)
+                  settings={"stages": stages, "grpo": GRPO, "validation_boards": 8, "validation_agents": [2],
+                            **settings})
         s.add(run)
         s.commit()
         for k in range(stages):
@@ -239,7 +241,7 @@ def test_stage_jobs_through_the_worker_evaluate_then_train_and_record(empty_lab:
     assert all(st.started_at <= st.finished_at for st in stages)
     assert [(j.result["stage_index"], j.result["episodes"], j.result["train"].get("steps")) for j in jobs] == [
         (0, 8, None), (1, 8, 2)]
-    sizes = [b.size for b in validation_boards(8)]
+    sizes = [b.size for b in validation_boards(8, agents=(2,))]
     assert sizes == list(range(3, 11))  # spread over the set: one board per size
     assert sorted((e.stage_index, e.size) for e in episodes) == sorted((k, s) for k in (0, 1) for s in sizes)
     assert {(m.stage_index, m.episodes) for m in metrics} == {(k, 1) for k in (0, 1)}
@@ -280,7 +282,7 @@ def test_the_dev_boards_are_evaluated_after_the_validation_boards_and_change_not
         metrics = s.exec(select(StageMetric).where(StageMetric.run_id == runs[0], StageMetric.split == "dev")).all()
         log = s.exec(select(Job.log_tail).order_by(Job.id)).first()
     assert len(dev) == 2 * 24 and len(metrics) == 2 * 8  # 3 boards per size, sizes 3..10, stages 0 and 1
-    assert not {i for _, i, _ in dev} & {b.id for b in validation_boards()}  # none of the run's validation boards
+    assert not {i for _, i, _ in dev} & {b.id for b in validation_boards(agents=(2,))}  # none of its validation boards
     assert "evaluating on 24 dev boards (what the engineer reads)" in log
     trained = [load_policy(str(_run_dir(empty_lab, r) / "stage-1" / "policy")) for r in runs]
     assert torch.equal(_probe(trained[0]), _probe(trained[1]))

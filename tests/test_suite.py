@@ -101,7 +101,7 @@ def test_the_dev_boards_are_drawn_like_the_validation_boards_and_share_none_with
     # drawn without the exclusion, the dev stream does meet a validation board: the exclusion is what keeps them apart
     unguarded = dev_entries(30, [], agents=FIRST_AGENTS)
     assert sum(e.instance.id in {b.id for b in validation} for e in unguarded) == 1
-    assert dev_entries(30, validation, agents=FIRST_AGENTS) == dev  # a pure function of the seed and the boards it avoids
+    assert dev_entries(30, validation, agents=FIRST_AGENTS) == dev  # a function of the seed and the boards it avoids
     with pytest.raises(ValueError, match="dev_per_size = 10: a multiple of 3"):
         dev_cells(10)
 

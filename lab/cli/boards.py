@@ -16,10 +16,10 @@ from envsim.config import AGENT_RATIO, ConfigError, project
 from envsim.generator import boards
 from envsim.instance import Instance
 from envsim.scoring import Outcome, score, score_answer
-from envsim.suite import SUITE_SEED, Entry, Split, boards_hash, build, report, write_jsonl
+from envsim.suite import SUITE_SEED, VALIDATION_AGENTS, Entry, Split, boards_hash, build, report, write_jsonl
 from lab.cli.common import WORKERS, UsageError, config_file
 from lab.replay import sentence
-from lab.settings import Count
+from lab.settings import Count, validation_agents
 
 GIF_WIDTH = Count(120, 3840, "a 4K screen's width; a slide needs no more", "a replay narrower than that is unreadable")
 GENERATED = Count(1, 10_000_000, "about 10 hours of generating on one core at a few ms a board; split a larger "
@@ -56,7 +56,8 @@ def cmd_bench_suite(args: argparse.Namespace) -> None:
     `datasets` folder at the end."""
     built: dict[str, list[Entry]] = {}
     for split in args.split:
-        entries, stats = build(split, seed=args.seed, workers=args.workers, progress=True)
+        entries, stats = build(split, seed=args.seed, workers=args.workers, progress=True,
+                               agents=args.validation_agents)
         built[split] = entries
         where = ""
         if args.format == "jsonl":
@@ -215,7 +216,7 @@ def cmd_show(args: argparse.Namespace) -> None:
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
     """`envlab bench-suite`, `generate`, `score` and `show`."""
-    s = sub.add_parser("bench-suite", help="write the benchmark (3,150 boards) and validation sets as JSONL "
+    s = sub.add_parser("bench-suite", help="write the benchmark (3,150 boards) and validation (630) sets as JSONL "
                                            "or as a Hugging Face datasets folder, each with its boards' sha256")
     s.add_argument("--out", type=Path, default=Path("data/suite"))
     s.add_argument("--format", choices=FORMATS, default="jsonl",
@@ -225,6 +226,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--workers", type=WORKERS, default=2)
     splits = [Split.VALIDATION.value, Split.BENCHMARK.value]
     s.add_argument("--split", nargs="+", choices=splits, default=splits)
+    s.add_argument("--validation-agents", type=validation_agents, default=VALIDATION_AGENTS, metavar="K,K,...",
+                   help="the validation set's agent counts (default: the paper's, 3,4,5; 2 for the first set, 240 "
+                        "boards)")
     s.set_defaults(fn=cmd_bench_suite)
 
     s = sub.add_parser("generate", help="generate labelled training boards from an EnvConfig JSON file")

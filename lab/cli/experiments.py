@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from envsim.suite import VALIDATION_AGENTS, Split, boards_in
+from envsim.suite import Split, boards_in
 from lab.cli.common import WORKERS, UsageError, config_file, engine_of, grpo_overrides
 from lab.cli.runs import stage_line
 from lab.llm import allow_server
@@ -45,7 +45,7 @@ def cmd_experiment_new(args: argparse.Namespace) -> None:
           f"{experiment.seeds} seeds), runs {runs[0].id}..{runs[-1].id}")
     agents = settings.validation_agents
     dev = boards_in(Split.DEV, settings.run.dev_per_size, agents) if settings.run.dev_per_size else 0
-    at = "" if agents == VALIDATION_AGENTS else f", agents {counts_text(agents)}"
+    at = f", agents {counts_text(agents)}"
     print(f"each run: {settings.stages} stages x {settings.instances} boards x {settings.steps_per_stage} "
           f"GRPO steps; {settings.validation_boards:,} validation boards (the score) and {dev:,} dev boards (what the "
           f"engineer reads{', each seed its own' if settings.run.dev_per_seed else ''}) per stage{at}; the report "

@@ -52,7 +52,7 @@ from scipy import optimize, stats
 from sqlalchemy import Engine, func
 from sqlmodel import Session, select
 
-from envsim.suite import VALIDATION_AGENTS, Split
+from envsim.suite import FIRST_AGENTS, Split
 from lab.results import stage_summaries
 from lab.settings import counts_text
 from lab.study.experiments import MATCH_WORDS, arm_names, arms_of, experiment_runs, find_experiment, match_text
@@ -540,8 +540,9 @@ def match_statement(compared: Comparison) -> str:
 
 
 def _agents_text(settings: ExperimentSettings) -> str:
-    """The validation boards' agent counts where they are not the 2 of every experiment before them."""
-    if settings.validation_agents == VALIDATION_AGENTS:
+    """The validation boards' agent counts where they are not the 2 of every experiment before 3, 4, 5 became the
+    default (`FIRST_AGENTS`): its reports read as they did."""
+    if settings.validation_agents == FIRST_AGENTS:
         return ""
     return f" and agent count, agents {counts_text(settings.validation_agents)}"
 

@@ -20,7 +20,7 @@ from sqlmodel import select
 
 from envsim.config import EnvConfig, project
 from envsim.generator import generate
-from envsim.suite import WAIT_SUBSETS, build, round_half_up
+from envsim.suite import FIRST_AGENTS, WAIT_SUBSETS, build, round_half_up
 from lab import cli
 from lab.context import CONTEXT_PRESETS
 from lab.engineers import ENGINEERS, EngineerAnswer
@@ -60,7 +60,7 @@ from storage.db import make_engine, session, upgrade
 from storage.models import Episode, Experiment, Job, Proposal, Run, Stage, StageMetric
 from storage.settings import RunSettings
 from tests.recorded import CONFIG, run_all, scripted_experiment
-from training.evaluate import dev_entries, validation_entries
+from training.evaluate import boards_cache, dev_entries, envsim_fingerprint, validation_entries
 from training.stage import planned_steps
 
 # ---------------------------------------------------------------- presets, arms, scenarios
@@ -155,8 +155,9 @@ def test_steps_per_stage_are_counted_as_trl_counts_them():
 
 
 def test_a_larger_validation_set_holds_the_standard_240_and_is_cached(tmp_path):
-    standard = build("validation")[0]
-    larger = validation_entries(tmp_path, 33)  # one more board per (size, wait subset): 264
+    """At 2 agents (`FIRST_AGENTS`), the smallest set."""
+    standard = build("validation", agents=FIRST_AGENTS)[0]
+    larger = validation_entries(tmp_path, 33, FIRST_AGENTS)  # one more board per (size, wait subset): 264
     assert len(larger) == 264 and (tmp_path / "validation-33.jsonl").is_file()
     for size in range(3, 11):
         for subset in WAIT_SUBSETS:
@@ -164,26 +165,45 @@ def test_a_larger_validation_set_holds_the_standard_240_and_is_cached(tmp_path):
             assert [e for e in standard if (e.size, e.subset) == (size, subset)] == cell[:10]
             assert sum(e.instance.needs_wait for e in cell) == round_half_up(subset * 11)
     assert len({e.instance.id for e in larger}) == 264
-    assert validation_entries(tmp_path, 33) == larger  # read back from the cache
+    assert validation_entries(tmp_path, 33, FIRST_AGENTS) == larger  # read back from the cache
     with pytest.raises(ValueError, match="validation_per_size = 40: a multiple of 3"):
         validation_entries(tmp_path, 40)
 
 
-def test_the_validation_and_dev_sets_are_built_once_per_runs_root_then_read(tmp_path, monkeypatch):
+def test_the_validation_and_dev_sets_are_built_once_per_machine_then_read(tmp_path, monkeypatch):
+    """Built once into a runs root and the machine's cache (`ENVLAB_CACHE`); another runs root copies the machine's,
+    a machine copy that is not suite rows is built again, and with the machine cache off each root builds its own."""
     from envsim import suite
 
-    standard = validation_entries(tmp_path, 30)
-    assert standard == build("validation")[0] and (tmp_path / "validation-30.jsonl").is_file()
-    dev = dev_entries(tmp_path, 3)
-    assert dev == suite.dev_entries(3, [e.instance for e in standard])
-    assert (tmp_path / "dev-3-beside-validation-30.jsonl").is_file()
+    monkeypatch.setenv("ENVLAB_CACHE", str(tmp_path / "machine"))
+    first, second, third = tmp_path / "first", tmp_path / "second", tmp_path / "third"
+    standard = validation_entries(first, 30, FIRST_AGENTS)
+    assert standard == build("validation", agents=FIRST_AGENTS)[0] and (first / "validation-30.jsonl").is_file()
+    dev = dev_entries(first, 3, agents=FIRST_AGENTS)
+    assert dev == suite.dev_entries(3, [e.instance for e in standard], agents=FIRST_AGENTS)
+    machine = tmp_path / "machine" / "boards" / envsim_fingerprint()
+    assert sorted(p.name for p in machine.glob("*.jsonl")) == ["dev-3-beside-validation-30.jsonl",
+                                                               "validation-30.jsonl"]
+    real_build = suite.build
 
     def built(*args, **kwargs):
         raise AssertionError("built again")
 
     monkeypatch.setattr(suite, "build", built)
     monkeypatch.setattr(suite, "dev_entries", built)
-    assert validation_entries(tmp_path, 30) == standard and dev_entries(tmp_path, 3) == dev
+    assert validation_entries(first, 30, FIRST_AGENTS) == standard and dev_entries(first, 3, agents=FIRST_AGENTS) == dev
+    assert validation_entries(second, 30, FIRST_AGENTS) == standard  # copied from the machine's cache
+    assert dev_entries(second, 3, agents=FIRST_AGENTS) == dev
+    assert (second / "validation-30.jsonl").read_bytes() == (first / "validation-30.jsonl").read_bytes()
+    (machine / "validation-30.jsonl").write_text("not a board\n")
+    monkeypatch.setattr(suite, "build", real_build)
+    assert validation_entries(third, 30, FIRST_AGENTS) == standard  # built again, and the machine's copy mended
+    assert (machine / "validation-30.jsonl").read_bytes() == (first / "validation-30.jsonl").read_bytes()
+    monkeypatch.setenv("ENVLAB_CACHE", "")
+    monkeypatch.setattr(suite, "build", built)
+    with pytest.raises(AssertionError, match="built again"):
+        validation_entries(tmp_path / "fourth", 30, FIRST_AGENTS)
+    assert boards_cache() is None
 
 
 # ---------------------------------------------------------------- the report, by hand
@@ -312,7 +332,8 @@ def test_experiment_commands_queue_list_report_and_refuse(empty_lab, tmp_path, c
                      "--config", str(tmp_path / "small.json"), "--validation-per-size", "30", "--grpo",
                      "max_steps=2", "--db", db]) == 0
     out = capsys.readouterr().out
-    assert "4 runs queued (2 arms x 2 seeds)" in out and "1 stages x 8 boards x 2 GRPO steps; 240 validation" in out
+    assert "4 runs queued (2 arms x 2 seeds)" in out and "1 stages x 8 boards x 2 GRPO steps; 630 validation" in out
+    assert "per stage, agents 3-5; the report leads with the valid rate" in out
     assert cli.main(["experiment", "new", "--name", "hard", "--arms", "fixed", "--seeds", "1", "--scenario",
                      "hard-start", "--instances", "32", "--db", db]) == 0
     hard = find_experiment(empty_lab, "hard").settings
@@ -372,7 +393,7 @@ def test_settings_record_the_equal_compute(empty_lab):
                                    seeds=2, instances=64, scenario="hard-start")
     recorded = experiment.settings
     assert (recorded.stages, recorded.instances, recorded.steps_per_stage, recorded.validation_per_size,
-            recorded.validation_boards, recorded.scenario) == (3, 64, 16, 120, 960, "hard-start")
+            recorded.validation_boards, recorded.scenario) == (3, 64, 16, 120, 2520, "hard-start")
     for run in experiment_runs(empty_lab, experiment.id):
         assert run.settings.validation_per_size == 120 and run.settings.grpo == {}
         with session(empty_lab) as s:
@@ -429,7 +450,8 @@ def test_the_real_stage_evaluates_on_the_larger_validation_set(empty_lab, tmp_pa
     try:
         with session(empty_lab) as s:
             run = create_run(s, name="big", config=CONFIG,
-                             settings=RunSettings(stages=1, validation_per_size=33, dev_per_size=3),
+                             settings=RunSettings(stages=1, validation_per_size=33, dev_per_size=3,
+                                                  validation_agents=FIRST_AGENTS),
                              engineer="fixed")
         run_worker(empty_lab, {"stage": run_stage_job}, WorkerOptions(once=True, poll_s=0.01))
     finally:
@@ -442,7 +464,7 @@ def test_the_real_stage_evaluates_on_the_larger_validation_set(empty_lab, tmp_pa
     assert len(episodes) == 264 and {m.size: m.episodes for m in metrics} == {s: 33 for s in range(3, 11)}
     assert len(dev) == 24 and not set(dev) & {e.instance_id for e in episodes}  # the dev set avoids all 264
     assert (tmp_path / "validation-33.jsonl").is_file()  # cached under the runs root, beside the database
-    standard = {e.instance.id for e in build("validation")[0]}
+    standard = {e.instance.id for e in build("validation", agents=FIRST_AGENTS)[0]}
     assert standard <= {e.instance_id for e in episodes}
 
 
@@ -496,11 +518,14 @@ def test_an_experiment_adopts_done_runs_of_another_database_at_the_same_compute(
         dst.write(src.read())
     before = hashlib.sha256(source.read_bytes()).hexdigest()
     today = create_experiment(empty_lab, name="today", scenario="hard-start", arms=["random"], seeds=1,
-                              settings=RunSettings(stages=3))  # the shipped runs were made with the 2-agent tiny
-    with pytest.raises(ExperimentError, match=r"differs from 'today' in policy \('tiny-2agent' there, 'tiny' here\)"):
+                              settings=RunSettings(stages=3))  # the shipped runs: the 2-agent tiny, 2-agent boards
+    with pytest.raises(ExperimentError, match=r"differs from 'today' in validation_agents \(\[2\] there, \[3, 4, 5\] "
+                                              r"here\); validation_boards \(960 there, 2520 here\); policy "
+                                              r"\('tiny-2agent' there, 'tiny' here\)"):
         adopt_runs(empty_lab, today.id, source, "random", [0], source_experiment="hardstart")
     experiment = create_experiment(empty_lab, name="hardstart", scenario="hard-start", arms=["fixed", "random"],
-                                   seeds=4, settings=RunSettings(stages=3), policy="tiny-2agent")
+                                   seeds=4, settings=RunSettings(stages=3, validation_agents=FIRST_AGENTS),
+                                   policy="tiny-2agent")
     own = {(r.arm, r.seed): r.id for r in experiment_runs(empty_lab, experiment.id)}
     db = str(empty_lab.url.database)
     for args, why in ((["--arm", "heuristic", "--seeds", "0"], "has no arm 'heuristic'"),
@@ -508,12 +533,12 @@ def test_an_experiment_adopts_done_runs_of_another_database_at_the_same_compute(
                       (["--arm", "random", "--seeds", "0", "--from-experiment", "nope"], "no experiment 'nope'")):
         assert cli.main(["experiment", "adopt", "hardstart", "--from", str(source), *args, "--db", db]) == 2
         assert why in capsys.readouterr().err
-    other = create_experiment(empty_lab, name="defaults", arms=["random"], seeds=1, settings=RunSettings(stages=3),
-                              policy="tiny-2agent")
+    other = create_experiment(empty_lab, name="defaults", arms=["random"], seeds=1,
+                              settings=RunSettings(stages=3, validation_agents=FIRST_AGENTS), policy="tiny-2agent")
     with pytest.raises(ExperimentError, match=r"differs from 'defaults' in config .*: not the same compute"):
         adopt_runs(empty_lab, other.id, source, "random", [0], source_experiment="hardstart")
     renamed = create_experiment(empty_lab, name="renamed", scenario="hard-start", arms=["random=heuristic"], seeds=1,
-                                settings=RunSettings(stages=3), policy="tiny-2agent")
+                                settings=RunSettings(stages=3, validation_agents=FIRST_AGENTS), policy="tiny-2agent")
     with pytest.raises(ExperimentError, match=r"seed 0: its run 49 there ran engineer 'random', this arm runs "
                                               r"'heuristic'"):
         adopt_runs(empty_lab, renamed.id, source, "random", [0], source_experiment="hardstart")
