@@ -468,6 +468,81 @@ def write_report(h: Headroom, out: Path, remake: Sequence[str] = ()) -> dict[str
     return written
 
 
+# ---------------------------------------------------------------- the study the screen sizes
+
+
+STUDY_NAME = "second-pass"
+STUDY_STAGES = 4
+# the `schedule` arm's agent mixes, stage by stage: from the fewest agents up to the counts the score asks for
+SCHEDULE_MIXES: tuple[dict[int, float], ...] = ({2: 0.5, 3: 0.5}, {3: 0.5, 4: 0.5}, {4: 0.5, 5: 0.5},
+                                                {3: 1 / 3, 4: 1 / 3, 5: 1 / 3})
+STUDY_ARMS = ("random", "evidence", "bandit", "learnability")  # beside `static` (the best config) and `schedule`
+STATIC_FILE, SCHEDULE_FILE = "static.json", "schedule.json"
+
+
+@dataclass(frozen=True)
+class StudyPlan:
+    """The study of engineers the screen sizes (docs/experiments.md, "The study the screen sizes"): the best config
+    held for every stage, a schedule of agent mixes on its holes and waits, the seeds for 80%
+    power at `STUDY_EFFECT`, and the command that makes it."""
+
+    best: Gain
+    seed_sd: float | None
+    seeds: int
+    static: EnvConfig
+    schedule: tuple[EnvConfig, ...]
+
+
+def study_plan(h: Headroom) -> StudyPlan:
+    """The study `h` sizes: `seeds_for` the screen's pooled seed spread (at least `STUDY_LEAST_SEEDS` where it has
+    none), the best config as `static`, and `SCHEDULE_MIXES` on the best config's holes, waits and data shares."""
+    best = h.best
+    if best.config is None:
+        raise HeadroomError(f"the best arm {best.arm!r} holds no config")
+    sd = h.seed_sd
+    schedule = tuple(best.config.model_copy(update={"agent_ratio": dict(mix)}) for mix in SCHEDULE_MIXES)
+    return StudyPlan(best, sd, seeds_for(sd) if sd is not None else STUDY_LEAST_SEEDS, best.config, schedule)
+
+
+def write_study(plan: StudyPlan, h: Headroom, folder: Path, configs: Path, *, db: str,
+                name: str = STUDY_NAME) -> list[str]:
+    """`folder/static.json` and `folder/schedule.json`, and the commands that make and run the study: the screen's
+    initial config, agent counts, validation set and options, `STUDY_STAGES` stages, compute matched by extra GRPO
+    steps for the arms without probes, the valid rate first."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / STATIC_FILE).write_text(plan.static.model_dump_json(indent=2) + "\n")
+    (folder / SCHEDULE_FILE).write_text(
+        json.dumps([c.model_dump(mode="json") for c in plan.schedule], indent=2) + "\n")
+    screen = plan_of(h)
+    f, d = shlex.quote(str(folder)), shlex.quote(db)
+    arms = ",".join([STUDY_ARMS[0], f"static=static:{folder / STATIC_FILE}",
+                     f"schedule=schedule:{folder / SCHEDULE_FILE}", *STUDY_ARMS[1:]])
+    new = ["envlab experiment new", f"--name {name}", f"--arms {shlex.quote(arms)}", f"--seeds {plan.seeds}",
+           f"--stages {STUDY_STAGES}", f"--scenario {screen.scenario}",
+           f"--config {shlex.quote(str(configs / INITIAL))}",
+           f"--agent-counts {','.join(map(str, screen.agent_counts))}",
+           f"--validation-agents {','.join(map(str, screen.validation_agents))}", "--primary valid",
+           "--match-compute extra", *screen.options, f"--db {d}"]
+    return [" ".join(new), f"envlab experiment run {name} --workers 2 --threads 1 --db {d}",
+            f"envlab experiment report {name} --db {d} --out {f}/report"]
+
+
+def _study_plan(args: argparse.Namespace) -> None:
+    from lab.cli.common import UsageError, engine_of
+
+    try:
+        h = headroom(engine_of(args.db), args.experiment, args.draws)
+        plan = study_plan(h)
+        lines = write_study(plan, h, args.out, args.configs, db=args.db or "$ENVLAB_DB", name=args.name)
+    except (ExperimentError, HeadroomError, UsageError) as err:
+        raise SystemExit(f"headroom study-plan: {err}") from None
+    spread = "no config with 2 seeds" if plan.seed_sd is None else f"a seed spread of {points(plan.seed_sd)} points"
+    print(f"best config {plan.best.arm} ({points(plan.best.valid.mean, signed=True)} points); {spread}: "
+          f"{plan.seeds} seeds for 80% power at {points(STUDY_EFFECT)} points")
+    print(f"{STATIC_FILE}, {SCHEDULE_FILE} in {args.out}")
+    print("\n".join(lines))
+
+
 # ---------------------------------------------------------------- the command line
 
 
@@ -511,6 +586,14 @@ def main(argv: list[str] | None = None) -> None:
                    help="where make-configs wrote the configs (for the commands at the report's top)")
     s.add_argument("--from-scenario", default=SCENARIO, help="the scenario make-configs read (for the commands)")
     s.set_defaults(fn=_report)
+    s = verbs.add_parser("study-plan", help="the study of engineers the screen sizes: its configs and commands")
+    s.add_argument("experiment", help=f"the configs' experiment (the screen's name, {NAME} by default)")
+    s.add_argument("--draws", help="the random arm's experiment (default: EXPERIMENT-random)")
+    s.add_argument("--db", help="database path or URL (default: $ENVLAB_DB or runs/envlab.db)")
+    s.add_argument("--out", type=Path, required=True, help=f"folder for {STATIC_FILE} and {SCHEDULE_FILE}")
+    s.add_argument("--configs", type=Path, default=Path("configs"), help=f"where make-configs wrote {INITIAL}")
+    s.add_argument("--name", default=STUDY_NAME, help=f"the study's experiment name (default {STUDY_NAME})")
+    s.set_defaults(fn=_study_plan)
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     args.fn(args)
 

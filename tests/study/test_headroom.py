@@ -217,6 +217,42 @@ def test_the_report_command_writes_both_files_and_the_commands_that_remake_it(em
     assert (tmp_path / "out" / "gains.csv").is_file()
 
 
+def test_the_study_plan_holds_the_best_config_schedules_its_mixes_and_makes_an_experiment(empty_lab, tmp_path: Path,
+                                                                                         capsys):
+    """`study-plan`: the best config as `static.json`, the schedule of agent mixes on its holes and waits as
+    `schedule.json`, the seeds for 80% power at 2 points from the screen's seed spread; its first command, run as
+    printed, makes the study: 6 arms, those seeds, 4 stages, compute matched, on the screen's initial config."""
+    configs = tmp_path / "configs"
+    scripted_screen(empty_lab, configs, [60, 64], other=[52, 51])
+    db, out = str(tmp_path / "lab.db"), tmp_path / "study"
+    hr.main(["study-plan", "screen", "--db", db, "--out", str(out), "--configs", str(configs), "--name", "study"])
+    lines = capsys.readouterr().out.splitlines()
+    h = hr.headroom(empty_lab, "screen")
+    seeds = hr.seeds_for(h.seed_sd)
+    assert seeds == 19  # a spread of 2.06 points: 2.92 for a difference of two arms
+    assert lines[0] == (f"best config mixC-holes0.4-waits0.75 (+12.00 points); a seed spread of "
+                        f"{h.seed_sd * 100:.2f} points: 19 seeds for 80% power at 2.00 points")
+    best = EnvConfig.model_validate_json((configs / "mixC-holes0.4-waits0.75.json").read_text())
+    assert EnvConfig.model_validate_json((out / "static.json").read_text()) == best
+    schedule = [EnvConfig.model_validate(c) for c in json.loads((out / "schedule.json").read_text())]
+    assert [c.agent_ratio for c in schedule] == [{2: 0.5, 3: 0.5}, {3: 0.5, 4: 0.5}, {4: 0.5, 5: 0.5},
+                                                 {3: 1 / 3, 4: 1 / 3, 5: 1 / 3}]
+    assert all(c.model_dump(exclude={"agent_ratio"}) == best.model_dump(exclude={"agent_ratio"}) for c in schedule)
+    new = lines[2]
+    assert new.startswith("envlab experiment new --name study --arms ") and "--seeds 19 --stages 4" in new
+    assert lines[3] == f"envlab experiment run study --workers 2 --threads 1 --db {db}"
+    assert envlab(new.split(" ", 1)[1].replace("'", "").split()) == 0
+    study = find_experiment(empty_lab, "study")
+    assert [a["name"] for a in study.arms] == ["random", "static", "schedule", "evidence", "bandit", "learnability"]
+    assert (study.seeds, study.settings.stages, study.settings.validation_agents) == (19, 4, (3, 4, 5))
+    assert study.settings.config == EnvConfig.model_validate_json((configs / "initial.json").read_text())
+    assert study.settings.run.agent_counts == (2, 3, 4, 5) and study.settings.primary == "valid"
+    runs = experiment_runs(empty_lab, study.id)
+    held = {r.arm: r.settings.held_configs for r in runs if r.settings.held_configs is not None}
+    assert held["static"].configs == (best,) and held["schedule"].configs == tuple(schedule)
+    assert len(runs) == 6 * 19
+
+
 def test_two_experiments_that_differ_in_compute_are_not_one_screen(empty_lab, tmp_path: Path):
     scripted_screen(empty_lab, tmp_path / "configs", [60, 64], other=[52, 51], instances=256)
     with pytest.raises(hr.HeadroomError, match=r"experiments 'screen' and 'screen-random' differ in instances "

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The study of engineers the headroom screen sizes (docs/experiments.md, "The study the screen sizes";
+# lab/study/headroom.py, `study-plan`): arms random, static (the screen's best config), schedule (agent mixes on it),
+# evidence, bandit and learnability; 4 stages; the seeds for 80% power at 2 points; compute matched.
+# In a database of its own, on a fixed commit, in the background, resumable: run it again after any stop and
+# `envlab experiment run` goes on where it stopped; the plan and the experiment are made once.
+#
+#   bash scripts/study-second-pass.sh [COMMIT]   # WORKERS=K workers of one torch thread (default 2: one a core here)
+#                                                # SCREEN=folder of the finished screen (default $WORK/headroom)
+#
+# The report lands in $WORK/second-pass/study/report; it is shipped as docs/results/second-pass/.
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+work=${WORK:-$HOME/envlab-long}/second-pass
+screen=${SCREEN:-${WORK:-$HOME/envlab-long}/headroom}
+commit=${1:-$(cat "$work/COMMIT" 2>/dev/null || git -C "$repo" rev-parse --short HEAD)}
+workers=${WORKERS:-2}
+python=$repo/.venv/bin/python
+if [ ! -f "$screen/report/report.md" ]; then  # the screen's script writes its report once every run is done
+    echo "the headroom screen in $screen is not done (no report/report.md): bash scripts/headroom-screen.sh" >&2
+    exit 2
+fi
+mkdir -p "$work"
+echo "$commit" > "$work/COMMIT"
+if [ ! -d "$work/src/.git" ]; then
+    git clone -q "$repo" "$work/src"
+fi
+git -C "$work/src" fetch -q "$repo" '+refs/heads/*:refs/remotes/lab/*'
+git -C "$work/src" checkout -q "$commit"
+cd "$work"
+export PYTHONPATH="$work/src" ENVLAB_RUNS="$work/runs" OMP_NUM_THREADS=1
+db="$work/second-pass.db"
+if [ ! -f "$work/made" ]; then
+    "$python" -m lab.study.headroom study-plan headroom --db "$screen/headroom.db" --configs "$screen/configs" \
+        --out "$work/study" > "$work/plan.txt"
+    cat "$work/plan.txt"
+    new=$(grep "^envlab experiment new" "$work/plan.txt" | sed "s|^envlab|$python -m lab.cli|; s|--db [^ ]*|--db $db|")
+    eval "$new"
+    touch "$work/made"
+fi
+nohup setsid nice -n 5 bash -c "
+    '$python' -m lab.cli experiment run second-pass --workers $workers --threads 1 --db '$db' &&
+    '$python' -m lab.cli experiment report second-pass --db '$db' --out '$work/study/report'
+" >> "$work/second-pass.log" 2>&1 &
+echo "second-pass study at commit $commit; log: $work/second-pass.log; report: $work/study/report"
