@@ -191,12 +191,12 @@ def test_serve_on_a_taken_port_says_so_in_one_line(tmp_path: Path):
 # ---------------------------------------------------------------- envlab run, its output in a file
 
 STAGE_LINE = re.compile(r"stage (\d)/1 done: validation valid (\d+\.\d%) optimal (\d+\.\d%) "
-                        r"\((?:\d+s|\d+m \d\ds); 2 boards, valid by size 3:\d+% 7:\d+%\)")
+                        r"\((?:\d+s|\d+m \d\ds); 2 boards, valid by size 3:\d+% 6:\d+%, by agent count 3:\d+% 4:\d+%\)")
 
 
 def test_run_into_a_file_writes_one_line_per_stage_and_no_bars_or_warnings(tmp_path: Path):
-    """A 1-stage run on the tiny policy, 1 GRPO step, 2 validation boards and 24 dev boards, output to a
-    file."""
+    """A 1-stage run on the tiny policy, 1 GRPO step, 2 validation boards (one of 3 agents, one of 4: spread over
+    the default's counts) and 63 dev boards, output to a file."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "ENVLAB_RUNS": str(tmp_path / "runs")}
     db = tmp_path / "x.db"
     command = [sys.executable, "-m", "lab.cli", "run", "--stages", "1", "--instances", "2", "--validation-boards", "2",

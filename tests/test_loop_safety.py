@@ -291,8 +291,9 @@ def test_a_database_of_the_previous_version_upgrades_with_nothing_lost(db_url):
     with session(engine) as s:
         got_runs = s.exec(select(Run).order_by(Run.id)).all()
         assert [(r.id, r.name, r.description, r.settings, r.seed, r.status, r.status_reason, r.created_at)
-                for r in got_runs] == [(1, "old", "", RunSettings(stages=2), 0, "active", "", created),
-                                       (2, "new", "d", RunSettings(stages=1), 1, "active", "", created)]
+                for r in got_runs] == [  # scored on 2 agents, as every run of then was (0015)
+            (1, "old", "", RunSettings(stages=2, validation_agents=(2,)), 0, "active", "", created),
+            (2, "new", "d", RunSettings(stages=1, validation_agents=(2,)), 1, "active", "", created)]
         assert len({r.uuid for r in got_runs}) == 2 and all(len(r.uuid) == 32 for r in got_runs)
         assert [(st.id, st.run_id, st.index, st.config, st.status, st.checkpoint)
                 for st in s.exec(select(Stage).order_by(Stage.id))] == [

@@ -192,8 +192,8 @@ def test_a_learnability_proposal_probes_the_runs_checkpoint_and_keeps_its_comput
     engine = make_engine(str(tmp_path / "lab.db"))
     upgrade(engine)
     with session(engine) as s:
-        run = create_run(s, name="l", config=SMALL, settings=RunSettings(stages=2, auto_apply=True),
-                         engineer="learnability", seed=2)
+        run = create_run(s, name="l", config=SMALL, engineer="learnability", seed=2,
+                         settings=RunSettings(stages=2, auto_apply=True, validation_agents=(2,)))  # 2-agent boards
         stage = s.exec(select(Stage).where(Stage.run_id == run.id)).one()
         stage.status, stage.checkpoint = "done", "tiny"
         s.add(stage)

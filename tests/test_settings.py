@@ -150,8 +150,9 @@ def test_agent_counts_come_from_a_flag_or_the_file_checked_and_fewest_first(tmp_
 
 
 def test_validation_agents_come_from_a_flag_or_the_file_and_an_experiment_carries_them_to_its_runs(tmp_path, capsys):
-    assert settings_from_args(args_of()).validation_agents == (2,)  # the default: the 2-agent sets of every run before
+    assert settings_from_args(args_of()).validation_agents == (3, 4, 5)  # the default: the paper's counts
     assert settings_from_args(args_of("--validation-agents", "5,3,4,3")).validation_agents == (3, 4, 5)
+    assert settings_from_args(args_of("--validation-agents", "2")).validation_agents == (2,)  # the first sets
     path = write(tmp_path, FILE + "validation_agents: [3, 2]\n")
     assert settings_from_args(args_of("--settings", str(path))).validation_agents == (2, 3)
     assert main(["run", "--db", str(tmp_path / "lab.db"), "--settings", str(path), "--print-settings"]) == 0

@@ -168,6 +168,7 @@ def test_a_learnability_arm_runs_end_to_end_and_trains_half_its_boards_broadly(t
     assert main(["experiment", "new", "--dev-per-size", "3",
                  "--name", "sfl", "--arms", "learnability", "--seeds", "1", "--stages", "1",
                  "--config", str(tmp_path / "config.json"), "--validation-per-size", "30", "--validation-boards", "4",
+                 "--validation-agents", "2",  # 2-agent boards: no benchmark board to hold out, none to build
                  "--grpo", "num_generations=2", "--grpo", "per_device_train_batch_size=16", "--db", db]) == 0
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "-m", "lab.cli", "experiment", "run", "sfl", "--db", db], env=env,
