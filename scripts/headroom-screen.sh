@@ -15,13 +15,8 @@ commit=${1:-$(cat "$work/COMMIT" 2>/dev/null || git -C "$repo" rev-parse --short
 policy=${POLICY:-tiny}
 workers=${WORKERS:-2}
 python=$repo/.venv/bin/python
-mkdir -p "$work"
-echo "$commit" > "$work/COMMIT"
-if [ ! -d "$work/src/.git" ]; then
-    git clone -q "$repo" "$work/src"
-fi
-git -C "$work/src" fetch -q "$repo" '+refs/heads/*:refs/remotes/lab/*'
-git -C "$work/src" checkout -q "$commit"
+source "$repo/scripts/fixed-commit.sh"
+fixed_commit "$repo" "$work" "$commit"
 cd "$work"
 export PYTHONPATH="$work/src" ENVLAB_RUNS="$work/runs" OMP_NUM_THREADS=1
 db="$work/headroom.db"

@@ -10,13 +10,8 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 work=${WORK:-$HOME/envlab-long}/rerun
 commit=${1:-$(cat "$work/COMMIT" 2>/dev/null || git -C "$repo" rev-parse --short HEAD)}
 python=$repo/.venv/bin/python
-mkdir -p "$work"
-echo "$commit" > "$work/COMMIT"
-if [ ! -d "$work/src/.git" ]; then
-    git clone -q "$repo" "$work/src"
-fi
-git -C "$work/src" fetch -q "$repo" main
-git -C "$work/src" checkout -q "$commit"
+source "$repo/scripts/fixed-commit.sh"
+fixed_commit "$repo" "$work" "$commit"
 cd "$work"
 export PYTHONPATH="$work/src" ENVLAB_RUNS="$work/runs" OMP_NUM_THREADS=1
 db="$work/rerun.db"

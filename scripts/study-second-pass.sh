@@ -20,13 +20,8 @@ if [ ! -f "$screen/report/report.md" ]; then  # the screen's script writes its r
     echo "the headroom screen in $screen is not done (no report/report.md): bash scripts/headroom-screen.sh" >&2
     exit 2
 fi
-mkdir -p "$work"
-echo "$commit" > "$work/COMMIT"
-if [ ! -d "$work/src/.git" ]; then
-    git clone -q "$repo" "$work/src"
-fi
-git -C "$work/src" fetch -q "$repo" '+refs/heads/*:refs/remotes/lab/*'
-git -C "$work/src" checkout -q "$commit"
+source "$repo/scripts/fixed-commit.sh"
+fixed_commit "$repo" "$work" "$commit"
 cd "$work"
 export PYTHONPATH="$work/src" ENVLAB_RUNS="$work/runs" OMP_NUM_THREADS=1
 db="$work/second-pass.db"

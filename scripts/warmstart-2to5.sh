@@ -9,12 +9,8 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 work=${WORK:-$HOME/envlab-long}
 commit=${1:-ceaec81}
 python=$repo/.venv/bin/python
-mkdir -p "$work"
-if [ ! -d "$work/src/.git" ]; then
-    git clone -q "$repo" "$work/src"
-fi
-git -C "$work/src" fetch -q "$repo" main
-git -C "$work/src" checkout -q "$commit"
+source "$repo/scripts/fixed-commit.sh"
+fixed_commit "$repo" "$work" "$commit"
 cd "$work/src"
 nohup setsid bash -c "
     nice -n 5 '$python' -m training.labels --out '$work/labels' --boards 120000 &&
