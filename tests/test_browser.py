@@ -78,9 +78,18 @@ def decisions(engine) -> list[Decision]:
 
 def edit_cell(page, table_id: str, row: int, col: int, value: str) -> None:
     """Type into one cell of an editable Gradio table (row and column counted from 0, header excluded)."""
+    from playwright.sync_api import TimeoutError as Late
+
     cell = page.locator(f'#{table_id} [data-testid="cell-{row}-{col}"]')
-    cell.dblclick()
     field = cell.locator("textarea, input").first
+    for attempt in range(3):  # a double click that lands before the table's handlers are attached opens nothing
+        cell.dblclick()
+        try:
+            field.wait_for(timeout=5_000)
+            break
+        except Late:
+            if attempt == 2:
+                raise
     field.fill(value)
     field.press("Enter")
 

@@ -743,6 +743,9 @@ def run_stage(engine: Engine, args: StageArgs, grpo: dict[str, Any], progress: P
             policy_folder(args.policy) if args.stage_index == 0 else str(args.policy_dir)
         # record: the validation set (once: an attempt that died after storing it leaves it stored)
         if not _validation_metrics(engine, args):
+            counts = ", ".join(map(str, args.validation_agents))
+            progress(0, None, f"reading the validation and dev boards of {counts} agents (built once on this machine, "
+                              "then read from its cache)")
             boards = validation_boards(args.validation_boards, args.validation_per_size, args.run_dir.parent,
                                        args.validation_agents)
             if (source := _evaluate(engine, args, Split.VALIDATION, boards, policy, folder, progress)) is not None:
