@@ -482,15 +482,18 @@ STATIC_FILE, SCHEDULE_FILE = "static.json", "schedule.json"
 
 @dataclass(frozen=True)
 class StudyPlan:
-    """The study of engineers the screen sizes (docs/experiments.md, "The study the screen sizes"): the best config
-    held for every stage, a schedule of agent mixes on its holes and waits, the seeds for 80%
-    power at `STUDY_EFFECT`, and the command that makes it."""
+    """The study of engineers the screen sizes (docs/experiments.md, "The study the screen sizes"): the best config,
+    held for every stage (`static`), a schedule of agent mixes on its holes and waits, and the seeds for 80% power at
+    `STUDY_EFFECT` from the screen's seed spread."""
 
     best: Gain
     seed_sd: float | None
     seeds: int
-    static: EnvConfig
     schedule: tuple[EnvConfig, ...]
+
+    @property
+    def static(self) -> EnvConfig:
+        return self.best.config
 
 
 def study_plan(h: Headroom) -> StudyPlan:
@@ -501,7 +504,7 @@ def study_plan(h: Headroom) -> StudyPlan:
         raise HeadroomError(f"the best arm {best.arm!r} holds no config")
     sd = h.seed_sd
     schedule = tuple(best.config.model_copy(update={"agent_ratio": dict(mix)}) for mix in SCHEDULE_MIXES)
-    return StudyPlan(best, sd, seeds_for(sd) if sd is not None else STUDY_LEAST_SEEDS, best.config, schedule)
+    return StudyPlan(best, sd, seeds_for(sd) if sd is not None else STUDY_LEAST_SEEDS, schedule)
 
 
 def write_study(plan: StudyPlan, h: Headroom, folder: Path, configs: Path, *, db: str,
