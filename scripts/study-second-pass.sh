@@ -7,6 +7,8 @@
 #
 #   bash scripts/study-second-pass.sh [COMMIT]   # WORKERS=K workers of one torch thread (default 2: one a core here)
 #                                                # SCREEN=folder of the finished screen (default $WORK/headroom)
+#                                                # STUDY="--arms random,static,bandit --stages 2": another design
+#                                                # (study-plan's options; read once, when the study is made)
 #
 # The report lands in $WORK/second-pass/study/report; it is shipped as docs/results/second-pass/.
 set -euo pipefail
@@ -15,6 +17,7 @@ work=${WORK:-$HOME/envlab-long}/second-pass
 screen=${SCREEN:-${WORK:-$HOME/envlab-long}/headroom}
 commit=${1:-$(cat "$work/COMMIT" 2>/dev/null || git -C "$repo" rev-parse --short HEAD)}
 workers=${WORKERS:-2}
+read -ra design <<< "${STUDY:-}"
 python=$repo/.venv/bin/python
 if [ ! -f "$screen/report/report.md" ]; then  # the screen's script writes its report once every run is done
     echo "the headroom screen in $screen is not done (no report/report.md): bash scripts/headroom-screen.sh" >&2
@@ -27,7 +30,7 @@ export PYTHONPATH="$work/src" ENVLAB_RUNS="$work/runs" OMP_NUM_THREADS=1
 db="$work/second-pass.db"
 if [ ! -f "$work/made" ]; then
     "$python" -m lab.study.headroom study-plan headroom --db "$screen/headroom.db" --configs "$screen/configs" \
-        --out "$work/study" > "$work/plan.txt"
+        --out "$work/study" --workers "$workers" "${design[@]}" > "$work/plan.txt"
     cat "$work/plan.txt"
     new=$(grep "^envlab experiment new" "$work/plan.txt" | sed "s|^envlab|$python -m lab.cli|; s|--db [^ ]*|--db $db|")
     eval "$new"

@@ -39,6 +39,7 @@ import argparse
 import json
 import math
 import shlex
+import statistics
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -69,7 +70,7 @@ from lab.study.comparison import (
 )
 from lab.study.experiments import EXPERIMENT_VALIDATION_PER_SIZE, ExperimentError, arms_of, load_scenario
 from storage.db import session
-from storage.models import Stage
+from storage.models import Job, JobKind, JobStatus, Stage
 
 NAME = "headroom"
 SCENARIO = "default"
@@ -473,75 +474,164 @@ def write_report(h: Headroom, out: Path, remake: Sequence[str] = ()) -> dict[str
 
 STUDY_NAME = "second-pass"
 STUDY_STAGES = 4
-# the `schedule` arm's agent mixes, stage by stage: from the fewest agents up to the counts the score asks for
+# the `schedule` arm's agent mixes, from the fewest agents up to the counts the score asks for (`schedule_mixes`
+# spreads them over a study's stages)
 SCHEDULE_MIXES: tuple[dict[int, float], ...] = ({2: 0.5, 3: 0.5}, {3: 0.5, 4: 0.5}, {4: 0.5, 5: 0.5},
                                                 {3: 1 / 3, 4: 1 / 3, 5: 1 / 3})
-STUDY_ARMS = ("random", "evidence", "bandit", "learnability")  # beside `static` (the best config) and `schedule`
+# the arms a study may hold, in the order they are made; `static` is the best config, `schedule` the mixes on it
+STUDY_ARMS = ("random", "static", "schedule", "evidence", "bandit", "learnability")
+PROBING_ARMS = frozenset({"learnability"})  # the arms whose proposals answer probes (`--match-compute` matches them)
+MATCH_MODES = ("extra", "trim")
 STATIC_FILE, SCHEDULE_FILE = "static.json", "schedule.json"
+
+
+@dataclass(frozen=True)
+class StudyDesign:
+    """What the study holds: its arms (a subset of `STUDY_ARMS`, kept in that order), its trained stages, how the
+    compute of a probing arm is matched (`envlab experiment new --match-compute`; unused without one) and the
+    workers that run it (for the estimate of its hours)."""
+
+    arms: tuple[str, ...] = STUDY_ARMS
+    stages: int = STUDY_STAGES
+    match: str = "extra"
+    workers: int = 2
+
+    def __post_init__(self) -> None:
+        unknown = [a for a in self.arms if a not in STUDY_ARMS]
+        if unknown:
+            raise HeadroomError(f"unknown arm {unknown[0]!r}: the study's arms are {', '.join(STUDY_ARMS)}")
+        if len(set(self.arms)) != len(self.arms):
+            raise HeadroomError("an arm is named twice")
+        if len(self.arms) < 2:
+            raise HeadroomError("a study compares at least 2 arms")
+        if self.stages < 1 or self.workers < 1:
+            raise HeadroomError("the stages and the workers are at least 1")
+        if self.match not in MATCH_MODES:
+            raise HeadroomError(f"match {self.match!r}: one of {', '.join(MATCH_MODES)}")
+        object.__setattr__(self, "arms", tuple(a for a in STUDY_ARMS if a in self.arms))
+
+    @property
+    def probing(self) -> bool:
+        return any(a in PROBING_ARMS for a in self.arms)
+
+
+def schedule_mixes(stages: int) -> tuple[dict[int, float], ...]:
+    """`SCHEDULE_MIXES` over `stages` stages: all of them where there are as many stages or more (the last is held
+    after), else evenly spaced ones that start at the fewest agents and end at the counts the score asks for."""
+    last = len(SCHEDULE_MIXES) - 1
+    if stages > last:
+        return SCHEDULE_MIXES
+    if stages == 1:
+        return SCHEDULE_MIXES[-1:]
+    return tuple(SCHEDULE_MIXES[int(i * last / (stages - 1) + 0.5)] for i in range(stages))
 
 
 @dataclass(frozen=True)
 class StudyPlan:
     """The study of engineers the screen sizes (docs/experiments.md, "The study the screen sizes"): the best config,
-    held for every stage (`static`), a schedule of agent mixes on its holes and waits, and the seeds for 80% power at
-    `STUDY_EFFECT` from the screen's seed spread."""
+    held for every stage (`static`), a schedule of agent mixes on its holes and waits, the seeds for 80% power at
+    `STUDY_EFFECT` from the screen's seed spread, and the median minutes of the screen's trained stage jobs (None
+    where none is timed)."""
 
     best: Gain
     seed_sd: float | None
     seeds: int
     schedule: tuple[EnvConfig, ...]
+    stage_minutes: float | None = None
 
     @property
     def static(self) -> EnvConfig:
         return self.best.config
 
+    def hours(self, design: StudyDesign) -> float | None:
+        """The study's wall hours at the screen's pace: every trained stage (arms x seeds x stages) at the screen's
+        median stage job, `design.workers` at once (the screen's own workers shared its cores the same way); the
+        GRPO steps that matched compute adds are not in it."""
+        if self.stage_minutes is None:
+            return None
+        return len(design.arms) * self.seeds * design.stages * self.stage_minutes / design.workers / 60
 
-def study_plan(h: Headroom) -> StudyPlan:
+
+def stage_minutes(engine: Engine, h: Headroom) -> float | None:
+    """The median wall minutes of the screen's finished stage jobs that trained a stage (stage 0's evaluation, once
+    for every run, is not one): a job paused or stopped in the middle counts its whole span, so the median, not
+    the mean."""
+    ids = [r.id for c in (h.experiment, h.draws_experiment) for r in c.runs.values()]
+    with session(engine) as s:
+        spans = [(f - st).total_seconds() / 60 for st, f in s.exec(
+            select(Job.started_at, Job.finished_at).where(
+                Job.run_id.in_(ids), Job.kind == JobKind.STAGE, Job.target >= 1, Job.status == JobStatus.DONE,
+                Job.started_at.is_not(None), Job.finished_at.is_not(None)))]
+    return statistics.median(spans) if spans else None
+
+
+def study_plan(h: Headroom, stages: int = STUDY_STAGES, minutes: float | None = None) -> StudyPlan:
     """The study `h` sizes: `seeds_for` the screen's pooled seed spread (at least `STUDY_LEAST_SEEDS` where it has
-    none), the best config as `static`, and `SCHEDULE_MIXES` on the best config's holes, waits and data shares."""
+    none), the best config as `static`, and `schedule_mixes(stages)` on the best config's holes, waits and data
+    shares; `minutes` the screen's stage pace (`stage_minutes`)."""
     best = h.best
     if best.config is None:
         raise HeadroomError(f"the best arm {best.arm!r} holds no config")
     sd = h.seed_sd
-    schedule = tuple(best.config.model_copy(update={"agent_ratio": dict(mix)}) for mix in SCHEDULE_MIXES)
-    return StudyPlan(best, sd, seeds_for(sd) if sd is not None else STUDY_LEAST_SEEDS, schedule)
+    schedule = tuple(best.config.model_copy(update={"agent_ratio": dict(mix)}) for mix in schedule_mixes(stages))
+    return StudyPlan(best, sd, seeds_for(sd) if sd is not None else STUDY_LEAST_SEEDS, schedule, minutes)
 
 
-def write_study(plan: StudyPlan, h: Headroom, folder: Path, configs: Path, *, db: str,
-                name: str = STUDY_NAME) -> list[str]:
-    """`folder/static.json` and `folder/schedule.json`, and the commands that make and run the study: the screen's
-    initial config, agent counts, validation set and options, `STUDY_STAGES` stages, compute matched by extra GRPO
-    steps for the arms without probes, the valid rate first."""
+def write_study(plan: StudyPlan, h: Headroom, folder: Path, configs: Path, *, db: str, name: str = STUDY_NAME,
+                design: StudyDesign = StudyDesign()) -> list[str]:
+    """`folder/static.json` and `folder/schedule.json`, and the commands that make and run the study: the design's
+    arms and stages on the screen's initial config, agent counts, validation set and options, compute matched as the
+    design says where an arm probes, the valid rate first."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / STATIC_FILE).write_text(plan.static.model_dump_json(indent=2) + "\n")
     (folder / SCHEDULE_FILE).write_text(
         json.dumps([c.model_dump(mode="json") for c in plan.schedule], indent=2) + "\n")
     screen = plan_of(h)
     f, d = shlex.quote(str(folder)), shlex.quote(db)
-    arms = ",".join([STUDY_ARMS[0], f"static=static:{folder / STATIC_FILE}",
-                     f"schedule=schedule:{folder / SCHEDULE_FILE}", *STUDY_ARMS[1:]])
+    held = {"static": f"static=static:{folder / STATIC_FILE}",
+            "schedule": f"schedule=schedule:{folder / SCHEDULE_FILE}"}
+    arms = ",".join(held.get(a, a) for a in design.arms)
     new = ["envlab experiment new", f"--name {name}", f"--arms {shlex.quote(arms)}", f"--seeds {plan.seeds}",
-           f"--stages {STUDY_STAGES}", f"--scenario {screen.scenario}",
+           f"--stages {design.stages}", f"--scenario {screen.scenario}",
            f"--config {shlex.quote(str(configs / INITIAL))}",
            f"--agent-counts {','.join(map(str, screen.agent_counts))}",
            f"--validation-agents {','.join(map(str, screen.validation_agents))}", "--primary valid",
-           "--match-compute extra", *screen.options, f"--db {d}"]
-    return [" ".join(new), f"envlab experiment run {name} --workers 2 --threads 1 --db {d}",
+           *([f"--match-compute {design.match}"] if design.probing else []), *screen.options, f"--db {d}"]
+    return [" ".join(new), f"envlab experiment run {name} --workers {design.workers} --threads 1 --db {d}",
             f"envlab experiment report {name} --db {d} --out {f}/report"]
+
+
+def compute_text(plan: StudyPlan, design: StudyDesign) -> str:
+    """The study's size in words: its trained stages and, where the screen timed its stages, the hours they take."""
+    stages = len(design.arms) * plan.seeds * design.stages
+    text = (f"{len(design.arms)} arms x {plan.seeds} seeds x {design.stages} stages: {stages} trained stages")
+    hours = plan.hours(design)
+    if hours is None:
+        return text + " (the screen timed no stage)"
+    text += (f"; at the screen's median stage job of {plan.stage_minutes:.1f} min on {design.workers} "
+             f"worker{'s' if design.workers > 1 else ''}, about {hours:.1f} hours")
+    if design.probing and design.match == "extra":
+        text += ", before the extra GRPO steps that --match-compute extra gives the arms without probes"
+    return text
 
 
 def _study_plan(args: argparse.Namespace) -> None:
     from lab.cli.common import UsageError, engine_of
 
     try:
-        h = headroom(engine_of(args.db), args.experiment, args.draws)
-        plan = study_plan(h)
-        lines = write_study(plan, h, args.out, args.configs, db=args.db or "$ENVLAB_DB", name=args.name)
+        design = StudyDesign(tuple(a.strip() for a in args.arms.split(",") if a.strip()), args.stages,
+                             args.match_compute, args.workers)
+        engine = engine_of(args.db)
+        h = headroom(engine, args.experiment, args.draws)
+        plan = study_plan(h, design.stages, stage_minutes(engine, h))
+        lines = write_study(plan, h, args.out, args.configs, db=args.db or "$ENVLAB_DB", name=args.name,
+                            design=design)
     except (ExperimentError, HeadroomError, UsageError) as err:
         raise SystemExit(f"headroom study-plan: {err}") from None
     spread = "no config with 2 seeds" if plan.seed_sd is None else f"a seed spread of {points(plan.seed_sd)} points"
     print(f"best config {plan.best.arm} ({points(plan.best.valid.mean, signed=True)} points); {spread}: "
           f"{plan.seeds} seeds for 80% power at {points(STUDY_EFFECT)} points")
+    print(compute_text(plan, design))
     print(f"{STATIC_FILE}, {SCHEDULE_FILE} in {args.out}")
     print("\n".join(lines))
 
@@ -596,6 +686,13 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--out", type=Path, required=True, help=f"folder for {STATIC_FILE} and {SCHEDULE_FILE}")
     s.add_argument("--configs", type=Path, default=Path("configs"), help=f"where make-configs wrote {INITIAL}")
     s.add_argument("--name", default=STUDY_NAME, help=f"the study's experiment name (default {STUDY_NAME})")
+    s.add_argument("--arms", default=",".join(STUDY_ARMS),
+                   help=f"the study's arms, comma-separated, of {', '.join(STUDY_ARMS)} (default all)")
+    s.add_argument("--stages", type=int, default=STUDY_STAGES, help=f"trained stages (default {STUDY_STAGES})")
+    s.add_argument("--match-compute", choices=MATCH_MODES, default="extra",
+                   help="how a probing arm's compute is matched: extra GRPO steps for the others, or its stage "
+                        "trimmed (default extra; unused without a probing arm)")
+    s.add_argument("--workers", type=int, default=2, help="workers that run the study (default 2)")
     s.set_defaults(fn=_study_plan)
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     args.fn(args)

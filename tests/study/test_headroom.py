@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,7 @@ from lab.study import headroom as hr
 from lab.study.comparison import Rate, comparison, detectable, t_power, welch_interval
 from lab.study.experiments import create_experiment, experiment_runs, find_experiment, load_scenario
 from storage.db import make_engine, session
-from storage.models import Stage, StageMetric
+from storage.models import Job, Stage, StageMetric
 from storage.settings import Held, RunSettings
 from tests.engineers.scripts import evidence
 
@@ -238,9 +239,11 @@ def test_the_study_plan_holds_the_best_config_schedules_its_mixes_and_makes_an_e
     assert [c.agent_ratio for c in schedule] == [{2: 0.5, 3: 0.5}, {3: 0.5, 4: 0.5}, {4: 0.5, 5: 0.5},
                                                  {3: 1 / 3, 4: 1 / 3, 5: 1 / 3}]
     assert all(c.model_dump(exclude={"agent_ratio"}) == best.model_dump(exclude={"agent_ratio"}) for c in schedule)
-    new = lines[2]
+    assert lines[1] == "6 arms x 19 seeds x 4 stages: 456 trained stages (the screen timed no stage)"
+    new = lines[3]
     assert new.startswith("envlab experiment new --name study --arms ") and "--seeds 19 --stages 4" in new
-    assert lines[3] == f"envlab experiment run study --workers 2 --threads 1 --db {db}"
+    assert "--match-compute extra" in new
+    assert lines[4] == f"envlab experiment run study --workers 2 --threads 1 --db {db}"
     assert envlab(new.split(" ", 1)[1].replace("'", "").split()) == 0
     study = find_experiment(empty_lab, "study")
     assert [a["name"] for a in study.arms] == ["random", "static", "schedule", "evidence", "bandit", "learnability"]
@@ -251,6 +254,62 @@ def test_the_study_plan_holds_the_best_config_schedules_its_mixes_and_makes_an_e
     held = {r.arm: r.settings.held_configs for r in runs if r.settings.held_configs is not None}
     assert held["static"].configs == (best,) and held["schedule"].configs == tuple(schedule)
     assert len(runs) == 6 * 19
+
+
+@pytest.mark.parametrize(("stages", "mixes"), [
+    (1, [{3: 1 / 3, 4: 1 / 3, 5: 1 / 3}]),
+    (2, [{2: 0.5, 3: 0.5}, {3: 1 / 3, 4: 1 / 3, 5: 1 / 3}]),
+    (3, [{2: 0.5, 3: 0.5}, {4: 0.5, 5: 0.5}, {3: 1 / 3, 4: 1 / 3, 5: 1 / 3}]),
+    (6, list(hr.SCHEDULE_MIXES))])
+def test_a_schedule_of_fewer_stages_starts_at_the_fewest_agents_and_ends_at_the_scored_counts(stages, mixes):
+    assert list(hr.schedule_mixes(stages)) == mixes
+
+
+def test_a_smaller_study_holds_the_arms_and_stages_asked_for_and_says_its_hours(empty_lab, tmp_path: Path, capsys):
+    """`study-plan --arms --stages`: the arms in the study's order, no `--match-compute` without a probing arm, a
+    schedule over 2 stages, and the hours at the screen's median trained stage job (a paused job's long span and
+    stage 0's evaluation do not move it)."""
+    configs = tmp_path / "configs"
+    scripted_screen(empty_lab, configs, [60, 64], other=[52, 51])
+    h = hr.headroom(empty_lab, "screen")
+    runs = [r for c in (h.experiment, h.draws_experiment) for r in c.runs.values()]
+    t = datetime(2026, 11, 1, tzinfo=UTC)
+    with session(empty_lab) as s:
+        for run, (target, minutes, status) in zip(runs, [(1, 10, "done"), (1, 12, "done"), (1, 95, "done"),
+                                                       (0, 30, "done"), (1, 1, "failed"), (1, 14, "done")],
+                                                  strict=False):
+            s.add(Job(kind="stage", run_id=run.id, target=target, status=status, started_at=t,
+                      finished_at=t + timedelta(minutes=minutes)))
+        s.commit()
+    assert hr.stage_minutes(empty_lab, h) == 13.0  # the median of 10, 12, 14 and 95
+    db, out = str(tmp_path / "lab.db"), tmp_path / "study"
+    hr.main(["study-plan", "screen", "--db", db, "--out", str(out), "--configs", str(configs), "--name", "small",
+             "--arms", "evidence,random,bandit,static", "--stages", "2"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1] == ("4 arms x 19 seeds x 2 stages: 152 trained stages; at the screen's median stage job of "
+                        "13.0 min on 2 workers, about 16.5 hours")
+    new = lines[3]
+    assert f"--arms random,static=static:{out}/static.json,evidence,bandit --seeds 19 --stages 2" in new
+    assert "--match-compute" not in new
+    schedule = [EnvConfig.model_validate(c) for c in json.loads((out / "schedule.json").read_text())]
+    assert [c.agent_ratio for c in schedule] == [{2: 0.5, 3: 0.5}, {3: 1 / 3, 4: 1 / 3, 5: 1 / 3}]
+    assert envlab(new.split(" ", 1)[1].replace("'", "").split()) == 0
+    study = find_experiment(empty_lab, "small")
+    assert [a["name"] for a in study.arms] == ["random", "static", "evidence", "bandit"]
+    assert (study.seeds, study.settings.stages, study.settings.matched) == (19, 2, None)
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--arms", "random,oracle"], "unknown arm 'oracle': the study's arms are random, static, schedule, evidence, "
+                                  "bandit, learnability"),
+    (["--arms", "random"], "a study compares at least 2 arms"),
+    (["--arms", "random,static,random"], "an arm is named twice"),
+    (["--stages", "0"], "the stages and the workers are at least 1")])
+def test_a_study_design_that_cannot_be_is_refused_with_its_reason(empty_lab, tmp_path: Path, argv, message):
+    scripted_screen(empty_lab, tmp_path / "configs", [60, 64], other=[52, 51])
+    with pytest.raises(SystemExit, match=f"^headroom study-plan: {message}$"):
+        hr.main(["study-plan", "screen", "--db", str(tmp_path / "lab.db"), "--out", str(tmp_path / "study"), *argv])
+    assert not (tmp_path / "study").exists()
 
 
 def test_two_experiments_that_differ_in_compute_are_not_one_screen(empty_lab, tmp_path: Path):
