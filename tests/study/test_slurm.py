@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def new_experiment(name: str, db: str, tmp_path: Path, *, arms: str, seeds: int, boards: int = 4) -> None:
     (tmp_path / "config.json").write_text(CONFIG.model_dump_json())
-    assert main(["experiment", "new", "--dev-per-size", "3",
+    assert main(["experiment", "new", "--dev-per-size", "3", "--validation-agents", "2",
                  "--name", name, "--arms", arms, "--seeds", str(seeds), "--stages", "1",
                  "--config", str(tmp_path / "config.json"), "--validation-per-size", "30", "--validation-boards",
                  str(boards), "--grpo", "num_generations=2", "--grpo", "per_device_train_batch_size=16",
