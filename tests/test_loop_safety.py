@@ -38,7 +38,7 @@ from storage.models import Decision, Job, JobKind, JobStatus, Priority, Proposal
 from storage.settings import RunSettings
 from tests.processes import in_processes
 from tests.recorded import BOARDS, CONFIG, HANDLERS, recorded_stage, work
-from tests.test_storage import HEAD
+from tests.schema import HEAD
 from training.evaluate import EpisodeResult, store_evaluation
 
 FIRST, SECOND = EnvConfig.default(hole_ratio=0.1), EnvConfig.default(hole_ratio=0.3)  # two configs an older lab stored

@@ -35,11 +35,11 @@ from storage.models import (
 )
 from storage.settings import ExperimentSettings, RunSettings
 from tests.processes import in_processes
+from tests.schema import HEAD
 
 ENV = EnvConfig(data_ratio={3: 0.5, 4: 0.5}, hole_ratio={3: 0.1, 4: 0.2}, wait_ratio={3: 0.0, 4: 0.25})
 CONFIG = ENV.model_dump(mode="json")  # as the lab stores it
 
-HEAD = "0015"  # the newest migration
 EXPERIMENT = ExperimentSettings(run=RunSettings(stages=2), config=EnvConfig.default(), steps_per_stage=1,
                                 validation_boards=1)
 
