@@ -372,7 +372,8 @@ def test_grpo_config_is_our_defaults_under_the_runs_overrides(tmp_path: Path):
 def test_the_stage_command_evaluates_then_trains_in_two_processes_and_records_each_step_once(writer: Path,
                                                                                           tmp_path: Path):
     """The stage command outside any worker: stage 0 evaluated by `python -m training.stage`, then stage 1 trained
-    data-parallel as `accelerate launch` does it on GPUs, here with torchrun and gloo on the CPU."""
+    data-parallel as `accelerate launch` does it on GPUs, here with torchrun and gloo on the CPU; the advantages the
+    bandit reads are gathered from both processes and written once."""
     url = f"sqlite:///{tmp_path / 'envlab.db'}"
     engine = make_engine(url)
     upgrade(engine)
@@ -393,6 +394,11 @@ def test_the_stage_command_evaluates_then_trains_in_two_processes_and_records_ea
         episodes = s.exec(select(Episode).where(Episode.run_id == run_id, Episode.stage_index == 1)).all()
         stage = s.exec(select(Stage).where(Stage.run_id == run_id, Stage.index == 1)).one()
     assert sorted(log.step for log in logs) == [1, 2, 3]  # one row per step: only the main process writes
+    # the bandit's evidence: each step's row holds TRL's advantages of both processes' answers (gathered), once
+    assert [sum(r["groups"] for r in log.metrics[advantage.CELLS]) for log in sorted(logs, key=lambda g: g.step)] \
+        == [4, 4, 4]  # 16 answers a step, 4 to a board
+    cells = advantage.read([log.metrics for log in logs])
+    assert set(cells) == {(2, 3)} and cells[(2, 3)].completions == 48 and cells[(2, 3)].groups == 12
     assert (stage.status, len(episodes)) == ("done", 2)
     # two processes of 8 completions each: 3 steps read 48 of the stage's 8 boards x 4 generations = 1.5 epochs
     summary = (_run_dir(engine, run_id) / "stage-1" / "trained.json").read_text()
