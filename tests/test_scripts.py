@@ -1,5 +1,6 @@
 """The background scripts' shared part and their refusals: `scripts/fixed-commit.sh` checks a clone out at the
-commit asked for, and `scripts/study-second-pass.sh` refuses to start before the headroom screen's report exists."""
+commit asked for, and `scripts/study-second-pass.sh` and `scripts/headroom-steps.sh` refuse to start before the
+headroom screen's report exists."""
 
 from __future__ import annotations
 
@@ -36,3 +37,13 @@ def test_the_study_waits_for_the_screens_report(tmp_path: Path) -> None:
     assert done.stderr == (f"the headroom screen in {tmp_path}/headroom is not done (no report/report.md): "
                            "bash scripts/headroom-screen.sh\n")
     assert not (tmp_path / "second-pass").exists()  # nothing made
+
+
+def test_the_steps_probe_waits_for_the_screens_report(tmp_path: Path) -> None:
+    (tmp_path / "headroom").mkdir()
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "headroom-steps.sh")], capture_output=True, text=True,
+                          env={**os.environ, "WORK": str(tmp_path)})
+    assert done.returncode == 2
+    assert done.stderr == (f"the headroom screen in {tmp_path}/headroom is not done (no report/gains.csv): "
+                           "bash scripts/headroom-screen.sh\n")
+    assert os.listdir(tmp_path / "headroom") == []  # nothing made
