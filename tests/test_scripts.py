@@ -8,6 +8,8 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -29,21 +31,13 @@ def test_fixed_commit_clones_once_and_checks_the_commit_out(tmp_path: Path) -> N
     assert (work / "src" / "scripts" / "fixed-commit.sh").is_file()
 
 
-def test_the_study_waits_for_the_screens_report(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("script", "needs"), [("study-second-pass.sh", "report/report.md"),
+                                              ("headroom-steps.sh", "report/gains.csv")])
+def test_what_follows_the_screen_waits_for_its_report(tmp_path: Path, script: str, needs: str) -> None:
     (tmp_path / "headroom").mkdir()
-    done = subprocess.run(["bash", str(ROOT / "scripts" / "study-second-pass.sh")], capture_output=True, text=True,
+    done = subprocess.run(["bash", str(ROOT / "scripts" / script)], capture_output=True, text=True,
                           env={**os.environ, "WORK": str(tmp_path)})
     assert done.returncode == 2
-    assert done.stderr == (f"the headroom screen in {tmp_path}/headroom is not done (no report/report.md): "
+    assert done.stderr == (f"the headroom screen in {tmp_path}/headroom is not done (no {needs}): "
                            "bash scripts/headroom-screen.sh\n")
-    assert not (tmp_path / "second-pass").exists()  # nothing made
-
-
-def test_the_steps_probe_waits_for_the_screens_report(tmp_path: Path) -> None:
-    (tmp_path / "headroom").mkdir()
-    done = subprocess.run(["bash", str(ROOT / "scripts" / "headroom-steps.sh")], capture_output=True, text=True,
-                          env={**os.environ, "WORK": str(tmp_path)})
-    assert done.returncode == 2
-    assert done.stderr == (f"the headroom screen in {tmp_path}/headroom is not done (no report/gains.csv): "
-                           "bash scripts/headroom-screen.sh\n")
-    assert os.listdir(tmp_path / "headroom") == []  # nothing made
+    assert sorted(os.listdir(tmp_path)) == ["headroom"] and os.listdir(tmp_path / "headroom") == []  # nothing made
