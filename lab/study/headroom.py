@@ -327,6 +327,44 @@ def plan_of(h: Headroom, scenario: str = SCENARIO) -> Plan:
                 tuple(options))
 
 
+STEPS_SUFFIX = "-steps"  # the more-steps probe's experiment: `scripts/headroom-steps.sh` names it NAME-steps
+
+
+@dataclass(frozen=True)
+class Steps:
+    """The more-steps probe (`scripts/headroom-steps.sh`): two of the screen's configs trained again for one stage at
+    more GRPO steps; each one's gain there (`gains`, by arm) and, paired by seed, the better minus the worse at the
+    probe's steps (`spread`) and at the screen's (`screen_spread`); `worse`, `better` as the screen ranked them."""
+
+    experiment: Comparison
+    worse: str
+    better: str
+    gains: dict[str, Estimate]
+    spread: Estimate | None
+    screen_spread: Estimate | None
+
+
+def steps_probe(engine: Engine, h: Headroom, name: str) -> Steps | None:
+    """Experiment `name` read as the screen's more-steps probe: None where it does not exist or no run of it has
+    stage `STAGES` evaluated; refused where its arms are not two of the screen's configs or it has other stages."""
+    try:
+        probe = comparison(engine, name)
+    except ExperimentError:
+        return None
+    ranked = [g.arm for g in h.configs]
+    arms = [a.name for a in arms_of(probe.experiment)]
+    if len(arms) != 2 or not set(arms) <= set(ranked) or probe.stages != STAGES:
+        raise HeadroomError(f"experiment {name!r} is not a more-steps probe of the screen: it has arms "
+                            f"{', '.join(arms)} and {probe.stages} stages, not 2 of the screen's configs and "
+                            f"{STAGES} stage")
+    worse, better = sorted(arms, key=ranked.index, reverse=True)
+    gains = {a: g for a in arms if (g := _gain(probe, a, Rate.VALID)) is not None}
+    if not gains:
+        return None
+    return Steps(probe, worse, better, gains, probe.difference(better, Rate.VALID, STAGES, against=worse),
+                 h.experiment.difference(better, Rate.VALID, STAGES, against=worse))
+
+
 # ---------------------------------------------------------------- words and files
 
 
@@ -408,9 +446,32 @@ def _seeds_lines(h: Headroom) -> list[str]:
             f"test at 0.05; at least {STUDY_LEAST_SEEDS} seeds).", ""]
 
 
-def report_markdown(h: Headroom, remake: Sequence[str] = ()) -> str:
+def _steps_lines(h: Headroom, steps: Steps) -> list[str]:
+    """The more-steps probe as a section of the report: the two configs' gains at both step counts and the
+    better minus the worse at each, paired by seed."""
+    screen, probe = h.experiment.experiment.settings, steps.experiment.experiment.settings
+    at = {g.arm: g.valid for g in h.configs}
+    rows = [[arm, difference_cell(at[arm]), seeds_text(at[arm], signed=True), difference_cell(steps.gains.get(arm)),
+             seeds_text(steps.gains[arm], signed=True) if arm in steps.gains else "-"]
+            for arm in (steps.better, steps.worse)]
+    rows.append([f"{steps.better} - {steps.worse}, paired by seed", difference_cell(steps.screen_spread),
+                 seeds_text(steps.screen_spread, signed=True) if steps.screen_spread else "-",
+                 difference_cell(steps.spread), seeds_text(steps.spread, signed=True) if steps.spread else "-"])
+    a, b = f"{screen.steps_per_stage} steps", f"{probe.steps_per_stage} steps"
+    return ["## More steps per stage", "",
+            f"The screen's best and worst configs trained again for one stage from the same stage 0, on "
+            f"{probe.instances} boards ({probe.steps_per_stage} GRPO steps, against the screen's "
+            f"{screen.steps_per_stage}): experiment {_experiment_text(steps.experiment)}, made and run by "
+            "`bash scripts/headroom-steps.sh`. If the environment mattered more with longer stages, the difference "
+            "between the two configs would grow.", "",
+            *markdown_table(["config", f"valid gain at {a} (points)", "every seed", f"valid gain at {b} (points)",
+                             "every seed"], rows), ""]
+
+
+def report_markdown(h: Headroom, remake: Sequence[str] = (), steps: Steps | None = None) -> str:
     """The screen's report: the commands that remake it, the headroom sentence and its interval, every config's gain
-    and the random draws'; where the headroom is under 3 points, what the screen varied."""
+    and the random draws', the more-steps probe where there is one; where the headroom is under 3 points, what the
+    screen varied."""
     s = h.experiment.experiment.settings
     trained = counts_text(s.run.agent_counts or s.config.agent_counts)
     lines = ["# Headroom screen", "", "Remade by:", "", "```bash", *remake, "```", "",
@@ -434,6 +495,8 @@ def report_markdown(h: Headroom, remake: Sequence[str] = ()) -> str:
              *_seeds_lines(h),
              "## Every config's gain", "", *markdown_table(*gain_rows(h)), "",
              "## The random draws", "", *markdown_table(*draw_rows(h)), ""]
+    if steps is not None:
+        lines += _steps_lines(h, steps)
     if h.headroom < THRESHOLD:
         mixes = "; ".join(f"{k} {mix_text(v)}" for k, v in MIXES.items())
         lines += [f"## Under {THRESHOLD * 100:g} points", "",
@@ -460,11 +523,11 @@ def csv_rows(h: Headroom) -> tuple[list[str], list[list]]:
     return header, rows
 
 
-def write_report(h: Headroom, out: Path, remake: Sequence[str] = ()) -> dict[str, Path]:
+def write_report(h: Headroom, out: Path, remake: Sequence[str] = (), steps: Steps | None = None) -> dict[str, Path]:
     """`out/report.md` and `out/gains.csv`."""
     out.mkdir(parents=True, exist_ok=True)
     written = {"report": out / "report.md", "gains": out / "gains.csv"}
-    written["report"].write_text(report_markdown(h, remake))
+    written["report"].write_text(report_markdown(h, remake, steps))
     write_csv(written["gains"], *csv_rows(h))
     return written
 
@@ -652,12 +715,14 @@ def _report(args: argparse.Namespace) -> None:
     from lab.cli.common import UsageError, engine_of
 
     try:
-        h = headroom(engine_of(args.db), args.experiment, args.draws)
+        engine = engine_of(args.db)
+        h = headroom(engine, args.experiment, args.draws)
+        steps = steps_probe(engine, h, args.steps or args.experiment + STEPS_SUFFIX)
         remake = commands(args.configs, plan_of(h, args.from_scenario), db=args.db or "$ENVLAB_DB",
                           out=str(args.out))
     except (ExperimentError, HeadroomError, UsageError) as err:
         raise SystemExit(f"headroom report: {err}") from None
-    written = write_report(h, args.out, remake)
+    written = write_report(h, args.out, remake, steps)
     print(verdict(h))
     for what, where in written.items():
         print(f"{what}: {where}")
@@ -678,6 +743,8 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--configs", type=Path, default=Path("configs"),
                    help="where make-configs wrote the configs (for the commands at the report's top)")
     s.add_argument("--from-scenario", default=SCENARIO, help="the scenario make-configs read (for the commands)")
+    s.add_argument("--steps", help="the more-steps probe's experiment, reported where it exists "
+                                   f"(default: EXPERIMENT{STEPS_SUFFIX}, as scripts/headroom-steps.sh names it)")
     s.set_defaults(fn=_report)
     s = verbs.add_parser("study-plan", help="the study of engineers the screen sizes: its configs and commands")
     s.add_argument("experiment", help=f"the configs' experiment (the screen's name, {NAME} by default)")

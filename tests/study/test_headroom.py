@@ -186,6 +186,50 @@ def test_the_report_s_numbers_are_exact(empty_lab, tmp_path: Path, best: list[in
         (h.headroom, ci.low / 100))
 
 
+def test_the_more_steps_probe_sets_the_two_configs_gains_and_their_difference_beside_the_screen_s(
+        empty_lab, tmp_path: Path, capsys):
+    """`report` reads EXPERIMENT-steps (`scripts/headroom-steps.sh`): the screen's worst and best configs at 4 times
+    the boards; each one's gain at both step counts and the better minus the worse, paired by seed."""
+    configs = tmp_path / "configs"
+    scripted_screen(empty_lab, configs, [60, 64], other=[52, 51])
+    initial = EnvConfig.model_validate_json((configs / "initial.json").read_text())
+    settings = RunSettings(stages=1, agent_counts=hr.AGENT_COUNTS, validation_agents=hr.VALIDATION_AGENTS)
+    worst, best = "mixA-holes0.1-waits0.25", "mixC-holes0.4-waits0.75"
+    create_experiment(empty_lab, name="screen-steps", arms=[f"{n}=static:{configs / n}.json" for n in (worst, best)],
+                      seeds=2, settings=settings, config=initial.model_copy(update={"num_instances": 2048}))
+    valid = {(worst, 0): 53, (worst, 1): 55, (best, 0): 58, (best, 1): 59}
+    with session(empty_lab) as s:
+        for run in experiment_runs(empty_lab, find_experiment(empty_lab, "screen-steps").id):
+            for k, v in ((0, STAGE0), (1, valid[(run.arm, run.seed)])):
+                s.add(StageMetric(run_id=run.id, stage_index=k, split="validation", size=5, agents=3,
+                                  episodes=100, valid=v, optimal=v // 2, failures={}))
+        s.commit()
+    h = hr.headroom(empty_lab, "screen")
+    steps = hr.steps_probe(empty_lab, h, "screen-steps")
+    assert (steps.worse, steps.better) == (worst, best)
+    assert steps.gains[best].values == pytest.approx([0.08, 0.09]) and steps.gains[worst].values == pytest.approx(
+        [0.03, 0.05])
+    assert steps.spread.values == pytest.approx([0.05, 0.04]) and steps.screen_spread.values == pytest.approx(
+        [0.08, 0.13])
+    assert hr.steps_probe(empty_lab, h, "nothing") is None
+    db = str(tmp_path / "lab.db")
+    hr.main(["report", "screen", "--db", db, "--out", str(tmp_path / "out"), "--configs", str(configs)])
+    report = (tmp_path / "out" / "report.md").read_text()
+    half = stats.t.ppf(0.975, 1) * stats.tstd([5, 4]) / 2 ** 0.5
+    assert ("on 2048 boards (512 GRPO steps, against the screen's 128): experiment `screen-steps` (2 arms x 2 "
+            "seeds, 0 of 4 runs done)") in report
+    assert ("| config | valid gain at 128 steps (points) | every seed | valid gain at 512 steps (points) | every "
+            "seed |") in report
+    assert f"| {best} | +12.00 [" in report and f"] | +10.00, +14.00 | +8.50 [" in report
+    assert (f"| {best} - {worst}, paired by seed | +10.50 [") in report
+    assert f"| +4.50 [{4.5 - half:+.2f}, {4.5 + half:+.2f}] | +5.00, +4.00 |" in report
+    create_experiment(empty_lab, name="screen-odd", arms=["random", "fixed"], seeds=1, settings=settings,
+                      config=initial)
+    with pytest.raises(hr.HeadroomError, match="experiment 'screen-odd' is not a more-steps probe of the screen: it "
+                                               "has arms random, fixed and 1 stages"):
+        hr.steps_probe(empty_lab, h, "screen-odd")
+
+
 def test_the_study_s_seeds_detect_2_points_with_80_percent_power_and_are_at_least_8():
     """A paired difference of two arms spreads by sqrt(2) x one arm's seed spread; the fewest seeds (at least 8) at
     which the paired t test finds 2 points 80% of the time."""
