@@ -220,7 +220,7 @@ def test_the_more_steps_probe_sets_the_two_configs_gains_and_their_difference_be
             "seeds, 0 of 4 runs done)") in report
     assert ("| config | valid gain at 128 steps (points) | every seed | valid gain at 512 steps (points) | every "
             "seed |") in report
-    assert f"| {best} | +12.00 [" in report and f"] | +10.00, +14.00 | +8.50 [" in report
+    assert f"| {best} | +12.00 [" in report and "] | +10.00, +14.00 | +8.50 [" in report
     assert (f"| {best} - {worst}, paired by seed | +10.50 [") in report
     assert f"| +4.50 [{4.5 - half:+.2f}, {4.5 + half:+.2f}] | +5.00, +4.00 |" in report
     create_experiment(empty_lab, name="screen-odd", arms=["random", "fixed"], seeds=1, settings=settings,
