@@ -551,13 +551,14 @@ STATIC_FILE, SCHEDULE_FILE = "static.json", "schedule.json"
 @dataclass(frozen=True)
 class StudyDesign:
     """What the study holds: its arms (a subset of `STUDY_ARMS`, kept in that order), its trained stages, how the
-    compute of a probing arm is matched (`envlab experiment new --match-compute`; unused without one) and the
-    workers that run it (for the estimate of its hours)."""
+    compute of a probing arm is matched (`envlab experiment new --match-compute`; unused without one), the workers
+    that run it (for the estimate of its hours) and its boards per stage (None: the screen's)."""
 
     arms: tuple[str, ...] = STUDY_ARMS
     stages: int = STUDY_STAGES
     match: str = "extra"
     workers: int = 2
+    instances: int | None = None
 
     def __post_init__(self) -> None:
         unknown = [a for a in self.arms if a not in STUDY_ARMS]
@@ -567,8 +568,8 @@ class StudyDesign:
             raise HeadroomError("an arm is named twice")
         if len(self.arms) < 2:
             raise HeadroomError("a study compares at least 2 arms")
-        if self.stages < 1 or self.workers < 1:
-            raise HeadroomError("the stages and the workers are at least 1")
+        if self.stages < 1 or self.workers < 1 or (self.instances is not None and self.instances < 1):
+            raise HeadroomError("the stages, the workers and the boards per stage are at least 1")
         if self.match not in MATCH_MODES:
             raise HeadroomError(f"match {self.match!r}: one of {', '.join(MATCH_MODES)}")
         object.__setattr__(self, "arms", tuple(a for a in STUDY_ARMS if a in self.arms))
@@ -650,6 +651,9 @@ def write_study(plan: StudyPlan, h: Headroom, folder: Path, configs: Path, *, db
     (folder / SCHEDULE_FILE).write_text(
         json.dumps([c.model_dump(mode="json") for c in plan.schedule], indent=2) + "\n")
     screen = plan_of(h)
+    options = [o for o in screen.options if not (design.instances and o.startswith("--instances "))]
+    if design.instances:  # more boards, so more GRPO steps, per stage than the screen's
+        options.insert(0, f"--instances {design.instances}")
     f, d = shlex.quote(str(folder)), shlex.quote(db)
     held = {"static": f"static=static:{folder / STATIC_FILE}",
             "schedule": f"schedule=schedule:{folder / SCHEDULE_FILE}"}
@@ -659,7 +663,7 @@ def write_study(plan: StudyPlan, h: Headroom, folder: Path, configs: Path, *, db
            f"--config {shlex.quote(str(configs / INITIAL))}",
            f"--agent-counts {','.join(map(str, screen.agent_counts))}",
            f"--validation-agents {','.join(map(str, screen.validation_agents))}", "--primary valid",
-           *([f"--match-compute {design.match}"] if design.probing else []), *screen.options, f"--db {d}"]
+           *([f"--match-compute {design.match}"] if design.probing else []), *options, f"--db {d}"]
     return [" ".join(new), f"envlab experiment run {name} --workers {design.workers} --threads 1 --db {d}",
             f"envlab experiment report {name} --db {d} --out {f}/report"]
 
@@ -675,6 +679,8 @@ def compute_text(plan: StudyPlan, design: StudyDesign) -> str:
              f"worker{'s' if design.workers > 1 else ''}, about {hours:.1f} hours")
     if design.probing and design.match == "extra":
         text += ", before the extra GRPO steps that --match-compute extra gives the arms without probes"
+    if design.instances is not None:
+        text += f" (timed at the screen's boards per stage: {design.instances} take longer if they are more)"
     return text
 
 
@@ -683,7 +689,7 @@ def _study_plan(args: argparse.Namespace) -> None:
 
     try:
         design = StudyDesign(tuple(a.strip() for a in args.arms.split(",") if a.strip()), args.stages,
-                             args.match_compute, args.workers)
+                             args.match_compute, args.workers, args.instances)
         engine = engine_of(args.db)
         h = headroom(engine, args.experiment, args.draws)
         plan = study_plan(h, design.stages, stage_minutes(engine, h))
@@ -760,6 +766,7 @@ def main(argv: list[str] | None = None) -> None:
                    help="how a probing arm's compute is matched: extra GRPO steps for the others, or its stage "
                         "trimmed (default extra; unused without a probing arm)")
     s.add_argument("--workers", type=int, default=2, help="workers that run the study (default 2)")
+    s.add_argument("--instances", type=int, help="training boards per stage, so GRPO steps (default: the screen's)")
     s.set_defaults(fn=_study_plan)
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     args.fn(args)

@@ -328,19 +328,21 @@ def test_a_smaller_study_holds_the_arms_and_stages_asked_for_and_says_its_hours(
     assert hr.stage_minutes(empty_lab, h) == 13.0  # the median of 10, 12, 14 and 95
     db, out = str(tmp_path / "lab.db"), tmp_path / "study"
     hr.main(["study-plan", "screen", "--db", db, "--out", str(out), "--configs", str(configs), "--name", "small",
-             "--arms", "evidence,random,bandit,static", "--stages", "2"])
+             "--arms", "evidence,random,bandit,static", "--stages", "2", "--instances", "2048"])
     lines = capsys.readouterr().out.splitlines()
     assert lines[1] == ("4 arms x 19 seeds x 2 stages: 152 trained stages; at the screen's median stage job of "
-                        "13.0 min on 2 workers, about 16.5 hours")
+                        "13.0 min on 2 workers, about 16.5 hours (timed at the screen's boards per stage: 2048 take "
+                        "longer if they are more)")
     new = lines[3]
     assert f"--arms random,static=static:{out}/static.json,evidence,bandit --seeds 19 --stages 2" in new
+    assert new.count("--instances") == 1 and "--instances 2048 --db" in new
     assert "--match-compute" not in new
     schedule = [EnvConfig.model_validate(c) for c in json.loads((out / "schedule.json").read_text())]
     assert [c.agent_ratio for c in schedule] == [{2: 0.5, 3: 0.5}, {3: 1 / 3, 4: 1 / 3, 5: 1 / 3}]
     assert envlab(new.split(" ", 1)[1].replace("'", "").split()) == 0
     study = find_experiment(empty_lab, "small")
     assert [a["name"] for a in study.arms] == ["random", "static", "evidence", "bandit"]
-    assert (study.seeds, study.settings.stages, study.settings.matched) == (19, 2, None)
+    assert (study.seeds, study.settings.stages, study.settings.matched, study.settings.instances) == (19, 2, None, 2048)
 
 
 @pytest.mark.parametrize(("argv", "message"), [
@@ -348,7 +350,8 @@ def test_a_smaller_study_holds_the_arms_and_stages_asked_for_and_says_its_hours(
                                   "bandit, learnability"),
     (["--arms", "random"], "a study compares at least 2 arms"),
     (["--arms", "random,static,random"], "an arm is named twice"),
-    (["--stages", "0"], "the stages and the workers are at least 1")])
+    (["--stages", "0"], "the stages, the workers and the boards per stage are at least 1"),
+    (["--instances", "0"], "the stages, the workers and the boards per stage are at least 1")])
 def test_a_study_design_that_cannot_be_is_refused_with_its_reason(empty_lab, tmp_path: Path, argv, message):
     scripted_screen(empty_lab, tmp_path / "configs", [60, 64], other=[52, 51])
     with pytest.raises(SystemExit, match=f"^headroom study-plan: {message}$"):
