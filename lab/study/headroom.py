@@ -71,6 +71,7 @@ from lab.study.comparison import (
 from lab.study.experiments import EXPERIMENT_VALIDATION_PER_SIZE, ExperimentError, arms_of, load_scenario
 from storage.db import session
 from storage.models import Job, JobKind, JobStatus, Stage
+from storage.settings import MATCH_MODES
 
 NAME = "headroom"
 SCENARIO = "default"
@@ -544,7 +545,6 @@ SCHEDULE_MIXES: tuple[dict[int, float], ...] = ({2: 0.5, 3: 0.5}, {3: 0.5, 4: 0.
 # the arms a study may hold, in the order they are made; `static` is the best config, `schedule` the mixes on it
 STUDY_ARMS = ("random", "static", "schedule", "evidence", "bandit", "learnability")
 PROBING_ARMS = frozenset({"learnability"})  # the arms whose proposals answer probes (`--match-compute` matches them)
-MATCH_MODES = ("extra", "trim")
 STATIC_FILE, SCHEDULE_FILE = "static.json", "schedule.json"
 
 
