@@ -35,7 +35,8 @@ from envsim.rules import Failure
 from envsim.scoring import Outcome, Tally
 from envsim.suite import Split
 from lab.results import outcome_of, stage_summaries
-from storage.models import Episode, Stage, TrainingLog
+from storage.db import stage_at
+from storage.models import Episode, TrainingLog
 from storage.settings import RunSettings
 from training import advantage
 from training.advantage import Cell, CellSignal
@@ -199,7 +200,7 @@ def load_stage_result(session: Session, run_id: int, stage_index: int, cases: in
     second of each type, and so on; within a type the earliest stored episode comes first.
     Raises LookupError when the run has no such stage.
     """
-    stage = session.exec(select(Stage).where(Stage.run_id == run_id, Stage.index == stage_index)).first()
+    stage = stage_at(session, run_id, stage_index)
     if stage is None:
         raise LookupError(f"run {run_id} has no stage {stage_index}")
     summary = stage_summaries(session, run_id, split, stage_index).get(stage_index)

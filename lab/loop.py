@@ -48,7 +48,7 @@ from lab.proposals import (
     store_proposal,
 )
 from lab.text import NAME_LIMIT, TEXT_LIMIT, too_long
-from storage.db import UnsafePath, checkpoint_of, lock_run, run_folder, runs_root
+from storage.db import UnsafePath, checkpoint_of, lock_run, run_folder, runs_root, stage_at
 from storage.db import session as open_session
 from storage.decisions import record_decision
 from storage.models import (
@@ -381,7 +381,7 @@ def queue_benchmark(engine: Engine, run_id: int, stage_index: int) -> Job:
     if (why := missing_checkpoint(engine, run_id, stage_index)) is not None:
         raise LoopError(why)
     with open_session(engine) as s:
-        stage = s.exec(select(Stage).where(Stage.run_id == run_id, Stage.index == stage_index)).first()
+        stage = stage_at(s, run_id, stage_index)
         if stage is None:
             raise LoopError(f"run {run_id} has no stage {stage_index}")
         if stage.status != StageStatus.DONE:
@@ -412,7 +412,7 @@ def after_job(engine: Engine, job: Job) -> None:
         prune_checkpoints(engine, job.run_id, job.target)
     if job.run_id is not None and job.kind == JobKind.STAGE and job.status == JobStatus.QUEUED:
         with open_session(engine) as s:
-            stage = s.exec(select(Stage).where(Stage.run_id == job.run_id, Stage.index == job.target)).first()
+            stage = stage_at(s, job.run_id, job.target)
             if stage is not None and stage.status == StageStatus.FAILED:
                 stage.status, stage.finished_at = StageStatus.QUEUED, None
                 s.add(stage)
@@ -430,7 +430,7 @@ def prune_checkpoints(engine: Engine, run_id: int, stage_index: int | None) -> l
     stage that is not done keeps them: a new attempt resumes from the last one."""
     with open_session(engine) as s:
         run = s.get(Run, run_id)
-        stage = s.exec(select(Stage).where(Stage.run_id == run_id, Stage.index == stage_index)).first()
+        stage = stage_at(s, run_id, stage_index)
     if run is None or stage is None or stage.status != StageStatus.DONE or run.settings.keep_checkpoints:
         return []
     try:

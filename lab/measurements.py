@@ -19,8 +19,8 @@ from sqlmodel import select
 from envsim.config import ConfigError, EnvConfig
 from lab.loop import needs_gpu
 from lab.proposals import project_edit
-from storage.db import checkpoint_of, session
-from storage.models import ACTIVE_JOB, Job, JobKind, JobStatus, Priority, Probe, Proposal, Run, Stage
+from storage.db import checkpoint_of, session, stage_at
+from storage.models import ACTIVE_JOB, Job, JobKind, JobStatus, Priority, Probe, Proposal, Run
 from storage.queue import AlreadyQueued, enqueue
 from training.probe import ProbeResult, probe_size, result_of
 
@@ -47,8 +47,7 @@ def measure_configs(engine: Engine, proposal_id: int, edited: dict[str, Any] | N
         proposal = s.get(Proposal, proposal_id)
         if proposal is None:
             raise LookupError(f"no proposal {proposal_id}")
-        stage = s.exec(select(Stage).where(Stage.run_id == proposal.run_id,
-                                           Stage.index == proposal.after_stage)).one()
+        stage = stage_at(s, proposal.run_id, proposal.after_stage)
     in_force = stage.config
     configs = {IN_FORCE: in_force}
     if proposal.projected_config is not None:
@@ -68,7 +67,7 @@ def checkpoint_of_proposal(engine: Engine, proposal_id: int, stage0: bool = Fals
         proposal = s.get(Proposal, proposal_id)
         run = s.get(Run, proposal.run_id)
         index = 0 if stage0 else proposal.after_stage
-        stage = s.exec(select(Stage).where(Stage.run_id == run.id, Stage.index == index)).one()
+        stage = stage_at(s, run.id, index)
     if index == 0:  # the run's policy as given: the folder stage 0's row records is the evaluating machine's
         return run.policy, run.policy, "the stage-0 policy"
     path = checkpoint_of(engine, stage)

@@ -19,7 +19,7 @@ from envsim.config import AGENT_RATIO, GLOBALS, KNOBS, NUM_AGENTS, RANDOM_SHARE,
 from envsim.generator import Unfillable, cannot_fill, stage_seed
 from lab.engineers import EngineerAnswer
 from lab.text import TEXT_LIMIT, too_long
-from storage.db import lock_run
+from storage.db import lock_run, stage_at
 from storage.db import session as open_session
 from storage.decisions import AlreadyDecided, record_decision
 from storage.models import Action, Decision, Proposal, Replay, Run, Stage
@@ -219,7 +219,7 @@ class ProposalState:
 def _state(s: Session, proposal: Proposal) -> ProposalState:
     run = s.get(Run, proposal.run_id)
     decision = decision_of(s, proposal.id)
-    base = s.exec(select(Stage).where(Stage.run_id == proposal.run_id, Stage.index == proposal.after_stage)).one()
+    base = stage_at(s, proposal.run_id, proposal.after_stage)
     took = (base.finished_at - base.started_at).total_seconds() if base.started_at and base.finished_at else None
     return ProposalState(proposal, decision, superseded_by(s, proposal) if decision is None else None,
                          base.config, run.settings.auto_apply, took)
@@ -284,8 +284,7 @@ def decide(session: Session, proposal_id: int, action: str, user: str, edited: A
         raise LookupError(f"no proposal {proposal_id}")
     edit = proposed = None
     if action == Action.EDIT:  # before the lock: an unfillable config spends every try of the generator
-        in_force = session.exec(select(Stage).where(Stage.run_id == proposal.run_id,
-                                                    Stage.index == proposal.after_stage)).one()
+        in_force = stage_at(session, proposal.run_id, proposal.after_stage)
         base = in_force.config
         proposed = _proposed(proposal, base)
         edit = project_edit(edited, base, proposed)

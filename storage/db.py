@@ -153,6 +153,11 @@ def checkpoint_of(engine: Engine, stage: Stage) -> str | None:
     return str(inside(runs_root(engine), stage.checkpoint, f"stage {stage.index}'s checkpoint"))
 
 
+def stage_at(s: Session, run_id: int, index: int) -> Stage | None:
+    """Run `run_id`'s stage `index`, or None when the run has no such stage."""
+    return s.exec(select(Stage).where(Stage.run_id == run_id, Stage.index == index)).first()
+
+
 def lock_run(s: Session, run_id: int) -> Run | None:
     """Take run `run_id`'s row lock for the rest of the session's transaction and return the run.
 

@@ -20,15 +20,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine
-from sqlmodel import Session, select
+from sqlmodel import Session
 
 from envsim import suite
 from envsim.instance import Instance
 from envsim.parser import parse
 from envsim.scoring import Outcome, Tally, score
 from envsim.suite import Split
-from storage.db import checkpoint_of, runs_root, session
-from storage.models import Episode, Job, Run, Stage, StageMetric
+from storage.db import checkpoint_of, runs_root, session, stage_at
+from storage.models import Episode, Job, Run, StageMetric
 from training import vllm
 from training.progress import Cancelled, Progress
 
@@ -296,7 +296,7 @@ def run_benchmark_job(engine: Engine, job: Job, progress: Progress) -> dict[str,
     run_id, stage_index = int(job.payload["run_id"]), int(job.payload["stage_index"])
     with session(engine) as s:
         run = s.get(Run, run_id)
-        stage = s.exec(select(Stage).where(Stage.run_id == run_id, Stage.index == stage_index)).first()
+        stage = stage_at(s, run_id, stage_index)
         if run is None or stage is None:
             raise ValueError(f"run {run_id} has no stage {stage_index}")
         spec = checkpoint_of(engine, stage) or run.policy

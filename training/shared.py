@@ -41,8 +41,8 @@ from sqlmodel import select
 
 from envsim.instance import Instance
 from envsim.suite import Split
-from storage.db import session
-from storage.models import Episode, Evaluation, Job, JobKind, JobStatus, Stage, StageMetric, StageStatus, utcnow
+from storage.db import session, stage_at
+from storage.models import Episode, Evaluation, Job, JobKind, JobStatus, StageMetric, StageStatus, utcnow
 from storage.queue import db_now, stale_after_s
 from storage.settings import RunSettings
 from training.progress import Cancelled, Progress
@@ -149,7 +149,7 @@ def alive(engine: Engine, run_id: int, stage_index: int) -> bool:
     """Whether that stage is being worked on: its row running and its stage job running with a fresh heartbeat
     (`storage.queue.stale_after_s`, the rule that reaps a dead worker's job)."""
     with session(engine) as s:
-        stage = s.exec(select(Stage).where(Stage.run_id == run_id, Stage.index == stage_index)).first()
+        stage = stage_at(s, run_id, stage_index)
         if stage is None or stage.status != StageStatus.RUNNING:
             return False
         job = s.exec(select(Job).where(Job.run_id == run_id, Job.kind == JobKind.STAGE, Job.target == stage_index,

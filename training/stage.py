@@ -62,7 +62,7 @@ from envsim.generator import generate, stage_seed
 from envsim.instance import Instance
 from envsim.scoring import Tally
 from envsim.suite import VALIDATION_AGENTS, VALIDATION_PER_SIZE, Split, build
-from storage.db import RUNS_SETTING, UnsafePath, checkpoint_of, make_engine, run_folder, runs_root, session
+from storage.db import RUNS_SETTING, UnsafePath, checkpoint_of, make_engine, run_folder, runs_root, session, stage_at
 from storage.models import Job, Run, Stage, StageMetric, StageStatus, TrainingLog, utcnow
 from storage.settings import RunSettings
 from training import advantage, memory, shared, trackers, vllm
@@ -702,7 +702,7 @@ def stage_args(engine: Engine, run_id: int, stage_index: int) -> tuple[StageArgs
 
 def _set_stage(engine: Engine, args: StageArgs, **values: Any) -> None:
     with session(engine) as s:
-        stage = s.exec(select(Stage).where(Stage.run_id == args.run_id, Stage.index == args.stage_index)).one()
+        stage = stage_at(s, args.run_id, args.stage_index)
         for key, value in values.items():
             setattr(stage, key, value)
         s.add(stage)
