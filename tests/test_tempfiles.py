@@ -1,4 +1,5 @@
-"""Uploads and exports do not pile up on the server (lab/pages/tempfiles.py, lab/pages/runs.py)."""
+"""Uploads, exports and replays do not pile up on the server (lab/pages/tempfiles.py, lab/pages/runs.py,
+lab/pages/episode.py)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from lab.pages import runs
-from lab.pages.tempfiles import EXPORTS, FILES_AGE_S, SWEEP_S, sweep
+from envsim.scoring import score_answer
+from envsim.solver import label
+from lab.pages import episode, runs
+from lab.pages.tempfiles import EXPORTS, FILES_AGE_S, REPLAYS, SWEEP_S, sweep
 from storage.db import make_engine, upgrade
+from tests.boards import CROSSING
 from tests.recorded import build_run
 
 
@@ -50,3 +54,18 @@ def test_old_exports_are_swept_and_the_page_deletes_its_file_cache(tmp_path, mon
     assert sweep(EXPORTS, FILES_AGE_S) == [] and Path(new).exists()  # a fresh export stays for its download
     assert app.build_demo(engine).delete_cache == (SWEEP_S, FILES_AGE_S)  # uploads and the downloads' copies
     engine.dispose()
+
+
+def test_an_opened_episode_s_replays_are_swept_once_past_their_download(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    board = label(CROSSING)
+    view = {"instance": board.model_dump(mode="json"),
+            "outcome": score_answer(board, "Agent 0: DOWN DOWN\nAgent 1: RIGHT RIGHT").to_dict()}
+    html, gif = Path(episode.replay_file(view)), Path(episode.gif_file(view))
+    assert (html.name, gif.name) == (f"replay-{board.id}.html", f"replay-{board.id}.gif")
+    assert html.parent.parent == gif.parent.parent == tmp_path and html.parent.name.startswith(REPLAYS)
+    hour_ago = time.time() - FILES_AGE_S - 60
+    os.utime(html.parent, (hour_ago, hour_ago))
+    again = Path(episode.replay_file(view))  # the next episode opened sweeps the one past its download
+    assert not html.parent.exists() and gif.exists() and again.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([gif.parent.name, again.parent.name])

@@ -17,6 +17,7 @@ from envsim.scoring import Outcome
 from envsim.suite import Split
 from lab.pages import figures
 from lab.pages.common import Page, draw, no_progress, table, verdict, view_end
+from lab.pages.tempfiles import FILES_AGE_S, REPLAYS, sweep
 from lab.replay import GIF_WIDTHS, replay_gif
 from lab.results import outcome_of
 from lab.runs import episode_across_stages, first_failure
@@ -83,7 +84,8 @@ def _replay(view: dict[str, Any] | None, suffix: str, write: Callable[[Instance,
     if not view or not view.get("outcome"):
         return None
     instance = Instance.model_validate(view["instance"])
-    path = Path(tempfile.mkdtemp(prefix="envlab-replay-")) / f"replay-{instance.id}{suffix}"
+    sweep(REPLAYS, FILES_AGE_S)  # every opened episode writes one: those past their download go
+    path = Path(tempfile.mkdtemp(prefix=REPLAYS)) / f"replay-{instance.id}{suffix}"
     write(instance, Outcome.from_dict(view["outcome"]), path)
     return str(path)
 

@@ -1,5 +1,6 @@
 """Files the page hands out or takes in live only as long as they are needed: an upload is deleted once it is
-read, an export once the page's download has its copy; whatever is left behind goes after `FILES_AGE_S`."""
+read, an export or a replay once the page's download has its copy; whatever is left behind goes after
+`FILES_AGE_S`."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 FILES_AGE_S = int(os.environ.get("ENVLAB_FILES_AGE_S") or 3600)  # how long an upload or a download is kept
 SWEEP_S = 300  # how often the page's own file cache is swept (Gradio's `delete_cache`)
 EXPORTS = "envlab-export-"  # the prefix of the page's export folders in the temp folder
+REPLAYS = "envlab-replay-"  # the prefix of the page's replay folders (an episode's HTML and GIF) in the temp folder
 
 
 def sweep(prefix: str, age_s: float, folder: str | Path | None = None) -> list[Path]:
