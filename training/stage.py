@@ -193,18 +193,11 @@ def grpo_config(args: StageArgs, overrides: dict[str, Any], max_completion_lengt
                 prompt_style: str = "chat", tracking: trackers.Tracking | None = None) -> GRPOConfig:
     """TRL's config: our defaults for this machine and task, then the run's `settings.grpo` on top.
 
-    Defaults: CPU when there is no CUDA device (GPUs follow CUDA_VISIBLE_DEVICES), bf16 mixed precision (autocast
-    over the float32 master weights `start_policy` loads for a full fine-tune, as Trainer's mixed precision does)
-    and activation checkpointing only for a pretrained LLM (chat style) on a GPU that has bf16 (the tiny policy stays in
-    float32 everywhere: under bf16 autocast on an H200 its sampling probabilities broke, a CUDA device-side
-    assert at step 15 of its first stage; and checkpointing only slows a model that small), one epoch over
-    the stage's boards, generations, batch, learning rate and reward scaling by prompt style
-    (`STYLE_DEFAULTS`), a completion budget from the board sizes, a log line per step, a TRL checkpoint
-    every 50 steps (2 kept), the stage's seed, `training.rewards.DEFAULT_WEIGHTS`. `report_to` is TRL's
-    (none unless asked: "trackio", "wandb", "tensorboard"); Trackio's project and run are the lab's and the run's
-    (`tracking`, `training.trackers`). `use_vllm` (with `vllm_mode` "colocate" or
-    "server") is honoured when vLLM is importable; without it the stage says so and generates with
-    transformers.
+    Defaults: CPU without CUDA; bf16 autocast and activation checkpointing only for a chat model on a bf16 GPU (the
+    tiny policy stays in float32: docs/training.md says why); one epoch over the stage's boards; generations, batch,
+    learning rate and reward scaling by prompt style (`STYLE_DEFAULTS`); a completion budget from the board sizes;
+    a log line per step; a TRL checkpoint every 50 steps (2 kept); the stage's seed; `training.rewards`'s weights;
+    TRL's `report_to` with the lab's Trackio project (`training.trackers`); `use_vllm` honoured where vLLM imports.
     """
     known = {f.name for f in dataclasses.fields(GRPOConfig)}
     unknown = sorted(set(overrides) - known)
