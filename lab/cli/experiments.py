@@ -1,4 +1,4 @@
-"""`envlab experiment new|run|status|cancel|add-arm|adopt|list|report|benchmark` (docs/experiments.md)."""
+"""`envlab experiment new|run|status|cancel|add-arm|adopt|list|report|ship|benchmark` (docs/experiments.md)."""
 
 from __future__ import annotations
 
@@ -244,6 +244,23 @@ def cmd_experiment_report(args: argparse.Namespace) -> None:
         print(f"{what}: {where}")
 
 
+def cmd_experiment_ship(args: argparse.Namespace) -> None:
+    """The experiment's database packed (`study.db.gz`, episodes left out) and its report from that copy, in one
+    folder: what docs/results ships and a new lab imports."""
+    from lab.study.experiments import ExperimentError
+    from lab.study.ship import ship
+
+    try:
+        written = ship(engine_of(args.db), args.experiment, args.out, partial=args.partial)
+    except ExperimentError as err:
+        raise UsageError(str(err)) from err
+    for what, where in written.items():
+        print(f"{what}: {where}")
+    packed = written["database"]
+    print(f"the report again from what is shipped: gunzip -k {packed} && envlab experiment report {args.experiment} "
+          f"--db {packed.with_suffix('')} --out {args.out}")
+
+
 def cmd_experiment_benchmark(args: argparse.Namespace) -> None:
     from lab.study.experiments import ExperimentError, find_experiment, queue_benchmarks
 
@@ -257,7 +274,7 @@ def cmd_experiment_benchmark(args: argparse.Namespace) -> None:
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
-    """`envlab experiment new|add-arm|run|list|report|benchmark` (docs/experiments.md)."""
+    """`envlab experiment new|add-arm|run|list|report|ship|benchmark` (docs/experiments.md)."""
     db = dict(help="database path or URL (default: $ENVLAB_DB or runs/envlab.db)")
     p = sub.add_parser("experiment", help="engineers compared at equal compute, with seeds (docs/experiments.md)")
     verbs = p.add_subparsers(dest="verb", required=True)
@@ -328,6 +345,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                                             "(default: <runs root>/experiments/<id>/report)")
     s.add_argument("--db", **db)
     s.set_defaults(fn=cmd_experiment_report)
+    s = verbs.add_parser("ship", help="pack the database (study.db.gz, episodes left out) and write the report from "
+                                      "that copy, into one folder (docs/results/NAME: a new lab imports it)")
+    s.add_argument("experiment", help="name (or id)")
+    s.add_argument("--out", type=Path, required=True, help="the folder (made if missing)")
+    s.add_argument("--partial", action="store_true", help="ship it although some runs have not ended")
+    s.add_argument("--db", **db)
+    s.set_defaults(fn=cmd_experiment_ship)
     s = verbs.add_parser("benchmark", help="queue the 3,150-board benchmark for each run's last stage")
     s.add_argument("experiment", help="name (or id)")
     s.add_argument("--db", **db)
