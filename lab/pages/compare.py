@@ -25,7 +25,6 @@ from lab.study.comparison import (
     Rate,
     agents_rows,
     comparison,
-    comparisons,
     compute_rows,
     compute_statement,
     curves_figure,
@@ -102,12 +101,11 @@ def _summary(engine: Engine, compared: Comparison) -> str:
     """The run count, what the study shows (`finding`), where its report is, then what the tab shows."""
     done = sum(r.status == "done" for r in compared.runs.values())
     base, k = as_text(compared.baseline), compared.stages
-    family = len(compared.versus_baseline(compared.rates[0], k))
     return (f"**{as_text(compared.experiment.name)}**: {done} of {len(compared.runs)} runs done.\n\n"
             f"{finding(compared)}\n\n{report_file(engine, compared)}\n\n{compute_statement(compared)} Each "
             "point: the mean over seeds, with its 95% Student-t interval over seeds as a band and every seed as a "
             f"dot. Below it, stage {k}: each arm minus {base} paired by seed, the {compared.rates[0]} rate (the "
-            f"primary metric) first, Holm-adjusted over {comparisons(family)} with {base}: the interval at the "
+            f"primary metric) first, {holm_header(compared, compared.rates[0], [k])}: the interval at the "
             "level of its Holm step (★ where it excludes zero), the raw p and the Holm p; then every pair of arms' "
             "difference paired by seed, with its own 95% t interval (n - 1 degrees of freedom) and the smallest "
             "difference this many seeds detect with 80% power. Differences are in points. Last, what every arm "

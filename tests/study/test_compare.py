@@ -66,6 +66,7 @@ def test_the_view_draws_each_arm_tables_its_sizes_and_links_its_runs(empty_lab):
                                             f"{d.high * 100:+.2f}]", f"{d.sd * 100:.2f}", f"{d.detectable * 100:.2f}",
                                             ", ".join(f"{v * 100:+.2f}" for v in d.values)]]
     assert "Student-t interval" in view["summary"] and "bootstrap" not in view["summary"]
+    assert "primary metric) first, Holm-adjusted over 1 comparison with fixed: the interval" in view["summary"]
     for run in experiment_runs(empty_lab, experiment.id):
         assert f"[seed {run.seed}](?run={run.id}) (done)" in view["links"]
     assert "each on 8 boards in 1 GRPO steps" in view["summary"]
@@ -91,6 +92,8 @@ def test_an_experiment_s_and_its_arms_names_show_as_typed_in_the_report_and_the_
     view = compare_view(empty_lab, experiment.id)
     assert view["summary"].startswith(f"**{as_text(name)}**: 0 of 2 runs done.")
     assert f"`envlab experiment report {experiment.id}`" in view["summary"]
+    assert ("primary metric) first, Holm-adjusted over the comparisons with {}, none yet (no arm has 2 seeds paired "
+            "with it): the interval").format(as_text(arm)) in view["summary"]
     assert view["links"].startswith(f"Runs:\n\n- **{as_text(arm)}**: [seed 0]")
 
 
