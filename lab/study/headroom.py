@@ -459,6 +459,7 @@ def _steps_lines(h: Headroom, steps: Steps) -> list[str]:
                  seeds_text(steps.screen_spread, signed=True) if steps.screen_spread else "-",
                  difference_cell(steps.spread), seeds_text(steps.spread, signed=True) if steps.spread else "-"])
     a, b = f"{screen.steps_per_stage} steps", f"{probe.steps_per_stage} steps"
+    growth = growth_text(steps, a, b)
     return ["## More steps per stage", "",
             f"The screen's best and worst configs trained again for one stage from the same stage 0, on "
             f"{probe.instances} boards ({probe.steps_per_stage} GRPO steps, against the screen's "
@@ -466,7 +467,32 @@ def _steps_lines(h: Headroom, steps: Steps) -> list[str]:
             "`bash scripts/headroom-steps.sh`. If the environment mattered more with longer stages, the difference "
             "between the two configs would grow.", "",
             *markdown_table(["config", f"valid gain at {a} (points)", "every seed", f"valid gain at {b} (points)",
-                             "every seed"], rows), ""]
+                             "every seed"], rows), "", *([growth, ""] if growth else [])]
+
+
+def growth_text(steps: Steps, a: str, b: str) -> str:
+    """How much the better minus the worse changed from the screen's steps (`a`) to the probe's (`b`), paired by seed,
+    with its 95% t interval where there are 2 seeds or more; empty until a seed has both."""
+    if steps.spread is None or steps.screen_spread is None:
+        return ""
+    early = dict(zip(steps.screen_spread.seeds, steps.screen_spread.values, strict=True))
+    late = dict(zip(steps.spread.seeds, steps.spread.values, strict=True))
+    seeds = sorted(set(early) & set(late))
+    if not seeds:
+        return ""
+    grew = [late[k] - early[k] for k in seeds]
+    times = ", ".join(f"{late[k] / early[k]:.1f}" if early[k] > 0 else "-" for k in seeds)
+    n, mean = len(grew), sum(grew) / len(grew)
+    text = (f"Paired by seed, the better minus the worse changed by {points(mean, signed=True)} points from {a} to "
+            f"{b} (seeds {', '.join(points(g, signed=True) for g in grew)}; at {b}, {times} times as large)")
+    if n < 2:
+        return f"{text}: 1 seed, no interval."
+    half = float(stats.t.ppf(0.5 + LEVEL / 2, n - 1)) * statistics.stdev(grew) / math.sqrt(n)
+    low, high = mean - half, mean + half
+    side = ("it excludes zero" if low > 0 or high < 0 else
+            f"it includes zero: with {n} seeds the change is a direction, not a finding")
+    return (f"{text}; its 95% t interval is [{points(low, signed=True)}, {points(high, signed=True)}] "
+            f"({n - 1} degree{'s' if n > 2 else ''} of freedom): {side}.")
 
 
 def report_markdown(h: Headroom, remake: Sequence[str] = (), steps: Steps | None = None) -> str:

@@ -92,8 +92,8 @@ def test_an_experiment_s_and_its_arms_names_show_as_typed_in_the_report_and_the_
     view = compare_view(empty_lab, experiment.id)
     assert view["summary"].startswith(f"**{as_text(name)}**: 0 of 2 runs done.")
     assert f"`envlab experiment report {experiment.id}`" in view["summary"]
-    assert ("primary metric) first, Holm-adjusted over the comparisons with {}, none yet (no arm has 2 seeds paired "
-            "with it): the interval").format(as_text(arm)) in view["summary"]
+    assert (f"primary metric) first, Holm-adjusted over the comparisons with {as_text(arm)}, none yet (no arm has 2 "
+            "seeds paired with it): the interval") in view["summary"]
     assert view["links"].startswith(f"Runs:\n\n- **{as_text(arm)}**: [seed 0]")
 
 

@@ -223,6 +223,11 @@ def test_the_more_steps_probe_sets_the_two_configs_gains_and_their_difference_be
     assert f"| {best} | +12.00 [" in report and "] | +10.00, +14.00 | +8.50 [" in report
     assert (f"| {best} - {worst}, paired by seed | +10.50 [") in report
     assert f"| +4.50 [{4.5 - half:+.2f}, {4.5 + half:+.2f}] | +5.00, +4.00 |" in report
+    half = stats.t.ppf(0.975, 1) * stats.tstd([-3, -9]) / 2 ** 0.5  # 5 - 8 and 4 - 13, paired by seed
+    assert ("Paired by seed, the better minus the worse changed by -6.00 points from 128 steps to 512 steps (seeds "
+            f"-3.00, -9.00; at 512 steps, 0.6, 0.3 times as large); its 95% t interval is [{-6 - half:+.2f}, "
+            f"{-6 + half:+.2f}] (1 degree of freedom): it includes zero: with 2 seeds the change is a direction, not "
+            "a finding.\n") in report
     create_experiment(empty_lab, name="screen-odd", arms=["random", "fixed"], seeds=1, settings=settings,
                       config=initial)
     with pytest.raises(hr.HeadroomError, match="experiment 'screen-odd' is not a more-steps probe of the screen: it "
