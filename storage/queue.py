@@ -99,14 +99,16 @@ def enqueue(session: Session, kind: JobKind, payload: dict[str, Any], *, run_id:
 
 
 def claim(session: Session, worker_id: str, *, gpu: bool = True, run_id: int | None = None,
-          kinds: Collection[str] | None = None) -> Job | None:
+          kinds: Collection[str] | None = None, by_run: bool = False) -> Job | None:
     """Take the most urgent queued job that `worker_id` can run and mark it running; None when there is none.
 
     Most urgent: the highest `priority` (a person's interactive jobs), then the oldest by first enqueueing (a
     requeued job keeps its id and so its place ahead of newer jobs). `gpu=False`: a worker without a GPU, which
     never takes a job that needs one. `run_id`: only that run's jobs (`envlab run` drives its own run). `kinds`:
-    only a job of one of those kinds (a light lane: `probe` jobs beside a long stage). Every filter is
-    keyword-only and narrows the claim's one query; a new one is another keyword.
+    only a job of one of those kinds (a light lane: `probe` jobs beside a long stage). `by_run`: within a
+    priority, the oldest run's jobs first (a job with no run before any run's), so runs end in the order they were
+    made: an experiment's workers claim so, and a study stopped midway has whole seeds rather than every run
+    half-trained. Every filter is keyword-only and narrows the claim's one query; a new one is another keyword.
     """
     now = db_now(session)
     where = [Job.status == JobStatus.QUEUED]
@@ -119,7 +121,7 @@ def claim(session: Session, worker_id: str, *, gpu: bool = True, run_id: int | N
     oldest = (
         select(Job.id)
         .where(*where)
-        .order_by(Job.priority.desc(), Job.id)
+        .order_by(Job.priority.desc(), *([func.coalesce(Job.run_id, 0)] if by_run else []), Job.id)
         .limit(1)
         .with_for_update(skip_locked=True)  # PostgreSQL; SQLite renders no locking clause
         .scalar_subquery()

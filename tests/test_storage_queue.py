@@ -279,6 +279,28 @@ def test_claim_of_one_run_leaves_the_others_jobs_queued(engine: Engine):
         assert s.get(Job, other.id, populate_existing=True).status == "queued"
 
 
+def test_claim_by_run_takes_the_oldest_runs_jobs_first_within_a_priority(engine: Engine):
+    """An experiment's workers: run 1's later stage before run 2's earlier one, so runs end in the order they were
+    made; a person's job still comes first, and a job of no run before any run's."""
+    with session(engine) as s:
+        s.execute(text("INSERT INTO runs (id, uuid, name, description, policy, engineer, engineer_backend, "
+                       "settings, seed, status, status_reason, created_at) VALUES "
+                       "(1, 'a', 'a', '', 'tiny', 'fixed', '', '{}', 0, 'active', '', :t), "
+                       "(2, 'b', 'b', '', 'tiny', 'fixed', '', '{}', 0, 'active', '', :t)"),
+                  {"t": utcnow()})
+        s.commit()
+        second_run = queue.enqueue(s, "stage", {}, run_id=2, target=1).id
+        first_run = queue.enqueue(s, "stage", {}, run_id=1, target=2).id
+        lab_wide = queue.enqueue(s, "benchmark", {}, run_id=None, target=0).id
+        person = queue.enqueue(s, "probe", {}, run_id=2, target=3, priority=Priority.INTERACTIVE).id
+        assert [queue.claim(s, "experiment", by_run=True).id for _ in range(4)] == [
+            person, lab_wide, first_run, second_run]
+        s.exec(update(Job).values(status="queued", worker=None))
+        s.commit()
+        # without it, the oldest job first: runs move together
+        assert [queue.claim(s, "page").id for _ in range(4)] == [person, second_run, first_run, lab_wide]
+
+
 def test_a_lane_claims_only_its_kinds_and_leaves_the_rest_in_order(engine: Engine):
     with session(engine) as s:
         stage = queue.enqueue(s, "stage", {"stage": 1}).id

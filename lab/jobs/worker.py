@@ -433,6 +433,7 @@ class WorkerOptions:
     gpus: Sequence[str] = ()  # the GPUs it owns: GPU jobs are claimed only with some, and an `InChild` runs on them
     run_id: int | None = None  # claim only this run's jobs
     kinds: Sequence[str] | None = None  # claim only jobs of these kinds (a lane: `probe` jobs beside a long stage)
+    by_run: bool = False  # the oldest run's jobs first, so runs end in the order they were made (an experiment's)
     nice: int = 0  # lower this process's CPU priority by this much first (`os.nice`; its children inherit it)
     idle_exit_s: float | None = None  # return after this many seconds with nothing to claim (a Slurm task ends so)
     claimed: After | None = None  # runs on each claimed job before its handler (a Slurm task records itself on it)
@@ -463,7 +464,8 @@ def run_worker(engine: Engine, handlers: dict[str, Handler | InChild], options: 
         with session(engine) as s:
             for reaped in queue.reap_stale(s, stale_s):
                 log.warning("job %s (%s) reaped: %s", reaped.id, reaped.kind, reaped.error)
-            job = queue.claim(s, worker_id, gpu=bool(gpus), run_id=options.run_id, kinds=options.kinds)
+            job = queue.claim(s, worker_id, gpu=bool(gpus), run_id=options.run_id, kinds=options.kinds,
+                                  by_run=options.by_run)
         if job is None:
             if options.once or (idle_exit_s is not None and time.monotonic() - idle_since >= idle_exit_s):
                 break
@@ -609,6 +611,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kinds", nargs="+", choices=[str(k) for k in JobKind], metavar="KIND",
                         help="claim only jobs of these kinds (e.g. `--kinds probe`: a lane for Measure jobs beside "
                              "a worker busy with a long stage); default: every kind")
+    parser.add_argument("--by-run", action="store_true",
+                        help="claim the oldest run's jobs first, so runs end in the order they were made (an "
+                             "experiment's workers do: a study stopped midway has whole seeds); default: the oldest "
+                             "job first, so runs move together")
     parser.add_argument("--nice", type=int, default=NICE,
                         help=f"lower this worker's CPU priority by N (os.nice) so a page on the same machine stays "
                              f"quick while it trains; 0 keeps it (default: {NICE})")
@@ -656,6 +662,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     try:
         options = WorkerOptions(worker_id=args.worker_id, poll_s=args.poll, stale_s=args.stale, once=args.once,
                                 after=after_job, stop=stop, gpus=gpus, kinds=args.kinds, nice=args.nice,
+                                by_run=getattr(args, "by_run", False),
                                 idle_exit_s=getattr(args, "idle_exit_s", None),
                                 vllm_gpus=parse_gpus(args.vllm_gpus) if getattr(args, "vllm_gpus", None) else ())
         run_worker(engine, handlers(in_child=not args.in_process), options)

@@ -669,7 +669,9 @@ def run_experiment(engine: Engine, db: str | None, key: str | int, *, workers: i
     up every run where it stopped. `on_progress` is called after every poll. With `benchmark`, each run's last
     stage is then evaluated on the benchmark (`queue_benchmarks`) before the workers stop. `say` hears what was
     resumed. `threads` sets each worker's torch threads (OMP_NUM_THREADS; None: torch's own choice). The
-    visible GPUs are shared out between the workers (`lab.jobs.worker.split_gpus`): worker k owns its block.
+    visible GPUs are shared out between the workers (`lab.jobs.worker.split_gpus`): worker k owns its block. The
+    workers claim the oldest run's jobs first (`storage.queue.claim`'s `by_run`): a study stopped midway has its
+    first seeds whole, every arm paired, rather than every run half-trained.
     """
     if workers < 1:
         raise ExperimentError(f"workers = {workers}: run at least 1 worker")
@@ -681,8 +683,9 @@ def run_experiment(engine: Engine, db: str | None, key: str | int, *, workers: i
     folder.mkdir(parents=True, exist_ok=True)
     env = {"OMP_NUM_THREADS": str(threads)} if threads else None
     shares = split_gpus(visible_gpus(), workers)  # each worker owns its own GPUs (none where there are too few)
-    procs = [start_worker(db, options=["--poll", str(min(poll_s, 1.0)), "--gpus", ",".join(gpus) or "none"],
-                          die_with_parent=True, log=folder / f"worker-{i}.log", env=env)
+    # `--by-run`: the oldest run's jobs first, so the runs (queued seed by seed) end seed by seed
+    procs = [start_worker(db, options=["--poll", str(min(poll_s, 1.0)), "--gpus", ",".join(gpus) or "none",
+                                       "--by-run"], die_with_parent=True, log=folder / f"worker-{i}.log", env=env)
              for i, gpus in enumerate(shares)]
     try:
         moved = time.monotonic()

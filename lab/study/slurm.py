@@ -250,6 +250,7 @@ class SlurmTask:
     idle_exit_s: float
     threads: int | None = None
     poll_s: float = 1.0
+    by_run: bool = False  # the oldest run's jobs first (`storage.queue.claim`): an experiment's tasks claim so
     _current: int | None = field(default=None, init=False, repr=False)
     _engine: Engine | None = field(default=None, init=False, repr=False)
 
@@ -309,7 +310,7 @@ class SlurmTask:
         try:
             options = WorkerOptions(worker_id=me.worker, poll_s=self.poll_s, stale_s=self.stale_s, after=after,
                                     claimed=claimed, idle_exit_s=self.idle_exit_s, gpus=visible_gpus(),
-                                    stop=stopping)
+                                    stop=stopping, by_run=self.by_run)
             return run_worker(engine, handlers(), options)
         except Stopped as err:
             job_id = self._current
@@ -357,8 +358,10 @@ def require_slurm() -> None:
                          "with Slurm's commands")
 
 
-def submit(options: SlurmOptions, *, db: str, runs: Path, tasks: int, folder: Path, name: str = "envlab") -> list[str]:
-    """Submit `tasks` workers as one Slurm job array; returns the array's job id. Logs go to `folder`."""
+def submit(options: SlurmOptions, *, db: str, runs: Path, tasks: int, folder: Path, name: str = "envlab",
+           by_run: bool = False) -> list[str]:
+    """Submit `tasks` workers as one Slurm job array; returns the array's job id. Logs go to `folder`. `by_run`:
+    its workers claim the oldest run's jobs first (an experiment's: its runs end seed by seed)."""
     import submitit
 
     require_slurm()
@@ -375,7 +378,7 @@ def submit(options: SlurmOptions, *, db: str, runs: Path, tasks: int, folder: Pa
         parameters["gres"] = f"gpu:{options.gpus}"
     executor.update_parameters(**parameters)
     task = SlurmTask(db=db, runs=str(runs), stale_s=stale_after_s(), idle_exit_s=options.idle_exit,
-                     threads=options.threads or options.cpus)
+                     threads=options.threads or options.cpus, by_run=by_run)
     try:
         with executor.batch():
             jobs = [executor.submit(task) for _ in range(tasks)]
@@ -527,7 +530,8 @@ def run_on_slurm(engine: Engine, db: str, key: str | int, options: SlurmOptions,
     def submit_array() -> None:
         left = [r for r in experiment_runs(engine, experiment.id) if r.status not in ENDED]
         tasks = options.tasks or max(1, len(left))
-        arrays = submit(options, db=db, runs=root, tasks=tasks, folder=folder, name=f"envlab-{experiment.name}")
+        arrays = submit(options, db=db, runs=root, tasks=tasks, folder=folder, name=f"envlab-{experiment.name}",
+                        by_run=True)
         _note_array(engine, experiment.id, arrays)
         say(f"slurm array {', '.join(arrays)}: {tasks} task(s) ({options.describe()}), logs in {folder}")
 

@@ -62,10 +62,13 @@ def test_an_experiment_through_the_real_workers_is_killed_and_resumed_by_two(db_
         assert first.poll() is None, first.stdout.read().decode()
         assert time.monotonic() < deadline, "no stage finished in 300 s"
         time.sleep(0.2)
+    with session(engine) as s:
+        pids = {int(j.worker.rpartition(":")[2]) for j in s.exec(select(Job).where(Job.worker.is_not(None)))}
+    # its worker claims the oldest run's jobs first, so runs end seed by seed
+    assert all(b"--by-run" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\x00") for pid in pids)
     first.send_signal(signal.SIGKILL)
     first.wait()
-    with session(engine) as s:  # the worker it started dies with it (Linux's parent-death signal)
-        pids = {int(j.worker.rpartition(":")[2]) for j in s.exec(select(Job).where(Job.worker.is_not(None)))}
+    # the worker it started dies with it (Linux's parent-death signal)
     gone = time.monotonic() + 10
     while any(_alive(pid) for pid in pids) and time.monotonic() < gone:
         time.sleep(0.1)
