@@ -101,7 +101,8 @@ def _summary(engine: Engine, compared: Comparison) -> str:
     """The run count, what the study shows (`finding`), where its report is, then what the tab shows."""
     done = sum(r.status == "done" for r in compared.runs.values())
     base, k = as_text(compared.baseline), compared.stages
-    return (f"**{as_text(compared.experiment.name)}**: {done} of {len(compared.runs)} runs done.\n\n"
+    return (f"**{as_text(compared.experiment.name)}**: {done} of {len(compared.runs)} runs done"
+            f"{compared.progress_text()}.\n\n"
             f"{finding(compared)}\n\n{report_file(engine, compared)}\n\n{compute_statement(compared)} Each "
             "point: the mean over seeds, with its 95% Student-t interval over seeds as a band and every seed as a "
             f"dot. Below it, stage {k}: each arm minus {base} paired by seed, the {compared.rates[0]} rate (the "
@@ -109,8 +110,9 @@ def _summary(engine: Engine, compared: Comparison) -> str:
             "level of its Holm step (★ where it excludes zero), the raw p and the Holm p; then every pair of arms' "
             "difference paired by seed, with its own 95% t interval (n - 1 degrees of freedom) and the smallest "
             "difference this many seeds detect with 80% power. Differences are in points. Last, what every arm "
-            "spent, summed over its runs (the mean per run): GRPO steps and rollouts, probe answers, validation and "
-            "dev answers, its jobs' wall time, and its answers per run against the cheapest arm's.")
+            f"spent{'' if compared.ended else ' so far'}, summed over its runs (the mean per run): GRPO steps and "
+            "rollouts, probe answers, validation and dev answers, its jobs' wall time, and its answers per run "
+            "against the cheapest arm's.")
 
 
 def report_file(engine: Engine, compared: Comparison) -> str:

@@ -266,6 +266,18 @@ class Comparison:
     agents: list[int] = field(default_factory=list)  # the validation boards' agent counts, fewest first
     by_agents: dict[Key, dict[int, float]] = field(default_factory=dict)  # (arm, rate, stage, agent count) -> seed
 
+    @property
+    def ended(self) -> bool:
+        """Every run done (what it spent is then final)."""
+        return all(r.status == "done" for r in self.runs.values())
+
+    def progress_text(self) -> str:
+        """While runs go on: `, 63 of 120 stages evaluated` (stage 0 counts); once every run is done, ""."""
+        if self.ended:
+            return ""
+        evaluated = sum(size == POOLED and (arm, seed) in self.runs for arm, seed, _, size in self.episodes)
+        return f", {evaluated} of {len(self.runs) * (self.stages + 1)} stages evaluated"
+
     def agents_estimate(self, arm: str, rate: Rate, stage: int, agents: int) -> Estimate | None:
         """The rate over the boards with `agents` agents (of every size) at `stage`, over seeds."""
         return estimate(self.by_agents.get((arm, rate, stage, agents), {}))
@@ -608,9 +620,11 @@ def _compute_section(compared: Comparison) -> list[str]:
     steps = compared.experiment.settings.steps_per_stage
     rollouts = (f"{compared.stage_rollouts:,} per trained stage ({compared.stage_rollouts / steps:,.4g} per step)"
                 if compared.stage_rollouts else "none yet: no stage trained")
+    so_far = "" if compared.ended else ("Runs go on: what they spent so far, the mean over every run of the arm, "
+                                        "begun or not. ")
     return ["## Compute per arm", "",
-            "Each cell: the sum over the arm's runs, then the mean per run in parentheses. GRPO steps: optimizer "
-            f"steps as TRL counts them, {steps} per trained stage{_matched_words(compared)}. A rollout: one "
+            f"{so_far}Each cell: the sum over the arm's runs, then the mean per run in parentheses. GRPO steps: "
+            f"optimizer steps as TRL counts them, {steps} per trained stage{_matched_words(compared)}. A rollout: one "
             "completion GRPO samples for a "
             f"training board, {rollouts}, as the stage's GRPOConfig makes them. Probe answers: the completions an "
             "engineer sampled measuring configs on the policy before proposing. Validation + dev answers: the "
@@ -732,7 +746,7 @@ def report_markdown(compared: Comparison) -> str:
     done = sum(r.status == "done" for r in compared.runs.values())
     lines = [f"# Experiment {as_text(e.name)}", "", finding(compared), "",
              *([as_text(e.description), ""] if e.description else []), compute_statement(compared), "",
-             f"Runs: {done} of {len(compared.runs)} done. Arms: " + ", ".join(
+             f"Runs: {done} of {len(compared.runs)} done{compared.progress_text()}. Arms: " + ", ".join(
                  f"{as_text(a.name)} ({a.engineer}"
                  + (f", {as_text(a.backend)}, context {a.context}" if a.backend else "")
                  + (f", {_held_text(a.held)}" if a.held is not None else "") + ")"

@@ -90,7 +90,10 @@ def test_an_experiment_s_and_its_arms_names_show_as_typed_in_the_report_and_the_
     rendered = MarkdownIt("commonmark").enable("table").render(report)
     assert "<img" not in rendered and "<a " not in rendered
     view = compare_view(empty_lab, experiment.id)
-    assert view["summary"].startswith(f"**{as_text(name)}**: 0 of 2 runs done.")
+    assert view["summary"].startswith(f"**{as_text(name)}**: 0 of 2 runs done, 0 of 4 stages evaluated.\n\n")
+    assert "Last, what every arm spent so far, summed" in view["summary"]
+    assert "Runs: 0 of 2 done, 0 of 4 stages evaluated. Arms: " in report
+    assert "## Compute per arm\n\nRuns go on: what they spent so far, the mean over every run" in report
     assert f"`envlab experiment report {experiment.id}`" in view["summary"]
     assert (f"primary metric) first, Holm-adjusted over the comparisons with {as_text(arm)}, none yet (no arm has 2 "
             "seeds paired with it): the interval") in view["summary"]
@@ -405,6 +408,30 @@ def test_the_compute_table_sums_each_arm_s_runs_and_says_where_probes_break_equa
     c = comparison(empty_lab, experiment.id)
     assert compute_rows(c)[1][1][4:] == ["6 (3)", "64 (32)", "4.0 (2.0)", "1.0 (0.5)", "2.0 (1.0)", "1.05x"]
     assert answers_statement(c) == "" and "not at equal compute" not in report_markdown(c)
+
+
+def test_a_study_under_way_counts_its_evaluated_stages_and_says_its_compute_is_so_far(empty_lab):
+    """4 runs of 1 stage, one of them back at work with its stage 1 not evaluated: 3 of 4 runs done and 7 of 8
+    stages evaluated (stage 0 counts), in the report and the tab, and the compute is what was spent so far."""
+    from sqlalchemy import delete, update
+
+    from storage.models import StageMetric
+
+    experiment = scripted_experiment(empty_lab, seeds=2, stages=1)
+    run = experiment_runs(empty_lab, experiment.id)[-1]
+    with session(empty_lab) as s:
+        s.exec(delete(StageMetric).where(StageMetric.run_id == run.id, StageMetric.stage_index == 1))
+        s.exec(update(Run).where(Run.id == run.id).values(status="active"))
+        s.commit()
+    c = comparison(empty_lab, experiment.id)
+    assert not c.ended and c.progress_text() == ", 7 of 8 stages evaluated"
+    report = report_markdown(c)
+    assert "\nRuns: 3 of 4 done, 7 of 8 stages evaluated. Arms: fixed (fixed), heuristic (heuristic)." in report
+    assert ("## Compute per arm\n\nRuns go on: what they spent so far, the mean over every run of the arm, begun "
+            "or not. Each cell: the sum") in report
+    summary = compare_view(empty_lab, experiment.id)["summary"]
+    assert summary.startswith("**cmp**: 3 of 4 runs done, 7 of 8 stages evaluated.\n\n")
+    assert "Last, what every arm spent so far, summed over its runs" in summary
 
 
 MIXED_BOARDS = [label(OPEN), label(CROSSING), label(Instance.from_str("A.a\nB.b\nC.c")),
