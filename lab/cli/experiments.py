@@ -65,6 +65,7 @@ def match_line(settings) -> str | None:
 def _progress_printer(engine, args: argparse.Namespace, bar: tqdm, say):
     """`on_progress` for `run_experiment`: moves the bar, says each stage that finished since the last call."""
     from lab.loop import stages_of
+    from lab.study.experiments import time_left
     from storage.db import session
     from storage.models import RunStatus, StageStatus
 
@@ -79,7 +80,9 @@ def _progress_printer(engine, args: argparse.Namespace, bar: tqdm, say):
                                                                                      else ""))
         if shown is None:
             shown = dict(p.stages_done)
-            say(f"experiment {p.experiment.name}: {p.done} of {p.total} stages done already")
+            left = time_left(engine, p) if p.done else ""
+            say(f"experiment {p.experiment.name}: {p.done} of {p.total} stages done already"
+                + (f"; {left}" if left.startswith("time left: about") else ""))
             return
         for run in p.runs:
             if p.stages_done[run.id] <= shown.get(run.id, 0):

@@ -585,6 +585,43 @@ def experiment_progress(engine: Engine, experiment_id: int) -> ExperimentProgres
     return ExperimentProgress(experiment, runs, {r.id: done.get(r.id, 0) for r in runs}, benchmarks)
 
 
+def time_left(engine: Engine, progress: ExperimentProgress) -> str:
+    """How long the experiment's work left should take, in one line (`envlab experiment status`): each job still
+    to come (stage 0, a trained stage, a proposal) at the median time its kind took in this experiment, shared over
+    the workers running its jobs now (over one when none is). "" once every run has ended."""
+    if progress.ended:
+        return ""
+    active = [r.id for r in progress.runs if r.status not in ENDED]
+    stages = progress.experiment.settings.stages
+    with session(engine) as s:
+        jobs = s.exec(select(Job.kind, Job.target, Job.started_at, Job.finished_at).join(Run, Run.id == Job.run_id)
+                      .where(Run.experiment_id == progress.experiment.id, Job.status == JobStatus.DONE,
+                             Job.kind.in_([JobKind.STAGE, JobKind.PROPOSE]))).all()
+        workers = len(set(s.exec(select(Job.worker).where(Job.run_id.in_(active), Job.status == JobStatus.RUNNING))))
+        proposed = s.exec(select(func.count()).select_from(Job).where(
+            Job.run_id.in_(active), Job.kind == JobKind.PROPOSE, Job.status == JobStatus.DONE)).one()
+    kinds = {"stage 0": lambda kind, k: kind == JobKind.STAGE and k == 0,
+             "trained stages": lambda kind, k: kind == JobKind.STAGE and k > 0,
+             "proposals": lambda kind, k: kind == JobKind.PROPOSE}
+    minutes = {name: sorted((end - start).total_seconds() / 60 for kind, k, start, end in jobs
+                            if test(kind, k) and start and end) for name, test in kinds.items()}
+    left = {"stage 0": sum(progress.stages_done[r] == 0 for r in active),
+            "trained stages": sum(stages - max(progress.stages_done[r] - 1, 0) for r in active),
+            "proposals": len(active) * stages - proposed}
+    median = {name: m[len(m) // 2] for name, m in minutes.items() if m}
+    if "trained stages" not in median:
+        return "time left: not known until a stage has trained"
+    median.setdefault("stage 0", median["trained stages"])
+    total = sum(left[name] * median.get(name, 0.0) for name in left)
+    share = max(workers, 1)
+    over = (f"the {workers} worker{'s' if workers > 1 else ''} running its jobs now" if workers
+            else "one worker (none is running its jobs now)")
+    plural = {"stage 0": "stage 0 evaluations", "trained stages": "trained stages", "proposals": "proposals"}
+    parts = ", ".join(f"{left[name]} {name.removesuffix('s') if left[name] == 1 else plural[name]} at "
+                      f"{median[name]:.1f} min" for name in left if left[name] and name in median)
+    return f"time left: about {total / share / 60:.1f} h over {over} ({parts}; each a median of this experiment's)"
+
+
 def list_experiments(engine: Engine) -> list[ExperimentProgress]:
     """Every experiment with its progress, newest first."""
     with session(engine) as s:

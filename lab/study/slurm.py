@@ -53,6 +53,7 @@ from lab.study.experiments import (
     log_dir,
     match_text,
     restart,
+    time_left,
 )
 from storage import queue
 from storage.db import (
@@ -664,6 +665,8 @@ def status_lines(engine: Engine, key: str | int) -> list[str]:
     progress = experiment_progress(engine, experiment.id)
     lines = [f"experiment {experiment.name}: {progress.count(RunStatus.DONE)} of {len(progress.runs)} runs done, "
              f"{progress.done} of {progress.total} stages"]
+    if left := time_left(engine, progress):
+        lines.append(left)
     if experiment.settings.matched is not None:
         lines.append(f"compute matched ({experiment.settings.matched.mode}): {match_text(experiment.settings)}")
     arrays = experiment_arrays(engine, experiment.id)

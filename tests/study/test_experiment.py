@@ -55,6 +55,7 @@ from lab.study.experiments import (
     find_experiment,
     load_scenario,
     queue_benchmarks,
+    time_left,
 )
 from storage.db import make_engine, session, upgrade
 from storage.models import Episode, Experiment, Job, Proposal, Run, Stage, StageMetric
@@ -692,3 +693,39 @@ def test_experiment_new_match_compute_is_stored_and_shown(empty_lab, tmp_path, c
     assert find_experiment(engine, "p").settings.matched is None
     assert all(r.settings.dev_per_seed for r in experiment_runs(engine, find_experiment(engine, "p").id))
     engine.dispose()
+
+
+def test_status_says_the_time_left_from_this_experiment_s_own_median_jobs(empty_lab):
+    """2 runs of 2 stages; stage 0 took 1 min, a trained stage 10, a proposal 0.5 (each job's finish minus its
+    start). With heuristic's stage 2 running on a worker, 1 trained stage is left: 10 min over 1 worker; with that
+    job back in the queue and none running, the same over one worker; once every run is done, nothing is said."""
+    from datetime import timedelta
+
+    from sqlalchemy import update
+
+    from lab.study.slurm import status_lines
+    from storage.models import JobKind, JobStatus, StageStatus
+
+    experiment = scripted_experiment(empty_lab, seeds=1, stages=2)
+    assert time_left(empty_lab, experiment_progress(empty_lab, experiment.id)) == ""
+    heuristic = next(r for r in experiment_runs(empty_lab, experiment.id) if r.arm == "heuristic")
+    with session(empty_lab) as s:
+        for job in s.exec(select(Job)).all():
+            took = 1 if job.kind == JobKind.STAGE and job.target == 0 else 10 if job.kind == JobKind.STAGE else 0.5
+            job.started_at = job.finished_at - timedelta(minutes=took)
+            s.add(job)
+        s.exec(update(Run).where(Run.id == heuristic.id).values(status="active"))
+        s.exec(update(Stage).where(Stage.run_id == heuristic.id, Stage.index == 2).values(status=StageStatus.RUNNING))
+        s.exec(update(Job).where(Job.run_id == heuristic.id, Job.kind == JobKind.STAGE, Job.target == 2)
+               .values(status=JobStatus.RUNNING, worker="host:1"))
+        s.commit()
+    lines = status_lines(empty_lab, experiment.id)
+    assert lines[:2] == ["experiment cmp: 1 of 2 runs done, 5 of 6 stages",
+                         "time left: about 0.2 h over the 1 worker running its jobs now (1 trained stage at 10.0 min; "
+                         "each a median of this experiment's)"]
+    with session(empty_lab) as s:
+        s.exec(update(Job).where(Job.status == JobStatus.RUNNING).values(status=JobStatus.QUEUED, worker=None))
+        s.commit()
+    assert time_left(empty_lab, experiment_progress(empty_lab, experiment.id)) == (
+        "time left: about 0.2 h over one worker (none is running its jobs now) (1 trained stage at 10.0 min; each "
+        "a median of this experiment's)")
