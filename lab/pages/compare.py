@@ -34,7 +34,7 @@ from lab.study.comparison import (
     holm_rows,
     size_rows,
 )
-from lab.study.experiments import experiment_choices, log_dir
+from lab.study.experiments import experiment_choices, experiment_progress, log_dir, time_left
 from lab.study.slurm import SLURM_HEADERS, slurm_rows
 from lab.text import as_text
 
@@ -101,8 +101,9 @@ def _summary(engine: Engine, compared: Comparison) -> str:
     """The run count, what the study shows (`finding`), where its report is, then what the tab shows."""
     done = sum(r.status == "done" for r in compared.runs.values())
     base, k = as_text(compared.baseline), compared.stages
+    left = "" if compared.ended else time_left(engine, experiment_progress(engine, compared.experiment.id))
     return (f"**{as_text(compared.experiment.name)}**: {done} of {len(compared.runs)} runs done"
-            f"{compared.progress_text()}.\n\n"
+            f"{compared.progress_text()}{f'; {left}' if left else ''}.\n\n"
             f"{finding(compared)}\n\n{report_file(engine, compared)}\n\n{compute_statement(compared)} Each "
             "point: the mean over seeds, with its 95% Student-t interval over seeds as a band and every seed as a "
             f"dot. Below it, stage {k}: each arm minus {base} paired by seed, the {compared.rates[0]} rate (the "

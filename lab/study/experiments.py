@@ -619,6 +619,8 @@ def time_left(engine: Engine, progress: ExperimentProgress) -> str:
     plural = {"stage 0": "stage 0 evaluations", "trained stages": "trained stages", "proposals": "proposals"}
     parts = ", ".join(f"{left[name]} {name.removesuffix('s') if left[name] == 1 else plural[name]} at "
                       f"{median[name]:.1f} min" for name in left if left[name] and name in median)
+    if not parts:
+        return "time left: no stage or proposal; the runs are ending"
     return f"time left: about {total / share / 60:.1f} h over {over} ({parts}; each a median of this experiment's)"
 
 

@@ -90,7 +90,8 @@ def test_an_experiment_s_and_its_arms_names_show_as_typed_in_the_report_and_the_
     rendered = MarkdownIt("commonmark").enable("table").render(report)
     assert "<img" not in rendered and "<a " not in rendered
     view = compare_view(empty_lab, experiment.id)
-    assert view["summary"].startswith(f"**{as_text(name)}**: 0 of 2 runs done, 0 of 4 stages evaluated.\n\n")
+    assert view["summary"].startswith(f"**{as_text(name)}**: 0 of 2 runs done, 0 of 4 stages evaluated; time left: "
+                                      "not known until a stage has trained.\n\n")
     assert "Last, what every arm spent so far, summed" in view["summary"]
     assert "Runs: 0 of 2 done, 0 of 4 stages evaluated. Arms: " in report
     assert "## Compute per arm\n\nRuns go on: what they spent so far, the mean over every run" in report
@@ -421,6 +422,7 @@ def test_a_study_under_way_counts_its_evaluated_stages_and_says_its_compute_is_s
     run = experiment_runs(empty_lab, experiment.id)[-1]
     with session(empty_lab) as s:
         s.exec(delete(StageMetric).where(StageMetric.run_id == run.id, StageMetric.stage_index == 1))
+        s.exec(update(Stage).where(Stage.run_id == run.id, Stage.index == 1).values(status="queued"))
         s.exec(update(Run).where(Run.id == run.id).values(status="active"))
         s.commit()
     c = comparison(empty_lab, experiment.id)
@@ -430,7 +432,9 @@ def test_a_study_under_way_counts_its_evaluated_stages_and_says_its_compute_is_s
     assert ("## Compute per arm\n\nRuns go on: what they spent so far, the mean over every run of the arm, begun "
             "or not. Each cell: the sum") in report
     summary = compare_view(empty_lab, experiment.id)["summary"]
-    assert summary.startswith("**cmp**: 3 of 4 runs done, 7 of 8 stages evaluated.\n\n")
+    assert summary.startswith("**cmp**: 3 of 4 runs done, 7 of 8 stages evaluated; time left: about 0.0 h over one "
+                              "worker (none is running its jobs now) (1 trained stage at 0.0 min; each a median of "
+                              "this experiment's).\n\n")
     assert "Last, what every arm spent so far, summed over its runs" in summary
 
 

@@ -729,3 +729,8 @@ def test_status_says_the_time_left_from_this_experiment_s_own_median_jobs(empty_
     assert time_left(empty_lab, experiment_progress(empty_lab, experiment.id)) == (
         "time left: about 0.2 h over one worker (none is running its jobs now) (1 trained stage at 10.0 min; each "
         "a median of this experiment's)")
+    with session(empty_lab) as s:  # every stage done, the run not yet marked done
+        s.exec(update(Stage).where(Stage.run_id == heuristic.id).values(status=StageStatus.DONE))
+        s.commit()
+    assert time_left(empty_lab, experiment_progress(empty_lab, experiment.id)) == (
+        "time left: no stage or proposal; the runs are ending")
