@@ -222,20 +222,25 @@ def test_the_shipped_study_is_imported_with_the_numbers_of_its_report(tmp_path: 
     from lab.pages.compare import compare_view
     from lab.study.comparison import comparison, summary_rows
     from lab.study.example import STUDIES, import_studies
+    from lab.study.experiments import list_experiments
 
     engine = _engine(tmp_path / "lab.db")
     calls: list[tuple[int, int]] = []
     ids = import_studies(engine, progress=lambda done, total: calls.append((done, total)))
     assert len(ids) == 2
     assert calls == [(k, 48) for k in range(1, 49)]  # one call per run: 30 of hardstart, 18 of defaults
-    for name in ("defaults", "hardstart"):
-        db = tmp_path / f"{name}.db"
-        with gzip.open(STUDIES / "study-6seed" / "study.db.gz", "rb") as src, db.open("wb") as dst:
+    compared = []
+    for packed in sorted(STUDIES.glob("*/study.db.gz")):  # every shipped study, each experiment of it
+        db = tmp_path / f"{packed.parent.name}.db"
+        with gzip.open(packed, "rb") as src, db.open("wb") as dst:
             shutil.copyfileobj(src, dst)
         shipped = make_engine(str(db))
         upgrade(shipped)  # as `envlab experiment report` does
-        assert summary_rows(comparison(engine, name)) == summary_rows(comparison(shipped, name))
+        for name in sorted(p.experiment.name for p in list_experiments(shipped)):
+            assert summary_rows(comparison(engine, name)) == summary_rows(comparison(shipped, name))
+            compared.append(name)
         shipped.dispose()
+    assert compared == ["defaults", "hardstart"]
     sizes = compare_view(engine, ids[-1])["sizes"]
     assert [row[0] for row in sizes["data"]] == [f"{n}x{n}" for n in range(3, 11)] + ["all"]
     engine.dispose()
