@@ -74,7 +74,11 @@ def _progress_printer(engine, args: argparse.Namespace, bar: tqdm, say):
     def on_progress(p) -> None:
         nonlocal shown
         bar.total = p.total + (len(p.runs) if args.benchmark else 0)
-        bar.update(p.done + (p.benchmarks_done if args.benchmark else 0) - bar.n)
+        done = p.done + (p.benchmarks_done if args.benchmark else 0)
+        if shown is None:  # what was done before this command starts the bar, not its rate: its time left is ours
+            bar.initial = bar.n = bar.last_print_n = done
+            bar.refresh()
+        bar.update(done - bar.n)
         failed = p.count(RunStatus.FAILED) + p.count(RunStatus.CANCELLED)
         bar.set_postfix_str(f"{p.count(RunStatus.DONE)}/{len(p.runs)} runs done" + (f", {failed} stopped" if failed
                                                                                      else ""))

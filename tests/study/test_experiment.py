@@ -734,3 +734,24 @@ def test_status_says_the_time_left_from_this_experiment_s_own_median_jobs(empty_
         s.commit()
     assert time_left(empty_lab, experiment_progress(empty_lab, experiment.id)) == (
         "time left: no stage or proposal; the runs are ending")
+
+
+def test_a_resumed_experiment_s_bar_starts_at_what_was_done_before_so_its_rate_is_this_command_s(empty_lab):
+    """Stages done before `envlab experiment run` started are the bar's start, not progress it made in no time
+    (which would make its rate millions of stages a second and its time left zero)."""
+    import argparse
+    import io
+
+    from tqdm import tqdm
+
+    from lab.cli.experiments import _progress_printer
+
+    experiment = scripted_experiment(empty_lab, seeds=1, stages=2)
+    said: list[str] = []
+    out = io.StringIO()
+    with tqdm(file=out, unit="stage", mininterval=0) as bar:
+        on_progress = _progress_printer(empty_lab, argparse.Namespace(benchmark=False), bar, said.append)
+        on_progress(experiment_progress(empty_lab, experiment.id))
+        assert (bar.n, bar.initial, bar.total) == (6, 6, 6)
+        assert "?stage/s" in out.getvalue().split("\r")[-1]
+    assert said == ["experiment cmp: 6 of 6 stages done already"]
