@@ -65,3 +65,10 @@ def grpo_overrides(pairs: list[str]) -> dict:
             out[key] = value
     return out
 
+
+
+def start_bar_at(bar, done: int) -> None:
+    """Start a tqdm `bar` at `done`: what was done before this command is the bar's starting point, not progress it
+    made at once (which would make its rate millions a second and its time left zero)."""
+    bar.initial = bar.n = bar.last_print_n = done
+    bar.refresh()

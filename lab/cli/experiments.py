@@ -64,6 +64,7 @@ def match_line(settings) -> str | None:
 
 def _progress_printer(engine, args: argparse.Namespace, bar: tqdm, say):
     """`on_progress` for `run_experiment`: moves the bar, says each stage that finished since the last call."""
+    from lab.cli.common import start_bar_at
     from lab.loop import stages_of
     from lab.study.experiments import time_left
     from storage.db import session
@@ -75,9 +76,8 @@ def _progress_printer(engine, args: argparse.Namespace, bar: tqdm, say):
         nonlocal shown
         bar.total = p.total + (len(p.runs) if args.benchmark else 0)
         done = p.done + (p.benchmarks_done if args.benchmark else 0)
-        if shown is None:  # what was done before this command starts the bar, not its rate: its time left is ours
-            bar.initial = bar.n = bar.last_print_n = done
-            bar.refresh()
+        if shown is None:
+            start_bar_at(bar, done)
         bar.update(done - bar.n)
         failed = p.count(RunStatus.FAILED) + p.count(RunStatus.CANCELLED)
         bar.set_postfix_str(f"{p.count(RunStatus.DONE)}/{len(p.runs)} runs done" + (f", {failed} stopped" if failed

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, NoReturn
 from tqdm import tqdm
 
 from envsim.config import EnvConfig
-from lab.cli.common import UsageError, config_file, engine_of, grpo_overrides
+from lab.cli.common import UsageError, config_file, engine_of, grpo_overrides, start_bar_at
 from lab.llm import allow_server
 from lab.settings import MAX_BOARDS, SEED, settings_arguments, settings_file, settings_from_args, settings_yaml
 
@@ -147,15 +147,18 @@ def cmd_run(args: argparse.Namespace) -> None:
         print(f"run {run.id}: resumed ({len(requeued)} jobs queued again)", flush=True)
     lab_handlers, gpus = handlers(), visible_gpus()  # only this run's jobs, each that loads a model in a child
     shown: set[int] = set()
-    last = ""
+    started, last = False, ""
     with tqdm(total=stages + 1, desc=f"run {run.id}", unit="stage", disable=quiet) as bar:
         say = (lambda line: print(line, flush=True)) if quiet else bar.write
 
         def on_state(state: Step) -> None:
-            nonlocal last
+            nonlocal started, last
             with session(engine) as s:
                 done = [stage for stage in stages_of(s, run.id) if stage.status == StageStatus.DONE]
                 lines = [stage_line(s, stage, stages) for stage in done if stage.index not in shown]
+            if not started:  # a resumed run's stages done before are the bar's start
+                start_bar_at(bar, len(done))
+                started = True
             shown.update(stage.index for stage in done)
             for line in lines:
                 say(line)
