@@ -18,7 +18,7 @@ from typing import Any
 import gradio as gr
 from sqlalchemy import Engine
 
-from lab.pages.common import Page, table
+from lab.pages.common import VIEW, Page, table
 from lab.pages.figures import empty_figure
 from lab.study.comparison import (
     Comparison,
@@ -205,7 +205,10 @@ def build(page: Page) -> CompareTab:
                            interactive=False, elem_id="compare-compute", wrap=True)
     links = gr.Markdown(elem_id="compare-runs")
     tab = CompareTab(page.engine, pick, rate, summary, figure, primary, secondary, differences, sizes, compute, links)
-    pick.select(tab.show, [pick], tab.outputs[1:], trigger_mode="always_last")  # a new pick: its primary metric
-    rate.input(tab.show, [pick, rate], tab.outputs[1:], trigger_mode="always_last")
-    refresh.click(tab.refresh, [pick, rate], tab.outputs)
+    # In the queue the poll answers in (`VIEW`): the poll redraws the experiment picked as its stages end, and an
+    # answer it computed for the experiment picked before lands before the new pick's, not after it.
+    # a new pick: its primary metric
+    pick.select(tab.show, [pick], tab.outputs[1:], trigger_mode="always_last", **VIEW)
+    rate.input(tab.show, [pick, rate], tab.outputs[1:], trigger_mode="always_last", **VIEW)
+    refresh.click(tab.refresh, [pick, rate], tab.outputs, **VIEW)
     return tab

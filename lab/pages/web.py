@@ -253,7 +253,7 @@ def _wire_first_visits(tabs: Tabs) -> None:
     the tab shown, noted as each tab is opened."""
     compare_tab, leaderboard_tab, playground_tab = tabs.compare, tabs.leaderboard, tabs.playground
     items = tabs.shown.items
-    items["compare"].select(compare_tab.refresh, [compare_tab.pick, compare_tab.rate], compare_tab.outputs)
+    items["compare"].select(compare_tab.refresh, [compare_tab.pick, compare_tab.rate], compare_tab.outputs, **VIEW)
     items["leaderboard"].select(leaderboard_tab.opened, leaderboard_tab.pick,
                                 [leaderboard_tab.pick, *leaderboard_tab.outputs])
     items["playground"].select(playground_tab.first_visit, [playground_tab.view, playground_tab.board_text],
@@ -308,9 +308,13 @@ def _wire_poll(tabs: Tabs) -> Any:
     engine = page.engine
 
     def follow(run_id: int | None, tab: str, proposal_id: int | None, stage_index: int | None,
-               drawn_for: tuple[LabVersion, int | None] | None, has: dict[str, Any]) -> dict[Any, Any]:
+               drawn_for: tuple[LabVersion, int | None] | None, has: dict[str, Any], experiment_id: int | None,
+               rate: str | None) -> dict[Any, Any]:
         now = lab_version(engine)
         out: dict[Any, Any] = {page.worker: worker_badge(engine, page.own_worker), seen: (now, run_id)}
+        if tab == "compare" and experiment_id is not None and drawn_for is not None and (
+                now.runs, now.stages) != (drawn_for[0].runs, drawn_for[0].stages):
+            out |= tabs.compare.show(experiment_id, rate)  # a study under way, watched: its stages as they end
         if drawn_for is None or drawn_for[1] != run_id:
             return out | tabs.top(run_id, select=False) | tabs.draw(tab, run_id) | {
                 drawn: {tab: run_id} if tab in LAZY else {}}
@@ -331,8 +335,10 @@ def _wire_poll(tabs: Tabs) -> Any:
         return out
 
     return tabs.poll.tick(
-        follow, [page.run_pick, tabs.shown.showing, tabs.proposal.shown, tabs.review.shown, seen, drawn],
-        [seen, drawn, *tabs.top_outputs(), *tabs.train.outputs, *tabs.proposal.outputs, *tabs.review.outputs],
+        follow, [page.run_pick, tabs.shown.showing, tabs.proposal.shown, tabs.review.shown, seen, drawn,
+                 tabs.compare.pick, tabs.compare.rate],
+        [seen, drawn, *tabs.top_outputs(), *tabs.train.outputs, *tabs.proposal.outputs, *tabs.review.outputs,
+         *tabs.compare.outputs[1:]],
         **no_progress(page), **VIEW)
 
 

@@ -136,6 +136,32 @@ def test_the_compare_tab_shows_one_curve_per_arm(empty_lab, page):
         demo.close()
 
 
+def test_the_compare_tab_redraws_a_study_under_way_as_its_stages_end(empty_lab, page):
+    """Watched on the Compare tab, an experiment whose last run ends is redrawn by the page's poll, no click."""
+    from sqlalchemy import update
+
+    experiment = scripted_experiment(empty_lab, name="watched", seeds=1, stages=1)
+    last = experiment_runs(empty_lab, experiment.id)[-1]
+    with session(empty_lab) as s:
+        s.exec(update(Stage).where(Stage.run_id == last.id, Stage.index == 1).values(status="running"))
+        s.exec(update(Run).where(Run.id == last.id).values(status="active"))
+        s.commit()
+    demo = app.build_demo(empty_lab)
+    port = free_port()
+    app.launch(demo, port=port, block=False)
+    try:
+        page.goto(f"http://127.0.0.1:{port}/")
+        page.get_by_role("tab", name="Compare").click()
+        page.locator("#compare-summary").get_by_text("watched: 1 of 2 runs done").wait_for()
+        with session(empty_lab) as s:
+            s.exec(update(Stage).where(Stage.run_id == last.id, Stage.index == 1).values(status="done"))
+            s.exec(update(Run).where(Run.id == last.id).values(status="done"))
+            s.commit()
+        page.locator("#compare-summary").get_by_text("watched: 2 of 2 runs done.").wait_for()
+    finally:
+        demo.close()
+
+
 @pytest.mark.parametrize("name", ["defaults", "hardstart"])
 def test_the_shipped_study_is_what_its_database_says(name: str, tmp_path: Path):
     """docs/results/study-6seed/NAME: its report, runs.csv, summary.csv and differences.csv are remade exactly from
