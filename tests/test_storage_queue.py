@@ -264,14 +264,19 @@ def test_claim_gives_a_worker_only_what_it_can_run_a_persons_jobs_first(engine: 
         assert queue.claim(s, "gpu") is None
 
 
+def two_runs(s) -> None:
+    """Runs 1 and 2, active, for jobs to belong to."""
+    s.execute(text("INSERT INTO runs (id, uuid, name, description, policy, engineer, engineer_backend, "
+                   "settings, seed, status, status_reason, created_at) VALUES "
+                   "(1, 'a', 'a', '', 'tiny', 'fixed', '', '{}', 0, 'active', '', :t), "
+                   "(2, 'b', 'b', '', 'tiny', 'fixed', '', '{}', 0, 'active', '', :t)"),
+              {"t": utcnow()})
+    s.commit()
+
+
 def test_claim_of_one_run_leaves_the_others_jobs_queued(engine: Engine):
     with session(engine) as s:
-        s.execute(text("INSERT INTO runs (id, uuid, name, description, policy, engineer, engineer_backend, "
-                       "settings, seed, status, status_reason, created_at) VALUES "
-                       "(1, 'a', 'a', '', 'tiny', 'fixed', '', '{}', 0, 'active', '', :t), "
-                       "(2, 'b', 'b', '', 'tiny', 'fixed', '', '{}', 0, 'active', '', :t)"),
-                  {"t": utcnow()})
-        s.commit()
+        two_runs(s)
         other = queue.enqueue(s, "stage", {}, run_id=1, target=0)
         mine = queue.enqueue(s, "stage", {}, run_id=2, target=0)
         assert queue.claim(s, "envlab run 2", run_id=2).id == mine.id
@@ -283,12 +288,7 @@ def test_claim_by_run_takes_the_oldest_runs_jobs_first_within_a_priority(engine:
     """An experiment's workers: run 1's later stage before run 2's earlier one, so runs end in the order they were
     made; a person's job still comes first, and a job of no run before any run's."""
     with session(engine) as s:
-        s.execute(text("INSERT INTO runs (id, uuid, name, description, policy, engineer, engineer_backend, "
-                       "settings, seed, status, status_reason, created_at) VALUES "
-                       "(1, 'a', 'a', '', 'tiny', 'fixed', '', '{}', 0, 'active', '', :t), "
-                       "(2, 'b', 'b', '', 'tiny', 'fixed', '', '{}', 0, 'active', '', :t)"),
-                  {"t": utcnow()})
-        s.commit()
+        two_runs(s)
         second_run = queue.enqueue(s, "stage", {}, run_id=2, target=1).id
         first_run = queue.enqueue(s, "stage", {}, run_id=1, target=2).id
         lab_wide = queue.enqueue(s, "benchmark", {}, run_id=None, target=0).id

@@ -6,6 +6,8 @@ probe answers."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -101,15 +103,24 @@ def test_an_experiment_s_and_its_arms_names_show_as_typed_in_the_report_and_the_
     assert view["links"].startswith(f"Runs:\n\n- **{as_text(arm)}**: [seed 0]")
 
 
-def test_the_compare_tab_shows_one_curve_per_arm(empty_lab, page):
-    scripted_experiment(empty_lab, name="older", seeds=1, stages=1)
-    experiment = scripted_experiment(empty_lab, name="newest", seeds=2, stages=1)
-    demo = app.build_demo(empty_lab)
+@contextmanager
+def compare_tab(engine, page) -> Iterator[int]:
+    """The lab served on a free port (yielded), open in the browser on its Compare tab."""
+    demo = app.build_demo(engine)
     port = free_port()
     app.launch(demo, port=port, block=False)
     try:
         page.goto(f"http://127.0.0.1:{port}/")
         page.get_by_role("tab", name="Compare").click()
+        yield port
+    finally:
+        demo.close()
+
+
+def test_the_compare_tab_shows_one_curve_per_arm(empty_lab, page):
+    scripted_experiment(empty_lab, name="older", seeds=1, stages=1)
+    experiment = scripted_experiment(empty_lab, name="newest", seeds=2, stages=1)
+    with compare_tab(empty_lab, page) as port:
         page.locator("#compare-summary").get_by_text("newest: 4 of 4 runs done").wait_for()
         curves = """() => {
             const div = document.querySelector('#compare-curves .js-plotly-plot');
@@ -132,8 +143,6 @@ def test_the_compare_tab_shows_one_curve_per_arm(empty_lab, page):
         page.goto(f"http://127.0.0.1:{port}/{link.get_attribute('href')}")  # where the link leads: the run, open
         page.wait_for_function("id => (document.querySelector('#run-pick input') || {}).value?.startsWith(id)",
                                arg=f"#{first.id} ")
-    finally:
-        demo.close()
 
 
 def test_the_compare_tab_redraws_a_study_under_way_as_its_stages_end(empty_lab, page):
@@ -146,20 +155,13 @@ def test_the_compare_tab_redraws_a_study_under_way_as_its_stages_end(empty_lab, 
         s.exec(update(Stage).where(Stage.run_id == last.id, Stage.index == 1).values(status="running"))
         s.exec(update(Run).where(Run.id == last.id).values(status="active"))
         s.commit()
-    demo = app.build_demo(empty_lab)
-    port = free_port()
-    app.launch(demo, port=port, block=False)
-    try:
-        page.goto(f"http://127.0.0.1:{port}/")
-        page.get_by_role("tab", name="Compare").click()
+    with compare_tab(empty_lab, page):
         page.locator("#compare-summary").get_by_text("watched: 1 of 2 runs done").wait_for()
         with session(empty_lab) as s:
             s.exec(update(Stage).where(Stage.run_id == last.id, Stage.index == 1).values(status="done"))
             s.exec(update(Run).where(Run.id == last.id).values(status="done"))
             s.commit()
         page.locator("#compare-summary").get_by_text("watched: 2 of 2 runs done.").wait_for()
-    finally:
-        demo.close()
 
 
 @pytest.mark.parametrize("name", ["defaults", "hardstart"])
