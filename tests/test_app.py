@@ -149,10 +149,10 @@ def test_the_poll_draws_the_tab_shown_that_is_drawn_for_no_run(lab):
     drawn = outputs[1]  # `drawn`, after `seen`
     seen = (app.lab_version(engine), ids["history"])
     for has in ({}, {"train": None}, {"train": ids["waiting"], "review": ids["history"]}):
-        out = follow(ids["history"], "train", None, None, seen, has)
+        out = follow(ids["history"], "train", None, None, seen, has, None, None)  # no experiment picked on Compare
         assert out[status].startswith(f"Run #{ids['history']} **curriculum** is ")
         assert out[drawn] == {**has, "train": ids["history"]}
-    left = follow(ids["history"], "train", None, None, seen, {"train": ids["history"]})
+    left = follow(ids["history"], "train", None, None, seen, {"train": ids["history"]}, None, None)
     assert status not in left and drawn not in left
-    shown_elsewhere = follow(ids["history"], "runs", None, None, seen, {})  # a tab a run does not fill
+    shown_elsewhere = follow(ids["history"], "runs", None, None, seen, {}, None, None)  # a tab a run does not fill
     assert status not in shown_elsewhere and drawn not in shown_elsewhere
