@@ -38,7 +38,10 @@ def test_the_page_actions_are_timed_in_a_browser_idle_and_while_a_stage_trains_a
     steps = re.fullmatch(r"yes, GRPO steps (\d+) to (\d+) of 2000 logged meanwhile", still)
     assert steps is not None, still  # the stage trained from before the first action to after the walk
     assert all(idle > 0 and loaded is not None and loaded > 0 for idle, loaded in figures.values())
-    assert "Traceback" not in "".join(capfd.readouterr())
+    # the server logs no traceback while it serves; a request its shutdown cuts short (the browser's poll) may log
+    # one after "Closing server" (starlette: "Caught handled exception, but response already started")
+    serving = "".join(capfd.readouterr()).partition("Closing server")[0]
+    assert "Traceback" not in serving, serving[serving.find("Traceback"):][:4000]
     bench.report(figures, still, errors, 1)
     out = capfd.readouterr().out
     assert len(re.findall(r"ms +\d+ms +\d+\.\dx", out)) == len(figures)  # idle, loaded and a ratio per action
