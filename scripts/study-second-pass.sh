@@ -9,25 +9,41 @@
 #                                                # SCREEN=folder of the finished screen (default $WORK/headroom)
 #                                                # STUDY="--arms random,static,bandit --stages 2": another design
 #                                                # (study-plan's options; read once, when the study is made)
+#   bash scripts/study-second-pass.sh save       # the study so far into docs/results/second-pass-under-way/
+#                                                # (SNAPSHOT=folder: another)
 #
+# A machine's folders can go with the machine, so the study's state is saved in the repository (`save`: its
+# database, the checkpoints its unfinished runs go on from, its commit; scripts/snapshot.sh). On a machine with no
+# study yet, the script restores that snapshot and goes on from it; the screen is needed only to make the study.
 # The report lands in $WORK/second-pass/study/report; it is shipped as docs/results/second-pass/.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 work=${WORK:-$HOME/envlab-long}/second-pass
 screen=${SCREEN:-${WORK:-$HOME/envlab-long}/headroom}
+snap=${SNAPSHOT:-$repo/docs/results/second-pass-under-way}
+db="$work/second-pass.db"
+python=$repo/.venv/bin/python
+source "$repo/scripts/fixed-commit.sh"
+source "$repo/scripts/snapshot.sh"
+if [ "${1:-}" = save ]; then
+    PYTHON=$python snapshot_save "$work" "$db" "$snap"
+    exit
+fi
+if [ ! -f "$work/made" ] && [ -f "$snap/COMMIT" ]; then
+    snapshot_restore "$snap" "$work" "$db"
+    cp "$snap/COMMIT" "$work/COMMIT"
+    touch "$work/made"
+fi
 commit=${1:-$(cat "$work/COMMIT" 2>/dev/null || git -C "$repo" rev-parse --short HEAD)}
 workers=${WORKERS:-2}
 read -ra design <<< "${STUDY:-}"
-python=$repo/.venv/bin/python
-if [ ! -f "$screen/report/report.md" ]; then  # the screen's script writes its report once every run is done
+if [ ! -f "$work/made" ] && [ ! -f "$screen/report/report.md" ]; then  # the screen's report: written once it is done
     echo "the headroom screen in $screen is not done (no report/report.md): bash scripts/headroom-screen.sh" >&2
     exit 2
 fi
-source "$repo/scripts/fixed-commit.sh"
 fixed_commit "$repo" "$work" "$commit"
 cd "$work"
 export PYTHONPATH="$work/src" ENVLAB_RUNS="$work/runs" OMP_NUM_THREADS=1
-db="$work/second-pass.db"
 if [ ! -f "$work/made" ]; then
     "$python" -m lab.study.headroom study-plan headroom --db "$screen/headroom.db" --configs "$screen/configs" \
         --out "$work/study" --workers "$workers" "${design[@]}" > "$work/plan.txt"

@@ -1,10 +1,12 @@
-"""The background scripts' shared part and their refusals: `scripts/fixed-commit.sh` checks a clone out at the
-commit asked for, and `scripts/study-second-pass.sh` and `scripts/headroom-steps.sh` refuse to start before the
-headroom screen's report exists."""
+"""The background scripts' shared parts and their refusals: `scripts/fixed-commit.sh` checks a clone out at the
+commit asked for, `scripts/snapshot.sh` saves a study's state and restores it on another machine, and
+`scripts/study-second-pass.sh` and `scripts/headroom-steps.sh` refuse to start before the headroom screen's report
+exists (where no snapshot of the study is there to go on from)."""
 
 from __future__ import annotations
 
 import os
+import sqlite3
 import subprocess
 from pathlib import Path
 
@@ -36,8 +38,55 @@ def test_fixed_commit_clones_once_and_checks_the_commit_out(tmp_path: Path) -> N
 def test_what_follows_the_screen_waits_for_its_report(tmp_path: Path, script: str, needs: str) -> None:
     (tmp_path / "headroom").mkdir()
     done = subprocess.run(["bash", str(ROOT / "scripts" / script)], capture_output=True, text=True,
-                          env={**os.environ, "WORK": str(tmp_path)})
+                          env={**os.environ, "WORK": str(tmp_path), "SNAPSHOT": str(tmp_path / "no-snapshot")})
     assert done.returncode == 2
     assert done.stderr == (f"the headroom screen in {tmp_path}/headroom is not done (no {needs}): "
                            "bash scripts/headroom-screen.sh\n")
     assert sorted(os.listdir(tmp_path)) == ["headroom"] and os.listdir(tmp_path / "headroom") == []  # nothing made
+
+
+def _snapshot(*call: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-c", f'source "{ROOT}/scripts/snapshot.sh"; "$@"', "-", *call],
+                          capture_output=True, text=True)
+
+
+def test_a_snapshot_restores_the_study_it_saved_and_leaves_stages_in_progress_out(tmp_path: Path) -> None:
+    work, snap = tmp_path / "second-pass", tmp_path / "repo" / "under-way"
+    (work / "runs" / "r1" / "stage-1").mkdir(parents=True)
+    (work / "runs" / "r1" / "stage-2" / "trl" / "checkpoint-64").mkdir(parents=True)
+    (work / "runs" / "r1" / "stage-1" / "model.safetensors").write_bytes(bytes(range(256)) * 40)
+    (work / "runs" / "r1" / "stage-2" / "trl" / "checkpoint-64" / "optimizer.pt").write_bytes(b"half a stage")
+    (work / "runs" / "validation.jsonl").write_text('{"board": 1}\n')
+    (work / "COMMIT").write_text("9c1d580\n")
+    db = work / "second-pass.db"
+    with sqlite3.connect(db) as con:
+        con.execute("create table stages (run_id int, idx int, checkpoint text)")
+        con.executemany("insert into stages values (?, ?, ?)", [(1, 0, "assets/tiny-policy"),
+                                                                (1, 1, f"{work}/runs/r1/stage-1")])
+    saved = _snapshot("snapshot_save", str(work), str(db), str(snap))
+    assert saved.returncode == 0, saved.stderr
+    assert saved.stdout.startswith(f"snapshot of {work} in {snap}: ")
+    assert sorted(os.listdir(snap)) == ["COMMIT", "WORK", "runs.tar.gz", "second-pass.db.gz"]  # no temporary left
+    assert (snap / "WORK").read_text() == f"{work}\n" and (snap / "COMMIT").read_text() == "9c1d580\n"
+
+    moved = tmp_path / "elsewhere" / "second-pass"  # the database names checkpoints by their paths
+    refused = _snapshot("snapshot_restore", str(snap), str(moved), str(moved / "second-pass.db"))
+    assert refused.returncode == 2 and not moved.exists()
+    assert refused.stderr == (f"the snapshot in {snap} was taken in {work}, and its database names checkpoints "
+                              "there; restore it with WORK set so that the study's folder is that path\n")
+    refused = _snapshot("snapshot_restore", str(snap), str(work), str(db))  # never over a study that is there
+    assert refused.returncode == 2 and refused.stderr == (f"{db} exists: a study is here already; the snapshot in "
+                                                          f"{snap} is not restored over it\n")
+
+    model = (work / "runs" / "r1" / "stage-1" / "model.safetensors").read_bytes()
+    subprocess.run(["rm", "-r", str(work)], check=True)  # a new machine
+    restored = _snapshot("snapshot_restore", str(snap), str(work), str(db))
+    assert restored.returncode == 0, restored.stderr
+    assert restored.stdout == f"restored {work} from the snapshot in {snap} (commit 9c1d580)\n"
+    with sqlite3.connect(db) as con:
+        assert con.execute("select * from stages order by idx").fetchall() == [
+            (1, 0, "assets/tiny-policy"), (1, 1, f"{work}/runs/r1/stage-1")]
+    assert (work / "runs" / "r1" / "stage-1" / "model.safetensors").read_bytes() == model
+    assert (work / "runs" / "validation.jsonl").read_text() == '{"board": 1}\n'
+    assert os.listdir(work / "runs" / "r1" / "stage-2") == []  # TRL's folder of the stage in progress: left out
+    assert sorted(os.listdir(work)) == ["runs", "second-pass.db"]

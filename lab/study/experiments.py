@@ -616,8 +616,9 @@ def time_left(engine: Engine, progress: ExperimentProgress) -> str:
     share = max(workers, 1)
     over = (f"the {workers} worker{'s' if workers > 1 else ''} running its jobs now" if workers
             else "one worker (none is running its jobs now)")
-    plural = {"stage 0": "stage 0 evaluations", "trained stages": "trained stages", "proposals": "proposals"}
-    parts = ", ".join(f"{left[name]} {name.removesuffix('s') if left[name] == 1 else plural[name]} at "
+    words = {"stage 0": ("stage 0 evaluation", "stage 0 evaluations"),
+             "trained stages": ("trained stage", "trained stages"), "proposals": ("proposal", "proposals")}
+    parts = ", ".join(f"{left[name]} {words[name][left[name] != 1]} at "
                       f"{median[name]:.1f} min" for name in left if left[name] and name in median)
     if not parts:
         return "time left: no stage or proposal; the runs are ending"

@@ -729,6 +729,12 @@ def test_status_says_the_time_left_from_this_experiment_s_own_median_jobs(empty_
     assert time_left(empty_lab, experiment_progress(empty_lab, experiment.id)) == (
         "time left: about 0.2 h over one worker (none is running its jobs now) (1 trained stage at 10.0 min; each "
         "a median of this experiment's)")
+    with session(empty_lab) as s:  # the run back before its stage 0: one of each kind is worded alone
+        s.exec(update(Stage).where(Stage.run_id == heuristic.id).values(status=StageStatus.QUEUED))
+        s.commit()
+    assert time_left(empty_lab, experiment_progress(empty_lab, experiment.id)) == (
+        "time left: about 0.3 h over one worker (none is running its jobs now) (1 stage 0 evaluation at 1.0 min, "
+        "2 trained stages at 10.0 min; each a median of this experiment's)")
     with session(empty_lab) as s:  # every stage done, the run not yet marked done
         s.exec(update(Stage).where(Stage.run_id == heuristic.id).values(status=StageStatus.DONE))
         s.commit()

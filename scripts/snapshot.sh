@@ -1,0 +1,45 @@
+# Sourced by the background scripts whose work outlasts a machine (study-second-pass.sh): a long computation's
+# state saved into the repository, so a study goes on on a new machine from where the last snapshot left it.
+#
+#   snapshot_save WORK DB SNAP       # SNAP/: DB gzipped (a consistent copy while workers write), WORK/runs without
+#                                    # the working folders of stages in progress, WORK/COMMIT, and WORK's path
+#   snapshot_restore SNAP WORK DB    # the reverse, into a WORK that holds no study yet; refuses another WORK path,
+#                                    # as the database names its checkpoints by their full paths
+#
+# A stage that was running when the snapshot was taken is lost, not broken: its job's heartbeats stop, the next
+# `envlab experiment run` reaps it as stale and queues it again, and it trains again from the checkpoint before it.
+
+snapshot_save() {
+    local work=$1 db=$2 snap=$3 python=${PYTHON:-python3}
+    mkdir -p "$snap"
+    # SQLite's online backup: one consistent copy, whatever the workers write meanwhile
+    "$python" -c "import sqlite3, sys; sqlite3.connect(sys.argv[1]).backup(sqlite3.connect(sys.argv[2]))" \
+        "$db" "$snap/.db.tmp"
+    gzip -9 -n -c "$snap/.db.tmp" > "$snap/.db.gz.tmp" && rm "$snap/.db.tmp"
+    # checkpoints of finished stages and the board files; TRL's folders of stages in progress are left out
+    tar -C "$work" --exclude='trl' --sort=name --mtime='2000-01-01' --owner=0 --group=0 -cf - runs \
+        | gzip -9 -n > "$snap/.runs.tar.gz.tmp"
+    mv "$snap/.db.gz.tmp" "$snap/$(basename "$db").gz"
+    mv "$snap/.runs.tar.gz.tmp" "$snap/runs.tar.gz"
+    cp "$work/COMMIT" "$snap/COMMIT"
+    echo "$work" > "$snap/WORK"
+    echo "snapshot of $work in $snap: $(du -sh "$snap" | cut -f1) ($(date -u '+%Y-%m-%d %H:%M UTC'))"
+}
+
+snapshot_restore() {
+    local snap=$1 work=$2 db=$3
+    if [ "$(cat "$snap/WORK")" != "$work" ]; then
+        echo "the snapshot in $snap was taken in $(cat "$snap/WORK"), and its database names checkpoints there;" \
+             "restore it with WORK set so that the study's folder is that path" >&2
+        return 2
+    fi
+    if [ -e "$db" ]; then
+        echo "$db exists: a study is here already; the snapshot in $snap is not restored over it" >&2
+        return 2
+    fi
+    mkdir -p "$work"
+    gunzip -c "$snap/$(basename "$db").gz" > "$db.tmp"
+    tar -C "$work" -xzf "$snap/runs.tar.gz"
+    mv "$db.tmp" "$db"
+    echo "restored $work from the snapshot in $snap (commit $(cat "$snap/COMMIT"))"
+}
