@@ -1,10 +1,12 @@
 # Sourced by the background scripts whose work outlasts a machine (study-second-pass.sh): a long computation's
 # state saved into the repository, so a study goes on on a new machine from where the last snapshot left it.
 #
-#   snapshot_save WORK DB SNAP       # SNAP/: DB gzipped (a consistent copy while workers write), WORK/runs without
-#                                    # the working folders of stages in progress, WORK/COMMIT, and WORK's path
+#   snapshot_save WORK DB SNAP       # SNAP/: DB gzipped (a consistent copy while workers write, without the
+#                                    # episodes no run reads again), WORK/runs without the working folders of stages
+#                                    # in progress, WORK/COMMIT, and WORK's path
 #   snapshot_restore SNAP WORK DB    # the reverse, into a WORK that holds no study yet; refuses another WORK path,
 #                                    # as the database names its checkpoints by their full paths
+#   snapshot_every SECONDS PID WORK DB SNAP   # snapshot_save every SECONDS while process PID runs, and once after
 #
 # A stage that was running when the snapshot was taken is lost, not broken: its job's heartbeats stop, the next
 # `envlab experiment run` reaps it as stale and queues it again, and it trains again from the checkpoint before it.
@@ -12,9 +14,19 @@
 snapshot_save() {
     local work=$1 db=$2 snap=$3 python=${PYTHON:-python3}
     mkdir -p "$snap"
-    # SQLite's online backup: one consistent copy, whatever the workers write meanwhile
-    "$python" -c "import sqlite3, sys; sqlite3.connect(sys.argv[1]).backup(sqlite3.connect(sys.argv[2]))" \
-        "$db" "$snap/.db.tmp"
+    # SQLite's online backup: one consistent copy, whatever the workers write meanwhile; then the episodes no one
+    # reads again left out (a finished run's, but for the stage-0 evaluations later runs copy), as shipping does
+    "$python" - "$db" "$snap/.db.tmp" <<'PY'
+import sqlite3, sys
+copy = sqlite3.connect(sys.argv[2])
+sqlite3.connect(sys.argv[1]).backup(copy)
+copy.execute("""DELETE FROM episodes WHERE run_id IN (SELECT id FROM runs WHERE status = 'done')
+                AND NOT (stage_index = 0 AND EXISTS (SELECT 1 FROM evaluations e WHERE e.run_id = episodes.run_id
+                         AND e.stage_index = 0 AND e.split = episodes.split AND e.source_run_id IS NULL))""")
+copy.commit()
+copy.execute("VACUUM")
+copy.close()
+PY
     gzip -9 -n -c "$snap/.db.tmp" > "$snap/.db.gz.tmp" && rm "$snap/.db.tmp"
     # checkpoints of finished stages and the board files; TRL's folders of stages in progress are left out
     tar -C "$work" --exclude='trl' --sort=name --mtime='2000-01-01' --owner=0 --group=0 -cf - runs \
@@ -42,4 +54,12 @@ snapshot_restore() {
     tar -C "$work" -xzf "$snap/runs.tar.gz"
     mv "$db.tmp" "$db"
     echo "restored $work from the snapshot in $snap (commit $(cat "$snap/COMMIT"))"
+}
+
+snapshot_every() {
+    local every=$1 pid=$2 work=$3 db=$4 snap=$5
+    while sleep "$every"; kill -0 "$pid" 2>/dev/null; do
+        snapshot_save "$work" "$db" "$snap"
+    done
+    snapshot_save "$work" "$db" "$snap"  # once more, after it ended
 }

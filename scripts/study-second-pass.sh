@@ -10,7 +10,8 @@
 #                                                # STUDY="--arms random,static,bandit --stages 2": another design
 #                                                # (study-plan's options; read once, when the study is made)
 #   bash scripts/study-second-pass.sh save       # the study so far into docs/results/second-pass-under-way/
-#                                                # (SNAPSHOT=folder: another)
+#                                                # (SNAPSHOT=folder: another); while it runs, every SAVE_EVERY
+#                                                # seconds (default 3600) and once when it ends
 #
 # A machine's folders can go with the machine, so the study's state is saved in the repository (`save`: its
 # database, the checkpoints its unfinished runs go on from, its commit; scripts/snapshot.sh). On a machine with no
@@ -56,4 +57,9 @@ nohup setsid nice -n 5 bash -c "
     '$python' -m lab.cli experiment run second-pass --workers $workers --threads 1 --db '$db' &&
     '$python' -m lab.cli experiment report second-pass --db '$db' --out '$work/study/report'
 " >> "$work/second-pass.log" 2>&1 &
-echo "second-pass study at commit $commit; log: $work/second-pass.log; report: $work/study/report"
+study=$!
+# its state into the repository's folder every SAVE_EVERY seconds (default an hour), so a lost machine costs little
+nohup setsid bash -c "source '$repo/scripts/snapshot.sh'; PYTHON='$python' snapshot_every ${SAVE_EVERY:-3600} \
+    $study '$work' '$db' '$snap'" >> "$work/snapshots.log" 2>&1 &
+echo "second-pass study at commit $commit; log: $work/second-pass.log; report: $work/study/report;" \
+     "saved into $snap every ${SAVE_EVERY:-3600} s"

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from storage.models import Episode, Evaluation, RunStatus
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -59,10 +61,18 @@ def test_a_snapshot_restores_the_study_it_saved_and_leaves_stages_in_progress_ou
     (work / "runs" / "validation.jsonl").write_text('{"board": 1}\n')
     (work / "COMMIT").write_text("9c1d580\n")
     db = work / "second-pass.db"
-    with sqlite3.connect(db) as con:
+    with sqlite3.connect(db) as con:  # the columns the save reads, by the lab's own names (checked below)
         con.execute("create table stages (run_id int, idx int, checkpoint text)")
         con.executemany("insert into stages values (?, ?, ?)", [(1, 0, "assets/tiny-policy"),
                                                                 (1, 1, f"{work}/runs/r1/stage-1")])
+        con.execute("create table runs (id int, status text)")
+        con.executemany("insert into runs values (?, ?)", [(1, "done"), (2, "active")])
+        con.execute("create table evaluations (run_id int, stage_index int, split text, source_run_id int)")
+        con.executemany("insert into evaluations values (?, ?, ?, ?)", [
+            (1, 0, "validation", None), (1, 1, "validation", None), (2, 0, "validation", 1)])
+        con.execute("create table episodes (id int, run_id int, stage_index int, split text)")
+        con.executemany("insert into episodes values (?, ?, ?, ?)", [
+            (1, 1, 0, "validation"), (2, 1, 1, "validation"), (3, 2, 0, "validation"), (4, 2, 1, "validation")])
     saved = _snapshot("snapshot_save", str(work), str(db), str(snap))
     assert saved.returncode == 0, saved.stderr
     assert saved.stdout.startswith(f"snapshot of {work} in {snap}: ")
@@ -86,7 +96,29 @@ def test_a_snapshot_restores_the_study_it_saved_and_leaves_stages_in_progress_ou
     with sqlite3.connect(db) as con:
         assert con.execute("select * from stages order by idx").fetchall() == [
             (1, 0, "assets/tiny-policy"), (1, 1, f"{work}/runs/r1/stage-1")]
+        # the finished run's stage 1 is read by no one again; its stage 0 is the one later runs copy
+        assert [row[0] for row in con.execute("select id from episodes order by id")] == [1, 3, 4]
+    assert {"run_id", "stage_index", "split"} <= set(Episode.model_fields)
+    assert {"run_id", "stage_index", "split", "source_run_id"} <= set(Evaluation.model_fields)
+    assert RunStatus.DONE == "done"
     assert (work / "runs" / "r1" / "stage-1" / "model.safetensors").read_bytes() == model
     assert (work / "runs" / "validation.jsonl").read_text() == '{"board": 1}\n'
     assert os.listdir(work / "runs" / "r1" / "stage-2") == []  # TRL's folder of the stage in progress: left out
     assert sorted(os.listdir(work)) == ["runs", "second-pass.db"]
+
+
+def test_a_study_is_saved_every_so_often_while_it_runs_and_once_after(tmp_path: Path) -> None:
+    """`snapshot_every 2 PID ...`: PID (a 3 s sleep) is alive at the first check (2 s), so one save then, and one
+    after it ended (checked at about 4 s); a process already gone gets the one save after."""
+    work, snap = tmp_path / "work", tmp_path / "snap"
+    (work / "runs").mkdir(parents=True)
+    (work / "COMMIT").write_text("9c1d580\n")
+    with sqlite3.connect(work / "s.db") as con:
+        con.execute("create table t (x int)")
+    for lives, saves in ((3, 2), (0, 1)):
+        done = subprocess.run(["bash", "-c", f'source "{ROOT}/scripts/snapshot.sh"; sleep {lives} & '
+                               f'snapshot_every 2 $! "{work}" "{work}/s.db" "{snap}"'], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        lines = done.stdout.splitlines()
+        assert len(lines) == saves and all(line.startswith(f"snapshot of {work} in {snap}: ") for line in lines)
+    assert sorted(os.listdir(snap)) == ["COMMIT", "WORK", "runs.tar.gz", "s.db.gz"]
