@@ -20,6 +20,11 @@ metric is there.
     python benchmarks/gpu_check.py --wheels wheels          # one H100/H200: under 10 minutes
     python benchmarks/gpu_check.py --wheels wheels --shapes 4b   # the 4B LoRA part alone
     python benchmarks/gpu_check.py --tiny                   # the same path on a CPU at a tiny size (CI)
+    python benchmarks/gpu_check.py --wheels wheels --shapes 4b --scratch /dev/shm   # models written to memory
+
+The random models are written to a scratch folder and read back by the stage: 8 GB for 4B's shape, which a slow
+disk turns into minutes (on one H200 machine the 4B part was still writing its weights after 230 s); `--scratch`
+puts them on a faster one, a memory-backed /dev/shm where it is large enough.
 """
 
 from __future__ import annotations
@@ -222,14 +227,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lora", action="store_true", help="LoRA on the first model too")
     p.add_argument("--out", help="write the figures here as JSON")
     p.add_argument("--shapes", default="0.6b,4b", help="the models to check, of 0.6b (full) and 4b (LoRA), in order")
+    p.add_argument("--scratch", help="the folder the models and their run are written in (default: the system's "
+                   "temporary folder)")
     args = p.parse_args(argv)
     named = {"0.6b": "qwen3-0.6b-shape", "4b": "qwen3-4b-shape-lora"}
     shapes = args.shapes.split(",")
     if unknown := [shape for shape in shapes if shape not in named]:
         p.error(f"--shapes {args.shapes}: {', '.join(unknown)} is not one of {', '.join(named)}")
+    if args.scratch and not Path(args.scratch).is_dir():
+        p.error(f"--scratch {args.scratch}: no such folder")
     install_missing(args.wheels)
     sys.path.insert(0, str(ROOT))
-    with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="gpu-check-", dir=args.scratch) as tmp:
         models = [("tiny", "tiny")] if args.tiny else [(named[shape], shape) for shape in shapes]
         results = [check(name, shape, args, Path(tmp)) for name, shape in models]
     if args.out:
