@@ -26,6 +26,14 @@ db="$work/second-pass.db"
 python=$repo/.venv/bin/python
 source "$repo/scripts/fixed-commit.sh"
 source "$repo/scripts/snapshot.sh"
+if [ ! -x "$python" ]; then
+    echo "no environment in $repo/.venv: bash .ci/setup first" >&2
+    exit 2
+fi
+if [ "${1:-}" = save ] && [ ! -f "$db" ]; then
+    echo "no study in $work to save" >&2
+    exit 2
+fi
 if [ "${1:-}" = save ]; then
     PYTHON=$python snapshot_save "$work" "$db" "$snap"
     exit

@@ -122,3 +122,19 @@ def test_a_study_is_saved_every_so_often_while_it_runs_and_once_after(tmp_path: 
         lines = done.stdout.splitlines()
         assert len(lines) == saves and all(line.startswith(f"snapshot of {work} in {snap}: ") for line in lines)
     assert sorted(os.listdir(snap)) == ["COMMIT", "WORK", "runs.tar.gz", "s.db.gz"]
+
+
+def test_the_study_script_says_what_is_missing_before_it_starts(tmp_path: Path) -> None:
+    """Saving where no study is, and starting without the environment .ci/setup makes: one line each, nothing made."""
+    env = {**os.environ, "WORK": str(tmp_path), "SNAPSHOT": str(tmp_path / "snapshot")}
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "study-second-pass.sh"), "save"], capture_output=True,
+                          text=True, env=env)
+    assert (done.returncode, done.stderr) == (2, f"no study in {tmp_path}/second-pass to save\n")
+    bare = tmp_path / "checkout"  # a checkout with no .venv
+    (bare / "scripts").mkdir(parents=True)
+    for name in ("study-second-pass.sh", "fixed-commit.sh", "snapshot.sh"):
+        (bare / "scripts" / name).write_text((ROOT / "scripts" / name).read_text())
+    done = subprocess.run(["bash", str(bare / "scripts" / "study-second-pass.sh")], capture_output=True, text=True,
+                          env=env)
+    assert (done.returncode, done.stderr) == (2, f"no environment in {bare}/.venv: bash .ci/setup first\n")
+    assert sorted(os.listdir(tmp_path)) == ["checkout"]
