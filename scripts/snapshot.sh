@@ -2,8 +2,8 @@
 # state saved into the repository, so a study goes on on a new machine from where the last snapshot left it.
 #
 #   snapshot_save WORK DB SNAP       # SNAP/: DB gzipped (a consistent copy while workers write, without the
-#                                    # episodes no run reads again), WORK/runs without the working folders of stages
-#                                    # in progress, WORK/COMMIT, and WORK's path
+#                                    # episodes no run reads again), what of WORK/runs the unfinished runs go on
+#                                    # from (their last finished stage, the boards), WORK/COMMIT, and WORK's path
 #   snapshot_restore SNAP WORK DB    # the reverse, into a WORK that holds no study yet; refuses another WORK path,
 #                                    # as the database names its checkpoints by their full paths
 #   snapshot_every SECONDS PID WORK DB SNAP   # snapshot_save every SECONDS while process PID runs, and once after
@@ -15,22 +15,33 @@ snapshot_save() {
     local work=$1 db=$2 snap=$3 python=${PYTHON:-python3}
     mkdir -p "$snap"
     # SQLite's online backup: one consistent copy, whatever the workers write meanwhile; then the episodes no one
-    # reads again left out (a finished run's, but for the stage-0 evaluations later runs copy), as shipping does
-    "$python" - "$db" "$snap/.db.tmp" <<'PY'
+    # reads again left out (a finished run's, but for the stage-0 evaluations later runs copy), as shipping does.
+    # It prints what of WORK/runs the study goes on from: the board files, the workers' logs, and each unfinished
+    # run's last finished stage (its policy); a finished run's checkpoints and TRL's folders are left out.
+    "$python" - "$db" "$snap/.db.tmp" "$work" > "$snap/.keep.tmp" <<'PY'
 import sqlite3, sys
-copy = sqlite3.connect(sys.argv[2])
+from pathlib import Path
+copy, work = sqlite3.connect(sys.argv[2]), Path(sys.argv[3])
 sqlite3.connect(sys.argv[1]).backup(copy)
 copy.execute("""DELETE FROM episodes WHERE run_id IN (SELECT id FROM runs WHERE status = 'done')
                 AND NOT (stage_index = 0 AND EXISTS (SELECT 1 FROM evaluations e WHERE e.run_id = episodes.run_id
                          AND e.stage_index = 0 AND e.split = episodes.split AND e.source_run_id IS NULL))""")
 copy.commit()
+last = copy.execute("""SELECT s.checkpoint FROM stages s JOIN runs r ON r.id = s.run_id
+                       WHERE r.status != 'done' AND s.status = 'done' AND s."index" = (
+                           SELECT max(t."index") FROM stages t WHERE t.run_id = s.run_id AND t.status = 'done')""")
+keep = {p.relative_to(work) for p in (work / "runs").iterdir() if p.is_file() or p.name == "experiments"}
+for (checkpoint,) in last:  # a trained stage's policy is named under the runs folder; stage 0's is the shipped one
+    if checkpoint and not Path(checkpoint).is_absolute() and (work / "runs" / checkpoint).parent.is_dir():
+        keep.add((work / "runs" / checkpoint).parent.relative_to(work))
+print("\n".join(sorted(map(str, keep))))
 copy.execute("VACUUM")
 copy.close()
 PY
     gzip -9 -n -c "$snap/.db.tmp" > "$snap/.db.gz.tmp" && rm "$snap/.db.tmp"
-    # checkpoints of finished stages and the board files; TRL's folders of stages in progress are left out
-    tar -C "$work" --exclude='trl' --sort=name --mtime='2000-01-01' --owner=0 --group=0 -cf - runs \
+    tar -C "$work" --exclude='trl' --sort=name --mtime='2000-01-01' --owner=0 --group=0 -cf - -T "$snap/.keep.tmp" \
         | gzip -9 -n > "$snap/.runs.tar.gz.tmp"
+    rm "$snap/.keep.tmp"
     mv "$snap/.db.gz.tmp" "$snap/$(basename "$db").gz"
     mv "$snap/.runs.tar.gz.tmp" "$snap/runs.tar.gz"
     cp "$work/COMMIT" "$snap/COMMIT"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from storage.models import Episode, Evaluation, RunStatus
+from storage.models import Episode, Evaluation, RunStatus, Stage, StageStatus
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -52,19 +52,26 @@ def _snapshot(*call: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True)
 
 
-def test_a_snapshot_restores_the_study_it_saved_and_leaves_stages_in_progress_out(tmp_path: Path) -> None:
+def test_a_snapshot_restores_what_the_study_goes_on_from(tmp_path: Path) -> None:
+    """Run 1 is done; run 2 has stage 1 done and stage 2 half trained. The snapshot holds the database (without the
+    episodes of run 1's stage 1, which no one reads again; its stage 0 is the evaluation later runs copy), run 2's
+    stage 1 and the board file; not run 1's checkpoints, nor run 2's stage in progress."""
     work, snap = tmp_path / "second-pass", tmp_path / "repo" / "under-way"
-    (work / "runs" / "r1" / "stage-1").mkdir(parents=True)
-    (work / "runs" / "r1" / "stage-2" / "trl" / "checkpoint-64").mkdir(parents=True)
-    (work / "runs" / "r1" / "stage-1" / "model.safetensors").write_bytes(bytes(range(256)) * 40)
-    (work / "runs" / "r1" / "stage-2" / "trl" / "checkpoint-64" / "optimizer.pt").write_bytes(b"half a stage")
+    for stage in ("r1/stage-1/policy", "r1/stage-2/policy", "r2/stage-1/policy", "r2/stage-2/trl/checkpoint-64"):
+        (work / "runs" / stage).mkdir(parents=True)
+    for policy in ("r1/stage-1/policy", "r1/stage-2/policy", "r2/stage-1/policy"):
+        (work / "runs" / policy / "model.safetensors").write_bytes(policy.encode() * 1000)
+    (work / "runs" / "r2" / "stage-1" / "trained.json").write_text("{}")
+    (work / "runs" / "r2" / "stage-2" / "trl" / "checkpoint-64" / "optimizer.pt").write_bytes(b"half a stage")
     (work / "runs" / "validation.jsonl").write_text('{"board": 1}\n')
     (work / "COMMIT").write_text("9c1d580\n")
     db = work / "second-pass.db"
     with sqlite3.connect(db) as con:  # the columns the save reads, by the lab's own names (checked below)
-        con.execute("create table stages (run_id int, idx int, checkpoint text)")
-        con.executemany("insert into stages values (?, ?, ?)", [(1, 0, "assets/tiny-policy"),
-                                                                (1, 1, f"{work}/runs/r1/stage-1")])
+        con.execute('create table stages (run_id int, "index" int, status text, checkpoint text)')
+        con.executemany("insert into stages values (?, ?, ?, ?)", [
+            (1, 0, "done", f"{tmp_path}/src/assets/tiny-policy"), (1, 1, "done", "r1/stage-1/policy"),
+            (1, 2, "done", "r1/stage-2/policy"), (2, 0, "done", f"{tmp_path}/src/assets/tiny-policy"),
+            (2, 1, "done", "r2/stage-1/policy"), (2, 2, "running", None)])
         con.execute("create table runs (id int, status text)")
         con.executemany("insert into runs values (?, ?)", [(1, "done"), (2, "active")])
         con.execute("create table evaluations (run_id int, stage_index int, split text, source_run_id int)")
@@ -79,7 +86,7 @@ def test_a_snapshot_restores_the_study_it_saved_and_leaves_stages_in_progress_ou
     assert sorted(os.listdir(snap)) == ["COMMIT", "WORK", "runs.tar.gz", "second-pass.db.gz"]  # no temporary left
     assert (snap / "WORK").read_text() == f"{work}\n" and (snap / "COMMIT").read_text() == "9c1d580\n"
 
-    moved = tmp_path / "elsewhere" / "second-pass"  # the database names checkpoints by their paths
+    moved = tmp_path / "elsewhere" / "second-pass"  # the database names stage 0's checkpoint by its path
     refused = _snapshot("snapshot_restore", str(snap), str(moved), str(moved / "second-pass.db"))
     assert refused.returncode == 2 and not moved.exists()
     assert refused.stderr == (f"the snapshot in {snap} was taken in {work}, and its database names checkpoints "
@@ -88,23 +95,23 @@ def test_a_snapshot_restores_the_study_it_saved_and_leaves_stages_in_progress_ou
     assert refused.returncode == 2 and refused.stderr == (f"{db} exists: a study is here already; the snapshot in "
                                                           f"{snap} is not restored over it\n")
 
-    model = (work / "runs" / "r1" / "stage-1" / "model.safetensors").read_bytes()
     subprocess.run(["rm", "-r", str(work)], check=True)  # a new machine
     restored = _snapshot("snapshot_restore", str(snap), str(work), str(db))
     assert restored.returncode == 0, restored.stderr
     assert restored.stdout == f"restored {work} from the snapshot in {snap} (commit 9c1d580)\n"
     with sqlite3.connect(db) as con:
-        assert con.execute("select * from stages order by idx").fetchall() == [
-            (1, 0, "assets/tiny-policy"), (1, 1, f"{work}/runs/r1/stage-1")]
-        # the finished run's stage 1 is read by no one again; its stage 0 is the one later runs copy
+        assert con.execute('select run_id, "index", checkpoint from stages where "index" = 1').fetchall() == [
+            (1, 1, "r1/stage-1/policy"), (2, 1, "r2/stage-1/policy")]
         assert [row[0] for row in con.execute("select id from episodes order by id")] == [1, 3, 4]
+    files = sorted(str(p.relative_to(work)) for p in work.rglob("*") if p.is_file())
+    assert files == ["runs/r2/stage-1/policy/model.safetensors", "runs/r2/stage-1/trained.json",
+                     "runs/validation.jsonl", "second-pass.db"]
+    assert (work / "runs" / "r2" / "stage-1" / "policy" / "model.safetensors").read_bytes() == \
+        b"r2/stage-1/policy" * 1000
     assert {"run_id", "stage_index", "split"} <= set(Episode.model_fields)
     assert {"run_id", "stage_index", "split", "source_run_id"} <= set(Evaluation.model_fields)
-    assert RunStatus.DONE == "done"
-    assert (work / "runs" / "r1" / "stage-1" / "model.safetensors").read_bytes() == model
-    assert (work / "runs" / "validation.jsonl").read_text() == '{"board": 1}\n'
-    assert os.listdir(work / "runs" / "r1" / "stage-2") == []  # TRL's folder of the stage in progress: left out
-    assert sorted(os.listdir(work)) == ["runs", "second-pass.db"]
+    assert {"run_id", "index", "status", "checkpoint"} <= set(Stage.model_fields)
+    assert (RunStatus.DONE, StageStatus.DONE) == ("done", "done")
 
 
 def test_a_study_is_saved_every_so_often_while_it_runs_and_once_after(tmp_path: Path) -> None:
@@ -114,7 +121,10 @@ def test_a_study_is_saved_every_so_often_while_it_runs_and_once_after(tmp_path: 
     (work / "runs").mkdir(parents=True)
     (work / "COMMIT").write_text("9c1d580\n")
     with sqlite3.connect(work / "s.db") as con:
-        con.execute("create table t (x int)")
+        con.execute('create table stages (run_id int, "index" int, status text, checkpoint text)')
+        con.execute("create table runs (id int, status text)")
+        con.execute("create table evaluations (run_id int, stage_index int, split text, source_run_id int)")
+        con.execute("create table episodes (id int, run_id int, stage_index int, split text)")
     for lives, saves in ((3, 2), (0, 1)):
         done = subprocess.run(["bash", "-c", f'source "{ROOT}/scripts/snapshot.sh"; sleep {lives} & '
                                f'snapshot_every 2 $! "{work}" "{work}/s.db" "{snap}"'], capture_output=True, text=True)
