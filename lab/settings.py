@@ -23,7 +23,7 @@ from envsim.suite import (
     boards_in,
     validation_cells,
 )
-from storage.settings import RunSettings, SettingsError, checked_counts
+from storage.settings import DECODINGS, RunSettings, SettingsError, checked_counts
 
 
 @dataclass(frozen=True)
@@ -162,7 +162,7 @@ def settings_arguments(parser: argparse.ArgumentParser, *, experiment: bool = Fa
     parser.add_argument("--completion-length", type=COMPLETION_TOKENS, metavar="TOKENS",
                         help="new tokens per answer in training, validation, the benchmark and probes (default: 512 "
                              "for a chat policy, by board size for a compact one)")
-    parser.add_argument("--validation-decoding", choices=("greedy", "sampled"), default=None,
+    parser.add_argument("--validation-decoding", choices=DECODINGS, default=None,
                         help="how validation and the benchmark decode: greedy, or sampled with the model's own "
                              "generation_config (default greedy)")
     parser.add_argument("--agent-counts", type=agent_counts, metavar="K,K,...",

@@ -34,6 +34,9 @@ LAB_OWNED = frozenset({
     "project", "run_name",
 })
 
+Decoding = Literal["greedy", "sampled"]  # how an evaluation decodes: greedy, or as the model's generation_config
+DECODINGS: tuple[str, ...] = get_args(Decoding)
+
 
 def lab_owned(overrides: dict[str, Any]) -> list[str]:
     """The keys of `overrides` that the lab sets itself (sorted); empty when the overrides may be used."""
@@ -117,7 +120,7 @@ class RunSettings(BaseModel):
     allow_cpu: bool = False  # a large pretrained policy may run on a worker without a GPU (slow, but allowed)
     thinking: Literal["off", "on"] = "off"  # a chat template's `enable_thinking` (Qwen3's reasoning before the answer)
     completion_length: int | None = Field(default=None, ge=1, le=32768)  # new tokens per answer (None: by board)
-    validation_decoding: Literal["greedy", "sampled"] = "greedy"  # sampled: the model's own generation_config
+    validation_decoding: Decoding = "greedy"  # sampled: the model's own generation_config
     # the agent counts an engineer may put in a stage's mix (`EnvConfig.agent_ratio`), fewest first (None: those of
     # stage 0's config, so a run that starts on 2 agents stays on 2, as every run did before the setting)
     agent_counts: tuple[int, ...] | None = None

@@ -29,6 +29,7 @@ from envsim.scoring import Outcome, Tally, score
 from envsim.suite import Split
 from storage.db import checkpoint_of, runs_root, session, stage_at
 from storage.models import Episode, Job, Run, StageMetric
+from storage.settings import DECODINGS
 from training import vllm
 from training.progress import Cancelled, Progress
 
@@ -70,7 +71,6 @@ def answer_budget(policy: Policy, instance: Instance) -> int:
 
 
 CHAT_BUDGET = 512  # a chat model's new tokens per answer when its run does not set `completion_length`
-DECODINGS = ("greedy", "sampled")  # an evaluation's decoding (`storage.settings.RunSettings.validation_decoding`)
 
 
 def evaluate(policy: Policy, instances: Sequence[Instance], batch_size: int = 64, max_new_tokens: int | None = None,
