@@ -44,7 +44,7 @@ from hypothesis import HealthCheck, settings
 from sqlalchemy import Engine, create_engine, text
 
 from storage.db import make_engine, upgrade
-from tests.seeded import seed_lab
+from tests.seeded import copy_database, seed_lab, seeded_copy
 from tests.servers import CHROMIUM_ARGS, TIMEOUT_MS, build_tiny_model, chromium_missing, chromium_path, free_port
 
 settings.register_profile("envlab", deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -180,11 +180,35 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         admin.dispose()
 
 
-@pytest.fixture
-def engine(db_url: str) -> Iterator[Engine]:
-    """An engine on a database migrated to head."""
-    engine = make_engine(db_url)
+@pytest.fixture(scope="session")
+def postgres_template(postgres_server: str) -> str:
+    """The name of a database on the test server migrated to head once per test process: a test's database is
+    created from it (`CREATE DATABASE ... TEMPLATE`), not migrated again."""
+    name = f"envlab_template_{os.getpid()}"
+    admin = create_engine(f"{postgres_server}/postgres", isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text(f'CREATE DATABASE "{name}"'))
+    admin.dispose()
+    engine = make_engine(f"{postgres_server}/{name}")
     upgrade(engine)
+    engine.dispose()  # a template database takes no connections while it is copied
+    return name
+
+
+@pytest.fixture
+def engine(db_url: str, request: pytest.FixtureRequest) -> Iterator[Engine]:
+    """An engine on a database migrated to head: a copy of the test process's migrated database."""
+    if db_url.startswith("sqlite:///"):
+        copy_database(request.getfixturevalue("migrated_template"), Path(db_url.removeprefix("sqlite:///")))
+    else:
+        server, _, name = db_url.rpartition("/")
+        template = request.getfixturevalue("postgres_template")
+        admin = create_engine(f"{server}/postgres", isolation_level="AUTOCOMMIT")
+        with admin.connect() as connection:
+            connection.execute(text(f'DROP DATABASE "{name}"'))
+            connection.execute(text(f'CREATE DATABASE "{name}" TEMPLATE "{template}"'))
+        admin.dispose()
+    engine = make_engine(db_url)
     yield engine
     engine.dispose()
 
@@ -204,21 +228,42 @@ def one_thread() -> Iterator[None]:
 # ---------------------------------------------------------------- a seeded lab, a browser, a served model
 
 
+@pytest.fixture(scope="session")
+def migrated_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite database migrated to head once per test process; each test gets a copy of it (migrating takes
+    0.6 s, copying a few milliseconds)."""
+    path = tmp_path_factory.mktemp("templates") / "migrated.db"
+    engine = make_engine(str(path))
+    upgrade(engine)
+    engine.dispose()
+    return path
+
+
+@pytest.fixture(scope="session")
+def seeded_template(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, int]]:
+    """`seed_lab`'s database, seeded once per test process, and its ids; each test gets a copy of it. Seeding
+    stores rows only (no file beside the database), so a copy is the lab a fresh seeding gives."""
+    path = tmp_path_factory.mktemp("templates") / "seeded.db"
+    engine = make_engine(str(path))
+    ids = seed_lab(engine)
+    engine.dispose()
+    return path, ids
+
+
 @pytest.fixture
-def lab(tmp_path: Path) -> Iterator[tuple[Engine, dict[str, int]]]:
+def lab(tmp_path: Path, seeded_template) -> Iterator[tuple[Engine, dict[str, int]]]:
     """A lab seeded through the real lab functions (tests/seeded.py): (engine, the seeded ids). A module whose
     tests need another kind of lab defines its own `lab`."""
-    engine = make_engine(str(tmp_path / "lab.db"))
-    ids = seed_lab(engine)
+    engine, ids = seeded_copy(seeded_template, tmp_path / "lab.db")
     yield engine, ids
     engine.dispose()
 
 
 @pytest.fixture
-def empty_lab(tmp_path: Path) -> Iterator[Engine]:
+def empty_lab(tmp_path: Path, migrated_template: Path) -> Iterator[Engine]:
     """An empty lab, migrated (its engine): for the tests that store what they need themselves."""
+    copy_database(migrated_template, tmp_path / "lab.db")
     engine = make_engine(str(tmp_path / "lab.db"))
-    upgrade(engine)
     yield engine
     engine.dispose()
 

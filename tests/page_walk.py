@@ -19,6 +19,7 @@ from typing import Any
 
 from lab.pages.episode import PLAY_S
 from tests.seeded import propose
+from tests.servers import goto
 
 TIMEOUT_MS = 60_000
 BUSY = ".pending, .eta-bar, .progress-text, .meta-text"  # what Gradio shows while an event of the page runs
@@ -85,7 +86,7 @@ class Walk:
         """A fresh page at `?query`, ready when `ready` (a text) is on it and its loading events are done."""
         if self.leaving is not None:
             self.leaving()
-        self.page.goto(f"{self.url}?{query}")
+        goto(self.page, f"{self.url}?{query}")
         self.page.get_by_text(ready).first.wait_for(state="attached", timeout=TIMEOUT_MS)
         self.settle()
 
@@ -93,7 +94,7 @@ class Walk:
         """A fresh page with the run open (in the "Open run" dropdown), on the Runs tab."""
         if self.leaving is not None:
             self.leaving()
-        self.page.goto(f"{self.url}?run={run_id}")
+        goto(self.page, f"{self.url}?run={run_id}")
         self.page.wait_for_function(f"""() => {{ const i = document.querySelector('#run-pick input');
                                                  return i && i.value.startsWith('#{run_id} '); }}""",
                                     timeout=TIMEOUT_MS)

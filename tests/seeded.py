@@ -5,7 +5,10 @@ would have answered is scripted (`answers`), since training is tested elsewhere.
 
 from __future__ import annotations
 
+import sqlite3
 from collections import Counter
+from contextlib import closing
+from pathlib import Path
 
 from sqlmodel import select
 
@@ -17,7 +20,7 @@ from envsim.solver import label
 from lab.engineers import EngineerAnswer
 from lab.loop import advance, create_run, run_propose_job, stages_of
 from lab.proposals import store_proposal
-from storage.db import session, upgrade
+from storage.db import make_engine, session, upgrade
 from storage.models import Episode, Stage, StageMetric, TrainingLog, utcnow
 from storage.queue import claim, finish
 from storage.settings import RunSettings
@@ -110,6 +113,19 @@ def clamped_proposal(engine, run_id: int) -> int:
         answer = EngineerAnswer(prompt="(prompt)", raw='{"hole_ratio": {"4": 0.9}}', proposed=raw,
                                 projection=project(raw, base), rationale="Size 4 is too easy: more holes there.")
         return store_proposal(s, run_id, stages_of(s, run_id)[-1].index, "llm", answer, base).id
+
+
+def copy_database(source: Path, target: Path) -> None:
+    """A SQLite database copied page by page (SQLite's backup API, so a write-ahead log is folded in)."""
+    with closing(sqlite3.connect(source)) as src, closing(sqlite3.connect(target)) as dst:
+        src.backup(dst)
+
+
+def seeded_copy(template: tuple[Path, dict[str, int]], path: Path):
+    """A copy of a lab `seed_lab` seeded (`template`: its database and ids, the `seeded_template` fixture) at
+    `path`: its engine and the seeded ids. Seeding stores rows only, so the copy is the lab a fresh seeding gives."""
+    copy_database(template[0], path)
+    return make_engine(str(path)), dict(template[1])
 
 
 def seed_lab(engine) -> dict[str, int]:

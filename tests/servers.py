@@ -38,6 +38,20 @@ def chromium_path() -> str:
     return CHROMIUM if Path(CHROMIUM).exists() else shutil.which("chromium")
 
 
+def goto(page, url: str, tries: int = 3) -> None:
+    """`page.goto(url)`, asked again when Chromium aborts the load (`net::ERR_ABORTED`: seen once in hundreds
+    of loads, with a stage training beside the page); any other error, or the last try's, is raised."""
+    from playwright.sync_api import Error
+
+    for left in range(tries - 1, -1, -1):
+        try:
+            page.goto(url)
+            return
+        except Error as e:
+            if left == 0 or "net::ERR_ABORTED" not in str(e):
+                raise
+
+
 def evidence() -> Evidence:
     """The smallest evidence an engineer is asked about: stage 0 on 3x3 boards, 1 of 4 valid."""
     config = EnvConfig.default((3, 4))

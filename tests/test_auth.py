@@ -14,7 +14,8 @@ from fastapi.routing import APIRoute
 from starlette.routing import Mount
 
 from lab.pages.auth import BASE_WAIT_S, FREE_FAILURES, Throttle
-from storage.db import make_engine, upgrade
+from storage.db import make_engine
+from tests.seeded import copy_database
 
 USERS = [("alice", "secret"), ("bob", "hunter2")]
 
@@ -26,12 +27,12 @@ def free_port() -> int:
 
 
 @pytest.fixture
-def page(tmp_path):
+def page(tmp_path, migrated_template):
     """The lab's page, served under `--auth` on a free port: (base URL, the Gradio Blocks)."""
     from lab.pages import web as app
 
+    copy_database(migrated_template, tmp_path / "envlab.db")
     engine = make_engine(str(tmp_path / "envlab.db"))
-    upgrade(engine)
     demo = app.build_demo(engine)
     port = free_port()
     app.launch(demo, "127.0.0.1", port, auth=USERS, block=False)

@@ -37,15 +37,14 @@ from storage.db import make_engine, session
 from storage.models import Decision, Run, Stage, utcnow
 from storage.settings import RunSettings
 from tests.page_walk import ERRORS_SEEN, open_run_pick
-from tests.seeded import record_evaluation, seed_lab
-from tests.servers import TIMEOUT_MS, free_port
+from tests.seeded import record_evaluation, seed_lab, seeded_copy
+from tests.servers import TIMEOUT_MS, free_port, goto
 
 
 @pytest.fixture
-def lab(tmp_path: Path) -> Iterator[tuple[str, object, dict[str, int]]]:
-    """The page on a seeded database: (its URL, the engine, the seeded ids)."""
-    engine = make_engine(str(tmp_path / "lab.db"))
-    ids = seed_lab(engine)
+def lab(tmp_path: Path, seeded_template) -> Iterator[tuple[str, object, dict[str, int]]]:
+    """The page on a seeded database (a copy of the seeded lab): (its URL, the engine, the seeded ids)."""
+    engine, ids = seeded_copy(seeded_template, tmp_path / "lab.db")
     demo = app.build_demo(engine)
     port = free_port()
     app.launch(demo, port=port, block=False)
@@ -99,7 +98,7 @@ def edit_cell(page, table_id: str, row: int, col: int, value: str) -> None:
 
 def test_create_a_run(lab, page):
     url, engine, _ = lab
-    page.goto(url)
+    goto(page, url)
     page.locator("#new-name textarea, #new-name input").first.fill("browser run")
     counts = page.locator("#new-agent-counts input, #new-agent-counts textarea").first
     counts.fill("2,x")
@@ -116,6 +115,46 @@ def test_create_a_run(lab, page):
     assert (run.settings.agent_counts, run.settings.validation_agents) == ((2, 3), (3, 4, 5))  # the box's default
     page.get_by_role("tab", name="Runs").click()
     page.locator("#runs-table").get_by_text("browser run").wait_for()
+
+
+@pytest.mark.parametrize("answers, loaded", [([204, 200], True), ([204, 204, 204], False), ([500], True)])
+def test_a_load_chromium_aborts_is_asked_again_up_to_three_times(page, answers: list[int], loaded: bool):
+    """`tests.servers.goto`, which every browser test loads the page with: a navigation Chromium aborts (a 204
+    answer ends it with net::ERR_ABORTED, as a load cut short does) is asked again, three tries in all, then the
+    error is raised; a page that loads, even with an error status, is asked for once."""
+    from playwright.sync_api import Error
+
+    asked: list[str] = []
+
+    class Server(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path != "/x":  # the browser's own asks (its icon)
+                self.send_response(404)
+                self.end_headers()
+                return
+            status = answers[min(len(asked), len(answers) - 1)]
+            asked.append(self.path)
+            self.send_response(status)
+            self.end_headers()
+            if status != 204:
+                self.wfile.write(b"<p>here</p>")
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Server)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        there = f"http://127.0.0.1:{server.server_address[1]}/x"
+        if loaded:
+            goto(page, there)
+            assert page.locator("p").inner_text() == "here"
+        else:
+            with pytest.raises(Error, match="net::ERR_ABORTED"):
+                goto(page, there)
+        assert asked == ["/x"] * len(answers)
+    finally:
+        server.shutdown()
 
 
 def test_names_and_a_note_show_as_typed_and_fetch_nothing(lab, page):
@@ -145,7 +184,7 @@ def test_names_and_a_note_show_as_typed_and_fetch_nothing(lab, page):
     with session(engine) as s:
         decide(s, ids["pending"], "reject", "eve", note=note)
     try:
-        page.goto(url)
+        goto(page, url)
         page.get_by_role("tab", name="Runs").click()
         for name in names:
             page.locator("#runs-table [role=gridcell]", has_text=name).first.wait_for()
@@ -166,7 +205,7 @@ def test_names_and_a_note_show_as_typed_and_fetch_nothing(lab, page):
 
 def test_open_a_failed_episode_from_the_gallery_and_step_the_replay(lab, page):
     url, _, ids = lab
-    page.goto(f"{url}?run={ids['history']}")
+    goto(page, f"{url}?run={ids['history']}")
     page.get_by_role("tab", name="Stage review").click()
     page.locator("#gallery [role=gridcell]", has_text="vertex_conflict").first.click()
     page.get_by_text(f"Episode {ids['clash']}").first.wait_for()
@@ -199,7 +238,7 @@ def test_the_episode_tab_opened_first_shows_the_runs_first_failure(lab, page):
     """A fresh page, the Episode tab opened before any episode: it draws the open run's first failed episode (the
     latest stage's, smallest size first), says which, and offers its files."""
     url, _, ids = lab
-    page.goto(f"{url}?run={ids['history']}")
+    goto(page, f"{url}?run={ids['history']}")
     page.get_by_role("tab", name="Episode").click()
     page.get_by_text(f"Run #{ids['history']}'s first failed episode at stage 1").wait_for()
     page.get_by_text(f"Episode {ids['clash']}").first.wait_for()
@@ -221,7 +260,7 @@ def test_a_gif_width_picked_then_downloaded_at_once_gives_a_file_of_that_width(l
     """Each width picked and the GIF button clicked at once, without a pause: the file is the width the dropdown
     shows at the moment of the click (the button is disabled until the new file is made, so the click waits)."""
     url, _, ids = lab
-    page.goto(f"{url}?run={ids['history']}")
+    goto(page, f"{url}?run={ids['history']}")
     page.get_by_role("tab", name="Episode").click()
     page.get_by_text(f"Episode {ids['clash']}").first.wait_for()  # the tab opens on the run's first failure
     page.locator("#replay-gif:not([disabled])").get_by_text(f"Download GIF ({GIF_WIDTHS[0]} px)").wait_for()
@@ -241,10 +280,10 @@ def test_import_a_run_file_and_export_it_again(lab, page, tmp_path: Path):
     from playwright.sync_api import expect
 
     url, engine, _ = lab
-    elsewhere = make_engine(str(tmp_path / "elsewhere.db"))
+    elsewhere = make_engine(str(tmp_path / "elsewhere.db"))  # seeded afresh: its runs' uuids are not the lab's
     file = export_run(elsewhere, seed_lab(elsewhere)["waiting"], tmp_path / "from-elsewhere.zip")
     elsewhere.dispose()
-    page.goto(url)
+    goto(page, url)
     page.locator("#import-file input[type=file]").set_input_files(str(file))
     page.locator("#import-msg").get_by_text("from-elsewhere.zip imported as run #3 llm engineer").wait_for()
     expect(page.locator("#run-pick input")).to_have_value("#3 llm engineer (waiting)")  # opened above the tabs
@@ -259,7 +298,7 @@ def test_import_a_run_file_and_export_it_again(lab, page, tmp_path: Path):
 
 def test_an_invalid_edit_is_refused_then_a_valid_one_applied(lab, page):
     url, engine, ids = lab
-    page.goto(f"{url}?proposal={ids['pending']}")
+    goto(page, f"{url}?proposal={ids['pending']}")
     page.get_by_text(f"Proposal #{ids['pending']}").first.wait_for()
     page.get_by_text("Edit before applying").click()
     edit_cell(page, "edit-config", 1, 2, "0.8")  # hole_ratio of size 4
@@ -278,9 +317,9 @@ def test_an_invalid_edit_is_refused_then_a_valid_one_applied(lab, page):
 
 def test_accept_a_proposal_while_a_second_tab_is_told_it_lost(lab, page, browser):
     url, engine, ids = lab
-    page.goto(f"{url}?proposal={ids['second']}")
+    goto(page, f"{url}?proposal={ids['second']}")
     other = browser.new_page()
-    other.goto(f"{url}?proposal={ids['second']}")
+    goto(other, f"{url}?proposal={ids['second']}")
     for p in (page, other):
         p.get_by_text("Waiting for a decision").wait_for(timeout=TIMEOUT_MS)
     page.click("#accept")
@@ -321,7 +360,7 @@ def test_queue_a_stage_and_watch_its_progress_to_done(lab, page):
             s.commit()
         return {"stage_index": job.payload["stage_index"]}
 
-    page.goto(f"{url}?proposal={ids['pending']}")
+    goto(page, f"{url}?proposal={ids['pending']}")
     page.click("#accept")
     page.get_by_text("Next: queued stage 1").wait_for()
     page.get_by_role("tab", name="Train").click()
@@ -349,15 +388,14 @@ def test_queue_a_stage_and_watch_its_progress_to_done(lab, page):
         worker.join(timeout=10)
 
 
-def test_with_auth_a_decision_records_who_logged_in(browser, tmp_path: Path):
-    engine = make_engine(str(tmp_path / "lab.db"))
-    ids = seed_lab(engine)
+def test_with_auth_a_decision_records_who_logged_in(browser, tmp_path: Path, seeded_template):
+    engine, ids = seeded_copy(seeded_template, tmp_path / "lab.db")
     demo = app.build_demo(engine)
     port = free_port()
     app.launch(demo, port=port, auth=[("ann", "secret")], block=False)
     page = browser.new_page()
     try:
-        page.goto(f"http://127.0.0.1:{port}/?proposal={ids['pending']}")
+        goto(page, f"http://127.0.0.1:{port}/?proposal={ids['pending']}")
         page.get_by_label("username").fill("ann")
         page.get_by_label("password").fill("secret")
         page.get_by_role("button", name="Login").click()
@@ -374,7 +412,7 @@ def test_a_proposal_stored_by_another_process_appears_without_a_refresh(lab, pag
     """The page follows the database by itself: a worker elsewhere stores a proposal, and the Proposal tab
     lists it, selects it and flags it above the tabs, with no click."""
     url, engine, ids = lab
-    page.goto(f"{url}?run={ids['history']}")
+    goto(page, f"{url}?run={ids['history']}")
     page.get_by_role("tab", name="Proposal").click()
     page.locator("#proposal-status").get_by_text(f"Proposal #{ids['second']}").wait_for()
     with session(engine) as s:  # another person, in another tab
@@ -398,7 +436,7 @@ def test_a_proposal_stored_by_another_process_appears_without_a_refresh(lab, pag
 
 def test_an_edit_says_what_it_stores_while_typed_and_after(lab, page):
     url, engine, ids = lab
-    page.goto(f"{url}?proposal={ids['pending']}")
+    goto(page, f"{url}?proposal={ids['pending']}")
     page.get_by_text("Waiting for a decision").wait_for()
     page.get_by_text("Edit before applying").click()
     edit_cell(page, "edit-config", 0, 0, "-3")  # a bad size: said once, and no decision but Reject meanwhile
@@ -422,7 +460,7 @@ def test_an_edit_says_what_it_stores_while_typed_and_after(lab, page):
 
 def test_one_click_rescales_the_typed_shares(lab, page):
     url, engine, ids = lab
-    page.goto(f"{url}?proposal={ids['pending']}")
+    goto(page, f"{url}?proposal={ids['pending']}")
     page.get_by_text("Waiting for a decision").wait_for()
     page.get_by_text("Edit before applying").click()
     edit_cell(page, "edit-config", 0, 1, "0.25")
@@ -454,7 +492,7 @@ def test_an_agent_mix_typed_in_its_table_is_stored_and_the_next_stage_trains_on_
             "grpo": {"max_steps": 1, "num_generations": 2, "per_device_train_batch_size": 8}, "validation_boards": 1})
         s.add_all([stage0, run])
         s.commit()
-    page.goto(f"{url}?proposal={ids['pending']}")
+    goto(page, f"{url}?proposal={ids['pending']}")
     page.locator("#proposal-status").get_by_text("Waiting for a decision").wait_for()
     page.get_by_text("Edit before applying").click()
     edit_cell(page, "edit-agents", 1, 1, "1.5")  # agent_ratio[3]: out of range, marked on its row
@@ -497,7 +535,7 @@ def test_measure_says_the_checkpoint_is_absent_measures_stage0_and_the_decision_
     from training.probe import run_probe_job
 
     url, engine, ids = lab
-    page.goto(f"{url}?proposal={ids['second']}")
+    goto(page, f"{url}?proposal={ids['second']}")
     page.get_by_text(f"Proposal #{ids['second']}").first.wait_for()
     page.get_by_text("Measure on the policy").click()
     page.click("#measure")
@@ -530,7 +568,7 @@ def test_a_note_is_stored_with_its_own_decision_only(lab, page):
     from playwright.sync_api import expect
 
     url, engine, ids = lab
-    page.goto(f"{url}?proposal={ids['pending']}")
+    goto(page, f"{url}?proposal={ids['pending']}")
     page.locator("#proposal-status").get_by_text("Waiting for a decision").wait_for()
     note = page.locator("#decision-note textarea")
     note.fill("too easy: every size solved")
@@ -562,7 +600,7 @@ def test_a_note_typed_while_the_page_loads_is_kept_for_its_decision(lab, page, m
         return read_link(*args, **kwargs)
 
     monkeypatch.setattr(app, "linked", slow_link)
-    page.goto(f"{url}?proposal={ids['pending']}")
+    goto(page, f"{url}?proposal={ids['pending']}")
     page.get_by_role("tab", name="Proposal").click()
     note = page.locator("#decision-note textarea")
     note.fill("typed before the page had drawn")
@@ -591,7 +629,7 @@ def test_plotly_is_loaded_before_any_plot_and_no_run_history_is_kept(lab, page, 
         app.launch(demo, port=port, block=False)
         url = f"http://127.0.0.1:{port}/"
     try:
-        page.goto(url)  # the Runs tab: no plot on it
+        goto(page, url)  # the Runs tab: no plot on it
         page.locator("#run-pick input").wait_for()
         if warmed:
             page.wait_for_function(PLOTLY_FETCHED, timeout=TIMEOUT_MS)
@@ -620,7 +658,7 @@ def test_the_status_lines_show_no_timer_text_as_the_page_loads_and_polls(lab, pa
     its progress hidden: the page's load and its polls (three of them) leave every status line as written."""
     url, engine, ids = lab
     page.add_init_script(f"({TEXTS_SEEN})()")
-    page.goto(f"{url}?proposal={ids['second']}")
+    goto(page, f"{url}?proposal={ids['second']}")
     page.locator("#proposal-status").get_by_text(f"Proposal #{ids['second']}").wait_for()
     time.sleep(3 * app.POLL_S + 0.5)
     texts = page.evaluate("Array.from(window.__texts)")
@@ -648,7 +686,7 @@ def test_switching_runs_while_a_worker_writes_shows_no_error(lab, page):
             time.sleep(1.0)
 
     page.add_init_script(f"({ERRORS_SEEN})()")
-    page.goto(f"{url}?proposal={ids['second']}")  # the Proposal tab, whose dropdown changes most
+    goto(page, f"{url}?proposal={ids['second']}")  # the Proposal tab, whose dropdown changes most
     page.locator("#proposal-status").get_by_text(f"Proposal #{ids['second']}").wait_for()
     writer = threading.Thread(target=writes, daemon=True)
     writer.start()
@@ -691,14 +729,14 @@ def counted(calls: list[str], name: str, expected: int, quiet_s: float = 1.0) ->
     return calls.count(name)
 
 
-def test_each_action_asks_the_server_once_and_hidden_tabs_wait_until_opened(browser, page, tmp_path: Path):
+def test_each_action_asks_the_server_once_and_hidden_tabs_wait_until_opened(browser, page, tmp_path: Path,
+                                                                           seeded_template):
     """A run picked, a failure row clicked and a tab opened each run one event on the server (Gradio's dropdown
     fires `input` twice per pick: the page listens to `select`); a run picked draws the tab shown, and the other
     tabs a run fills are drawn for it when opened (Stage review's four plots in the answer after its gallery); the
     Playground and the Leaderboard are drawn when first opened, not as the page loads, and a board being worked on
     stays when the Playground is opened again."""
-    engine = make_engine(str(tmp_path / "lab.db"))
-    ids = seed_lab(engine)
+    engine, ids = seeded_copy(seeded_template, tmp_path / "lab.db")
     demo = app.build_demo(engine)
     calls: list[str] = []
 
@@ -717,7 +755,7 @@ def test_each_action_asks_the_server_once_and_hidden_tabs_wait_until_opened(brow
     port = free_port()
     app.launch(demo, port=port, block=False)
     try:
-        page.goto(f"http://127.0.0.1:{port}/?run={ids['history']}")
+        goto(page, f"http://127.0.0.1:{port}/?run={ids['history']}")
         page.get_by_role("tab", name="Train").click()
         page.locator("#train-status").get_by_text(f"Run #{ids['history']} ").wait_for()
         assert counted(calls, "on_load", 1) == 1
@@ -740,7 +778,7 @@ def test_each_action_asks_the_server_once_and_hidden_tabs_wait_until_opened(brow
         assert page.locator("#proposal-status").get_by_text(f"Proposal #{ids['pending']} ").count() == 1
 
         calls.clear()
-        page.goto(f"http://127.0.0.1:{port}/?run={ids['history']}")
+        goto(page, f"http://127.0.0.1:{port}/?run={ids['history']}")
         page.locator("#run-pick input").wait_for()
         assert counted(calls, "on_load", 1) == 1  # the page's first answer in, as a person sees the page first
         page.get_by_role("tab", name="Stage review").click()  # the gallery, then its four plots in the next answer
@@ -851,7 +889,8 @@ def wait_buttons(page, status) -> None:
         raise
 
 
-def test_ctrl_c_mid_stage_hands_the_job_back_and_the_next_start_resumes_it_on_the_train_tab(page, tmp_path: Path):
+def test_ctrl_c_mid_stage_hands_the_job_back_and_the_next_start_resumes_it_on_the_train_tab(page, tmp_path: Path,
+                                                                                           seeded_template):
     """`envlab serve` trains stage 1 of a run (the tiny policy, a TRL checkpoint every GRPO step) in its worker and
     is stopped by Ctrl+C (SIGINT to its process group) mid-stage: its output says once that the job was handed back
     and shows no traceback; the job is queued again with its last checkpoint, the stage reads queued, not failed.
@@ -865,8 +904,7 @@ def test_ctrl_c_mid_stage_hands_the_job_back_and_the_next_start_resumes_it_on_th
     from tests.stage_beside import queue_stage
 
     db, runs = tmp_path / "lab.db", tmp_path / "runs"
-    engine = make_engine(str(db))
-    ids = seed_lab(engine)
+    engine, ids = seeded_copy(seeded_template, db)
     run_id = queue_stage(engine, ids, RESTART_GRPO)
     with session(engine) as s:
         job_id = s.exec(select(Job.id).where(Job.run_id == run_id, Job.kind == "stage", Job.target == 1)).one()
@@ -899,7 +937,7 @@ def test_ctrl_c_mid_stage_hands_the_job_back_and_the_next_start_resumes_it_on_th
 
     second, url = serve(db, runs, tmp_path / "serve-2.log")
     try:
-        page.goto(f"{url}?run={run_id}")
+        goto(page, f"{url}?run={run_id}")
         page.get_by_role("tab", name="Train").click()
         status = page.locator("#train-status")
         status.get_by_text(f"Run #{run_id} llm engineer is active").wait_for()

@@ -12,10 +12,11 @@ from envsim.config import EnvConfig
 from envsim.scoring import Tally, score_answer
 from envsim.solver import label
 from envsim.suite import Entry, write_jsonl
-from storage.db import make_engine, runs_root, session, upgrade
+from storage.db import make_engine, runs_root, session
 from storage.models import Episode, Job, Run, Stage, StageMetric
 from storage.settings import RunSettings
 from tests.boards import CROSSING, OPEN
+from tests.seeded import copy_database
 from training.evaluate import BENCHMARK_FILE, EpisodeResult, evaluate, run_benchmark_job, size_metrics, store_evaluation
 from training.policy import build_tiny
 from training.progress import Cancelled
@@ -36,9 +37,9 @@ def _results() -> list[EpisodeResult]:
 
 
 @pytest.fixture
-def engine(tmp_path: Path):
+def engine(tmp_path: Path, migrated_template: Path):
+    copy_database(migrated_template, tmp_path / "lab.db")
     engine = make_engine(f"sqlite:///{tmp_path / 'lab.db'}")
-    upgrade(engine)
     yield engine
     engine.dispose()
 

@@ -26,6 +26,7 @@ from storage.db import session as open_session
 from storage.models import Episode, Priority, Run, Stage
 from storage.settings import RunSettings
 from tests.recorded import BOARDS, CONFIG, build_run, counts, fake_checkpoints, work
+from tests.seeded import copy_database
 
 TRAVELLING = ["runs", "stages", "proposals", "decisions", "jobs", "episodes", "stage_metrics", "training_logs"]
 # Ids inside JSON that must follow their rows: (table, column) -> {key: table}.
@@ -39,21 +40,22 @@ def new_database(request, tmp_path):
     """`make(kind)`: a fresh migrated database, "sqlite" (a file in a folder of its own) or "postgres"."""
     engines, dropped = [], []
 
-    def make(kind: str):
+    def make(kind: str):  # a copy of the test process's migrated database (tests/conftest.py)
         if kind == "sqlite":
             folder = tmp_path / f"target-{next(_numbers)}"
             folder.mkdir()
+            copy_database(request.getfixturevalue("migrated_template"), folder / "envlab.db")
             url = f"sqlite:///{folder / 'envlab.db'}"
         else:
             server = request.getfixturevalue("postgres_server")
+            template = request.getfixturevalue("postgres_template")
             name = f"envlab_archive_{os.getpid()}_{next(_numbers)}"
             admin = create_engine(f"{server}/postgres", isolation_level="AUTOCOMMIT")
             with admin.connect() as c:
-                c.execute(text(f'CREATE DATABASE "{name}"'))
+                c.execute(text(f'CREATE DATABASE "{name}" TEMPLATE "{template}"'))
             dropped.append((admin, name))
             url = f"{server}/{name}"
         engine = make_engine(url)
-        upgrade(engine)
         engines.append(engine)
         return engine
 

@@ -40,6 +40,7 @@ from storage.db import session as open_session
 from storage.models import Job, Priority, Run, Stage
 from storage.settings import RunSettings
 from tests.recorded import build_run, counts, fake_checkpoints
+from tests.seeded import copy_database
 
 MIB = 1 << 20
 REPO = Path(__file__).resolve().parents[2]
@@ -65,15 +66,15 @@ def good(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
-def lab(tmp_path, monkeypatch):
+def lab(tmp_path, monkeypatch, migrated_template):
     """An empty lab whose runs root is its database's folder, three levels inside tmp_path."""
     monkeypatch.delenv("ENVLAB_RUNS", raising=False)
     for name in [f.name for f in Limits.__dataclass_fields__.values()]:
         monkeypatch.delenv(f"ENVLAB_ARCHIVE_{name.upper()}", raising=False)
     folder = tmp_path / "a" / "b" / "lab"
     folder.mkdir(parents=True)
+    copy_database(migrated_template, folder / "envlab.db")
     engine = make_engine(str(folder / "envlab.db"))
-    upgrade(engine)
     yield engine, folder
     engine.dispose()
 
@@ -518,13 +519,12 @@ def test_the_page_caps_uploads_and_shows_no_api_schema_under_auth(tmp_path, monk
         engine.dispose()
 
 
-def test_a_bad_row_in_the_database_leaves_the_other_runs_and_views_drawn(tmp_path):
+def test_a_bad_row_in_the_database_leaves_the_other_runs_and_views_drawn(tmp_path, seeded_template):
     """Rows an older version imported unchecked: one run's settings a list, another's metric a word."""
     from lab.pages import common, proposal, review, train
-    from tests.seeded import seed_lab
+    from tests.seeded import seeded_copy
 
-    engine = make_engine(str(tmp_path / "lab.db"))
-    ids = seed_lab(engine)
+    engine, ids = seeded_copy(seeded_template, tmp_path / "lab.db")
     with engine.begin() as c:
         c.execute(text("UPDATE runs SET settings = '[1, 2]' WHERE id = :i"), {"i": ids["waiting"]})
         c.execute(text("UPDATE stage_metrics SET valid = 'lots' WHERE run_id = :i"), {"i": ids["history"]})

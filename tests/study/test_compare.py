@@ -45,7 +45,7 @@ from storage.models import Experiment, Job, JobKind, JobStatus, Proposal, Run, S
 from storage.settings import ExperimentSettings, RunSettings
 from tests.boards import CROSSING, OPEN
 from tests.recorded import BOARDS, CONFIG, scripted_experiment
-from tests.servers import TIMEOUT_MS, free_port
+from tests.servers import TIMEOUT_MS, free_port, goto
 from training.evaluate import EpisodeResult, store_evaluation
 
 STUDY_DB = Path(__file__).resolve().parents[2] / "docs" / "results" / "study-6seed" / "study.db.gz"
@@ -110,7 +110,7 @@ def compare_tab(engine, page) -> Iterator[int]:
     port = free_port()
     app.launch(demo, port=port, block=False)
     try:
-        page.goto(f"http://127.0.0.1:{port}/")
+        goto(page, f"http://127.0.0.1:{port}/")
         page.get_by_role("tab", name="Compare").click()
         yield port
     finally:
@@ -140,7 +140,7 @@ def test_the_compare_tab_shows_one_curve_per_arm(empty_lab, page):
         page.wait_for_function(f"({primary})().includes('+12.50 [+12.50, +12.50] ★')", timeout=TIMEOUT_MS)
         assert "Valid rate (the primary metric), stage 1: each arm minus fixed, paired by seed (points); " \
                "Holm-adjusted over 1 comparison with fixed" in page.evaluate(primary)  # its label, set per experiment
-        page.goto(f"http://127.0.0.1:{port}/{link.get_attribute('href')}")  # where the link leads: the run, open
+        goto(page, f"http://127.0.0.1:{port}/{link.get_attribute('href')}")  # where the link leads: the run, open
         page.wait_for_function("id => (document.querySelector('#run-pick input') || {}).value?.startsWith(id)",
                                arg=f"#{first.id} ")
 
