@@ -6,6 +6,10 @@ as root, with its data and unix socket in a temporary folder and TCP on 127.0.0.
 Each test gets a fresh database. Without the binaries the PostgreSQL tests skip, unless
 ENVLAB_REQUIRE_POSTGRES=1 (CI sets it), which makes that a failure.
 
+A database a test gets migrated (`engine`, `empty_lab`) or seeded (`lab`) is a copy of one that each test process
+migrated or seeded once (`migrated_template`, `postgres_template`, `seeded_template`): SQLite's backup API, or
+PostgreSQL's `CREATE DATABASE ... TEMPLATE`. Migrating takes about 0.6 s and seeding 2.2 s; a copy, milliseconds.
+
 The Slurm cluster (`slurm_cluster`) is a one-node cluster started once per test session from Debian's
 `slurmctld`, `slurmd` and `munge` (tests/slurm_cluster.py), as root, all its files in a temporary folder; its
 daemons are stopped by the PIDs they wrote when the session ends. Without the binaries (or root) the Slurm tests
