@@ -35,7 +35,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runs from a checkout without an install
 
 import argparse  # noqa: E402
-import socket  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
@@ -56,6 +55,7 @@ from lab.pages import figures  # noqa: E402
 from lab.pages import web as app  # noqa: E402
 from lab.pages.episode import PLAY_S  # noqa: E402
 from storage.db import make_engine  # noqa: E402
+from tests.servers import free_port  # noqa: E402
 from tests.stage_beside import STEPS as STAGE_STEPS  # noqa: E402
 
 REPLAY_TARGET_S = 0.100
@@ -103,12 +103,6 @@ def bench_replay(repeats: int) -> float:
     return replay
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def bench_paint(paints: int) -> float | None:
     try:
         from playwright.sync_api import sync_playwright
@@ -123,7 +117,7 @@ def bench_paint(paints: int) -> float | None:
         demo = app.build_demo(engine)
         with gr.Blocks() as plain:
             gr.Markdown("ready", elem_id="ready")
-        port, plain_port = _free_port(), _free_port()
+        port, plain_port = free_port(), free_port()
         app.launch(demo, port=port, block=False)
         plain.launch(server_port=plain_port, prevent_thread_lock=True, quiet=True, ssr_mode=False)
         try:

@@ -5,6 +5,7 @@ the messages and evidence the engineer tests send it."""
 from __future__ import annotations
 
 import importlib.util
+import random
 import shutil
 import socket
 from pathlib import Path
@@ -16,13 +17,43 @@ from lab.context import Evidence, StageResult
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--no-first-run", "--disable-sync"]
+FIRST_PORT = 20_000  # the lowest port a test server is given: above the ports of well-known services
 TIMEOUT_MS = 20_000  # how long a browser test waits for one thing on the page
 
 
+_GIVEN: set[int] = set()  # the ports this process was given
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port on 127.0.0.1 that nothing holds now, drawn below the kernel's ephemeral range.
+
+    A port the kernel hands out itself (`bind(0)`) is in that range, so between this call and the server's own
+    bind any process's outgoing connection can take it: a browser test's page once failed to start that way
+    ("Cannot find empty port") while a stage trained beside it. Below the range only a listener takes a port."""
+    low = ephemeral_ports()[0]
+    top = low if low > FIRST_PORT + 1 else 65536  # a range that starts this low cannot be kept clear of
+    draws = random.SystemRandom()
+    for _ in range(200):
+        port = draws.randrange(FIRST_PORT, top)
+        if port in _GIVEN:  # two servers asked for at once get two ports
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:  # a listener has it
+                continue
+        _GIVEN.add(port)
+        return port
+    raise OSError(f"no free TCP port in {FIRST_PORT}..{top - 1} after 200 draws")
+
+
+def ephemeral_ports(path: Path = Path("/proc/sys/net/ipv4/ip_local_port_range")) -> tuple[int, int]:
+    """The kernel's range for outgoing connections' ports (Linux's default where it cannot be read)."""
+    try:
+        low, high = map(int, path.read_text().split())
+    except (OSError, ValueError):
+        return 32768, 60999
+    return low, high
 
 
 def chromium_missing() -> str | None:

@@ -22,6 +22,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.servers import free_port
+
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "scancel")
 START_TIMEOUT_S = 60
 
@@ -46,17 +48,6 @@ def missing() -> str | None:
 
 def _binary(name: str) -> str:
     return shutil.which(name) or str(Path("/usr/sbin", name))
-
-
-def _free_ports(n: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(n)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 @dataclass
@@ -174,7 +165,7 @@ def _start(cluster: Cluster, min_job_age_s: int, kill_wait_s: int) -> None:
                     f"--key-file={key}", f"--pid-file={mdir / 'munged.pid'}", f"--log-file={mdir / 'munged.log'}",
                     f"--seed-file={mdir / 'munged.seed'}", "--force"], check=True, capture_output=True, timeout=30)
     cluster.pids["munged"] = _pid(mdir / "munged.pid", "munged", cluster)
-    ctld_port, d_port = _free_ports(2)
+    ctld_port, d_port = free_port(), free_port()
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
     cluster.conf.write_text("\n".join([
         "ClusterName=envlab",

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import time
 import urllib.error
 import urllib.request
@@ -16,14 +15,9 @@ from starlette.routing import Mount
 from lab.pages.auth import BASE_WAIT_S, FREE_FAILURES, Throttle
 from storage.db import make_engine
 from tests.seeded import copy_database
+from tests.servers import free_port
 
 USERS = [("alice", "secret"), ("bob", "hunter2")]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

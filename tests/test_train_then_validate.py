@@ -11,7 +11,6 @@ the run's completion length. vLLM needs a GPU, so its two engines are stand-ins 
 from __future__ import annotations
 
 import gc
-import socket
 import sys
 import weakref
 from pathlib import Path
@@ -29,6 +28,7 @@ from envsim.generator import generate
 from storage.db import session
 from storage.models import Episode, Run, Stage
 from storage.settings import RunSettings
+from tests.servers import free_port
 from training.policy import Policy, build_tiny
 from training.stage import StageArgs, Trainer, dataset, run_stage, train
 
@@ -173,16 +173,10 @@ def test_training_and_validation_read_a_chat_templates_bos_once():
     assert list(dataset(plain, [board])["prompt"]) == [plain.prompt(board)]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_every_process_that_trains_leaves_its_process_group(empty_lab: Engine, tmp_path: Path, runs: Path):
     """`train` is all a rank other than the main one runs of a stage (`lab.jobs.child`), so it leaves the group."""
     args = _stage(empty_lab, tmp_path, runs, {"grpo": GRPO})
-    dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{_free_port()}")
+    dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{free_port()}")
     try:
         train(empty_lab, args, chat_policy(), GRPO, lambda *a, **k: False)
         assert not dist.is_initialized()

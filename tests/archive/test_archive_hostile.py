@@ -41,6 +41,7 @@ from storage.models import Job, Priority, Run, Stage
 from storage.settings import RunSettings
 from tests.recorded import build_run, counts, fake_checkpoints
 from tests.seeded import copy_database
+from tests.servers import free_port
 
 MIB = 1 << 20
 REPO = Path(__file__).resolve().parents[2]
@@ -470,12 +471,6 @@ def test_limits_are_read_from_the_environment(monkeypatch):
 
 
 # ---------------------------------------------------------------- the page
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_the_page_caps_uploads_and_shows_no_api_schema_under_auth(tmp_path, monkeypatch):
