@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from tqdm import tqdm
@@ -116,7 +120,7 @@ def cmd_experiment_run(args: argparse.Namespace) -> None:
     else:
         print(f"experiment {experiment.name}: {args.workers} worker(s), logs in {log_dir(engine, experiment)}",
               flush=True)
-        with tqdm(desc=f"experiment {experiment.name}", unit="stage", disable=quiet) as bar:
+        with tqdm(desc=f"experiment {experiment.name}", unit="stage", disable=quiet) as bar, _sigterm_as_ctrl_c():
             say = (lambda line: print(line, flush=True)) if quiet else bar.write
             try:
                 ended = run_experiment(engine, args.db, experiment.id, workers=args.workers,
@@ -132,6 +136,24 @@ def cmd_experiment_run(args: argparse.Namespace) -> None:
         raise UsageError(f"{len(stopped)} run(s) stopped; fix the cause and run `envlab experiment run "
                          f"{experiment.name}` again: it resumes them")
     print(f"report: envlab experiment report {experiment.name}")
+
+
+@contextmanager
+def _sigterm_as_ctrl_c() -> Iterator[None]:
+    """SIGTERM (`kill`, `timeout`, a service manager) stops the command as Ctrl+C does: its workers hand the jobs in
+    their hands back, saved. Python's own SIGTERM would end it at once and leave those jobs to the stale reaper."""
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set a handler
+        yield
+        return
+    before = signal.signal(signal.SIGTERM, _as_ctrl_c)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def _as_ctrl_c(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _experiment_on_slurm(engine, args: argparse.Namespace, experiment, quiet: bool):

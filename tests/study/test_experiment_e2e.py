@@ -193,3 +193,46 @@ def test_a_learnability_arm_runs_end_to_end_and_trains_half_its_boards_broadly(t
     assert proposal.rationale.splitlines()[-1].startswith(f"probe compute: {cells * LEARN_BOARDS * LEARN_ANSWERS} "
                                                           "sampled answers")
     engine.dispose()
+
+
+def test_a_sigterm_to_the_experiment_command_hands_its_stage_back_and_the_next_run_finishes_it(tmp_path: Path,
+                                                                                               capsys):
+    """`kill PID` (SIGTERM: `timeout`, a service manager, a person stopping a study) stops `envlab experiment run`
+    as Ctrl+C does: its worker hands the stage in hand back to the queue, saved and uncounted, and the command ends
+    in one line (status 130). Nothing is left `running` for the stale-heartbeat reaper to find later."""
+    db = str(tmp_path / "lab.db")
+    (tmp_path / "config.json").write_text(CONFIG.model_dump_json())
+    assert main(["experiment", "new", "--dev-per-size", "3", "--validation-agents", "2",
+                 "--name", "e2e", "--arms", "fixed", "--seeds", "1", "--stages", "1",
+                 "--config", str(tmp_path / "config.json"), "--validation-per-size", "30", "--validation-boards", "8",
+                 "--grpo", "num_generations=2", "--grpo", "per_device_train_batch_size=16", "--db", db]) == 0
+    capsys.readouterr()
+    engine = make_engine(db)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "ENVLAB_RUNS": str(tmp_path / "runs")}
+    first = subprocess.Popen(command(db), env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True)
+    deadline = time.monotonic() + 300
+    while (job := _running_stage_1(engine)) is None:
+        assert first.poll() is None, first.stdout.read()
+        assert time.monotonic() < deadline, "stage 1 never ran"
+        time.sleep(0.1)
+    first.send_signal(signal.SIGTERM)
+    out, _ = first.communicate(timeout=120)
+    assert first.returncode == 130, out
+    assert "envlab experiment: interrupted" in out
+    with session(engine) as s:
+        handed = s.get(Job, job.id)
+        assert handed.status == "queued" and handed.attempts == 0, (handed.status, handed.attempts, handed.log_tail)
+        assert "-- handed back at step " in handed.log_tail
+        assert not s.exec(select(Job).where(Job.status == "running")).all()
+    second = subprocess.run(command(db), env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "experiment e2e: 1 of 1 runs done" in second.stdout
+    jobs = nothing_lost_nothing_twice(engine, experiment_runs(engine, find_experiment(engine, "e2e").id), boards=8)
+    assert {j.attempts for j in jobs} == {1}  # the handed-back attempt is not counted
+    engine.dispose()
+
+
+def _running_stage_1(engine) -> Job | None:
+    with session(engine) as s:
+        return s.exec(select(Job).where(Job.kind == "stage", Job.target == 1, Job.status == "running")).first()
