@@ -31,7 +31,7 @@ def free_port() -> int:
     bind any process's outgoing connection can take it: a browser test's page once failed to start that way
     ("Cannot find empty port") while a stage trained beside it. Below the range only a listener takes a port."""
     low = ephemeral_ports()[0]
-    top = low if low > FIRST_PORT + 1 else 65536  # a range that starts this low cannot be kept clear of
+    top = low if low > FIRST_PORT + 1 else 65536  # a kernel range from FIRST_PORT down: draw from every port
     draws = random.SystemRandom()
     for _ in range(200):
         port = draws.randrange(FIRST_PORT, top)
