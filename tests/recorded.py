@@ -159,6 +159,12 @@ def scripted_experiment(engine, name: str = "cmp", seeds: int = 3, stages: int =
     return experiment
 
 
+def running_stage_1(engine) -> Job | None:
+    """Stage 1's job while a worker runs it, else None."""
+    with session(engine) as s:
+        return s.exec(select(Job).where(Job.kind == "stage", Job.target == 1, Job.status == "running")).first()
+
+
 def nothing_lost_nothing_twice(engine, runs, boards: int = 4) -> list[Job]:
     """Every run of a 1-stage experiment with `boards` validation boards is done, with one job per (run, kind,
     target), all done, `boards` episodes per (run, stage) and one proposal per run; returns the jobs."""

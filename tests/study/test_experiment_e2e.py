@@ -26,7 +26,7 @@ from lab.loop import _alive
 from lab.study.experiments import benchmark_choices, experiment_runs, find_experiment
 from storage.db import make_engine, session
 from storage.models import Episode, Job, Proposal, Stage, StageMetric
-from tests.recorded import CONFIG, nothing_lost_nothing_twice
+from tests.recorded import CONFIG, nothing_lost_nothing_twice, running_stage_1
 from training.evaluate import BENCHMARK_FILE
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -212,7 +212,7 @@ def test_a_sigterm_to_the_experiment_command_hands_its_stage_back_and_the_next_r
     first = subprocess.Popen(command(db), env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True)
     deadline = time.monotonic() + 300
-    while (job := _running_stage_1(engine)) is None:
+    while (job := running_stage_1(engine)) is None:
         assert first.poll() is None, first.stdout.read()
         assert time.monotonic() < deadline, "stage 1 never ran"
         time.sleep(0.1)
@@ -231,8 +231,3 @@ def test_a_sigterm_to_the_experiment_command_hands_its_stage_back_and_the_next_r
     jobs = nothing_lost_nothing_twice(engine, experiment_runs(engine, find_experiment(engine, "e2e").id), boards=8)
     assert {j.attempts for j in jobs} == {1}  # the handed-back attempt is not counted
     engine.dispose()
-
-
-def _running_stage_1(engine) -> Job | None:
-    with session(engine) as s:
-        return s.exec(select(Job).where(Job.kind == "stage", Job.target == 1, Job.status == "running")).first()

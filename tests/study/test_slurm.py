@@ -28,7 +28,7 @@ from lab.text import as_text
 from storage.db import make_engine, session
 from storage.models import Job
 from storage.settings import RunSettings
-from tests.recorded import CONFIG, nothing_lost_nothing_twice
+from tests.recorded import CONFIG, nothing_lost_nothing_twice, running_stage_1
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -120,11 +120,6 @@ def test_an_experiment_runs_to_its_end_on_a_slurm_job_array(db_url: str, tmp_pat
     engine.dispose()
 
 
-def _stage_running_on_slurm(engine) -> Job | None:
-    with session(engine) as s:
-        return s.exec(select(Job).where(Job.kind == "stage", Job.target == 1, Job.status == "running")).first()
-
-
 @pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
 def test_a_task_scancelled_in_the_middle_of_a_stage_leaves_it_to_another_task(db_url: str, tmp_path: Path,
                                                                              monkeypatch, capsys, slurm_cluster):
@@ -176,7 +171,7 @@ def _tasks_hit_in_stage_1(name: str, db_url: str, tmp_path: Path, engine,
                               text=True)
     try:
         deadline = time.monotonic() + 600
-        while (job := _stage_running_on_slurm(engine)) is None or not job.slurm:
+        while (job := running_stage_1(engine)) is None or not job.slurm:
             assert driver.poll() is None, driver.stdout.read()
             assert time.monotonic() < deadline, "stage 1 never ran on a slurm task"
             time.sleep(0.1)
