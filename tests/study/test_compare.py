@@ -105,13 +105,16 @@ def test_an_experiment_s_and_its_arms_names_show_as_typed_in_the_report_and_the_
 
 @contextmanager
 def compare_tab(engine, page) -> Iterator[int]:
-    """The lab served on a free port (yielded), open in the browser on its Compare tab."""
+    """The lab served on a free port (yielded), open in the browser on its Compare tab, its first answer in (it opens
+    the newest run above the tabs and starts the page's poll: a change stored before then is drawn by nothing)."""
     demo = app.build_demo(engine)
     port = free_port()
     app.launch(demo, port=port, block=False)
     try:
         goto(page, f"http://127.0.0.1:{port}/")
         page.get_by_role("tab", name="Compare").click()
+        page.wait_for_function("() => (document.querySelector('#run-pick input') || {}).value?.startsWith('#')",
+                               timeout=TIMEOUT_MS)
         yield port
     finally:
         demo.close()
