@@ -20,6 +20,7 @@ from sqlalchemy import Engine
 
 from lab.pages.common import VIEW, Page, table
 from lab.pages.figures import empty_figure
+from lab.runs import LabVersion, lab_version
 from lab.study.comparison import (
     Comparison,
     Rate,
@@ -162,16 +163,23 @@ class CompareTab:
     sizes: gr.Dataframe
     compute: gr.Dataframe
     links: gr.Markdown
+    drawn_at: gr.State  # (the runs, the stages) of the `LabVersion` read as the experiment was last drawn
 
     @property
     def outputs(self) -> list[Any]:
         return [self.pick, self.rate, self.summary, self.figure, self.primary, self.secondary, self.differences,
-                self.sizes, self.compute, self.links]
+                self.sizes, self.compute, self.links, self.drawn_at]
+
+    def stale(self, drawn_at: tuple | None, now: LabVersion) -> bool:
+        """Whether a run or a stage changed since the experiment shown was drawn (the page's poll redraws it)."""
+        return drawn_at is not None and tuple(drawn_at) != (now.runs, now.stages)
 
     def show(self, experiment_id: int | None, rate: str | None = None) -> dict[Any, Any]:
         """The experiment drawn for `rate` (None: its primary metric, which the Rate radio then shows)."""
+        at = lab_version(self.engine)  # read first: a stage that ends while this draws is redrawn by the next poll
         v = compare_view(self.engine, experiment_id, rate)
-        return {self.rate: v["rate"].value, self.summary: v["summary"], self.figure: v["figure"],
+        return {self.drawn_at: (at.runs, at.stages), self.rate: v["rate"].value, self.summary: v["summary"],
+                self.figure: v["figure"],
                 self.primary: gr.update(value=v["primary"], label=v["primary_label"]),
                 self.secondary: gr.update(value=v["secondary"], label=v["secondary_label"]),
                 self.differences: v["differences"], self.sizes: gr.update(value=v["sizes"], label=v["sizes_label"]),
@@ -204,7 +212,8 @@ def build(page: Page) -> CompareTab:
     compute = gr.Dataframe(label="Compute per arm: each cell the sum over the arm's runs (the mean per run)",
                            interactive=False, elem_id="compare-compute", wrap=True)
     links = gr.Markdown(elem_id="compare-runs")
-    tab = CompareTab(page.engine, pick, rate, summary, figure, primary, secondary, differences, sizes, compute, links)
+    tab = CompareTab(page.engine, pick, rate, summary, figure, primary, secondary, differences, sizes, compute, links,
+                     gr.State(None))
     # In the queue the poll answers in (`VIEW`): the poll redraws the experiment picked as its stages end, and an
     # answer it computed for the experiment picked before lands before the new pick's, not after it.
     # a new pick: its primary metric

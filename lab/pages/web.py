@@ -303,17 +303,17 @@ def _wire_poll(tabs: Tabs) -> Any:
     that depend on it are redrawn (of the tabs a run fills, those drawn for the open run), and a newly stored
     proposal is selected. `seen` is (the version drawn, the run it was drawn for): a run other than the open one
     (the poll's answer crossed a run being opened) redraws the tab shown, the others when opened; so does a tab shown
-    that is drawn for no run or another."""
+    that is drawn for no run or another. The Compare tab, shown, is redrawn when a run or a stage changed since it was
+    drawn (its own `drawn_at`: it may have been drawn before the page's first answer)."""
     page, seen, drawn = tabs.page, tabs.shown.seen, tabs.shown.drawn
     engine = page.engine
 
     def follow(run_id: int | None, tab: str, proposal_id: int | None, stage_index: int | None,
                drawn_for: tuple[LabVersion, int | None] | None, has: dict[str, Any], experiment_id: int | None,
-               rate: str | None) -> dict[Any, Any]:
+               rate: str | None, compare_drawn_at: tuple | None) -> dict[Any, Any]:
         now = lab_version(engine)
         out: dict[Any, Any] = {page.worker: worker_badge(engine, page.own_worker), seen: (now, run_id)}
-        if tab == "compare" and experiment_id is not None and drawn_for is not None and (
-                now.runs, now.stages) != (drawn_for[0].runs, drawn_for[0].stages):
+        if tab == "compare" and experiment_id is not None and tabs.compare.stale(compare_drawn_at, now):
             out |= tabs.compare.show(experiment_id, rate)  # a study under way, watched: its stages as they end
         if drawn_for is None or drawn_for[1] != run_id:
             return out | tabs.top(run_id, select=False) | tabs.draw(tab, run_id) | {
@@ -336,7 +336,7 @@ def _wire_poll(tabs: Tabs) -> Any:
 
     return tabs.poll.tick(
         follow, [page.run_pick, tabs.shown.showing, tabs.proposal.shown, tabs.review.shown, seen, drawn,
-                 tabs.compare.pick, tabs.compare.rate],
+                 tabs.compare.pick, tabs.compare.rate, tabs.compare.drawn_at],
         [seen, drawn, *tabs.top_outputs(), *tabs.train.outputs, *tabs.proposal.outputs, *tabs.review.outputs,
          *tabs.compare.outputs[1:]],
         **no_progress(page), **VIEW)
