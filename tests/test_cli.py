@@ -188,6 +188,26 @@ def test_serve_on_a_taken_port_says_so_in_one_line(tmp_path: Path):
     assert not (tmp_path / "x.db").exists()  # it stopped before touching the database
 
 
+def test_serve_answers_a_taken_port_and_help_before_it_imports_the_page(tmp_path: Path):
+    """The port is checked, and `--help` answered, before Gradio and the page are imported (tens of seconds on a
+    loaded machine): the answer comes from the command's own process, which never loads them."""
+    code = ("import sys\nfrom lab.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n"
+            "    print(e.code, sorted({'gradio', 'torch', 'lab.pages.web'} & set(sys.modules)))")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        done = subprocess.run([sys.executable, "-c", code, "serve", "--port", str(port), "--db",
+                               str(tmp_path / "x.db")], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=120)
+    assert (done.stdout, done.stderr) == (
+        "2 []\n", f"envlab serve: port {port} is taken; choose another with --port N or GRADIO_SERVER_PORT\n")
+    done = subprocess.run([sys.executable, "-c", code, "serve", "--help"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.stdout.startswith("usage: envlab serve [-h] [--host HOST] [--port PORT]") and done.stdout.endswith(
+        "0 []\n"), done.stdout + done.stderr
+    assert not (tmp_path / "x.db").exists()
+
+
 # ---------------------------------------------------------------- envlab run, its output in a file
 
 STAGE_LINE = re.compile(r"stage (\d)/1 done: validation valid (\d+\.\d%) optimal (\d+\.\d%) "

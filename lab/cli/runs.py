@@ -255,7 +255,14 @@ def serve(argv: list[str]) -> NoReturn:
     """`envlab serve`: this process becomes `python -m lab.pages.web` (the web lab, which parses its own options:
     --host, --port, --auth, --db, --no-worker, --no-example). The page sits above the lab, so the lab starts it
     as a program, as the page starts `envlab worker`, instead of importing it; the process keeps its id, so
-    signals reach the page."""
+    signals reach the page. A taken port, a bad option and `--help` are answered here, before the page's imports."""
+    from lab.pages.options import address, arguments, port_free, taken_message
+
+    args = arguments().parse_args(argv)
+    host, port = address(args.host, args.port)
+    if not port_free(host, port):
+        print(taken_message(port), file=sys.stderr)
+        raise SystemExit(2)
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(sys.executable, [sys.executable, "-m", "lab.pages.web", *argv])

@@ -23,15 +23,12 @@ threads on every core but one), so the page stays quick while a stage trains.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import errno
 import faulthandler
 import html
 import inspect
 import os
 import signal
-import socket
 import sys
 import threading
 from collections.abc import Callable, Sequence
@@ -49,6 +46,7 @@ from lab.jobs.worker import WorkerState, beside_page_env, start_worker, worker_b
 from lab.pages import compare, episode, leaderboard, playground, proposal, review, runs, train
 from lab.pages.auth import Guard, allowed_hosts
 from lab.pages.common import VIEW, Page, no_progress
+from lab.pages.options import address, arguments, port_free, taken_message
 from lab.pages.tempfiles import FILES_AGE_S, SWEEP_S
 from lab.runs import LabVersion, lab_version, run_list, run_of_episode, run_of_proposal, waiting_proposals
 from lab.study.example import ensure_example, import_studies
@@ -527,48 +525,6 @@ def guard_first(server: Any) -> None:
     server.middleware_stack = server.build_middleware_stack()
 
 
-def arguments() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="envlab serve", description="The envlab web lab.")
-    p.add_argument("--host", help="address to bind (0.0.0.0 to expose the lab; use --auth); "
-                                   "default: $GRADIO_SERVER_NAME, else 127.0.0.1")
-    p.add_argument("--port", type=int, help="default: $GRADIO_SERVER_PORT, else 7860")
-    p.add_argument("--auth", help="user:password, or a file with one user:password per line")
-    p.add_argument("--allowed-hosts", default="", metavar="NAMES",
-                   help="more host names the page answers to, comma-separated (e.g. lab.example.org behind a proxy; "
-                        "'*' for any); localhost's and --host's always")
-    p.add_argument("--forwarded-allow-ips", default="", metavar="IPS",
-                   help="proxies whose X-Forwarded-For names the client (comma-separated addresses or networks); "
-                        "none by default: the client is the TCP peer")
-    p.add_argument("--db", help="database path or URL (default: $ENVLAB_DB, else runs/envlab.db)")
-    p.add_argument("--no-worker", action="store_true", help="do not start a worker beside the page")
-    p.add_argument("--no-example", action="store_true",
-                   help="leave a new, empty database empty (by default the shipped example run is imported into it)")
-    return p
-
-
-def address(host: str | None, port: int | None) -> tuple[str, int]:
-    """Where to serve: the flags, else Gradio's own GRADIO_SERVER_NAME and GRADIO_SERVER_PORT, else
-    127.0.0.1:7860."""
-    host = host or os.environ.get("GRADIO_SERVER_NAME") or "127.0.0.1"
-    if port is None:
-        raw = os.environ.get("GRADIO_SERVER_PORT") or "7860"
-        if not raw.isdigit():
-            raise SystemExit(f"envlab serve: GRADIO_SERVER_PORT={raw!r} is not a port number")
-        port = int(raw)
-    return host, port
-
-
-def port_free(host: str, port: int) -> bool:
-    """Whether the page can listen on `(host, port)`; any reason but a taken port ends the command."""
-    try:
-        socket.create_server((host, port)).close()
-    except OSError as err:
-        if err.errno == errno.EADDRINUSE:
-            return False
-        raise SystemExit(f"envlab serve: cannot serve on {host}:{port}: {err.strerror or err}") from None
-    return True
-
-
 def add_example(engine: Engine, beside: bool = False) -> threading.Thread | None:
     """The shipped example run, into a database that holds no run yet, then the shipped study; a file that cannot
     be imported is said in one line, and the lab starts without it. With `beside`, the study (48 runs, most of a
@@ -607,7 +563,7 @@ def add_studies(engine: Engine) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = arguments().parse_args(argv)
     host, port = address(args.host, args.port)
-    taken = f"envlab serve: port {port} is taken; choose another with --port N or GRADIO_SERVER_PORT"
+    taken = taken_message(port)
     if not port_free(host, port):  # before the worker starts and the page is built
         print(taken, file=sys.stderr)
         return 2
