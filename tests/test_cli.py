@@ -137,18 +137,18 @@ def _serve(tmp_path: Path, *flags: str, port: int, **popen) -> subprocess.Popen:
 
 
 def test_serve_takes_its_address_from_the_flags_then_gradios_variables(monkeypatch):
-    from lab.pages import web as app
+    from lab.pages import options
 
     monkeypatch.delenv("GRADIO_SERVER_NAME", raising=False)
     monkeypatch.delenv("GRADIO_SERVER_PORT", raising=False)
-    assert app.address(None, None) == ("127.0.0.1", 7860)
+    assert options.address(None, None) == ("127.0.0.1", 7860)
     monkeypatch.setenv("GRADIO_SERVER_NAME", "0.0.0.0")
     monkeypatch.setenv("GRADIO_SERVER_PORT", "8123")
-    assert app.address(None, None) == ("0.0.0.0", 8123)
-    assert app.address("localhost", 9000) == ("localhost", 9000)
+    assert options.address(None, None) == ("0.0.0.0", 8123)
+    assert options.address("localhost", 9000) == ("localhost", 9000)
     monkeypatch.setenv("GRADIO_SERVER_PORT", "eighty")
     with pytest.raises(SystemExit, match="GRADIO_SERVER_PORT='eighty' is not a port number"):
-        app.address(None, None)
+        options.address(None, None)
 
 
 def test_serve_listens_on_gradio_server_port_and_says_where(tmp_path: Path):

@@ -43,8 +43,11 @@ def new_experiment(name: str, db: str, tmp_path: Path, *, arms: str, seeds: int,
 
 
 def lab_env(tmp_path: Path) -> dict[str, str]:
+    """The environment of the experiment command and its array tasks. A task that dies is seen from Slurm's own
+    record (scontrol), not from its heartbeats going quiet: those are given 5 minutes, as a loaded machine (the
+    other test process training beside these) once kept a live stage's beats apart for over 30 s."""
     return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "ENVLAB_RUNS": str(tmp_path / "runs"),
-            "ENVLAB_STALE_S": "30"}
+            "ENVLAB_STALE_S": "300"}
 
 
 @pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
