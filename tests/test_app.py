@@ -18,7 +18,9 @@ import pytest
 from lab.jobs.worker import worker_status
 from lab.pages import proposal, train
 from lab.pages import web as app
+from lab.study.experiments import experiment_runs
 from storage.db import make_engine, upgrade
+from tests.recorded import scripted_experiment
 
 
 def test_a_link_opens_the_run_tab_episode_and_proposal_it_names(lab):
@@ -149,10 +151,32 @@ def test_the_poll_draws_the_tab_shown_that_is_drawn_for_no_run(lab):
     drawn = outputs[1]  # `drawn`, after `seen`
     seen = (app.lab_version(engine), ids["history"])
     for has in ({}, {"train": None}, {"train": ids["waiting"], "review": ids["history"]}):
-        out = follow(ids["history"], "train", None, None, seen, has, None, None)  # no experiment picked on Compare
+        out = follow(ids["history"], "train", None, None, seen, has, None, None, None)  # no experiment on Compare
         assert out[status].startswith(f"Run #{ids['history']} **curriculum** is ")
         assert out[drawn] == {**has, "train": ids["history"]}
-    left = follow(ids["history"], "train", None, None, seen, {"train": ids["history"]}, None, None)
+    left = follow(ids["history"], "train", None, None, seen, {"train": ids["history"]}, None, None, None)
     assert status not in left and drawn not in left
-    shown_elsewhere = follow(ids["history"], "runs", None, None, seen, {}, None, None)  # a tab a run does not fill
+    shown_elsewhere = follow(ids["history"], "runs", None, None, seen, {}, None, None, None)  # a tab no run fills
     assert status not in shown_elsewhere and drawn not in shown_elsewhere
+
+
+def test_the_poll_redraws_the_compare_tab_drawn_before_a_stage_ended_that_the_page_first_read(empty_lab):
+    """The Compare tab can be drawn before the page's first answer, and a stage end between the two; that answer
+    reads the lab with the stage ended. The poll compares what the tab was drawn from (`drawn_at`), not what the
+    page last read: it redraws the tab, and leaves a tab drawn from the lab as it is."""
+    import gradio as gr
+
+    experiment = scripted_experiment(empty_lab, name="watched", seeds=1, stages=1)
+    run_id = experiment_runs(empty_lab, experiment.id)[-1].id
+    demo = app.build_demo(empty_lab, own_worker=False)
+    fns = {f.fn.__name__: f for f in demo.fns.values() if f.fn is not None}
+    follow, outputs = fns["follow"].fn, fns["follow"].outputs
+    summary = next(c for c in outputs if getattr(c, "elem_id", None) == "compare-summary")
+    now = app.lab_version(empty_lab)
+    seen = (now, run_id)  # the page's first answer read the lab as it is now
+    before = (now.runs, (now.stages[0], now.stages[1] - 1))  # the tab, drawn one stage end earlier
+    out = follow(run_id, "compare", None, None, seen, {}, experiment.id, None, before)
+    assert out[summary].startswith("**watched**: 2 of 2 runs done.\n"), out[summary]
+    assert [v for c, v in out.items() if isinstance(c, gr.State) and v == (now.runs, now.stages)]  # drawn_at, now
+    assert summary not in follow(run_id, "compare", None, None, seen, {}, experiment.id, None, (now.runs, now.stages))
+    assert summary not in follow(run_id, "runs", None, None, seen, {}, experiment.id, None, before)  # not shown

@@ -137,7 +137,7 @@ def _serve(tmp_path: Path, *flags: str, port: int, **popen) -> subprocess.Popen:
 
 
 def test_serve_takes_its_address_from_the_flags_then_gradios_variables(monkeypatch):
-    from lab.pages import options
+    from lab.cli import serve as options
 
     monkeypatch.delenv("GRADIO_SERVER_NAME", raising=False)
     monkeypatch.delenv("GRADIO_SERVER_PORT", raising=False)

@@ -256,7 +256,7 @@ def serve(argv: list[str]) -> NoReturn:
     --host, --port, --auth, --db, --no-worker, --no-example). The page sits above the lab, so the lab starts it
     as a program, as the page starts `envlab worker`, instead of importing it; the process keeps its id, so
     signals reach the page. A taken port, a bad option and `--help` are answered here, before the page's imports."""
-    from lab.pages.options import address, arguments, port_free, taken_message
+    from lab.cli.serve import address, arguments, port_free, taken_message
 
     args = arguments().parse_args(argv)
     host, port = address(args.host, args.port)

@@ -6,6 +6,5 @@ return `{component: value}` dicts. Page code runs no query: it asks `lab` (`lab.
 `lab.proposals`, `lab.loop`, `lab.jobs.worker`) for what it shows and for what a click does.
 
 Beside the tabs, what they share: `common` (the page, tables, the board viewer), `figures`, `auth` (the guard
-`web` puts in front of the page: hosts, logins, throttling), `tempfiles` (uploads and exports, swept) and
-`options` (`envlab serve`'s options and its port check, read without Gradio).
+`web` puts in front of the page: hosts, logins, throttling) and `tempfiles` (uploads and exports, swept).
 """

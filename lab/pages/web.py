@@ -42,11 +42,11 @@ from starlette.middleware import Middleware
 from tqdm import tqdm
 
 from lab.archive import ArchiveError, Limits
+from lab.cli.serve import address, arguments, port_free, taken_message
 from lab.jobs.worker import WorkerState, beside_page_env, start_worker, worker_busy, worker_status
 from lab.pages import compare, episode, leaderboard, playground, proposal, review, runs, train
 from lab.pages.auth import Guard, allowed_hosts
 from lab.pages.common import VIEW, Page, no_progress
-from lab.pages.options import address, arguments, port_free, taken_message
 from lab.pages.tempfiles import FILES_AGE_S, SWEEP_S
 from lab.runs import LabVersion, lab_version, run_list, run_of_episode, run_of_proposal, waiting_proposals
 from lab.study.example import ensure_example, import_studies
