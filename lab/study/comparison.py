@@ -850,6 +850,11 @@ def write_csv(path: Path, header: list[str], rows: list[list]) -> None:
         writer.writerows(rows)
 
 
+# Tries at drawing curves.png: on a loaded machine kaleido once asked its page before the page's script had loaded
+# ("kaleido_scopes is not defined"); each try starts a browser of its own.
+DRAW_TRIES = 3
+
+
 def write_report(compared: Comparison, out: Path) -> dict[str, Path | str]:
     """Write `report.md`, `runs.csv`, `summary.csv`, `differences.csv` and `curves.png` into `out`; returns what was
     written (the PNG's entry is the reason instead when it could not be drawn, e.g. no Chromium for kaleido)."""
@@ -861,10 +866,14 @@ def write_report(compared: Comparison, out: Path) -> dict[str, Path | str]:
     write_csv(written["runs"], *seed_rows(compared))
     write_csv(written["summary"], *summary_rows(compared))
     write_csv(written["differences"], *difference_rows(compared))
-    try:
-        curves_figure(compared, compared.rates).write_image(written["figure"], width=1200, height=520, scale=2)
-    except Exception as err:  # kaleido needs a Chromium; the numbers are written whatever happens here
-        written["figure"] = f"not drawn ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})"
+    figure = curves_figure(compared, compared.rates)
+    for left in range(DRAW_TRIES - 1, -1, -1):
+        try:
+            figure.write_image(written["figure"], width=1200, height=520, scale=2)
+            break
+        except Exception as err:  # kaleido needs a Chromium; the numbers are written whatever happens here
+            if left == 0:
+                written["figure"] = f"not drawn ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})"
     return written
 
 
