@@ -116,7 +116,7 @@ def _print_settings(args: argparse.Namespace) -> None:
 def cmd_run(args: argparse.Namespace) -> None:
     """Without a terminal (a file, a pipe, a job scheduler's log) a run writes one line per stage and no
     progress bars; in a terminal a progress bar of stages runs below those lines."""
-    from lab.jobs.worker import WorkerOptions, handlers, run_worker, visible_gpus
+    from lab.jobs.worker import WorkerOptions, handlers, run_worker, visible_gpus, warm_children
     from lab.loop import LoopError, after_job, drive, resume, stages_of, switch_engineer
     from storage.db import session
     from storage.models import Run, RunStatus, StageStatus
@@ -130,6 +130,8 @@ def cmd_run(args: argparse.Namespace) -> None:
     if args.base_url:
         allow_server(args.base_url)  # given on this machine's command line
     engine = engine_of(args.db)
+    gpus = visible_gpus()
+    warm_children(engine, gpus)  # its imports beside this process's own (a new run's settings import TRL here)
     with session(engine) as s:
         if args.resume is not None:
             run = s.get(Run, args.resume)
@@ -145,7 +147,7 @@ def cmd_run(args: argparse.Namespace) -> None:
         except LoopError as err:
             raise UsageError(str(err)) from err
         print(f"run {run.id}: resumed ({len(requeued)} jobs queued again)", flush=True)
-    lab_handlers, gpus = handlers(), visible_gpus()  # only this run's jobs, each that loads a model in a child
+    lab_handlers = handlers()  # only this run's jobs, each that loads a model in a child
     shown: set[int] = set()
     started, last = False, ""
     with tqdm(total=stages + 1, desc=f"run {run.id}", unit="stage", disable=quiet) as bar:

@@ -302,6 +302,15 @@ def child_env(engine: Engine, gpus: Sequence[str]) -> dict[str, str]:
     return {**env, **trackers.child_env(engine), **offline_env()}
 
 
+def warm_children(engine: Engine, gpus: Sequence[str] = ()) -> None:
+    """Start the zygote that this process's CPU children fork from (`lab.jobs.zygote.warm`) now, before this
+    process's own imports, so that the two overlap; nothing where children start cold or on GPUs."""
+    env = child_env(engine, gpus)
+    if not gpus and zygote.enabled(env):
+        with contextlib.suppress(OSError):  # `spawn` tries again, and starts the child cold if it cannot
+            zygote.warm(env)
+
+
 def _kill_group(proc: subprocess.Popen, grace_s: float = KILL_GRACE_S) -> None:
     """End the child's whole process group (its own children too): SIGTERM (a child stops at its next step and
     saves), SIGTERM again after `grace_s` (at once), then SIGKILL."""

@@ -40,6 +40,9 @@ PRELOAD = ("training.stage", "training.evaluate", "training.probe", "lab.loop", 
 # interpreter's): a child whose environment differs in one of them gets a zygote of its own.
 IMPORT_PREFIXES = ("OMP_", "MKL_", "OPENBLAS_", "HF_", "TRANSFORMERS_", "TRACKIO_", "TORCH", "PYTORCH_", "TOKENIZERS_",
                    "PYTHON", "LD_")
+# Set by those imports themselves (torch's, to its default), read when a model is compiled, not at import: a process
+# that imported them since its zygote started still forks from it.
+SET_BY_IMPORTS = frozenset({"TORCHINDUCTOR_CACHE_DIR"})
 MAX_REQUEST = 1 << 20
 
 
@@ -48,7 +51,7 @@ def enabled(environ: Mapping[str, str] | None = None) -> bool:
 
 
 def import_key(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
-    return tuple(sorted((k, v) for k, v in env.items() if k.startswith(IMPORT_PREFIXES)))
+    return tuple(sorted((k, v) for k, v in env.items() if k.startswith(IMPORT_PREFIXES) and k not in SET_BY_IMPORTS))
 
 
 class Forked:
@@ -140,12 +143,23 @@ _lock = threading.Lock()
 def spawn(argv: Sequence[str], env: Mapping[str, str]) -> Forked:
     """`python ARGV` (`-m MODULE ARGS`) with environment `env`, forked from this process's zygote for `env`'s import
     settings (started on first use, and again if it died)."""
+    return _running(env).spawn(argv, env, os.getcwd())
+
+
+def warm(env: Mapping[str, str]) -> None:
+    """Start the zygote for `env`'s import settings now, if none runs, without waiting for its imports: a process
+    about to run jobs (`envlab run`, which imports TRL itself to check a new run's settings) does its own start
+    meanwhile, and its first child forks at once. A zygote that cannot start is `spawn`'s to find (cold children)."""
+    _running(env)
+
+
+def _running(env: Mapping[str, str]) -> Zygote:
     key = import_key(env)
     with _lock:
         zygote = _zygotes.get(key)
         if zygote is None or not zygote.alive():
             zygote = _zygotes[key] = Zygote(env)
-    return zygote.spawn(argv, env, os.getcwd())
+    return zygote
 
 
 def close_all() -> None:

@@ -28,7 +28,9 @@ from lab.jobs.worker import (
     run_worker,
     split_gpus,
     stage_needs_fsdp,
+    warm_children,
 )
+from lab.jobs.zygote import import_key
 from lab.loop import LoopError, after_job, create_run, prune_checkpoints
 from lab.runs import disk_use
 from storage import queue
@@ -140,6 +142,43 @@ def test_a_cpu_child_is_forked_from_a_zygote_that_imported_the_training_stack_on
         assert seen[0]["parent"] == seen[1]["parent"] != os.getpid()
     else:
         assert seen[0]["parent"] == seen[1]["parent"] == os.getpid()
+
+
+def _zygotes_of(pid: int) -> set[int]:
+    """The zygote processes `pid` started (its children running `lab.jobs.zygote`)."""
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rpartition(")")[2].split()[1])
+            command = (stat.parent / "cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == pid and b"lab.jobs.zygote" in command:
+            found.add(int(stat.parent.name))
+    return found
+
+
+def test_a_warmed_zygote_is_the_one_the_first_jobs_child_forks_from(empty_lab, monkeypatch, tmp_path):
+    """`warm_children` (what `envlab run` does before it creates the run) starts the zygote at once, before any job:
+    the first job's child forks from that one and no second zygote starts. What the training stack's own import
+    sets in the environment (torch's compile cache folder) does not part a child from its zygote."""
+    monkeypatch.setenv("ENVLAB_ZYGOTE", "1")
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    monkeypatch.setenv("ENVLAB_TEST_GIVEN", "warm")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    before = _zygotes_of(os.getpid())
+    warm_children(empty_lab)
+    warmed = _zygotes_of(os.getpid()) - before
+    assert len(warmed) == 1  # started, not waited for: this test goes on while it imports
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # as importing torch's compiler does
+    ended = run_child(empty_lab, _claimed(empty_lab, {}), InChild("tests.child_jobs:where"), poll_s=0.05)
+    assert ended.status == JobStatus.DONE, ended.log_tail
+    assert (ended.result["parent"], ended.result["trl"], ended.result["given"]) == (warmed.pop(), True, "warm")
+    assert _zygotes_of(os.getpid()) - before == {ended.result["parent"]}
+    env = child_env(empty_lab, ())
+    assert import_key({**env, "TORCHINDUCTOR_CACHE_DIR": "/elsewhere"}) == import_key(env)
+    assert import_key({**env, "OMP_NUM_THREADS": "7"}) != import_key(env)
 
 
 def test_a_zygote_that_cannot_start_leaves_the_child_to_start_cold(empty_lab, monkeypatch, tmp_path, caplog):
