@@ -246,3 +246,17 @@ def test_run_refuses_zero_validation_boards(tmp_path: Path, capsys):
     assert capsys.readouterr().err.strip() == (
         "envlab run: argument --validation-boards: 0 is less than 1: evaluate on at least 1 board "
         "(see envlab run --help)")
+
+
+def test_a_reader_that_stops_early_ends_the_command_quietly(tmp_path: Path):
+    """`envlab generate --n 1000 | head -1`: the reader closes the pipe after one board; the command stops with
+    status 141 (128 + SIGPIPE, as a Unix tool ends) and says nothing, no traceback."""
+    proc = subprocess.Popen([sys.executable, "-m", "lab.cli", "generate", "--n", "1000"], cwd=tmp_path,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    first = proc.stdout.readline()
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 141, err[-3000:]
+    assert Instance.from_json(first).opt_soc is not None  # a whole labelled board came through
+    assert "Traceback" not in err and "Exception ignored" not in err and "BrokenPipe" not in err, err[-3000:]

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import argparse
 import errno
+import os
+import select
+import signal
 import sys
 
 from envsim.generator import GenerationError
@@ -27,13 +30,30 @@ def arguments() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """`envlab ARGS`: the exit status (0; 2 for bad input, a full disk; 130 for Ctrl+C, in one line: a job in hand
-    went back to the queue, `lab.jobs.worker`, and nothing was left half-written)."""
+    went back to the queue, `lab.jobs.worker`, and nothing was left half-written; 141 when what read the output
+    stopped, without a word)."""
     argv = sys.argv[1:] if argv is None else argv
     try:
         return _command(argv)
     except KeyboardInterrupt:
         print(f"envlab {' '.join(argv[:1])}: interrupted".replace(" :", ":"), file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        if not _reader_gone():
+            raise
+        # what reads the output stopped (`envlab generate | head`): stop as a Unix tool does, with no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the interpreter's last flush goes nowhere
+        return 128 + signal.SIGPIPE
+
+
+def _reader_gone() -> bool:
+    """Whether standard output is a pipe whose reading end has closed."""
+    try:
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poll.poll(0))
+    except (OSError, ValueError):
+        return False
 
 
 def _command(argv: list[str]) -> int:
