@@ -63,29 +63,38 @@ def import_studies(engine: Engine, folder: str | Path = STUDIES,
     runs, so that a new lab's Compare tab shows what the README shows; returns the new experiments' ids. Each
     run travels as a run archive (new ids here); an experiment appears only once all its runs are in, with its
     runs attached in one transaction, so a page that reads meanwhile never compares a half-imported one.
-    `progress(done, total)` after each run (`envlab serve` draws a bar on the command line)."""
+    `progress(done, total)` after each run, `total` the runs of every shipped database (`envlab serve` draws a bar
+    on the command line)."""
     made = []
-    for packed in sorted(Path(folder).glob("*/study.db.gz")):
-        with tempfile.TemporaryDirectory(prefix="envlab-study-") as scratch:
-            db = Path(scratch) / "study.db"
-            with gzip.open(packed, "rb") as src, db.open("wb") as dst:
-                shutil.copyfileobj(src, dst)
-            study = make_engine(str(db))
-            upgrade(study)
-            try:
+    with tempfile.TemporaryDirectory(prefix="envlab-study-") as scratch:
+        studies = []  # every shipped database opened first, so `total` counts the runs of all of them
+        try:
+            for k, packed in enumerate(sorted(Path(folder).glob("*/study.db.gz"))):
+                db = Path(scratch) / f"study-{k}.db"
+                with gzip.open(packed, "rb") as src, db.open("wb") as dst:
+                    shutil.copyfileobj(src, dst)
+                study = make_engine(str(db))
+                studies.append(study)
+                upgrade(study)
+            plans = []
+            for study in studies:
                 experiments = [p.experiment for p in reversed(list_experiments(study))]
-                runs = {e.id: experiment_runs(study, e.id) for e in experiments}
-                total, done = sum(len(r) for r in runs.values()), 0
-                for experiment in experiments:
+                plans.append((study, [(e, experiment_runs(study, e.id)) for e in experiments]))
+            total = sum(len(runs) for _, plan in plans for _, runs in plan)
+            done = 0
+            for study, plan in plans:
+                for experiment, runs in plan:
                     arms = {}
-                    for run in runs[experiment.id]:
-                        arms[import_run(engine, export_run(study, run.id, Path(scratch) / f"run-{run.id}.zip"))] = \
-                            run.arm
+                    for run in runs:
+                        archive = export_run(study, run.id, Path(scratch) / f"run-{run.id}.zip")
+                        arms[import_run(engine, archive)] = run.arm
+                        archive.unlink()
                         done += 1
                         if progress is not None:
                             progress(done, total)
                     made.append(_attach(engine, experiment, arms))
-            finally:
+        finally:
+            for study in studies:
                 study.dispose()
     return made
 

@@ -110,14 +110,15 @@ def test_serve_imports_the_example_before_the_page_is_built_unless_no_example(tm
     assert app.main(["--db", first, "--port", port, "--no-worker"]) == 0
     said = capsys.readouterr().err
     assert "an empty lab: the example run is run #1" in said
-    assert "the shipped study's 2 experiment(s) are on the Compare tab" in said
+    assert "the shipped study's 3 experiment(s) are on the Compare tab" in said
     assert app.main(["--db", first, "--port", port, "--no-worker"]) == 0
     assert "example" not in capsys.readouterr().err
     empty_lab, first_start, second_start = runs_when_built
     assert empty_lab == [] and first_start == second_start == [NAME]
     assert importing_when_built == [False, True, False]  # the study's import ran while the page was built
-    # the example, then hardstart (5 arms x 6 seeds) and defaults (3 arms x 6 seeds), nothing imported twice
-    assert len(_runs(_engine(Path(first)))) == 1 + 30 + 18
+    # the example, then second-pass (5 arms x 8 seeds), hardstart (5 arms x 6 seeds) and defaults (3 arms x 6 seeds),
+    # nothing imported twice
+    assert len(_runs(_engine(Path(first)))) == 1 + 40 + 30 + 18
     engine = make_engine(first)
     assert run_choices(engine)[0][0].startswith(f"#1 {NAME}")  # the example heads the runs, not the study's
     assert runs_table(engine)["data"][0][:2] == [1, NAME]
@@ -227,8 +228,9 @@ def test_the_shipped_study_is_imported_with_the_numbers_of_its_report(tmp_path: 
     engine = _engine(tmp_path / "lab.db")
     calls: list[tuple[int, int]] = []
     ids = import_studies(engine, progress=lambda done, total: calls.append((done, total)))
-    assert len(ids) == 2
-    assert calls == [(k, 48) for k in range(1, 49)]  # one call per run: 30 of hardstart, 18 of defaults
+    assert len(ids) == 3
+    # one call per run, the total over every shipped database: 40 of second-pass, 30 of hardstart, 18 of defaults
+    assert calls == [(k, 88) for k in range(1, 89)]
     compared = []
     for packed in sorted(STUDIES.glob("*/study.db.gz")):  # every shipped study, each experiment of it
         db = tmp_path / f"{packed.parent.name}.db"
@@ -240,7 +242,7 @@ def test_the_shipped_study_is_imported_with_the_numbers_of_its_report(tmp_path: 
             assert summary_rows(comparison(engine, name)) == summary_rows(comparison(shipped, name))
             compared.append(name)
         shipped.dispose()
-    assert compared == ["defaults", "hardstart"]
+    assert compared == ["second-pass", "defaults", "hardstart"]
     sizes = compare_view(engine, ids[-1])["sizes"]
     assert [row[0] for row in sizes["data"]] == [f"{n}x{n}" for n in range(3, 11)] + ["all"]
     engine.dispose()
