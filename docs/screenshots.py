@@ -6,9 +6,9 @@ trained and evaluated, and the engineer's second proposal left waiting for a per
 CPU). The page is served on it and Debian's Chromium, driven by Playwright, opens each tab and saves
 `docs/screenshots/<tab>.png` (1280x800, the visible part of the page, in 256 colours).
 
-The Compare tab needs an experiment, which that one run is not: its picture is taken on the shipped study
-(`--study`, by default `docs/results/study-6seed/study.db.gz`, gunzipped to a temporary file) served by a second
-short server, with its newest experiment (`defaults`) selected and its curves drawn.
+The Compare tab needs an experiment, which that one run is not: its picture is taken on the lab's study
+(`--study`, by default `docs/results/second-pass/study.db.gz`, gunzipped to a temporary file) served by a second
+short server, with its newest experiment (`second-pass`) selected and its curves drawn.
 
     python docs/screenshots.py [--out docs/screenshots] [--db /tmp/shots.db] [--study FILE] [--only compare]
 
@@ -50,7 +50,7 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
                  "--no-first-run", "--disable-sync"]
 VIEWPORT = {"width": 1280, "height": 800}
 SETTLE_S = 2.0  # after a tab shows its content: plots finish drawing
-STUDY = Path(__file__).resolve().parent / "results" / "study-6seed" / "study.db.gz"
+STUDY = Path(__file__).resolve().parent / "results" / "second-pass" / "study.db.gz"
 RUN_SHOTS = ("runs", "stage-review", "episode", "proposal", "train", "playground", "leaderboard")
 
 

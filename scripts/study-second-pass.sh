@@ -16,7 +16,8 @@
 # A machine's folders can go with the machine, so the study's state is saved in the repository (`save`: its
 # database, the checkpoints its unfinished runs go on from, its commit; scripts/snapshot.sh). On a machine with no
 # study yet, the script restores that snapshot and goes on from it; the screen is needed only to make the study.
-# The report lands in $WORK/second-pass/study/report; it is shipped as docs/results/second-pass/.
+# The report lands in $WORK/second-pass/study/report; it is shipped as docs/results/second-pass/ (the study ran to its
+# end on 2026-12-02: docs/results/README.md).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 work=${WORK:-$HOME/envlab-long}/second-pass

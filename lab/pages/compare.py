@@ -86,9 +86,9 @@ def baseline_table(compared: Comparison, rate: Rate) -> tuple[dict[str, Any], st
 
 
 EMPTY = ("No experiment in this lab yet: `envlab experiment new --name N --arms fixed,random,heuristic --seeds 3 "
-         "--stages 3` makes one (docs/experiments.md). The shipped study (docs/results/README.md) is a database "
-         "of its own: `gunzip -k docs/results/study-6seed/study.db.gz && envlab serve --db "
-         "docs/results/study-6seed/study.db` opens it here.")
+         "--stages 3` makes one (docs/experiments.md). The lab's study (docs/results/README.md) is a database "
+         "of its own: `gunzip -k docs/results/second-pass/study.db.gz && envlab serve --db "
+         "docs/results/second-pass/study.db` opens it here.")
 
 
 def by_size(headers: list[str], rows: list[list[str]]) -> tuple[list[str], list[list[str]]]:

@@ -22,7 +22,7 @@ from sqlalchemy import Engine
 from sqlmodel import select
 
 from lab.archive import export_run, import_run
-from lab.study.experiments import experiment_runs, list_experiments
+from lab.study.experiments import experiment_runs, list_experiments, log_dir
 from storage.db import make_engine, session, upgrade
 from storage.models import Experiment, Run
 
@@ -64,39 +64,70 @@ def import_studies(engine: Engine, folder: str | Path = STUDIES,
     run travels as a run archive (new ids here); an experiment appears only once all its runs are in, with its
     runs attached in one transaction, so a page that reads meanwhile never compares a half-imported one.
     `progress(done, total)` after each run, `total` the runs of every shipped database (`envlab serve` draws a bar
-    on the command line)."""
+    on the command line). The report shipped with an experiment (`shipped_report`) is copied where `envlab
+    experiment report` writes one, so the Compare tab links it."""
     made = []
     with tempfile.TemporaryDirectory(prefix="envlab-study-") as scratch:
-        studies = []  # every shipped database opened first, so `total` counts the runs of all of them
-        try:
-            for k, packed in enumerate(sorted(Path(folder).glob("*/study.db.gz"))):
+        studies, shipped = [], sorted(Path(folder).glob("*/study.db.gz"))
+        try:  # every shipped database opened first, so `total` counts the runs of all of them
+            for k, packed in enumerate(shipped):
                 db = Path(scratch) / f"study-{k}.db"
                 with gzip.open(packed, "rb") as src, db.open("wb") as dst:
                     shutil.copyfileobj(src, dst)
                 study = make_engine(str(db))
                 studies.append(study)
                 upgrade(study)
-            plans = []
-            for study in studies:
-                experiments = [p.experiment for p in reversed(list_experiments(study))]
-                plans.append((study, [(e, experiment_runs(study, e.id)) for e in experiments]))
-            total = sum(len(runs) for _, plan in plans for _, runs in plan)
+            # oldest first over every database, so the newest study is the newest here (the Compare tab opens on it)
+            plans = sorted(((p.experiment, packed, study) for packed, study in zip(shipped, studies, strict=True)
+                            for p in list_experiments(study)), key=lambda plan: plan[0].created_at)
+            runs = {id(study): {} for study in studies}
+            for experiment, _, study in plans:
+                runs[id(study)][experiment.id] = experiment_runs(study, experiment.id)
+            total = sum(len(r) for by_experiment in runs.values() for r in by_experiment.values())
             done = 0
-            for study, plan in plans:
-                for experiment, runs in plan:
-                    arms = {}
-                    for run in runs:
-                        archive = export_run(study, run.id, Path(scratch) / f"run-{run.id}.zip")
-                        arms[import_run(engine, archive)] = run.arm
-                        archive.unlink()
-                        done += 1
-                        if progress is not None:
-                            progress(done, total)
-                    made.append(_attach(engine, experiment, arms))
+            for experiment, packed, study in plans:
+                arms = {}
+                for run in runs[id(study)][experiment.id]:
+                    archive = export_run(study, run.id, Path(scratch) / f"run-{run.id}.zip")
+                    arms[import_run(engine, archive)] = run.arm
+                    archive.unlink()
+                    done += 1
+                    if progress is not None:
+                        progress(done, total)
+                made.append(_attach(engine, experiment, arms))
+                _copy_report(shipped_report(packed.parent, experiment.name), engine, made[-1])
         finally:
             for study in studies:
                 study.dispose()
     return made
+
+
+REPORT_FILES = ("report.md", "runs.csv", "summary.csv", "differences.csv", "curves.png")
+
+
+def shipped_report(folder: Path, name: str) -> Path | None:
+    """The folder of experiment `name`'s shipped report beside its database in `folder`: `folder/NAME/` (a database
+    of several experiments, one report folder each), else `folder` itself when its report.md is that experiment's
+    (`envlab experiment ship` writes them side by side); None when neither is."""
+    for place in (folder / name, folder):
+        report = place / "report.md"
+        if not place.resolve().is_relative_to(folder.resolve()) or not report.is_file():
+            continue  # a name that leads out of the folder is no report of its
+        if report.read_text().split("\n", 1)[0] == f"# Experiment {name}":
+            return place
+    return None
+
+
+def _copy_report(source: Path | None, engine: Engine, experiment_id: int) -> None:
+    if source is None:
+        return
+    with session(engine) as s:
+        experiment = s.get(Experiment, experiment_id)
+    to = log_dir(engine, experiment) / "report"
+    to.mkdir(parents=True, exist_ok=True)
+    for name in REPORT_FILES:
+        if (source / name).is_file():
+            shutil.copyfile(source / name, to / name)
 
 
 def _attach(engine: Engine, experiment: Experiment, arms: dict[int, str | None]) -> int:

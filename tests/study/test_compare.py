@@ -73,7 +73,7 @@ def test_the_view_draws_each_arm_tables_its_sizes_and_links_its_runs(empty_lab):
         assert f"[seed {run.seed}](?run={run.id}) (done)" in view["links"]
     assert "each on 8 boards in 1 GRPO steps" in view["summary"]
     assert compare_view(empty_lab, None)["links"] == ""
-    assert "gunzip -k docs/results/study-6seed/study.db.gz" in compare_view(empty_lab, None)["summary"]
+    assert "gunzip -k docs/results/second-pass/study.db.gz" in compare_view(empty_lab, None)["summary"]
 
 
 def test_an_experiment_s_and_its_arms_names_show_as_typed_in_the_report_and_the_tab(empty_lab):

@@ -216,14 +216,16 @@ def test_its_edited_proposal_shows_the_stored_config_and_work_on_its_weights_is_
 
 def test_the_shipped_study_is_imported_with_the_numbers_of_its_report(tmp_path: Path):
     """A new lab's Compare tab holds the shipped study (docs/results): each experiment, its runs attached to
-    their arms, and every number of its summary as the study's own database gives it."""
+    their arms, every number of its summary as the study's own database gives it, and the report shipped beside
+    it linked."""
     import gzip
     import shutil
 
-    from lab.pages.compare import compare_view
+    from lab.pages.compare import compare_view, report_file
     from lab.study.comparison import comparison, summary_rows
     from lab.study.example import STUDIES, import_studies
-    from lab.study.experiments import list_experiments
+    from lab.study.experiments import list_experiments, log_dir
+    from lab.text import as_text
 
     engine = _engine(tmp_path / "lab.db")
     calls: list[tuple[int, int]] = []
@@ -231,6 +233,8 @@ def test_the_shipped_study_is_imported_with_the_numbers_of_its_report(tmp_path: 
     assert len(ids) == 3
     # one call per run, the total over every shipped database: 40 of second-pass, 30 of hardstart, 18 of defaults
     assert calls == [(k, 88) for k in range(1, 89)]
+    # oldest first, so the newest study, the lab's, is the newest experiment here: the Compare tab opens on it
+    assert [p.experiment.name for p in list_experiments(engine)] == ["second-pass", "defaults", "hardstart"]
     compared = []
     for packed in sorted(STUDIES.glob("*/study.db.gz")):  # every shipped study, each experiment of it
         db = tmp_path / f"{packed.parent.name}.db"
@@ -239,10 +243,18 @@ def test_the_shipped_study_is_imported_with_the_numbers_of_its_report(tmp_path: 
         shipped = make_engine(str(db))
         upgrade(shipped)  # as `envlab experiment report` does
         for name in sorted(p.experiment.name for p in list_experiments(shipped)):
-            assert summary_rows(comparison(engine, name)) == summary_rows(comparison(shipped, name))
+            here = comparison(engine, name)
+            assert summary_rows(here) == summary_rows(comparison(shipped, name))
+            report = log_dir(engine, here.experiment) / "report"
+            assert report_file(engine, here).startswith(f"Report: {as_text(str(report / 'report.md'))} (with")
+            beside = packed.parent / name if (packed.parent / name).is_dir() else packed.parent
+            assert sorted(p.name for p in report.iterdir()) == sorted(p.name for p in beside.iterdir()
+                                                                      if p.suffix in (".md", ".csv", ".png"))
+            assert (report / "report.md").read_bytes() == (beside / "report.md").read_bytes()
             compared.append(name)
         shipped.dispose()
     assert compared == ["second-pass", "defaults", "hardstart"]
     sizes = compare_view(engine, ids[-1])["sizes"]
-    assert [row[0] for row in sizes["data"]] == [f"{n}x{n}" for n in range(3, 11)] + ["all"]
+    assert [row[0] for row in sizes["data"]] == ([f"{n}x{n}" for n in range(3, 11)] + ["all"]
+                                                 + [f"{k} agents" for k in (3, 4, 5)])  # the lab's study: 3-5 agents
     engine.dispose()
