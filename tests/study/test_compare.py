@@ -167,18 +167,26 @@ def test_the_compare_tab_redraws_a_study_under_way_as_its_stages_end(empty_lab, 
         page.locator("#compare-summary").get_by_text("watched: 2 of 2 runs done.").wait_for()
 
 
-@pytest.mark.parametrize("name", ["defaults", "hardstart"])
-def test_the_shipped_study_is_what_its_database_says(name: str, tmp_path: Path):
-    """docs/results/study-6seed/NAME: its report, runs.csv, summary.csv and differences.csv are remade exactly from
-    the study's database shipped beside them (every seed's rate, the intervals, the paired differences)."""
+SHIPPED_ARMS = {"defaults": (("random", "evidence", "heuristic"), 6),
+                "hardstart": (("random", "evidence", "heuristic", "fixed", "learnability"), 6),
+                "second-pass": (("random", "static", "schedule", "evidence", "bandit"), 8)}
+
+
+@pytest.mark.parametrize(("folder", "name"), [("study-6seed", "defaults"), ("study-6seed", "hardstart"),
+                                              ("second-pass", "second-pass")])
+def test_the_shipped_study_is_what_its_database_says(folder: str, name: str, tmp_path: Path):
+    """docs/results/FOLDER: each experiment's report, runs.csv, summary.csv and differences.csv are remade exactly
+    from the database shipped beside them (every seed's rate, the intervals, the paired differences)."""
     import csv
     import gzip
     import shutil
 
     from lab.study.comparison import difference_rows, report_markdown, seed_rows, summary_rows
+    from lab.study.example import shipped_report
 
-    study = Path(__file__).resolve().parents[2] / "docs" / "results" / "study-6seed"
-    shipped = study / name
+    study = Path(__file__).resolve().parents[2] / "docs" / "results" / folder
+    shipped = shipped_report(study, name)
+    assert shipped == (study if folder == name else study / name)
     db = tmp_path / "study.db"
     with gzip.open(study / "study.db.gz", "rb") as src, db.open("wb") as dst:
         shutil.copyfileobj(src, dst)
@@ -190,9 +198,9 @@ def test_the_shipped_study_is_what_its_database_says(name: str, tmp_path: Path):
                                  ("differences.csv", difference_rows(c))):
         with (shipped / file).open(newline="") as f:
             assert list(csv.reader(f)) == [header, *([str(v) for v in row] for row in rows)]
-    arms = ("random", "evidence", "heuristic") + (("fixed", "learnability") if name == "hardstart" else ())
+    arms, seeds = SHIPPED_ARMS[name]
     assert {(r.arm, r.seed): r.status for r in experiment_runs(engine, c.experiment.id)} == {
-        (arm, seed): "done" for arm in arms for seed in range(6)}
+        (arm, seed): "done" for arm in arms for seed in range(seeds)}
     engine.dispose()
 
 

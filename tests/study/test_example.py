@@ -258,3 +258,20 @@ def test_the_shipped_study_is_imported_with_the_numbers_of_its_report(tmp_path: 
     assert [row[0] for row in sizes["data"]] == ([f"{n}x{n}" for n in range(3, 11)] + ["all"]
                                                  + [f"{k} agents" for k in (3, 4, 5)])  # the lab's study: 3-5 agents
     engine.dispose()
+
+
+def test_a_shipped_report_is_the_experiments_own_and_inside_its_folder(tmp_path: Path):
+    """`shipped_report`: the experiment's own folder first, then the folder beside its database when that report is
+    the experiment's; another experiment's report, a missing one, or a name that leads out of the folder: none."""
+    from lab.study.example import shipped_report
+
+    folder = tmp_path / "results" / "study"
+    (folder / "alpha").mkdir(parents=True)
+    (folder / "alpha" / "report.md").write_text("# Experiment alpha\n\nits numbers\n")
+    (folder / "report.md").write_text("# Experiment beta\n")
+    (tmp_path / "results" / "report.md").write_text("# Experiment ..\n")
+    assert shipped_report(folder, "alpha") == folder / "alpha"
+    assert shipped_report(folder, "beta") == folder
+    assert shipped_report(folder, "gamma") is None  # beside it is beta's report, not gamma's
+    assert shipped_report(folder, "..") is None  # the folder above holds a report.md that names "..": not followed
+    assert shipped_report(tmp_path / "nowhere", "alpha") is None
