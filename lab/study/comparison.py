@@ -889,7 +889,7 @@ def curves_figure(compared: Comparison, rates: tuple[Rate, ...] = (Rate.VALID,))
     """Per rate, one panel: for each arm (one colour each) its mean curve over stages (trace named by the arm),
     its 95% interval as a band (`<arm> interval`) and one dot per seed (`<arm> seeds`)."""
     fig = make_subplots(rows=1, cols=len(rates), subplot_titles=[f"validation {r} rate" for r in rates])
-    palette = qualitative.Plotly
+    palette = qualitative.D3  # Tableau 10: five arms in five hues apart (Plotly's own puts blue beside purple)
     for col, rate in enumerate(rates, 1):
         for i, arm in enumerate(compared.arms):
             colour = palette[i % len(palette)]
