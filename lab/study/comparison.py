@@ -855,13 +855,16 @@ def write_csv(path: Path, header: list[str], rows: list[list]) -> None:
 DRAW_TRIES = 3
 
 
+# What `write_report` writes, by its key in the answer: a report's whole folder.
+REPORT_FILES = {"report": "report.md", "runs": "runs.csv", "summary": "summary.csv", "differences": "differences.csv",
+                "figure": "curves.png"}
+
+
 def write_report(compared: Comparison, out: Path) -> dict[str, Path | str]:
     """Write `report.md`, `runs.csv`, `summary.csv`, `differences.csv` and `curves.png` into `out`; returns what was
     written (the PNG's entry is the reason instead when it could not be drawn, e.g. no Chromium for kaleido)."""
     out.mkdir(parents=True, exist_ok=True)
-    written: dict[str, Path | str] = {"report": out / "report.md", "runs": out / "runs.csv",
-                                      "summary": out / "summary.csv", "differences": out / "differences.csv",
-                                      "figure": out / "curves.png"}
+    written: dict[str, Path | str] = {key: out / name for key, name in REPORT_FILES.items()}
     written["report"].write_text(report_markdown(compared))
     write_csv(written["runs"], *seed_rows(compared))
     write_csv(written["summary"], *summary_rows(compared))

@@ -22,6 +22,7 @@ from sqlalchemy import Engine
 from sqlmodel import select
 
 from lab.archive import export_run, import_run
+from lab.study.comparison import REPORT_FILES
 from lab.study.experiments import experiment_runs, list_experiments, log_dir
 from storage.db import make_engine, session, upgrade
 from storage.models import Experiment, Run
@@ -78,16 +79,13 @@ def import_studies(engine: Engine, folder: str | Path = STUDIES,
                 studies.append(study)
                 upgrade(study)
             # oldest first over every database, so the newest study is the newest here (the Compare tab opens on it)
-            plans = sorted(((p.experiment, packed, study) for packed, study in zip(shipped, studies, strict=True)
-                            for p in list_experiments(study)), key=lambda plan: plan[0].created_at)
-            runs = {id(study): {} for study in studies}
-            for experiment, _, study in plans:
-                runs[id(study)][experiment.id] = experiment_runs(study, experiment.id)
-            total = sum(len(r) for by_experiment in runs.values() for r in by_experiment.values())
-            done = 0
-            for experiment, packed, study in plans:
+            plans = sorted(((p.experiment, packed, study, experiment_runs(study, p.experiment.id))
+                            for packed, study in zip(shipped, studies, strict=True) for p in list_experiments(study)),
+                           key=lambda plan: plan[0].created_at)
+            total, done = sum(len(runs) for *_, runs in plans), 0
+            for experiment, packed, study, runs in plans:
                 arms = {}
-                for run in runs[id(study)][experiment.id]:
+                for run in runs:
                     archive = export_run(study, run.id, Path(scratch) / f"run-{run.id}.zip")
                     arms[import_run(engine, archive)] = run.arm
                     archive.unlink()
@@ -100,9 +98,6 @@ def import_studies(engine: Engine, folder: str | Path = STUDIES,
             for study in studies:
                 study.dispose()
     return made
-
-
-REPORT_FILES = ("report.md", "runs.csv", "summary.csv", "differences.csv", "curves.png")
 
 
 def shipped_report(folder: Path, name: str) -> Path | None:
@@ -125,7 +120,7 @@ def _copy_report(source: Path | None, engine: Engine, experiment_id: int) -> Non
         experiment = s.get(Experiment, experiment_id)
     to = log_dir(engine, experiment) / "report"
     to.mkdir(parents=True, exist_ok=True)
-    for name in REPORT_FILES:
+    for name in REPORT_FILES.values():
         if (source / name).is_file():
             shutil.copyfile(source / name, to / name)
 
