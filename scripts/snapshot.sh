@@ -3,7 +3,8 @@
 #
 #   snapshot_save WORK DB SNAP       # SNAP/: DB gzipped (a consistent copy while workers write, without the
 #                                    # episodes no run reads again), what of WORK/runs the unfinished runs go on
-#                                    # from (their last finished stage, the boards), WORK/COMMIT, and WORK's path
+#                                    # from (their last finished stage, the boards), WORK/COMMIT, and WORK's path;
+#                                    # KEEP="a b": folders of WORK kept whole besides (gate.sh: its starts)
 #   snapshot_restore SNAP WORK DB    # the reverse, into a WORK that holds no study yet; refuses another WORK path,
 #                                    # as the database names its checkpoints by their full paths
 #   snapshot_every SECONDS PID WORK DB SNAP   # snapshot_save every SECONDS while process PID runs, and once after
@@ -18,7 +19,8 @@ snapshot_save() {
     # reads again left out (a finished run's, but for the stage-0 evaluations later runs copy), as shipping does.
     # It prints what of WORK/runs the study goes on from: the board files, the workers' logs, and each unfinished
     # run's last finished stage (its policy); a finished run's checkpoints and TRL's folders are left out.
-    "$python" - "$db" "$snap/.db.tmp" "$work" > "$snap/.keep.tmp" <<'PY'
+    # shellcheck disable=SC2086  # KEEP: folders of WORK kept whole (a study's starting policies), space-separated
+    "$python" - "$db" "$snap/.db.tmp" "$work" ${KEEP:-} > "$snap/.keep.tmp" <<'PY'
 import sqlite3, sys
 from pathlib import Path
 copy, work = sqlite3.connect(sys.argv[2]), Path(sys.argv[3])
@@ -31,6 +33,7 @@ last = copy.execute("""SELECT s.checkpoint FROM stages s JOIN runs r ON r.id = s
                        WHERE r.status != 'done' AND s.status = 'done' AND s."index" = (
                            SELECT max(t."index") FROM stages t WHERE t.run_id = s.run_id AND t.status = 'done')""")
 keep = {p.relative_to(work) for p in (work / "runs").iterdir() if p.is_file() or p.name == "experiments"}
+keep |= {Path(p) for p in sys.argv[4:] if (work / p).exists()}  # folders of WORK the caller keeps (KEEP)
 for (checkpoint,) in last:  # a trained stage's policy is named under the runs folder; stage 0's is the shipped one
     if checkpoint and not Path(checkpoint).is_absolute() and (work / "runs" / checkpoint).parent.is_dir():
         keep.add((work / "runs" / checkpoint).parent.relative_to(work))

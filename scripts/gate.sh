@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# The gate (lab/study/gate.py; docs/results/README.md, "The gate"): does the best environment move as the policy
+# learns? The same 8 configs, one stage of 256 GRPO steps each, 2 seeds, from three starts: `weak` (step 10,000 of the
+# 2-to-5-agent warm start), `tiny` (the shipped policy) and `static` (tiny after two stages on the headroom screen's
+# best config). In a database of its own, on a fixed commit, in the background, resumable: run it again after any
+# stop and it goes on where it stopped (labels, the warm start and every experiment resume; each thing is made once).
+#
+#   bash scripts/gate.sh [COMMIT]     # two chains of one torch thread each (one a core here):
+#                                     #   A: the static start's two stages, then gate-tiny, then gate-static
+#                                     #   B: the warm start's labels and its first 10,000 steps, then gate-weak
+#   bash scripts/gate.sh save         # its state into docs/results/gate-under-way/ (SNAPSHOT=folder: another);
+#                                     # while it runs, every SAVE_EVERY seconds (default 3600) and once when it ends
+#
+# On a machine with no gate yet, the script restores that snapshot and goes on from it. The report is written by
+# `python -m lab.study.gate report` once the three experiments are done (docs/results/README.md gives the command).
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+work=${WORK:-$HOME/envlab-long}/gate
+snap=${SNAPSHOT:-$repo/docs/results/gate-under-way}
+db="$work/gate.db"
+python=$repo/.venv/bin/python
+source "$repo/scripts/fixed-commit.sh"
+source "$repo/scripts/snapshot.sh"
+export KEEP=starts
+if [ ! -x "$python" ]; then
+    echo "no environment in $repo/.venv: bash .ci/setup first" >&2
+    exit 2
+fi
+if [ "${1:-}" = save ]; then
+    [ -f "$db" ] || { echo "no gate in $work to save" >&2; exit 2; }
+    PYTHON=$python snapshot_save "$work" "$db" "$snap"
+    exit
+fi
+if [ ! -f "$db" ] && [ -f "$snap/COMMIT" ]; then
+    snapshot_restore "$snap" "$work" "$db"
+    cp "$snap/COMMIT" "$work/COMMIT"
+fi
+commit=${1:-$(cat "$work/COMMIT" 2>/dev/null || git -C "$repo" rev-parse --short HEAD)}
+fixed_commit "$repo" "$work" "$commit"
+cd "$work"
+export PYTHONPATH="$work/src" ENVLAB_RUNS="$work/runs" OMP_NUM_THREADS=1
+cli=("$python" -m lab.cli)
+configs="$work/configs"
+[ -f "$configs/initial.json" ] || "$python" -m lab.study.gate make-configs --out "$configs"
+setting=(--scenario default --config "$configs/initial.json" --agent-counts 2,3,4,5 --validation-agents 3,4,5
+         --db "$db")
+gate=(--stages 1 --seeds 2 --instances 1024 --dev-per-size 300 "${setting[@]}")
+arms=$(cd "$configs" && for f in mix*.json; do printf '%s=static:%s,' "${f%.json}" "$configs/$f"; done)
+arms=${arms%,}
+if [ ! -f made-prep ]; then  # the static start: the second-pass study's static arm, seed 0 (2 stages of 128 steps)
+    "${cli[@]}" experiment new --name gate-start-static --arms "static=static:$configs/mixA-holes0.1-waits0.75.json" \
+        --seeds 1 --stages 2 --dev-per-size 3 --policy tiny "${setting[@]}"
+    touch made-prep
+fi
+if [ ! -f made-tiny ]; then
+    "${cli[@]}" experiment new --name gate-tiny --arms "$arms" --policy tiny "${gate[@]}"
+    touch made-tiny
+fi
+run() { "${cli[@]}" experiment run "$1" --workers 1 --threads 1 --db "$db"; }
+chain_a="
+    set -e
+    $(declare -f run); cli=(${cli[*]@Q}); db=${db@Q}
+    run gate-start-static
+    if [ ! -f made-static ]; then
+        rm -rf starts/static.tmp && mkdir -p starts
+        cp -r \"\$('$python' -m lab.study.gate checkpoint gate-start-static --db '$db')\" starts/static.tmp
+        rm -rf starts/static && mv starts/static.tmp starts/static
+        \"\${cli[@]}\" experiment new --name gate-static --arms '$arms' --policy '$work/starts/static' ${gate[*]@Q}
+        touch made-static
+    fi
+    run gate-tiny
+    run gate-static
+"
+chain_b="
+    set -e
+    $(declare -f run); cli=(${cli[*]@Q}); db=${db@Q}
+    if [ ! -f made-weak ]; then
+        '$python' -m training.labels --out labels --boards 120000 --workers 1
+        '$python' -m training.warmstart --labels labels --out starts/weak --steps 40000 --eval-every 2000 \
+            --check-per-cell 3 --threads 1 --stop-at 10000
+        \"\${cli[@]}\" experiment new --name gate-weak --arms '$arms' --policy '$work/starts/weak' ${gate[*]@Q}
+        touch made-weak
+    fi
+    run gate-weak
+    run gate-tiny
+"
+nohup setsid nice -n 5 bash -c "$chain_a" >> "$work/chain-a.log" 2>&1 &
+a=$!
+nohup setsid nice -n 5 bash -c "$chain_b" >> "$work/chain-b.log" 2>&1 &
+b=$!
+echo "$a $b" > "$work/pids"
+# its state into the repository's folder every SAVE_EVERY seconds (default an hour), so a lost machine costs little
+nohup setsid bash -c "source '$repo/scripts/snapshot.sh'; export KEEP=starts;
+    while kill -0 $a 2>/dev/null || kill -0 $b 2>/dev/null; do
+        sleep ${SAVE_EVERY:-3600}; PYTHON='$python' snapshot_save '$work' '$db' '$snap'
+    done" >> "$work/snapshots.log" 2>&1 &
+echo "gate at commit $commit; logs: $work/chain-a.log, $work/chain-b.log; saved into $snap every ${SAVE_EVERY:-3600} s"
