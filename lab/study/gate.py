@@ -16,6 +16,15 @@ the 2,520 validation boards of 3 to 5 agents. Configs are ranked on the dev boar
 
     python -m lab.study.gate make-configs --out DIR     # initial.json and one file per config
     python -m lab.study.gate checkpoint NAME --db DB    # the policy an experiment's single run ended on
+    python -m lab.study.gate report --db DB --out DIR   # per start: the ranking; between starts: does it move?
+
+**What the report reads.** A config's gain at a start is, per seed, its valid rate after the stage minus stage 0's
+(the start itself), on that seed's dev boards (what selects and ranks) and on the validation boards (what scores).
+Per start: the configs ranked by mean dev gain. Between two starts: Spearman's rank correlation of the configs' mean
+dev gains. **The best config moves** where the config chosen on dev at one start, trained from another start, loses
+to the config chosen on dev there by more than the seed spread there (the pooled standard deviation of one config's
+validation gain over its seeds), in mean validation gain paired by seed. If it moves nowhere, no adaptive engineer
+can beat the best static config on this testbed from these starts, whatever it reads.
 
 The configs widen the headroom screen's grid past its corner (fewest holes, most waits), where its winner sat: 5%
 holes with 90% of the boards needing a wait, and no holes at all, at each of its three agent mixes; its winner
@@ -29,13 +38,20 @@ config was checked to fill for both seeds' stage 1 before the gate started.
 from __future__ import annotations
 
 import argparse
+import math
+import statistics
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
+from scipy import stats
 from sqlmodel import select
 
 from envsim.config import EnvConfig
-from lab.study.experiments import ExperimentError, load_scenario
+from envsim.suite import Split
+from lab.results import stage_summaries
+from lab.study.comparison import markdown_table, points, write_csv
+from lab.study.experiments import ExperimentError, experiment_runs, find_experiment, load_scenario
 from lab.study.headroom import INITIAL, MIXES, SCENARIO, config_name, initial_config
 from storage.db import runs_root, session
 from storage.models import Experiment, Run, RunStatus, Stage
@@ -102,6 +118,194 @@ def final_checkpoint(engine, name: str) -> str:
         return str(runs_root(engine) / last.checkpoint)
 
 
+# ---------------------------------------------------------------- the report
+
+Gains = dict[str, dict[int, float]]  # config -> seed -> gain (a rate's difference, 0.012 is 1.2 points)
+
+
+@dataclass(frozen=True)
+class Start:
+    """One start's screen as it stands: each config's gain by seed on the dev boards and on validation (seeds whose
+    run has both stages evaluated on that split), stage 0's mean valid rate on validation, and the runs done."""
+
+    name: str
+    experiment: str
+    dev: Gains
+    validation: Gains
+    stage0: float | None
+    done: int
+    runs: int
+
+    def mean(self, config: str, split: Split = Split.DEV) -> float | None:
+        by_seed = (self.dev if split == Split.DEV else self.validation).get(config, {})
+        return sum(by_seed.values()) / len(by_seed) if by_seed else None
+
+    def ranking(self) -> list[str]:
+        """The configs with a dev gain, best first (ties: by name, for a stable order)."""
+        return sorted((c for c in self.dev if self.dev[c]), key=lambda c: (-self.mean(c), c))
+
+    @property
+    def best(self) -> str | None:
+        ranked = self.ranking()
+        return ranked[0] if ranked else None
+
+    def seed_spread(self) -> float | None:
+        """The pooled standard deviation of one config's validation gain over its seeds (None without a config of 2
+        or more seeds)."""
+        parts = [(len(v) - 1, statistics.variance(v.values())) for v in self.validation.values() if len(v) > 1]
+        dof = sum(d for d, _ in parts)
+        return math.sqrt(sum(d * var for d, var in parts) / dof) if dof else None
+
+
+def _gains(before: dict[int, float], after: dict[int, float]) -> dict[int, float]:
+    return {seed: after[seed] - before[seed] for seed in after if seed in before}
+
+
+def read_start(engine, start: str, prefix: str = "gate") -> Start | None:
+    """Start `start`'s experiment (`<prefix>-<start>`) read from the database; None where it is not made yet."""
+    try:
+        experiment = find_experiment(engine, f"{prefix}-{start}")
+    except ExperimentError:
+        return None
+    runs = experiment_runs(engine, experiment.id)
+    rates: dict[Split, dict[str, dict[int, dict[int, float]]]] = {Split.DEV: {}, Split.VALIDATION: {}}
+    with session(engine) as s:
+        for run in runs:
+            for split, by_arm in rates.items():
+                for k, summary in stage_summaries(s, run.id, split).items():
+                    by_arm.setdefault(run.arm, {}).setdefault(k, {})[run.seed] = summary.pooled.valid_rate
+    gains = {split: {arm: _gains(by_stage.get(0, {}), by_stage.get(1, {})) for arm, by_stage in by_arm.items()}
+             for split, by_arm in rates.items()}
+    stage0 = [v for by_stage in rates[Split.VALIDATION].values() for v in by_stage.get(0, {}).values()]
+    return Start(start, experiment.name, gains[Split.DEV], gains[Split.VALIDATION],
+                 sum(stage0) / len(stage0) if stage0 else None,
+                 sum(r.status == RunStatus.DONE for r in runs), len(runs))
+
+
+def rank_correlation(a: Start, b: Start) -> tuple[float, int] | None:
+    """Spearman's rho of the two starts' mean dev gains over the configs both have, and how many (None under 3)."""
+    common = sorted(set(a.ranking()) & set(b.ranking()))
+    if len(common) < 3:
+        return None
+    rho = stats.spearmanr([a.mean(c) for c in common], [b.mean(c) for c in common]).statistic
+    return float(rho), len(common)
+
+
+@dataclass(frozen=True)
+class Move:
+    """Trained from start `at`: its own best (`best`, chosen on its dev boards) minus the best of start `other`
+    (`theirs`), in validation gain paired by seed; `loses` where that is more than the seed spread at `at`."""
+
+    at: str
+    other: str
+    best: str
+    theirs: str
+    by_seed: dict[int, float]
+    spread: float | None
+
+    @property
+    def difference(self) -> float | None:
+        return sum(self.by_seed.values()) / len(self.by_seed) if self.by_seed else None
+
+    @property
+    def loses(self) -> bool:
+        return self.difference is not None and self.spread is not None and self.difference > self.spread
+
+
+def moves(starts: list[Start]) -> list[Move]:
+    """Every ordered pair of starts whose bests differ: how much the other start's best loses here."""
+    out = []
+    for here in starts:
+        for there in starts:
+            if here is there or here.best is None or there.best is None or here.best == there.best:
+                continue
+            mine, theirs = here.validation.get(here.best, {}), here.validation.get(there.best, {})
+            out.append(Move(here.name, there.name, here.best, there.best,
+                            {k: mine[k] - theirs[k] for k in sorted(mine) if k in theirs}, here.seed_spread()))
+    return out
+
+
+def verdict(starts: list[Start]) -> str:
+    """The gate's answer in one line."""
+    read = [s for s in starts if s.best is not None]
+    if len(read) < 2:
+        return "Not read yet: fewer than two starts have a config with both stages evaluated."
+    lost = [m for m in moves(read) if m.loses]
+    if lost:
+        worst = max(lost, key=lambda m: m.difference)
+        return (f"The best config moves: from the {worst.at} start, {worst.theirs} (the {worst.other} start's best) "
+                f"gains {points(worst.difference)} points less than {worst.best}, more than the seed spread there "
+                f"({points(worst.spread)}).")
+    return ("The best config does not move beyond the seed spread: at every start, every other start's best comes "
+            "within one seed spread of its own.")
+
+
+def most_different(starts: list[Start]) -> str | None:
+    """The start whose ranking agrees least with the others' (the lowest mean rank correlation)."""
+    rhos = {s.name: [r[0] for t in starts if t is not s and (r := rank_correlation(s, t))] for s in starts}
+    rhos = {k: v for k, v in rhos.items() if v}
+    return min(rhos, key=lambda k: sum(rhos[k]) / len(rhos[k])) if rhos else None
+
+
+def _signed(values: dict[int, float]) -> str:
+    return ", ".join(points(values[k], signed=True) for k in sorted(values)) or "-"
+
+
+def start_rows(start: Start) -> list[list[str]]:
+    ranked = start.ranking()
+    others = sorted(set(start.validation) - set(ranked))
+    return [[c, str(i + 1) if c in ranked else "-", points(start.mean(c), True) if c in ranked else "-",
+             _signed(start.dev.get(c, {})), points(start.mean(c, Split.VALIDATION), True)
+             if start.validation.get(c) else "-", _signed(start.validation.get(c, {}))]
+            for i, c in enumerate([*ranked, *others])]
+
+
+def report_markdown(starts: list[Start], remake: list[str]) -> str:
+    lines = ["# The gate: does the best environment move as the policy learns?", "", "Remade by:", "", "```bash",
+             *remake, "```", "", f"**{verdict(starts)}**", ""]
+    lines += [f"One stage of {STEPS} GRPO steps ({INSTANCES} boards) per config and seed, from each start; gains "
+              "in points of valid rate, the stage's minus stage 0's (the start's own). Ranked on each seed's "
+              f"{DEV_PER_SIZE} dev boards per (agent count, map size) of 3 to 5 agents; scored on the 2,520 "
+              "validation boards.", ""]
+    for start in starts:
+        lines.append(f"## From the {start.name} start (`{start.experiment}`)")
+        lines.append("")
+        stage0 = "-" if start.stage0 is None else f"{start.stage0 * 100:.1f}%"
+        spread = start.seed_spread()
+        lines.append(f"{start.done} of {start.runs} runs done. Stage 0's validation valid rate: {stage0}. Seed spread "
+                     f"of one config's validation gain: {points(spread)} points.")
+        lines.append("")
+        lines += markdown_table(["config", "rank on dev", "dev gain", "every seed", "validation gain", "every seed"],
+                                start_rows(start))
+        lines.append("")
+    lines += ["## Between starts", "", "Spearman's rank correlation of the configs' mean dev gains:", ""]
+    pairs = [(a, b) for i, a in enumerate(starts) for b in starts[i + 1:]]
+    lines += markdown_table(["starts", "rho", "configs"],
+                            [[f"{a.name} / {b.name}", *((f"{r[0]:+.2f}", str(r[1])) if (r := rank_correlation(a, b))
+                                                        else ("-", "-"))] for a, b in pairs])
+    lines += ["", "Each start's best (on dev) against every other start's best, trained from that start (validation "
+              "gain, paired by seed):", ""]
+    lines += markdown_table(["from", "its best", "the other start's best", "its best minus that", "every seed",
+                             "seed spread", "loses by more than the spread"],
+                            [[m.at, m.best, f"{m.theirs} ({m.other})", points(m.difference, True),
+                              _signed(m.by_seed), points(m.spread), "yes" if m.loses else "no"]
+                             for m in moves([s for s in starts if s.best is not None])])
+    if (far := most_different(starts)) is not None:
+        lines += ["", f"The ranking differs most from the others at the {far} start."]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(starts: list[Start], out: Path, remake: list[str]) -> dict[str, Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    written = {"report": out / "report.md", "gains": out / "gains.csv"}
+    written["report"].write_text(report_markdown(starts, remake))
+    rows = [[s.name, c, split, seed, f"{v:.6g}"] for s in starts for split, gains in
+            ((Split.DEV, s.dev), (Split.VALIDATION, s.validation)) for c in sorted(gains)
+            for seed, v in sorted(gains[c].items())]
+    write_csv(written["gains"], ["start", "config", "split", "seed", "valid_gain"], rows)
+    return written
+
+
 def _make_configs(args: argparse.Namespace) -> None:
     try:
         files = write_configs(args.out, args.from_scenario)
@@ -119,6 +323,24 @@ def _checkpoint(args: argparse.Namespace) -> None:
         raise SystemExit(f"gate checkpoint: {err}") from None
 
 
+def _report(args: argparse.Namespace) -> None:
+    from lab.cli.common import UsageError, engine_of
+
+    try:
+        engine = engine_of(args.db)
+    except UsageError as err:
+        raise SystemExit(f"gate report: {err}") from None
+    starts = [s for name in STARTS if (s := read_start(engine, name)) is not None]
+    if not starts:
+        raise SystemExit(f"gate report: no gate experiment ({', '.join(f'gate-{n}' for n in STARTS)}) in the database")
+    remake = ["bash scripts/gate.sh   # resumable; again after any stop",
+              f"python -m lab.study.gate report --db {args.db or '$ENVLAB_DB'} --out {args.out}"]
+    written = write_report(starts, args.out, remake)
+    print(verdict(starts))
+    for what, where in written.items():
+        print(f"{what}: {where}")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m lab.study.gate", description=__doc__.split("\n\n")[0])
     verbs = p.add_subparsers(dest="verb", required=True)
@@ -130,6 +352,10 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("experiment")
     s.add_argument("--db", help="database path or URL (default: $ENVLAB_DB or runs/envlab.db)")
     s.set_defaults(fn=_checkpoint)
+    s = verbs.add_parser("report", help="per start the configs' ranking; between starts, whether the best moves")
+    s.add_argument("--db", help="database path or URL (default: $ENVLAB_DB or runs/envlab.db)")
+    s.add_argument("--out", type=Path, required=True, help="folder for report.md and gains.csv")
+    s.set_defaults(fn=_report)
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     args.fn(args)
 
