@@ -495,7 +495,7 @@ def test_a_rationale_keeps_one_line_per_change(lab):
                                 rationale="size 3: wait_ratio 0.25 -> 0.35\nsize 4: hole_ratio 0.2 -> 0.15")
         proposal_id = store_proposal(s, run_id, stages_of(s, run_id)[-1].index, "heuristic", answer, base).id
     rationale = proposal.proposal_view(engine, proposal_id).rationale
-    assert rationale.startswith("size 3: wait_ratio 0.25 -> 0.35  \nsize 4: hole_ratio 0.2 -> 0.15\n\n")
+    assert rationale.startswith("size 3: wait\\_ratio 0.25 -&gt; 0.35  \nsize 4: hole\\_ratio 0.2 -&gt; 0.15\n\n")
 
 
 def test_an_invalid_edit_is_refused_naming_field_and_range_and_nothing_is_stored(lab):
@@ -856,7 +856,7 @@ def test_the_leaderboard_puts_checkpoints_side_by_side(lab):
     shown = leaderboard.leaderboard(engine, keys)
     by_size, by_subset = shown["by_size"], shown["by_subset"]
     assert [row[0] for row in shown["local"]["data"]] == [
-        f"{reference.TINY_NAME}; trained on 2, 3, 4, 5 agents", f"run #{ids['history']} curriculum, stage 0",
+        f"{reference.TINY_NAME}; imitation of solver plans on 2, 3, 4, 5 agents, no RL", f"run #{ids['history']} curriculum, stage 0",
         f"run #{ids['history']} curriculum, stage 1"]
     assert shown["local"]["headers"] == ["this lab", "2 agents", "3 agents", "4 agents", "5 agents"]
     assert shown["local"]["data"][2][1:] == ["50.00 / 50.00", "-", "-", "-"]  # these boards have 2 agents
@@ -881,8 +881,8 @@ def test_the_leaderboard_names_the_hash_of_the_boards_its_rows_were_scored_on(la
     assert recorded == ["benchmark", boards_hash(entries)]
     assert f"Boards sha256 `{recorded[1]}`: run #{ids['history']} curriculum, stage 1." in note.split("\n\n")
     tiny = json.loads(reference.TINY_FILE.read_text())  # the shipped policy's row, scored on all 3,150 boards
-    assert (f"Boards sha256 `{tiny['boards_sha256']}`: tiny policy (shipped, assets/tiny-policy); trained on 2, 3, "
-            "4, 5 agents.") in note.split("\n\n")
+    assert (f"Boards sha256 `{tiny['boards_sha256']}`: tiny policy (shipped, assets/tiny-policy); imitation of "
+            "solver plans on 2, 3, 4, 5 agents, no RL.") in note.split("\n\n")
 
 
 def test_an_empty_lab_shows_the_paper_s_rows_and_the_tiny_policy_s_apart(tmp_path: Path):
@@ -896,10 +896,12 @@ def test_an_empty_lab_shows_the_paper_s_rows_and_the_tiny_policy_s_apart(tmp_pat
     tiny = json.loads(reference.TINY_FILE.read_text())
     means = tiny["mean_over_sizes"]
     assert shown["local"] == {"headers": ["this lab", "3 agents", "4 agents", "5 agents"], "data": [
-        ["tiny policy (shipped, assets/tiny-policy); trained on 2, 3, 4, 5 agents",
+        ["tiny policy (shipped, assets/tiny-policy); imitation of solver plans on 2, 3, 4, 5 agents, no RL",
          *(f"{means[a]['valid']:.2f} / {means[a]['optimal']:.2f}" for a in ("3", "4", "5"))]]}
     assert tiny["boards"] == sum(row["n"] for row in tiny["by_size"]) == 3150
     assert tiny["command"] in shown["local_note"] and "3,150 benchmark boards" in shown["local_note"]
+    assert ("It learnt by imitation of the solver's plans (a warm start on boards of 2, 3, 4, 5 agents) and was never "
+            "trained by RL, where the paper's rows are GRPO runs that trained on 2 agents") in shown["local_note"]
     assert load_policy("tiny").trained_agents == tuple(tiny["trained_agents"]) == (2, 3, 4, 5)
     paper = [float(cell.split(" / ")[0]) for cell in shown["reference"]["data"][1][1:]]
     assert all(means[a]["valid"] >= p for a, p in zip(("3", "4", "5"), paper, strict=True))  # the paper's random
@@ -910,7 +912,8 @@ def test_an_empty_lab_shows_the_paper_s_rows_and_the_tiny_policy_s_apart(tmp_pat
 def test_the_2_agent_tiny_policys_row_says_why_it_scores_0_on_3_to_5_agents():
     """The policy before it, kept for the runs made with it: warm-started on 2 agents only, as its folder says."""
     row = reference.tiny_row(reference.TINY_FILE.with_name("tiny-2agent.json"))
-    assert row.name == "tiny-2agent policy (shipped, assets/tiny-2agent-policy); trained on 2 agents"
+    assert row.name == ("tiny-2agent policy (shipped, assets/tiny-2agent-policy); imitation of solver plans on 2 "
+                        "agents, no RL")
     assert [row.mean_over_sizes[a][0] for a in (3, 4, 5)] == [0.0, 0.0, 0.0]
     assert row.source.endswith(
         "It was warm-started on boards of 2 agents only, and a policy answers for the agent counts it has seen: on 3, "
@@ -1072,3 +1075,102 @@ def test_a_random_share_shows_in_the_diff_and_the_timeline_and_an_edit_keeps_it(
     assert timeline["headers"][-1] == "random_share"
     assert timeline["data"][-1] == [1, f"proposal #{pid}, edited by bob", 4, "0.5", "0.4 (person)", "0.25", "2=1",
                                     "16", "0.5 (engineer)"]
+
+
+# ---------------------------------------------------------------- configs the generator cannot fill, failed proposals
+
+# On the seeded runs' sizes 3 and 4 (hole_ratio 0.2 and, in the pending proposal, 0.5) no board holds 5 agents.
+NO_ROOM_FOR_5 = ("size 4: hole_ratio 0.5 leaves 8 ice cells, too few for 5 agents' starts and goals (10 cells), and "
+                 "no other map size of the config holds them")
+
+
+def _proposal_tab(engine) -> proposal.ProposalTab:
+    with gr.Blocks():
+        return proposal.build(common.Page(engine, gr.Dropdown(), gr.Tabs(), gr.HTML(), gr.HTML()))
+
+
+def _failed_proposal(engine, run_id: int) -> int:
+    """A proposal that failed as the loop fails one the generator cannot fill: the engineer's config is kept as it
+    answered (size 3's share 0.5 -> 0.6), with no projection."""
+    with session(engine) as s:
+        base = EnvConfig.model_validate(stages_of(s, run_id)[-1].config)
+        said = {**base.model_dump(mode="json"), "data_ratio": {"3": 0.6, "4": 0.4}}
+        answer = EngineerAnswer(prompt="", raw=json.dumps(said), proposed=said, projection=None,
+                                rationale="size 3: data_ratio 0.5 -> 0.6 (learnable)",
+                                error="the generator cannot fill the proposed config: size 3: scripted")
+        return store_proposal(s, run_id, stages_of(s, run_id)[-1].index, "heuristic", answer, base).id
+
+
+def test_the_live_check_runs_the_decisions_generator_check_and_holds_the_buttons(lab):
+    engine, ids = lab
+    tab = _proposal_tab(engine)
+    view = proposal.proposal_view(engine, ids["pending"])
+    fives = [[2, 0, 1.0], [5, 1, 0.0]]  # the mix table: every board 5 agents
+    checked = tab.checker(ids["pending"], view.edit, fives, 16)
+    assert checked[tab.check] == f"✗ This config cannot be generated: {NO_ROOM_FOR_5}."
+    assert [checked[tab.buttons[a]]["interactive"] for a in (Action.ACCEPT, Action.EDIT)] == [False, False]
+    assert proposal.decide_proposal(engine, ids["pending"], "edit", "bob", "", view.edit, fives, 16) == \
+        f"✗ the edited config cannot be generated: {NO_ROOM_FOR_5}"
+    assert [d.proposal_id for d in decisions(engine)] == [ids["accepted"]]
+    ok = tab.checker(ids["pending"], view.edit, view.agents, 16)  # the proposal as it stands: the buttons free
+    assert [ok[tab.buttons[a]]["interactive"] for a in (Action.ACCEPT, Action.EDIT)] == [True, True]
+
+
+def test_the_runs_form_checks_that_its_config_can_be_generated_and_holds_the_button(lab):
+    engine, _ = lab
+    before = runs.run_choices(engine)
+    table = [[3, 0.5, 0.2, 0.25], [4, 0.5, 0.5, 0.25]]
+    with gr.Blocks():
+        tab = runs.build(common.Page(engine, gr.Dropdown(), gr.Tabs(), gr.HTML(), gr.HTML()))
+    held = tab.checked(table, "5", 32, 7)
+    assert (held[tab.check], held[tab.create]["interactive"]) == (
+        f"✗ The initial config cannot be generated: {NO_ROOM_FOR_5}.", False)
+    assert runs.create_run_from_form(engine, "five", "", "tiny", "fixed", "", "", 2, 32, "5", 7, False, table) == (
+        f"✗ The initial config cannot be generated, nothing was stored: {NO_ROOM_FOR_5}", None)
+    assert runs.run_choices(engine) == before
+    # the default scenario with 2 to 5 agents can be drawn: no 4- or 5-agent board on a 3x3, where 7 ice cells are
+    free = tab.checked(common.config_rows(EnvConfig.default()), "2=0.25, 3=0.25, 4=0.25, 5=0.25", 512, 0)
+    assert (free[tab.check], free[tab.create]["interactive"]) == (
+        "The generator can draw the stages' boards from this config: size 3: hole_ratio 0.2 leaves 7 ice cells, room "
+        "for 3 agents' starts and goals: its boards have 2 or 3 agents; the boards of more agents go to the sizes "
+        "that hold them.", True)
+
+
+def test_a_failed_proposal_cannot_be_accepted_and_its_edit_is_the_main_button(lab):
+    engine, ids = lab
+    tab = _proposal_tab(engine)
+    failed = _failed_proposal(engine, ids["waiting"])
+    shown = tab.show(failed)
+    buttons = {a: (shown[tab.buttons[a]]["interactive"], shown[tab.buttons[a]].get("variant")) for a in Action
+               if a in tab.buttons}
+    assert buttons == {Action.ACCEPT: (False, "secondary"), Action.EDIT: (True, "primary"),
+                       Action.REJECT: (True, None)}
+    table = proposal.proposal_view(engine, failed).edit  # the config in force
+    checked = tab.checker(failed, table, 2, 16)
+    assert checked[tab.check] == "The table is the config in force: *Apply my edit* keeps it for the next stage."
+    assert [checked[tab.buttons[a]]["interactive"] for a in (Action.ACCEPT, Action.EDIT)] == [False, True]
+    ok = tab.show(ids["second"])  # a proposal with a config: Accept is the main button
+    assert [(ok[tab.buttons[a]]["interactive"], ok[tab.buttons[a]]["variant"]) for a in (Action.ACCEPT, Action.EDIT)] \
+        == [(True, "primary"), (True, "secondary")]
+
+
+def test_a_decided_failed_proposal_shows_what_the_engineer_proposed_and_what_was_stored(lab):
+    engine, ids = lab
+    tab = _proposal_tab(engine)
+    failed = _failed_proposal(engine, ids["waiting"])
+    waiting = proposal.proposal_view(engine, failed)  # the engineer's values, as its rationale tells them
+    assert waiting.changed["data"] == [
+        [3, "data_ratio", "0.5", "0.5", "0", "the engineer proposed 0.6 (its proposal failed: not applied)"],
+        [4, "data_ratio", "0.5", "0.5", "0", "the engineer proposed 0.4 (its proposal failed: not applied)"]]
+    table = [[3, 0.0, 0.2, 0.25], [4, 1.0, 0.2, 0.25]]
+    assert proposal.decide_proposal(engine, failed, "edit", "bob", "", table, 2, 16).startswith(
+        f"✓ Proposal #{failed} edited by bob")
+    decided = proposal.proposal_view(engine, failed)
+    assert decided.changed["data"] == [
+        [3, "data_ratio", "0.5", "✎ 0", "-0.5", "✎ set by bob; the engineer proposed 0.6"],
+        [4, "data_ratio", "0.5", "✎ 1", "+0.5", "✎ set by bob; the engineer proposed 0.4"]]
+    assert "data\\_ratio 0.5 -&gt; 0.6" in decided.rationale
+    after = tab.after_decision(ids["waiting"], failed)  # the preview is drawn again, from the stored config
+    titles = [a.text for a in after[tab.preview].layout.annotations]
+    assert len(titles) == 4 and all(t.startswith("4x4") for t in titles)  # size 3 has no share
+    assert after[tab.preview_note].startswith("4 boards drawn from the config stored with the decision (seed ")

@@ -5,6 +5,7 @@ writes a checkpoint that `load_policy` reads back as a compact policy."""
 from __future__ import annotations
 
 import gzip
+import json
 import shutil
 from pathlib import Path
 
@@ -12,12 +13,20 @@ import pytest
 import torch
 
 from envsim.prompts import compact_answer
-from envsim.suite import Split, build_cell, cells, validation_cells
+from envsim.suite import DEV_PER_SIZE, Split, build_cell, cells, dev_entries, validation_cells
 from training.labels import Args as LabelArgs
 from training.labels import Shard, open_folder, plan, run, write_shard
 from training.policy import load_policy
 from training.tokenizer import compact_text
-from training.warmstart import Args, cell_weights, held_out_ids, load_labels, step_batch, train
+from training.warmstart import (
+    HELD_OUT_RECIPE,
+    Args,
+    cell_weights,
+    held_out_ids,
+    load_labels,
+    step_batch,
+    train,
+)
 
 SHAPE = ("hidden_size=32,intermediate_size=64,num_hidden_layers=2,num_attention_heads=2,num_key_value_heads=2,"
          "head_dim=16")
@@ -52,6 +61,20 @@ def test_no_held_out_board_is_trained_on(tmp_path: Path) -> None:
     kept = {b.id for boards in data.values() for b in boards}
     assert not kept & held_out
     assert dropped >= 2  # the planted board and at least one real draw: 3x3 boards repeat, the filter is needed
+
+
+def test_each_seed_s_own_dev_boards_are_held_out_and_a_stale_cache_is_made_anew(tmp_path: Path) -> None:
+    cache = tmp_path / "held-out.json"
+    cache.write_text(json.dumps(["a-board-id"]))  # the older bare list: stale, whatever it holds
+    held_out = held_out_ids(cache, sizes={3})
+    beside = [e.instance for c in validation_cells(30, (2,)) for e in build_cell(c)[0]]
+    own = {e.instance.id for e in dev_entries(DEV_PER_SIZE, beside, agents=(2,), draw=7) if e.instance.size == 3}
+    assert len(own) == DEV_PER_SIZE and own <= held_out and "a-board-id" not in held_out
+    assert json.loads(cache.read_text()) == {"recipe": {**HELD_OUT_RECIPE, "sizes": [3]}, "ids": sorted(held_out)}
+    cache.write_text(json.dumps({"recipe": {**HELD_OUT_RECIPE, "sizes": [3]}, "ids": ["x"]}))
+    assert held_out_ids(cache, sizes={3}) == frozenset({"x"})  # a cache of this recipe is read as it is
+    cache.write_text(json.dumps({"recipe": {**HELD_OUT_RECIPE, "dev_seeds": [0], "sizes": [3]}, "ids": ["x"]}))
+    assert held_out_ids(cache, sizes={3}) == held_out  # another recipe: made anew
 
 
 def test_the_curriculum_opens_agents_and_sizes(labels: Path) -> None:

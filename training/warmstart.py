@@ -95,15 +95,24 @@ class Args:
 
 
 HELD_OUT_AGENTS = ((2,), (3, 4, 5))  # the validation sets' agent counts: today's default and the paper's
+DEV_SEEDS = tuple(range(10))  # runs' own dev sets (`dev_per_seed`) at the default size: the seeds studies use
+# what the held-out list holds, stored with its cache: a cache made by another recipe is stale and made anew
+HELD_OUT_RECIPE = {"agents": [list(a) for a in HELD_OUT_AGENTS], "largest_validation": LARGEST_VALIDATION,
+                   "dev_per_size": DEV_PER_SIZE, "dev_seeds": list(DEV_SEEDS)}
 
 
 def held_out_ids(cache: Path | None = None, sizes: Collection[int] | None = None) -> frozenset[str]:
     """Every board id the warm start must never train on: the benchmark, the largest and the standard validation
-    set and the dev sets beside each, at 2 agents and at 3..5 (`HELD_OUT_AGENTS`, a run's `validation_agents`), and
-    the validation cells of every agent count 2..5 (the check boards among them); only boards of `sizes` where given
-    (a test's cheap subset). Cached in `cache`."""
+    set and the dev sets beside each (the shared one and each of `DEV_SEEDS`' own), at 2 agents and at 3..5
+    (`HELD_OUT_AGENTS`, a run's `validation_agents`), and the validation cells of every agent count 2..5 (the check
+    boards among them); only boards of `sizes` where given (a test's cheap subset). Cached in `cache` with its
+    recipe (`HELD_OUT_RECIPE`, the sizes): a cache of another recipe, or of the older bare list, is made anew."""
+    recipe = {**HELD_OUT_RECIPE, "sizes": None if sizes is None else sorted(sizes)}
     if cache is not None and cache.is_file():
-        return frozenset(json.loads(cache.read_text()))
+        stored = json.loads(cache.read_text())
+        if isinstance(stored, dict) and stored.get("recipe") == recipe:
+            return frozenset(stored["ids"])
+
     def wanted(cell: SuiteCell) -> bool:
         return sizes is None or cell.size in sizes
 
@@ -115,11 +124,11 @@ def held_out_ids(cache: Path | None = None, sizes: Collection[int] | None = None
             for per_size in (VALIDATION_PER_SIZE, LARGEST_VALIDATION):
                 beside = frozenset(e.instance.id for c in validation_cells(per_size, agents) if wanted(c)
                                    for e in build_cell(c)[0])
-                dev = [c for c in dev_cells(DEV_PER_SIZE, agents) if wanted(c)]
+                dev = [c for draw in (None, *DEV_SEEDS) for c in dev_cells(DEV_PER_SIZE, agents, draw) if wanted(c)]
                 ids |= {e.instance.id for part, *_ in workers.map(build_cell, dev, [SUITE_SEED] * len(dev),
                                                                   [beside] * len(dev)) for e in part}
     if cache is not None:
-        cache.write_text(json.dumps(sorted(ids)))
+        cache.write_text(json.dumps({"recipe": recipe, "ids": sorted(ids)}))
     return frozenset(ids)
 
 

@@ -56,7 +56,9 @@ def tiny_row(path: Path = TINY_FILE) -> ReferenceRow | None:
     name, trained = data["name"], data.get("trained_agents")
     if trained:
         counts = ", ".join(map(str, trained))
-        name += f"; trained on {counts} agents"
+        name += f"; imitation of solver plans on {counts} agents, no RL"
+        source += (f". It learnt by imitation of the solver's plans (a warm start on boards of {counts} agents) and "
+                   "was never trained by RL, where the paper's rows are GRPO runs that trained on 2 agents")
         unseen = sorted({int(a) for a in data["mean_over_sizes"]} - set(trained))
         if unseen and all(data["mean_over_sizes"][str(a)]["valid"] == 0 for a in unseen):
             source += (f". It was warm-started on boards of {counts} agents only, and a policy answers for the agent "
