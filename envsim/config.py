@@ -186,6 +186,15 @@ class EnvConfig(BaseModel):
         """The agent counts the stage's boards have: those with a positive share, fewest first."""
         return tuple(sorted(k for k, share in self.agent_ratio.items() if share > 0))
 
+    def one_size(self, size: int, hole_ratio: float | None = None, wait_ratio: float | None = None) -> EnvConfig:
+        """The config's boards of one map size: that size's hole and wait ratios (or those given) and the config's
+        agent mix and random share, all of the data."""
+        return EnvConfig(data_ratio={size: 1.0},
+                         hole_ratio={size: self.hole_ratio[size] if hole_ratio is None else hole_ratio},
+                         wait_ratio={size: self.wait_ratio[size] if wait_ratio is None else wait_ratio},
+                         agent_ratio=self.agent_ratio, num_instances=self.num_instances,
+                         random_share=self.random_share)
+
     @property
     def most_agents(self) -> int:
         """The most agents on any of the stage's boards: what a board must have room for."""

@@ -9,7 +9,11 @@ changes another size's boards.
 
 The agent counts follow `agent_ratio` (`cell_counts`): the stage's boards are split over counts by largest
 remainder, exactly as over sizes, and dealt out size by size, so each size's mix is as close to the ratio as whole
-boards allow. A size's cells (one per agent count, fewest agents first) draw one after another from the size's
+boards allow. A count goes only to the sizes that hold it (`room`: K agents need 2K ice cells for their starts and
+goals, after the holes `hole_ratio` gives): a 3x3 board with 2 holes gets no 4- or 5-agent boards, and where the
+sizes that hold a count have too few boards for it, boards move to them from the sizes that do not (`placement`
+says what moved). A config whose every board can be dealt as the ratios say is dealt exactly as before this rule.
+A size's cells (one per agent count, fewest agents first) draw one after another from the size's
 stream, each meeting the size's knobs on its own boards (the wait count is per cell); a config of one count has one
 cell a size, whose boards are those it had before the mix existed.
 
@@ -82,26 +86,132 @@ def size_counts(config: EnvConfig, n: int) -> dict[int, int]:
     return _largest_remainder(config.data_ratio, n)
 
 
-def cell_counts(config: EnvConfig, n: int) -> dict[int, dict[int, int]]:
-    """Boards per map size and agent count (`{size: {agents: boards}}`, counts with a share only).
+def ice_cells(config: EnvConfig, size: int) -> int:
+    """The ice cells of one of `size`'s boards: its cells less the `round_half_up(hole_ratio * size^2)` holes."""
+    return size * size - round_half_up(config.hole_ratio[size] * size * size)
+
+
+def room(config: EnvConfig, size: int) -> int:
+    """The most agents a board of `size` holds: K agents' starts and goals take 2K ice cells (`ice_cells`)."""
+    return ice_cells(config, size) // 2
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a stage's boards go (`placement`): `cells` is `{size: {agents: boards}}` (`cell_counts`), `moved` the
+    boards each size gained (+) or lost (-) against `size_counts` (sizes without a change left out), `narrowed` the
+    sizes with boards that hold fewer agents than the stage's most (`{size: room}`)."""
+
+    cells: dict[int, dict[int, int]]
+    moved: dict[int, int]
+    narrowed: dict[int, int]
+
+    def notes(self, config: EnvConfig) -> list[str]:
+        """What the rule that a count goes only to the sizes that hold it did to this config, a line per size
+        (none where it did nothing)."""
+        lines = []
+        for size, held in self.narrowed.items():
+            given = [k for k, boards in self.cells[size].items() if boards]
+            kept = (f"its boards have {_counts_text(given)} agents" if given else "it gets no boards")
+            lines.append(f"size {size}: hole_ratio {config.hole_ratio[size]:g} leaves {ice_cells(config, size)} ice "
+                         f"cells, room for {held} agents' starts and goals: {kept}; the boards of more agents go to "
+                         f"the sizes that hold them")
+        for size, change in self.moved.items():
+            lines.append(f"size {size}: {abs(change)} boards more than its data_ratio gives, moved from sizes too "
+                         f"small for their agents" if change > 0 else
+                         f"size {size}: {-change} boards fewer than its data_ratio gives, moved to sizes that hold "
+                         f"their agents")
+        return lines
+
+
+def _counts_text(counts: list[int]) -> str:
+    return " or ".join(map(str, counts)) if len(counts) <= 2 else f"{', '.join(map(str, counts[:-1]))} or {counts[-1]}"
+
+
+def placement(config: EnvConfig, n: int | None = None) -> Placement:
+    """Boards per map size and agent count, each count only on sizes that hold it, and what that moved.
 
     Sizes get `size_counts`; the stage's boards per count are the largest-remainder split of `n` by `agent_ratio`
     (exactly what the ratio says, as sizes are). They are dealt out board by board, size by size, each to the count
-    furthest behind its share of the boards dealt so far (ties: fewer agents first), so every size's mix is as close
-    to the ratio as whole boards allow and no count gains from rounding size after size."""
+    furthest behind its share of the boards dealt so far (ties: fewer agents first) among the counts the size holds
+    (`room`) and whose boards the sizes still to come can take, so every size's mix is as close to the ratio as
+    whole boards allow and no count gains from rounding size after size. Where the sizes that hold K or more agents
+    have fewer boards than the counts of K or more take, the shortfall moves to them (by their `data_ratio`) from
+    the sizes that do not (in proportion to their boards), most agents first. GenerationError where no size holds a
+    count at all."""
+    n = config.num_instances if n is None else n
     totals = {k: c for k, c in _largest_remainder(config.agent_ratio, n).items() if config.agent_ratio[k] > 0}
+    sizes = size_counts(config, n)
+    rooms = {s: room(config, s) for s in sizes}
+    wanted = [k for k in totals if totals[k]]
+    counts = dict(sizes)
+    for j in sorted(wanted, reverse=True):
+        short = sum(totals[k] for k in wanted if k >= j) - sum(c for s, c in counts.items() if rooms[s] >= j)
+        if short > 0:
+            _move(config, counts, rooms, j, short)
+    cells = _deal(config, totals, counts, rooms)
+    moved = {s: counts[s] - sizes[s] for s in sizes if counts[s] != sizes[s]}
+    most = max(wanted, default=0)
+    narrowed = {s: rooms[s] for s in sizes if counts[s] and rooms[s] < most}
+    return Placement(cells, moved, narrowed)
+
+
+def _move(config: EnvConfig, counts: dict[int, int], rooms: dict[int, int], agents: int, short: int) -> None:
+    """`short` boards moved into `counts`' sizes that hold `agents` (their `data_ratio` shares, else equal shares
+    when none has data) from those that do not (in proportion to their boards)."""
+    into = [s for s in counts if rooms[s] >= agents]
+    if not into:
+        best = max(counts, key=lambda s: (ice_cells(config, s), s))
+        raise GenerationError(
+            f"size {best}: hole_ratio {config.hole_ratio[best]:g} leaves {ice_cells(config, best)} ice cells, too few "
+            f"for {agents} agents' starts and goals ({2 * agents} cells), and no other map size of the config holds "
+            f"them", best)
+    weights = {s: config.data_ratio[s] for s in into}
+    if not sum(weights.values()):
+        weights = dict.fromkeys(into, 1.0)
+    total = sum(weights.values())
+    gained = _largest_remainder({s: w / total for s, w in weights.items()}, short)
+    sources = {s: c for s, c in counts.items() if rooms[s] < agents and c}
+    held = sum(sources.values())
+    lost = _largest_remainder({s: c / held for s, c in sources.items()}, short)
+    for s, c in gained.items():
+        counts[s] += c
+    for s, c in lost.items():
+        counts[s] -= c
+
+
+def _deal(config: EnvConfig, totals: dict[int, int], counts: dict[int, int],
+          rooms: dict[int, int]) -> dict[int, dict[int, int]]:
+    """The boards of each count (`totals`) dealt over the sizes' boards (`counts`), as `placement` says.
+
+    The counts left to deal must stay placeable on the boards left: for every K, the boards of K or more agents
+    still to deal fit on the boards left of sizes that hold K or more (Hall's condition, exact here since a size
+    holds every count up to its room). Where every size holds every count this never binds."""
     dealt = dict.fromkeys(totals, 0)
+    need = {j: sum(totals[k] for k in totals if k >= j) for j in totals}  # boards of j or more agents to deal
+    left = {j: sum(c for s, c in counts.items() if rooms[s] >= j) for j in totals}  # boards left that hold j
     cells: dict[int, dict[int, int]] = {}
     done = 0
-    for size, count in size_counts(config, n).items():
+    for size, count in counts.items():
         cells[size] = dict.fromkeys(totals, 0)
         for _ in range(count):
             done += 1
-            k = max((k for k in totals if dealt[k] < totals[k]),
-                    key=lambda k: (config.agent_ratio[k] * done - dealt[k], -k))
+            for j in left:
+                left[j] -= rooms[size] >= j
+            candidates = sorted((k for k in totals if dealt[k] < totals[k] and k <= rooms[size]),
+                                key=lambda k: (config.agent_ratio[k] * done - dealt[k], -k), reverse=True)
+            k = next(k for k in candidates if all(need[j] - (j <= k) <= left[j] for j in need))
+            for j in need:
+                need[j] -= j <= k
             dealt[k] += 1
             cells[size][k] += 1
     return cells
+
+
+def cell_counts(config: EnvConfig, n: int) -> dict[int, dict[int, int]]:
+    """Boards per map size and agent count (`{size: {agents: boards}}`, counts with a share only), each count only
+    on the sizes that hold it: `placement`'s cells."""
+    return placement(config, n).cells
 
 
 def _components(size: int, holes: set[tuple[int, int]]) -> list[list[tuple[int, int]]]:
@@ -240,10 +350,10 @@ def _cell(config: EnvConfig, size: int, k: int, total: int, rng: np.random.Gener
     """The `total` boards of `size` with `k` agents: the size's own knobs on them, then those drawn broadly."""
     broad = round_half_up(config.random_share * total)
     count = total - broad
-    num_holes = round_half_up(config.hole_ratio[size] * size * size)
-    if count and size * size - num_holes < 2 * k:
+    num_holes = size * size - ice_cells(config, size)
+    if count and room(config, size) < k:  # `placement` deals no such cell; kept as the rule's own message
         raise GenerationError(
-            f"size {size}: hole_ratio {config.hole_ratio[size]:g} leaves {size * size - num_holes} ice cells, "
+            f"size {size}: hole_ratio {config.hole_ratio[size]:g} leaves {ice_cells(config, size)} ice cells, "
             f"too few for {k} agents' starts and goals ({2 * k} cells)", size)
     wait_count = round_half_up(config.wait_ratio[size] * count)
     if k == 1 and wait_count:

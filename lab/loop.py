@@ -456,7 +456,7 @@ def _auto_decide(s: Session, proposal: Proposal, last: Stage) -> Decision:
 
 
 def engineer_needs(run: Run) -> Needs:
-    """What the run's engineer needs besides the evidence, for the run's settings (`lab.engineers.NEEDS`)."""
+    """What the run's engineer needs besides the evidence, for the run's settings (`Engineer.needs`)."""
     return needs_of(run.engineer, run.settings)
 
 
@@ -509,7 +509,7 @@ def proposal_seed(s: Session, run: Run, after: int) -> int:
     """The engineer's seed for the proposal after stage `after`: the run's seed and the stage, moved on by each
     proposal for that stage a person rejected already, so an engineer that draws (`random`, `learnability`'s probes,
     a sampling model) answers anew when asked again; one that reads only the evidence cannot
-    (`lab.engineers.SAME_WHEN_ASKED_AGAIN`), and the page says so before it is asked."""
+    (`Engineer.same_when_asked_again`), and the page says so before it is asked."""
     rejected = s.exec(select(Decision.id).join(Proposal, Decision.proposal_id == Proposal.id).where(
         Proposal.run_id == run.id, Proposal.after_stage == after, Decision.action == Action.REJECT)).all()
     return run.seed * 1000 + after + ASKED_AGAIN * len(rejected)
@@ -530,7 +530,7 @@ def run_propose_job(engine: Engine, job: Job, progress: Callable[..., bool]) -> 
         if needs.language_model:
             options |= {"backend": run.engineer_backend, "base_url": run.settings.base_url,
                         "modules": ContextModules(**run.settings.context),
-                        "remeasure": bool(run.settings.remeasure)}
+                        "remeasure": bool(run.settings.remeasure), "thinking": run.settings.thinking == "on"}
         if needs.policy_path:
             # stage 0's checkpoint is the run's policy as named ("gemma3-270m"): its folder here, never a hub name
             options["policy_path"] = (resolve_policy(run.policy, build=True) if stage.index == 0
@@ -543,7 +543,8 @@ def run_propose_job(engine: Engine, job: Job, progress: Callable[..., bool]) -> 
         if needs.held_configs:
             options["held"] = run.settings.held_configs
         check = fill_check(run.seed, after + 1)
-        answer = ENGINEERS[run.engineer](evidence, seed=proposal_seed(s, run, after), cannot_fill=check, **options)
+        answer = ENGINEERS[run.engineer].propose(evidence, seed=proposal_seed(s, run, after), cannot_fill=check,
+                                                 **options)
         if run.experiment_id is not None:
             answer = keep_instances(answer, evidence.current.config.num_instances)
         progress(0, 1, "checking that the generator can fill the proposed config")

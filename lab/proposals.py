@@ -10,15 +10,26 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
+from functools import lru_cache
 from typing import Any
 
 from sqlalchemy import Engine
 from sqlmodel import Session, select
 
-from envsim.config import AGENT_RATIO, GLOBALS, KNOBS, NUM_AGENTS, RANDOM_SHARE, EnvConfig, Projection, project
+from envsim.config import (
+    AGENT_RATIO,
+    GLOBALS,
+    KNOBS,
+    NUM_AGENTS,
+    RANDOM_SHARE,
+    ConfigError,
+    EnvConfig,
+    Projection,
+    project,
+)
 from envsim.generator import Unfillable, cannot_fill, stage_seed
 from lab.engineers import EngineerAnswer
-from lab.text import TEXT_LIMIT, too_long
+from lab.text import TEXT_LIMIT, clipped, too_long
 from storage.db import lock_run, stage_at
 from storage.db import session as open_session
 from storage.decisions import AlreadyDecided, record_decision
@@ -109,17 +120,20 @@ def self_summary(session: Session, run_id: int, before_stage: int) -> str | None
 
 def fill_check(run_seed: int, stage_index: int) -> Callable[[EnvConfig], Unfillable | None]:
     """The generator's check for a run's stage: why that stage's seed cannot fill a config (`Unfillable`: the size
-    and the generator's message), or None when it can. Remembered per config, since an unfillable config costs
-    every try."""
-    seed, seen = stage_seed(run_seed, stage_index), {}
+    and the generator's message), or None when it can. Remembered per config and seed in this process, since an
+    unfillable config costs every try (and a person's edit is checked as it is typed, then again as it is
+    decided): the generator is a pure function of them."""
+    seed = stage_seed(run_seed, stage_index)
 
     def check(config: EnvConfig) -> Unfillable | None:
-        key = config.model_dump_json()
-        if key not in seen:
-            seen[key] = cannot_fill(config, seed)
-        return seen[key]
+        return _cannot_fill(config.model_dump_json(), seed)
 
     return check
+
+
+@lru_cache(maxsize=256)
+def _cannot_fill(config_json: str, seed: int) -> Unfillable | None:
+    return cannot_fill(EnvConfig.model_validate_json(config_json), seed)
 
 
 def fillable(answer: EngineerAnswer, check: Callable[[EnvConfig], Unfillable | None]) -> EngineerAnswer:
@@ -134,20 +148,22 @@ def fillable(answer: EngineerAnswer, check: Callable[[EnvConfig], Unfillable | N
 def store_proposal(session: Session, run_id: int, after_stage: int, engineer: str, answer: EngineerAnswer,
                    current: EnvConfig) -> Proposal:
     """Keep everything an engineer returned, with its diff; a failed answer is kept too, with its error. The boards
-    it would replay (`EngineerAnswer.replay`) are kept with a config only: a failed answer replays nothing."""
+    it would replay (`EngineerAnswer.replay`) are kept with a config only: a failed answer replays nothing. Its
+    prompt, raw answer and rationale are kept up to `lab.text.ANSWER_LIMIT` characters each (`clipped`)."""
     projection = answer.projection
     changes: list[Change] = []
     if projection is not None:
         adjusted = frozenset(a.field for a in projection.adjustments)
         changes = diff(current, projection.config, adjusted)
     row = Proposal(
-        run_id=run_id, after_stage=after_stage, engineer=engineer, prompt=answer.prompt, raw_answer=answer.raw,
+        run_id=run_id, after_stage=after_stage, engineer=engineer, prompt=clipped(answer.prompt),
+        raw_answer=clipped(answer.raw),
         parsed_config=answer.proposed,
         projected_config=projection.config if projection else None,
         adjustments=[{"field": a.field, "old": _json(a.old), "new": _json(a.new), "reason": a.reason}
                      for a in (projection.adjustments if projection else ())],
-        rationale=answer.rationale, diff={"changes": [asdict(change) for change in changes]}, error=answer.error,
-        compute=answer.compute,
+        rationale=clipped(answer.rationale), diff={"changes": [asdict(change) for change in changes]},
+        error=answer.error, compute=answer.compute,
         replay=Replay(boards=answer.replay) if answer.replay and projection is not None else None,
     )
     session.add(row)
@@ -198,15 +214,38 @@ class ProposalState:
     base: EnvConfig  # the config of stage `after_stage`, which the proposal would replace
     auto_apply: bool
     stage_seconds: float | None = None  # stage `after_stage`'s own wall time (training and evaluation)
+    run_seed: int = 0  # its run's seed: the next stage's boards are drawn from it (`cannot_fill`)
 
     @property
     def pending(self) -> bool:
         return self.decision is None and self.superseded is None
 
     @property
+    def failed(self) -> bool:
+        """The proposal failed (`Proposal.error`): it has no config to accept, only one to edit or reject."""
+        return self.proposal.projected_config is None
+
+    @property
     def config(self) -> EnvConfig:
         """The config the proposal would apply: its projected one, or (a failed proposal) the one in force."""
         return _proposed(self.proposal, self.base)
+
+    @property
+    def engineer_config(self) -> EnvConfig | None:
+        """What the engineer proposed: the projected config, or for a failed proposal its answer's config projected
+        as the engineer's answers are (what its rationale tells; None where the answer had none that reads)."""
+        if self.proposal.projected_config is not None:
+            return self.proposal.projected_config
+        if self.proposal.parsed_config is None:
+            return None
+        try:
+            return project(self.proposal.parsed_config, self.base).config
+        except ConfigError:
+            return None
+
+    def cannot_fill(self, config: EnvConfig) -> Unfillable | None:
+        """Why the stage this proposal decides cannot generate `config`: the check `decide` runs on an edit."""
+        return fill_check(self.run_seed, self.proposal.after_stage + 1)(config)
 
     @property
     def applied(self) -> EnvConfig | None:
@@ -222,7 +261,7 @@ def _state(s: Session, proposal: Proposal) -> ProposalState:
     base = stage_at(s, proposal.run_id, proposal.after_stage)
     took = (base.finished_at - base.started_at).total_seconds() if base.started_at and base.finished_at else None
     return ProposalState(proposal, decision, superseded_by(s, proposal) if decision is None else None,
-                         base.config, run.settings.auto_apply, took)
+                         base.config, run.settings.auto_apply, took, run.seed)
 
 
 def proposal_state(engine: Engine, proposal_id: int) -> ProposalState | None:

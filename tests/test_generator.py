@@ -5,7 +5,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from envsim.config import EnvConfig
-from envsim.generator import GenerationError, _components, cell_counts, generate, round_half_up, size_counts
+from envsim.generator import (
+    GenerationError,
+    _components,
+    _largest_remainder,
+    cell_counts,
+    generate,
+    ice_cells,
+    placement,
+    room,
+    round_half_up,
+    size_counts,
+)
 from envsim.scoring import score
 
 SMALL = EnvConfig(data_ratio={3: 0.25, 4: 0.25, 5: 0.5}, hole_ratio={3: 0.2, 4: 0.3, 5: 0.5},
@@ -157,3 +168,72 @@ def test_a_mix_fails_naming_the_size_and_the_count_it_cannot_fill():
     crowded = EnvConfig(data_ratio={3: 1.0}, hole_ratio={3: 0.5}, wait_ratio={3: 0.0}, agent_ratio={2: 0.5, 3: 0.5})
     with pytest.raises(GenerationError, match="size 3: hole_ratio 0.5 leaves 4 ice cells, too few for 3 agents"):
         generate(crowded, 4)
+
+
+# ---------------------------------------------------------------- each agent count only on the sizes that hold it
+
+QUARTERS = EnvConfig(**{**EnvConfig.default().model_dump(), "agent_ratio": {2: 0.25, 3: 0.25, 4: 0.25, 5: 0.25}})
+
+
+def test_a_count_goes_only_to_the_sizes_that_hold_its_starts_and_goals():
+    # a 3x3 board with hole_ratio 0.2 has 2 holes: 7 ice cells hold 3 agents' starts and goals, not 4 (8 cells)
+    assert (ice_cells(QUARTERS, 3), room(QUARTERS, 3), room(QUARTERS, 4)) == (7, 3, 6)
+    placed = placement(QUARTERS, 512)
+    assert placed.cells[3] == {2: 32, 3: 32, 4: 0, 5: 0}  # was 16 of each count: 4 and 5 agents cannot be drawn
+    assert {k: sum(c[k] for c in placed.cells.values()) for k in (2, 3, 4, 5)} == {2: 128, 3: 128, 4: 128, 5: 128}
+    assert {s: sum(c.values()) for s, c in placed.cells.items()} == size_counts(QUARTERS, 512)  # no board moved
+    assert (placed.moved, placed.narrowed) == ({}, {3: 3})
+    assert placed.notes(QUARTERS) == ["size 3: hole_ratio 0.2 leaves 7 ice cells, room for 3 agents' starts and "
+                                      "goals: its boards have 2 or 3 agents; the boards of more agents go to the "
+                                      "sizes that hold them"]
+    boards = generate(QUARTERS, 64, seed=3)
+    assert sorted({(b.size, b.num_agents) for b in boards if b.size == 3}) == [(3, 2), (3, 3)]
+    assert [b.num_agents for b in boards].count(5) == 16
+
+
+def test_boards_move_to_the_sizes_that_hold_their_agents_where_too_few_do():
+    big = EnvConfig(**{**QUARTERS.model_dump(), "agent_ratio": {4: 0.5, 5: 0.5}})
+    placed = placement(big, 512)
+    assert placed.cells[3] == {4: 0, 5: 0}
+    # size 3's 64 boards go to sizes 4..10 by their data_ratio (equal: 9 each, the one left to the smallest size)
+    assert placed.moved == {3: -64, 4: 10, 5: 9, 6: 9, 7: 9, 8: 9, 9: 9, 10: 9}
+    assert {k: sum(c[k] for c in placed.cells.values()) for k in (4, 5)} == {4: 256, 5: 256}
+    assert placed.notes(big) == [
+        "size 3: 64 boards fewer than its data_ratio gives, moved to sizes that hold their agents",
+        "size 4: 10 boards more than its data_ratio gives, moved from sizes too small for their agents",
+        *(f"size {s}: 9 boards more than its data_ratio gives, moved from sizes too small for their agents"
+          for s in range(5, 11))]
+
+
+def test_a_count_that_no_size_holds_fails_naming_the_size_with_the_most_room():
+    config = EnvConfig(data_ratio={3: 0.5, 4: 0.5}, hole_ratio={3: 0.2, 4: 0.5}, wait_ratio={3: 0.25, 4: 0.25},
+                       agent_ratio={2: 0.5, 5: 0.5})
+    with pytest.raises(GenerationError, match=r"^size 4: hole_ratio 0.5 leaves 8 ice cells, too few for 5 agents' "
+                                              r"starts and goals \(10 cells\), and no other map size of the config "
+                                              r"holds them$") as err:
+        cell_counts(config, 16)
+    assert err.value.size == 4
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(2, 8), st.integers(0, 4), st.integers(0, 10)), min_size=1, max_size=5,
+                unique_by=lambda t: t[0]),
+       st.dictionaries(st.integers(1, 8), st.integers(1, 4), min_size=1, max_size=4), st.integers(1, 300))
+def test_every_board_is_dealt_to_a_size_that_holds_it_and_the_counts_are_exact(sizes, mix, n):
+    config = EnvConfig(data_ratio={s: w / sum(t[2] for t in sizes) if sum(t[2] for t in sizes) else 1 / len(sizes)
+                                   for s, _, w in sizes},
+                       hole_ratio={s: h / 8 for s, h, _ in sizes}, wait_ratio={s: 0.0 for s, _, _ in sizes},
+                       agent_ratio={k: w / sum(mix.values()) for k, w in mix.items()})
+    try:
+        placed = placement(config, n)
+    except GenerationError:  # only where no size of the config holds a count that has boards
+        assert any(all(room(config, s) < k for s in config.sizes) for k in mix)
+        return
+    cells = placed.cells
+    assert all(room(config, s) >= k for s, c in cells.items() for k, boards in c.items() if boards)
+    totals = {k: sum(c[k] for c in cells.values()) for k in mix}
+    assert totals == {k: c for k, c in _largest_remainder(config.agent_ratio, n).items()}
+    sizes_now = {s: sum(c.values()) for s, c in cells.items()}
+    assert {s: sizes_now[s] - b for s, b in size_counts(config, n).items() if sizes_now[s] != b} == placed.moved
+    if all(room(config, s) >= max(mix) for s, b in size_counts(config, n).items() if b):
+        assert placed.moved == {}  # where every size with boards holds every count, nothing moves

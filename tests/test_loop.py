@@ -5,6 +5,7 @@ Training is tested in tests/test_stage.py; here the `stage` job replays a record
 """
 
 import threading
+from dataclasses import replace
 
 import pytest
 from sqlalchemy import delete
@@ -119,10 +120,11 @@ def test_an_engineer_reads_the_dev_boards_and_never_a_validation_episode(engine,
 
     def spy(evidence, **options):
         seen.append(evidence)
-        return engineer(evidence, **options)
+        return engineer.propose(evidence, **options)
 
     engineer = ENGINEERS[name]
-    monkeypatch.setitem(ENGINEERS, name, spy)  # the loop's registry: the spy is what the propose job calls
+    # the loop's registry: the spy is what the propose job calls
+    monkeypatch.setitem(ENGINEERS, name, replace(engineer, propose=spy))
     with session(engine) as s:
         run = create_run(s, name="split", config=CONFIG, engineer=name,
                          settings=RunSettings(stages=2, auto_apply=True, dev_per_size=3))
@@ -293,7 +295,7 @@ def test_a_proposal_the_generator_cannot_fill_fails_and_auto_apply_keeps_the_con
         return EngineerAnswer(prompt="", raw="{}", proposed=asks_waits.model_dump(mode="json"),
                               projection=Projection(asks_waits, ()), rationale="more waits")
 
-    monkeypatch.setitem(ENGINEERS, "fixed", proposes_waits)
+    monkeypatch.setitem(ENGINEERS, "fixed", replace(ENGINEERS["fixed"], propose=proposes_waits))
     with session(engine) as s:
         run = create_run(s, name="unfillable", config=lone, settings=RunSettings(stages=1, auto_apply=True),
                          engineer="fixed")
@@ -398,7 +400,7 @@ def test_a_random_share_is_diffed_stored_kept_through_a_tables_edit_and_trained_
     assert [(c.knob, c.old, c.new, c.change) for c in diff(CONFIG, broad) if c.knob == "random_share"] == \
         [("random_share", 0.0, 0.5, 0.5)]
     assert "random_share" not in {c.knob for c in diff(CONFIG, CONFIG)}  # 0 -> 0: no row
-    monkeypatch.setitem(ENGINEERS, "fixed", proposes_broad)
+    monkeypatch.setitem(ENGINEERS, "fixed", replace(ENGINEERS["fixed"], propose=proposes_broad))
     with session(engine) as s:
         run = create_run(s, name="broad", config=CONFIG, settings=RunSettings(stages=1), engineer="fixed")
     work(engine)
@@ -502,3 +504,34 @@ def test_a_stored_replay_that_does_not_read_stops_the_stage_saying_why(engine):
     with pytest.raises(StageError, match=r"stage 1 of run \d+ cannot read the boards it replays: this stored Replay "
                                          r"is not valid \(boards.0: .*start and goal are the same cell"):
         stage_args(engine, run_id, 1)
+
+
+def test_a_2_to_5_agent_run_of_the_default_scenario_goes_from_stage_0s_proposal_to_a_generated_stage(engine):
+    """The Runs form's start with agents 2 to 5 on the default scenario's sizes 3..10 (hole_ratio 0.2: a 3x3 board
+    has 7 ice cells, room for 3 agents' starts and goals) can be generated, and so can what the heuristic engineer
+    proposes after stage 0, which gives size 3 more data: no hand edit between them."""
+    from envsim.generator import cell_counts
+    from envsim.scoring import Tally
+    from lab.context import BoardOutcome, Evidence, StageResult
+    from lab.proposals import fill_check, fillable
+
+    start = EnvConfig.default().model_copy(update={"agent_ratio": {2: 0.25, 3: 0.25, 4: 0.25, 5: 0.25}})
+    with session(engine) as s:
+        run = create_run(s, name="2 to 5", config=start, settings=RunSettings(stages=3, agent_counts=(2, 3, 4, 5)),
+                         engineer="heuristic", seed=0)
+        run_seed, counts = run.seed, run.settings.agent_counts
+    check = fill_check(run_seed, 1)
+    assert check(start) is None
+    # stage 0's dev boards, scripted: size 3 half solved (conflicts), the larger sizes mostly falling into holes
+    by_size = {3: Tally(8, 4, 4, {"vertex_conflict": 4}),
+               **{s: Tally(8, 1, 1, {"hole": 7}) for s in range(4, 11)}}
+    boards = tuple(BoardOutcome(size, 0.2, False, valid, None if valid else "hole", k, valid)
+                   for k in (2, 3, 4, 5) for size, valid in ((6, k == 2), (7, k <= 3), (8, False), (9, False)))
+    evidence = Evidence(StageResult(0, start, by_size, boards=boards), round_index=1, rounds_left=3,
+                        agent_counts=counts)
+    answer = fillable(ENGINEERS["heuristic"].propose(evidence, seed=0, cannot_fill=check), check)
+    assert answer.error is None
+    proposed = answer.projection.config
+    assert (proposed.data_ratio[3], proposed.agent_counts) == (0.246, (2, 3, 4, 5))  # was 0.125
+    assert cannot_fill(proposed, stage_seed(run_seed, 1)) is None
+    assert {k: n for k, n in cell_counts(proposed, proposed.num_instances)[3].items() if n} == {2: 70, 3: 56}

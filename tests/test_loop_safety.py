@@ -174,7 +174,8 @@ def test_a_proposal_that_is_no_longer_current_is_superseded_and_cannot_be_decide
     assert work(engine)  # stage 0, then the proposal after it
     with session(engine) as s:
         first = s.exec(select(Proposal)).one()
-        answer = ENGINEERS["fixed"](__import__("lab.loop", fromlist=["x"]).evidence_for(s, s.get(Run, run.id), 0))
+        evidence = __import__("lab.loop", fromlist=["x"]).evidence_for(s, s.get(Run, run.id), 0)
+        answer = ENGINEERS["fixed"].propose(evidence, seed=0)
         second = store_proposal(s, run.id, 0, "fixed", answer, CONFIG)
         with pytest.raises(Superseded, match=f"proposal {first.id} was superseded by proposal {second.id}"):
             decide(s, first.id, "accept", "alice")

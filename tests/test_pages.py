@@ -24,7 +24,7 @@ from envsim.scoring import score, score_answer
 from envsim.suite import VALIDATION_AGENTS, Split, boards_hash, build_cell, cells
 from lab import results
 from lab.cli.boards import HASH_FILE, save_datasets
-from lab.engineers import EngineerAnswer
+from lab.engineers import ENGINEERS, EngineerAnswer
 from lab.jobs import worker
 from lab.loop import advance, stages_of
 from lab.pages import common, episode, leaderboard, playground, proposal, review, runs, train
@@ -486,6 +486,28 @@ def test_the_diff_flags_what_the_projection_changed(lab):
     assert v.edit == [[3, 0.25, 0.2, 0.25], [4, 0.75, 0.5, 0.25]]
 
 
+def test_a_rationale_and_an_error_from_outside_show_as_typed(lab):
+    """Text an archive or a model wrote is Markdown for the page: its images, links, tags and forms are escaped."""
+    engine, ids = lab
+    outside = ('Fewer holes. ![x](http://h/a.png) <img src=http://h/b> [see](http://h/l)\n'
+               '<form action="http://h/s"><input name=password></form>')
+    with session(engine) as s:
+        row = s.get(Proposal, ids["pending"])
+        row.rationale = outside
+        s.add(row)
+        s.commit()
+    assert proposal.proposal_view(engine, ids["pending"]).rationale.startswith(
+        'Fewer holes. \\!\\[x\\]\\(http\\://h/a.png\\) &lt;img src=http\\://h/b&gt; \\[see\\]\\(http\\://h/l\\)  \n'
+        '&lt;form action="http\\://h/s"&gt;&lt;input name=password&gt;&lt;/form&gt;\n\n')
+    with session(engine) as s:
+        row = s.get(Proposal, ids["pending"])
+        row.error = "no usable config: ![x](http://h/e.png)"
+        s.add(row)
+        s.commit()
+    assert "✗ **The proposal failed**: no usable config: \\!\\[x\\]\\(http\\://h/e.png\\). The config" in \
+        proposal.proposal_view(engine, ids["pending"]).status
+
+
 def test_a_rationale_keeps_one_line_per_change(lab):
     engine, ids = lab
     with session(engine) as s:
@@ -776,6 +798,18 @@ def test_the_playground_scores_a_typed_plan_and_updates_the_verdict():
     assert bad[0] is None and "row 1 has 2 cells" in bad[2]
 
 
+def test_a_plan_longer_than_its_bound_is_refused_in_one_line_unread():
+    view, _, _ = playground.read_board("A.b\n...\nB.a")
+    plan = "Agent 0: UP\n" * (9 * 2**20 // 12)
+    refused, text, end = playground.play_plan(view, plan)
+    assert (refused["outcome"], text, end) == (
+        None, f"✗ This plan is {len(plan):,} characters long; a plan is read from at most 65,536.", 0)
+    assert playground.play_plan(view, plan[:65_532])[0]["outcome"] is not None  # within the bound: scored
+    with gr.Blocks():
+        tab = playground.build(common.Page(None, gr.Dropdown(), gr.Tabs(), gr.HTML(), gr.HTML()))
+    assert tab.plan.max_length == tab.board_text.max_length == 65_536
+
+
 def test_a_board_that_cannot_be_read_is_named_and_the_board_shown_stays():
     with gr.Blocks():
         tab = playground.build(common.Page(None, gr.Dropdown(), gr.Tabs(), gr.HTML(), gr.HTML()))
@@ -856,7 +890,8 @@ def test_the_leaderboard_puts_checkpoints_side_by_side(lab):
     shown = leaderboard.leaderboard(engine, keys)
     by_size, by_subset = shown["by_size"], shown["by_subset"]
     assert [row[0] for row in shown["local"]["data"]] == [
-        f"{reference.TINY_NAME}; imitation of solver plans on 2, 3, 4, 5 agents, no RL", f"run #{ids['history']} curriculum, stage 0",
+        f"{reference.TINY_NAME}; imitation of solver plans on 2, 3, 4, 5 agents, no RL",
+        f"run #{ids['history']} curriculum, stage 0",
         f"run #{ids['history']} curriculum, stage 1"]
     assert shown["local"]["headers"] == ["this lab", "2 agents", "3 agents", "4 agents", "5 agents"]
     assert shown["local"]["data"][2][1:] == ["50.00 / 50.00", "-", "-", "-"]  # these boards have 2 agents
@@ -1013,7 +1048,7 @@ def test_a_proposal_that_repeats_a_rejected_one_says_so(lab):
     assert before.endswith("**Waiting for a decision.** Asked again, the `heuristic` engineer answers this same config "
                            "(it reads only this stage's results): to change it, edit it below, or switch the run's "
                            "engineer in the Train tab before rejecting.")
-    assert [proposal.same_again(e) for e in ("static", "bandit", "evidence")] == [
+    assert [ENGINEERS[e].why_same for e in ("static", "bandit", "evidence")] == [
         "it proposes the configs its run holds", "it reads the training logs of its run's stages so far",
         "it reads only this stage's results"]
     said = proposal.decide_proposal(engine, ids["second"], "reject", "ann", "try something else")
@@ -1162,6 +1197,7 @@ def test_a_decided_failed_proposal_shows_what_the_engineer_proposed_and_what_was
     assert waiting.changed["data"] == [
         [3, "data_ratio", "0.5", "0.5", "0", "the engineer proposed 0.6 (its proposal failed: not applied)"],
         [4, "data_ratio", "0.5", "0.5", "0", "the engineer proposed 0.4 (its proposal failed: not applied)"]]
+    assert "\n\n0 of 8 values change." in waiting.rationale  # nothing of a failed proposal applies
     table = [[3, 0.0, 0.2, 0.25], [4, 1.0, 0.2, 0.25]]
     assert proposal.decide_proposal(engine, failed, "edit", "bob", "", table, 2, 16).startswith(
         f"✓ Proposal #{failed} edited by bob")

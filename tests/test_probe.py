@@ -18,7 +18,6 @@ from training.probe import (
     ProbeResult,
     SizeProbe,
     measure,
-    one_size,
     probe_config,
     probe_key,
     sampling_temperature,
@@ -72,7 +71,7 @@ def test_a_probe_key_without_a_random_share_is_the_one_stored_before_it_existed_
     assert probe_key(SMALL, "tiny", 1, 2, 2, 1.0) == "3306a41bb112aea7fda90b1dc7a566e1"
     broad = EnvConfig(**{**SMALL.model_dump(), "random_share": 0.5})
     assert probe_key(broad, "tiny", 1, 2, 2, 1.0) != probe_key(SMALL, "tiny", 1, 2, 2, 1.0)
-    assert one_size(broad, 3).random_share == 0.5  # a size's boards are drawn as the config draws them
+    assert broad.one_size(3).random_share == 0.5  # a size's boards are drawn as the config draws them
     assert size_knobs(broad, 3) != size_knobs(SMALL, 3)  # so a size measured without the share is not reused
 
 
@@ -162,7 +161,7 @@ def test_a_probe_that_loads_its_policy_answers_as_the_runs_settings_say(tmp_path
         return generate(self, prompts, max_new_tokens, **kwargs)
 
     monkeypatch.setattr(Policy, "generate", spy)
-    measure(engine, one_size(SMALL, 3), str(folder), settings=RunSettings(stages=1, thinking="on", completion_length=5),
+    measure(engine, SMALL.one_size(3), str(folder), settings=RunSettings(stages=1, thinking="on", completion_length=5),
             seed=1, boards=1, answers=1)
     assert answered == [(True, 5)]  # not the chat default of 512 tokens
     engine.dispose()

@@ -143,18 +143,10 @@ def sampling_temperature(grpo: dict[str, Any] | None = None) -> float:
     return float((grpo or {}).get("temperature", GRPOConfig.__dataclass_fields__["temperature"].default))
 
 
-def one_size(config: EnvConfig, size: int) -> EnvConfig:
-    """The config's boards of one map size: that size's hole and wait ratios and the config's random share, all
-    of the data."""
-    return EnvConfig(data_ratio={size: 1.0}, hole_ratio={size: config.hole_ratio[size]},
-                     wait_ratio={size: config.wait_ratio[size]}, agent_ratio=config.agent_ratio,
-                     num_instances=config.num_instances, random_share=config.random_share)
-
-
 def probe_boards(config: EnvConfig, size: int, boards: int, seed: int) -> list[Instance]:
     """The `boards` boards a probe of `config` answers at `size` with `seed`, in its order: a pure function, so the
     boards of a stored probe are drawn again exactly (`SizeProbe.board_valid` follows this order)."""
-    return generate(one_size(config, size), boards, seed=seed)
+    return generate(config.one_size(size), boards, seed=seed)
 
 
 def probe_config(policy: Policy, config: EnvConfig, *, seed: int = 0, boards: int = PROBE_BOARDS,

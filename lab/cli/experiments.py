@@ -15,9 +15,10 @@ from tqdm import tqdm
 from envsim.suite import Split, boards_in
 from lab.cli.common import WORKERS, UsageError, config_file, engine_of, grpo_overrides
 from lab.cli.runs import stage_line
-from lab.llm import allow_server
+from lab.engineers import names as engineer_names
+from lab.llm import LLMError, allow_server
 from lab.settings import MAX_BOARDS, Count, counts_text, settings_arguments, settings_file, settings_from_args
-from storage.settings import MATCH_MODES, PRIMARY_RATES
+from storage.settings import MATCH_MODES, PRIMARY_RATES, Held
 
 SEEDS = Count(1, 100, "every seed is one more run of every arm", "an experiment runs at least 1 seed")
 THREADS = Count(1, 1024, "more torch threads than a machine has cores only slows it down", "at least 1 thread")
@@ -28,7 +29,10 @@ def cmd_experiment_new(args: argparse.Namespace) -> None:
     from storage.settings import SettingsError
 
     if args.base_url:
-        allow_server(args.base_url)  # given on this machine's command line
+        try:
+            allow_server(args.base_url)  # given on this machine's command line
+        except LLMError as err:  # a password in it: never echoed, never stored
+            raise UsageError(str(err)) from None
     engine = engine_of(args.db)
     try:
         experiment = create_experiment(
@@ -309,8 +313,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     verbs = p.add_subparsers(dest="verb", required=True)
     s = verbs.add_parser("new", help="store an experiment and queue its runs (arms x seeds, auto-apply)")
     s.add_argument("--name", required=True)
-    s.add_argument("--arms", required=True, help="comma-separated: fixed, random, heuristic, learnability, evidence, "
-                                                 "bandit, llm:BACKEND@PRESET (e.g. llm:openai:MODEL@paper-best), "
+    plain = ", ".join(n for n in engineer_names() if n not in ("llm", *Held))
+    s.add_argument("--arms", required=True, help=f"comma-separated: {plain}, "
+                                                 "llm:BACKEND@PRESET (e.g. llm:openai:MODEL@paper-best), "
                                                  "static:FILE (one config for every stage), schedule:FILE (a JSON "
                                                  "list, a config per stage); NAME=SPEC names one")
     s.add_argument("--seeds", type=SEEDS, default=3, help="seeds 0..N-1 for every arm (default 3)")

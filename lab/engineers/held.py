@@ -10,8 +10,6 @@ settings (`storage.settings.HeldConfigs`); the loop hands them in as the option 
 from __future__ import annotations
 
 import json
-import os
-import stat
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +17,7 @@ from envsim.config import ConfigError, EnvConfig, project
 from lab.context import Evidence
 from lab.engineers.answer import EngineerAnswer, answer_of
 from lab.engineers.needs import Needs
+from lab.settings import FileRefused, read_regular
 from storage.settings import Held, HeldConfigs, RunSettings
 
 MAX_HELD_BYTES = 256 * 1024  # a held file's most bytes: a schedule of hundreds of configs fits with room to spare
@@ -59,31 +58,15 @@ def read_held(path: str | Path, kind: Held) -> HeldConfigs:
 
 
 def _read_bounded(path: Path) -> bytes:
-    """The file's bytes, where the path resolves to a regular file of at most `MAX_HELD_BYTES`: a directory, a
-    device, a pipe or a link to one is refused before it is opened, and checked again once open (it may have been
-    swapped); never more than the bound is read."""
+    """The file's bytes, where the path resolves to a regular file of at most `MAX_HELD_BYTES` (`read_regular`:
+    a directory, a device, a pipe or a link to one is refused, and never more than the bound is read)."""
     try:
-        resolved = path.resolve(strict=True)
-        _regular(path, resolved, resolved.stat().st_mode)
-        fd = os.open(resolved, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except FileNotFoundError:
-        raise HeldFileError(f"{path}: no such file") from None
-    except (OSError, RuntimeError) as err:  # a loop of links, a name too long, no permission
-        raise HeldFileError(f"{path}: cannot be read ({getattr(err, 'strerror', None) or err})") from None
-    with os.fdopen(fd, "rb") as f:
-        _regular(path, resolved, os.fstat(f.fileno()).st_mode)
-        data = f.read(MAX_HELD_BYTES + 1)
+        data = read_regular(path, MAX_HELD_BYTES, "a file of configs")
+    except FileRefused as err:
+        raise HeldFileError(str(err)) from None
     if len(data) > MAX_HELD_BYTES:
         raise HeldFileError(f"{path}: larger than {MAX_HELD_BYTES // 1024} KiB; a file of configs is far smaller")
     return data
-
-
-def _regular(path: Path, resolved: Path, mode: int) -> None:
-    where = "" if resolved == path.absolute() else f" (it resolves to {resolved})"
-    if stat.S_ISDIR(mode):
-        raise HeldFileError(f"{path}: a directory{where}, not a file of configs")
-    if not stat.S_ISREG(mode):
-        raise HeldFileError(f"{path}: not a regular file{where}")
 
 
 def _json_kind(value: Any) -> str:

@@ -64,7 +64,7 @@ def llm(evidence: Evidence, *, seed: int, backend: str = "hf:policy", complete_f
         modules: ContextModules | None = None, max_attempts: int = 3, max_tokens: int = 1024,
         temperature: float = 0.7, base_url: str | None = None, policy_path: str | None = None,
         timeout: float = 120.0, structured: bool = True, probe_fn: ProbeFn | None = None,
-        remeasure: bool = False, cannot_fill: FillCheck | None = None,
+        remeasure: bool = False, cannot_fill: FillCheck | None = None, thinking: bool = False,
         **_options: Any) -> EngineerAnswer:
     """Ask a language model for the next config; read and project its answer, retrying on failure.
 
@@ -73,7 +73,8 @@ def llm(evidence: Evidence, *, seed: int, backend: str = "hf:policy", complete_f
     False (then free text, as a model without a schema writes it). An unreadable or illegal answer is
     retried, the error shown to the model, up to `max_attempts` answers in all. A backend failure
     (`LLMError`) ends the proposal at once: asking again would fail again. Seeds of successive attempts are
-    `seed`, `seed + 1`, ...
+    `seed`, `seed + 1`, ... `thinking`: the run's `thinking` setting, the chat template's `enable_thinking` where the
+    run's own policy answers (`hf:policy`), so that it answers as it trains (off by default: at once).
 
     With `probe_fn` (`training.probe.measure` on the run's checkpoint), the `measured` context module shows the
     current config probed, and `remeasure` probes the answer: where a size it changed measures too easy or too
@@ -99,7 +100,8 @@ def llm(evidence: Evidence, *, seed: int, backend: str = "hf:policy", complete_f
     def ask(messages: Messages, attempt: int) -> str:
         return (complete_fn(messages) if complete_fn is not None else
                 complete(backend, messages, max_tokens=max_tokens, temperature=temperature, seed=seed + attempt,
-                         base_url=base_url, policy_path=policy_path, timeout=timeout, schema=schema))
+                         base_url=base_url, policy_path=policy_path, timeout=timeout, schema=schema,
+                         thinking=thinking))
 
     messages: Messages = [{"role": "user", "content": engineer_prompt(evidence, modules)}]
     answer, messages = _converse(base, messages, ask, max_attempts, cannot_fill, evidence.agent_counts)

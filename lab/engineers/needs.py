@@ -1,7 +1,7 @@
 """What an engineer's propose job must give it besides the evidence, its seed and the fill check.
 
 Each engineer that needs more declares it beside its code, as a function of the run's settings
-(`storage.settings.RunSettings`) listed in `lab.engineers.NEEDS`; the loop reads the declaration (`Needs`) instead
+(`storage.settings.RunSettings`) registered with it (`Engineer.needs`); the loop reads the declaration (`Needs`) instead
 of the engineer's name, to check a run before it is stored, to load what the job needs, and to choose where the job
 runs.
 """

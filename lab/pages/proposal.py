@@ -11,8 +11,8 @@ import gradio as gr
 from sqlalchemy import Engine
 
 from envsim.config import AGENT_COUNTS, AGENT_RATIO, ConfigError, ConfigProblem, EnvConfig, Projection
-from envsim.generator import GenerationError, generate
-from lab.engineers import SAME_WHEN_ASKED_AGAIN
+from envsim.generator import GenerationError, generate, placement
+from lab.engineers import ENGINEERS
 from lab.loop import advance, decide_and_advance
 from lab.pages import figures, measure
 from lab.pages.common import (
@@ -44,7 +44,6 @@ from lab.proposals import (
 from lab.runs import set_run_auto_apply
 from lab.text import TEXT_LIMIT, as_text
 from storage.models import Action, Proposal
-from storage.settings import Held
 
 DIFF_HEADERS = ["size", "knob", "old", "new", "change", "note"]
 PERSON = "✎"  # marks a value a person's edit set, in the diff
@@ -92,6 +91,7 @@ class ProposalView:
     pending: bool  # it waits for a decision
     run_id: int | None
     label: str  # the edit table's label: what that config is
+    failed: bool = False  # the proposal failed: nothing to accept, only an edit or a rejection
 
 
 NO_PROPOSAL = "No proposal yet: the engineer proposes after a stage has been evaluated."
@@ -119,12 +119,14 @@ def proposal_view(engine: Engine, proposal_id: int | None) -> ProposalView:
     rows, changed = diff_rows(state)
     person = sum(1 for r in rows if r[3].startswith(PERSON))
     adjusted = len({a["field"] for a in p.adjustments})
-    summary = f"{len(changed)} of {len(rows)} values change"
+    moved = sum(1 for r in changed if r[4] != "0" or r[3].startswith(PERSON))  # not a failed proposal's unapplied
+    summary = f"{moved} of {len(rows)} values change"
     summary += f"; the person set {person} of them ({PERSON} in the diff)" if person else ""
     summary += f"; the projection adjusted {adjusted}." if adjusted else "."
     summary += _compute_text(state)
-    # Markdown joins single newlines; the heuristic engineer writes one line per change, so keep them apart.
-    written = p.rationale.replace("\n", "  \n") if p.rationale else "_The engineer gave no rationale._"
+    # Markdown joins single newlines; the heuristic engineer writes one line per change, so keep them apart. A
+    # rationale is text from outside (a model, an archive): shown as typed, no image, link, form or tag comes of it.
+    written = as_text(p.rationale).replace("\n", "  \n") if p.rationale else "_The engineer gave no rationale._"
     config = state.applied or state.config
     status = _status(state)
     if state.pending and (same := repeats_rejected(engine, p)) is not None:
@@ -132,10 +134,21 @@ def proposal_view(engine: Engine, proposal_id: int | None) -> ProposalView:
                    "the same when asked again. Edit it below, or switch the engineer in the Train tab.")
     if (replay := replay_text(p)) is not None:
         summary += f"\n\n{replay}"
+    if placed := _placed(config):
+        summary += "\n\nThe generator deals each agent count only to the sizes that hold it: " + "; ".join(placed) + "."
     return ProposalView(status=status, rationale=f"{written}\n\n{summary}", raw=p.raw_answer,
                         diff=table(DIFF_HEADERS, rows), changed=table(DIFF_HEADERS, changed), edit=config_rows(config),
                         agents=mix_rows(config, state.base), instances=config.num_instances, auto=state.auto_apply,
-                        pending=state.pending, run_id=p.run_id, label=_edit_label(state))
+                        pending=state.pending, run_id=p.run_id, label=_edit_label(state), failed=state.failed)
+
+
+def _placed(config: EnvConfig) -> list[str]:
+    """What the generator's rule moved in `config` (no agent count on a size too small for it); none where no size
+    holds a count at all (the preview says why)."""
+    try:
+        return placement(config).notes(config)
+    except GenerationError:
+        return []
 
 
 def _compute_text(state: ProposalState) -> str:
@@ -177,15 +190,19 @@ def _edit_label(state: ProposalState) -> str:
 def diff_rows(state: ProposalState) -> tuple[list[list[Any]], list[list[Any]]]:
     """Every value's row (old, new, change, note), and the rows that change, in table order. `new` is what the
     decision applied when there is one (a person's value marked ✎, with the engineer's in the note), else what
-    the engineer proposed (bold when it changes)."""
+    the engineer proposed (bold when it changes). A failed proposal applies nothing of its own: its table is the
+    config in force, and a note gives each value the engineer proposed (`ProposalState.engineer_config`, what its
+    rationale tells) where it differs from the row's."""
     p = state.proposal
     reasons = {a["field"]: a["reason"] for a in p.adjustments}
-    engineer, applied = state.config, state.applied
+    offered, applied = state.config, state.applied  # offered: the table a person was shown to accept or edit
+    engineer = state.engineer_config if state.failed else offered
     rows, changed = [], []
-    for change in diff(state.base, applied or engineer, frozenset(reasons)):
+    for change in diff(state.base, applied or offered, frozenset(reasons)):
         field = change.field
-        proposed = change.value(engineer)
-        by_person = applied is not None and proposed != change.new
+        by_person = applied is not None and change.value(offered) != change.new
+        proposed = None if engineer is None else change.value(engineer)
+        unapplied = state.failed and not by_person and proposed is not None and proposed != change.new
         notes = []
         if change.adjusted and not by_person:
             said = (p.parsed_config or {}).get(change.knob)
@@ -194,13 +211,16 @@ def diff_rows(state: ProposalState) -> tuple[list[list[Any]], list[list[Any]]]:
             notes.append(f"⚠ {reasons.get(field, 'adjusted')}" + (f" (engineer said {said})" if said is not None
                                                                    else ""))
         if by_person:
-            notes.append(f"{PERSON} set by {state.decision.user}; the engineer proposed {_fmt(proposed)}")
+            notes.append(f"{PERSON} set by {state.decision.user}"
+                         + (f"; the engineer proposed {_fmt(proposed)}" if proposed is not None else ""))
+        if unapplied:
+            notes.append(f"the engineer proposed {_fmt(proposed)} (its proposal failed: not applied)")
         new = _fmt(change.new)
         new = f"{PERSON} {new}" if by_person else (f"**{new}**" if change.change != 0 else new)
         row = ["all" if change.size is None else change.size, field if change.size is None else change.knob,
                _fmt(change.old), new, _fmt(change.change, signed=True), "; ".join(notes)]
         rows.append(row)
-        if change.change != 0 or by_person:
+        if change.change != 0 or by_person or unapplied:
             changed.append(row)
     return rows, changed
 
@@ -219,23 +239,13 @@ def _status(state: ProposalState) -> str:
     if state.superseded:
         return f"{title}  \n**Superseded**: {state.superseded}. It can no longer be decided."
     if p.error:
-        return f"{title}  \n✗ **The proposal failed**: {p.error}. The config in force stays; edit it " \
+        return f"{title}  \n✗ **The proposal failed**: {as_text(p.error)}. The config in force stays; edit it " \
                "below or reject to ask the engineer again."
     waiting = f"{title}  \n**Waiting for a decision.**"
-    if p.engineer in SAME_WHEN_ASKED_AGAIN:
-        waiting += (f" Asked again, the `{p.engineer}` engineer answers this same config ({same_again(p.engineer)}): "
+    if (engineer := ENGINEERS.get(p.engineer)) is not None and engineer.same_when_asked_again:
+        waiting += (f" Asked again, the `{p.engineer}` engineer answers this same config ({engineer.why_same}): "
                     "to change it, edit it below, or switch the run's engineer in the Train tab before rejecting.")
     return waiting
-
-
-def same_again(engineer: str) -> str:
-    """Why an engineer of `SAME_WHEN_ASKED_AGAIN` answers a rejected config again: what it reads, which a rejection
-    does not change."""
-    if engineer in set(Held):
-        return "it proposes the configs its run holds"
-    if engineer == "bandit":
-        return "it reads the training logs of its run's stages so far"
-    return "it reads only this stage's results"
 
 
 def _fmt(value: Any, signed: bool = False) -> str:
@@ -247,7 +257,8 @@ def _fmt(value: Any, signed: bool = False) -> str:
 
 
 def proposal_preview(engine: Engine, proposal_id: int | None, n: int = 4) -> tuple[Any, str]:
-    """A few boards the proposed config would generate (the config in force, for a failed proposal)."""
+    """A few boards the proposed config would generate (the config in force, for a failed proposal); once decided,
+    the config its decision stored."""
     try:
         state = None if proposal_id is None else proposal_state(engine, int(proposal_id))
     except BAD_ROW as err:
@@ -262,8 +273,10 @@ def proposal_preview(engine: Engine, proposal_id: int | None, n: int = 4) -> tup
         return figures.empty_figure("this config cannot generate boards"), f"✗ {err}"
     panels = [(b, None, f"{b.size}x{b.size}, {len(b.holes)} holes{', needs a wait' if b.needs_wait else ''}")
               for b in boards]
+    which = "stored with the decision" if state.applied is not None else \
+        ("in force (the proposal failed)" if state.failed else "proposed")
     return figures.boards_figure(panels, ghost=True, columns=n, height=260), \
-        f"{n} boards drawn from the proposed config (seed {seed}); dotted lines are the solver's plans."
+        f"{n} boards drawn from the config {which} (seed {seed}); dotted lines are the solver's plans."
 
 
 def _problems(err: ConfigError) -> str:
@@ -366,7 +379,11 @@ def edit_check(engine: Engine, proposal_id: int | None, rows: Sequence[Sequence[
         projection = project_edit(_edit_config(rows, agents, instances), state.base, state.config)
     except ConfigError as err:
         return f"✗ This edit cannot be applied: {_problems(err)}.", False, list(err.records)
+    if (why := state.cannot_fill(projection.config)) is not None:  # the check `decide` runs: refused there too
+        return f"✗ This config cannot be generated: {why}.", False, []
     if not projection.adjustments and not any(change.change for change in diff(state.config, projection.config)):
+        if state.failed:
+            return "The table is the config in force: *Apply my edit* keeps it for the next stage.", True, []
         return "The table is the engineer's proposal as it stands: *Accept* applies it.", True, []
     return f"*Apply my edit* will store: {_stored_text(state.config, projection)}.", True, []
 
@@ -450,11 +467,20 @@ class ProposalTab:
         v = proposal_view(self.engine, proposal_id)
         out = {self.status: v.status, self.rationale: v.rationale, self.raw: v.raw,
                self.changed_only: True, self.diff: v.changed, self.auto: v.auto, self.shown: proposal_id} | \
-            {b: gr.update(interactive=v.pending) for b in self.buttons.values()}
+            self.button_states(v.pending, v.failed)
         if edit_table:
             out |= {self.edit: gr.update(value=v.edit, label=v.label), self.agents: v.agents,
                     self.instances: v.instances, self.check: "", self.marks: "", self.note: ""}
         return out
+
+    def button_states(self, pending: bool, failed: bool, ok: bool = True) -> dict[Any, Any]:
+        """The decision buttons: enabled while the proposal waits (Accept and the edit while the table can be
+        applied); a failed proposal has nothing to accept, so Accept is disabled and the edit is the main button."""
+        return {self.buttons[Action.ACCEPT]: gr.update(interactive=pending and ok and not failed,
+                                                      variant="secondary" if failed else "primary"),
+                self.buttons[Action.EDIT]: gr.update(interactive=pending and ok,
+                                                    variant="primary" if failed else "secondary"),
+                self.buttons[Action.REJECT]: gr.update(interactive=pending)}
 
     def show_diff(self, proposal_id: int | None, changed_only: bool) -> dict[Any, Any]:
         v = proposal_view(self.engine, proposal_id)
@@ -487,9 +513,11 @@ class ProposalTab:
         return self.show_all(run_id, chosen, edit_table=chosen != shown or state is None or not state.pending)
 
     def after_decision(self, run_id: int | None, proposal_id: int | None) -> dict[Any, Any]:
-        """The proposal as it now stands: the config as stored once decided; a refused edit stays as typed."""
+        """The proposal as it now stands: the config as stored once decided, and its boards drawn again from it (the
+        proposal shown stays the same, so the preview's own event does not fire); a refused edit stays as typed."""
         state = None if proposal_id is None else proposal_state(self.engine, int(proposal_id))
-        return self.show_all(run_id, proposal_id, edit_table=state is None or not state.pending)
+        return self.show_all(run_id, proposal_id, edit_table=state is None or not state.pending) | \
+            self.show_preview(proposal_id)
 
     def show_preview(self, proposal_id: int | None) -> dict[Any, Any]:
         fig, note = proposal_preview(self.engine, proposal_id)
@@ -503,8 +531,9 @@ class ProposalTab:
         pending = state is not None and state.pending
         marks = "" if ok else (cell_marks(bad_cells(problems, rows or []))
                                + cell_marks(bad_mix_cells(problems, agents or []), "edit-agents"))
-        return {self.check: text, self.marks: marks, self.buttons[Action.ACCEPT]: gr.update(interactive=pending and ok),
-                self.buttons[Action.EDIT]: gr.update(interactive=pending and ok)}
+        buttons = self.button_states(pending, state is not None and state.failed, ok)
+        del buttons[self.buttons[Action.REJECT]]  # a rejection needs no table
+        return {self.check: text, self.marks: marks} | buttons
 
     def rescale(self, proposal_id: int | None, rows: Any, agents: Any, instances: Any) -> dict[Any, Any]:
         """One click: the table's data_ratio shares made to sum to 1, then checked as if typed."""
@@ -576,6 +605,7 @@ def build(page: Page) -> ProposalTab:
 
 def _wire_decisions(page: Page, tab: ProposalTab) -> None:
     shown = [o for o in tab.outputs if o is not tab.pick]
+    after = [*tab.outputs, tab.preview, tab.preview_note]  # `after_decision`'s
     tab.pick.select(tab.show, tab.pick, shown, show_progress_on=tab.pick, trigger_mode="always_last", **VIEW)
     tab.shown.change(tab.show_preview, tab.shown, [tab.preview, tab.preview_note], trigger_mode="always_last")
     tab.changed_only.input(tab.show_diff, [tab.shown, tab.changed_only], tab.diff, trigger_mode="always_last")
@@ -588,6 +618,6 @@ def _wire_decisions(page: Page, tab: ProposalTab) -> None:
         tab.decided.append(
             button.click(tab.decider(action), [tab.shown, tab.note, tab.edit, tab.agents, tab.instances,
                                                tab.measure.seen], [tab.message, tab.note])
-            .then(tab.after_decision, [page.run_pick, tab.shown], tab.outputs, **no_progress(page)))
+            .then(tab.after_decision, [page.run_pick, tab.shown], after, **no_progress(page)))
     tab.auto.input(tab.toggle, [page.run_pick, tab.auto], tab.message, trigger_mode="always_last") \
-        .then(tab.after_decision, [page.run_pick, tab.shown], tab.outputs, **no_progress(page))
+        .then(tab.after_decision, [page.run_pick, tab.shown], after, **no_progress(page))

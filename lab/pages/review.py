@@ -221,9 +221,6 @@ class ReviewTab:
         drawn = review_figures(self.engine, due[0], due[1])
         return {plot: drawn[name] for plot, name in zip(self.figures, PLOTS, strict=True)}
 
-    def show_latest(self, run_id: int | None) -> dict[Any, Any]:
-        return self.show(run_id, None)
-
     def filter(self, run_id: int | None, stage_index: int | None, size: Any, failure: str) -> dict[Any, Any]:
         rows, note = gallery(self.engine, run_id, stage_index, size, failure)
         return {self.gallery: rows, self.gallery_note: note}

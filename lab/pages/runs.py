@@ -14,12 +14,14 @@ import gradio as gr
 from sqlalchemy import Engine
 
 from envsim.config import AGENT_RATIO, KNOB_HELP, KNOBS, ConfigError, EnvConfig, mix_text, project
+from envsim.generator import placement
 from envsim.suite import DEV_PER_SIZE, VALIDATION_AGENTS
 from lab.archive import ArchiveError, export_run, import_archive, read_manifest
-from lab.engineers import ALONE
+from lab.engineers import names
 from lab.loop import LoopError, missing_checkpoint
-from lab.pages.common import BAD_ROW, KNOB_COLUMNS, Page, config_from_table, config_rows, table, when
+from lab.pages.common import BAD_ROW, KNOB_COLUMNS, Page, config_from_table, config_rows, no_progress, table, when
 from lab.pages.tempfiles import EXPORTS, FILES_AGE_S, sweep
+from lab.proposals import fill_check
 from lab.runs import new_run, run_list, waiting_proposals
 from lab.settings import MAX_BOARDS, MAX_STAGES, SEED
 from lab.settings import agent_counts as read_agent_counts
@@ -102,6 +104,8 @@ def create_run_from_form(engine: Engine, name: str, description: str, policy: st
         config = project(config_from_table(rows, agents, instances), strict=True).config
     except ConfigError as err:
         return "✗ The initial config is not valid, nothing was stored: " + "; ".join(err.problems), None
+    if (why := fill_check(counts["Seed"], 1)(config)) is not None:
+        return f"✗ The initial config cannot be generated, nothing was stored: {why}", None
     try:
         settings = RunSettings.checked(stages=counts["Training stages"], auto_apply=bool(auto_apply),
                                        base_url=base_url or None, dev_per_size=DEV_PER_SIZE,
@@ -112,6 +116,25 @@ def create_run_from_form(engine: Engine, name: str, description: str, policy: st
         return f"✗ Not created: {err}", None
     return (f"✓ Created run #{run.id} **{as_text(run.name)}**: stage 0 (the starting policy, evaluated on the "
             "validation set) is queued. Follow it in the Train tab."), run.id
+
+
+def form_check(rows: Sequence[Sequence[Any]], agents: Any, instances: Any, seed: Any) -> tuple[str, bool]:
+    """The initial config checked as it is typed, as the first decision checks the config it applies (the
+    generator's check for stage 1 with the run's seed, `lab.proposals.fill_check`): why it cannot be stored, or what
+    the generator does with it (each agent count only on the sizes that hold it); and whether it can be stored.
+    Numbers out of their bounds are left to the create button's answer, which names them."""
+    try:
+        run_seed = SEED.check(seed)
+        config = project(config_from_table(rows, agents, instances), strict=True).config
+    except ConfigError as err:
+        return "✗ The initial config is not valid: " + "; ".join(err.problems) + ".", False
+    except ValueError:
+        return "", True
+    if (why := fill_check(run_seed, 1)(config)) is not None:
+        return f"✗ The initial config cannot be generated: {why}.", False
+    notes = placement(config).notes(config)
+    return "The generator can draw the stages' boards from this config" + (
+        f": {'; '.join(notes)}." if notes else "."), True
 
 
 def _holds(manifest: dict[str, Any]) -> str:
@@ -172,6 +195,12 @@ class RunsTab:
     message: gr.Markdown
     upload: gr.File
     import_message: gr.Markdown
+    check: gr.Markdown | None = None  # the initial config checked as it is typed (`form_check`)
+
+    def checked(self, rows: Any, agents: Any, instances: Any, seed: Any) -> dict[Any, Any]:
+        """The form's check as it is typed: its line, and the create button held while the config cannot be stored."""
+        text, ok = form_check(rows or [], agents, instances, seed)
+        return {self.check: text, self.create: gr.update(interactive=ok)}
 
 
 def build(page: Page) -> RunsTab:
@@ -186,7 +215,8 @@ def build(page: Page) -> RunsTab:
             policy = gr.Textbox(label="Policy", value="tiny",
                                 info="`tiny` (ships in assets/, trains on a CPU), `gemma3-270m`, a "
                                      "checkpoint folder or a Hugging Face model name")
-            engineer = gr.Dropdown(label="Engineer", choices=list(ALONE), value="heuristic", elem_id="new-engineer")
+            engineer = gr.Dropdown(label="Engineer", choices=names(alone=True), value="heuristic",
+                                   elem_id="new-engineer")
             backend = gr.Textbox(label="LLM backend", placeholder="hf:policy", visible=False,
                                  info="hf:policy (the policy itself, as in the paper), hf:gemma3-270m, "
                                       "or openai:<model> with a server URL")
@@ -213,6 +243,7 @@ def build(page: Page) -> RunsTab:
         gr.Markdown(f"Initial config (stage 0 and the round-0 default), one row per map size. {knob_help}")
         config_df = gr.Dataframe(value=config_rows(default), headers=KNOB_COLUMNS, type="array", interactive=True,
                                  elem_id="new-config", label="Initial config")
+        check = gr.Markdown(elem_id="new-config-check")
         create = gr.Button("Create run and queue stage 0", variant="primary", elem_id="create-run")
         message = gr.Markdown(elem_id="create-msg")
 
@@ -222,7 +253,10 @@ def build(page: Page) -> RunsTab:
     engineer.select(show_backend, engineer, [backend, base_url], trigger_mode="always_last")
     form = [name, description, policy, engineer, backend, base_url, stages, instances, agents, seed, auto, config_df,
             counts, validation]
-    return RunsTab(runs_df, form, create, message, upload, import_message)
+    tab = RunsTab(runs_df, form, create, message, upload, import_message, check)
+    gr.on([config_df.input, agents.input, instances.input, seed.input], tab.checked,
+          [config_df, agents, instances, seed], [check, create], trigger_mode="always_last", **no_progress(page))
+    return tab
 
 
 def _archive_widgets(page: Page) -> tuple[gr.File, gr.Markdown]:

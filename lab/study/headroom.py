@@ -25,12 +25,13 @@ The grid (the settings below). The rules (docs/rules.md) allow agent counts 1..8
   0.1 and 0.4 sit near either end of what is scored; the default scenario's 0.2 is between them.
 - **waits**: the validation set holds three wait subsets, 0.25, 0.50 and 0.75 of the boards needing a wait;
   the two levels are its ends.
-- **sizes**: every mix has 5-agent boards, and the generator deals each count's boards over every size with data
-  (`envsim.generator.cell_counts`): a 3x3 board cannot hold 5 agents' starts and goals (10 cells), and 4x4 boards
-  with 40% holes rarely can. So the screen trains on the scenario's sizes that hold the most agents, the benchmark's
-  rule (K agents on sizes max(3, K)..10): 5..10, data spread evenly over them. The experiments' initial config
-  (`initial.json`) has these sizes only, because `random` draws data for every size of the initial config: with
-  sizes 3 and 4 beside 5-agent boards, most of its draws could not be generated at all.
+- **sizes**: every mix has 5-agent boards, and when the screen was made the generator dealt each count's boards over
+  every size with data: a 3x3 board cannot hold 5 agents' starts and goals (10 cells), and 4x4 boards with 40% holes
+  rarely can. So the screen trains on the scenario's sizes that hold the most agents, the benchmark's rule (K agents
+  on sizes max(3, K)..10): 5..10, data spread evenly over them. The experiments' initial config (`initial.json`) has
+  these sizes only, because `random` draws data for every size of the initial config: with sizes 3 and 4 beside
+  5-agent boards, most of its draws could not be generated then. (The generator now deals each count only to the
+  sizes that hold it, `envsim.generator.placement`; the screen keeps its sizes, so its runs stay comparable.)
 """
 
 from __future__ import annotations

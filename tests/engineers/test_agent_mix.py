@@ -100,7 +100,7 @@ def test_random_draws_a_flat_dirichlet_over_the_counts_after_the_sizes() -> None
 @pytest.mark.parametrize("name", ["fixed", "random", "heuristic", "evidence", "llm", "bandit"])
 def test_no_engineer_puts_a_board_outside_the_runs_counts(name: str) -> None:
     ev = mixed((3, 4))
-    answer = ENGINEERS[name](ev, seed=1, complete_fn=Script(GOOD.replace('"wait_ratio"', '"agent_ratio": '
+    answer = ENGINEERS[name].propose(ev, seed=1, complete_fn=Script(GOOD.replace('"wait_ratio"', '"agent_ratio": '
                                                                            '{"3": 0.25, "4": 0.75}, "wait_ratio"')))
     counts = answer.projection.config.agent_counts
     assert counts == ((2,) if name == "fixed" else (3, 4))  # `fixed` keeps the config as it is

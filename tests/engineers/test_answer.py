@@ -15,14 +15,16 @@ MOVED = CONFIG.model_copy(update={"hole_ratio": {3: 0.3, 4: 0.1, 5: 0.4}, "wait_
 
 
 def test_the_generator_names_the_size_it_cannot_fill_as_data() -> None:
-    crowded = EnvConfig(data_ratio={4: 0.5, 5: 0.5}, hole_ratio={4: 0.5, 5: 0.0}, wait_ratio={4: 0.0, 5: 0.0},
+    # No size holds 5 agents' starts and goals (a size that did would take every board: the generator deals a count
+    # only to the sizes that hold it); the size named is the one with the most ice cells.
+    crowded = EnvConfig(data_ratio={3: 0.5, 4: 0.5}, hole_ratio={3: 0.5, 4: 0.5}, wait_ratio={3: 0.0, 4: 0.0},
                         num_agents=5)
     with pytest.raises(GenerationError) as err:
         generate(crowded, 4)
     assert err.value.size == 4
     why = cannot_fill(crowded, n=4)
     assert why == Unfillable(4, "size 4: hole_ratio 0.5 leaves 8 ice cells, too few for 5 agents' starts and goals "
-                                "(10 cells)")
+                                "(10 cells), and no other map size of the config holds them")
     assert str(why) == why.message
     never_waits = EnvConfig(data_ratio={2: 1.0}, hole_ratio={2: 0.0}, wait_ratio={2: 1.0})
     assert cannot_fill(never_waits, n=3).size == 2  # a stratum that runs dry names its size too

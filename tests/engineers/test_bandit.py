@@ -10,7 +10,7 @@ import pytest
 from envsim.config import EnvConfig
 from envsim.generator import Unfillable
 from lab.context import Evidence, StageResult
-from lab.engineers import ENGINEERS, SAME_WHEN_ASKED_AGAIN
+from lab.engineers import ENGINEERS
 from lab.engineers.bandit import ALPHA, PRIOR, TEMPERATURE, bandit, boltzmann, marginals, values
 from training.advantage import CELLS, CellSignal, read, records, tally
 
@@ -95,7 +95,7 @@ def test_the_shares_are_boltzmann_over_q_and_the_config_takes_their_marginals() 
         "3 agents, size 4: never trained; Q 1.000 (prior), share 0.533",
         "data_ratio (each size's cells summed): 3: 0.5 -> 0.271, 4: 0.5 -> 0.729",
         "agent_ratio (each count's cells summed): 2=1 -> 2=0.349, 3=0.651"]
-    assert "bandit" in ENGINEERS and "bandit" in SAME_WHEN_ASKED_AGAIN
+    assert ENGINEERS["bandit"].same_when_asked_again
     assert bandit(_evidence(STAGE_1, STAGE_2), seed=9) == answer  # the logs alone decide
 
 

@@ -141,7 +141,7 @@ def test_the_engineers_that_do_not_set_random_share_keep_the_bases_and_propose_a
 
     broad = EnvConfig(**{**CONFIG.model_dump(), "random_share": 0.5})
     for name in ("fixed", "random", "heuristic", "evidence", "bandit"):
-        plain = ENGINEERS[name](evidence(), seed=7).projection.config
-        kept = ENGINEERS[name](evidence(config=broad), seed=7).projection.config
+        plain = ENGINEERS[name].propose(evidence(), seed=7).projection.config
+        kept = ENGINEERS[name].propose(evidence(config=broad), seed=7).projection.config
         assert plain.random_share == 0.0 and kept.random_share == 0.5, name
         assert kept.model_copy(update={"random_share": 0.0}) == plain, name  # the same draws and moves

@@ -12,7 +12,6 @@ from lab.engineers import (
     ENGINEERS,
     LEARN_ANSWERS,
     LEARN_BOARDS,
-    NEEDS,
     EngineerAnswer,
     Needs,
     needs_of,
@@ -26,7 +25,7 @@ HELD = HeldConfigs(kind=Held.SCHEDULE, source="held.json", configs=(CONFIG,))  #
 
 
 def _run(name: str, ev: Evidence, seed: int = 0) -> EngineerAnswer:
-    return ENGINEERS[name](ev, seed=seed, complete_fn=Script(GOOD), backend="openai:unused", unused_option=1,
+    return ENGINEERS[name].propose(ev, seed=seed, complete_fn=Script(GOOD), backend="openai:unused", unused_option=1,
                            probe_fn=ScriptedProbe({}), held=HELD)
 
 
@@ -50,7 +49,7 @@ def test_every_engineer_is_deterministic_for_a_seed(name: str) -> None:
 
 
 def test_fixed_keeps_the_current_config() -> None:
-    answer = ENGINEERS["fixed"](evidence(), seed=1)
+    answer = ENGINEERS["fixed"].propose(evidence(), seed=1)
     assert answer.projection.config == CONFIG and answer.projection.adjustments == ()
     assert answer.rationale == "fixed environment: keeps the current config"
 
@@ -58,13 +57,14 @@ def test_fixed_keeps_the_current_config() -> None:
 def test_each_engineer_declares_what_its_propose_job_gives_it() -> None:
     size = {"boards": 8, "answers": 2}  # the run's probe size
     plain = RunSettings(stages=1, probe_boards=8, probe_answers=2)
-    assert set(NEEDS) <= set(ENGINEERS)
     assert {name: needs_of(name, plain) for name in sorted(ENGINEERS)} == {
         "bandit": Needs(),
+        "climb": Needs(),
         "evidence": Needs(reads_episodes=True),
         "fixed": Needs(),
         "heuristic": Needs(),
         "learnability": Needs(probe={"boards": LEARN_BOARDS, "answers": LEARN_ANSWERS}, held_out=True),
+        "levels": Needs(),
         "llm": Needs(language_model=True, policy_path=True),
         "random": Needs(),
         "schedule": Needs(held_configs=True),

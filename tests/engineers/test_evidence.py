@@ -95,6 +95,6 @@ def test_a_size_the_stage_cannot_fill_goes_back_and_no_boards_keep_everything() 
     assert (config.hole_ratio[4], config.hole_ratio[5]) == (0.15, 0.25)
     assert answer.rationale.splitlines()[-1] == ("size 3: back to hole 0.2, wait 0.25: the generator could not fill "
                                                  "the config (size 3: too many waits)")
-    empty = ENGINEERS["evidence"](Evidence(StageResult(1, CONFIG, {})), seed=0)
+    empty = ENGINEERS["evidence"].propose(Evidence(StageResult(1, CONFIG, {})), seed=0)
     assert empty.projection.config == CONFIG
     assert empty.rationale.splitlines()[-1] == "no dev boards to read: data_ratio kept"

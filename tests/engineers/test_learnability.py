@@ -170,7 +170,7 @@ def test_boards_always_or_never_solved_never_enter_the_buffer_and_held_out_board
 def test_the_buffer_draws_again_the_boards_the_probe_answered() -> None:
     """`probe_boards` is the probe's own draw: the boards a probe answers are the ones the buffer replays."""
     from envsim.generator import generate
-    from training.probe import one_size, probe_boards
+    from training.probe import probe_boards
 
     one = EnvConfig(data_ratio={3: 1.0}, hole_ratio={3: 0.25}, wait_ratio={3: 0.75}, num_instances=16)
-    assert probe_boards(one, 3, 16, 7) == generate(one_size(one, 3), 16, seed=7)
+    assert probe_boards(one, 3, 16, 7) == generate(one.one_size(3), 16, seed=7)

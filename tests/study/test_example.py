@@ -88,8 +88,8 @@ def test_a_missing_example_file_is_said_in_one_line_and_the_lab_starts_empty(tmp
 
 def test_serve_imports_the_example_before_the_page_is_built_unless_no_example(tmp_path: Path, monkeypatch, capsys):
     """`python app.py` / `envlab serve` down to the page: the example is in before `build_demo` runs, once, and the
-    shipped study is imported beside the page as it starts (the page does not wait for it; `main` waits for it
-    once the page ended); `--no-example` leaves a new lab empty. The page itself is not built or served here
+    shipped study is imported beside the page as it starts (the page does not wait for it; here it serves until
+    the import ends); `--no-example` leaves a new lab empty. The page itself is not built or served here
     (tests/test_app.py)."""
     runs_when_built: list[list[str]] = []
     importing_when_built: list[bool] = []
@@ -101,7 +101,12 @@ def test_serve_imports_the_example_before_the_page_is_built_unless_no_example(tm
         return "the page"
 
     monkeypatch.setattr(app, "build_demo", build_demo)
-    monkeypatch.setattr(app, "launch", lambda demo, *args, **kwargs: None)
+    def launch(demo, *args, **kwargs):  # a page that serves until the study's import has ended
+        for thread in threading.enumerate():
+            if thread.name == "envlab-study-import":
+                thread.join()
+
+    monkeypatch.setattr(app, "launch", launch)
     monkeypatch.setattr(app.signal, "signal", lambda *args: None)
     port = str(free_port())
 
@@ -183,7 +188,7 @@ def test_its_proposals_are_the_heuristics_and_its_decisions_are_lab_example_s(sh
     with session(engine) as s:
         run = s.get(Run, run_id)
         for proposal in s.exec(select(Proposal).where(Proposal.run_id == run_id).order_by(Proposal.id)):
-            answer = ENGINEERS["heuristic"](evidence_for(s, run, proposal.after_stage))
+            answer = ENGINEERS["heuristic"].propose(evidence_for(s, run, proposal.after_stage))
             assert answer.projection.config == proposal.projected_config
             assert answer.rationale == proposal.rationale
             stored = s.exec(select(Decision).where(Decision.proposal_id == proposal.id)).one()
@@ -231,8 +236,9 @@ def test_the_shipped_study_is_imported_with_the_numbers_of_its_report(tmp_path: 
     calls: list[tuple[int, int]] = []
     ids = import_studies(engine, progress=lambda done, total: calls.append((done, total)))
     assert len(ids) == 3
-    # one call per run, the total over every shipped database: 40 of second-pass, 30 of hardstart, 18 of defaults
-    assert calls == [(k, 88) for k in range(1, 89)]
+    # one call before the first run, then one per run, the total over every shipped database: 40 of second-pass,
+    # 30 of hardstart, 18 of defaults
+    assert calls == [(k, 88) for k in range(0, 89)]
     # oldest first, so the newest study, the lab's, is the newest experiment here: the Compare tab opens on it
     assert [p.experiment.name for p in list_experiments(engine)] == ["second-pass", "defaults", "hardstart"]
     compared = []

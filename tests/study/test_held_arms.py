@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from sqlmodel import select
 
 from lab import cli
-from lab.engineers import ALONE, ENGINEERS, MAX_HELD_BYTES, SAME_WHEN_ASKED_AGAIN
+from lab.engineers import ENGINEERS, MAX_HELD_BYTES, names
 from lab.loop import LoopError, create_run, switch_engineer
 from lab.study.comparison import comparison, report_markdown
 from lab.study.experiments import Arm, ExperimentError, add_arms, create_experiment, experiment_runs, find_experiment
@@ -59,8 +59,8 @@ def test_a_held_arm_reads_its_file_once_named_or_not(files):
     bad = {**Arm.parse(f"best=static:{best}").row(), "held": {"kind": "static", "source": "best.json", "configs": []}}
     with pytest.raises(ValidationError, match="configs"):
         Arm.from_row(bad)
-    assert {"static", "schedule"} <= SAME_WHEN_ASKED_AGAIN and {"static", "schedule"} <= set(ENGINEERS)
-    assert not {"static", "schedule"} & set(ALONE)  # the Runs page cannot give a run alone a held engineer
+    assert all(ENGINEERS[h].same_when_asked_again for h in ("static", "schedule"))
+    assert not {"static", "schedule"} & set(names(alone=True))  # the Runs page cannot give a run alone a held engineer
 
 
 def write_bad_files(tmp_path: Path) -> None:
