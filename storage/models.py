@@ -1,4 +1,5 @@
-"""The lab's tables: experiments, runs, stages, proposals, decisions, jobs, episodes, stage metrics, training logs.
+"""The lab's tables: experiments, runs, stages, proposals, decisions, jobs, episodes, stage metrics, training logs,
+and the lab's one row about the shipped example and studies.
 
 Records are stored as JSON. The ones every layer reads are typed by their column (`Typed`): a stage's, a
 proposal's and a decision's config are `envsim.config.EnvConfig`s, a run's and an experiment's settings are
@@ -533,3 +534,28 @@ class Evaluation(SQLModel, table=True):
     source_stage_index: int | None = None
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
 
+
+
+class ShippedChoice(StrEnum):
+    """Whether a lab takes in the shipped example run and studies (`lab.study.example`, docs/example.md): decided
+    on its first `envlab serve` and kept."""
+
+    TAKE = "take"  # every start imports what of them is still missing
+    DECLINE = "decline"  # started with `--no-example`, or on a database that held a run already: never imported
+
+
+class Shipped(SQLModel, table=True):
+    """The lab's one row about the shipped example and studies: the choice its first `envlab serve` made, how far
+    the import of the studies has come (`done` of `total` runs, under way while `done < total`: the command line
+    and the Compare tab say so), and `studies`, the digest of the shipped databases once all of them are in (a later
+    start that finds the same files reads none of them)."""
+
+    __tablename__ = "shipped"
+    __table_args__ = (CheckConstraint(_in("choice", ShippedChoice), name="choice"),)
+
+    id: int = Field(default=1, primary_key=True)  # one row: two first starts at once store one choice
+    choice: ShippedChoice = Field(sa_type=AutoString)
+    done: int = 0
+    total: int = 0
+    studies: str = ""
+    decided_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)

@@ -1,6 +1,6 @@
 """The page as a whole: `python app.py` serves it with a worker beside it, it builds on an empty database,
-links open what they name, and `--auth` is read as documented. The tabs' view functions are tested in
-tests/test_pages.py."""
+links open what they name. How `envlab serve` reads its logins is tested in tests/test_cli.py; the tabs' view
+functions in tests/test_pages.py."""
 
 from __future__ import annotations
 
@@ -31,16 +31,6 @@ def test_a_link_opens_the_run_tab_episode_and_proposal_it_names(lab):
     assert app.linked(engine, {"episode": str(ids["clash"])}) == {
         "run": ids["history"], "tab": "episode", "episode": ids["clash"], "proposal": None}
     assert app.linked(engine, {"run": str(ids["history"]), "episode": "x"})["run"] == ids["history"]
-
-
-def test_auth_reads_a_pair_or_a_users_file(tmp_path: Path):
-    assert app.read_auth(None) is None
-    assert app.read_auth("ann:pw") == [("ann", "pw")]
-    users = tmp_path / "users"
-    users.write_text("# lab users\nann:pw1\n\nbob:pw:2\n")
-    assert app.read_auth(str(users)) == [("ann", "pw1"), ("bob", "pw:2")]
-    with pytest.raises(SystemExit, match="expected user:password"):
-        app.read_auth("nopassword")
 
 
 def _children(pid: int) -> list[int]:
@@ -174,9 +164,10 @@ def test_the_poll_redraws_the_compare_tab_drawn_before_a_stage_ended_that_the_pa
     summary = next(c for c in outputs if getattr(c, "elem_id", None) == "compare-summary")
     now = app.lab_version(empty_lab)
     seen = (now, run_id)  # the page's first answer read the lab as it is now
-    before = (now.runs, (now.stages[0], now.stages[1] - 1))  # the tab, drawn one stage end earlier
+    before = (now.runs, (now.stages[0], now.stages[1] - 1), "")  # the tab, drawn one stage end earlier (no import)
     out = follow(run_id, "compare", None, None, seen, {}, experiment.id, None, before)
     assert out[summary].startswith("**watched**: 2 of 2 runs done.\n"), out[summary]
-    assert [v for c, v in out.items() if isinstance(c, gr.State) and v == (now.runs, now.stages)]  # drawn_at, now
-    assert summary not in follow(run_id, "compare", None, None, seen, {}, experiment.id, None, (now.runs, now.stages))
+    assert [v for c, v in out.items() if isinstance(c, gr.State) and v == (now.runs, now.stages, "")]  # drawn_at, now
+    assert summary not in follow(run_id, "compare", None, None, seen, {}, experiment.id, None,
+                                 (now.runs, now.stages, ""))
     assert summary not in follow(run_id, "runs", None, None, seen, {}, experiment.id, None, before)  # not shown

@@ -27,6 +27,7 @@ from storage.models import (
     Probe,
     Proposal,
     Run,
+    Shipped,
     Stage,
     StageMetric,
     TrainingLog,
@@ -436,6 +437,36 @@ def test_a_0014_database_names_its_tiny_runs_tiny_2agent_after_0015_and_scores_t
         assert [r.policy for r in s.exec(select(Run).order_by(Run.id))] == ["tiny", "Qwen/Qwen3-4B"]
         assert s.exec(select(Stage).order_by(Stage.id)).first().checkpoint == folder
         assert s.exec(select(Experiment)).one().policy == "tiny"
+    engine.dispose()
+
+
+def test_a_0015_database_that_holds_the_example_takes_the_shipped_study_after_0016(db_url: str):
+    """A lab made before 0016 kept no choice about the shipped example and studies: one that holds the example run
+    took them (its next start imports what it misses), one with other runs only declined them, an empty one gets
+    no row (its next start decides)."""
+    engine = make_engine(db_url)
+
+    def at_0016() -> list[tuple[str, int, int, str]]:
+        upgrade(engine)
+        assert current_revision(engine) == HEAD and _schema_diff(engine) == []
+        with session(engine) as s:
+            rows = [(str(r.choice), r.done, r.total, r.studies) for r in s.exec(select(Shipped))]
+        with engine.connect() as c:
+            if c.dialect.name == "sqlite":
+                c.exec_driver_sql("PRAGMA foreign_keys=OFF")
+                c.commit()
+            with c.begin():
+                command.downgrade(alembic_config(c), "0015")
+        return rows
+
+    upgrade(engine, "0015")
+    assert at_0016() == []
+    with session(engine) as s:
+        _run(s)
+    assert at_0016() == [("decline", 0, 0, "")]
+    with session(engine) as s:
+        _run(s, settings=RunSettings(stages=3, example=True))
+    assert at_0016() == [("take", 0, 0, "")]
     engine.dispose()
 
 

@@ -35,6 +35,7 @@ from lab.study.comparison import (
     holm_rows,
     size_rows,
 )
+from lab.study.example import import_line
 from lab.study.experiments import experiment_choices, experiment_progress, log_dir, time_left
 from lab.study.slurm import SLURM_HEADERS, slurm_rows
 from lab.text import as_text
@@ -163,7 +164,7 @@ class CompareTab:
     sizes: gr.Dataframe
     compute: gr.Dataframe
     links: gr.Markdown
-    drawn_at: gr.State  # (the runs, the stages) of the `LabVersion` read as the experiment was last drawn
+    drawn_at: gr.State  # (the runs, the stages) of the `LabVersion` and the import line, as the tab was last drawn
 
     @property
     def outputs(self) -> list[Any]:
@@ -171,14 +172,17 @@ class CompareTab:
                 self.sizes, self.compute, self.links, self.drawn_at]
 
     def stale(self, drawn_at: tuple | None, now: LabVersion) -> bool:
-        """Whether a run or a stage changed since the experiment shown was drawn (the page's poll redraws it)."""
-        return drawn_at is not None and tuple(drawn_at) != (now.runs, now.stages)
+        """Whether a run, a stage or the shipped study's import changed since the tab was drawn (the page's poll
+        redraws it)."""
+        return drawn_at is not None and tuple(drawn_at) != (now.runs, now.stages, import_line(self.engine))
 
     def show(self, experiment_id: int | None, rate: str | None = None) -> dict[Any, Any]:
         """The experiment drawn for `rate` (None: its primary metric, which the Rate radio then shows)."""
         at = lab_version(self.engine)  # read first: a stage that ends while this draws is redrawn by the next poll
+        importing = import_line(self.engine)
         v = compare_view(self.engine, experiment_id, rate)
-        return {self.drawn_at: (at.runs, at.stages), self.rate: v["rate"].value, self.summary: v["summary"],
+        return {self.drawn_at: (at.runs, at.stages, importing), self.rate: v["rate"].value,
+                self.summary: f"{importing}\n\n{v['summary']}" if importing else v["summary"],
                 self.figure: v["figure"],
                 self.primary: gr.update(value=v["primary"], label=v["primary_label"]),
                 self.secondary: gr.update(value=v["secondary"], label=v["secondary_label"]),

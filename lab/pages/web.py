@@ -10,8 +10,10 @@ This module assembles the page: the bar above the tabs (the open run, the worker
 `lab/pages/` (one module each, with its view functions and its widgets), and the events that cross tabs.
 
 A lab that starts on an empty database imports the shipped example run first (`lab.study.example`: a real 3-stage
-run with a decision of each kind), so every tab has something to show on the first visit; `--no-example`
-skips it, and a database that holds a run already is left as it is.
+run with a decision of each kind), so every tab has something to show on the first visit, and the shipped study
+beside the page as it starts; a start stopped during that import is finished by the next one. `--no-example`
+keeps a new lab empty, on that start and every later one, and a database that holds a run already is left as it
+is.
 
 A worker is started beside the page unless `--no-worker` is given or one is visibly at work: a running job
 whose heartbeat is fresh. An idle worker writes nothing (a worker has no row of its own), so a lab whose
@@ -38,19 +40,20 @@ from typing import Any
 
 import gradio as gr
 from sqlalchemy import Engine
+from sqlalchemy.exc import SQLAlchemyError
 from starlette.middleware import Middleware
 from tqdm import tqdm
 
 from lab.archive import ArchiveError, Limits
-from lab.cli.serve import address, arguments, port_free, taken_message
+from lab.cli.serve import AUTH_SETTING, address, arguments, logins, port_free, taken_message
 from lab.jobs.worker import WorkerState, beside_page_env, start_worker, worker_busy, worker_status
 from lab.pages import compare, episode, leaderboard, playground, proposal, review, runs, train
 from lab.pages.auth import Guard, allowed_hosts
 from lab.pages.common import VIEW, Page, no_progress
 from lab.pages.tempfiles import FILES_AGE_S, SWEEP_S
 from lab.runs import LabVersion, lab_version, run_list, run_of_episode, run_of_proposal, waiting_proposals
-from lab.study.example import ensure_example, import_studies
-from storage.db import DatabaseUnusable, open_database
+from lab.study.example import IMPORTING, ensure_example, import_studies, shipped_choice, studies_missing
+from storage.db import DatabaseUnusable, keep_private, open_database
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
 POLL_S = 2.0
@@ -301,8 +304,8 @@ def _wire_poll(tabs: Tabs) -> Any:
     that depend on it are redrawn (of the tabs a run fills, those drawn for the open run), and a newly stored
     proposal is selected. `seen` is (the version drawn, the run it was drawn for): a run other than the open one
     (the poll's answer crossed a run being opened) redraws the tab shown, the others when opened; so does a tab shown
-    that is drawn for no run or another. The Compare tab, shown, is redrawn when a run or a stage changed since it was
-    drawn (its own `drawn_at`: it may have been drawn before the page's first answer)."""
+    that is drawn for no run or another. The Compare tab, shown, is redrawn when a run or a stage or the shipped study's
+    import changed since it was drawn (its own `drawn_at`: it may have been drawn before the page's first answer)."""
     page, seen, drawn = tabs.page, tabs.shown.seen, tabs.shown.drawn
     engine = page.engine
 
@@ -311,8 +314,9 @@ def _wire_poll(tabs: Tabs) -> Any:
                rate: str | None, compare_drawn_at: tuple | None) -> dict[Any, Any]:
         now = lab_version(engine)
         out: dict[Any, Any] = {page.worker: worker_badge(engine, page.own_worker), seen: (now, run_id)}
-        if tab == "compare" and experiment_id is not None and tabs.compare.stale(compare_drawn_at, now):
-            out |= tabs.compare.show(experiment_id, rate)  # a study under way, watched: its stages as they end
+        if tab == "compare" and tabs.compare.stale(compare_drawn_at, now):
+            # a study under way, watched: its stages as they end; the shipped study's import, as its runs come in
+            out |= tabs.compare.show(experiment_id, rate) if experiment_id is not None else tabs.compare.refresh()
         if drawn_for is None or drawn_for[1] != run_id:
             return out | tabs.top(run_id, select=False) | tabs.draw(tab, run_id) | {
                 drawn: {tab: run_id} if tab in LAZY else {}}
@@ -336,7 +340,7 @@ def _wire_poll(tabs: Tabs) -> Any:
         follow, [page.run_pick, tabs.shown.showing, tabs.proposal.shown, tabs.review.shown, seen, drawn,
                  tabs.compare.pick, tabs.compare.rate, tabs.compare.drawn_at],
         [seen, drawn, *tabs.top_outputs(), *tabs.train.outputs, *tabs.proposal.outputs, *tabs.review.outputs,
-         *tabs.compare.outputs[1:]],
+         *tabs.compare.outputs],
         **no_progress(page), **VIEW)
 
 
@@ -448,24 +452,6 @@ def _wire_load(tabs: Tabs, demo: gr.Blocks) -> None:
 # ---------------------------------------------------------------- the command
 
 
-def read_auth(value: str | None) -> list[tuple[str, str]] | None:
-    """`user:password`, or a file of such lines (blank lines and `#` comments skipped)."""
-    if not value:
-        return None
-    path = Path(value)
-    lines = path.read_text().splitlines() if path.is_file() else [value]
-    pairs = []
-    for line in lines:
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        user, sep, password = line.partition(":")
-        if not sep or not user or not password:
-            raise SystemExit(f"--auth: expected user:password (or a file of such lines), got {line[:40]!r}")
-        pairs.append((user, password))
-    return pairs
-
-
 def plotly_warmup() -> str:
     """A script for the page's head that loads Gradio's Plotly bundle (4.6 MB of JavaScript, which Gradio imports
     only when the first plot is drawn) as soon as the page is idle after its load, so the first board or chart a
@@ -525,39 +511,64 @@ def guard_first(server: Any) -> None:
     server.middleware_stack = server.build_middleware_stack()
 
 
-def add_example(engine: Engine, beside: bool = False) -> threading.Thread | None:
-    """The shipped example run, into a database that holds no run yet, then the shipped study; a file that cannot
-    be imported is said in one line, and the lab starts without it. With `beside`, the study (48 runs, most of a
-    first start's time) is imported in a thread while the page starts, with a bar on the command line; an
-    experiment shows on the Compare tab once all its runs are in (`import_studies`). Returns that thread."""
+def add_example(engine: Engine, beside: bool = False, stop: threading.Event | None = None) -> threading.Thread | None:
+    """The shipped example run, then the shipped study, into a lab that takes them (`lab.study.example`: a new lab
+    does, and keeps that choice) where they are not in yet; a file that cannot be imported is said in one line, and
+    the lab starts without it. With `beside`, the study (88 runs, most of a first start's time) is imported in a
+    thread while the page starts, with a line on the command line; an experiment shows on the Compare tab once all
+    its runs are in (`import_studies`), and `stop` set stops the import after the run it is at (the next start
+    goes on from there). Returns that thread."""
     try:
         run_id = ensure_example(engine)
     except ArchiveError as err:
         print(f"the example run was not imported: {err}", file=sys.stderr)
         return None
-    if run_id is None:
+    if run_id is not None:
+        print(f"an empty lab: the example run is run #{run_id} (--no-example leaves a new lab empty)",
+              file=sys.stderr)
+    if not studies_missing(engine):
         return None
-    print(f"an empty lab: the example run is run #{run_id} (--no-example leaves a new lab empty)", file=sys.stderr)
     if not beside:
         add_studies(engine)
         return None
-    thread = threading.Thread(target=add_studies, args=(engine,), name="envlab-study-import", daemon=True)
+    thread = threading.Thread(target=add_studies, args=(engine, stop), name="envlab-study-import", daemon=True)
     thread.start()
     return thread
 
 
-def add_studies(engine: Engine) -> None:
-    """The shipped study's experiments, run by run with a progress bar, then one line saying where they are."""
-    with tqdm(desc="importing the shipped study", unit="run", file=sys.stderr, leave=False) as bar:
-        def step(done: int, total: int) -> None:
-            bar.total = total
-            bar.update(done - bar.n)
-        try:
-            studies = import_studies(engine, progress=step)
-        except (ArchiveError, OSError) as err:
-            print(f"the shipped study was not imported: {err}", file=sys.stderr)
-            return
-    print(f"the shipped study's {len(studies)} experiment(s) are on the Compare tab", file=sys.stderr)
+class _Stopped(Exception):
+    """The lab is stopping: the import of the shipped study stops after the run it is at."""
+
+
+def add_studies(engine: Engine, stop: threading.Event | None = None) -> None:
+    """The shipped study's experiments that are not in yet, run by run with "importing the shipped studies: k of n
+    runs" on the command line (gone once done), then one line saying where they are; `stop` set stops it between
+    two runs, saying how far it came."""
+    bar: tqdm | None = None
+
+    def step(done: int, total: int) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = tqdm(total=total, initial=done, file=sys.stderr, leave=False,
+                       bar_format=IMPORTING.format(done="{n}", total="{total}"))
+        bar.update(done - bar.n)
+        if stop is not None and stop.is_set():
+            raise _Stopped(f"the import of the shipped studies stopped at {done} of {total} runs: the next start "
+                           "imports the rest")
+
+    try:
+        said = f"the shipped study's {len(import_studies(engine, progress=step))} experiment(s) are on the Compare tab"
+    except _Stopped as stopped:
+        said = str(stopped)
+    except (ArchiveError, OSError, SQLAlchemyError) as err:
+        said = f"the shipped study was not imported: {err}"
+    finally:
+        if bar is not None:
+            bar.close()
+    print(said, file=sys.stderr)
+
+
+STOP_IMPORT_S = 30.0  # how long a stopping lab waits for the import of the run it is at
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -567,16 +578,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not port_free(host, port):  # before the worker starts and the page is built
         print(taken, file=sys.stderr)
         return 2
-    auth = read_auth(args.auth)
+    keep_private()  # the database, run folders and exports the page makes are this user's alone
+    auth = logins(args)
+    os.environ.pop(AUTH_SETTING, None)  # read: the workers the page starts need no passwords
     if host not in ("127.0.0.1", "localhost") and not auth:
-        print(f"warning: serving on {host} without --auth: anyone who can reach it can decide proposals",
-              file=sys.stderr)
+        print(f"warning: serving on {host} without a login (--auth-file): anyone who can reach it can decide "
+              "proposals", file=sys.stderr)
     try:
         engine = open_database(args.db)
     except DatabaseUnusable as err:
         print(f"envlab serve: {err}", file=sys.stderr)
         return 2
-    study = None if args.no_example else add_example(engine, beside=True)
+    stop = threading.Event()
+    if args.no_example:
+        shipped_choice(engine, take=False)  # a new lab stays empty, on this start and the next ones
+        study = None
+    else:
+        study = add_example(engine, beside=True, stop=stop)
     if args.no_worker:
         print("not starting a worker (--no-worker): queued jobs wait for `envlab worker`", file=sys.stderr)
     elif worker_busy(engine):
@@ -602,8 +620,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(taken, file=sys.stderr)  # taken between the check and the launch
         return 2
-    if study is not None:
-        study.join()  # the page ended on its own: let the study's import end too
+    finally:  # the page ended (Ctrl+C, SIGTERM): the study's import stops after its run, whole; the next start goes on
+        if study is not None:
+            stop.set()
+            study.join(STOP_IMPORT_S)
     return 0
 
 
