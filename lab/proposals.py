@@ -342,7 +342,8 @@ def decide(session: Session, proposal_id: int, action: str, user: str, edited: A
     return Decided(decision, edit, proposed)
 
 
-def _applied_config(session: Session, proposal: Proposal, action: str, edited: EnvConfig | None) -> dict | None:
+def _applied_config(session: Session, proposal: Proposal, action: str,
+                    edited: EnvConfig | None) -> EnvConfig | None:
     """The config a decision applies (`edited`: the person's edit, validated and checked already)."""
     if (earlier := decision_of(session, proposal.id)) is not None:
         raise AlreadyDecided(earlier)
@@ -353,7 +354,7 @@ def _applied_config(session: Session, proposal: Proposal, action: str, edited: E
             raise ProposalError(f"proposal {proposal.id} failed ({proposal.error}); edit it or reject it instead")
         return proposal.projected_config
     if action == Action.EDIT:
-        return edited.model_dump(mode="json")
+        return edited
     if action != Action.REJECT:
         raise ProposalError(f"unknown action {action!r}: accept, edit, reject or auto")
     return None

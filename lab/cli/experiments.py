@@ -306,11 +306,19 @@ def cmd_experiment_benchmark(args: argparse.Namespace) -> None:
     print("a worker runs them (envlab worker, or envlab experiment run NAME --benchmark); the Leaderboard shows them")
 
 
+DB_HELP = "database path or URL (default: $ENVLAB_DB or runs/envlab.db)"
+
+
 def add_commands(sub: argparse._SubParsersAction) -> None:
     """`envlab experiment new|add-arm|run|list|report|ship|benchmark` (docs/experiments.md)."""
-    db = dict(help="database path or URL (default: $ENVLAB_DB or runs/envlab.db)")
     p = sub.add_parser("experiment", help="engineers compared at equal compute, with seeds (docs/experiments.md)")
     verbs = p.add_subparsers(dest="verb", required=True)
+    _new_command(verbs)
+    _other_commands(verbs)
+
+
+def _new_command(verbs: argparse._SubParsersAction) -> None:
+    """`envlab experiment new`: its arms, seeds and the settings every run shares."""
     s = verbs.add_parser("new", help="store an experiment and queue its runs (arms x seeds, auto-apply)")
     s.add_argument("--name", required=True)
     plain = ", ".join(n for n in engineer_names() if n not in ("llm", *Held))
@@ -333,8 +341,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="even the answers the arms generate per stage where an arm probes configs (learnability): "
                         "extra (the default) gives the arms that probe less extra GRPO steps per trained stage whose "
                         "rollouts equal the probe answers; trim takes steps off the probing arm's stages instead")
-    s.add_argument("--db", **db)
+    s.add_argument("--db", help=DB_HELP)
     s.set_defaults(fn=cmd_experiment_new)
+
+
+def _other_commands(verbs: argparse._SubParsersAction) -> None:
+    """`envlab experiment run|status|cancel|add-arm|adopt|list|report|ship|benchmark`."""
+    db = dict(help=DB_HELP)
     s = verbs.add_parser("run", help="run (or resume) every run of an experiment until all are done")
     s.add_argument("experiment", help="name (or id)")
     s.add_argument("--workers", type=WORKERS, default=1, help="worker processes to start (default 1)")
