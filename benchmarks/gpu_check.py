@@ -101,15 +101,23 @@ def tokenizer(vocab_size: int):
     return tok
 
 
+def model_config(shape: str, vocab_size: int, eos: int | None = None, pad: int | None = None):
+    """The Qwen3 config of `shape`. Qwen3 ties its input and output embeddings at 0.6B and at 4B alike
+    (Qwen/Qwen3-4B's config.json: `tie_word_embeddings: true`): 4B's shape has its 4.02 B parameters, where an
+    untied head would add 0.39 B that the real model does not train."""
+    from transformers import Qwen3Config
+
+    return Qwen3Config(vocab_size=vocab_size, tie_word_embeddings=True, max_position_embeddings=4096,
+                       eos_token_id=eos, pad_token_id=pad, bos_token_id=None, **SHAPES[shape])
+
+
 def build_model(folder: Path, shape: str, vocab_size: int, dtype: str) -> int:
     """A random-weight Qwen3 of `shape` saved in `folder` (weights in `dtype`); returns its parameter count."""
     import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import Qwen3ForCausalLM
 
     tok = tokenizer(vocab_size)
-    config = Qwen3Config(vocab_size=vocab_size, tie_word_embeddings=shape != "4b", max_position_embeddings=4096,
-                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=None,
-                         **SHAPES[shape])
+    config = model_config(shape, vocab_size, tok.eos_token_id, tok.pad_token_id)
     torch.manual_seed(0)
     # Made on the GPU where there is one: 4B parameters initialised on a CPU take minutes of the check's time.
     with torch.device("cuda" if torch.cuda.is_available() else "cpu"):

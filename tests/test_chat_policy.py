@@ -133,7 +133,7 @@ def test_a_grpo_step_logs_the_truncated_share_and_the_pages_draw_it(empty_lab: E
 
 
 def test_a_full_fine_tune_keeps_float32_master_weights_under_bf16_autocast(empty_lab: Engine, tmp_path: Path):
-    # a checkpoint stored in bf16 (as a trained chat stage is) starts the next stage's full fine-tune in float32
+    # a checkpoint stored in bf16 (as a hub's chat model is) starts a stage's full fine-tune in float32
     saved = chat_policy()
     saved.model.to(torch.bfloat16)
     folder = saved.save(tmp_path / "bf16-policy")
@@ -165,5 +165,6 @@ def test_on_a_gpu_a_full_fine_tune_loads_float32_and_lora_or_evaluation_bf16(mon
         return start_policy(args, "cpu").model.dtype
 
     assert dtype(1, 0) == torch.float32  # the full fine-tune's master weights
-    assert dtype(1, 8) == torch.bfloat16  # LoRA: frozen base weights in bf16, as before
+    assert dtype(1, 8) == torch.bfloat16  # LoRA: the run's policy as its frozen base, in bf16
+    assert dtype(2, 8) == torch.float32  # from stage 2, a trained stage's float32 checkpoint, exactly as it trained
     assert dtype(0, 0) == torch.bfloat16  # stage 0 only evaluates

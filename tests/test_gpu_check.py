@@ -38,3 +38,25 @@ def test_a_scratch_folder_that_is_not_there_is_named_before_anything_runs(tmp_pa
                            str(tmp_path / "figures.json")], capture_output=True, text=True)
     assert done.returncode == 2 and f"--scratch {tmp_path / 'nowhere'}: no such folder" in done.stderr
     assert not (tmp_path / "figures.json").exists()
+
+
+def test_the_checks_shapes_tie_their_embeddings_as_qwen3_does(request) -> None:
+    """Qwen3-0.6B and Qwen3-4B both tie their input and output embeddings: an untied 4B shape carried 0.39 B
+    parameters the real model does not have (4.41 B, not 4.02 B), so its memory and MFU were those of another
+    model. The check's shapes count as the published models do, and as the lab's memory estimate counts 4B."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from tests.benchmark_scripts import load
+    from training.memory import qwen3
+
+    check = load("gpu_check", request)
+
+    def parameters(shape: str) -> int:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(check.model_config(shape, check.QWEN3_VOCAB))
+        return sum(p.numel() for p in model.parameters())
+
+    assert parameters("4b") == 4_022_468_096 == sum(p.numel() for p in qwen3("4B").parameters())
+    assert parameters("0.6b") == 596_049_920
+    assert all(check.model_config(shape, 100).tie_word_embeddings for shape in check.SHAPES)

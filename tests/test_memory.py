@@ -100,11 +100,16 @@ def test_a_4b_full_fine_tune_on_one_80_gb_gpu_is_refused_naming_lora_and_fsdp():
     assert refusal(four_b, StagePlan(**ON_A_GPU)) == (
         "needs about 76.5 GB per GPU (weights 16.1 GB, autocast 8.0 GB, gradients 16.1 GB, optimizer 32.2 GB, logits "
         "1.8 GB, activations 2.2 GB), more than 90% of the 80.0 GB it has: it would fit with LoRA (--lora 16: about "
-        "11.1 GB) or FSDP over 2 GPUs (about 40.2 GB each)")
+        "27.2 GB) or FSDP over 2 GPUs (about 40.2 GB each)")  # LoRA on this float32 model: a stage-2 base
     # already sharded over 8: a refusal names only more GPUs than it has
     assert refusal(four_b, StagePlan(**{**ON_A_GPU, "vllm_share": 0.9}, shards=8)).endswith(
         "nothing short of a larger device fits")
     assert refusal(qwen3("4B", torch.bfloat16), StagePlan(**ON_A_GPU, lora=16)) is None  # LoRA: bf16 base
+    # from stage 2 LoRA's base is a trained stage's float32 checkpoint, cast to bf16 under autocast besides
+    bf16_base, float32_base = (stage_memory(qwen3("4B", dtype), StagePlan(**ON_A_GPU, lora=16))
+                               for dtype in (torch.bfloat16, torch.float32))
+    assert (float32_base.weights - bf16_base.weights, float32_base.autocast, bf16_base.autocast) == (
+        2 * 4_022_468_096, 2 * 4_022_468_096, 0)
     assert refusal(four_b, StagePlan(**ON_A_GPU, shards=8)) is None
 
 

@@ -15,7 +15,7 @@ from lab.llm import _load, complete
 from lab.loop import engineer_name
 from storage.models import Run, Stage
 from storage.settings import RunSettings
-from tests.servers import MESSAGES, build_tiny_model
+from tests.servers import CHAT_TEMPLATE, MESSAGES, build_tiny_model, evidence
 
 
 @pytest.fixture(autouse=True)
@@ -46,6 +46,35 @@ def test_hf_policy_loads_on_the_workers_device_in_the_policys_dtype(tmp_path: Pa
     assert model.dtype == torch.bfloat16
     assert isinstance(complete("hf:policy", MESSAGES, max_tokens=4, temperature=0.0, seed=0,
                                policy_path=str(folder)), str)
+
+
+# A template that reads `enable_thinking` as Qwen3's does (off: an empty thinking block, so the model answers at
+# once), and fails where it is not told: the run's policy is always prompted with the run's thinking setting.
+EMPTY_THINKING = "{% if add_generation_prompt %}<think>\n\n</think>\n\n{% endif %}"
+THINKING_TEMPLATE = ("{% if enable_thinking is not defined %}{{ raise_exception('enable_thinking not given') }}"
+                     "{% endif %}" + CHAT_TEMPLATE
+                     + "{% if enable_thinking is false %}" + EMPTY_THINKING + "{% endif %}")
+
+
+def test_the_policy_as_engineer_is_prompted_with_the_runs_thinking_setting(tmp_path: Path):
+    """The run's policy writes the engineer's answer through its chat template with the run's `thinking` (off by
+    default), as it is prompted in training: a Qwen3 policy trained with thinking off answers at once, instead of
+    thinking through its 1024-token budget. Each model below has the same weights; only its template differs."""
+    from lab.engineers.language_model import llm
+
+    policy = build_tiny_model(tmp_path / "policy", chat_template=THINKING_TEMPLATE)
+    at_once = build_tiny_model(tmp_path / "at-once", chat_template=CHAT_TEMPLATE + EMPTY_THINKING)
+    thinks = build_tiny_model(tmp_path / "thinks", chat_template=CHAT_TEMPLATE)
+    ask = dict(max_tokens=8, temperature=0.0, seed=0)
+    off = complete("hf:policy", MESSAGES, policy_path=str(policy), **ask)  # the run's default: thinking off
+    assert off == complete(f"hf:{at_once}", MESSAGES, **ask)
+    on = complete("hf:policy", MESSAGES, policy_path=str(policy), thinking=True, **ask)
+    assert on == complete(f"hf:{thinks}", MESSAGES, **ask) != off
+    # through the engineer, as the propose job asks it (`lab.loop.run_propose_job`: the run's `thinking`)
+    answers = [llm(evidence(), seed=0, backend=f"hf:{folder}" if folder != policy else "hf:policy",
+                   policy_path=str(policy), thinking=thinking, structured=False, max_attempts=1, max_tokens=8,
+                   temperature=0.0).raw for folder, thinking in ((policy, False), (at_once, False))]
+    assert answers[0] == answers[1]
 
 
 def test_a_proposal_names_its_engineer_and_the_policy_checkpoint_that_wrote_it():

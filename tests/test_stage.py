@@ -7,6 +7,7 @@ advantage 0, and GRPO would (correctly) not move a single weight.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import math
@@ -38,10 +39,13 @@ from training.stage import (
     StageError,
     grpo_config,
     installed_fields,
+    merged,
     needs_fsdp,
     run_stage_job,
     stage_args,
     stage_seed,
+    start_dtype,
+    start_policy,
     train,
     validation_boards,
 )
@@ -218,6 +222,72 @@ def test_a_lora_stage_trains_adapters_and_saves_a_whole_model(empty_lab: Engine,
     changed = [name for name in before if not torch.equal(before[name], after[name])]
     # LoRA touches only the linear layers' weights: embeddings and norms stay as they were
     assert changed and all(name.endswith("proj.weight") for name in changed)
+
+
+def _weights(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(folder / "model.safetensors")
+
+
+def test_a_bf16_autocast_stage_saves_its_float32_master_weights_and_the_next_stage_starts_from_them(
+        empty_lab: Engine, writer: Path):
+    """A full fine-tune trains float32 master weights under bf16 autocast (here on the CPU); at a small learning
+    rate most of its updates are below half a bf16 step, so a policy saved in bf16 would round them away at the
+    stage boundary. The saved policy is float32 and equal, weight for weight, to the master weights TRL checkpointed
+    at the last step, and the next stage loads exactly those."""
+    run_id = _run(empty_lab, str(writer))
+    settings = RunSettings(stages=3)
+    args = StageArgs(run_id=run_id, stage_index=1, seed=stage_seed(7, 1), policy=str(writer), config=CONFIG,
+                     run_dir=_run_dir(empty_lab, run_id), run_uuid="u", settings=settings)
+    grpo = dict(GRPO, max_steps=2, learning_rate=1e-5, bf16=True)
+    policy = start_policy(args, "cpu")
+    start = {name: p.detach().clone() for name, p in policy.model.named_parameters()}
+    train(empty_lab, args, policy, grpo, lambda *a, **k: False)
+    master = _weights(args.trainer_dir / "checkpoint-2")  # the trainer's float32 weights after its last step
+    saved = _weights(args.policy_dir)
+    assert set(saved) == set(master)
+    assert {t.dtype for t in saved.values()} == {torch.float32}
+    assert all(torch.equal(saved[name], master[name]) for name in master)
+    # what bf16 would have lost: the weights the stage moved whose bf16 value did not move (most of them)
+    moved = {name: saved[name] != start[name] for name in saved}
+    lost = sum(int((m & (saved[name].bfloat16() == start[name].bfloat16())).sum()) for name, m in moved.items())
+    assert lost > 0.5 * sum(int(m.sum()) for m in moved.values()) > 0  # 85% here
+    # the next stage starts from exactly those weights
+    following = start_policy(dataclasses.replace(args, stage_index=2, policy=str(args.policy_dir)), "cpu")
+    loaded = dict(following.model.named_parameters())
+    assert all(loaded[name].dtype == torch.float32 and torch.equal(loaded[name], master[name]) for name in master)
+
+
+def test_lora_merges_into_a_float32_copy_of_a_bf16_base_and_later_stages_load_float32():
+    """LoRA on a bf16 base (as a chat model loads on a GPU): its adapters' product, below half a bf16 step of the
+    weights, survives the merge in float32 and would round away in bf16. A LoRA stage from stage 2 on loads its
+    starting checkpoint (a trained stage's, float32) in float32."""
+    from peft import get_peft_model
+
+    from training.policy import lora_config
+
+    torch.manual_seed(0)
+    base = build_tiny(0, **SMALL).model.to(torch.bfloat16)
+    model = get_peft_model(base, lora_config(4))
+    layer = model.base_model.model.model.layers[0].mlp.up_proj
+    with torch.no_grad():
+        layer.lora_B["default"].weight.fill_(1e-5)
+    base_weight = layer.base_layer.weight.detach().float().clone()
+    delta = layer.get_delta_weight("default").detach().float()
+    assert delta.abs().max() < 2e-4 and layer.lora_A["default"].weight.dtype == torch.float32
+    whole = merged(model)
+    weight = dict(whole.named_parameters())[PROBE]
+    assert weight.dtype == torch.float32 and not hasattr(whole, "peft_config")
+    assert torch.equal(weight.detach(), base_weight + delta)
+    kept_in_bf16 = (base_weight + delta).bfloat16().float() != base_weight
+    assert kept_in_bf16.float().mean() < 0.1  # in bf16 nearly all of the stage's update would be gone
+
+    args = StageArgs(run_id=1, stage_index=1, seed=0, policy="", config=CONFIG, run_dir=Path("r"), run_uuid="u",
+                     settings=RunSettings(stages=3, lora=4))
+    assert start_dtype(args) is None  # stage 1: the run's policy as it comes (bf16 on a GPU)
+    assert start_dtype(dataclasses.replace(args, stage_index=2)) == torch.float32
+    assert start_dtype(dataclasses.replace(args, settings=RunSettings(stages=3))) == torch.float32  # full
 
 
 def test_stage_jobs_through_the_worker_evaluate_then_train_and_record(empty_lab: Engine, writer: Path, tmp_path: Path):

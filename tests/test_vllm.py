@@ -72,6 +72,28 @@ def test_colocate_and_server_mode_fields_for_trl():
     assert vllm.vllm_fields(given, "http://127.0.0.1:9") == given
 
 
+def test_a_colocated_engine_gets_a_context_of_the_longest_prompt_plus_the_completion(empty_lab, tmp_path: Path):
+    """Left to the model's config, a colocated engine sizes its KV cache for every position (Qwen3: 40,960, about
+    6 GB for 4B): the stage gives it its longest prompt, as TRL tokenizes the stage's prompts, plus its completion
+    budget. Server mode's engine is the worker's server, sized where it starts; the run's own value stays."""
+    assert vllm.vllm_fields({"use_vllm": True, "max_completion_length": 512}, longest_prompt=300)[
+        "vllm_max_model_length"] == 812
+    assert "vllm_max_model_length" not in vllm.vllm_fields(
+        {"use_vllm": True, "vllm_mode": "server", "max_completion_length": 512}, longest_prompt=300)
+    assert vllm.vllm_fields({"use_vllm": True, "max_completion_length": 512, "vllm_max_model_length": 4096},
+                            longest_prompt=300)["vllm_max_model_length"] == 4096
+    from training.policy import load_policy
+    from training.stage import trainer_for
+
+    config = EnvConfig.default(sizes=(3, 5), num_instances=4)
+    args = StageArgs(run_id=0, stage_index=1, seed=0, policy="tiny", config=config, run_dir=tmp_path, run_uuid="u")
+    grpo = {"use_vllm": True, "vllm_mode": "colocate", "num_generations": 2, "per_device_train_batch_size": 4}
+    trainer, _, _ = trainer_for(empty_lab, args, load_policy("tiny"), grpo, lambda *a, **k: False)
+    longest = max(len(trainer.processing_class(p)["input_ids"]) for p in trainer.train_dataset["prompt"])
+    assert trainer.args.vllm_max_model_length == longest + trainer.args.max_completion_length
+    assert 0 < longest < trainer.args.vllm_max_model_length < 1024  # the tiny policy's boards, not 40,960
+
+
 def test_without_vllm_a_stage_that_asks_for_it_generates_with_transformers(tmp_path: Path, caplog):
     args = StageArgs(run_id=0, stage_index=1, seed=0, policy="", config=EnvConfig.default(), run_dir=tmp_path,
                      run_uuid="u")

@@ -7,8 +7,9 @@ small; Gemma 3's vocabulary of 262,144 tokens did not keep the logits small.
 
 What a GRPO step holds at its peak, per device, in bytes (`StageMemory`):
 - weights: a full fine-tune's float32 master weights (`training.stage.start_policy` loads them so); LoRA's frozen
-  base in bf16 under bf16 autocast (as loaded on a GPU), else as loaded, plus its adapters in float32;
-- autocast: under bf16 autocast a full fine-tune's forward keeps a bf16 copy of every weight for its backward;
+  base as loaded (the run's policy in bf16 on a GPU at stage 1; from stage 2 a trained stage's float32 checkpoint,
+  so that no stage's learning rounds away), plus its adapters in float32;
+- autocast: under bf16 autocast the forward keeps a bf16 copy of every float32 weight for its backward;
 - gradients and optimizer: 4 bytes per trained parameter, and AdamW's two float32 states (8 bytes); LoRA trains
   only its adapters (rank r on every linear layer but the output layer, peft's "all-linear");
 - vllm: a colocated vLLM engine's share of the GPU (`vllm_gpu_memory_utilization`);
@@ -135,11 +136,12 @@ def stage_memory(model: Any, plan: StagePlan, tile: tuple[int, int] | None = Non
     params = list(model.parameters())
     count = sum(p.numel() for p in params)
     trained = lora_parameters(model, plan.lora) if plan.lora else count
-    if plan.lora:  # the frozen base in bf16 where the stage trains under bf16 (as `start_policy` loads it on a GPU)
-        weights = (2 * count if plan.bf16 else sum(p.numel() * p.element_size() for p in params)) + 4 * trained
+    if plan.lora:  # the frozen base as `start_policy` loads it: the run's policy (bf16 on a GPU), a stage's float32
+        weights = sum(p.numel() * p.element_size() for p in params) + 4 * trained
+        wide = sum(p.numel() for p in params if p.element_size() > 2)  # a float32 base is cast to bf16 too
     else:  # float32 master weights
-        weights = 4 * count
-    autocast = 2 * count if plan.bf16 and not plan.lora else 0
+        weights, wide = 4 * count, count
+    autocast = 2 * wide if plan.bf16 else 0
     tokens = plan.batch * (plan.prompt + plan.completion)
     per_value = 2 if plan.bf16 else params[0].element_size()
     layers = config.num_hidden_layers

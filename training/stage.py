@@ -190,14 +190,16 @@ STYLE_DEFAULTS: dict[str, dict[str, Any]] = {
 
 
 def grpo_config(args: StageArgs, overrides: dict[str, Any], max_completion_length: int,
-                prompt_style: str = "chat", tracking: trackers.Tracking | None = None) -> GRPOConfig:
+                prompt_style: str = "chat", tracking: trackers.Tracking | None = None,
+                longest_prompt: int | None = None) -> GRPOConfig:
     """TRL's config: our defaults for this machine and task, then the run's `settings.grpo` on top.
 
     Defaults: CPU without CUDA; bf16 autocast and activation checkpointing only for a chat model on a bf16 GPU (the
     tiny policy stays in float32: docs/training.md says why); one epoch over the stage's boards; generations, batch,
     learning rate and reward scaling by prompt style (`STYLE_DEFAULTS`); a completion budget from the board sizes;
     a log line per step; a TRL checkpoint every 50 steps (2 kept); the stage's seed; `training.rewards`'s weights;
-    TRL's `report_to` with the lab's Trackio project (`training.trackers`); `use_vllm` honoured where vLLM imports.
+    TRL's `report_to` with the lab's Trackio project (`training.trackers`); `use_vllm` honoured where vLLM imports,
+    a colocated engine's context the `longest_prompt` (tokens, where known) plus the completion (`vllm.vllm_fields`).
     """
     known = {f.name for f in dataclasses.fields(GRPOConfig)}
     unknown = sorted(set(overrides) - known)
@@ -223,7 +225,7 @@ def grpo_config(args: StageArgs, overrides: dict[str, Any], max_completion_lengt
         **(tracking.fields() if tracking is not None else {}),
     )
     fields = {**installed_fields(fields, known), **overrides}
-    fields = vllm.vllm_fields(fields)
+    fields = vllm.vllm_fields(fields, longest_prompt=longest_prompt)
     if fields.get("use_vllm") and importlib.util.find_spec("vllm") is None:
         log.warning("use_vllm was asked for but vLLM is not installed (pip install 'envlab[vllm]'): "
                     "generating with transformers")
@@ -526,8 +528,8 @@ def trainer_for(engine: Engine, args: StageArgs, policy: Policy, grpo: dict[str,
     # trainer, once its peak memory fits the device (`training.memory`): else the stage fails saying what would fit
     tracking = trackers.tracking(engine, args.run_id, args.stage_index) \
         if trackers.reported(grpo.get("report_to")) else None
-    config = grpo_config(args, grpo, budget, policy.prompt_style, tracking)
     prompt = max(len(policy.tokenizer(p)["input_ids"]) for p in data["prompt"])  # as TRL tokenizes it
+    config = grpo_config(args, grpo, budget, policy.prompt_style, tracking, longest_prompt=prompt)
     if (why := memory.refusal(policy.model, memory.plan_of(config, lora=args.lora, prompt=prompt))) is not None:
         raise StageError(f"stage {args.stage_index} of run {args.run_id} {why}")
     record = Record(engine, args, progress)
@@ -561,15 +563,18 @@ def train(engine: Engine, args: StageArgs, policy: Policy, grpo: dict[str, Any],
         del trainer
         vllm.free_memory()
         _leave_process_group()
-    dtype = torch.bfloat16 if bf16 and not args.lora else None  # float32 master weights trained under bf16 autocast
     if whole is not None and main:  # FSDP: the policy that is saved and evaluated is built from the gathered weights
-        policy.model = _unsharded(policy.model.config, whole, dtype or torch.float32).to(local_device())
-    elif dtype is not None:  # evaluated and saved as bf16
-        policy.model = policy.model.to(dtype)
-    # save (the marker last: its presence means the policy folder is complete)
+        policy.model = _unsharded(policy.model.config, whole, torch.float32)
+    # save (the marker last: its presence means the policy folder is complete), in float32: the master weights as
+    # they trained (LoRA's merged into a float32 base, `_fit`), which the next stage loads as they are
+    # (`start_policy`). In bf16 a stage's small updates would round away at every stage boundary.
     if main:
         policy.save(args.policy_dir)
         args.trained_marker.write_text(json.dumps({**args.marker_key(), **summary}, indent=2) + "\n")
+    if bf16:  # evaluated in bf16, as the saved policy loads on a GPU (`load_policy`'s default)
+        policy.model = policy.model.to(torch.bfloat16)
+    if whole is not None and main:
+        policy.model = policy.model.to(local_device())
     return summary
 
 
@@ -591,9 +596,16 @@ def _fit(trainer: GRPOTrainer, record: Record, engine: Engine, args: StageArgs, 
         raise Cancelled(f"cancelled at step {trainer.state.global_step}/{trainer.state.max_steps}; "
                         f"requeue to resume from {get_last_checkpoint(str(args.trainer_dir))}")
     if args.lora:  # fold the adapters into the weights: every stage's checkpoint is a whole model
-        policy.model = trainer.model.merge_and_unload()
+        policy.model = merged(trainer.model)
     summary = {"steps": trainer.state.global_step, "resumed_from": resume, **record.summary}
     return summary, bool(config.bf16), trainer.accelerator.is_main_process
+
+
+def merged(model: Any) -> Any:
+    """A LoRA model (peft's) with its adapters folded into its base widened to float32: a base loaded in bf16 would
+    round the adapters' small product away in the merge (the float32 adapters are exact; the bf16 base widens
+    exactly)."""
+    return model.to(torch.float32).merge_and_unload()
 
 
 def _unsharded(config: Any, state: dict[str, torch.Tensor], dtype: torch.dtype) -> Any:
@@ -630,15 +642,22 @@ def forget_logs_after(engine: Engine, args: StageArgs, step: int) -> None:
         s.commit()
 
 
+def start_dtype(args: StageArgs) -> torch.dtype | None:
+    """The dtype the stage loads its starting policy in (None: `load_policy`'s default, bf16 for a chat model on a
+    GPU). A full fine-tune keeps float32 master weights (the optimizer updates them; bf16 autocast does the maths,
+    `grpo_config`): in bf16 most updates at a learning rate of 1e-6 would round away. LoRA's frozen base is the run's
+    policy as it comes at stage 1, and from stage 2 on a trained stage's float32 checkpoint (`train`), loaded in
+    float32 so that the next stage starts from exactly the weights the last one trained."""
+    if args.stage_index > 1 or (args.stage_index == 1 and not args.lora):
+        return torch.float32
+    return None
+
+
 def start_policy(args: StageArgs, device: str) -> Policy:
     """Load the stage's starting policy, or fail with a message that names the stage and the checkpoint."""
     what = "the run's policy" if args.stage_index == 0 else f"stage {args.stage_index - 1}'s checkpoint"
-    # A full fine-tune keeps float32 master weights (the optimizer updates them; bf16 autocast does the maths,
-    # `grpo_config`): in bf16 most updates at a learning rate of 1e-6 would round away. LoRA's frozen base
-    # weights need no master copy.
-    dtype = torch.float32 if args.stage_index > 0 and not args.lora else None
     try:
-        return load_policy(args.policy, device=device, dtype=dtype).configured(args.settings)
+        return load_policy(args.policy, device=device, dtype=start_dtype(args)).configured(args.settings)
     except PolicyError as err:
         raise StageError(f"cannot load the starting policy of stage {args.stage_index} ({what} "
                          f"{args.policy!r}): {err}") from err
@@ -834,7 +853,7 @@ def needs_fsdp(engine: Engine, run_id: int, stage_index: int, gpus: int,
         return False, f"stage 0 of run {run_id} evaluates only: no FSDP"
     architecture = AutoConfig.from_pretrained(policy_folder(args.policy))
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(architecture, dtype=torch.bfloat16 if args.lora else torch.float32)
+        model = AutoModelForCausalLM.from_config(architecture, dtype=start_dtype(args) or torch.bfloat16)
     completion = args.settings.completion_length or evaluation.CHAT_BUDGET
     config = grpo_config(args, grpo, completion, prompt_style_of(args.policy))
     plan = memory.plan_of(config, lora=args.lora, prompt=memory.PROMPT_BOUND, device_bytes=device_bytes)

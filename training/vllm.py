@@ -53,10 +53,13 @@ def available() -> bool:
 # ---------------------------------------------------------------- a stage's rollouts (TRL)
 
 
-def vllm_fields(fields: dict[str, Any], server_url: str | None = None) -> dict[str, Any]:
-    """`GRPOConfig` fields with vLLM's filled in: colocate gets `COLOCATE_MEMORY` of the GPU and sleeps between
-    generations (its memory is free for the update); server mode, without a URL of its own, uses the worker's
-    server (`server_url`, else `$ENVLAB_VLLM_SERVER_URL`). Fields the run set itself stay as they are."""
+def vllm_fields(fields: dict[str, Any], server_url: str | None = None,
+                longest_prompt: int | None = None) -> dict[str, Any]:
+    """`GRPOConfig` fields with vLLM's filled in: colocate gets `COLOCATE_MEMORY` of the GPU, sleeps between
+    generations (its memory is free for the update) and, where the stage's `longest_prompt` (in tokens) is known,
+    a context of that prompt plus `max_completion_length` (`vllm_max_model_length`): left to the model's config,
+    Qwen3's 40,960 positions would take about 6 GB of KV cache for 4B. Server mode, without a URL of its own, uses
+    the worker's server (`server_url`, else `$ENVLAB_VLLM_SERVER_URL`). Fields the run set itself stay as they are."""
     if not fields.get("use_vllm"):
         return fields
     fields = dict(fields)
@@ -64,6 +67,8 @@ def vllm_fields(fields: dict[str, Any], server_url: str | None = None) -> dict[s
     if mode == "colocate":
         fields.setdefault("vllm_gpu_memory_utilization", COLOCATE_MEMORY)
         fields.setdefault("vllm_enable_sleep_mode", True)
+        if longest_prompt is not None and fields.get("max_completion_length") is not None:
+            fields.setdefault("vllm_max_model_length", longest_prompt + fields["max_completion_length"])
     elif mode == "server" and not fields.get("vllm_server_base_url"):
         url = server_url or os.environ.get(SERVER_URL_SETTING)
         if url:

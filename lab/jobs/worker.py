@@ -280,14 +280,18 @@ def child_command(job: Job, child: InChild, gpus: Sequence[str], stale_s: float 
     """The child's command line: `accelerate launch --config_file <the lab's> [--multi_gpu] --num_processes N -m
     lab.jobs.child ...` where the worker owns N GPUs (the lab's own config, `assets/accelerate/`, so a
     default_config.yaml of the user's never changes how a stage runs: one-gpu.yaml, multi-gpu.yaml for DDP, and
-    fsdp.yaml where `fsdp` and N > 1, `InChild.sharded`), a plain `python -m lab.jobs.child ...` otherwise."""
+    fsdp.yaml where `fsdp` and N > 1, `InChild.sharded`), a plain `python -m lab.jobs.child ...` otherwise.
+
+    Several processes meet at a free port of this host's (`--main_process_port`): accelerate's default, 29500, is
+    every launch's, so two multi-GPU stages on one node (two workers, two Slurm tasks) would collide there."""
     args = [str(job.id), child.target] + ([] if stale_s is None else ["--stale", str(stale_s)])
     if not gpus:
         return [sys.executable, "-m", "lab.jobs.child", *args]
     config, multi = ("one-gpu.yaml", []) if len(gpus) == 1 else ("fsdp.yaml", []) if fsdp \
         else ("multi-gpu.yaml", ["--multi_gpu"])
+    port = ["--main_process_port", str(vllm.free_port())] if len(gpus) > 1 else []
     return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ACCELERATE_CONFIGS / config),
-            *multi, "--num_processes", str(len(gpus)), "--num_machines", "1", "--mixed_precision", "no",
+            *multi, "--num_processes", str(len(gpus)), "--num_machines", "1", *port, "--mixed_precision", "no",
             "--dynamo_backend", "no", "-m", "lab.jobs.child", *args]
 
 

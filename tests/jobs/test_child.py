@@ -253,6 +253,32 @@ def test_the_childs_command_and_environment_follow_the_workers_gpus(empty_lab, m
     assert split_gpus(["0", "1", "2"], 2) == [["0", "1"], ["2"]] and split_gpus(["0"], 3) == [["0"], [], []]
 
 
+def test_two_multi_gpu_stages_on_one_node_meet_at_two_different_free_ports(empty_lab):
+    """accelerate's default `--main_process_port` is 29500 for every launch: two multi-GPU stages on one node (two
+    workers, two Slurm tasks) would collide there. Each launch gets a free port of its own, while the first one's
+    processes listen on theirs; a one-GPU launch starts one process and meets nobody."""
+    import socket
+
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+
+    job = _claimed(empty_lab, {})
+
+    def port(command: list[str]) -> int:
+        launch, _, _ = _validate_launch_command(launch_command_parser().parse_args(command[3:]))
+        return launch.main_process_port
+
+    first = child_command(job, InChild("m:f"), ["0", "1"])
+    with socket.socket() as listening:  # the first stage's rendezvous, up while the second one launches
+        listening.bind(("127.0.0.1", port(first)))
+        listening.listen()
+        second = child_command(job, InChild("m:f"), ["2", "3"], fsdp=True)
+        assert port(second) not in (port(first), 29500)
+        with socket.socket() as free:
+            free.bind(("127.0.0.1", port(second)))  # free when it was handed out
+    assert 1024 <= port(first) != 29500
+    assert "--main_process_port" not in child_command(job, InChild("m:f"), ["0"])
+
+
 def test_a_stage_that_needs_fsdp_is_launched_with_the_labs_fsdp_config(empty_lab):
     """The worker asks the stage's handler whether it runs under FSDP (only on several GPUs) and launches it with
     assets/accelerate/fsdp.yaml, which accelerate's own loader and launcher read as FSDP2, full state dict."""
