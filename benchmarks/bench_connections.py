@@ -1,13 +1,13 @@
-"""What connections without a login cost the page under `--auth`: its memory and open files before, while and after
+"""What connections without a login cost the page under a login: its memory and open files before, while and after
 a client opens `--attempts` heartbeat connections (Gradio's `GET /gradio_api/heartbeat/<id>`, which holds its
 connection open) and keeps every socket open until the end (as many as its own open-file limit lets it).
 
 Run: `python benchmarks/bench_connections.py [--attempts 20000]`.
 
-The page runs as `envlab serve --auth` in a process of its own on 127.0.0.1 (a temporary SQLite database, no
-worker, no example); the figures are read from /proc. The ratio of the page's memory after the attempts to its
-memory before is the figure (target: at most `MEMORY_RATIO`), with the most files it held open (target: at most
-`FILES_ABOVE_START` above its start). Exits 1 when a target is missed.
+The page runs as `envlab serve` with a login (`ENVLAB_AUTH`) in a process of its own on 127.0.0.1 (a temporary
+SQLite database, no worker, no example); the figures are read from /proc. The ratio of the page's memory after the
+attempts to its memory before is the figure (target: at most `MEMORY_RATIO`), with the most files it held open
+(target: at most `FILES_ABOVE_START` above its start). Exits 1 when a target is missed.
 """
 
 from __future__ import annotations
@@ -51,9 +51,9 @@ def usage(pid: int) -> tuple[int, int]:
 
 def serve(folder: Path) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    page = subprocess.Popen([sys.executable, "-m", "lab.cli", "serve", "--auth", "alice:secret", "--no-worker",
-                             "--no-example", "--port", str(port), "--db", str(folder / "lab.db")], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    page = subprocess.Popen([sys.executable, "-m", "lab.cli", "serve", "--no-worker", "--no-example", "--port",
+                             str(port), "--db", str(folder / "lab.db")], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env={**os.environ, "ENVLAB_AUTH": "alice:secret"})
     base = f"http://127.0.0.1:{port}"
     for _ in range(600):
         try:

@@ -11,13 +11,17 @@ without a chat template (a base model) gets the messages as plain text. The HTTP
 `POST {base_url}/chat/completions` with httpx, reads its key from `ENVLAB_OPENAI_API_KEY` or
 `OPENAI_API_KEY` only (never stored, never in a message), and turns every way a server can fail (down,
 slow, an error status, a body that is not JSON or not a completion) into an `LLMError` naming the URL
-and the problem.
+and the problem. A reply is read as it streams in and refused past `REPLY_LIMIT` (1 MiB, far beyond any config
+and its rationale): a 20 MB answer was read whole and stored three times over. Every backend's answer is held
+to the same bound.
 
 The key and the lab's data go only to servers this machine allows (`allowed_servers`): those listed in
 `ENVLAB_ALLOWED_SERVERS` (comma separated; `http://10.0.0.5:8000` allows every path under it), the default
 `ENVLAB_OPENAI_BASE_URL`, and a `--base-url` given on this machine's command line (`allow_server`). A URL from
 anywhere else (a run imported from another lab, a form on the page) is refused before a byte is sent;
-`check_server` is the one test, asked where a run is created and again where the request is made.
+`check_server` is the one test, asked where a run is created and again where the request is made. A URL with a
+user name or password in it (`http://user:secret@host/v1`) is refused everywhere, and said without them
+(`shown_url`): the lab stores URLs and writes them in errors, and a key belongs in the environment.
 """
 
 from __future__ import annotations
@@ -26,7 +30,9 @@ import json
 import logging
 import os
 import posixpath
+import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -41,6 +47,7 @@ BASE_URL_SETTING = "ENVLAB_OPENAI_BASE_URL"
 ALLOWED_SERVERS_SETTING = "ENVLAB_ALLOWED_SERVERS"
 TIMEOUT_S = 120.0
 POLICY = "policy"
+REPLY_LIMIT = 1 << 20  # bytes of an engineer's reply read at most (a config and its rationale are a few kB)
 
 
 class LLMError(RuntimeError):
@@ -49,8 +56,11 @@ class LLMError(RuntimeError):
 
 def complete(spec: str, messages: Messages, *, max_tokens: int, temperature: float, seed: int,
              base_url: str | None = None, policy_path: str | None = None, timeout: float = TIMEOUT_S,
-             schema: Schema | None = None) -> str:
+             schema: Schema | None = None, thinking: bool = False) -> str:
     """The model's answer to `messages` (`[{"role": ..., "content": ...}, ...]`), as text.
+
+    `thinking`: the chat template's `enable_thinking` where the run's own policy answers (`hf:policy`), as the run
+    trains it (`RunSettings.thinking`): a Qwen3 policy then answers at once, as it does in training.
 
     With `schema` (a JSON schema of an object), the answer is asked to be one JSON object of that schema:
     structured output from a server, constrained decoding in process. What comes back is still text, to be
@@ -60,8 +70,17 @@ def complete(spec: str, messages: Messages, *, max_tokens: int, temperature: flo
     kind, sep, name = spec.partition(":")
     if not sep or not name or kind not in BACKENDS:
         raise LLMError(f"unknown engineer backend {spec!r}: use one of {', '.join(f'{k}:<model>' for k in BACKENDS)}")
-    return BACKENDS[kind](name, messages, max_tokens=max_tokens, temperature=temperature, seed=seed,
-                          base_url=base_url, policy_path=policy_path, timeout=timeout, schema=schema)
+    text = BACKENDS[kind](name, messages, max_tokens=max_tokens, temperature=temperature, seed=seed,
+                          base_url=base_url, policy_path=policy_path, timeout=timeout, schema=schema,
+                          thinking=thinking)
+    if len(text.encode()) > REPLY_LIMIT:
+        raise LLMError(too_big(spec))
+    return text
+
+
+def too_big(source: str) -> str:
+    """The one line a reply over `REPLY_LIMIT` fails its proposal with."""
+    return f"{source} answered more than {REPLY_LIMIT >> 20} MiB, the most the lab reads of an engineer's reply"
 
 
 NEXT_TURNS = ("\nUser:", "\nAssistant:")
@@ -79,14 +98,16 @@ def plain_text(messages: Messages) -> str:
 
 
 def _hf(name: str, messages: Messages, *, max_tokens: int, temperature: float, seed: int,
-        policy_path: str | None, schema: Schema | None = None, **_: Any) -> str:
+        policy_path: str | None, schema: Schema | None = None, thinking: bool = False, **_: Any) -> str:
     import torch
     from transformers import LogitsProcessorList, StoppingCriteriaList
 
+    template: dict[str, Any] = {}
     if name == POLICY:
         if not policy_path:
             raise LLMError("hf:policy needs the run's current checkpoint (policy_path), and none was given")
         path = str(policy_path)
+        template["enable_thinking"] = thinking  # as the run's policy is prompted in training (`Policy.prompt`)
     else:
         path = name
     model, tokenizer = _load(path)
@@ -94,7 +115,7 @@ def _hf(name: str, messages: Messages, *, max_tokens: int, temperature: float, s
         "do_sample": False}
     if tokenizer.chat_template:
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
-                                            return_dict=True)["input_ids"]
+                                            return_dict=True, **template)["input_ids"]
     else:
         ids = tokenizer(plain_text(messages), return_tensors="pt")["input_ids"]
         if schema is None:  # held to a schema, the answer ends with its object (a raw newline cannot occur)
@@ -245,16 +266,35 @@ def allowed_servers() -> list[tuple[str, str, int | None, str]]:
     return [_server(u) for u in [*listed, *([default] if default else [])]]
 
 
+# A URL's user information: what stands between `scheme://` (or the start) and the last `@` before its path.
+_USERINFO = re.compile(r"^(\s*(?:[A-Za-z][A-Za-z0-9+.-]*:)?//)?[^/?#@]*(?:@[^/?#@]*)*@")
+
+
+def shown_url(url: str) -> str:
+    """`url` as the lab may write it anywhere: without its user name and password."""
+    return _USERINFO.sub(lambda m: m[1] or "", url.strip())
+
+
+def _no_password(url: str) -> None:
+    if _USERINFO.match(url):
+        raise LLMError(f"server URL {shown_url(url)!r:.120} carries a user name or password (user:...@): the lab "
+                       f"never stores or sends them; give the URL without them and the key as "
+                       f"${KEY_SETTINGS[0]}")
+
+
 def allow_server(url: str) -> None:
     """Allow `url` for this process and the workers it starts: a `--base-url` given on this machine's command
-    line is this machine's choice."""
+    line is this machine's choice. A URL with a password in it is refused (`LLMError`)."""
+    _no_password(url)
     if not any(_allows(entry, _server(url)) for entry in allowed_servers()):
         listed = os.environ.get(ALLOWED_SERVERS_SETTING, "").strip()
         os.environ[ALLOWED_SERVERS_SETTING] = f"{listed},{url.strip()}" if listed else url.strip()
 
 
 def check_server(url: str) -> None:
-    """Refuse a server URL this machine does not allow (`allowed_servers`), in one line that says how to allow it."""
+    """Refuse a server URL this machine does not allow (`allowed_servers`), or one with a user name or password in
+    it, in one line that says what to do instead."""
+    _no_password(url)
     if not any(_allows(entry, _server(url)) for entry in allowed_servers()):
         raise LLMError(f"server URL {url.strip()!r:.120} is not one this machine allows, so the lab's API key and "
                        f"data are not sent there: list it in ${ALLOWED_SERVERS_SETTING} (comma separated), or give "
@@ -295,22 +335,42 @@ def response_format(schema: Schema) -> dict[str, Any]:
                             "schema": schema}}
 
 
-def _post(url: str, body: dict[str, Any], headers: dict[str, str], timeout: float) -> Any:
+@dataclass(frozen=True)
+class Reply:
+    """What a server answered: its status and its body, read up to `REPLY_LIMIT` bytes."""
+
+    status_code: int
+    body: bytes
+
+    @property
+    def text(self) -> str:
+        return self.body.decode("utf-8", errors="replace")
+
+
+def _post(url: str, body: dict[str, Any], headers: dict[str, str], timeout: float) -> Reply:
+    """POST `body` and read the reply as it streams in, stopping past `REPLY_LIMIT` bytes (an `LLMError`)."""
     import httpx
 
     try:
-        return httpx.post(url, json=body, headers=headers, timeout=timeout)
+        with httpx.stream("POST", url, json=body, headers=headers, timeout=timeout) as response:
+            chunks, size = [], 0
+            for chunk in response.iter_bytes():
+                size += len(chunk)
+                if size > REPLY_LIMIT:
+                    raise LLMError(too_big(url))
+                chunks.append(chunk)
+            return Reply(response.status_code, b"".join(chunks))
     except httpx.TimeoutException as err:
         raise LLMError(f"{url} timed out after {timeout:g} s ({type(err).__name__})") from err
     except httpx.HTTPError as err:
         raise LLMError(f"could not reach {url}: {err or type(err).__name__}") from err
 
 
-def _completion(url: str, response: Any) -> str:
+def _completion(url: str, response: Reply) -> str:
     if response.status_code != 200:
         raise LLMError(f"{url} answered HTTP {response.status_code}: {_snippet(response.text)}")
     try:
-        data = response.json()
+        data = json.loads(response.body)
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise LLMError(f"{url} answered with a body that is not JSON: {_snippet(response.text)}") from err
     content = _content(data)

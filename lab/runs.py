@@ -209,15 +209,21 @@ class Setter(StrEnum):
 
 @dataclass(frozen=True)
 class ConfigStep:
-    """The config one stage trained on, where it came from, and who set each value that changed from the
-    stage before (`set_by`: field, e.g. `wait_ratio[3]` or `agent_ratio[2]`, to its setter; `changes`: those
-    values, old and new)."""
+    """The config one stage trained on, where it came from (`origin`, and `by`: who decided, when a decision made it),
+    and who set each value that changed from the stage before (`set_by`: field, e.g. `wait_ratio[3]` or
+    `agent_ratio[2]`, to its setter; `changes`: those values, old and new)."""
 
     stage_index: int
-    source: str
+    origin: str
     config: EnvConfig
     set_by: dict[str, Setter]
     changes: tuple[Change, ...] = ()
+    by: str | None = None
+
+    @property
+    def source(self) -> str:
+        """Where the config came from and who decided: `proposal #4, accepted by ann`."""
+        return f"{self.origin} by {self.by}" if self.by is not None else self.origin
 
 
 APPLIED = {Action.ACCEPT: "accepted", Action.EDIT: "edited", Action.AUTO: "auto-applied"}
@@ -232,10 +238,10 @@ def config_timeline(engine: Engine, run_id: int) -> list[ConfigStep]:
     out, before = [], None
     for stage in stages:
         config = stage.config
-        source, set_by, changes = "initial config", {}, ()
+        origin, by, set_by, changes = "initial config", None, {}, ()
         if stage.index in decided and before is not None:
             p, d = decided[stage.index]
-            source = f"proposal #{p.id}, {APPLIED[d.action]} by {d.user}"
+            origin, by = f"proposal #{p.id}, {APPLIED[d.action]}", d.user
             engineer = p.projected_config or before
             changes = tuple(change for change in diff(before, config) if change.change != 0)
             for change in changes:
@@ -243,23 +249,25 @@ def config_timeline(engine: Engine, run_id: int) -> list[ConfigStep]:
                 set_by[change.field] = Setter.AUTO if d.action == Action.AUTO else \
                     Setter.PERSON if d.action == Action.EDIT and proposed != change.new else Setter.ENGINEER
         elif stage.index > 0:
-            source = "the stage before's config"
-        out.append(ConfigStep(stage.index, source, config, set_by, changes))
+            origin = "the stage before's config"
+        out.append(ConfigStep(stage.index, origin, config, set_by, changes, by))
         before = config
     return out
 
 
 def failed_episodes(engine: Engine, run_id: int, stage_index: int, size: int | None = None,
-                    failure: str | None = None, limit: int = 200) -> list[Episode]:
-    """A stage's failed validation episodes, by size then id, optionally of one size and one failure type."""
+                    failure: str | None = None, limit: int = 200, agents: int | None = None,
+                    offset: int = 0) -> tuple[list[Episode], int]:
+    """A stage's failed validation episodes, by size then id, optionally of one size, one failure type and one agent
+    count: `limit` of them from the `offset`-th on (a page of the gallery), and how many match in all."""
     with session(engine) as s:
-        query = select(Episode).where(Episode.run_id == run_id, Episode.stage_index == stage_index,
-                                      Episode.split == Split.VALIDATION, Episode.failure.is_not(None))
-        if size is not None:
-            query = query.where(Episode.size == size)
-        if failure is not None:
-            query = query.where(Episode.failure == failure)
-        return list(s.exec(query.order_by(Episode.size, Episode.id).limit(limit)))
+        match = [Episode.run_id == run_id, Episode.stage_index == stage_index, Episode.split == Split.VALIDATION,
+                 Episode.failure.is_not(None)]
+        match += [column == value for column, value in ((Episode.size, size), (Episode.failure, failure),
+                                                        (Episode.num_agents, agents)) if value is not None]
+        total = s.exec(select(func.count()).select_from(Episode).where(*match)).one()
+        page = s.exec(select(Episode).where(*match).order_by(Episode.size, Episode.id).offset(offset).limit(limit))
+        return list(page), total
 
 
 def first_failure(engine: Engine, run_id: int) -> Episode | None:

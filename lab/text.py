@@ -6,6 +6,9 @@ runs' names: an 8 MB name was 16.8 MB streamed on every load, and a name `<img s
 Markdown made every viewer's browser fetch that address. So each way in (lab.loop.create_run, lab.study.experiments,
 lab.proposals.decide, lab.archive's import) refuses text over its bound with `too_long`'s message, before anything
 is stored, and everything that writes Markdown shows it through `as_text`.
+
+An engineer's text (the prompt it was given, its raw answer, its rationale) is not refused but cut: a proposal
+keeps at most `ANSWER_LIMIT` characters of each (`clipped`), so the Proposal tab never sends megabytes.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import re
 
 NAME_LIMIT = 200  # characters of a run's or an experiment's name (and an arm's, inside its runs' names)
 TEXT_LIMIT = 10_000  # characters of a description or a decision's note: a few pages of text
+ANSWER_LIMIT = 64 * 1024  # characters kept of an engineer's prompt, answer and rationale (a few kB in a real one)
 
 # What Markdown reads in a line wherever it stands: code, emphasis, links and images, headings, table cells, math
 # (Gradio's `$$`), strikethrough, and the addresses GFM links by themselves (`http://`, `www.`, `name@host`: the
@@ -31,6 +35,13 @@ def too_long(field: str, text: str, limit: int) -> str | None:
     if len(text) <= limit:
         return None
     return f"{field} is {len(text):,} characters long; at most {limit:,} are stored"
+
+
+def clipped(text: str, limit: int = ANSWER_LIMIT) -> str:
+    """`text`, or its first `limit` characters and a line saying how many more were cut."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}\n[... {len(text) - limit:,} more characters cut: the lab keeps the first {limit:,}]"
 
 
 def as_text(text: str) -> str:

@@ -41,6 +41,14 @@ BUSY_TIMEOUT_MS = 30_000
 MIGRATIONS = Path(__file__).parent / "migrations"
 # Any constant shared by every process that migrates: PostgreSQL's advisory lock key.
 _MIGRATION_LOCK_KEY = 0x656E766C6162
+PRIVATE_UMASK = 0o077  # what the lab's processes make (database, run folders, checkpoints, exports): theirs alone
+
+
+def keep_private() -> None:
+    """Make every file and folder this process (and each process it starts) creates from now on readable by its user
+    only: a lab's database, run folders and exports hold its runs, its people's notes and names. Called once at each
+    entry point (`envlab ...`, the page, a Slurm worker)."""
+    os.umask(PRIVATE_UMASK)
 
 
 def database_url(setting: str | None = None) -> str:

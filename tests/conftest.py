@@ -71,6 +71,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(autouse=True)
+def _umask_given_back() -> Iterator[None]:
+    """`envlab`'s entry points make the process's files private (`storage.db.keep_private`): a test that calls one
+    in this process gives the umask back, so later tests (and the servers they start) make files as before."""
+    before = os.umask(0o022)
+    os.umask(before)
+    yield
+    os.umask(before)
+
+
+@pytest.fixture(autouse=True)
 def _ctrl_c_at_its_default() -> Iterator[None]:
     """Every test's children start with Ctrl+C at its default, as a terminal starts them. Something a test runs in
     this process can leave SIGINT ignored here, and an ignored signal stays ignored through exec (Python then leaves

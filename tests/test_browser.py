@@ -34,7 +34,7 @@ from lab.pages import web as app
 from lab.proposals import decide
 from lab.replay import GIF_WIDTHS
 from storage.db import make_engine, session
-from storage.models import Decision, Run, Stage, utcnow
+from storage.models import Decision, Proposal, Run, Stage, utcnow
 from storage.settings import RunSettings
 from tests.page_walk import ERRORS_SEEN, open_run_pick
 from tests.seeded import record_evaluation, seed_lab, seeded_copy
@@ -201,6 +201,59 @@ def test_names_and_a_note_show_as_typed_and_fetch_nothing(lab, page):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_an_imported_rationale_shows_as_typed_with_no_image_form_or_link(lab, page):
+    """A proposal's rationale and error as an archive from elsewhere may carry them: Markdown and HTML images of a
+    tiny listener's address, a link, and a login form. The Proposal tab shows each as typed: no image, form, input
+    or link comes of them, and the listener is asked for nothing."""
+    url, engine, ids = lab
+    asked: list[str] = []
+
+    class Listener(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            asked.append(self.path)
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Listener)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    there = f"http://127.0.0.1:{server.server_address[1]}"
+    said = (f"Fewer holes. ![x]({there}/md) <img src={there}/img> [see]({there}/link) {there}/bare\n"
+            f'<form action="{there}/steal" method="post"><input name=password type=password><button>Log in</button>'
+            "</form>")
+    with session(engine) as s:
+        row = s.get(Proposal, ids["pending"])
+        row.rationale = said
+        s.add(row)
+        s.commit()
+    try:
+        goto(page, url)
+        open_run_pick(page, f"#{ids['waiting']} ")
+        page.get_by_role("tab", name="Proposal").click()
+        page.locator("#rationale").get_by_text("Fewer holes.").wait_for()
+        shown = page.locator("#rationale").inner_text()
+        assert f"![x]({there}/md) <img src={there}/img> [see]({there}/link) {there}/bare" in shown
+        assert f'<form action="{there}/steal" method="post"><input name=password type=password>' in shown
+        assert page.locator("#rationale img, #rationale form, #rationale input, #rationale a, "
+                            "#rationale button").count() == 0
+        remote = page.evaluate("(there) => [...document.images].map(i => i.src).filter(s => s.startsWith(there))",
+                               there)
+        assert remote == [] and page.locator("form").count() == 0
+        assert asked == []
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_plan_box_takes_at_most_its_bound(lab, page):
+    url, _, _ = lab
+    goto(page, url)
+    page.get_by_role("tab", name="Playground").click()
+    assert page.locator("#pg-plan textarea").get_attribute("maxlength") == str(64 * 1024)
 
 
 def test_open_a_failed_episode_from_the_gallery_and_step_the_replay(lab, page):
@@ -952,13 +1005,78 @@ def test_ctrl_c_mid_stage_hands_the_job_back_and_the_next_start_resumes_it_on_th
         expect(page.locator("#worker-status")).not_to_contain_text("has sent no heartbeat")
         expect(status).not_to_contain_text("failed")
 
+        page.click("#cancel")  # the first click asks, the second cancels
+        page.locator("#train-msg").get_by_text(f"Cancel run #{run_id}? Its queued and running jobs stop.").wait_for()
+        expect(page.locator("#cancel")).to_have_text("Confirm cancel")
         page.click("#cancel")
         page.locator("#train-msg").get_by_text(f"Run #{run_id} is cancelled. Cancel requested for job(s) {job_id}")\
             .wait_for()
         wait_job(engine, job_id, lambda j: j.status == "cancelled", "cancel")
         status.get_by_text(f"Run #{run_id} llm engineer is cancelled").wait_for()
+        expect(status).to_contain_text("stages: 0 done, 1 cancelled.")  # not "failed": a person stopped it
         wait_buttons(page, RunStatus.CANCELLED)
     finally:
         stop_serving(second)
         engine.dispose()
     assert "Traceback" not in (tmp_path / "serve-2.log").read_text()
+
+
+@pytest.mark.parametrize("size", [5, 10])
+def test_a_five_agent_board_s_numbers_overlap_nothing_as_chromium_draws_them(page, tmp_path: Path, size: int):
+    """The board of five agents the issue saw (starts 1 and 4 side by side, agent 2's start up and left of agent
+    0's), drawn by Plotly in Chromium as the page draws it, on 5x5 and on 10x10 (the largest size, whose figure is
+    taller): no start or goal number touches another, nor any disc."""
+    import plotly.io as pio
+
+    from envsim.instance import Instance
+    from envsim.solver import label
+    from lab.pages import figures
+    from tests.test_figures import FIVE
+
+    rows = [row + "." * (size - 5) for row in FIVE.picture().split()]
+    board = label(Instance.from_str("\n".join(rows[:4] + ["." * size] * (size - 5) + rows[4:])))
+    path = tmp_path / "five.html"
+    pio.write_html(figures.board_figure(board), str(path), include_plotlyjs=True, full_html=True)
+    page.goto(path.as_uri())
+    page.locator(".scatterlayer .trace").first.wait_for()
+    boxes = page.evaluate("""() => {
+        const out = {};
+        for (const g of document.querySelectorAll('.scatterlayer .trace')) {
+            const name = g.__data__[0].trace.name;
+            const marks = name.startsWith('agent') ? g.querySelectorAll('path.point') : g.querySelectorAll('text');
+            out[name] = Array.from(marks).map(m => { const r = m.getBoundingClientRect();
+                return [r.left, r.top, r.right, r.bottom]; });
+        }
+        return out;
+    }""")
+    numbers = [(name, i, box) for name in ("starts", "goal numbers") for i, box in enumerate(boxes[name])]
+    discs = [(f"agent {i}", 0, boxes[f"agent {i}"][0]) for i in range(5)]
+    assert len(numbers) == 10 and all(box[2] > box[0] and box[3] > box[1] for _, _, box in numbers + discs)
+
+    def overlap(a, b) -> bool:
+        return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+    touching = [(m[:2], n[:2]) for k, m in enumerate(numbers) for n in numbers[k + 1:] + discs if overlap(m[2], n[2])]
+    assert touching == []
+
+
+def test_cancel_asks_before_it_cancels_and_the_stage_then_reads_cancelled(lab, page):
+    from playwright.sync_api import expect
+
+    from lab.pages import proposal
+
+    url, engine, ids = lab
+    run_id = ids["waiting"]
+    proposal.decide_proposal(engine, ids["pending"], "accept", "alice")  # stage 1 queued
+    goto(page, f"{url}?run={run_id}")
+    page.get_by_role("tab", name="Train").click()
+    page.locator("#train-status").get_by_text("stages: 0 done, 1 queued.").wait_for()
+    page.click("#cancel")
+    page.locator("#train-msg").get_by_text(f"Cancel run #{run_id}? Its queued and running jobs stop.").wait_for()
+    expect(page.locator("#cancel")).to_have_text("Confirm cancel")
+    with session(engine) as s:  # asked, not cancelled
+        assert s.get(Run, run_id).status == "active"
+    page.click("#cancel")
+    page.locator("#train-msg").get_by_text(f"Run #{run_id} is cancelled. Cancel requested for job").wait_for()
+    expect(page.locator("#cancel")).to_have_text("Cancel this run")
+    expect(page.locator("#train-status")).to_contain_text("stages: 0 done, 1 cancelled.")

@@ -6,6 +6,7 @@ import os
 import re
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -206,6 +207,67 @@ def test_serve_answers_a_taken_port_and_help_before_it_imports_the_page(tmp_path
     assert done.stdout.startswith("usage: envlab serve [-h] [--host HOST] [--port PORT]") and done.stdout.endswith(
         "0 []\n"), done.stdout + done.stderr
     assert not (tmp_path / "x.db").exists()
+
+
+AUTH_REFUSED = ("envlab serve: --auth would put the password on the command line, where every user of this machine "
+                "can read it (ps): put user:password lines in a file only you can read (chmod 600) and give "
+                "--auth-file FILE, or set $ENVLAB_AUTH=user:password")
+
+
+def test_a_password_on_serves_command_line_is_refused_saying_where_it_goes(tmp_path: Path):
+    proc = _serve(tmp_path, "--auth", "ann:s3cret", port=free_port(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert (proc.returncode, out, err) == (1, "", AUTH_REFUSED + "\n")
+    assert not (tmp_path / "x.db").exists()  # refused before anything was opened
+
+
+def test_serve_reads_logins_from_a_file_only_its_user_reads_or_from_the_environment(tmp_path: Path):
+    from lab.cli.serve import arguments, logins
+
+    users = tmp_path / "users"
+    users.write_text("# lab users\nann:pw1\n\nbob:pw:2\n")
+    users.chmod(0o644)
+    from_file = arguments().parse_args(["--auth-file", str(users)])
+    with pytest.raises(SystemExit) as refused:
+        logins(from_file, {})
+    assert str(refused.value) == (f"envlab serve: --auth-file {users} is open to others (mode 0644): make it yours "
+                                  f"only with chmod 600 {users}")
+    users.chmod(0o600)
+    assert logins(from_file, {"ENVLAB_AUTH": "eve:pw"}) == [("ann", "pw1"), ("bob", "pw:2")]  # the file wins
+    plain = arguments().parse_args([])
+    assert logins(plain, {}) is None
+    assert logins(plain, {"ENVLAB_AUTH": "ann:pw1\nbob:pw2"}) == [("ann", "pw1"), ("bob", "pw2")]
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo, 0o600)
+    cases = [(plain, {"ENVLAB_AUTH": "ann:pw1\nbob-s3cret"}, "$ENVLAB_AUTH, line 2: expected user:password"),
+             (arguments().parse_args(["--auth-file", "/dev/zero"]), {}, "--auth-file /dev/zero is not a regular file"),
+             (arguments().parse_args(["--auth-file", str(fifo)]), {}, f"--auth-file {fifo} is not a regular file"),
+             (arguments().parse_args(["--auth", "ann:s3cret"]), {}, AUTH_REFUSED.removeprefix("envlab serve: "))]
+    for args, environ, said in cases:
+        with pytest.raises(SystemExit) as refused:
+            logins(args, environ)
+        assert str(refused.value) == f"envlab serve: {said}"  # a password is never repeated
+
+
+def test_the_lab_makes_its_files_readable_by_their_user_only(tmp_path: Path, lab, capsys):
+    """`envlab worker` makes the database and the runs root, `envlab export` a run's file: none of them readable by
+    another user, though the command started under the usual umask 022."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "ENVLAB_RUNS": str(tmp_path / "runs")}
+    done = subprocess.run([sys.executable, "-m", "lab.cli", "worker", "--once", "--db", str(tmp_path / "new.db")],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, umask=0o022)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert oct(stat.S_IMODE((tmp_path / "new.db").stat().st_mode)) == oct(0o600)
+    assert oct(stat.S_IMODE((tmp_path / "runs").stat().st_mode)) == oct(0o700)
+    engine, ids = lab
+    os.umask(0o022)  # given back after the test (tests/conftest.py)
+    assert main(["export", str(ids["history"]), "--out", str(tmp_path / "out" / "run.zip"),
+                 "--db", str(engine.url.database)]) == 0
+    assert oct(stat.S_IMODE((tmp_path / "out" / "run.zip").stat().st_mode)) == oct(0o600)
+    assert oct(stat.S_IMODE((tmp_path / "out").stat().st_mode)) == oct(0o700)
 
 
 # ---------------------------------------------------------------- envlab run, its output in a file

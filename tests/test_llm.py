@@ -7,12 +7,15 @@ import http.server
 import importlib.util
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from sqlmodel import Session
 
 import lab.llm as llm_module
 from envsim.config import EnvConfig
@@ -425,3 +428,114 @@ def test_a_path_that_climbs_out_of_an_allowed_server_is_refused(monkeypatch: pyt
     with pytest.raises(LLMError, match="is not one this machine allows"):
         check_server(url)
     check_server("http://models.internal:8000/v1/chat/../models")  # still under /v1
+
+
+PASSWORD_URL = "http://bob:hunter2@127.0.0.1:8000/v1"
+PASSWORD_REFUSED = ("server URL 'http://127.0.0.1:8000/v1' carries a user name or password (user:...@): the lab never "
+                    "stores or sends them; give the URL without them and the key as $ENVLAB_OPENAI_API_KEY")
+
+
+def test_a_server_url_with_a_password_is_refused_and_the_password_never_said(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Even on a server this machine allows: the URL would be stored with the run and written in every error."""
+    from lab.llm import allow_server, check_server
+
+    monkeypatch.setenv("ENVLAB_ALLOWED_SERVERS", "http://127.0.0.1:8000/v1")
+    for refuse in (check_server, allow_server):
+        with pytest.raises(LLMError) as refused:
+            refuse(PASSWORD_URL)
+        assert str(refused.value) == PASSWORD_REFUSED
+    assert os.environ["ENVLAB_ALLOWED_SERVERS"] == "http://127.0.0.1:8000/v1"
+    with pytest.raises(LLMError) as refused:
+        complete("openai:m", MESSAGES, max_tokens=8, temperature=0, seed=0, base_url=PASSWORD_URL)
+    assert str(refused.value) == PASSWORD_REFUSED
+
+
+def test_the_command_line_refuses_a_server_url_with_a_password_and_stores_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    from lab.cli import main
+
+    monkeypatch.setenv("ENVLAB_ALLOWED_SERVERS", "http://127.0.0.1:8000/v1")
+    db = str(tmp_path / "lab.db")
+    assert main(["experiment", "new", "--name", "e", "--arms", "fixed,heuristic", "--base-url", PASSWORD_URL,
+                 "--db", db]) == 2
+    assert capsys.readouterr().err == f"envlab experiment: {PASSWORD_REFUSED}\n"
+    assert not Path(db).exists()  # refused before the database was opened: nothing stored
+
+
+# ---------------------------------------------------------------- how much of an answer is read and kept
+
+
+def test_a_reply_past_one_mib_fails_at_the_cap_without_reading_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server sends 1.5 MiB of a 20 MB body, then nothing for a minute: a client that read the whole body
+    would wait on it until its timeout; the lab stops at the cap."""
+    sent = b'{"choices": [{"message": {"content": "' + b"x" * (3 << 19)
+
+    class Endless(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 (the stdlib's name)
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(20_000_000))
+            self.end_headers()
+            try:
+                self.wfile.write(sent)
+                self.wfile.flush()
+                time.sleep(60)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Endless)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = _url(server)
+    monkeypatch.setenv("ENVLAB_ALLOWED_SERVERS", url)
+    try:
+        with pytest.raises(LLMError) as refused:
+            complete("openai:m", MESSAGES, max_tokens=8, temperature=0, seed=0, base_url=url, timeout=30)
+        assert str(refused.value) == (f"{url}/chat/completions answered more than 1 MiB, the most the lab reads of "
+                                      "an engineer's reply")
+        answer = llm(evidence(), seed=0, backend="openai:m", base_url=url, timeout=30)
+        assert answer.projection is None and answer.error == (f"backend failed: {url}/chat/completions answered "
+                                                              "more than 1 MiB, the most the lab reads of an "
+                                                              "engineer's reply")
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_every_backend_is_held_to_the_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(llm_module.BACKENDS, "hf", lambda name, messages, **_: "é" * (llm_module.REPLY_LIMIT // 2 + 1))
+    with pytest.raises(LLMError) as refused:
+        complete("hf:any", MESSAGES, max_tokens=8, temperature=0, seed=0)
+    assert str(refused.value) == "hf:any answered more than 1 MiB, the most the lab reads of an engineer's reply"
+
+
+def test_a_proposal_keeps_64_kib_of_its_prompt_answer_and_rationale(lab, fake_server) -> None:
+    """A reply under the cap but far over what a proposal keeps (the engineer asks three times, each answer in the
+    next prompt): the row and the Proposal tab hold 64 KiB of each text, and say how much was cut."""
+    from lab.loop import stages_of
+    from lab.pages import proposal
+    from lab.proposals import store_proposal
+    from storage.models import Proposal as ProposalRow
+
+    engine, ids = lab
+    said = "Size 3 fails. " * 60_000  # 840,000 characters
+    content = json.dumps({**STRUCTURED_ANSWER, "rationale": said})
+    fake_server.reply = (200, _chat(content), 0.0)
+    answer = llm(evidence(), seed=0, backend="openai:m", base_url=_url(fake_server), max_tokens=64)
+    assert answer.raw == content and len(answer.prompt) > 2 * len(content)
+    answer = replace(answer, rationale=said)
+    with Session(engine) as s:
+        run_id = s.get(ProposalRow, ids["pending"]).run_id
+        last = stages_of(s, run_id)[-1]
+        row = store_proposal(s, run_id, last.index, "llm", answer, EnvConfig.model_validate(last.config))
+        kept = (row.prompt, row.raw_answer, row.rationale, row.id)
+    cut = "\n[... {:,} more characters cut: the lab keeps the first 65,536]"
+    assert kept[0] == answer.prompt[:65_536] + cut.format(len(answer.prompt) - 65_536)
+    assert kept[1] == content[:65_536] + cut.format(len(content) - 65_536)
+    assert kept[2] == said[:65_536] + cut.format(840_000 - 65_536)
+    view = proposal.proposal_view(engine, kept[3])
+    assert view.raw == kept[1] and len(view.rationale) < 70_000

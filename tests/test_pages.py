@@ -335,20 +335,51 @@ def test_a_stage_without_results_says_so_plainly(lab):
     r = review.review(engine, run_id, None)
     assert r["note"].startswith("Stage 0 is queued and has no evaluation yet")
     assert r["rates"].layout.annotations[0].text == "no evaluation yet"
-    table, note = review.gallery(engine, run_id, 0)
+    table, note, _ = review.gallery(engine, run_id, 0)
     assert table["data"] == [] and "No failed episodes" in note
     assert review.review(engine, None, None)["note"].startswith("No run is open")
 
 
 def test_the_gallery_filters_by_size_and_failure_type(lab):
     engine, ids = lab
-    table, _ = review.gallery(engine, ids["history"], 0)
+    table, _, _ = review.gallery(engine, ids["history"], 0)
     assert sorted((row[1], row[3]) for row in table["data"]) == [
         (3, "illegal_move"), (3, "vertex_conflict"), (4, "hole")]
-    table, _ = review.gallery(engine, ids["history"], 0, size=3, failure="illegal_move")
+    table, _, _ = review.gallery(engine, ids["history"], 0, size=3, failure="illegal_move")
     assert [(row[1], row[3]) for row in table["data"]] == [(3, "illegal_move")]
-    table, note = review.gallery(engine, ids["history"], 0, size=4, failure="illegal_move")
+    table, note, _ = review.gallery(engine, ids["history"], 0, size=4, failure="illegal_move")
     assert table["data"] == [] and note == "No failed episodes match these filters."
+
+
+def test_the_gallery_filters_by_agent_count_and_pages_past_its_first_rows(lab):
+    engine, ids = lab
+    run_id = ids["history"]
+    with session(engine) as s:  # the hole on the 4x4 board becomes a 3-agent board's failure
+        hole = s.exec(select(Episode).where(Episode.run_id == run_id, Episode.stage_index == 0,
+                                            Episode.failure == "hole")).one()
+        hole.num_agents = 3
+        s.add(hole)
+        s.commit()
+        hole_id = hole.id
+    table, note, page = review.gallery(engine, run_id, 0, agents=3)
+    assert ([row[:4] for row in table["data"]], note, page) == (
+        [[hole_id, 4, 3, "hole"]], "1 failed episode(s). Click a row to replay it.", 1)
+    two = review.gallery(engine, run_id, 0, agents="2")[0]["data"]  # as the dropdown sends it
+    assert sorted((row[1], row[2], row[3]) for row in two) == [(3, 2, "illegal_move"), (3, 2, "vertex_conflict")]
+    everything = [row[0] for row in review.gallery(engine, run_id, 0)[0]["data"]]
+    pages = [review.gallery(engine, run_id, 0, page=n, per_page=2) for n in (1, 2, 9)]
+    assert [[row[0] for row in t["data"]] for t, _, _ in pages] == [everything[:2], everything[2:], everything[2:]]
+    assert [(note, page) for _, note, page in pages] == [
+        ("3 failed episodes: 1 to 2 shown (page 1 of 2). Click a row to replay it.", 1),
+        ("3 failed episodes: 3 to 3 shown (page 2 of 2). Click a row to replay it.", 2),
+        ("3 failed episodes: 3 to 3 shown (page 2 of 2). Click a row to replay it.", 2)]  # past the end: the last
+    with gr.Blocks():
+        tab = review.build(common.Page(engine, gr.Dropdown(), gr.Tabs(), gr.HTML(), gr.HTML()))
+    shown = tab.show(run_id, 0)
+    # the counts the stage was evaluated on (its summary: the seeded lab's boards have 2 agents)
+    assert (shown[tab.agents_filter]["choices"], shown[tab.page_box]) == ([review.ALL, 2], 1)
+    picked = tab.filter(run_id, 0, review.ALL, review.ALL, 3)
+    assert ([row[0] for row in picked[tab.gallery]["data"]], picked[tab.page_box]) == ([hole_id], 1)
 
 
 # ---------------------------------------------------------------- episode viewer
@@ -834,6 +865,21 @@ def test_reading_the_board_shown_again_keeps_its_plan_and_verdict_and_a_new_boar
     assert set(tab.make(5, 2, 0.2, 3, made[tab.view])) == {tab.board_text, tab.message}
 
 
+def test_the_playground_size_knob_says_the_size_of_the_board_shown(lab):
+    engine, ids = lab
+    with gr.Blocks():
+        tab = playground.build(common.Page(engine, gr.Dropdown(), gr.Tabs(), gr.HTML(), gr.HTML()))
+    first = tab.first_visit(None, tab.board_text.value)  # the board the tab opens on: 3x3
+    assert (tab.size.value, first[tab.size]["value"], len(first[tab.view]["instance"]["holes"])) == (3, 3, 1)
+    assert tab.read("A....\n.....\n.....\n.....\n....a", first[tab.view])[tab.size] == {
+        "__type__": "update", "value": 5, "maximum": 10}
+    twelve = "A" + "." * 11 + "\n" + ("." * 12 + "\n") * 10 + "." * 11 + "a"  # past the knob's range: it stretches
+    assert tab.read(twelve)[tab.size] == {"__type__": "update", "value": 12, "maximum": 12}
+    assert tab.make(6, 2, 0.2, 0)[tab.size]["value"] == 6
+    loaded = tab.load_episode(ids["clash"])  # an episode's board: 3x3
+    assert loaded[tab.size]["value"] == 3 and tab.size in tab.outputs
+
+
 def test_the_playground_refuses_a_board_text_too_long_before_it_reads_it():
     huge = "\n".join(["." * 4000] * 4000)  # the 4000x4000 board that took 15 s to be refused
     assert playground.read_board(huge) == (None, "", "✗ This text is 16,003,999 characters long; a board is read from "
@@ -898,6 +944,30 @@ def test_the_leaderboard_puts_checkpoints_side_by_side(lab):
     assert by_size["data"] == [[2, "3x3", "0.0% / 0.0%", "50.0% / 50.0%"], [2, "mean", "0.0% / 0.0%", "50.0% / 50.0%"]]
     assert by_subset["data"] == [[2, "0.25", "0.0% / 0.0%", "100.0% / 100.0%"],
                                  [2, "0.75", "0.0% / 0.0%", "0.0% / 0.0%"]]
+
+
+def test_the_leaderboard_opens_on_an_evaluated_checkpoint_when_none_is_chosen(lab):
+    engine, ids = lab
+    with gr.Blocks():
+        tab = leaderboard.build(common.Page(engine, gr.Dropdown(), gr.Tabs(), gr.HTML(), gr.HTML()))
+    nothing = tab.opened([], ids["history"])  # no checkpoint evaluated: nothing to open on
+    assert (nothing[tab.pick]["value"], nothing[tab.by_size]["visible"]) == ([], False)
+    b = boards()
+    with session(engine) as s:
+        for run_id, stage_index in ((ids["history"], 0), (ids["history"], 1), (ids["waiting"], 0)):
+            o = score_answer(b["crossing"], CROSSING_CLASH)
+            s.add(Episode(run_id=run_id, stage_index=stage_index, split="benchmark", instance_id=b["crossing"].id,
+                          instance=b["crossing"].model_dump(mode="json"), size=3, num_agents=2, subset=0.25,
+                          completion=CROSSING_CLASH, outcome=o.to_dict(), valid=o.valid, optimal=o.optimal,
+                          failure=o.failure.value))
+        s.commit()
+    mine = tab.opened(None, ids["history"])  # the open run's last stage evaluated on the benchmark
+    assert mine[tab.pick]["value"] == [f"{ids['history']}:1"]
+    assert mine[tab.by_size]["visible"] and mine[tab.by_size]["value"]["headers"] == [
+        "agents", "size", f"run #{ids['history']} curriculum, stage 1"]
+    assert tab.opened([], None)[tab.pick]["value"] == [f"{ids['waiting']}:0"]  # no run open: the last offered
+    chosen = [f"{ids['history']}:0"]
+    assert tab.opened(chosen, ids["waiting"])[tab.pick]["value"] == chosen  # a choice made stays
 
 
 def test_the_leaderboard_names_the_hash_of_the_boards_its_rows_were_scored_on(lab, tmp_path: Path):
@@ -1210,3 +1280,46 @@ def test_a_decided_failed_proposal_shows_what_the_engineer_proposed_and_what_was
     titles = [a.text for a in after[tab.preview].layout.annotations]
     assert len(titles) == 4 and all(t.startswith("4x4") for t in titles)  # size 3 has no share
     assert after[tab.preview_note].startswith("4 boards drawn from the config stored with the decision (seed ")
+
+
+def test_an_edit_lists_only_the_values_the_projection_moves_from_what_was_typed(lab):
+    """The agent mix as the table shows it (three shares of 0.3333, summing to 0.9999) is rescaled, but no share
+    moves from what was typed as shown: the message lists the data shares edited, not each unmoved agent share."""
+    engine, ids = lab
+    with session(engine) as s:
+        base = EnvConfig.model_validate(stages_of(s, ids["waiting"])[-1].config)
+        raw = {"agent_ratio": {"2": 1 / 3, "3": 1 / 3, "4": 1 / 3}}
+        answer = EngineerAnswer(prompt="", raw=json.dumps(raw), proposed=raw, projection=project(raw, base),
+                                rationale="a third of each count")
+        third = store_proposal(s, ids["waiting"], stages_of(s, ids["waiting"])[-1].index, "llm", answer, base).id
+    view = proposal.proposal_view(engine, third)
+    assert [row[:2] for row in view.agents] == [[2, 0.3333], [3, 0.3333], [4, 0.3333], [5, 0.0]]
+    data = [[3, 0.4, 0.2, 0.25], [4, 0.6, 0.2, 0.25]]
+    assert proposal.edit_check(engine, third, data, view.agents, 16) == (
+        "*Apply my edit* will store: data_ratio[3] 0.4, data_ratio[4] 0.6.", True, [])
+    typed = [[2, 0.5, 0], [3, 0.3, 0], [4, 0.3, 0], [5, 0, 0]]  # sums to 1.1: every share moves, and is listed
+    assert proposal.edit_check(engine, third, data, typed, 16)[0] == (
+        "*Apply my edit* will store: data_ratio[3] 0.4, data_ratio[4] 0.6, agent_ratio[2] 0.4545 (you typed 0.5), "
+        "agent_ratio[3] 0.2727 (you typed 0.3), agent_ratio[4] 0.2727 (you typed 0.3); the agent_ratio shares you "
+        "typed sum to 1.1, so each is rescaled to make them sum to 1.")
+
+
+def test_cancel_asks_for_a_confirmation_and_the_cancelled_stage_shows_as_cancelled(lab):
+    engine, ids = lab
+    run_id = ids["waiting"]
+    proposal.decide_proposal(engine, ids["pending"], "accept", "alice")  # stage 1 queued
+    with gr.Blocks():
+        tab = train.build(common.Page(engine, gr.Dropdown(), gr.Tabs(), gr.HTML(), gr.HTML()))
+    asked = tab.cancel(run_id, None)
+    assert asked[tab.message] == f"Cancel run #{run_id}? Its queued and running jobs stop. Click *Confirm cancel* " \
+        "to stop it."
+    assert (asked[tab.buttons["cancel"]]["value"], asked[tab.armed]) == ("Confirm cancel", run_id)
+    with session(engine) as s:  # the first click cancels nothing
+        assert s.get(Run, run_id).status == RunStatus.ACTIVE
+    assert tab.cancel(run_id, ids["history"])[tab.armed] == run_id  # a click armed on another run asks again
+    done = tab.cancel(run_id, run_id)
+    assert done[tab.message].startswith(f"Run #{run_id} is cancelled. Cancel requested for job")
+    assert (done[tab.buttons["cancel"]]["value"], done[tab.armed]) == ("Cancel this run", None)
+    train.advance_run(engine, run_id)  # the loop reads the cancelled job: the stage stops
+    status = train.train_view(engine, run_id)["status"]
+    assert "is **cancelled**" in status and status.count("stages: 0 done, 1 cancelled.") == 1

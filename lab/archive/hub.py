@@ -2,9 +2,12 @@
 
 The card says how the policy came to be, from what the lab stores and computes already: the policy the run
 started from, the config timeline with who set each value (`lab.runs.config_timeline`, the Stage review tab's),
-every decision with its note (`lab.proposals.proposal_states`), each stage's validation rates
+every decision (`lab.proposals.proposal_states`), each stage's validation rates
 (`lab.results.stage_summaries`, pooled as everywhere, docs/results.md) and the benchmark tables of the stages
 evaluated on it (`lab.runs.benchmark_report`, with the hash of their boards). Nothing here computes a number of its own.
+
+A card is public: who decided, the notes they kept and this machine's paths (a policy or an engineer's model loaded
+from a folder) stay out of it unless the push asks for them (`with_notes`, `envlab push --with-notes`).
 
 The folder is `<run folder>/hub/stage-<k>/`, made anew on each push; the checkpoint's files are hard links where the
 filesystem allows (a large policy is not copied), else copies. Uploading is `HfApi().create_repo(exist_ok=True)` and
@@ -67,27 +70,44 @@ def _changes(step: ConfigStep) -> str:
         "no value changed"
 
 
-def model_card(engine: Engine, run: Run, stage: Stage, repo: str) -> str:
+def _local(spec: str) -> bool:
+    """Whether a policy or model spec names a folder on this machine (not a name such as `tiny` or `Qwen/Qwen3-4B`)."""
+    return spec.startswith(("/", "~", ".")) or Path(spec).exists()
+
+
+def _spec(spec: str, with_notes: bool) -> str:
+    """A policy or model spec as the card shows it: a folder of this machine only `with_notes`."""
+    return f"`{spec}`" if with_notes or not _local(spec) else "a local folder (its path left out)"
+
+
+def model_card(engine: Engine, run: Run, stage: Stage, repo: str, with_notes: bool = False) -> str:
     """The README.md of the pushed folder: the Hub's YAML header, then how the policy came to be (the stages up to
-    `stage` and the decisions that led to them)."""
-    engineer = f"`{run.engineer}`" + (f" (backend `{run.engineer_backend}`)" if run.engineer_backend else "")
+    `stage` and the decisions that led to them). Who decided, their notes and this machine's paths only
+    `with_notes`."""
+    backend = run.engineer_backend
+    if backend:
+        kind, _, name = backend.partition(":")
+        backend = f"`{backend}`" if with_notes or not _local(name) else f"`{kind}:` a local folder (its path left out)"
+    engineer = f"`{run.engineer}`" + (f" (backend {backend})" if backend else "")
     lines = [CARD_HEADER, f"# {repo}", "",
              f"Stage {stage.index} of envlab run #{run.id} `{run.name}`: a policy trained with GRPO (TRL) in stages on "
              "MAPF-FrozenLake. After each stage an environment engineer proposed the next stage's environment "
              "config, and a person (or the run itself, auto-apply) decided on it.", "",
-             f"- Started from: `{run.policy}`", f"- Engineer: {engineer}", f"- Run seed: {run.seed}", "",
+             f"- Started from: {_spec(run.policy, with_notes)}", f"- Engineer: {engineer}", f"- Run seed: {run.seed}",
+             "",
              "## Config timeline", "",
              "Each stage's config as it trained: stage 0's whole, then each value that changed from the stage before "
              "and who set it (engineer: proposed and accepted; person: a person's edit; auto-apply: applied by the "
              "run itself).", "", "| stage | config from | changed |", "| --- | --- | --- |"]
-    lines += [f"| {step.stage_index} | {_cell(step.source)} | {_cell(_changes(step))} |"
+    lines += [f"| {step.stage_index} | {_cell(step.source if with_notes else step.origin)} | {_cell(_changes(step))} |"
               for step in config_timeline(engine, run.id) if step.stage_index <= stage.index]
-    lines += ["", "## Decisions", "", "| proposal | after stage | engineer | decision | by | note |",
-              "| --- | --- | --- | --- | --- | --- |"]
-    lines += [f"| #{p.proposal.id} | {p.proposal.after_stage} | {_cell(p.proposal.engineer)} | {p.decision.action} | "
-              f"{_cell(p.decision.user)} | {_cell(p.decision.note)} |"
-              for p in reversed(proposal_states(engine, run.id))
-              if p.decision is not None and p.proposal.after_stage < stage.index]
+    headers = ["proposal", "after stage", "engineer", "decision", *(("by", "note") if with_notes else ())]
+    lines += ["", "## Decisions", "", "| " + " | ".join(headers) + " |", "|" + " --- |" * len(headers)]
+    for p in reversed(proposal_states(engine, run.id)):
+        if p.decision is not None and p.proposal.after_stage < stage.index:
+            said = (p.decision.user, p.decision.note) if with_notes else ()
+            cells = [f"#{p.proposal.id}", p.proposal.after_stage, p.proposal.engineer, p.decision.action, *said]
+            lines.append("| " + " | ".join(map(_cell, cells)) + " |")
     return "\n".join(lines + _rates(engine, run, stage)) + "\n"
 
 
@@ -117,8 +137,9 @@ def _link_or_copy(source: str, target: str) -> None:
         shutil.copy2(source, target)
 
 
-def write_folder(engine: Engine, run_id: int, stage_index: int | None, repo: str) -> Path:
-    """The folder to upload, made anew: the stage's checkpoint files and the model card (`model_card`)."""
+def write_folder(engine: Engine, run_id: int, stage_index: int | None, repo: str, with_notes: bool = False) -> Path:
+    """The folder to upload, made anew: the stage's checkpoint files and the model card (`model_card`; who decided,
+    their notes and local paths only `with_notes`)."""
     run, stage, checkpoint = pushed_stage(engine, run_id, stage_index)
     try:
         folder = run_folder(engine, run.uuid) / "hub" / f"stage-{stage.index}"
@@ -128,7 +149,7 @@ def write_folder(engine: Engine, run_id: int, stage_index: int | None, repo: str
         shutil.rmtree(folder)
     shutil.copytree(checkpoint, folder, copy_function=_link_or_copy)
     (folder / "README.md").unlink(missing_ok=True)  # a link into the checkpoint: never written through
-    (folder / "README.md").write_text(model_card(engine, run, stage, repo))
+    (folder / "README.md").write_text(model_card(engine, run, stage, repo, with_notes))
     return folder
 
 

@@ -45,9 +45,10 @@ from lab.archive.tables import (
     primary_key,
     run_tables,
 )
+from lab.llm import shown_url
 from storage.db import UnsafePath, inside, run_folder, runs_root
 from storage.models import ACTIVE_JOB, Job, JobStatus, Priority, Run, Stage
-from storage.settings import RunSettings
+from storage.settings import allowed_grpo, refused_grpo
 from training.resolve import GEMMA, SHIPPED
 
 
@@ -100,14 +101,22 @@ ARCHIVE_BACKENDS = ("hf:policy", "hf:gemma3-270m", "openai:")
 def _foreign_run(row: dict[str, Any], where: str) -> list[str]:
     """A network destination or a model spec is never taken from another lab: a run's engineer backend must be one
     of `ARCHIVE_BACKENDS` (else the file is refused), and its server URL is dropped on import (this machine's
-    own server serves it, `lab.llm.allowed_servers`). Returns what the import drops, each in a few words."""
+    own server serves it, `lab.llm.allowed_servers`), as are the GRPO fields a run may not set
+    (`storage.settings.refused_grpo`: a place to write or read, somewhere to send data, code to load). Returns what
+    the import drops, each in a few words."""
     backend = row.get("engineer_backend") or ""
     if backend and not (backend in ARCHIVE_BACKENDS[:-1] or
                         backend.startswith(ARCHIVE_BACKENDS[-1]) and len(backend) > len(ARCHIVE_BACKENDS[-1])):
         raise ArchiveError(f"{where}, column engineer_backend: {backend!r:.120} names a model this lab does not "
                            f"take from an archive (only {', '.join(ARCHIVE_BACKENDS)}<model>): refused")
-    url = (row.get("settings") or {}).get("base_url")
-    return [f"the run's server URL {url!r:.120} (an archive names no server: this lab uses its own)"] if url else []
+    settings = row.get("settings") or {}
+    refused = refused_grpo(settings.get("grpo") or {})
+    dropped = [f"the run's GRPO {'field' if len(refused) == 1 else 'fields'} {', '.join(refused)} (a run from "
+               "another lab sets only how its policy learns and samples)"] if refused else []
+    if url := settings.get("base_url"):
+        dropped.append(f"the run's server URL {shown_url(url)!r:.120} (an archive names no server: this lab uses its "
+                       "own)")
+    return dropped
 
 
 # A model name as `training.policy.load_policy` loads it by name (a hub name such as Qwen/Qwen3-4B): one optional
@@ -134,11 +143,12 @@ def _check_policy(value: str, root: Path, where: str) -> None:
 
 
 def _without_server(row: dict[str, Any]) -> dict[str, Any]:
-    """A run's row without the server its settings name (vouched for already: `lab.archive.reading`)."""
+    """A run's row without the server its settings name and the GRPO fields a run may not set (vouched for
+    already: `lab.archive.reading`)."""
     if row.get("settings") is None:
         return row
-    settings = RunSettings.model_validate(row["settings"])
-    return {**row, "settings": settings.model_copy(update={"base_url": None})} if settings.base_url else row
+    settings = row["settings"]
+    return {**row, "settings": {**settings, "base_url": None, "grpo": allowed_grpo(settings.get("grpo") or {})}}
 
 
 def _ended(row: dict[str, Any]) -> dict[str, Any]:

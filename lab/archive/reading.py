@@ -452,9 +452,13 @@ def _instance(value: Any) -> Any:
 
 
 def _run_settings(value: Any) -> Any:
-    from storage.settings import RunSettings
+    """A run's settings, checked as this lab checks its own but for the GRPO fields a run may not set: those are
+    dropped on import (`lab.archive.importing`), and said, rather than refused."""
+    from storage.settings import RunSettings, allowed_grpo
 
-    return _validated(RunSettings, value)
+    grpo = value.get("grpo")
+    _validated(RunSettings, {**value, "grpo": allowed_grpo(grpo)} if isinstance(grpo, dict) else value)
+    return value
 
 
 def _run_uuid(value: str) -> str:
@@ -477,12 +481,22 @@ def _bounded(column: str) -> tuple[Any, Callable[[str], str]]:
     return str, check
 
 
+def _clipped(value: str) -> str:
+    """An engineer's text (prompt, answer, rationale), cut as the lab stores its own (`lab.text.clipped`)."""
+    from lab.text import clipped
+
+    return clipped(value)
+
+
 # Beyond a column's type: what the lab reads the value as. One table's column -> a check that raises ValueError.
 VALUE_CHECKS: dict[tuple[str, str], tuple[Any, Callable[[Any], Any]]] = {
     ("runs", "name"): _bounded("name"),
     ("runs", "description"): _bounded("description"),
     ("decisions", "note"): _bounded("note"),
     ("decisions", "user"): _bounded("user"),
+    ("proposals", "prompt"): (str, _clipped),
+    ("proposals", "raw_answer"): (str, _clipped),
+    ("proposals", "rationale"): (str, _clipped),
     ("runs", "uuid"): (str, _run_uuid),
     ("runs", "settings"): (dict[str, Any], _run_settings),
     ("stages", "config"): (dict[str, Any], _env_config),

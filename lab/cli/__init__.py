@@ -13,6 +13,7 @@ import sys
 from envsim.generator import GenerationError
 from lab.cli import boards, experiments, runs
 from lab.cli.common import Parser, UsageError
+from storage.db import keep_private
 
 # One module per command family: boards (the testbed's boards, no database), runs (a run, the workers, a run as a
 # file, the page) and experiments; `common` holds what they share.
@@ -33,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     went back to the queue, `lab.jobs.worker`, and nothing was left half-written; 141 when what read the output
     stopped, without a word)."""
     argv = sys.argv[1:] if argv is None else argv
+    keep_private()  # the database, run folders and exports any command makes are this user's alone
     try:
         return _command(argv)
     except KeyboardInterrupt:

@@ -14,7 +14,9 @@ from tqdm import tqdm
 
 from envsim.config import EnvConfig
 from lab.cli.common import UsageError, config_file, engine_of, grpo_overrides, start_bar_at
-from lab.llm import allow_server
+from lab.engineers import names as engineer_names
+from lab.engineers import names_text as engineer_names_text
+from lab.llm import LLMError, allow_server
 from lab.settings import MAX_BOARDS, SEED, settings_arguments, settings_file, settings_from_args, settings_yaml
 
 if TYPE_CHECKING:
@@ -128,7 +130,10 @@ def cmd_run(args: argparse.Namespace) -> None:
     if quiet:
         quiet_libraries()
     if args.base_url:
-        allow_server(args.base_url)  # given on this machine's command line
+        try:
+            allow_server(args.base_url)  # given on this machine's command line
+        except LLMError as err:  # a password in it: never echoed, never stored
+            raise UsageError(str(err)) from None
     engine = engine_of(args.db)
     gpus = visible_gpus()
     warm_children(engine, gpus)  # its imports beside this process's own (a new run's settings import TRL here)
@@ -229,7 +234,7 @@ def cmd_push(args: argparse.Namespace) -> None:
     from lab.archive.hub import PushError, upload, write_folder
 
     try:
-        folder = write_folder(engine_of(args.db), args.run, args.stage, args.repo)
+        folder = write_folder(engine_of(args.db), args.run, args.stage, args.repo, args.with_notes)
         if args.dry_run:
             print(folder)
             return
@@ -255,12 +260,13 @@ def hub_repo(value: str) -> str:
 
 def serve(argv: list[str]) -> NoReturn:
     """`envlab serve`: this process becomes `python -m lab.pages.web` (the web lab, which parses its own options:
-    --host, --port, --auth, --db, --no-worker, --no-example). The page sits above the lab, so the lab starts it
+    --host, --port, --auth-file, --db, --no-worker, --no-example). The page sits above the lab, so the lab starts it
     as a program, as the page starts `envlab worker`, instead of importing it; the process keeps its id, so
     signals reach the page. A taken port, a bad option and `--help` are answered here, before the page's imports."""
-    from lab.cli.serve import address, arguments, port_free, taken_message
+    from lab.cli.serve import address, arguments, logins, port_free, taken_message
 
     args = arguments().parse_args(argv)
+    logins(args)  # a password on the command line, or a logins file others may read, is refused before the imports
     host, port = address(args.host, args.port)
     if not port_free(host, port):
         print(taken_message(port), file=sys.stderr)
@@ -274,9 +280,10 @@ def run_arguments(sub: argparse._SubParsersAction) -> None:
     """`envlab run`'s options."""
     s = sub.add_parser("run", help="run stages headless: train, evaluate, propose, decide, repeat")
     settings_arguments(s)
-    s.add_argument("--engineer", help="fixed, random, heuristic, learnability, evidence, llm or bandit (default "
-                                      "heuristic; with --resume: switch the run's engineer, e.g. after the llm "
-                                      "engineer failed; static and schedule run as an experiment's arms only)")
+    held = [name for name in engineer_names() if name not in engineer_names(alone=True)]
+    s.add_argument("--engineer", help=f"{engineer_names_text(alone=True)} (default heuristic; with --resume: switch "
+                                      "the run's engineer, e.g. after the llm engineer failed; "
+                                      f"{' and '.join(held)} run as an experiment's arms only)")
     s.add_argument("--backend", help="the llm engineer's backend: hf:policy, hf:gemma3-270m, openai:<model>")
     s.add_argument("--policy", default="tiny", help="tiny, gemma3-270m, a checkpoint folder or a model name")
     s.add_argument("--config", type=Path, help="initial EnvConfig JSON (default: the round-0 config)")
@@ -320,6 +327,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="the Hub model repo (made if missing)")
     s.add_argument("--dry-run", action="store_true",
                    help="write the folder (checkpoint and README.md), print its path, upload nothing")
+    s.add_argument("--with-notes", action="store_true",
+                   help="put who decided each proposal, their notes and this machine's paths in the model card (left "
+                        "out by default: the card is public)")
     s.add_argument("--db", help="database path or URL (default: $ENVLAB_DB or runs/envlab.db)")
     s.set_defaults(fn=cmd_push)
 

@@ -7,14 +7,23 @@ import argparse
 import errno
 import os
 import socket
+import stat
+from collections.abc import Mapping
+from pathlib import Path
+
+AUTH_SETTING = "ENVLAB_AUTH"
+AUTH_FILE_LIMIT = 64 * 1024  # bytes of a logins file read at most: a few hundred users
 
 
 def arguments() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="envlab serve", description="The envlab web lab.")
-    p.add_argument("--host", help="address to bind (0.0.0.0 to expose the lab; use --auth); "
+    p.add_argument("--host", help="address to bind (0.0.0.0 to expose the lab; use --auth-file); "
                                    "default: $GRADIO_SERVER_NAME, else 127.0.0.1")
     p.add_argument("--port", type=int, help="default: $GRADIO_SERVER_PORT, else 7860")
-    p.add_argument("--auth", help="user:password, or a file with one user:password per line")
+    p.add_argument("--auth-file", metavar="FILE",
+                   help="a file with one user:password per line, readable by you only (chmod 600): the page asks for "
+                        f"a login; ${AUTH_SETTING} (user:password lines) does the same")
+    p.add_argument("--auth", help=argparse.SUPPRESS)  # refused: a password on the command line is seen in `ps`
     p.add_argument("--allowed-hosts", default="", metavar="NAMES",
                    help="more host names the page answers to, comma-separated (e.g. lab.example.org behind a proxy; "
                         "'*' for any); localhost's and --host's always")
@@ -24,7 +33,8 @@ def arguments() -> argparse.ArgumentParser:
     p.add_argument("--db", help="database path or URL (default: $ENVLAB_DB, else runs/envlab.db)")
     p.add_argument("--no-worker", action="store_true", help="do not start a worker beside the page")
     p.add_argument("--no-example", action="store_true",
-                   help="leave a new, empty database empty (by default the shipped example run is imported into it)")
+                   help="leave a new, empty database empty for good (by default its first start imports the shipped "
+                        "example run and studies, and a later start finishes an import that was stopped)")
     return p
 
 
@@ -53,3 +63,56 @@ def port_free(host: str, port: int) -> bool:
 
 def taken_message(port: int) -> str:
     return f"envlab serve: port {port} is taken; choose another with --port N or GRADIO_SERVER_PORT"
+
+
+def logins(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> list[tuple[str, str]] | None:
+    """The page's (user, password) pairs: `--auth-file`'s lines, else `$ENVLAB_AUTH`'s, else None (no login).
+
+    Never from the command line, where every local user reads it (`ps`): `--auth` is refused, saying where a
+    password goes. A logins file must be a regular file that no one else may read or write (mode 600 or 400), at
+    most `AUTH_FILE_LIMIT` bytes. Blank lines and `#` comments are skipped. Ends the command (`SystemExit`, one line)
+    when any of this fails."""
+    if args.auth is not None:
+        raise SystemExit("envlab serve: --auth would put the password on the command line, where every user of this "
+                         "machine can read it (ps): put user:password lines in a file only you can read (chmod 600) "
+                         f"and give --auth-file FILE, or set ${AUTH_SETTING}=user:password")
+    if args.auth_file is not None:
+        return _pairs(_read_logins(Path(args.auth_file)), f"--auth-file {args.auth_file}")
+    if environ.get(AUTH_SETTING):
+        return _pairs(environ[AUTH_SETTING], f"${AUTH_SETTING}")
+    return None
+
+
+def _read_logins(path: Path) -> str:
+    try:  # opened without waiting (a FIFO would wait for a writer), then checked to be a plain file
+        with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
+            mode = os.fstat(f.fileno()).st_mode
+            if not stat.S_ISREG(mode):
+                raise SystemExit(f"envlab serve: --auth-file {path} is not a regular file")
+            if mode & 0o077:
+                raise SystemExit(f"envlab serve: --auth-file {path} is open to others (mode "
+                                 f"{stat.S_IMODE(mode):04o}): make it yours only with chmod 600 {path}")
+            data = f.read(AUTH_FILE_LIMIT + 1)
+    except OSError as err:
+        raise SystemExit(f"envlab serve: cannot read --auth-file {path}: {err.strerror or err}") from None
+    if len(data) > AUTH_FILE_LIMIT:
+        raise SystemExit(f"envlab serve: --auth-file {path} is longer than {AUTH_FILE_LIMIT:,} bytes")
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        raise SystemExit(f"envlab serve: --auth-file {path} is not UTF-8 text") from None
+
+
+def _pairs(text: str, where: str) -> list[tuple[str, str]]:
+    pairs = []
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        user, sep, password = line.partition(":")
+        if not sep or not user or not password:
+            raise SystemExit(f"envlab serve: {where}, line {n}: expected user:password")
+        pairs.append((user, password))
+    if not pairs:
+        raise SystemExit(f"envlab serve: {where} names no user:password")
+    return pairs

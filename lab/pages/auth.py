@@ -2,7 +2,7 @@
 every request that can change something, or hold a connection open, needs the login.
 
 `Guard` is an ASGI middleware put in front of everything else the page's app runs (`app.launch`). Always, with or
-without `--auth`, it refuses with HTTP 403
+without a login (`--auth-file`), it refuses with HTTP 403
 
 - a request whose Host is not one of the lab's names (`--allowed-hosts`; localhost names and `--host`'s by default),
   so a page of another site that rebinds its DNS name to 127.0.0.1 reaches nothing;
@@ -12,7 +12,7 @@ without `--auth`, it refuses with HTTP 403
   `Sec-Fetch-Site: same-origin`: a browser always sends one of them, so a script that drives the lab says
   `Origin: http://<host>:<port>` as the page does.
 
-Under `--auth` it also
+Under a login it also
 
 - reads the login form exactly as the login check does: a second `username` or `password` field is refused (400);
 - answers a login that comes while its client address or its user name is held back with HTTP 429 and "too many

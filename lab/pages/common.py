@@ -69,7 +69,7 @@ def table(headers: list[str], rows: list[list[Any]]) -> dict[str, Any]:
 
 
 def user_of(request: gr.Request | None) -> str:
-    """Who clicked: the login name under `--auth`, else "local"."""
+    """Who clicked: the login name (under `--auth-file`), else "local"."""
     return (getattr(request, "username", None) or "local") if request is not None else "local"
 
 

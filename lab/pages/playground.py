@@ -23,6 +23,10 @@ from lab.settings import SEED
 # The longest board text read: the largest legal board (32x32, 8 agents) is about 1.2 kB written out, so this leaves
 # room for any spacing, while a 4000x4000 board pasted took 15 s to be parsed and then refused.
 BOARD_TEXT_LIMIT = 64 * 1024
+FIRST_BOARD = "A.b\n.H.\nB.a"  # the board the tab opens on (the size knob starts at its size)
+# The longest plan scored: 8 agents on the largest board need a few kB, while a 9 MiB plan pasted took 20 s of CPU and
+# kept 435 MiB in the page.
+PLAN_TEXT_LIMIT = 64 * 1024
 
 
 def make_board(size: Any, agents: Any, hole_ratio: Any, seed: Any) -> tuple[dict | None, str, str]:
@@ -66,9 +70,13 @@ def _labelled(board: Instance) -> tuple[dict, str, str]:
 
 
 def play_plan(view: dict | None, text: str) -> tuple[dict | None, str, int]:
-    """Score a typed plan on the playground's board: (view with the outcome, verdict, last step)."""
+    """Score a typed plan on the playground's board: (view with the outcome, verdict, last step). A text longer than
+    `PLAN_TEXT_LIMIT` is refused before it is read."""
     if not view:
         return view, "Make or paste a board first.", 0
+    if len(text) > PLAN_TEXT_LIMIT:
+        return {**view, "outcome": None}, (f"✗ This plan is {len(text):,} characters long; a plan is read from at "
+                                           f"most {PLAN_TEXT_LIMIT:,}."), 0
     instance = Instance.model_validate(view["instance"])
     if not text.strip():
         return {**view, "outcome": None}, "Type a plan, one line per agent: `Agent 0: RIGHT DOWN WAIT`.", 0
@@ -82,6 +90,14 @@ def solver_plan(view: dict | None) -> str | None:
     return format_plan(plan) if plan else None
 
 
+KNOB_SIZES = 10  # the largest size the knob offers to make; a board read or loaded may be larger (MAX_SIZE)
+
+
+def size_knob(size: int) -> dict[str, Any]:
+    """The size knob at the size of the board shown, its range stretched to a board larger than it offers."""
+    return gr.update(value=size, maximum=max(KNOB_SIZES, size))
+
+
 @dataclass(eq=False)
 class PlaygroundTab:
     engine: Engine
@@ -93,11 +109,13 @@ class PlaygroundTab:
     board: gr.Plot
     step: gr.Slider
     events: gr.Markdown
+    size: gr.Slider  # the size knob: it says the size of the board shown, however that board came
 
     @property
     def outputs(self) -> list[Any]:
         """What a new board fills."""
-        return [self.view, self.board_text, self.message, self.plan, self.verdict, self.board, self.step, self.events]
+        return [self.view, self.board_text, self.message, self.plan, self.verdict, self.board, self.step, self.events,
+                self.size]
 
     def drawn(self, view: dict | None, t: int | None = None) -> dict[Any, Any]:
         """The board at step `t` (default: the end of the plan), the slider, and the events then."""
@@ -116,7 +134,7 @@ class PlaygroundTab:
         if shown is not None and shown.get("instance") == view["instance"]:
             return {self.board_text: picture or gr.update(), self.message: message}
         return {self.view: view, self.board_text: picture or gr.update(), self.message: message, self.plan: "",
-                self.verdict: ""} | self.drawn(view)
+                self.verdict: "", self.size: size_knob(view["instance"]["size"])} | self.drawn(view)
 
     def make(self, size: Any, agents: Any, holes: Any, seed: Any, shown: dict | None = None) -> dict[Any, Any]:
         return self.new_board(make_board(size, agents, holes, seed), shown)
@@ -148,6 +166,7 @@ class PlaygroundTab:
             return {self.message: v["error"]}
         instance = Instance.model_validate(v["view"]["instance"])
         return {self.view: {"instance": v["view"]["instance"], "outcome": None}, self.board_text: instance.picture(),
+                self.size: size_knob(instance.size),
                 self.message: f"Episode {episode_id} loaded: its answer is in the plan box; edit it and watch the "
                               "verdict.", self.plan: v["answer"]}
 
@@ -158,19 +177,19 @@ def build(page: Page) -> PlaygroundTab:
         with gr.Column(scale=2):
             gr.Markdown("**Make a board from knobs**")
             with gr.Row():
-                size = gr.Slider(MIN_SIZE, 10, value=4, step=1, label="Size")
+                size = gr.Slider(MIN_SIZE, KNOB_SIZES, value=len(FIRST_BOARD.splitlines()), step=1, label="Size")
                 agents = gr.Slider(1, 7, value=2, step=1, label="Agents")
             with gr.Row():
                 holes = gr.Slider(0, 0.5, value=0.2, step=0.05, label="Hole ratio")
                 seed = gr.Number(label="Seed", value=0)  # no `precision=0`: 1.5 is refused, not rounded
             make = gr.Button("Make board")
             gr.Markdown("**…or paste one**: `.` ice, `H` hole, `A`/`a` agent 0's start/goal, `B`/`b` …")
-            board_text = gr.Textbox(label="Board", lines=6, value="A.b\n.H.\nB.a", elem_id="pg-board",
+            board_text = gr.Textbox(label="Board", lines=6, value=FIRST_BOARD, elem_id="pg-board",
                                     max_length=BOARD_TEXT_LIMIT)
             read = gr.Button("Read board")
             message = gr.Markdown()
             plan = gr.Textbox(label="Plan (one line per agent)", lines=4, elem_id="pg-plan",
-                              placeholder="Agent 0: RIGHT DOWN\nAgent 1: UP WAIT RIGHT")
+                              placeholder="Agent 0: RIGHT DOWN\nAgent 1: UP WAIT RIGHT", max_length=PLAN_TEXT_LIMIT)
             with gr.Row():
                 solver = gr.Button("Use the solver's plan")
                 episode = gr.Number(label="Episode", value=None, min_width=100)
@@ -180,12 +199,12 @@ def build(page: Page) -> PlaygroundTab:
             board = gr.Plot(show_label=False, elem_id="pg-board-plot")
             step = gr.Slider(0, 1, value=0, step=1, label="Time step t")
             events = gr.Markdown()
-    tab = PlaygroundTab(page.engine, view, board_text, message, plan, verdict_md, board, step, events)
+    tab = PlaygroundTab(page.engine, view, board_text, message, plan, verdict_md, board, step, events, size)
     make.click(tab.make, [size, agents, holes, seed, view], tab.outputs)
     read.click(tab.read, [board_text, view], tab.outputs)
     plan.change(tab.score, [view, plan], [view, verdict_md, board, step, events], trigger_mode="always_last",
                 **no_progress(page))
     step.input(tab.at_step, [view, step], [board, events], trigger_mode="always_last", **no_progress(page))
     solver.click(tab.use_solver, view, [plan, message])
-    load.click(tab.load_episode, episode, [view, board_text, message, plan])
+    load.click(tab.load_episode, episode, [view, board_text, message, plan, size])
     return tab

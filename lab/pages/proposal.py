@@ -289,19 +289,21 @@ def _edit_config(rows: Sequence[Sequence[Any]] | None, agents: Any, instances: A
 
 
 def _stored_text(engineer: EnvConfig, projection: Projection) -> str:
-    """What an edit stores, against the engineer's proposal: each value that differs, and each share the
-    projection rescaled so that data_ratio and agent_ratio sum to 1 (with what was typed)."""
+    """What an edit stores, against the engineer's proposal: each value that differs as shown, and each share the
+    projection rescaled so that data_ratio and agent_ratio sum to 1 (with what was typed) where the rescaling moves
+    it from what was typed as shown (shares typed as the table rounds them are rescaled, but move no digit)."""
     made = projection.config
     typed = {a.field: a.old for a in projection.adjustments}
+    moved = {a.field for a in projection.adjustments if _fmt(a.old) != _fmt(a.new)}
     parts = []
     for change in diff(engineer, made):
-        field = change.field
-        if change.change != 0 or field in typed:
-            parts.append(f"{field} {_fmt(change.new)}"
-                         + (f" (you typed {_fmt(typed[field])})" if field in typed else ""))
+        field, now = change.field, _fmt(change.new)
+        if field in moved or (change.change != 0 and now != _fmt(change.old)):
+            parts.append(f"{field} {now}" + (f" (you typed {_fmt(typed[field])})" if field in moved else ""))
     text = ", ".join(parts) if parts else "the engineer's config as proposed (no value differs)"
     for name in ("data_ratio", AGENT_RATIO):  # in strict mode the only adjustments are these rescalings
-        if shares := [a.old for a in projection.adjustments if a.field.startswith(f"{name}[")]:
+        shares = [a.old for a in projection.adjustments if a.field.startswith(f"{name}[")]
+        if any(field.startswith(f"{name}[") for field in moved):
             text += f"; the {name} shares you typed sum to {sum(shares):.4g}, so each is rescaled to make them sum to 1"
     return text
 

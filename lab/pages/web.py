@@ -255,7 +255,7 @@ def _wire_first_visits(tabs: Tabs) -> None:
     compare_tab, leaderboard_tab, playground_tab = tabs.compare, tabs.leaderboard, tabs.playground
     items = tabs.shown.items
     items["compare"].select(compare_tab.refresh, [compare_tab.pick, compare_tab.rate], compare_tab.outputs, **VIEW)
-    items["leaderboard"].select(leaderboard_tab.opened, leaderboard_tab.pick,
+    items["leaderboard"].select(leaderboard_tab.opened, [leaderboard_tab.pick, tabs.page.run_pick],
                                 [leaderboard_tab.pick, *leaderboard_tab.outputs])
     items["playground"].select(playground_tab.first_visit, [playground_tab.view, playground_tab.board_text],
                                playground_tab.outputs)
@@ -465,7 +465,7 @@ def plotly_warmup() -> str:
 
 
 def close_api_docs(demo: gr.Blocks) -> None:
-    """Under `--auth`, say nothing of the page's endpoints to someone who has not logged in: Gradio embeds the
+    """Under a login, say nothing of the page's endpoints to someone who has not logged in: Gradio embeds the
     public endpoints' schema in `/` (login page included), so every endpoint is made "undocumented" (still
     callable by the page itself, after its login; hidden from that schema and `/gradio_api/info`)."""
     for fn in demo.fns.values():

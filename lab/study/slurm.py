@@ -59,6 +59,7 @@ from storage import queue
 from storage.db import (
     DatabaseUnusable,
     RunsRootUnusable,
+    keep_private,
     open_database,
     session,
     usable_runs_root,
@@ -274,6 +275,7 @@ class SlurmTask:
                       restarts=int(os.environ.get("SLURM_RESTART_COUNT") or 0),
                       worker=f"{socket.gethostname()}:{os.getpid()}")
         os.environ.update({"ENVLAB_DB": self.db, "ENVLAB_RUNS": self.runs, STALE_SETTING: str(self.stale_s)})
+        keep_private()  # an entry point of its own: what it writes under the runs root is this user's alone
         if self.threads:
             os.environ["OMP_NUM_THREADS"] = str(self.threads)
         try:

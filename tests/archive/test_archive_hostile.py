@@ -37,7 +37,7 @@ from lab.pages import runs as runs_page
 from storage import queue
 from storage.db import checkpoint_of, make_engine, upgrade
 from storage.db import session as open_session
-from storage.models import Job, Priority, Run, Stage
+from storage.models import Job, Priority, Proposal, Run, Stage
 from storage.settings import RunSettings
 from tests.recorded import build_run, counts, fake_checkpoints
 from tests.seeded import copy_database
@@ -242,7 +242,16 @@ def test_a_resume_of_a_run_stored_with_a_bad_uuid_writes_nothing(lab, tmp_path, 
                                                            r"valid EnvConfig"),
     ("runs", 1, {"settings": [1, 2]}, r"tables/runs.jsonl row 1, column settings: Input should be an object"),
     ("runs", 1, {"settings": {"stages": "two"}}, r"column settings: not a valid RunSettings: stages"),
-    ("runs", 1, {"settings": {"stages": 2, "grpo": {"output_dir": "/srv"}}}, r"column settings: .*output_dir"),
+    ("runs", 1, {"settings": {"stages": 10**15}}, r"column settings: not a valid RunSettings: stages: "
+                                                  r"1,000,000,000,000,000 is more than 1,000: each stage trains"),
+    ("runs", 1, {"settings": {"stages": 2, "validation_boards": 10**15}},
+     r"column settings: not a valid RunSettings: validation_boards: 1,000,000,000,000,000 is more than 100,000"),
+    ("runs", 1, {"settings": {"stages": 2, "dev_per_size": 3 * 10**9}},
+     r"column settings: not a valid RunSettings: dev_per_size: 3,000,000,000 is more than 10,000"),
+    ("runs", 1, {"settings": {"stages": 2, "lora": 10**9}},
+     r"column settings: not a valid RunSettings: lora: 1,000,000,000 is more than 4,096: a LoRA rank above"),
+    ("runs", 1, {"settings": {"stages": 2, "completion_length": 10**6}},
+     r"column settings: not a valid RunSettings: completion_length: 1,000,000 is more than 32,768"),
     ("runs", 1, {"settings": {"stages": 2, "held_configs": {"kind": "schedule", "source": "s.json", "configs": [
         {"data_ratio": {"3": 1}, "hole_ratio": {"3": 0.1}, "wait_ratio": {"3": 0.2}},
         {"data_ratio": {"3": 1}, "hole_ratio": {"3": 0.9}, "wait_ratio": {"3": 0.2}}]}}},
@@ -265,6 +274,26 @@ def test_a_row_of_the_wrong_type_is_refused_naming_its_table_row_and_column(good
     refused(lab, tmp_path, file, message, capsys)
 
 
+def test_grpo_fields_a_run_may_not_set_are_dropped_on_import_and_said(good, lab, tmp_path, capsys):
+    """A run from another lab that would push with this machine's Hub token, log to someone's Trackio Space, ask a
+    vLLM server elsewhere or load foreign code arrives without those fields, in one line naming each; its learning
+    knobs and its tracker (kept on this machine) stay."""
+    engine, folder = lab
+    with zipfile.ZipFile(good) as zf:
+        settings = json.loads(zf.read("tables/runs.jsonl").splitlines()[0])["settings"]
+    grpo = {"max_steps": 2, "learning_rate": 1e-5, "report_to": "trackio", "trackio_space_id": "attacker-org/leak",
+            "push_to_hub": True, "vllm_server_base_url": "http://attacker.example:8000", "trust_remote_code": True,
+            "model_init_kwargs": {"trust_remote_code": True}}
+    file = rebuild(good, tmp_path / "grpo.zip", rows_changed("runs", 1, settings={**settings, "grpo": grpo}))
+    assert main(["import", str(file), "--db", str(folder / "envlab.db")]) == 0
+    out = capsys.readouterr().out
+    assert out.endswith("-> run 1; dropped: the run's GRPO fields model_init_kwargs, push_to_hub, trackio_space_id, "
+                        "trust_remote_code, vllm_server_base_url (a run from another lab sets only how its policy "
+                        "learns and samples)\n"), out
+    with open_session(engine) as s:
+        assert s.get(Run, 1).settings.grpo == {"max_steps": 2, "learning_rate": 1e-5, "report_to": "trackio"}
+
+
 @pytest.mark.parametrize("table, values, message", [
     ("runs", {"name": "n" * 201}, "name is 201 characters long; at most 200 are stored"),
     ("runs", {"description": "d" * 10_001}, "description is 10,001 characters long; at most 10,000 are stored"),
@@ -277,6 +306,36 @@ def test_a_name_or_note_longer_than_the_lab_takes_is_refused(good, lab, tmp_path
     column = next(iter(values))
     file = rebuild(good, tmp_path / "long.zip", rows_changed(table, 1, **values))
     refused(lab, tmp_path, file, re.escape(f"tables/{table}.jsonl row 1, column {column}: {message}"), capsys)
+
+
+def test_an_engineers_long_text_arrives_cut_as_the_lab_keeps_its_own(good, lab, tmp_path, capsys):
+    """A proposal's prompt, answer and rationale are not a person's text to refuse: they are kept as the lab keeps
+    an engineer's (`lab.text.clipped`), so the Proposal tab never sends megabytes."""
+    engine, folder = lab
+    rng = random.Random(0)  # text that does not compress like a zip bomb
+    raw, prompt, said = ("".join(rng.choices("abcdefghij ", k=n)) for n in (1_000_000, 70_000, 65_536))
+    file = rebuild(good, tmp_path / "answer.zip", rows_changed("proposals", 1, raw_answer=raw, prompt=prompt,
+                                                               rationale=said))
+    assert main(["import", str(file), "--db", str(folder / "envlab.db")]) == 0
+    with open_session(engine) as s:
+        row = s.exec(select(Proposal).order_by(Proposal.id)).first()
+    assert row.raw_answer == raw[:65_536] + "\n[... 934,464 more characters cut: the lab keeps the first 65,536]"
+    assert row.prompt == prompt[:65_536] + "\n[... 4,464 more characters cut: the lab keeps the first 65,536]"
+    assert row.rationale == said
+
+
+def test_a_server_url_with_a_password_is_dropped_and_said_without_it(good, lab, tmp_path, capsys):
+    engine, folder = lab
+    with zipfile.ZipFile(good) as zf:
+        settings = json.loads(zf.read("tables/runs.jsonl").splitlines()[0])["settings"]
+    file = rebuild(good, tmp_path / "url.zip", rows_changed("runs", 1, settings={
+        **settings, "base_url": "http://bob:hunter2@10.0.0.5:8000/v1"}))
+    assert main(["import", str(file), "--db", str(folder / "envlab.db")]) == 0
+    out = capsys.readouterr().out
+    assert "dropped: the run's server URL 'http://10.0.0.5:8000/v1' (an archive names no server: this lab uses its " \
+           "own)" in out and "hunter2" not in out
+    with open_session(engine) as s:
+        assert s.get(Run, 1).settings.base_url is None
 
 
 def test_a_row_with_a_column_more_or_less_is_refused(good, lab, tmp_path, capsys):
@@ -873,9 +932,11 @@ def test_the_allow_list_names_servers_and_the_paths_under_them(monkeypatch):
         check_server(url)
     for url in ["http://models.internal:8001/v1", "https://models.internal:8000/v1", "https://api.example.com/v2",
                 "https://api.example.com/v10", "http://models.internal.evil:8000", "http://127.0.0.1:8001/",
-                "http://models.internal:8000@evil.com/v1", "http://[::1", "not a url"]:
+                "http://[::1", "not a url"]:
         with pytest.raises(LLMError, match="is not one this machine allows"):
             check_server(url)
+    with pytest.raises(LLMError, match="^server URL 'http://evil.com/v1' carries a user name or password"):
+        check_server("http://models.internal:8000@evil.com/v1")  # evil.com, with a user name that looks allowed
     allow_server("http://10.0.0.5:9000/v1")  # a --base-url given on this machine's command line
     check_server("http://10.0.0.5:9000/v1")
     assert os.environ["ENVLAB_ALLOWED_SERVERS"].endswith(",http://10.0.0.5:9000/v1")

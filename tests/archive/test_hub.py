@@ -20,7 +20,7 @@ from envsim.scoring import score_answer
 from envsim.suite import Entry, Split, boards_hash
 from lab.cli import main
 from storage.db import session
-from storage.models import Run, Stage
+from storage.models import Decision, Run, Stage
 from tests.seeded import OPEN_OFF_GRID, boards
 from tests.servers import free_port
 from training.evaluate import EpisodeResult, store_evaluation
@@ -57,7 +57,13 @@ def pushable(lab, tmp_path: Path):
     return engine, ids, str(tmp_path / "lab.db"), tmp_path / uuid, boards_hash(bench)
 
 
-def card(run_id: int, proposal_id: int, boards: str) -> str:
+def card(run_id: int, proposal_id: int, boards: str, with_notes: bool = False) -> str:
+    """The history run's card; who decided (and the note columns) only `with_notes`."""
+    by, decisions = (" by alice", "| proposal | after stage | engineer | decision | by | note |\n"
+                                  "| --- | --- | --- | --- | --- | --- |\n"
+                                  f"| #{proposal_id} | 0 | heuristic | accept | alice |  |") if with_notes else \
+        ("", f"| proposal | after stage | engineer | decision |\n| --- | --- | --- | --- |\n"
+             f"| #{proposal_id} | 0 | heuristic | accept |")
     return f"""---
 library_name: transformers
 tags:
@@ -85,14 +91,12 @@ it (engineer: proposed and accepted; person: a person's edit; auto-apply: applie
 | --- | --- | --- |
 | 0 | initial config | `{{"data_ratio":{{"3":0.5,"4":0.5}},"hole_ratio":{{"3":0.2,"4":0.2}},\
 "wait_ratio":{{"3":0.25,"4":0.25}},"agent_ratio":{{"2":1.0}},"num_instances":16}}` |
-| 1 | proposal #{proposal_id}, accepted by alice | wait_ratio[3] 0.25 → 0.35 (engineer); \
+| 1 | proposal #{proposal_id}, accepted{by} | wait_ratio[3] 0.25 → 0.35 (engineer); \
 hole_ratio[4] 0.2 → 0.15 (engineer) |
 
 ## Decisions
 
-| proposal | after stage | engineer | decision | by | note |
-| --- | --- | --- | --- | --- | --- |
-| #{proposal_id} | 0 | heuristic | accept | alice |  |
+{decisions}
 
 ## Validation
 
@@ -133,6 +137,40 @@ def test_a_dry_run_writes_the_checkpoint_and_its_model_card(pushable, capsys):
     assert main(["push", str(ids["history"]), "--stage", "1", "--repo", REPO, "--dry-run", "--db", db]) == 0
     assert sorted(p.name for p in folder.iterdir()) == ["README.md", "config.json", "model.safetensors"]
     assert (run_dir / "stage-1" / "policy" / "README.md").exists() is False  # the checkpoint is left as it was
+
+
+def test_who_decided_their_notes_and_local_paths_stay_out_of_the_card_unless_asked(pushable, tmp_path):
+    """A card is public: a person's name and note and this machine's folders are in it only with --with-notes."""
+    engine, ids, db, run_dir, boards = pushable
+    local = tmp_path / "home" / "alice" / "base-policy"
+    local.mkdir(parents=True)
+    with session(engine) as s:
+        run = s.get(Run, ids["history"])
+        run.policy, run.engineer_backend = str(local), f"hf:{local}"
+        decision = s.exec(select(Decision).where(Decision.proposal_id == ids["accepted"])).one()
+        decision.note = "ask Bob (bob@example.org) before stage 2"
+        s.add_all([run, decision])
+        s.commit()
+    assert main(["push", str(ids["history"]), "--repo", REPO, "--dry-run", "--db", db]) == 0
+    public = (run_dir / "hub" / "stage-1" / "README.md").read_text()
+    assert "- Started from: a local folder (its path left out)" in public
+    assert "- Engineer: `heuristic` (backend `hf:` a local folder (its path left out))" in public
+    assert f"| 1 | proposal #{ids['accepted']}, accepted | wait_ratio[3]" in public
+    assert f"| #{ids['accepted']} | 0 | heuristic | accept |\n" in public
+    for private in ("by alice", "| alice |", "Bob", "bob@example.org", str(tmp_path)):
+        assert private not in public
+    assert main(["push", str(ids["history"]), "--repo", REPO, "--dry-run", "--with-notes", "--db", db]) == 0
+    full = (run_dir / "hub" / "stage-1" / "README.md").read_text()
+    assert f"- Started from: `{local}`" in full and f"- Engineer: `heuristic` (backend `hf:{local}`)" in full
+    assert f"| 1 | proposal #{ids['accepted']}, accepted by alice | wait_ratio[3]" in full
+    assert f"| #{ids['accepted']} | 0 | heuristic | accept | alice | ask Bob (bob@example.org) before stage 2 |" in full
+
+
+def test_with_notes_the_card_names_who_decided(pushable):
+    engine, ids, db, run_dir, boards = pushable
+    assert main(["push", str(ids["history"]), "--repo", REPO, "--dry-run", "--with-notes", "--db", db]) == 0
+    assert (run_dir / "hub" / "stage-1" / "README.md").read_text() == card(ids["history"], ids["accepted"], boards,
+                                                                          with_notes=True)
 
 
 @pytest.mark.parametrize(("args", "said"), [
