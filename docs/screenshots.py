@@ -204,7 +204,7 @@ def main(args: Args) -> None:
     built = run_list(engine)
     run_id = built[-1].run.id if built else build_run(engine, args)
     print(f"the run is ready in {db} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
-    episode_id = failed_episodes(engine, run_id, 1, limit=1)[0].id
+    episode_id = failed_episodes(engine, run_id, 1, limit=1)[0][0].id
     demo = app.build_demo(engine)
     port = free_port()
     app.launch(demo, port=port, block=False)

@@ -25,8 +25,10 @@ from envsim.instance import Instance
 from envsim.rules import Failure
 from envsim.scoring import Event, Outcome, score
 
-# Drawing words shared with the page's Plotly figures (lab.pages.figures), so a GIF and a replay agree.
-AGENT_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
+# Drawing words shared with the page's Plotly figures (lab.pages.figures), so a GIF and a replay agree. Each agent's
+# colour has a WCAG contrast ratio of at least 3:1 against both cell colours (ice and hole) and against the white
+# number on its disc; hues apart (no brown beside the orange), so five agents read at a glance.
+AGENT_COLOURS = ("#2a7fc1", "#d35f00", "#2e8b2e", "#9a5fc8", "#cc4a99", "#008a7a", "#858a00", "#7f7f7f")
 ICE, HOLE, EVENT = "#eaf4fb", "#1d2b4a", "#d62728"
 
 

@@ -62,10 +62,11 @@ def test_the_vertex_conflict_is_marked_where_and_when_it_happens(crossing):
     outcome = score_answer(crossing, CLASH)
     assert cells(traces(figures.board_figure(crossing, outcome, 0))["events"]) == []
     now = traces(figures.board_figure(crossing, outcome, 1))["events"]
-    assert cells(now) == [(1, 1)] and now["marker"]["size"] == [26]
+    assert cells(now) == [(1, 1)] and now["marker"]["line"]["width"] == [4] and now["marker"]["opacity"] == [1.0]
     assert now["hovertext"] == ["t=1: agents 0 and 1 collide at (1, 1)"]
     later = traces(figures.board_figure(crossing, outcome, 2))["events"]
-    assert cells(later) == [(1, 1)] and later["marker"]["size"] == [14]  # past events stay, drawn smaller
+    assert cells(later) == [(1, 1)] and later["marker"]["line"]["width"] == [2]  # past events stay, drawn thinner
+    assert later["marker"]["opacity"] == [0.5]
 
 
 def test_a_fall_into_a_hole_is_marked_at_the_hole():
@@ -100,8 +101,12 @@ def test_the_board_shows_holes_starts_and_goals(crossing):
     board = label(HOLEY)
     t = traces(figures.board_figure(board))
     assert t["board"]["z"][1] == [0, 1, 1, 0] and t["board"]["z"][0] == [0, 0, 0, 0]
-    assert cells(t["starts"]) == [(0, 0), (3, 0)] and t["starts"]["text"] == ["start 0", "start 1"]
-    assert cells(t["goals"]) == [(0, 3), (3, 3)] and t["goals"]["text"] == ["goal 0", "goal 1"]
+    assert cells(t["goals"]) == [(0, 3), (3, 3)]  # the squares, on the goals
+    # each number at a corner of its own cell: a start's top left, a goal's bottom right
+    assert cells(t["starts"]) == [(-0.44, -0.44), (2.56, -0.44)] and t["starts"]["text"] == ["0", "1"]
+    assert cells(t["goal numbers"]) == [(0.44, 3.44), (3.44, 3.44)] and t["goal numbers"]["text"] == ["0", "1"]
+    assert t["starts"]["hovertext"] == ["start of agent 0 (0, 0)", "start of agent 1 (3, 0)"]
+    assert t["goal numbers"]["hovertext"] == ["goal of agent 0 (0, 3)", "goal of agent 1 (3, 3)"]
     assert cells(t["agent 1"]) == [(3, 0)]
 
 
@@ -183,13 +188,104 @@ def test_empty_inputs_say_why_they_are_empty():
     assert figures.board_figure(OPEN).layout.title.text == "the board (no plan yet)"
 
 
+MARKS = ["goals", "starts", "goal numbers"]
+
+
 def test_starts_and_goals_are_named_over_the_agents(crossing):
-    """The goal squares and the start and goal names come after the agents (Plotly draws later traces on top), each
-    name with a shadow, so a disc on a start or a goal never hides whose it is; in a replay too."""
+    """The goal squares and the start and goal numbers come after the agents (Plotly draws later traces on top), each
+    number with a shadow, so a disc on a start or a goal never hides whose it is; in a replay too."""
     outcome = score_answer(crossing, CLASH)
     names = [t["name"] for t in figures.board_figure(crossing, outcome, 0).to_plotly_json()["data"]]
-    assert names[-2:] == ["goals", "starts"] and names.index("agent 1") < names.index("goals")
+    assert names[-3:] == MARKS and names.index("agent 1") < names.index("goals")
     replay = figures.replay_figure(crossing, outcome)
-    assert [t["name"] for t in replay["data"]][-2:] == ["goals", "starts"]
+    assert [t["name"] for t in replay["data"]][-3:] == MARKS
     assert {(t["textfont"]["shadow"], t["cliponaxis"]) for t in replay["data"][-2:]} == {("auto", False)}
-    assert all(t["name"] not in ("goals", "starts") for frame in replay["frames"] for t in frame["data"])
+    assert all(t["name"] not in MARKS for frame in replay["frames"] for t in frame["data"])
+
+
+# Five agents as the issue saw them: starts 1 and 4 side by side (their names, written up and left of each start,
+# printed over each other) and agent 2's start up and left of agent 0's (whose name sat on agent 2).
+FIVE = Instance.from_str("""
+.....
+.C...
+..AEB
+D....
+abcde
+""")
+
+
+def _corner_box(point: tuple[float, float], position: str) -> tuple[float, float, float, float]:
+    """The third of a cell a number anchored at `point` is written into, as (top, left, bottom, right)."""
+    (y, x), (dy, dx) = point, (0.3 if "bottom" in position else -0.3, 0.3 if "right" in position else -0.3)
+    return min(y, y + dy), min(x, x + dx), max(y, y + dy), max(x, x + dx)
+
+
+def test_five_agents_numbers_sit_in_their_own_cells_apart_from_each_other():
+    """Each start's and goal's number is written into a corner of its own cell (a start's top left, a goal's bottom
+    right), so no two numbers touch and none spills into a cell where another agent stands."""
+    board = label(FIVE)
+    t = traces(figures.board_figure(board, score(board, board.reference_plan), 0))
+    boxes = []
+    for name, cells_of in (("starts", board.starts), ("goal numbers", board.goals)):
+        assert t[name]["text"] == ["0", "1", "2", "3", "4"] and t[name]["textfont"]["size"] == figures.LABEL_PX
+        for point, cell in zip(cells(t[name]), cells_of, strict=True):
+            top, left, bottom, right = box = _corner_box(point, t[name]["textposition"])
+            assert cell[0] - 0.5 <= top < bottom <= cell[0] + 0.5 and cell[1] - 0.5 <= left < right <= cell[1] + 0.5
+            boxes.append(box)
+    assert not [(a, b) for k, a in enumerate(boxes) for b in boxes[k + 1:]  # no two of the ten touch
+                if a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]]
+    assert [tuple(round(v, 2) for v in box) for box in sorted(boxes)[:2]] == [(0.56, 0.56, 0.86, 0.86),
+                                                                             (1.56, 1.56, 1.86, 1.86)]
+
+
+def test_an_event_rings_the_agents_under_it_and_the_ghost_ring_shows():
+    """At a collision of five agents' board the event is a red ring around the cell, drawn before (under) every agent
+    and wider than the ghost's ring, which is wider than a disc with its rim: the three never cover each other."""
+    board = label(FIVE)
+    outcome = score_answer(board, "Agent 0: UP LEFT\nAgent 1: WAIT\nAgent 2: WAIT\nAgent 3: WAIT\nAgent 4: WAIT")
+    assert [e.cell for e in outcome.events] == [(1, 1)]  # agent 0 runs into agent 2's cell at t = 2
+    data = [t["name"] for t in figures.board_figure(board, outcome, 2).to_plotly_json()["data"]]
+    t = traces(figures.board_figure(board, outcome, 2))
+    assert cells(t["events"]) == [(1, 1)] and t["events"]["marker"]["symbol"] == "circle-open"
+    assert data.index("events") < min(data.index(f"agent {i}") for i in range(5))
+    assert data.index("solver's plan") > max(data.index(f"agent {i}") for i in range(5))
+    ghost = t["solver's plan"]["marker"]
+    assert (ghost["symbol"], ghost["line"]["width"], t["solver's plan"]["opacity"]) == ("circle-open", 3, 0.9)
+    rim = 2  # the white line around a disc
+    assert figures.DISC_PX + 2 * rim < ghost["size"] - ghost["line"]["width"]  # the ghost's ring clears a disc
+    assert ghost["size"] + ghost["line"]["width"] < figures.EVENT_PX - 4  # the event's ring clears the ghost's
+    assert t["events"]["marker"]["size"] == [figures.EVENT_PX]
+
+
+def _luminance(hex_colour: str) -> float:
+    """WCAG 2's relative luminance of an sRGB colour."""
+    channels = [int(hex_colour[i:i + 2], 16) / 255 for i in (1, 3, 5)]
+    r, g, b = (c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in channels)
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+
+def contrast(a: str, b: str) -> float:
+    """WCAG 2's contrast ratio, from 1 (the same) to 21 (black on white)."""
+    light, dark = sorted((_luminance(a), _luminance(b)), reverse=True)
+    return (light + 0.05) / (dark + 0.05)
+
+
+def test_contrast_is_computed_as_wcag_defines_it():
+    assert round(contrast("#000000", "#ffffff"), 2) == 21.0 and contrast("#777777", "#777777") == 1.0
+    assert round(contrast("#767676", "#ffffff"), 2) == 4.54  # the usual grey text on white
+
+
+@pytest.mark.parametrize("agent", range(len(figures.AGENT_COLOURS)))
+def test_every_agent_colour_stands_out_on_ice_and_on_a_hole(agent):
+    """An agent's colour (its number, its path, its rings) has a contrast ratio of at least 3:1 (WCAG's bound for
+    graphics and large text) against both cells of the board, and its disc against its white number."""
+    c = figures.colour(agent)
+    assert min(contrast(c, figures.ICE), contrast(c, figures.HOLE), contrast(c, "#ffffff")) >= 3.0, c
+
+
+def test_a_large_board_is_drawn_tall_enough_for_its_cells():
+    """A board's figure is 460 px tall, or taller where its cells need `CELL_PX` each (10x10: 610 px), in a replay
+    too (60 px more, for the play button and the slider)."""
+    ten = Instance.from_str("A" + "." * 9 + "\n" + ("." * 10 + "\n") * 8 + "." * 9 + "a")
+    assert [figures.board_figure(b).layout.height for b in (OPEN, label(FIVE), ten)] == [460, 460, 610]
+    assert figures.replay_figure(ten, score_answer(ten, "Agent 0: DOWN"))["layout"]["height"] == 670

@@ -4,8 +4,10 @@ Pure functions of envsim objects, `lab.results` summaries and plain data, so the
 benchmarks draw the same thing. A board puts cell `(row, col)` at `x = col`, `y = row` with the y axis reversed
 (row 0 on top, as in docs/rules.md), so a test reads an agent's cell straight off its trace: `(y[0], x[0])`.
 
-Trace names are part of the contract (tests and the browser read them): `board`, `goals`, `starts`,
-`ghost path {i}`, then the moving ones `path {i}`, `agent {i}`, `solver's plan` (the ghost), `events`.
+Trace names are part of the contract (tests and the browser read them), in the order drawn: `board`,
+`ghost path {i}`, then the moving ones `path {i}`, `events`, `agent {i}`, `solver's plan` (the ghost), then
+`goals` (the squares), `starts` and `goal numbers` (each agent's number in a corner of its start's and its goal's
+cell).
 
 Gradio's `gr.Plot` draws a figure with `Plotly.react(data, layout)` and drops `frames`, so the page steps a
 replay on the server (`board_figure(..., step=t)` from a slider); `replay_figure` carries every step as a
@@ -70,25 +72,36 @@ def _static_traces(instance: Instance, ghost: Sequence[Sequence[tuple[int, int]]
     return traces
 
 
+LABEL_PX = 12  # the start and goal numbers' font
+# Where a start's and a goal's number sit: anchored just inside a corner of its own cell and written into it
+# (`START_CORNER` the top left, `GOAL_CORNER` the bottom right, by its square, as in the GIF), so that no number
+# spills into another cell (where another number or an agent would be) and the two numbers a cell can hold sit apart.
+START_CORNER, GOAL_CORNER = (-0.44, -0.44), (0.44, 0.44)  # (row, col) from the cell's centre
+KEY = "corner numbers: an agent's start (top left), its goal (in its square) · red ring: an event"
+
+
 def _mark_traces(instance: Instance, axes: dict[str, str]) -> list[dict[str, Any]]:
-    """Each agent's goal (a square in its colour) and start, named: drawn over the agents, each name with a shadow
-    that keeps it readable on a disc, so no disc on a start or a goal hides whose it is; not clipped at the board's
-    edge, so a name beside an edge cell shows whole."""
+    """Each agent's goal (a square in its colour) and its start and goal numbers, in the corners of their own cells
+    (`START_CORNER`, `GOAL_CORNER`): drawn over the agents, each number with a shadow that keeps it readable on a
+    disc's edge; the hover names them in words."""
     k = instance.num_agents
+    colours = [colour(i) for i in range(k)]
     traces: list[dict[str, Any]] = []
     traces.append(dict(
-        type="scatter", name="goals", mode="markers+text", x=[g[1] for g in instance.goals],
-        y=[g[0] for g in instance.goals], text=[f"goal {i}" for i in range(k)], textposition="bottom right",
-        textfont=dict(color=[colour(i) for i in range(k)], size=11, shadow="auto"),
-        marker=dict(symbol="square-open", size=30, line=dict(width=3), color=[colour(i) for i in range(k)]),
+        type="scatter", name="goals", mode="markers", x=[g[1] for g in instance.goals],
+        y=[g[0] for g in instance.goals],
+        marker=dict(symbol="square-open", size=30, line=dict(width=3), color=colours),
         hovertext=[f"goal of agent {i} {g}" for i, g in enumerate(instance.goals)], hoverinfo="text",
         showlegend=False, cliponaxis=False, **axes))
-    traces.append(dict(
-        type="scatter", name="starts", mode="text", x=[s[1] for s in instance.starts],
-        y=[s[0] for s in instance.starts], text=[f"start {i}" for i in range(k)],
-        textposition="top left", textfont=dict(color=[colour(i) for i in range(k)], size=11, shadow="auto"),
-        hovertext=[f"start of agent {i} {s}" for i, s in enumerate(instance.starts)], hoverinfo="text",
-        showlegend=False, cliponaxis=False, **axes))
+    for name, what, cells, (dy, dx), position in (
+            ("starts", "start", instance.starts, START_CORNER, "bottom right"),
+            ("goal numbers", "goal", instance.goals, GOAL_CORNER, "top left")):
+        traces.append(dict(
+            type="scatter", name=name, mode="text", x=[c[1] + dx for c in cells], y=[c[0] + dy for c in cells],
+            text=[str(i) for i in range(k)], textposition=position,
+            textfont=dict(color=colours, size=LABEL_PX, shadow="auto", weight="bold"),
+            hovertext=[f"{what} of agent {i} {c}" for i, c in enumerate(cells)], hoverinfo="text",
+            showlegend=False, cliponaxis=False, **axes))
     return traces
 
 
@@ -100,7 +113,9 @@ def _offset(i: int, k: int) -> float:
 def _moving_traces(instance: Instance, outcome: Outcome | None, step: int,
                    ghost: Sequence[Sequence[tuple[int, int]]] | None, axes: dict[str, str],
                    legend: bool = True) -> list[dict[str, Any]]:
-    """Paths up to `step`, agents at `step`, the ghost at `step`, and the events up to `step`."""
+    """Paths up to `step`, the events up to `step`, the agents at `step` and the ghost at `step`, in the order they
+    are drawn: an event is a red ring around its cell, wider than the ghost's ring and drawn under the agents, so it
+    marks the agents involved without hiding any of them."""
     k = instance.num_agents
     positions = outcome.positions if outcome is not None else (instance.starts,)
     now = positions[min(step, len(positions) - 1)]
@@ -112,6 +127,14 @@ def _moving_traces(instance: Instance, outcome: Outcome | None, step: int,
             type="scatter", name=f"path {i}", mode="lines", x=[cell[1] + d for cell in cells],
             y=[cell[0] + d for cell in cells],
             line=dict(color=colour(i), width=4), opacity=0.7, hoverinfo="skip", showlegend=False, **axes))
+    shown = [e for e in (outcome.events if outcome else ()) if e.cell is not None and e.time <= step]
+    cells = [_on_board(e.cell, instance.size) for e in shown]
+    traces.append(dict(
+        type="scatter", name="events", mode="markers", x=[cell[1] for cell in cells], y=[cell[0] for cell in cells],
+        marker=dict(symbol="circle-open", color=EVENT, size=[EVENT_PX] * len(shown),
+                    line=dict(width=[4 if e.time == step else 2 for e in shown]),
+                    opacity=[1.0 if e.time == step else 0.5 for e in shown]),
+        hovertext=[describe(e) for e in shown], hoverinfo="text", showlegend=False, **axes))
     for i, (dx, size) in enumerate(_side_by_side(now)):
         traces.append(dict(
             type="scatter", name=f"agent {i}", legendgroup=f"agent {i}", mode="markers+text",
@@ -125,21 +148,15 @@ def _moving_traces(instance: Instance, outcome: Outcome | None, step: int,
         traces.append(dict(
             type="scatter", name="solver's plan", mode="markers", x=[cell[1] for cell in at],
             y=[cell[0] for cell in at],
-            marker=dict(symbol="circle-open", size=30, line=dict(width=2), color=[colour(i) for i in range(k)]),
-            opacity=0.6, hovertext=[f"solver's plan: agent {i} at ({cell[0]},{cell[1]})" for i, cell in enumerate(at)],
+            marker=dict(symbol="circle-open", size=GHOST_PX, line=dict(width=3), color=[colour(i) for i in range(k)]),
+            opacity=0.9, hovertext=[f"solver's plan: agent {i} at ({cell[0]},{cell[1]})" for i, cell in enumerate(at)],
             hoverinfo="text", showlegend=legend, **axes))
-    shown = [e for e in (outcome.events if outcome else ()) if e.cell is not None and e.time <= step]
-    cells = [_on_board(e.cell, instance.size) for e in shown]
-    traces.append(dict(
-        type="scatter", name="events", mode="markers", x=[cell[1] for cell in cells], y=[cell[0] for cell in cells],
-        marker=dict(symbol="x", color=EVENT, line=dict(color="white", width=1),
-                    size=[26 if e.time == step else 14 for e in shown],
-                    opacity=[1.0 if e.time == step else 0.55 for e in shown]),
-        hovertext=[describe(e) for e in shown], hoverinfo="text", showlegend=False, **axes))
     return traces
 
 
-DISC_PX = 24  # an agent's disc, alone on its cell
+DISC_PX = 24  # an agent's disc, alone on its cell (with its white rim, 28 px across)
+GHOST_PX = 32  # the solver's ring around a disc, clear of its rim (3 px thick: 29 to 35 px across)
+EVENT_PX = 42  # an event's ring around its cell's agents and ghost, clear of both (up to 4 px thick)
 
 
 def _side_by_side(now: Sequence[tuple[int, int]]) -> list[tuple[float, int]]:
@@ -170,13 +187,24 @@ def _board_layout(instance: Instance, title: str, height: int = 460) -> dict[str
                    side="top", fixedrange=True),
         yaxis=dict(range=[n - 0.5, -0.5], dtick=1, showgrid=False, zeroline=False, scaleanchor="x",
                    constrain="domain", fixedrange=True),
-        legend=dict(orientation="h", y=-0.02, yanchor="top"))
+        legend=dict(orientation="h", y=-0.02, yanchor="top", title=dict(text=KEY, side="top", font=dict(size=12))))
+
+
+CELL_PX = 48  # the least a board's cell takes on the page: a disc, its ghost ring and two corner numbers apart
+FRAME_PX = 130  # a board figure's height beside its board: title, axis labels, the legend and its key
+
+
+def board_height(size: int) -> int:
+    """A board figure's height in pixels: 460, or taller where `size` cells need it to take `CELL_PX` each."""
+    return max(460, FRAME_PX + CELL_PX * size)
 
 
 def board_figure(instance: Instance, outcome: Outcome | None = None, step: int | None = None, *,
-                 ghost: bool = True, title: str | None = None, height: int = 460) -> go.Figure:
+                 ghost: bool = True, title: str | None = None, height: int | None = None) -> go.Figure:
     """The board at time `step` (default: the end): each agent's path so far and cell now, the solver's
-    plan as a ghost, and every event up to `step` (those at `step` drawn large)."""
+    plan as a ghost, and every event up to `step` (those at `step` drawn thick); `height` by default as tall as
+    its cells need (`board_height`)."""
+    height = board_height(instance.size) if height is None else height
     step = last_step(outcome) if step is None else max(0, min(step, last_step(outcome)))
     ghosts = ghost_positions(instance) if ghost else None
     axes = dict(xaxis="x", yaxis="y")
@@ -201,17 +229,19 @@ def replay_figure(instance: Instance, outcome: Outcome, *, ghost: bool = True) -
     ghosts = ghost_positions(instance) if ghost else None
     axes = dict(xaxis="x", yaxis="y")
     static = _static_traces(instance, ghosts, axes)
-    moving = list(range(len(static), len(static) + 2 * instance.num_agents + (ghosts is not None) + 1))
+    moving = list(range(len(static), len(static) + 2 * instance.num_agents + 1 + (ghosts is not None)))
     end = last_step(outcome)
     frames = [dict(name=str(t), data=_moving_traces(instance, outcome, t, ghosts, axes), traces=moving,
                    layout=dict(title=dict(text=step_caption(outcome, t)))) for t in range(end + 1)]
-    layout = _board_layout(instance, step_caption(outcome, 0), height=520)
+    layout = _board_layout(instance, step_caption(outcome, 0), height=board_height(instance.size) + 60)
     layout["margin"]["b"] = 90
     animate = dict(frame=dict(duration=500, redraw=False), transition=dict(duration=0), mode="immediate")
     play = dict(label="▶ play", method="animate", args=[None, {**animate, "fromcurrent": True}])
     still = {**animate, "frame": dict(duration=0, redraw=False)}
     pause = dict(label="❚❚ pause", method="animate", args=[[None], still])
-    layout["legend"] = dict(orientation="v", x=1.02, y=1, xanchor="left", yanchor="top")  # clear of the buttons
+    layout["legend"] = dict(orientation="v", x=1.02, y=1, xanchor="left", yanchor="top",  # clear of the buttons
+                            title=dict(text=KEY.replace(": ", ":<br>", 1).replace(", ", ",<br>").replace(" · ", "<br>"),
+                                       side="top", font=dict(size=12)))
     layout["updatemenus"] = [dict(type="buttons", direction="left", x=0, y=-0.06, xanchor="left", yanchor="top",
                                   showactive=False, buttons=[play, pause])]
     layout["sliders"] = [dict(active=0, x=0.2, len=0.8, y=-0.04, yanchor="top", currentvalue=dict(prefix="t = "),

@@ -34,6 +34,13 @@ def checkpoint_choices(engine: Engine) -> list[tuple[str, str]]:
     return benchmark_choices(engine)
 
 
+def opening_checkpoint(offered: Sequence[tuple[str, str]], run_id: int | None) -> list[str]:
+    """The checkpoint the panel opens on when none is chosen: the open run's last stage evaluated on the benchmark,
+    else the last checkpoint offered; none when none is."""
+    keys = [key for _, key in offered]
+    return ([key for key in keys if key.split(":")[0] == str(run_id)] or keys)[-1:]
+
+
 def _means_table(first: str, rows: Sequence[ReferenceRow]) -> dict[str, Any]:
     """One row per result, one column per number of agents: "valid % / optimal %" of the mean over sizes."""
     agents = sorted({a for row in rows for a in row.mean_over_sizes})
@@ -147,9 +154,12 @@ class LeaderboardTab:
     def choices(self) -> dict[Any, Any]:
         return {self.pick: gr.update(choices=checkpoint_choices(self.engine))}
 
-    def opened(self, keys: list[str] | None) -> dict[Any, Any]:
-        """The tab opened: the checkpoints offered, and the table of those chosen."""
-        return self.choices() | self.show(keys)
+    def opened(self, keys: list[str] | None, run_id: int | None = None) -> dict[Any, Any]:
+        """The tab opened: the checkpoints offered, and the tables of those chosen; with none chosen, of the one
+        `opening_checkpoint` picks, so the panel never opens empty while checkpoints are listed."""
+        offered = checkpoint_choices(self.engine)
+        keys = keys or opening_checkpoint(offered, run_id)
+        return {self.pick: gr.update(choices=offered, value=keys)} | self.show(keys)
 
     def show(self, keys: list[str] | None) -> dict[Any, Any]:
         v = leaderboard(self.engine, keys or [])

@@ -45,7 +45,7 @@ def _blank(engine: Engine, note: str) -> dict[str, Any]:
     """The tab with nothing drawn but `note`."""
     empty = figures.empty_figure
     return dict(note=note, stages=[], stage=None, table=table(["stage"], []), rates=empty(note),
-                curves=empty(note), failures=empty(note), training=empty(note), sizes=[], kinds=[],
+                curves=empty(note), failures=empty(note), training=empty(note), sizes=[], agents=[], kinds=[],
                 timeline=timeline(engine, None))
 
 
@@ -56,7 +56,8 @@ def _review(engine: Engine, run_id: int, stage_index: int | None, plots: bool) -
     return dict(
         note=_note(r, current), stages=[(f"stage {stage.index} ({stage.status})", stage.index) for stage in r.stages],
         stage=r.stage_index, table=_stages_table(r), sizes=sorted(current.by_size) if current else [],
-        kinds=r.failure_kinds, timeline=timeline(engine, run_id), **drawn)
+        agents=sorted(current.by_agents) if current else [], kinds=r.failure_kinds, timeline=timeline(engine, run_id),
+        **drawn)
 
 
 def review_figures(engine: Engine, run_id: int | None, stage_index: int | None) -> dict[str, Any]:
@@ -152,22 +153,44 @@ def _mix_cell(set_by: dict[str, Any], config: EnvConfig) -> str:
     return f"{text} ({setters[0]})" if setters else text
 
 
-def gallery(engine: Engine, run_id: int | None, stage_index: int | None, size: Any = ALL,
-            failure: str = ALL, limit: int = 200) -> tuple[dict[str, Any], str]:
-    """The failed validation episodes of a stage, filtered by map size and failure type."""
+PER_PAGE = 200  # the gallery's rows per page
+
+
+def _picked(value: Any) -> int | str | None:
+    """A filter's value as the query takes it: None for all."""
+    return None if value in (None, ALL, "") else value
+
+
+def gallery(engine: Engine, run_id: int | None, stage_index: int | None, size: Any = ALL, failure: str = ALL,
+            agents: Any = ALL, page: Any = 1, per_page: int = PER_PAGE) -> tuple[dict[str, Any], str, int]:
+    """The failed validation episodes of a stage, filtered by map size, failure type and agent count, one page of
+    `per_page` rows at a time: the table, a note that says which rows of how many, and the page shown (`page`
+    brought into range)."""
     headers = ["episode", "size", "agents", "failure", "what happened"]
     if run_id is None or stage_index is None:
-        return table(headers, []), "No stage to show: open a run first."
-    episodes = failed_episodes(engine, run_id, stage_index, None if size in (None, ALL, "") else int(size),
-                               None if failure in (None, ALL, "") else failure, limit)
+        return table(headers, []), "No stage to show: open a run first.", 1
+    size, failure, agents = (_picked(v) for v in (size, failure, agents))
+    query = dict(size=None if size is None else int(size), failure=failure,
+                 agents=None if agents is None else int(agents))
+    page = max(1, int(page or 1))
+    episodes, total = failed_episodes(engine, run_id, stage_index, limit=per_page, offset=(page - 1) * per_page,
+                                      **query)
+    pages = max(1, -(-total // per_page))
+    if page > pages:  # past the last page (the filters left fewer rows): the last page
+        page = pages
+        episodes, _ = failed_episodes(engine, run_id, stage_index, limit=per_page, offset=(page - 1) * per_page,
+                                      **query)
     rows = [[ep.id, ep.size, ep.num_agents, ep.failure, ep.outcome.get("message", "")] for ep in episodes]
-    if rows:
-        note = f"{len(rows)} failed episode(s){' (first ' + str(limit) + ')' if len(rows) == limit else ''}. " \
-               "Click a row to replay it."
+    if total > per_page:
+        first = (page - 1) * per_page + 1
+        note = (f"{total} failed episodes: {first} to {first + len(rows) - 1} shown (page {page} of {pages}). "
+                "Click a row to replay it.")
+    elif rows:
+        note = f"{total} failed episode(s). Click a row to replay it."
     else:
-        note = "No failed episodes match these filters." if (size, failure) != (ALL, ALL) else \
+        note = "No failed episodes match these filters." if any(v is not None for v in query.values()) else \
             "No failed episodes at this stage (or it has not been evaluated yet)."
-    return table(headers, rows), note
+    return table(headers, rows), note, page
 
 
 _DRAWN = itertools.count(1)  # each `show` its own number, so that `due` changes (and the plots follow) every time
@@ -186,6 +209,8 @@ class ReviewTab:
     training: gr.Plot
     size_filter: gr.Dropdown
     failure_filter: gr.Dropdown
+    agents_filter: gr.Dropdown
+    page_box: gr.Number  # the gallery's page, from 1
     gallery: gr.Dataframe
     gallery_note: gr.Markdown
     shown: gr.State  # the stage drawn: what the page's poll and the filters read, never the dropdown's value in flight
@@ -194,8 +219,8 @@ class ReviewTab:
     @property
     def outputs(self) -> list[Any]:
         return [self.stage_pick, self.note, self.stages, self.timeline, self.rates, self.curves, self.failures,
-                self.training, self.size_filter, self.failure_filter, self.gallery, self.gallery_note, self.shown,
-                self.due]
+                self.training, self.size_filter, self.failure_filter, self.agents_filter, self.page_box, self.gallery,
+                self.gallery_note, self.shown, self.due]
 
     @property
     def figures(self) -> list[gr.Plot]:
@@ -206,11 +231,12 @@ class ReviewTab:
         plots cleared; they follow in the answer after this one (`plots`, on `due`'s change), so the browser shows
         the gallery before it spends its time drawing four plots."""
         r = review(self.engine, run_id, stage_index, plots=False)
-        rows, note = gallery(self.engine, run_id, r["stage"])
+        rows, note, _ = gallery(self.engine, run_id, r["stage"])
         return {self.stage_pick: gr.update(choices=r["stages"], value=r["stage"]), self.note: r["note"],
                 self.stages: r["table"], self.timeline: r["timeline"],
                 self.size_filter: gr.update(choices=[ALL, *r["sizes"]], value=ALL),
                 self.failure_filter: gr.update(choices=[ALL, *r["kinds"]], value=ALL),
+                self.agents_filter: gr.update(choices=[ALL, *r["agents"]], value=ALL), self.page_box: 1,
                 self.gallery: rows, self.gallery_note: note, self.shown: r["stage"],
                 self.due: (run_id, r["stage"], next(_DRAWN))} | dict.fromkeys(self.figures)
 
@@ -221,9 +247,11 @@ class ReviewTab:
         drawn = review_figures(self.engine, due[0], due[1])
         return {plot: drawn[name] for plot, name in zip(self.figures, PLOTS, strict=True)}
 
-    def filter(self, run_id: int | None, stage_index: int | None, size: Any, failure: str) -> dict[Any, Any]:
-        rows, note = gallery(self.engine, run_id, stage_index, size, failure)
-        return {self.gallery: rows, self.gallery_note: note}
+    def filter(self, run_id: int | None, stage_index: int | None, size: Any, failure: str, agents: Any = ALL,
+               page: Any = 1) -> dict[Any, Any]:
+        """The gallery's page `page` under the filters (a filter picked: its first page)."""
+        rows, note, page = gallery(self.engine, run_id, stage_index, size, failure, agents, page)
+        return {self.gallery: rows, self.gallery_note: note, self.page_box: page}
 
 
 def build(page: Page) -> ReviewTab:
@@ -244,13 +272,20 @@ def build(page: Page) -> ReviewTab:
     with gr.Row():
         size_filter = gr.Dropdown(label="Map size", choices=[ALL], value=ALL, scale=0, min_width=140)
         failure_filter = gr.Dropdown(label="Failure type", choices=[ALL], value=ALL, scale=0, min_width=200)
+        agents_filter = gr.Dropdown(label="Agents", choices=[ALL], value=ALL, scale=0, min_width=110,
+                                    elem_id="gallery-agents")
+        page_box = gr.Number(label="Page", value=1, precision=0, minimum=1, scale=0, min_width=90,
+                             elem_id="gallery-page")
         gallery_note = gr.Markdown(elem_id="gallery-note")
     gallery_df = gr.Dataframe(interactive=False, elem_id="gallery", max_height=360, wrap=True)
     tab = ReviewTab(page.engine, stage_pick, note, stages, timeline_df, rates, curves, failures, training, size_filter,
-                    failure_filter, gallery_df, gallery_note, gr.State(None), gr.State(None))
+                    failure_filter, agents_filter, page_box, gallery_df, gallery_note, gr.State(None), gr.State(None))
     stage_pick.select(tab.show, [page.run_pick, stage_pick], tab.outputs, trigger_mode="always_last", **VIEW)
     tab.due.change(tab.plots, tab.due, tab.figures, **no_progress(page), **VIEW)
-    gr.on([size_filter.select, failure_filter.select], tab.filter,
-          [page.run_pick, tab.shown, size_filter, failure_filter], [gallery_df, gallery_note],
+    filters = [page.run_pick, tab.shown, size_filter, failure_filter, agents_filter]
+    gallery_out = [gallery_df, gallery_note, page_box]
+    gr.on([size_filter.select, failure_filter.select, agents_filter.select], tab.filter, filters, gallery_out,
+          trigger_mode="always_last")
+    gr.on([page_box.submit, page_box.input], tab.filter, [*filters, page_box], gallery_out,
           trigger_mode="always_last")
     return tab

@@ -20,9 +20,10 @@ from lab.results import StageSummary
 from lab.runs import RunProgress, run_progress
 from lab.study.slurm import SlurmJob, cancel_slurm_of
 from lab.text import as_text
-from storage.models import ACTIVE_JOB, Job, JobKind, JobStatus, RunStatus, StageStatus
+from storage.models import ACTIVE_JOB, Job, JobKind, JobStatus, RunStatus, Stage, StageStatus
 from training import trackers
 
+CANCEL, CONFIRM = "Cancel this run", "Confirm cancel"  # the cancel button, before and after its first click
 JOB_HEADERS = ["job", "kind", "for", "status", "progress", "heartbeat", "error", "slurm job"]
 
 
@@ -130,8 +131,18 @@ def _run_status(progress: RunProgress) -> str:
                                  "the engineer below.",
                RunStatus.CANCELLED: f" {reason}. *Resume* picks it up again."}.get(run.status, "")
     return (f"Run #{run.id} **{as_text(run.name)}** is **{run.status}**: {trained} of {run.settings.stages} "
-            f"training stages done; stages: " + ", ".join(f"{stage.index} {stage.status}" for stage in stages) + "."
+            f"training stages done; stages: "
+            + ", ".join(f"{stage.index} {stage_word(stage, progress.jobs)}" for stage in stages) + "."
             + _shared(progress) + waiting + _trackio(progress))
+
+
+def stage_word(stage: Stage, jobs: list[Job]) -> str:
+    """A stage's status as the page says it: a stage whose last job a person cancelled is stored as queued or failed
+    (the stage table knows no cancel) but shown as cancelled, until *Resume* queues it again."""
+    last = next((j for j in reversed(jobs) if j.kind == JobKind.STAGE and j.target == stage.index), None)
+    if stage.status != StageStatus.DONE and last is not None and last.status == JobStatus.CANCELLED:
+        return JobStatus.CANCELLED
+    return stage.status
 
 
 def _trackio(progress: RunProgress) -> str:
@@ -228,6 +239,7 @@ class TrainTab:
     jobs: gr.Dataframe
     training: gr.Plot
     buttons: dict[str, gr.Button]
+    armed: gr.State  # the run whose cancel was clicked once and waits for its confirmation (None: none)
 
     @property
     def outputs(self) -> list[Any]:
@@ -238,6 +250,17 @@ class TrainTab:
         return {self.status: t["status"], self.progress: t["progress"], self.jobs: t["jobs"], self.log: t["log"],
                 self.results: t["results"], self.training: t["training"]} | {
             self.buttons[name]: gr.update(**state) for name, state in button_states(t["run_status"]).items()}
+
+    def cancel(self, run_id: int | None, armed: int | None) -> dict[Any, Any]:
+        """Cancel in two clicks: the first asks (the button turns into *Confirm cancel*), the second on the same run
+        cancels it."""
+        if run_id is None or armed != run_id:
+            return {self.message: "No run is open." if run_id is None else
+                    f"Cancel run #{run_id}? Its queued and running jobs stop. Click *Confirm cancel* to stop it.",
+                    self.buttons["cancel"]: gr.update(value=CONFIRM if run_id is not None else CANCEL),
+                    self.armed: run_id}
+        return {self.message: cancel_run_jobs(self.engine, run_id), self.buttons["cancel"]: gr.update(value=CANCEL),
+                self.armed: None}
 
     def says(self, action: Any):
         """A button's callback: `action(engine, run_id, *more)`'s message in the tab's message line."""
@@ -251,7 +274,7 @@ def build(page: Page) -> TrainTab:
     with gr.Row():
         queue_next = gr.Button("Queue what comes next", variant="primary", elem_id="queue-next")
         resume_button = gr.Button("Resume (retry what failed)", elem_id="resume")
-        cancel_button = gr.Button("Cancel this run", variant="stop", elem_id="cancel")
+        cancel_button = gr.Button(CANCEL, variant="stop", elem_id="cancel")
     with gr.Row():
         switch_to = gr.Dropdown(list(ENGINEERS), value="heuristic", label="Switch the engineer to",
                                 elem_id="switch-engineer", scale=1)
@@ -268,9 +291,10 @@ def build(page: Page) -> TrainTab:
     training = gr.Plot(label="Training curves of the last stage trained", elem_id="train-curves")
     jobs = gr.Dataframe(label="Jobs of this run (newest first)", interactive=False)
     tab = TrainTab(page.engine, status, message, progress, results, log, jobs, training,
-                   {"queue": queue_next, "resume": resume_button, "cancel": cancel_button})
+                   {"queue": queue_next, "resume": resume_button, "cancel": cancel_button}, gr.State(None))
     for button, action, inputs in ((queue_next, advance_run, []), (resume_button, resume_run, []),
-                                   (cancel_button, cancel_run_jobs, []),
                                    (switch_button, switch_run_engineer, [switch_to, switch_backend])):
         button.click(tab.says(action), [page.run_pick, *inputs], message).then(tab.show, page.run_pick, tab.outputs)
+    cancel_button.click(tab.cancel, [page.run_pick, tab.armed], [message, cancel_button, tab.armed]) \
+        .then(tab.show, page.run_pick, tab.outputs)
     return tab
