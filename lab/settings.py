@@ -1,12 +1,15 @@
 """The command line's and the page's side of a run's settings (`storage.settings.RunSettings`, the typed record):
 the flags every command that creates runs takes (`settings_arguments`, each `dest` a field's name, read back by
-`settings_from_args`), and the bounds of the counts a person types (`Count`), one bound for every way in.
+`settings_from_args`, each count's bound the field's own `Count`), and a run's settings file, read as any file a
+person names is read (`read_settings_file`).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import stat
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,66 +26,26 @@ from envsim.suite import (
     boards_in,
     validation_cells,
 )
-from storage.settings import DECODINGS, RunSettings, SettingsError, checked_counts
+from storage.settings import (
+    COMPLETION_TOKENS,
+    DECODINGS,
+    DEV_BOARDS,
+    LORA_RANK,
+    MAX_STAGES,
+    PER_SIZE,
+    PROBE_GROUP,
+    PROBE_PER_SIZE,
+    VALIDATION_BOARDS,
+    Count,
+    RunSettings,
+    SettingsError,
+    checked_counts,
+)
 
-
-@dataclass(frozen=True)
-class Count:
-    """A whole number from `low` to `high`, one bound for every way in: argparse calls it with the text of a flag
-    (`type=`), a page's number box goes through `check`. A number out of range is refused saying why the bound is
-    where it is (`why` above, `too_few` below), in the same words on both."""
-
-    low: int
-    high: int
-    why: str
-    too_few: str = ""
-
-    def __call__(self, text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(self._not_whole(repr(text))) from None
-        if (why := self.refusal(value)) is not None:
-            raise argparse.ArgumentTypeError(why)
-        return value
-
-    def check(self, value: Any) -> int:
-        """A number box's value (None when it is empty; a float, since a box that rounds would hide a fraction)
-        as a whole number in range; a ValueError with `refusal`'s words otherwise."""
-        if isinstance(value, bool) or not isinstance(value, int | float) or value != value // 1:
-            shown = "nothing" if value in (None, "") else f"{value:g}" if isinstance(value, float) else repr(value)
-            raise ValueError(self._not_whole(shown))
-        if (why := self.refusal(int(value))) is not None:
-            raise ValueError(why)
-        return int(value)
-
-    def refusal(self, value: int) -> str | None:
-        """Why `value` is out of range, None when it is in."""
-        if value < self.low:
-            return f"{value:,} is less than {self.low}" + (f": {self.too_few}" if self.too_few else "")
-        if value > self.high:
-            return f"{value:,} is more than {self.high:,}: {self.why}"
-        return None
-
-    def _not_whole(self, shown: str) -> str:
-        return f"{shown} is not a whole number from {self.low} to {self.high:,}"
-
-
-# The bounds of the counts a run takes on the command line and in the page's form, each with why it is where it is.
-MAX_STAGES = Count(1, 1000, "each stage trains and evaluates the policy (minutes to hours); run again from "
-                            "the last stage's checkpoint for more", "a run trains at least 1 stage")
+# The bounds of the counts a run takes on the command line and in the page's form, each with why it is where it is;
+# those of a run's settings are `RunSettings`'s own (storage.settings), so every way in meets the same bound.
 MAX_BOARDS = Count(1, 100_000, "a config's num_instances is at most 100,000 boards per stage",
                    "a stage trains on at least 1 board")
-VALIDATION_BOARDS = Count(1, 100_000, "more boards than a 2-agent validation set of 10,000 per size holds",
-                          "evaluate on at least 1 board")
-PER_SIZE = Count(1, 10_000, "10,000 boards per size is 80,000 boards per agent count to evaluate after every "
-                            "stage",
-                 "a size needs at least 1 validation board")
-DEV_BOARDS = Count(3, 10_000, "10,000 boards per size is 80,000 boards to evaluate after every stage",
-                   "the dev split needs at least 3 boards per size (one per wait subset)")
-COMPLETION_TOKENS = Count(1, 32768, "longer than any chat model here answers; a plan needs far fewer tokens",
-                          "an answer needs at least 1 token")
-LORA_RANK = Count(0, 4096, "a LoRA rank above a model's width adds nothing (Gemma 3 270M: 640)")
 SEED = Count(0, 2**31 - 1, "a run's seed is stored in a 32-bit column (PostgreSQL's integer)",
              "numpy's generators take no negative seed")
 
@@ -177,9 +140,9 @@ def settings_arguments(parser: argparse.ArgumentParser, *, experiment: bool = Fa
     parser.add_argument("--remeasure", action="store_true", default=None,
                         help="the llm engineer probes its answer on the policy and is asked once more where a size "
                              "it changed measures too easy or too hard (docs/engineers.md)")
-    parser.add_argument("--probe-boards", type=int, metavar="B", help="boards per size in a probe (Measure, the llm "
-                                                                       "engineer's measured context; default 8)")
-    parser.add_argument("--probe-answers", type=int, metavar="K",
+    parser.add_argument("--probe-boards", type=PROBE_PER_SIZE, metavar="B",
+                        help="boards per size in a probe (Measure, the llm engineer's measured context; default 8)")
+    parser.add_argument("--probe-answers", type=PROBE_GROUP, metavar="K",
                         help="sampled answers per board in a probe (default 8)")
 
 
@@ -204,8 +167,10 @@ def settings_from_args(args: argparse.Namespace, *, grpo: dict[str, Any] | None 
 # What a flag left out means, below a settings file (a RunSettings field without one here takes the model's default).
 FLAG_DEFAULTS: dict[str, Any] = {"stages": 3, "dev_per_size": DEV_PER_SIZE, "dev_per_seed": True}
 SETTINGS_FILE_BYTES = 64 * 1024  # a settings file is a few lines; anything larger is not one
+SETTINGS_FILE_DEPTH = 32  # a settings file's deepest nesting (it needs 3: held configs' ratios); deeper is not one
 FILE_KEYS = tuple(sorted(set(RunSettings.model_fields) - {"context", "engineer_history", "example"}))
-_NAMED = re.compile(r"^(?:settings\['grpo'\] has '(?P<unknown>\w+)'|grpo (?P<grpo>\w+) =|(?P<field>\w+)(?: =|:))")
+_NAMED = re.compile(r"^(?:settings\['grpo'\] has '(?P<unknown>\w+)'|grpo (?P<grpo>\w+) =|grpo: (?P<refused>\w+)[:, ]|"
+                    r"(?P<field>\w+)(?: =|:))")
 
 
 @dataclass(frozen=True)
@@ -222,7 +187,7 @@ class SettingsFile:
         flag given on top of it)."""
         found = _NAMED.match(message)
         if found is not None:
-            grpo = found["unknown"] or found["grpo"]
+            grpo = found["unknown"] or found["grpo"] or found["refused"]
             key = f"grpo.{grpo}" if grpo else found["field"]
             if key in self.lines and (grpo or key) not in (grpo_flags if grpo else flags):
                 return f"{self.path}:{self.lines[key]}: {message}"
@@ -236,18 +201,20 @@ def settings_file(args: argparse.Namespace) -> SettingsFile | None:
 
 
 def read_settings_file(path: Path) -> SettingsFile:
-    """A YAML mapping of run settings (`FILE_KEYS`; `grpo` a mapping of GRPOConfig fields), bounded in size and
-    read with YAML's safe loader; its values are checked with the flags' (`settings_from_args`). A SettingsError
-    names the file and the line of what is wrong."""
+    """A YAML mapping of run settings (`FILE_KEYS`; `grpo` a mapping of GRPOConfig fields): a regular file of at most
+    `SETTINGS_FILE_BYTES` (`read_regular`), read with YAML's safe loader, no aliases and at most
+    `SETTINGS_FILE_DEPTH` levels deep (`_Loader`); its values are checked with the flags' (`settings_from_args`). A
+    SettingsError names the file and the line of what is wrong."""
     try:
-        size = path.stat().st_size
-        if size > SETTINGS_FILE_BYTES:
-            raise SettingsError(f"{path}: {size:,} bytes, more than {SETTINGS_FILE_BYTES:,}: not a settings file")
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise SettingsError(f"{path}: cannot be read ({err.strerror if isinstance(err, OSError) else err})"
-                            ) from None
-    loader = yaml.SafeLoader(text)
+        data = read_regular(path, SETTINGS_FILE_BYTES, "a settings file")
+        if len(data) > SETTINGS_FILE_BYTES:
+            raise SettingsError(f"{path}: more than {SETTINGS_FILE_BYTES:,} bytes: not a settings file")
+        text = data.decode("utf-8")
+    except FileRefused as err:
+        raise SettingsError(str(err)) from None
+    except UnicodeDecodeError as err:
+        raise SettingsError(f"{path}: not UTF-8 text (byte {err.start})") from None
+    loader = _Loader(text, path)
     try:
         node = loader.get_single_node()
         if node is None:
@@ -265,6 +232,59 @@ def read_settings_file(path: Path) -> SettingsFile:
     if not isinstance(values.get("grpo", {}), dict):
         raise SettingsError(f"{path}:{lines['grpo']}: grpo is a mapping of GRPOConfig fields (field: value)")
     return SettingsFile(path, values, lines)
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML's safe loader, refusing an alias (`*name`: a few lines of them expand to gigabytes) and nesting deeper
+    than `SETTINGS_FILE_DEPTH` (PyYAML composes a node's children by recursion: 20,000 brackets overflow the stack)."""
+
+    def __init__(self, text: str, path: Path) -> None:
+        super().__init__(text)
+        self.path, self.depth = path, 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        event = self.peek_event()
+        where = f"{self.path}:{event.start_mark.line + 1}"
+        if isinstance(event, yaml.AliasEvent):
+            raise SettingsError(f"{where}: an alias (*{event.anchor}): a settings file writes each value out")
+        if self.depth >= SETTINGS_FILE_DEPTH:
+            raise SettingsError(f"{where}: nested more than {SETTINGS_FILE_DEPTH} levels deep: not a settings file")
+        self.depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+
+class FileRefused(ValueError):
+    """A file a person named that is not read (`read_regular`); the message names it and says why."""
+
+
+def read_regular(path: Path, limit: int, what: str) -> bytes:
+    """At most `limit + 1` bytes of the file at `path` (more than `limit`: the caller says why that is too many),
+    where the path resolves to a regular file: a directory, a device (/dev/zero), a pipe or a link to one is refused
+    before it is opened, and checked again once open, without blocking (it may have been swapped meanwhile), so a
+    file a person names neither fills the memory nor hangs the command. `what` is what the file should be (the
+    refusal of a directory says it). A FileRefused names the path and what is wrong."""
+    try:
+        resolved = path.resolve(strict=True)
+        _regular(path, resolved, resolved.stat().st_mode, what)
+        fd = os.open(resolved, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
+        raise FileRefused(f"{path}: no such file") from None
+    except (OSError, RuntimeError) as err:  # a loop of links, a name too long, no permission
+        raise FileRefused(f"{path}: cannot be read ({getattr(err, 'strerror', None) or err})") from None
+    with os.fdopen(fd, "rb") as f:
+        _regular(path, resolved, os.fstat(f.fileno()).st_mode, what)
+        return f.read(limit + 1)
+
+
+def _regular(path: Path, resolved: Path, mode: int, what: str) -> None:
+    where = "" if resolved == path.absolute() else f" (it resolves to {resolved})"
+    if stat.S_ISDIR(mode):
+        raise FileRefused(f"{path}: a directory{where}, not {what}")
+    if not stat.S_ISREG(mode):
+        raise FileRefused(f"{path}: not a regular file{where}")
 
 
 def _lines(path: Path, node: yaml.MappingNode) -> dict[str, int]:

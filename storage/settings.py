@@ -2,45 +2,168 @@
 `ExperimentSettings` (what every run of an experiment shares and the compute it buys).
 
 Checked once where they are made (the page, `envlab run`, an experiment; `lab.settings` holds the command line's
-flags and bounds), stored whole in `Run.settings` and `Experiment.settings`, whose column type validates them on
-the way in and hands them back typed on the way out (`storage.models.Typed`), and vouched for again when a run
-arrives from another lab (`lab.archive`). Every layer above reads their fields, never string keys. Kept light,
-with no torch behind it, so a row or an archive is checked without loading the training stack; what only the
-training stack can check (the GRPO overrides, as TRL counts them) is `training.settings.check_grpo`.
+flags; each count's bounds are here, a `Count`), stored whole in `Run.settings` and `Experiment.settings`, whose
+column type validates them on the way in and hands them back typed on the way out (`storage.models.Typed`), and
+vouched for again when a run arrives from another lab (`lab.archive`). Every layer above reads their fields,
+never string keys. Kept light, with no torch behind it, so a row or an archive is checked without loading the
+training stack; what only the training stack can check (the GRPO overrides, as TRL counts them) is
+`training.settings.check_grpo`.
 
-Adding a setting is one field of `RunSettings` (its type, its default and its range) and, where a person should
-set it from the command line, one flag in `lab.settings.settings_arguments` whose `dest` is the field's name.
+Adding a setting is one field of `RunSettings` (its type, its default and its range: a count's range is a `Count`
+here, which the command line's flag and the page's box check too) and, where a person should set it from the
+command line, one flag in `lab.settings.settings_arguments` whose `dest` is the field's name.
 """
 
 from __future__ import annotations
 
+import argparse
+from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetCoreSchemaHandler,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import CoreSchema, core_schema
 
 from envsim.config import AGENT_COUNTS, ConfigError, EnvConfig, project
 from envsim.suite import VALIDATION_AGENTS, VALIDATION_PER_SIZE, dev_cells, validation_cells
 
-# Which GRPOConfig fields a run's `grpo` overrides may not set: the lab owns them. A run's settings can come from
-# another lab's archive; fields that name a place to write (the trainer's folder, its logs), a place to read (a
-# checkpoint to resume from) or somewhere to send the weights (the Hub) would let those settings reach outside the
-# run's own folder, so the stage sets them itself and an override of any of them is refused wherever settings are
-# validated (made, stored, read back, imported). The tracker's project and run name are the lab's and the run's
+# The GRPOConfig fields a run's `grpo` may set: how its policy learns (optimizer, schedule, precision, memory) and how
+# it samples and scores its rollouts (GRPO's own knobs, vLLM's share of this machine's GPU), and how often it logs and
+# saves. Every other field is the lab's: a run's settings can come from another lab's archive, and a field that names
+# a place to write or read (the trainer's folders, a checkpoint to resume from, an accelerate, DeepSpeed or FSDP
+# config), somewhere to send data (the Hub, a Trackio Space or bucket, a completions repo, a vLLM server elsewhere)
+# or code to load (`trust_remote_code`, `model_init_kwargs`) would let those settings reach outside the run's folder
+# and this machine. So the stage sets those itself, and any other field is refused where a run is made (the command
+# line, the page, a settings file), dropped where a run arrives in an archive (`lab.archive`, saying so), and
+# unreadable in a row stored by an earlier version. The tracker's project and run name are the lab's too
 # (training.trackers): another name would split the run's curves or pour them into another run's.
-LAB_OWNED = frozenset({
-    "output_dir", "logging_dir", "resume_from_checkpoint", "push_to_hub", "hub_model_id", "hub_token",
-    "hub_strategy", "hub_private_repo", "hub_always_push", "hub_revision", "deepspeed", "fsdp_config",
-    "project", "run_name",
+GRPO_FIELDS = frozenset({
+    # the optimizer and its schedule
+    "learning_rate", "lr_scheduler_type", "warmup_steps", "weight_decay", "adam_beta1", "adam_beta2",
+    "adam_epsilon", "optim", "max_grad_norm", "max_steps", "num_train_epochs", "per_device_train_batch_size",
+    "gradient_accumulation_steps", "seed", "data_seed",
+    # precision and memory
+    "bf16", "fp16", "tf32", "activation_checkpointing", "gradient_checkpointing", "torch_compile", "use_liger_kernel",
+    # GRPO: rollouts, sampling, the loss
+    "num_generations", "max_completion_length", "generation_batch_size", "steps_per_generation", "shuffle_dataset",
+    "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "mask_truncated_completions", "beta",
+    "num_iterations", "epsilon", "epsilon_high", "delta", "importance_sampling_level", "loss_type", "scale_rewards",
+    "reward_weights", "multi_objective_aggregation", "disable_dropout", "sync_ref_model", "ref_model_mixup_alpha",
+    "ref_model_sync_steps", "top_entropy_quantile", "entropy_coef", "use_adaptive_entropy", "entropy_coef_min",
+    "entropy_coef_max", "entropy_coef_delta", "entropy_target", "sapo_temperature_neg", "sapo_temperature_pos",
+    "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg", "use_bias_correction_kl",
+    "off_policy_mask_threshold",
+    # vLLM on this machine (`vllm_mode` server: the worker's own server, training.vllm)
+    "use_vllm", "vllm_mode", "vllm_gpu_memory_utilization", "vllm_enable_sleep_mode", "vllm_max_model_length",
+    "vllm_tensor_parallel_size", "vllm_model_impl", "vllm_importance_sampling_correction",
+    "vllm_importance_sampling_mode", "vllm_importance_sampling_cap", "vllm_importance_sampling_clip_min",
+    "vllm_importance_sampling_clip_max",
+    # logging and saving, in the run's own folder and tracker run
+    "logging_steps", "logging_first_step", "logging_strategy", "log_completions", "num_completions_to_print",
+    "report_to", "save_strategy", "save_steps", "save_total_limit", "save_only_model",
 })
+# The trackers `report_to` may name: each keeps its records on this machine (Trackio's SQLite file and W&B's offline
+# folder under the runs root, TensorBoard's in the trainer's folder) unless this machine's own settings say otherwise
+# (`training.trackers`); "all" would name every tracker installed, whatever it sends where.
+REPORT_TO = ("none", "tensorboard", "trackio", "wandb")
 
 Decoding = Literal["greedy", "sampled"]  # how an evaluation decodes: greedy, or as the model's generation_config
 DECODINGS: tuple[str, ...] = get_args(Decoding)
 
 
-def lab_owned(overrides: dict[str, Any]) -> list[str]:
-    """The keys of `overrides` that the lab sets itself (sorted); empty when the overrides may be used."""
-    return sorted(set(overrides) & LAB_OWNED)
+def refused_grpo(overrides: dict[str, Any]) -> list[str]:
+    """The fields of `overrides` a run may not set (sorted): any but `GRPO_FIELDS`, and `report_to` where it names a
+    tracker outside `REPORT_TO`. Empty when the overrides may be used."""
+    refused = set(overrides) - GRPO_FIELDS
+    report_to = overrides.get("report_to", "none")
+    names = [report_to] if isinstance(report_to, str) else report_to if isinstance(report_to, list) else [report_to]
+    if not all(name in REPORT_TO for name in names):
+        refused.add("report_to")
+    return sorted(refused)
+
+
+def allowed_grpo(overrides: dict[str, Any]) -> dict[str, Any]:
+    """`overrides` without the fields a run may not set (`refused_grpo`): what an archive's run keeps."""
+    refused = refused_grpo(overrides)
+    return {k: v for k, v in overrides.items() if k not in refused}
+
+
+@dataclass(frozen=True)
+class Count:
+    """A whole number from `low` to `high`, one bound for every way in: a `RunSettings` field holds it
+    (`Annotated[int, bound]`: a settings file, a stored row, an archive), argparse calls it with the text of
+    a flag (`type=`), a page's number box goes through `check`. A number out of range is refused saying why the
+    bound is where it is (`why` above, `too_few` below), in the same words on each."""
+
+    low: int
+    high: int
+    why: str
+    too_few: str = ""
+
+    def __call__(self, text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(self._not_whole(repr(text))) from None
+        if (why := self.refusal(value)) is not None:
+            raise argparse.ArgumentTypeError(why)
+        return value
+
+    def check(self, value: Any) -> int:
+        """A number box's value (None when it is empty; a float, since a box that rounds would hide a fraction)
+        as a whole number in range; a ValueError with `refusal`'s words otherwise."""
+        if isinstance(value, bool) or not isinstance(value, int | float) or value != value // 1:
+            shown = "nothing" if value in (None, "") else f"{value:g}" if isinstance(value, float) else repr(value)
+            raise ValueError(self._not_whole(shown))
+        return self.valid(int(value))
+
+    def valid(self, value: int) -> int:
+        """`value` where it is in range; a ValueError with `refusal`'s words otherwise."""
+        if (why := self.refusal(value)) is not None:
+            raise ValueError(why)
+        return value
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        """As a field's metadata (`Annotated[int, bound]`), the field's value checked with `valid`."""
+        return core_schema.no_info_after_validator_function(self.valid, handler(source))
+
+    def refusal(self, value: int) -> str | None:
+        """Why `value` is out of range, None when it is in."""
+        if value < self.low:
+            return f"{value:,} is less than {self.low}" + (f": {self.too_few}" if self.too_few else "")
+        if value > self.high:
+            return f"{value:,} is more than {self.high:,}: {self.why}"
+        return None
+
+    def _not_whole(self, shown: str) -> str:
+        return f"{shown} is not a whole number from {self.low} to {self.high:,}"
+
+
+# The bounds of a run's counts, each with why it is where it is.
+MAX_STAGES = Count(1, 1000, "each stage trains and evaluates the policy (minutes to hours); run again from "
+                            "the last stage's checkpoint for more", "a run trains at least 1 stage")
+VALIDATION_BOARDS = Count(1, 100_000, "more boards than a 2-agent validation set of 10,000 per size holds",
+                          "evaluate on at least 1 board")
+PER_SIZE = Count(1, 10_000, "10,000 boards per size is 80,000 boards per agent count to evaluate after every "
+                            "stage",
+                 "a size needs at least 1 validation board")
+DEV_BOARDS = Count(3, 10_000, "10,000 boards per size is 80,000 boards to evaluate after every stage",
+                   "the dev split needs at least 3 boards per size (one per wait subset)")
+COMPLETION_TOKENS = Count(1, 32768, "longer than any chat model here answers; a plan needs far fewer tokens",
+                          "an answer needs at least 1 token")
+LORA_RANK = Count(0, 4096, "a LoRA rank above a model's width adds nothing (Gemma 3 270M: 640)")
+PROBE_PER_SIZE = Count(1, 64, "64 boards per size is 512 boards a probe, each answered K times",
+                       "a probe draws at least 1 board per size")
+PROBE_GROUP = Count(2, 64, "64 answers per board is 32,768 answers a probe of 64 boards per size",
+                    "a probe samples at least 2 answers per board (one says nothing of its spread)")
 
 
 class SettingsError(ValueError):
@@ -98,28 +221,30 @@ class RunSettings(BaseModel):
 
     model_config = ConfigDict(strict=True, extra="allow", frozen=True)
 
-    stages: int  # training stages after stage 0 (at least 1)
+    stages: Annotated[int, MAX_STAGES]  # training stages after stage 0
     auto_apply: bool = False
-    grpo: dict[str, Any] = Field(default_factory=dict)
-    lora: int = Field(default=0, ge=0)  # LoRA rank of every stage's training (0: every weight trains)
+    grpo: dict[str, Any] = Field(default_factory=dict)  # GRPOConfig fields, those of `GRPO_FIELDS` only
+    lora: Annotated[int, LORA_RANK] = 0  # LoRA rank of every stage's training (0: every weight trains)
     context: dict[str, bool] | None = None  # lab.context.ContextModules's fields (read there, with torch behind it)
     context_preset: str | None = None  # the llm engineer's context preset (create_run resolves it into `context`)
     base_url: str | None = None
-    validation_boards: int | None = None  # evaluate on that many of the validation boards (None: all of them)
-    validation_per_size: int | None = Field(default=None, ge=1)  # a larger validation set (None: the standard 30)
+    # evaluate on that many of the validation boards (None: all of them)
+    validation_boards: Annotated[int, VALIDATION_BOARDS] | None = None
+    validation_per_size: Annotated[int, PER_SIZE] | None = None  # a larger validation set (None: the standard 30)
     # dev boards per map size: evaluated after each stage, what the engineers read (None: a run of an earlier
     # version, evaluated on the validation set only, whose engineers read that)
-    dev_per_size: int | None = Field(default=None, ge=3)
+    dev_per_size: Annotated[int, DEV_BOARDS] | None = None
     # the dev boards drawn from the run's seed, so each seed's engineer reads boards of its own (False: one dev set
     # for every seed, as every run made before had; the validation set is every seed's either way)
     dev_per_seed: bool = False
-    probe_boards: int | None = Field(default=None, ge=1, le=64)  # the Measure panel's and the llm engineer's probe
-    probe_answers: int | None = Field(default=None, ge=2, le=64)  # (None: training.probe's defaults)
+    # the Measure panel's and the llm engineer's probe (None: training.probe's defaults)
+    probe_boards: Annotated[int, PROBE_PER_SIZE] | None = None
+    probe_answers: Annotated[int, PROBE_GROUP] | None = None
     remeasure: bool = False  # the llm engineer probes its answer and is asked once more (docs/engineers.md)
     keep_checkpoints: bool = False  # keep TRL's intermediate checkpoints (checkpoint-*/) after a stage ends
     allow_cpu: bool = False  # a large pretrained policy may run on a worker without a GPU (slow, but allowed)
     thinking: Literal["off", "on"] = "off"  # a chat template's `enable_thinking` (Qwen3's reasoning before the answer)
-    completion_length: int | None = Field(default=None, ge=1, le=32768)  # new tokens per answer (None: by board)
+    completion_length: Annotated[int, COMPLETION_TOKENS] | None = None  # new tokens per answer (None: by board)
     validation_decoding: Decoding = "greedy"  # sampled: the model's own generation_config
     # the agent counts an engineer may put in a stage's mix (`EnvConfig.agent_ratio`), fewest first (None: those of
     # stage 0's config, so a run that starts on 2 agents stays on 2, as every run did before the setting)
@@ -135,23 +260,15 @@ class RunSettings(BaseModel):
     @field_validator("grpo")
     @classmethod
     def _grpo(cls, value: dict[str, Any]) -> dict[str, Any]:
-        if owned := lab_owned(value):
-            raise ValueError(f"sets {', '.join(owned)}: the lab sets these itself (a run's files stay in its folder, "
-                             "its curves in its tracker run)")
-        return value
-
-    @field_validator("stages")
-    @classmethod
-    def _stages(cls, value: int) -> int:
-        if value < 1:
-            raise ValueError("a run trains at least 1 stage")
-        return value
-
-    @field_validator("validation_boards")
-    @classmethod
-    def _boards(cls, value: int | None) -> int | None:
-        if value is not None and value < 1:
-            raise ValueError("evaluate on at least 1 board (None: all of them)")
+        refused = refused_grpo(value)
+        if fields := [k for k in refused if k != "report_to"]:
+            which = "a GRPOConfig field" if len(fields) == 1 else "GRPOConfig fields"
+            raise ValueError(f"{', '.join(fields)}: not {which} a run may set (a run sets how its policy learns and "
+                             "samples; where its files, logs and weights go and what code it loads are the lab's: "
+                             "docs/training.md, \"GRPO fields\")")
+        if refused:
+            raise ValueError(f"report_to {value['report_to']!r:.60}: a run reports to {', '.join(REPORT_TO)} only "
+                             "(trackers that keep their records on this machine)")
         return value
 
     @field_validator("validation_per_size")
@@ -248,7 +365,7 @@ class ExperimentSettings(BaseModel):
     config: EnvConfig  # stage 0's config of every run
     steps_per_stage: int = Field(ge=1)  # GRPO steps a stage takes, as TRL counts them (training.stage.planned_steps)
     validation_boards: int = Field(ge=1)  # boards each stage is evaluated on
-    validation_per_size: int = Field(default=VALIDATION_PER_SIZE, ge=1)
+    validation_per_size: Annotated[int, PER_SIZE] = VALIDATION_PER_SIZE
     scenario: str | None = None  # where the initial config came from (a scenario's name, or "a config of its own")
     slurm_arrays: list[str] = Field(default_factory=list)  # the Slurm array jobs that ran it (lab.study.slurm)
     rollouts_per_stage: int | None = Field(default=None, ge=1)  # completions a stage samples for training (None:

@@ -27,13 +27,15 @@ def runs_in(db, table=Run) -> int:
 
 @pytest.mark.parametrize("flags, message", [
     (["--instances", "0"], "argument --instances: 0 is less than 1: a stage trains on at least 1 board"),
-    (["--grpo", "bogus_field=1"], "settings['grpo'] has 'bogus_field': not GRPOConfig fields"),
+    (["--grpo", "bogus_field=1"], "grpo: bogus_field: not a GRPOConfig field a run may set"),
     (["--grpo", "num_generations=abc"], "grpo num_generations = 'abc': GRPOConfig's num_generations is of type int"),
-    (["--grpo", "output_dir=/srv/elsewhere"], "grpo: sets output_dir: the lab sets these itself"),
+    (["--grpo", "output_dir=/srv/elsewhere"], "grpo: output_dir: not a GRPOConfig field a run may set"),
     (["--stages", "0"], "argument --stages: 0 is less than 1: a run trains at least 1 stage"),
     (["--lora", "-1"], "argument --lora: -1 is less than 0"),
-    (["--probe-boards", "0"], "probe_boards = 0: Input should be greater than or equal to 1"),
-    (["--probe-answers", "1"], "probe_answers = 1: Input should be greater than or equal to 2"),
+    (["--probe-boards", "0"], "argument --probe-boards: 0 is less than 1: a probe draws at least 1 board per size"),
+    (["--probe-answers", "1"], "argument --probe-answers: 1 is less than 2: a probe samples at least 2 answers per "
+                               "board"),
+    (["--probe-answers", "65"], "argument --probe-answers: 65 is more than 64: 64 answers per board"),
 ])
 def test_envlab_run_checks_every_setting_before_it_stores_the_run(tmp_path, capsys, flags, message):
     db = tmp_path / "envlab.db"
@@ -41,6 +43,59 @@ def test_envlab_run_checks_every_setting_before_it_stores_the_run(tmp_path, caps
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("envlab run: ") and message in err, err
     assert runs_in(db) == 0
+
+
+REFUSED_GRPO = ("not a GRPOConfig field a run may set (a run sets how its policy learns and samples; where its files, "
+                "logs and weights go and what code it loads are the lab's: docs/training.md, \"GRPO fields\")")
+
+
+@pytest.mark.parametrize("pair", [
+    "trackio_space_id=attacker-org/leak", "trackio_bucket_id=attacker-org/bucket",
+    "trackio_static_space_id=attacker-org/static", "log_completions_hub_repo=attacker-org/completions",
+    "vllm_server_base_url=http://attacker.example:8000", "vllm_server_host=attacker.example", "trust_remote_code=true",
+    'model_init_kwargs={"trust_remote_code": true}', "push_to_hub=true", "hub_token=hf_stolen",
+    "accelerator_config=/dev/zero", "deepspeed=/srv/ds.json", "fsdp_config=/srv/fsdp.json", "output_dir=/srv",
+])
+def test_a_grpo_field_outside_the_allow_list_is_refused_naming_it(tmp_path, capsys, pair):
+    """Beside a tracker the lab keeps on this machine, a field that would send the run's data off it (with this
+    machine's Hub token), write or read elsewhere, or load foreign code is refused in one line naming it."""
+    db = tmp_path / "envlab.db"
+    field = pair.partition("=")[0]
+    assert main(["run", "--db", str(db), "--engineer", "fixed", "--grpo", "report_to=trackio", "--grpo", pair]) == 2
+    assert capsys.readouterr().err == f"envlab run: grpo: {field}: {REFUSED_GRPO}\n"
+    assert runs_in(db) == 0
+
+
+@pytest.mark.parametrize("value, refused", [
+    ('"all"', "'all'"), ('["trackio", "comet_ml"]', "['trackio', 'comet_ml']"), ('"mlflow"', "'mlflow'"),
+])
+def test_report_to_names_only_trackers_that_keep_their_records_here(tmp_path, capsys, value, refused):
+    db = tmp_path / "envlab.db"
+    assert main(["run", "--db", str(db), "--engineer", "fixed", "--grpo", f"report_to={value}"]) == 2
+    assert capsys.readouterr().err == (f"envlab run: grpo: report_to {refused}: a run reports to none, tensorboard, "
+                                       "trackio, wandb only (trackers that keep their records on this machine)\n")
+    assert runs_in(db) == 0
+
+
+def test_the_learning_and_sampling_knobs_a_run_sets_are_grpo_fields_it_may_set():
+    """What the docs, the scenarios and the tests set passes, and the allow-list names only GRPOConfig fields (TRL
+    renaming one would otherwise leave it refused by name at the stage)."""
+    import dataclasses
+
+    from trl import GRPOConfig
+
+    from storage.settings import GRPO_FIELDS, RunSettings
+    from training.settings import check_grpo
+
+    knobs = {"learning_rate": 1e-5, "num_generations": 4, "temperature": 0.9, "beta": 0.0, "max_steps": 8,
+             "per_device_train_batch_size": 8, "gradient_accumulation_steps": 2, "num_iterations": 1, "epsilon": 0.2,
+             "loss_type": "dapo", "scale_rewards": "group", "max_completion_length": 64, "top_p": 0.95, "top_k": 50,
+             "seed": 3, "logging_steps": 1, "save_steps": 50, "save_strategy": "no", "save_only_model": True,
+             "report_to": ["trackio", "tensorboard"], "lr_scheduler_type": "cosine", "warmup_steps": 2,
+             "weight_decay": 0.01, "max_grad_norm": 1.0, "bf16": False, "use_vllm": True, "vllm_mode": "server"}
+    settings = RunSettings.checked(stages=1, grpo=knobs)
+    assert (settings.grpo, check_grpo(settings, 64, "tiny")) == (knobs, 8)  # as TRL reads them: 8 steps
+    assert GRPO_FIELDS - {f.name for f in dataclasses.fields(GRPOConfig)} == set()
 
 
 @pytest.mark.parametrize("command", [["run", "--stages", "1"], ["export", "1", "--out", "x.zip"], ["import", "x.zip"],

@@ -4,6 +4,7 @@ the file's line named in a refusal; `--print-settings` writes the file a run use
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 
 import pytest
@@ -68,13 +69,21 @@ def test_print_settings_writes_the_file_a_run_reads_back(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("text, flags, message", [
-    (FILE.replace("stages: 2", "stages: 0"), [], "study.yaml:2: stages = 0: a run trains at least 1 stage"),
-    (FILE.replace("lora: 0", "lora: -1"), [], "study.yaml:3: lora = -1: Input should be greater than or equal to 0"),
+    (FILE.replace("stages: 2", "stages: 0"), [], "study.yaml:2: stages = 0: 0 is less than 1: a run trains at least 1 "
+                                                 "stage"),
+    (FILE.replace("lora: 0", "lora: -1"), [], "study.yaml:3: lora = -1: -1 is less than 0"),
+    (FILE.replace("stages: 2", "stages: 1000000000000000"), [], "study.yaml:2: stages = 1000000000000000: "
+                                                                "1,000,000,000,000,000 is more than 1,000: each stage"),
+    (FILE.replace("lora: 0", "lora: 1000000000"), [], "study.yaml:3: lora = 1000000000: 1,000,000,000 is more than "
+                                                      "4,096: a LoRA rank above a model's width adds nothing"),
+    (FILE.replace("dev_per_size: 6", "dev_per_size: 3000000000"), [],
+     "study.yaml:5: dev_per_size = 3000000000: 3,000,000,000 is more than 10,000"),
+    (FILE + "probe_answers: 1000\n", [], "study.yaml:10: probe_answers = 1000: 1,000 is more than 64"),
     (FILE.replace("thinking: \"off\"", "thinking: maybe"), [], "study.yaml:6: thinking = 'maybe': Input should be"),
     (FILE + "stagez: 3\n", [], "study.yaml:10: 'stagez' is not a run setting (one of agent_counts, allow_cpu"),
     (FILE + "stages: 3\n", [], "study.yaml:10: stages is given twice (first on line 2)"),
     (FILE.replace("max_steps: 3", "max_stepz: 3"), [],
-     "study.yaml:8: settings['grpo'] has 'max_stepz': not GRPOConfig"),
+     "study.yaml:8: grpo: max_stepz: not a GRPOConfig field a run may set"),
     (FILE.replace("max_steps: 3", "max_steps: three"), [],
      "study.yaml:8: grpo max_steps = 'three': GRPOConfig's max_steps is of type int"),
     (FILE.replace("grpo:\n  max_steps: 3\n  learning_rate: 1.0e-05\n", "grpo: 3\n"), [],
@@ -99,8 +108,62 @@ def test_a_flag_on_top_of_a_bad_value_wins_and_a_large_file_is_refused(tmp_path)
     path = write(tmp_path, FILE.replace("stages: 2", "stages: 0"))
     assert settings_from_args(args_of("--settings", str(path), "--stages", "1")).stages == 1
     path.write_text("# " + "x" * 70_000)
-    with pytest.raises(SettingsError, match=r"study.yaml: 70,002 bytes, more than 65,536: not a settings file"):
+    with pytest.raises(SettingsError, match=r"study.yaml: more than 65,536 bytes: not a settings file$"):
         settings_from_args(args_of("--settings", str(path)))
+
+
+def test_a_settings_file_is_a_regular_file_read_within_its_bound(tmp_path, capsys):
+    """`stat()` says 0 bytes for a device or a pipe: /dev/zero was read to a MemoryError (2.7 GB) and a FIFO hung the
+    command. Each is refused before it is opened, as a link to one is, in one line, and nothing is stored."""
+    fifo = tmp_path / "settings.fifo"
+    os.mkfifo(fifo)
+    (tmp_path / "zero.yaml").symlink_to("/dev/zero")
+    (tmp_path / "folder.yaml").mkdir()
+    db = tmp_path / "lab.db"
+    for path, message in [
+        ("/dev/zero", "/dev/zero: not a regular file"),
+        (str(fifo), f"{fifo}: not a regular file"),
+        (str(tmp_path / "zero.yaml"), f"{tmp_path}/zero.yaml: not a regular file (it resolves to /dev/zero)"),
+        (str(tmp_path / "folder.yaml"), f"{tmp_path}/folder.yaml: a directory, not a settings file"),
+        (str(tmp_path / "none.yaml"), f"{tmp_path}/none.yaml: no such file"),
+    ]:
+        assert main(["run", "--db", str(db), "--engineer", "fixed", "--settings", path]) == 2
+        assert capsys.readouterr().err == f"envlab run: {message}\n"
+    assert not db.exists() or runs_of(db) == []
+
+
+@pytest.mark.parametrize("text, message", [
+    ("stages: " + "[" * 20_000 + "]" * 20_000 + "\n", "study.yaml:1: nested more than 32 levels deep: not a settings "
+                                                     "file"),
+    ("grpo:\n  max_steps: &n 3\n  save_steps: *n\n", "study.yaml:3: an alias (*n): a settings file writes each value "
+                                                    "out"),
+    ("base: &b {max_steps: 3}\ngrpo:\n  <<: *b\n", "study.yaml:3: an alias (*b): a settings file writes each value "
+                                                  "out"),
+    ("stages: 2\ngrpo:\n  max_steps: 3\n  accelerator_config: /dev/zero\n",
+     "study.yaml:4: grpo: accelerator_config: not a GRPOConfig field a run may set"),
+    ("grpo:\n  deepspeed: /srv/ds.json\n", "study.yaml:2: grpo: deepspeed: not a GRPOConfig field a run may set"),
+    ("grpo:\n  fsdp_config: /srv/fsdp.json\n", "study.yaml:2: grpo: fsdp_config: not a GRPOConfig field a run may set"),
+    ("grpo:\n  trackio_space_id: attacker-org/leak\n  report_to: trackio\n",
+     "study.yaml:2: grpo: trackio_space_id: not a GRPOConfig field a run may set"),
+])
+def test_a_settings_file_has_no_alias_no_deep_nesting_and_names_no_path(tmp_path, capsys, text, message):
+    """20,000 nested brackets were a RecursionError's traceback; an alias repeats a value by reference (a few lines of
+    them expand to gigabytes); a GRPO field that names a file (accelerate's, DeepSpeed's or FSDP's config:
+    `accelerator_config: /dev/zero` was read to 5.9 GB) is not one a run may set. Each is one line naming the line."""
+    path = write(tmp_path, text)
+    db = tmp_path / "lab.db"
+    assert main(["run", "--db", str(db), "--engineer", "fixed", "--settings", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"envlab run: {path.parent}/{message}") and err.count("\n") == 1, err
+    assert "Traceback" not in err and (not db.exists() or runs_of(db) == [])
+
+
+def runs_of(db) -> list[Run]:
+    engine = make_engine(str(db))
+    with session(engine) as s:
+        runs = s.exec(select(Run)).all()
+    engine.dispose()
+    return runs
 
 
 def test_an_experiment_takes_its_runs_settings_from_the_file(tmp_path):

@@ -1,10 +1,10 @@
 """A run's GRPO overrides checked as TRL reads them, once, before a run or an experiment is stored.
 
-`storage.settings.RunSettings` checks what needs no training stack (the fields a run may not set among them);
-this checks the rest: each override by its type in `GRPOConfig`'s own annotations, strictly (8.0 is no int, true
-is no number, "0.1" is no float), then the whole config built as a stage builds it (`training.stage.grpo_config`:
-an unknown field is refused there) and a stage's steps counted from it, so what TRL would refuse in the middle of
-a stage is refused before anything depends on it.
+`storage.settings.RunSettings` checks what needs no training stack (each field one a run may set,
+`storage.settings.GRPO_FIELDS`); this checks the rest: each override by its type in `GRPOConfig`'s own
+annotations, strictly (8.0 is no int, true is no number, "0.1" is no float), then the whole config built as a
+stage builds it (`training.stage.grpo_config`: a field the installed TRL lacks is refused there) and a stage's
+steps counted from it, so what TRL would refuse in the middle of a stage is refused before anything depends on it.
 """
 
 from __future__ import annotations
@@ -73,8 +73,7 @@ def check_packages(settings: RunSettings) -> None:
     if settings.grpo.get("use_vllm"):
         needs.append(("vllm", "grpo use_vllm = True (vLLM generation)"))
     report_to = settings.grpo.get("report_to")
-    if report_to not in ("all", ["all"]):  # "all": whichever trackers are installed
-        needs += [(tracker, f"grpo report_to = {report_to!r}") for tracker in reported(report_to)]
+    needs += [(tracker, f"grpo report_to = {report_to!r}") for tracker in reported(report_to)]
     for package, setting in needs:
         if not installed(package):
             raise SettingsError(f"{setting} needs the {package} package, which is not installed: "
