@@ -277,7 +277,7 @@ def test_every_number_box_sends_what_was_typed(empty_lab):
     """No box rounds (`precision=0` would make 1.5 a 2 before any check could name it): each callback checks."""
     demo = app.build_demo(empty_lab)
     boxes = [b for b in demo.blocks.values() if isinstance(b, gr.Number)]
-    assert sorted(b.label for b in boxes) == ["Episode", "Episode", "Seed", "Seed", "Stage",
+    assert sorted(b.label for b in boxes) == ["Episode", "Episode", "Page", "Seed", "Seed", "Stage",
                                              "Training instances per stage", "Training stages", "num_instances"]
     assert [b.label for b in boxes if b.precision is not None] == []
 

@@ -172,7 +172,7 @@ def gallery(engine: Engine, run_id: int | None, stage_index: int | None, size: A
     size, failure, agents = (_picked(v) for v in (size, failure, agents))
     query = dict(size=None if size is None else int(size), failure=failure,
                  agents=None if agents is None else int(agents))
-    page = max(1, int(page or 1))
+    page = max(1, int(page or 1))  # a box that rounds nothing: 1.5 is page 1
     episodes, total = failed_episodes(engine, run_id, stage_index, limit=per_page, offset=(page - 1) * per_page,
                                       **query)
     pages = max(1, -(-total // per_page))
@@ -274,7 +274,7 @@ def build(page: Page) -> ReviewTab:
         failure_filter = gr.Dropdown(label="Failure type", choices=[ALL], value=ALL, scale=0, min_width=200)
         agents_filter = gr.Dropdown(label="Agents", choices=[ALL], value=ALL, scale=0, min_width=110,
                                     elem_id="gallery-agents")
-        page_box = gr.Number(label="Page", value=1, precision=0, minimum=1, scale=0, min_width=90,
+        page_box = gr.Number(label="Page", value=1, minimum=1, scale=0, min_width=90,
                              elem_id="gallery-page")
         gallery_note = gr.Markdown(elem_id="gallery-note")
     gallery_df = gr.Dataframe(interactive=False, elem_id="gallery", max_height=360, wrap=True)
