@@ -21,7 +21,7 @@ db="$work/gate.db"
 python=$repo/.venv/bin/python
 source "$repo/scripts/fixed-commit.sh"
 source "$repo/scripts/snapshot.sh"
-export KEEP=starts
+export KEEP=starts EXCLUDE="*.state"  # the warm start's optimizer state (17 MB) is not kept
 if [ ! -x "$python" ]; then
     echo "no environment in $repo/.venv: bash .ci/setup first" >&2
     exit 2
@@ -56,7 +56,16 @@ if [ ! -f made-tiny ]; then
     "${cli[@]}" experiment new --name gate-tiny --arms "$arms" --policy tiny "${gate[@]}"
     touch made-tiny
 fi
-run() { "${cli[@]}" experiment run "$1" --workers 1 --threads 1 --db "$db"; }
+# an experiment that stops on a fault (a database locked past its timeout on a loaded machine) is resumed, 5 tries
+run() {
+    local try
+    for try in 1 2 3 4 5; do
+        "${cli[@]}" experiment run "$1" --workers 1 --threads 1 --db "$db" && return 0
+        echo "experiment $1 stopped (try $try of 5); resuming in 60 s"
+        sleep 60
+    done
+    return 1
+}
 chain_a="
     set -e
     $(declare -f run); cli=(${cli[*]@Q}); db=${db@Q}
@@ -90,7 +99,7 @@ nohup setsid nice -n 5 bash -c "$chain_b" >> "$work/chain-b.log" 2>&1 &
 b=$!
 echo "$a $b" > "$work/pids"
 # its state into the repository's folder every SAVE_EVERY seconds (default an hour), so a lost machine costs little
-nohup setsid bash -c "source '$repo/scripts/snapshot.sh'; export KEEP=starts;
+nohup setsid bash -c "source '$repo/scripts/snapshot.sh'; export KEEP=starts EXCLUDE='*.state';
     while kill -0 $a 2>/dev/null || kill -0 $b 2>/dev/null; do
         sleep ${SAVE_EVERY:-3600}; PYTHON='$python' snapshot_save '$work' '$db' '$snap'
     done" >> "$work/snapshots.log" 2>&1 &

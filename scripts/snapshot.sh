@@ -4,7 +4,8 @@
 #   snapshot_save WORK DB SNAP       # SNAP/: DB gzipped (a consistent copy while workers write, without the
 #                                    # episodes no run reads again), what of WORK/runs the unfinished runs go on
 #                                    # from (their last finished stage, the boards), WORK/COMMIT, and WORK's path;
-#                                    # KEEP="a b": folders of WORK kept whole besides (gate.sh: its starts)
+#                                    # KEEP="a b": folders of WORK kept whole besides (gate.sh: its starts);
+#                                    # EXCLUDE: a pattern of what in them is left out (gate.sh: *.state)
 #   snapshot_restore SNAP WORK DB    # the reverse, into a WORK that holds no study yet; refuses another WORK path,
 #                                    # as the database names its checkpoints by their full paths
 #   snapshot_every SECONDS PID WORK DB SNAP   # snapshot_save every SECONDS while process PID runs, and once after
@@ -42,7 +43,7 @@ copy.execute("VACUUM")
 copy.close()
 PY
     gzip -9 -n -c "$snap/.db.tmp" > "$snap/.db.gz.tmp" && rm "$snap/.db.tmp"
-    tar -C "$work" --exclude='trl' --sort=name --mtime='2000-01-01' --owner=0 --group=0 -cf - -T "$snap/.keep.tmp" \
+    tar -C "$work" --exclude='trl' ${EXCLUDE:+--exclude="$EXCLUDE"} --sort=name --mtime='2000-01-01' --owner=0 --group=0 -cf - -T "$snap/.keep.tmp" \
         | gzip -9 -n > "$snap/.runs.tar.gz.tmp"
     rm "$snap/.keep.tmp"
     mv "$snap/.db.gz.tmp" "$snap/$(basename "$db").gz"
