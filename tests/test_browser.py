@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 from PIL import Image
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from sqlmodel import select
 
 from envsim.config import EnvConfig
@@ -293,7 +294,12 @@ def test_the_episode_tab_opened_first_shows_the_runs_first_failure(lab, page):
     url, _, ids = lab
     goto(page, f"{url}?run={ids['history']}")
     page.get_by_role("tab", name="Episode").click()
-    page.get_by_text(f"Run #{ids['history']}'s first failed episode at stage 1").wait_for()
+    try:
+        page.get_by_text(f"Run #{ids['history']}'s first failed episode at stage 1").wait_for()
+    except PlaywrightTimeout as e:  # what the tab shows instead, and any error the page put up, to say why
+        toasts = page.locator('[data-testid="toast-body"]').all_inner_texts()
+        raise AssertionError(f"the tab shows {page.locator('#episode-header').inner_text()!r}; toasts {toasts}; "
+                             f"run picked {page.locator('#run-pick input').input_value()!r}") from e
     page.get_by_text(f"Episode {ids['clash']}").first.wait_for()
     assert page.locator("#episode-id input").input_value() == str(ids["clash"])
     wait_plotted(page, "replay", "agent 0", [(0, 1)])  # t = 0: the starts of the crossing board

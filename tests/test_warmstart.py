@@ -41,8 +41,17 @@ def labels(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def test_no_held_out_board_is_trained_on(tmp_path: Path) -> None:
-    held_out = held_out_ids(sizes={3})
+@pytest.fixture(scope="module")
+def held_out_3(tmp_path_factory: pytest.TempPathFactory) -> tuple[frozenset[str], Path]:
+    """The held-out set at size 3 (the tests' cheap subset), made once, through a stale cache: the older bare list,
+    which is made anew whatever it holds."""
+    cache = tmp_path_factory.mktemp("held-out") / "held-out.json"
+    cache.write_text(json.dumps(["a-board-id"]))
+    return held_out_ids(cache, sizes={3}), cache
+
+
+def test_no_held_out_board_is_trained_on(tmp_path: Path, held_out_3) -> None:
+    held_out, _ = held_out_3
     benchmark = [e.instance for c in cells(Split.BENCHMARK) if c.size == 3 for e in build_cell(c)[0]]
     validation = [e.instance for c in cells(Split.VALIDATION, agents=(2, 3)) if c.size == 3
                   for e in build_cell(c)[0]]
@@ -64,18 +73,17 @@ def test_no_held_out_board_is_trained_on(tmp_path: Path) -> None:
     assert dropped >= 2  # the planted board and at least one real draw: 3x3 boards repeat, the filter is needed
 
 
-def test_each_seed_s_own_dev_boards_are_held_out_and_a_stale_cache_is_made_anew(tmp_path: Path) -> None:
-    cache = tmp_path / "held-out.json"
-    cache.write_text(json.dumps(["a-board-id"]))  # the older bare list: stale, whatever it holds
-    held_out = held_out_ids(cache, sizes={3})
+def test_each_seed_s_own_dev_boards_are_held_out_and_a_stale_cache_is_made_anew(held_out_3) -> None:
+    held_out, cache = held_out_3
     beside = [e.instance for c in validation_cells(30, (2,)) for e in build_cell(c)[0]]
     own = {e.instance.id for e in dev_entries(DEV_PER_SIZE, beside, agents=(2,), draw=7) if e.instance.size == 3}
     assert len(own) == DEV_PER_SIZE and own <= held_out and "a-board-id" not in held_out
     assert json.loads(cache.read_text()) == {"recipe": {**HELD_OUT_RECIPE, "sizes": [3]}, "ids": sorted(held_out)}
     cache.write_text(json.dumps({"recipe": {**HELD_OUT_RECIPE, "sizes": [3]}, "ids": ["x"]}))
     assert held_out_ids(cache, sizes={3}) == frozenset({"x"})  # a cache of this recipe is read as it is
-    cache.write_text(json.dumps({"recipe": {**HELD_OUT_RECIPE, "dev_seeds": [0], "sizes": [3]}, "ids": ["x"]}))
-    assert held_out_ids(cache, sizes={3}) == held_out  # another recipe: made anew
+    # another recipe (here no size at all, so that it is made at once): made anew, and cached in its own recipe
+    assert held_out_ids(cache, sizes=set()) == frozenset()
+    assert json.loads(cache.read_text()) == {"recipe": {**HELD_OUT_RECIPE, "sizes": []}, "ids": []}
 
 
 def test_the_curriculum_opens_agents_and_sizes(labels: Path) -> None:
