@@ -10,36 +10,19 @@ import argparse
 import os
 import re
 import stat
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 import yaml
 
-from envsim.suite import (
-    DEV_PER_SIZE,
-    FIRST_AGENTS,
-    VALIDATION_AGENTS,
-    VALIDATION_PER_SIZE,
-    Split,
-    boards_in,
-    validation_cells,
-)
 from storage.settings import (
-    COMPLETION_TOKENS,
-    DECODINGS,
-    DEV_BOARDS,
-    LORA_RANK,
-    MAX_STAGES,
-    PER_SIZE,
-    PROBE_GROUP,
-    PROBE_PER_SIZE,
-    VALIDATION_BOARDS,
+    NEW_RUN,
     Count,
     RunSettings,
     SettingsError,
-    checked_counts,
+    settings_declared,
 )
 
 # The bounds of the counts a run takes on the command line and in the page's form, each with why it is where it is;
@@ -50,32 +33,9 @@ SEED = Count(0, 2**31 - 1, "a run's seed is stored in a 32-bit column (PostgreSQ
              "numpy's generators take no negative seed")
 
 
-def agent_counts(text: str) -> tuple[int, ...]:
-    """`--agent-counts 2,3,4`: agent counts separated by commas, checked as `RunSettings.agent_counts` is."""
-    return _counts(text, checked_counts)
-
-
-def validation_agents(text: str) -> tuple[int, ...]:
-    """`--validation-agents 3,4,5`: agent counts separated by commas, checked as `RunSettings.validation_agents`
-    is (each within the rules' range and at least 2: one agent never meets a wait subset)."""
-    def checked(counts: tuple[int, ...]) -> tuple[int, ...]:
-        counts = checked_counts(counts)
-        validation_cells(VALIDATION_PER_SIZE, counts)
-        return counts
-
-    return _counts(text, checked)
-
-
-def _counts(text: str, check: Callable[[tuple[int, ...]], tuple[int, ...]]) -> tuple[int, ...]:
-    try:
-        counts = tuple(int(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r:.40} is not agent counts separated by commas (e.g. 2,3,4)"
-                                         ) from None
-    try:
-        return check(counts)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
+# `--agent-counts 2,3,4` and `--validation-agents 3,4,5`: agent counts separated by commas, checked as the fields are
+agent_counts = settings_declared()["agent_counts"].parse
+validation_agents = settings_declared()["validation_agents"].parse
 
 
 def counts_text(agents: Sequence[int]) -> str:
@@ -87,68 +47,49 @@ def counts_text(agents: Sequence[int]) -> str:
 
 
 def settings_arguments(parser: argparse.ArgumentParser, *, experiment: bool = False) -> None:
-    """The flags of a run's settings, for every command that creates runs; each `dest` is a RunSettings field.
-    `experiment`: the flags of `envlab experiment new` (its runs always auto-apply; the context is each arm's)."""
+    """The flags of a run's settings, for every command that creates runs, each made from its field's declaration
+    (`storage.settings.Setting`): `dest` the field's name, a `Count` its type, a bool a switch, a Literal its
+    choices. `experiment`: the flags of `envlab experiment new` (its runs always auto-apply; the context is each
+    arm's)."""
     from lab.context import CONTEXT_PRESETS, DEFAULT_PRESET  # here: the presets' names, for the flag's choices
 
     parser.add_argument("--settings", type=Path, metavar="FILE.yaml",
                         help="every run setting from one YAML file (keys: the settings' names, grpo: a mapping of "
                              "GRPOConfig fields); the flags given go on top (docs/training.md, \"Settings files\")")
-    parser.add_argument("--stages", type=MAX_STAGES,
-                        help=f"training stages after stage 0 (default {FLAG_DEFAULTS['stages']})")
-    parser.add_argument("--base-url", help="base URL of an OpenAI-compatible server (openai: backends)")
-    parser.add_argument("--lora", type=LORA_RANK, metavar="RANK",
-                        help="train LoRA adapters of this rank (needs peft), e.g. 16 for a large policy; 0: every "
-                             "weight")
-    parser.add_argument("--validation-boards", type=VALIDATION_BOARDS, metavar="N",
-                        help="evaluate each stage on N of the validation boards, spread over the (agent count, size) "
-                             "cells (default: all)")
-    parser.add_argument("--validation-per-size", type=PER_SIZE, metavar="N",
-                        help=f"validation boards per map size and agent count (e.g. 120: "
-                             f"{boards_in(Split.VALIDATION, 120):,} boards at agents 3-5, "
-                             f"{boards_in(Split.VALIDATION, 120, FIRST_AGENTS):,} at 2 agents; 30: the standard "
-                             f"{boards_in(Split.VALIDATION, 30):,}; default {120 if experiment else 30})")
-    parser.add_argument("--validation-agents", type=validation_agents, metavar="K,K,...",
-                        help="the agent counts of the validation and dev boards, each on sizes max(3, K)..10, e.g. "
-                             f"2 (the first sets) (default {','.join(map(str, VALIDATION_AGENTS))}, the paper's; "
-                             "docs/experiments.md)")
-    parser.add_argument("--keep-checkpoints", action="store_true", default=None,
-                        help="keep TRL's intermediate checkpoints (checkpoint-*/) of every stage; by default a "
-                             "finished stage keeps only its final weights")
-    parser.add_argument("--allow-cpu", action="store_true", default=None,
-                        help="let a worker without a GPU run a large pretrained policy (see ENVLAB_GPU_ABOVE)")
-    parser.add_argument("--dev-per-size", type=DEV_BOARDS, metavar="N",
-                        help=f"dev boards per map size, evaluated after each stage: what the engineers read, never the "
-                             f"validation boards (a multiple of 3; default {DEV_PER_SIZE})")
-    parser.add_argument("--thinking", choices=("off", "on"), default=None,
-                        help="a chat template's thinking mode (Qwen3's enable_thinking) in every prompt (default off)")
-    parser.add_argument("--completion-length", type=COMPLETION_TOKENS, metavar="TOKENS",
-                        help="new tokens per answer in training, validation, the benchmark and probes (default: 512 "
-                             "for a chat policy, by board size for a compact one)")
-    parser.add_argument("--validation-decoding", choices=DECODINGS, default=None,
-                        help="how validation and the benchmark decode: greedy, or sampled with the model's own "
-                             "generation_config (default greedy)")
-    parser.add_argument("--agent-counts", type=agent_counts, metavar="K,K,...",
-                        help="the agent counts an engineer may put in a stage's agent mix, e.g. 2,3,4,5 (default: the "
-                             "counts of the config in force; docs/engineers.md)")
-    if experiment:
-        return
-    parser.add_argument("--auto-apply", action="store_true", default=None,
-                        help="apply every proposal without waiting for a person")
-    parser.add_argument("--context", dest="context_preset", choices=list(CONTEXT_PRESETS),
-                        help=f"the llm engineer's context preset (docs/engineers.md; default {DEFAULT_PRESET})")
-    parser.add_argument("--remeasure", action="store_true", default=None,
-                        help="the llm engineer probes its answer on the policy and is asked once more where a size "
-                             "it changed measures too easy or too hard (docs/engineers.md)")
-    parser.add_argument("--probe-boards", type=PROBE_PER_SIZE, metavar="B",
-                        help="boards per size in a probe (Measure, the llm engineer's measured context; default 8)")
-    parser.add_argument("--probe-answers", type=PROBE_GROUP, metavar="K",
-                        help="sampled answers per board in a probe (default 8)")
+    for name, setting in settings_declared().items():
+        if setting.help is None or (experiment and not setting.experiment):
+            continue
+        field = RunSettings.model_fields[name]
+        annotation = field.annotation
+        kind: dict[str, Any] = {"default": None}
+        if annotation is bool:
+            kind["action"] = "store_true"
+        elif name == "context_preset":
+            kind["choices"] = list(CONTEXT_PRESETS)
+        elif (choices := _literal(annotation)) is not None:
+            kind["choices"] = choices
+        elif (parse := setting.parse or _count(field.metadata, annotation)) is not None:
+            kind |= {"type": parse, "metavar": setting.metavar}
+        help_text = setting.help.format(new_run=setting.new_run, default=DEFAULT_PRESET)
+        parser.add_argument(f"--{(setting.flag or name).replace('_', '-')}", dest=name, help=help_text, **kind)
+
+
+def _literal(annotation: Any) -> tuple[Any, ...] | None:
+    """A Literal's values (a setting whose flag offers them as its choices); None for any other type."""
+    return get_args(annotation) if get_origin(annotation) is Literal else None
+
+
+def _count(metadata: list[Any], annotation: Any) -> Count | None:
+    """The `Count` of a field: among its own metadata (`Annotated[int, Count, ...]`, which pydantic keeps beside
+    the type), or in its type (`Annotated[int, Count] | None`); None where there is none."""
+    inner = [meta for part in (annotation, *get_args(annotation)) if get_origin(part) is Annotated
+             for meta in get_args(part)[1:]]
+    return next((meta for meta in (*metadata, *inner) if isinstance(meta, Count)), None)
 
 
 def settings_from_args(args: argparse.Namespace, *, grpo: dict[str, Any] | None = None,
                        grpo_under: dict[str, Any] | None = None, **values: Any) -> RunSettings:
-    """The settings of a command: the flags' defaults (`FLAG_DEFAULTS`), then `--settings FILE.yaml`, then every
+    """The settings of a command: what a new run takes (`NEW_RUN`), then `--settings FILE.yaml`, then every
     flag given (`settings_arguments`: each `dest` a field's name), then `values`. GRPO fields merge the same way,
     over `grpo_under` (a scenario's): the file's `grpo`, then `grpo` (the `--grpo KEY=VALUE` pairs the command
     parsed). A SettingsError names the file's line where the setting came from the file."""
@@ -158,14 +99,12 @@ def settings_from_args(args: argparse.Namespace, *, grpo: dict[str, Any] | None 
     from_file = dict(file.values) if file else {}
     merged = {**(grpo_under or {}), **from_file.pop("grpo", {}), **(grpo or {})}
     try:
-        return RunSettings.checked(**{**FLAG_DEFAULTS, **from_file, **given, **values, "grpo": merged})
+        return RunSettings.checked(**{**NEW_RUN, **from_file, **given, **values, "grpo": merged})
     except SettingsError as err:
         raise SettingsError(file.located(str(err), set(given) | set(values), set(grpo or {})) if file
                             else str(err)) from None
 
 
-# What a flag left out means, below a settings file (a RunSettings field without one here takes the model's default).
-FLAG_DEFAULTS: dict[str, Any] = {"stages": 3, "dev_per_size": DEV_PER_SIZE, "dev_per_seed": True}
 SETTINGS_FILE_BYTES = 64 * 1024  # a settings file is a few lines; anything larger is not one
 SETTINGS_FILE_DEPTH = 32  # a settings file's deepest nesting (it needs 3: held configs' ratios); deeper is not one
 FILE_KEYS = tuple(sorted(set(RunSettings.model_fields) - {"context", "engineer_history", "example"}))

@@ -9,14 +9,16 @@ never string keys. Kept light, with no torch behind it, so a row or an archive i
 training stack; what only the training stack can check (the GRPO overrides, as TRL counts them) is
 `training.settings.check_grpo`.
 
-Adding a setting is one field of `RunSettings` (its type, its default and its range: a count's range is a `Count`
-here, which the command line's flag and the page's box check too) and, where a person should set it from the
-command line, one flag in `lab.settings.settings_arguments` whose `dest` is the field's name.
+Adding a setting is one field of `RunSettings`: its type, its default and its range (a count's range is a `Count`
+here, which the command line's flag and the page's box check too), and a `Setting` beside them, from which its flag
+(`lab.settings.settings_arguments`), its help and what a new run takes where nothing gives it (`NEW_RUN`: the
+flags' and the page form's defaults) are made.
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Any, Literal, get_args
@@ -33,7 +35,16 @@ from pydantic import (
 from pydantic_core import CoreSchema, core_schema
 
 from envsim.config import AGENT_COUNTS, ConfigError, EnvConfig, project
-from envsim.suite import VALIDATION_AGENTS, VALIDATION_PER_SIZE, dev_cells, validation_cells
+from envsim.suite import (
+    DEV_PER_SIZE,
+    FIRST_AGENTS,
+    VALIDATION_AGENTS,
+    VALIDATION_PER_SIZE,
+    Split,
+    boards_in,
+    dev_cells,
+    validation_cells,
+)
 
 # The GRPOConfig fields a run's `grpo` may set: how its policy learns (optimizer, schedule, precision, memory) and how
 # it samples and scores its rollouts (GRPO's own knobs, vLLM's share of this machine's GPU), and how often it logs and
@@ -166,6 +177,43 @@ PROBE_GROUP = Count(2, 64, "64 answers per board is 32,768 answers a probe of 64
                     "a probe samples at least 2 answers per board (one says nothing of its spread)")
 
 
+@dataclass(frozen=True)
+class Counts:
+    """Agent counts as a flag gives them, `2,3,4` (argparse calls it with the flag's text, `type=`), checked as the
+    field is (`check`: a ValueError saying what is wrong)."""
+
+    check: Callable[[tuple[int, ...]], tuple[int, ...]]
+
+    def __call__(self, text: str) -> tuple[int, ...]:
+        try:
+            counts = tuple(int(part) for part in text.split(",") if part.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r:.40} is not agent counts separated by commas (e.g. 2,3,4)"
+                                             ) from None
+        try:
+            return self.check(counts)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+
+
+@dataclass(frozen=True)
+class Setting:
+    """How a person gives one of `RunSettings`'s fields (`Annotated[type, ..., Setting(...)]`), declared once
+    beside its type: the help of its flag (None: no flag; a settings file and the page still set it; `{new_run}` in
+    it reads the value below), the value a new run takes where neither a flag nor a settings file gives one
+    (`new_run`; None: the field's own default, which a run stored before also reads), whether `envlab experiment
+    new` takes the flag too (its runs auto-apply and take each arm's context), and the flag's name where it is not
+    the field's. `lab.settings.settings_arguments` makes the flag: a `Count` in the type is its type, a bool a
+    switch, a Literal its choices, `parse` anything else's."""
+
+    help: str | None
+    metavar: str | None = None
+    new_run: Any = None
+    experiment: bool = True
+    flag: str | None = None
+    parse: Callable[[str], Any] | None = None
+
+
 class SettingsError(ValueError):
     """Run settings that cannot be used; the message names the setting and what is wrong with it."""
 
@@ -221,38 +269,68 @@ class RunSettings(BaseModel):
 
     model_config = ConfigDict(strict=True, extra="allow", frozen=True)
 
-    stages: Annotated[int, MAX_STAGES]  # training stages after stage 0
-    auto_apply: bool = False
+    stages: Annotated[int, MAX_STAGES, Setting("training stages after stage 0 (default {new_run})", new_run=3)]
+    auto_apply: Annotated[bool, Setting("apply every proposal without waiting for a person", experiment=False)] = False
     grpo: dict[str, Any] = Field(default_factory=dict)  # GRPOConfig fields, those of `GRPO_FIELDS` only
-    lora: Annotated[int, LORA_RANK] = 0  # LoRA rank of every stage's training (0: every weight trains)
+    # LoRA rank of every stage's training (0: every weight trains)
+    lora: Annotated[int, LORA_RANK, Setting("train LoRA adapters of this rank (needs peft), e.g. 16 for a large "
+                                            "policy; 0: every weight", "RANK")] = 0
     context: dict[str, bool] | None = None  # lab.context.ContextModules's fields (read there, with torch behind it)
-    context_preset: str | None = None  # the llm engineer's context preset (create_run resolves it into `context`)
-    base_url: str | None = None
+    # the llm engineer's context preset (create_run resolves it into `context`; its choices are lab.context's)
+    context_preset: Annotated[str | None, Setting("the llm engineer's context preset (docs/engineers.md; default "
+                                                  "{default})", experiment=False, flag="context")] = None
+    base_url: Annotated[str | None, Setting("base URL of an OpenAI-compatible server (openai: backends)")] = None
     # evaluate on that many of the validation boards (None: all of them)
-    validation_boards: Annotated[int, VALIDATION_BOARDS] | None = None
-    validation_per_size: Annotated[int, PER_SIZE] | None = None  # a larger validation set (None: the standard 30)
+    validation_boards: Annotated[Annotated[int, VALIDATION_BOARDS] | None, Setting(
+        "evaluate each stage on N of the validation boards, spread over the (agent count, size) cells (default: "
+        "all)", "N")] = None
+    # a larger validation set (None: the standard 30 a size, an experiment's 120)
+    validation_per_size: Annotated[Annotated[int, PER_SIZE] | None, Setting(
+        f"validation boards per map size and agent count (e.g. 120: {boards_in(Split.VALIDATION, 120):,} boards at "
+        f"agents 3-5, {boards_in(Split.VALIDATION, 120, FIRST_AGENTS):,} at 2 agents; 30: the standard "
+        f"{boards_in(Split.VALIDATION, 30):,}; default 30, an experiment's 120)", "N")] = None
     # dev boards per map size: evaluated after each stage, what the engineers read (None: a run of an earlier
     # version, evaluated on the validation set only, whose engineers read that)
-    dev_per_size: Annotated[int, DEV_BOARDS] | None = None
+    dev_per_size: Annotated[Annotated[int, DEV_BOARDS] | None, Setting(
+        "dev boards per map size, evaluated after each stage: what the engineers read, never the validation boards "
+        "(a multiple of 3; default {new_run})", "N", new_run=DEV_PER_SIZE)] = None
     # the dev boards drawn from the run's seed, so each seed's engineer reads boards of its own (False: one dev set
     # for every seed, as every run made before had; the validation set is every seed's either way)
-    dev_per_seed: bool = False
+    dev_per_seed: Annotated[bool, Setting(None, new_run=True)] = False
     # the Measure panel's and the llm engineer's probe (None: training.probe's defaults)
-    probe_boards: Annotated[int, PROBE_PER_SIZE] | None = None
-    probe_answers: Annotated[int, PROBE_GROUP] | None = None
-    remeasure: bool = False  # the llm engineer probes its answer and is asked once more (docs/engineers.md)
-    keep_checkpoints: bool = False  # keep TRL's intermediate checkpoints (checkpoint-*/) after a stage ends
-    allow_cpu: bool = False  # a large pretrained policy may run on a worker without a GPU (slow, but allowed)
-    thinking: Literal["off", "on"] = "off"  # a chat template's `enable_thinking` (Qwen3's reasoning before the answer)
-    completion_length: Annotated[int, COMPLETION_TOKENS] | None = None  # new tokens per answer (None: by board)
-    validation_decoding: Decoding = "greedy"  # sampled: the model's own generation_config
+    probe_boards: Annotated[Annotated[int, PROBE_PER_SIZE] | None, Setting(
+        "boards per size in a probe (Measure, the llm engineer's measured context; default 8)", "B",
+        experiment=False)] = None
+    probe_answers: Annotated[Annotated[int, PROBE_GROUP] | None, Setting(
+        "sampled answers per board in a probe (default 8)", "K", experiment=False)] = None
+    remeasure: Annotated[bool, Setting(  # the llm engineer probes its answer and is asked once more
+        "the llm engineer probes its answer on the policy and is asked once more where a size it changed measures "
+        "too easy or too hard (docs/engineers.md)", experiment=False)] = False
+    keep_checkpoints: Annotated[bool, Setting(  # keep TRL's intermediate checkpoints after a stage ends
+        "keep TRL's intermediate checkpoints (checkpoint-*/) of every stage; by default a finished stage keeps only "
+        "its final weights")] = False
+    allow_cpu: Annotated[bool, Setting(  # a large pretrained policy may run on a worker without a GPU (slow)
+        "let a worker without a GPU run a large pretrained policy (see ENVLAB_GPU_ABOVE)")] = False
+    thinking: Annotated[Literal["off", "on"], Setting(  # a chat template's `enable_thinking`
+        "a chat template's thinking mode (Qwen3's enable_thinking) in every prompt (default off)")] = "off"
+    completion_length: Annotated[Annotated[int, COMPLETION_TOKENS] | None, Setting(  # None: by board
+        "new tokens per answer in training, validation, the benchmark and probes (default: 512 for a chat policy, "
+        "by board size for a compact one)", "TOKENS")] = None
+    validation_decoding: Annotated[Decoding, Setting(  # sampled: the model's own generation_config
+        "how validation and the benchmark decode: greedy, or sampled with the model's own generation_config "
+        "(default greedy)")] = "greedy"
     # the agent counts an engineer may put in a stage's mix (`EnvConfig.agent_ratio`), fewest first (None: those of
     # stage 0's config, so a run that starts on 2 agents stays on 2, as every run did before the setting)
-    agent_counts: tuple[int, ...] | None = None
+    agent_counts: Annotated[tuple[int, ...] | None, Setting(
+        "the agent counts an engineer may put in a stage's agent mix, e.g. 2,3,4,5 (default: the counts of the config in "
+        "force; docs/engineers.md)", "K,K,...", parse=Counts(lambda counts: checked_counts(counts)))] = None
     # the agent counts of the validation and dev boards, fewest first: `validation_per_size` and `dev_per_size` boards
     # per (count, size), on sizes max(3, K)..10 (`envsim.suite.validation_cells`); by default the paper's, 3, 4, 5 (a
     # run stored before that default says 2: storage/migrations/versions/0015_tiny_2agent.py)
-    validation_agents: tuple[int, ...] = VALIDATION_AGENTS
+    validation_agents: Annotated[tuple[int, ...], Setting(
+        "the agent counts of the validation and dev boards, each on sizes max(3, K)..10, e.g. 2 (the first sets) "
+        f"(default {','.join(map(str, VALIDATION_AGENTS))}, the paper's; docs/experiments.md)", "K,K,...",
+        parse=Counts(lambda counts: checked_validation_agents(counts)))] = VALIDATION_AGENTS
     engineer_history: list[dict[str, Any]] = Field(default_factory=list)
     example: bool = False
     held_configs: HeldConfigs | None = None  # what a `static` or `schedule` arm's run proposes (None: other runs)
@@ -299,9 +377,7 @@ class RunSettings(BaseModel):
     @field_validator("validation_agents")
     @classmethod
     def _validation_agents(cls, value: tuple[int, ...]) -> tuple[int, ...]:
-        counts = checked_counts(value)
-        dev_cells(3, counts)  # a ValueError for a count whose boards cannot meet the wait subsets
-        return counts
+        return checked_validation_agents(value)
 
     @classmethod
     def checked(cls, **values: Any) -> RunSettings:
@@ -321,6 +397,26 @@ def checked_counts(counts: tuple[int, ...]) -> tuple[int, ...]:
     if outside := [k for k in counts if not least <= k <= most]:
         raise ValueError(f"agent count {outside[0]} is outside {least}..{most}")
     return tuple(sorted(set(counts)))
+
+
+def checked_validation_agents(counts: tuple[int, ...]) -> tuple[int, ...]:
+    """A run's `validation_agents` as it is stored (`checked_counts`), each count's boards able to meet every wait
+    subset at 3 dev boards a size (a ValueError naming the count otherwise)."""
+    counts = checked_counts(counts)
+    dev_cells(3, counts)
+    validation_cells(VALIDATION_PER_SIZE, counts)
+    return counts
+
+
+def settings_declared() -> dict[str, Setting]:
+    """Each of `RunSettings`'s fields that a person gives, and how (its `Setting`), in the fields' order."""
+    return {name: meta for name, field in RunSettings.model_fields.items() for meta in field.metadata
+            if isinstance(meta, Setting)}
+
+
+# What a new run takes where neither a flag nor a settings file gives it (the flags' defaults, the page form's), by
+# field; a field not here takes the model's default.
+NEW_RUN: dict[str, Any] = {name: s.new_run for name, s in settings_declared().items() if s.new_run is not None}
 
 
 def first_error(err: ValidationError) -> str:

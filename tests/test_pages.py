@@ -32,12 +32,13 @@ from lab.pages import web as app
 from lab.proposals import store_proposal
 from lab.replay import GIF_WIDTHS
 from lab.runs import first_failure, lab_version, waiting_proposals
-from lab.settings import MAX_STAGES, settings_arguments
+from lab.settings import settings_arguments
 from lab.study import reference
 from lab.text import as_text
 from storage.db import make_engine, session, upgrade
 from storage.models import Action, Decision, Episode, Job, Proposal, Run, RunStatus, Stage, utcnow
 from storage.queue import claim, fail
+from storage.settings import MAX_STAGES
 from tests.seeded import CROSSING_CLASH, OPEN_OFF_GRID, boards, propose
 from training.evaluate import EpisodeResult, store_evaluation
 from training.policy import load_policy

@@ -20,9 +20,10 @@ from envsim.suite import Report
 from lab.loop import LoopError, queue_benchmark
 from lab.pages.common import Page, table
 from lab.runs import benchmark_report
-from lab.settings import MAX_STAGES, Count
+from lab.settings import Count
 from lab.study.experiments import benchmark_choices
 from lab.study.reference import ReferenceRow, paper_rows, percent, tiny_row
+from storage.settings import MAX_STAGES
 
 PAPER = "arXiv 2606.17682"
 STAGE_INDEX = Count(0, MAX_STAGES.high, "a run trains at most that many stages after stage 0")

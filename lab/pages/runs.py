@@ -15,7 +15,7 @@ from sqlalchemy import Engine
 
 from envsim.config import AGENT_RATIO, KNOB_HELP, KNOBS, ConfigError, EnvConfig, mix_text, project
 from envsim.generator import placement
-from envsim.suite import DEV_PER_SIZE, VALIDATION_AGENTS
+from envsim.suite import VALIDATION_AGENTS
 from lab.archive import ArchiveError, export_run, import_archive, read_manifest
 from lab.engineers import names
 from lab.loop import LoopError, missing_checkpoint
@@ -23,11 +23,11 @@ from lab.pages.common import BAD_ROW, KNOB_COLUMNS, Page, config_from_table, con
 from lab.pages.tempfiles import EXPORTS, FILES_AGE_S, sweep
 from lab.proposals import fill_check
 from lab.runs import new_run, run_list, waiting_proposals
-from lab.settings import MAX_BOARDS, MAX_STAGES, SEED
+from lab.settings import MAX_BOARDS, SEED
 from lab.settings import agent_counts as read_agent_counts
 from lab.settings import validation_agents as read_validation_agents
 from lab.text import NAME_LIMIT, TEXT_LIMIT, as_text
-from storage.settings import RunSettings
+from storage.settings import MAX_STAGES, NEW_RUN, RunSettings
 
 
 def ordered_runs(engine: Engine) -> list[Any]:
@@ -107,9 +107,9 @@ def create_run_from_form(engine: Engine, name: str, description: str, policy: st
     if (why := fill_check(counts["Seed"], 1)(config)) is not None:
         return f"✗ The initial config cannot be generated, nothing was stored: {why}", None
     try:
-        settings = RunSettings.checked(stages=counts["Training stages"], auto_apply=bool(auto_apply),
-                                       base_url=base_url or None, dev_per_size=DEV_PER_SIZE,
-                                       dev_per_seed=True, **agent_settings)
+        settings = RunSettings.checked(**{**NEW_RUN, "stages": counts["Training stages"],
+                                          "auto_apply": bool(auto_apply), "base_url": base_url or None,
+                                          **agent_settings})
         run = new_run(engine, name=name or "run", description=description, config=config, settings=settings,
                       policy=policy or "tiny", engineer=engineer, engineer_backend=backend, seed=counts["Seed"])
     except (LoopError, ValueError, TypeError) as err:
@@ -225,7 +225,7 @@ def build(page: Page) -> RunsTab:
         with gr.Row():
             # No `minimum=` nor `precision=0`: Gradio would refuse a 0 in a line that names no field, and round 1.5 to
             # 2 unsaid; the form's check names the field and its range.
-            stages = gr.Number(label="Training stages", value=3)
+            stages = gr.Number(label="Training stages", value=NEW_RUN["stages"])
             instances = gr.Number(label="Training instances per stage", value=default.num_instances)
             agents = gr.Textbox(label="Agents per training board (count=share, e.g. 2=0.5, 3=0.5)",
                                 value=mix_text(default.agent_ratio), max_lines=1)
