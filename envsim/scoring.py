@@ -315,25 +315,13 @@ def score_batch(instances: Sequence[Instance], plans: Sequence[Plan]) -> BatchSc
     slot0 = np.concatenate([[0], np.cumsum(k_of)])  # episode e's agents are slots slot0[e] .. slot0[e+1]-1
     slot_episode = np.repeat(np.arange(b), k_of)
 
-    # The stream of action codes, read in one C-level pass over the words.
-    n_lists = np.fromiter(map(len, plans), np.intp, b)
-    lists = list(chain.from_iterable(plans))
-    lengths = np.fromiter(map(len, lists), np.intp, len(lists))
-    codes = np.frombuffer(bytes(map(_WORD_CODES.__getitem__, chain.from_iterable(lists))), np.int8)
-    list_end = np.cumsum(lengths)
-    lists_before = np.cumsum(n_lists)
-    odd_lists = np.searchsorted(list_end, np.flatnonzero(codes == _UNKNOWN), side="right")
-    unknown = np.zeros(b, bool)
-    unknown[np.searchsorted(lists_before, odd_lists, side="right")] = True
-    miscounted = n_lists != k_of
+    stream, lengths, stop, first_list, unknown = _stream(plans)
+    miscounted = np.fromiter(map(len, plans), np.intp, b) != k_of
     readable = ~unknown & ~miscounted
-    stream = np.insert(codes, list_end, WAIT)
-    stop = list_end + np.arange(len(lists))  # the stream index of each list's closing WAIT
 
     # Agent slot -> its list; a plan that is not read gets an empty list per agent (nothing is played).
     agent_of_slot = np.arange(slot0[-1]) - slot0[slot_episode]
-    first_list = lists_before - n_lists
-    slot_list = np.where(readable[slot_episode], first_list[slot_episode] + agent_of_slot, len(lists))
+    slot_list = np.where(readable[slot_episode], first_list[slot_episode] + agent_of_slot, len(lengths))
     slot_len = np.append(lengths, 0)[slot_list]
     slot_stop = np.append(stop, 0)[slot_list]
     steps = _per_episode_max(slot_len, slot0)
@@ -345,26 +333,9 @@ def score_batch(instances: Sequence[Instance], plans: Sequence[Plan]) -> BatchSc
     failure[readable & too_long] = _CODE[Failure.TOO_LONG]
     failure_time = np.where(failure >= 0, 0, -1)
 
-    # Every board padded with a one-cell border to one width and laid out flat, one area per episode: a
-    # position is an index into it, a move one addition, and a move off the grid lands on a cell marked _OFF.
-    # Areas go in playing order (`rank`), so the episodes a step plays share one stretch of memory.
+    # Episodes in playing order: by agent count, longest first within one.
     order = np.lexsort((-steps, k_of))
-    rank = np.empty(b, np.intp)
-    rank[order] = np.arange(b)
-    width = int(sizes.max(initial=0)) + 2
-    area = width * width
-    board = _boards(sizes[order], width)
-    hole_episode = np.repeat(np.arange(b), np.fromiter(map(len, holes), np.intp, b))
-    board[rank[hole_episode] * area + _flat(_cells(holes), width)] = _HOLE
-    start_at = rank[slot_episode] * area + _flat(_cells(starts), width)
-    goal_at = rank[slot_episode] * area + _flat(_cells(goals), width)
-    offsets = [dr * width + dc for dr, dc in DELTAS] + [0]  # by code; unknown words are never played
-    # Crossing an edge from cell `now` writes key 2 * now + cross_of[code], which is 2 * (the lower cell), + 1
-    # for a vertical move: two agents write the same key only if they swap across one edge or share a cell
-    # (at t or t-1), and a shared cell is a vertex conflict, which comes first in the failure order.
-    cross_of = [2 * min(d, 0) + (abs(d) > 1) for d in offsets]
-    grids = _Grids(board, np.zeros(b * area, np.int8), np.zeros(2 * b * area, np.int8),
-                   np.array(offsets, np.int8)[stream], np.array(cross_of, np.int8)[stream])
+    grids, start_at, goal_at = _laid_out(order, sizes, holes, starts, goals, slot_episode, stream)
 
     makespan = np.full(b, -1, np.intp)
     soc = np.full(b, -1, np.intp)
@@ -390,6 +361,50 @@ def score_batch(instances: Sequence[Instance], plans: Sequence[Plan]) -> BatchSc
                        soc_optimal=valid & (soc == np.array(opt_soc, float)), failure=failure,
                        failure_time=failure_time, makespan=makespan, soc=soc, isr=isr,
                        agent_steps=int((k_of * steps).sum()))
+
+
+def _stream(plans: Sequence[Plan]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Every plan's lists as one stream of action codes, read in one C-level pass over the words, each list
+    followed by a WAIT; then each list's length, the stream index of its closing WAIT, each plan's first list, and
+    which plans hold a word that is not an action."""
+    n_lists = np.fromiter(map(len, plans), np.intp, len(plans))
+    lists = list(chain.from_iterable(plans))
+    lengths = np.fromiter(map(len, lists), np.intp, len(lists))
+    codes = np.frombuffer(bytes(map(_WORD_CODES.__getitem__, chain.from_iterable(lists))), np.int8)
+    list_end = np.cumsum(lengths)
+    lists_before = np.cumsum(n_lists)
+    odd_lists = np.searchsorted(list_end, np.flatnonzero(codes == _UNKNOWN), side="right")
+    unknown = np.zeros(len(plans), bool)
+    unknown[np.searchsorted(lists_before, odd_lists, side="right")] = True
+    stream = np.insert(codes, list_end, WAIT)
+    return stream, lengths, list_end + np.arange(len(lists)), lists_before - n_lists, unknown
+
+
+def _laid_out(order: np.ndarray, sizes: np.ndarray, holes: list, starts: list, goals: list,
+              slot_episode: np.ndarray, stream: np.ndarray) -> tuple[_Grids, np.ndarray, np.ndarray]:
+    """The grids the episodes play on, and each agent slot's start and goal in them.
+
+    Every board padded with a one-cell border to one width and laid out flat, one area per episode: a position is
+    an index into it, a move one addition, and a move off the grid lands on a cell marked _OFF. Areas go in playing
+    order (`order`), so the episodes a step plays share one stretch of memory."""
+    b = len(order)
+    rank = np.empty(b, np.intp)
+    rank[order] = np.arange(b)
+    width = int(sizes.max(initial=0)) + 2
+    area = width * width
+    board = _boards(sizes[order], width)
+    hole_episode = np.repeat(np.arange(b), np.fromiter(map(len, holes), np.intp, b))
+    board[rank[hole_episode] * area + _flat(_cells(holes), width)] = _HOLE
+    start_at = rank[slot_episode] * area + _flat(_cells(starts), width)
+    goal_at = rank[slot_episode] * area + _flat(_cells(goals), width)
+    offsets = [dr * width + dc for dr, dc in DELTAS] + [0]  # by code; unknown words are never played
+    # Crossing an edge from cell `now` writes key 2 * now + cross_of[code], which is 2 * (the lower cell), + 1
+    # for a vertical move: two agents write the same key only if they swap across one edge or share a cell
+    # (at t or t-1), and a shared cell is a vertex conflict, which comes first in the failure order.
+    cross_of = [2 * min(d, 0) + (abs(d) > 1) for d in offsets]
+    grids = _Grids(board, np.zeros(b * area, np.int8), np.zeros(2 * b * area, np.int8),
+                   np.array(offsets, np.int8)[stream], np.array(cross_of, np.int8)[stream])
+    return grids, start_at, goal_at
 
 
 _FIELDS = attrgetter("size", "starts", "goals", "holes", "opt_makespan", "opt_soc")

@@ -39,6 +39,12 @@ def _run_id(table: str) -> list[sa.Column | sa.ForeignKeyConstraint]:
 
 
 def upgrade() -> None:
+    _runs_and_decisions()
+    _work_and_results()
+
+
+def _runs_and_decisions() -> None:
+    """runs, stages, proposals and decisions."""
     op.create_table(
         "runs",
         _id(),
@@ -98,6 +104,10 @@ def upgrade() -> None:
         # One decision per proposal, kept by the database (storage.decisions relies on it).
         sa.UniqueConstraint("proposal_id", name="uq_decisions_proposal_id"),
     )
+
+
+def _work_and_results() -> None:
+    """jobs, episodes, training logs and stage metrics."""
     op.create_table(
         "jobs",
         _id(),
