@@ -12,7 +12,8 @@
 #                                     # while it runs, every SAVE_EVERY seconds (default 3600) and once when it ends
 #
 # On a machine with no gate yet, the script restores that snapshot and goes on from it. The report is written by
-# `python -m lab.study.gate report` once the three experiments are done (docs/results/README.md gives the command).
+# `envlab gate report` once the three experiments are done (docs/results/README.md gives the command). The commands
+# below are those of the fixed commit the gate runs on (7a53543: `python -m lab.study.gate`, later `envlab gate`).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 work=${WORK:-$HOME/envlab-long}/gate

@@ -22,7 +22,7 @@ export PYTHONPATH="$work/src" ENVLAB_RUNS="$work/runs" OMP_NUM_THREADS=1
 db="$work/headroom.db"
 configs="$work/configs"
 if [ ! -f "$configs/initial.json" ]; then
-    "$python" -m lab.study.headroom make-configs --out "$configs" > "$work/commands.txt"
+    "$python" -m lab.cli headroom make-configs --out "$configs" > "$work/commands.txt"
 fi
 shared=(--stages 1 --scenario default --config "$configs/initial.json" --agent-counts 2,3,4,5
         --validation-agents 3,4,5 --dev-per-size 3 --policy "$policy" --db "$db")
@@ -39,6 +39,6 @@ fi
 nohup setsid nice -n 5 bash -c "
     '$python' -m lab.cli experiment run headroom --workers $workers --threads 1 --db '$db' &&
     '$python' -m lab.cli experiment run headroom-random --workers $workers --threads 1 --db '$db' &&
-    '$python' -m lab.study.headroom report headroom --db '$db' --configs '$configs' --out '$work/report'
+    '$python' -m lab.cli headroom report headroom --db '$db' --configs '$configs' --out '$work/report'
 " >> "$work/headroom.log" 2>&1 &
 echo "headroom screen: 24 config runs + 6 random draws at commit $commit; log: $work/headroom.log; report: $work/report"

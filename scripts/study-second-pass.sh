@@ -55,7 +55,7 @@ fixed_commit "$repo" "$work" "$commit"
 cd "$work"
 export PYTHONPATH="$work/src" ENVLAB_RUNS="$work/runs" OMP_NUM_THREADS=1
 if [ ! -f "$work/made" ]; then
-    "$python" -m lab.study.headroom study-plan headroom --db "$screen/headroom.db" --configs "$screen/configs" \
+    "$python" -m lab.cli headroom study-plan headroom --db "$screen/headroom.db" --configs "$screen/configs" \
         --out "$work/study" --workers "$workers" "${design[@]}" > "$work/plan.txt"
     cat "$work/plan.txt"
     new=$(grep "^envlab experiment new" "$work/plan.txt" | sed "s|^envlab|$python -m lab.cli|; s|--db [^ ]*|--db $db|")

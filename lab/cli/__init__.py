@@ -11,12 +11,12 @@ import signal
 import sys
 
 from envsim.generator import GenerationError
-from lab.cli import boards, experiments, runs
+from lab.cli import boards, experiments, runs, study
 from lab.cli.common import Parser, UsageError
 from storage.db import keep_private
 
 # One module per command family: boards (the testbed's boards, no database), runs (a run, the workers, a run as a
-# file, the page) and experiments; `common` holds what they share.
+# file, the page), experiments, and study (the screens a study is designed from); `common` holds what they share.
 
 
 def arguments() -> argparse.ArgumentParser:
@@ -25,6 +25,7 @@ def arguments() -> argparse.ArgumentParser:
     boards.add_commands(sub)
     runs.add_commands(sub)
     experiments.add_commands(sub)
+    study.add_commands(sub)
     sub.add_parser("serve", help="start the web lab and a worker beside it (envlab serve --help for options)")
     return p
 

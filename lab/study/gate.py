@@ -14,9 +14,9 @@ Each start is one experiment (`gate-weak`, `gate-tiny`, `gate-static`) of the sa
 per (agent count, map size) drawn for each seed (a cell's standard error is at most 2.9 points at that count), and
 the 2,520 validation boards of 3 to 5 agents. Configs are ranked on the dev boards and scored on validation.
 
-    python -m lab.study.gate make-configs --out DIR     # initial.json and one file per config
-    python -m lab.study.gate checkpoint NAME --db DB    # the policy an experiment's single run ended on
-    python -m lab.study.gate report --db DB --out DIR   # per start: the ranking; between starts: does it move?
+    envlab gate make-configs --out DIR     # initial.json and one file per config
+    envlab gate checkpoint NAME --db DB    # the policy an experiment's single run ended on
+    envlab gate report --db DB --out DIR   # per start: the ranking; between starts: does it move?
 
 **What the report reads.** A config's gain at a start is, per seed, its valid rate after the stage minus stage 0's
 (the start itself), on that seed's dev boards (what selects and ranks) and on the validation boards (what scores).
@@ -37,10 +37,8 @@ config was checked to fill for both seeds' stage 1 before the gate started.
 
 from __future__ import annotations
 
-import argparse
 import math
 import statistics
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -304,61 +302,3 @@ def write_report(starts: list[Start], out: Path, remake: list[str]) -> dict[str,
             for seed, v in sorted(gains[c].items())]
     write_csv(written["gains"], ["start", "config", "split", "seed", "valid_gain"], rows)
     return written
-
-
-def _make_configs(args: argparse.Namespace) -> None:
-    try:
-        files = write_configs(args.out, args.from_scenario)
-    except ExperimentError as err:
-        raise SystemExit(f"gate make-configs: {err}") from None
-    print(f"{len(files)} configs and {INITIAL} in {args.out}")
-
-
-def _checkpoint(args: argparse.Namespace) -> None:
-    from lab.cli.common import UsageError, engine_of
-
-    try:
-        print(final_checkpoint(engine_of(args.db), args.experiment))
-    except (GateError, UsageError) as err:
-        raise SystemExit(f"gate checkpoint: {err}") from None
-
-
-def _report(args: argparse.Namespace) -> None:
-    from lab.cli.common import UsageError, engine_of
-
-    try:
-        engine = engine_of(args.db)
-    except UsageError as err:
-        raise SystemExit(f"gate report: {err}") from None
-    starts = [s for name in STARTS if (s := read_start(engine, name)) is not None]
-    if not starts:
-        raise SystemExit(f"gate report: no gate experiment ({', '.join(f'gate-{n}' for n in STARTS)}) in the database")
-    remake = ["bash scripts/gate.sh   # resumable; again after any stop",
-              f"python -m lab.study.gate report --db {args.db or '$ENVLAB_DB'} --out {args.out}"]
-    written = write_report(starts, args.out, remake)
-    print(verdict(starts))
-    for what, where in written.items():
-        print(f"{what}: {where}")
-
-
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m lab.study.gate", description=__doc__.split("\n\n")[0])
-    verbs = p.add_subparsers(dest="verb", required=True)
-    s = verbs.add_parser("make-configs", help="write the gate's configs")
-    s.add_argument("--out", type=Path, required=True, help="folder for initial.json and the configs")
-    s.add_argument("--from-scenario", default=SCENARIO, help=f"the scenario whose sizes they use (default {SCENARIO})")
-    s.set_defaults(fn=_make_configs)
-    s = verbs.add_parser("checkpoint", help="the policy an experiment's single run ended on (a start)")
-    s.add_argument("experiment")
-    s.add_argument("--db", help="database path or URL (default: $ENVLAB_DB or runs/envlab.db)")
-    s.set_defaults(fn=_checkpoint)
-    s = verbs.add_parser("report", help="per start the configs' ranking; between starts, whether the best moves")
-    s.add_argument("--db", help="database path or URL (default: $ENVLAB_DB or runs/envlab.db)")
-    s.add_argument("--out", type=Path, required=True, help="folder for report.md and gains.csv")
-    s.set_defaults(fn=_report)
-    args = p.parse_args(sys.argv[1:] if argv is None else argv)
-    args.fn(args)
-
-
-if __name__ == "__main__":
-    main()

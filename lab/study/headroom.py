@@ -13,8 +13,8 @@ all its arms: one experiment of 13 arms would train 6 seeds of every config, 48 
 same settings, so they share stage 0's evaluation (its key names the policy and the boards, not the experiment:
 `training.shared`) and `report` refuses two that differ in anything that decides compute or the score.
 
-    python -m lab.study.headroom make-configs --out DIR [--from-scenario default]
-    python -m lab.study.headroom report NAME --db DB --out DIR [--draws NAME-random]
+    envlab headroom make-configs --out DIR [--from-scenario default]
+    envlab headroom report NAME --db DB --out DIR [--draws NAME-random]
 
 The grid (the settings below). The rules (docs/rules.md) allow agent counts 1..8, hole ratios 0..0.5 and wait ratios
 0..1 per map size; the levels are chosen inside them, to span what the score asks for:
@@ -36,12 +36,10 @@ The grid (the settings below). The rules (docs/rules.md) allow agent counts 1..8
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import shlex
 import statistics
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -182,12 +180,12 @@ def commands(folder: Path, plan: Plan = Plan(), *, db: str = "headroom.db",
                        *([f"--dev-per-size {plan.dev_per_size}"] if plan.dev_per_size else []), *plan.options,
                        f"--db {d}"])
     name = plan.name
-    return [f"python -m lab.study.headroom make-configs --out {f} --from-scenario {plan.scenario}",
+    return [f"envlab headroom make-configs --out {f} --from-scenario {plan.scenario}",
             f"envlab experiment new --name {name} --arms {shlex.quote(arms)} --seeds {plan.seeds} {shared}",
             f"envlab experiment new --name {name}-random --arms random --seeds {plan.draws} {shared}",
             f"envlab experiment run {name} --workers 1 --threads 1 --db {d}",
             f"envlab experiment run {name}-random --workers 1 --threads 1 --db {d}",
-            f"python -m lab.study.headroom report {name} --db {d} --configs {f} --from-scenario {plan.scenario} "
+            f"envlab headroom report {name} --db {d} --configs {f} --from-scenario {plan.scenario} "
             f"--out {shlex.quote(out)}"]
 
 
@@ -709,95 +707,3 @@ def compute_text(plan: StudyPlan, design: StudyDesign) -> str:
     if design.instances is not None:
         text += f" (timed at the screen's boards per stage: {design.instances} take longer if they are more)"
     return text
-
-
-def _study_plan(args: argparse.Namespace) -> None:
-    from lab.cli.common import UsageError, engine_of
-
-    try:
-        design = StudyDesign(tuple(a.strip() for a in args.arms.split(",") if a.strip()), args.stages,
-                             args.match_compute, args.workers, args.instances)
-        engine = engine_of(args.db)
-        h = headroom(engine, args.experiment, args.draws)
-        plan = study_plan(h, design.stages, stage_minutes(engine, h))
-        lines = write_study(plan, h, args.out, args.configs, db=args.db or "$ENVLAB_DB", name=args.name,
-                            design=design)
-    except (ExperimentError, HeadroomError, UsageError) as err:
-        raise SystemExit(f"headroom study-plan: {err}") from None
-    spread = "no config with 2 seeds" if plan.seed_sd is None else f"a seed spread of {points(plan.seed_sd)} points"
-    print(f"best config {plan.best.arm} ({points(plan.best.valid.mean, signed=True)} points); {spread}: "
-          f"{plan.seeds} seeds for 80% power at {points(STUDY_EFFECT)} points")
-    print(compute_text(plan, design))
-    print(f"{STATIC_FILE}, {SCHEDULE_FILE} in {args.out}")
-    print("\n".join(lines))
-
-
-# ---------------------------------------------------------------- the command line
-
-
-def _make_configs(args: argparse.Namespace) -> None:
-    try:
-        files = write_configs(args.out, args.from_scenario)
-    except (ExperimentError, HeadroomError) as err:
-        raise SystemExit(f"headroom make-configs: {err}") from None
-    print(f"{len(files)} configs and {INITIAL} in {args.out}")
-    print("\n".join(commands(args.out, Plan(scenario=args.from_scenario))))
-
-
-def _report(args: argparse.Namespace) -> None:
-    from lab.cli.common import UsageError, engine_of
-
-    try:
-        engine = engine_of(args.db)
-        h = headroom(engine, args.experiment, args.draws)
-        steps = steps_probe(engine, h, args.steps or args.experiment + STEPS_SUFFIX)
-        remake = commands(args.configs, plan_of(h, args.from_scenario), db=args.db or "$ENVLAB_DB",
-                          out=str(args.out))
-    except (ExperimentError, HeadroomError, UsageError) as err:
-        raise SystemExit(f"headroom report: {err}") from None
-    written = write_report(h, args.out, remake, steps)
-    print(verdict(h))
-    for what, where in written.items():
-        print(f"{what}: {where}")
-
-
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m lab.study.headroom", description=__doc__.split("\n\n")[0])
-    verbs = p.add_subparsers(dest="verb", required=True)
-    s = verbs.add_parser("make-configs", help="write the screen's configs and print its commands")
-    s.add_argument("--out", type=Path, required=True, help="folder for initial.json and the configs")
-    s.add_argument("--from-scenario", default=SCENARIO, help=f"the scenario whose sizes they use (default {SCENARIO})")
-    s.set_defaults(fn=_make_configs)
-    s = verbs.add_parser("report", help="each config's gain, the random draws' and the headroom")
-    s.add_argument("experiment", help=f"the configs' experiment (the screen's name, {NAME} by default)")
-    s.add_argument("--draws", help="the random arm's experiment (default: EXPERIMENT-random)")
-    s.add_argument("--db", help="database path or URL (default: $ENVLAB_DB or runs/envlab.db)")
-    s.add_argument("--out", type=Path, required=True, help="folder for report.md and gains.csv")
-    s.add_argument("--configs", type=Path, default=Path("configs"),
-                   help="where make-configs wrote the configs (for the commands at the report's top)")
-    s.add_argument("--from-scenario", default=SCENARIO, help="the scenario make-configs read (for the commands)")
-    s.add_argument("--steps", help="the more-steps probe's experiment, reported where it exists "
-                                   f"(default: EXPERIMENT{STEPS_SUFFIX}, as scripts/headroom-steps.sh names it)")
-    s.set_defaults(fn=_report)
-    s = verbs.add_parser("study-plan", help="the study of engineers the screen sizes: its configs and commands")
-    s.add_argument("experiment", help=f"the configs' experiment (the screen's name, {NAME} by default)")
-    s.add_argument("--draws", help="the random arm's experiment (default: EXPERIMENT-random)")
-    s.add_argument("--db", help="database path or URL (default: $ENVLAB_DB or runs/envlab.db)")
-    s.add_argument("--out", type=Path, required=True, help=f"folder for {STATIC_FILE} and {SCHEDULE_FILE}")
-    s.add_argument("--configs", type=Path, default=Path("configs"), help=f"where make-configs wrote {INITIAL}")
-    s.add_argument("--name", default=STUDY_NAME, help=f"the study's experiment name (default {STUDY_NAME})")
-    s.add_argument("--arms", default=",".join(STUDY_ARMS),
-                   help=f"the study's arms, comma-separated, of {', '.join(STUDY_ARMS)} (default all)")
-    s.add_argument("--stages", type=int, default=STUDY_STAGES, help=f"trained stages (default {STUDY_STAGES})")
-    s.add_argument("--match-compute", choices=MATCH_MODES, default="extra",
-                   help="how a probing arm's compute is matched: extra GRPO steps for the others, or its stage "
-                        "trimmed (default extra; unused without a probing arm)")
-    s.add_argument("--workers", type=int, default=2, help="workers that run the study (default 2)")
-    s.add_argument("--instances", type=int, help="training boards per stage, so GRPO steps (default: the screen's)")
-    s.set_defaults(fn=_study_plan)
-    args = p.parse_args(sys.argv[1:] if argv is None else argv)
-    args.fn(args)
-
-
-if __name__ == "__main__":
-    main()

@@ -12,6 +12,7 @@ import pytest
 from scipy import stats
 
 from envsim.config import EnvConfig
+from lab.cli import main as envlab
 from lab.study import gate
 from lab.study.experiments import create_experiment, experiment_runs, find_experiment
 from storage.db import session
@@ -22,7 +23,7 @@ CONFIGS = ("mixA-holes0.1-waits0.75", "mixA-holes0.05-waits0.9", "mixB-holes0.25
 
 
 def test_make_configs_writes_the_eight_configs_past_the_screen_s_corner(tmp_path: Path, capsys):
-    gate.main(["make-configs", "--out", str(tmp_path)])
+    assert envlab(["gate", "make-configs", "--out", str(tmp_path)]) == 0
     assert capsys.readouterr().out == f"8 configs and initial.json in {tmp_path}\n"
     names = sorted(p.stem for p in tmp_path.glob("mix*.json"))
     assert names == sorted(["mixA-holes0.1-waits0.75", "mixA-holes0.05-waits0.9", "mixB-holes0.05-waits0.9",
@@ -126,7 +127,7 @@ def test_the_checkpoint_of_a_start_is_its_run_s_last_stage_once_done(empty_lab, 
         s.add(stored)
         s.commit()
     db = str(tmp_path / "lab.db")
-    gate.main(["checkpoint", gate.PREP, "--db", db])
+    assert envlab(["gate", "checkpoint", gate.PREP, "--db", db]) == 0
     assert capsys.readouterr().out == f"{tmp_path.resolve() / run.uuid}/stage-2\n"
-    with pytest.raises(SystemExit, match="gate checkpoint: no experiment named 'gate-x'"):
-        gate.main(["checkpoint", "gate-x", "--db", db])
+    assert envlab(["gate", "checkpoint", "gate-x", "--db", db]) == 2
+    assert capsys.readouterr().err.startswith("envlab gate: checkpoint: no experiment named 'gate-x'")

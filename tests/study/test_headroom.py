@@ -36,7 +36,7 @@ MIXES = {"mixA": {2: 0.4, 3: 0.4, 4: 0.1, 5: 0.1}, "mixB": {2: 0.25, 3: 0.25, 4:
 
 
 def test_make_configs_writes_the_twelve_configs_and_the_initial_one(tmp_path: Path, capsys):
-    hr.main(["make-configs", "--out", str(tmp_path)])
+    assert envlab(["headroom", "make-configs", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     names = {f"{mix}-holes{holes}-waits{waits}" for mix in MIXES for holes in ("0.1", "0.4")
              for waits in ("0.25", "0.75")}
@@ -216,7 +216,8 @@ def test_the_more_steps_probe_sets_the_two_configs_gains_and_their_difference_be
         [0.08, 0.13])
     assert hr.steps_probe(empty_lab, h, "nothing") is None
     db = str(tmp_path / "lab.db")
-    hr.main(["report", "screen", "--db", db, "--out", str(tmp_path / "out"), "--configs", str(configs)])
+    assert envlab(["headroom", "report", "screen", "--db", db, "--out", str(tmp_path / "out"), "--configs",
+                   str(configs)]) == 0
     report = (tmp_path / "out" / "report.md").read_text()
     half = stats.t.ppf(0.975, 1) * stats.tstd([5, 4]) / 2 ** 0.5
     assert ("on 2048 boards (512 GRPO steps, against the screen's 128): experiment `screen-steps` (2 arms x 2 "
@@ -260,13 +261,14 @@ def test_welch_s_interval_needs_two_values_a_side():
 def test_the_report_command_writes_both_files_and_the_commands_that_remake_it(empty_lab, tmp_path: Path, capsys):
     scripted_screen(empty_lab, tmp_path / "configs", [60, 64], other=[52, 51])
     db = str(tmp_path / "lab.db")
-    hr.main(["report", "screen", "--db", db, "--out", str(tmp_path / "out"), "--configs", str(tmp_path / "configs")])
+    assert envlab(["headroom", "report", "screen", "--db", db, "--out", str(tmp_path / "out"), "--configs",
+                   str(tmp_path / "configs")]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "Headroom +5.00 points: at least 3 points."
     report = (tmp_path / "out" / "report.md").read_text()
-    assert f"python -m lab.study.headroom make-configs --out {tmp_path}/configs --from-scenario default\n" in report
+    assert f"envlab headroom make-configs --out {tmp_path}/configs --from-scenario default\n" in report
     assert "envlab experiment new --name screen-random --arms random --seeds 6 --stages 1" in report
-    assert f"python -m lab.study.headroom report screen --db {db}" in report
+    assert f"envlab headroom report screen --db {db}" in report
     assert (tmp_path / "out" / "gains.csv").is_file()
 
 
@@ -278,7 +280,8 @@ def test_the_study_plan_holds_the_best_config_schedules_its_mixes_and_makes_an_e
     configs = tmp_path / "configs"
     scripted_screen(empty_lab, configs, [60, 64], other=[52, 51])
     db, out = str(tmp_path / "lab.db"), tmp_path / "study"
-    hr.main(["study-plan", "screen", "--db", db, "--out", str(out), "--configs", str(configs), "--name", "study"])
+    assert envlab(["headroom", "study-plan", "screen", "--db", db, "--out", str(out), "--configs", str(configs),
+                   "--name", "study"]) == 0
     lines = capsys.readouterr().out.splitlines()
     h = hr.headroom(empty_lab, "screen")
     seeds = hr.seeds_for(h.seed_sd)
@@ -335,8 +338,9 @@ def test_a_smaller_study_holds_the_arms_and_stages_asked_for_and_says_its_hours(
         s.commit()
     assert hr.stage_minutes(empty_lab, h) == 13.0  # the median of 10, 12, 14 and 95
     db, out = str(tmp_path / "lab.db"), tmp_path / "study"
-    hr.main(["study-plan", "screen", "--db", db, "--out", str(out), "--configs", str(configs), "--name", "small",
-             "--arms", "evidence,random,bandit,static", "--stages", "2", "--instances", "2048"])
+    assert envlab(["headroom", "study-plan", "screen", "--db", db, "--out", str(out), "--configs", str(configs),
+                   "--name", "small", "--arms", "evidence,random,bandit,static", "--stages", "2",
+                   "--instances", "2048"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[1] == ("4 arms x 19 seeds x 2 stages: 152 trained stages; at the screen's median stage job of "
                         "13.0 min on 2 workers, about 16.5 hours (timed at the screen's boards per stage: 2048 take "
@@ -360,10 +364,12 @@ def test_a_smaller_study_holds_the_arms_and_stages_asked_for_and_says_its_hours(
     (["--arms", "random,static,random"], "an arm is named twice"),
     (["--stages", "0"], "the stages, the workers and the boards per stage are at least 1"),
     (["--instances", "0"], "the stages, the workers and the boards per stage are at least 1")])
-def test_a_study_design_that_cannot_be_is_refused_with_its_reason(empty_lab, tmp_path: Path, argv, message):
+def test_a_study_design_that_cannot_be_is_refused_with_its_reason(empty_lab, tmp_path: Path, argv, message,
+                                                                   capsys):
     scripted_screen(empty_lab, tmp_path / "configs", [60, 64], other=[52, 51])
-    with pytest.raises(SystemExit, match=f"^headroom study-plan: {message}$"):
-        hr.main(["study-plan", "screen", "--db", str(tmp_path / "lab.db"), "--out", str(tmp_path / "study"), *argv])
+    assert envlab(["headroom", "study-plan", "screen", "--db", str(tmp_path / "lab.db"), "--out",
+                   str(tmp_path / "study"), *argv]) == 2
+    assert capsys.readouterr().err == f"envlab headroom: study-plan: {message}\n"
     assert not (tmp_path / "study").exists()
 
 
@@ -385,7 +391,7 @@ def test_the_screen_runs_end_to_end_at_the_tiny_budget(tmp_path: Path, capsys):
     stage, 4 validation boards of 3 agents: the 3- to 5-agent set would build 630 boards first), and `report`:
     every gain is the stored stage 1 minus stage 0."""
     configs, db = tmp_path / "configs", str(tmp_path / "lab.db")
-    hr.main(["make-configs", "--out", str(configs)])
+    assert envlab(["headroom", "make-configs", "--out", str(configs)]) == 0
     tiny = ["--stages", "1", "--config", str(configs / "initial.json"), "--agent-counts", "2,3,4,5",
             "--validation-agents", "3", "--validation-per-size", "30", "--validation-boards", "4", "--dev-per-size",
             "3", "--instances", "8", "--grpo", "num_generations=2", "--grpo", "per_device_train_batch_size=16",
@@ -399,7 +405,8 @@ def test_the_screen_runs_end_to_end_at_the_tiny_budget(tmp_path: Path, capsys):
                                db], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=1200)
         assert done.returncode == 0, done.stdout + done.stderr
     capsys.readouterr()
-    hr.main(["report", "hr", "--db", db, "--out", str(tmp_path / "out"), "--configs", str(configs)])
+    assert envlab(["headroom", "report", "hr", "--db", db, "--out", str(tmp_path / "out"), "--configs",
+                   str(configs)]) == 0
     assert capsys.readouterr().out.startswith("Headroom ")
     engine = make_engine(db)
     h = hr.headroom(engine, "hr")

@@ -1,0 +1,202 @@
+"""`envlab headroom make-configs|report|study-plan` (the headroom screen, `lab.study.headroom`) and `envlab gate
+make-configs|checkpoint|report` (the gate, `lab.study.gate`): the screens a study of engineers is designed from
+(docs/experiments.md, docs/results/README.md)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from lab.cli.common import UsageError, engine_of
+from storage.settings import MATCH_MODES
+
+DB_HELP = "database path or URL (default: $ENVLAB_DB or runs/envlab.db)"
+
+
+# ---------------------------------------------------------------- the headroom screen
+
+
+def _headroom_configs(args: argparse.Namespace) -> None:
+    from lab.study.experiments import ExperimentError
+    from lab.study.headroom import INITIAL, HeadroomError, Plan, commands, write_configs
+
+    try:
+        files = write_configs(args.out, args.from_scenario)
+    except (ExperimentError, HeadroomError) as err:
+        raise UsageError(f"make-configs: {err}") from None
+    print(f"{len(files)} configs and {INITIAL} in {args.out}")
+    print("\n".join(commands(args.out, Plan(scenario=args.from_scenario))))
+
+
+def _headroom_report(args: argparse.Namespace) -> None:
+    from lab.study.experiments import ExperimentError
+    from lab.study.headroom import (
+        STEPS_SUFFIX,
+        HeadroomError,
+        commands,
+        headroom,
+        plan_of,
+        steps_probe,
+        verdict,
+        write_report,
+    )
+
+    engine = engine_of(args.db)
+    try:
+        h = headroom(engine, args.experiment, args.draws)
+        steps = steps_probe(engine, h, args.steps or args.experiment + STEPS_SUFFIX)
+        remake = commands(args.configs, plan_of(h, args.from_scenario), db=args.db or "$ENVLAB_DB",
+                          out=str(args.out))
+    except (ExperimentError, HeadroomError) as err:
+        raise UsageError(f"report: {err}") from None
+    written = write_report(h, args.out, remake, steps)
+    print(verdict(h))
+    for what, where in written.items():
+        print(f"{what}: {where}")
+
+
+def _study_plan(args: argparse.Namespace) -> None:
+    from lab.study.comparison import points
+    from lab.study.experiments import ExperimentError
+    from lab.study.headroom import (
+        SCHEDULE_FILE,
+        STATIC_FILE,
+        STUDY_EFFECT,
+        HeadroomError,
+        StudyDesign,
+        compute_text,
+        headroom,
+        stage_minutes,
+        study_plan,
+        write_study,
+    )
+
+    engine = engine_of(args.db)
+    try:
+        design = StudyDesign(tuple(a.strip() for a in args.arms.split(",") if a.strip()), args.stages,
+                             args.match_compute, args.workers, args.instances)
+        h = headroom(engine, args.experiment, args.draws)
+        plan = study_plan(h, design.stages, stage_minutes(engine, h))
+        lines = write_study(plan, h, args.out, args.configs, db=args.db or "$ENVLAB_DB", name=args.name,
+                            design=design)
+    except (ExperimentError, HeadroomError) as err:
+        raise UsageError(f"study-plan: {err}") from None
+    spread = "no config with 2 seeds" if plan.seed_sd is None else f"a seed spread of {points(plan.seed_sd)} points"
+    print(f"best config {plan.best.arm} ({points(plan.best.valid.mean, signed=True)} points); {spread}: "
+          f"{plan.seeds} seeds for 80% power at {points(STUDY_EFFECT)} points")
+    print(compute_text(plan, design))
+    print(f"{STATIC_FILE}, {SCHEDULE_FILE} in {args.out}")
+    print("\n".join(lines))
+
+
+def _headroom_commands(sub: argparse._SubParsersAction) -> None:
+    from lab.study.headroom import (
+        INITIAL,
+        NAME,
+        SCENARIO,
+        SCHEDULE_FILE,
+        STATIC_FILE,
+        STEPS_SUFFIX,
+        STUDY_ARMS,
+        STUDY_NAME,
+        STUDY_STAGES,
+    )
+
+    p = sub.add_parser("headroom", help="the headroom screen: how much a stage's gain depends on its environment "
+                                        "(docs/experiments.md)")
+    verbs = p.add_subparsers(dest="verb", required=True)
+    s = verbs.add_parser("make-configs", help="write the screen's configs and print its commands")
+    s.add_argument("--out", type=Path, required=True, help="folder for initial.json and the configs")
+    s.add_argument("--from-scenario", default=SCENARIO, help=f"the scenario whose sizes they use (default {SCENARIO})")
+    s.set_defaults(fn=_headroom_configs)
+    s = verbs.add_parser("report", help="each config's gain, the random draws' and the headroom")
+    s.add_argument("experiment", help=f"the configs' experiment (the screen's name, {NAME} by default)")
+    s.add_argument("--draws", help="the random arm's experiment (default: EXPERIMENT-random)")
+    s.add_argument("--db", help=DB_HELP)
+    s.add_argument("--out", type=Path, required=True, help="folder for report.md and gains.csv")
+    s.add_argument("--configs", type=Path, default=Path("configs"),
+                   help="where make-configs wrote the configs (for the commands at the report's top)")
+    s.add_argument("--from-scenario", default=SCENARIO, help="the scenario make-configs read (for the commands)")
+    s.add_argument("--steps", help="the more-steps probe's experiment, reported where it exists "
+                                   f"(default: EXPERIMENT{STEPS_SUFFIX}, as scripts/headroom-steps.sh names it)")
+    s.set_defaults(fn=_headroom_report)
+    s = verbs.add_parser("study-plan", help="the study of engineers the screen sizes: its configs and commands")
+    s.add_argument("experiment", help=f"the configs' experiment (the screen's name, {NAME} by default)")
+    s.add_argument("--draws", help="the random arm's experiment (default: EXPERIMENT-random)")
+    s.add_argument("--db", help=DB_HELP)
+    s.add_argument("--out", type=Path, required=True, help=f"folder for {STATIC_FILE} and {SCHEDULE_FILE}")
+    s.add_argument("--configs", type=Path, default=Path("configs"), help=f"where make-configs wrote {INITIAL}")
+    s.add_argument("--name", default=STUDY_NAME, help=f"the study's experiment name (default {STUDY_NAME})")
+    s.add_argument("--arms", default=",".join(STUDY_ARMS),
+                   help=f"the study's arms, comma-separated, of {', '.join(STUDY_ARMS)} (default all)")
+    s.add_argument("--stages", type=int, default=STUDY_STAGES, help=f"trained stages (default {STUDY_STAGES})")
+    s.add_argument("--match-compute", choices=MATCH_MODES, default="extra",
+                   help="how a probing arm's compute is matched: extra GRPO steps for the others, or its stage "
+                        "trimmed (default extra; unused without a probing arm)")
+    s.add_argument("--workers", type=int, default=2, help="workers that run the study (default 2)")
+    s.add_argument("--instances", type=int, help="training boards per stage, so GRPO steps (default: the screen's)")
+    s.set_defaults(fn=_study_plan)
+
+
+# ---------------------------------------------------------------- the gate
+
+
+def _gate_configs(args: argparse.Namespace) -> None:
+    from lab.study.experiments import ExperimentError
+    from lab.study.gate import INITIAL, write_configs
+
+    try:
+        files = write_configs(args.out, args.from_scenario)
+    except ExperimentError as err:
+        raise UsageError(f"make-configs: {err}") from None
+    print(f"{len(files)} configs and {INITIAL} in {args.out}")
+
+
+def _gate_checkpoint(args: argparse.Namespace) -> None:
+    from lab.study.gate import GateError, final_checkpoint
+
+    try:
+        print(final_checkpoint(engine_of(args.db), args.experiment))
+    except GateError as err:
+        raise UsageError(f"checkpoint: {err}") from None
+
+
+def _gate_report(args: argparse.Namespace) -> None:
+    from lab.study.gate import STARTS, read_start, verdict, write_report
+
+    engine = engine_of(args.db)
+    starts = [s for name in STARTS if (s := read_start(engine, name)) is not None]
+    if not starts:
+        raise UsageError(f"report: no gate experiment ({', '.join(f'gate-{n}' for n in STARTS)}) in the database")
+    remake = ["bash scripts/gate.sh   # resumable; again after any stop",
+              f"envlab gate report --db {args.db or '$ENVLAB_DB'} --out {args.out}"]
+    written = write_report(starts, args.out, remake)
+    print(verdict(starts))
+    for what, where in written.items():
+        print(f"{what}: {where}")
+
+
+def _gate_commands(sub: argparse._SubParsersAction) -> None:
+    from lab.study.gate import SCENARIO
+
+    p = sub.add_parser("gate", help="the gate: does the best environment move as the policy learns? "
+                                    "(docs/results/README.md)")
+    verbs = p.add_subparsers(dest="verb", required=True)
+    s = verbs.add_parser("make-configs", help="write the gate's configs")
+    s.add_argument("--out", type=Path, required=True, help="folder for initial.json and the configs")
+    s.add_argument("--from-scenario", default=SCENARIO, help=f"the scenario whose sizes they use (default {SCENARIO})")
+    s.set_defaults(fn=_gate_configs)
+    s = verbs.add_parser("checkpoint", help="the policy an experiment's single run ended on (a start)")
+    s.add_argument("experiment")
+    s.add_argument("--db", help=DB_HELP)
+    s.set_defaults(fn=_gate_checkpoint)
+    s = verbs.add_parser("report", help="per start the configs' ranking; between starts, whether the best moves")
+    s.add_argument("--db", help=DB_HELP)
+    s.add_argument("--out", type=Path, required=True, help="folder for report.md and gains.csv")
+    s.set_defaults(fn=_gate_report)
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    """`envlab headroom ...` and `envlab gate ...`."""
+    _headroom_commands(sub)
+    _gate_commands(sub)
