@@ -340,8 +340,8 @@ class SlurmTask:
         import submitit
 
         self._release("slurm job reached its time limit or was preempted; requeued", counted=False)
-        return submitit.helpers.DelayedSubmission(SlurmTask(self.db, self.runs, self.stale_s, self.idle_exit_s,
-                                                            self.threads, self.poll_s))
+        # the same settings, `by_run` among them (the requeued task claims as its array's tasks do)
+        return submitit.helpers.DelayedSubmission(SlurmTask(**self.__getstate__()))
 
 
 # ---------------------------------------------------------------- submitting and watching
