@@ -31,7 +31,7 @@ import signal
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from enum import StrEnum
@@ -163,12 +163,20 @@ def _checked_agents(agents: Sequence[int]) -> Sequence[int]:
 
 
 def dev_entries(per_size: int, exclude: Iterable[Instance], seed: int = SUITE_SEED,
-                agents: Sequence[int] = VALIDATION_AGENTS, draw: int | None = None) -> list[Entry]:
+                agents: Sequence[int] = VALIDATION_AGENTS, draw: int | None = None,
+                on_part: Callable[[int, int], None] | None = None) -> list[Entry]:
     """The dev boards, `per_size` per (agent count, map size), none of them among `exclude` (the validation boards
     beside them): a board drawn again as one of those is drawn anew, so the two sets never share a board. `draw`
-    is the run seed a dev set of its own is drawn for (None: the dev set every seed shares)."""
+    is the run seed a dev set of its own is drawn for (None: the dev set every seed shares). `on_part(done, total)`
+    is told the boards made so far after each cell."""
     taken = frozenset(board.id for board in exclude)
-    return [e for cell in dev_cells(per_size, agents, draw) for e in build_cell(cell, seed, taken)[0]]
+    todo = dev_cells(per_size, agents, draw)
+    entries: list[Entry] = []
+    for cell in todo:
+        entries.extend(build_cell(cell, seed, taken)[0])
+        if on_part is not None:
+            on_part(len(entries), sum(c.count for c in todo))
+    return entries
 
 
 def suite_draw(size: int, agents: int, exclude: frozenset[str] = frozenset()):
@@ -227,9 +235,11 @@ def pool(workers: int) -> ProcessPoolExecutor:
 
 
 def build(split: Split, seed: int = SUITE_SEED, workers: int = 2, progress: bool = False,
-          per_size: int = VALIDATION_PER_SIZE, agents: Sequence[int] = VALIDATION_AGENTS) -> tuple[list[Entry], dict]:
+          per_size: int = VALIDATION_PER_SIZE, agents: Sequence[int] = VALIDATION_AGENTS,
+          on_part: Callable[[int, int], None] | None = None) -> tuple[list[Entry], dict]:
     """All boards of a split in table order, and build stats (seconds, slowest board). `per_size` and `agents` make
-    the validation set (`validation_cells`)."""
+    the validation set (`validation_cells`). `progress`: a bar on the terminal; `on_part(done, total)` is told the
+    boards made so far after each cell (a stage's log says so as it builds a set the first time)."""
     todo = validation_cells(per_size, agents) if split == Split.VALIDATION else cells(split)
     t0 = time.perf_counter()
     entries: list[Entry] = []
@@ -245,6 +255,8 @@ def build(split: Split, seed: int = SUITE_SEED, workers: int = 2, progress: bool
             slowest = max(slowest, (seconds, board))
             if bar is not None:
                 bar.update(len(part))
+            if on_part is not None:
+                on_part(len(entries), sum(c.count for c in todo))
     if bar is not None:
         bar.close()
     stats = {"boards": len(entries), "seconds": time.perf_counter() - t0, "slowest_seconds": slowest[0],

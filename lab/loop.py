@@ -108,12 +108,13 @@ def create_run(s: Session, *, name: str, config: EnvConfig, settings: RunSetting
         config = EnvConfig.model_validate(config.model_dump())
     except ValidationError as err:
         raise LoopError(f"the initial config is not valid: {first_error(err)}") from None
-    from training.settings import check_grpo, check_packages  # torch loads only where there are overrides
+    from training.settings import check_grpo, check_memory, check_packages  # torch: overrides, a policy not shipped
 
     try:
         check_packages(settings)
         if settings.grpo:
             check_grpo(settings, config.num_instances, policy)
+        check_memory(settings, config, policy, needs_gpu=_needs_gpu(policy, settings))
     except SettingsError as err:
         raise LoopError(str(err)) from None
     try:
@@ -222,11 +223,15 @@ def needs_gpu(run: Run) -> bool:
     """Whether the jobs that load `run`'s policy need a worker with a GPU: a policy of more than `gpu_above()`
     parameters (read from its files or its name, `training.resolve.policy_params`), unless the run allows the
     CPU (`RunSettings.allow_cpu`)."""
+    return _needs_gpu(run.policy, run.settings)
+
+
+def _needs_gpu(policy: str, settings: RunSettings) -> bool:
     from training.resolve import policy_params
 
-    if run.settings.allow_cpu:
+    if settings.allow_cpu:
         return False
-    params = policy_params(run.policy)
+    params = policy_params(policy)
     return params is not None and params > gpu_above()
 
 

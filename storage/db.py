@@ -15,6 +15,7 @@ stage attempt past the checkpoint its successor resumes from: the tables are the
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import sqlite3
@@ -28,7 +29,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Connection, Engine, create_engine, event, text
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import ExceptionContext, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError
 from sqlmodel import Session, select
 
@@ -181,14 +182,55 @@ def lock_run(s: Session, run_id: int) -> Run | None:
     return s.exec(select(Run).where(Run.id == run_id).with_for_update()).first()
 
 
+class DatabaseFull(OSError):
+    """The database could not write because its disk is full (SQLite's SQLITE_FULL, PostgreSQL's disk_full): an
+    OSError of errno ENOSPC, so whatever says a full disk plainly (the command line, the worker) says this one too,
+    and its message is one line naming the database, without the statement or its parameters."""
+
+    def __str__(self) -> str:
+        return (f"the disk is full: the database {self.filename} could not be written ({self.strerror}); free some "
+                "space: what was written before is kept")
+
+
+class DatabaseDamaged(RuntimeError):
+    """The database file is no database, or its pages are damaged (SQLite's SQLITE_NOTADB and SQLITE_CORRUPT,
+    PostgreSQL's data_corrupted); the message is one line naming the file."""
+
+
+_FULL = {13: "SQLITE_FULL", "53100": "disk_full"}  # SQLite's result codes and PostgreSQL's SQLSTATEs
+_DAMAGED = {11: "SQLITE_CORRUPT", 26: "SQLITE_NOTADB", "XX001": "data_corrupted", "XX002": "index_corrupted"}
+
+
+def _plain_errors(context: ExceptionContext) -> None:
+    """SQLAlchemy's `handle_error` hook: a full disk or a damaged file becomes `DatabaseFull` or `DatabaseDamaged`,
+    whichever statement met it, so the page, the worker and the command line show one plain line, never the SQL,
+    its parameters and SQLAlchemy's link."""
+    err = context.original_exception
+    code = getattr(err, "sqlite_errorcode", None) or getattr(err, "sqlstate", None)
+    if code not in _FULL and code not in _DAMAGED:
+        return
+    engine = context.engine
+    url = engine.url if engine is not None else None
+    where = (url.database if url is not None and url.get_backend_name() == "sqlite"
+             else url.render_as_string(hide_password=True) if url is not None else "?")
+    reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    if code in _FULL:
+        raise DatabaseFull(errno.ENOSPC, reason, where) from None
+    raise DatabaseDamaged(f"the database file {where} is damaged ({reason}): restore it from a copy, or start the "
+                          "lab on another file (--db, $ENVLAB_DB)") from None
+
+
 def make_engine(url: str | None = None) -> Engine:
-    """The engine for a URL or SQLite path (default: the `ENVLAB_DB` setting); make one per process."""
+    """The engine for a URL or SQLite path (default: the `ENVLAB_DB` setting); make one per process. A full disk
+    or a damaged file raises `DatabaseFull` or `DatabaseDamaged` from any statement."""
     url = database_url(url)
     if make_url(url).get_backend_name() != "sqlite":
-        return create_engine(url, pool_pre_ping=True)
-    # Connections move between threads through the pool (a web server's request threads).
-    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": BUSY_TIMEOUT_MS / 1000})
-    event.listen(engine, "connect", _sqlite_pragmas)
+        engine = create_engine(url, pool_pre_ping=True)
+    else:
+        # Connections move between threads through the pool (a web server's request threads).
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": BUSY_TIMEOUT_MS / 1000})
+        event.listen(engine, "connect", _sqlite_pragmas)
+    event.listen(engine, "handle_error", _plain_errors)
     return engine
 
 
@@ -266,6 +308,8 @@ def open_database(setting: str | None = None) -> Engine:
     try:
         engine = make_engine(setting)
         upgrade(engine)
+    except DatabaseDamaged as err:
+        raise DatabaseUnusable(str(err)) from None
     except (OSError, DBAPIError, ArgumentError, sqlite3.Error) as err:
         reason = str(getattr(err, "orig", None) or err).strip().splitlines()
         raise DatabaseUnusable(f"database {where!r} cannot be used: {reason[0] if reason else type(err).__name__}"

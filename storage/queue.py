@@ -201,17 +201,30 @@ def cancel_requested(session: Session, job_id: int) -> bool:
     return _reload(session, job_id).cancel_requested
 
 
-def reap_stale(session: Session, max_age_s: float) -> list[Job]:
-    """Fail the running jobs whose worker has sent no heartbeat for `max_age_s` seconds.
+def reap_stale(session: Session, max_age_s: float,
+               seen: dict[int, tuple[datetime, datetime]] | None = None) -> list[Job]:
+    """Fail the running jobs whose worker has sent no heartbeat for `max_age_s` seconds, each at a second look.
 
-    A worker that died (killed, machine lost) never ends its job; this is how the page finds out.
-    A heartbeat that lands between the read and the update keeps its job running.
+    A worker that died (killed, machine lost) never ends its job; this is how the page finds out. But a live
+    worker's heartbeat can look old too: its machine slept, its process was stopped a while, the database's clock
+    stepped forward. So a stale job is only noted in `seen` (job id: the heartbeat it had, when it was seen; the
+    caller keeps the dict from one call to the next) and failed by a later call that finds the same heartbeat at
+    least `max_age_s / 2` later, two beats of a live worker's (it beats every `max_age_s / 4`). Without `seen`
+    every stale job is failed at once. A heartbeat that lands between the read and the update keeps its job running.
     """
     now = db_now(session)
     cutoff = now - timedelta(seconds=max_age_s)
     stale = session.exec(select(Job).where(Job.status == JobStatus.RUNNING, Job.heartbeat_at < cutoff)).all()
+    looked = {} if seen is None else dict(seen)
+    if seen is not None:
+        seen.clear()
     reaped = []
     for job in stale:
+        first = looked.get(job.id)
+        if seen is not None and (first is None or first[0] != job.heartbeat_at
+                                 or now - first[1] < timedelta(seconds=max_age_s / 2)):
+            seen[job.id] = first if first is not None and first[0] == job.heartbeat_at else (job.heartbeat_at, now)
+            continue
         error = (
             f"worker stopped sending heartbeats (last at {job.heartbeat_at:%Y-%m-%d %H:%M:%S} UTC "
             f"from worker {job.worker!r})"

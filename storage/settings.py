@@ -322,8 +322,8 @@ class RunSettings(BaseModel):
     # the agent counts an engineer may put in a stage's mix (`EnvConfig.agent_ratio`), fewest first (None: those of
     # stage 0's config, so a run that starts on 2 agents stays on 2, as every run did before the setting)
     agent_counts: Annotated[tuple[int, ...] | None, Setting(
-        "the agent counts an engineer may put in a stage's agent mix, e.g. 2,3,4,5 (default: the counts of the config in "
-        "force; docs/engineers.md)", "K,K,...", parse=Counts(lambda counts: checked_counts(counts)))] = None
+        "the agent counts an engineer may put in a stage's agent mix, e.g. 2,3,4,5 (default: the counts of the config "
+        "in force; docs/engineers.md)", "K,K,...", parse=Counts(lambda counts: checked_counts(counts)))] = None
     # the agent counts of the validation and dev boards, fewest first: `validation_per_size` and `dev_per_size` boards
     # per (count, size), on sizes max(3, K)..10 (`envsim.suite.validation_cells`); by default the paper's, 3, 4, 5 (a
     # run stored before that default says 2: storage/migrations/versions/0015_tiny_2agent.py)

@@ -59,10 +59,10 @@ _database_numbers = itertools.count()
 # The modules that take longest, longest first (CI's durations). CI runs the tests in two processes, a module's
 # tests in one (`pytest -n 2 --dist loadfile`), handing out modules in the order collected: the long ones first,
 # then the many short ones fill in beside them, so neither process is left alone with a long module at the end.
-LONGEST_FIRST = ["test_slurm", "test_experiment_e2e", "test_browser", "test_stage", "test_llm", "test_bench_page",
-                 "test_cli", "test_bench_app", "test_child", "test_experiment", "test_warmstart",
-                 "test_bench_experiment", "test_bench_structured_engineer", "test_bench_probe",
-                 "test_bench_gemma_engineer"]
+LONGEST_FIRST = ["test_slurm", "test_experiment_e2e", "test_browser", "test_multi_agent_run", "test_stage", "test_llm",
+                 "test_bench_page", "test_cli", "test_bench_app", "test_child", "test_experiment", "test_warmstart",
+                 "test_bench_memory", "test_bench_experiment", "test_bench_stage_breakdown",
+                 "test_bench_structured_engineer", "test_bench_probe", "test_bench_gemma_engineer"]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -78,6 +78,19 @@ def _umask_given_back() -> Iterator[None]:
     os.umask(before)
     yield
     os.umask(before)
+
+
+@pytest.fixture(autouse=True)
+def _gradio_temp_given_back() -> Iterator[None]:
+    """`envlab serve` points Gradio at a private folder under its runs root (`lab.pages.tempfiles.private_temp`, in
+    `$GRADIO_TEMP_DIR`): a test that calls it in this process gives the setting back, so later tests' pages keep
+    their files where they did."""
+    before = os.environ.get("GRADIO_TEMP_DIR")
+    yield
+    if before is None:
+        os.environ.pop("GRADIO_TEMP_DIR", None)
+    else:
+        os.environ["GRADIO_TEMP_DIR"] = before
 
 
 @pytest.fixture(autouse=True)

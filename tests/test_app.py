@@ -85,6 +85,90 @@ def test_python_app_py_serves_the_lab_with_a_worker_and_stops_both(tmp_path: Pat
             proc.kill()
 
 
+def test_a_restart_after_the_lab_was_killed_hands_its_job_back_at_once_and_starts_a_worker(tmp_path: Path, page):
+    """The lab before this start was killed with its worker (SIGKILL, the machine restarted): its job, queued an
+    hour ago, is still running in the database under a worker of this host that is gone, with a heartbeat seconds
+    old, which read as a busy worker until it went stale, and no worker was started for it. `python app.py` hands it
+    back to the queue before it serves, says so in one line, and starts a worker; the badge the page first shows in
+    Chromium is true: the job waits for that worker, which is starting (not "no worker seems to be running", which
+    a job queued that long ago reads as once nothing takes it). The job needs a GPU, which no worker here has, so it
+    stays queued."""
+    from datetime import timedelta
+
+    from storage import queue
+    from storage.db import session
+    from storage.models import Job, JobKind
+    from tests.servers import goto
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a process of this host that has ended: the killed worker
+    engine = make_engine(str(tmp_path / "lab.db"))
+    upgrade(engine)
+    with session(engine) as s:
+        job = queue.enqueue(s, JobKind.STAGE, {"run_id": 1, "stage_index": 1}, needs_gpu=True)
+        queue.claim(s, f"{socket.gethostname()}:{gone.pid}", gpu=True)
+        queue.heartbeat(s, job.id, 5, 8, "evaluating on 8 validation boards")
+        row = s.get(Job, job.id, populate_existing=True)
+        row.created_at -= timedelta(hours=1)
+        s.add(row)
+        s.commit()
+    busy = f"Worker busy: stage job {job.id}, step 5/8 (heartbeat"
+    assert worker_status(engine)[1].startswith(busy)  # what the badge read before
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.Popen([sys.executable, str(root / "app.py"), "--port", str(port), "--no-example",
+                             "--db", str(tmp_path / "lab.db")], cwd=tmp_path, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        assert _serving(f"http://127.0.0.1:{port}/", proc), proc.stderr.read().decode()[-2000:] if proc.poll() else ""
+        goto(page, f"http://127.0.0.1:{port}/")
+        badge = page.locator("#worker-status .worker")
+        badge.get_by_text("1 job(s) queued, waiting for the worker this lab started, which is starting.").wait_for()
+        assert badge.get_attribute("class") == "worker waiting"
+        with session(engine) as s:
+            back = s.get(Job, job.id)
+        assert (back.status, back.worker, back.attempts, back.step, back.total) == ("queued", None, 0, 5, 8)
+        assert back.log_tail.splitlines()[-1] == (f"-- handed back at step 5 of 8: its worker {socket.gethostname()}:"
+                                                  f"{gone.pid} is gone from this host (the attempt is not counted)")
+        workers = [c for c in _children(proc.pid) if b"lab.cli\x00worker" in Path(f"/proc/{c}/cmdline").read_bytes()]
+        assert len(workers) == 2  # the worker (none was, though the heartbeat looked fresh) and the probe lane
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        said = proc.stderr.read().decode()
+        assert (f"job {job.id} (stage) was left running at step 5 of 8 by a worker that is gone from this host: "
+                "handed back to the queue, where a worker takes it up again") in said.splitlines()
+        assert "already at work" not in said and "Traceback" not in said
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        engine.dispose()
+
+
+def test_a_job_queued_long_ago_waits_for_the_worker_the_lab_started_while_it_starts(empty_lab):
+    """The badge of a lab whose worker started a second ago, over a job queued an hour ago that nobody runs: it
+    waits for that worker; two minutes after the worker started, or in a lab that started none, nobody runs it."""
+    from datetime import timedelta
+
+    from storage import queue
+    from storage.db import session
+    from storage.models import JobKind
+
+    with session(empty_lab) as s:
+        job = queue.enqueue(s, JobKind.STAGE, {"run_id": 1, "stage_index": 1})
+        job.created_at -= timedelta(hours=1)
+        s.add(job)
+        s.commit()
+    starting = app.worker_badge(empty_lab, worker_since=time.monotonic() - 1)
+    assert starting == ('<div class="worker waiting"><span class="dot"></span>1 job(s) queued, waiting for the '
+                        'worker this lab started, which is starting.</div>')
+    for since in (time.monotonic() - app.WORKER_START_S - 1, None):
+        badge = app.worker_badge(empty_lab, worker_since=since)
+        assert badge.startswith('<div class="worker down"><span class="dot"></span>1 job(s) queued, the oldest for ')
+        assert "no worker seems to be running" in badge
+
+
 def test_the_demo_builds_on_an_empty_database(tmp_path: Path):
     engine = make_engine(str(tmp_path / "empty.db"))
     upgrade(engine)

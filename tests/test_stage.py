@@ -37,6 +37,7 @@ from training.progress import Cancelled
 from training.stage import (
     StageArgs,
     StageError,
+    evaluation_restarts,
     grpo_config,
     installed_fields,
     merged,
@@ -329,6 +330,40 @@ def test_stage_jobs_through_the_worker_evaluate_then_train_and_record(empty_lab:
     assert "the validation results of an earlier attempt are stored already: kept" in lines
     with session(empty_lab) as s:
         assert len(s.exec(select(Episode).where(Episode.run_id == run_id)).all()) == 16
+
+
+def test_an_evaluation_handed_back_part_way_starts_again_from_its_first_board_and_says_so(
+        empty_lab: Engine, writer: Path, monkeypatch):
+    """Stage 0's job, handed back at board 5 of its 8 validation boards (its worker got SIGTERM; recorded here
+    through the queue's own calls), is claimed again: the new attempt builds the boards (no cache on this machine:
+    its log says how many at each quarter), says that it evaluates again from the first board and why, and stores
+    each board's episode once. A first attempt's line says neither."""
+    monkeypatch.setenv("ENVLAB_CACHE", "")  # no machine cache: the standard set of 240 boards is built here
+    run_id = _run(empty_lab, str(writer), stages=1)
+    starts = "evaluating on 8 validation boards"
+    with session(empty_lab) as s:
+        job = queue.enqueue(s, "stage", {"run_id": run_id, "stage_index": 0})
+        queue.claim(s, "w1")
+        queue.heartbeat(s, job.id, 0, 8, starts)
+        queue.heartbeat(s, job.id, 5, 8)
+        queue.hand_back(s, job.id, "its worker got SIGTERM")
+    assert run_worker(empty_lab, {"stage": run_stage_job}, WorkerOptions(poll_s=0.01, once=True)) == 1
+    with session(empty_lab) as s:
+        job = s.get(Job, job.id)
+        episodes = s.exec(select(Episode).where(Episode.run_id == run_id)).all()
+    assert (job.status, job.attempts, len(episodes), len({e.instance_id for e in episodes})) == ("done", 1, 8, 8)
+    lines = job.log_tail.splitlines()
+    assert lines[:3] == [starts, "-- handed back at step 5 of 8: its worker got SIGTERM (the attempt is not counted)",
+                         "reading the validation and dev boards of 2 agents (built once on this machine, then read "
+                         "from its cache)"]
+    assert [line for line in lines if line.startswith("built ")] == [
+        f"built {n} of 240 validation boards (once on this machine)" for n in (60, 120, 180, 240)]
+    assert (f"{starts} again from the first board: an earlier attempt stopped at board 5 of 8, and an evaluation is "
+            "stored only whole") in lines
+    assert evaluation_restarts("", starts) == evaluation_restarts("evaluating on 80 validation boards", starts) == ""
+    assert evaluation_restarts(f"{starts}\n-- requeued after attempt 1 ended failed: x", starts) == (
+        " again from the first board: an earlier attempt stopped before its end, and an evaluation is stored only "
+        "whole")
 
 
 def test_the_dev_boards_are_evaluated_after_the_validation_boards_and_change_nothing_else(

@@ -168,6 +168,29 @@ def test_stale_running_jobs_are_reaped_and_their_worker_learns_it(engine: Engine
             queue.heartbeat(s, stale, 3, 10)
 
 
+def test_a_stale_job_is_failed_only_at_a_second_look_with_the_same_heartbeat(engine: Engine):
+    """A heartbeat 7 minutes old (a machine that slept, a stopped process, a clock step) is only noted at the first
+    look; a job whose worker beats meanwhile keeps running, and one whose heartbeat is the same at a look half the
+    stale time later is failed."""
+    with session(engine) as s:
+        alive, dead = (queue.enqueue(s, "stage", {}).id for _ in range(2))
+        queue.claim(s, "sleeper")
+        queue.claim(s, "lost")
+        seven_minutes_ago = queue.db_now(s) - timedelta(minutes=7)
+        s.exec(update(Job).values(heartbeat_at=seven_minutes_ago))
+        s.commit()
+        seen: dict = {}
+        assert queue.reap_stale(s, max_age_s=60, seen=seen) == []
+        assert set(seen) == {alive, dead}
+        assert queue.reap_stale(s, max_age_s=60, seen=seen) == []  # too soon for a second look: two beats
+        assert queue.heartbeat(s, alive, 5, 10) is False  # the sleeper wakes and beats
+        seen = {job: (beat, when - timedelta(seconds=30)) for job, (beat, when) in seen.items()}  # 30 s on
+        reaped = queue.reap_stale(s, max_age_s=60, seen=seen)
+        assert [(j.id, j.status) for j in reaped] == [(dead, "failed")]
+        assert s.get(Job, alive, populate_existing=True).status == "running"
+        assert seen == {}
+
+
 def skew_clock(monkeypatch: pytest.MonkeyPatch, by: timedelta) -> None:
     """This process's clock, as the lab reads it (`storage.models.utcnow`), runs `by` off the true one."""
 

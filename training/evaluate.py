@@ -180,26 +180,28 @@ def store_evaluation(session: Session, run_id: int, stage_index: int, split: Spl
     session.commit()
 
 
-def validation_entries(cache_dir: Path, per_size: int, agents: Sequence[int] = suite.VALIDATION_AGENTS
-                       ) -> list[suite.Entry]:
+def validation_entries(cache_dir: Path, per_size: int, agents: Sequence[int] = suite.VALIDATION_AGENTS,
+                       on_part: Callable[[int, int], None] | None = None) -> list[suite.Entry]:
     """A validation set of `per_size` boards per (agent count, map size) for the counts `agents`
     (`envsim.suite.validation_cells`), built once and cached as JSONL in `cache_dir` (the runs root): every stage's
     process reads it there (the standard 240 take seconds of solver time on a loaded machine, the file
-    milliseconds)."""
+    milliseconds). `on_part(done, total)`: told the boards made so far while it is built (not when it is read)."""
     return _cached(cache_dir / set_file(VALIDATION_FILE.format(per_size=per_size), agents),
-                   lambda: suite.build(Split.VALIDATION, per_size=per_size, agents=agents)[0])
+                   lambda: suite.build(Split.VALIDATION, per_size=per_size, agents=agents, on_part=on_part)[0])
 
 
 def dev_entries(cache_dir: Path, per_size: int, validation_per_size: int = suite.VALIDATION_PER_SIZE,
-                agents: Sequence[int] = suite.VALIDATION_AGENTS, draw: int | None = None) -> list[suite.Entry]:
+                agents: Sequence[int] = suite.VALIDATION_AGENTS, draw: int | None = None,
+                on_part: Callable[[int, int], None] | None = None) -> list[suite.Entry]:
     """The dev boards, `per_size` per (agent count, map size), none of them among the validation set of
     `validation_per_size` per (count, size) beside them (`envsim.suite.dev_entries`), drawn for run seed `draw` (None:
-    the set every seed shares), built once and cached as JSONL in `cache_dir` beside it."""
+    the set every seed shares), built once and cached as JSONL in `cache_dir` beside it; `on_part` as for
+    `validation_entries`."""
     stem = (DEV_FILE if draw is None else SEED_DEV_FILE).format(per_size=per_size, draw=draw,
                                                                  validation_per_size=validation_per_size)
     return _cached(cache_dir / set_file(stem, agents), lambda: suite.dev_entries(
         per_size, [e.instance for e in validation_entries(cache_dir, validation_per_size, agents)], agents=agents,
-        draw=draw))
+        draw=draw, on_part=on_part))
 
 
 def set_file(stem: str, agents: Sequence[int]) -> str:

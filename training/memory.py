@@ -1,11 +1,17 @@
-"""A stage's peak memory per device, estimated before it trains: a stage that cannot fit fails at once with one
-line that says what would fit, instead of being killed in its first GRPO step by the kernel (a CPU) or by CUDA.
+"""A stage's peak memory per device, estimated before it trains: a stage that cannot fit is refused when its run is
+created (`training.stage.memory_refusal`) and again before its trainer is built, with one line that says what would
+fit, instead of being killed in its first GRPO step by the kernel (a CPU) or by CUDA.
 
 Why it is needed: `envlab run --policy gemma3-270m --lora 8` at the chat defaults (completion length 512, batches
-of 8 completions) was killed by the kernel at 23.5 GB on a 24 GiB machine in its first step. LoRA kept the weights
-small; Gemma 3's vocabulary of 262,144 tokens did not keep the logits small.
+of 8 completions) was killed by the kernel on a 24 GiB machine in its first step, twice, while the estimate said
+12.9 GB. Measured (`benchmarks/bench_memory.py`, docs/training.md): the activations the backward keeps were 2.3 times
+what the estimate counted (Gemma 3's layers keep about 40 float32 values per token, layer and hidden unit with LoRA,
+not 17), and the process itself (Python, torch, transformers, TRL, the tokenizer) was not counted at all. A chat
+policy's stage now checkpoints its activations on a CPU too (`training.stage.grpo_config`): 8.4 GB measured at 128
+new tokens, 8.1 estimated.
 
 What a GRPO step holds at its peak, per device, in bytes (`StageMemory`):
+- runtime: on a CPU the process itself (`CPU_RUNTIME`, measured); on a GPU nothing (its CUDA context is `HEADROOM`'s);
 - weights: a full fine-tune's float32 master weights (`training.stage.start_policy` loads them so); LoRA's frozen
   base as loaded (the run's policy in bf16 on a GPU at stage 1; from stage 2 a trained stage's float32 checkpoint,
   so that no stage's learning rounds away), plus its adapters in float32;
@@ -20,14 +26,20 @@ What a GRPO step holds at its peak, per device, in bytes (`StageMemory`):
   tiles at its peak (measured). Where the head trains (a full fine-tune), its backward also accumulates the head's
   gradient in float32 before it joins the weight's. A TRL without that head holds `per_device_train_batch_size`
   sequences of prompt + completion tokens over the vocabulary in float32, twice (the log-softmax and its gradient);
-- activations, roughly: 17 values per token, layer and hidden unit kept for the backward (Korthikanti et al. 2022,
-  with fused attention), or, under activation checkpointing, each layer's input plus one layer recomputed.
+- activations: the values each layer keeps per token and hidden unit for the backward: in float32 (no autocast, a
+  CPU's stage) as measured with autograd's saved-tensor hooks on Gemma 3's layers (`FLOAT32_PER_UNIT`: its four
+  norms and their float32 copies, q/k norms, GELU's inputs, and with LoRA each adapter's dropout copy of its input);
+  under bf16 autocast (unmeasured: no GPU here) Korthikanti et al.'s 17 (34 bytes). Under activation checkpointing,
+  each layer's input plus one layer recomputed. The fused head's tiles are held while every layer's activations
+  still are (its backward runs first), so the two add up.
 FSDP or ZeRO-3 over N processes splits weights, autocast copies, gradients and optimizer N ways; DDP (accelerate's
 default) copies them to every GPU. A worker of several GPUs launches a full fine-tune under FSDP where DDP would not
 fit and FSDP would (`fsdp_needed`, the lab's `assets/accelerate/fsdp.yaml`); everything else keeps DDP.
-Generation is left out: a step's peak is its loss and backward. A stage is refused above `HEADROOM` of its
-device: the CUDA context, the allocator's fragmentation, and on a CPU the system and the worker itself need the
-rest.
+Generation is left out: it holds the weights, a KV cache and one token's logits a step, far below the step's peak
+(measured: Gemma 270M at 2.2 GB while it sampled 8 completions of 128 tokens, 8.4 GB in the step after). A stage is
+refused above `HEADROOM` of a GPU (its CUDA context and the allocator's fragmentation need the rest) and
+`CPU_HEADROOM` of a CPU's memory: there the system, the worker, its zygote and the command that started the run
+share the machine with the stage (the kernel killed the stage above at 23.5 GB of 25.8: 0.91 of the machine).
 """
 
 from __future__ import annotations
@@ -43,14 +55,21 @@ from typing import Any
 
 import torch
 
-HEADROOM = 0.9  # the share of a device a stage may plan to use
+HEADROOM = 0.9  # the share of a GPU a stage may plan to use
+CPU_HEADROOM = 0.8  # the share of a CPU's memory a stage may plan to use (the module docstring says why)
 LORA_RANK = 16  # the rank a refusal suggests (docs/training.md)
-ACTIVATIONS_PER_UNIT = 17  # values kept per token, layer and hidden unit without checkpointing (34 bytes in bf16)
+ACTIVATIONS_PER_UNIT = 17  # values kept per token, layer and hidden unit under bf16 autocast (34 bytes; Korthikanti)
+# values kept per token, layer and hidden unit in float32 (no autocast), measured on Gemma 3 270M's layers with
+# autograd's saved-tensor hooks (1 to 6 layers, 256 to 512 tokens): 32.4 for a full fine-tune, 38.8 to 39.9 with LoRA
+# (dropout 0.05, every linear layer), rounded up
+FLOAT32_PER_UNIT = {"full": 33, "lora": 40}
+CPU_RUNTIME = 1.0 * 10**9  # a stage's process on a CPU before its model: Python, torch, transformers, TRL, a tokenizer
 # float32 tiles TRL's fused LM head holds at its peak on a CPU (its backward's torch fold): 9.7 measured with
 # `ChunkedLogProbFunction` on one and on four tiles (ru_maxrss), rounded up
 CPU_TILE_COPIES = 10
 GB = 1e9
-PROMPT_BOUND = 512  # tokens a chat prompt of the lab's boards stays under (the longest, sizes 3..10: 511 in Gemma's)
+PROMPT_BOUND = 512  # tokens a chat prompt of the lab's 2-agent boards stays under (sizes 3..10: 511 in Gemma's)
+PROMPT_PER_AGENT = 33  # tokens each agent beyond 2 adds to it (size 10 in Gemma's: 544, 577, 610, 643, ..., 709 at 8)
 CGROUP_LIMIT = Path("/sys/fs/cgroup/memory.max")  # a Slurm job's or a container's limit (cgroup v2)
 
 
@@ -75,6 +94,7 @@ class StagePlan:
 class StageMemory:
     """A stage's peak memory per device, by part, in bytes."""
 
+    runtime: int
     weights: int
     autocast: int
     gradients: int
@@ -144,9 +164,11 @@ def stage_memory(model: Any, plan: StagePlan, tile: tuple[int, int] | None = Non
     autocast = 2 * wide if plan.bf16 else 0
     tokens = plan.batch * (plan.prompt + plan.completion)
     per_value = 2 if plan.bf16 else params[0].element_size()
+    per_unit = ACTIVATIONS_PER_UNIT if plan.bf16 else FLOAT32_PER_UNIT["lora" if plan.lora else "full"]
     layers = config.num_hidden_layers
-    kept = layers + ACTIVATIONS_PER_UNIT if plan.checkpointing else ACTIVATIONS_PER_UNIT * layers
+    kept = layers + per_unit if plan.checkpointing else per_unit * layers
     return StageMemory(
+        runtime=0 if plan.gpu else int(CPU_RUNTIME),
         weights=weights // plan.shards, autocast=autocast // plan.shards, gradients=4 * trained // plan.shards,
         optimizer=8 * trained // plan.shards, vllm=int(plan.vllm_share * plan.device_bytes) if plan.gpu else 0,
         logits=logits_memory(plan, config.vocab_size, config.hidden_size, tile),
@@ -154,10 +176,10 @@ def stage_memory(model: Any, plan: StagePlan, tile: tuple[int, int] | None = Non
 
 
 def refusal(model: Any, plan: StagePlan) -> str | None:
-    """None where the stage fits in `HEADROOM` of its device; else one line: what it needs, by part, and the
-    changes that would make it fit (LoRA, FSDP or ZeRO-3 over more GPUs, a shorter completion, fewer completions
-    a step), each with its own estimate."""
-    usable = HEADROOM * plan.device_bytes
+    """None where the stage fits in `usable` memory of its device; else one line: what it needs, by part, and the
+    changes that would make it fit (LoRA, FSDP or ZeRO-3 over more GPUs, activation checkpointing, a shorter
+    completion, fewer completions a step), each with its own estimate."""
+    usable = usable_bytes(plan)
     need = stage_memory(model, plan)
     if need.total <= usable:
         return None
@@ -175,6 +197,8 @@ def refusal(model: Any, plan: StagePlan) -> str | None:
         options.append(f"LoRA (--lora {LORA_RANK}: about {found[1]})")
     if plan.gpu and (found := first((n, replace(plan, shards=n)) for n in SHARDS if n > plan.shards)):
         options.append(f"FSDP over {found[0]} GPUs (about {found[1]} each)")
+    if not plan.checkpointing and (found := first([(1, replace(plan, checkpointing=True))])):
+        options.append(f"--grpo activation_checkpointing=true (about {found[1]})")
     if found := first((c, replace(plan, completion=c)) for c in _halves(plan.completion)):
         options.append(f"--completion-length {found[0]} (about {found[1]})")
     if found := first((b, replace(plan, batch=b)) for b in _halves(plan.batch)):
@@ -182,7 +206,12 @@ def refusal(model: Any, plan: StagePlan) -> str | None:
         options.append(f"--grpo per_device_train_batch_size={found[0]}{generations} (about {found[1]})")
     fix = "it would fit with " + " or ".join(options) if options else "nothing short of a larger device fits"
     return (f"needs about {size(need.total)} per {'GPU' if plan.gpu else 'process'} ({need.parts()}), more than "
-            f"{HEADROOM:.0%} of the {size(plan.device_bytes)} it has: {fix}")
+            f"{usable / plan.device_bytes:.0%} of the {size(plan.device_bytes)} it has: {fix}")
+
+
+def usable_bytes(plan: StagePlan) -> float:
+    """What a stage may plan to use of its device: `HEADROOM` of a GPU, `CPU_HEADROOM` of a CPU's memory."""
+    return (HEADROOM if plan.gpu else CPU_HEADROOM) * plan.device_bytes
 
 
 SHARDS = (2, 4, 8, 16, 32, 64)  # the GPU counts a refusal tries under FSDP
@@ -209,6 +238,11 @@ def fsdp_needed(model: Any, plan: StagePlan, gpus: int) -> tuple[bool, str]:
         return False, f"{what}: {size(unsharded)} each unsharded: DDP"
     sharded = stage_memory(model, dataclasses.replace(plan, shards=gpus)).total
     return True, f"{what}: {size(unsharded)} each unsharded, {size(sharded)} with FSDP: using FSDP"
+
+
+def prompt_bound(agents: int) -> int:
+    """Tokens the longest chat prompt of boards of up to `agents` agents stays under (size 10, Gemma's tokenizer)."""
+    return PROMPT_BOUND + PROMPT_PER_AGENT * max(agents - 2, 0)
 
 
 def _halves(n: int) -> list[int]:

@@ -59,6 +59,26 @@ def check_grpo(settings: RunSettings, instances: int, policy: str) -> int:
                             ) from None
 
 
+def check_memory(settings: RunSettings, config: Any, policy: str, needs_gpu: bool = False) -> None:
+    """Refuse a run whose stages cannot fit this machine's device, in one line naming a setting that would
+    (`training.stage.memory_refusal`), before it is stored, instead of a stage killed by the kernel minutes into a
+    run. Not checked: a shipped policy (its model is about a million parameters: any batch of its budget fits), nor
+    a run whose jobs `needs_gpu` on a machine without one (they wait for a GPU worker elsewhere, whose memory is not
+    known here; its stage checks itself before it trains)."""
+    from training.resolve import SHIPPED
+
+    if policy in SHIPPED:
+        return
+    import torch  # here, not for a shipped policy: a run of the tiny policy is made without it
+
+    if needs_gpu and not torch.cuda.is_available():
+        return
+    from training.stage import memory_refusal
+
+    if (why := memory_refusal(settings, config, policy)) is not None:
+        raise SettingsError(f"{policy}: a stage {why}")
+
+
 # The packages a setting needs beyond the base install, with the extra that installs each (pyproject.toml).
 EXTRAS = {"peft": "lora", "vllm": "vllm", "submitit": "slurm", "trackio": "track", "wandb": "wandb"}
 

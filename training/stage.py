@@ -38,6 +38,7 @@ import json
 import logging
 import math
 import os
+import re
 import sys
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -194,8 +195,10 @@ def grpo_config(args: StageArgs, overrides: dict[str, Any], max_completion_lengt
                 longest_prompt: int | None = None) -> GRPOConfig:
     """TRL's config: our defaults for this machine and task, then the run's `settings.grpo` on top.
 
-    Defaults: CPU without CUDA; bf16 autocast and activation checkpointing only for a chat model on a bf16 GPU (the
-    tiny policy stays in float32: docs/training.md says why); one epoch over the stage's boards; generations, batch,
+    Defaults: CPU without CUDA; bf16 autocast only for a chat model on a bf16 GPU (the tiny policy stays in float32:
+    docs/training.md says why); activation checkpointing for every chat model, on a CPU too (without it Gemma 270M's
+    layers keep about 15 GB for a batch of 8 answers of 512 tokens, more than this 24 GiB machine can give it beside
+    the fused head's tiles: `training.memory`, docs/training.md); one epoch over the stage's boards; generations, batch,
     learning rate and reward scaling by prompt style (`STYLE_DEFAULTS`); a completion budget from the board sizes;
     a log line per step; a TRL checkpoint every 50 steps (2 kept); the stage's seed; `training.rewards`'s weights;
     TRL's `report_to` with the lab's Trackio project (`training.trackers`); `use_vllm` honoured where vLLM imports,
@@ -211,7 +214,7 @@ def grpo_config(args: StageArgs, overrides: dict[str, Any], max_completion_lengt
         output_dir=str(args.trainer_dir),
         use_cpu=not cuda,
         bf16=large and torch.cuda.is_bf16_supported(),
-        activation_checkpointing=large,
+        activation_checkpointing=prompt_style == "chat",
         num_train_epochs=1,
         **STYLE_DEFAULTS[prompt_style],
         max_completion_length=max_completion_length,
@@ -721,10 +724,13 @@ def _set_stage(engine: Engine, args: StageArgs, **values: Any) -> None:
         s.commit()
 
 
-def run_stage(engine: Engine, args: StageArgs, grpo: dict[str, Any], progress: Progress) -> dict[str, Any]:
+def run_stage(engine: Engine, args: StageArgs, grpo: dict[str, Any], progress: Progress,
+              tail: str = "") -> dict[str, Any]:
     """Train (stage > 0), evaluate on the validation set and then on the dev set (when the run has one), store
     episodes and metrics, mark the stage done. Evaluation is greedy: it draws no random number, so the dev set
-    changes nothing of what training or the validation results would be without it.
+    changes nothing of what training or the validation results would be without it. `tail` is the job's log tail
+    as this attempt found it: an evaluation an earlier attempt began and never stored starts again from its first
+    board, and its line says so (`evaluation_restarts`).
 
     Stage 0 evaluates the run's starting policy, which every run of an experiment shares: where another run of
     the database evaluated (or is evaluating) the same policy on the same boards in the same way, its episodes
@@ -758,16 +764,21 @@ def run_stage(engine: Engine, args: StageArgs, grpo: dict[str, Any], progress: P
             counts = ", ".join(map(str, args.validation_agents))
             progress(0, None, f"reading the validation and dev boards of {counts} agents (built once on this machine, "
                               "then read from its cache)")
+            evaluation.validation_entries(args.run_dir.parent, args.validation_per_size, args.validation_agents,
+                                          building(progress, "validation"))
             boards = validation_boards(args.validation_boards, args.validation_per_size, args.run_dir.parent,
                                        args.validation_agents)
-            if (source := _evaluate(engine, args, Split.VALIDATION, boards, policy, folder, progress)) is not None:
+            if (source := _evaluate(engine, args, Split.VALIDATION, boards, policy, folder, progress, tail)
+                    ) is not None:
                 reused[Split.VALIDATION] = source
         else:
             progress(0, None, "the validation results of an earlier attempt are stored already: kept")
         if args.dev_per_size and not _metrics(engine, args, Split.DEV):
+            evaluation.dev_entries(args.run_dir.parent, args.dev_per_size, args.validation_per_size,
+                                   args.validation_agents, args.dev_seed, building(progress, "dev"))
             boards = list(dev_set(args.dev_per_size, args.validation_per_size, args.run_dir.parent,
                                   args.validation_agents, args.dev_seed))
-            if (source := _evaluate(engine, args, Split.DEV, boards, policy, folder, progress)) is not None:
+            if (source := _evaluate(engine, args, Split.DEV, boards, policy, folder, progress, tail)) is not None:
                 reused[Split.DEV] = source
         _set_stage(engine, args, status=StageStatus.DONE, checkpoint=checkpoint, finished_at=utcnow())
     except BaseException:
@@ -779,16 +790,33 @@ def run_stage(engine: Engine, args: StageArgs, grpo: dict[str, Any], progress: P
             "train": trained, **({"reused_from": reused} if reused else {})}
 
 
+def building(progress: Progress, what: str) -> Callable[[int, int], None]:
+    """What a board set built for the first time on this machine tells the job (`on_part`): its bar follows the
+    boards made, and its log says how many at each quarter, where it was silent for the minute of solver time that
+    hundreds of boards of 3 to 5 agents take. A set read from its cache tells nothing."""
+    said = 0
+
+    def on_part(done: int, total: int) -> None:
+        nonlocal said
+        quarter = 4 * done // max(1, total)
+        line = f"built {done} of {total} {what} boards (once on this machine)" if quarter > said else None
+        said = max(said, quarter)
+        progress(done, total, line)
+
+    return on_part
+
+
 def _evaluate(engine: Engine, args: StageArgs, split: Split, boards: list[Instance], policy: Callable[[], Policy],
-              folder: str | None, progress: Progress) -> int | None:
+              folder: str | None, progress: Progress, tail: str = "") -> int | None:
     """Evaluate the stage's policy on `split`'s boards and store it; stage 0 copies an equal evaluation of another
     run instead (`training.shared`). Returns the run it was copied from, or None where it was generated here."""
     what = "validation" if split == Split.VALIDATION else "dev"
     said = "" if split == Split.VALIDATION else " (what the engineer reads)"
+    starts = f"evaluating on {len(boards)} {what} boards"
 
     def generate() -> list[evaluation.EpisodeResult]:
         answering = policy()  # loaded first (said in the log), then the boards are answered
-        progress(0, len(boards), f"evaluating on {len(boards)} {what} boards{said}")
+        progress(0, len(boards), f"{starts}{said}{evaluation_restarts(tail, starts)}")
         results = evaluation.evaluate(answering, boards, progress=lambda done, total: progress(done, total),
                                       decoding=args.decoding, seed=args.seed, vllm_model=folder)
         table = evaluation.metrics_table(evaluation.size_metrics(results))
@@ -813,6 +841,20 @@ def _evaluate(engine: Engine, args: StageArgs, split: Split, boards: list[Instan
     return source.run_id
 
 
+def evaluation_restarts(tail: str, starts: str) -> str:
+    """What an evaluation's first line adds when an earlier attempt of its job began the same evaluation (its line
+    `starts` is in `tail`, the job's log tail as this attempt found it) and never stored it: an evaluation is stored
+    whole at its end, so it starts again from its first board, and the line says so, and where the earlier attempt
+    stopped when it was handed back (`storage.queue.hand_back`'s line after it: its step is the board it was at).
+    Empty otherwise."""
+    began = tail.rfind(starts)
+    if began < 0:
+        return ""
+    stopped = re.search(r"^-- handed back at step (\d+) of (\d+)", tail[began:], re.MULTILINE)
+    where = f" at board {stopped[1]} of {stopped[2]}" if stopped else " before its end"
+    return f" again from the first board: an earlier attempt stopped{where}, and an evaluation is stored only whole"
+
+
 def _validation_metrics(engine: Engine, args: StageArgs) -> list[StageMetric]:
     return _metrics(engine, args, Split.VALIDATION)
 
@@ -827,7 +869,7 @@ def _metrics(engine: Engine, args: StageArgs, split: Split) -> list[StageMetric]
 def run_stage_job(engine: Engine, job: Job, progress: Progress) -> dict[str, Any]:
     """The `stage` job (docs/loop.md): payload `{"run_id", "stage_index"}`."""
     args, grpo = stage_args(engine, job.payload["run_id"], job.payload["stage_index"])
-    return run_stage(engine, args, grpo, progress)
+    return run_stage(engine, args, grpo, progress, job.log_tail or "")
 
 
 # ---------------------------------------------------------------- how a stage starts on several GPUs
@@ -858,6 +900,40 @@ def needs_fsdp(engine: Engine, run_id: int, stage_index: int, gpus: int,
     config = grpo_config(args, grpo, completion, prompt_style_of(args.policy))
     plan = memory.plan_of(config, lora=args.lora, prompt=memory.PROMPT_BOUND, device_bytes=device_bytes)
     return memory.fsdp_needed(model, plan, gpus)
+
+
+def memory_refusal(settings: RunSettings, config: EnvConfig, policy: str) -> str | None:
+    """Why a run of `policy` with `settings`, starting from `config`, cannot train on this process's device, in one
+    line (`memory.refusal`: what it needs and a setting that would fit), or None where its stages fit; read before
+    the run is stored, so that a stage that cannot fit is refused then, not killed by the kernel minutes into it.
+
+    Its stages as `grpo_config` builds them (the run's GRPO overrides on the policy's defaults), the run's completion
+    budget (its `completion_length`, else the chat budget, which bounds a compact policy's too), prompts of its most
+    agents (`memory.prompt_bound`) and LoRA's base as a later stage loads it (float32 where there is one). The
+    policy's architecture is read on the meta device from its config.json, no weight; a policy whose folder is not
+    on this machine yet (Gemma before its first conversion, a hub name) or whose config.json names no architecture
+    transformers builds is checked by its stage only (`trainer_for`).
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from training.gemma import FOLDER, cache_root
+    from training.policy import prompt_style_of
+
+    folder = cache_root() / FOLDER if policy == "gemma3-270m" else Path(checkpoint_path(policy))
+    if not (folder / "config.json").is_file():
+        return None
+    args = StageArgs(run_id=0, stage_index=min(settings.stages, 2), seed=0, policy=policy, config=config,
+                     run_dir=Path(os.devnull), run_uuid="", settings=settings)
+    style = prompt_style_of(policy)
+    dtype = start_dtype(args) or (torch.bfloat16 if torch.cuda.is_available() and style == "chat" else torch.float32)
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder), dtype=dtype)
+    except (OSError, ValueError, KeyError, TypeError):  # no architecture transformers knows: the stage says why
+        return None
+    agents = max([*config.agent_ratio, *(settings.agent_counts or ())])
+    trl = grpo_config(args, settings.grpo, settings.completion_length or evaluation.CHAT_BUDGET, style)
+    return memory.refusal(model, memory.plan_of(trl, lora=settings.lora, prompt=memory.prompt_bound(agents)))
 
 
 # ---------------------------------------------------------------- multi-GPU entry point

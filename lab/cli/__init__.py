@@ -13,7 +13,7 @@ import sys
 from envsim.generator import GenerationError
 from lab.cli import boards, experiments, runs, study
 from lab.cli.common import Parser, UsageError
-from storage.db import keep_private
+from storage.db import DatabaseDamaged, keep_private
 
 # One module per command family: boards (the testbed's boards, no database), runs (a run, the workers, a run as a
 # file, the page), experiments, and study (the screens a study is designed from); `common` holds what they share.
@@ -31,9 +31,9 @@ def arguments() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`envlab ARGS`: the exit status (0; 2 for bad input, a full disk; 130 for Ctrl+C, in one line: a job in hand
-    went back to the queue, `lab.jobs.worker`, and nothing was left half-written; 141 when what read the output
-    stopped, without a word)."""
+    """`envlab ARGS`: the exit status (0; 2 for bad input, a full disk, a damaged database; 130 for Ctrl+C, in one
+    line: a job in hand went back to the queue, `lab.jobs.worker`, and nothing was left half-written; 141 when what
+    read the output stopped, without a word)."""
     argv = sys.argv[1:] if argv is None else argv
     keep_private()  # the database, run folders and exports any command makes are this user's alone
     try:
@@ -69,7 +69,7 @@ def _command(argv: list[str]) -> int:
         return 2
     try:
         args.fn(args)
-    except (UsageError, GenerationError) as err:
+    except (UsageError, GenerationError, DatabaseDamaged) as err:
         print(f"envlab {args.command}: {err}", file=sys.stderr)
         return 2
     except OSError as err:

@@ -271,6 +271,9 @@ def serve(argv: list[str]) -> NoReturn:
     if not port_free(host, port):
         print(taken_message(port), file=sys.stderr)
         raise SystemExit(2)
+    # The first line at once, whatever the output is (a terminal or a log file): the page's imports take seconds
+    print(f"envlab serve: starting the web lab for http://{host}:{port} (loading its libraries; a new lab imports "
+          "the example run first)", file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(sys.executable, [sys.executable, "-m", "lab.pages.web", *argv])

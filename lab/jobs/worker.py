@@ -15,7 +15,9 @@ failed with the heartbeat reason, and `requeue` gives it a new attempt that find
 `result` (the checkpoint it recorded) on the job row.
 
 A handler that raises fails its job and nothing else: the error is the traceback's last line (the full
-traceback goes to the job's log tail and to stderr) and the worker goes on with the next job.
+traceback goes to the job's log tail and to stderr) and the worker goes on with the next job. One that meets a full
+disk is not failed: its job goes back to the queue, uncounted (`_back_from_full_disk`), and a full disk under the
+database never ends the worker (docs/worker.md, "Faults").
 
 Several workers may share one PostgreSQL database (the claim skips rows another worker has locked); on
 SQLite one worker at a time is enough (claims are still exclusive, but writes queue behind one lock).
@@ -29,6 +31,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import errno
 import importlib
 import json
 import logging
@@ -55,7 +58,7 @@ from sqlmodel import select
 from lab.jobs import zygote
 from storage import queue
 from storage.db import DB_SETTING as DATABASE_SETTING
-from storage.db import DatabaseUnusable, RunsRootUnusable, open_database, session, usable_runs_root
+from storage.db import DatabaseDamaged, DatabaseUnusable, RunsRootUnusable, open_database, session, usable_runs_root
 from storage.models import Job, JobKind, JobStatus, utcnow
 from storage.queue import LostJob, db_now, stale_after_s
 from training import vllm
@@ -95,8 +98,11 @@ class _Heartbeat(threading.Thread):
             except LostJob as err:
                 self.lost = err
                 return
-            except Exception:  # a database hiccup: the next beat tries again
-                log.exception("job %s: heartbeat failed", self.job_id)
+            except Exception as err:  # a database hiccup, a full disk: the next beat tries again
+                if full_disk(err):
+                    log.warning("job %s: no heartbeat written: %s", self.job_id, err)
+                else:
+                    log.exception("job %s: heartbeat failed", self.job_id)
 
 
 def run_job(engine: Engine, job: Job, handler: Handler, *, stale_s: float | None = None) -> Job:
@@ -127,8 +133,7 @@ def run_job(engine: Engine, job: Job, handler: Handler, *, stale_s: float | None
         with session(engine) as s:
             return s.get(Job, job.id, populate_existing=True)
     except Exception as err:
-        ended = _handed_back(engine, job) if ENDING.is_set() and isinstance(err, Cancelled) else \
-            _fail_job(engine, job, err)
+        ended = _ended_by(engine, job, err)
     except KeyboardInterrupt:  # a second SIGINT/SIGTERM: hand the job back as it is, then stop
         _handed_back(engine, job)
         raise
@@ -136,6 +141,67 @@ def run_job(engine: Engine, job: Job, handler: Handler, *, stale_s: float | None
         beat.done.set()
         beat.join()
     return ended
+
+
+FULL_DISK_WAIT_S = 30.0  # how often a write a full disk refused is tried again; a worker's wait before its next claim
+_FULL_DISK_WORDS = ("No space left on device", "Disk quota exceeded", "database or disk is full")
+
+
+def full_disk(err: BaseException) -> bool:
+    """Whether `err`, or an error it was raised from, is a full disk: an OSError of ENOSPC or EDQUOT (the
+    database's own, `storage.db.DatabaseFull`, included), or a library's error that says so in words (torch's
+    writer and others wrap the OSError in a RuntimeError)."""
+    seen: BaseException | None = err
+    for _ in range(8):
+        if seen is None:
+            return False
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if any(words in str(seen) for words in _FULL_DISK_WORDS):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _ended_by(engine: Engine, job: Job, err: Exception) -> Job:
+    """End a job whose handler raised `err`: failed, cancelled, or handed back where this process is ending or the
+    disk is full (`_back_from_full_disk`), also where the disk fills while its failure is written."""
+    try:
+        if not full_disk(err):
+            if ENDING.is_set() and isinstance(err, Cancelled):
+                return _handed_back(engine, job)
+            return _fail_job(engine, job, err)
+    except OSError as written:
+        if not full_disk(written):
+            raise
+        err = written
+    return _back_from_full_disk(engine, job, err)
+
+
+def _back_from_full_disk(engine: Engine, job: Job, err: BaseException) -> Job:
+    """A job that met a full disk (a checkpoint, an episode, a heartbeat written) goes back to the queue, not
+    failed: what it wrote before is kept (a stage resumes from its last checkpoint) and the attempt is not counted.
+    While the disk stays full even that write can fail (the database is on it): it is tried again every
+    `FULL_DISK_WAIT_S`, said once in the log, until it is written or this process is ending, when the job is left
+    running for the next worker on this host to hand back (`hand_back_orphans`). Its row as it is then."""
+    why = f"the disk is full ({err})"
+    said = False
+    while True:
+        try:
+            with session(engine) as s:
+                if queue.hand_back(s, job.id, why) is not None:
+                    log.warning("job %s (%s) handed back to the queue: %s", job.id, job.kind, why)
+                return s.get(Job, job.id, populate_existing=True)
+        except OSError as again:
+            if not full_disk(again):
+                raise
+            if not said:
+                log.warning("job %s: %s; handing it back is tried again every %g s", job.id, again, FULL_DISK_WAIT_S)
+                said = True
+        if ENDING.wait(FULL_DISK_WAIT_S):
+            log.warning("job %s stays running: the disk is still full; the next worker on this host hands it back",
+                        job.id)
+            return job
 
 
 def _handed_back(engine: Engine, job: Job) -> Job:
@@ -473,12 +539,20 @@ def run_worker(engine: Engine, handlers: dict[str, Handler | InChild], options: 
     hand_back_orphans(engine)
     log.info("worker %s: polling every %gs for %s%s", worker_id, poll_s, ", ".join(handlers),
              f" on GPUs {','.join(gpus)}" if gpus else " (no GPU)")
+    seen: dict[int, tuple[datetime, datetime]] = {}  # the reaper's first look at each stale job
     while not stop.is_set():
-        with session(engine) as s:
-            for reaped in queue.reap_stale(s, stale_s):
-                log.warning("job %s (%s) reaped: %s", reaped.id, reaped.kind, reaped.error)
-            job = queue.claim(s, worker_id, gpu=bool(gpus), run_id=options.run_id, kinds=options.kinds,
+        try:
+            with session(engine) as s:
+                for reaped in queue.reap_stale(s, stale_s, seen):
+                    log.warning("job %s (%s) reaped: %s", reaped.id, reaped.kind, reaped.error)
+                job = queue.claim(s, worker_id, gpu=bool(gpus), run_id=options.run_id, kinds=options.kinds,
                                   by_run=options.by_run)
+        except OSError as err:  # the database's disk is full: nothing claimed, nothing lost; look again later
+            if not full_disk(err):
+                raise
+            log.warning("worker %s: %s; claiming again in %g s", worker_id, err, FULL_DISK_WAIT_S)
+            stop.wait(FULL_DISK_WAIT_S)
+            continue
         if job is None:
             if options.once or (idle_exit_s is not None and time.monotonic() - idle_since >= idle_exit_s):
                 break
@@ -487,8 +561,17 @@ def run_worker(engine: Engine, handlers: dict[str, Handler | InChild], options: 
         log.info("job %s (%s) claimed, attempt %d: %s", job.id, job.kind, job.attempts, job.payload)
         if options.claimed is not None:
             options.claimed(engine, job)
-        ended = _run_claimed(engine, job, handlers, gpus, stale_s, options.vllm_gpus)
+        try:
+            ended = _run_claimed(engine, job, handlers, gpus, stale_s, options.vllm_gpus)
+        except OSError as err:  # the disk filled while the job's end was written
+            if not full_disk(err):
+                raise
+            ended = _back_from_full_disk(engine, job, err)
         ran += 1
+        if ended.status == JobStatus.QUEUED and not ENDING.is_set():  # handed back by its process: a full disk
+            log.warning("job %s went back to the queue (the disk is full); claiming again in %g s", job.id,
+                        FULL_DISK_WAIT_S)
+            stop.wait(FULL_DISK_WAIT_S)
         if options.after is not None:
             try:
                 options.after(engine, ended)
@@ -681,6 +764,9 @@ def run_from_args(args: argparse.Namespace) -> int:
         run_worker(engine, handlers(in_child=not args.in_process), options)
     except KeyboardInterrupt:  # a second signal: the job in hand went back to the queue as it was (run_job)
         log.info("stopped at once")
+    except DatabaseDamaged as err:  # one line, no traceback: no job can be claimed or ended on this file
+        print(f"envlab worker: {err}", file=sys.stderr)
+        return 2
     finally:
         engine.dispose()
     return 0
@@ -807,6 +893,47 @@ def start_worker(db: str | None, *, options: Sequence[str] = (), die_with_parent
 
     atexit.register(stop)
     return proc
+
+
+RESTARTS = 3  # a kept worker that dies more often than this within RESTART_WINDOW_S is left down
+RESTART_WINDOW_S = 300.0
+
+
+class KeptWorker(threading.Thread):
+    """A worker process beside the page (`start()`, e.g. `start_worker`), started again when it dies: killed (`kill
+    -9`, the kernel's OOM killer) or crashed, it would leave the page with nothing that runs stage jobs while the
+    badge read "idle". Each death and restart is one line on the command line; the job it held is handed back by the
+    new one (`hand_back_orphans`). One that dies more than `RESTARTS` times within `RESTART_WINDOW_S` is left down,
+    `down` saying so in one line. It stops watching as this process exits (before the workers are stopped)."""
+
+    def __init__(self, start: Callable[[], subprocess.Popen], poll_s: float = 2.0, name: str = "the lab's worker"):
+        super().__init__(name="kept-worker", daemon=True)
+        self.start_process, self.poll_s, self.what = start, poll_s, name
+        self.proc = start()
+        self.down: str | None = None
+        self.stopping = threading.Event()
+        atexit.register(self.stopping.set)  # runs before the workers' own stops (atexit runs last in, first out)
+
+    def run(self) -> None:
+        deaths: deque[float] = deque()
+        while not self.stopping.wait(self.poll_s):
+            code = self.proc.poll()
+            if code is None or self.stopping.is_set():
+                continue
+            now = time.monotonic()
+            deaths.append(now)
+            while deaths and now - deaths[0] > RESTART_WINDOW_S:
+                deaths.popleft()
+            how = _ended_how(code)
+            if len(deaths) > RESTARTS:
+                self.down = (f"{self.what} (pid {self.proc.pid}) {how}; it died {len(deaths)} times in "
+                             f"{RESTART_WINDOW_S / 60:.0f} min, so it is not started again: nothing here runs its "
+                             "jobs; start one with `envlab worker`")
+                print(self.down, file=sys.stderr, flush=True)
+                return
+            dead = self.proc.pid
+            self.proc = self.start_process()
+            print(f"{self.what} (pid {dead}) {how}: started again (pid {self.proc.pid})", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

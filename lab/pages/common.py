@@ -54,6 +54,7 @@ class Page:
     worker: gr.HTML  # the worker's badge
     quiet: gr.HTML  # never shown: where the events that show no progress show it (`no_progress`)
     own_worker: bool = True  # whether a worker was started with the page (`envlab serve` without --no-worker)
+    worker_since: float | None = None  # when `envlab serve` started that worker (time.monotonic()), if it did
 
 
 def no_progress(page: Page) -> dict[str, Any]:

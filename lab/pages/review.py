@@ -256,7 +256,7 @@ class ReviewTab:
 
 def build(page: Page) -> ReviewTab:
     with gr.Row():
-        stage_pick = gr.Dropdown(label="Stage", choices=[], value=None, scale=1)
+        stage_pick = gr.Dropdown(label="Stage", choices=[], value=None, scale=1, elem_id="review-stage")
         note = gr.Markdown(elem_id="review-note")
     stages = gr.Dataframe(label="Stages (rates pooled over all the stage's validation boards)", interactive=False)
     with gr.Accordion("Config timeline: the config each stage trained on, and who set each value", open=True):

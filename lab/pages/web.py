@@ -16,9 +16,13 @@ keeps a new lab empty, on that start and every later one, and a database that ho
 is.
 
 A worker is started beside the page unless `--no-worker` is given or one is visibly at work: a running job
-whose heartbeat is fresh. An idle worker writes nothing (a worker has no row of its own), so a lab whose
+whose heartbeat is fresh, once the jobs a dead worker of this host left running are handed back to the queue
+(`take_back_orphans`: the lab before this start was killed), so the badge is true from the page's first second.
+An idle worker writes nothing (a worker has no row of its own), so a lab whose
 worker idles on another machine gets a second one here; that is harmless, as claims are exclusive. Beside it a
 light lane starts too (`envlab worker --kinds probe`): a Measure job runs while the worker trains a long stage.
+Each is started again when it dies (`lab.jobs.worker.KeptWorker`), said on the command line; one that keeps
+dying is left down with a line saying that nothing here runs its jobs.
 Workers lower their CPU priority (`--nice`) and leave the page a core (`lab.jobs.worker.beside_page_env`: torch
 threads on every core but one), so the page stays quick while a stage trains.
 """
@@ -33,6 +37,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,14 +51,22 @@ from tqdm import tqdm
 
 from lab.archive import ArchiveError, Limits
 from lab.cli.serve import AUTH_SETTING, address, arguments, logins, port_free, taken_message
-from lab.jobs.worker import WorkerState, beside_page_env, start_worker, worker_busy, worker_status
+from lab.jobs.worker import (
+    KeptWorker,
+    WorkerState,
+    beside_page_env,
+    hand_back_orphans,
+    start_worker,
+    worker_busy,
+    worker_status,
+)
 from lab.pages import compare, episode, leaderboard, playground, proposal, review, runs, train
 from lab.pages.auth import Guard, allowed_hosts
 from lab.pages.common import VIEW, Page, no_progress
-from lab.pages.tempfiles import FILES_AGE_S, SWEEP_S
+from lab.pages.tempfiles import FILES_AGE_S, SWEEP_S, QuotaGate, private_temp
 from lab.runs import LabVersion, lab_version, run_list, run_of_episode, run_of_proposal, waiting_proposals
 from lab.study.example import IMPORTING, ensure_example, import_studies, shipped_choice, studies_missing
-from storage.db import DatabaseUnusable, keep_private, open_database
+from storage.db import DatabaseUnusable, keep_private, open_database, runs_root
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
 POLL_S = 2.0
@@ -70,11 +83,20 @@ NO_WORKER = "No worker was started with this lab (--no-worker): queued jobs wait
 LANES = (("--kinds", "probe"),)  # the light lanes beside the worker: Measure jobs never wait behind a long stage
 
 
-def worker_badge(engine: Engine, own_worker: bool = True) -> str:
-    """The worker's badge above the tabs; a lab started without a worker does not call an empty queue idle."""
+WORKER_START_S = 120.0  # the worker `envlab serve` starts claims its first job within this (its imports come first)
+STARTING = "waiting for the worker this lab started, which is starting"
+
+
+def worker_badge(engine: Engine, own_worker: bool = True, worker_since: float | None = None) -> str:
+    """The worker's badge above the tabs; a lab started without a worker does not call an empty queue idle, and
+    one whose worker started less than WORKER_START_S ago (`worker_since`) does not say that no worker runs while
+    jobs wait for it: after a restart the handed-back job was queued long ago, and the worker is still starting."""
     state, text = worker_status(engine)
     if state == WorkerState.IDLE and not own_worker:
         text = NO_WORKER
+    elif (state == WorkerState.DOWN and "no worker has taken one" in text and worker_since is not None
+          and time.monotonic() - worker_since < WORKER_START_S):
+        state, text = WorkerState.WAITING, f"{text.partition(' queued')[0]} queued, {STARTING}."
     return f'<div class="worker {state}"><span class="dot"></span>{html.escape(text)}</div>'.replace(
         "`envlab worker`", "<code>envlab worker</code>")
 
@@ -107,9 +129,10 @@ def linked(engine: Engine, params: dict[str, str]) -> dict[str, Any]:
     return {"run": run_id, "tab": tab, "episode": episode_id, "proposal": proposal_id}
 
 
-def build_demo(engine: Engine, own_worker: bool = True) -> gr.Blocks:
+def build_demo(engine: Engine, own_worker: bool = True, worker_since: float | None = None) -> gr.Blocks:
     """The lab's page on `engine` (migrated already); launch it with `launch`. Without `own_worker` (`--no-worker`)
-    the badge says that no worker was started rather than "idle"."""
+    the badge says that no worker was started rather than "idle"; `worker_since`: when `envlab serve` started its
+    worker (`time.monotonic()`), for the badge while it starts."""
     # Uploads, and the copies of exports the page offers for download, are deleted after FILES_AGE_S.
     with gr.Blocks(title="envlab", delete_cache=(SWEEP_S, FILES_AGE_S)) as demo:
         gr.Markdown(INTRO, elem_id="intro")
@@ -126,7 +149,7 @@ def build_demo(engine: Engine, own_worker: bool = True) -> gr.Blocks:
         drawn = gr.State({})
         poll = gr.Timer(POLL_S, active=False)  # started by the page's first answer (`on_load`)
         with gr.Tabs(elem_id="tabs") as tab_bar:
-            page = Page(engine, run_pick, tab_bar, worker, quiet, own_worker)
+            page = Page(engine, run_pick, tab_bar, worker, quiet, own_worker, worker_since)
             with gr.Tab("Runs", id="runs") as runs_item:
                 runs_tab = runs.build(page)
             with gr.Tab("Stage review", id="review") as review_item:
@@ -206,7 +229,8 @@ class Tabs:
         pick = gr.update(choices=choices, value=run_id if run_id in ids else None) if select else \
             gr.update(choices=choices)
         return {self.page.run_pick: pick, self.runs.table: runs.runs_table(engine),
-                self.page.worker: worker_badge(engine, self.page.own_worker), self.waiting: waiting_banner(engine)}
+                self.page.worker: worker_badge(engine, self.page.own_worker, self.page.worker_since),
+                self.waiting: waiting_banner(engine)}
 
     def draw(self, tab: str, run_id: int | None, proposal_id: int | None = None,
              stage_index: int | None = None) -> dict[Any, Any]:
@@ -313,7 +337,8 @@ def _wire_poll(tabs: Tabs) -> Any:
                drawn_for: tuple[LabVersion, int | None] | None, has: dict[str, Any], experiment_id: int | None,
                rate: str | None, compare_drawn_at: tuple | None) -> dict[Any, Any]:
         now = lab_version(engine)
-        out: dict[Any, Any] = {page.worker: worker_badge(engine, page.own_worker), seen: (now, run_id)}
+        out: dict[Any, Any] = {page.worker: worker_badge(engine, page.own_worker, page.worker_since),
+                               seen: (now, run_id)}
         if tab == "compare" and tabs.compare.stale(compare_drawn_at, now):
             # a study under way, watched: its stages as they end; the shipped study's import, as its runs come in
             out |= tabs.compare.show(experiment_id, rate) if experiment_id is not None else tabs.compare.refresh()
@@ -479,7 +504,8 @@ def launch(demo: gr.Blocks, host: str = "127.0.0.1", port: int | None = None,
     """Serve the page; with `block`, say where in one line and serve until interrupted. Raises OSError when
     the port is taken.
 
-    Uploads are capped at `Limits.upload` (Gradio's `max_file_size`, per file; docs/archive.md) and FastAPI's
+    Uploads are capped at `Limits.upload` (Gradio's `max_file_size`, per file; docs/archive.md), and how many are
+    kept at once and their bytes together by `lab.pages.tempfiles.QuotaGate`, before Gradio writes any; FastAPI's
     own `/openapi.json` is off (Gradio's routes, no lab data, but answered without a login); under `auth` the
     endpoints' schema is not shown either (`close_api_docs`), failed logins are throttled and every request
     that can change something needs the login (`lab.pages.auth.Guard`). The guard answers only to the lab's host names
@@ -495,7 +521,8 @@ def launch(demo: gr.Blocks, host: str = "127.0.0.1", port: int | None = None,
     demo.launch(**unasked, server_name=host, server_port=port, auth=auth, prevent_thread_lock=True, quiet=True,
                 css_paths=[ASSETS / "lab.css"], head=plotly_warmup(), theme=gr.themes.Soft(), footer_links=[],
                 ssr_mode=False, run_history=False, show_error=True, max_file_size=Limits.from_env().upload,
-                app_kwargs={"openapi_url": None, "middleware": [Middleware(Guard, hosts=allowed_hosts(host, allowed))]})
+                app_kwargs={"openapi_url": None, "middleware": [Middleware(Guard, hosts=allowed_hosts(host, allowed)),
+                                                                 Middleware(QuotaGate)]})
     guard_first(demo.server_app)
     if block:
         print(f"envlab: serving on http://{host}:{demo.server_port}", flush=True)
@@ -543,15 +570,22 @@ class _Stopped(Exception):
 def add_studies(engine: Engine, stop: threading.Event | None = None) -> None:
     """The shipped study's experiments that are not in yet, run by run with "importing the shipped studies: k of n
     runs" on the command line (gone once done), then one line saying where they are; `stop` set stops it between
-    two runs, saying how far it came."""
+    two runs, saying how far it came. Where the output is not a terminal (a log file) the count is a line of its own
+    at the start and at each tenth of the runs, which a file keeps, instead of a bar redrawn in place."""
     bar: tqdm | None = None
+    tenths = -1  # the last tenth said in a line (no terminal)
 
     def step(done: int, total: int) -> None:
-        nonlocal bar
-        if bar is None:
+        nonlocal bar, tenths
+        if not sys.stderr.isatty():
+            if 10 * done // max(1, total) > tenths:
+                tenths = 10 * done // max(1, total)
+                print(IMPORTING.format(done=done, total=total), file=sys.stderr, flush=True)
+        elif bar is None:
             bar = tqdm(total=total, initial=done, file=sys.stderr, leave=False,
                        bar_format=IMPORTING.format(done="{n}", total="{total}"))
-        bar.update(done - bar.n)
+        if bar is not None:
+            bar.update(done - bar.n)
         if stop is not None and stop.is_set():
             raise _Stopped(f"the import of the shipped studies stopped at {done} of {total} runs: the next start "
                            "imports the rest")
@@ -569,6 +603,17 @@ def add_studies(engine: Engine, stop: threading.Event | None = None) -> None:
 
 
 STOP_IMPORT_S = 30.0  # how long a stopping lab waits for the import of the run it is at
+
+
+def take_back_orphans(engine: Engine) -> None:
+    """The jobs a worker of this host left running when it died (the lab before this start was killed, and its
+    workers with it) handed back to the queue as the lab starts, before the page serves and before it asks whether
+    a worker is at work, each said in one line. Their heartbeats, seconds old, would read as a busy worker: the badge
+    said "Worker busy" for a job nobody ran until the heartbeat went stale, and no worker was started for it."""
+    for job in hand_back_orphans(engine):
+        at = f" at step {job.step} of {job.total}" if job.total else ""
+        print(f"job {job.id} ({job.kind}) was left running{at} by a worker that is gone from this host: handed back "
+              "to the queue, where a worker takes it up again", file=sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -589,7 +634,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DatabaseUnusable as err:
         print(f"envlab serve: {err}", file=sys.stderr)
         return 2
-    stop = threading.Event()
+    try:  # Gradio's uploads and downloads: under the runs root, this user's alone, not the shared /tmp/gradio
+        private_temp(runs_root(engine))
+    except OSError as err:
+        print(f"envlab serve: {err}", file=sys.stderr)
+        return 2
+    take_back_orphans(engine)
+    stop, worker_since = threading.Event(), None
     if args.no_example:
         shipped_choice(engine, take=False)  # a new lab stays empty, on this start and the next ones
         study = None
@@ -600,17 +651,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif worker_busy(engine):
         print("a worker is already at work on this database: not starting another", file=sys.stderr)
     else:
-        start_worker(args.db, env=beside_page_env(), die_with_parent=True, own_group=True)
+        KeptWorker(lambda: start_worker(args.db, env=beside_page_env(), die_with_parent=True, own_group=True)
+                   ).start()  # started again when it dies
+        worker_since = time.monotonic()
     if not args.no_worker:
         for lane in LANES:  # a probe job runs here while the worker trains a stage
-            start_worker(args.db, options=lane, env=beside_page_env(), die_with_parent=True, own_group=True)
+            KeptWorker(lambda lane=lane: start_worker(args.db, options=lane, env=beside_page_env(),
+                                                      die_with_parent=True, own_group=True),
+                       name="the lab's probe lane").start()
     # SIGTERM ends the page like Ctrl-C does, so the atexit hook stops the workers it started, each with one SIGTERM
     # (they are in process groups of their own: a Ctrl+C reaches the page only), and each hands its job back.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     with contextlib.suppress(OSError, ValueError):  # io.UnsupportedOperation: a stderr that is no file (a capture)
         faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID`: every thread's stack, on stderr
     try:
-        launch(build_demo(engine, own_worker=not args.no_worker), host, port, auth,
+        launch(build_demo(engine, own_worker=not args.no_worker, worker_since=worker_since), host, port, auth,
                allowed=args.allowed_hosts.split(","), forwarded_allow_ips=args.forwarded_allow_ips)
     except KeyboardInterrupt:  # Ctrl+C before the page serves: one line; its workers are stopped as above (atexit)
         print("envlab serve: stopped", file=sys.stderr)

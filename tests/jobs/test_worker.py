@@ -88,9 +88,11 @@ def test_a_killed_workers_job_is_reaped_then_requeued_and_resumed_from_its_check
     assert _job(engine, job_id).status == "running"  # nobody ended it
 
     time.sleep(0.5)
-    # A second worker's first poll reaps the dead worker's job; nothing else is queued, so it returns.
+    # A second worker's polls reap the dead worker's job at a second look, at least 0.2 s (stale / 2) after the
+    # first; nothing else is queued, so it returns when idle.
+    looking = WorkerOptions(worker_id="second", poll_s=0.02, stale_s=0.4, idle_exit_s=1.0)
+    assert run_worker(engine, {"stage": resumable}, looking) == 0
     second = WorkerOptions(worker_id="second", poll_s=0.02, stale_s=0.4, once=True)
-    assert run_worker(engine, {"stage": resumable}, second) == 0
     dead = _job(engine, job_id)
     assert (dead.status, dead.attempts, dead.worker) == ("failed", 1, "doomed")
     assert dead.error.startswith("worker stopped sending heartbeats") and "'doomed'" in dead.error

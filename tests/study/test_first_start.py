@@ -168,7 +168,8 @@ def test_serve_stops_the_import_after_the_run_it_is_at_and_says_how_far_it_came(
                                                                                  left_alone):
     """`envlab serve` imports the study in a thread beside the page and sets its stop event when the page ends:
     the thread stops at the next run, says so, and the command line and the Compare tab said "importing the
-    shipped studies: k of n runs" while it ran, nothing once it stopped or ended."""
+    shipped studies: k of n runs" while it ran, nothing once it stopped or ended; an output that is no terminal
+    says it in a line at each tenth of the runs."""
     engine = _engine(tmp_path / "envlab.db")
     stop, lines = threading.Event(), []
     real = example.import_studies
@@ -189,6 +190,10 @@ def test_serve_stops_the_import_after_the_run_it_is_at_and_says_how_far_it_came(
     assert lines[5] == "importing the shipped studies: 5 of 88 runs"
     said = capsys.readouterr().err
     assert "an empty lab: the example run is run #1" in said
+    # not a terminal (a log file): a line at the start and at each tenth of the runs, no bar redrawn in place
+    assert [line for line in said.splitlines() if line.startswith("importing")] == [
+        IMPORTING.format(done=k, total=TOTAL) for k in (0, 9, 18)]
+    assert "\r" not in said
     assert said.endswith("the import of the shipped studies stopped at 20 of 88 runs: the next start imports the "
                          "rest\n")
     assert import_line(engine) == ""
@@ -222,7 +227,7 @@ def test_the_compare_tab_says_how_far_the_import_has_come_while_it_runs(tmp_path
 
 
 def test_no_example_keeps_a_new_lab_empty_at_every_later_start(tmp_path: Path, monkeypatch):
-    monkeypatch.setattr(app, "build_demo", lambda engine, own_worker=True: "the page")
+    monkeypatch.setattr(app, "build_demo", lambda engine, own_worker=True, worker_since=None: "the page")
     monkeypatch.setattr(app, "launch", lambda demo, *args, **kwargs: None)
     monkeypatch.setattr(app.signal, "signal", lambda *args: None)
     db, port = tmp_path / "envlab.db", str(free_port())
@@ -238,7 +243,7 @@ def test_no_example_keeps_a_new_lab_empty_at_every_later_start(tmp_path: Path, m
 def test_a_lab_that_takes_them_and_is_started_with_no_example_imports_nothing_then(tmp_path: Path, monkeypatch):
     engine = _engine(tmp_path / "envlab.db")
     assert _start(engine, monkeypatch, stop_at=0) == [(0, TOTAL)]
-    monkeypatch.setattr(app, "build_demo", lambda engine, own_worker=True: "the page")
+    monkeypatch.setattr(app, "build_demo", lambda engine, own_worker=True, worker_since=None: "the page")
     monkeypatch.setattr(app, "launch", lambda demo, *args, **kwargs: None)
     monkeypatch.setattr(app.signal, "signal", lambda *args: None)
     assert app.main(["--db", str(tmp_path / "envlab.db"), "--port", str(free_port()), "--no-worker",
