@@ -97,9 +97,16 @@ class Zygote:
         self.proc = subprocess.Popen([sys.executable, "-m", "lab.jobs.zygote", str(theirs.fileno())], env=dict(env),
                                      pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, start_new_session=True)
         theirs.close()
+        self.children: list[Forked] = []  # those not yet seen to end
 
     def alive(self) -> bool:
         return self.proc.poll() is None
+
+    def busy(self) -> bool:
+        """Whether a child it forked may still run: one whose end its watcher has not read (read here, a report
+        could be taken from the thread that waits on it)."""
+        self.children = [c for c in self.children if c.returncode is None]
+        return bool(self.children)
 
     def spawn(self, argv: Sequence[str], env: Mapping[str, str], cwd: str) -> Forked:
         """`python ARGV` (`-m MODULE ARGS`) forked, with environment `env`, in folder `cwd`."""
@@ -125,7 +132,9 @@ class Zygote:
                 raise OSError("the zygote ended before it started the child")
             said += chunk
         first, rest = said.split(b"\n", 1)
-        return Forked(int(first.split()[1]), open(out_r, encoding="utf-8", errors="replace"), report, rest)  # noqa: SIM115
+        child = Forked(int(first.split()[1]), open(out_r, encoding="utf-8", errors="replace"), report, rest)  # noqa: SIM115
+        self.children.append(child)
+        return child
 
     def close(self) -> None:
         self.sock.close()  # the zygote ends its children and exits
@@ -136,8 +145,12 @@ class Zygote:
             self.proc.wait()
 
 
-_zygotes: dict[tuple[tuple[str, str], ...], Zygote] = {}
+_zygotes: dict[tuple[tuple[str, str], ...], Zygote] = {}  # least recently used first
 _lock = threading.Lock()
+# Zygotes a process keeps, the one in use among them (each holds the training stack, about 0.4 GB): a process whose
+# children's import settings change (a command run for one database, then another: each has its own Trackio folder)
+# would otherwise keep one per setting it ever met. The least recently used one with no child running goes first.
+KEPT = 2
 
 
 def spawn(argv: Sequence[str], env: Mapping[str, str]) -> Forked:
@@ -156,9 +169,13 @@ def warm(env: Mapping[str, str]) -> None:
 def _running(env: Mapping[str, str]) -> Zygote:
     key = import_key(env)
     with _lock:
-        zygote = _zygotes.get(key)
+        zygote = _zygotes.pop(key, None)
         if zygote is None or not zygote.alive():
-            zygote = _zygotes[key] = Zygote(env)
+            zygote = Zygote(env)
+        _zygotes[key] = zygote  # the most recently used, last
+        idle = [k for k, z in _zygotes.items() if k != key and not z.busy()]
+        for old in idle[:max(len(_zygotes) - KEPT, 0)]:
+            _zygotes.pop(old).close()
     return zygote
 
 
