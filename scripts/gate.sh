@@ -22,7 +22,9 @@ db="$work/gate.db"
 python=$repo/.venv/bin/python
 source "$repo/scripts/fixed-commit.sh"
 source "$repo/scripts/snapshot.sh"
-export KEEP=starts EXCLUDE="*.state"  # the warm start's optimizer state (17 MB) is not kept
+# a snapshot keeps what is made once (the starts, the configs, the marks of what is made), not the warm start's
+# optimizer state (17 MB)
+export KEEP="starts configs made-prep made-tiny made-static made-weak" EXCLUDE="*.state"
 if [ ! -x "$python" ]; then
     echo "no environment in $repo/.venv: bash .ci/setup first" >&2
     exit 2
@@ -100,7 +102,7 @@ nohup setsid nice -n 5 bash -c "$chain_b" >> "$work/chain-b.log" 2>&1 &
 b=$!
 echo "$a $b" > "$work/pids"
 # its state into the repository's folder every SAVE_EVERY seconds (default an hour), so a lost machine costs little
-nohup setsid bash -c "source '$repo/scripts/snapshot.sh'; export KEEP=starts EXCLUDE='*.state';
+nohup setsid bash -c "source '$repo/scripts/snapshot.sh'; export KEEP='starts configs made-prep made-tiny made-static made-weak' EXCLUDE='*.state';
     while kill -0 $a 2>/dev/null || kill -0 $b 2>/dev/null; do
         sleep ${SAVE_EVERY:-3600}; PYTHON='$python' snapshot_save '$work' '$db' '$snap'
     done" >> "$work/snapshots.log" 2>&1 &
