@@ -151,6 +151,7 @@ def test_a_job_queued_long_ago_waits_for_the_worker_the_lab_started_while_it_sta
     waits for that worker; two minutes after the worker started, or in a lab that started none, nobody runs it."""
     from datetime import timedelta
 
+    from lab.jobs.worker import WORKER_START_S
     from storage import queue
     from storage.db import session
     from storage.models import JobKind
@@ -163,7 +164,7 @@ def test_a_job_queued_long_ago_waits_for_the_worker_the_lab_started_while_it_sta
     starting = app.worker_badge(empty_lab, worker_since=time.monotonic() - 1)
     assert starting == ('<div class="worker waiting"><span class="dot"></span>1 job(s) queued, waiting for the '
                         'worker this lab started, which is starting.</div>')
-    for since in (time.monotonic() - app.WORKER_START_S - 1, None):
+    for since in (time.monotonic() - WORKER_START_S - 1, None):
         badge = app.worker_badge(empty_lab, worker_since=since)
         assert badge.startswith('<div class="worker down"><span class="dot"></span>1 job(s) queued, the oldest for ')
         assert "no worker seems to be running" in badge

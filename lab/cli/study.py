@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from lab.cli.common import UsageError, engine_of
 from storage.settings import MATCH_MODES
@@ -105,10 +106,7 @@ def _headroom_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("headroom", help="the headroom screen: how much a stage's gain depends on its environment "
                                         "(docs/experiments.md)")
     verbs = p.add_subparsers(dest="verb", required=True)
-    s = verbs.add_parser("make-configs", help="write the screen's configs and print its commands")
-    s.add_argument("--out", type=Path, required=True, help="folder for initial.json and the configs")
-    s.add_argument("--from-scenario", default=SCENARIO, help=f"the scenario whose sizes they use (default {SCENARIO})")
-    s.set_defaults(fn=_headroom_configs)
+    _make_configs_command(verbs, "write the screen's configs and print its commands", _headroom_configs)
     s = verbs.add_parser("report", help="each config's gain, the random draws' and the headroom")
     s.add_argument("experiment", help=f"the configs' experiment (the screen's name, {NAME} by default)")
     s.add_argument("--draws", help="the random arm's experiment (default: EXPERIMENT-random)")
@@ -177,15 +175,11 @@ def _gate_report(args: argparse.Namespace) -> None:
 
 
 def _gate_commands(sub: argparse._SubParsersAction) -> None:
-    from lab.study.gate import SCENARIO
 
     p = sub.add_parser("gate", help="the gate: does the best environment move as the policy learns? "
                                     "(docs/results/README.md)")
     verbs = p.add_subparsers(dest="verb", required=True)
-    s = verbs.add_parser("make-configs", help="write the gate's configs")
-    s.add_argument("--out", type=Path, required=True, help="folder for initial.json and the configs")
-    s.add_argument("--from-scenario", default=SCENARIO, help=f"the scenario whose sizes they use (default {SCENARIO})")
-    s.set_defaults(fn=_gate_configs)
+    _make_configs_command(verbs, "write the gate's configs", _gate_configs)
     s = verbs.add_parser("checkpoint", help="the policy an experiment's single run ended on (a start)")
     s.add_argument("experiment")
     s.add_argument("--db", help=DB_HELP)
@@ -194,6 +188,16 @@ def _gate_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--db", help=DB_HELP)
     s.add_argument("--out", type=Path, required=True, help="folder for report.md and gains.csv")
     s.set_defaults(fn=_gate_report)
+
+
+def _make_configs_command(verbs: argparse._SubParsersAction, help_text: str, fn: Any) -> None:
+    """`make-configs`, the headroom screen's or the gate's (both write into `--out` from a scenario's sizes)."""
+    from lab.study.headroom import SCENARIO
+
+    s = verbs.add_parser("make-configs", help=help_text)
+    s.add_argument("--out", type=Path, required=True, help="folder for initial.json and the configs")
+    s.add_argument("--from-scenario", default=SCENARIO, help=f"the scenario whose sizes they use (default {SCENARIO})")
+    s.set_defaults(fn=fn)
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:

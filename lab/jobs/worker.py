@@ -798,8 +798,13 @@ class WorkerState(StrEnum):
     IDLE = "idle"  # nothing queued or running
 
 
-def worker_status(engine: Engine) -> tuple[WorkerState, str]:
-    """Whether a worker is picking up jobs, read from the jobs table: (state, one line for a person)."""
+WORKER_START_S = 120.0  # a worker a lab starts claims its first job within this (its imports come first)
+
+
+def worker_status(engine: Engine, starting_since: float | None = None) -> tuple[WorkerState, str]:
+    """Whether a worker is picking up jobs, read from the jobs table: (state, one line for a person).
+    `starting_since`: when (`time.monotonic()`) the caller started a worker of its own; for `WORKER_START_S` after,
+    jobs queued long ago (handed back by a restart) wait for it rather than say that no worker runs."""
     with session(engine) as s:
         now = db_now(s)  # the clock heartbeats are stamped by (`storage.queue`), whatever this machine's says
         running = list(s.exec(select(Job).where(Job.status == JobStatus.RUNNING).order_by(Job.id)))
@@ -817,6 +822,9 @@ def worker_status(engine: Engine) -> tuple[WorkerState, str]:
                                   "stale job, and the Train tab can queue it again.")
     if queued:
         waited = (now - queued[0].created_at).total_seconds()
+        if starting_since is not None and time.monotonic() - starting_since < WORKER_START_S:
+            return WorkerState.WAITING, (f"{len(queued)} job(s) queued, waiting for the worker this lab started, "
+                                         "which is starting.")
         if waited > QUEUE_PATIENCE_S:
             return WorkerState.DOWN, (f"{len(queued)} job(s) queued, the oldest for {waited:.0f} s, and no worker "
                                       "has taken one: no worker seems to be running. Start one with `envlab worker`.")

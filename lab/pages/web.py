@@ -83,20 +83,15 @@ NO_WORKER = "No worker was started with this lab (--no-worker): queued jobs wait
 LANES = (("--kinds", "probe"),)  # the light lanes beside the worker: Measure jobs never wait behind a long stage
 
 
-WORKER_START_S = 120.0  # the worker `envlab serve` starts claims its first job within this (its imports come first)
-STARTING = "waiting for the worker this lab started, which is starting"
 
 
 def worker_badge(engine: Engine, own_worker: bool = True, worker_since: float | None = None) -> str:
     """The worker's badge above the tabs; a lab started without a worker does not call an empty queue idle, and
-    one whose worker started less than WORKER_START_S ago (`worker_since`) does not say that no worker runs while
-    jobs wait for it: after a restart the handed-back job was queued long ago, and the worker is still starting."""
-    state, text = worker_status(engine)
+    one whose worker is still starting (`worker_since`: `lab.jobs.worker.worker_status`) does not say that no worker
+    runs while jobs wait for it: after a restart the handed-back job was queued long ago."""
+    state, text = worker_status(engine, worker_since)
     if state == WorkerState.IDLE and not own_worker:
         text = NO_WORKER
-    elif (state == WorkerState.DOWN and "no worker has taken one" in text and worker_since is not None
-          and time.monotonic() - worker_since < WORKER_START_S):
-        state, text = WorkerState.WAITING, f"{text.partition(' queued')[0]} queued, {STARTING}."
     return f'<div class="worker {state}"><span class="dot"></span>{html.escape(text)}</div>'.replace(
         "`envlab worker`", "<code>envlab worker</code>")
 
