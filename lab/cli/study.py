@@ -139,6 +139,27 @@ def _headroom_commands(sub: argparse._SubParsersAction) -> None:
 # ---------------------------------------------------------------- the gate
 
 
+def _gate_engine(db: str | None, folder: Path):
+    """The gate's database read from a copy in `folder`, where it is a SQLite file: the gate runs on a fixed commit,
+    and opening its database here would migrate it past what that commit knows (its next process would then refuse
+    it). A server URL is read as it is."""
+    import sqlite3
+
+    from storage.db import database_url
+
+    url = database_url(db)
+    if not url.startswith("sqlite:///"):
+        return engine_of(db)
+    path = Path(url.removeprefix("sqlite:///"))
+    if not path.is_file():
+        raise UsageError(f"no gate database at {path}")
+    copy = folder / "gate-copy.db"
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as source, sqlite3.connect(copy) as target:
+        source.backup(target)
+    return engine_of(str(copy))
+
+
+
 def _gate_configs(args: argparse.Namespace) -> None:
     from lab.study.experiments import ExperimentError
     from lab.study.gate import INITIAL, write_configs
@@ -160,10 +181,14 @@ def _gate_checkpoint(args: argparse.Namespace) -> None:
 
 
 def _gate_report(args: argparse.Namespace) -> None:
+    import tempfile
+
     from lab.study.gate import STARTS, read_start, verdict, write_report
 
-    engine = engine_of(args.db)
-    starts = [s for name in STARTS if (s := read_start(engine, name)) is not None]
+    with tempfile.TemporaryDirectory() as folder:
+        engine = _gate_engine(args.db, Path(folder))
+        starts = [s for name in STARTS if (s := read_start(engine, name)) is not None]
+        engine.dispose()
     if not starts:
         raise UsageError(f"report: no gate experiment ({', '.join(f'gate-{n}' for n in STARTS)}) in the database")
     remake = ["bash scripts/gate.sh   # resumable; again after any stop",
@@ -172,6 +197,45 @@ def _gate_report(args: argparse.Namespace) -> None:
     print(verdict(starts))
     for what, where in written.items():
         print(f"{what}: {where}")
+
+
+def _gate_study_plan(args: argparse.Namespace) -> None:
+    import tempfile
+
+    from lab.study.comparison import points
+    from lab.study.gate import (
+        STARTS,
+        STUDY_ARMS,
+        STUDY_SEEDS,
+        STUDY_STAGES,
+        GateError,
+        read_start,
+        stage_minutes,
+        study_choice,
+        study_commands,
+    )
+
+    with tempfile.TemporaryDirectory() as folder:
+        engine = _gate_engine(args.db, Path(folder))
+        starts = [s for name in STARTS if (s := read_start(engine, name)) is not None]
+        minutes = stage_minutes(engine)
+        engine.dispose()
+    try:
+        choice = study_choice(starts)
+    except GateError as err:
+        raise UsageError(f"study-plan: {err}") from None
+    lines = study_commands(choice, configs=args.configs, starts=args.starts, out=args.out, db=str(args.study_db),
+                           workers=args.workers)
+    print(f"start {choice.start}, static config {choice.config}: {choice.why}")
+    if choice.spread is not None:
+        plain, holm = choice.detectable()
+        print(f"seed spread there {points(choice.spread)} points: {STUDY_SEEDS} seeds detect {points(plain)} points "
+              f"with 80% power at 0.05, {points(holm)} at Holm's first step (0.05 / {len(STUDY_ARMS) - 1})")
+    stages = len(STUDY_ARMS) * STUDY_SEEDS * STUDY_STAGES
+    pace = "" if minutes is None else (f"; at the gate's median stage job of {minutes:.1f} min on {args.workers} "
+                                       f"workers, about {stages * minutes / args.workers / 60:.1f} hours")
+    print(f"{len(STUDY_ARMS)} arms x {STUDY_SEEDS} seeds x {STUDY_STAGES} stages: {stages} trained stages{pace}")
+    print("\n".join(lines))
 
 
 def _gate_commands(sub: argparse._SubParsersAction) -> None:
@@ -188,6 +252,15 @@ def _gate_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--db", help=DB_HELP)
     s.add_argument("--out", type=Path, required=True, help="folder for report.md and gains.csv")
     s.set_defaults(fn=_gate_report)
+    s = verbs.add_parser("study-plan", help="the study the gate calls for: its start, its static config, its commands")
+    s.add_argument("--db", help="the gate's database (read from a copy), " + DB_HELP.removeprefix("database "))
+    s.add_argument("--out", type=Path, required=True, help="folder for static.json and the study's report")
+    s.add_argument("--configs", type=Path, default=Path("configs"), help="where make-configs wrote the configs")
+    s.add_argument("--starts", type=Path, default=Path("starts"), help="the folder of the weak and static starts")
+    s.add_argument("--workers", type=int, default=2, help="workers that run the study (default 2)")
+    s.add_argument("--study-db", type=Path, default=Path("adapt.db"),
+                   help="the study's own database, in its commands (default adapt.db)")
+    s.set_defaults(fn=_gate_study_plan)
 
 
 def _make_configs_command(verbs: argparse._SubParsersAction, help_text: str, fn: Any) -> None:

@@ -38,6 +38,7 @@ config was checked to fill for both seeds' stage 1 before the gate started.
 from __future__ import annotations
 
 import math
+import shlex
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,9 +49,9 @@ from sqlmodel import select
 from envsim.config import EnvConfig
 from envsim.suite import Split
 from lab.results import stage_summaries
-from lab.study.comparison import markdown_table, points, write_csv
+from lab.study.comparison import ALPHA, detectable, markdown_table, points, write_csv
 from lab.study.experiments import ExperimentError, experiment_runs, find_experiment, load_scenario
-from lab.study.headroom import INITIAL, MIXES, SCENARIO, config_name, initial_config
+from lab.study.headroom import INITIAL, MIXES, SCENARIO, config_name, initial_config, median_stage_minutes
 from storage.db import runs_root, session
 from storage.models import Experiment, Run, RunStatus, Stage
 
@@ -302,3 +303,89 @@ def write_report(starts: list[Start], out: Path, remake: list[str]) -> dict[str,
             for seed, v in sorted(gains[c].items())]
     write_csv(written["gains"], ["start", "config", "split", "seed", "valid_gain"], rows)
     return written
+
+
+# ---------------------------------------------------------------- the study the gate calls for
+
+STUDY_NAME = "adapt"
+STUDY_ARMS = ("static", "climb", "levels", "learnability")  # static: the chosen start's best on dev, the baseline
+STUDY_SEEDS = 10
+STUDY_STAGES = 3  # each of the gate's length: INSTANCES boards, STEPS GRPO steps
+STUDY_FILE = "static.json"
+
+
+@dataclass(frozen=True)
+class StudyChoice:
+    """What the gate's result fixes for the study it calls for: the start it runs from, the config the `static` arm
+    holds (that start's best on its dev boards; every arm's stage 1 starts from it), why, and the seed spread there
+    (what sizes the power)."""
+
+    start: str
+    config: str
+    why: str
+    spread: float | None
+
+    def detectable(self, seeds: int = STUDY_SEEDS, comparisons: int = len(STUDY_ARMS) - 1) -> tuple[float, float]:
+        """The true differences `seeds` paired seeds detect with 80% power at this spread (two arms' differences
+        spread by sqrt(2) x it): at 0.05, and at Holm's first step, 0.05 / `comparisons`."""
+        sd = math.sqrt(2) * (self.spread or 0.0)
+        return detectable(sd, seeds), detectable(sd, seeds, alpha=ALPHA / comparisons)
+
+
+def study_choice(starts: list[Start]) -> StudyChoice:
+    """The rule fixed before the gate's verdict (docs/results/README.md, "The study the gate calls for"). Where the
+    best config moves: the earliest start, in the order training passes them (`STARTS`), of a pair whose bests
+    differ by more than the seed spread, so the policy trained from it passes the regimes where they differ. Where it
+    moves nowhere: the start whose ranking differs most from the others' (`most_different`). Refused until every
+    start's runs are done."""
+    unfinished = [s.name for s in starts if s.done < s.runs] + [n for n in STARTS if n not in {s.name for s in starts}]
+    if unfinished:
+        raise GateError(f"the gate is not done: start{'s' if len(unfinished) > 1 else ''} "
+                        f"{', '.join(unfinished)} still running or not made")
+    named = {s.name: s for s in starts}
+    lost = [m for m in moves([s for s in starts if s.best is not None]) if m.loses]
+    if lost:
+        involved = {m.at for m in lost} | {m.other for m in lost}
+        start = next(n for n in STARTS if n in involved)
+        why = ("the best config moves (" + "; ".join(f"from {m.at}, {m.other}'s best {m.theirs} loses "
+                                                     f"{points(m.difference)} points to {m.best}" for m in lost)
+               + f"): {start} is the earliest start of such a pair")
+    else:
+        start = most_different(starts)
+        if start is None:
+            raise GateError("no two starts rank 3 or more configs in common: the gate cannot choose a start")
+        why = f"the best config moves nowhere: {start} is the start whose ranking differs most from the others'"
+    chosen = named[start]
+    return StudyChoice(start, chosen.best, why, chosen.seed_spread())
+
+
+def study_commands(choice: StudyChoice, *, configs: Path, starts: Path, out: Path, db: str, workers: int = 2,
+                   name: str = STUDY_NAME) -> list[str]:
+    """`out/static.json` (the chosen config) and the commands that make, run and report the study: `STUDY_ARMS`,
+    `STUDY_SEEDS` seeds, `STUDY_STAGES` stages of the gate's length, from the chosen start, on the gate's settings,
+    the valid rate first, the probing arm's compute matched with extra GRPO steps for the others, every run's last
+    stage also scored on the benchmark."""
+    out.mkdir(parents=True, exist_ok=True)
+    held = out / STUDY_FILE
+    held.write_text((configs / f"{choice.config}.json").read_text())
+    policy = "tiny" if choice.start == "tiny" else str(starts / choice.start)
+    arms = ",".join(f"static=static:{held}" if a == "static" else a for a in STUDY_ARMS)
+    q, d = shlex.quote, shlex.quote(db)
+    new = ["envlab experiment new", f"--name {name}", f"--arms {q(arms)}", f"--seeds {STUDY_SEEDS}",
+           f"--stages {STUDY_STAGES}", f"--instances {INSTANCES}", f"--dev-per-size {DEV_PER_SIZE}",
+           f"--policy {q(policy)}", f"--scenario {SCENARIO}", f"--config {q(str(held))}", "--agent-counts 2,3,4,5",
+           "--validation-agents 3,4,5", "--primary valid", "--match-compute extra", f"--db {d}"]
+    return [" ".join(new), f"envlab experiment run {name} --workers {workers} --threads 1 --benchmark --db {d}",
+            f"envlab experiment report {name} --db {d} --out {q(str(out / 'report'))}"]
+
+
+def stage_minutes(engine) -> float | None:
+    """The median wall minutes of the gate's trained stage jobs, over its three starts (what the study's hours are
+    estimated from)."""
+    ids = []
+    for name in STARTS:
+        try:
+            ids += [r.id for r in experiment_runs(engine, find_experiment(engine, f"gate-{name}").id)]
+        except ExperimentError:
+            continue
+    return median_stage_minutes(engine, ids)

@@ -645,7 +645,11 @@ def stage_minutes(engine: Engine, h: Headroom) -> float | None:
     """The median wall minutes of the screen's finished stage jobs that trained a stage (stage 0's evaluation, once
     for every run, is not one): a job paused or stopped in the middle counts its whole span, so the median, not
     the mean."""
-    ids = [r.id for c in (h.experiment, h.draws_experiment) for r in c.runs.values()]
+    return median_stage_minutes(engine, [r.id for c in (h.experiment, h.draws_experiment) for r in c.runs.values()])
+
+
+def median_stage_minutes(engine: Engine, ids: Sequence[int]) -> float | None:
+    """The median wall minutes of runs `ids`' finished stage jobs that trained a stage (None where none did)."""
     with session(engine) as s:
         spans = [(f - st).total_seconds() / 60 for st, f in s.exec(
             select(Job.started_at, Job.finished_at).where(

@@ -131,3 +131,106 @@ def test_the_checkpoint_of_a_start_is_its_run_s_last_stage_once_done(empty_lab, 
     assert capsys.readouterr().out == f"{tmp_path.resolve() / run.uuid}/stage-2\n"
     assert envlab(["gate", "checkpoint", "gate-x", "--db", db]) == 2
     assert capsys.readouterr().err.startswith("envlab gate: checkpoint: no experiment named 'gate-x'")
+
+
+def finish(engine, *starts: str) -> None:
+    """Mark every run of the starts' experiments done, as when the gate has ended."""
+    with session(engine) as s:
+        for start in starts:
+            for run in experiment_runs(engine, find_experiment(engine, f"gate-{start}").id):
+                run = s.get(type(run), run.id)
+                run.status = RunStatus.DONE
+                s.add(run)
+        s.commit()
+
+
+def three_starts(engine, folder: Path, static_dev: dict[str, list[int]]) -> None:
+    """weak and tiny as in the moved-best test (C best at weak, A at tiny, each losing by more than the spread to
+    the other's); static's dev as given, its validation gains equal (so it loses to nothing)."""
+    scripted(engine, folder, "weak", valid={A: [53, 53], B: [54, 56], C: [57, 57]},
+             dev={A: [52, 52], B: [55, 56], C: [58, 58]})
+    scripted(engine, folder, "tiny", valid={A: [56, 58], B: [54, 54], C: [52, 52]},
+             dev={A: [57, 57], B: [54, 55], C: [51, 53]})
+    scripted(engine, folder, "static", valid={A: [55, 55], B: [55, 55], C: [55, 55]}, dev=static_dev)
+
+
+def test_the_study_starts_where_the_best_moves_earliest_and_holds_that_start_s_best(empty_lab, tmp_path: Path):
+    three_starts(empty_lab, tmp_path / "c", static_dev={A: [56, 56], B: [55, 55], C: [54, 54]})
+    starts = [gate.read_start(empty_lab, n) for n in gate.STARTS]
+    with pytest.raises(gate.GateError, match="the gate is not done: starts weak, tiny, static still running"):
+        gate.study_choice(starts)
+    finish(empty_lab, "weak", "tiny")
+    with pytest.raises(gate.GateError, match="^the gate is not done: start static still running or not made$"):
+        gate.study_choice([gate.read_start(empty_lab, n) for n in gate.STARTS])
+    finish(empty_lab, "static")
+    choice = gate.study_choice([gate.read_start(empty_lab, n) for n in gate.STARTS])
+    # weak's best (C) and tiny's (A) each lose to the other's there: weak is the earliest start of such a pair
+    assert (choice.start, choice.config) == ("weak", C)
+    assert choice.why == (f"the best config moves (from weak, tiny's best {A} loses 4.00 points to {C}; from weak, "
+                          f"static's best {A} loses 4.00 points to {C}; from tiny, weak's best {C} loses 5.00 points "
+                          f"to {A}): weak is the earliest start of such a pair")
+    assert choice.spread == pytest.approx((2 / 3) ** 0.5 / 100)
+    plain, holm = choice.detectable()
+    assert holm > plain > 0
+    sd = 2 ** 0.5 * choice.spread
+    from lab.study.comparison import detectable
+    assert (plain, holm) == (pytest.approx(detectable(sd, 10)), pytest.approx(detectable(sd, 10, alpha=0.05 / 3)))
+
+    lines = gate.study_commands(choice, configs=tmp_path / "c", starts=tmp_path / "starts", out=tmp_path / "study",
+                                db="study.db")
+    held = tmp_path / "study" / "static.json"
+    assert held.read_text() == (tmp_path / "c" / f"{C}.json").read_text()
+    assert lines == [
+        f"envlab experiment new --name adapt --arms static=static:{held},climb,levels,learnability --seeds 10 "
+        f"--stages 3 --instances 1024 --dev-per-size 300 --policy {tmp_path / 'starts' / 'weak'} --scenario default "
+        f"--config {held} --agent-counts 2,3,4,5 --validation-agents 3,4,5 --primary valid --match-compute extra "
+        "--db study.db",
+        "envlab experiment run adapt --workers 2 --threads 1 --benchmark --db study.db",
+        f"envlab experiment report adapt --db study.db --out {tmp_path / 'study' / 'report'}"]
+
+
+def test_where_the_best_moves_nowhere_the_study_starts_where_the_ranking_differs_most(empty_lab, tmp_path: Path):
+    # every start's validation gains tie, so no best loses anywhere; static's dev ranking (C, B, A) is the odd one
+    for start, dev in (("weak", {A: [57, 57], B: [55, 55], C: [53, 53]}),
+                       ("tiny", {A: [57, 57], B: [56, 56], C: [53, 53]}),
+                       ("static", {A: [52, 52], B: [55, 55], C: [58, 58]})):
+        scripted(empty_lab, tmp_path / "c", start, valid={A: [55, 55], B: [55, 55], C: [55, 55]}, dev=dev)
+    finish(empty_lab, *gate.STARTS)
+    choice = gate.study_choice([gate.read_start(empty_lab, n) for n in gate.STARTS])
+    assert (choice.start, choice.config, choice.spread) == ("static", C, 0.0)
+    assert choice.why == ("the best config moves nowhere: static is the start whose ranking differs most from the "
+                          "others'")
+    lines = gate.study_commands(choice, configs=tmp_path / "c", starts=tmp_path / "s", out=tmp_path / "o", db="d")
+    assert f"--policy {tmp_path / 's' / 'static'} " in lines[0]
+    tiny = gate.StudyChoice("tiny", A, "", None)
+    assert " --policy tiny " in gate.study_commands(tiny, configs=tmp_path / "c", starts=tmp_path / "s",
+                                                     out=tmp_path / "o", db="d")[0]
+
+
+def test_the_gate_s_commands_read_a_copy_and_never_migrate_its_database(empty_lab, tmp_path: Path, capsys):
+    """The gate runs on a fixed commit: a database one revision behind stays so after the report and the plan."""
+    import sqlite3
+
+    from alembic import command
+
+    from storage.db import alembic_config
+
+    three_starts(empty_lab, tmp_path / "c", static_dev={A: [56, 56], B: [55, 55], C: [54, 54]})
+    finish(empty_lab, *gate.STARTS)
+    with empty_lab.begin() as connection:
+        command.downgrade(alembic_config(connection), "-1")
+        behind = connection.exec_driver_sql("SELECT version_num FROM alembic_version").scalar()
+    empty_lab.dispose()
+    db = tmp_path / "lab.db"
+    assert envlab(["gate", "report", "--db", str(db), "--out", str(tmp_path / "report")]) == 0
+    assert capsys.readouterr().out.startswith("The best config moves: ")
+    assert envlab(["gate", "study-plan", "--db", str(db), "--out", str(tmp_path / "study"), "--configs",
+                   str(tmp_path / "c"), "--starts", str(tmp_path / "starts")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith(f"start weak, static config {C}: the best config moves (")
+    assert out[2] == "4 arms x 10 seeds x 3 stages: 120 trained stages"  # no stage job timed in a scripted gate
+    assert out[3].startswith("envlab experiment new --name adapt ") and out[3].endswith(" --db adapt.db")
+    with sqlite3.connect(db) as c:
+        assert c.execute("SELECT version_num FROM alembic_version").fetchone()[0] == behind
+    assert envlab(["gate", "report", "--db", str(tmp_path / "none.db"), "--out", str(tmp_path / "r")]) == 2
+    assert capsys.readouterr().err.endswith(f"no gate database at {tmp_path / 'none.db'}\n")
