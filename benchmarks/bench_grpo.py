@@ -173,8 +173,10 @@ def measure(policy: Policy, opts: argparse.Namespace, fixed: int | None) -> list
     length = statistics.mean(timer.lengths[1:] or timer.lengths)
     step = statistics.median(timer.times[1:] or timer.times)
     figures = [Figures(policy.name, "GRPO", params, per_step * (prompt_tokens + length), per_step * length, step, 8)]
-    # generation alone: the same prompts, the same lengths, in one batch
+    # generation alone: the same prompts, the same lengths, in one batch, by transformers' `generate` as the GRPO
+    # trainer above (benchmarks/bench_decode.py compares it with the decode loop)
     policy.model.to(device)
+    policy.decoder = "transformers"
     prompts = [policy.prompt(b) for b in boards[:opts.prompts]] * opts.generations
     budget = fixed or max(answer_budget(policy, b) for b in boards)
     policy.generate(prompts, max_new_tokens=budget, batch_size=len(prompts), do_sample=True, seed=0)  # warm-up

@@ -3,14 +3,15 @@
 Run: `python benchmarks/bench_page.py [--repeats 3] [--play-steps 40] [--stage-steps 2000] [--wait 600]
 [--only NAME...]`.
 
-The lab is served on 127.0.0.1 over a temporary SQLite database seeded by `tests.seeded.seed_lab` (plus a
-stored 10x10 episode of 5 agents), and opened in headless Chromium (Debian's `chromium`, driven by Playwright).
-Each action the page is judged by (tests/page_walk.py) is timed from its click to the page showing its result:
-opening a run, opening a proposal, the first visit to Stage review, a failure row to its replay, Play to the end
-of the 10x10 episode (the time beyond the replay's own pace, `--play-steps` x 0.6 s), a decision (reject and ask
-again) and the live edit check. Median of the repeats, first idle, then while a real `envlab worker` at its default
-lower CPU priority trains stage 1 of a run of the tiny policy with GRPO (tests/stage_beside.py); that column is
-measured once the stage has logged its first GRPO step and kept only if it still trains after the last action,
+The lab is served on 127.0.0.1 over a temporary SQLite database seeded by `tests.seeded.seed_lab` (plus a stored
+10x10 episode of 5 agents and a finished experiment of two arms and two seeds, `tests.recorded`), and opened in
+headless Chromium (Debian's `chromium`, driven by Playwright). Each action the page is judged by
+(tests/page_walk.py) is timed from its click to the page showing its result: opening a run, opening a proposal, the
+first visit to Stage review, a failure row to its replay, Play to the end of the 10x10 episode (the time beyond the
+replay's own pace, `--play-steps` x 0.6 s), a decision (reject and ask again), the live edit check and the Compare
+tab's first drawing of the experiment. Median of the repeats, first idle, then while a real `envlab worker` at its
+default lower CPU priority trains stage 1 of a run of the tiny policy with GRPO (tests/stage_beside.py); that column
+is measured once the stage has logged its first GRPO step and kept only if it still trains after the last action,
 else it stays empty and says why. The ratio loaded/idle is the figure; target: each action <= 1.5 s with the stage
 training. Error boxes the page showed meanwhile are counted (there should be none).
 
@@ -42,6 +43,7 @@ from tests.servers import CHROMIUM_ARGS, chromium_path, free_port  # noqa: E402
 from tests.servers import chromium_missing as missing  # noqa: E402
 
 Figures = dict[str, tuple[float, float | None]]
+ARMS, SEEDS = 2, 2  # the experiment the Compare tab draws (`tests.recorded.scripted_experiment`: fixed, heuristic)
 
 
 def _medians(actions: dict[str, Callable[[], float]], repeats: int) -> dict[str, float]:
@@ -59,6 +61,7 @@ def bench(repeats: int, play_steps: int = STEPS, stage_steps: int = stage_beside
 
     from playwright.sync_api import sync_playwright
 
+    from tests.recorded import scripted_experiment
     from tests.seeded import seed_lab
 
     with tempfile.TemporaryDirectory() as folder:
@@ -66,6 +69,8 @@ def bench(repeats: int, play_steps: int = STEPS, stage_steps: int = stage_beside
         engine = make_engine(db)
         ids = seed_lab(engine)
         ids["big"] = store_big_episode(engine, ids["history"], play_steps)
+        ids["experiment"] = scripted_experiment(engine, name="compare", seeds=SEEDS, stages=1).id
+        ids["arms"], ids["experiment_runs"] = ARMS, ARMS * SEEDS
         demo = app.build_demo(engine)
         port = free_port()
         app.launch(demo, port=port, block=False)

@@ -31,6 +31,7 @@ from sqlalchemy.orm import Session
 from transformers.generation.utils import GenerationMixin
 from trl import GRPOTrainer
 
+import training.decode
 import training.evaluate
 import training.stage
 from envsim.config import EnvConfig
@@ -96,7 +97,8 @@ CLOCKED: tuple[tuple[str, Any, str], ...] = (
     ("evaluation", training.evaluate, "evaluate"),
     ("validation boards", training.evaluate, "validation_entries"),
     ("dev boards", training.evaluate, "dev_entries"),
-    ("storing episodes", training.evaluate, "store_evaluation"),
+    ("storing episodes", training.evaluate, "store_episodes"),
+    ("storing the whole evaluation", training.evaluate, "store_whole"),
     ("GRPO set-up", GRPOTrainer, "__init__"),
     ("saving the policy", GRPOTrainer, "save_model"),
     ("rollouts", GRPOTrainer, "_generate"),
@@ -104,6 +106,7 @@ CLOCKED: tuple[tuple[str, Any, str], ...] = (
     ("log-probs", GRPOTrainer, "_get_per_token_logps_and_entropies"),
     ("GRPO step", GRPOTrainer, "training_step"),
     ("token generation", GenerationMixin, "generate"),
+    ("token generation", training.decode, "decode"),  # the decode loop (training.decode)
     ("backward", torch.Tensor, "backward"),
     ("optimizer", torch.optim.AdamW, "step"),
     ("database commits", Session, "commit"),

@@ -67,6 +67,7 @@ from storage.models import (
     StageStatus,
     utcnow,
 )
+from storage.payloads import BenchmarkPayload, ProposePayload, StagePayload
 from storage.queue import db_now, enqueue, fail, request_cancel, requeue, stale_after_s
 from storage.settings import HeldConfigs, RunSettings, SettingsError, first_error
 
@@ -81,7 +82,7 @@ class LoopError(ValueError):
 
 def create_run(s: Session, *, name: str, config: EnvConfig, settings: RunSettings, policy: str = "tiny",
                engineer: str = "heuristic", engineer_backend: str = "", seed: int = 0, description: str = "",
-               experiment_id: int | None = None, arm: str | None = None) -> Run:
+               experiment_id: int | None = None, arm: str | None = None, processes: int = 1) -> Run:
     """Store a run, its stage 0 (the starting policy, evaluated on `config`) and queue that stage.
 
     The keyword arguments are who the run is (its row's columns); `settings` is everything it is asked to do
@@ -92,7 +93,8 @@ def create_run(s: Session, *, name: str, config: EnvConfig, settings: RunSetting
     stage is also evaluated on: the engineers read those, never the validation boards (docs/loop.md); None only
     for a run added to an experiment made before dev boards existed (its engineers read validation, as the others).
     `experiment_id` and `arm` place the run in an experiment (lab.study.experiments). A name or a description longer
-    than `lab.text`'s bounds is refused.
+    than `lab.text`'s bounds is refused. `processes`: the processes its stages are launched on (an experiment's), for
+    which the GRPO overrides are checked.
     """
     for field, text, limit in (("run name", name, NAME_LIMIT), ("run description", description, TEXT_LIMIT)):
         if (why := too_long(field, text, limit)) is not None:
@@ -113,10 +115,10 @@ def create_run(s: Session, *, name: str, config: EnvConfig, settings: RunSetting
     try:
         check_packages(settings)
         if settings.grpo:
-            check_grpo(settings, config.num_instances, policy)
+            check_grpo(settings, config.num_instances, policy, processes)
         check_memory(settings, config, policy, needs_gpu=_needs_gpu(policy, settings))
     except SettingsError as err:
-        raise LoopError(str(err)) from None
+        raise LoopError(str(err)) from err  # its setting, for the settings file's line (`SettingsFile.located`)
     try:
         modules = (ContextModules(**settings.context) if settings.context is not None
                    else context_preset(settings.context_preset or DEFAULT_PRESET))
@@ -130,7 +132,7 @@ def create_run(s: Session, *, name: str, config: EnvConfig, settings: RunSetting
     s.refresh(run)
     s.add(Stage(run_id=run.id, index=0, config=config, status=StageStatus.QUEUED))
     s.commit()
-    _enqueue(s, JobKind.STAGE, run.id, 0)
+    _enqueue(s, StagePayload(run_id=run.id, stage_index=0))
     s.commit()
     return run
 
@@ -207,9 +209,6 @@ def _last_job(s: Session, run_id: int, kind: JobKind, target: int) -> Job | None
                   .order_by(Job.id.desc())).first()
 
 
-_TARGET_KEY = {JobKind.STAGE: "stage_index", JobKind.PROPOSE: "after_stage", JobKind.BENCHMARK: "stage_index"}
-
-
 GPU_SETTING = "ENVLAB_GPU_ABOVE"  # parameters above which a pretrained policy's jobs need a GPU worker
 GPU_ABOVE = 500_000_000  # its default: Gemma 3 270M trains on a CPU, Qwen3-0.6B and larger ask for a GPU
 
@@ -235,15 +234,16 @@ def _needs_gpu(policy: str, settings: RunSettings) -> bool:
     return params is not None and params > gpu_above()
 
 
-def _enqueue(s: Session, kind: JobKind, run_id: int, target: int, *, priority: int = Priority.BACKGROUND,
-             **payload: Any) -> Job:
-    """Queue a job of the run inside the caller's transaction (committed with the rest of its step), saying
-    what it needs: a GPU where it loads a large policy (a proposal only when the policy is its own engineer)."""
-    run = s.get(Run, run_id)
-    loads_policy = kind != JobKind.PROPOSE or (engineer_needs(run).language_model
-                                               and run.engineer_backend == SELF_BACKEND)
-    return enqueue(s, kind, {"run_id": run_id, _TARGET_KEY[kind]: target, **payload}, run_id=run_id,
-                   target=target, commit=False, needs_gpu=loads_policy and needs_gpu(run), priority=priority)
+def _enqueue(s: Session, payload: StagePayload | ProposePayload | BenchmarkPayload, *,
+             priority: int = Priority.BACKGROUND) -> Job:
+    """Queue the job `payload` asks for, of its run and about its stage, inside the caller's transaction (committed
+    with the rest of its step), saying what it needs: a GPU where it loads a large policy (a proposal only when the
+    policy is its own engineer)."""
+    run = s.get(Run, payload.run_id)
+    loads_policy = payload.kind != JobKind.PROPOSE or (engineer_needs(run).language_model
+                                                       and run.engineer_backend == SELF_BACKEND)
+    return enqueue(s, payload.kind, payload.stored(), run_id=payload.run_id, target=payload.target, commit=False,
+                   needs_gpu=loads_policy and needs_gpu(run), priority=priority)
 
 
 def _set_status(run: Run, status: RunStatus, reason: str = "") -> None:
@@ -311,7 +311,7 @@ def _step(s: Session, run: Run) -> str:
     s.add(Stage(run_id=run.id, index=last.index + 1, config=decision.config, status=StageStatus.QUEUED,
                 replay=proposal.replay))
     # a person decided and waits for the stage: it goes before an experiment's work
-    _enqueue(s, JobKind.STAGE, run.id, last.index + 1,
+    _enqueue(s, StagePayload(run_id=run.id, stage_index=last.index + 1),
              priority=Priority.BACKGROUND if decision.action == Action.AUTO else Priority.INTERACTIVE)
     _set_status(run, RunStatus.ACTIVE)
     return f"queued stage {last.index + 1} ({decision.action} by {decision.user})"
@@ -321,7 +321,7 @@ def _stage_ended(s: Session, run: Run, stage: Stage) -> str:
     """The last stage is not done and no job works on it: queue it, or stop the run saying why."""
     job = _last_job(s, run.id, JobKind.STAGE, stage.index)
     if job is None:
-        _enqueue(s, JobKind.STAGE, run.id, stage.index)
+        _enqueue(s, StagePayload(run_id=run.id, stage_index=stage.index))
         _set_status(run, RunStatus.ACTIVE)
         return f"queued stage {stage.index}"
     stage.status = StageStatus.FAILED
@@ -340,9 +340,9 @@ def _ask_engineer(s: Session, run: Run, after: int, replaces: int | None) -> str
     job is matched to the request it serves.
     """
     job = _last_job(s, run.id, JobKind.PROPOSE, after)
-    if job is None or job.payload.get("replaces") != replaces:
+    if job is None or ProposePayload.of(job).replaces != replaces:
         # a person rejected a proposal and waits for the next: it goes before an experiment's work
-        _enqueue(s, JobKind.PROPOSE, run.id, after, replaces=replaces,
+        _enqueue(s, ProposePayload(run_id=run.id, after_stage=after, replaces=replaces),
                  priority=Priority.BACKGROUND if replaces is None else Priority.INTERACTIVE)
         _set_status(run, RunStatus.ACTIVE)
         if replaces is not None:
@@ -399,7 +399,7 @@ def queue_benchmark(engine: Engine, run_id: int, stage_index: int) -> Job:
             when = f" at {job.finished_at:%Y-%m-%d %H:%M:%S} UTC (job {job.id})" if job and job.finished_at else ""
             raise LoopError(f"stage {stage_index} of run {run_id} was evaluated on the benchmark{when}")
         try:
-            job = _enqueue(s, JobKind.BENCHMARK, run_id, stage_index)
+            job = _enqueue(s, BenchmarkPayload(run_id=run_id, stage_index=stage_index))
             s.commit()
         except IntegrityError:
             s.rollback()
@@ -524,7 +524,8 @@ def run_propose_job(engine: Engine, job: Job, progress: Callable[..., bool]) -> 
     """The `propose` job: run the engineer on the evidence and store its proposal (even a failed one)."""
     from training.resolve import resolve_policy
 
-    run_id, after = job.payload["run_id"], job.payload["after_stage"]
+    payload = ProposePayload.of(job)
+    run_id, after = payload.run_id, payload.after_stage
     with open_session(engine) as s:
         run = s.get(Run, run_id)
         evidence = evidence_for(s, run, after)

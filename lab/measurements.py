@@ -20,7 +20,8 @@ from envsim.config import ConfigError, EnvConfig
 from lab.loop import needs_gpu
 from lab.proposals import project_edit
 from storage.db import checkpoint_of, session, stage_at
-from storage.models import ACTIVE_JOB, Job, JobKind, JobStatus, Priority, Probe, Proposal, Run
+from storage.models import ACTIVE_JOB, Job, JobStatus, Priority, Probe, Proposal, Run
+from storage.payloads import ProbePayload
 from storage.queue import AlreadyQueued, enqueue
 from training.probe import ProbeResult, probe_size, result_of
 
@@ -94,13 +95,13 @@ def queue_measure(engine: Engine, proposal_id: int | None, edited: dict[str, Any
     with session(engine) as s:
         proposal = s.get(Proposal, int(proposal_id))
         run = s.get(Run, proposal.run_id)
-        temperature = float(run.settings.grpo.get("temperature", temperature))
+        if run.settings.overrides.temperature is not None:
+            temperature = run.settings.overrides.temperature
         size = probe_size(run.settings)
-        payload = {"run_id": run.id, "proposal_id": proposal.id, "checkpoint": name, "policy_path": path,
-                   "configs": {label: config.model_dump(mode="json") for label, config in configs.items()},
-                   "seed": run.seed, **size, "temperature": temperature}
+        payload = ProbePayload(run_id=run.id, proposal_id=proposal.id, checkpoint=name, policy_path=path,
+                               configs=configs, seed=run.seed, **size, temperature=temperature)
         try:
-            job = enqueue(s, JobKind.PROBE, payload, run_id=run.id, target=proposal.after_stage,
+            job = enqueue(s, payload.kind, payload.stored(), run_id=run.id, target=proposal.after_stage,
                           needs_gpu=needs_gpu(run), priority=Priority.INTERACTIVE)  # a person waits on it
         except AlreadyQueued as err:
             return err.job.id, f"A measurement of this run's stage is under way already (job {err.job.id})."

@@ -34,6 +34,7 @@ from storage.models import (
     Run,
     RunStatus,
     Stage,
+    StageMetric,
     StageStatus,
     TrainingLog,
 )
@@ -272,10 +273,13 @@ def failed_episodes(engine: Engine, run_id: int, stage_index: int, size: int | N
 
 def first_failure(engine: Engine, run_id: int) -> Episode | None:
     """The episode a run opens on when none is asked for: its latest evaluated stage's first failed validation
-    episode (by size, then id), else that stage's first validation episode; None for a run with none."""
+    episode (by size, then id), else that stage's first validation episode; None for a run with none. A stage
+    evaluated is one whose evaluation is stored whole (its metrics): the episodes of one under way are stored batch
+    by batch, and stored again in board order as it ends."""
     with session(engine) as s:
-        latest = s.exec(select(Episode.stage_index).where(Episode.run_id == run_id, Episode.split == Split.VALIDATION)
-                        .order_by(Episode.stage_index.desc()).limit(1)).first()
+        latest = s.exec(select(StageMetric.stage_index).where(StageMetric.run_id == run_id,
+                                                              StageMetric.split == Split.VALIDATION)
+                        .order_by(StageMetric.stage_index.desc()).limit(1)).first()
         if latest is None:
             return None
         query = select(Episode).where(Episode.run_id == run_id, Episode.stage_index == latest,

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import stat
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal, get_args, get_origin
 import yaml
 
 from storage.settings import (
+    GRPO_FIELDS,
     NEW_RUN,
     Count,
     RunSettings,
@@ -55,7 +56,9 @@ def settings_arguments(parser: argparse.ArgumentParser, *, experiment: bool = Fa
 
     parser.add_argument("--settings", type=Path, metavar="FILE.yaml",
                         help="every run setting from one YAML file (keys: the settings' names, grpo: a mapping of "
-                             "GRPOConfig fields); the flags given go on top (docs/training.md, \"Settings files\")")
+                             "GRPOConfig fields; a TRL recipe's names too: lora_r, use_peft, chat_template_kwargs, "
+                             "GRPOConfig fields at the top); the flags given go on top (docs/training.md, \"Settings "
+                             "files\")")
     for name, setting in settings_declared().items():
         if setting.help is None or (experiment and not setting.experiment):
             continue
@@ -99,17 +102,24 @@ def settings_from_args(args: argparse.Namespace, *, grpo: dict[str, Any] | None 
     from_file = dict(file.values) if file else {}
     merged = {**(grpo_under or {}), **from_file.pop("grpo", {}), **(grpo or {})}
     try:
-        return RunSettings.checked(**{**NEW_RUN, **from_file, **given, **values, "grpo": merged})
+        settings = RunSettings.checked(**{**NEW_RUN, **from_file, **given, **values, "grpo": merged})
     except SettingsError as err:
-        raise SettingsError(file.located(str(err), set(given) | set(values), set(grpo or {})) if file
-                            else str(err)) from None
+        raise SettingsError(file.located(err, set(given) | set(values), set(grpo or {})) if file
+                            else str(err), err.setting) from None
+    for said in file.became if file else ():  # TRL's and PEFT's names, each with the lab setting it became
+        print(said, file=sys.stderr)
+    return settings
 
 
 SETTINGS_FILE_BYTES = 64 * 1024  # a settings file is a few lines; anything larger is not one
 SETTINGS_FILE_DEPTH = 32  # a settings file's deepest nesting (it needs 3: held configs' ratios); deeper is not one
 FILE_KEYS = tuple(sorted(set(RunSettings.model_fields) - {"context", "engineer_history", "example"}))
-_NAMED = re.compile(r"^(?:settings\['grpo'\] has '(?P<unknown>\w+)'|grpo (?P<grpo>\w+) =|grpo: (?P<refused>\w+)[:, ]|"
-                    r"(?P<field>\w+)(?: =|:))")
+# The names of TRL's and PEFT's own that a settings file also reads, so a `trl grpo --config recipe.yaml` recipe can be
+# pasted in (`_from_trl`): ModelConfig's `use_peft` and `lora_r` become `lora` (its `lora_alpha`, `lora_dropout` and
+# `lora_target_modules` are the lab's own names), `chat_template_kwargs`' `enable_thinking` becomes `thinking`, and a
+# GRPOConfig field at the top level goes into `grpo`, checked there as any of `grpo`'s.
+TRL_NAMES = ("chat_template_kwargs", "lora_r", "use_peft")
+TRL_LORA_R = 16  # TRL's ModelConfig's lora_r, the rank `use_peft: true` alone asks for
 
 
 @dataclass(frozen=True)
@@ -120,17 +130,20 @@ class SettingsFile:
     path: Path
     values: dict[str, Any]
     lines: dict[str, int]
+    became: tuple[str, ...] = ()  # `FILE:LINE: name -> setting` for each of TRL's names read (`_from_trl`)
 
-    def located(self, message: str, flags: set[str] = frozenset(), grpo_flags: set[str] = frozenset()) -> str:
-        """`message` with `FILE:LINE: ` in front where it names a setting that came from this file (not from a
-        flag given on top of it)."""
-        found = _NAMED.match(message)
-        if found is not None:
-            grpo = found["unknown"] or found["grpo"] or found["refused"]
-            key = f"grpo.{grpo}" if grpo else found["field"]
-            if key in self.lines and (grpo or key) not in (grpo_flags if grpo else flags):
-                return f"{self.path}:{self.lines[key]}: {message}"
-        return f"{self.path}: {message}"
+    def located(self, err: Exception, flags: set[str] = frozenset(), grpo_flags: set[str] = frozenset()) -> str:
+        """`err`'s message with `FILE:LINE: ` in front where the setting it is about (`SettingsError.setting`: its
+        own, or its cause's) came from this file, not from a flag given on top of it (`flags`: settings' names,
+        `grpo_flags`: GRPO fields')."""
+        cause: BaseException | None = err
+        while cause is not None and not isinstance(cause, SettingsError):
+            cause = cause.__cause__
+        key = cause.setting if isinstance(cause, SettingsError) else None
+        grpo = key.removeprefix("grpo.") if key and key.startswith("grpo.") else None
+        if key in self.lines and (grpo or key) not in (grpo_flags if grpo else flags):
+            return f"{self.path}:{self.lines[key]}: {err}"
+        return f"{self.path}: {err}"
 
 
 def settings_file(args: argparse.Namespace) -> SettingsFile | None:
@@ -140,7 +153,8 @@ def settings_file(args: argparse.Namespace) -> SettingsFile | None:
 
 
 def read_settings_file(path: Path) -> SettingsFile:
-    """A YAML mapping of run settings (`FILE_KEYS`; `grpo` a mapping of GRPOConfig fields): a regular file of at most
+    """A YAML mapping of run settings (`FILE_KEYS`; `grpo` a mapping of GRPOConfig fields; TRL's names as the settings
+    they become, `_from_trl`): a regular file of at most
     `SETTINGS_FILE_BYTES` (`read_regular`), read with YAML's safe loader, no aliases and at most
     `SETTINGS_FILE_DEPTH` levels deep (`_Loader`); its values are checked with the flags' (`settings_from_args`). A
     SettingsError names the file and the line of what is wrong."""
@@ -170,7 +184,49 @@ def read_settings_file(path: Path) -> SettingsFile:
         loader.dispose()
     if not isinstance(values.get("grpo", {}), dict):
         raise SettingsError(f"{path}:{lines['grpo']}: grpo is a mapping of GRPOConfig fields (field: value)")
-    return SettingsFile(path, values, lines)
+    values, became = _from_trl(path, values, lines)
+    return SettingsFile(path, values, lines, became)
+
+
+def _from_trl(path: Path, values: dict[str, Any], lines: dict[str, int]) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """`values` with TRL's names (`TRL_NAMES`, and GRPOConfig fields at the top level) as the lab settings they
+    become, `lines` keyed by those settings too, and a line saying each; a SettingsError (naming the file's line)
+    where two of them say different things or one holds what the lab cannot read."""
+    values, became = dict(values), {}
+
+    def refuse(key: str, why: str) -> None:
+        raise SettingsError(f"{path}:{lines[key]}: {key}: {why}", key)
+
+    if moved := [key for key in values if key not in FILE_KEYS and key not in TRL_NAMES]:
+        values["grpo"] = {**values.get("grpo", {}), **{key: values.pop(key) for key in moved}}
+        became |= {key: f"grpo.{key}" for key in moved}
+    if "lora_r" in values:
+        if "lora" in values:
+            refuse("lora_r", f"lora_r and lora (line {lines['lora']}) both give LoRA's rank: keep one")
+        values["lora"], lines["lora"], became["lora_r"] = values.pop("lora_r"), lines["lora_r"], "lora"
+    if "use_peft" in values:
+        use = values.pop("use_peft")
+        if not isinstance(use, bool):
+            refuse("use_peft", f"{use!r:.40} is not true or false")
+        if "lora" in values and bool(values["lora"]) != use:
+            refuse("use_peft", f"use_peft is {str(use).lower()} but lora is {values['lora']!r:.20}")
+        if "lora" not in values:
+            values["lora"], lines["lora"] = TRL_LORA_R if use else 0, lines["use_peft"]
+        became["use_peft"] = "lora"
+    if "chat_template_kwargs" in values:
+        kwargs = values.pop("chat_template_kwargs")
+        if not isinstance(kwargs, dict) or set(kwargs) - {"enable_thinking"} or \
+                not isinstance(kwargs.get("enable_thinking", False), bool):
+            refuse("chat_template_kwargs", "the lab reads enable_thinking only (true or false: its thinking setting)")
+        if "thinking" in values:
+            refuse("chat_template_kwargs", f"chat_template_kwargs and thinking (line {lines['thinking']}) both "
+                                           "set the thinking mode: keep one")
+        if "enable_thinking" in kwargs:
+            values["thinking"] = "on" if kwargs["enable_thinking"] else "off"
+            lines["thinking"] = lines["chat_template_kwargs"]
+        became["chat_template_kwargs"] = "thinking"
+    line_of = {key: lines.get(key) or lines[f"grpo.{key}"] for key in became}
+    return values, tuple(f"{path}:{line_of[key]}: {key} -> {became[key]}" for key in sorted(became, key=line_of.get))
 
 
 class _Loader(yaml.SafeLoader):
@@ -227,19 +283,40 @@ def _regular(path: Path, resolved: Path, mode: int, what: str) -> None:
 
 
 def _lines(path: Path, node: yaml.MappingNode) -> dict[str, int]:
-    """The line of each setting of the file's mapping (and of each field of its `grpo`), refusing a key that is not
-    a setting, or one given twice."""
+    """The line of each setting of the file's mapping (`grpo.KEY` for each field of its `grpo` and each GRPOConfig
+    field at the top level), refusing a key that is none of `FILE_KEYS`, `TRL_NAMES` and GRPOConfig's fields, or one
+    given twice."""
     lines: dict[str, int] = {}
+
+    def add(name: str, line: int) -> None:
+        if name in lines:
+            raise SettingsError(f"{path}:{line}: {name.removeprefix('grpo.')} is given twice (first on line "
+                                f"{lines[name]})")
+        lines[name] = line
+
     for key_node, value_node in node.value:
         key, line = key_node.value, key_node.start_mark.line + 1
-        if key not in FILE_KEYS:
-            raise SettingsError(f"{path}:{line}: {key!r:.60} is not a run setting (one of {', '.join(FILE_KEYS)})")
-        if key in lines:
-            raise SettingsError(f"{path}:{line}: {key} is given twice (first on line {lines[key]})")
-        lines[key] = line
+        if key in FILE_KEYS or key in TRL_NAMES:
+            add(key, line)
+        elif key in GRPO_FIELDS or key in _grpo_config():  # a GRPOConfig field at the top level, as TRL's recipes
+            add(f"grpo.{key}", line)
+        else:
+            raise SettingsError(f"{path}:{line}: {key!r:.60} is not a run setting (one of {', '.join(FILE_KEYS)}; "
+                                f"or a GRPOConfig field, or TRL's {', '.join(TRL_NAMES)})")
         if key == "grpo" and isinstance(value_node, yaml.MappingNode):
-            lines.update({f"grpo.{k.value}": k.start_mark.line + 1 for k, _ in value_node.value})
+            for k, _ in value_node.value:
+                add(f"grpo.{k.value}", k.start_mark.line + 1)
     return lines
+
+
+def _grpo_config() -> frozenset[str]:
+    """The fields of TRL's `GRPOConfig` (imported only here: to tell a GRPOConfig field the lab sets itself, which
+    `grpo` refuses saying why, from a name that is nothing)."""
+    import dataclasses
+
+    from trl import GRPOConfig
+
+    return frozenset(field.name for field in dataclasses.fields(GRPOConfig))
 
 
 def settings_yaml(settings: RunSettings) -> str:

@@ -282,6 +282,18 @@ class Replay(BaseModel):
         return ", ".join(f"{size}: {n}" for size, n in sorted(counts.items()))
 
 
+class ProbeCompute(BaseModel):
+    """What an engineer's probes cost, as `Proposal.compute` holds it (JSON): the answers sampled and the seconds
+    spent by the probes the cache did not answer, how many probes it ran, and how many of them the cache answered."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    completions: int = 0
+    seconds: float = 0.0
+    probes: int = 0
+    cached: int = 0
+
+
 class Stage(TypedRow, SQLModel, table=True):
     """One GRPO training stage of a run on one environment config; `index` counts from 0 within the run.
 
@@ -332,6 +344,11 @@ class Proposal(TypedRow, SQLModel, table=True):
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     compute: dict[str, Any] | None = Field(default=None, sa_type=JSONType)  # probes the engineer ran (learnability)
     replay: Replay | None = Field(default=None, sa_type=Typed(Replay))
+
+    @property
+    def spent(self) -> ProbeCompute | None:
+        """`compute`, typed; None where the engineer probed nothing."""
+        return ProbeCompute.model_validate(self.compute) if self.compute else None
 
 
 class Decision(TypedRow, SQLModel, table=True):

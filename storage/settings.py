@@ -18,6 +18,7 @@ flags' and the page form's defaults) are made.
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -32,7 +33,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_core import CoreSchema, core_schema
+from pydantic_core import CoreSchema, PydanticCustomError, core_schema
 
 from envsim.config import AGENT_COUNTS, ConfigError, EnvConfig, project
 from envsim.suite import (
@@ -107,6 +108,19 @@ def allowed_grpo(overrides: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in overrides.items() if k not in refused}
 
 
+class GrpoOverrides(BaseModel):
+    """The GRPO overrides the lab reads itself, typed, from a run's `grpo` (`RunSettings.overrides`): the temperature
+    its probes sample at, the trackers it reports to, whether it generates with vLLM and how. Every override, these
+    included, goes to TRL's `GRPOConfig` as the run gave it; None here means the run leaves it to TRL's default."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    temperature: float | None = None
+    report_to: str | list[str] | None = None
+    use_vllm: bool = False
+    vllm_mode: str | None = None  # "server": the worker's own vLLM server (training.vllm); else TRL's colocate
+
+
 @dataclass(frozen=True)
 class Count:
     """A whole number from `low` to `high`, one bound for every way in: a `RunSettings` field holds it
@@ -171,6 +185,10 @@ DEV_BOARDS = Count(3, 10_000, "10,000 boards per size is 80,000 boards to evalua
 COMPLETION_TOKENS = Count(1, 32768, "longer than any chat model here answers; a plan needs far fewer tokens",
                           "an answer needs at least 1 token")
 LORA_RANK = Count(0, 4096, "a LoRA rank above a model's width adds nothing (Gemma 3 270M: 640)")
+LORA_ALPHA = Count(1, 65536, "LoRA's scale is alpha / rank: above 16 times the largest rank it only blows the adapters "
+                             "up", "LoRA's scale alpha / rank is positive")
+# A module LoRA adapts, by its name in the model (`q_proj`, `mlp.down_proj`), which peft matches against module names
+LORA_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,127}")
 PROBE_PER_SIZE = Count(1, 64, "64 boards per size is 512 boards a probe, each answered K times",
                        "a probe draws at least 1 board per size")
 PROBE_GROUP = Count(2, 64, "64 answers per board is 32,768 answers a probe of 64 boards per size",
@@ -215,7 +233,12 @@ class Setting:
 
 
 class SettingsError(ValueError):
-    """Run settings that cannot be used; the message names the setting and what is wrong with it."""
+    """Run settings that cannot be used; the message names the setting and what is wrong with it, and `setting` is
+    that setting where one is to blame (`grpo.KEY` for a GRPO override), as a settings file's lines are keyed."""
+
+    def __init__(self, message: str, setting: str | None = None) -> None:
+        super().__init__(message)
+        self.setting = setting
 
 
 class Held(StrEnum):
@@ -275,6 +298,11 @@ class RunSettings(BaseModel):
     # LoRA rank of every stage's training (0: every weight trains)
     lora: Annotated[int, LORA_RANK, Setting("train LoRA adapters of this rank (needs peft), e.g. 16 for a large "
                                             "policy; 0: every weight", "RANK")] = 0
+    # LoRA's scale, dropout and the modules it adapts, by peft's own names (None: alpha twice the rank, dropout 0.05,
+    # every linear layer: what every run stored before trained with); only with a rank (`lora`)
+    lora_alpha: Annotated[Annotated[int, LORA_ALPHA] | None, Setting(None)] = None
+    lora_dropout: Annotated[Annotated[float, Field(ge=0, lt=1)] | None, Setting(None)] = None
+    lora_target_modules: Annotated[tuple[str, ...] | Literal["all-linear"] | None, Setting(None)] = None
     context: dict[str, bool] | None = None  # lab.context.ContextModules's fields (read there, with torch behind it)
     # the llm engineer's context preset (create_run resolves it into `context`; its choices are lab.context's)
     context_preset: Annotated[str | None, Setting("the llm engineer's context preset (docs/engineers.md; default "
@@ -341,13 +369,18 @@ class RunSettings(BaseModel):
         refused = refused_grpo(value)
         if fields := [k for k in refused if k != "report_to"]:
             which = "a GRPOConfig field" if len(fields) == 1 else "GRPOConfig fields"
-            raise ValueError(f"{', '.join(fields)}: not {which} a run may set (a run sets how its policy learns and "
-                             "samples; where its files, logs and weights go and what code it loads are the lab's: "
-                             "docs/training.md, \"GRPO fields\")")
+            raise _refused(fields[0], f"{', '.join(fields)}: not {which} a run may set (a run sets how its policy "
+                           "learns and samples; where its files, logs and weights go and what code it loads are the "
+                           "lab's: docs/training.md, \"GRPO fields\")")
         if refused:
-            raise ValueError(f"report_to {value['report_to']!r:.60}: a run reports to {', '.join(REPORT_TO)} only "
-                             "(trackers that keep their records on this machine)")
+            raise _refused("report_to", f"report_to {value['report_to']!r:.60}: a run reports to "
+                           f"{', '.join(REPORT_TO)} only (trackers that keep their records on this machine)")
         return value
+
+    @property
+    def overrides(self) -> GrpoOverrides:
+        """The `grpo` overrides the lab reads itself, typed."""
+        return GrpoOverrides.model_validate(self.grpo)
 
     @field_validator("validation_per_size")
     @classmethod
@@ -369,6 +402,32 @@ class RunSettings(BaseModel):
         """A list (a row's JSON, a settings file) reads as the tuple it was."""
         return tuple(value) if isinstance(value, list) else value
 
+    @field_validator("lora_target_modules", mode="before")
+    @classmethod
+    def _modules_read(cls, value: Any) -> Any:
+        """A list reads as the tuple it was; one string is all-linear or nothing (peft would read it as a pattern)."""
+        if isinstance(value, str) and value != "all-linear":
+            raise ValueError("a list of module names (e.g. [q_proj, v_proj]) or all-linear")
+        return tuple(value) if isinstance(value, list) else value
+
+    @field_validator("lora_target_modules")
+    @classmethod
+    def _modules(cls, value: tuple[str, ...] | str | None) -> tuple[str, ...] | str | None:
+        if isinstance(value, tuple):
+            if not 1 <= len(value) <= 64:
+                raise ValueError(f"name from 1 to 64 modules (or all-linear), not {len(value)}")
+            if bad := next((name for name in value if not LORA_MODULE.fullmatch(name)), None):
+                raise ValueError(f"{bad!r:.60} is not a module's name (letters, digits, _ and ., e.g. q_proj)")
+        return value
+
+    @model_validator(mode="after")
+    def _lora_shape(self) -> RunSettings:
+        """LoRA's alpha, dropout and modules only with a rank: without one every weight trains and they say nothing."""
+        if not self.lora and (given := [name for name in LORA_SHAPE if getattr(self, name) is not None]):
+            message = f"{given[0]}: LoRA is off (lora = 0): give lora a rank (a TRL recipe's lora_r) to use it"
+            raise PydanticCustomError("lora_off", "{message}", {"setting": given[0], "message": message})
+        return self
+
     @field_validator("agent_counts")
     @classmethod
     def _counts(cls, value: tuple[int, ...] | None) -> tuple[int, ...] | None:
@@ -385,7 +444,25 @@ class RunSettings(BaseModel):
         try:
             return cls.model_validate(values)
         except ValidationError as err:
-            raise SettingsError(first_error(err)) from None
+            raise SettingsError(first_error(err), setting_of(err)) from None
+
+
+def _refused(key: str, message: str) -> PydanticCustomError:
+    """The error of a GRPO override a run may not set: `message`, with the override's setting (`grpo.KEY`) in the
+    error's context, where `setting_of` finds it."""
+    return PydanticCustomError("grpo_refused", "{message}", {"setting": f"grpo.{key}", "message": message})
+
+
+def setting_of(err: ValidationError) -> str | None:
+    """The setting the first error of `err` is about, from where pydantic says it is: the field its `loc` starts
+    with, or `grpo.KEY` for a GRPO override the `grpo` check refuses (that error's context says which)."""
+    e = err.errors()[0]
+    if "setting" in (e.get("ctx") or {}):
+        return str(e["ctx"]["setting"])
+    return str(e["loc"][0]) if e["loc"] else None
+
+
+LORA_SHAPE = ("lora_alpha", "lora_dropout", "lora_target_modules")  # what LoRA's rank (`lora`) is needed for
 
 
 def checked_counts(counts: tuple[int, ...]) -> tuple[int, ...]:
@@ -468,6 +545,8 @@ class ExperimentSettings(BaseModel):
     # an experiment made before they were recorded: counted from its settings when asked)
     primary: Primary = "valid"  # the rate its report and the Compare tab lead with; an experiment made before: valid
     matched: ComputeMatch | None = None  # the arms' answers evened by GRPO steps (None: every arm trains the same)
+    processes: int = Field(default=1, ge=1, le=64)  # processes a stage is launched on (a worker's GPUs), for which
+    # the steps and rollouts above are counted (an experiment made before it was recorded: one)
 
     @property
     def stages(self) -> int:

@@ -21,9 +21,11 @@ def stubborn(engine, job, progress):
 
 def patient(engine, job, progress):
     """Reports a step every 0.1 s until asked to stop, then writes "saved at step N" to the payload's file (as a
-    stage saves its checkpoint) and raises Cancelled."""
+    stage saves its checkpoint) and raises Cancelled. Writes its pid to the payload's `pid` file, where given."""
     from training.progress import Cancelled
 
+    if "pid" in job.payload:
+        Path(job.payload["pid"]).write_text(str(os.getpid()))
     step = 0
     while not progress(step, 1000, f"step {step}" if step % 10 == 0 else None):
         step += 1

@@ -2,12 +2,12 @@
 for the browser's speed figures (benchmarks/bench_page.py) and the walk through every tab (`Walk.every_tab`, which
 tests/test_bench_page.py takes beside the same stage).
 
-Each action first brings the page where the person would be (a fresh load, untimed), then clicks and waits for
-what the action shows: the run's status, the proposal's, the gallery's failure row, the replay's board at its
-first or last step, the decision's message, the edit check's line. The clock is the page's own: from the press
-that makes the action (the last pointer or key press in the page: the option picked, not the click that opened
-the dropdown) to the moment the result was seen drawn, so the time Playwright takes to find, wait for and press
-an element on a busy machine is no part of the page's figure.
+Each action first brings the page where the person would be (a fresh load, untimed), then clicks and waits for what
+the action shows: the run's status, the proposal's, the gallery's failure row, the replay's board at its first or
+last step, the decision's message, the edit check's line, an experiment's curves. The clock is the page's own: from
+the press that makes the action (the last pointer or key press in the page: the option picked, not the click that
+opened the dropdown) to the moment the result was seen drawn, so the time Playwright takes to find, wait for and
+press an element on a busy machine is no part of the page's figure.
 """
 
 from __future__ import annotations
@@ -56,7 +56,8 @@ def open_run_pick(page, label: str) -> None:
 @dataclass
 class Walk:
     """The page at `url` over the seeded lab (`ids` from `tests.seeded.seed_lab`, plus `big`: a stored
-    10x10 episode) in the Playwright `page`. `waits`: the history run's proposal that waits for a decision."""
+    10x10 episode, and `experiment`: an experiment of `arms` arms and `experiment_runs` runs, all done) in the
+    Playwright `page`. `waits`: the history run's proposal that waits for a decision."""
 
     page: Any
     url: str
@@ -200,6 +201,20 @@ class Walk:
         typed.fill("0.35" if self.turn % 2 else "0.25")
         return self.timed(lambda: typed.press("Enter"), self.text("#edit-check", "will store"))
 
+    def compare(self) -> float:
+        """The Compare tab opened for the first time since the page loaded: the seeded experiment (`experiment`, of
+        `arms` arms) drawn, its summary and one curve per arm."""
+        self.load_run(self.ids["history"])
+        return self.timed(lambda: self.page.get_by_role("tab", name="Compare").click(), *self.compare_drawn())
+
+    def compare_drawn(self) -> list[Callable[[], Any]]:
+        """Waits for the Compare tab to show the seeded experiment: its summary and one curve per arm."""
+        done = f"{self.ids['experiment_runs']} of {self.ids['experiment_runs']} runs done"
+        curves = ("() => { const d = document.querySelector('#compare-curves .js-plotly-plot'); return d && d.data &&"
+                  f" d.data.filter(t => t.mode === 'lines+markers').length === {self.ids['arms']}; }}")
+        return [self.text("#compare-summary", done),
+                lambda: self.page.wait_for_function(curves, timeout=TIMEOUT_MS)]
+
     def every_tab(self, steps: int) -> None:
         """A walk through every tab clicking what only reads, while the stage beside the page trains: the run whose
         stage trains opened on the Train tab (its progress bar running), the Runs table, a proposal with its edit
@@ -233,7 +248,8 @@ class Walk:
         page.locator("#lb-reference [role=gridcell]").first.wait_for(timeout=TIMEOUT_MS)
         page.get_by_role("tab", name="Compare").click()
         page.click("#compare-refresh")
-        page.locator("#compare-summary").get_by_text("No experiment in this lab yet").wait_for(timeout=TIMEOUT_MS)
+        for wait in self.compare_drawn():
+            wait()
         time.sleep(2 * POLL_S)  # a poll or two of the page while the stage still writes
 
     def actions(self, steps: int) -> dict[str, Callable[[], float]]:
@@ -244,4 +260,5 @@ class Walk:
                 "a failure row to its replay": self.failure_to_replay,
                 f"Play to the end, 10x10 ({steps} steps): beyond its pace": lambda: self.play_to_the_end(steps),
                 "a decision (reject and ask again)": self.decision,
-                "the live edit check (one cell typed)": self.edit_check}
+                "the live edit check (one cell typed)": self.edit_check,
+                "Compare (an experiment drawn)": self.compare}

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.jobs.worker import worker_status
+from lab.jobs.worker import KeptWorker, worker_status
 from lab.pages import proposal, train
 from lab.pages import web as app
 from lab.study.experiments import experiment_runs
@@ -161,13 +161,43 @@ def test_a_job_queued_long_ago_waits_for_the_worker_the_lab_started_while_it_sta
         job.created_at -= timedelta(hours=1)
         s.add(job)
         s.commit()
-    starting = app.worker_badge(empty_lab, worker_since=time.monotonic() - 1)
-    assert starting == ('<div class="worker waiting"><span class="dot"></span>1 job(s) queued, waiting for the '
-                        'worker this lab started, which is starting.</div>')
-    for since in (time.monotonic() - WORKER_START_S - 1, None):
-        badge = app.worker_badge(empty_lab, worker_since=since)
-        assert badge.startswith('<div class="worker down"><span class="dot"></span>1 job(s) queued, the oldest for ')
-        assert "no worker seems to be running" in badge
+    kept = KeptWorker(lambda: subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]))
+    try:
+        starting = app.worker_badge(empty_lab, kept=kept)
+        assert starting == ('<div class="worker waiting"><span class="dot"></span>1 job(s) queued, waiting for the '
+                            'worker this lab started, which is starting.</div>')
+        kept.started = time.monotonic() - WORKER_START_S - 1
+        for started in (kept, None):
+            badge = app.worker_badge(empty_lab, kept=started)
+            assert badge.startswith('<div class="worker down"><span class="dot"></span>1 job(s) queued, the oldest '
+                                    'for ')
+            assert "no worker seems to be running" in badge
+    finally:
+        kept.proc.kill()
+        kept.proc.wait()
+
+
+def test_the_badge_says_plainly_that_the_worker_the_lab_started_was_left_down(empty_lab, monkeypatch):
+    """The worker `envlab serve` started (a real process here, which exits at once) dies once more than it is started
+    again within the window, and is left down: the badge says so in the line the command line printed, over an empty
+    queue and over a job that waits (not that it waits for a worker that is starting: the last start was just now)."""
+    from lab.jobs import worker
+    from storage import queue
+    from storage.db import session
+    from storage.models import JobKind
+
+    monkeypatch.setattr(worker, "RESTARTS", 2)
+    kept = KeptWorker(lambda: subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"]), poll_s=0.02)
+    assert app.worker_badge(empty_lab, kept=kept).endswith("Worker idle: no jobs queued.</div>")
+    kept.start()
+    kept.join(timeout=60)
+    down = ('<div class="worker down"><span class="dot"></span>The lab&#x27;s worker (pid '
+            f'{kept.proc.pid}) exited with status 3; it died 3 times in 5 min, so it is not started again: nothing '
+            'here runs its jobs; start one with <code>envlab worker</code>.</div>')
+    assert app.worker_badge(empty_lab, kept=kept) == down
+    with session(empty_lab) as s:
+        queue.enqueue(s, JobKind.STAGE, {"run_id": 1, "stage_index": 1})
+    assert app.worker_badge(empty_lab, kept=kept) == down
 
 
 def test_the_demo_builds_on_an_empty_database(tmp_path: Path):
@@ -256,3 +286,44 @@ def test_the_poll_redraws_the_compare_tab_drawn_before_a_stage_ended_that_the_pa
     assert summary not in follow(run_id, "compare", None, None, seen, {}, experiment.id, None,
                                  (now.runs, now.stages, ""))
     assert summary not in follow(run_id, "runs", None, None, seen, {}, experiment.id, None, before)  # not shown
+
+
+def _page_tabs(demo) -> list[tuple[str, str]]:
+    import gradio as gr
+
+    return [(b.label, b.id) for b in demo.blocks.values() if isinstance(b, gr.Tab) and b.parent.elem_id == "tabs"]
+
+
+def test_the_page_has_a_tab_for_each_entry_of_the_registry_in_its_order(tmp_path: Path):
+    engine = make_engine(str(tmp_path / "lab.db"))
+    upgrade(engine)
+    assert _page_tabs(app.build_demo(engine)) == [
+        ("Runs", "runs"), ("Stage review", "review"), ("Episode", "episode"), ("Proposal", "proposal"),
+        ("Train", "train"), ("Playground", "playground"), ("Leaderboard", "leaderboard"), ("Compare", "compare")]
+    assert app.LAZY == ("review", "proposal", "train")  # the tabs a run fills: those the registry gives a drawing
+    assert app.INTRO.endswith("**Playground** → try boards and plans · **Leaderboard** → benchmark tables · "
+                              "**Compare** → an experiment's engineers side by side.")
+    engine.dispose()
+
+
+def test_a_new_tab_is_one_entry_of_the_registry(tmp_path: Path, monkeypatch):
+    """A tab added to `TABS` alone is built on the page, after the others, by its module's function, and the page
+    notes it as the tab shown when it is opened, as it does every tab."""
+    import gradio as gr
+
+    engine = make_engine(str(tmp_path / "lab.db"))
+    upgrade(engine)
+    built = []
+
+    def notes(page) -> gr.Markdown:
+        built.append(page.engine)
+        return gr.Markdown("noted", elem_id="notes")
+
+    monkeypatch.setattr(app, "TABS", (*app.TABS, app.TabSpec("notes", "Notes", "what a person noted", notes)))
+    demo = app.build_demo(engine)
+    assert _page_tabs(demo)[-1] == ("Notes", "notes") and len(_page_tabs(demo)) == 9
+    assert built == [engine] and "notes" in {b.elem_id for b in demo.blocks.values()}
+    tab_id = next(b._id for b in demo.blocks.values() if isinstance(b, gr.Tab) and b.id == "notes")
+    assert [(f.js, f.targets) for f in demo.fns.values() if f.js == "() => 'notes'"] == [
+        ("() => 'notes'", [(tab_id, "select")])]
+    engine.dispose()

@@ -17,9 +17,10 @@ BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_page.py"
 
 def test_the_page_actions_are_timed_in_a_browser_idle_and_while_a_stage_trains_and_every_tab_walked(capfd,
                                                                                                     monkeypatch):
-    """Three actions timed idle and beside a real stage of the tiny policy training, then, beside the same stage, a
-    walk through every tab clicking what only reads (`tests.page_walk.Walk.every_tab`): not one error box or toast
-    appears, the server logs no traceback, and the stage trained from before the first action to after the walk."""
+    """Four actions (Compare among them) timed idle and beside a real stage of the tiny policy training, then, beside
+    the same stage, a walk through every tab clicking what only reads (`tests.page_walk.Walk.every_tab`): not one
+    error box or toast appears, the server logs no traceback, and the stage trained from before the first action to
+    after the walk."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     spec = importlib.util.spec_from_file_location("bench_page", BENCH)
     bench = importlib.util.module_from_spec(spec)
@@ -30,10 +31,10 @@ def test_the_page_actions_are_timed_in_a_browser_idle_and_while_a_stage_trains_a
             pytest.fail(f"ENVLAB_REQUIRE_BROWSER=1 but {reason}", pytrace=False)
         pytest.skip(reason)
     figures, still, errors = bench.bench(repeats=1, play_steps=3, wait_s=300, warm=False,
-                                         only=["open a run", "a decision", "the live edit check"],
+                                         only=["open a run", "a decision", "the live edit check", "Compare"],
                                          beside=lambda walk: walk.every_tab(3))
     assert list(figures) == ["open a run (the tab shown)", "a decision (reject and ask again)",
-                             "the live edit check (one cell typed)"]
+                             "the live edit check (one cell typed)", "Compare (an experiment drawn)"]
     assert errors == []
     steps = re.fullmatch(r"yes, GRPO steps (\d+) to (\d+) of 2000 logged meanwhile", still)
     assert steps is not None, still  # the stage trained from before the first action to after the walk

@@ -19,6 +19,7 @@ def test_every_part_of_a_small_run_is_clocked_and_the_rows_add_up(capsys, reques
     # stage 0 and stage 1, each on its validation and its dev boards: four evaluations; one step's rollouts
     assert "evaluation > token generation" in parts and "rollouts > token generation" in parts
     for part in ("GRPO step > backward", "GRPO step > log-probs", "GRPO step > rewards", "training boards",
-                 "loading the policy", "GRPO set-up", "saving the policy", "storing episodes"):
+                 "loading the policy", "GRPO set-up", "saving the policy", "evaluation > storing episodes",
+                 "storing the whole evaluation"):
         assert part in parts, part
     assert "a GRPO step: " in out and out.splitlines()[1].startswith("part (its own time)")

@@ -14,12 +14,13 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from huggingface_hub import DatasetCard
 
 import lab
 from envsim.config import EnvConfig
 from envsim.instance import Instance
 from envsim.parser import format_plan
-from envsim.suite import Entry, Split, read_jsonl
+from envsim.suite import SUITE_SEED, Entry, Split, read_jsonl
 from lab.cli import main
 from lab.context import load_stage_result
 from storage.db import make_engine, session
@@ -54,7 +55,13 @@ def test_bench_suite_writes_a_datasets_folder_that_loads_back_to_the_boards_with
     assert list(loaded) == ["validation"] and loaded["validation"].num_rows == 240
     assert [Entry.model_validate(row) for row in loaded["validation"]] == boards
     digest = hashlib.sha256((tmp_path / "validation.jsonl").read_bytes()).hexdigest()
-    assert (folder / "envlab-hash.txt").read_text() == f"validation {digest}\n"
+    card = DatasetCard.load(folder / "README.md")  # the Hub's own reading of a dataset card
+    assert card.data.to_dict() == {
+        "pretty_name": "MAPF-FrozenLake benchmark suite", "size_categories": ["n<1K"],
+        "task_categories": ["text-generation"], "tags": ["envlab", "mapf-frozenlake"],
+        "boards_sha256": {"validation": digest}, "suite_seed": SUITE_SEED, "validation_agents": [2]}
+    assert f"| validation | 240 | `{digest}` |" in card.text
+    assert sorted(p.name for p in folder.iterdir()) == ["README.md", "dataset_dict.json", "validation"]
     assert f"sha256 {digest})" in out and f"validation -> {folder} (datasets.load_from_disk)" in out
     assert f"sha256 {digest})" in capsys.readouterr().out  # the JSONL format says the same hash
 

@@ -43,7 +43,8 @@ GEMMA_270M = Gemma3TextConfig(vocab_size=262_144, hidden_size=640, intermediate_
 GEMMA_LONGEST_PROMPT = 511  # tokens of the longest chat prompt of sizes 3..10 in Gemma's tokenizer
 # the stage's defaults for a chat policy on a GPU of 80 GB (`grpo_config`): batches of 8 completions, bf16 autocast,
 # activation checkpointing; a prompt of 512 tokens and the chat budget of 512 (less what a test sets)
-ON_A_GPU = {k: v for k, v in dataclasses.asdict(CHAT_ON_80_GB).items() if k not in ("lora", "shards", "vllm_share")}
+ON_A_GPU = {k: v for k, v in dataclasses.asdict(CHAT_ON_80_GB).items()
+            if k not in ("lora", "shards", "vllm_share", "vllm_sleeps", "reference")}
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -157,10 +158,10 @@ def test_the_numbers_of_the_table_in_docs_training():
     rows = {(r["policy"], r["training"]): [round(r[k] / GB, 1) for k in ("1 GPU", "FSDP", "1 GPU vllm")]
             + [(r[k][0], round(r[k][1] / GB, 1)) for k in ("launched", "launched vllm")] for r in table()}
     assert rows == {
-        ("Qwen3-0.6B", "full"): [12.4, 3.0, 36.4, ("DDP", 12.4), ("DDP", 36.4)],
-        ("Qwen3-0.6B", "LoRA"): [2.4, 1.2, 26.4, ("DDP", 2.4), ("DDP", 26.4)],
-        ("Qwen3-4B", "full"): [76.5, 13.1, 100.5, ("FSDP", 13.1), ("FSDP", 37.1)],
-        ("Qwen3-4B", "LoRA"): [11.1, 3.6, 35.1, ("DDP", 11.1), ("DDP", 35.1)]}
+        ("Qwen3-0.6B", "full"): [12.4, 3.0, 31.2, ("DDP", 12.4), ("DDP", 31.2)],
+        ("Qwen3-0.6B", "LoRA"): [2.4, 1.2, 25.3, ("DDP", 2.4), ("DDP", 25.3)],
+        ("Qwen3-4B", "full"): [76.5, 13.1, 76.5, ("FSDP", 13.1), ("FSDP", 30.0)],
+        ("Qwen3-4B", "LoRA"): [11.1, 3.6, 32.4, ("DDP", 11.1), ("DDP", 32.4)]}
     docs = (Path(__file__).resolve().parents[1] / "docs" / "training.md").read_text()
     assert markdown(table()) in docs
 
@@ -207,3 +208,69 @@ def test_a_run_whose_stage_cannot_fit_is_refused_when_it_is_made(empty_lab: Engi
         run = create_run(s, name="fits", config=EnvConfig.default(), settings=RunSettings(stages=1, lora=8),
                          policy=str(folder))
         assert run.id is not None
+
+
+def test_a_reference_model_is_counted_where_beta_is_above_zero_a_full_copy_unless_lora():
+    """TRL keeps a reference model where `beta` > 0: for a full fine-tune a copy of the policy in its float32, 16.1 GB
+    for 4B, whole on each GPU under DDP and split as the policy under FSDP; with LoRA the base with its adapters
+    disabled, no copy."""
+    four_b = qwen3("4B")
+    with_kl = StagePlan(**ON_A_GPU, reference=True)
+    assert stage_memory(four_b, with_kl).reference == 4 * 4_022_468_096
+    assert stage_memory(four_b, with_kl).total == stage_memory(four_b, StagePlan(**ON_A_GPU)).total + 4 * 4_022_468_096
+    assert refusal(four_b, with_kl) == (
+        "needs about 92.5 GB per GPU (weights 16.1 GB, reference 16.1 GB, autocast 8.0 GB, gradients 16.1 GB, "
+        "optimizer 32.2 GB, logits 1.8 GB, activations 2.2 GB), more than 90% of the 80.0 GB it has: it would fit "
+        "with LoRA (--lora 16: about 27.2 GB) or FSDP over 2 GPUs (about 48.3 GB each)")
+    assert stage_memory(four_b, dataclasses.replace(with_kl, shards=8)).reference == 4 * 4_022_468_096 // 8
+    assert stage_memory(qwen3("4B", torch.bfloat16), dataclasses.replace(with_kl, lora=16)).reference == 0
+
+
+def test_a_sleeping_colocated_vllm_is_not_counted_in_the_backward_only_while_it_generates():
+    """A colocated vLLM engine that sleeps between generations (the lab's default) has freed its share by the
+    backward; while it generates, the trainer holds its weights, reference and AdamW's states beside it."""
+    four_b = qwen3("4B")
+    awake = StagePlan(**ON_A_GPU, vllm_share=0.3, shards=8)
+    sleeps = dataclasses.replace(awake, vllm_sleeps=True)
+    assert stage_memory(four_b, awake).vllm == 24 * 10**9 and stage_memory(four_b, awake).generating == 0
+    assert stage_memory(four_b, awake).total == 37_097_794_432
+    asleep = stage_memory(four_b, sleeps)
+    assert (asleep.vllm, asleep.step) == (0, 37_097_794_432 - 24 * 10**9)
+    assert asleep.generating == 4 * 4_022_468_096 // 8 + 8 * 4_022_468_096 // 8 + 24 * 10**9  # weights, AdamW, vLLM
+    assert asleep.total == asleep.generating == 30_033_702_144
+    with_kl = stage_memory(four_b, dataclasses.replace(sleeps, reference=True))
+    assert with_kl.generating == asleep.generating + 4 * 4_022_468_096 // 8
+    assert refusal(four_b, dataclasses.replace(sleeps, vllm_share=0.9)) == (
+        "needs about 78.0 GB per GPU (weights 2.0 GB, autocast 1.0 GB, gradients 2.0 GB, optimizer 4.0 GB, logits "
+        "1.8 GB, activations 2.2 GB; 78.0 GB while vLLM generates), more than 90% of the 80.0 GB it has: nothing "
+        "short of a larger device fits")
+
+
+def test_the_plan_reads_beta_and_vllms_sleep_mode_from_trls_config():
+    from trl import GRPOConfig
+
+    base = dict(output_dir="unused", use_cpu=True, per_device_train_batch_size=8, num_generations=4)
+    plain = plan_of(GRPOConfig(**base), lora=0, prompt=100, device_bytes=GIB_24)
+    assert (plain.reference, plain.vllm_sleeps) == (False, False)
+    kl = plan_of(GRPOConfig(**base, beta=0.04, use_vllm=True, vllm_mode="colocate", vllm_enable_sleep_mode=True),
+                 lora=0, prompt=100, device_bytes=GIB_24)
+    assert (kl.reference, kl.vllm_share, kl.vllm_sleeps) == (True, 0.3, True)
+    server = plan_of(GRPOConfig(**base, use_vllm=True, vllm_mode="server", vllm_enable_sleep_mode=True),
+                     lora=0, prompt=100, device_bytes=GIB_24)
+    assert (server.vllm_share, server.vllm_sleeps) == (0.0, False)  # a server's GPUs are its own
+
+
+def test_under_fsdps_own_activation_checkpointing_the_trainers_is_off_and_the_estimate_still_counts_it(
+        tmp_path: Path, monkeypatch):
+    """The lab's fsdp.yaml checkpoints activations with FSDP's units: the stage's `GRPOConfig` turns its own off (the
+    trainer's would gather each layer again to recompute it; transformers refuses both), even where the run set it,
+    and the estimate counts the checkpointing FSDP does."""
+    args = StageArgs(run_id=1, stage_index=1, seed=0, policy="", config=EnvConfig.default(), run_dir=tmp_path,
+                     run_uuid="u", settings=RunSettings(stages=1))
+    assert grpo_config(args, {}, 512, "chat").activation_checkpointing is True  # the chat default, no FSDP
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    monkeypatch.setenv("FSDP_ACTIVATION_CHECKPOINTING", "true")
+    for overrides in ({}, {"activation_checkpointing": True}):
+        config = grpo_config(args, overrides, 512, "chat")
+        assert config.activation_checkpointing is False and config.gradient_checkpointing is False
+        assert plan_of(config, lora=0, prompt=511, device_bytes=GIB_24).checkpointing is True

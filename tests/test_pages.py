@@ -14,6 +14,7 @@ from pathlib import Path
 
 import gradio as gr
 import pytest
+from huggingface_hub import DatasetCard
 from PIL import Image
 from sqlmodel import select
 
@@ -23,7 +24,7 @@ from envsim.parser import format_plan
 from envsim.scoring import score, score_answer
 from envsim.suite import VALIDATION_AGENTS, Split, boards_hash, build_cell, cells
 from lab import results
-from lab.cli.boards import HASH_FILE, save_datasets
+from lab.cli.boards import DATASET_CARD, save_datasets
 from lab.engineers import ENGINEERS, EngineerAnswer
 from lab.jobs import worker
 from lab.loop import advance, stages_of
@@ -978,14 +979,14 @@ def test_the_leaderboard_names_the_hash_of_the_boards_its_rows_were_scored_on(la
     engine, ids = lab
     entries = [e for cell in cells(Split.BENCHMARK)[:2] for e in build_cell(cell)[0]]  # 100 boards, table order
     folder = save_datasets({Split.BENCHMARK: entries}, tmp_path / "datasets")
-    recorded = (folder / HASH_FILE).read_text().split()
+    recorded = DatasetCard.load(folder / DATASET_CARD).data.boards_sha256
     scored = [EpisodeResult(e.instance, format_plan(e.instance.reference_plan),
                              score(e.instance, e.instance.reference_plan)) for e in entries]
     with session(engine) as s:
         store_evaluation(s, ids["history"], 1, Split.BENCHMARK, scored, [e.subset for e in entries])
     note = leaderboard.leaderboard(engine, [f"{ids['history']}:1"])["local_note"]
-    assert recorded == ["benchmark", boards_hash(entries)]
-    assert f"Boards sha256 `{recorded[1]}`: run #{ids['history']} curriculum, stage 1." in note.split("\n\n")
+    assert recorded == {"benchmark": boards_hash(entries)}
+    assert f"Boards sha256 `{recorded['benchmark']}`: run #{ids['history']} curriculum, stage 1." in note.split("\n\n")
     tiny = json.loads(reference.TINY_FILE.read_text())  # the shipped policy's row, scored on all 3,150 boards
     assert (f"Boards sha256 `{tiny['boards_sha256']}`: tiny policy (shipped, assets/tiny-policy); imitation of "
             "solver plans on 2, 3, 4, 5 agents, no RL.") in note.split("\n\n")

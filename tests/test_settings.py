@@ -16,7 +16,7 @@ from lab.settings import read_settings_file, settings_from_args
 from lab.study.comparison import comparison, compute_statement
 from storage.db import make_engine, session
 from storage.models import Experiment, Run
-from storage.settings import RunSettings, SettingsError
+from storage.settings import GrpoOverrides, RunSettings, SettingsError
 
 FILE = """\
 # the settings of a short study
@@ -88,6 +88,7 @@ def test_print_settings_writes_the_file_a_run_reads_back(tmp_path, capsys):
      "study.yaml:8: grpo max_steps = 'three': GRPOConfig's max_steps is of type int"),
     (FILE.replace("grpo:\n  max_steps: 3\n  learning_rate: 1.0e-05\n", "grpo: 3\n"), [],
      "study.yaml:7: grpo is a mapping of GRPOConfig fields"),
+    (FILE + "held_configs:\n  kind: static\n  configs: []\n", [], "study.yaml:10: held_configs.source: Field required"),
     ("stages: [2\n", [], "study.yaml:2: not YAML"),
     ("- 2\n", [], "study.yaml:1: a settings file is a mapping of setting: value"),
 ])
@@ -102,6 +103,43 @@ def test_a_bad_file_is_refused_naming_its_line_and_nothing_is_stored(tmp_path, c
         with session(engine) as s:
             assert s.exec(select(Run)).all() == []
         engine.dispose()
+
+
+def test_the_line_is_that_of_the_setting_the_error_is_about_not_of_a_name_in_its_words(tmp_path):
+    file = read_settings_file(write(tmp_path))
+    said = SettingsError("stages = 2 is fine; lora = 0: ...", "validation_boards")
+    assert file.located(said) == f"{file.path}:4: stages = 2 is fine; lora = 0: ..."
+    assert file.located(said, flags={"validation_boards"}) == f"{file.path}: stages = 2 is fine; lora = 0: ..."
+    refused = SettingsError("grpo learning_rate = 'fast': ...", "grpo.max_steps")
+    assert file.located(ValueError("the run cannot be made")) == f"{file.path}: the run cannot be made"
+    assert file.located(refused) == f"{file.path}:8: grpo learning_rate = 'fast': ..."
+    assert file.located(refused, grpo_flags={"max_steps"}) == f"{file.path}: grpo learning_rate = 'fast': ..."
+    try:  # a cause's setting: the training stack's refusal, as the loop and an experiment pass it on
+        raise ValueError("grpo max_steps = 'three': ...") from refused
+    except ValueError as err:
+        assert file.located(err) == f"{file.path}:8: grpo max_steps = 'three': ..."
+
+
+def test_the_grpo_overrides_the_lab_reads_are_typed_and_those_not_given_are_left_to_trl():
+    settings = RunSettings.checked(stages=1, grpo={"temperature": 0.7, "report_to": ["trackio"], "use_vllm": True,
+                                                   "vllm_mode": "server", "max_steps": 3})
+    assert settings.overrides == GrpoOverrides(temperature=0.7, report_to=["trackio"], use_vllm=True,
+                                               vllm_mode="server")
+    assert RunSettings.checked(stages=1).overrides == GrpoOverrides(temperature=None, report_to=None, use_vllm=False,
+                                                                    vllm_mode=None)
+
+
+@pytest.mark.parametrize("values, setting", [
+    ({"stages": 0}, "stages"),
+    ({"stages": 1, "thinking": "maybe"}, "thinking"),
+    ({"stages": 1, "held_configs": {"kind": "static", "configs": []}}, "held_configs"),
+    ({"stages": 1, "grpo": {"max_stepz": 1, "deepspeed": "/srv/ds.json"}}, "grpo.deepspeed"),
+    ({"stages": 1, "grpo": {"report_to": "hub"}}, "grpo.report_to"),
+])
+def test_a_settings_error_says_its_setting_from_where_pydantic_found_the_problem(values, setting):
+    with pytest.raises(SettingsError) as refused:
+        RunSettings.checked(**values)
+    assert refused.value.setting == setting
 
 
 def test_a_flag_on_top_of_a_bad_value_wins_and_a_large_file_is_refused(tmp_path):

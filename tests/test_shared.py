@@ -39,10 +39,10 @@ CONFIG = EnvConfig.default(sizes=(3, 4), num_instances=8)
 SETTINGS = dict(stages=1, validation_boards=8, dev_per_size=3, validation_agents=(2,))
 # RunSettings fields that cannot change the answers of a stage-0 evaluation (the boards are in the key as
 # themselves, so the board counts are too): a new field must be placed here or in training.shared.ANSWER_SETTINGS.
-NOT_ANSWERS = {"stages", "auto_apply", "grpo", "lora", "context", "context_preset", "base_url", "validation_boards",
-               "validation_per_size", "dev_per_size", "dev_per_seed", "probe_boards", "probe_answers", "remeasure",
-               "keep_checkpoints", "allow_cpu", "agent_counts", "validation_agents", "engineer_history", "example",
-               "held_configs"}
+NOT_ANSWERS = {"stages", "auto_apply", "grpo", "lora", "lora_alpha", "lora_dropout", "lora_target_modules", "context",
+               "context_preset", "base_url", "validation_boards", "validation_per_size", "dev_per_size", "dev_per_seed",
+               "probe_boards", "probe_answers", "remeasure", "keep_checkpoints", "allow_cpu", "agent_counts",
+               "validation_agents", "engineer_history", "example", "held_configs"}
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -229,6 +229,38 @@ def test_a_claim_whose_stage_died_is_taken_over_and_the_dead_run_copies_on_retry
     assert again.result["reused_from"] == {"validation": runs[1], "dev": runs[1]}
     assert sum(generated) == 8 + 24
     assert _answers(engine, runs[0]) == _answers(engine, runs[1])
+
+
+def test_a_dead_stage_that_stored_part_of_its_evaluation_copies_it_whole_on_retry(
+        engine: Engine, generated: list[int], monkeypatch: pytest.MonkeyPatch):
+    """Run 0's stage 0 dies after storing its first batch of 3 validation episodes; run 1 takes its claim over and
+    evaluates; run 0, retried, copies run 1's evaluation in place of its own 3 episodes: the two store the same."""
+    monkeypatch.setattr(evaluation, "BATCH_SIZE", 3)
+    runs = _runs(engine, [0, 1])
+    real = evaluation.evaluate
+
+    def dies_after_a_batch(*args, on_batch, **kwargs):
+        def stored_then_dies(batch):
+            on_batch(batch)
+            raise RuntimeError("the worker's GPU fell off")
+        return real(*args, on_batch=stored_then_dies, **kwargs)
+
+    monkeypatch.setattr(evaluation, "evaluate", dies_after_a_batch)
+    with session(engine) as s:
+        job = queue.claim(s, "worker a")
+    assert run_job(engine, job, run_stage_job).error == "RuntimeError: the worker's GPU fell off"
+    monkeypatch.setattr(evaluation, "evaluate", real)
+    assert len(_answers(engine, runs[0])[0]) == 3
+    with session(engine) as s:
+        job = queue.claim(s, "worker b")
+    assert run_job(engine, job, run_stage_job).status == "done"
+    with session(engine) as s:
+        queue.requeue(s, _jobs(engine)[0].id)
+        job = queue.claim(s, "worker a")
+    again = run_job(engine, job, run_stage_job)
+    assert again.result["reused_from"] == {"validation": runs[1], "dev": runs[1]}
+    assert _answers(engine, runs[0]) == _answers(engine, runs[1])
+    assert len(_answers(engine, runs[0])[0]) == 8 + 24
 
 
 def test_bench_stage0_at_a_tiny_budget(capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch):

@@ -8,12 +8,14 @@ advantage 0, and GRPO would (correctly) not move a single weight.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import importlib.util
 import json
 import math
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -32,6 +34,7 @@ from storage.db import make_engine, runs_root, session, upgrade
 from storage.models import Episode, Job, Run, Stage, StageMetric, TrainingLog
 from storage.settings import RunSettings
 from training import advantage
+from training import evaluate as evaluation
 from training.policy import build_tiny, load_policy
 from training.progress import Cancelled
 from training.stage import (
@@ -42,6 +45,7 @@ from training.stage import (
     installed_fields,
     merged,
     needs_fsdp,
+    run_stage,
     run_stage_job,
     stage_args,
     stage_seed,
@@ -332,12 +336,12 @@ def test_stage_jobs_through_the_worker_evaluate_then_train_and_record(empty_lab:
         assert len(s.exec(select(Episode).where(Episode.run_id == run_id)).all()) == 16
 
 
-def test_an_evaluation_handed_back_part_way_starts_again_from_its_first_board_and_says_so(
+def test_an_evaluation_handed_back_with_nothing_stored_starts_again_from_its_first_board_and_says_so(
         empty_lab: Engine, writer: Path, monkeypatch):
-    """Stage 0's job, handed back at board 5 of its 8 validation boards (its worker got SIGTERM; recorded here
-    through the queue's own calls), is claimed again: the new attempt builds the boards (no cache on this machine:
-    its log says how many at each quarter), says that it evaluates again from the first board and why, and stores
-    each board's episode once. A first attempt's line says neither."""
+    """Stage 0's job, handed back at board 5 of its 8 validation boards with none of them stored (its worker got
+    SIGTERM; recorded here through the queue's own calls), is claimed again: the new attempt builds the boards (no
+    cache on this machine: its log says how many at each quarter), says that it evaluates again from the first board
+    and why, and stores each board's episode once. A first attempt's line says neither."""
     monkeypatch.setenv("ENVLAB_CACHE", "")  # no machine cache: the standard set of 240 boards is built here
     run_id = _run(empty_lab, str(writer), stages=1)
     starts = "evaluating on 8 validation boards"
@@ -358,12 +362,91 @@ def test_an_evaluation_handed_back_part_way_starts_again_from_its_first_board_an
                          "from its cache)"]
     assert [line for line in lines if line.startswith("built ")] == [
         f"built {n} of 240 validation boards (once on this machine)" for n in (60, 120, 180, 240)]
-    assert (f"{starts} again from the first board: an earlier attempt stopped at board 5 of 8, and an evaluation is "
-            "stored only whole") in lines
-    assert evaluation_restarts("", starts) == evaluation_restarts("evaluating on 80 validation boards", starts) == ""
-    assert evaluation_restarts(f"{starts}\n-- requeued after attempt 1 ended failed: x", starts) == (
-        " again from the first board: an earlier attempt stopped before its end, and an evaluation is stored only "
-        "whole")
+    assert (f"{starts} again from the first board: an earlier attempt stopped at board 5 of 8, and none of its "
+            "boards are stored") in lines
+    assert evaluation_restarts("", starts, 0) == evaluation_restarts("evaluating on 80 validation boards", starts,
+                                                                      0) == ""
+    assert evaluation_restarts(f"{starts}\n-- requeued after attempt 1 ended failed: x", starts, 0) == (
+        " again from the first board: an earlier attempt stopped before its end, and none of its boards are stored")
+    assert evaluation_restarts(f"{starts}\n-- handed back at step 6 of 8: the disk is full", starts, 6) == (
+        " from board 7 on: an earlier attempt stopped at board 6 of 8, and the 6 boards it scored are stored")
+
+
+def test_an_evaluation_stopped_part_way_keeps_what_it_scored_and_goes_on_from_there(empty_lab: Engine, writer: Path,
+                                                                                  monkeypatch):
+    """Stage 0's validation, 3 boards a batch, stopped after its second batch: exactly the 6 episodes it scored are
+    stored (as an evaluation never stopped answers them) and no metrics. The next attempt answers only the last batch,
+    says from which board it goes on, and stores each board once: its episodes, metrics and result are those of an
+    evaluation of the same policy never stopped."""
+    monkeypatch.setattr(evaluation, "BATCH_SIZE", 3)
+    run_id = _run(empty_lab, str(writer), stages=1)
+    args, grpo = stage_args(empty_lab, run_id, 0)
+    boards = validation_boards(8, args.validation_per_size, args.run_dir.parent, args.validation_agents)
+    whole = evaluation.evaluate(start_policy(args, "cpu"), boards, batch_size=3)
+    answers = {r.instance.id: r.completion for r in whole}
+    seen: list[tuple[int, int | None, str | None]] = []
+
+    def stop_at(board: int | None) -> Callable[..., bool]:
+        def progress(step: int, total: int | None, line: str | None = None, result: dict | None = None) -> bool:
+            seen.append((step, total, line))
+            return total == 8 and step == board
+        return progress
+
+    def stored() -> tuple[list[Episode], list[StageMetric]]:
+        with session(empty_lab) as s:
+            return (list(s.exec(select(Episode).where(Episode.run_id == run_id))),
+                    list(s.exec(select(StageMetric).where(StageMetric.run_id == run_id))))
+
+    with pytest.raises(Cancelled):
+        run_stage(empty_lab, args, grpo, stop_at(6))
+    episodes, metrics = stored()
+    assert len(episodes) == 6 and metrics == []
+    assert {e.instance_id: e.completion for e in episodes}.items() <= answers.items()
+    seen.clear()
+    result = run_stage(empty_lab, args, grpo, stop_at(None))
+    starts = "evaluating on 8 validation boards"
+    assert [(step, total) for step, total, _ in seen if total == 8] == [(6, 8), (8, 8), (8, 8)]  # one batch answered
+    assert f"{starts} from board 7 on: an earlier attempt stopped, and the 6 boards it scored are stored" in [
+        line for _, _, line in seen]
+    episodes, metrics = stored()
+    assert sorted(e.instance_id for e in episodes) == sorted(b.id for b in boards)  # each board once
+    assert {e.instance_id: e.completion for e in episodes} == answers
+    assert {(m.size, m.agents): (m.episodes, m.valid, m.optimal, m.failures) for m in metrics} == {
+        cell: (t.episodes, t.valid, t.optimal, t.failures) for cell, t in evaluation.cell_metrics(whole).items()}
+    assert (result["episodes"], result["valid_rate"], result["optimal_rate"]) == (
+        8, sum(r.outcome.valid for r in whole) / 8, sum(r.outcome.optimal for r in whole) / 8)
+
+
+def test_a_full_disk_mid_evaluation_loses_only_the_batch_under_way(empty_lab: Engine, writer: Path, monkeypatch):
+    """The disk fills as stage 0 stores its second batch of 3 validation episodes (ENOSPC at that write): the worker
+    hands the job back with the first batch stored, and the next attempt goes on from board 4, says so, and answers
+    only the boards left (the first batch is not written again): 8 episodes, each board once."""
+    from lab.jobs import worker
+
+    monkeypatch.setattr(evaluation, "BATCH_SIZE", 3)
+    monkeypatch.setattr(worker, "FULL_DISK_WAIT_S", 0.01)
+    run_id = _run(empty_lab, str(writer), stages=1)
+    real, writes = evaluation.store_episodes, []
+
+    def fills_at_the_second(*args, **kwargs):
+        writes.append(len(args[-1]))
+        if len(writes) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(evaluation, "store_episodes", fills_at_the_second)
+    with session(empty_lab) as s:
+        job = queue.enqueue(s, "stage", {"run_id": run_id, "stage_index": 0})
+    # handed back, then claimed again by the same worker (`once` runs until the queue is empty)
+    assert run_worker(empty_lab, {"stage": run_stage_job}, WorkerOptions(poll_s=0.01, once=True)) == 2
+    with session(empty_lab) as s:
+        job = s.get(Job, job.id)
+        episodes = s.exec(select(Episode).where(Episode.run_id == run_id, Episode.split == "validation")).all()
+    assert job.status == "done" and writes == [3, 3, 3, 2]  # the failed write's batch answered again, no other
+    assert "-- handed back at step 3 of 8: the disk is full" in job.log_tail
+    assert sorted(e.instance_id for e in episodes) == sorted({e.instance_id for e in episodes}) and len(episodes) == 8
+    assert ("evaluating on 8 validation boards from board 4 on: an earlier attempt stopped at board 3 of 8, and the 3 "
+            "boards it scored are stored") in job.log_tail.splitlines()
 
 
 def test_the_dev_boards_are_evaluated_after_the_validation_boards_and_change_nothing_else(

@@ -202,3 +202,32 @@ def test_server_mode_gets_gpus_of_its_own_and_a_group_port_of_its_own(tmp_path: 
                                        "beside the training ones, and this worker owns GPU 0 only: use vllm_mode "
                                        "colocate (the one-GPU way), or give the worker two GPUs")
     engine.dispose()
+
+
+def test_a_stage_run_in_the_workers_own_process_gets_a_server_on_a_gpu_it_does_not_train_on(tmp_path: Path,
+                                                                                              monkeypatch):
+    """`envlab worker --in-process` on GPUs 0 and 1: the server goes on GPU 1, the stage trains on GPU 0; on one GPU
+    the stage fails saying why, as a stage in a child process does, instead of sharing the device with the server."""
+    engine = make_engine(f"sqlite:///{tmp_path / 'envlab.db'}")
+    upgrade(engine)
+    monkeypatch.setattr(vllm, "available", lambda: True)  # as on a GPU with vLLM installed
+    monkeypatch.setattr(training.settings, "installed", lambda package: True)
+    served: list[str | None] = []
+    monkeypatch.setattr(vllm, "ensure_server",
+                        lambda model, gpus=None: served.append(gpus) or SimpleNamespace(url="http://x:1"))
+
+    def stage(engine, job, progress):
+        return {}
+
+    for gpus in (["0", "1"], ["0"]):
+        with session(engine) as s:
+            create_run(s, name=f"on {len(gpus)}", config=EnvConfig.default(sizes=(3,), num_instances=8),
+                       settings=RunSettings(stages=1, grpo={"use_vllm": True, "vllm_mode": "server"}))
+        run_worker(engine, {"stage": stage}, WorkerOptions(once=True, poll_s=0.01, gpus=gpus))
+    with session(engine) as s:
+        two, one = s.exec(select(Job).order_by(Job.id)).all()
+    assert served == ["1"] and two.status == JobStatus.DONE
+    assert (one.status, one.error) == (JobStatus.FAILED, "training.vllm.VLLMError: server mode needs a GPU of its own "
+                                       "beside the training ones, and this worker owns GPU 0 only: use vllm_mode "
+                                       "colocate (the one-GPU way), or give the worker two GPUs")
+    engine.dispose()

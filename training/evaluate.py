@@ -13,14 +13,14 @@ import functools
 import hashlib
 import logging
 import os
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Engine
-from sqlmodel import Session
+from sqlalchemy import Engine, delete
+from sqlmodel import Session, select
 
 from envsim import suite
 from envsim.instance import Instance
@@ -29,6 +29,7 @@ from envsim.scoring import Outcome, Tally, score
 from envsim.suite import Split
 from storage.db import checkpoint_of, runs_root, session, stage_at
 from storage.models import Episode, Job, Run, StageMetric
+from storage.payloads import BenchmarkPayload
 from storage.settings import DECODINGS
 from training import vllm
 from training.progress import Cancelled, Progress
@@ -73,28 +74,44 @@ def answer_budget(policy: Policy, instance: Instance) -> int:
 CHAT_BUDGET = 512  # a chat model's new tokens per answer when its run does not set `completion_length`
 
 
-def evaluate(policy: Policy, instances: Sequence[Instance], batch_size: int = 64, max_new_tokens: int | None = None,
-             progress: Callable[[int, int], bool] | None = None, decoding: str = "greedy",
-             seed: int = 0, vllm_model: str | None = None) -> list[EpisodeResult]:
+BATCH_SIZE = 64  # boards answered (and, in a stage, stored) together: a stop loses at most one batch's answers
+
+
+def evaluate(policy: Policy, instances: Sequence[Instance], batch_size: int | None = None,
+             max_new_tokens: int | None = None, progress: Callable[[int, int], bool] | None = None,
+             decoding: str = "greedy", seed: int = 0, vllm_model: str | None = None,
+             answered: Mapping[int, str] | None = None,
+             on_batch: Callable[[list[EpisodeResult]], None] | None = None) -> list[EpisodeResult]:
     """Answers to `instances`, scored, in the same order: greedy, or `decoding="sampled"` as the model's own
     generation_config samples (its temperature, top-k and top-p; seeded by `seed`). With `vllm_model` (the
     policy's checkpoint folder) and vLLM installed on a GPU, vLLM writes the answers (`training.vllm`), from the
     same token ids; else transformers does.
 
     Boards are answered in full batches of similar prompt length (sorted by length, so little padding), each
-    batch with the largest token budget of its boards. `progress(done, total)` is called after each batch
-    and may return True to cancel (raises `Cancelled`).
+    batch with the largest token budget of its boards (`BATCH_SIZE` boards unless `batch_size` says). Each batch
+    answered is scored and handed to `on_batch` (a stage stores it there) before `progress(done, total)` is called;
+    `progress` may return True to cancel (raises `Cancelled`).
+
+    `answered`: completions an earlier attempt stored, by index into `instances` (`stored_answers`). The batches are
+    the same whatever was answered (so are their seeds and paddings), and a batch whose every board is answered is
+    skipped, so an evaluation that goes on after a stop returns exactly what one without the stop would; of a batch
+    answered in part (a batch size changed since), only the boards not answered go to `on_batch`.
     """
+    batch_size = batch_size or BATCH_SIZE
+    answered = answered or {}
     if decoding not in DECODINGS:
         raise ValueError(f"decoding {decoding!r}: one of {', '.join(DECODINGS)}")
     sampled = decoding == "sampled"
     prompts = [policy.prompt(inst) for inst in instances]
-    order = sorted(range(len(instances)), key=lambda i: (len(prompts[i]), i))
-    completions: list[str] = [""] * len(instances)
-    engine = vllm.vllm_engine(vllm_model) if vllm_model is not None and vllm.available() else None
+    order = _by_length(prompts)
+    completions = [answered.get(i, "") for i in range(len(instances))]
+    engine = vllm.vllm_engine(vllm_model) if vllm_model is not None and vllm.available() \
+        and len(answered) < len(instances) else None
     try:
         for start in range(0, len(order), batch_size):
             chunk = order[start:start + batch_size]
+            if all(i in answered for i in chunk):  # scored and stored by an earlier attempt
+                continue
             budget = max_new_tokens or max(answer_budget(policy, instances[i]) for i in chunk)
             if engine is not None:
                 outs = vllm.generate_texts(engine, [policy.token_ids(prompts[i]) for i in chunk], budget,
@@ -104,7 +121,9 @@ def evaluate(policy: Policy, instances: Sequence[Instance], batch_size: int = 64
                 outs = policy.generate([prompts[i] for i in chunk], max_new_tokens=budget, batch_size=batch_size,
                                        do_sample=sampled, temperature=None, seed=seed + start if sampled else None)
             for i, text in zip(chunk, outs, strict=True):
-                completions[i] = text
+                completions[i] = answered.get(i, text)
+            if on_batch is not None:
+                on_batch([_scored(instances[i], completions[i]) for i in chunk if i not in answered])
             done = start + len(chunk)
             if progress is not None and progress(done, len(instances)):
                 raise Cancelled(f"cancelled after {done} of {len(instances)} episodes")
@@ -113,8 +132,20 @@ def evaluate(policy: Policy, instances: Sequence[Instance], batch_size: int = 64
             vllm.stop_engine(engine)
             del engine
             vllm.free_memory()
-    return [EpisodeResult(inst, text, score(inst, parse(text, inst.num_agents)))
-            for inst, text in zip(instances, completions, strict=True)]
+    return [_scored(inst, text) for inst, text in zip(instances, completions, strict=True)]
+
+
+def _scored(instance: Instance, completion: str) -> EpisodeResult:
+    return EpisodeResult(instance, completion, score(instance, parse(completion, instance.num_agents)))
+
+
+def _by_length(prompts: Sequence[str]) -> list[int]:
+    return sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))
+
+
+def answer_order(policy: Policy, instances: Sequence[Instance]) -> list[int]:
+    """The order in which `evaluate` answers `instances` (indices): by prompt length, so that a batch pads little."""
+    return _by_length([policy.prompt(inst) for inst in instances])
 
 
 def size_metrics(results: Sequence[EpisodeResult]) -> dict[int, Tally]:
@@ -165,6 +196,49 @@ def store_evaluation(session: Session, run_id: int, stage_index: int, split: Spl
     An evaluation is stored once per (run, stage, split): the StageMetric rows are UNIQUE on that key, so
     storing the same evaluation twice fails instead of double-counting.
     """
+    _add_episodes(session, run_id, stage_index, split, results, subsets)
+    _add_metrics(session, run_id, stage_index, split, results)
+    session.commit()
+
+
+def store_episodes(session: Session, run_id: int, stage_index: int, split: Split,
+                   results: Sequence[EpisodeResult]) -> None:
+    """One batch of an evaluation's Episode rows, committed as it is scored: a stop or a full disk loses at most
+    the batch under way, and the next attempt goes on from the boards stored (`stored_answers`). The evaluation is
+    stored whole once every board is (`store_whole`)."""
+    _add_episodes(session, run_id, stage_index, split, results)
+    session.commit()
+
+
+def store_whole(session: Session, run_id: int, stage_index: int, split: Split,
+                results: Sequence[EpisodeResult]) -> None:
+    """An evaluation whose batches `store_episodes` stored, stored whole in one transaction: its episodes again, in
+    the order of its boards (`results`: every board, as `evaluate` returns them) where the batches held them in the
+    order they were answered, and its metrics. An evaluation with metrics is stored whole, one without is under way
+    or stopped; a reader of a whole one finds its episodes as `store_evaluation` writes them."""
+    session.exec(delete(Episode).where(Episode.run_id == run_id, Episode.stage_index == stage_index,
+                                       Episode.split == split))
+    store_evaluation(session, run_id, stage_index, split, results)
+
+
+def stored_answers(session: Session, run_id: int, stage_index: int, split: Split, boards: Sequence[Instance],
+                   order: Sequence[int]) -> dict[int, str]:
+    """The completions an earlier attempt stored batch by batch for `boards` on `split`, by index into `boards`
+    (`evaluate`'s `answered`; `order`: `answer_order`'s). Batches are stored in the order they are answered, so the
+    rows, oldest first, are the boards that order begins with; rows that are not (stored for another set of boards,
+    or by a policy that orders them otherwise) are deleted, and the evaluation starts from its first board."""
+    rows = session.exec(select(Episode).where(Episode.run_id == run_id, Episode.stage_index == stage_index,
+                                              Episode.split == split).order_by(Episode.id)).all()
+    if [row.instance_id for row in rows] == [boards[i].id for i in order[:len(rows)]]:
+        return {i: row.completion for i, row in zip(order[:len(rows)], rows, strict=True)}
+    for row in rows:
+        session.delete(row)
+    session.commit()
+    return {}
+
+
+def _add_episodes(session: Session, run_id: int, stage_index: int, split: Split, results: Sequence[EpisodeResult],
+                  subsets: Sequence[float] | None = None) -> None:
     for i, r in enumerate(results):
         parsed = parse(r.completion, r.instance.num_agents)
         session.add(Episode(
@@ -174,10 +248,13 @@ def store_evaluation(session: Session, run_id: int, stage_index: int, split: Spl
             outcome=r.outcome.to_dict(), valid=r.outcome.valid, optimal=r.outcome.optimal,
             failure=None if r.outcome.failure is None else r.outcome.failure.value,
             subset=None if subsets is None else subsets[i]))
+
+
+def _add_metrics(session: Session, run_id: int, stage_index: int, split: Split,
+                 results: Sequence[EpisodeResult]) -> None:
     for (size, agents), m in cell_metrics(results).items():
         session.add(StageMetric(run_id=run_id, stage_index=stage_index, split=split, size=size, agents=agents,
                                 episodes=m.episodes, valid=m.valid, optimal=m.optimal, failures=m.failures))
-    session.commit()
 
 
 def validation_entries(cache_dir: Path, per_size: int, agents: Sequence[int] = suite.VALIDATION_AGENTS,
@@ -295,7 +372,8 @@ def run_benchmark_job(engine: Engine, job: Job, progress: Progress) -> dict[str,
     The stage row's `checkpoint` names the policy; a stage without one (stage 0 before it ran) falls back
     to the run's starting policy. Returns the paper's tables: valid and optimal rate per (agents, size).
     """
-    run_id, stage_index = int(job.payload["run_id"]), int(job.payload["stage_index"])
+    payload = BenchmarkPayload.of(job)
+    run_id, stage_index = payload.run_id, payload.stage_index
     with session(engine) as s:
         run = s.get(Run, run_id)
         stage = stage_at(s, run_id, stage_index)

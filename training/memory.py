@@ -15,10 +15,16 @@ What a GRPO step holds at its peak, per device, in bytes (`StageMemory`):
 - weights: a full fine-tune's float32 master weights (`training.stage.start_policy` loads them so); LoRA's frozen
   base as loaded (the run's policy in bf16 on a GPU at stage 1; from stage 2 a trained stage's float32 checkpoint,
   so that no stage's learning rounds away), plus its adapters in float32;
+- reference: TRL's reference model where `beta` > 0, a full copy of the policy in its dtype (a full fine-tune's
+  float32; split N ways under FSDP or ZeRO-3 as the policy is, whole on each GPU under DDP); none with LoRA, whose
+  reference is its base with the adapters disabled;
 - autocast: under bf16 autocast the forward keeps a bf16 copy of every float32 weight for its backward;
 - gradients and optimizer: 4 bytes per trained parameter, and AdamW's two float32 states (8 bytes); LoRA trains
   only its adapters (rank r on every linear layer but the output layer, peft's "all-linear");
-- vllm: a colocated vLLM engine's share of the GPU (`vllm_gpu_memory_utilization`);
+- vllm: a colocated vLLM engine's share of the GPU (`vllm_gpu_memory_utilization`), unless it sleeps between
+  generations (`vllm_enable_sleep_mode`, the lab's default): then its share is free for the backward, and held only
+  while it generates, beside the weights, the reference and the optimizer's states (gradients are freed by then):
+  `generating`, the stage's peak where that is larger than the step's;
 - logits: TRL 1.16 scores tokens through a fused LM head (`trl.trainer.utils.add_fused_lm_head`) that never
   holds a batch's logits, only one tile of at most 4,096 tokens by 32,768 vocabulary columns at a time (`head_tile`):
   on a GPU one tile in the compute dtype (its Triton kernels keep the rest in registers) and only the completion's
@@ -86,31 +92,43 @@ class StagePlan:
     bf16: bool = False  # bf16 autocast (GRPOConfig's bf16)
     checkpointing: bool = False  # activation checkpointing
     vllm_share: float = 0.0  # a colocated vLLM engine's share of the device
+    vllm_sleeps: bool = False  # the colocated engine sleeps between generations (vllm_enable_sleep_mode)
+    reference: bool = False  # TRL keeps a reference model (beta > 0)
     shards: int = 1  # processes FSDP or ZeRO-3 splits the trained state over (1: none, as under DDP)
     gpu: bool = False
 
 
 @dataclass(frozen=True)
 class StageMemory:
-    """A stage's peak memory per device, by part, in bytes."""
+    """A stage's peak memory per device, by part, in bytes: the parts a training step holds, and what is held while
+    a sleeping colocated vLLM engine generates (`generating`; 0 where none sleeps)."""
 
     runtime: int
     weights: int
+    reference: int
     autocast: int
     gradients: int
     optimizer: int
     vllm: int
     logits: int
     activations: int
+    generating: int = 0
+
+    @property
+    def step(self) -> int:
+        """The training step's peak: every part."""
+        return sum(getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "generating")
 
     @property
     def total(self) -> int:
-        return sum(dataclasses.astuple(self))
+        return max(self.step, self.generating)
 
     def parts(self) -> str:
-        """The parts of 1% of the total or more, e.g. `weights 16.1 GB, gradients 16.1 GB, ...`."""
-        return ", ".join(f"{f.name} {size(getattr(self, f.name))}" for f in dataclasses.fields(self)
-                         if getattr(self, f.name) >= self.total / 100)
+        """The step's parts of 1% of the total or more, e.g. `weights 16.1 GB, gradients 16.1 GB, ...`, and what a
+        sleeping vLLM's generation holds where that is the peak."""
+        step = ", ".join(f"{f.name} {size(getattr(self, f.name))}" for f in dataclasses.fields(self)
+                         if f.name != "generating" and getattr(self, f.name) >= self.total / 100)
+        return step + (f"; {size(self.generating)} while vLLM generates" if self.generating > self.step else "")
 
 
 def size(n: float) -> str:
@@ -167,12 +185,17 @@ def stage_memory(model: Any, plan: StagePlan, tile: tuple[int, int] | None = Non
     per_unit = ACTIVATIONS_PER_UNIT if plan.bf16 else FLOAT32_PER_UNIT["lora" if plan.lora else "full"]
     layers = config.num_hidden_layers
     kept = layers + per_unit if plan.checkpointing else per_unit * layers
+    # TRL's reference model: a copy of the policy in its dtype (`GRPOTrainer` loads it so); LoRA disables its adapters
+    reference = sum(p.numel() * p.element_size() for p in params) if plan.reference and not plan.lora else 0
+    vllm = int(plan.vllm_share * plan.device_bytes) if plan.gpu else 0
+    runtime = 0 if plan.gpu else int(CPU_RUNTIME)
+    weights, reference, optimizer = weights // plan.shards, reference // plan.shards, 8 * trained // plan.shards
     return StageMemory(
-        runtime=0 if plan.gpu else int(CPU_RUNTIME),
-        weights=weights // plan.shards, autocast=autocast // plan.shards, gradients=4 * trained // plan.shards,
-        optimizer=8 * trained // plan.shards, vllm=int(plan.vllm_share * plan.device_bytes) if plan.gpu else 0,
+        runtime=runtime, weights=weights, reference=reference, autocast=autocast // plan.shards,
+        gradients=4 * trained // plan.shards, optimizer=optimizer, vllm=0 if plan.vllm_sleeps else vllm,
         logits=logits_memory(plan, config.vocab_size, config.hidden_size, tile),
-        activations=tokens * config.hidden_size * kept * per_value)
+        activations=tokens * config.hidden_size * kept * per_value,
+        generating=runtime + weights + reference + optimizer + vllm if plan.vllm_sleeps and vllm else 0)
 
 
 def refusal(model: Any, plan: StagePlan) -> str | None:
@@ -265,8 +288,10 @@ def plan_of(config: Any, *, lora: int, prompt: int, device_bytes: int | None = N
         device_bytes=device_bytes or device_memory(gpu), batch=config.per_device_train_batch_size,
         generations=config.num_generations, prompt=prompt, completion=config.max_completion_length, lora=lora,
         bf16=bool(config.bf16),
-        checkpointing=bool(getattr(config, "activation_checkpointing", None) or config.gradient_checkpointing),
+        checkpointing=bool(getattr(config, "activation_checkpointing", None) or config.gradient_checkpointing
+                           or os.environ.get("FSDP_ACTIVATION_CHECKPOINTING", "").lower() == "true"),
         vllm_share=config.vllm_gpu_memory_utilization if colocated else 0.0,
+        vllm_sleeps=bool(colocated and config.vllm_enable_sleep_mode), reference=config.beta != 0.0,
         shards=config.world_size if sharded else 1, gpu=gpu)
 
 
@@ -306,14 +331,15 @@ def qwen3(name: str, dtype: torch.dtype = torch.float32) -> Any:
 def table(plan: StagePlan = CHAT_ON_80_GB, gpus: int = TABLE_GPUS) -> list[dict[str, Any]]:
     """docs/training.md's table: for each Qwen3 size, full and LoRA (rank `LORA_RANK`, its base in bf16), bytes per
     GPU on one GPU (as on each under DDP), on each of `gpus` under FSDP and as the lab launches `gpus`
-    (`fsdp_needed`: "DDP" or "FSDP"), the last also beside a colocated vLLM engine (0.3 of the GPU)."""
+    (`fsdp_needed`: "DDP" or "FSDP"), the last also beside a colocated vLLM engine (0.3 of the GPU) that sleeps
+    between generations, as the lab colocates one (`training.vllm.vllm_fields`)."""
     rows = []
     for name in QWEN3:
         for lora in (0, LORA_RANK):
             model = qwen3(name, torch.bfloat16 if lora else torch.float32)
             row: dict[str, Any] = {"policy": f"Qwen3-{name}", "training": "LoRA" if lora else "full"}
             for share, suffix in ((0.0, ""), (0.3, " vllm")):
-                at = dataclasses.replace(plan, lora=lora, vllm_share=share)
+                at = dataclasses.replace(plan, lora=lora, vllm_share=share, vllm_sleeps=share > 0)
                 fsdp, _ = fsdp_needed(model, at, gpus)
                 row["1 GPU" + suffix] = stage_memory(model, at).total
                 row["FSDP" + suffix] = stage_memory(model, dataclasses.replace(at, shards=gpus)).total
@@ -330,8 +356,8 @@ def markdown(rows: list[dict[str, Any]], plan: StagePlan = CHAT_ON_80_GB, gpus: 
         return f"{n / GB:.1f}" + (": refused" if n > usable else "")
 
     head = ["policy", "training", f"1 GPU, or each of {gpus} under DDP", f"each of {gpus} under FSDP",
-            f"{gpus} GPUs as the lab launches them", "1 GPU, colocated vLLM (0.3)",
-            f"{gpus} GPUs as launched, colocated vLLM (0.3)"]
+            f"{gpus} GPUs as the lab launches them", "1 GPU, colocated vLLM (0.3, sleeping)",
+            f"{gpus} GPUs as launched, colocated vLLM (0.3, sleeping)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         launched = [f"{r[k][0]}, {cell(r[k][1])}" for k in ("launched", "launched vllm")]

@@ -13,6 +13,7 @@ vLLM or `transformers serve` can read.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import os
@@ -28,10 +29,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, 
 from envsim.instance import Instance
 from envsim.prompts import COMPACT_VOCAB, chat_prompt, chat_text, compact_prompt
 from storage.settings import RunSettings
+from training import decode
 from training.resolve import SHIPPED, TINY_DIR  # noqa: F401 (TINY_DIR: the shipped tiny's folder, read here too)
 from training.tokenizer import build_tokenizer, compact_text, is_compact
 
 PromptStyle = Literal["compact", "chat"]
+Decoder = Literal["loop", "transformers"]
 MARKER = "envlab.json"
 # Shape of the tiny model: deep and narrow. Following a path is a chain of small look-ups (where am I, is the
 # next cell a hole, where is the other agent), which depth serves better than width. Measured on the warm
@@ -59,6 +62,9 @@ class Policy:
     # the agent counts its warm start imitated (`envlab.json`'s `trained_agents`; None: not said), which the
     # Leaderboard states beside its benchmark row: a policy answers only for the counts it has seen
     trained_agents: tuple[int, ...] | None = None
+    # who writes the tokens: `training.decode`'s loop (rows leave the batch as they end), or transformers'
+    # `generate`, the reference the loop equals answer for answer (benchmarks/bench_decode.py compares the two)
+    decoder: Decoder = "loop"
 
     def configured(self, settings: RunSettings | None) -> Policy:
         """This policy set up as a run's settings say it answers (`thinking` and `completion_length`; None: the
@@ -89,7 +95,9 @@ class Policy:
                  temperature: float | None = 1.0, seed: int | None = None) -> list[str]:
         """Completions of `prompts`, in order, decoded without special tokens; stops at eos.
 
-        Prompts are batched in order of length (left padding), so a batch holds little padding.
+        Prompts are batched in order of length (left padding), so a batch holds little padding. With `decoder`
+        "loop", greedy answers and answers sampled at a `temperature` go through `training.decode` (the same
+        tokens, sooner); sampling as the model's own generation_config says goes through `generate`.
         """
         if seed is not None:
             torch.manual_seed(seed)
@@ -104,6 +112,11 @@ class Policy:
         # temperature None: the model's own generation_config (temperature, top-k, top-p) decides how it samples
         sampling = dict(do_sample=False) if not do_sample else dict(do_sample=True) if temperature is None else \
             dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
+        config = None  # the loop's config where it answers as `generate` would (`training.decode.fits`)
+        if self.decoder == "loop" and (not do_sample or temperature is not None):
+            config = copy.deepcopy(self.model.generation_config)
+            config.update(max_new_tokens=max_new_tokens, pad_token_id=pad_id, eos_token_id=tok.eos_token_id, **sampling)
+            config = config if decode.fits(config) else None
         for start in range(0, len(order), batch_size):
             chunk = order[start:start + batch_size]
             width = max(len(ids[i]) for i in chunk)
@@ -113,6 +126,11 @@ class Policy:
                 input_ids[row, width - len(ids[i]):] = torch.tensor(ids[i])
                 mask[row, width - len(ids[i]):] = 1
             device = self.model.device
+            if config is not None:
+                new = decode.answer(self.model, input_ids.to(device), mask.to(device), config)
+                for row, i in enumerate(chunk):
+                    out[i] = tok.decode(new[row], skip_special_tokens=True)
+                continue
             generated = self.model.generate(input_ids=input_ids.to(device), attention_mask=mask.to(device),
                                             max_new_tokens=max_new_tokens, pad_token_id=pad_id,
                                             eos_token_id=tok.eos_token_id, **sampling)
@@ -269,13 +287,16 @@ def policy_folder(spec: str) -> str:
     return spec
 
 
-def lora_config(r: int = 16, alpha: int | None = None, dropout: float = 0.05) -> Any:
-    """peft's `LoraConfig` for adapters on every linear layer (needs the optional `peft` package)."""
+def lora_config(r: int = 16, alpha: int | None = None, dropout: float | None = None,
+                targets: tuple[str, ...] | str | None = None) -> Any:
+    """peft's `LoraConfig` of rank `r` (needs the optional `peft` package); where a run's settings name none, alpha
+    twice the rank, dropout 0.05 and adapters on every linear layer (`targets`: the modules' names, or all-linear)."""
     try:
         from peft import LoraConfig
     except ImportError as e:
         raise PolicyError("LoRA needs the peft package: pip install peft") from e
-    return LoraConfig(r=r, lora_alpha=alpha or 2 * r, lora_dropout=dropout, target_modules="all-linear",
+    return LoraConfig(r=r, lora_alpha=alpha or 2 * r, lora_dropout=0.05 if dropout is None else dropout,
+                      target_modules=list(targets) if isinstance(targets, tuple) else targets or "all-linear",
                       task_type="CAUSAL_LM")
 
 

@@ -41,7 +41,8 @@ from envsim.parser import parse
 from envsim.scoring import score
 from storage.db import session
 from storage.models import Job, Probe, Run
-from storage.settings import RunSettings
+from storage.payloads import ProbePayload
+from storage.settings import GrpoOverrides, RunSettings
 from training.progress import Cancelled, Progress
 
 if TYPE_CHECKING:  # torch loads only where a probe samples: the lab reads probes without it
@@ -140,7 +141,8 @@ def sampling_temperature(grpo: dict[str, Any] | None = None) -> float:
     """The temperature a stage samples at: the run's `settings.grpo["temperature"]`, else TRL's default."""
     from trl import GRPOConfig  # TRL loads only for the one number
 
-    return float((grpo or {}).get("temperature", GRPOConfig.__dataclass_fields__["temperature"].default))
+    chosen = GrpoOverrides.model_validate(grpo or {}).temperature
+    return GRPOConfig.__dataclass_fields__["temperature"].default if chosen is None else chosen
 
 
 def probe_boards(config: EnvConfig, size: int, boards: int, seed: int) -> list[Instance]:
@@ -311,23 +313,22 @@ def measure(engine: Engine, config: EnvConfig, checkpoint: str, *,
 
 
 def run_probe_job(engine: Engine, job: Job, progress: Progress) -> dict[str, Any]:
-    """The `probe` job (the Measure panel, docs/loop.md): payload `{"checkpoint", "policy_path", "configs":
-    {label: config JSON}, "seed", "boards", "answers", "temperature"}`; measures each config (cached ones cost
-    nothing) and returns `{"probes": {label: key}}`. Progress counts sizes over every config."""
+    """The `probe` job (the Measure panel, docs/loop.md): payload a `ProbePayload`; measures each config (cached
+    ones cost nothing) and returns `{"probes": {label: key}}`. Progress counts sizes over every config."""
     from training.policy import load_policy, local_device
 
-    p = job.payload
-    configs = {label: EnvConfig.model_validate(c) for label, c in p["configs"].items()}
+    p = ProbePayload.of(job)
+    configs = p.configs
     total = sum(len(c.sizes) for c in configs.values())
     with session(engine) as s:  # the run's settings say how its policy answers (thinking, length)
-        run = s.get(Run, p["run_id"]) if p.get("run_id") is not None else None
+        run = s.get(Run, p.run_id) if p.run_id is not None else None
     settings = run.settings if run else None
     loaded: list[Policy] = []
 
     def load() -> Policy:
         if not loaded:
-            progress(0, total, f"loading {p['policy_path']}")
-            loaded.append(load_policy(p["policy_path"], device=local_device()).configured(settings))
+            progress(0, total, f"loading {p.policy_path}")
+            loaded.append(load_policy(p.policy_path, device=local_device()).configured(settings))
         return loaded[0]
 
     keys, done = {}, 0
@@ -345,9 +346,8 @@ def run_probe_job(engine: Engine, job: Job, progress: Progress) -> dict[str, Any
                         result=said(label, f"{k} of {n} sizes measured")):
                 raise Cancelled(f"cancelled after {base + k} of {total} sizes")
 
-        result = measure(engine, config, p["checkpoint"], policy=load, settings=settings, seed=int(p["seed"]),
-                         boards=int(p["boards"]), answers=int(p["answers"]), temperature=float(p["temperature"]),
-                         progress=step)
+        result = measure(engine, config, p.checkpoint, policy=load, settings=settings, seed=p.seed, boards=p.boards,
+                         answers=p.answers, temperature=p.temperature, progress=step)
         done += n
         keys[label] = result.key
         text = "found in the cache" if result.cached else f"{result.completions} answers in {result.seconds:.1f} s"

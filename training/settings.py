@@ -36,9 +36,10 @@ def _type_name(hint: Any) -> str:
     return " or ".join(n or str(p) for n, p in zip(names, parts, strict=False))
 
 
-def check_grpo(settings: RunSettings, instances: int, policy: str) -> int:
-    """The steps a stage of `instances` boards takes with `settings.grpo` on `policy`'s defaults, or a
-    SettingsError naming the override TRL would refuse and why."""
+def check_grpo(settings: RunSettings, instances: int, policy: str, processes: int = 1) -> int:
+    """The steps a stage of `instances` boards takes with `settings.grpo` on `policy`'s defaults, launched on
+    `processes` processes (the GPUs of the worker that trains it), or a SettingsError naming the override TRL would
+    refuse there and why (`training.stage.planned_config`: what one process refuses, two may take)."""
     from training.policy import prompt_style_of  # torch loads here, for the commands that create runs
     from training.stage import StageError, planned_steps
 
@@ -50,13 +51,14 @@ def check_grpo(settings: RunSettings, instances: int, policy: str) -> int:
             TypeAdapter(hints[key]).validate_python(value, strict=True)
         except ValidationError:
             raise SettingsError(f"grpo {key} = {value!r}: GRPOConfig's {key} is of type "
-                                f"{_type_name(hints[key])}") from None
+                                f"{_type_name(hints[key])}", f"grpo.{key}") from None
+    unknown = sorted(key for key in settings.grpo if key not in hints)
     try:
-        return planned_steps(instances, settings.grpo, prompt_style_of(policy))
+        return planned_steps(instances, settings.grpo, prompt_style_of(policy), processes)
     except (StageError, ValueError, TypeError, ArithmeticError) as err:
         first = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise SettingsError(first if isinstance(err, StageError) else f"grpo settings {settings.grpo}: {first}"
-                            ) from None
+        raise SettingsError(first if isinstance(err, StageError) else f"grpo settings {settings.grpo}: {first}",
+                            f"grpo.{unknown[0]}" if unknown else None) from None
 
 
 def check_memory(settings: RunSettings, config: Any, policy: str, needs_gpu: bool = False) -> None:
@@ -90,9 +92,9 @@ def check_packages(settings: RunSettings) -> None:
     from training.trackers import reported
 
     needs = [("peft", f"lora = {settings.lora} (LoRA adapters)")] if settings.lora else []
-    if settings.grpo.get("use_vllm"):
+    if settings.overrides.use_vllm:
         needs.append(("vllm", "grpo use_vllm = True (vLLM generation)"))
-    report_to = settings.grpo.get("report_to")
+    report_to = settings.overrides.report_to
     needs += [(tracker, f"grpo report_to = {report_to!r}") for tracker in reported(report_to)]
     for package, setting in needs:
         if not installed(package):

@@ -33,11 +33,10 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from sqlalchemy import Engine, delete, func, update
 from sqlalchemy.exc import IntegrityError
-from sqlmodel import select
+from sqlmodel import Session, select
 
 from envsim.instance import Instance
 from envsim.suite import Split
@@ -46,9 +45,6 @@ from storage.models import Episode, Evaluation, Job, JobKind, JobStatus, StageMe
 from storage.queue import db_now, stale_after_s
 from storage.settings import RunSettings
 from training.progress import Cancelled, Progress
-
-if TYPE_CHECKING:
-    from training.evaluate import EpisodeResult
 
 # A run's settings that change the answers of an evaluation (`storage.settings.RunSettings`): the chat template's
 # thinking flag, the answer budget, greedy or sampled decoding. The boards are in the key as themselves.
@@ -135,8 +131,9 @@ def _take_over(engine: Engine, dead: Evaluation, run_id: int, stage_index: int) 
 
 def stored(engine: Engine, run_id: int, stage_index: int, split: Split) -> tuple[int, int]:
     """That stage's evaluation on `split` as stored: (the episodes its per-size metrics count, the episodes there).
-    Its metrics and episodes commit together, so (0, 0) is one not stored yet, and fewer episodes than the metrics
-    count are episodes deleted since."""
+    Its episodes commit batch by batch as they are scored and its metrics once every board is, so no metrics is one
+    not stored whole yet (under way, or stopped part-way), and fewer episodes than the metrics count are episodes
+    deleted since."""
     with session(engine) as s:
         counted = s.exec(select(func.sum(StageMetric.episodes)).where(
             StageMetric.run_id == run_id, StageMetric.stage_index == stage_index, StageMetric.split == split)).one()
@@ -164,8 +161,10 @@ _OWN = {"id", "run_id", "stage_index"}  # the columns a copied row takes from th
 def copy_evaluation(engine: Engine, key: str, source: Evaluation, run_id: int, stage_index: int,
                     split: Split) -> int:
     """Copy the source's episodes and stage metrics on `split` into this stage, row for row, and record where
-    they came from; one transaction. Returns the episodes copied."""
+    they came from, in place of any episodes an earlier attempt of this stage stored part-way; one transaction.
+    Returns the episodes copied."""
     with session(engine) as s:
+        _drop_part_stored(s, run_id, stage_index, split)
         episodes = s.exec(select(Episode).where(Episode.run_id == source.run_id,
                                                 Episode.stage_index == source.stage_index, Episode.split == split)
                           .order_by(Episode.id)).all()
@@ -181,20 +180,30 @@ def copy_evaluation(engine: Engine, key: str, source: Evaluation, run_id: int, s
         return len(episodes)
 
 
-def evaluate_once(engine: Engine, key: str, run_id: int, stage_index: int, split: Split,
-                  generate: Callable[[], Sequence[EpisodeResult]], progress: Progress,
-                  wait_s: float = WAIT_S) -> Evaluation | None:
-    """Store this stage's evaluation on `split`: generated here (`generate()` answers the boards; returns None),
-    or copied from the stage that evaluated the same key (returns that stage's claim). Waits while another live
-    stage is generating the same answers; raises `Cancelled` when the job is cancelled meanwhile."""
-    from training import evaluate as evaluation  # torch loads only where answers are generated
+def _drop_part_stored(s: Session, run_id: int, stage_index: int, split: Split) -> None:
+    """Delete the episodes of that stage's evaluation on `split` stored part-way (no metrics yet), uncommitted."""
+    if s.exec(select(StageMetric.id).where(StageMetric.run_id == run_id, StageMetric.stage_index == stage_index,
+                                           StageMetric.split == split)).first() is None:
+        s.exec(delete(Episode).where(Episode.run_id == run_id, Episode.stage_index == stage_index,
+                                     Episode.split == split))
 
+
+def evaluate_once(engine: Engine, key: str, run_id: int, stage_index: int, split: Split,
+                  generate: Callable[[], None], progress: Progress, wait_s: float = WAIT_S) -> Evaluation | None:
+    """Store this stage's evaluation on `split`: generated here (`generate()` answers the boards and stores them;
+    returns None), or copied from the stage that evaluated the same key (returns that stage's claim). Waits while
+    another live stage is generating the same answers; raises `Cancelled` when the job is cancelled meanwhile.
+
+    Where this stage's earlier attempt held the key's claim, `generate` goes on from the episodes it stored; where
+    this stage claims the key anew (or takes it over), episodes it stored part-way under another claim are dropped
+    first: they may answer in another way."""
     _forget_other_claims(engine, key, run_id, stage_index, split)
     said, lost = False, 0
     while True:
         owner = _owner(engine, key)
         if owner is None:
             if _claim(engine, key, run_id, stage_index, split):
+                _forget_part_stored(engine, run_id, stage_index, split)
                 break
             lost += 1  # another stage claimed it between the two reads: the next read finds it
             if lost > 3:
@@ -212,6 +221,7 @@ def evaluate_once(engine: Engine, key: str, run_id: int, stage_index: int, split
                 why = (f"evaluated the same {split} boards, but {held} of its {counted} episodes are stored (left out "
                        "of a snapshot?)" if counted else f"had claimed the same {split} evaluation and stopped")
                 progress(0, None, f"run {owner.run_id}'s stage {owner.stage_index} {why}: generating it here")
+                _forget_part_stored(engine, run_id, stage_index, split)
                 break
             continue
         line = None if said else (f"waiting for run {owner.run_id}'s stage {owner.stage_index}, which is "
@@ -220,7 +230,11 @@ def evaluate_once(engine: Engine, key: str, run_id: int, stage_index: int, split
         if progress(0, None, line):
             raise Cancelled(f"cancelled while waiting for run {owner.run_id}'s {split} evaluation")
         time.sleep(wait_s)
-    results = generate()
-    with session(engine) as s:
-        evaluation.store_evaluation(s, run_id, stage_index, split, results)
+    generate()
     return None
+
+
+def _forget_part_stored(engine: Engine, run_id: int, stage_index: int, split: Split) -> None:
+    with session(engine) as s:
+        _drop_part_stored(s, run_id, stage_index, split)
+        s.commit()

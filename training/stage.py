@@ -65,10 +65,11 @@ from envsim.scoring import Tally
 from envsim.suite import VALIDATION_AGENTS, VALIDATION_PER_SIZE, Split, build
 from storage.db import RUNS_SETTING, UnsafePath, checkpoint_of, make_engine, run_folder, runs_root, session, stage_at
 from storage.models import Job, Run, Stage, StageMetric, StageStatus, TrainingLog, utcnow
-from storage.settings import RunSettings
-from training import advantage, memory, shared, trackers, vllm
+from storage.payloads import StagePayload
+from storage.settings import GrpoOverrides, RunSettings
+from training import advantage, decode, memory, shared, trackers, vllm
 from training import evaluate as evaluation
-from training.policy import Policy, PolicyError, load_policy, local_device, lora_config, policy_folder
+from training.policy import Decoder, Policy, PolicyError, load_policy, local_device, lora_config, policy_folder
 from training.progress import Cancelled, Progress
 from training.resolve import SHIPPED
 from training.rewards import DEFAULT_WEIGHTS, REWARDS
@@ -228,12 +229,20 @@ def grpo_config(args: StageArgs, overrides: dict[str, Any], max_completion_lengt
         **(tracking.fields() if tracking is not None else {}),
     )
     fields = {**installed_fields(fields, known), **overrides}
+    if fsdp_checkpoints():  # FSDP's own checkpointing does it (assets/accelerate/fsdp.yaml); both at once are refused
+        fields = {**fields, **installed_fields({"activation_checkpointing": False}, known)}
     fields = vllm.vllm_fields(fields, longest_prompt=longest_prompt)
     if fields.get("use_vllm") and importlib.util.find_spec("vllm") is None:
         log.warning("use_vllm was asked for but vLLM is not installed (pip install 'envlab[vllm]'): "
                     "generating with transformers")
         fields["use_vllm"] = False
     return GRPOConfig(**fields)
+
+
+def fsdp_checkpoints() -> bool:
+    """Whether this process runs under an FSDP launch that checkpoints activations itself (the lab's fsdp.yaml)."""
+    return os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true" \
+        and os.environ.get("FSDP_ACTIVATION_CHECKPOINTING", "").lower() == "true"
 
 
 # A lab default under the name an older transformers gives it (`activation_checkpointing` is new in 5.23).
@@ -254,19 +263,39 @@ def installed_fields(fields: dict[str, Any], known: set[str]) -> dict[str, Any]:
     return out
 
 
-def planned_steps(instances: int, overrides: dict[str, Any], prompt_style: str = "chat") -> int:
-    """The optimizer steps a stage of `instances` boards takes, counted as TRL counts them, without training.
+def planned_config(instances: int, overrides: dict[str, Any], prompt_style: str = "chat",
+                   processes: int = 1) -> GRPOConfig:
+    """The `GRPOConfig` a stage of `instances` boards builds under a launch of `processes` processes, as far as its
+    batches go, built here in one process.
+
+    A config built outside a launch sees one process (`world_size` 1), and TRL derives the generation batch and
+    checks its divisibility against the global batch, `per_device_train_batch_size x world_size`. N processes of
+    per-device batch b batch exactly as one process of batch N x b does (the generation batch, the steps per
+    generation, every check: 16 generations with a per-device batch of 8 are refused on one process and valid on
+    two), so that is the config built here; per-device figures of the launch are N times smaller."""
+    args = StageArgs(run_id=0, stage_index=1, seed=0, policy="", config=EnvConfig.default(num_instances=instances),
+                     run_dir=Path(os.devnull), run_uuid="")
+    if processes < 1:
+        raise StageError(f"processes = {processes}: a stage runs on at least one process")
+    if processes > 1:
+        defaults = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
+        overrides = {**overrides, **{key: processes * overrides.get(key, STYLE_DEFAULTS[prompt_style].get(
+            key, defaults[key])) for key in ("per_device_train_batch_size", "per_device_eval_batch_size")}}
+    return grpo_config(args, overrides, max_completion_length=1, prompt_style=prompt_style)
+
+
+def planned_steps(instances: int, overrides: dict[str, Any], prompt_style: str = "chat", processes: int = 1) -> int:
+    """The optimizer steps a stage of `instances` boards takes on `processes` processes (`accelerate launch
+    --num_processes`), counted as TRL counts them, without training.
 
     TRL repeats each board `num_generations` times and drops a last generation batch that is not full, so one
     epoch is `floor(instances / boards per generation batch) * boards per batch * num_generations *
-    num_iterations * steps_per_generation / per_device_train_batch_size` micro-batches, rounded up, over
-    `gradient_accumulation_steps` (at least 1); times `num_train_epochs`, unless `max_steps` is set. With the
-    tiny policy's defaults: 512 boards x 8 generations / 32 completions a step = 128 steps. One process (the
-    worker's); under `accelerate launch` the global batch grows with the processes and the steps shrink.
+    num_iterations * steps_per_generation / global batch` micro-batches, rounded up, over
+    `gradient_accumulation_steps` (at least 1); times `num_train_epochs`, unless `max_steps` is set. The global batch
+    is `per_device_train_batch_size x processes` (`planned_config`). With the tiny policy's defaults: 512 boards x 8
+    generations / 32 completions a step = 128 steps on one process, 64 on two.
     """
-    args = StageArgs(run_id=0, stage_index=1, seed=0, policy="", config=EnvConfig.default(num_instances=instances),
-                     run_dir=Path(os.devnull), run_uuid="")
-    config = grpo_config(args, overrides, max_completion_length=1, prompt_style=prompt_style)
+    config = planned_config(instances, overrides, prompt_style, processes)
     if config.max_steps > 0:
         return config.max_steps
     per_batch = config.generation_batch_size // config.num_generations  # boards per generation batch
@@ -277,15 +306,14 @@ def planned_steps(instances: int, overrides: dict[str, Any], prompt_style: str =
     return math.ceil(config.num_train_epochs * per_epoch)
 
 
-def planned_rollouts(instances: int, overrides: dict[str, Any], prompt_style: str = "chat") -> int:
-    """The completions a stage of `instances` boards samples for its training boards (its rollouts), as TRL
-    generates them: a generation batch of `generation_batch_size` completions every `steps_per_generation x
-    num_iterations` micro-batches, each optimizer step `gradient_accumulation_steps` micro-batches. With TRL's
-    defaults that is the steps times `per_device_train_batch_size` (the tiny policy: 128 x 32 = 4,096)."""
-    args = StageArgs(run_id=0, stage_index=1, seed=0, policy="", config=EnvConfig.default(num_instances=instances),
-                     run_dir=Path(os.devnull), run_uuid="")
-    config = grpo_config(args, overrides, max_completion_length=1, prompt_style=prompt_style)
-    micro_batches = planned_steps(instances, overrides, prompt_style) * config.gradient_accumulation_steps
+def planned_rollouts(instances: int, overrides: dict[str, Any], prompt_style: str = "chat", processes: int = 1) -> int:
+    """The completions a stage of `instances` boards samples for its training boards (its rollouts) on `processes`
+    processes, all of them together, as TRL generates them: a generation batch of `generation_batch_size`
+    completions (global) every `steps_per_generation x num_iterations` micro-batches, each optimizer step
+    `gradient_accumulation_steps` micro-batches. With TRL's defaults that is the steps times the global batch (the
+    tiny policy: 128 x 32 = 4,096 on one process; 64 x 64 on two)."""
+    config = planned_config(instances, overrides, prompt_style, processes)
+    micro_batches = planned_steps(instances, overrides, prompt_style, processes) * config.gradient_accumulation_steps
     return math.ceil(micro_batches / (config.steps_per_generation * config.num_iterations)) \
         * config.generation_batch_size
 
@@ -386,11 +414,13 @@ class Record(TrainerCallback):
         line = f"step {state.global_step}/{state.max_steps}" + "".join(
             f" {k} {numbers[k]:.4g}" for k in ("reward", "loss", "kl", "completions/mean_length",
                                                "completions/clipped_ratio") if k in numbers)
-        if self.progress(state.global_step, state.max_steps, line):
-            self._stop(control)
+        self.progress(state.global_step, state.max_steps, line)  # a stop is decided at the step's end, together
 
     def on_step_end(self, args, state, control, **kwargs):
-        if state.is_world_process_zero and self.progress(state.global_step, state.max_steps):
+        # Every process votes (the main one: its job's cancel or its own signal; the others: their own signal) and
+        # all stop at the same step, or none: a process that stopped alone would leave the others waiting for it in
+        # the next step's gradient exchange, and the checkpoint saved on the way out takes every process.
+        if agreed(self.progress(state.global_step, state.max_steps), args.device):
             self._stop(control)
 
     def on_save(self, args, state, control, **kwargs):
@@ -416,6 +446,16 @@ class Record(TrainerCallback):
         self.cancelled = True
         control.should_training_stop = True
         control.should_save = True
+
+
+def agreed(vote: bool, device: torch.device) -> bool:
+    """Whether any process of the launch voted to stop (`vote` is this one's); the vote itself outside one."""
+    distributed = torch.distributed
+    if not (distributed.is_available() and distributed.is_initialized()) or distributed.get_world_size() == 1:
+        return vote
+    flag = torch.tensor([int(vote)], device=device)
+    distributed.all_reduce(flag, op=distributed.ReduceOp.MAX)
+    return bool(flag.item())
 
 
 # Transformers' end-of-training summary, which its tracker callbacks keep out of the curves.
@@ -484,12 +524,20 @@ class Trainer(GRPOTrainer):
 
     They are TRL's own, read where it logs them after scoring a batch (`_logs`: every process's answers, in the
     order it grouped them), so they follow whatever `scale_rewards` and `multi_objective_aggregation` the run set,
-    with no extra forward pass. `cell_of` maps each prompt to its board's cell: one prompt is one board."""
+    with no extra forward pass. `cell_of` maps each prompt to its board's cell: one prompt is one board. With
+    `decoder` "loop" its rollouts are sampled by `training.decode` where that answers as `generate` would."""
 
     def __init__(self, *args: Any, cell_of: dict[str, advantage.Cell],
-                 on_cells: Callable[[dict[advantage.Cell, advantage.CellSignal]], None], **kwargs: Any):
+                 on_cells: Callable[[dict[advantage.Cell, advantage.CellSignal]], None], decoder: Decoder = "loop",
+                 **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.cell_of, self.on_cells = cell_of, on_cells
+        self.cell_of, self.on_cells, self.decoder = cell_of, on_cells, decoder
+
+    def _generate_single_turn(self, *args: Any, **kwargs: Any) -> Any:
+        if self.decoder != "loop":
+            return super()._generate_single_turn(*args, **kwargs)
+        with decode.looped(self.model):
+            return super()._generate_single_turn(*args, **kwargs)
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         output = super()._generate_and_score_completions(inputs)
@@ -530,7 +578,7 @@ def trainer_for(engine: Engine, args: StageArgs, policy: Policy, grpo: dict[str,
     data = dataset(policy, instances)
     # trainer, once its peak memory fits the device (`training.memory`): else the stage fails saying what would fit
     tracking = trackers.tracking(engine, args.run_id, args.stage_index) \
-        if trackers.reported(grpo.get("report_to")) else None
+        if trackers.reported(GrpoOverrides.model_validate(grpo).report_to) else None
     prompt = max(len(policy.tokenizer(p)["input_ids"]) for p in data["prompt"])  # as TRL tokenizes it
     config = grpo_config(args, grpo, budget, policy.prompt_style, tracking, longest_prompt=prompt)
     if (why := memory.refusal(policy.model, memory.plan_of(config, lora=args.lora, prompt=prompt))) is not None:
@@ -539,8 +587,9 @@ def trainer_for(engine: Engine, args: StageArgs, policy: Policy, grpo: dict[str,
     cell_of = {p: (i.num_agents, i.size) for p, i in zip(data["prompt"], instances, strict=True)}
     trainer = Trainer(model=policy.model, reward_funcs=list(REWARDS), args=config, train_dataset=data,
                       processing_class=policy.tokenizer, callbacks=[record],
-                      peft_config=lora_config(args.lora) if args.lora else None,
-                      cell_of=cell_of, on_cells=record.add_cells)
+                      peft_config=lora_config(args.lora, args.settings.lora_alpha, args.settings.lora_dropout,
+                                              args.settings.lora_target_modules) if args.lora else None,
+                      cell_of=cell_of, on_cells=record.add_cells, decoder=policy.decoder)
     trainer.remove_callback(PrinterCallback)  # with tqdm off it prints every log dict; `record` reports them
     if tracking is not None:
         log_on_the_runs_axis(trainer, tracking)
@@ -612,8 +661,8 @@ def merged(model: Any) -> Any:
 
 
 def _unsharded(config: Any, state: dict[str, torch.Tensor], dtype: torch.dtype) -> Any:
-    """A whole model of `config` with FSDP's gathered (FULL_STATE_DICT) weights, on the CPU: an ordinary model that
-    `Policy.save` writes as a Hugging Face checkpoint and evaluation runs as any other."""
+    """A whole model of `config` with the weights gathered whole from FSDP's shards (`get_state_dict`), on the CPU:
+    an ordinary model that `Policy.save` writes as a Hugging Face checkpoint and evaluation runs as any other."""
     from transformers import AutoModelForCausalLM
     from transformers.initialization import no_init_weights
 
@@ -729,8 +778,8 @@ def run_stage(engine: Engine, args: StageArgs, grpo: dict[str, Any], progress: P
     """Train (stage > 0), evaluate on the validation set and then on the dev set (when the run has one), store
     episodes and metrics, mark the stage done. Evaluation is greedy: it draws no random number, so the dev set
     changes nothing of what training or the validation results would be without it. `tail` is the job's log tail
-    as this attempt found it: an evaluation an earlier attempt began and never stored starts again from its first
-    board, and its line says so (`evaluation_restarts`).
+    as this attempt found it: an evaluation an earlier attempt began goes on from the boards it stored (each batch is
+    stored as it is scored), and its line says so (`evaluation_restarts`).
 
     Stage 0 evaluates the run's starting policy, which every run of an experiment shares: where another run of
     the database evaluated (or is evaluating) the same policy on the same boards in the same way, its episodes
@@ -814,18 +863,29 @@ def _evaluate(engine: Engine, args: StageArgs, split: Split, boards: list[Instan
     said = "" if split == Split.VALIDATION else " (what the engineer reads)"
     starts = f"evaluating on {len(boards)} {what} boards"
 
-    def generate() -> list[evaluation.EpisodeResult]:
+    def generate() -> None:
+        """Answer the boards no earlier attempt stored, each batch stored as it is scored, then store it whole."""
         answering = policy()  # loaded first (said in the log), then the boards are answered
-        progress(0, len(boards), f"{starts}{said}{evaluation_restarts(tail, starts)}")
+        with session(engine) as s:
+            answered = evaluation.stored_answers(s, args.run_id, args.stage_index, split, boards,
+                                                 evaluation.answer_order(answering, boards))
+        progress(len(answered), len(boards),
+                 f"{starts}{said}{evaluation_restarts(tail, starts, len(answered))}")
+
+        def store(batch: list[evaluation.EpisodeResult]) -> None:
+            with session(engine) as s:
+                evaluation.store_episodes(s, args.run_id, args.stage_index, split, batch)
+
         results = evaluation.evaluate(answering, boards, progress=lambda done, total: progress(done, total),
-                                      decoding=args.decoding, seed=args.seed, vllm_model=folder)
+                                      decoding=args.decoding, seed=args.seed, vllm_model=folder, answered=answered,
+                                      on_batch=store)
         table = evaluation.metrics_table(evaluation.size_metrics(results))
         progress(len(boards), len(boards), table if split == Split.VALIDATION else f"dev:\n{table}")
-        return results
+        with session(engine) as s:
+            evaluation.store_whole(s, args.run_id, args.stage_index, split, results)
 
     if args.stage_index > 0:  # a trained checkpoint is the run's own: nobody else evaluates it
-        with session(engine) as s:
-            evaluation.store_evaluation(s, args.run_id, args.stage_index, split, generate())
+        generate()
         return None
     key = shared.answer_key(policy=args.policy, folder=shared.policy_files(args.policy), split=split, boards=boards,
                             settings=args.settings, seed=args.seed,
@@ -841,18 +901,22 @@ def _evaluate(engine: Engine, args: StageArgs, split: Split, boards: list[Instan
     return source.run_id
 
 
-def evaluation_restarts(tail: str, starts: str) -> str:
-    """What an evaluation's first line adds when an earlier attempt of its job began the same evaluation (its line
-    `starts` is in `tail`, the job's log tail as this attempt found it) and never stored it: an evaluation is stored
-    whole at its end, so it starts again from its first board, and the line says so, and where the earlier attempt
-    stopped when it was handed back (`storage.queue.hand_back`'s line after it: its step is the board it was at).
-    Empty otherwise."""
+def evaluation_restarts(tail: str, starts: str, stored: int) -> str:
+    """What an evaluation's first line adds when an earlier attempt of its job began it: episodes are stored batch by
+    batch as they are scored (`evaluation.store_episodes`), so it goes on after the `stored` boards that attempt
+    stored, or from the first board where it stored none. Where the earlier attempt stopped comes from `tail` (the
+    job's log tail as this attempt found it): its line `starts`, then `storage.queue.hand_back`'s line, whose step is
+    the board it was at. Empty for a first attempt."""
     began = tail.rfind(starts)
+    stopped = re.search(r"^-- handed back at step (\d+) of (\d+)", tail[began:], re.MULTILINE) if began >= 0 else None
+    where = f" at board {stopped[1]} of {stopped[2]}" if stopped else ""
+    if stored:
+        return (f" from board {stored + 1} on: an earlier attempt stopped{where}, and the {stored} boards it scored "
+                "are stored")
     if began < 0:
         return ""
-    stopped = re.search(r"^-- handed back at step (\d+) of (\d+)", tail[began:], re.MULTILINE)
-    where = f" at board {stopped[1]} of {stopped[2]}" if stopped else " before its end"
-    return f" again from the first board: an earlier attempt stopped{where}, and an evaluation is stored only whole"
+    return (f" again from the first board: an earlier attempt stopped{where or ' before its end'}, and none of its "
+            "boards are stored")
 
 
 def _validation_metrics(engine: Engine, args: StageArgs) -> list[StageMetric]:
@@ -867,8 +931,9 @@ def _metrics(engine: Engine, args: StageArgs, split: Split) -> list[StageMetric]
 
 
 def run_stage_job(engine: Engine, job: Job, progress: Progress) -> dict[str, Any]:
-    """The `stage` job (docs/loop.md): payload `{"run_id", "stage_index"}`."""
-    args, grpo = stage_args(engine, job.payload["run_id"], job.payload["stage_index"])
+    """The `stage` job (docs/loop.md): payload a `StagePayload`."""
+    payload = StagePayload.of(job)
+    args, grpo = stage_args(engine, payload.run_id, payload.stage_index)
     return run_stage(engine, args, grpo, progress, job.log_tail or "")
 
 

@@ -122,7 +122,7 @@ def tracking(engine: Engine, run_id: int, stage_index: int) -> Tracking:
 
 def where_to_see(engine: Engine, run: Run) -> str | None:
     """The command that shows the run's curves in Trackio (the Train tab says it), or None when it reports none."""
-    if "trackio" not in reported(run.settings.grpo.get("report_to")):
+    if "trackio" not in reported(run.settings.overrides.report_to):
         return None
     return f"{TRACKIO_DIR_SETTING}={shlex.quote(str(trackio_dir(engine)))} trackio show --project " \
         f"{shlex.quote(project(engine))}"

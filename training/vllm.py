@@ -255,22 +255,26 @@ def serve_for_job(engine: Any, job: Any, gpus: Sequence[str] = (),
         return None, tuple(gpus)
     from storage.db import session
     from storage.models import Run
+    from storage.payloads import StagePayload
     from training.policy import policy_folder
 
     with session(engine) as s:
-        run = s.get(Run, job.payload["run_id"])
-    grpo = run.settings.grpo if run is not None else {}
-    if not (grpo.get("use_vllm") and grpo.get("vllm_mode") == "server" and not grpo.get("vllm_server_base_url")):
+        run = s.get(Run, StagePayload.of(job).run_id)
+    # a run's own server URL is not a setting it may make (`storage.settings.GRPO_FIELDS`): the worker's serves it
+    grpo = run.settings.overrides if run is not None else None
+    if not (grpo and grpo.use_vllm and grpo.vllm_mode == "server"):
         return None, tuple(gpus)
     train, served = split_for_server(gpus, vllm_gpus)
     return ensure_server(policy_folder(run.policy), ",".join(served) or None).url, train
 
 
-def with_server(handler: Callable[..., Any]) -> Callable[..., Any]:
-    """The worker's one hook: `handler` (a job kind's) run after `serve_for_job` has the server it needs up; a
-    server that cannot start fails the job with what the server printed."""
+def with_server(handler: Callable[..., Any], gpus: Sequence[str] = (),
+                vllm_gpus: Sequence[str] = ()) -> Callable[..., Any]:
+    """The worker's one hook for a job run in its own process: `handler` (a job kind's) run after `serve_for_job`
+    has the server it needs up, on GPUs of the worker's own (`gpus`, `vllm_gpus`) apart from the one it trains on;
+    a server that cannot start, or has no GPU of its own, fails the job with why."""
     def run(engine: Any, job: Any, progress: Callable[..., bool]) -> Any:
-        if (url := serve_for_job(engine, job)[0]) is not None:
+        if (url := serve_for_job(engine, job, gpus, vllm_gpus)[0]) is not None:
             progress(0, None, f"the worker's vLLM server for this run's policy: {url}")
         return handler(engine, job, progress)
 

@@ -9,16 +9,26 @@ evaluated on it (`lab.runs.benchmark_report`, with the hash of their boards). No
 A card is public: who decided, the notes they kept and this machine's paths (a policy or an engineer's model loaded
 from a folder) stay out of it unless the push asks for them (`with_notes`, `envlab push --with-notes`).
 
+The card is `huggingface_hub`'s own `ModelCard`, its YAML header a `ModelCardData`: the base model (where the run
+started from a Hub model), the license, the library versions of the machine that pushed it, and the pushed stage's
+benchmark as `eval_results` (the valid and optimal rate of each agent count, the mean over map sizes as the paper
+reports it, with the boards' hash as the dataset's revision), which the Hub shows as the model's evaluation results.
+
 The folder is `<run folder>/hub/stage-<k>/`, made anew on each push; the checkpoint's files are hard links where the
-filesystem allows (a large policy is not copied), else copies. Uploading is `HfApi().create_repo(exist_ok=True)` and
-`upload_folder`, with the token `huggingface_hub` finds (`HF_TOKEN`, or `hf auth login`).
+filesystem allows (a large policy is not copied), else copies. Uploading is one commit of the Hub's own upload API
+(`HfApi().create_repo(exist_ok=True)`, then `create_commit` with a `CommitOperationAdd` per file of the folder), with
+the token `huggingface_hub` finds (`HF_TOKEN`, or `hf auth login`). A dry run makes the same operations and writes
+them, instead of sending them, to `<run folder>/hub/stage-<k>.commit.json` (`commit_plan`).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sqlalchemy import Engine
 
@@ -29,7 +39,15 @@ from lab.runs import ConfigStep, benchmark_checkpoints, benchmark_report, config
 from storage.db import UnsafePath, checkpoint_of, run_folder, session
 from storage.models import Run, Stage, StageStatus
 
-CARD_HEADER = "---\nlibrary_name: transformers\ntags:\n- envlab\n- mapf-frozenlake\n- grpo\n---\n"
+if TYPE_CHECKING:
+    from huggingface_hub import CommitOperationAdd, EvalResult, ModelCard
+
+TAGS = ["envlab", "mapf-frozenlake", "grpo", "trl"]
+# The policies of the lab's own names that start from a model on the Hub, and that model's Hub id and license.
+HUB_BASES = {"gemma3-270m": ("google/gemma-3-270m", "gemma")}
+# The libraries whose versions the card names: the lab, and what trained and loads the policy.
+LIBRARIES = ("envlab", "trl", "transformers", "torch", "peft", "datasets", "huggingface_hub")
+BENCHMARK = "mapf-frozenlake-benchmark"  # the benchmark as the card's eval results name it (`envlab bench-suite`)
 
 
 class PushError(RuntimeError):
@@ -80,16 +98,82 @@ def _spec(spec: str, with_notes: bool) -> str:
     return f"`{spec}`" if with_notes or not _local(spec) else "a local folder (its path left out)"
 
 
-def model_card(engine: Engine, run: Run, stage: Stage, repo: str, with_notes: bool = False) -> str:
-    """The README.md of the pushed folder: the Hub's YAML header, then how the policy came to be (the stages up to
-    `stage` and the decisions that led to them). Who decided, their notes and this machine's paths only
-    `with_notes`."""
+def base_model(spec: str) -> str | None:
+    """The Hub id a run's starting policy derives from: a Hub model's own name (`Qwen/Qwen3-4B`), the Hub model behind
+    one of the lab's names (`HUB_BASES`); None for the lab's own `tiny` policies and a folder of this machine."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    if spec in HUB_BASES:
+        return HUB_BASES[spec][0]
+    if _local(spec) or spec.count("/") != 1:
+        return None
+    try:
+        validate_repo_id(spec)
+    except HFValidationError:
+        return None
+    return spec
+
+
+def default_license(spec: str) -> str:
+    """The card's license where the push names none: the license of the Hub model the lab's name stands for
+    (`HUB_BASES`), else `other` (the Hub's value for a license it does not list)."""
+    return HUB_BASES[spec][1] if spec in HUB_BASES else "other"
+
+
+def library_versions() -> dict[str, str]:
+    """The installed version of each of `LIBRARIES` (those installed)."""
+    found = {}
+    for name in LIBRARIES:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            continue
+    return found
+
+
+def eval_results(engine: Engine, run: Run, stage: Stage) -> list[EvalResult]:
+    """The stage's benchmark as `huggingface_hub.EvalResult`s: per agent count, its valid and optimal rate (the mean
+    over map sizes, `lab.runs.benchmark_report`), on the boards whose hash is the dataset's revision. Empty where
+    the stage was not evaluated on the benchmark."""
+    from huggingface_hub import EvalResult
+
+    if (run.id, stage.index) not in {(r, k) for r, k, _ in benchmark_checkpoints(engine)}:
+        return []
+    report = benchmark_report(engine, run.id, stage.index)
+    return [EvalResult(task_type="text-generation", task_name="MAPF-FrozenLake planning", dataset_type=BENCHMARK,
+                       dataset_name=f"MAPF-FrozenLake benchmark, {k} agents", dataset_config=f"{k}-agents",
+                       dataset_split="benchmark", dataset_revision=report.boards, metric_type=metric,
+                       metric_name=f"{metric.replace('_', ' ')} (mean over map sizes)", metric_value=round(rate, 4))
+            for k, (valid, optimal) in sorted(report.mean_over_sizes.items())
+            for metric, rate in (("valid_rate", valid), ("optimal_rate", optimal))]
+
+
+def model_card(engine: Engine, run: Run, stage: Stage, repo: str, with_notes: bool = False,
+               license: str | None = None) -> ModelCard:
+    """The README.md of the pushed folder as `huggingface_hub.ModelCard`: its `ModelCardData` (base model, license,
+    library versions, the benchmark as eval results), then how the policy came to be (the stages up to `stage` and
+    the decisions that led to them). Who decided, their notes and this machine's paths only `with_notes`;
+    `license` a Hub license id (default `default_license`)."""
+    from huggingface_hub import ModelCard, ModelCardData
+
+    base = base_model(run.policy)
+    data = ModelCardData(base_model=base, base_model_relation="finetune" if base else None,
+                         license=license or default_license(run.policy), library_name="transformers",
+                         pipeline_tag="text-generation", tags=TAGS, model_name=repo,
+                         eval_results=eval_results(engine, run, stage) or None,
+                         library_versions=library_versions())
+    return ModelCard(f"---\n{data.to_yaml()}\n---\n\n{card_text(engine, run, stage, repo, with_notes)}")
+
+
+def card_text(engine: Engine, run: Run, stage: Stage, repo: str, with_notes: bool = False) -> str:
+    """The card's Markdown below its header (`model_card`)."""
     backend = run.engineer_backend
     if backend:
         kind, _, name = backend.partition(":")
         backend = f"`{backend}`" if with_notes or not _local(name) else f"`{kind}:` a local folder (its path left out)"
     engineer = f"`{run.engineer}`" + (f" (backend {backend})" if backend else "")
-    lines = [CARD_HEADER, f"# {repo}", "",
+    lines = [f"# {repo}", "",
              f"Stage {stage.index} of envlab run #{run.id} `{run.name}`: a policy trained with GRPO (TRL) in stages on "
              "MAPF-FrozenLake. After each stage an environment engineer proposed the next stage's environment "
              "config, and a person (or the run itself, auto-apply) decided on it.", "",
@@ -137,7 +221,8 @@ def _link_or_copy(source: str, target: str) -> None:
         shutil.copy2(source, target)
 
 
-def write_folder(engine: Engine, run_id: int, stage_index: int | None, repo: str, with_notes: bool = False) -> Path:
+def write_folder(engine: Engine, run_id: int, stage_index: int | None, repo: str, with_notes: bool = False,
+                 license: str | None = None) -> Path:
     """The folder to upload, made anew: the stage's checkpoint files and the model card (`model_card`; who decided,
     their notes and local paths only `with_notes`)."""
     run, stage, checkpoint = pushed_stage(engine, run_id, stage_index)
@@ -149,13 +234,36 @@ def write_folder(engine: Engine, run_id: int, stage_index: int | None, repo: str
         shutil.rmtree(folder)
     shutil.copytree(checkpoint, folder, copy_function=_link_or_copy)
     (folder / "README.md").unlink(missing_ok=True)  # a link into the checkpoint: never written through
-    (folder / "README.md").write_text(model_card(engine, run, stage, repo, with_notes))
+    model_card(engine, run, stage, repo, with_notes, license).save(folder / "README.md")
     return folder
 
 
+def commit_message(folder: Path) -> str:
+    return f"envlab push: {folder.name}"
+
+
+def operations(folder: Path) -> list[CommitOperationAdd]:
+    """The commit that uploads `folder`: a `huggingface_hub.CommitOperationAdd` per file, by its path in the folder."""
+    from huggingface_hub import CommitOperationAdd
+
+    return [CommitOperationAdd(path_in_repo=path.relative_to(folder).as_posix(), path_or_fileobj=path)
+            for path in sorted(folder.rglob("*")) if path.is_file()]
+
+
+def commit_plan(folder: Path, repo: str) -> Path:
+    """What `upload` would send, written instead of sent, beside the folder (`stage-<k>.commit.json`): the repo, the
+    commit message and each operation's path in the repo, size and sha256, as the Hub's upload computes them."""
+    files = [{"path_in_repo": op.path_in_repo, "size": op.upload_info.size, "sha256": op.upload_info.sha256.hex()}
+             for op in operations(folder)]
+    plan = folder.with_name(f"{folder.name}.commit.json")
+    plan.write_text(json.dumps({"repo_id": repo, "repo_type": "model", "commit_message": commit_message(folder),
+                                "operations": files}, indent=1) + "\n")
+    return plan
+
+
 def upload(folder: Path, repo: str) -> str:
-    """`folder` to the Hub model repo `repo` (made when missing); its URL. A missing token, a refusal or a network
-    error is a `PushError` in one line."""
+    """`folder` to the Hub model repo `repo` (made when missing) as one commit (`operations`); the commit's URL. A
+    missing token, a refusal or a network error is a `PushError` in one line."""
     from huggingface_hub import HfApi, get_token
     from huggingface_hub.errors import HTTPError
 
@@ -163,9 +271,9 @@ def upload(folder: Path, repo: str) -> str:
         raise PushError("no Hugging Face token: set HF_TOKEN or run `hf auth login` (--dry-run writes the folder only)")
     api = HfApi()
     try:
-        url = api.create_repo(repo, exist_ok=True)
-        api.upload_folder(repo_id=repo, folder_path=folder, commit_message=f"envlab push: {folder.name}")
+        api.create_repo(repo, exist_ok=True)
+        commit = api.create_commit(repo_id=repo, operations=operations(folder), commit_message=commit_message(folder))
     except (OSError, HTTPError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise PushError(f"the upload to {repo} failed: {first}") from None
-    return str(url)
+    return str(commit.commit_url)

@@ -9,6 +9,7 @@ import os
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
@@ -20,6 +21,9 @@ from envsim.suite import SUITE_SEED, VALIDATION_AGENTS, Entry, Split, boards_has
 from lab.cli.common import WORKERS, UsageError, config_file
 from lab.replay import sentence
 from lab.settings import Count, validation_agents
+
+if TYPE_CHECKING:
+    from huggingface_hub import DatasetCard
 
 GIF_WIDTH = Count(120, 3840, "a 4K screen's width; a slide needs no more", "a replay narrower than that is unreadable")
 GENERATED = Count(1, 10_000_000, "about 10 hours of generating on one core at a few ms a board; split a larger "
@@ -48,7 +52,7 @@ def _instance(row: Entry | Instance) -> Instance:
 
 FORMATS = ("jsonl", "datasets")
 DATASETS_DIR = "datasets"  # the `datasets` format's folder under --out
-HASH_FILE = "envlab-hash.txt"  # in that folder: one line per split, `SPLIT SHA256` (`envsim.suite.boards_hash`)
+DATASET_CARD = "README.md"  # in that folder: its `huggingface_hub.DatasetCard`, each split's hash in its data
 
 
 def cmd_bench_suite(args: argparse.Namespace) -> None:
@@ -67,13 +71,15 @@ def cmd_bench_suite(args: argparse.Namespace) -> None:
               f"(slowest board {stats['slowest_board']}: {stats['slowest_seconds'] * 1000:.0f} ms; "
               f"sha256 {boards_hash(entries)})")
     if args.format == "datasets":
-        print(f"{', '.join(built)} -> {save_datasets(built, args.out / DATASETS_DIR)} (datasets.load_from_disk)")
+        folder = save_datasets(built, args.out / DATASETS_DIR, seed=args.seed, agents=args.validation_agents)
+        print(f"{', '.join(built)} -> {folder} (datasets.load_from_disk)")
 
 
-def save_datasets(splits: dict[str, list[Entry]], folder: Path) -> Path:
+def save_datasets(splits: dict[str, list[Entry]], folder: Path, *, seed: int = SUITE_SEED,
+                  agents: tuple[int, ...] = VALIDATION_AGENTS) -> Path:
     """The splits as one Hugging Face `DatasetDict` saved to `folder` (a split a row per board, in table order:
-    `split`, `subset` and the `instance` as a struct, `Entry.model_validate` reads a row back), with each split's
-    `boards_hash` in `HASH_FILE` beside it."""
+    `split`, `subset` and the `instance` as a struct, `Entry.model_validate` reads a row back), with its dataset card
+    beside it (`dataset_card`, in `DATASET_CARD`)."""
     try:
         from datasets import Dataset, DatasetDict
     except ImportError:
@@ -81,8 +87,37 @@ def save_datasets(splits: dict[str, list[Entry]], folder: Path) -> Path:
     data = DatasetDict({split: Dataset.from_list([e.model_dump(mode="json") for e in entries])
                         for split, entries in splits.items()})
     data.save_to_disk(str(folder))
-    (folder / HASH_FILE).write_text("".join(f"{split} {boards_hash(entries)}\n" for split, entries in splits.items()))
+    dataset_card(splits, seed, agents).save(folder / DATASET_CARD)
     return folder
+
+
+def _size_category(boards: int) -> str:
+    """The Hub's size category of a dataset of `boards` rows."""
+    bounds = [(1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K")]
+    return next((name for bound, name in bounds if boards < bound), "100K<n<1M")
+
+
+def dataset_card(splits: dict[str, list[Entry]], seed: int, agents: tuple[int, ...]) -> DatasetCard:
+    """The boards' `huggingface_hub.DatasetCard`: its data names each split's boards hash (`boards_sha256`,
+    `envsim.suite.boards_hash`: the sha256 of the split's JSONL in table order), the suite's seed and the validation
+    set's agent counts, so the folder says which boards it holds wherever it is copied."""
+    from huggingface_hub import DatasetCard, DatasetCardData
+
+    hashes = {str(split): boards_hash(entries) for split, entries in splits.items()}
+    data = DatasetCardData(pretty_name="MAPF-FrozenLake benchmark suite", task_categories=["text-generation"],
+                           size_categories=[_size_category(sum(map(len, splits.values())))],
+                           tags=["envlab", "mapf-frozenlake"], boards_sha256=hashes, suite_seed=seed,
+                           validation_agents=list(agents))
+    rows = [f"| {split} | {len(entries):,} | `{hashes[str(split)]}` |" for split, entries in splits.items()]
+    text = "\n".join([
+        "# MAPF-FrozenLake benchmark suite", "",
+        "The boards of `envlab bench-suite`: a row per board in table order, its `split`, its wait `subset` and the "
+        "`instance` (map, agents, goals and the solver's reference plan); `datasets.load_from_disk` loads the "
+        "folder and `envsim.suite.Entry.model_validate` reads a row back.", "",
+        "Each split's boards hash is the sha256 of its JSONL lines in table order (the file `envlab bench-suite` "
+        "writes): a result and a split with the same hash were scored on the same boards.", "",
+        "| split | boards | sha256 |", "| --- | --- | --- |", *rows, ""])
+    return DatasetCard(f"---\n{data.to_yaml()}\n---\n\n{text}")
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
@@ -221,7 +256,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--out", type=Path, default=Path("data/suite"))
     s.add_argument("--format", choices=FORMATS, default="jsonl",
                    help=f"jsonl: SPLIT.jsonl each; datasets: one folder OUT/{DATASETS_DIR} (datasets.load_from_disk) "
-                        f"with the hashes in {HASH_FILE}")
+                        f"with its dataset card ({DATASET_CARD}, each split's hash in its data)")
     s.add_argument("--seed", type=int, default=SUITE_SEED)
     s.add_argument("--workers", type=WORKERS, default=2)
     splits = [Split.VALIDATION.value, Split.BENCHMARK.value]

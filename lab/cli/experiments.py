@@ -40,12 +40,12 @@ def cmd_experiment_new(args: argparse.Namespace) -> None:
             settings=settings_from_args(args, auto_apply=True, grpo=grpo_overrides(args.grpo)),
             config=config_file(args.config) if args.config else None, scenario=args.scenario,
             instances=args.instances, policy=args.policy, description=args.description, primary=args.primary,
-            match=args.match_compute)
+            match=args.match_compute, processes=args.processes)
     except SettingsError as err:
         raise UsageError(str(err)) from err
     except ExperimentError as err:  # a GRPO override TRL refuses: named in the settings file too
         file = settings_file(args)
-        raise UsageError(file.located(str(err), grpo_flags=set(grpo_overrides(args.grpo))) if file
+        raise UsageError(file.located(err, grpo_flags=set(grpo_overrides(args.grpo))) if file
                          else str(err)) from err
     settings = experiment.settings
     runs = experiment_runs(engine, experiment.id)
@@ -341,6 +341,9 @@ def _new_command(verbs: argparse._SubParsersAction) -> None:
                    help="even the answers the arms generate per stage where an arm probes configs (learnability): "
                         "extra (the default) gives the arms that probe less extra GRPO steps per trained stage whose "
                         "rollouts equal the probe answers; trim takes steps off the probing arm's stages instead")
+    s.add_argument("--processes", type=int, default=1, metavar="N",
+                   help="the processes each stage is launched on (the GPUs of each worker that trains it; default 1): "
+                        "a stage's steps are counted, its GRPO settings checked and its compute matched for them")
     s.add_argument("--db", help=DB_HELP)
     s.set_defaults(fn=cmd_experiment_new)
 

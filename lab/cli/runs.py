@@ -91,7 +91,7 @@ def _new_run(s: Session, args: argparse.Namespace) -> Run:
         raise UsageError(str(err)) from err
     except LoopError as err:  # what only the training stack checks (the GRPO overrides): named in the file too
         file = settings_file(args)
-        raise UsageError(file.located(str(err), grpo_flags=set(grpo_overrides(args.grpo))) if file
+        raise UsageError(file.located(err, grpo_flags=set(grpo_overrides(args.grpo))) if file
                          else str(err)) from err
 
 
@@ -231,12 +231,12 @@ def cmd_import(args: argparse.Namespace) -> None:
 def cmd_push(args: argparse.Namespace) -> None:
     """`envlab push`: a trained stage's policy and its model card to the Hub (docs/archive.md), or, with --dry-run,
     only the folder that would go there."""
-    from lab.archive.hub import PushError, upload, write_folder
+    from lab.archive.hub import PushError, commit_plan, upload, write_folder
 
     try:
-        folder = write_folder(engine_of(args.db), args.run, args.stage, args.repo, args.with_notes)
+        folder = write_folder(engine_of(args.db), args.run, args.stage, args.repo, args.with_notes, args.license)
         if args.dry_run:
-            print(folder)
+            print(f"{folder}\n{commit_plan(folder, args.repo)}")
             return
         url = upload(folder, args.repo)
     except PushError as err:
@@ -329,7 +329,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--repo", type=hub_repo, required=True, metavar="ORG/NAME",
                    help="the Hub model repo (made if missing)")
     s.add_argument("--dry-run", action="store_true",
-                   help="write the folder (checkpoint and README.md), print its path, upload nothing")
+                   help="write the folder (checkpoint and README.md) and the commit that would upload it "
+                        "(stage-N.commit.json beside it), print both paths, upload nothing")
+    s.add_argument("--license", metavar="ID", help="the model card's license, a Hub license id such as apache-2.0 "
+                                                    "(default: the base model's where the lab knows it, else other)")
     s.add_argument("--with-notes", action="store_true",
                    help="put who decided each proposal, their notes and this machine's paths in the model card (left "
                         "out by default: the card is public)")

@@ -35,7 +35,7 @@ class EngineerAnswer:
     rationale: str
     error: str | None = None
     attempts: int = 1
-    compute: dict[str, Any] | None = None  # what measuring cost: {"completions", "seconds", "probes", "cached"}
+    compute: dict[str, Any] | None = None  # what measuring cost: a `storage.models.ProbeCompute`, as JSON
     replay: tuple[Instance, ...] = ()  # boards the next stage trains on as they are, beside its config's (learnability)
 
 

@@ -57,7 +57,7 @@ from envsim.instance import Instance
 from lab.context import Evidence, knob_text
 from lab.engineers.answer import EngineerAnswer, FillCheck, ProbeFn, answer_of, revert_unfillable, shares, with_changes
 from lab.engineers.needs import Needs
-from storage.models import Replay
+from storage.models import ProbeCompute, Replay
 from storage.settings import RunSettings
 from training.probe import ProbeResult, SizeProbe, probe_boards  # torch loads only where a probe samples
 
@@ -161,8 +161,9 @@ def learnability(evidence: Evidence, *, seed: int = 0, probe_fn: ProbeFn | None 
     replay, skipped = buffer(probed, room, held_out)
     lines.append(buffer_text(probed, replay, skipped, room, base.num_instances))
     compute = compute_of(spent)
-    lines.append(f"probe compute: {compute['completions']} sampled answers, {compute['seconds']:.1f} s "
-                 f"({compute['probes']} probes, {compute['cached']} cached)")
+    cost = ProbeCompute.model_validate(compute)
+    lines.append(f"probe compute: {cost.completions} sampled answers, {cost.seconds:.1f} s "
+                 f"({cost.probes} probes, {cost.cached} cached)")
     return replace(answer_of(config, base, "\n".join(lines)), compute=compute, replay=tuple(replay))
 
 
@@ -274,7 +275,8 @@ def planned_answers(config: EnvConfig, agent_counts: tuple[int, ...] | None = No
 
 
 def compute_of(results: list[ProbeResult]) -> dict[str, Any]:
-    """What probes cost: the answers sampled and the seconds spent by those not found in the cache."""
+    """What probes cost (a `ProbeCompute`, as `Proposal.compute` stores it): the answers sampled and the seconds spent
+    by those not found in the cache."""
     new = [r for r in results if not r.cached]
-    return {"completions": sum(r.completions for r in new), "seconds": round(sum(r.seconds for r in new), 3),
-            "probes": len(results), "cached": len(results) - len(new)}
+    return ProbeCompute(completions=sum(r.completions for r in new), seconds=round(sum(r.seconds for r in new), 3),
+                        probes=len(results), cached=len(results) - len(new)).model_dump()

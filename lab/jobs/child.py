@@ -25,20 +25,43 @@ from sqlmodel import select
 
 from storage.db import make_engine, session
 from storage.models import Job, JobKind, JobStatus
+from storage.payloads import StagePayload
 
 log = logging.getLogger("envlab.child")
 
 
 def _other_rank(engine, job: Job) -> None:
     """What a process other than the main one does: train with it, for a stage not trained already."""
-    if job.kind != JobKind.STAGE or job.payload["stage_index"] == 0:  # stage 0 is evaluated, never trained
+    if job.kind != JobKind.STAGE:
+        return
+    payload = StagePayload.of(job)
+    if payload.stage_index == 0:  # stage 0 is evaluated, never trained
         return
     from training.policy import local_device
     from training.stage import stage_args, start_policy, train
 
-    args, grpo = stage_args(engine, job.payload["run_id"], job.payload["stage_index"])
+    args, grpo = stage_args(engine, payload.run_id, payload.stage_index)
     if args.adoptable_marker() is None:
-        train(engine, args, start_policy(args, local_device()), grpo, lambda *a, **k: False)
+        from lab.jobs.worker import ENDING
+        from training.progress import Cancelled
+
+        try:  # its vote to stop is its own signal (`ENDING`); the main process's counts the job's rows too
+            train(engine, args, start_policy(args, local_device()), grpo, lambda *a, **k: ENDING.is_set())
+        except Cancelled:  # stopped with the main process, at the same step, after the checkpoint all saved
+            return
+
+
+def _die_with_launcher() -> None:
+    """Under `accelerate launch` of several processes each rank runs in a session of its own (torchrun's), out of
+    reach of a signal to its launcher's process group: it asks the kernel to end it when its launcher dies, so that
+    no rank trains on once its worker ended the launch."""
+    if not sys.platform.startswith("linux") or "LOCAL_RANK" not in os.environ:
+        return
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    if os.getppid() == 1:  # the launcher died before the request was made
+        os._exit(1)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -61,6 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # instead of raising BrokenPipeError in the middle of the job, which would end the job failed for a cause
     # that is not the job's. The job stays running, and is handed back when its worker is seen dead.
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    _die_with_launcher()
     # A SIGTERM (its worker ending, Slurm stopping the task) stops the job at its next step: a stage saves its TRL
     # checkpoint, and the job goes back to the queue for the next attempt to resume from it (a second: at once).
     stop_gracefully_on_sigterm()

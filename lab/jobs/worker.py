@@ -60,6 +60,7 @@ from storage import queue
 from storage.db import DB_SETTING as DATABASE_SETTING
 from storage.db import DatabaseDamaged, DatabaseUnusable, RunsRootUnusable, open_database, session, usable_runs_root
 from storage.models import Job, JobKind, JobStatus, utcnow
+from storage.payloads import StagePayload
 from storage.queue import LostJob, db_now, stale_after_s
 from training import vllm
 from training.progress import Cancelled, Progress
@@ -329,8 +330,9 @@ def stage_needs_fsdp(engine: Engine, job: Job, gpus: Sequence[str]) -> tuple[boo
     """Whether a `stage` job runs under FSDP on `gpus`, and the line of its estimate that says why
     (`training.stage.needs_fsdp`), asked of `python -m training.stage --fsdp-on N` in a process of its own on those
     GPUs, so that the worker itself never imports torch or opens a CUDA context."""
-    command = [sys.executable, "-m", "training.stage", "--run", str(job.payload["run_id"]),
-               "--stage", str(job.payload["stage_index"]), "--fsdp-on", str(len(gpus))]
+    payload = StagePayload.of(job)
+    command = [sys.executable, "-m", "training.stage", "--run", str(payload.run_id),
+               "--stage", str(payload.stage_index), "--fsdp-on", str(len(gpus))]
     env = {**child_env(engine, gpus), DATABASE_SETTING: engine.url.render_as_string(hide_password=False)}
     done = subprocess.run(command, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
                           timeout=FSDP_DECISION_TIMEOUT_S)
@@ -397,6 +399,63 @@ def _kill_group(proc: subprocess.Popen, grace_s: float = KILL_GRACE_S) -> None:
     proc.wait()
 
 
+_CHILDREN: dict[int, tuple[subprocess.Popen | zygote.Forked, bool]] = {}  # what `run_child` watches, by job id:
+# each child, and whether it is an `accelerate launch`
+
+
+def _job_processes(launcher: int) -> list[int]:
+    """The processes under `launcher` that run the job (`lab.jobs.child`: one per rank), found in /proc: torchrun
+    starts each rank in a session of its own, where a signal to the launcher's group does not reach it."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                parents[int(entry.name)] = int((entry / "stat").read_text().rpartition(")")[2].split()[1])
+    found, frontier = [], [launcher]
+    while frontier:
+        children = [pid for pid, parent in parents.items() if parent in frontier]
+        for pid in children:
+            with contextlib.suppress(OSError):
+                if b"lab.jobs.child" in (Path("/proc") / str(pid) / "cmdline").read_bytes():
+                    found.append(pid)
+        frontier = children
+    return sorted(found)
+
+
+def _ask_to_hand_back(proc: subprocess.Popen | zygote.Forked, launched: bool) -> None:
+    """`HAND_BACK_SIGNAL` to the processes that run the job: the child itself, or under `accelerate launch` each of
+    its ranks, never the launcher (accelerate's one-process launcher and torchrun would die of it, or end the ranks
+    before they save)."""
+    for pid in _job_processes(proc.pid) if launched else [proc.pid]:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, HAND_BACK_SIGNAL)
+
+
+def stop_children(why: str, grace_s: float = HAND_BACK_GRACE_S, poll_s: float = 0.1) -> list[int]:
+    """Stop the children this process runs and wait until they have ended: each is asked to hand its job back
+    (`HAND_BACK_SIGNAL`: it stops at its next step, saves, a stage its checkpoint, and queues the job again itself)
+    and has `grace_s` to do so before its process group is ended. Returns the ids of their jobs.
+
+    For a caller that must not go on while a child still trains, and that runs where `run_child`'s own loop cannot
+    notice `ENDING` (a signal handler in the thread that runs that loop: Slurm's checkpoint hook, after which the
+    task is requeued and exits). It only polls: the loop it interrupted may hold the child's wait."""
+    children = {job_id: proc for job_id, (proc, _) in _CHILDREN.items()}
+    if children:
+        end_process(why)
+    for proc, launched in list(_CHILDREN.values()):
+        _ask_to_hand_back(proc, launched)
+    for sig, wait_s in ((None, grace_s), (signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, KILL_GRACE_S)):
+        alive = [proc for proc in children.values() if proc.poll() is None]
+        for proc in alive if sig is not None else ():
+            log.info("child process group %d: %s", proc.pid, sig.name)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, sig)
+        deadline = time.monotonic() + wait_s
+        while any(proc.poll() is None for proc in alive) and time.monotonic() < deadline:
+            time.sleep(poll_s)
+    return list(children)
+
+
 def _reap_group(pgid: int) -> None:
     """Whatever the child left running in its group (a data loader, a launcher's ranks) ends with it."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -446,6 +505,7 @@ def run_child(engine: Engine, job: Job, child: InChild, *, gpus: Sequence[str] =
     reader = threading.Thread(target=relay, name=f"child-{job.id}", daemon=True)
     reader.start()
     stop_asked: float | None = None
+    _CHILDREN[job.id] = (proc, bool(gpus))
     try:
         while proc.poll() is None:
             try:
@@ -461,8 +521,7 @@ def run_child(engine: Engine, job: Job, child: InChild, *, gpus: Sequence[str] =
                          "cancel requested" if row.cancel_requested else f"job is {row.status}", cancel_grace_s)
             elif stop_asked is None and ENDING.is_set():  # this worker is ending: the child saves and hands back
                 stop_asked, cancel_grace_s = time.monotonic(), HAND_BACK_GRACE_S
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(proc.pid, HAND_BACK_SIGNAL)
+                _ask_to_hand_back(proc, bool(gpus))
             if stop_asked is not None and time.monotonic() - stop_asked >= cancel_grace_s:
                 log.info("job %s: ending child process group %d", job.id, proc.pid)
                 _kill_group(proc)
@@ -471,6 +530,7 @@ def run_child(engine: Engine, job: Job, child: InChild, *, gpus: Sequence[str] =
         _handed_back(engine, job)
         raise
     finally:
+        _CHILDREN.pop(job.id, None)
         _reap_group(proc.pid)
         reader.join(timeout=5)
     with session(engine) as s:
@@ -615,7 +675,7 @@ def _run_claimed(engine: Engine, job: Job, handlers: dict[str, Handler | InChild
     handler = handlers.get(job.kind) or _unknown_kind(list(handlers))
     if not (isinstance(handler, InChild) and _in_child(engine, job, handler)):
         return run_job(engine, job, vllm.with_server(handler.function() if isinstance(handler, InChild)
-                                                     else handler), stale_s=stale_s)
+                                                     else handler, gpus, vllm_gpus), stale_s=stale_s)
     try:  # the worker's own vLLM server lives across stages; its children reach it by its URL
         url, gpus = vllm.serve_for_job(engine, job, gpus, vllm_gpus)  # a server on its GPUs, training on the rest
         if url is not None:
@@ -801,10 +861,13 @@ class WorkerState(StrEnum):
 WORKER_START_S = 120.0  # a worker a lab starts claims its first job within this (its imports come first)
 
 
-def worker_status(engine: Engine, starting_since: float | None = None) -> tuple[WorkerState, str]:
+def worker_status(engine: Engine, starting_since: float | None = None,
+                  left_down: str | None = None) -> tuple[WorkerState, str]:
     """Whether a worker is picking up jobs, read from the jobs table: (state, one line for a person).
     `starting_since`: when (`time.monotonic()`) the caller started a worker of its own; for `WORKER_START_S` after,
-    jobs queued long ago (handed back by a restart) wait for it rather than say that no worker runs."""
+    jobs queued long ago (handed back by a restart) wait for it rather than say that no worker runs. `left_down`:
+    the line that says the caller's own worker kept dying and was not started again (`KeptWorker.down`): the state is
+    down whatever the queue holds, unless a worker elsewhere is at work, whose line then says it too."""
     with session(engine) as s:
         now = db_now(s)  # the clock heartbeats are stamped by (`storage.queue`), whatever this machine's says
         running = list(s.exec(select(Job).where(Job.status == JobStatus.RUNNING).order_by(Job.id)))
@@ -814,7 +877,11 @@ def worker_status(engine: Engine, starting_since: float | None = None) -> tuple[
         j = fresh[0]
         step = f", step {j.step}/{j.total}" if j.total else ""
         more = f"; {len(queued)} queued" if queued else ""
-        return WorkerState.BUSY, f"Worker busy: {j.kind} job {j.id}{step} (heartbeat {ago(j.heartbeat_at, now)}){more}."
+        also = f" {_sentence(left_down)}" if left_down else ""
+        return WorkerState.BUSY, (f"Worker busy: {j.kind} job {j.id}{step} (heartbeat {ago(j.heartbeat_at, now)})"
+                                  f"{more}.{also}")
+    if left_down:
+        return WorkerState.DOWN, _sentence(left_down)
     if running:
         j = running[0]
         return WorkerState.DOWN, (f"Job {j.id} ({j.kind}) has sent no heartbeat since {ago(j.heartbeat_at, now)}: its "
@@ -830,6 +897,10 @@ def worker_status(engine: Engine, starting_since: float | None = None) -> tuple[
                                       "has taken one: no worker seems to be running. Start one with `envlab worker`.")
         return WorkerState.WAITING, f"{len(queued)} job(s) queued, waiting for a worker."
     return WorkerState.IDLE, "Worker idle: no jobs queued."
+
+
+def _sentence(line: str) -> str:
+    return line[:1].upper() + line[1:] + ("" if line.endswith(".") else ".")
 
 
 def worker_busy(engine: Engine) -> bool:
@@ -912,12 +983,14 @@ class KeptWorker(threading.Thread):
     -9`, the kernel's OOM killer) or crashed, it would leave the page with nothing that runs stage jobs while the
     badge read "idle". Each death and restart is one line on the command line; the job it held is handed back by the
     new one (`hand_back_orphans`). One that dies more than `RESTARTS` times within `RESTART_WINDOW_S` is left down,
-    `down` saying so in one line. It stops watching as this process exits (before the workers are stopped)."""
+    `down` saying so in one line (the page's badge shows it: `worker_status`). `started`: when (`time.monotonic()`)
+    its latest process was started. It stops watching as this process exits (before the workers are stopped)."""
 
     def __init__(self, start: Callable[[], subprocess.Popen], poll_s: float = 2.0, name: str = "the lab's worker"):
         super().__init__(name="kept-worker", daemon=True)
         self.start_process, self.poll_s, self.what = start, poll_s, name
         self.proc = start()
+        self.started = time.monotonic()
         self.down: str | None = None
         self.stopping = threading.Event()
         atexit.register(self.stopping.set)  # runs before the workers' own stops (atexit runs last in, first out)
@@ -941,6 +1014,7 @@ class KeptWorker(threading.Thread):
                 return
             dead = self.proc.pid
             self.proc = self.start_process()
+            self.started = time.monotonic()
             print(f"{self.what} (pid {dead}) {how}: started again (pid {self.proc.pid})", file=sys.stderr, flush=True)
 
 

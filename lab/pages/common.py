@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gradio as gr
 from sqlalchemy import Engine
@@ -17,6 +17,9 @@ from envsim.rules import Failure
 from envsim.scoring import Outcome
 from lab.pages import figures
 from storage.models import Action
+
+if TYPE_CHECKING:
+    from lab.jobs.worker import KeptWorker
 
 ALL = "all"  # a gallery filter that keeps every value
 # The events that draw a run's tabs (the page's load, the poll, opening a run, a proposal or a stage) answer one at a
@@ -54,7 +57,7 @@ class Page:
     worker: gr.HTML  # the worker's badge
     quiet: gr.HTML  # never shown: where the events that show no progress show it (`no_progress`)
     own_worker: bool = True  # whether a worker was started with the page (`envlab serve` without --no-worker)
-    worker_since: float | None = None  # when `envlab serve` started that worker (time.monotonic()), if it did
+    kept: KeptWorker | None = None  # the worker `envlab serve` started and keeps, if it did
 
 
 def no_progress(page: Page) -> dict[str, Any]:

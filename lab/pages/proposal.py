@@ -153,12 +153,11 @@ def _placed(config: EnvConfig) -> list[str]:
 
 def _compute_text(state: ProposalState) -> str:
     """What the engineer spent measuring configs on the policy, beside what the stage it read took."""
-    compute = state.proposal.compute
-    if not compute:
+    compute = state.proposal.spent
+    if compute is None:
         return ""
-    text = (f" Measuring configs on the policy cost {compute.get('completions', 0):,} sampled answers in "
-            f"{compute.get('seconds', 0):.0f} s ({compute.get('probes', 0)} probes, {compute.get('cached', 0)} of them "
-            "cached)")
+    text = (f" Measuring configs on the policy cost {compute.completions:,} sampled answers in "
+            f"{compute.seconds:.0f} s ({compute.probes} probes, {compute.cached} of them cached)")
     if state.stage_seconds is not None:
         text += f"; stage {state.proposal.after_stage} itself took {state.stage_seconds:.0f} s"
     return text + "."

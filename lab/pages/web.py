@@ -37,7 +37,6 @@ import os
 import signal
 import sys
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,12 +70,40 @@ from storage.db import DatabaseUnusable, keep_private, open_database, runs_root
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
 POLL_S = 2.0
 
-INTRO = """# envlab
-An LLM policy trains in stages on MAPF-FrozenLake; after each stage an *environment engineer* proposes the next
-stage's environment and you review it. **Runs** → create or open a run · **Stage review** → what the policy gets
-right and wrong · **Episode** → replay one answer · **Proposal** → accept, edit or reject the engineer's
-next config · **Train** → the worker's progress · **Playground** → try boards and plans · **Leaderboard** →
-benchmark tables · **Compare** → an experiment's engineers side by side."""
+
+@dataclass(frozen=True)
+class TabSpec:
+    """One tab of the page: `id` (what links, the tab shown and `Tabs.of` name it by), its label, what it is for
+    (its words in the page's introduction), its module's `build(page)` (the tab's object: its widgets, its view
+    functions, and `outputs` for a tab a run fills), and, for a tab a run fills, `draw(tab, run_id, proposal_id,
+    stage_index) -> {component: value}`: such a tab is drawn for the open run when it is shown (`LAZY`), the others
+    when opened or by their own widgets. A new tab is one entry of `TABS`; events that cross tabs are wired below."""
+
+    id: str
+    label: str
+    purpose: str
+    build: Callable[[Page], Any]
+    draw: Callable[[Any, int | None, int | None, int | None], dict[Any, Any]] | None = None
+
+
+TABS = (
+    TabSpec("runs", "Runs", "create or open a run", runs.build),
+    TabSpec("review", "Stage review", "what the policy gets right and wrong", review.build,
+            lambda tab, run_id, proposal_id, stage_index: tab.show(run_id, stage_index)),
+    TabSpec("episode", "Episode", "replay one answer", episode.build),
+    TabSpec("proposal", "Proposal", "accept, edit or reject the engineer's next config", proposal.build,
+            lambda tab, run_id, proposal_id, stage_index: tab.show_all(run_id, proposal_id)),
+    TabSpec("train", "Train", "the worker's progress", train.build,
+            lambda tab, run_id, proposal_id, stage_index: tab.show(run_id)),
+    TabSpec("playground", "Playground", "try boards and plans", playground.build),
+    TabSpec("leaderboard", "Leaderboard", "benchmark tables", leaderboard.build),
+    TabSpec("compare", "Compare", "an experiment's engineers side by side", compare.build),
+)
+LAZY = tuple(spec.id for spec in TABS if spec.draw is not None)  # the tabs a run fills: drawn when shown
+
+INTRO = ("# envlab\nAn LLM policy trains in stages on MAPF-FrozenLake; after each stage an *environment engineer* "
+         "proposes the next stage's environment and you review it. "
+         + " · ".join(f"**{spec.label}** → {spec.purpose}" for spec in TABS) + ".")
 
 
 NO_WORKER = "No worker was started with this lab (--no-worker): queued jobs wait for `envlab worker`."
@@ -85,11 +112,12 @@ LANES = (("--kinds", "probe"),)  # the light lanes beside the worker: Measure jo
 
 
 
-def worker_badge(engine: Engine, own_worker: bool = True, worker_since: float | None = None) -> str:
-    """The worker's badge above the tabs; a lab started without a worker does not call an empty queue idle, and
-    one whose worker is still starting (`worker_since`: `lab.jobs.worker.worker_status`) does not say that no worker
-    runs while jobs wait for it: after a restart the handed-back job was queued long ago."""
-    state, text = worker_status(engine, worker_since)
+def worker_badge(engine: Engine, own_worker: bool = True, kept: KeptWorker | None = None) -> str:
+    """The worker's badge above the tabs; a lab started without a worker does not call an empty queue idle. `kept`:
+    the worker `envlab serve` started (`lab.jobs.worker.worker_status`): while it starts, jobs waiting for it (after a
+    restart the handed-back job was queued long ago) do not say that no worker runs; once it kept dying and was left
+    down, the badge says so, in the line the command line printed."""
+    state, text = worker_status(engine, kept and kept.started, kept and kept.down)
     if state == WorkerState.IDLE and not own_worker:
         text = NO_WORKER
     return f'<div class="worker {state}"><span class="dot"></span>{html.escape(text)}</div>'.replace(
@@ -124,10 +152,10 @@ def linked(engine: Engine, params: dict[str, str]) -> dict[str, Any]:
     return {"run": run_id, "tab": tab, "episode": episode_id, "proposal": proposal_id}
 
 
-def build_demo(engine: Engine, own_worker: bool = True, worker_since: float | None = None) -> gr.Blocks:
+def build_demo(engine: Engine, own_worker: bool = True, kept: KeptWorker | None = None) -> gr.Blocks:
     """The lab's page on `engine` (migrated already); launch it with `launch`. Without `own_worker` (`--no-worker`)
-    the badge says that no worker was started rather than "idle"; `worker_since`: when `envlab serve` started its
-    worker (`time.monotonic()`), for the badge while it starts."""
+    the badge says that no worker was started rather than "idle"; `kept`: the worker `envlab serve` started, for the
+    badge while it starts and once it is left down (`worker_badge`)."""
     # Uploads, and the copies of exports the page offers for download, are deleted after FILES_AGE_S.
     with gr.Blocks(title="envlab", delete_cache=(SWEEP_S, FILES_AGE_S)) as demo:
         gr.Markdown(INTRO, elem_id="intro")
@@ -143,30 +171,13 @@ def build_demo(engine: Engine, own_worker: bool = True, worker_since: float | No
         showing = gr.Textbox("runs", visible=False)
         drawn = gr.State({})
         poll = gr.Timer(POLL_S, active=False)  # started by the page's first answer (`on_load`)
+        items, built = {}, {}
         with gr.Tabs(elem_id="tabs") as tab_bar:
-            page = Page(engine, run_pick, tab_bar, worker, quiet, own_worker, worker_since)
-            with gr.Tab("Runs", id="runs") as runs_item:
-                runs_tab = runs.build(page)
-            with gr.Tab("Stage review", id="review") as review_item:
-                review_tab = review.build(page)
-            with gr.Tab("Episode", id="episode") as episode_item:
-                episode_tab = episode.build(page)
-            with gr.Tab("Proposal", id="proposal") as proposal_item:
-                proposal_tab = proposal.build(page)
-            with gr.Tab("Train", id="train") as train_item:
-                train_tab = train.build(page)
-            with gr.Tab("Playground", id="playground") as playground_item:
-                playground_tab = playground.build(page)
-            with gr.Tab("Leaderboard", id="leaderboard") as leaderboard_item:
-                leaderboard_tab = leaderboard.build(page)
-            with gr.Tab("Compare", id="compare") as compare_item:
-                compare_tab = compare.build(page)
-        items = {"runs": runs_item, "review": review_item, "episode": episode_item, "proposal": proposal_item,
-                 "train": train_item, "playground": playground_item, "leaderboard": leaderboard_item,
-                 "compare": compare_item}
-        tabs = Tabs(page, refresh, poll, waiting, Shown(seen, showing, drawn, items), runs=runs_tab,
-                    review=review_tab, episode=episode_tab, proposal=proposal_tab, train=train_tab,
-                    playground=playground_tab, leaderboard=leaderboard_tab, compare=compare_tab)
+            page = Page(engine, run_pick, tab_bar, worker, quiet, own_worker, kept)
+            for spec in TABS:
+                with gr.Tab(spec.label, id=spec.id) as items[spec.id]:
+                    built[spec.id] = spec.build(page)
+        tabs = Tabs(page, refresh, poll, waiting, Shown(seen, showing, drawn, items), built)
         _wire(tabs, demo)
     return demo
 
@@ -182,28 +193,55 @@ class Shown:
     items: dict[str, gr.Tab]
 
 
-LAZY = ("train", "review", "proposal")  # the tabs a run fills: drawn when shown, not behind the tab shown
-
-
 @dataclass(frozen=True)
 class Tabs:
     """The page as the events that cross tabs read it: the bar above the tabs (`page`: the run picked, the tabs,
     the worker's badge; `refresh`, `waiting`), the poll, what the browser has drawn (`shown`) and each tab's object
-    (its widgets and view functions). Its methods draw a run across the tabs, for those events to answer with."""
+    (`of`, by the tab's id: its widgets and view functions; the tabs those events name are also attributes). Its
+    methods draw a run across the tabs, for those events to answer with."""
 
     page: Page
     refresh: gr.Button
     poll: gr.Timer
     waiting: gr.HTML
     shown: Shown
-    runs: runs.RunsTab
-    review: review.ReviewTab
-    episode: episode.EpisodeTab
-    proposal: proposal.ProposalTab
-    train: train.TrainTab
-    playground: playground.PlaygroundTab
-    leaderboard: leaderboard.LeaderboardTab
-    compare: compare.CompareTab
+    of: dict[str, Any]
+
+    @property
+    def runs(self) -> runs.RunsTab:
+        return self.of["runs"]
+
+    @property
+    def review(self) -> review.ReviewTab:
+        return self.of["review"]
+
+    @property
+    def episode(self) -> episode.EpisodeTab:
+        return self.of["episode"]
+
+    @property
+    def proposal(self) -> proposal.ProposalTab:
+        return self.of["proposal"]
+
+    @property
+    def train(self) -> train.TrainTab:
+        return self.of["train"]
+
+    @property
+    def playground(self) -> playground.PlaygroundTab:
+        return self.of["playground"]
+
+    @property
+    def leaderboard(self) -> leaderboard.LeaderboardTab:
+        return self.of["leaderboard"]
+
+    @property
+    def compare(self) -> compare.CompareTab:
+        return self.of["compare"]
+
+    def run_filled(self) -> list[Any]:
+        """The outputs of the tabs a run fills (`LAZY`)."""
+        return [output for tab in LAZY for output in self.of[tab].outputs]
 
     def top_outputs(self) -> list[Any]:
         """What `top` draws: the bar above the tabs and the runs table."""
@@ -211,8 +249,7 @@ class Tabs:
 
     def run_outputs(self) -> list[Any]:
         """What `open_run` draws: the bar above the tabs, the tabs a run fills, and what the browser has drawn."""
-        return [*self.top_outputs(), *self.train.outputs, *self.review.outputs, *self.proposal.outputs,
-                self.shown.seen, self.shown.drawn]
+        return [*self.top_outputs(), *self.run_filled(), self.shown.seen, self.shown.drawn]
 
     def top(self, run_id: int | None, select: bool = True) -> dict[Any, Any]:
         """The bar above the tabs and the runs table. With `select` the dropdown's choices and value are set
@@ -224,19 +261,14 @@ class Tabs:
         pick = gr.update(choices=choices, value=run_id if run_id in ids else None) if select else \
             gr.update(choices=choices)
         return {self.page.run_pick: pick, self.runs.table: runs.runs_table(engine),
-                self.page.worker: worker_badge(engine, self.page.own_worker, self.page.worker_since),
+                self.page.worker: worker_badge(engine, self.page.own_worker, self.page.kept),
                 self.waiting: waiting_banner(engine)}
 
     def draw(self, tab: str, run_id: int | None, proposal_id: int | None = None,
              stage_index: int | None = None) -> dict[Any, Any]:
         """Tab `tab` drawn for run `run_id` (nothing for a tab a run does not fill)."""
-        if tab == "train":
-            return self.train.show(run_id)
-        if tab == "review":
-            return self.review.show(run_id, stage_index)
-        if tab == "proposal":
-            return self.proposal.show_all(run_id, proposal_id)
-        return {}
+        spec = next((spec for spec in TABS if spec.id == tab and spec.draw is not None), None)
+        return {} if spec is None else spec.draw(self.of[tab], run_id, proposal_id, stage_index)
 
     def open_run(self, run_id: int | None, tab: str, proposal_id: int | None = None, stage_index: int | None = None,
                  select: bool = True) -> dict[Any, Any]:
@@ -312,10 +344,9 @@ def _wire_lazy_tabs(tabs: Tabs) -> None:
             return tabs.draw(tab, run_id) | {drawn: {**has, tab: run_id}}
         return opened
 
-    outputs = {"train": tabs.train.outputs, "review": tabs.review.outputs, "proposal": tabs.proposal.outputs}
     for tab in LAZY:
-        tabs.shown.items[tab].select(opener(tab), [seen, drawn], [*outputs[tab], drawn], **no_progress(tabs.page),
-                                     **VIEW)
+        tabs.shown.items[tab].select(opener(tab), [seen, drawn], [*tabs.of[tab].outputs, drawn],
+                                     **no_progress(tabs.page), **VIEW)
 
 
 def _wire_poll(tabs: Tabs) -> Any:
@@ -332,7 +363,7 @@ def _wire_poll(tabs: Tabs) -> Any:
                drawn_for: tuple[LabVersion, int | None] | None, has: dict[str, Any], experiment_id: int | None,
                rate: str | None, compare_drawn_at: tuple | None) -> dict[Any, Any]:
         now = lab_version(engine)
-        out: dict[Any, Any] = {page.worker: worker_badge(engine, page.own_worker, page.worker_since),
+        out: dict[Any, Any] = {page.worker: worker_badge(engine, page.own_worker, page.kept),
                                seen: (now, run_id)}
         if tab == "compare" and tabs.compare.stale(compare_drawn_at, now):
             # a study under way, watched: its stages as they end; the shipped study's import, as its runs come in
@@ -635,7 +666,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"envlab serve: {err}", file=sys.stderr)
         return 2
     take_back_orphans(engine)
-    stop, worker_since = threading.Event(), None
+    stop, kept = threading.Event(), None
     if args.no_example:
         shipped_choice(engine, take=False)  # a new lab stays empty, on this start and the next ones
         study = None
@@ -646,9 +677,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif worker_busy(engine):
         print("a worker is already at work on this database: not starting another", file=sys.stderr)
     else:
-        KeptWorker(lambda: start_worker(args.db, env=beside_page_env(), die_with_parent=True, own_group=True)
-                   ).start()  # started again when it dies
-        worker_since = time.monotonic()
+        kept = KeptWorker(lambda: start_worker(args.db, env=beside_page_env(), die_with_parent=True, own_group=True))
+        kept.start()  # started again when it dies
     if not args.no_worker:
         for lane in LANES:  # a probe job runs here while the worker trains a stage
             KeptWorker(lambda lane=lane: start_worker(args.db, options=lane, env=beside_page_env(),
@@ -660,7 +690,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with contextlib.suppress(OSError, ValueError):  # io.UnsupportedOperation: a stderr that is no file (a capture)
         faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID`: every thread's stack, on stderr
     try:
-        launch(build_demo(engine, own_worker=not args.no_worker, worker_since=worker_since), host, port, auth,
+        launch(build_demo(engine, own_worker=not args.no_worker, kept=kept), host, port, auth,
                allowed=args.allowed_hosts.split(","), forwarded_allow_ips=args.forwarded_allow_ips)
     except KeyboardInterrupt:  # Ctrl+C before the page serves: one line; its workers are stopped as above (atexit)
         print("envlab serve: stopped", file=sys.stderr)

@@ -58,7 +58,7 @@ from lab.settings import counts_text
 from lab.study.experiments import MATCH_WORDS, arm_names, arms_of, experiment_runs, find_experiment, match_text
 from lab.text import as_text
 from storage.db import session
-from storage.models import Experiment, Job, JobKind, Proposal, Run, Stage, StageMetric, StageStatus
+from storage.models import Experiment, Job, JobKind, ProbeCompute, Proposal, Run, Stage, StageMetric, StageStatus
 from storage.settings import ExperimentSettings, Held, HeldConfigs
 
 LEVEL = 0.95  # the intervals' coverage
@@ -355,10 +355,11 @@ def comparison(engine: Engine, key: str | int) -> Comparison:
         probe_compute: dict[str, dict[str, float]] = {}
         for arm, compute in probed:
             if compute:
+                cost = ProbeCompute.model_validate(compute)
                 total = probe_compute.setdefault(arm, {"proposals": 0, "completions": 0, "seconds": 0.0})
                 total["proposals"] += 1
-                total["completions"] += compute.get("completions", 0)
-                total["seconds"] += compute.get("seconds", 0.0)
+                total["completions"] += cost.completions
+                total["seconds"] += cost.seconds
         per_stage, spent = _spent(s, experiment, [arm for arm, _ in runs], probe_compute)
     return Comparison(experiment, arm_names(experiment), sorted({seed for _, seed in runs}), stages, sorted(sizes),
                       runs, values, episodes, probe_compute, spent, per_stage, sorted(counts), by_agents)
@@ -373,7 +374,7 @@ def stage_rollouts(settings: ExperimentSettings, policy: str) -> int:
     from training.policy import prompt_style_of
     from training.stage import planned_rollouts
 
-    return planned_rollouts(settings.instances, settings.grpo, prompt_style_of(policy))
+    return planned_rollouts(settings.instances, settings.grpo, prompt_style_of(policy), settings.processes)
 
 
 def _spent(s: Session, experiment: Experiment, run_arms: list[str],

@@ -167,27 +167,27 @@ def load_scenario(name: str = DEFAULT_SCENARIO) -> Scenario:
 
 
 def compute_settings(*, policy: str, config: EnvConfig, settings: RunSettings, scenario: str,
-                     primary: str = "valid") -> ExperimentSettings:
+                     primary: str = "valid", processes: int = 1) -> ExperimentSettings:
     """What every run of the experiment shares (its settings whole, the initial config) and the compute it buys,
-    as the experiment records it: a stage's GRPO steps as TRL counts them and the validation boards; and the rate
-    its report leads with (`primary`)."""
+    as the experiment records it: a stage's GRPO steps as TRL counts them on `processes` processes (the GPUs each
+    worker launches a stage on) and the validation boards; and the rate its report leads with (`primary`)."""
     from training.settings import check_grpo, check_packages  # torch loads here, for the command that makes one
 
     per_size = settings.validation_per_size or VALIDATION_PER_SIZE
     try:
         check_packages(settings)
-        steps = check_grpo(settings, config.num_instances, policy)
+        steps = check_grpo(settings, config.num_instances, policy, processes)
     except SettingsError as err:
         raise ExperimentError(str(err)) from err
     from training.policy import prompt_style_of
     from training.stage import planned_rollouts
 
-    rollouts = planned_rollouts(config.num_instances, settings.grpo, prompt_style_of(policy))
+    rollouts = planned_rollouts(config.num_instances, settings.grpo, prompt_style_of(policy), processes)
     boards = boards_in(Split.VALIDATION, per_size, settings.validation_agents)
     subset = settings.validation_boards
     return ExperimentSettings(run=settings, config=config, steps_per_stage=steps, validation_per_size=per_size,
                               validation_boards=min(subset, boards) if subset else boards, scenario=scenario,
-                              rollouts_per_stage=rollouts, primary=primary)
+                              rollouts_per_stage=rollouts, primary=primary, processes=processes)
 
 
 def probe_answers(arm: Arm, settings: RunSettings, config: EnvConfig) -> int:
@@ -208,11 +208,12 @@ def probe_answers(arm: Arm, settings: RunSettings, config: EnvConfig) -> int:
 
 
 def match_compute(mode: str, probes: dict[str, int], *, instances: int, grpo: dict[str, Any], policy: str,
-                  steps: int, rollouts: int, target: int | None = None) -> ComputeMatch:
+                  steps: int, rollouts: int, target: int | None = None, processes: int = 1) -> ComputeMatch:
     """Each arm's GRPO steps per trained stage that even the answers generated per stage (rollouts + probe answers),
     rounded to whole steps: `extra` adds steps to every arm below the most probing arm's answers (`target`: an
     experiment's, for an arm added later), `trim` takes them off every arm above the least probing one's. The
-    rollouts the steps add are counted as the stage's GRPOConfig samples them (`training.stage.planned_rollouts`)."""
+    rollouts the steps add are counted as the stage's GRPOConfig samples them on `processes` processes, all
+    together (`training.stage.planned_rollouts`), as `steps` and `rollouts` are."""
     from training.policy import prompt_style_of
     from training.stage import planned_rollouts
 
@@ -229,8 +230,8 @@ def match_compute(mode: str, probes: dict[str, int], *, instances: int, grpo: di
                               f"stage's {rollouts:,} rollouts; trimmed, its stages would train no step: match with "
                               "extra steps for the others instead")
     style = prompt_style_of(policy)
-    more = {arm: planned_rollouts(instances, {**grpo, "max_steps": steps + k}, style) - rollouts if k else 0
-            for arm, k in added.items()}
+    more = {arm: planned_rollouts(instances, {**grpo, "max_steps": steps + k}, style, processes) - rollouts
+            if k else 0 for arm, k in added.items()}
     return ComputeMatch(mode=mode, probe_answers=dict(probes), steps=added, rollouts=more)
 
 
@@ -266,7 +267,7 @@ def match_text(settings: ExperimentSettings) -> str:
 def create_experiment(engine: Engine, *, name: str, arms: Sequence[str | Arm], seeds: int, settings: RunSettings,
                       config: EnvConfig | None = None, scenario: str | None = None, policy: str = "tiny",
                       instances: int | None = None, description: str = "", primary: str = "valid",
-                      match: str | None = None) -> Experiment:
+                      match: str | None = None, processes: int = 1) -> Experiment:
     """Store an experiment and queue its runs (arms x seeds, seed-major, auto-apply), refusing anything that
     would fail later (an unknown arm, a policy that cannot be its own engineer, a bad GRPO field) first.
 
@@ -275,7 +276,8 @@ def create_experiment(engine: Engine, *, name: str, arms: Sequence[str | Arm], s
     else the scenario's (default `default`, the round-0 config); `instances` replaces its boards per stage;
     `settings.grpo` goes on top of the scenario's overrides. `primary` (valid or optimal) is the rate its report
     and the Compare tab lead with. `match` (`extra` or `trim`, None: not) evens the arms' answers per stage where
-    some arm probes (`match_compute`).
+    some arm probes (`match_compute`). `processes`: the processes each stage is launched on (the GPUs of the workers
+    that train it), for which its steps are counted and its compute matched.
     """
     parsed = [a if isinstance(a, Arm) else Arm.parse(a) for a in arms]
     if not parsed:
@@ -305,12 +307,13 @@ def create_experiment(engine: Engine, *, name: str, arms: Sequence[str | Arm], s
     except LoopError as err:
         raise ExperimentError(str(err)) from None
     _check_arms(parsed, policy, config, settings.agent_counts)
-    recorded = compute_settings(policy=policy, config=config, settings=settings, scenario=origin, primary=primary)
+    recorded = compute_settings(policy=policy, config=config, settings=settings, scenario=origin, primary=primary,
+                                processes=processes)
     if match is not None:
         probes = {arm.name: probe_answers(arm, settings, config) for arm in parsed}
         recorded = recorded.model_copy(update={"matched": match_compute(
             match, probes, instances=config.num_instances, grpo=settings.grpo, policy=policy,
-            steps=recorded.steps_per_stage, rollouts=recorded.rollouts_per_stage)})
+            steps=recorded.steps_per_stage, rollouts=recorded.rollouts_per_stage, processes=processes)})
     with session(engine) as s:
         experiment = Experiment(name=name, description=description, policy=policy, seeds=seeds, settings=recorded,
                                 arms=[a.row() for a in parsed])
@@ -362,7 +365,7 @@ def _create_runs(s: Session, experiment: Experiment, arms: Sequence[Arm]) -> Non
                                                               "held_configs": arm.held, "grpo": grpo}),
                            policy=experiment.policy, engineer=arm.engineer, engineer_backend=arm.backend, seed=seed,
                            description=f"experiment {experiment.name!r}, arm {arm.name!r}, seed {seed}",
-                           experiment_id=experiment.id, arm=arm.name)
+                           experiment_id=experiment.id, arm=arm.name, processes=experiment.settings.processes)
             except LoopError as err:
                 raise ExperimentError(str(err)) from err
 
@@ -386,7 +389,8 @@ def add_arms(engine: Engine, key: str | int, arms: Sequence[str | Arm]) -> list[
             matched.probe_answers.values())
         added = match_compute(matched.mode, {a.name: probe_answers(a, settings.run, settings.config) for a in parsed},
                               instances=settings.instances, grpo=settings.grpo, policy=experiment.policy,
-                              steps=settings.steps_per_stage, rollouts=settings.rollouts_per_stage, target=target)
+                              steps=settings.steps_per_stage, rollouts=settings.rollouts_per_stage, target=target,
+                              processes=settings.processes)
         matched = matched.model_copy(update={name: {**getattr(matched, name), **getattr(added, name)}
                                               for name in ("probe_answers", "steps", "rollouts")})
     with session(engine) as s:

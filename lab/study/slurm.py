@@ -41,7 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import Engine, update
 from sqlmodel import select
 
-from lab.jobs.worker import WorkerOptions, end_process, handlers, run_worker, visible_gpus
+from lab.jobs.worker import WorkerOptions, end_process, handlers, run_worker, stop_children, visible_gpus
 from lab.loop import advance, after_job, cancel, resume
 from lab.study.experiments import (
     ENDED,
@@ -335,11 +335,17 @@ class SlurmTask:
         self._current = None
 
     def checkpoint(self) -> Any:
-        """submitit's hook, called on its signal before the time limit (or on preemption): hand the current job
-        back to the queue and requeue this task (a fresh one, from the same settings)."""
+        """submitit's hook, called on its signal before the time limit (or on preemption): stop the job in hand,
+        hand it back to the queue and requeue this task (a fresh one, from the same settings).
+
+        submitit requeues the task and exits once this returns, so the job's child is stopped here and waited for
+        (`stop_children`): it saves its checkpoint and hands its job back itself before the task lets go of it; a
+        job released while its child still trained could be claimed again and resume from an older checkpoint."""
         import submitit
 
-        self._release("slurm job reached its time limit or was preempted; requeued", counted=False)
+        why = "slurm job reached its time limit or was preempted; requeued"
+        stop_children(why)
+        self._release(why, counted=False)
         # the same settings, `by_run` among them (the requeued task claims as its array's tasks do)
         return submitit.helpers.DelayedSubmission(SlurmTask(**self.__getstate__()))
 

@@ -1,32 +1,38 @@
 """`envlab push`: a trained stage of the seeded lab's history run (tests/seeded.py), with a checkpoint folder and
 benchmark episodes stored as the lab stores them, written as the folder the Hub gets, to its exact model card.
 
-No test reaches the network. The upload is tested with `huggingface_hub.HfApi` replaced by a recorder, at the
-network boundary only (the folder, the repo name and the calls are the lab's own); the failures with the real
-`huggingface_hub`: no token anywhere, and a Hub endpoint where nothing listens.
+No test reaches the network, and no Hub server runs here: what an upload would send is tested through the dry run,
+which writes the commit the Hub's upload API would be given (the same `CommitOperationAdd`s `upload` sends), and
+the card through `huggingface_hub`'s own parsing of a card (`ModelCard.load`: its metadata, its model-index as
+eval results); the Hub's server-side YAML check (`RepoCard.validate`) needs the Hub itself. The upload's failures
+run the real `huggingface_hub`: no token anywhere, and a Hub endpoint where nothing listens.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+from importlib.metadata import version
 from pathlib import Path
 
-import huggingface_hub
 import pytest
-from huggingface_hub import constants
-from sqlmodel import select
+from huggingface_hub import EvalResult, ModelCard, constants
+from sqlmodel import delete, select
 
 from envsim.parser import format_plan
 from envsim.scoring import score_answer
 from envsim.suite import Entry, Split, boards_hash
 from lab.cli import main
 from storage.db import session
-from storage.models import Decision, Run, Stage
+from storage.models import Decision, Episode, Run, Stage
 from tests.seeded import OPEN_OFF_GRID, boards
 from tests.servers import free_port
 from training.evaluate import EpisodeResult, store_evaluation
 
 REPO = "alice/envlab-curriculum"
 WEIGHTS = b"\x00weights\x01" * 100
+VERSIONS = "\n".join(f"  {name}: {version(name)}" for name in ("envlab", "trl", "transformers", "torch", "peft",
+                                                                  "datasets", "huggingface_hub"))
 
 
 @pytest.fixture
@@ -66,10 +72,34 @@ def card(run_id: int, proposal_id: int, boards: str, with_notes: bool = False) -
              f"| #{proposal_id} | 0 | heuristic | accept |")
     return f"""---
 library_name: transformers
+license: other
+pipeline_tag: text-generation
 tags:
 - envlab
 - mapf-frozenlake
 - grpo
+- trl
+library_versions:
+{VERSIONS}
+model-index:
+- name: {REPO}
+  results:
+  - task:
+      type: text-generation
+      name: MAPF-FrozenLake planning
+    dataset:
+      name: MAPF-FrozenLake benchmark, 2 agents
+      type: mapf-frozenlake-benchmark
+      config: 2-agents
+      split: benchmark
+      revision: {boards}
+    metrics:
+    - type: valid_rate
+      value: 0.5
+      name: valid rate (mean over map sizes)
+    - type: optimal_rate
+      value: 0.5
+      name: optimal rate (mean over map sizes)
 ---
 
 # {REPO}
@@ -128,10 +158,18 @@ def test_a_dry_run_writes_the_checkpoint_and_its_model_card(pushable, capsys):
     engine, ids, db, run_dir, boards = pushable
     assert main(["push", str(ids["history"]), "--repo", REPO, "--dry-run", "--db", db]) == 0
     folder = run_dir / "hub" / "stage-1"
-    assert capsys.readouterr().out == f"{folder}\n"
+    plan = run_dir / "hub" / "stage-1.commit.json"
+    assert capsys.readouterr().out == f"{folder}\n{plan}\n"
     assert sorted(p.name for p in folder.iterdir()) == ["README.md", "config.json", "model.safetensors"]
     assert (folder / "model.safetensors").read_bytes() == WEIGHTS
-    assert (folder / "README.md").read_text() == card(ids["history"], ids["accepted"], boards)
+    readme = card(ids["history"], ids["accepted"], boards)
+    assert (folder / "README.md").read_text() == readme
+    # the commit the upload would make: every file of the folder, its size and sha256, into the repo's root
+    files = {"README.md": readme.encode(), "config.json": b'{"model_type": "qwen3"}\n', "model.safetensors": WEIGHTS}
+    assert json.loads(plan.read_text()) == {
+        "repo_id": REPO, "repo_type": "model", "commit_message": "envlab push: stage-1",
+        "operations": [{"path_in_repo": name, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+                       for name, data in files.items()]}
     # the second proposal waits for a decision: not in the card; pushed again, the folder is made anew
     (folder / "stale.bin").write_bytes(b"old")
     assert main(["push", str(ids["history"]), "--stage", "1", "--repo", REPO, "--dry-run", "--db", db]) == 0
@@ -192,32 +230,43 @@ def test_a_repo_that_is_not_org_slash_name_is_refused(pushable, capsys):
     assert "argument --repo: 'just-a-name': expected ORG/NAME" in capsys.readouterr().err
 
 
-class RecordingHub:
-    """`huggingface_hub.HfApi` at the network boundary: records what the lab asks of the Hub."""
+def test_the_card_passes_the_hubs_own_parsing_with_the_benchmark_as_eval_results(pushable):
+    """`huggingface_hub` reads the card back as the Hub's libraries do, refusing a malformed model-index: the base
+    model, the license and each agent count's valid and optimal rate on the benchmark's boards."""
+    engine, ids, db, run_dir, boards = pushable
+    with session(engine) as s:
+        run = s.get(Run, ids["history"])
+        run.policy = "Qwen/Qwen3-4B"
+        s.add(run)
+        s.commit()
+    assert main(["push", str(ids["history"]), "--repo", REPO, "--dry-run", "--license", "apache-2.0",
+                 "--db", db]) == 0
+    loaded = ModelCard.load(run_dir / "hub" / "stage-1" / "README.md")
+    data = loaded.data
+    assert (data.base_model, data.base_model_relation, data.license, data.model_name) == \
+        ("Qwen/Qwen3-4B", "finetune", "apache-2.0", REPO)
+    assert data.library_versions["trl"] == version("trl")
+    common = {"task_type": "text-generation", "task_name": "MAPF-FrozenLake planning",
+              "dataset_type": "mapf-frozenlake-benchmark", "dataset_name": "MAPF-FrozenLake benchmark, 2 agents",
+              "dataset_config": "2-agents", "dataset_split": "benchmark", "dataset_revision": boards}
+    assert data.eval_results == [
+        EvalResult(**common, metric_type="valid_rate", metric_name="valid rate (mean over map sizes)",
+                   metric_value=0.5),
+        EvalResult(**common, metric_type="optimal_rate", metric_name="optimal rate (mean over map sizes)",
+                   metric_value=0.5)]
+    assert loaded.text.startswith(f"\n# {REPO}\n\nStage 1 of envlab run #{ids['history']} `curriculum`")
+    assert "- Started from: `Qwen/Qwen3-4B`" in loaded.text
 
-    calls: list[tuple[str, dict]] = []
 
-    def create_repo(self, repo_id: str, **kwargs):
-        self.calls.append(("create_repo", {"repo_id": repo_id, **kwargs}))
-        return f"https://huggingface.co/{repo_id}"
-
-    def upload_folder(self, **kwargs):
-        self.calls.append(("upload_folder", {**kwargs, "files": sorted(p.name for p in Path(kwargs["folder_path"])
-                                                                        .iterdir())}))
-
-
-def test_push_makes_the_repo_and_uploads_the_folder(pushable, capsys, monkeypatch):
-    _, ids, db, run_dir, _ = pushable
-    monkeypatch.setenv("HF_TOKEN", "hf_test")
-    monkeypatch.setattr(huggingface_hub, "HfApi", RecordingHub)
-    RecordingHub.calls = []
-    assert main(["push", str(ids["history"]), "--repo", REPO, "--db", db]) == 0
-    folder = run_dir / "hub" / "stage-1"
-    assert RecordingHub.calls == [
-        ("create_repo", {"repo_id": REPO, "exist_ok": True}),
-        ("upload_folder", {"repo_id": REPO, "folder_path": folder, "commit_message": "envlab push: stage-1",
-                           "files": ["README.md", "config.json", "model.safetensors"]})]
-    assert capsys.readouterr().out == f"run {ids['history']} -> https://huggingface.co/{REPO} (from {folder})\n"
+def test_a_stage_off_the_benchmark_has_no_eval_results(pushable):
+    engine, ids, db, run_dir, _ = pushable
+    with session(engine) as s:
+        s.exec(delete(Episode).where(Episode.split == Split.BENCHMARK))
+        s.commit()
+    assert main(["push", str(ids["history"]), "--repo", REPO, "--dry-run", "--db", db]) == 0
+    loaded = ModelCard.load(run_dir / "hub" / "stage-1" / "README.md")
+    assert loaded.data.eval_results is None and "model-index" not in loaded.data.to_dict()
+    assert loaded.text.endswith("No stage of this run was evaluated on the 3,150-board benchmark.\n")
 
 
 def test_no_token_and_no_network_are_each_one_line(pushable, capsys, monkeypatch, tmp_path):

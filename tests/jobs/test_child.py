@@ -281,7 +281,8 @@ def test_two_multi_gpu_stages_on_one_node_meet_at_two_different_free_ports(empty
 
 def test_a_stage_that_needs_fsdp_is_launched_with_the_labs_fsdp_config(empty_lab):
     """The worker asks the stage's handler whether it runs under FSDP (only on several GPUs) and launches it with
-    assets/accelerate/fsdp.yaml, which accelerate's own loader and launcher read as FSDP2, full state dict."""
+    assets/accelerate/fsdp.yaml, which accelerate's own loader and launcher read as FSDP2 with sharded checkpoints
+    and FSDP's own activation checkpointing, which the launch hands its processes."""
     job = _claimed(empty_lab, {})
     asked = []
 
@@ -309,12 +310,17 @@ def test_a_stage_that_needs_fsdp_is_launched_with_the_labs_fsdp_config(empty_lab
     assert (config.distributed_type, config.num_machines, config.mixed_precision) == ("FSDP", 1, "no")
     assert config.fsdp_config == {
         "fsdp_version": 2, "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP", "fsdp_reshard_after_forward": True,
-        "fsdp_offload_params": False, "fsdp_state_dict_type": "FULL_STATE_DICT",
-        "fsdp_cpu_ram_efficient_loading": False, "fsdp_activation_checkpointing": False}
+        "fsdp_offload_params": False, "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+        "fsdp_cpu_ram_efficient_loading": False, "fsdp_activation_checkpointing": True}
     launch = launch_command_parser().parse_args(command[3:])
     launch, _, _ = _validate_launch_command(launch)
     assert (launch.use_fsdp, launch.multi_gpu, launch.num_processes, str(launch.fsdp_version)) == (True, False, 8, "2")
-    assert (launch.fsdp_state_dict_type, launch.fsdp_auto_wrap_policy) == ("FULL_STATE_DICT", "TRANSFORMER_BASED_WRAP")
+    assert (launch.fsdp_state_dict_type, launch.fsdp_auto_wrap_policy) == ("SHARDED_STATE_DICT",
+                                                                          "TRANSFORMER_BASED_WRAP")
+    from accelerate.utils.launch import prepare_multi_gpu_env
+
+    env = prepare_multi_gpu_env(launch)
+    assert (env["ACCELERATE_USE_FSDP"], env["FSDP_ACTIVATION_CHECKPOINTING"]) == ("true", "true")
     assert launch.fsdp_transformer_layer_cls_to_wrap is None  # the model's own `_no_split_modules` decide
 
 

@@ -177,7 +177,8 @@ def test_the_worker_command_runs_the_queue_once_and_exits(tmp_path):
     assert "worker cli: stopped after 1 jobs" in done.stderr
     job = _job(engine, job_id)
     assert (job.status, job.worker) == ("failed", "cli")
-    assert job.error == "KeyError: 'run_id'"  # the lab's propose handler ran on a payload without a run
+    # the lab's propose handler ran on a payload without a run
+    assert job.error == f"ValueError: propose job {job_id}'s payload: run_id: Field required"
     engine.dispose()
 
 

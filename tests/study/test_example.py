@@ -94,8 +94,8 @@ def test_serve_imports_the_example_before_the_page_is_built_unless_no_example(tm
     runs_when_built: list[list[str]] = []
     importing_when_built: list[bool] = []
 
-    def build_demo(engine, own_worker=True, worker_since=None):
-        assert not own_worker and worker_since is None  # --no-worker: the badge will say no worker was started
+    def build_demo(engine, own_worker=True, kept=None):
+        assert not own_worker and kept is None  # --no-worker: the badge will say no worker was started
         runs_when_built.append([r.name for r in _runs(engine)][:1])
         importing_when_built.append(any(t.name == "envlab-study-import" for t in threading.enumerate()))
         return "the page"

@@ -54,15 +54,16 @@ from lab.study.experiments import (
     experiment_runs,
     find_experiment,
     load_scenario,
+    match_compute,
     queue_benchmarks,
     time_left,
 )
 from storage.db import make_engine, session, upgrade
 from storage.models import Episode, Experiment, Job, Proposal, Run, Stage, StageMetric
-from storage.settings import RunSettings
+from storage.settings import RunSettings, SettingsError
 from tests.recorded import CONFIG, run_all, scripted_experiment
 from training.evaluate import boards_cache, dev_entries, envsim_fingerprint, validation_entries
-from training.stage import planned_steps
+from training.stage import planned_rollouts, planned_steps
 
 # ---------------------------------------------------------------- presets, arms, scenarios
 
@@ -153,6 +154,31 @@ def test_steps_per_stage_are_counted_as_trl_counts_them():
     # 2 accumulation steps: generation batches of 8 boards (96 of the 100 fill them), each yielded for its 2 steps
     assert planned_steps(100, {"gradient_accumulation_steps": 2}, "compact") == 96 * 8 * 2 // 32 // 2 == 24
     assert planned_steps(512, {"max_steps": 7}, "compact") == 7
+
+
+def test_steps_rollouts_and_compute_matching_follow_the_processes_a_stage_is_launched_on():
+    """Under `accelerate launch --num_processes 2` each step scores twice the completions: half the steps, the same
+    rollouts, and compute matched in steps of 64 answers; settings valid only for two processes are taken there."""
+    from training.settings import check_grpo
+
+    assert [planned_steps(512, {}, "compact", n) for n in (1, 2)] == [128, 64]
+    assert [planned_rollouts(512, {}, "compact", n) for n in (1, 2)] == [4096, 4096]
+    assert [planned_steps(512, {}, "chat", n) for n in (1, 2)] == [256, 128]
+    # generation batches of 16 boards on two processes (2 x 32 completions x 2 accumulation steps): 96 of 100 fill them
+    assert [planned_steps(100, {"gradient_accumulation_steps": 2}, "compact", n) for n in (1, 2)] == [24, 12]
+    assert planned_steps(512, {"max_steps": 7}, "compact", 2) == 7
+    assert planned_rollouts(512, {"max_steps": 7}, "compact", 2) == 7 * 64
+    sixteen = RunSettings(stages=1, grpo={"num_generations": 16, "per_device_train_batch_size": 8})
+    with pytest.raises(SettingsError, match=r"generation_batch_size \(8\) must be divisible by num_generations \(16\)"):
+        check_grpo(sixteen, 64, "tiny")
+    assert check_grpo(sixteen, 64, "tiny", processes=2) == 64  # 64 boards x 16 answers / 16 a step
+    assert planned_rollouts(64, sixteen.grpo, "compact", 2) == 1024
+    probes = {"fixed": 0, "learnability": 6144}
+    on_one, on_two = (match_compute("extra", probes, instances=512, grpo={}, policy="tiny", processes=n,
+                                    steps=planned_steps(512, {}, "compact", n),
+                                    rollouts=planned_rollouts(512, {}, "compact", n)) for n in (1, 2))
+    assert (on_one.steps, on_one.rollouts) == ({"fixed": 192, "learnability": 0}, {"fixed": 6144, "learnability": 0})
+    assert (on_two.steps, on_two.rollouts) == ({"fixed": 96, "learnability": 0}, {"fixed": 6144, "learnability": 0})
 
 
 def test_a_larger_validation_set_holds_the_standard_240_and_is_cached(tmp_path):
@@ -795,3 +821,15 @@ def test_a_resumed_experiment_s_bar_starts_at_what_was_done_before_so_its_rate_i
         assert (bar.n, bar.initial, bar.total) == (6, 6, 6)
         assert "?stage/s" in out.getvalue().split("\r")[-1]
     assert said == ["experiment cmp: 6 of 6 stages done already"]
+
+
+def test_an_experiment_for_two_processes_records_them_with_its_steps_counted_for_them(empty_lab):
+    """`envlab experiment new --processes 2`: what one process refuses (16 answers a board in batches of 8) is taken,
+    and a stage's steps are those of two processes."""
+    sixteen = RunSettings(stages=1, grpo={"num_generations": 16, "per_device_train_batch_size": 8})
+    with pytest.raises(ExperimentError, match="must be divisible by num_generations"):
+        create_experiment(empty_lab, name="one", settings=sixteen, arms=["fixed"], seeds=1, instances=64)
+    experiment = create_experiment(empty_lab, name="two", settings=sixteen, arms=["fixed"], seeds=1, instances=64,
+                                   processes=2)
+    recorded = experiment.settings
+    assert (recorded.processes, recorded.steps_per_stage, recorded.rollouts_per_stage) == (2, 64, 1024)

@@ -227,7 +227,7 @@ def test_the_compare_tab_says_how_far_the_import_has_come_while_it_runs(tmp_path
 
 
 def test_no_example_keeps_a_new_lab_empty_at_every_later_start(tmp_path: Path, monkeypatch):
-    monkeypatch.setattr(app, "build_demo", lambda engine, own_worker=True, worker_since=None: "the page")
+    monkeypatch.setattr(app, "build_demo", lambda engine, own_worker=True, kept=None: "the page")
     monkeypatch.setattr(app, "launch", lambda demo, *args, **kwargs: None)
     monkeypatch.setattr(app.signal, "signal", lambda *args: None)
     db, port = tmp_path / "envlab.db", str(free_port())
@@ -243,7 +243,7 @@ def test_no_example_keeps_a_new_lab_empty_at_every_later_start(tmp_path: Path, m
 def test_a_lab_that_takes_them_and_is_started_with_no_example_imports_nothing_then(tmp_path: Path, monkeypatch):
     engine = _engine(tmp_path / "envlab.db")
     assert _start(engine, monkeypatch, stop_at=0) == [(0, TOTAL)]
-    monkeypatch.setattr(app, "build_demo", lambda engine, own_worker=True, worker_since=None: "the page")
+    monkeypatch.setattr(app, "build_demo", lambda engine, own_worker=True, kept=None: "the page")
     monkeypatch.setattr(app, "launch", lambda demo, *args, **kwargs: None)
     monkeypatch.setattr(app.signal, "signal", lambda *args: None)
     assert app.main(["--db", str(tmp_path / "envlab.db"), "--port", str(free_port()), "--no-worker",
