@@ -16,12 +16,21 @@ stream is consumed alike), and stops at the same step. `tests/test_decode.py` ch
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 from transformers import DynamicCache, GenerationConfig
+
+
+def cache_argument(model: Any) -> str:
+    """The name the model's forward takes its KV cache by: `cache` in newer transformers (5.25), `past_key_values`
+    in older ones (5.17, where an unknown keyword is swallowed by `**kwargs` and the model would see one token a
+    step). A peft wrapper passes it on to the model it wraps, so that model's forward is read."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(inner.forward).parameters else "past_key_values"
 
 
 @torch.no_grad()
@@ -36,7 +45,8 @@ def decode(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, ma
     mask = torch.cat([attention_mask, attention_mask.new_ones((rows, max_new_tokens))], dim=1)
     positions = (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)
     cache = DynamicCache(config=model.config)
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, cache=cache,
+    cached = {cache_argument(model): cache}
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, **cached,
                 use_cache=True, logits_to_keep=1)
     live = torch.arange(rows, device=device)  # the batch row each row of the shrinking batch is
     last = positions[:, -1:]
@@ -65,7 +75,7 @@ def decode(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, ma
             live, chosen, mask, last = live[keep], chosen[keep], mask[keep], last[keep]
         last = last + 1
         out = model(input_ids=chosen[:, None], attention_mask=mask[:, :width + step + 1], position_ids=last,
-                    cache=cache, use_cache=True, logits_to_keep=1)
+                    **cached, use_cache=True, logits_to_keep=1)
     return tokens[:, :steps]
 
 
