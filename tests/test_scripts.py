@@ -148,3 +148,15 @@ def test_the_study_script_says_what_is_missing_before_it_starts(tmp_path: Path) 
                           env=env)
     assert (done.returncode, done.stderr) == (2, f"no environment in {bare}/.venv: bash .ci/setup first\n")
     assert sorted(os.listdir(tmp_path)) == ["checkout"]
+
+
+def test_the_study_after_the_gate_refuses_to_start_without_a_gate(tmp_path: Path) -> None:
+    """`scripts/study-adapt.sh` on a machine with neither a finished gate nor a running one: one line that says which
+    command starts the gate, exit 2, and no study made."""
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "study-adapt.sh"), _head()], capture_output=True, text=True,
+                          env={**os.environ, "WORK": str(tmp_path), "SNAPSHOT": str(tmp_path / "no-snapshot")})
+    assert done.returncode == 2
+    gate = tmp_path / "gate"
+    assert done.stderr.splitlines() == [f"envlab gate: no gate database at {gate}/gate.db",
+                                        f"the gate in {gate} is neither done nor running: bash scripts/gate.sh"]
+    assert not (tmp_path / "adapt" / "made").exists() and not (tmp_path / "adapt" / "adapt.db").exists()
