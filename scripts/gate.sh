@@ -19,29 +19,13 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 work=${WORK:-$HOME/envlab-long}/gate
 snap=${SNAPSHOT:-$repo/docs/results/gate-under-way}
 db="$work/gate.db"
-python=$repo/.venv/bin/python
 source "$repo/scripts/fixed-commit.sh"
 source "$repo/scripts/snapshot.sh"
 # a snapshot keeps what is made once (the starts, the configs, the marks of what is made), not the warm start's
 # optimizer state (17 MB)
 export KEEP="starts configs made-prep made-tiny made-static made-weak" EXCLUDE="*.state"
-if [ ! -x "$python" ]; then
-    echo "no environment in $repo/.venv: bash .ci/setup first" >&2
-    exit 2
-fi
-if [ "${1:-}" = save ]; then
-    [ -f "$db" ] || { echo "no gate in $work to save" >&2; exit 2; }
-    PYTHON=$python snapshot_save "$work" "$db" "$snap"
-    exit
-fi
-if [ ! -f "$db" ] && [ -f "$snap/COMMIT" ]; then
-    snapshot_restore "$snap" "$work" "$db"
-    cp "$snap/COMMIT" "$work/COMMIT"
-fi
-commit=${1:-$(cat "$work/COMMIT" 2>/dev/null || git -C "$repo" rev-parse --short HEAD)}
-fixed_commit "$repo" "$work" "$commit"
-cd "$work"
-export PYTHONPATH="$work/src" ENVLAB_RUNS="$work/runs" OMP_NUM_THREADS=1
+long_run_open "$repo" "$work" "$db" "$snap" gate "$db" "${1:-}"
+long_run_enter "$repo" "$work" "${1:-}"
 cli=("$python" -m lab.cli)
 configs="$work/configs"
 [ -f "$configs/initial.json" ] || "$python" -m lab.study.gate make-configs --out "$configs"

@@ -9,6 +9,11 @@
 #   snapshot_restore SNAP WORK DB    # the reverse, into a WORK that holds no study yet; refuses another WORK path,
 #                                    # as the database names its checkpoints by their full paths
 #   snapshot_every SECONDS PID WORK DB SNAP   # snapshot_save every SECONDS while process PID runs, and once after
+#   long_run_open REPO WORK DB SNAP WHAT MARK [save|COMMIT]   # a background script's start: refuses without REPO's
+#                                    # .venv (sets $python); `save` saves and exits (WHAT names it: "no WHAT in WORK
+#                                    # to save"); restores SNAP when MARK (a file) is missing, then touches MARK
+#   long_run_enter REPO WORK [COMMIT]   # into WORK on its fixed commit (COMMIT, else WORK/COMMIT's, else HEAD;
+#                                    # sets $commit), with PYTHONPATH, ENVLAB_RUNS and one torch thread exported
 #
 # A stage that was running when the snapshot was taken is lost, not broken: its job's heartbeats stop, the next
 # `envlab experiment run` reaps it as stale and queues it again, and it trains again from the checkpoint before it.
@@ -77,4 +82,31 @@ snapshot_every() {
         snapshot_save "$work" "$db" "$snap"
     done
     snapshot_save "$work" "$db" "$snap"  # once more, after it ended
+}
+
+long_run_open() {
+    local repo=$1 work=$2 db=$3 snap=$4 what=$5 mark=$6 arg=${7:-}
+    python=$repo/.venv/bin/python
+    if [ ! -x "$python" ]; then
+        echo "no environment in $repo/.venv: bash .ci/setup first" >&2
+        exit 2
+    fi
+    if [ "$arg" = save ]; then
+        [ -f "$db" ] || { echo "no $what in $work to save" >&2; exit 2; }
+        PYTHON=$python snapshot_save "$work" "$db" "$snap"
+        exit
+    fi
+    if [ ! -f "$mark" ] && [ -f "$snap/COMMIT" ]; then
+        snapshot_restore "$snap" "$work" "$db"
+        cp "$snap/COMMIT" "$work/COMMIT"
+        touch "$mark"
+    fi
+}
+
+long_run_enter() {
+    local repo=$1 work=$2
+    commit=${3:-$(cat "$work/COMMIT" 2>/dev/null || git -C "$repo" rev-parse --short HEAD)}
+    fixed_commit "$repo" "$work" "$commit"
+    cd "$work"
+    export PYTHONPATH="$work/src" ENVLAB_RUNS="$work/runs" OMP_NUM_THREADS=1
 }

@@ -19,28 +19,11 @@ work=${WORK:-$HOME/envlab-long}/adapt
 gate=${GATE:-${WORK:-$HOME/envlab-long}/gate}
 snap=${SNAPSHOT:-$repo/docs/results/adapt-under-way}
 db="$work/adapt.db"
-python=$repo/.venv/bin/python
 source "$repo/scripts/fixed-commit.sh"
 source "$repo/scripts/snapshot.sh"
-if [ ! -x "$python" ]; then
-    echo "no environment in $repo/.venv: bash .ci/setup first" >&2
-    exit 2
-fi
-if [ "${1:-}" = save ]; then
-    [ -f "$db" ] || { echo "no study in $work to save" >&2; exit 2; }
-    PYTHON=$python snapshot_save "$work" "$db" "$snap"
-    exit
-fi
-if [ ! -f "$work/made" ] && [ -f "$snap/COMMIT" ]; then
-    snapshot_restore "$snap" "$work" "$db"
-    cp "$snap/COMMIT" "$work/COMMIT"
-    touch "$work/made"
-fi
-commit=${1:-$(cat "$work/COMMIT" 2>/dev/null || git -C "$repo" rev-parse --short HEAD)}
+long_run_open "$repo" "$work" "$db" "$snap" study "$work/made" "${1:-}"
 workers=${WORKERS:-2}
-fixed_commit "$repo" "$work" "$commit"
-cd "$work"
-export PYTHONPATH="$work/src" ENVLAB_RUNS="$work/runs" OMP_NUM_THREADS=1
+long_run_enter "$repo" "$work" "${1:-}"
 cli=("$python" -m lab.cli)
 if [ ! -f "$work/made" ]; then
     if ! "${cli[@]}" gate study-plan --db "$gate/gate.db" --configs "$gate/configs" --starts "$gate/starts" \

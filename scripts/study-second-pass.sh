@@ -24,36 +24,16 @@ work=${WORK:-$HOME/envlab-long}/second-pass
 screen=${SCREEN:-${WORK:-$HOME/envlab-long}/headroom}
 snap=${SNAPSHOT:-$repo/docs/results/second-pass-under-way}
 db="$work/second-pass.db"
-python=$repo/.venv/bin/python
 source "$repo/scripts/fixed-commit.sh"
 source "$repo/scripts/snapshot.sh"
-if [ ! -x "$python" ]; then
-    echo "no environment in $repo/.venv: bash .ci/setup first" >&2
-    exit 2
-fi
-if [ "${1:-}" = save ] && [ ! -f "$db" ]; then
-    echo "no study in $work to save" >&2
-    exit 2
-fi
-if [ "${1:-}" = save ]; then
-    PYTHON=$python snapshot_save "$work" "$db" "$snap"
-    exit
-fi
-if [ ! -f "$work/made" ] && [ -f "$snap/COMMIT" ]; then
-    snapshot_restore "$snap" "$work" "$db"
-    cp "$snap/COMMIT" "$work/COMMIT"
-    touch "$work/made"
-fi
-commit=${1:-$(cat "$work/COMMIT" 2>/dev/null || git -C "$repo" rev-parse --short HEAD)}
+long_run_open "$repo" "$work" "$db" "$snap" study "$work/made" "${1:-}"
 workers=${WORKERS:-2}
 read -ra design <<< "${STUDY:-}"
 if [ ! -f "$work/made" ] && [ ! -f "$screen/report/report.md" ]; then  # the screen's report: written once it is done
     echo "the headroom screen in $screen is not done (no report/report.md): bash scripts/headroom-screen.sh" >&2
     exit 2
 fi
-fixed_commit "$repo" "$work" "$commit"
-cd "$work"
-export PYTHONPATH="$work/src" ENVLAB_RUNS="$work/runs" OMP_NUM_THREADS=1
+long_run_enter "$repo" "$work" "${1:-}"
 if [ ! -f "$work/made" ]; then
     "$python" -m lab.cli headroom study-plan headroom --db "$screen/headroom.db" --configs "$screen/configs" \
         --out "$work/study" --workers "$workers" "${design[@]}" > "$work/plan.txt"
