@@ -109,7 +109,7 @@ def bench_paint(paints: int) -> float | None:
     except ImportError:
         print("proposal page first paint: skipped (pip install playwright; apt-get install chromium)")
         return None
-    from tests.test_app import seed_lab
+    from tests.seeded import seed_lab
 
     with tempfile.TemporaryDirectory() as folder:
         engine = make_engine(str(Path(folder) / "lab.db"))

@@ -2,7 +2,7 @@
 
 Run: `python benchmarks/bench_memory.py [--lengths 128,256] [--policy gemma3-270m] [--lora 8] [--boards 2]
 [--size 10] [--agents 5] [--threads 2] [--stop-gb 14]`; `--tiny` for the shipped tiny policy at lengths 8,16
-(CI's shape: tests/test_bench_memory.py).
+(CI's shape: tests/benchmarks/test_bench_memory.py).
 
 Each completion length trains one GRPO step in a child process of its own, as a stage would (`training.stage`:
 the policy loaded as stage 1 loads it, `grpo_config`'s defaults for its prompt style, LoRA as `trainer_for` asks

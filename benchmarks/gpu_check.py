@@ -1,15 +1,18 @@
 """The GPU path in one command: a chat policy of Qwen3-0.6B's shape trained one GRPO stage through the lab's own
-path, then LoRA on a model of Qwen3-4B's shape, with the figures a person needs to trust a GPU machine.
+path, then LoRA on a model of Qwen3-4B's shape, then a stage on two processes (`envlab run --processes 2`: 0.6B's
+shape on two GPUs, or on a machine of one the tiny model on two CPU processes over gloo), with the figures a person
+needs to trust a GPU machine.
 
-A bare GPU machine (torch, transformers, accelerate and peft; no TRL, no network) gets what it lacks from the
-wheels it carries (`--wheels DIR`, under 64 MiB; fetch them on a machine with the registry:
+A GPU machine has PyTorch and the libraries around it (`MACHINE`, and what they require) but no TRL and no
+network: it gets the rest from the wheels it carries (`--wheels DIR`), those `benchmarks/gpu_check_wheels.txt`
+names, 17 MB in all (tests/benchmarks/test_gpu_check.py runs this check in a virtual environment of only those
+packages, so an import the list misses fails there). Fetch them on a machine with the registry:
 
-    pip download --no-deps -d wheels --python-version 3.12 --only-binary=:all: \\
-        --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \\
-        trl==1.16.0 datasets sqlmodel SQLAlchemy alembic mako pydantic pydantic-core dill multiprocess \\
-        submitit typing-inspection annotated-types xxhash
+    pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp -d wheels \\
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \\
+        -r benchmarks/gpu_check_wheels.txt
 
-). The models have random weights (no hub here) but the real shapes, vocabulary size (151,936) and a Qwen3-style
+The models have random weights (no hub here) but the real shapes, vocabulary size (151,936) and a Qwen3-style
 chat template with its thinking switch, so memory and speed are those of the real model. Each model goes through
 `envlab run` (a worker, the stage's child process, TRL's GRPOTrainer, validation, the database) exactly as a user's
 run does: stage 0 evaluated, one stage of `--steps` GRPO steps with thinking off and completion length 256, its
@@ -17,7 +20,7 @@ validation. Printed per model: GRPO tokens/s, MFU (6 x parameters x tokens / tim
 peak), peak GPU memory per GPU (nvidia-smi, polled), the saved checkpoint's dtype, and whether every stored
 metric is there.
 
-    python benchmarks/gpu_check.py --wheels wheels          # one H100/H200: under 10 minutes
+    python benchmarks/gpu_check.py --wheels wheels          # 0.6B full, 4B LoRA, two processes (one H100/H200)
     python benchmarks/gpu_check.py --wheels wheels --shapes 4b   # the 4B LoRA part alone
     python benchmarks/gpu_check.py --tiny                   # the same path on a CPU at a tiny size (CI)
     python benchmarks/gpu_check.py --wheels wheels --shapes 4b --scratch /dev/shm   # models written to memory
@@ -30,7 +33,7 @@ puts them on a faster one, a memory-backed /dev/shm where it is large enough.
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import importlib.metadata
 import json
 import os
 import shutil
@@ -52,7 +55,9 @@ SHAPES = {  # Qwen3's published configs, and a tiny one for CPUs
                  num_key_value_heads=1, head_dim=32),
 }
 PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}
-NEEDED = ("trl", "datasets", "sqlmodel", "sqlalchemy", "alembic", "pydantic", "submitit")
+WHEELS = ROOT / "benchmarks" / "gpu_check_wheels.txt"  # what the check carries: one `name==version` a line
+# What it counts on a GPU machine to have (the 'cuda' image's packages), with what each of them requires
+MACHINE = ("torch", "transformers", "accelerate", "peft", "pandas", "pyarrow", "requests", "scipy")
 # A Qwen3-style chat template: ChatML turns, and with thinking off an empty think block before the answer.
 CHAT_TEMPLATE = (
     "{%- for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
@@ -61,15 +66,29 @@ CHAT_TEMPLATE = (
     "{%- endif %}{%- endif %}")
 
 
+def carried() -> list[str]:
+    """The wheels the check carries, `name==version` each (`WHEELS`)."""
+    return [line.strip() for line in WHEELS.read_text().splitlines() if line.strip() and not line.startswith("#")]
+
+
 def install_missing(wheels: str | None) -> None:
-    """Install the packages the stage needs from `wheels` where they are missing (nothing is downloaded)."""
-    missing = [name for name in NEEDED if importlib.util.find_spec(name) is None]
+    """Install the carried packages this machine lacks from `wheels` (nothing is downloaded; each wheel's needs are
+    the machine's or carried too, so none is resolved)."""
+    missing = [pinned for pinned in carried() if not _installed(pinned.partition("==")[0])]
     if not missing:
         return
     if not wheels:
         raise SystemExit(f"missing {', '.join(missing)}: give --wheels DIR (see this file's docstring)")
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--find-links", wheels,
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--find-links", wheels,
                     *missing], check=True)
+
+
+def _installed(name: str) -> bool:
+    try:
+        importlib.metadata.distribution(name)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
 
 
 def tokenizer(vocab_size: int):
@@ -171,8 +190,22 @@ def card() -> tuple[str, float | None]:
     return name, next((peak for key, peak in PEAK_BF16_TFLOPS.items() if key in name), None)
 
 
-def check(name: str, shape: str, args: argparse.Namespace, work: Path) -> dict:
-    """One model through `envlab run`; the figures of the module docstring."""
+def two_processes() -> tuple[str, dict[str, str]]:
+    """The two-process part's model and GPUs: Qwen3-0.6B's shape on this machine's first two GPUs where it has two;
+    else the tiny model on two CPU processes meeting over gloo (the ranks' stand-in for two GPUs), given two GPU
+    numbers past this machine's last, so that `envlab run --processes 2` launches two and neither rank sees a GPU."""
+    import torch
+
+    count = torch.cuda.device_count()
+    if count >= 2:
+        return "0.6b", {"CUDA_VISIBLE_DEVICES": "0,1"}
+    return "tiny", {"CUDA_VISIBLE_DEVICES": f"{count + 8},{count + 9}"}
+
+
+def check(name: str, shape: str, args: argparse.Namespace, work: Path, processes: int = 1,
+          env: dict[str, str] | None = None) -> dict:
+    """One model through `envlab run` on `processes` processes (`env`: their GPUs); the figures of the module
+    docstring."""
     from safetensors import safe_open
     from sqlmodel import select
 
@@ -180,18 +213,19 @@ def check(name: str, shape: str, args: argparse.Namespace, work: Path) -> dict:
     from storage.models import Run, Stage, StageMetric, TrainingLog
 
     folder, db = work / name, work / f"{name}.db"
-    vocab = 2048 if args.tiny else QWEN3_VOCAB
-    params = build_model(folder, shape, vocab, "float32" if args.tiny else "bfloat16")
+    vocab = 2048 if shape == "tiny" else QWEN3_VOCAB
+    params = build_model(folder, shape, vocab, "float32" if shape == "tiny" else "bfloat16")
     command = [sys.executable, "-m", "lab.cli", "run", "--db", str(db), "--policy", str(folder), "--stages", "1",
                "--engineer", "fixed", "--auto-apply", "--instances", str(args.instances), "--thinking", "off",
                "--completion-length", str(args.completion_length), "--validation-boards", str(args.boards),
                "--dev-per-size", "3", "--grpo", f"max_steps={args.steps}", "--grpo", "num_generations=4",
-               "--grpo", "per_device_train_batch_size=4", "--name", f"gpu-check {name}", "--allow-cpu"]
+               "--grpo", "per_device_train_batch_size=4", "--name", f"gpu-check {name}", "--allow-cpu",
+               "--processes", str(processes)]
     if shape == "4b" or args.lora:
         command += ["--lora", "16"]
     t0 = time.perf_counter()
     with MemoryWatch() as memory:
-        done = subprocess.run(command, cwd=ROOT, env={**os.environ, "ENVLAB_RUNS": str(work / "runs")})
+        done = subprocess.run(command, cwd=ROOT, env={**os.environ, "ENVLAB_RUNS": str(work / "runs"), **(env or {})})
     seconds = time.perf_counter() - t0
     engine = make_engine(str(db))
     with session(engine) as s:
@@ -208,10 +242,12 @@ def check(name: str, shape: str, args: argparse.Namespace, work: Path) -> dict:
         if files:
             with safe_open(str(files[-1]), "pt") as f:
                 dtype = str(f.get_slice(next(iter(f.keys()))).get_dtype())
-    gpu, peak = card()
+    # the two-process part's stand-in trains on the CPU whatever GPU the machine has: no GPU peak for its MFU
+    gpu, peak = ("CPU", None) if processes > 1 and shape == "tiny" else card()
     tokens_s = tokens / train_s if train_s else None
     result = {
-        "model": name, "shape": shape, "parameters": params, "device": gpu, "exit": done.returncode,
+        "model": name, "shape": shape, "parameters": params, "device": gpu, "processes": processes,
+        "exit": done.returncode,
         "seconds": round(seconds, 1), "grpo_steps": len(logs), "grpo_tokens_per_s": tokens_s and round(tokens_s),
         "mfu": round(6 * params * tokens_s / (peak * 1e12), 4) if tokens_s and peak else None,
         "peak_gpu_memory_mib": memory.peak or None, "saved_dtype": dtype,
@@ -234,11 +270,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--completion-length", type=int, default=256)
     p.add_argument("--lora", action="store_true", help="LoRA on the first model too")
     p.add_argument("--out", help="write the figures here as JSON")
-    p.add_argument("--shapes", default="0.6b,4b", help="the models to check, of 0.6b (full) and 4b (LoRA), in order")
+    p.add_argument("--shapes", default="0.6b,4b,two",
+                   help="the parts to check, of 0.6b (full), 4b (LoRA) and two (a stage on two processes: 0.6b's "
+                        "shape on two GPUs, or the tiny model on two CPU processes where there are fewer), in order")
     p.add_argument("--scratch", help="the folder the models and their run are written in (default: the system's "
                    "temporary folder)")
     args = p.parse_args(argv)
-    named = {"0.6b": "qwen3-0.6b-shape", "4b": "qwen3-4b-shape-lora"}
+    named = {"0.6b": "qwen3-0.6b-shape", "4b": "qwen3-4b-shape-lora", "two": "two-processes"}
     shapes = args.shapes.split(",")
     if unknown := [shape for shape in shapes if shape not in named]:
         p.error(f"--shapes {args.shapes}: {', '.join(unknown)} is not one of {', '.join(named)}")
@@ -248,7 +286,13 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT))
     with tempfile.TemporaryDirectory(prefix="gpu-check-", dir=args.scratch) as tmp:
         models = [("tiny", "tiny")] if args.tiny else [(named[shape], shape) for shape in shapes]
-        results = [check(name, shape, args, Path(tmp)) for name, shape in models]
+        results = []
+        for name, shape in models:
+            if shape == "two":
+                model, gpus = two_processes()
+                results.append(check(name, model, args, Path(tmp), processes=2, env=gpus))
+            else:
+                results.append(check(name, shape, args, Path(tmp)))
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
     return 0 if all(r["exit"] == 0 and r["stored"]["all_there"] for r in results) else 1

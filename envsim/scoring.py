@@ -121,9 +121,11 @@ class Tally:
     def total(cls, tallies: Iterable[Tally]) -> Tally:
         """One tally of all the episodes that `tallies` count (the pooled counts of a stage's sizes)."""
         tallies = list(tallies)
-        failures = sum((Counter(t.failures) for t in tallies), Counter())
+        failures: Counter[str] = Counter()
+        for t in tallies:
+            failures.update(t.failures)  # in place: a sum of Counters copies one per tally
         return cls(sum(t.episodes for t in tallies), sum(t.valid for t in tallies), sum(t.optimal for t in tallies),
-                   dict(sorted(failures.items())))
+                   dict(sorted((k, n) for k, n in failures.items() if n > 0)))
 
 
 # ---------------------------------------------------------------- one episode, every event

@@ -120,12 +120,9 @@ def validation_cells(per_size: int = VALIDATION_PER_SIZE, agents: Sequence[int] 
     30), for each count of `agents` on sizes max(3, K)..10: each standard cell, then (past 30 per size) the cell of
     the boards it adds, in table order (count, size, wait subset)."""
     subsets = len(WAIT_SUBSETS)
-    if per_size < VALIDATION_PER_SIZE or per_size % subsets:
-        raise ValueError(f"validation_per_size = {per_size}: a multiple of {subsets} (one share per wait subset), "
-                         f"at least {VALIDATION_PER_SIZE} (the standard set)")
-    extra = per_size // subsets - VALIDATION_PER_SIZE // subsets
+    extra = checked_per_size(Split.VALIDATION, per_size) // subsets - VALIDATION_PER_SIZE // subsets
     out = []
-    for cell in cells(Split.VALIDATION, agents=_checked_agents(agents)):
+    for cell in cells(Split.VALIDATION, agents=checked_agents(agents)):
         out.append(cell)
         if extra:
             out.append(SuiteCell(cell.split, cell.agents, cell.size, cell.subset, extra, extra=True))
@@ -137,10 +134,8 @@ def dev_cells(per_size: int = DEV_PER_SIZE, agents: Sequence[int] = VALIDATION_A
     """The cells of a dev set with `per_size` boards per (agent count, map size) (a multiple of 3, at least 3), for
     each count of `agents` on sizes max(3, K)..10, in table order; drawn for run seed `draw` (None: shared)."""
     subsets = len(WAIT_SUBSETS)
-    if per_size < subsets or per_size % subsets:
-        raise ValueError(f"dev_per_size = {per_size}: a multiple of {subsets} (one share per wait subset), "
-                         f"at least {subsets}")
-    return [SuiteCell(Split.DEV, k, s, w, per_size // subsets, draw=draw) for k in _checked_agents(agents)
+    checked_per_size(Split.DEV, per_size)
+    return [SuiteCell(Split.DEV, k, s, w, per_size // subsets, draw=draw) for k in checked_agents(agents)
             for s in range(max(3, k), MAX_SIZE + 1) for w in WAIT_SUBSETS]
 
 
@@ -151,7 +146,20 @@ def boards_in(split: Split, per_size: int, agents: Sequence[int] = VALIDATION_AG
     return sum(cell.count for cell in todo)
 
 
-def _checked_agents(agents: Sequence[int]) -> Sequence[int]:
+def checked_per_size(split: Split, per_size: int) -> int:
+    """`per_size` as the boards per (agent count, map size) of a validation or dev set: a multiple of 3 (one share
+    per wait subset), at least 30 (the standard set) for validation and 3 for dev; a ValueError saying so. The
+    check alone, without the cells: a run's settings are checked with it each time they are read."""
+    subsets = len(WAIT_SUBSETS)
+    name, least, what = (("validation_per_size", VALIDATION_PER_SIZE, " (the standard set)")
+                         if split == Split.VALIDATION else ("dev_per_size", subsets, ""))
+    if per_size < least or per_size % subsets:
+        raise ValueError(f"{name} = {per_size}: a multiple of {subsets} (one share per wait subset), "
+                         f"at least {least}{what}")
+    return per_size
+
+
+def checked_agents(agents: Sequence[int]) -> Sequence[int]:
     """The agent counts of a validation or dev set; a ValueError for none, or for a count whose cells cannot be
     drawn: one agent never waits, so no board of it meets a wait subset."""
     if not agents:

@@ -82,7 +82,7 @@ class LoopError(ValueError):
 
 def create_run(s: Session, *, name: str, config: EnvConfig, settings: RunSettings, policy: str = "tiny",
                engineer: str = "heuristic", engineer_backend: str = "", seed: int = 0, description: str = "",
-               experiment_id: int | None = None, arm: str | None = None, processes: int = 1) -> Run:
+               experiment_id: int | None = None, arm: str | None = None) -> Run:
     """Store a run, its stage 0 (the starting policy, evaluated on `config`) and queue that stage.
 
     The keyword arguments are who the run is (its row's columns); `settings` is everything it is asked to do
@@ -93,8 +93,8 @@ def create_run(s: Session, *, name: str, config: EnvConfig, settings: RunSetting
     stage is also evaluated on: the engineers read those, never the validation boards (docs/loop.md); None only
     for a run added to an experiment made before dev boards existed (its engineers read validation, as the others).
     `experiment_id` and `arm` place the run in an experiment (lab.study.experiments). A name or a description longer
-    than `lab.text`'s bounds is refused. `processes`: the processes its stages are launched on (an experiment's), for
-    which the GRPO overrides are checked.
+    than `lab.text`'s bounds is refused. The GRPO overrides and the memory are checked for the processes its stages
+    are launched on (`settings.processes`), and only a worker of that many GPUs claims its training stages.
     """
     for field, text, limit in (("run name", name, NAME_LIMIT), ("run description", description, TEXT_LIMIT)):
         if (why := too_long(field, text, limit)) is not None:
@@ -115,7 +115,7 @@ def create_run(s: Session, *, name: str, config: EnvConfig, settings: RunSetting
     try:
         check_packages(settings)
         if settings.grpo:
-            check_grpo(settings, config.num_instances, policy, processes)
+            check_grpo(settings, config.num_instances, policy, settings.processes or 1)
         check_memory(settings, config, policy, needs_gpu=_needs_gpu(policy, settings))
     except SettingsError as err:
         raise LoopError(str(err)) from err  # its setting, for the settings file's line (`SettingsFile.located`)
@@ -238,12 +238,16 @@ def _enqueue(s: Session, payload: StagePayload | ProposePayload | BenchmarkPaylo
              priority: int = Priority.BACKGROUND) -> Job:
     """Queue the job `payload` asks for, of its run and about its stage, inside the caller's transaction (committed
     with the rest of its step), saying what it needs: a GPU where it loads a large policy (a proposal only when the
-    policy is its own engineer)."""
+    policy is its own engineer), and a training stage the processes its steps were planned for (stage 0 only
+    evaluates: any worker)."""
     run = s.get(Run, payload.run_id)
     loads_policy = payload.kind != JobKind.PROPOSE or (engineer_needs(run).language_model
                                                        and run.engineer_backend == SELF_BACKEND)
+    trains = payload.kind == JobKind.STAGE and payload.target > 0
     return enqueue(s, payload.kind, payload.stored(), run_id=payload.run_id, target=payload.target, commit=False,
-                   needs_gpu=loads_policy and needs_gpu(run), priority=priority)
+                   needs_gpu=loads_policy and needs_gpu(run), priority=priority,
+                   processes=(run.settings.processes or 1) if trains else None,
+                   vllm_server=trains and run.settings.overrides.vllm_server)
 
 
 def _set_status(run: Run, status: RunStatus, reason: str = "") -> None:

@@ -13,9 +13,11 @@ and appears only on the Leaderboard (`envsim.suite.report`).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from envsim.instance import Instance
 from envsim.scoring import Outcome, Tally, score_answer
@@ -35,11 +37,11 @@ class StageSummary:
     by_size: dict[int, Tally]
     cells: dict[tuple[int, int], Tally] = field(default_factory=dict)
 
-    @property
+    @cached_property  # computed once per summary: a comparison reads them for every run, stage and rate
     def pooled(self) -> Tally:
         return Tally.total(self.by_size.values())
 
-    @property
+    @cached_property
     def by_agents(self) -> dict[int, Tally]:
         counts = sorted({agents for _, agents in self.cells})
         return {k: Tally.total(t for (_, agents), t in self.cells.items() if agents == k) for k in counts}
@@ -54,8 +56,24 @@ def stage_summaries(s: Session, run_id: int, split: Split = Split.VALIDATION,
     query = select(StageMetric).where(StageMetric.run_id == run_id, StageMetric.split == split)
     if stage_index is not None:
         query = query.where(StageMetric.stage_index == stage_index)
+    return _summaries(s.exec(query.order_by(StageMetric.stage_index, StageMetric.size, StageMetric.agents)))
+
+
+def runs_summaries(s: Session, run_ids: Sequence[int], split: Split = Split.VALIDATION
+                   ) -> dict[int, dict[int, StageSummary]]:
+    """`stage_summaries` of each of `run_ids` (a run with no rows on `split` has no entry), from one query."""
+    query = select(StageMetric).where(col(StageMetric.run_id).in_(run_ids), StageMetric.split == split)
     rows: dict[int, list[StageMetric]] = {}
-    for m in s.exec(query.order_by(StageMetric.stage_index, StageMetric.size, StageMetric.agents)):
+    for m in s.exec(query.order_by(StageMetric.run_id, StageMetric.stage_index, StageMetric.size,
+                                   StageMetric.agents)):
+        rows.setdefault(m.run_id, []).append(m)
+    return {run_id: _summaries(ms) for run_id, ms in rows.items()}
+
+
+def _summaries(metrics: Iterable[StageMetric]) -> dict[int, StageSummary]:
+    """The summaries of one run's metric rows, ordered by stage, size and agent count."""
+    rows: dict[int, list[StageMetric]] = {}
+    for m in metrics:
         rows.setdefault(m.stage_index, []).append(m)
     return {k: StageSummary(k, summed(ms), {(m.size, m.agents): tally_of(m) for m in ms}) for k, ms in rows.items()}
 

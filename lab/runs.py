@@ -89,8 +89,9 @@ def run_list(engine: Engine) -> list[RunRow]:
     """Every run, newest first."""
     with session(engine) as s:
         runs = list(s.exec(select(Run).order_by(Run.id.desc())))
-        done = {r.id: sum(stage.status == StageStatus.DONE for stage in stages_of(s, r.id)) for r in runs}
-    return [RunRow(r, max(done[r.id] - 1, 0), _run_disk(engine, r)) for r in runs]
+        done = dict(s.exec(select(Stage.run_id, func.count()).where(Stage.status == StageStatus.DONE)
+                           .group_by(Stage.run_id)).all())  # one query, not a run's stages each
+    return [RunRow(r, max(done.get(r.id, 0) - 1, 0), _run_disk(engine, r)) for r in runs]
 
 
 @dataclass(frozen=True)

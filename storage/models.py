@@ -414,6 +414,11 @@ class Job(SQLModel, table=True):
     finished_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     needs_gpu: bool = Field(default=False, sa_column_kwargs={"server_default": false()})  # only a GPU worker's
     priority: int = Field(default=0, sa_column_kwargs={"server_default": "0"})  # `Priority`: higher is claimed first
+    # the processes a training stage was planned for (`RunSettings.processes`): only a worker that launches that many
+    # claims it (one per GPU it owns; one without a GPU counts as one). None: any worker (every other job)
+    processes: int | None = None
+    # a training stage in vLLM's server mode: its processes are those of a worker's GPUs less its server's
+    vllm_server: bool = Field(default=False, sa_column_kwargs={"server_default": false()})
     # the Slurm array task that ran it (`lab.study.slurm.SlurmJob`: array, task, node, state, log); None off Slurm
     slurm: dict[str, Any] | None = Field(default=None, sa_type=JSONType)
 

@@ -23,7 +23,7 @@ from collections.abc import Collection
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, update
+from sqlalchemy import and_, func, not_, or_, update
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
@@ -68,19 +68,21 @@ class AlreadyQueued(ValueError):
 
 def enqueue(session: Session, kind: JobKind, payload: dict[str, Any], *, run_id: int | None = None,
             target: int | None = None, commit: bool = True, needs_gpu: bool = False,
-            priority: int = Priority.BACKGROUND) -> Job:
+            priority: int = Priority.BACKGROUND, processes: int | None = None, vllm_server: bool = False) -> Job:
     """Queue a job of `kind` about stage `target` of run `run_id`; `payload` is whatever its worker needs.
 
-    `needs_gpu`: only a worker that owns a GPU claims it. `priority`: a person's interactive jobs
-    (`Priority.INTERACTIVE`) are claimed before the others. With `commit=False` the row is only flushed (a caller
-    holding the run's lock commits it with the rest).
+    `needs_gpu`: only a worker that owns a GPU claims it. `processes`: only a worker that launches that many
+    processes claims it (a training stage, whose steps were counted for them; None: any; `vllm_server`: a stage in
+    vLLM's server mode, whose processes are the worker's GPUs less its server's). `priority`: a person's
+    interactive jobs (`Priority.INTERACTIVE`) are claimed before the others. With `commit=False` the row is only
+    flushed (a caller holding the run's lock commits it with the rest).
 
     Raises:
         AlreadyQueued: that run has a queued or running job of this kind and target already (the database's
             partial unique index says so, whoever asked first).
     """
     job = Job(kind=JobKind(kind), payload=payload, run_id=run_id, target=target, needs_gpu=needs_gpu,
-              priority=int(priority), created_at=db_now(session))
+              priority=int(priority), processes=processes, vllm_server=vllm_server, created_at=db_now(session))
     session.add(job)
     if not commit:
         session.flush()
@@ -99,7 +101,8 @@ def enqueue(session: Session, kind: JobKind, payload: dict[str, Any], *, run_id:
 
 
 def claim(session: Session, worker_id: str, *, gpu: bool = True, run_id: int | None = None,
-          kinds: Collection[str] | None = None, by_run: bool = False) -> Job | None:
+          kinds: Collection[str] | None = None, by_run: bool = False, processes: int | None = None,
+          served: int | None = None) -> Job | None:
     """Take the most urgent queued job that `worker_id` can run and mark it running; None when there is none.
 
     Most urgent: the highest `priority` (a person's interactive jobs), then the oldest by first enqueueing (a
@@ -108,16 +111,15 @@ def claim(session: Session, worker_id: str, *, gpu: bool = True, run_id: int | N
     only a job of one of those kinds (a light lane: `probe` jobs beside a long stage). `by_run`: within a
     priority, the oldest run's jobs first (a job with no run before any run's), so runs end in the order they were
     made: an experiment's workers claim so, and a study stopped midway has whole seeds rather than every run
-    half-trained. Every filter is keyword-only and narrows the claim's one query; a new one is another keyword.
+    half-trained. `processes`: the processes the worker launches a job on (one per GPU it owns, one without a GPU):
+    a job planned for another count is left to a worker of that many (`planned_elsewhere` names those); `served`:
+    those it launches a stage in vLLM's server mode on (its GPUs less its server's; None: `processes`). Every filter
+    is keyword-only and narrows the claim's one query; a new one is another keyword.
     """
     now = db_now(session)
-    where = [Job.status == JobStatus.QUEUED]
-    if not gpu:
-        where.append(Job.needs_gpu.is_(False))
-    if run_id is not None:
-        where.append(Job.run_id == run_id)
-    if kinds is not None:
-        where.append(Job.kind.in_(list(kinds)))
+    where = _claimable(gpu=gpu, run_id=run_id, kinds=kinds)
+    if processes is not None:
+        where.append(_launches(processes, served))
     oldest = (
         select(Job.id)
         .where(*where)
@@ -139,6 +141,34 @@ def claim(session: Session, worker_id: str, *, gpu: bool = True, run_id: int | N
     ).scalar_one_or_none()
     session.commit()
     return None if claimed is None else _reload(session, claimed)
+
+
+def planned_elsewhere(session: Session, processes: int, *, gpu: bool = True, run_id: int | None = None,
+                      kinds: Collection[str] | None = None, served: int | None = None) -> list[Job]:
+    """The queued jobs that a worker launching `processes` processes (`served` in vLLM's server mode) would
+    otherwise claim (the same filters as `claim`) but leaves, because they were planned for another count of
+    processes; oldest first."""
+    where = _claimable(gpu=gpu, run_id=run_id, kinds=kinds)
+    return list(session.exec(select(Job).where(*where, not_(_launches(processes, served))).order_by(Job.id)))
+
+
+def _launches(processes: int, served: int | None) -> Any:
+    """A job that a worker launching `processes` processes (`served` for a stage in vLLM's server mode) runs as
+    planned: any count where none was planned."""
+    served = processes if served is None else served
+    return or_(Job.processes.is_(None), and_(Job.vllm_server.is_(False), Job.processes == processes),
+               and_(Job.vllm_server.is_(True), Job.processes == served))
+
+
+def _claimable(*, gpu: bool, run_id: int | None, kinds: Collection[str] | None) -> list[Any]:
+    where = [Job.status == JobStatus.QUEUED]
+    if not gpu:
+        where.append(Job.needs_gpu.is_(False))
+    if run_id is not None:
+        where.append(Job.run_id == run_id)
+    if kinds is not None:
+        where.append(Job.kind.in_(list(kinds)))
+    return where
 
 
 def heartbeat(

@@ -43,8 +43,8 @@ from envsim.suite import (
     VALIDATION_PER_SIZE,
     Split,
     boards_in,
-    dev_cells,
-    validation_cells,
+    checked_agents,
+    checked_per_size,
 )
 
 # The GRPOConfig fields a run's `grpo` may set: how its policy learns (optimizer, schedule, precision, memory) and how
@@ -120,6 +120,12 @@ class GrpoOverrides(BaseModel):
     use_vllm: bool = False
     vllm_mode: str | None = None  # "server": the worker's own vLLM server (training.vllm); else TRL's colocate
 
+    @property
+    def vllm_server(self) -> bool:
+        """Whether the run generates with the worker's own vLLM server, on a GPU of the worker's apart from those
+        it trains on."""
+        return self.use_vllm and self.vllm_mode == "server"
+
 
 @dataclass(frozen=True)
 class Count:
@@ -193,6 +199,8 @@ PROBE_PER_SIZE = Count(1, 64, "64 boards per size is 512 boards a probe, each an
                        "a probe draws at least 1 board per size")
 PROBE_GROUP = Count(2, 64, "64 answers per board is 32,768 answers a probe of 64 boards per size",
                     "a probe samples at least 2 answers per board (one says nothing of its spread)")
+PROCESSES = Count(1, 64, "64 GPUs is 8 nodes of 8: more than one worker's launch runs a stage on",
+                  "a stage runs on at least 1 process")
 
 
 @dataclass(frozen=True)
@@ -359,6 +367,13 @@ class RunSettings(BaseModel):
         "the agent counts of the validation and dev boards, each on sizes max(3, K)..10, e.g. 2 (the first sets) "
         f"(default {','.join(map(str, VALIDATION_AGENTS))}, the paper's; docs/experiments.md)", "K,K,...",
         parse=Counts(lambda counts: checked_validation_agents(counts)))] = VALIDATION_AGENTS
+    # the processes each training stage is launched on (`accelerate launch --num_processes`: the GPUs of the worker
+    # that trains it), for which its steps are counted and its memory checked; only a worker of that many GPUs claims
+    # its stages (a worker without a GPU counts as one). None: one, as every run stored before was planned
+    processes: Annotated[Annotated[int, PROCESSES] | None, Setting(
+        "the processes each stage is launched on, one per GPU: its steps are counted, its GRPO settings and memory "
+        "checked for them, and only a worker of that many GPUs trains it (default 1)", "N",
+        experiment=False)] = None
     engineer_history: list[dict[str, Any]] = Field(default_factory=list)
     example: bool = False
     held_configs: HeldConfigs | None = None  # what a `static` or `schedule` arm's run proposes (None: other runs)
@@ -386,14 +401,14 @@ class RunSettings(BaseModel):
     @classmethod
     def _per_size(cls, value: int | None) -> int | None:
         if value is not None:
-            validation_cells(value)  # a ValueError naming the sizes it cannot fill
+            checked_per_size(Split.VALIDATION, value)  # a ValueError saying what it must be
         return value
 
     @field_validator("dev_per_size")
     @classmethod
     def _dev(cls, value: int | None) -> int | None:
         if value is not None:
-            dev_cells(value)  # a ValueError: not a multiple of the wait subsets
+            checked_per_size(Split.DEV, value)  # a ValueError: not a multiple of the wait subsets
         return value
 
     @field_validator("agent_counts", "validation_agents", mode="before")
@@ -480,8 +495,7 @@ def checked_validation_agents(counts: tuple[int, ...]) -> tuple[int, ...]:
     """A run's `validation_agents` as it is stored (`checked_counts`), each count's boards able to meet every wait
     subset at 3 dev boards a size (a ValueError naming the count otherwise)."""
     counts = checked_counts(counts)
-    dev_cells(3, counts)
-    validation_cells(VALIDATION_PER_SIZE, counts)
+    checked_agents(counts)  # the check of `dev_cells` and `validation_cells`, without making the cells
     return counts
 
 
@@ -545,7 +559,7 @@ class ExperimentSettings(BaseModel):
     # an experiment made before they were recorded: counted from its settings when asked)
     primary: Primary = "valid"  # the rate its report and the Compare tab lead with; an experiment made before: valid
     matched: ComputeMatch | None = None  # the arms' answers evened by GRPO steps (None: every arm trains the same)
-    processes: int = Field(default=1, ge=1, le=64)  # processes a stage is launched on (a worker's GPUs), for which
+    processes: Annotated[int, PROCESSES] = 1  # processes a stage is launched on (a worker's GPUs), for which
     # the steps and rollouts above are counted (an experiment made before it was recorded: one)
 
     @property

@@ -58,3 +58,17 @@ def says(engine, job, progress):
     print("loading the model", file=sys.stderr, flush=True)
     progress(1, 1, "loaded")
     return {"pid": os.getpid()}
+
+
+def meets(engine, job, progress):
+    """Writes its launch's rendezvous port (`MASTER_PORT`, which torchrun's agent listens on) to the payload's `port`
+    file, then waits, up to 120 s, until every file the payload's `ports` names is there: jobs launched together, each
+    alive (its port held) while the others start. Returns its port."""
+    port = os.environ["MASTER_PORT"]
+    Path(job.payload["port"]).write_text(port)
+    deadline = time.monotonic() + 120
+    while not all(Path(other).exists() for other in job.payload["ports"]):
+        if time.monotonic() > deadline:
+            raise TimeoutError("the other launches never started")
+        time.sleep(0.1)
+    return {"port": int(port)}

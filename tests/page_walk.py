@@ -1,6 +1,6 @@
 """The page's actions as a person does them in a browser, each timed from its click to the page showing its result,
 for the browser's speed figures (benchmarks/bench_page.py) and the walk through every tab (`Walk.every_tab`, which
-tests/test_bench_page.py takes beside the same stage).
+tests/benchmarks/test_bench_page.py takes beside the same stage).
 
 Each action first brings the page where the person would be (a fresh load, untimed), then clicks and waits for what
 the action shows: the run's status, the proposal's, the gallery's failure row, the replay's board at its first or

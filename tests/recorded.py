@@ -1,6 +1,6 @@
 """Runs moved through the real loop and worker, their stage jobs replaying recorded answers (real boards, real
 scores) instead of training, so that the bookkeeping can be checked exactly: a run (`work`, `build_run`) and an
-experiment of such runs (`scripted_experiment`). Training is tested in tests/test_stage.py."""
+experiment of such runs (`scripted_experiment`). Training is tested in tests/training/test_stage.py."""
 
 import random
 from collections import Counter
@@ -21,6 +21,7 @@ from lab.proposals import current_proposal, decide
 from lab.study.experiments import create_experiment
 from storage.db import runs_root, session
 from storage.models import Episode, Experiment, Job, Proposal, Run, Stage, TrainingLog
+from storage.payloads import StagePayload
 from storage.settings import RunSettings
 from training.evaluate import EpisodeResult, store_evaluation
 
@@ -51,9 +52,10 @@ def answered_stage(engine, run_id: int, k: int, right, wrong: str, *, folder: bo
 
 def recorded_stage(engine, job, progress):
     """Stage k answers the first 2k + 2 boards with the reference plan and the rest with garbage."""
-    k = job.payload["stage_index"]
+    payload = StagePayload.of(job)
+    k = payload.stage_index
     progress(1, 2, f"stage {k}: recorded answers")
-    answered_stage(engine, job.payload["run_id"], k, range(2 * k + 2), "I am not sure.")
+    answered_stage(engine, payload.run_id, k, range(2 * k + 2), "I am not sure.")
     progress(2, 2)
     return {"valid": 2 * k + 2}
 
@@ -135,7 +137,8 @@ def solved(arm: str, seed: int, stage: int) -> list[int]:
 
 def scripted_stage(engine, job, progress):
     """The stage job without training: the run's answers per `solved`."""
-    run_id, k = job.payload["run_id"], job.payload["stage_index"]
+    payload = StagePayload.of(job)
+    run_id, k = payload.run_id, payload.stage_index
     with session(engine) as s:
         run = s.get(Run, run_id)
     answered_stage(engine, run_id, k, set(solved(run.arm, run.seed, k)), "no idea", folder=True)

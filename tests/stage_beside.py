@@ -1,5 +1,5 @@
 """A real stage of the tiny policy training beside the page, for the page's speed figures (benchmarks/bench_app.py,
-benchmarks/bench_page.py) and its error walk (tests/test_browser.py).
+benchmarks/bench_page.py) and its error walk (tests/pages/test_browser.py).
 
 Stage 1 of the seeded `waiting` run (`tests.seeded.seed_lab`) is queued by accepting its pending proposal, and a real
 `envlab worker` (as `envlab serve` starts it: its own process at its default lower CPU priority and with a core left

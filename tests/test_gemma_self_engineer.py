@@ -20,6 +20,7 @@ from lab.loop import after_job, create_run
 from lab.pages.proposal import proposal_view
 from storage.db import make_engine, runs_root, session, upgrade
 from storage.models import Job, JobKind, JobStatus, Proposal, Stage
+from storage.payloads import ProposePayload
 from storage.settings import RunSettings
 
 # slow: two Gemma answers of a few hundred constrained tokens each and a LoRA step: about 20 minutes an answer
@@ -53,7 +54,7 @@ def test_gemma_trains_a_stage_then_engineers_its_next_one_from_its_own_checkpoin
                                               completion_length=8))
 
     def until_the_second_proposal(engine: Engine, job: Job) -> None:
-        if not (job.kind == JobKind.PROPOSE and job.payload["after_stage"] == 1):
+        if not (job.kind == JobKind.PROPOSE and ProposePayload.of(job).after_stage == 1):
             after_job(engine, job)  # stage 0, its proposal, stage 1, the proposal after it; then the queue empties
 
     run_worker(lab, handlers(), WorkerOptions(once=True, poll_s=0.01, after=until_the_second_proposal))

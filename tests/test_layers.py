@@ -10,11 +10,14 @@ included: a lazy import is still a dependency. Three rules follow from the layer
 lab/ itself is in rooms (README, "What is where"): the design loop at its root, at most `LAB_ROOT_MODULES` modules,
 and the rest in packages of their own (`jobs/`, `study/`, `archive/`, `engineers/`, `cli/`, `pages/`). The rooms
 below the page (`lab.jobs`, `lab.study`, `lab.archive`) import nothing from it.
+
+And no function of those modules runs past `FUNCTION_LINES` lines: one that grows past them is two functions.
 """
 
 from __future__ import annotations
 
 import ast
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -168,3 +171,33 @@ def test_jobs_study_and_archive_import_nothing_from_the_page_or_the_command_line
 def test_the_rooms_below_the_page_are_there():
     assert all(room in MODULES for room in BELOW_THE_PAGE)
     assert {"lab.jobs.worker", "lab.study.experiments", "lab.archive.reading", "lab.cli.runs"} <= set(MODULES)
+
+
+FUNCTION_LINES = 80
+
+
+def long_functions(path: Path) -> list[str]:
+    """`name:line (N lines)` for each function of the file, nested ones and methods included, longer than
+    `FUNCTION_LINES`, counted from its first decorator to its last line."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+            if (lines := node.end_lineno - first + 1) > FUNCTION_LINES:
+                found.append(f"{node.name}:{node.lineno} ({lines} lines)")
+    return found
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_no_function_runs_past_80_lines(module: str):
+    assert long_functions(MODULES[module]) == [], f"{MODULES[module].relative_to(ROOT)}: split these in two"
+
+
+def test_the_length_check_counts_a_function_from_its_first_decorator_to_its_end(tmp_path: Path):
+    body = "".join(f"    x{i} = {i}\n" for i in range(FUNCTION_LINES - 2))
+    (tmp_path / "f.py").write_text("@staticmethod\ndef f():\n" + body)  # 80 lines, its decorator counted
+    method = textwrap.indent("@staticmethod\n@property\ndef g():\n" + body, "    ")  # 81 lines
+    (tmp_path / "g.py").write_text("class C:\n" + method)
+    assert long_functions(tmp_path / "f.py") == []
+    assert long_functions(tmp_path / "g.py") == ["g:4 (81 lines)"]

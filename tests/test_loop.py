@@ -1,6 +1,6 @@
 """The headless stage loop with the fixed and heuristic engineers on recorded episodes.
 
-Training is tested in tests/test_stage.py; here the `stage` job replays a recorded set of answers
+Training is tested in tests/training/test_stage.py; here the `stage` job replays a recorded set of answers
 (real boards, real scores) so the loop's bookkeeping can be checked exactly.
 """
 
@@ -33,6 +33,7 @@ from lab.loop import (
 from lab.proposals import AlreadyDecided, ProposalError, decide, diff, store_proposal
 from storage.db import session
 from storage.models import Decision, Episode, Job, JobKind, Priority, Proposal, Run, Stage
+from storage.payloads import StagePayload
 from storage.settings import RunSettings, SettingsError
 from tests.recorded import BOARDS, CONFIG, recorded_stage, work
 from training.evaluate import EpisodeResult, store_evaluation
@@ -100,7 +101,8 @@ def test_a_stage_handed_back_by_its_ending_worker_reads_queued_not_failed(engine
 
 def split_stage(engine, job, progress):
     """Stage k fails every validation board (BOARDS[4:]) and solves every dev board (BOARDS[:4])."""
-    run_id, k = job.payload["run_id"], job.payload["stage_index"]
+    payload = StagePayload.of(job)
+    run_id, k = payload.run_id, payload.stage_index
     with session(engine) as s:
         store_evaluation(s, run_id, k, "validation", [EpisodeResult(b, "no", score_answer(b, "no"))
                                                       for b in BOARDS[4:]])
@@ -467,7 +469,7 @@ def test_the_stage_a_proposal_with_a_buffer_queues_trains_on_its_boards_then_on_
     from training.stage import stage_args, stage_boards
 
     run_id, config, replay = _replaying_run(engine)
-    args, _ = stage_args(engine, run_id, 1)
+    args = stage_args(engine, run_id, 1)
     assert [b.id for b in args.replay] == [b.id for b in replay]
     boards = stage_boards(args)
     # 16 boards: the 8 replayed (0.5 of them, as SFL's rho asks) as they are, then 8 drawn from the config
@@ -484,7 +486,7 @@ def test_a_stage_without_replayed_boards_draws_every_board_as_before(engine):
                          engineer="fixed")
     for _ in range(2):
         work(engine)  # stage 0, then the proposal, auto-applied: stage 1 queued
-    args, _ = stage_args(engine, run.id, 1)
+    args = stage_args(engine, run.id, 1)
     with session(engine) as s:
         assert stages_of(s, run.id)[1].replay is None
         assert {p.replay for p in s.exec(select(Proposal))} == {None}

@@ -1,7 +1,7 @@
 """The stage loop under concurrency and failure: each step taken once, failures that stop for a person,
 cancels that hold, resume that leaves live work alone, and a database from the previous version upgraded.
 
-The stage job replays recorded answers (tests/test_loop.py); training itself is in tests/test_stage.py.
+The stage job replays recorded answers (tests/test_loop.py); training itself is in tests/training/test_stage.py.
 """
 
 from __future__ import annotations

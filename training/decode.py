@@ -10,7 +10,7 @@ cost.
 Nothing changes but the time: the loop feeds the model the same inputs as `generate` (left padding, positions
 counted from the attention mask, pad after eos), picks tokens as `generate` does (argmax; or the softmax of
 `logits / temperature` through `torch.multinomial` over the whole batch, the ended rows included, so the random
-stream is consumed alike), and stops at the same step. `tests/test_decode.py` checks the answers equal
+stream is consumed alike), and stops at the same step. `tests/training/test_decode.py` checks the answers equal
 `generate`'s, token for token, greedy and sampled.
 """
 

@@ -218,8 +218,9 @@ def refusal(model: Any, plan: StagePlan) -> str | None:
     options = []
     if not plan.lora and (found := first([(LORA_RANK, replace(plan, lora=LORA_RANK))])):
         options.append(f"LoRA (--lora {LORA_RANK}: about {found[1]})")
-    if plan.gpu and (found := first((n, replace(plan, shards=n)) for n in SHARDS if n > plan.shards)):
-        options.append(f"FSDP over {found[0]} GPUs (about {found[1]} each)")
+    if plan.gpu and not plan.lora and (found := first((n, replace(plan, shards=n)) for n in SHARDS
+                                                      if n > plan.shards)):  # as the lab launches them: `launched`
+        options.append(f"--processes {found[0]} (FSDP over {found[0]} GPUs: about {found[1]} each)")
     if not plan.checkpointing and (found := first([(1, replace(plan, checkpointing=True))])):
         options.append(f"--grpo activation_checkpointing=true (about {found[1]})")
     if found := first((c, replace(plan, completion=c)) for c in _halves(plan.completion)):
@@ -263,6 +264,16 @@ def fsdp_needed(model: Any, plan: StagePlan, gpus: int) -> tuple[bool, str]:
     return True, f"{what}: {size(unsharded)} each unsharded, {size(sharded)} with FSDP: using FSDP"
 
 
+def launched(model: Any, plan: StagePlan, processes: int) -> StagePlan:
+    """`plan` (one process's, as a config built outside a launch sees it) as the lab launches it on `processes`
+    processes, one per GPU: under FSDP, its trained state split `processes` ways, where `fsdp_needed` says so; else
+    under DDP, whole on each, as on one. Per process either way: each has its own GPU (on a CPU its share of the
+    machine: `device_memory`)."""
+    if processes > 1 and fsdp_needed(model, plan, processes)[0]:
+        return dataclasses.replace(plan, shards=processes)
+    return plan
+
+
 def prompt_bound(agents: int) -> int:
     """Tokens the longest chat prompt of boards of up to `agents` agents stays under (size 10, Gemma's tokenizer)."""
     return PROMPT_BOUND + PROMPT_PER_AGENT * max(agents - 2, 0)
@@ -277,15 +288,17 @@ def _halves(n: int) -> list[int]:
     return out
 
 
-def plan_of(config: Any, *, lora: int, prompt: int, device_bytes: int | None = None) -> StagePlan:
+def plan_of(config: Any, *, lora: int, prompt: int, device_bytes: int | None = None,
+            processes: int | None = None) -> StagePlan:
     """The plan of a stage with TRL's `config` (a `GRPOConfig`), LoRA rank `lora` and prompts of up to `prompt`
-    tokens, on this process's device (`device_memory`) unless `device_bytes` says otherwise."""
+    tokens, on this process's device (`device_memory`, as a launch of `processes` processes shares it) unless
+    `device_bytes` says otherwise."""
     gpu = not config.use_cpu and torch.cuda.is_available()
     colocated = config.use_vllm and config.vllm_mode == "colocate"
     sharded = bool(getattr(config, "fsdp", None)) or os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true" \
         or os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE") == "3"
     return StagePlan(
-        device_bytes=device_bytes or device_memory(gpu), batch=config.per_device_train_batch_size,
+        device_bytes=device_bytes or device_memory(gpu, processes), batch=config.per_device_train_batch_size,
         generations=config.num_generations, prompt=prompt, completion=config.max_completion_length, lora=lora,
         bf16=bool(config.bf16),
         checkpointing=bool(getattr(config, "activation_checkpointing", None) or config.gradient_checkpointing
@@ -295,15 +308,16 @@ def plan_of(config: Any, *, lora: int, prompt: int, device_bytes: int | None = N
         shards=config.world_size if sharded else 1, gpu=gpu)
 
 
-def device_memory(gpu: bool) -> int:
+def device_memory(gpu: bool, processes: int | None = None) -> int:
     """This process's device memory: its GPU's; on a CPU the machine's (or its cgroup's limit, where lower: a Slurm
-    job or a container is killed there), shared by the processes of this machine (`LOCAL_WORLD_SIZE`)."""
+    job or a container is killed there), shared by the processes of this machine: `processes` (a launch planned
+    from outside it), else those of the launch this process is in (`LOCAL_WORLD_SIZE`)."""
     if gpu:
         return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
     machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     with contextlib.suppress(OSError, ValueError):  # no cgroup v2 limit here ("max", or no such file)
         machine = min(machine, int(CGROUP_LIMIT.read_text()))
-    return machine // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return machine // (processes or int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
 
 # ---------------------------------------------------------------- the table of docs/training.md

@@ -66,7 +66,7 @@ from envsim.suite import VALIDATION_AGENTS, VALIDATION_PER_SIZE, Split, build
 from storage.db import RUNS_SETTING, UnsafePath, checkpoint_of, make_engine, run_folder, runs_root, session, stage_at
 from storage.models import Job, Run, Stage, StageMetric, StageStatus, TrainingLog, utcnow
 from storage.payloads import StagePayload
-from storage.settings import GrpoOverrides, RunSettings
+from storage.settings import RunSettings
 from training import advantage, decode, memory, shared, trackers, vllm
 from training import evaluate as evaluation
 from training.policy import Decoder, Policy, PolicyError, load_policy, local_device, lora_config, policy_folder
@@ -560,10 +560,10 @@ def stage_boards(args: StageArgs, on_board: Callable[[Instance], None] | None = 
     return replayed + generate(args.config, n - len(replayed), seed=args.seed, on_board=on_board)
 
 
-def trainer_for(engine: Engine, args: StageArgs, policy: Policy, grpo: dict[str, Any],
-                progress: Progress) -> tuple[Trainer, Record, int]:
-    """TRL's trainer for the stage (its boards generated, its prompts rendered as the policy is configured), the
-    callback that records it, and the number of boards."""
+def trainer_for(engine: Engine, args: StageArgs, policy: Policy, progress: Progress) -> tuple[Trainer, Record, int]:
+    """TRL's trainer for the stage (its boards generated, its prompts rendered as the policy is configured, its
+    config the run's GRPO overrides, `args.settings.grpo`, on `grpo_config`'s defaults), the callback that records
+    it, and the number of boards."""
     n = args.config.num_instances
     made: Counter[int] = Counter()  # boards kept so far, by agent count
 
@@ -578,9 +578,9 @@ def trainer_for(engine: Engine, args: StageArgs, policy: Policy, grpo: dict[str,
     data = dataset(policy, instances)
     # trainer, once its peak memory fits the device (`training.memory`): else the stage fails saying what would fit
     tracking = trackers.tracking(engine, args.run_id, args.stage_index) \
-        if trackers.reported(GrpoOverrides.model_validate(grpo).report_to) else None
+        if trackers.reported(args.settings.overrides.report_to) else None
     prompt = max(len(policy.tokenizer(p)["input_ids"]) for p in data["prompt"])  # as TRL tokenizes it
-    config = grpo_config(args, grpo, budget, policy.prompt_style, tracking, longest_prompt=prompt)
+    config = grpo_config(args, args.settings.grpo, budget, policy.prompt_style, tracking, longest_prompt=prompt)
     if (why := memory.refusal(policy.model, memory.plan_of(config, lora=args.lora, prompt=prompt))) is not None:
         raise StageError(f"stage {args.stage_index} of run {args.run_id} {why}")
     record = Record(engine, args, progress)
@@ -597,14 +597,14 @@ def trainer_for(engine: Engine, args: StageArgs, policy: Policy, grpo: dict[str,
     return trainer, record, len(instances)
 
 
-def train(engine: Engine, args: StageArgs, policy: Policy, grpo: dict[str, Any], progress: Progress) -> dict[str, Any]:
+def train(engine: Engine, args: StageArgs, policy: Policy, progress: Progress) -> dict[str, Any]:
     """GRPO on `args.config` from `policy` (trained in place); saves it to `args.policy_dir`; TRL's summary.
 
     Every process that trains ends here, the main one before it evaluates: the trainer (its optimizer, TRL's
     colocated vLLM engine) is let go and its memory given back before the policy is saved (`_let_go`), so that
     validation's own vLLM engine finds the GPU free after a large full fine-tune, and the process leaves
     torch.distributed (`_leave_process_group`): the lab's child processes of every rank call only this."""
-    trainer, record, boards = trainer_for(engine, args, policy, grpo, progress)
+    trainer, record, boards = trainer_for(engine, args, policy, progress)
     whole = None
     try:
         summary, bf16, main = _fit(trainer, record, engine, args, policy, boards, progress)
@@ -723,8 +723,9 @@ def checkpoint_path(spec: str) -> str:
     return str(path.resolve()) if path.exists() else spec
 
 
-def stage_args(engine: Engine, run_id: int, stage_index: int) -> tuple[StageArgs, dict[str, Any]]:
-    """The stage's arguments and the run's GRPO overrides, read from the Run and Stage rows."""
+def stage_args(engine: Engine, run_id: int, stage_index: int) -> StageArgs:
+    """The stage's arguments, read from the Run and Stage rows; the run's settings in them carry its GRPO overrides
+    (`args.settings.grpo`, the typed ones the lab reads itself `args.settings.overrides`)."""
     with session(engine) as s:
         run = s.get(Run, run_id)
         if run is None:
@@ -758,10 +759,9 @@ def stage_args(engine: Engine, run_id: int, stage_index: int) -> tuple[StageArgs
     except ValueError as err:
         raise StageError(f"stage {stage_index} of run {run_id} cannot read the boards it replays: {err}; it trains "
                          "on no other boards in their place") from None
-    args = StageArgs(run_id=run_id, stage_index=stage_index, seed=stage_seed(run.seed, stage_index), policy=start,
+    return StageArgs(run_id=run_id, stage_index=stage_index, seed=stage_seed(run.seed, stage_index), policy=start,
                      config=stages[stage_index].config,
                      run_dir=folder, run_uuid=run.uuid, settings=run.settings, run_seed=run.seed, replay=replayed)
-    return args, dict(run.settings.grpo)
 
 
 def _set_stage(engine: Engine, args: StageArgs, **values: Any) -> None:
@@ -773,8 +773,7 @@ def _set_stage(engine: Engine, args: StageArgs, **values: Any) -> None:
         s.commit()
 
 
-def run_stage(engine: Engine, args: StageArgs, grpo: dict[str, Any], progress: Progress,
-              tail: str = "") -> dict[str, Any]:
+def run_stage(engine: Engine, args: StageArgs, progress: Progress, tail: str = "") -> dict[str, Any]:
     """Train (stage > 0), evaluate on the validation set and then on the dev set (when the run has one), store
     episodes and metrics, mark the stage done. Evaluation is greedy: it draws no random number, so the dev set
     changes nothing of what training or the validation results would be without it. `tail` is the job's log tail
@@ -802,7 +801,7 @@ def run_stage(engine: Engine, args: StageArgs, grpo: dict[str, Any], progress: P
             progress(0, None, f"stage {args.stage_index} was trained by an earlier attempt: loading {args.policy_dir}")
             loaded.append(load_policy(str(args.policy_dir), device=device).configured(args.settings))
         elif args.stage_index > 0:
-            trained = train(engine, args, policy(), grpo, progress)
+            trained = train(engine, args, policy(), progress)
         else:
             trained = {}
         checkpoint = checkpoint_path(args.policy) if args.stage_index == 0 else args.stored_checkpoint
@@ -933,8 +932,7 @@ def _metrics(engine: Engine, args: StageArgs, split: Split) -> list[StageMetric]
 def run_stage_job(engine: Engine, job: Job, progress: Progress) -> dict[str, Any]:
     """The `stage` job (docs/loop.md): payload a `StagePayload`."""
     payload = StagePayload.of(job)
-    args, grpo = stage_args(engine, payload.run_id, payload.stage_index)
-    return run_stage(engine, args, grpo, progress, job.log_tail or "")
+    return run_stage(engine, stage_args(engine, payload.run_id, payload.stage_index), progress, job.log_tail or "")
 
 
 # ---------------------------------------------------------------- how a stage starts on several GPUs
@@ -955,14 +953,14 @@ def needs_fsdp(engine: Engine, run_id: int, stage_index: int, gpus: int,
 
     from training.policy import prompt_style_of
 
-    args, grpo = stage_args(engine, run_id, stage_index)
+    args = stage_args(engine, run_id, stage_index)
     if stage_index == 0:
         return False, f"stage 0 of run {run_id} evaluates only: no FSDP"
     architecture = AutoConfig.from_pretrained(policy_folder(args.policy))
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(architecture, dtype=start_dtype(args) or torch.bfloat16)
     completion = args.settings.completion_length or evaluation.CHAT_BUDGET
-    config = grpo_config(args, grpo, completion, prompt_style_of(args.policy))
+    config = grpo_config(args, args.settings.grpo, completion, prompt_style_of(args.policy))
     plan = memory.plan_of(config, lora=args.lora, prompt=memory.PROMPT_BOUND, device_bytes=device_bytes)
     return memory.fsdp_needed(model, plan, gpus)
 
@@ -971,6 +969,8 @@ def memory_refusal(settings: RunSettings, config: EnvConfig, policy: str) -> str
     """Why a run of `policy` with `settings`, starting from `config`, cannot train on this process's device, in one
     line (`memory.refusal`: what it needs and a setting that would fit), or None where its stages fit; read before
     the run is stored, so that a stage that cannot fit is refused then, not killed by the kernel minutes into it.
+    Per process of the `settings.processes` its stages are launched on, as the worker launches them
+    (`memory.launched`: FSDP where a full fine-tune fits no GPU unsharded, else DDP's copy on each).
 
     Its stages as `grpo_config` builds them (the run's GRPO overrides on the policy's defaults), the run's completion
     budget (its `completion_length`, else the chat budget, which bounds a compact policy's too), prompts of its most
@@ -998,7 +998,9 @@ def memory_refusal(settings: RunSettings, config: EnvConfig, policy: str) -> str
         return None
     agents = max([*config.agent_ratio, *(settings.agent_counts or ())])
     trl = grpo_config(args, settings.grpo, settings.completion_length or evaluation.CHAT_BUDGET, style)
-    return memory.refusal(model, memory.plan_of(trl, lora=settings.lora, prompt=memory.prompt_bound(agents)))
+    processes = settings.processes or 1  # each with its own GPU, or its share of this machine's memory
+    plan = memory.plan_of(trl, lora=settings.lora, prompt=memory.prompt_bound(agents), processes=processes)
+    return memory.refusal(model, memory.launched(model, plan, processes))
 
 
 # ---------------------------------------------------------------- multi-GPU entry point
@@ -1028,13 +1030,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             log.info("%s/%s %s", step, total, line)
         return False
 
-    args, grpo = stage_args(engine, opts.run, opts.stage)
+    args = stage_args(engine, opts.run, opts.stage)
     try:
         if not main_process:  # the others train with it (unless it is trained); evaluation and rows are the main's
             if args.adoptable_marker() is None:
-                train(engine, args, start_policy(args, local_device()), grpo, progress)
+                train(engine, args, start_policy(args, local_device()), progress)
             return 0
-        print(run_stage(engine, args, grpo, progress))
+        print(run_stage(engine, args, progress))
         return 0
     finally:
         _leave_process_group()

@@ -262,7 +262,7 @@ def serve_for_job(engine: Any, job: Any, gpus: Sequence[str] = (),
         run = s.get(Run, StagePayload.of(job).run_id)
     # a run's own server URL is not a setting it may make (`storage.settings.GRPO_FIELDS`): the worker's serves it
     grpo = run.settings.overrides if run is not None else None
-    if not (grpo and grpo.use_vllm and grpo.vllm_mode == "server"):
+    if not (grpo and grpo.vllm_server):
         return None, tuple(gpus)
     train, served = split_for_server(gpus, vllm_gpus)
     return ensure_server(policy_folder(run.policy), ",".join(served) or None).url, train

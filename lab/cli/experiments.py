@@ -18,7 +18,7 @@ from lab.cli.runs import stage_line
 from lab.engineers import names as engineer_names
 from lab.llm import LLMError, allow_server
 from lab.settings import MAX_BOARDS, Count, counts_text, settings_arguments, settings_file, settings_from_args
-from storage.settings import MATCH_MODES, PRIMARY_RATES, Held
+from storage.settings import MATCH_MODES, PRIMARY_RATES, PROCESSES, Held
 
 SEEDS = Count(1, 100, "every seed is one more run of every arm", "an experiment runs at least 1 seed")
 THREADS = Count(1, 1024, "more torch threads than a machine has cores only slows it down", "at least 1 thread")
@@ -341,7 +341,7 @@ def _new_command(verbs: argparse._SubParsersAction) -> None:
                    help="even the answers the arms generate per stage where an arm probes configs (learnability): "
                         "extra (the default) gives the arms that probe less extra GRPO steps per trained stage whose "
                         "rollouts equal the probe answers; trim takes steps off the probing arm's stages instead")
-    s.add_argument("--processes", type=int, default=1, metavar="N",
+    s.add_argument("--processes", type=PROCESSES, default=1, metavar="N",
                    help="the processes each stage is launched on (the GPUs of each worker that trains it; default 1): "
                         "a stage's steps are counted, its GRPO settings checked and its compute matched for them")
     s.add_argument("--db", help=DB_HELP)

@@ -7,6 +7,7 @@ import argparse
 import os
 import sys
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
@@ -78,13 +79,34 @@ def _initial(args: argparse.Namespace) -> tuple[EnvConfig, dict]:
     return config, scenario.grpo
 
 
-def _new_run(s: Session, args: argparse.Namespace) -> Run:
+def run_gpus(visible: Sequence[str], processes: int) -> list[str]:
+    """The GPUs `envlab run` trains a run planned for `processes` processes on (`RunSettings.processes`): the first
+    `processes` of the `visible` ones, a process on each (its other GPUs stay idle: the stage's steps were counted for
+    `processes`); none for one process on a machine without a GPU (the CPU trains it).
+
+    Raises:
+        UsageError: fewer GPUs are visible than the run's processes, before anything is stored or trained.
+    """
+    if processes == 1 and not visible:
+        return []
+    if len(visible) < processes:
+        shown = f"only {len(visible)} ({','.join(visible)})" if visible else "none"
+        raise UsageError(f"--processes {processes}: a stage of this run is launched on {processes} processes, one per "
+                         f"GPU, and this machine shows {shown} (CUDA_VISIBLE_DEVICES); give --processes "
+                         f"{max(1, len(visible))}, or run it on a machine of {processes} GPUs")
+    return list(visible[:processes])
+
+
+def _new_run(s: Session, args: argparse.Namespace, visible: Sequence[str] = ()) -> Run:
+    """The run these flags make, refused before it is stored where its processes find too few of the `visible`
+    GPUs (`run_gpus`)."""
     from lab.loop import LoopError, create_run
     from storage.settings import SettingsError
 
     config, scenario_grpo = _initial(args)
     try:
         settings = settings_from_args(args, grpo=grpo_overrides(args.grpo), grpo_under=scenario_grpo)
+        run_gpus(visible, settings.processes or 1)
         return create_run(s, name=args.name, config=config, settings=settings, policy=args.policy,
                           engineer=args.engineer or "heuristic", engineer_backend=args.backend or "", seed=args.seed)
     except SettingsError as err:
@@ -135,16 +157,17 @@ def cmd_run(args: argparse.Namespace) -> None:
         except LLMError as err:  # a password in it: never echoed, never stored
             raise UsageError(str(err)) from None
     engine = engine_of(args.db)
-    gpus = visible_gpus()
-    warm_children(engine, gpus)  # its imports beside this process's own (a new run's settings import TRL here)
+    visible = visible_gpus()
+    warm_children(engine, visible)  # its imports beside this process's own (a new run's settings import TRL here)
     with session(engine) as s:
         if args.resume is not None:
             run = s.get(Run, args.resume)
             if run is None:
                 raise UsageError(f"--resume {args.resume}: no such run")
         else:
-            run = _new_run(s, args)
+            run = _new_run(s, args, visible)
         stages, auto_apply = run.settings.stages, run.settings.auto_apply
+    gpus = run_gpus(visible, run.settings.processes or 1)  # its worker launches as many as its stages were planned for
     if args.resume is not None:
         try:
             requeued = (switch_engineer(engine, run.id, args.engineer, args.backend or "") if args.engineer

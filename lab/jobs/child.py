@@ -40,13 +40,13 @@ def _other_rank(engine, job: Job) -> None:
     from training.policy import local_device
     from training.stage import stage_args, start_policy, train
 
-    args, grpo = stage_args(engine, payload.run_id, payload.stage_index)
+    args = stage_args(engine, payload.run_id, payload.stage_index)
     if args.adoptable_marker() is None:
         from lab.jobs.worker import ENDING
         from training.progress import Cancelled
 
         try:  # its vote to stop is its own signal (`ENDING`); the main process's counts the job's rows too
-            train(engine, args, start_policy(args, local_device()), grpo, lambda *a, **k: ENDING.is_set())
+            train(engine, args, start_policy(args, local_device()), lambda *a, **k: ENDING.is_set())
         except Cancelled:  # stopped with the main process, at the same step, after the checkpoint all saved
             return
 

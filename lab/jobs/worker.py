@@ -586,7 +586,9 @@ def run_worker(engine: Engine, handlers: dict[str, Handler | InChild], options: 
     Each poll first reaps running jobs whose heartbeat is older than `stale_s` (their worker died), then claims the
     most urgent queued job this worker can run (`storage.queue.claim`: a person's before an experiment's, then the
     oldest). A handler that is an `InChild` runs in a child process on the worker's GPUs (`run_child`). A job of a
-    kind with no handler is claimed and failed with a message naming the kinds this worker runs.
+    kind with no handler is claimed and failed with a message naming the kinds this worker runs. A training stage
+    planned for another count of processes than this worker launches (one per GPU it owns, one without a GPU) is
+    left queued for a worker of that many, and the log says so once per job (`storage.queue.planned_elsewhere`).
     """
     if options.nice > 0:
         os.nice(options.nice)
@@ -600,13 +602,16 @@ def run_worker(engine: Engine, handlers: dict[str, Handler | InChild], options: 
     log.info("worker %s: polling every %gs for %s%s", worker_id, poll_s, ", ".join(handlers),
              f" on GPUs {','.join(gpus)}" if gpus else " (no GPU)")
     seen: dict[int, tuple[datetime, datetime]] = {}  # the reaper's first look at each stale job
+    launches, left = launch_counts(gpus, options.vllm_gpus), set()  # its launches' processes; the jobs it leaves
     while not stop.is_set():
         try:
             with session(engine) as s:
                 for reaped in queue.reap_stale(s, stale_s, seen):
                     log.warning("job %s (%s) reaped: %s", reaped.id, reaped.kind, reaped.error)
                 job = queue.claim(s, worker_id, gpu=bool(gpus), run_id=options.run_id, kinds=options.kinds,
-                                  by_run=options.by_run)
+                                  by_run=options.by_run, processes=launches[0], served=launches[1])
+                if job is None:
+                    _say_left(s, launches, options, left)
         except OSError as err:  # the database's disk is full: nothing claimed, nothing lost; look again later
             if not full_disk(err):
                 raise
@@ -640,6 +645,40 @@ def run_worker(engine: Engine, handlers: dict[str, Handler | InChild], options: 
         idle_since = time.monotonic()
     log.info("worker %s: stopped after %d jobs", worker_id, ran)
     return ran
+
+
+def launch_counts(gpus: Sequence[str], vllm_gpus: Sequence[str] = ()) -> tuple[int, int]:
+    """The processes a worker that owns `gpus` launches a stage on: one per GPU (one without a GPU), and for a stage
+    in vLLM's server mode one per GPU left beside its server's (`training.vllm.split_for_server`). A worker that
+    cannot serve (one GPU, no `vllm_gpus`) counts its GPUs for both, so it takes such a stage and fails it saying
+    why, rather than leave it queued unsaid."""
+    try:
+        served = max(1, len(vllm.split_for_server(gpus, vllm_gpus)[0]))
+    except vllm.VLLMError:
+        served = max(1, len(gpus))
+    return max(1, len(gpus)), served
+
+
+def _say_left(s: Any, launches: tuple[int, int], options: WorkerOptions, said: set[int]) -> None:
+    """One log line for each queued job this worker leaves because it was planned for another count of processes,
+    the first time it finds it so (`said`: the ids it named); `launches`: `launch_counts`'."""
+    for job in queue.planned_elsewhere(s, launches[0], gpu=bool(options.gpus), run_id=options.run_id,
+                                       kinds=options.kinds, served=launches[1]):
+        if job.id not in said:
+            said.add(job.id)
+            log.warning("job %s (%s, run %s stage %s) left queued: %s", job.id, job.kind, job.run_id, job.target,
+                        left_why(job, launches[1] if job.vllm_server else launches[0]))
+
+
+def left_why(job: Job, processes: int) -> str:
+    """Why a worker that launches `processes` processes for `job` leaves it, planned for another count, in words."""
+    if job.vllm_server:
+        return (f"it is planned for {job.processes} processes beside the worker's vLLM server (its steps were counted "
+                f"for them), and this worker launches {processes} beside its server; a worker of {job.processes} "
+                f"GPUs besides its server's (--gpus, --vllm-gpus) trains it")
+    return (f"it is planned for {job.processes} processes (its steps were counted for them), and this worker launches "
+            f"{processes} ({'one per GPU it owns' if processes > 1 else 'it owns one GPU or none'}); a worker of "
+            f"{job.processes} GPUs (--gpus) trains it")
 
 
 def hand_back_orphans(engine: Engine) -> list[Job]:
@@ -734,16 +773,12 @@ def parse_gpus(text: str | None) -> list[str]:
     return gpus
 
 
-def split_gpus(gpus: Sequence[str], workers: int) -> list[list[str]]:
-    """`gpus` shared out between `workers` workers in contiguous blocks (the first ones get one more where they do
-    not divide); a worker gets none where there are fewer GPUs than workers."""
-    size, extra = divmod(len(gpus), workers)
-    out, at = [], 0
-    for k in range(workers):
-        n = size + (1 if k < extra else 0)
-        out.append(list(gpus[at:at + n]))
-        at += n
-    return out
+def split_gpus(gpus: Sequence[str], workers: int, each: int = 1) -> list[list[str]]:
+    """`gpus` shared out between `workers` workers in contiguous blocks of `each` (the processes their stages were
+    planned for: a worker claims only stages of as many processes as it owns GPUs); a worker gets none where fewer
+    than `each` are left, and GPUs beyond the workers' blocks stay idle (a block of another size would launch stages
+    on other counts of processes than their steps were counted for)."""
+    return [list(gpus[k * each:(k + 1) * each]) if (k + 1) * each <= len(gpus) else [] for k in range(workers)]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -889,13 +924,17 @@ def worker_status(engine: Engine, starting_since: float | None = None,
                                   "stale job, and the Train tab can queue it again.")
     if queued:
         waited = (now - queued[0].created_at).total_seconds()
+        planned = next((j for j in queued if (j.processes or 1) > 1), None)
+        also = (f" Job {planned.id} ({planned.kind}) is planned for {planned.processes} processes: only a worker of "
+                f"{planned.processes} GPUs takes it (`envlab worker --gpus`)." if planned else "")
         if starting_since is not None and time.monotonic() - starting_since < WORKER_START_S:
             return WorkerState.WAITING, (f"{len(queued)} job(s) queued, waiting for the worker this lab started, "
-                                         "which is starting.")
+                                         f"which is starting.{also}")
         if waited > QUEUE_PATIENCE_S:
             return WorkerState.DOWN, (f"{len(queued)} job(s) queued, the oldest for {waited:.0f} s, and no worker "
-                                      "has taken one: no worker seems to be running. Start one with `envlab worker`.")
-        return WorkerState.WAITING, f"{len(queued)} job(s) queued, waiting for a worker."
+                                      "has taken one: no worker seems to be running. Start one with `envlab worker`."
+                                      f"{also}")
+        return WorkerState.WAITING, f"{len(queued)} job(s) queued, waiting for a worker.{also}"
     return WorkerState.IDLE, "Worker idle: no jobs queued."
 
 

@@ -15,19 +15,20 @@ from sqlalchemy import Engine
 
 from envsim.config import AGENT_RATIO, KNOB_HELP, KNOBS, ConfigError, EnvConfig, mix_text, project
 from envsim.generator import placement
-from envsim.suite import VALIDATION_AGENTS
 from lab.archive import ArchiveError, export_run, import_archive, read_manifest
 from lab.engineers import names
 from lab.loop import LoopError, missing_checkpoint
 from lab.pages.common import BAD_ROW, KNOB_COLUMNS, Page, config_from_table, config_rows, no_progress, table, when
 from lab.pages.tempfiles import EXPORTS, FILES_AGE_S, sweep
 from lab.proposals import fill_check
-from lab.runs import new_run, run_list, waiting_proposals
+from lab.runs import RunRow, Waiting, new_run, run_list, waiting_proposals
 from lab.settings import MAX_BOARDS, SEED
 from lab.settings import agent_counts as read_agent_counts
 from lab.settings import validation_agents as read_validation_agents
 from lab.text import NAME_LIMIT, TEXT_LIMIT, as_text
 from storage.settings import MAX_STAGES, NEW_RUN, RunSettings
+
+DECLARED = RunSettings.model_fields  # each setting's declaration: the form's defaults are theirs
 
 
 def ordered_runs(engine: Engine) -> list[Any]:
@@ -36,16 +37,20 @@ def ordered_runs(engine: Engine) -> list[Any]:
     return sorted(run_list(engine), key=lambda row: row.run.experiment_id is not None)
 
 
-def run_choices(engine: Engine) -> list[tuple[str, int]]:
-    """The "Open run" dropdown's choices: the lab's own runs newest first, then the experiments'."""
-    return [(f"#{row.run.id} {row.run.name} ({row.run.status})", row.run.id) for row in ordered_runs(engine)]
+def run_choices(engine: Engine, ordered: Sequence[RunRow] | None = None) -> list[tuple[str, int]]:
+    """The "Open run" dropdown's choices: the lab's own runs newest first, then the experiments'. `ordered`: the
+    runs as `ordered_runs` read them already (None: read now)."""
+    ordered = ordered_runs(engine) if ordered is None else ordered
+    return [(f"#{row.run.id} {row.run.name} ({row.run.status})", row.run.id) for row in ordered]
 
 
-def runs_table(engine: Engine) -> dict[str, Any]:
-    """Every run, with the proposal that waits for a decision in it (the banner above the tabs links each)."""
-    waiting = {w.run_id: w for w in waiting_proposals(engine)}
+def runs_table(engine: Engine, ordered: Sequence[RunRow] | None = None,
+               waiting: Sequence[Waiting] | None = None) -> dict[str, Any]:
+    """Every run, with the proposal that waits for a decision in it (the banner above the tabs links each).
+    `ordered` and `waiting`: the runs and the waiting proposals as read already (None: read now)."""
+    waiting = {w.run_id: w for w in (waiting_proposals(engine) if waiting is None else waiting)}
     rows = []
-    for row in ordered_runs(engine):
+    for row in ordered_runs(engine) if ordered is None else ordered:
         r = row.run
         engineer = r.engineer + (f" ({r.engineer_backend})" if r.engineer_backend else "")
         try:
@@ -230,13 +235,14 @@ def build(page: Page) -> RunsTab:
             agents = gr.Textbox(label="Agents per training board (count=share, e.g. 2=0.5, 3=0.5)",
                                 value=mix_text(default.agent_ratio), max_lines=1)
             seed = gr.Number(label="Seed", value=0)
-            auto = gr.Checkbox(label="Auto-apply proposals (no review)", value=False)
+            auto = gr.Checkbox(label="Auto-apply proposals (no review)", value=DECLARED["auto_apply"].default)
         with gr.Row():
             counts = gr.Textbox(label="Agent counts the engineer may use (e.g. 2,3,4)", max_lines=1,
                                 placeholder="the initial config's", elem_id="new-agent-counts",
                                 info="the counts an engineer may put in a stage's agent mix (--agent-counts)")
             validation = gr.Textbox(label="Validation agents (e.g. 3,4,5)", max_lines=1,
-                                    value=",".join(map(str, VALIDATION_AGENTS)), elem_id="new-validation-agents",
+                                    value=",".join(map(str, DECLARED["validation_agents"].default)),
+                                    elem_id="new-validation-agents",
                                     info="the agent counts of the validation and dev boards, each on sizes "
                                          "max(3, K)..10 (--validation-agents)")
         description = gr.Textbox(label="Description (optional)", lines=1, max_length=TEXT_LIMIT)

@@ -63,7 +63,7 @@ from lab.pages import compare, episode, leaderboard, playground, proposal, revie
 from lab.pages.auth import Guard, allowed_hosts
 from lab.pages.common import VIEW, Page, no_progress
 from lab.pages.tempfiles import FILES_AGE_S, SWEEP_S, QuotaGate, private_temp
-from lab.runs import LabVersion, lab_version, run_list, run_of_episode, run_of_proposal, waiting_proposals
+from lab.runs import LabVersion, Waiting, lab_version, run_list, run_of_episode, run_of_proposal, waiting_proposals
 from lab.study.example import IMPORTING, ensure_example, import_studies, shipped_choice, studies_missing
 from storage.db import DatabaseUnusable, keep_private, open_database, runs_root
 
@@ -124,13 +124,13 @@ def worker_badge(engine: Engine, own_worker: bool = True, kept: KeptWorker | Non
         "`envlab worker`", "<code>envlab worker</code>")
 
 
-def waiting_banner(engine: Engine) -> str:
+def waiting_banner(engine: Engine, waiting: Sequence[Waiting] | None = None) -> str:
     """Every proposal that waits for a decision, each a link that opens it: shown above the tabs, so a new
-    one is seen from any tab."""
+    one is seen from any tab. `waiting`: those proposals as read already (None: read now)."""
     items = [f'<a href="?proposal={w.proposal_id}">Proposal #{w.proposal_id}</a> waits for your decision '
              f'(run #{w.run_id} {html.escape(w.run_name)}, for stage {w.for_stage}'
              + ("; the engineer\'s answer failed: edit it or reject it" if w.failed else "") + ")"
-             for w in waiting_proposals(engine)]
+             for w in (waiting_proposals(engine) if waiting is None else waiting)]
     return "" if not items else '<div class="waiting-bar"><b>Waiting for you:</b> ' + " · ".join(items) + "</div>"
 
 
@@ -256,13 +256,14 @@ class Tabs:
         together (to `run_id`); without, only its choices, which only grow, so the value the browser holds
         stays among them (the poll's way: it must not undo a run opened meanwhile)."""
         engine = self.page.engine
-        choices = runs.run_choices(engine)
+        ordered, waiting = runs.ordered_runs(engine), waiting_proposals(engine)  # read once for all three
+        choices = runs.run_choices(engine, ordered)
         ids = [choice[1] for choice in choices]
         pick = gr.update(choices=choices, value=run_id if run_id in ids else None) if select else \
             gr.update(choices=choices)
-        return {self.page.run_pick: pick, self.runs.table: runs.runs_table(engine),
+        return {self.page.run_pick: pick, self.runs.table: runs.runs_table(engine, ordered, waiting),
                 self.page.worker: worker_badge(engine, self.page.own_worker, self.page.kept),
-                self.waiting: waiting_banner(engine)}
+                self.waiting: waiting_banner(engine, waiting)}
 
     def draw(self, tab: str, run_id: int | None, proposal_id: int | None = None,
              stage_index: int | None = None) -> dict[Any, Any]:
@@ -552,7 +553,15 @@ def launch(demo: gr.Blocks, host: str = "127.0.0.1", port: int | None = None,
     guard_first(demo.server_app)
     if block:
         print(f"envlab: serving on http://{host}:{demo.server_port}", flush=True)
+        threading.Thread(target=warm, name="envlab-warm", daemon=True).start()
         demo.block_thread()
+
+
+def warm() -> None:
+    """What the page leaves out of its start and needs later, imported once it serves: scipy, for the Compare tab's
+    intervals and tests (`lab.study.comparison`), a fifth of the page's import time (docs/worker.md)."""
+    import scipy.optimize  # noqa: F401
+    import scipy.stats  # noqa: F401
 
 
 def guard_first(server: Any) -> None:

@@ -42,24 +42,25 @@ import csv
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import plotly.graph_objects as go
-from plotly.colors import qualitative
-from plotly.subplots import make_subplots
-from scipy import optimize, stats
 from sqlalchemy import Engine, func
 from sqlmodel import Session, select
 
 from envsim.suite import FIRST_AGENTS, Split
-from lab.results import stage_summaries
+from lab.results import runs_summaries
 from lab.settings import counts_text
 from lab.study.experiments import MATCH_WORDS, arm_names, arms_of, experiment_runs, find_experiment, match_text
 from lab.text import as_text
 from storage.db import session
 from storage.models import Experiment, Job, JobKind, ProbeCompute, Proposal, Run, Stage, StageMetric, StageStatus
 from storage.settings import ExperimentSettings, Held, HeldConfigs
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
 
 LEVEL = 0.95  # the intervals' coverage
 ALPHA = 0.05  # the paired t tests' level (two-sided): the detectable difference's, and Holm's family-wise
@@ -96,6 +97,8 @@ class Estimate:
 
 def t_interval(values: Sequence[float], level: float = LEVEL) -> tuple[float, float]:
     """Student's t interval of the mean of `values`: mean +- t((1 + level) / 2, n - 1) x sd / sqrt(n)."""
+    from scipy import stats  # here, not at the top: the page starts without scipy (`lab.pages.web.warm`)
+
     x = np.asarray(values, dtype=float)
     mean = float(x.mean())
     if len(x) == 1:
@@ -108,6 +111,8 @@ def welch_interval(a: Sequence[float], b: Sequence[float], level: float = LEVEL)
     """Welch's t interval of mean(a) - mean(b) for two unpaired samples of unequal spread: the difference +-
     t((1 + level) / 2, df) x sqrt(var(a) / n_a + var(b) / n_b), df by Welch-Satterthwaite; returns (low, high, df).
     None where either sample has fewer than 2 values (no spread to measure); a point where neither has spread."""
+    from scipy import stats
+
     x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     if len(x) < 2 or len(y) < 2:
         return None
@@ -123,11 +128,14 @@ def welch_interval(a: Sequence[float], b: Sequence[float], level: float = LEVEL)
 def t_power(difference: float, sd: float, n: int, alpha: float = ALPHA) -> float:
     """The power of a two-sided paired (one-sample) t test at `alpha` on `n` pairs whose differences have this sd,
     when the true mean difference is `difference`: P(|T| > t(1 - alpha/2, n-1)) under the noncentral t."""
+    from scipy import stats
+
     df, crit = n - 1, stats.t.ppf(1 - alpha / 2, n - 1)
     ncp = difference / (sd / np.sqrt(n))
     return float(stats.nct.sf(crit, df, ncp) + stats.nct.sf(crit, df, -ncp))  # the far tail by symmetry: no NaN
 
 
+@cache  # a pure function, asked again for the same difference by each table that shows it
 def detectable(sd: float, n: int, alpha: float = ALPHA, power: float = POWER) -> float | None:
     """The smallest true mean difference that `n` paired seeds detect with `power` (two-sided paired t test at
     `alpha`, differences of standard deviation `sd`); None with fewer than 2 seeds."""
@@ -136,6 +144,8 @@ def detectable(sd: float, n: int, alpha: float = ALPHA, power: float = POWER) ->
     if sd == 0:
         return 0.0
     se = sd / np.sqrt(n)
+    from scipy import optimize
+
     high = 4 * se  # power grows with the difference: double the bracket until it holds the answer
     while t_power(high, sd, n, alpha) < power:
         high *= 2
@@ -146,6 +156,8 @@ def paired_p(values: Sequence[float]) -> float | None:
     """The two-sided p of the paired t test that the mean difference is 0: 2 P(T > |mean| / (sd / sqrt(n))), T
     Student's t with n - 1 degrees of freedom. None with fewer than 2 values; with no spread, 1 when every difference
     is 0 and 0 otherwise (as the t interval: a point)."""
+    from scipy import stats
+
     x = np.asarray(values, dtype=float)
     if len(x) < 2:
         return None
@@ -322,7 +334,7 @@ class Comparison:
 
 
 def comparison(engine: Engine, key: str | int) -> Comparison:
-    """Read an experiment's runs and their validation results (`stage_summaries`, one query per run), and what
+    """Read an experiment's runs and their validation results (`runs_summaries`, one query for all), and what
     every arm spent (`Spent`: its proposals' probes, trained stages, validation and dev episodes and jobs' times)."""
     experiment = find_experiment(engine, key)
     stages = experiment.settings.stages
@@ -333,8 +345,9 @@ def comparison(engine: Engine, key: str | int) -> Comparison:
     sizes: set[int] = set()
     counts: set[int] = set()
     with session(engine) as s:
+        read = runs_summaries(s, [run.id for run in runs.values()])
         for (arm, seed), run in runs.items():
-            summaries = stage_summaries(s, run.id)
+            summaries = read.get(run.id, {})
             for k, summary in summaries.items():
                 tallies = {POOLED: summary.pooled, **summary.by_size}
                 sizes.update(summary.by_size)
@@ -891,7 +904,12 @@ def _rgba(colour: str, alpha: float) -> str:
 
 def curves_figure(compared: Comparison, rates: tuple[Rate, ...] = (Rate.VALID,)) -> go.Figure:
     """Per rate, one panel: for each arm (one colour each) its mean curve over stages (trace named by the arm),
-    its 95% interval as a band (`<arm> interval`) and one dot per seed (`<arm> seeds`)."""
+    its 95% interval as a band (`<arm> interval`) and one dot per seed (`<arm> seeds`). Plotly is imported here, not
+    with the module: `envlab run`'s commands read this module and draw nothing (a GPU machine carries no Plotly)."""
+    import plotly.graph_objects as go
+    from plotly.colors import qualitative
+    from plotly.subplots import make_subplots
+
     fig = make_subplots(rows=1, cols=len(rates), subplot_titles=[f"validation {r} rate" for r in rates])
     palette = qualitative.D3  # Tableau 10: five arms in five hues apart (Plotly's own puts blue beside purple)
     for col, rate in enumerate(rates, 1):

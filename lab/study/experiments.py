@@ -362,12 +362,18 @@ def _create_runs(s: Session, experiment: Experiment, arms: Sequence[Arm]) -> Non
             try:
                 create_run(s, name=_run_name(experiment.name, arm.name, seed), config=config,
                            settings=shared.model_copy(update={"context_preset": arm.context, "context": None,
-                                                              "held_configs": arm.held, "grpo": grpo}),
+                                                              "held_configs": arm.held, "grpo": grpo,
+                                                              "processes": _processes(experiment)}),
                            policy=experiment.policy, engineer=arm.engineer, engineer_backend=arm.backend, seed=seed,
                            description=f"experiment {experiment.name!r}, arm {arm.name!r}, seed {seed}",
-                           experiment_id=experiment.id, arm=arm.name, processes=experiment.settings.processes)
+                           experiment_id=experiment.id, arm=arm.name)
             except LoopError as err:
                 raise ExperimentError(str(err)) from err
+
+
+def _processes(experiment: Experiment) -> int | None:
+    """The processes `experiment`'s runs record (`RunSettings.processes`): None for one, as a run's default says."""
+    return experiment.settings.processes if experiment.settings.processes > 1 else None
 
 
 def add_arms(engine: Engine, key: str | int, arms: Sequence[str | Arm]) -> list[Run]:
@@ -713,20 +719,27 @@ def run_experiment(engine: Engine, db: str | None, key: str | int, *, workers: i
     up every run where it stopped. `on_progress` is called after every poll. With `benchmark`, each run's last
     stage is then evaluated on the benchmark (`queue_benchmarks`) before the workers stop. `say` hears what was
     resumed. `threads` sets each worker's torch threads (OMP_NUM_THREADS; None: torch's own choice). The
-    visible GPUs are shared out between the workers (`lab.jobs.worker.split_gpus`): worker k owns its block. The
-    workers claim the oldest run's jobs first (`storage.queue.claim`'s `by_run`): a study stopped midway has its
-    first seeds whole, every arm paired, rather than every run half-trained.
+    visible GPUs are shared out between the workers (`lab.jobs.worker.split_gpus`): worker k owns a block of as many
+    as the experiment's stages were planned for (`ExperimentSettings.processes`), the only stages it claims; an
+    experiment of more processes than this machine shows GPUs is refused before anything runs. The workers claim
+    the oldest run's jobs first (`storage.queue.claim`'s `by_run`): a study stopped midway has its first seeds whole,
+    every arm paired, rather than every run half-trained.
     """
     if workers < 1:
         raise ExperimentError(f"workers = {workers}: run at least 1 worker")
     experiment = find_experiment(engine, key)
+    visible, processes = visible_gpus(), experiment.settings.processes
+    if processes > 1 and len(visible) < processes:
+        raise ExperimentError(f"experiment {experiment.name!r} is planned for {processes} processes a stage, one per "
+                              f"GPU, and this machine shows {len(visible)} GPU(s) (CUDA_VISIBLE_DEVICES): run it on a "
+                              f"machine of {processes} GPUs or more")
     for line in restart(engine, experiment.id):
         if say is not None:
             say(line)
     folder = log_dir(engine, experiment)
     folder.mkdir(parents=True, exist_ok=True)
     env = {"OMP_NUM_THREADS": str(threads)} if threads else None
-    shares = split_gpus(visible_gpus(), workers)  # each worker owns its own GPUs (none where there are too few)
+    shares = split_gpus(visible, workers, processes)  # each worker owns its own GPUs (none where too few are left)
     # `--by-run`: the oldest run's jobs first, so the runs (queued seed by seed) end seed by seed
     procs = [start_worker(db, options=["--poll", str(min(poll_s, 1.0)), "--gpus", ",".join(gpus) or "none",
                                        "--by-run"], die_with_parent=True, log=folder / f"worker-{i}.log", env=env)

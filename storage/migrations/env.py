@@ -5,7 +5,7 @@
 
     .venv/bin/alembic -c storage/alembic.ini revision --autogenerate -m "what changed"
 
-(the database is the `ENVLAB_DB` setting). Then check that `tests/test_storage.py` still finds no
+(the database is the `ENVLAB_DB` setting). Then check that `tests/storage/test_storage.py` still finds no
 difference between the models and the head revision.
 """
 

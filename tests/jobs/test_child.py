@@ -250,7 +250,10 @@ def test_the_childs_command_and_environment_follow_the_workers_gpus(empty_lab, m
     monkeypatch.setenv("ENVLAB_ALLOW_DOWNLOADS", "1")
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     assert "HF_HUB_OFFLINE" not in child_env(empty_lab, [])
-    assert split_gpus(["0", "1", "2"], 2) == [["0", "1"], ["2"]] and split_gpus(["0"], 3) == [["0"], [], []]
+    # blocks of a stage's processes: a worker owns as many GPUs as the stages it claims were planned for
+    assert split_gpus(["0", "1", "2"], 2) == [["0"], ["1"]] and split_gpus(["0"], 3) == [["0"], [], []]
+    assert split_gpus(["0", "1", "2", "3"], 2, each=2) == [["0", "1"], ["2", "3"]]
+    assert split_gpus(["0", "1", "2"], 2, each=2) == [["0", "1"], []]
 
 
 def test_two_multi_gpu_stages_on_one_node_meet_at_two_different_free_ports(empty_lab):

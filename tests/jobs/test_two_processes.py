@@ -4,10 +4,8 @@ left alive."""
 
 from __future__ import annotations
 
-import os
 import threading
 import time
-from pathlib import Path
 
 from sqlmodel import select
 
@@ -19,19 +17,9 @@ from storage import queue
 from storage.db import run_folder, session
 from storage.models import Job, JobStatus, Run, Stage, StageStatus
 from storage.settings import RunSettings
+from tests.slurm_cluster import _alive
 
 CONFIG = EnvConfig.default(sizes=(3, 4), num_instances=32)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _stage_1_claimed(engine) -> Job:
@@ -82,3 +70,23 @@ def test_a_stop_reaches_every_rank_of_a_two_process_stage_which_saves_and_leaves
         folder = run_folder(empty_lab, s.exec(select(Run)).one().uuid) / "stage-1" / "trl" / checkpoint
     assert (folder / "trainer_state.json").is_file()
     assert f"-- handed back at step {back.step} of 100: its worker is ending" in back.log_tail
+
+
+def test_two_launches_of_two_processes_run_on_one_node_at_once_each_meeting_at_a_port_of_its_own(empty_lab, tmp_path):
+    """Two workers of two "GPUs" on one node (two Slurm tasks, two `envlab worker --gpus`): each launch's ranks meet
+    at a port of this host's that its launcher listens on (`--main_process_port`, free when it starts), so the two
+    run at the same time; at accelerate's default, 29500 for every launch, the second could not listen there."""
+    ports = [tmp_path / f"port-{k}" for k in range(2)]
+    with session(empty_lab) as s:
+        jobs = [queue.enqueue(s, "probe", {"port": str(port), "ports": list(map(str, ports))}) for port in ports]
+        assert [queue.claim(s, f"worker-{k}", processes=2).id for k in range(2)] == [job.id for job in jobs]
+    ended: dict[int, Job] = {}
+    launches = [threading.Thread(target=lambda job=job: ended.setdefault(job.id, run_child(
+        empty_lab, job, InChild("tests.child_jobs:meets"), gpus=["0", "1"], poll_s=0.2))) for job in jobs]
+    for launch in launches:
+        launch.start()
+    for launch in launches:
+        launch.join(timeout=300)
+    assert [(ended[job.id].status, ended[job.id].error) for job in jobs] == [(JobStatus.DONE, None)] * 2
+    met = [ended[job.id].result["port"] for job in jobs]
+    assert met == [int(port.read_text()) for port in ports] and met[0] != met[1] and 29500 not in met

@@ -15,7 +15,7 @@ from pathlib import Path
 from sqlalchemy import Engine, text
 from sqlmodel import select
 
-from lab.jobs.worker import InChild, WorkerOptions, beside_page_env, run_worker, stop_on_signals
+from lab.jobs.worker import InChild, WorkerOptions, beside_page_env, run_worker, stop_on_signals, worker_status
 from storage import queue
 from storage.db import make_engine, session, upgrade
 from storage.models import Job
@@ -68,6 +68,78 @@ def _wait_for(predicate, timeout: float = 30.0) -> None:
 
 def _doomed_worker(url: str) -> None:
     run_worker(make_engine(url), {"stage": resumable}, WorkerOptions(worker_id="doomed", poll_s=0.02, stale_s=0.4))
+
+
+def test_a_stage_planned_for_two_processes_is_left_by_a_cpu_worker_which_says_so_and_run_by_a_two_gpu_one(
+        empty_lab: Engine, caplog):
+    """`RunSettings.processes`: a run's training stages were counted for two processes, so a worker that launches
+    one (no GPU) leaves them queued, saying why once, and a worker of two GPUs takes them. Stage 0 (evaluation) is
+    anyone's."""
+    from envsim.config import EnvConfig
+    from lab.loop import _enqueue, create_run
+    from storage.models import Stage, StageStatus
+    from storage.payloads import StagePayload
+    from storage.settings import RunSettings
+
+    with session(empty_lab) as s:
+        run = create_run(s, name="r", config=EnvConfig.default(sizes=(3, 4), num_instances=32),
+                         settings=RunSettings(stages=1, processes=2), engineer="fixed")
+        stage_0 = s.exec(select(Job)).one()
+        s.exec(select(Stage)).one().status = StageStatus.DONE
+        stage_1 = _enqueue(s, StagePayload(run_id=run.id, stage_index=1))
+        s.commit()
+        assert (stage_0.processes, stage_1.processes) == (None, 2)
+    caplog.set_level("INFO", logger="envlab.worker")
+    options = WorkerOptions(worker_id="cpu", once=True, poll_s=0.01)
+    assert run_worker(empty_lab, {"stage": noted}, options) == 1  # stage 0, and nothing more
+    assert run_worker(empty_lab, {"stage": noted}, options) == 0
+    assert (_job(empty_lab, stage_0.id).status, _job(empty_lab, stage_1.id).status) == ("done", "queued")
+    left = [r.getMessage() for r in caplog.records if "left queued" in r.getMessage()]
+    assert left == [f"job {stage_1.id} (stage, run {run.id} stage 1) left queued: it is planned for 2 processes (its "
+                    "steps were counted for them), and this worker launches 1 (it owns one GPU or none); a worker of 2 "
+                    "GPUs (--gpus) trains it"] * 2  # once by each worker
+    assert worker_status(empty_lab)[1].endswith(  # the page's badge says who takes it
+        f". Job {stage_1.id} (stage) is planned for 2 processes: only a worker of 2 GPUs "
+        "takes it (`envlab worker --gpus`).")
+    assert run_worker(empty_lab, {"stage": noted}, WorkerOptions(worker_id="two", once=True, gpus=("0", "1"))) == 1
+    assert (_job(empty_lab, stage_1.id).status, _job(empty_lab, stage_1.id).worker) == ("done", "two")
+
+
+def test_a_stage_in_vllms_server_mode_is_taken_by_a_worker_whose_gpus_less_its_servers_match(empty_lab: Engine,
+                                                                                            caplog):
+    """A run in vLLM's server mode trains on the worker's GPUs less its server's (the last one, or `--vllm-gpus`):
+    its one-process stage is left by a worker of three GPUs (it would launch two beside its server), saying so, and
+    taken by a worker of two. A worker of one GPU cannot serve, so it counts one for both and takes such a stage to
+    fail it saying why (training.vllm.split_for_server), rather than leave it queued unsaid."""
+    from envsim.config import EnvConfig
+    from lab.jobs.worker import launch_counts
+    from lab.loop import _enqueue, create_run
+    from storage.models import Stage, StageStatus
+    from storage.payloads import StagePayload
+    from storage.settings import RunSettings
+
+    assert [launch_counts(g, v) for g, v in [((), ()), (("0",), ()), (("0", "1"), ()), (("0", "1", "2"), ()),
+                                             (("0", "1"), ("2",)), (("0", "1", "2"), ("2",))]] == [
+        (1, 1), (1, 1), (2, 1), (3, 2), (2, 2), (3, 2)]
+    with session(empty_lab) as s:
+        run = create_run(s, name="r", config=EnvConfig.default(sizes=(3, 4), num_instances=32), engineer="fixed",
+                         settings=RunSettings(stages=1))
+        # as a lab with vLLM stores it (without vLLM installed, as here, create_run refuses it, saying so)
+        run.settings = RunSettings(stages=1, grpo={"use_vllm": True, "vllm_mode": "server"})
+        s.exec(select(Job)).one().status = "done"
+        s.exec(select(Stage)).one().status = StageStatus.DONE
+        stage_1 = _enqueue(s, StagePayload(run_id=run.id, stage_index=1))
+        s.commit()
+        assert (stage_1.processes, stage_1.vllm_server) == (1, True)
+    caplog.set_level("INFO", logger="envlab.worker")
+    three = WorkerOptions(worker_id="three", once=True, poll_s=0.01, gpus=("0", "1", "2"))
+    assert run_worker(empty_lab, {"stage": noted}, three) == 0
+    left = [r.getMessage() for r in caplog.records if "left queued" in r.getMessage()]
+    assert left == [f"job {stage_1.id} (stage, run {run.id} stage 1) left queued: it is planned for 1 processes "
+                    "beside the worker's vLLM server (its steps were counted for them), and this worker launches 2 "
+                    "beside its server; a worker of 1 GPUs besides its server's (--gpus, --vllm-gpus) trains it"]
+    assert run_worker(empty_lab, {"stage": noted}, WorkerOptions(worker_id="two", once=True, gpus=("0", "1"))) == 1
+    assert (_job(empty_lab, stage_1.id).status, _job(empty_lab, stage_1.id).worker) == ("done", "two")
 
 
 def test_a_killed_workers_job_is_reaped_then_requeued_and_resumed_from_its_checkpoint(db_url: str, engine: Engine):

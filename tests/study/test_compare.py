@@ -1,8 +1,8 @@
 """The Compare tab: its view of a scripted experiment, and the tab in a real browser (Debian's Chromium driven by
-Playwright, as in tests/test_browser.py) drawing one curve per arm; the comparisons with the baseline, Holm-adjusted,
-on known p-values, on comparisons built by hand and on scripted runs whose valid and optimal rates differ; the
-primary metric an experiment is made with; and what every arm spent, on scripted runs with known job times and
-probe answers."""
+Playwright, as in tests/pages/test_browser.py) drawing one curve per arm; the comparisons with the baseline,
+Holm-adjusted, on known p-values, on comparisons built by hand and on scripted runs whose valid and optimal rates
+differ; the primary metric an experiment is made with; and what every arm spent, on scripted runs with known job
+times and probe answers."""
 
 from __future__ import annotations
 
@@ -42,6 +42,7 @@ from lab.study.experiments import ExperimentError, create_experiment, experiment
 from lab.text import as_text
 from storage.db import make_engine, session, upgrade
 from storage.models import Experiment, Job, JobKind, JobStatus, Proposal, Run, Stage
+from storage.payloads import StagePayload
 from storage.settings import ExperimentSettings, RunSettings
 from tests.boards import CROSSING, OPEN
 from tests.recorded import BOARDS, CONFIG, scripted_experiment
@@ -309,7 +310,8 @@ ANSWERED = {("fixed", 0): (4, 3), ("fixed", 1): (5, 4), ("fixed", 2): (4, 4),
 def late_stage(engine, job, progress):
     """The stage job without training: of the 8 boards the first `optimal` answered with the reference plan, the
     next `valid - optimal` with it one step late (every agent waits first: valid, not optimal), the rest wrong."""
-    run_id, k = job.payload["run_id"], job.payload["stage_index"]
+    payload = StagePayload.of(job)
+    run_id, k = payload.run_id, payload.stage_index
     with session(engine) as s:
         run = s.get(Run, run_id)
         valid, optimal = (2, 1) if k == 0 else ANSWERED[(run.arm, run.seed)]
@@ -486,7 +488,8 @@ MIXED_RIGHT = {("fixed", 0): (2, 0), ("fixed", 1): (1, 0), ("heuristic", 0): (2,
 
 def mixed_stage(engine, job, progress):
     """The stage job without training, on validation boards of 2 and 3 agents (`MIXED_RIGHT`)."""
-    run_id, k = job.payload["run_id"], job.payload["stage_index"]
+    payload = StagePayload.of(job)
+    run_id, k = payload.run_id, payload.stage_index
     with session(engine) as s:
         run = s.get(Run, run_id)
         two, three = (0, 0) if k == 0 else MIXED_RIGHT[(run.arm, run.seed)]

@@ -90,7 +90,7 @@ def test_serve_imports_the_example_before_the_page_is_built_unless_no_example(tm
     """`python app.py` / `envlab serve` down to the page: the example is in before `build_demo` runs, once, and the
     shipped study is imported beside the page as it starts (the page does not wait for it; here it serves until
     the import ends); `--no-example` leaves a new lab empty. The page itself is not built or served here
-    (tests/test_app.py)."""
+    (tests/pages/test_app.py)."""
     runs_when_built: list[list[str]] = []
     importing_when_built: list[bool] = []
 

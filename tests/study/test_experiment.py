@@ -56,10 +56,12 @@ from lab.study.experiments import (
     load_scenario,
     match_compute,
     queue_benchmarks,
+    run_experiment,
     time_left,
 )
 from storage.db import make_engine, session, upgrade
 from storage.models import Episode, Experiment, Job, Proposal, Run, Stage, StageMetric
+from storage.payloads import BenchmarkPayload, StagePayload
 from storage.settings import RunSettings, SettingsError
 from tests.recorded import CONFIG, run_all, scripted_experiment
 from training.evaluate import boards_cache, dev_entries, envsim_fingerprint, validation_entries
@@ -424,7 +426,8 @@ def test_experiment_commands_queue_list_report_and_refuse(empty_lab, tmp_path, c
 def scripted_benchmark(engine, job, progress):
     """The benchmark job without its 3,150 boards: one stored benchmark episode."""
     with session(engine) as s:
-        s.add(Episode(run_id=job.payload["run_id"], stage_index=job.payload["stage_index"], split="benchmark",
+        payload = BenchmarkPayload.of(job)
+        s.add(Episode(run_id=payload.run_id, stage_index=payload.stage_index, split="benchmark",
                       instance_id="b", instance={}, size=3, num_agents=3, completion="", valid=False, optimal=False))
         s.commit()
     return {}
@@ -715,7 +718,8 @@ def test_an_arm_without_probes_trains_its_extra_steps_in_the_stage_it_queues(emp
     with session(empty_lab) as s:
         stage_1 = s.exec(select(Job).where(Job.run_id == fixed.id, Job.kind == "stage", Job.target == 1)).one()
     assert stage_1.status == "done"
-    args, grpo = stage_args(empty_lab, stage_1.payload["run_id"], stage_1.payload["stage_index"])
+    payload = StagePayload.of(stage_1)
+    grpo = stage_args(empty_lab, payload.run_id, payload.stage_index).settings.grpo
     assert grpo == {"num_generations": 4, "per_device_train_batch_size": 32, "max_steps": 49}
     assert planned_steps(8, grpo, "compact") == 49
     c = comparison(empty_lab, experiment.id)
@@ -823,7 +827,7 @@ def test_a_resumed_experiment_s_bar_starts_at_what_was_done_before_so_its_rate_i
     assert said == ["experiment cmp: 6 of 6 stages done already"]
 
 
-def test_an_experiment_for_two_processes_records_them_with_its_steps_counted_for_them(empty_lab):
+def test_an_experiment_for_two_processes_records_them_with_its_steps_counted_for_them(empty_lab, monkeypatch):
     """`envlab experiment new --processes 2`: what one process refuses (16 answers a board in batches of 8) is taken,
     and a stage's steps are those of two processes."""
     sixteen = RunSettings(stages=1, grpo={"num_generations": 16, "per_device_train_batch_size": 8})
@@ -833,3 +837,10 @@ def test_an_experiment_for_two_processes_records_them_with_its_steps_counted_for
                                    processes=2)
     recorded = experiment.settings
     assert (recorded.processes, recorded.steps_per_stage, recorded.rollouts_per_stage) == (2, 64, 1024)
+    # each run records them, so only a worker of two GPUs claims its training stages (storage.queue.claim)
+    assert [run.settings.processes for run in experiment_runs(empty_lab, experiment.id)] == [2]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # a machine without a GPU: none of its workers could claim them
+    with pytest.raises(ExperimentError) as refused:
+        run_experiment(empty_lab, None, experiment.id)
+    assert str(refused.value) == ("experiment 'two' is planned for 2 processes a stage, one per GPU, and this machine "
+                                  "shows 0 GPU(s) (CUDA_VISIBLE_DEVICES): run it on a machine of 2 GPUs or more")

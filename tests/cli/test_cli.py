@@ -313,6 +313,50 @@ def test_run_into_a_file_writes_one_line_per_stage_and_no_bars_or_warnings(tmp_p
     assert "Loading" not in text and "it/s" not in text and "Warning" not in text
 
 
+def test_run_of_two_processes_trains_its_stage_on_two_with_the_steps_counted_for_them(tmp_path: Path):
+    """`envlab run --processes 2` on two "GPUs" (gloo on the CPU stands in for them): 4 boards x 2 answers in batches
+    of 2 per process are 2 steps on two processes (4 on one), as the run counted them; its training stage is a job for
+    a worker of two, and this command's worker launches two."""
+    from sqlmodel import select
+
+    from storage.models import Job, Run, TrainingLog
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "ENVLAB_RUNS": str(tmp_path / "runs"), "CUDA_VISIBLE_DEVICES": "0,1",
+           "OMP_NUM_THREADS": "1"}
+    db = tmp_path / "x.db"
+    command = [sys.executable, "-m", "lab.cli", "run", "--processes", "2", "--stages", "1", "--instances", "4",
+               "--validation-boards", "2", "--dev-per-size", "3", "--grpo", "num_generations=2",
+               "--grpo", "per_device_train_batch_size=2", "--auto-apply", "--db", str(db)]
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    assert done.stdout.splitlines()[-1] == "run 1: done"
+    engine = make_engine(str(db))
+    with session(engine) as s:
+        assert s.exec(select(Run)).one().settings.processes == 2
+        assert [(j.target, j.processes) for j in s.exec(select(Job).where(Job.kind == "stage").order_by(Job.id))] == [
+            (0, None), (1, 2)]
+        assert [log.step for log in s.exec(select(TrainingLog).order_by(TrainingLog.step))] == [1, 2]
+    engine.dispose()
+
+
+def test_run_of_more_processes_than_gpus_is_refused_before_it_is_stored(tmp_path: Path, capsys, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # a machine without a GPU
+    assert main(["run", "--processes", "2", "--db", str(tmp_path / "x.db")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "envlab run: --processes 2: a stage of this run is launched on 2 processes, one per GPU, and this machine "
+        "shows none (CUDA_VISIBLE_DEVICES); give --processes 1, or run it on a machine of 2 GPUs")
+    from sqlmodel import select
+
+    from storage.models import Run
+
+    engine = make_engine(str(tmp_path / "x.db"))
+    with session(engine) as s:
+        assert s.exec(select(Run)).all() == []
+    engine.dispose()
+    assert main(["run", "--processes", "2", "--print-settings"]) == 0
+    assert "processes: 2\n" in capsys.readouterr().out
+
+
 def test_run_refuses_zero_validation_boards(tmp_path: Path, capsys):
     assert main(["run", "--validation-boards", "0", "--db", str(tmp_path / "x.db")]) == 2
     assert capsys.readouterr().err.strip() == (

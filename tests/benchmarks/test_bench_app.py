@@ -9,7 +9,7 @@ import re
 import sys
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_app.py"
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_app.py"
 
 
 def load_bench():

@@ -139,7 +139,7 @@ def test_the_trainer_its_optimizer_and_trls_engine_are_gone_before_validation_st
     monkeypatch.setattr("training.vllm.available", lambda: True)
     monkeypatch.setattr("training.vllm.vllm_engine", validation_engine)
     monkeypatch.setattr("training.vllm.generate_texts", answers)
-    result = run_stage(empty_lab, args, GRPO, lambda *a, **k: False)
+    result = run_stage(empty_lab, args, lambda *a, **k: False)
     assert result["train"]["steps"] == 1 and result["episodes"] == 2
     assert at_validation == {"trainer": False, "optimizer": False, "TRL's engine": False}
     assert fake_vllm == ["TRL's engine shut", "vllm groups destroyed", "validation engine started",
@@ -150,7 +150,7 @@ def test_the_trainer_its_optimizer_and_trls_engine_are_gone_before_validation_st
 def test_a_stage_answers_validation_within_the_runs_completion_length_on_transformers(empty_lab: Engine,
                                                                                       tmp_path: Path, runs: Path):
     args = _stage(empty_lab, tmp_path, runs, {"grpo": GRPO, "completion_length": 2})
-    run_stage(empty_lab, args, GRPO, lambda *a, **k: False)
+    run_stage(empty_lab, args, lambda *a, **k: False)
     tok = chat_policy().tokenizer
     with session(empty_lab) as s:
         completions = s.exec(select(Episode.completion).where(Episode.run_id == args.run_id,
@@ -178,7 +178,7 @@ def test_every_process_that_trains_leaves_its_process_group(empty_lab: Engine, t
     args = _stage(empty_lab, tmp_path, runs, {"grpo": GRPO})
     dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{free_port()}")
     try:
-        train(empty_lab, args, chat_policy(), GRPO, lambda *a, **k: False)
+        train(empty_lab, args, chat_policy(), lambda *a, **k: False)
         assert not dist.is_initialized()
     finally:
         if dist.is_initialized():

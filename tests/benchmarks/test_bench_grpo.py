@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_grpo.py"
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_grpo.py"
 
 
 @pytest.fixture(scope="module")

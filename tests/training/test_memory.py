@@ -26,6 +26,7 @@ from training.memory import (
     StagePlan,
     fsdp_needed,
     head_tile,
+    launched,
     logits_memory,
     markdown,
     plan_of,
@@ -124,7 +125,7 @@ def test_a_4b_full_fine_tune_on_one_80_gb_gpu_is_refused_naming_lora_and_fsdp():
     assert refusal(four_b, StagePlan(**ON_A_GPU)) == (
         "needs about 76.5 GB per GPU (weights 16.1 GB, autocast 8.0 GB, gradients 16.1 GB, optimizer 32.2 GB, logits "
         "1.8 GB, activations 2.2 GB), more than 90% of the 80.0 GB it has: it would fit with LoRA (--lora 16: about "
-        "27.2 GB) or FSDP over 2 GPUs (about 40.2 GB each)")  # LoRA on this float32 model: a stage-2 base
+        "27.2 GB) or --processes 2 (FSDP over 2 GPUs: about 40.2 GB each)")  # LoRA on a float32 model: stage 2's base
     # already sharded over 8: a refusal names only more GPUs than it has
     assert refusal(four_b, StagePlan(**{**ON_A_GPU, "vllm_share": 0.9}, shards=8)).endswith(
         "nothing short of a larger device fits")
@@ -152,6 +153,43 @@ def test_fsdp_only_for_a_full_fine_tune_that_does_not_fit_a_gpu_unsharded(size, 
     assert fsdp_needed(model, dataclasses.replace(CHAT_ON_80_GB, lora=lora), gpus) == expected
 
 
+def test_a_run_of_n_processes_is_checked_per_process_as_the_worker_launches_them():
+    """A stage launched on N processes, one per GPU: a full fine-tune of 4B fits no 80 GB GPU whole, so on two it is
+    launched under FSDP and fits there (its run is made, not refused as one GPU's); LoRA and what fits whole keep DDP,
+    each process with the whole model, as on one GPU."""
+    four_b = qwen3("4B")
+    plan = StagePlan(**ON_A_GPU)
+    assert refusal(four_b, launched(four_b, plan, 1)) is not None
+    assert launched(four_b, plan, 2) == dataclasses.replace(plan, shards=2)
+    assert refusal(four_b, launched(four_b, plan, 2)) is None
+    lora = dataclasses.replace(plan, lora=16)
+    assert launched(qwen3("4B", torch.bfloat16), lora, 8) == lora
+    assert launched(qwen3("0.6B"), plan, 8) == plan
+
+
+def test_a_run_of_n_processes_on_a_cpu_is_checked_against_its_share_of_the_machine(
+        empty_lab: Engine, tmp_path: Path, monkeypatch):
+    """On a CPU (two processes under gloo stand in for two GPUs) a launch's processes share the machine's memory: a
+    Gemma-shaped LoRA run that fits one process of a 24 GiB machine is refused at four, each with a quarter."""
+    from lab.loop import LoopError, create_run
+    from storage.db import session
+
+    folder = tmp_path / "gemma-shaped"
+    GEMMA_270M.save_pretrained(folder)
+    monkeypatch.setattr("training.memory.CGROUP_LIMIT", tmp_path / "no-cgroup-limit")
+    monkeypatch.setattr("os.sysconf", lambda name: {"SC_PAGE_SIZE": 4096, "SC_PHYS_PAGES": GIB_24 // 4096}[name])
+    with session(empty_lab) as s:
+        with pytest.raises(LoopError) as refused:
+            create_run(s, name="four", config=EnvConfig.default(), policy=str(folder),
+                       settings=RunSettings(stages=1, lora=8, processes=4))
+        assert str(refused.value) == (
+            f"{folder}: a stage needs about 8.7 GB per process (runtime 1.0 GB, weights 1.1 GB, logits 5.4 GB, "
+            "activations 1.2 GB), more than 80% of the 6.4 GB it has: it would fit with --grpo "
+            "per_device_train_batch_size=2 --grpo num_generations=2 (about 5.1 GB)")
+        assert create_run(s, name="one", config=EnvConfig.default(), policy=str(folder),
+                          settings=RunSettings(stages=1, lora=8)).id is not None
+
+
 def test_the_numbers_of_the_table_in_docs_training():
     """The numbers of docs/training.md's table (`python -m training.memory --table`), in GB per GPU, and the table
     as the docs show it."""
@@ -162,7 +200,7 @@ def test_the_numbers_of_the_table_in_docs_training():
         ("Qwen3-0.6B", "LoRA"): [2.4, 1.2, 25.3, ("DDP", 2.4), ("DDP", 25.3)],
         ("Qwen3-4B", "full"): [76.5, 13.1, 76.5, ("FSDP", 13.1), ("FSDP", 30.0)],
         ("Qwen3-4B", "LoRA"): [11.1, 3.6, 32.4, ("DDP", 11.1), ("DDP", 32.4)]}
-    docs = (Path(__file__).resolve().parents[1] / "docs" / "training.md").read_text()
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "training.md").read_text()
     assert markdown(table()) in docs
 
 
@@ -170,15 +208,15 @@ def test_a_stage_that_cannot_fit_fails_before_it_builds_a_trainer(empty_lab: Eng
     policy = build_tiny(0, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
                         num_key_value_heads=2, head_dim=32)
     args = StageArgs(run_id=1, stage_index=1, seed=0, policy="", config=EnvConfig.default(sizes=(3,), num_instances=4),
-                     run_dir=tmp_path / "run", run_uuid="u")
-    monkeypatch.setattr("training.memory.device_memory", lambda gpu: 13 * 10**8)  # a machine of 1.3 GB
+                     run_dir=tmp_path / "run", run_uuid="u", settings=RunSettings(stages=1, grpo={"max_steps": 1}))
+    monkeypatch.setattr("training.memory.device_memory", lambda gpu, processes=None: 13 * 10**8)  # a machine of 1.3 GB
 
     def never(*a, **k):
         raise AssertionError("a stage that cannot fit must not build its trainer")
 
     monkeypatch.setattr("training.stage.Trainer", never)
     with pytest.raises(StageError) as refused:
-        train(empty_lab, args, policy, {"max_steps": 1}, lambda *a, **k: False)
+        train(empty_lab, args, policy, lambda *a, **k: False)
     assert str(refused.value) == (
         "stage 1 of run 1 needs about 1.1 GB per process (runtime 1.0 GB, logits 98 MB, activations 39 MB), more than "
         "80% of the 1.3 GB it has: it would fit with --grpo per_device_train_batch_size=8 (about 1.0 GB)")
@@ -194,7 +232,7 @@ def test_a_run_whose_stage_cannot_fit_is_refused_when_it_is_made(empty_lab: Engi
 
     folder = tmp_path / "gemma-shaped"
     GEMMA_270M.save_pretrained(folder)  # its architecture only: the check reads no weight
-    monkeypatch.setattr("training.memory.device_memory", lambda gpu: GIB_24)
+    monkeypatch.setattr("training.memory.device_memory", lambda gpu, processes=None: GIB_24)
     issue = RunSettings(stages=1, lora=8, grpo={"max_steps": 2, "activation_checkpointing": False})
     with session(empty_lab) as s:
         with pytest.raises(LoopError) as refused:
@@ -221,7 +259,7 @@ def test_a_reference_model_is_counted_where_beta_is_above_zero_a_full_copy_unles
     assert refusal(four_b, with_kl) == (
         "needs about 92.5 GB per GPU (weights 16.1 GB, reference 16.1 GB, autocast 8.0 GB, gradients 16.1 GB, "
         "optimizer 32.2 GB, logits 1.8 GB, activations 2.2 GB), more than 90% of the 80.0 GB it has: it would fit "
-        "with LoRA (--lora 16: about 27.2 GB) or FSDP over 2 GPUs (about 48.3 GB each)")
+        "with LoRA (--lora 16: about 27.2 GB) or --processes 2 (FSDP over 2 GPUs: about 48.3 GB each)")
     assert stage_memory(four_b, dataclasses.replace(with_kl, shards=8)).reference == 4 * 4_022_468_096 // 8
     assert stage_memory(qwen3("4B", torch.bfloat16), dataclasses.replace(with_kl, lora=16)).reference == 0
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_page.py"
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_page.py"
 
 
 def test_the_page_actions_are_timed_in_a_browser_idle_and_while_a_stage_trains_and_every_tab_walked(capfd,

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_connections.py"
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_connections.py"
 
 
 def test_connections_without_a_login_are_refused_and_cost_nothing() -> None:

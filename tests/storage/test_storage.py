@@ -111,10 +111,10 @@ def test_database_made_by_the_first_schema_upgrades_with_its_data(db_url: str):
     upgrade(engine, "0001")
     # the comparison does see differences: the columns that later revisions add
     added = sorted(d[2] + "." + d[3].name for d in _schema_diff(engine) if d[0] == "add_column")
-    assert added == ["decisions.probes", "episodes.subset", "jobs.needs_gpu", "jobs.priority", "jobs.run_id",
-                     "jobs.slurm", "jobs.target", "proposals.compute", "proposals.replay", "runs.arm",
-                     "runs.description",
-                     "runs.experiment_id", "runs.status_reason", "runs.uuid", "stage_metrics.agents", "stages.replay"]
+    assert added == ["decisions.probes", "episodes.subset", "jobs.needs_gpu", "jobs.priority", "jobs.processes",
+                     "jobs.run_id", "jobs.slurm", "jobs.target", "jobs.vllm_server", "proposals.compute",
+                     "proposals.replay", "runs.arm", "runs.description", "runs.experiment_id", "runs.status_reason",
+                     "runs.uuid", "stage_metrics.agents", "stages.replay"]
     created = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
     runs, stages, proposals, decisions = (
         _as_first_written(Run, "description", "uuid", "status_reason", "experiment_id", "arm"),
@@ -285,10 +285,12 @@ def test_an_experiment_stored_before_its_runs_settings_were_kept_whole_reads_the
 def test_a_0011_database_with_num_agents_configs_stores_them_as_agent_ratio_after_0012(db_url: str):
     engine = make_engine(db_url)
     upgrade(engine, "0011")  # rows are made with the models, their configs then set the old way
-    later = ("proposals", "stages")  # the models' columns that 0014 adds: there while the rows go in, then gone
+    # the models' columns that later revisions add (0014, 0017): there while the rows go in, then gone
+    later = [("proposals", "replay", "JSON"), ("stages", "replay", "JSON"), ("jobs", "processes", "INTEGER"),
+             ("jobs", "vllm_server", "BOOLEAN NOT NULL DEFAULT false")]
     with engine.begin() as c:
-        for name in later:
-            c.execute(text(f"ALTER TABLE {name} ADD COLUMN replay JSON"))
+        for name, added, kind in later:
+            c.execute(text(f"ALTER TABLE {name} ADD COLUMN {added} {kind}"))
     knobs = {k: CONFIG[k] for k in ("data_ratio", "hole_ratio", "wait_ratio")}
     old = {**knobs, "num_agents": 3, "num_instances": 512}  # as the lab stored a config before agent_ratio
     new = {**knobs, "agent_ratio": {"3": 1.0}, "num_instances": 512}
@@ -310,8 +312,8 @@ def test_a_0011_database_with_num_agents_configs_stores_them_as_agent_ratio_afte
         c.execute(update(table("proposals", column("parsed_config", JSON))).values(parsed_config=answer))
         c.execute(update(table("experiments", column("settings", JSON))).values(
             settings={**EXPERIMENT.model_dump(mode="json"), "config": old}))
-        for name in later:
-            c.execute(text(f"ALTER TABLE {name} DROP COLUMN replay"))
+        for name, added, _ in later:
+            c.execute(text(f"ALTER TABLE {name} DROP COLUMN {added}"))
     upgrade(engine)
     with engine.connect() as c:
         def stored(name: str, at: str) -> object:

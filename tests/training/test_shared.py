@@ -33,7 +33,7 @@ from training.policy import TINY_DIR, Policy
 from training.shared import ANSWER_SETTINGS, answer_key, evaluate_once
 from training.stage import run_stage_job, validation_boards
 
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_stage0.py"
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_stage0.py"
 CONFIG = EnvConfig.default(sizes=(3, 4), num_instances=8)
 # at 2 agents, the fewest dev boards (3 per size, sizes 3..10: 24), so the tests answer few boards
 SETTINGS = dict(stages=1, validation_boards=8, dev_per_size=3, validation_agents=(2,))
@@ -42,7 +42,7 @@ SETTINGS = dict(stages=1, validation_boards=8, dev_per_size=3, validation_agents
 NOT_ANSWERS = {"stages", "auto_apply", "grpo", "lora", "lora_alpha", "lora_dropout", "lora_target_modules", "context",
                "context_preset", "base_url", "validation_boards", "validation_per_size", "dev_per_size", "dev_per_seed",
                "probe_boards", "probe_answers", "remeasure", "keep_checkpoints", "allow_cpu", "agent_counts",
-               "validation_agents", "engineer_history", "example", "held_configs"}
+               "validation_agents", "engineer_history", "example", "held_configs", "processes"}
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py

@@ -86,9 +86,10 @@ def test_a_colocated_engine_gets_a_context_of_the_longest_prompt_plus_the_comple
     from training.stage import trainer_for
 
     config = EnvConfig.default(sizes=(3, 5), num_instances=4)
-    args = StageArgs(run_id=0, stage_index=1, seed=0, policy="tiny", config=config, run_dir=tmp_path, run_uuid="u")
     grpo = {"use_vllm": True, "vllm_mode": "colocate", "num_generations": 2, "per_device_train_batch_size": 4}
-    trainer, _, _ = trainer_for(empty_lab, args, load_policy("tiny"), grpo, lambda *a, **k: False)
+    args = StageArgs(run_id=0, stage_index=1, seed=0, policy="tiny", config=config, run_dir=tmp_path, run_uuid="u",
+                     settings=RunSettings(stages=1, grpo=grpo))
+    trainer, _, _ = trainer_for(empty_lab, args, load_policy("tiny"), lambda *a, **k: False)
     longest = max(len(trainer.processing_class(p)["input_ids"]) for p in trainer.train_dataset["prompt"])
     assert trainer.args.vllm_max_model_length == longest + trainer.args.max_completion_length
     assert 0 < longest < trainer.args.vllm_max_model_length < 1024  # the tiny policy's boards, not 40,960

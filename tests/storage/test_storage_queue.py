@@ -287,6 +287,37 @@ def test_claim_gives_a_worker_only_what_it_can_run_a_persons_jobs_first(engine: 
         assert queue.claim(s, "gpu") is None
 
 
+def test_a_stage_planned_for_two_processes_is_claimed_only_by_a_worker_that_launches_two(engine: Engine):
+    """A stage's steps are counted for the processes it was planned for (`RunSettings.processes`): a worker of one
+    GPU, or of none, would take twice the steps, one of four half; each leaves it to a worker of two, and says so."""
+    with session(engine) as s:
+        two = queue.enqueue(s, "stage", {}, target=1, processes=2)
+        one = queue.enqueue(s, "stage", {}, target=2, processes=1)
+        anyone = queue.enqueue(s, "propose", {}, target=3)
+        assert [j.id for j in queue.planned_elsewhere(s, 1)] == [two.id]
+        assert [j.id for j in queue.planned_elsewhere(s, 2)] == [one.id]
+        assert [j.id for j in queue.planned_elsewhere(s, 4)] == [two.id, one.id]
+        assert [queue.claim(s, "cpu", gpu=False, processes=1).id for _ in range(2)] == [one.id, anyone.id]
+        assert queue.claim(s, "cpu", gpu=False, processes=1) is None
+        assert queue.claim(s, "four-gpus", processes=4) is None
+        assert queue.claim(s, "two-gpus", processes=2).id == two.id
+        assert queue.planned_elsewhere(s, 1) == []  # it is running, not left
+
+
+def test_a_stage_in_vllms_server_mode_counts_the_workers_gpus_less_its_servers(engine: Engine):
+    """A stage generating with the worker's own vLLM server trains on the worker's GPUs less the server's: a worker
+    of two GPUs launches it on one, so it takes a served stage planned for one process and leaves a plain one (it
+    would launch that on two), and a worker of one GPU leaves a served stage planned for one."""
+    with session(engine) as s:
+        served = queue.enqueue(s, "stage", {}, target=1, processes=1, vllm_server=True)
+        plain = queue.enqueue(s, "stage", {}, target=2, processes=1)
+        assert [j.id for j in queue.planned_elsewhere(s, 2, served=1)] == [plain.id]
+        assert [j.id for j in queue.planned_elsewhere(s, 1, served=0)] == [served.id]
+        assert queue.claim(s, "two-gpus", processes=2, served=1).id == served.id
+        assert queue.claim(s, "two-gpus", processes=2, served=1) is None
+        assert queue.claim(s, "one-gpu", processes=1).id == plain.id
+
+
 def two_runs(s) -> None:
     """Runs 1 and 2, active, for jobs to belong to."""
     s.execute(text("INSERT INTO runs (id, uuid, name, description, policy, engineer, engineer_backend, "

@@ -36,6 +36,7 @@ from lab.proposals import decide
 from lab.replay import GIF_WIDTHS
 from storage.db import make_engine, session
 from storage.models import Decision, Proposal, Run, Stage, utcnow
+from storage.payloads import StagePayload
 from storage.settings import RunSettings
 from tests.page_walk import ERRORS_SEEN, open_run_pick
 from tests.seeded import record_evaluation, seed_lab, seeded_copy
@@ -410,14 +411,14 @@ def test_queue_a_stage_and_watch_its_progress_to_done(lab, page):
         for step in range(1, 7):
             progress(step, 6, f"step {step} of 6")
             time.sleep(0.6)
-        record_evaluation(engine, run_id, job.payload["stage_index"])
+        k = StagePayload.of(job).stage_index
+        record_evaluation(engine, run_id, k)
         with session(engine) as s:
-            row = s.exec(select(Stage).where(Stage.run_id == run_id,
-                                             Stage.index == job.payload["stage_index"])).one()
+            row = s.exec(select(Stage).where(Stage.run_id == run_id, Stage.index == k)).one()
             row.status, row.finished_at = "done", utcnow()
             s.add(row)
             s.commit()
-        return {"stage_index": job.payload["stage_index"]}
+        return {"stage_index": k}
 
     goto(page, f"{url}?proposal={ids['pending']}")
     page.click("#accept")
@@ -481,7 +482,7 @@ def test_a_proposal_stored_by_another_process_appears_without_a_refresh(lab, pag
               "from tests.seeded import propose; e = make_engine(sys.argv[1]); "
               "print(propose(e, int(sys.argv[2]))); advance(e, int(sys.argv[2]))")
     done = subprocess.run([sys.executable, "-c", script, str(engine.url.database), str(ids["history"])],
-                          capture_output=True, text=True, check=True, cwd=Path(__file__).parent.parent)
+                          capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parents[2])
     newer = int(done.stdout.split()[-1])
     page.locator("#waiting").get_by_text(f"Proposal #{newer}").wait_for()  # flagged above every tab
     page.locator("#proposal-status").get_by_text(f"Proposal #{newer}").wait_for()  # and selected
@@ -885,7 +886,7 @@ def serve(db: Path, runs: Path, log: Path) -> tuple[subprocess.Popen, str]:
     it, its output in `log`; returns it and its URL once it answers."""
     port = free_port()
     env = {**os.environ, "ENVLAB_RUNS": str(runs), "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+           "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     # As a terminal starts it: SIGINT at its default. A test process may have it ignored (an ignored signal stays
     # ignored through exec, and Python then leaves Ctrl+C ignored), so the command resets it before it execs.
     command = [sys.executable, "-m", "lab.cli", "serve", "--no-example", "--port", str(port), "--db", str(db)]
@@ -1037,7 +1038,7 @@ def test_a_five_agent_board_s_numbers_overlap_nothing_as_chromium_draws_them(pag
     from envsim.instance import Instance
     from envsim.solver import label
     from lab.pages import figures
-    from tests.test_figures import FIVE
+    from tests.pages.test_figures import FIVE
 
     rows = [row + "." * (size - 5) for row in FIVE.picture().split()]
     board = label(Instance.from_str("\n".join(rows[:4] + ["." * size] * (size - 5) + rows[4:])))

@@ -1,6 +1,6 @@
 """The page as a whole: `python app.py` serves it with a worker beside it, it builds on an empty database,
-links open what they name. How `envlab serve` reads its logins is tested in tests/test_cli.py; the tabs' view
-functions in tests/test_pages.py."""
+links open what they name. How `envlab serve` reads its logins is tested in tests/cli/test_cli.py; the tabs' view
+functions in tests/pages/test_pages.py."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def test_python_app_py_serves_the_lab_with_a_worker_and_stops_both(tmp_path: Pat
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    root = Path(__file__).resolve().parent.parent  # the checkout, whose app.py is the entry point
+    root = Path(__file__).resolve().parents[2]  # the checkout, whose app.py is the entry point
     proc = subprocess.Popen([sys.executable, str(root / "app.py"), "--port", str(port), "--no-example",
                              "--db", str(tmp_path / "lab.db")],
                             cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
@@ -117,7 +117,7 @@ def test_a_restart_after_the_lab_was_killed_hands_its_job_back_at_once_and_start
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     proc = subprocess.Popen([sys.executable, str(root / "app.py"), "--port", str(port), "--no-example",
                              "--db", str(tmp_path / "lab.db")], cwd=tmp_path, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, start_new_session=True)

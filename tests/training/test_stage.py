@@ -61,6 +61,7 @@ SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_att
 CONFIG = EnvConfig.default(sizes=(3,), num_instances=8)
 GRPO = dict(max_steps=3, num_generations=4, per_device_train_batch_size=8, learning_rate=1e-3, save_steps=2,
             temperature=1.0)
+SETTINGS = RunSettings(stages=1, grpo=GRPO)  # a stage's settings outside a run: every default but GRPO's
 PROBE = "model.layers.0.mlp.up_proj.weight"
 
 
@@ -124,7 +125,7 @@ def test_a_grpo_stage_moves_the_weights_logs_each_step_and_resumes_after_a_cance
                                                                                   tmp_path: Path):
     run_id = _run(empty_lab, str(writer))
     args = StageArgs(run_id=run_id, stage_index=1, seed=stage_seed(7, 1), policy=str(writer), config=CONFIG,
-                     run_dir=_run_dir(empty_lab, run_id), run_uuid="u")
+                     run_dir=_run_dir(empty_lab, run_id), run_uuid="u", settings=SETTINGS)
     reports: list[tuple] = []
 
     def cancel_at_step_2(step, total, line=None, result=None) -> bool:
@@ -134,7 +135,7 @@ def test_a_grpo_stage_moves_the_weights_logs_each_step_and_resumes_after_a_cance
     policy = load_policy(str(writer))
     before = _probe(policy)
     with pytest.raises(Cancelled, match=r"cancelled at step 2/3; requeue to resume from .*checkpoint-2"):
-        train(empty_lab, args, policy, GRPO, cancel_at_step_2)
+        train(empty_lab, args, policy, cancel_at_step_2)
     assert (args.trainer_dir / "checkpoint-2").is_dir()  # saved on the way out
     assert not args.policy_dir.exists()
     assert (2, 3, "saved " + str(args.trainer_dir / "checkpoint-2"),
@@ -143,7 +144,7 @@ def test_a_grpo_stage_moves_the_weights_logs_each_step_and_resumes_after_a_cance
     # A new attempt (a fresh process would load the same starting policy) resumes from checkpoint-2.
     reports.clear()
     policy = load_policy(str(writer))
-    summary = train(empty_lab, args, policy, GRPO, lambda *a, **k: reports.append(a + (k.get("result"),)) and False)
+    summary = train(empty_lab, args, policy, lambda *a, **k: reports.append(a + (k.get("result"),)) and False)
     assert summary["steps"] == 3 and summary["resumed_from"] == str(args.trainer_dir / "checkpoint-2")
     assert summary["train_runtime"] > 0
     assert (0, None, f"resuming from {args.trainer_dir / 'checkpoint-2'}",
@@ -174,8 +175,8 @@ def test_a_stage_records_trls_advantages_per_cell_of_its_boards_and_the_bandit_r
                                                                                          writer: Path):
     run_id = _run(empty_lab, str(writer), config=MIXED)
     args = StageArgs(run_id=run_id, stage_index=1, seed=stage_seed(7, 1), policy=str(writer), config=MIXED,
-                     run_dir=_run_dir(empty_lab, run_id), run_uuid="u")
-    train(empty_lab, args, load_policy(str(writer)), GRPO, lambda *a, **k: False)
+                     run_dir=_run_dir(empty_lab, run_id), run_uuid="u", settings=SETTINGS)
+    train(empty_lab, args, load_policy(str(writer)), lambda *a, **k: False)
 
     with session(empty_lab) as s:
         rows = [log.metrics for log in s.exec(select(TrainingLog).where(TrainingLog.run_id == run_id)
@@ -202,8 +203,9 @@ def test_a_stage_records_trls_advantages_per_cell_of_its_boards_and_the_bandit_r
 def test_advantages_scored_after_the_last_logged_step_go_into_that_steps_row(empty_lab: Engine, writer: Path):
     run_id = _run(empty_lab, str(writer))
     args = StageArgs(run_id=run_id, stage_index=1, seed=stage_seed(7, 1), policy=str(writer), config=CONFIG,
-                     run_dir=_run_dir(empty_lab, run_id), run_uuid="u")
-    train(empty_lab, args, load_policy(str(writer)), dict(GRPO, logging_steps=2), lambda *a, **k: False)
+                     run_dir=_run_dir(empty_lab, run_id), run_uuid="u",
+                     settings=RunSettings(stages=1, grpo=dict(GRPO, logging_steps=2)))
+    train(empty_lab, args, load_policy(str(writer)), lambda *a, **k: False)
     with session(empty_lab) as s:
         rows = s.exec(select(TrainingLog).where(TrainingLog.run_id == run_id).order_by(TrainingLog.step)).all()
     assert [(row.step, sum(r["groups"] for r in row.metrics[advantage.CELLS])) for row in rows] == [(2, 4), (3, 2)]
@@ -212,13 +214,14 @@ def test_advantages_scored_after_the_last_logged_step_go_into_that_steps_row(emp
 
 def test_a_lora_stage_trains_adapters_and_saves_a_whole_model(empty_lab: Engine, writer: Path, tmp_path: Path):
     run_id = _run(empty_lab, str(writer), lora=4)
-    args, grpo = stage_args(empty_lab, run_id, 0)
+    args = stage_args(empty_lab, run_id, 0)
     assert args.lora == 4
     args = StageArgs(run_id=run_id, stage_index=1, seed=stage_seed(7, 1), policy=str(writer), config=CONFIG,
-                     run_dir=_run_dir(empty_lab, run_id), run_uuid="u", settings=RunSettings(stages=2, lora=4))
+                     run_dir=_run_dir(empty_lab, run_id), run_uuid="u",
+                     settings=RunSettings(stages=2, lora=4, grpo=GRPO))
     policy = load_policy(str(writer))
     before = {name: p.detach().clone() for name, p in policy.model.named_parameters()}
-    summary = train(empty_lab, args, policy, GRPO, lambda *a, **k: False)
+    summary = train(empty_lab, args, policy, lambda *a, **k: False)
     assert summary["steps"] == 3
     assert not (args.policy_dir / "adapter_config.json").exists()  # the adapters are folded in
     trained = load_policy(str(args.policy_dir))
@@ -242,13 +245,12 @@ def test_a_bf16_autocast_stage_saves_its_float32_master_weights_and_the_next_sta
     stage boundary. The saved policy is float32 and equal, weight for weight, to the master weights TRL checkpointed
     at the last step, and the next stage loads exactly those."""
     run_id = _run(empty_lab, str(writer))
-    settings = RunSettings(stages=3)
+    settings = RunSettings(stages=3, grpo=dict(GRPO, max_steps=2, learning_rate=1e-5, bf16=True))
     args = StageArgs(run_id=run_id, stage_index=1, seed=stage_seed(7, 1), policy=str(writer), config=CONFIG,
                      run_dir=_run_dir(empty_lab, run_id), run_uuid="u", settings=settings)
-    grpo = dict(GRPO, max_steps=2, learning_rate=1e-5, bf16=True)
     policy = start_policy(args, "cpu")
     start = {name: p.detach().clone() for name, p in policy.model.named_parameters()}
-    train(empty_lab, args, policy, grpo, lambda *a, **k: False)
+    train(empty_lab, args, policy, lambda *a, **k: False)
     master = _weights(args.trainer_dir / "checkpoint-2")  # the trainer's float32 weights after its last step
     saved = _weights(args.policy_dir)
     assert set(saved) == set(master)
@@ -380,7 +382,7 @@ def test_an_evaluation_stopped_part_way_keeps_what_it_scored_and_goes_on_from_th
     evaluation of the same policy never stopped."""
     monkeypatch.setattr(evaluation, "BATCH_SIZE", 3)
     run_id = _run(empty_lab, str(writer), stages=1)
-    args, grpo = stage_args(empty_lab, run_id, 0)
+    args = stage_args(empty_lab, run_id, 0)
     boards = validation_boards(8, args.validation_per_size, args.run_dir.parent, args.validation_agents)
     whole = evaluation.evaluate(start_policy(args, "cpu"), boards, batch_size=3)
     answers = {r.instance.id: r.completion for r in whole}
@@ -398,12 +400,12 @@ def test_an_evaluation_stopped_part_way_keeps_what_it_scored_and_goes_on_from_th
                     list(s.exec(select(StageMetric).where(StageMetric.run_id == run_id))))
 
     with pytest.raises(Cancelled):
-        run_stage(empty_lab, args, grpo, stop_at(6))
+        run_stage(empty_lab, args, stop_at(6))
     episodes, metrics = stored()
     assert len(episodes) == 6 and metrics == []
     assert {e.instance_id: e.completion for e in episodes}.items() <= answers.items()
     seen.clear()
-    result = run_stage(empty_lab, args, grpo, stop_at(None))
+    result = run_stage(empty_lab, args, stop_at(None))
     starts = "evaluating on 8 validation boards"
     assert [(step, total) for step, total, _ in seen if total == 8] == [(6, 8), (8, 8), (8, 8)]  # one batch answered
     assert f"{starts} from board 7 on: an earlier attempt stopped, and the 6 boards it scored are stored" in [
@@ -534,7 +536,8 @@ def test_a_stage_whose_previous_stage_has_no_checkpoint_is_refused(empty_lab: En
     run_id = _run(empty_lab, "tiny")
     with pytest.raises(StageError, match="stage 0 of run 1 has no checkpoint \\(it is queued\\); run it first"):
         stage_args(empty_lab, run_id, 1)
-    args, grpo = stage_args(empty_lab, run_id, 0)
+    args = stage_args(empty_lab, run_id, 0)
+    grpo = args.settings.grpo
     assert (args.policy, args.seed, grpo) == ("tiny", stage_seed(7, 0), GRPO)
     assert stage_seed(7, 0) != stage_seed(7, 1) != stage_seed(8, 1)
 
@@ -570,7 +573,7 @@ def test_the_stage_command_evaluates_then_trains_in_two_processes_and_records_ea
     two = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "training.stage", "--"]
     for command in ([sys.executable, "-m", "training.stage", *stage, "0"], [*two, *stage, "1"]):  # evaluate, train
         done = subprocess.run(command, capture_output=True, text=True, timeout=300, env={**os.environ,
-                              "OMP_NUM_THREADS": "1"}, cwd=Path(__file__).resolve().parent.parent)
+                              "OMP_NUM_THREADS": "1"}, cwd=Path(__file__).resolve().parents[2])
         assert done.returncode == 0, done.stderr[-3000:]
         if command[-1] == "0":
             assert f"'checkpoint': '{writer.resolve()}', 'episodes': 2" in done.stdout
@@ -597,7 +600,7 @@ def test_the_stage_command_evaluates_then_trains_in_two_processes_and_records_ea
 def test_a_stage_killed_mid_training_and_resumed_logs_each_step_once(empty_lab: Engine, writer: Path):
     run_id = _run(empty_lab, str(writer))
     args = StageArgs(run_id=run_id, stage_index=1, seed=stage_seed(7, 1), policy=str(writer), config=CONFIG,
-                     run_dir=_run_dir(empty_lab, run_id), run_uuid="u")
+                     run_dir=_run_dir(empty_lab, run_id), run_uuid="u", settings=SETTINGS)
 
     def killed_after_logging_step_3(step, total, line=None, result=None) -> bool:
         if line and line.startswith("step 3/3"):
@@ -605,10 +608,10 @@ def test_a_stage_killed_mid_training_and_resumed_logs_each_step_once(empty_lab: 
         return False
 
     with pytest.raises(SystemExit):
-        train(empty_lab, args, load_policy(str(writer)), GRPO, killed_after_logging_step_3)
+        train(empty_lab, args, load_policy(str(writer)), killed_after_logging_step_3)
     with session(empty_lab) as s:
         assert sorted(s.exec(select(TrainingLog.step).where(TrainingLog.run_id == run_id)).all()) == [1, 2, 3]
-    summary = train(empty_lab, args, load_policy(str(writer)), GRPO, lambda *a, **k: False)
+    summary = train(empty_lab, args, load_policy(str(writer)), lambda *a, **k: False)
     assert summary["resumed_from"] == str(args.trainer_dir / "checkpoint-2")
     with session(empty_lab) as s:
         logs = s.exec(select(TrainingLog).where(TrainingLog.run_id == run_id).order_by(TrainingLog.step)).all()
@@ -654,7 +657,7 @@ def test_workers_anywhere_find_a_runs_files_and_two_databases_in_one_folder_keep
     done = subprocess.run([sys.executable, "-m", "lab.cli", "worker", "--db", str(folder / "a.db"), "--once",
                            "--poll", "0.01"], capture_output=True, text=True, timeout=300, cwd=tmp_path / "w3",
                           env={**os.environ, "OMP_NUM_THREADS": "1",
-                               "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+                               "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
     assert done.returncode == 0, done.stderr[-3000:]
     dirs = {name: _run_dir(engine, 1) for name, engine in engines.items()}
     assert dirs["a"] != dirs["b"] and dirs["a"].parent == dirs["b"].parent == folder.resolve()

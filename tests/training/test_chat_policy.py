@@ -103,7 +103,7 @@ def test_a_runs_decoding_settings_are_stored_checked_and_reach_the_stage(empty_l
         with pytest.raises(SettingsError, match="completion_length"):
             RunSettings.checked(stages=1, completion_length=0)
         assert [r.name for r in s.exec(select(Run))] == ["chat"]  # nothing stored for the refused ones
-    args, _ = stage_args(empty_lab, run.id, 0)
+    args = stage_args(empty_lab, run.id, 0)
     assert args.decoding == "sampled"
     policy = start_policy(args, "cpu")
     assert (policy.thinking, policy.completion_length) == (True, 48)
@@ -112,13 +112,14 @@ def test_a_runs_decoding_settings_are_stored_checked_and_reach_the_stage(empty_l
 def test_a_grpo_step_logs_the_truncated_share_and_the_pages_draw_it(empty_lab: Engine, tmp_path: Path):
     with session(empty_lab) as s:
         run = create_run(s, name="chat", config=CONFIG, settings=RunSettings(stages=2, completion_length=4))
-    args = StageArgs(run_id=run.id, stage_index=1, seed=1, policy="", config=CONFIG, run_dir=tmp_path / "run",
-                     run_uuid=run.uuid, settings=run.settings)
-    policy = chat_policy().configured(run.settings)
-    # every answer runs to the cap (min_new_tokens = the cap), so each is truncated and 4 tokens long
+    # every answer runs to the cap (min_new_tokens = the cap), so each is truncated and 4 tokens long; a field no run
+    # may set (`GRPO_FIELDS`), put in the stage's settings past their check
     grpo = dict(max_steps=1, num_generations=2, per_device_train_batch_size=4, save_strategy="no",
                 generation_kwargs={"min_new_tokens": 4})
-    trainer, _, _ = trainer_for(empty_lab, args, policy, grpo, lambda *a, **k: False)
+    args = StageArgs(run_id=run.id, stage_index=1, seed=1, policy="", config=CONFIG, run_dir=tmp_path / "run",
+                     run_uuid=run.uuid, settings=run.settings.model_copy(update={"grpo": grpo}))
+    policy = chat_policy().configured(run.settings)
+    trainer, _, _ = trainer_for(empty_lab, args, policy, lambda *a, **k: False)
     assert trainer.args.max_completion_length == 4
     trainer.train()
     with session(empty_lab) as s:
@@ -139,14 +140,14 @@ def test_a_full_fine_tune_keeps_float32_master_weights_under_bf16_autocast(empty
     folder = saved.save(tmp_path / "bf16-policy")
     with session(empty_lab) as s:
         run = create_run(s, name="chat", config=CONFIG, settings=RunSettings(stages=2, completion_length=4))
-    args = StageArgs(run_id=run.id, stage_index=1, seed=1, policy=str(folder), config=CONFIG,
-                     run_dir=tmp_path / "run", run_uuid=run.uuid, settings=run.settings)
+    grpo = dict(max_steps=1, num_generations=2, per_device_train_batch_size=4, save_strategy="no", bf16=True,
+                learning_rate=1e-6)
+    args = StageArgs(run_id=run.id, stage_index=1, seed=1, policy=str(folder), config=CONFIG, run_dir=tmp_path / "run",
+                     run_uuid=run.uuid, settings=run.settings.model_copy(update={"grpo": grpo}))
     policy = start_policy(args, "cpu")
     assert {p.dtype for p in policy.model.parameters()} == {torch.float32}
     assert load_policy(str(folder), dtype=torch.bfloat16).model.dtype == torch.bfloat16  # as asked, otherwise
-    grpo = dict(max_steps=1, num_generations=2, per_device_train_batch_size=4, save_strategy="no", bf16=True,
-                learning_rate=1e-6)
-    trainer, _, _ = trainer_for(empty_lab, args, policy, grpo, lambda *a, **k: False)
+    trainer, _, _ = trainer_for(empty_lab, args, policy, lambda *a, **k: False)
     trainer.train()
     assert trainer.accelerator.mixed_precision == "bf16"  # the maths under bf16 autocast
     params = [p for group in trainer.optimizer.param_groups for p in group["params"]]

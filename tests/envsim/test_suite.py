@@ -165,7 +165,7 @@ def test_the_pool_that_builds_a_suite_ends_with_the_process_that_started_it():
     """A process killed by SIGKILL (a job's child, its worker gone) while its board-building pool waits for work:
     the pool's processes end with it, none is left waiting forever."""
     proc = subprocess.Popen([sys.executable, "-c", KILLED_WITH_ITS_POOL], stdout=subprocess.PIPE, text=True,
-                            cwd=Path(__file__).resolve().parent.parent)
+                            cwd=Path(__file__).resolve().parents[2])
     try:
         pids = [int(p) for p in proc.stdout.readline().split()]
         assert pids and all(Path(f"/proc/{p}").exists() for p in pids)

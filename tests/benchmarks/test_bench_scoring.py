@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_scoring.py"
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_scoring.py"
 
 
 def test_the_batch_scorer_agrees_with_the_step_by_step_one():
