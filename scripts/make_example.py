@@ -197,36 +197,49 @@ def _decide_waiting(engine: Engine, run_id: int, say: Callable[[str], None]) -> 
         return True
 
 
-def make(out: str | Path, say: Callable[[str], None] = print) -> Path:
+def make(out: str | Path, say: Callable[[str], None] = print, work: Path | None = None) -> Path:
     """Train the example run on a scratch database (its checkpoints in the same scratch folder, removed at the
     end), decide its proposals, benchmark stages 0 and 3, and export it to `out`. Says one line per stage, per
-    decision and per benchmark."""
-    saved = os.environ.get(RUNS_SETTING)
+    decision and per benchmark. With `work`, the database and checkpoints live there and are kept: a making
+    stopped midway goes on from where it stopped when made again with the same `work` (stages from their last
+    checkpoint, decisions and benchmarks made once)."""
+    if work is not None:
+        work.mkdir(parents=True, exist_ok=True)
+        return _make_in(work, out, say)
     with tempfile.TemporaryDirectory(prefix="envlab-example-") as scratch:
-        os.environ[RUNS_SETTING] = scratch  # the checkpoints go to the scratch folder, whatever $ENVLAB_RUNS says
-        engine = make_engine(str(Path(scratch) / "example.db"))
-        try:
-            upgrade(engine)
-            run_id = _train(engine, say)
-            for index in BENCHMARKED:
+        return _make_in(Path(scratch), out, say)
+
+
+def _make_in(folder: Path, out: str | Path, say: Callable[[str], None]) -> Path:
+    saved = os.environ.get(RUNS_SETTING)
+    os.environ[RUNS_SETTING] = str(folder)  # the checkpoints go to that folder, whatever $ENVLAB_RUNS says
+    engine = make_engine(str(folder / "example.db"))
+    try:
+        upgrade(engine)
+        run_id = _train(engine, say)
+        for index in BENCHMARKED:
+            if not _benchmarked(engine, run_id, index):
                 _benchmark(engine, run_id, index)
-                say(f"stage {index} evaluated on the benchmark")
-            path = export_run(engine, run_id, out)
-        finally:
-            engine.dispose()
-            if saved is None:
-                os.environ.pop(RUNS_SETTING, None)
-            else:
-                os.environ[RUNS_SETTING] = saved
+            say(f"stage {index} evaluated on the benchmark")
+        path = export_run(engine, run_id, out)
+    finally:
+        engine.dispose()
+        if saved is None:
+            os.environ.pop(RUNS_SETTING, None)
+        else:
+            os.environ[RUNS_SETTING] = saved
     say(f"run {run_id} -> {path} ({path.stat().st_size / 1e6:.1f} MB, without checkpoints)")
     return path
 
 
 def _train(engine: Engine, say: Callable[[str], None]) -> int:
-    """Create the run and drive it to its end with a worker in this process, deciding where a person would."""
+    """Create the run (or take the one an earlier making left) and drive it to its end with a worker in this
+    process, deciding where a person would."""
     with session(engine) as s:
-        run_id = create_run(s, name=NAME, description=DESCRIPTION, config=EnvConfig.default(),
-                            settings=RunSettings(stages=STAGES, auto_apply=False), engineer="heuristic", seed=SEED).id
+        earlier = s.exec(select(Run).where(Run.name == NAME)).first()
+        run_id = earlier.id if earlier is not None else create_run(
+            s, name=NAME, description=DESCRIPTION, config=EnvConfig.default(),
+            settings=RunSettings(stages=STAGES, auto_apply=False), engineer="heuristic", seed=SEED).id
     jobs = handlers()
     shown: set[int] = set()
 
@@ -247,9 +260,23 @@ def _train(engine: Engine, say: Callable[[str], None]) -> int:
     return run_id
 
 
+def _benchmark_job(engine: Engine, run_id: int, index: int, *statuses: JobStatus) -> Job | None:
+    """The run's benchmark job of stage `index` in one of `statuses` (an earlier making's, in the same folder)."""
+    with session(engine) as s:
+        return s.exec(select(Job).where(Job.run_id == run_id, Job.kind == "benchmark", Job.target == index,
+                                        Job.status.in_(statuses))).first()
+
+
+def _benchmarked(engine: Engine, run_id: int, index: int) -> bool:
+    return _benchmark_job(engine, run_id, index, JobStatus.DONE) is not None
+
+
 def _benchmark(engine: Engine, run_id: int, index: int) -> None:
+    """Benchmark stage `index`: the job an earlier making left queued or running (the worker hands a dead worker's
+    back, and it goes on from the boards it stored), else a new one."""
+    job = _benchmark_job(engine, run_id, index, JobStatus.QUEUED, JobStatus.RUNNING)
     try:
-        job = queue_benchmark(engine, run_id, index)
+        job = job or queue_benchmark(engine, run_id, index)
     except LoopError as err:
         raise ExampleError(str(err)) from err
     run_worker(engine, handlers(), WorkerOptions(once=True))
@@ -263,11 +290,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python scripts/make_example.py", description=__doc__.splitlines()[0])
     p.add_argument("--make", type=Path, metavar="ZIP", required=True,
                    help="train the example run and write it here (the shipped one is assets/example-run.zip)")
+    p.add_argument("--work", type=Path, metavar="DIR",
+                   help="keep the database and checkpoints in DIR (default: a scratch folder removed at the end), so "
+                        "a making stopped midway goes on from where it stopped when run again with the same DIR")
     args = p.parse_args(argv)
     if not sys.stdout.isatty():
         quiet_libraries()
     started = time.monotonic()
-    make(args.make, say=lambda line: print(line, flush=True))
+    make(args.make, say=lambda line: print(line, flush=True), work=args.work)
     print(f"made in {time.monotonic() - started:.0f} s", flush=True)
     return 0
 
