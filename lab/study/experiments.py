@@ -708,6 +708,13 @@ def log_dir(engine: Engine, experiment: Experiment) -> Path:
     return runs_root(engine) / "experiments" / str(experiment.id)
 
 
+def worker_gpus(settings: ExperimentSettings, visible: Sequence[str], workers: int) -> list[list[str]]:
+    """The GPUs each of an experiment's `workers` owns, of those `visible`: a block of as many as its stages were
+    planned for (`processes`), one more for the worker's vLLM server where its runs generate in vLLM's server mode
+    (a worker trains on its GPUs less its server's); none where fewer are left (`split_gpus`)."""
+    return split_gpus(visible, workers, settings.processes + settings.run.overrides.vllm_server)
+
+
 def run_experiment(engine: Engine, db: str | None, key: str | int, *, workers: int = 1, benchmark: bool = False,
                    on_progress: Callable[[ExperimentProgress], None] | None = None,
                    say: Callable[[str], None] | None = None, poll_s: float = 1.0,
@@ -720,7 +727,8 @@ def run_experiment(engine: Engine, db: str | None, key: str | int, *, workers: i
     stage is then evaluated on the benchmark (`queue_benchmarks`) before the workers stop. `say` hears what was
     resumed. `threads` sets each worker's torch threads (OMP_NUM_THREADS; None: torch's own choice). The
     visible GPUs are shared out between the workers (`lab.jobs.worker.split_gpus`): worker k owns a block of as many
-    as the experiment's stages were planned for (`ExperimentSettings.processes`), the only stages it claims; an
+    as the experiment's stages were planned for (`ExperimentSettings.processes`; one more, for its vLLM server, in
+    vLLM's server mode), the only stages it claims; an
     experiment of more processes than this machine shows GPUs is refused before anything runs. The workers claim
     the oldest run's jobs first (`storage.queue.claim`'s `by_run`): a study stopped midway has its first seeds whole,
     every arm paired, rather than every run half-trained.
@@ -739,7 +747,7 @@ def run_experiment(engine: Engine, db: str | None, key: str | int, *, workers: i
     folder = log_dir(engine, experiment)
     folder.mkdir(parents=True, exist_ok=True)
     env = {"OMP_NUM_THREADS": str(threads)} if threads else None
-    shares = split_gpus(visible, workers, processes)  # each worker owns its own GPUs (none where too few are left)
+    shares = worker_gpus(experiment.settings, visible, workers)
     # `--by-run`: the oldest run's jobs first, so the runs (queued seed by seed) end seed by seed
     procs = [start_worker(db, options=["--poll", str(min(poll_s, 1.0)), "--gpus", ",".join(gpus) or "none",
                                        "--by-run"], die_with_parent=True, log=folder / f"worker-{i}.log", env=env)

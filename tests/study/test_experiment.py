@@ -844,3 +844,22 @@ def test_an_experiment_for_two_processes_records_them_with_its_steps_counted_for
         run_experiment(empty_lab, None, experiment.id)
     assert str(refused.value) == ("experiment 'two' is planned for 2 processes a stage, one per GPU, and this machine "
                                   "shows 0 GPU(s) (CUDA_VISIBLE_DEVICES): run it on a machine of 2 GPUs or more")
+
+
+def test_an_experiments_workers_own_its_processes_gpus_and_one_more_for_a_vllm_server():
+    """Each worker of `envlab experiment run` owns a block of the GPUs its stages were planned for; in vLLM's server
+    mode one more, for its server (a worker trains on its GPUs less the server's), so a block of one GPU a stage is
+    two GPUs a worker there; a worker for whom too few are left owns none."""
+    from lab.study.experiments import worker_gpus
+    from storage.settings import ExperimentSettings
+
+    def settings(processes: int, grpo: dict) -> ExperimentSettings:
+        return ExperimentSettings(run=RunSettings(stages=1, grpo=grpo), config=CONFIG, steps_per_stage=1,
+                                  validation_boards=8, processes=processes)
+
+    four = ["0", "1", "2", "3"]
+    served = {"use_vllm": True, "vllm_mode": "server"}
+    assert worker_gpus(settings(1, {}), four, 2) == [["0"], ["1"]]
+    assert worker_gpus(settings(1, served), four, 2) == [["0", "1"], ["2", "3"]]
+    assert worker_gpus(settings(2, served), four, 2) == [["0", "1", "2"], []]
+    assert worker_gpus(settings(1, {"use_vllm": True, "vllm_mode": "colocate"}), four, 2) == [["0"], ["1"]]
