@@ -737,10 +737,12 @@ def run_experiment(engine: Engine, db: str | None, key: str | int, *, workers: i
         raise ExperimentError(f"workers = {workers}: run at least 1 worker")
     experiment = find_experiment(engine, key)
     visible, processes = visible_gpus(), experiment.settings.processes
-    if processes > 1 and len(visible) < processes:
+    served = experiment.settings.run.overrides.vllm_server  # a GPU more a worker, for its vLLM server (on GPUs)
+    if (processes > 1 or served and visible) and len(visible) < processes + served:
         raise ExperimentError(f"experiment {experiment.name!r} is planned for {processes} processes a stage, one per "
-                              f"GPU, and this machine shows {len(visible)} GPU(s) (CUDA_VISIBLE_DEVICES): run it on a "
-                              f"machine of {processes} GPUs or more")
+                              f"GPU{', beside a GPU for its vLLM server' if served else ''}, and this machine shows "
+                              f"{len(visible)} GPU(s) (CUDA_VISIBLE_DEVICES): run it on a machine of "
+                              f"{processes + served} GPUs or more")
     for line in restart(engine, experiment.id):
         if say is not None:
             say(line)
