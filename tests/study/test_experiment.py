@@ -863,3 +863,25 @@ def test_an_experiments_workers_own_its_processes_gpus_and_one_more_for_a_vllm_s
     assert worker_gpus(settings(1, served), four, 2) == [["0", "1"], ["2", "3"]]
     assert worker_gpus(settings(2, served), four, 2) == [["0", "1", "2"], []]
     assert worker_gpus(settings(1, {"use_vllm": True, "vllm_mode": "colocate"}), four, 2) == [["0"], ["1"]]
+
+
+def test_an_experiment_in_vllms_server_mode_on_one_gpu_is_refused_before_it_runs(empty_lab, monkeypatch):
+    """A worker in vLLM's server mode trains beside its server's GPU: on a machine of one GPU the experiment is
+    refused before any worker starts, saying how many it needs; on a machine without a GPU it is not (vLLM's devices
+    are its own there)."""
+    from lab.study import experiments as module
+
+    experiment = create_experiment(empty_lab, name="served", settings=RunSettings(stages=1), arms=["fixed"], seeds=1,
+                                   instances=8)
+    with session(empty_lab) as s:  # as a lab with vLLM stores it (here, without vLLM, making it is refused)
+        stored = s.get(Experiment, experiment.id)
+        run = stored.settings.run.model_copy(update={"grpo": {"use_vllm": True, "vllm_mode": "server"}})
+        stored.settings = stored.settings.model_copy(update={"run": run})
+        s.add(stored)
+        s.commit()
+    monkeypatch.setattr(module, "visible_gpus", lambda: ["0"])
+    with pytest.raises(ExperimentError) as refused:
+        run_experiment(empty_lab, None, experiment.id)
+    assert str(refused.value) == ("experiment 'served' is planned for 1 processes a stage, one per GPU, beside a GPU "
+                                  "for its vLLM server, and this machine shows 1 GPU(s) (CUDA_VISIBLE_DEVICES): run it "
+                                  "on a machine of 2 GPUs or more")
