@@ -137,7 +137,7 @@ def _edit(seen: Seen) -> tuple[dict | None, str]:
     return edited, (f"The heuristic proposed the same again (it is deterministic, and the results have not "
                     f"changed). Kept its data shares and hole ratios, and raised wait_ratio only at {_sizes(kept)}, "
                     f"where conflicts end at least {CONFLICT_SHARE:.0%} of the boards, to see whether more waiting "
-                    f"boards help there; {_sizes(few)} keep their wait_ratio.")
+                    f"boards help there; wait_ratio stays as it was at {_sizes(few)}.")
 
 
 def _accept(seen: Seen) -> tuple[dict | None, str]:
