@@ -7,6 +7,11 @@ the answers (validation), the loss curve (GRPO) and the stage's valid rates (run
     OMP_NUM_THREADS=1 python benchmarks/bench_decode.py                # 210 boards, 4 GRPO steps of 32 completions
     OMP_NUM_THREADS=1 python benchmarks/bench_decode.py --run          # and the whole small run
     OMP_NUM_THREADS=1 python benchmarks/bench_decode.py --quick        # the CI budget: 12 boards, 1 step, no run
+    OMP_NUM_THREADS=1 python benchmarks/bench_decode.py --paged --boards 128   # and transformers' paged batching
+
+`--paged` also answers the validation boards with transformers' continuous batching (`generate_batch`: a paged KV
+cache, a finished row's place taken by the next board at once) and with the loop, both at the largest budget of the
+boards, greedy, and prints the two times and whether the answers are the same.
 
 The ratio is the one to quote: the seconds move with the machine's load, the two paths alike.
 """
@@ -38,6 +43,7 @@ from training.rewards import REWARDS
 from training.stage import StageArgs, Trainer, dataset, grpo_config
 
 PATHS: tuple[Decoder, ...] = ("transformers", "loop")
+PAGE = 256  # tokens a page of the paged KV cache (`--paged`)
 
 
 @dataclass
@@ -53,6 +59,7 @@ class Args:
     run: bool = False  # also a whole small run (stage_breakdown's), each path once a turn
     threads: int = 1
     quick: bool = False  # the CI budget: 12 boards, 1 step, 1 turn
+    paged: bool = False  # also transformers' continuous batching (`generate_batch`) against the loop, validation
 
 
 def boards_of(args: Args, n: int, seed: int) -> list[Instance]:
@@ -79,6 +86,35 @@ def validation(policy: Policy, boards: list[Instance], args: Args) -> dict[Decod
             answers[path] = [r.completion for r in results]
             valid = sum(r.outcome.valid for r in results)
     return {"seconds": {p: statistics.mean(s) for p, s in seconds.items()}, "answers": answers, "valid": valid}
+
+
+def paged(policy: Policy, boards: list[Instance], batch: int) -> dict[str, Any]:
+    """Greedy answers to `boards` by transformers' continuous batching (`generate_batch`, a paged KV cache) and by the
+    loop (`Policy.generate`, batches of `batch`), both at the largest budget of the boards: seconds, answers."""
+    from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    prompts = [policy.prompt(b) for b in boards]
+    budget = max(answer_budget(policy, b) for b in boards)
+    tok, model = policy.tokenizer, policy.model
+    policy.decoder = "loop"
+    t0 = time.perf_counter()
+    loop = policy.generate(prompts, max_new_tokens=budget, batch_size=batch)
+    seconds = {"loop": time.perf_counter() - t0}
+    # its paged cache sized for `batch` answers at once, as the loop's batches (left to itself, transformers sizes it
+    # from the memory free: 12.8 GB on this machine, which the kernel's OOM killer took back)
+    longest = max(len(policy.token_ids(p)) for p in prompts) + budget
+    config = GenerationConfig(max_new_tokens=budget, do_sample=False, eos_token_id=tok.eos_token_id,
+                              pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
+    paging = ContinuousBatchingConfig(page_size=PAGE, num_blocks=batch * -(-longest // PAGE), max_batch_tokens=512,
+                                      max_requests_per_batch=batch)
+    model.eval()
+    t0 = time.perf_counter()
+    out = model.generate_batch(inputs=[policy.token_ids(p) for p in prompts], generation_config=config,
+                               continuous_batching_config=paging, progress_bar=False)
+    seconds["paged"] = time.perf_counter() - t0
+    answers = [tok.decode(out[f"req_{i}"].generated_tokens, skip_special_tokens=True) for i in range(len(boards))]
+    return {"seconds": seconds, "budget": budget, "same": sum(a == b for a, b in zip(loop, answers, strict=True))}
 
 
 def steps_of(policy: Policy, boards: list[Instance], answers: list[str], batch: int) -> tuple[int, int]:
@@ -192,6 +228,12 @@ def main(args: Args) -> dict[str, float]:
     steps, tokens = steps_of(load_policy("tiny"), boards, checked["answers"]["loop"], args.batch)
     print(f"  {steps} decode steps for {tokens} tokens: {tokens / steps:.1f} rows a step on average of the "
           f"{min(args.batch, len(boards))} a batch starts with")
+    if args.paged:
+        cb = paged(load_policy("tiny"), boards, args.batch)
+        loop, pages = cb["seconds"]["loop"], cb["seconds"]["paged"]
+        print(f"validation, {len(boards)} boards greedy at a budget of {cb['budget']} tokens: transformers' continuous "
+              f"batching (generate_batch) {pages:.2f} s, loop {loop:.2f} s; ratio {pages / loop:.2f}x the loop's time; "
+              f"answers identical {cb['same']}/{len(boards)}")
     train = boards_of(args, args.prompts * (args.steps + 1), seed=8)
     timed = {path: grpo(train, args, path) for path in PATHS}
     step = {p: statistics.median(t.seconds[1:] or t.seconds) for p, t in timed.items()}

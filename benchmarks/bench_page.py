@@ -12,8 +12,9 @@ replay's own pace, `--play-steps` x 0.6 s), a decision (reject and ask again), t
 tab's first drawing of the experiment. Median of the repeats, first idle, then while a real `envlab worker` at its
 default lower CPU priority trains stage 1 of a run of the tiny policy with GRPO (tests/stage_beside.py); that column
 is measured once the stage has logged its first GRPO step and kept only if it still trains after the last action,
-else it stays empty and says why. The ratio loaded/idle is the figure; target: each action <= 1.5 s with the stage
-training. Error boxes the page showed meanwhile are counted (there should be none).
+else it stays empty and says why. The ratio loaded/idle is the figure; targets with the stage training: each action
+<= 1 s, Compare (a whole experiment's figures drawn) <= 1.5 s (`target`). Error boxes the page showed meanwhile are
+counted (there should be none).
 
 Exits 1 when a target is missed, the loaded column could not be measured, or the page showed an error; 0 with a
 note when Playwright or Chromium is missing.
@@ -33,7 +34,7 @@ import statistics  # noqa: E402
 import tempfile  # noqa: E402
 from collections.abc import Callable, Sequence  # noqa: E402
 
-from bench_app import ACTION_TARGET_S, STEPS, store_big_episode  # noqa: E402
+from bench_app import STEPS, store_big_episode  # noqa: E402
 
 from lab.pages import web as app  # noqa: E402
 from storage.db import make_engine  # noqa: E402
@@ -43,6 +44,7 @@ from tests.servers import CHROMIUM_ARGS, chromium_path, free_port  # noqa: E402
 from tests.servers import chromium_missing as missing  # noqa: E402
 
 Figures = dict[str, tuple[float, float | None]]
+TARGET_S, COMPARE_TARGET_S = 1.0, 1.5  # an action's, and the Compare tab's drawing of a whole experiment's
 ARMS, SEEDS = 2, 2  # the experiment the Compare tab draws (`tests.recorded.scripted_experiment`: fixed, heuristic)
 
 
@@ -108,16 +110,21 @@ def bench(repeats: int, play_steps: int = STEPS, stage_steps: int = stage_beside
     return {name: (idle[name], loaded[name]) for name in timed}, still, errors
 
 
+def target(action: str) -> float:
+    """The most seconds `action` may take with a stage training beside the page."""
+    return COMPARE_TARGET_S if action.startswith("Compare") else TARGET_S
+
+
 def report(figures: Figures, still: str, errors: list[str], repeats: int) -> None:
     print(f"page actions in the browser, click to result, median of {repeats} (a stage training beside the page: "
           f"{still}):")
-    print(f"  {'action':52s} {'idle':>9s} {'loaded':>9s} {'ratio':>6s}")
+    print(f"  {'action':52s} {'idle':>9s} {'loaded':>9s} {'ratio':>6s} {'target':>7s}")
     for name, (a, b) in figures.items():
         ratio = f"{b / a:5.1f}x" if b is not None and a > 0 else f"{'-':>6s}"
         print(f"  {name:52s} {a * 1000:7.0f}ms " + (f"{b * 1000:7.0f}ms {ratio}" if b is not None else
-                                                      f"{'-':>9s} {'-':>6s}"))
-    print(f"  target: each action <= {ACTION_TARGET_S} s with a stage training beside the page; ratio = loaded / "
-          "idle, measured in this run")
+                                                      f"{'-':>9s} {'-':>6s}") + f" {target(name) * 1000:5.0f}ms")
+    print(f"  target: each action <= {TARGET_S:g} s, Compare <= {COMPARE_TARGET_S:g} s, with a stage training beside "
+          "the page; ratio = loaded / idle, measured in this run")
     print(f"  error boxes the page showed: {len(errors)}" + "".join(f"\n    {e}" for e in errors[:10]))
 
 
@@ -137,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     figures, still, errors = bench(args.repeats, args.play_steps, args.stage_steps, args.wait, only=args.only)
     report(figures, still, errors, args.repeats)
-    missed = errors or any(b is None or b > ACTION_TARGET_S for _, b in figures.values())
+    missed = errors or any(b is None or b > target(name) for name, (_, b) in figures.items())
     return 1 if missed else 0
 
 

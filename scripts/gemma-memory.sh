@@ -14,8 +14,7 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 work=${WORK:-$HOME/envlab-long}/gemma
 source "$repo/scripts/fixed-commit.sh"
 source "$repo/scripts/snapshot.sh"
-python=$repo/.venv/bin/python
-[ -x "$python" ] || { echo "no environment in $repo/.venv: bash .ci/setup first" >&2; exit 2; }
+long_run_python "$repo"
 long_run_enter "$repo" "$work" "${1:-}"
 export HF_HUB_OFFLINE=1 OMP_NUM_THREADS=2
 nohup setsid nice -n 5 bash -c "

@@ -10,8 +10,7 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 work=${WORK:-$HOME/envlab-long}/example
 source "$repo/scripts/fixed-commit.sh"
 source "$repo/scripts/snapshot.sh"
-python=$repo/.venv/bin/python
-[ -x "$python" ] || { echo "no environment in $repo/.venv: bash .ci/setup first" >&2; exit 2; }
+long_run_python "$repo"
 long_run_enter "$repo" "$work" "${1:-}"
 [ -f "$work/example-run.zip" ] && { echo "made already: $work/example-run.zip"; exit 0; }
 nohup setsid nice -n 5 "$python" "$work/src/scripts/make_example.py" --make "$work/example-run.zip" \

@@ -9,6 +9,7 @@
 #   snapshot_restore SNAP WORK DB    # the reverse, into a WORK that holds no study yet; refuses another WORK path,
 #                                    # as the database names its checkpoints by their full paths
 #   snapshot_every SECONDS PID WORK DB SNAP   # snapshot_save every SECONDS while process PID runs, and once after
+#   long_run_python REPO             # $python, REPO's .venv's; refuses (exit 2) in one line where there is none
 #   long_run_open REPO WORK DB SNAP WHAT MARK [save|COMMIT]   # a background script's start: refuses without REPO's
 #                                    # .venv (sets $python); `save` saves and exits (WHAT names it: "no WHAT in WORK
 #                                    # to save"); restores SNAP when MARK (a file) is missing, then touches MARK
@@ -84,13 +85,17 @@ snapshot_every() {
     snapshot_save "$work" "$db" "$snap"  # once more, after it ended
 }
 
-long_run_open() {
-    local repo=$1 work=$2 db=$3 snap=$4 what=$5 mark=$6 arg=${7:-}
-    python=$repo/.venv/bin/python
+long_run_python() {
+    python=$1/.venv/bin/python
     if [ ! -x "$python" ]; then
-        echo "no environment in $repo/.venv: bash .ci/setup first" >&2
+        echo "no environment in $1/.venv: bash .ci/setup first" >&2
         exit 2
     fi
+}
+
+long_run_open() {
+    local repo=$1 work=$2 db=$3 snap=$4 what=$5 mark=$6 arg=${7:-}
+    long_run_python "$repo"
     if [ "$arg" = save ]; then
         [ -f "$db" ] || { echo "no $what in $work to save" >&2; exit 2; }
         PYTHON=$python snapshot_save "$work" "$db" "$snap"

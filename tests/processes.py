@@ -4,7 +4,9 @@ real writers against one database."""
 from __future__ import annotations
 
 import multiprocessing
+import os
 import traceback
+from pathlib import Path
 
 from sqlalchemy import Engine
 
@@ -38,3 +40,15 @@ def in_processes(target, args_per_process: list[tuple], engine: Engine) -> list:
     failures = [value for _, ok, value in reports if not ok]
     assert not failures, "a child process failed:\n" + failures[0]
     return [value for _, _, value in reports]
+
+
+def alive(pid: int) -> bool:
+    """Whether process `pid` runs: it exists and is not a zombie (ended, not yet reaped)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False

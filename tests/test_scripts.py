@@ -142,11 +142,12 @@ def test_the_study_script_says_what_is_missing_before_it_starts(tmp_path: Path) 
     assert (done.returncode, done.stderr) == (2, f"no study in {tmp_path}/second-pass to save\n")
     bare = tmp_path / "checkout"  # a checkout with no .venv
     (bare / "scripts").mkdir(parents=True)
-    for name in ("study-second-pass.sh", "fixed-commit.sh", "snapshot.sh"):
+    scripts = ("study-second-pass.sh", "make-example.sh", "gemma-memory.sh")
+    for name in (*scripts, "fixed-commit.sh", "snapshot.sh"):
         (bare / "scripts" / name).write_text((ROOT / "scripts" / name).read_text())
-    done = subprocess.run(["bash", str(bare / "scripts" / "study-second-pass.sh")], capture_output=True, text=True,
-                          env=env)
-    assert (done.returncode, done.stderr) == (2, f"no environment in {bare}/.venv: bash .ci/setup first\n")
+    for name in scripts:
+        done = subprocess.run(["bash", str(bare / "scripts" / name)], capture_output=True, text=True, env=env)
+        assert (done.returncode, done.stderr) == (2, f"no environment in {bare}/.venv: bash .ci/setup first\n"), name
     assert sorted(os.listdir(tmp_path)) == ["checkout"]
 
 

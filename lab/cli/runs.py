@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
     from lab.loop import Step
     from storage.models import Run, Stage
+    from storage.settings import RunSettings
 
 
 def quiet_libraries() -> None:
@@ -97,15 +98,27 @@ def run_gpus(visible: Sequence[str], processes: int) -> list[str]:
     return list(visible[:processes])
 
 
-def _new_run(s: Session, args: argparse.Namespace, visible: Sequence[str] = ()) -> Run:
-    """The run these flags make, refused before it is stored where its processes find too few of the `visible`
-    GPUs (`run_gpus`)."""
-    from lab.loop import LoopError, create_run
+def _new_settings(args: argparse.Namespace) -> tuple[EnvConfig, RunSettings]:
+    """The initial config and the settings these flags give a new run, checked: a bad value is refused here, before
+    a database is opened or a child process started."""
     from storage.settings import SettingsError
 
     config, scenario_grpo = _initial(args)
     try:
-        settings = settings_from_args(args, grpo=grpo_overrides(args.grpo), grpo_under=scenario_grpo)
+        return config, settings_from_args(args, grpo=grpo_overrides(args.grpo), grpo_under=scenario_grpo)
+    except SettingsError as err:
+        raise UsageError(str(err)) from err
+
+
+def _new_run(s: Session, args: argparse.Namespace, made: tuple[EnvConfig, RunSettings],
+             visible: Sequence[str] = ()) -> Run:
+    """The run of `made` (`_new_settings`), refused before it is stored where its processes find too few of the
+    `visible` GPUs (`run_gpus`) or the training stack refuses its GRPO overrides."""
+    from lab.loop import LoopError, create_run
+    from storage.settings import SettingsError
+
+    config, settings = made
+    try:
         run_gpus(visible, settings.processes or 1)
         return create_run(s, name=args.name, config=config, settings=settings, policy=args.policy,
                           engineer=args.engineer or "heuristic", engineer_backend=args.backend or "", seed=args.seed)
@@ -121,7 +134,6 @@ def _print_settings(args: argparse.Namespace) -> None:
     """`--print-settings`: the settings file of the run `--resume` names, else of the run these flags would make."""
     from storage.db import session
     from storage.models import Run
-    from storage.settings import SettingsError
 
     if args.resume is not None:
         with session(engine_of(args.db)) as s:
@@ -130,10 +142,7 @@ def _print_settings(args: argparse.Namespace) -> None:
             raise UsageError(f"--resume {args.resume}: no such run")
         settings = run.settings
     else:
-        try:
-            settings = settings_from_args(args, grpo=grpo_overrides(args.grpo), grpo_under=_initial(args)[1])
-        except SettingsError as err:
-            raise UsageError(str(err)) from err
+        settings = _new_settings(args)[1]
     print(settings_yaml(settings), end="")
 
 
@@ -156,16 +165,17 @@ def cmd_run(args: argparse.Namespace) -> None:
             allow_server(args.base_url)  # given on this machine's command line
         except LLMError as err:  # a password in it: never echoed, never stored
             raise UsageError(str(err)) from None
+    made = None if args.resume is not None else _new_settings(args)  # a bad setting: nothing opened or started
     engine = engine_of(args.db)
     visible = visible_gpus()
     warm_children(engine, visible)  # its imports beside this process's own (a new run's settings import TRL here)
     with session(engine) as s:
-        if args.resume is not None:
+        if made is None:
             run = s.get(Run, args.resume)
             if run is None:
                 raise UsageError(f"--resume {args.resume}: no such run")
         else:
-            run = _new_run(s, args, visible)
+            run = _new_run(s, args, made, visible)
         stages, auto_apply = run.settings.stages, run.settings.auto_apply
     gpus = run_gpus(visible, run.settings.processes or 1)  # its worker launches as many as its stages were planned for
     if args.resume is not None:

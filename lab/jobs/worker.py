@@ -1023,16 +1023,25 @@ class KeptWorker(threading.Thread):
     badge read "idle". Each death and restart is one line on the command line; the job it held is handed back by the
     new one (`hand_back_orphans`). One that dies more than `RESTARTS` times within `RESTART_WINDOW_S` is left down,
     `down` saying so in one line (the page's badge shows it: `worker_status`). `started`: when (`time.monotonic()`)
-    its latest process was started. It stops watching as this process exits (before the workers are stopped)."""
+    its latest process was started (`later`: its first process starts with `start()`, not when it is made: `envlab
+    serve` starts its workers once the page serves). It stops watching as this process exits (before the workers are
+    stopped)."""
 
-    def __init__(self, start: Callable[[], subprocess.Popen], poll_s: float = 2.0, name: str = "the lab's worker"):
+    def __init__(self, start: Callable[[], subprocess.Popen], poll_s: float = 2.0, name: str = "the lab's worker",
+                 later: bool = False):
         super().__init__(name="kept-worker", daemon=True)
         self.start_process, self.poll_s, self.what = start, poll_s, name
-        self.proc = start()
+        self.proc: subprocess.Popen | None = None if later else start()
         self.started = time.monotonic()
         self.down: str | None = None
         self.stopping = threading.Event()
         atexit.register(self.stopping.set)  # runs before the workers' own stops (atexit runs last in, first out)
+
+    def start(self) -> None:
+        if self.proc is None:  # made `later`: its first process starts now
+            self.proc = self.start_process()
+            self.started = time.monotonic()
+        super().start()
 
     def run(self) -> None:
         deaths: deque[float] = deque()

@@ -527,9 +527,10 @@ def close_api_docs(demo: gr.Blocks) -> None:
 
 def launch(demo: gr.Blocks, host: str = "127.0.0.1", port: int | None = None,
            auth: list[tuple[str, str]] | None = None, block: bool = True, allowed: Sequence[str] = (),
-           forwarded_allow_ips: str = "") -> None:
+           forwarded_allow_ips: str = "", served: Callable[[], object] | None = None) -> None:
     """Serve the page; with `block`, say where in one line and serve until interrupted. Raises OSError when
-    the port is taken.
+    the port is taken. `served`: called once the page answers (`envlab serve` starts its workers and the shipped
+    study's import then, so they do not slow its first answer on a machine of few cores).
 
     Uploads are capped at `Limits.upload` (Gradio's `max_file_size`, per file; docs/archive.md), and how many are
     kept at once and their bytes together by `lab.pages.tempfiles.QuotaGate`, before Gradio writes any; FastAPI's
@@ -551,6 +552,8 @@ def launch(demo: gr.Blocks, host: str = "127.0.0.1", port: int | None = None,
                 app_kwargs={"openapi_url": None, "middleware": [Middleware(Guard, hosts=allowed_hosts(host, allowed)),
                                                                  Middleware(QuotaGate)]})
     guard_first(demo.server_app)
+    if served is not None:
+        served()
     if block:
         print(f"envlab: serving on http://{host}:{demo.server_port}", flush=True)
         threading.Thread(target=warm, name="envlab-warm", daemon=True).start()
@@ -573,13 +576,14 @@ def guard_first(server: Any) -> None:
     server.middleware_stack = server.build_middleware_stack()
 
 
-def add_example(engine: Engine, beside: bool = False, stop: threading.Event | None = None) -> threading.Thread | None:
+def add_example(engine: Engine, beside: bool = False, stop: threading.Event | None = None,
+                started: bool = True) -> threading.Thread | None:
     """The shipped example run, then the shipped study, into a lab that takes them (`lab.study.example`: a new lab
     does, and keeps that choice) where they are not in yet; a file that cannot be imported is said in one line, and
     the lab starts without it. With `beside`, the study (88 runs, most of a first start's time) is imported in a
     thread while the page starts, with a line on the command line; an experiment shows on the Compare tab once all
     its runs are in (`import_studies`), and `stop` set stops the import after the run it is at (the next start
-    goes on from there). Returns that thread."""
+    goes on from there). Returns that thread, not yet started where `started` is false."""
     try:
         run_id = ensure_example(engine)
     except ArchiveError as err:
@@ -594,7 +598,8 @@ def add_example(engine: Engine, beside: bool = False, stop: threading.Event | No
         add_studies(engine)
         return None
     thread = threading.Thread(target=add_studies, args=(engine, stop), name="envlab-study-import", daemon=True)
-    thread.start()
+    if started:
+        thread.start()
     return thread
 
 
@@ -679,20 +684,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.no_example:
         shipped_choice(engine, take=False)  # a new lab stays empty, on this start and the next ones
         study = None
-    else:
-        study = add_example(engine, beside=True, stop=stop)
+    else:  # the shipped study is imported beside the page, from when it serves
+        study = add_example(engine, beside=True, stop=stop, started=False)
+    # the workers start once the page serves (each imports the training stack: on two cores, started beside the page's
+    # own imports they made its first answer seconds later), and each is started again when it dies
+    workers: list[KeptWorker] = []
     if args.no_worker:
         print("not starting a worker (--no-worker): queued jobs wait for `envlab worker`", file=sys.stderr)
     elif worker_busy(engine):
         print("a worker is already at work on this database: not starting another", file=sys.stderr)
     else:
-        kept = KeptWorker(lambda: start_worker(args.db, env=beside_page_env(), die_with_parent=True, own_group=True))
-        kept.start()  # started again when it dies
+        kept = KeptWorker(lambda: start_worker(args.db, env=beside_page_env(), die_with_parent=True, own_group=True),
+                          later=True)
+        workers.append(kept)
     if not args.no_worker:
-        for lane in LANES:  # a probe job runs here while the worker trains a stage
-            KeptWorker(lambda lane=lane: start_worker(args.db, options=lane, env=beside_page_env(),
-                                                      die_with_parent=True, own_group=True),
-                       name="the lab's probe lane").start()
+        workers += [KeptWorker(lambda lane=lane: start_worker(args.db, options=lane, env=beside_page_env(),
+                                                              die_with_parent=True, own_group=True),
+                               name="the lab's probe lane", later=True)
+                    for lane in LANES]  # a probe job runs here while the worker trains a stage
+
+    def served() -> None:
+        for worker in workers:
+            worker.start()
+        if study is not None:
+            study.start()
     # SIGTERM ends the page like Ctrl-C does, so the atexit hook stops the workers it started, each with one SIGTERM
     # (they are in process groups of their own: a Ctrl+C reaches the page only), and each hands its job back.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
@@ -700,7 +715,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID`: every thread's stack, on stderr
     try:
         launch(build_demo(engine, own_worker=not args.no_worker, kept=kept), host, port, auth,
-               allowed=args.allowed_hosts.split(","), forwarded_allow_ips=args.forwarded_allow_ips)
+               allowed=args.allowed_hosts.split(","), forwarded_allow_ips=args.forwarded_allow_ips, served=served)
     except KeyboardInterrupt:  # Ctrl+C before the page serves: one line; its workers are stopped as above (atexit)
         print("envlab serve: stopped", file=sys.stderr)
         return 0
@@ -710,7 +725,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(taken, file=sys.stderr)  # taken between the check and the launch
         return 2
     finally:  # the page ended (Ctrl+C, SIGTERM): the study's import stops after its run, whole; the next start goes on
-        if study is not None:
+        if study is not None and study.ident is not None:  # started: the page served
             stop.set()
             study.join(STOP_IMPORT_S)
     return 0

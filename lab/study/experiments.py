@@ -715,6 +715,20 @@ def worker_gpus(settings: ExperimentSettings, visible: Sequence[str], workers: i
     return split_gpus(visible, workers, settings.processes + settings.run.overrides.vllm_server)
 
 
+def task_gpus_refusal(experiment: Experiment, gpus: int) -> str | None:
+    """Why a worker of `gpus` GPUs (a Slurm array task's `--slurm-gpus`) could not claim `experiment`'s stages, or
+    None: a worker claims only stages planned for as many processes as it has GPUs (less its vLLM server's in vLLM's
+    server mode; none counts as one), so a task needs exactly the experiment's processes, and one GPU more in server
+    mode (`worker_gpus`); 0 or 1 where its stages run on one process without a server."""
+    processes, served = experiment.settings.processes, experiment.settings.run.overrides.vllm_server
+    needed = processes + served
+    if gpus == needed or needed == 1 and gpus == 0:
+        return None
+    server = " and one for its vLLM server (vLLM's server mode)" if served else ""
+    return (f"experiment {experiment.name!r} is planned for {processes} process(es) a stage, one per GPU{server}: "
+            f"its tasks need --slurm-gpus {needed}, not {gpus}, or none of them claims its stages")
+
+
 def run_experiment(engine: Engine, db: str | None, key: str | int, *, workers: int = 1, benchmark: bool = False,
                    on_progress: Callable[[ExperimentProgress], None] | None = None,
                    say: Callable[[str], None] | None = None, poll_s: float = 1.0,

@@ -53,6 +53,7 @@ from lab.study.experiments import (
     log_dir,
     match_text,
     restart,
+    task_gpus_refusal,
     time_left,
 )
 from storage import queue
@@ -526,10 +527,13 @@ def run_on_slurm(engine: Engine, db: str, key: str | int, options: SlurmOptions,
     (tasks exit when idle), submits another array (`RESUBMITS` times in a row without a stage done, at most).
     Once every run has ended, waits up to `wait_for_tasks_s` for the tasks to exit, so the rows show their last
     state. The tasks outlive this command: killed, it leaves them to finish the queue (`envlab experiment cancel`
-    stops them).
+    stops them). Refused before anything is resumed or submitted where a task of `options.gpus` GPUs could not
+    claim the experiment's stages (`task_gpus_refusal`).
     """
     say = say or (lambda line: None)
     experiment = find_experiment(engine, key)
+    if refusal := task_gpus_refusal(experiment, options.gpus):  # before anything is resumed or submitted
+        raise SlurmError(refusal)
     root = usable_runs_root(engine)
     for line in restart(engine, experiment.id):
         say(line)

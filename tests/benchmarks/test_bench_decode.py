@@ -28,3 +28,15 @@ def test_both_paths_answer_alike_and_a_ratio_is_printed(capsys, request, monkeyp
     assert figures["same"] == figures["boards"] == 12 and figures["loss_gap"] == 0.0
     assert None in temperatures and 1.0 in temperatures  # validation and the rollouts went through the loop
     assert "run" not in figures  # the whole run is not part of the CI budget
+
+
+def test_transformers_continuous_batching_answers_as_the_loop_does_and_its_time_is_printed(capsys, request):
+    """`--paged`: transformers' continuous batching (`generate_batch`) on the same boards, greedy, at one budget: the
+    same answers as the loop, and the two times with their ratio (no speed asserted)."""
+    bench = load("bench_decode", request)
+    args = bench.Args(quick=True)
+    boards = bench.boards_of(args, 4, seed=7)
+    figures = bench.paged(bench.load_policy("tiny"), boards, 64)
+    assert figures["same"] == 4 and figures["budget"] == max(bench.answer_budget(bench.load_policy("tiny"), b)
+                                                                 for b in boards)
+    assert set(figures["seconds"]) == {"loop", "paged"} and all(s > 0 for s in figures["seconds"].values())

@@ -17,7 +17,7 @@ from storage import queue
 from storage.db import run_folder, session
 from storage.models import Job, JobStatus, Run, Stage, StageStatus
 from storage.settings import RunSettings
-from tests.slurm_cluster import _alive
+from tests.processes import alive
 
 CONFIG = EnvConfig.default(sizes=(3, 4), num_instances=32)
 
@@ -37,7 +37,7 @@ def _stage_1_claimed(engine) -> Job:
         return job
 
 
-def test_a_stop_reaches_every_rank_of_a_two_process_stage_which_saves_and_leaves_none_alive(empty_lab, monkeypatch):
+def test_a_stop_reaches_every_rank_of_a_two_process_stage_which_saves_and_leaves_nonealive(empty_lab, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     job = _stage_1_claimed(empty_lab)
     ended: list[Job] = []
@@ -55,13 +55,13 @@ def test_a_stop_reaches_every_rank_of_a_two_process_stage_which_saves_and_leaves
             time.sleep(0.5)
         launcher = worker._CHILDREN[job.id][0].pid
         ranks = worker._job_processes(launcher)
-        assert len(ranks) == 2 and all(map(_alive, ranks))
+        assert len(ranks) == 2 and all(map(alive, ranks))
         assert stop_children("the worker is ending") == [job.id]
         watcher.join(timeout=120)
     finally:
         worker.ENDING.clear()
     assert not watcher.is_alive()
-    assert not _alive(launcher) and not any(map(_alive, ranks))  # no rank trains on
+    assert not alive(launcher) and not any(map(alive, ranks))  # no rank trains on
     back = ended[0]
     assert (back.status, back.attempts, back.worker) == (JobStatus.QUEUED, 0, None)
     checkpoint = f"checkpoint-{back.step}"

@@ -65,8 +65,13 @@ def test_python_app_py_serves_the_lab_with_a_worker_and_stops_both(tmp_path: Pat
                             env={k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"})
     try:
         assert _serving(f"http://127.0.0.1:{port}/", proc), proc.stderr.read().decode()[-2000:] if proc.poll() else ""
-        commands = {c: Path(f"/proc/{c}/cmdline").read_bytes() for c in _children(proc.pid)}
-        workers = [c for c, line in commands.items() if b"lab.cli\x00worker" in line]
+        deadline = time.monotonic() + 30  # the workers start once the page serves
+        while True:
+            commands = {c: Path(f"/proc/{c}/cmdline").read_bytes() for c in _children(proc.pid)}
+            workers = [c for c, line in commands.items() if b"lab.cli\x00worker" in line]
+            if len(workers) == 2 or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
         assert sorted(b"--kinds\x00probe" in commands[c] for c in workers) == [False, True]  # the worker, the lane
         threads = f"OMP_NUM_THREADS={max(1, len(os.sched_getaffinity(0)) - 1)}".encode()
         assert all(threads in Path(f"/proc/{c}/environ").read_bytes().split(b"\x00") for c in workers)
@@ -173,6 +178,28 @@ def test_a_job_queued_long_ago_waits_for_the_worker_the_lab_started_while_it_sta
                                     'for ')
             assert "no worker seems to be running" in badge
     finally:
+        kept.proc.kill()
+        kept.proc.wait()
+
+
+def test_a_worker_made_later_starts_its_process_with_its_watch():
+    """`envlab serve` makes its workers before the page is built (the badge reads them) and starts them once the page
+    serves: a `KeptWorker` made `later` has no process until `start()`, and counts its start from then."""
+    started: list[int] = []
+
+    def process() -> subprocess.Popen:
+        started.append(1)
+        return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+
+    kept = KeptWorker(process, later=True)
+    assert (started, kept.proc) == ([], None)
+    made = kept.started
+    kept.start()
+    try:
+        assert started == [1] and kept.proc.poll() is None and kept.started > made
+    finally:
+        kept.stopping.set()
+        kept.join()
         kept.proc.kill()
         kept.proc.wait()
 

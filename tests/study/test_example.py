@@ -88,20 +88,26 @@ def test_a_missing_example_file_is_said_in_one_line_and_the_lab_starts_empty(tmp
 
 def test_serve_imports_the_example_before_the_page_is_built_unless_no_example(tmp_path: Path, monkeypatch, capsys):
     """`python app.py` / `envlab serve` down to the page: the example is in before `build_demo` runs, once, and the
-    shipped study is imported beside the page as it starts (the page does not wait for it; here it serves until
-    the import ends); `--no-example` leaves a new lab empty. The page itself is not built or served here
-    (tests/pages/test_app.py)."""
+    shipped study is imported beside the page from when it serves (the page does not wait for it, nor does its
+    first answer share the machine with it; here it serves until the import ends); `--no-example` leaves a new lab
+    empty. The page itself is not built or served here (tests/pages/test_app.py)."""
     runs_when_built: list[list[str]] = []
     importing_when_built: list[bool] = []
+    importing_when_served: list[bool] = []
+
+    def importing() -> bool:
+        return any(t.name == "envlab-study-import" for t in threading.enumerate())
 
     def build_demo(engine, own_worker=True, kept=None):
         assert not own_worker and kept is None  # --no-worker: the badge will say no worker was started
         runs_when_built.append([r.name for r in _runs(engine)][:1])
-        importing_when_built.append(any(t.name == "envlab-study-import" for t in threading.enumerate()))
+        importing_when_built.append(importing())
         return "the page"
 
     monkeypatch.setattr(app, "build_demo", build_demo)
-    def launch(demo, *args, **kwargs):  # a page that serves until the study's import has ended
+    def launch(demo, *args, served, **kwargs):  # a page that serves until the study's import has ended
+        served()  # the page answers
+        importing_when_served.append(importing())
         for thread in threading.enumerate():
             if thread.name == "envlab-study-import":
                 thread.join()
@@ -120,7 +126,8 @@ def test_serve_imports_the_example_before_the_page_is_built_unless_no_example(tm
     assert "example" not in capsys.readouterr().err
     empty_lab, first_start, second_start = runs_when_built
     assert empty_lab == [] and first_start == second_start == [NAME]
-    assert importing_when_built == [False, True, False]  # the study's import ran while the page was built
+    assert importing_when_built == [False, False, False]  # not while the page is built: its first answer is first
+    assert importing_when_served == [False, True, False]  # from when it serves, on the first start
     # the example, then second-pass (5 arms x 8 seeds), hardstart (5 arms x 6 seeds) and defaults (3 arms x 6 seeds),
     # nothing imported twice
     assert len(_runs(_engine(Path(first)))) == 1 + 40 + 30 + 18

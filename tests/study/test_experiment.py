@@ -494,15 +494,15 @@ def test_run_takes_a_scenario_a_preset_and_a_larger_validation_set(empty_lab, tm
                                        "failures-only", "--engineer", "llm", "--backend", "openai:m",
                                        "--validation-per-size", "33", "--grpo", "max_steps=1"])
     with session(empty_lab) as s:
-        run = cli.runs._new_run(s, args)
+        run = cli.runs._new_run(s, args, cli.runs._new_settings(args))
         stage0 = s.exec(select(Stage).where(Stage.run_id == run.id)).one()
     assert (run.settings.context_preset, run.settings.validation_per_size, run.settings.grpo) == (
         "failures-only", 33, {"max_steps": 1})
     assert (stage0.config.num_instances, stage0.config.data_ratio[10]) == (16, 0.86)
     with pytest.raises(cli.UsageError, match="unknown scenario 'easy'"):
-        cli.runs._new_run(None, cli.arguments().parse_args(["run", "--scenario", "easy"]))
-    with pytest.raises(cli.UsageError, match="validation_per_size = 31: a multiple of 3"), session(empty_lab) as s:
-        cli.runs._new_run(s, cli.arguments().parse_args(["run", "--validation-per-size", "31"]))
+        cli.runs._new_settings(cli.arguments().parse_args(["run", "--scenario", "easy"]))
+    with pytest.raises(cli.UsageError, match="validation_per_size = 31: a multiple of 3"):
+        cli.runs._new_settings(cli.arguments().parse_args(["run", "--validation-per-size", "31"]))
 
 
 def test_the_real_stage_evaluates_on_the_larger_validation_set(empty_lab, tmp_path):

@@ -283,6 +283,38 @@ def test_a_bad_settings_file_is_refused_naming_the_field(tmp_path: Path, text: s
     assert str(err.value).startswith(message.format(f=settings))
 
 
+def test_an_experiment_whose_tasks_could_not_claim_its_stages_is_refused_before_anything_is_submitted(empty_lab):
+    """A Slurm task's worker claims only stages planned for as many processes as it has GPUs (less its vLLM server's):
+    `--slurm-gpus` other than the experiment's processes (one more in vLLM's server mode) is refused before a run is
+    resumed or an array submitted (no cluster is asked)."""
+    from lab.study.experiments import create_experiment, task_gpus_refusal
+    from lab.study.slurm import run_on_slurm
+    from storage.models import Experiment
+    from storage.settings import ExperimentSettings
+
+    sixteen = RunSettings(stages=1, grpo={"num_generations": 16, "per_device_train_batch_size": 8})
+    two = create_experiment(empty_lab, name="two", settings=sixteen, arms=["fixed"], seeds=1, instances=64,
+                            processes=2)
+    with pytest.raises(SlurmError) as refused:
+        run_on_slurm(empty_lab, "unused", two.id, SlurmOptions(gpus=1))
+    assert str(refused.value) == ("experiment 'two' is planned for 2 process(es) a stage, one per GPU: its tasks need "
+                                  "--slurm-gpus 2, not 1, or none of them claims its stages")
+    assert [run.status for run in experiment_runs(empty_lab, two.id)] == ["active"]  # not touched
+    with session(empty_lab) as s:
+        assert [job.status for job in s.exec(select(Job))] == ["queued"]
+    one = create_experiment(empty_lab, name="one", settings=RunSettings(stages=1), arms=["fixed"], seeds=1,
+                            instances=8)
+    served = Experiment(name="served", settings=ExperimentSettings(  # vLLM is not installed here: not stored
+        run=RunSettings(stages=1, grpo={"use_vllm": True, "vllm_mode": "server"}), config=CONFIG, steps_per_stage=1,
+        validation_boards=8, processes=1))
+    assert [task_gpus_refusal(two, gpus) is None for gpus in (0, 1, 2, 3)] == [False, False, True, False]
+    assert [task_gpus_refusal(one, gpus) is None for gpus in (0, 1, 2)] == [True, True, False]
+    assert [task_gpus_refusal(served, gpus) is None for gpus in (0, 1, 2)] == [False, False, True]
+    assert task_gpus_refusal(served, 1).startswith("experiment 'served' is planned for 1 process(es) a stage, one per "
+                                                   "GPU and one for its vLLM server (vLLM's server mode): its tasks "
+                                                   "need --slurm-gpus 2, not 1")
+
+
 def test_a_huge_or_missing_settings_file_is_refused_unread(tmp_path: Path):
     big = tmp_path / "big.toml"
     big.write_text("# " + "x" * 70_000)

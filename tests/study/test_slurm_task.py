@@ -20,7 +20,7 @@ from lab.study.slurm import SlurmTask
 from storage import queue
 from storage.db import make_engine, session
 from storage.models import Job
-from tests.processes import FORK
+from tests.processes import FORK, alive
 
 
 def test_a_requeued_task_keeps_every_setting_it_was_submitted_with(tmp_path: Path):
@@ -32,14 +32,6 @@ def test_a_requeued_task_keeps_every_setting_it_was_submitted_with(tmp_path: Pat
     assert again == task and again.by_run is True and (delayed.args, delayed.kwargs) == ((), {})
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
-
-
 def _task_at_its_time_limit(url: str, folder: str) -> None:
     """An array task as submitit runs one: its worker runs a probe job in a child process, and submitit's signal
     before the time limit calls the task's `checkpoint`, then requeues the task and exits (`sys.exit`). Writes
@@ -49,7 +41,7 @@ def _task_at_its_time_limit(url: str, folder: str) -> None:
 
     def at_time_limit(signum: int, frame: Any) -> None:
         task.checkpoint()
-        (Path(folder) / "alive").write_text(str(_alive(int(pid.read_text()))))
+        (Path(folder) / "alive").write_text(str(alive(int(pid.read_text()))))
         sys.exit(-1)
 
     def claimed(engine: Any, job: Job) -> None:
