@@ -3,11 +3,13 @@
 Without it, `envlab serve` on a fresh machine opens a lab where every tab says there is nothing yet, and a
 teacher who wants to replay trajectories has to train first. So envlab ships one run, `assets/example-run.zip`
 (a run archive, docs/archive.md): the `tiny` policy trained for 3 stages from the round-0 config by the
-heuristic engineer, seed 0, with a person's decisions on its proposals, one of each kind, each with its reason:
+heuristic engineer, seed 0, on boards of 2 to 5 agents (a quarter each), with a person's decisions on its
+proposals, one of each kind, each with its reason:
 
 - after stage 0 the first proposal is rejected: it raises `wait_ratio` at sizes whose conflicts are too few to
   say so; asked again, the heuristic (deterministic) proposes the same, and that one is edited: the raises
-  that rest on fewer than `FEW_CONFLICTS` conflicts are taken out, to see whether the others help;
+  at sizes where conflicts end fewer than `CONFLICT_SHARE` of the boards are taken out, to see whether the
+  others help;
 - after stages 1 and 2 the proposal is accepted, saying where the waits added for the stage paid off and what
   else the proposal changes.
 
@@ -57,7 +59,9 @@ from storage.settings import RunSettings  # noqa: E402
 STAGES = 3
 SEED = 0
 USER = "example"
-FEW_CONFLICTS = 10  # the person's rule: fewer conflicts than this at a size do not justify more waiting boards
+CONFLICT_SHARE = 0.5  # the person's rule: conflicts on fewer than this share of a size's boards do not justify
+# more waiting boards
+AGENT_COUNTS = (2, 3, 4, 5)  # the run's agent counts, a quarter of the boards each
 BENCHMARKED = (0, STAGES)  # the Leaderboard's before and after
 
 
@@ -78,6 +82,12 @@ def _sizes(sizes: Sequence[int]) -> str:
 
 def _conflicts(tally: Tally) -> int:
     return sum(tally.failures.get(k, 0) for k in CONFLICTS)
+
+
+def _few(tally: Tally) -> bool:
+    """Whether a size's conflicts are too few to ask for more waiting boards: on fewer than `CONFLICT_SHARE` of its
+    boards."""
+    return _conflicts(tally) < CONFLICT_SHARE * tally.episodes
 
 
 def _wait_raises(base: EnvConfig, proposed: EnvConfig) -> list[int]:
@@ -102,31 +112,32 @@ class Seen:
 
 def _reject(seen: Seen) -> tuple[dict | None, str]:
     raised = _wait_raises(seen.config, seen.proposed)
-    few = [s for s in raised if _conflicts(seen.results[s]) < FEW_CONFLICTS]
+    few = [s for s in raised if _few(seen.results[s])]
     if not few:
-        raise ExampleError(f"the first proposal after stage {seen.index} raises no wait_ratio on fewer than "
-                           f"{FEW_CONFLICTS} conflicts: the rejection's reason does not fit it")
-    s = min(few, key=lambda k: _conflicts(seen.results[k]))
+        raise ExampleError(f"the first proposal after stage {seen.index} raises no wait_ratio where conflicts end "
+                           f"fewer than {CONFLICT_SHARE:.0%} of the boards: the rejection's reason does not fit it")
+    s = min(few, key=lambda k: _conflicts(seen.results[k]) / seen.results[k].episodes)
     r = seen.results[s]
-    return None, (f"It raises wait_ratio at {len(raised)} sizes at once, {len(few)} of them on fewer than "
-                  f"{FEW_CONFLICTS} conflicts: at {_size(s)} the policy is {r.valid_rate:.0%} valid and its "
-                  f"{_conflicts(r)} conflicts on {r.episodes} boards are too few to ask for more waiting boards. "
-                  "Asking the engineer again.")
+    return None, (f"It raises wait_ratio at {len(raised)} sizes at once, {len(few)} of them where conflicts end "
+                  f"fewer than {CONFLICT_SHARE:.0%} of the boards: at {_size(s)} the policy is {r.valid_rate:.0%} "
+                  f"valid and its {_conflicts(r)} conflicts on {r.episodes} boards are too few to ask for more "
+                  "waiting boards. Asking the engineer again.")
 
 
 def _edit(seen: Seen) -> tuple[dict | None, str]:
     raised = _wait_raises(seen.config, seen.proposed)
-    few = [s for s in raised if _conflicts(seen.results[s]) < FEW_CONFLICTS]
+    few = [s for s in raised if _few(seen.results[s])]
     if not few or len(few) == len(raised):
         raise ExampleError(f"the proposal after stage {seen.index} raises wait_ratio on {len(few)} of "
-                           f"{len(raised)} sizes with fewer than {FEW_CONFLICTS} conflicts: the edit does not fit it")
+                           f"{len(raised)} sizes where conflicts end fewer than {CONFLICT_SHARE:.0%} of the boards: "
+                           "the edit does not fit it")
     kept = [s for s in raised if s not in few]
     wait = {s: seen.config.wait_ratio[s] if s in few else seen.proposed.wait_ratio[s] for s in seen.config.sizes}
     edited = seen.proposed.model_copy(update={"wait_ratio": wait}).model_dump(mode="json")
     return edited, (f"The heuristic proposed the same again (it is deterministic, and the results have not "
                     f"changed). Kept its data shares and hole ratios, and raised wait_ratio only at {_sizes(kept)}, "
-                    f"where the conflicts are at least {FEW_CONFLICTS}, to see whether more waiting boards help "
-                    f"there; {_sizes(few)} keep their wait_ratio.")
+                    f"where conflicts end at least {CONFLICT_SHARE:.0%} of the boards, to see whether more waiting "
+                    f"boards help there; wait_ratio stays as it was at {_sizes(few)}.")
 
 
 def _accept(seen: Seen) -> tuple[dict | None, str]:
@@ -238,8 +249,11 @@ def _train(engine: Engine, say: Callable[[str], None]) -> int:
     with session(engine) as s:
         earlier = s.exec(select(Run).where(Run.name == NAME)).first()
         run_id = earlier.id if earlier is not None else create_run(
-            s, name=NAME, description=DESCRIPTION, config=EnvConfig.default(),
-            settings=RunSettings(stages=STAGES, auto_apply=False), engineer="heuristic", seed=SEED).id
+            s, name=NAME, description=DESCRIPTION,
+            config=EnvConfig.default().model_copy(update={"agent_ratio": {k: 1 / len(AGENT_COUNTS)
+                                                                          for k in AGENT_COUNTS}}),
+            settings=RunSettings(stages=STAGES, auto_apply=False, agent_counts=AGENT_COUNTS),
+            engineer="heuristic", seed=SEED).id
     jobs = handlers()
     shown: set[int] = set()
 

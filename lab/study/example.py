@@ -35,9 +35,10 @@ from storage.db import make_engine, session, upgrade
 from storage.models import Experiment, Run, Shipped, ShippedChoice
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "assets" / "example-run.zip"
-NAME = "example: tiny policy, heuristic engineer"
+NAME = "example: tiny policy, 2 to 5 agents, heuristic engineer"
 DESCRIPTION = ("Example: a real 3-stage run shipped with envlab (assets/example-run.zip, docs/example.md), imported "
-               "when the lab first started on an empty database. The tiny policy, the heuristic engineer, seed 0; "
+               "when the lab first started on an empty database. The tiny policy on boards of 2 to 5 agents, the "
+               "heuristic engineer, seed 0; "
                "one proposal rejected, one edited, two accepted, each with its reason. Its checkpoints are not "
                "shipped: read and replay it; train your own from the Runs tab.")
 IMPORTING = "importing the shipped studies: {done} of {total} runs"  # the command line's and the Compare tab's

@@ -27,7 +27,7 @@ from storage.settings import RunSettings
 from tests.recorded import CONFIG
 from tests.servers import free_port
 
-VALIDATION_BOARDS = 240
+VALIDATION_BOARDS = 630  # 30 a size and agent count: 3 to 5 agents on sizes 3 (5: 5) to 10
 BENCHMARK_BOARDS = 3150
 
 
@@ -152,15 +152,16 @@ def test_the_file_is_a_small_run_archive_without_checkpoints():
     assert EXAMPLE.stat().st_size < 5_000_000
 
 
-def test_it_is_a_finished_3_stage_run_of_the_2_agent_tiny_policy_with_the_heuristic_engineer(shipped):
+def test_it_is_a_finished_3_stage_run_of_the_tiny_policy_on_2_to_5_agents_with_the_heuristic_engineer(shipped):
     engine, run_id = shipped
     with session(engine) as s:
         run = s.get(Run, run_id)
-        # made with the 2-agent tiny policy, which a version-1 archive calls `tiny`
-        assert (run.policy, run.engineer, run.seed, run.status) == ("tiny-2agent", "heuristic", 0, RunStatus.DONE)
+        assert (run.policy, run.engineer, run.seed, run.status) == ("tiny", "heuristic", 0, RunStatus.DONE)
         assert (run.settings.stages, run.settings.auto_apply) == (3, False)
+        assert (run.settings.agent_counts, run.settings.validation_agents) == ((2, 3, 4, 5), (3, 4, 5))
         stages = stages_of(s, run_id)
-        assert stages[0].checkpoint == "tiny-2agent"
+        assert stages[0].checkpoint == "tiny"
+        assert stages[0].config.agent_ratio == {2: 0.25, 3: 0.25, 4: 0.25, 5: 0.25}
         assert [(st.index, st.status) for st in stages] == [(k, StageStatus.DONE) for k in range(4)]
         summaries = stage_summaries(s, run_id)
         assert {k: summaries[k].pooled.episodes for k in summaries} == {k: VALIDATION_BOARDS for k in range(4)}
@@ -185,7 +186,7 @@ def test_a_person_rejected_edited_and_accepted_its_proposals_saying_why(shipped)
     assert no.config is None and rejected.projected_config == edited.projected_config  # deterministic: the same again
     assert edit.config != edited.projected_config  # a real edit
     assert [st.config for st in stages[1:]] == [edit.config, accept_1.config, accept_2.config]
-    assert "fewer than 10 conflicts" in no.note and "keep their wait_ratio" in edit.note
+    assert "where conflicts end fewer than 50% of the boards" in no.note and "stays as it was at 3x3" in edit.note
 
 
 def test_its_proposals_are_the_heuristics_and_its_decisions_are_lab_example_s(shipped):
@@ -217,7 +218,7 @@ def test_its_edited_proposal_shows_the_stored_config_and_work_on_its_weights_is_
     view = proposal.proposal_view(engine, edited.proposal_id)
     assert view.edit[0][:4] == [3, round(edited.config.data_ratio[3], 4), 0.2, 0.25]  # wait_ratio kept 0.25
     kept = [r for r in view.changed["data"] if r[1] == "wait_ratio" and r[3] == "✎ 0.25"]
-    assert [r[0] for r in kept] == [3, 4, 5, 8]  # the sizes whose raise the person took out
+    assert [r[0] for r in kept] == [3]  # the size whose raise the person took out
     why = f"stage 1 of run {run_id} has no weights here: the example run ships without checkpoints (docs/example.md)"
     assert leaderboard.benchmark_stage(engine, run_id, 1) == f"✗ Not queued: {why}."
     assert runs.export_file(engine, run_id, True) == (None, f"✗ Not exported with checkpoints: {why}. "
