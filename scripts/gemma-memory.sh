@@ -16,7 +16,9 @@ source "$repo/scripts/fixed-commit.sh"
 source "$repo/scripts/snapshot.sh"
 long_run_python "$repo"
 long_run_enter "$repo" "$work" "${1:-}"
-export HF_HUB_OFFLINE=1 OMP_NUM_THREADS=2
+# a job's child started cold by its worker, not forked from a zygote: `time -v` counts only the processes its
+# command waits for, and a zygote's children are waited for by the zygote
+export HF_HUB_OFFLINE=1 OMP_NUM_THREADS=2 ENVLAB_ZYGOTE=0
 nohup setsid nice -n 5 bash -c "
     measure() {  # NAME COMMAND...: in NAME/, unless it ended before
         local name=\$1; shift
