@@ -13,7 +13,7 @@ import tempfile
 import zipfile
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -176,13 +176,13 @@ def _read_as_now(row: dict[str, Any], version: int) -> dict[str, Any]:
     return row
 
 
-def _as_imported(table: str, row: dict[str, Any], run: dict[str, Any], version: int) -> dict[str, Any]:
-    """What an import changes in a row beyond its ids: the run's server URL goes (`_foreign_run`), it is read as
-    this envlab reads it (`_read_as_now`), every job arrives ended (`_ended`), and stage 0's checkpoint
-    becomes the run's policy (checked by `_check_policy`): the file's value is the folder the source machine loaded
-    that policy from (`training.stage.checkpoint_path`), which stage 1 and a benchmark of stage 0 would load here."""
+def _as_imported(table: str, row: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
+    """What an import changes in a row beyond its ids: the run's server URL goes (`_foreign_run`; the row is read
+    as this envlab reads it already), every job arrives ended (`_ended`), and stage 0's checkpoint becomes the
+    run's policy (checked by `_check_policy`): the file's value is the folder the source machine loaded that policy
+    from (`training.stage.checkpoint_path`), which stage 1 and a benchmark of stage 0 would load here."""
     if table == ROOT:
-        return _without_server(_read_as_now(row, version))
+        return _without_server(row)
     if table == Job.__tablename__:
         return _ended(row)
     if table == Stage.__tablename__ and row["index"] == 0 and row.get("checkpoint") is not None:
@@ -190,86 +190,104 @@ def _as_imported(table: str, row: dict[str, Any], run: dict[str, Any], version: 
     return row
 
 
-def _vouch(reader: Reader, manifest: dict[str, Any], root: Path) -> tuple[dict[str, Any], list[str]]:
-    """Read every row of the archive once, storing nothing, and refuse it at the first row that does not fit:
-    a wrong type, a foreign key to no row of the file, a repeated id, a run that is not the manifest's, a
-    trained stage's checkpoint outside the run's folder, a listed checkpoint no stage names, a model spec this
-    lab does not take from a file (`root`: this lab's runs root). Returns the run's row and what the import will
-    drop (`_foreign_run`)."""
-    path, run = reader.path, manifest["run"]
-    stored_run: dict[str, Any] = {}
-    dropped: list[str] = []
-    ids: dict[str, dict[int, int]] = {}
-    checkpoints: dict[str, int] = {}
-    for table in run_tables():
-        seen = ids[table.name] = {}
-        entry = manifest["tables"].get(table.name)
-        if entry is None:
-            continue
-        where = f"{path}: tables/{table.name}.jsonl"
-        rows = _Rows(table, ids, where)
-        pk = rows.pk
-        if pk not in entry["columns"]:
-            raise ArchiveError(f"{where}: the manifest lists no {pk} column (the ids that link its rows)")
-        for n, _, row in checked_rows(reader, table, entry, where):
-            old = row[pk]
-            if not is_id(old) or old in seen:
-                raise ArchiveError(f"{where} row {n}, column {pk}: {old!r} is " +
-                                   ("not an id" if not is_id(old) else "the id of an earlier row"))
-            rows.convert(row, n)  # every foreign key names a row of the file
-            seen[old] = old
-            if table.name == ROOT and (old != run["id"] or row.get("uuid") != run["uuid"]):
+@dataclass
+class _Found:
+    """What reading an archive's rows finds on the way: the run's row as this envlab reads it, what the import
+    drops (`_foreign_run`), and each trained stage's checkpoint (its path -> the stage's index)."""
+
+    run: dict[str, Any] = field(default_factory=dict)
+    dropped: list[str] = field(default_factory=list)
+    checkpoints: dict[str, int] = field(default_factory=dict)
+
+
+def _checked(reader: Reader, manifest: dict[str, Any], root: Path, table: Table, ids: dict[str, dict[int, int]],
+             found: _Found) -> Iterator[tuple[int, int, dict[str, Any], dict[str, Any]]]:
+    """A table file's rows, each refused at once where it does not fit: a wrong type, a repeated id, a foreign key
+    to no row of the file (`ids`: per table read before, the file's id -> the id here), a run that is not the
+    manifest's, a trained stage's checkpoint outside the run's folder, a model spec this lab does not take from a
+    file (`root`: this lab's runs root); and the file refused at its end where it holds another count of rows than
+    the manifest says. Yields (row number, bytes, the file's row, the row as this database stores it: `_as_imported`,
+    its links mapped), and notes in `found` what it finds."""
+    entry = manifest["tables"].get(table.name)
+    if entry is None:  # a table this file's envlab did not have: it had no rows of it
+        return
+    path, run, version = reader.path, manifest["run"], manifest["version"]
+    where = f"{path}: tables/{table.name}.jsonl"
+    rows = _Rows(table, ids, where)
+    pk = rows.pk
+    if pk not in entry["columns"]:
+        raise ArchiveError(f"{where}: the manifest lists no {pk} column (the ids that link its rows)")
+    seen: set[int] = set()
+    for n, size, row in checked_rows(reader, table, entry, where):
+        old = row[pk]
+        if not is_id(old) or old in seen:
+            raise ArchiveError(f"{where} row {n}, column {pk}: {old!r} is " +
+                               ("not an id" if not is_id(old) else "the id of an earlier row"))
+        seen.add(old)
+        if table.name == ROOT:
+            if old != run["id"] or row.get("uuid") != run["uuid"]:
                 raise ArchiveError(f"{where} row {n}: run {old} ({row.get('uuid')}) is not the manifest's run "
                                    f"{run['id']} ({run['uuid']})")
-            if table.name == ROOT:
-                row = _read_as_now(row, manifest["version"])
-                dropped += _foreign_run(row, f"{where} row {n}")
-                _check_policy(row["policy"], root, f"{where} row {n}")
-                stored_run = row
-            if table.name == Stage.__tablename__ and row.get("index", 0) > 0 and row.get("checkpoint") is not None:
-                in_run_folder(row["checkpoint"], run["uuid"], f"{where} row {n}, column checkpoint:")
-                checkpoints[row["checkpoint"]] = row["index"]
-        if len(seen) != entry["rows"]:
-            raise ArchiveError(f"{where} holds {len(seen)} rows, the manifest says {entry['rows']}")
-    if list(ids[ROOT]) != [run["id"]]:
+            row = _read_as_now(row, version)
+            found.dropped += _foreign_run(row, f"{where} row {n}")
+            _check_policy(row["policy"], root, f"{where} row {n}")
+            found.run = row
+        if table.name == Stage.__tablename__ and row.get("index", 0) > 0 and row.get("checkpoint") is not None:
+            in_run_folder(row["checkpoint"], run["uuid"], f"{where} row {n}, column checkpoint:")
+            found.checkpoints[row["checkpoint"]] = row["index"]
+        yield n, size, row, rows.convert(_as_imported(table.name, row, found.run), n)  # every link names a row
+    if len(seen) != entry["rows"]:
+        raise ArchiveError(f"{where} holds {len(seen)} rows, the manifest says {entry['rows']}")
+
+
+# What decides what an import writes to disk, read before it writes anything: the run's row (its policy) and the
+# stages' (their checkpoints). Every table's rows are read once more as they are inserted, the largest only then.
+FIRST_READ = (ROOT, Stage.__tablename__)
+
+
+def _vouch(reader: Reader, manifest: dict[str, Any], root: Path) -> _Found:
+    """Read the rows that decide what the import puts on disk (`FIRST_READ`), storing nothing, and refuse the file
+    at the first that does not fit (`_checked`), where its run is not exactly the manifest's, or where a listed
+    checkpoint is no stage's. Returns what it found: the run's row and what the import will drop."""
+    path, run = reader.path, manifest["run"]
+    found = _Found()
+    ids: dict[str, dict[int, int]] = {}
+    for table in run_tables():
+        if table.name in FIRST_READ:
+            pk = primary_key(table).name
+            ids[table.name] = {row[pk]: row[pk] for _, _, row, _ in _checked(reader, manifest, root, table, ids, found)}
+    if list(ids.get(ROOT, ())) != [run["id"]]:
         raise ArchiveError(f"{path}: tables/{ROOT}.jsonl should hold exactly run {run['id']}")
     for checkpoint in manifest["checkpoints"]:
-        if checkpoints.get(checkpoint["path"]) != checkpoint["stage_index"]:
+        if found.checkpoints.get(checkpoint["path"]) != checkpoint["stage_index"]:
             raise ArchiveError(f"{path}: {MANIFEST}: checkpoint {checkpoint['path']} is not the checkpoint of stage "
                                f"{checkpoint['stage_index']} in tables/stages.jsonl: refused")
-    return stored_run, dropped
+    return found
 
 
-def _insert_rows(connection: Connection, reader: Reader, manifest: dict[str, Any], run: dict[str, Any]) -> int:
-    """Insert every row of the archive (one transaction, the caller's), as `_as_imported` changes it (`run`: the
-    run's row, as `_vouch` checked it), and return the new run id."""
-    path = reader.path
+def _insert_rows(connection: Connection, reader: Reader, manifest: dict[str, Any], root: Path) -> int:
+    """Insert every row of the archive (one transaction, the caller's), each checked as it is read (`_checked`: the
+    first that does not fit refuses the file, and the caller's transaction stores none), and return the new run
+    id."""
     ids: dict[str, dict[int, int]] = {}
+    found = _Found()
     total = sum(entry["rows"] for entry in manifest["tables"].values())
     with tqdm(total=total, desc="rows", unit="row", disable=None) as bar:
         for table in run_tables():
             mapping = ids[table.name] = {}
-            entry = manifest["tables"].get(table.name)
-            if entry is None:  # a table this file's envlab did not have: it had no rows of it
-                continue
-            where = f"{path}: tables/{table.name}.jsonl"
-            rows = _Rows(table, ids, where)
+            where = f"{reader.path}: tables/{table.name}.jsonl"
             pk = primary_key(table)
             insert = table.insert().returning(pk, sort_by_parameter_order=True)
-            for batch in _batches(checked_rows(reader, table, entry, where)):
-                values = [rows.convert(_as_imported(table.name, row, run, manifest["version"]), n)
-                          for n, _, row in batch]
+            for batch in _batches(_checked(reader, manifest, root, table, ids, found)):
                 try:
-                    new = connection.execute(insert, values).scalars().all()
+                    new = connection.execute(insert, [stored for _, _, _, stored in batch]).scalars().all()
                 except SQLAlchemyError as err:
                     if isinstance(err, IntegrityError) and table.name == ROOT:
                         raise  # the run's uuid taken meanwhile, most likely: import_run says by whom
                     raise ArchiveError(f"{where}: rows {batch[0][0]}..{batch[-1][0]} do not fit this database "
                                        f"({str(getattr(err, 'orig', err)).splitlines()[0]})") from None
-                mapping.update(zip((row[pk.name] for _, _, row in batch), new, strict=True))
+                mapping.update(zip((row[pk.name] for _, _, row, _ in batch), new, strict=True))
                 bar.update(len(batch))
-            if len(mapping) != entry["rows"]:
-                raise ArchiveError(f"{where} holds {len(mapping)} rows, the manifest says {entry['rows']}")
     return ids[ROOT][manifest["run"]["id"]]
 
 
@@ -302,10 +320,10 @@ def _crc32(path: Path) -> int:
     return crc
 
 
-def _batches(rows: Iterator[tuple[int, int, dict]], n: int = BATCH_ROWS,
-             size: int = BATCH_BYTES) -> Iterator[list[tuple[int, int, dict]]]:
+def _batches(rows: Iterator[tuple[int, int, dict, dict]], n: int = BATCH_ROWS,
+             size: int = BATCH_BYTES) -> Iterator[list[tuple[int, int, dict, dict]]]:
     """Rows in batches of at most `n` rows and about `size` bytes of JSON, so a batch of long rows stays small."""
-    batch: list[tuple[int, int, dict]] = []
+    batch: list[tuple[int, int, dict, dict]] = []
     held = 0
     for row in rows:
         batch.append(row)
@@ -401,7 +419,7 @@ def import_archive(engine: Engine, path: str | Path, limits: Limits | None = Non
         manifest = check_manifest(reader)
         _refuse_duplicate(engine, manifest["run"])
         root = runs_root(engine)
-        run, dropped = _vouch(reader, manifest, root)
+        found = _vouch(reader, manifest, root)
         try:
             run_folder(engine, manifest["run"]["uuid"])
         except UnsafePath as err:
@@ -413,7 +431,7 @@ def import_archive(engine: Engine, path: str | Path, limits: Limits | None = Non
             if manifest["checkpoints"]:
                 scratch, todo = _unpack(reader, manifest, root, created)
             with engine.begin() as connection:
-                run_id = _insert_rows(connection, reader, manifest, run)
+                run_id = _insert_rows(connection, reader, manifest, root)
                 for i, stored in enumerate(todo):  # into place just before the commit; removed if it fails
                     dest = _inside(root, stored)
                     _makedirs(dest.parent, created)
@@ -431,4 +449,4 @@ def import_archive(engine: Engine, path: str | Path, limits: Limits | None = Non
             raise
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
-    return Imported(run_id, tuple(dropped))
+    return Imported(run_id, tuple(found.dropped))

@@ -296,7 +296,7 @@ def serve(argv: list[str]) -> NoReturn:
     --host, --port, --auth-file, --db, --no-worker, --no-example). The page sits above the lab, so the lab starts it
     as a program, as the page starts `envlab worker`, instead of importing it; the process keeps its id, so
     signals reach the page. A taken port, a bad option and `--help` are answered here, before the page's imports."""
-    from lab.cli.serve import address, arguments, logins, port_free, taken_message
+    from lab.cli.serve import EXAMPLE_PID, address, arguments, example_beside, logins, port_free, taken_message
 
     args = arguments().parse_args(argv)
     logins(args)  # a password on the command line, or a logins file others may read, is refused before the imports
@@ -306,9 +306,11 @@ def serve(argv: list[str]) -> NoReturn:
         raise SystemExit(2)
     # The first line at once, whatever the output is (a terminal or a log file): the page's imports take seconds
     print(f"envlab serve: starting the web lab for http://{host}:{port} (loading its libraries; a new lab imports "
-          "the example run first)", file=sys.stderr)
+          "the example run meanwhile)", file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
+    if not args.no_example:
+        os.environ[EXAMPLE_PID] = str(example_beside(args.db))
     os.execv(sys.executable, [sys.executable, "-m", "lab.pages.web", *argv])
 
 

@@ -8,10 +8,12 @@ import errno
 import os
 import socket
 import stat
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
 AUTH_SETTING = "ENVLAB_AUTH"
+EXAMPLE_PID = "ENVLAB_EXAMPLE_PID"  # the process bringing a new lab's example run in beside the page's imports
 AUTH_FILE_LIMIT = 64 * 1024  # bytes of a logins file read at most: a few hundred users
 
 
@@ -116,3 +118,28 @@ def _pairs(text: str, where: str) -> list[tuple[str, str]]:
     if not pairs:
         raise SystemExit(f"envlab serve: {where} names no user:password")
     return pairs
+
+
+def example_beside(db: str | None) -> int:
+    """Fork a process that brings the example run into the lab at `db` where the lab takes it
+    (`lab.study.example.ensure_example`: a new lab does), says so in one line and exits 0; returns its id. The page's
+    imports take one core for seconds and leave another idle: a new lab's example, imported there meanwhile, costs
+    its first start nothing. The page waits for it (`lab.pages.web.example_apart`, told its id in `EXAMPLE_PID`)
+    before it reads the database, and does the work itself where it exited otherwise: a refusal is said once, there.
+    """
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:  # the child's own imports: the page's process imports them again, after the exec
+        from lab.study.example import ensure_example, said_in
+        from storage.db import keep_private, open_database
+
+        keep_private()
+        if (run_id := ensure_example(open_database(db))) is not None:
+            print(said_in(run_id), file=sys.stderr, flush=True)
+        code = 0
+    except BaseException:  # noqa: BLE001 - said by the page, which tries again (a Ctrl+C reaches it too)
+        pass
+    finally:
+        os._exit(code)

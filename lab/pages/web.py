@@ -9,9 +9,10 @@ which the page polls with `gr.Timer`.
 This module assembles the page: the bar above the tabs (the open run, the worker's badge), the tabs from
 `lab/pages/` (one module each, with its view functions and its widgets), and the events that cross tabs.
 
-A lab that starts on an empty database imports the shipped example run first (`lab.study.example`: a real 3-stage
-run with a decision of each kind), so every tab has something to show on the first visit, and the shipped study
-beside the page as it starts; a start stopped during that import is finished by the next one. `--no-example`
+A lab that starts on an empty database imports the shipped example run before its page is built (`lab.study.example`:
+a real 3-stage run with a decision of each kind; `envlab serve` has it imported while the page imports its
+libraries, `example_apart`), so every tab has something to show on the first visit, and the shipped study beside
+the page from when it serves; a start stopped during that import is finished by the next one. `--no-example`
 keeps a new lab empty, on that start and every later one, and a database that holds a run already is left as it
 is.
 
@@ -49,7 +50,7 @@ from starlette.middleware import Middleware
 from tqdm import tqdm
 
 from lab.archive import ArchiveError, Limits
-from lab.cli.serve import AUTH_SETTING, address, arguments, logins, port_free, taken_message
+from lab.cli.serve import AUTH_SETTING, EXAMPLE_PID, address, arguments, logins, port_free, taken_message
 from lab.jobs.worker import (
     KeptWorker,
     WorkerState,
@@ -64,7 +65,7 @@ from lab.pages.auth import Guard, allowed_hosts
 from lab.pages.common import VIEW, Page, no_progress
 from lab.pages.tempfiles import FILES_AGE_S, SWEEP_S, QuotaGate, private_temp
 from lab.runs import LabVersion, Waiting, lab_version, run_list, run_of_episode, run_of_proposal, waiting_proposals
-from lab.study.example import IMPORTING, ensure_example, import_studies, shipped_choice, studies_missing
+from lab.study.example import IMPORTING, ensure_example, import_studies, said_in, shipped_choice, studies_missing
 from storage.db import DatabaseUnusable, keep_private, open_database, runs_root
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
@@ -576,22 +577,35 @@ def guard_first(server: Any) -> None:
     server.middleware_stack = server.build_middleware_stack()
 
 
-def add_example(engine: Engine, beside: bool = False, stop: threading.Event | None = None,
-                started: bool = True) -> threading.Thread | None:
-    """The shipped example run, then the shipped study, into a lab that takes them (`lab.study.example`: a new lab
-    does, and keeps that choice) where they are not in yet; a file that cannot be imported is said in one line, and
-    the lab starts without it. With `beside`, the study (88 runs, most of a first start's time) is imported in a
-    thread while the page starts, with a line on the command line; an experiment shows on the Compare tab once all
-    its runs are in (`import_studies`), and `stop` set stops the import after the run it is at (the next start
-    goes on from there). Returns that thread, not yet started where `started` is false."""
+def example_apart() -> bool:
+    """Whether the process `envlab serve` forked to bring the example run in while the page imported its libraries
+    (`lab.cli.serve.example_beside`, its id in `EXAMPLE_PID`) did so; waited for first. False without one."""
+    pid = os.environ.pop(EXAMPLE_PID, "")
+    if not pid.isdigit():
+        return False
     try:
-        run_id = ensure_example(engine)
+        _, status = os.waitpid(int(pid), 0)
+    except ChildProcessError:  # not this process's child
+        return False
+    return os.waitstatus_to_exitcode(status) == 0
+
+
+def add_example(engine: Engine, beside: bool = False, stop: threading.Event | None = None,
+                started: bool = True, example_in: bool = False) -> threading.Thread | None:
+    """The shipped example run (unless `example_in`: brought in already, `example_apart`), then the shipped study,
+    into a lab that takes them (`lab.study.example`: a new lab does, and keeps that choice) where they are not in
+    yet; a file that cannot be imported is said in one line, and the lab starts without it. With `beside`, the study
+    (88 runs, most of a first start's time) is imported in a thread from when the page serves, with a line on the
+    command line; an experiment shows on the Compare tab once all its runs are in (`import_studies`), and `stop`
+    set stops the import after the run it is at (the next start goes on from there). Returns that thread, not yet
+    started where `started` is false."""
+    try:
+        run_id = None if example_in else ensure_example(engine)
     except ArchiveError as err:
         print(f"the example run was not imported: {err}", file=sys.stderr)
         return None
     if run_id is not None:
-        print(f"an empty lab: the example run is run #{run_id} (--no-example leaves a new lab empty)",
-              file=sys.stderr)
+        print(said_in(run_id), file=sys.stderr)
     if not studies_missing(engine):
         return None
     if not beside:
@@ -685,7 +699,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         shipped_choice(engine, take=False)  # a new lab stays empty, on this start and the next ones
         study = None
     else:  # the shipped study is imported beside the page, from when it serves
-        study = add_example(engine, beside=True, stop=stop, started=False)
+        study = add_example(engine, beside=True, stop=stop, started=False, example_in=example_apart())
     # the workers start once the page serves (each imports the training stack: on two cores, started beside the page's
     # own imports they made its first answer seconds later), and each is started again when it dies
     workers: list[KeptWorker] = []

@@ -41,6 +41,13 @@ DESCRIPTION = ("Example: a real 3-stage run shipped with envlab (assets/example-
                "heuristic engineer, seed 0; "
                "one proposal rejected, one edited, two accepted, each with its reason. Its checkpoints are not "
                "shipped: read and replay it; train your own from the Runs tab.")
+
+
+def said_in(run_id: int) -> str:
+    """The line that says a first start brought the example in."""
+    return f"an empty lab: the example run is run #{run_id} (--no-example leaves a new lab empty)"
+
+
 IMPORTING = "importing the shipped studies: {done} of {total} runs"  # the command line's and the Compare tab's
 
 

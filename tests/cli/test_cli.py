@@ -181,7 +181,7 @@ def test_serve_listens_on_gradio_server_port_and_says_where(tmp_path: Path):
         assert re.search(r"Current thread 0x[0-9a-f]+ .*\n(  File .*\n)*  File .*, line \d+ in block_thread", said)
         # its first line comes before the page's imports, in a log file as on a terminal
         assert said.splitlines()[0] == (f"envlab serve: starting the web lab for http://127.0.0.1:{port} (loading its "
-                                        "libraries; a new lab imports the example run first)")
+                                        "libraries; a new lab imports the example run meanwhile)")
     finally:
         if proc.poll() is None:
             proc.kill()

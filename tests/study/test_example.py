@@ -4,6 +4,7 @@ makes, with a decision of each kind and the reason for each."""
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from sqlmodel import func, select
 from envsim.config import EnvConfig
 from envsim.suite import Split
 from lab.archive import ArchiveError, read_manifest
+from lab.cli.serve import EXAMPLE_PID, example_beside
 from lab.engineers import ENGINEERS
 from lab.loop import create_run, evidence_for, stages_of
 from lab.pages import web as app
@@ -138,6 +140,48 @@ def test_serve_imports_the_example_before_the_page_is_built_unless_no_example(tm
     engine = _engine(Path(first))
     assert app.linked(engine, {})["run"] == 1  # the lab opens on the example, not on a run of the study
     engine.dispose()
+
+
+def test_serve_has_the_example_imported_beside_the_pages_imports_and_the_page_waits_for_it(tmp_path: Path,
+                                                                                          monkeypatch, capfd):
+    """`envlab serve` forks a process that brings a new lab's example in while the page imports its libraries
+    (`lab.cli.serve.example_beside`): the page waits for it, is built with the example in, and imports nothing
+    itself. Where that process fails (here the file is gone), the page tries itself and says why, once."""
+    runs_when_built: list[list[str]] = []
+
+    def build_demo(engine, own_worker=True, kept=None):
+        runs_when_built.append([r.name for r in _runs(engine)])
+        return "the page"
+
+    def not_here(engine, *args, **kwargs):
+        raise AssertionError("the page imported the example itself")
+
+    monkeypatch.setattr(app, "build_demo", build_demo)
+    monkeypatch.setattr(app, "launch", lambda demo, *args, served, **kwargs: None)
+    monkeypatch.setattr(app, "studies_missing", lambda engine: False)  # the study's import: the test above
+    monkeypatch.setattr(app.signal, "signal", lambda *args: None)
+    monkeypatch.setattr(app, "ensure_example", not_here)  # the page's own; the forked process imports its own
+    port = str(free_port())
+    first = str(tmp_path / "first.db")
+    monkeypatch.setenv(EXAMPLE_PID, str(example_beside(first)))
+    assert app.main(["--db", first, "--port", port, "--no-worker"]) == 0
+    assert EXAMPLE_PID not in os.environ  # waited for, and not told to the workers
+    assert runs_when_built == [[NAME]]
+    said = capfd.readouterr().err
+    assert said.count("an empty lab: the example run is run #1 (--no-example leaves a new lab empty)\n") == 1, said
+    assert len(_runs(_engine(Path(first)))) == 1
+
+    monkeypatch.undo()
+    monkeypatch.setattr(app, "build_demo", build_demo)
+    monkeypatch.setattr(app, "launch", lambda demo, *args, served, **kwargs: None)
+    monkeypatch.setattr(app.signal, "signal", lambda *args: None)
+    monkeypatch.setattr(example, "EXAMPLE", tmp_path / "gone.zip")  # for the forked process and the page
+    gone = str(tmp_path / "gone.db")
+    monkeypatch.setenv(EXAMPLE_PID, str(example_beside(gone)))
+    assert app.main(["--db", gone, "--port", port, "--no-worker"]) == 0
+    said = capfd.readouterr().err
+    assert said.count(f"the example run was not imported: {tmp_path / 'gone.zip'}: no such file\n") == 1, said
+    assert runs_when_built[1:] == [[]]
 
 
 # ---------------------------------------------------------------- what the shipped file holds
