@@ -22,9 +22,9 @@ from lab.pages.runs import run_choices, runs_table
 from lab.results import stage_summaries
 from lab.study import example
 from lab.study.example import EXAMPLE, NAME, ensure_example
-from scripts.make_example import decision
-from storage.db import make_engine, session, upgrade
-from storage.models import Action, Decision, Episode, Proposal, Run, RunStatus, StageStatus
+from scripts.make_example import decision, make
+from storage.db import RUNS_SETTING, make_engine, session, upgrade
+from storage.models import Action, Decision, Episode, Job, Proposal, Run, RunStatus, StageStatus
 from storage.settings import RunSettings
 from tests.recorded import CONFIG
 from tests.servers import free_port
@@ -269,6 +269,31 @@ def test_its_edited_proposal_shows_the_stored_config_and_work_on_its_weights_is_
                                                             "Export it without them.")
     with pytest.raises(ArchiveError, match=f"run {run_id} is the shipped example, whose checkpoints are not shipped"):
         export_run(engine, run_id, tmp_path / "x.zip", checkpoints=True)
+
+
+def test_a_making_with_a_work_folder_goes_on_from_what_it_holds_and_does_nothing_twice(tmp_path: Path, monkeypatch):
+    """`python scripts/make_example.py --make ZIP --work DIR` again on a folder whose run is trained, decided and
+    benchmarked (the shipped run imported there: a making stopped just before its export leaves that): the run is
+    found by its name, no job is queued or run again, no decision is made twice, and the file holds the same run."""
+    monkeypatch.setenv(RUNS_SETTING, str(tmp_path))
+    engine = _engine(tmp_path / "example.db")  # the making's own database in its folder
+    run_id = example.import_run(engine, EXAMPLE)
+    with session(engine) as s:
+        jobs, decisions = s.exec(select(func.count(Job.id))).one(), s.exec(select(func.count(Decision.id))).one()
+    engine.dispose()
+    said: list[str] = []
+    made = make(tmp_path / "made.zip", say=said.append, work=tmp_path)
+    assert [line.split(" optimal")[0] for line in said[:4]] == [  # the run's own stages, said as they stand
+        f"stage {k}/3 done: validation valid {rate}%" for k, rate in enumerate(("32.2", "33.2", "34.3", "35.1"))]
+    assert said[4:] == ["stage 0 evaluated on the benchmark", "stage 3 evaluated on the benchmark",
+                        f"run {run_id} -> {made} (2.0 MB, without checkpoints)"]
+    engine = make_engine(str(tmp_path / "example.db"))
+    with session(engine) as s:
+        assert s.exec(select(func.count(Job.id))).one() == jobs == 10
+        assert s.exec(select(func.count(Decision.id))).one() == decisions == 4
+    engine.dispose()
+    shipped, again = read_manifest(EXAMPLE), read_manifest(made)
+    assert again["run"]["uuid"] == shipped["run"]["uuid"] and again["tables"] == shipped["tables"]
 
 
 def test_the_shipped_study_is_imported_with_the_numbers_of_its_report(tmp_path: Path):
