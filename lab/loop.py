@@ -68,7 +68,7 @@ from storage.models import (
     utcnow,
 )
 from storage.payloads import BenchmarkPayload, ProposePayload, StagePayload
-from storage.queue import db_now, enqueue, fail, request_cancel, requeue, stale_after_s
+from storage.queue import db_now, enqueue, fail, process_alive, request_cancel, requeue, stale_after_s
 from storage.settings import HeldConfigs, RunSettings, SettingsError, first_error
 
 LOOP_KINDS = (JobKind.STAGE, JobKind.PROPOSE)  # the jobs that move a run; a benchmark job never blocks it
@@ -696,28 +696,12 @@ def _dead(job: Job, now: datetime) -> str | None:
     """Why a running job's worker counts as gone, or None while it may still be working; `now` is the database's
     clock (`storage.queue.db_now`), the one its heartbeats were stamped by."""
     worker_host, _, pid = (job.worker or "").rpartition(":")
-    if worker_host == socket.gethostname() and pid.isdigit() and not _alive(int(pid)):
+    if worker_host == socket.gethostname() and pid.isdigit() and not process_alive(int(pid)):
         return f"worker {job.worker} is gone (found on resume at {now:%H:%M:%S} UTC)"
     age = (now - job.heartbeat_at).total_seconds() if job.heartbeat_at else float("inf")
     if age > stale_after_s():
         return f"worker {job.worker} sent no heartbeat for {age:.0f} s (found on resume)"
     return None
-
-
-def _alive(pid: int) -> bool:
-    """Whether process `pid` of this host still runs: a zombie (dead, its exit not yet collected, as a worker
-    killed with its parent can stay when nothing reaps orphans) is gone."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-    except (OSError, IndexError):  # no /proc (not Linux): the signal's answer stands
-        return True
-    return state != "Z"
 
 
 def drive(engine: Engine, run_id: int, work: Callable[[], bool], on_state: Callable[[Step], None] | None = None,

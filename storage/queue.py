@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 from collections.abc import Collection
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import and_, func, not_, or_, update
@@ -294,6 +295,23 @@ def hand_back(session: Session, job_id: int, why: str, *, commit: bool = True) -
     if commit:
         session.commit()
     return _reload(session, job_id) if changed else None
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` of this host still runs, for a job whose worker names it (`<host>:<pid>`): a zombie
+    (dead, its exit not yet collected, as a worker killed with its parent can stay when nothing reaps orphans) is
+    gone; another user's process of that number counts as running."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):  # no /proc (not Linux): the signal's answer stands
+        return True
+    return state != "Z"
 
 
 def requeue(session: Session, job_id: int, *, commit: bool = True) -> Job:

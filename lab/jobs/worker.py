@@ -692,20 +692,10 @@ def hand_back_orphans(engine: Engine) -> list[Job]:
         for job in running:
             pid, worker = job.worker.rpartition(":")[2], job.worker
             why = f"its worker {worker} is gone from this host"
-            if pid.isdigit() and not _alive(int(pid)) and queue.hand_back(s, job.id, why) is not None:
+            if pid.isdigit() and not queue.process_alive(int(pid)) and queue.hand_back(s, job.id, why) is not None:
                 log.info("job %s (%s) handed back to the queue: %s", job.id, job.kind, why)
                 back.append(s.get(Job, job.id, populate_existing=True))
     return back
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process of that number
-        return True
-    return True
 
 
 def _run_claimed(engine: Engine, job: Job, handlers: dict[str, Handler | InChild], gpus: Sequence[str],

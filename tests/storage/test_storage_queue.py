@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
+from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine, text, update
@@ -14,7 +18,7 @@ import storage.models
 from storage import queue
 from storage.db import make_engine, session
 from storage.models import Job, Priority, utcnow
-from storage.queue import LOG_TAIL_LINES, LostJob
+from storage.queue import LOG_TAIL_LINES, LostJob, process_alive
 from tests.processes import in_processes
 
 
@@ -362,3 +366,21 @@ def test_a_lane_claims_only_its_kinds_and_leaves_the_rest_in_order(engine: Engin
         assert queue.claim(s, "lane", kinds=["probe"]).id == probe  # the older stage job is not its kind
         assert queue.claim(s, "lane", kinds=["probe"]) is None
         assert queue.claim(s, "worker").id == stage
+
+
+def test_a_worker_process_is_alive_while_it_runs_and_gone_once_ended_even_unreaped():
+    """`process_alive`, which both hand-backs read (`lab.jobs.worker.hand_back_orphans`, `lab.loop` on resume): a
+    process that ended and was not yet collected (a zombie) is gone, as one collected is."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert process_alive(child.pid) and process_alive(os.getpid())
+        child.kill()
+        deadline = time.monotonic() + 10
+        stat = Path(f"/proc/{child.pid}/stat")
+        while time.monotonic() < deadline and stat.read_text().rpartition(")")[2].split()[0] != "Z":
+            time.sleep(0.05)
+        assert not process_alive(child.pid)  # ended, its exit not collected yet
+    finally:
+        child.kill()
+        child.wait()
+    assert not process_alive(child.pid)  # collected
