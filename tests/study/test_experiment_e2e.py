@@ -22,10 +22,10 @@ from sqlmodel import select
 from envsim.config import EnvConfig
 from envsim.suite import Split, build_cell, cells, write_jsonl
 from lab.cli import main
-from lab.loop import _alive
 from lab.study.experiments import benchmark_choices, experiment_runs, find_experiment
 from storage.db import make_engine, session
 from storage.models import Episode, Job, Proposal, Stage, StageMetric
+from tests.processes import alive
 from tests.recorded import CONFIG, nothing_lost_nothing_twice, running_stage_1
 from training.evaluate import BENCHMARK_FILE
 
@@ -70,9 +70,9 @@ def test_an_experiment_through_the_real_workers_is_killed_and_resumed_by_two(db_
     first.wait()
     # the worker it started dies with it (Linux's parent-death signal)
     gone = time.monotonic() + 10
-    while any(_alive(pid) for pid in pids) and time.monotonic() < gone:
+    while any(alive(pid) for pid in pids) and time.monotonic() < gone:
         time.sleep(0.1)
-    assert pids and not any(_alive(pid) for pid in pids)
+    assert pids and not any(alive(pid) for pid in pids)
     killed_at = stages_done(engine)
     assert killed_at < 4  # work was left to do
     with session(engine) as s:
