@@ -20,8 +20,12 @@
 # `envlab experiment run` reaps it as stale and queues it again, and it trains again from the checkpoint before it.
 
 snapshot_save() {
-    local work=$1 db=$2 snap=$3 python=${PYTHON:-python3}
+    local work=$1 db=$2 snap=$3 python=${PYTHON:-python3} lock
     mkdir -p "$snap"
+    # one save at a time: the hourly one and a `save` by hand write the same temporary files (two at once left a
+    # database file with another's bytes after its end)
+    exec {lock}>"$work/.save.lock"
+    flock "$lock"
     # SQLite's online backup: one consistent copy, whatever the workers write meanwhile; then the episodes no one
     # reads again left out (a finished run's, but for the stage-0 evaluations later runs copy), as shipping does.
     # It prints what of WORK/runs the study goes on from: the board files, the workers' logs, and each unfinished
@@ -57,6 +61,7 @@ PY
     cp "$work/COMMIT" "$snap/COMMIT"
     echo "$work" > "$snap/WORK"
     echo "snapshot of $work in $snap: $(du -sh "$snap" | cut -f1) ($(date -u '+%Y-%m-%d %H:%M UTC'))"
+    exec {lock}>&-
 }
 
 snapshot_restore() {

@@ -5,6 +5,7 @@ exists (where no snapshot of the study is there to go on from)."""
 
 from __future__ import annotations
 
+import gzip
 import os
 import sqlite3
 import subprocess
@@ -132,6 +133,33 @@ def test_a_study_is_saved_every_so_often_while_it_runs_and_once_after(tmp_path: 
         lines = done.stdout.splitlines()
         assert len(lines) == saves and all(line.startswith(f"snapshot of {work} in {snap}: ") for line in lines)
     assert sorted(os.listdir(snap)) == ["COMMIT", "WORK", "runs.tar.gz", "s.db.gz"]
+
+
+def test_two_saves_at_once_leave_one_whole_snapshot(tmp_path: Path) -> None:
+    """The hourly save and a `save` by hand at the same moment: one waits for the other (they write the same
+    temporary files), and the snapshot is whole: the database decompresses with nothing after its end."""
+    work, snap = tmp_path / "work", tmp_path / "snap"
+    (work / "runs").mkdir(parents=True)
+    (work / "COMMIT").write_text("9c1d580\n")
+    with sqlite3.connect(work / "s.db") as con:
+        con.execute('create table stages (run_id int, "index" int, status text, checkpoint text)')
+        con.execute("create table runs (id int, status text)")
+        con.execute("create table evaluations (run_id int, stage_index int, split text, source_run_id int)")
+        con.execute("create table episodes (id int, run_id int, stage_index int, split text, note text)")
+        con.executemany("insert into episodes values (?, 1, 0, 'validation', ?)",
+                        [(i, f"answer {i} " * 50) for i in range(5000)])  # a database of some size to write
+    save = f'snapshot_save "{work}" "{work}/s.db" "{snap}"'
+    done = subprocess.run(["bash", "-c", f'source "{ROOT}/scripts/snapshot.sh"; {save} & {save}; wait $!'],
+                          capture_output=True, text=True)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert done.stdout.count(f"snapshot of {work} in {snap}: ") == 2
+    assert sorted(os.listdir(snap)) == ["COMMIT", "WORK", "runs.tar.gz", "s.db.gz"]
+    tested = subprocess.run(["gzip", "-t", str(snap / "s.db.gz")], capture_output=True, text=True)
+    assert (tested.returncode, tested.stderr) == (0, "")
+    copy = tmp_path / "copy.db"
+    copy.write_bytes(gzip.decompress((snap / "s.db.gz").read_bytes()))
+    with sqlite3.connect(copy) as con:
+        assert con.execute("select count(*) from episodes").fetchone() == (5000,)
 
 
 def test_the_study_script_says_what_is_missing_before_it_starts(tmp_path: Path) -> None:
