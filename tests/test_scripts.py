@@ -115,10 +115,9 @@ def test_a_snapshot_restores_what_the_study_goes_on_from(tmp_path: Path) -> None
     assert (RunStatus.DONE, StageStatus.DONE) == ("done", "done")
 
 
-def test_a_study_is_saved_every_so_often_while_it_runs_and_once_after(tmp_path: Path) -> None:
-    """`snapshot_every 2 PID ...`: PID (a 3 s sleep) is alive at the first check (2 s), so one save then, and one
-    after it ended (checked at about 4 s); a process already gone gets the one save after."""
-    work, snap = tmp_path / "work", tmp_path / "snap"
+def _empty_study(tmp_path: Path) -> Path:
+    """A study's folder with no run yet: its database (`s.db`, the tables a save reads) and its COMMIT."""
+    work = tmp_path / "work"
     (work / "runs").mkdir(parents=True)
     (work / "COMMIT").write_text("9c1d580\n")
     with sqlite3.connect(work / "s.db") as con:
@@ -126,6 +125,13 @@ def test_a_study_is_saved_every_so_often_while_it_runs_and_once_after(tmp_path: 
         con.execute("create table runs (id int, status text)")
         con.execute("create table evaluations (run_id int, stage_index int, split text, source_run_id int)")
         con.execute("create table episodes (id int, run_id int, stage_index int, split text)")
+    return work
+
+
+def test_a_study_is_saved_every_so_often_while_it_runs_and_once_after(tmp_path: Path) -> None:
+    """`snapshot_every 2 PID ...`: PID (a 3 s sleep) is alive at the first check (2 s), so one save then, and one
+    after it ended (checked at about 4 s); a process already gone gets the one save after."""
+    work, snap = _empty_study(tmp_path), tmp_path / "snap"
     for lives, saves in ((3, 2), (0, 1)):
         done = subprocess.run(["bash", "-c", f'source "{ROOT}/scripts/snapshot.sh"; sleep {lives} & '
                                f'snapshot_every 2 $! "{work}" "{work}/s.db" "{snap}"'], capture_output=True, text=True)
@@ -138,14 +144,9 @@ def test_a_study_is_saved_every_so_often_while_it_runs_and_once_after(tmp_path: 
 def test_two_saves_at_once_leave_one_whole_snapshot(tmp_path: Path) -> None:
     """The hourly save and a `save` by hand at the same moment: one waits for the other (they write the same
     temporary files), and the snapshot is whole: the database decompresses with nothing after its end."""
-    work, snap = tmp_path / "work", tmp_path / "snap"
-    (work / "runs").mkdir(parents=True)
-    (work / "COMMIT").write_text("9c1d580\n")
+    work, snap = _empty_study(tmp_path), tmp_path / "snap"
     with sqlite3.connect(work / "s.db") as con:
-        con.execute('create table stages (run_id int, "index" int, status text, checkpoint text)')
-        con.execute("create table runs (id int, status text)")
-        con.execute("create table evaluations (run_id int, stage_index int, split text, source_run_id int)")
-        con.execute("create table episodes (id int, run_id int, stage_index int, split text, note text)")
+        con.execute("alter table episodes add column note text")
         con.executemany("insert into episodes values (?, 1, 0, 'validation', ?)",
                         [(i, f"answer {i} " * 50) for i in range(5000)])  # a database of some size to write
     save = f'snapshot_save "{work}" "{work}/s.db" "{snap}"'
