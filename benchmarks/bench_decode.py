@@ -1,8 +1,10 @@
-"""Transformers' `generate` and envlab's decode loop (`training.decode`) side by side, on the same boards and seed, in
-one process: greedy validation of a fixed board set, GRPO steps of the shipped tiny policy, and (`--run`) a whole
+"""Transformers' `generate`, envlab's decode loop and the loop with drafts (`training.decode`) side by side, on the
+same boards and seed, in one process: greedy validation of a fixed board set (the three, with the model's forwards
+each took), GRPO steps of the shipped tiny policy (sampled: the drafted loop's answers come from the same
+distribution, not the same draws, so only the loop's loss curve is compared with generate's), and (`--run`) a whole
 small run (stage 0 evaluated, one GRPO stage, evaluated again: `benchmarks/stage_breakdown.py`'s). Each part runs
-with `generate` and with the loop in turns, twice unless `--quick`, and prints the seconds, their ratio and whether
-the answers (validation), the loss curve (GRPO) and the stage's valid rates (run) are the same.
+its paths in turns, twice unless `--quick`, and prints the seconds, generate's time over each other path's and
+whether the answers (validation), the loss curve (GRPO) and the stage's valid rates (run) are the same.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_decode.py                # 210 boards, 4 GRPO steps of 32 completions
     OMP_NUM_THREADS=1 python benchmarks/bench_decode.py --run          # and the whole small run
@@ -42,7 +44,7 @@ from training.policy import Decoder, Policy, load_policy
 from training.rewards import REWARDS
 from training.stage import StageArgs, Trainer, dataset, grpo_config
 
-PATHS: tuple[Decoder, ...] = ("transformers", "loop")
+PATHS: tuple[Decoder, ...] = ("transformers", "loop", "drafted")
 PAGE = 256  # tokens a page of the paged KV cache (`--paged`)
 
 
@@ -71,21 +73,27 @@ def boards_of(args: Args, n: int, seed: int) -> list[Instance]:
 
 
 def validation(policy: Policy, boards: list[Instance], args: Args) -> dict[Decoder, Any]:
-    """Seconds of each path (the mean of its turns) and its answers."""
+    """Seconds of each path (the mean of its turns), its answers and the model's forwards it took (a turn's)."""
     seconds: dict[Decoder, list[float]] = {p: [] for p in PATHS}
     answers: dict[Decoder, list[str]] = {}
+    forwards: dict[Decoder, int] = {}
     for path in PATHS:  # warm-up: first-call allocations
         policy.decoder = path
         evaluate(policy, boards[:2], batch_size=2)
+    calls = [0]
+    hook = policy.model.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
     for _ in range(args.repeats):
         for path in PATHS:
             policy.decoder = path
+            calls[0] = 0
             t0 = time.perf_counter()
             results = evaluate(policy, boards, batch_size=args.batch)
             seconds[path].append(time.perf_counter() - t0)
-            answers[path] = [r.completion for r in results]
+            answers[path], forwards[path] = [r.completion for r in results], calls[0]
             valid = sum(r.outcome.valid for r in results)
-    return {"seconds": {p: statistics.mean(s) for p, s in seconds.items()}, "answers": answers, "valid": valid}
+    hook.remove()
+    return {"seconds": {p: statistics.mean(s) for p, s in seconds.items()}, "answers": answers, "valid": valid,
+            "forwards": forwards}
 
 
 def paged(policy: Policy, boards: list[Instance], batch: int) -> dict[str, Any]:
@@ -194,7 +202,7 @@ def decoding(path: Decoder) -> Iterator[None]:
         training.policy.Policy.generate, training.stage.Trainer.__init__ = generate_, init
 
 
-def whole_run(args: Args) -> dict[Decoder, Any]:
+def whole_run(args: Args) -> dict[str, Any]:
     """stage_breakdown's small run with each path: its seconds (the mean of its turns) and its parts."""
     import stage_breakdown
 
@@ -209,9 +217,17 @@ def whole_run(args: Args) -> dict[Decoder, Any]:
     return {"seconds": {p: statistics.mean(s) for p, s in seconds.items()}, "parts": parts}
 
 
+def name(path: Decoder) -> str:
+    """A path as the lines name it: transformers' path is `generate`."""
+    return "generate" if path == "transformers" else path
+
+
 def ratio_line(what: str, seconds: dict[Decoder, float], unit: Callable[[float], str] = "{:.2f} s".format) -> str:
-    old, new = seconds["transformers"], seconds["loop"]
-    return f"{what}: generate {unit(old)}, loop {unit(new)}; ratio {old / new:.2f}x"
+    """`what: generate 9.00 s, loop 3.00 s, drafted 2.00 s; ratio 3.00x, 4.50x`: each path's time and generate's
+    time over each other path's, in the order of `PATHS`."""
+    old, paths = seconds["transformers"], [p for p in PATHS if p in seconds and p != "transformers"]
+    times = ", ".join(f"{name(p)} {unit(seconds[p])}" for p in ("transformers", *paths))
+    return f"{what}: {times}; ratio " + ", ".join(f"{old / seconds[p]:.2f}x" for p in paths)
 
 
 def main(args: Args) -> dict[str, float]:
@@ -222,12 +238,15 @@ def main(args: Args) -> dict[str, float]:
           f"each path {args.repeats} turn(s)")
     boards = boards_of(args, args.boards, seed=7)
     checked = validation(load_policy("tiny"), boards, args)
-    same = sum(a == b for a, b in zip(checked["answers"]["transformers"], checked["answers"]["loop"], strict=True))
+    same = {p: sum(a == b for a, b in zip(checked["answers"]["transformers"], checked["answers"][p], strict=True))
+            for p in PATHS[1:]}
     print(ratio_line(f"validation, {len(boards)} boards greedy in batches of {args.batch}", checked["seconds"]) +
-          f"; answers identical {same}/{len(boards)}; valid {checked['valid']}/{len(boards)}")
+          "; answers identical " + ", ".join(f"{same[p]}/{len(boards)}" for p in PATHS[1:]) +
+          f"; valid {checked['valid']}/{len(boards)}")
     steps, tokens = steps_of(load_policy("tiny"), boards, checked["answers"]["loop"], args.batch)
     print(f"  {steps} decode steps for {tokens} tokens: {tokens / steps:.1f} rows a step on average of the "
-          f"{min(args.batch, len(boards))} a batch starts with")
+          f"{min(args.batch, len(boards))} a batch starts with; forwards of the model: " +
+          ", ".join(f"{name(p)} {checked['forwards'][p]}" for p in PATHS))
     if args.paged:
         cb = paged(load_policy("tiny"), boards, args.batch)
         loop, pages = cb["seconds"]["loop"], cb["seconds"]["paged"]
@@ -241,15 +260,19 @@ def main(args: Args) -> dict[str, float]:
     gap = max((abs(a - b) for a, b in zip(*losses, strict=True)), default=0.0)
     print(ratio_line(f"GRPO step, {args.prompts} boards x {args.generations} completions (median of {args.steps} "
                      "after a warm-up)", step) +
-          f"; loss curves of {len(losses[0])} steps differ by at most {gap:.2g}")
-    figures = {"validation": checked["seconds"]["transformers"] / checked["seconds"]["loop"], "same": same,
-               "boards": len(boards), "step": step["transformers"] / step["loop"], "loss_gap": gap}
+          f"; loss curves of {len(losses[0])} steps differ by at most {gap:.2g} (loop; drafted samples other "
+          "answers from the same distribution)")
+    figures = {"validation": checked["seconds"]["transformers"] / checked["seconds"]["loop"],
+               "drafted step": step["transformers"] / step["drafted"],
+               "drafted": checked["seconds"]["transformers"] / checked["seconds"]["drafted"],
+               "same": min(same.values()), "forwards": checked["forwards"], "boards": len(boards),
+               "step": step["transformers"] / step["loop"], "loss_gap": gap}
     if args.run:
         run = whole_run(args)
         tokens = {p: sum(v for k, v in run["parts"][p].items() if k.endswith("token generation")) for p in PATHS}
         print(ratio_line("a whole small run (stage 0 evaluated, 16 GRPO steps, evaluated again)", run["seconds"]) +
               "; token generation " + ", ".join(f"{p} {tokens[p]:.1f} s" for p in PATHS))
-        figures["run"] = run["seconds"]["transformers"] / run["seconds"]["loop"]
+        figures["run"] = run["seconds"]["transformers"] / run["seconds"]["drafted"]
     return figures
 
 

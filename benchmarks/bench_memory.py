@@ -23,6 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runs from a checkout without an install
 
 import argparse  # noqa: E402
+import ctypes  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import resource  # noqa: E402
@@ -51,6 +52,7 @@ class Measured:
     step: int
     peak: int
     seconds: float
+    free: int = 0  # the allocator's free heap at the step's peak: resident, used by nothing
     stopped: bool = False
 
     @property
@@ -61,16 +63,34 @@ class Measured:
         peak = f">{self.peak / GB:.2f} (stopped)" if self.stopped else f"{self.peak / GB:.2f}"
         ratio = "" if self.stopped else f"{self.total / self.peak:6.2f}"
         return (f"{self.length:>6} {self.prompt:>6} {self.total / GB:>9.2f} {peak:>14} {ratio:>6} "
-                f"{self.loaded / GB:>7.2f} {self.generate / GB:>9.2f} {self.step / GB:>7.2f} {self.seconds:>7.0f}")
+                f"{self.loaded / GB:>7.2f} {self.generate / GB:>9.2f} {self.step / GB:>7.2f} {self.seconds:>7.0f} "
+                f"{self.free / GB:>9.2f}")
 
 
 HEADER = (f"{'length':>6} {'prompt':>6} {'estimate':>9} {'measured peak':>14} {'ratio':>6} {'loaded':>7} "
-          f"{'generate':>9} {'step':>7} {'seconds':>7}")
+          f"{'generate':>9} {'step':>7} {'seconds':>7} {'heap free':>9}")
 
 
 def rss() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * PAGE
+
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]
+
+
+def heap_free() -> int:
+    """Bytes glibc's allocator holds free in its heaps (`mallinfo2().fordblks`): resident memory nobody uses, which
+    the allocator keeps instead of returning; 0 where the C library has no mallinfo2."""
+    try:
+        call = ctypes.CDLL(None).mallinfo2
+    except AttributeError:
+        return 0
+    call.restype = _Mallinfo2
+    return int(call().fordblks)
 
 
 class Watch:
@@ -80,14 +100,17 @@ class Watch:
     def __init__(self, stop: float, report: dict):
         self.stop, self.report, self.phase = stop, report, "load"
         self.peaks: dict[str, int] = {}
+        self.free: dict[str, int] = {}  # the allocator's free heap bytes at each phase's peak (`heap_free`)
         threading.Thread(target=self._run, daemon=True).start()
 
     def _run(self) -> None:
         while True:
-            now = rss()
-            self.peaks[self.phase] = max(self.peaks.get(self.phase, 0), now)
+            now, phase = rss(), self.phase
+            if now > self.peaks.get(phase, 0):
+                self.peaks[phase], self.free[phase] = now, heap_free()
             if now > self.stop:
-                print(json.dumps({**self.report, "peaks": self.peaks, "stopped": True}), flush=True)
+                print(json.dumps({**self.report, "peaks": self.peaks, "free": self.free, "stopped": True}),
+                      flush=True)
                 os._exit(STOPPED)
             time.sleep(0.005)
 
@@ -115,19 +138,25 @@ def child(opts: argparse.Namespace) -> None:
         boards = generate(config, opts.boards, seed=0)
         data = dataset(policy, boards)
         prompt = max(len(policy.tokenizer(p)["input_ids"]) for p in data["prompt"])
-        grpo = dict(max_steps=1, save_strategy="no", report_to="none",
-                    generation_kwargs={"min_new_tokens": opts.child}, **json.loads(opts.grpo))
+        grpo = {"max_steps": 1, "save_strategy": "no", "report_to": "none",
+                "generation_kwargs": {"min_new_tokens": opts.child}, **json.loads(opts.grpo)}
         trl_config = grpo_config(args, grpo, opts.child, policy.prompt_style)
         estimate = memory.stage_memory(policy.model, memory.plan_of(trl_config, lora=opts.lora, prompt=prompt))
+        if not opts.glibc_default:  # as a CPU stage sets its allocator (`training.stage.trainer_for`)
+            memory.return_freed_memory()
         report.update(prompt=prompt, estimate={**vars(estimate), "total": estimate.total})
 
         class Phased(Trainer):
             def _generate_single_turn(self, prompt_ids, *rest, **kwargs):
-                if not opts.stand_in:
-                    return super()._generate_single_turn(prompt_ids, *rest, **kwargs)
-                words = torch.randint(policy.tokenizer.vocab_size // 2, policy.tokenizer.vocab_size,
-                                      (len(prompt_ids), opts.child), generator=torch.Generator().manual_seed(0))
-                return words.tolist(), None
+                watch.phase = "sample"
+                try:
+                    if not opts.stand_in:
+                        return super()._generate_single_turn(prompt_ids, *rest, **kwargs)
+                    words = torch.randint(policy.tokenizer.vocab_size // 2, policy.tokenizer.vocab_size,
+                                          (len(prompt_ids), opts.child), generator=torch.Generator().manual_seed(0))
+                    return words.tolist(), None
+                finally:
+                    watch.phase = "generate"
 
             def _generate_and_score_completions(self, inputs):
                 watch.phase = "generate"
@@ -141,7 +170,7 @@ def child(opts: argparse.Namespace) -> None:
         start = time.perf_counter()
         trainer.train()
         report["seconds"] = time.perf_counter() - start
-    report["peaks"] = dict(watch.peaks)
+    report["peaks"], report["free"] = dict(watch.peaks), dict(watch.free)
     report["maxrss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     print(json.dumps(report), flush=True)
 
@@ -152,6 +181,7 @@ def measure(opts: argparse.Namespace, length: int) -> Measured:
                "--boards", str(opts.boards), "--size", str(opts.size), "--agents", str(opts.agents),
                "--threads", str(opts.threads), "--stop-gb", str(opts.stop_gb), "--grpo", opts.grpo]
     command += ["--stand-in"] if opts.stand_in else []
+    command += ["--glibc-default"] if opts.glibc_default else []
     env = {**os.environ, "OMP_NUM_THREADS": str(opts.threads), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     done = subprocess.run(command, env=env, capture_output=True, text=True)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
@@ -160,7 +190,8 @@ def measure(opts: argparse.Namespace, length: int) -> Measured:
     report = json.loads(lines[-1])
     peaks = report["peaks"]
     return Measured(length=length, prompt=report.get("prompt", 0), estimate=report.get("estimate", {"total": 0}),
-                    loaded=peaks.get("load", 0), generate=peaks.get("generate", 0), step=peaks.get("step", 0),
+                    loaded=peaks.get("load", 0), generate=max(peaks.get("sample", 0), peaks.get("generate", 0)),
+                    step=peaks.get("step", 0), free=report.get("free", {}).get("step", 0),
                     peak=max(report.get("maxrss", 0), *peaks.values()), seconds=report.get("seconds", 0.0),
                     stopped=bool(report.get("stopped")))
 
@@ -179,6 +210,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--stand-in", action="store_true",
                    help="completions of random tokens instead of the policy's samples: the same shapes, so the same "
                         "step, in seconds instead of the minutes a CPU takes to sample them (generation unmeasured)")
+    p.add_argument("--glibc-default", action="store_true",
+                   help="leave glibc's malloc as it starts (a threshold for blocks of their own that rises), where a "
+                        "CPU stage fixes it (`training.memory.return_freed_memory`): what the setting saves")
     p.add_argument("--tiny", action="store_true", help="the shipped tiny policy at lengths 8,16 (CI's shape)")
     p.add_argument("--child", type=int, help=argparse.SUPPRESS)
     return p
@@ -189,7 +223,8 @@ def run(opts: argparse.Namespace) -> list[Measured]:
         opts.policy, opts.lengths, opts.lora, opts.size, opts.agents, opts.boards = "tiny", "8,16", 0, 3, 2, 4
     lengths = [int(n) for n in opts.lengths.split(",")]
     print(f"{opts.policy}, LoRA {opts.lora or 'off'}, {opts.boards} boards of size {opts.size} with {opts.agents} "
-          f"agents a step, {opts.threads} threads, stop at {opts.stop_gb:g} GB; GB of resident memory")
+          f"agents a step, {opts.threads} threads, stop at {opts.stop_gb:g} GB, glibc's malloc "
+          f"{'as it starts' if opts.glibc_default else 'as a CPU stage sets it'}; GB of resident memory")
     print(HEADER)
     rows = []
     for length in lengths:

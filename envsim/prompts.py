@@ -46,7 +46,8 @@ from envsim.instance import Instance
 from envsim.parser import Plan
 from envsim.rules import ACTION_CODE, ACTIONS, DELTAS, MAX_SIZE, SHORT, Cell, horizon
 
-_SHORT_OF: dict[str, str] = {word: short for short, word in SHORT.items()}
+# each action's short form in compact answers (`UP` -> `U`)
+SHORT_OF: dict[str, str] = {word: short for short, word in SHORT.items()}
 _TOKEN = re.compile(r"<nl>|\([0-9]++,[0-9]++\)|[0-9]|[^\W\d_]+|\S")
 _LINE_BREAK = re.compile(r"\r\n|[\n\r\v\f\x1c-\x1e\x85\u2028\u2029]")
 
@@ -58,7 +59,7 @@ COMPACT_VOCAB: tuple[str, ...] = (
     "<pad>", "<unk>", "<eos>", "<nl>",
     *"0123456789",
     "size", "agents", "|", ".", "H", "agent", "start", ",", "goal", "plan",
-    "Agent", ":", *(_SHORT_OF[a] for a in ACTIONS), "holes", ";",
+    "Agent", ":", *(SHORT_OF[a] for a in ACTIONS), "holes", ";",
     *(f"({r},{c})" for r in range(MAX_SIZE) for c in range(MAX_SIZE)),
 )
 
@@ -124,14 +125,14 @@ def compact_answer(plan: Plan, board: Instance | None = None) -> str:
     lines = []
     for i, actions in enumerate(plan):
         if board is None:
-            lines.append(f"Agent {i}:" + "".join(" " + _SHORT_OF[a] for a in actions))
+            lines.append(f"Agent {i}:" + "".join(" " + SHORT_OF[a] for a in actions))
             continue
         cell = board.starts[i]
         words = [_cell(cell)]
         for a in actions:
             step = (cell[0] + DELTAS[ACTION_CODE[a]][0], cell[1] + DELTAS[ACTION_CODE[a]][1])
             cell = step if 0 <= step[0] < board.size and 0 <= step[1] < board.size else cell
-            words.append(f"{_SHORT_OF[a]} {_cell(cell)}")
+            words.append(f"{SHORT_OF[a]} {_cell(cell)}")
         lines.append(f"Agent {i}: " + " ".join(words))
     return "\n".join(lines)
 

@@ -7,8 +7,10 @@ of 8 completions) was killed by the kernel on a 24 GiB machine in its first step
 12.9 GB. Measured (`benchmarks/bench_memory.py`, docs/training.md): the activations the backward keeps were 2.3 times
 what the estimate counted (Gemma 3's layers keep about 40 float32 values per token, layer and hidden unit with LoRA,
 not 17), and the process itself (Python, torch, transformers, TRL, the tokenizer) was not counted at all. A chat
-policy's stage now checkpoints its activations on a CPU too (`training.stage.grpo_config`): 8.4 GB measured at 128
-new tokens, 8.1 estimated.
+policy's stage now checkpoints its activations on a CPU too (`training.stage.grpo_config`). A real stage at those
+defaults then peaked at 11.9 GB in its second step, a third of it free heap glibc kept (the allocator, below): a CPU
+stage now has freed blocks given back, and the estimate is of what a stage uses (docs/training.md: estimate against
+measured peak at 128, 256 and 512 new tokens).
 
 What a GRPO step holds at its peak, per device, in bytes (`StageMemory`):
 - runtime: on a CPU the process itself (`CPU_RUNTIME`, measured); on a GPU nothing (its CUDA context is `HEADROOM`'s);
@@ -35,9 +37,15 @@ What a GRPO step holds at its peak, per device, in bytes (`StageMemory`):
 - activations: the values each layer keeps per token and hidden unit for the backward: in float32 (no autocast, a
   CPU's stage) as measured with autograd's saved-tensor hooks on Gemma 3's layers (`FLOAT32_PER_UNIT`: its four
   norms and their float32 copies, q/k norms, GELU's inputs, and with LoRA each adapter's dropout copy of its input);
-  under bf16 autocast (unmeasured: no GPU here) Korthikanti et al.'s 17 (34 bytes). Under activation checkpointing,
-  each layer's input plus one layer recomputed. The fused head's tiles are held while every layer's activations
-  still are (its backward runs first), so the two add up.
+  under bf16 autocast (unmeasured: no GPU here) Korthikanti et al.'s 17 (34 bytes). The head's backward runs
+  first, while every layer's saved values are still held, so without checkpointing its scores and all the layers'
+  activations add up. Under activation checkpointing only each layer's input is held then; the layer recomputed
+  after the head's scores are freed adds to the peak only what it holds beyond them (for Gemma 270M on a CPU,
+  nothing: 0.8 GB a layer against 5.4 GB of tiles);
+- the allocator: none. glibc's malloc would keep up to a third of a CPU stage's peak as free heap (measured: 3.4 of
+  10.2 GB for Gemma 270M at 512 new tokens): it raises the size above which a block gets pages of its own to the
+  largest block freed (up to 32 MiB), and serves blocks below it from heaps it seldom gives back. A CPU stage fixes
+  that size at `MMAP_THRESHOLD` (`return_freed_memory`), and then holds what it uses (6.8 GB there).
 FSDP or ZeRO-3 over N processes splits weights, autocast copies, gradients and optimizer N ways; DDP (accelerate's
 default) copies them to every GPU. A worker of several GPUs launches a full fine-tune under FSDP where DDP would not
 fit and FSDP would (`fsdp_needed`, the lab's `assets/accelerate/fsdp.yaml`); everything else keeps DDP.
@@ -52,6 +60,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import dataclasses
 import os
 from collections.abc import Iterable
@@ -77,6 +86,8 @@ GB = 1e9
 PROMPT_BOUND = 512  # tokens a chat prompt of the lab's 2-agent boards stays under (sizes 3..10: 511 in Gemma's)
 PROMPT_PER_AGENT = 33  # tokens each agent beyond 2 adds to it (size 10 in Gemma's: 544, 577, 610, 643, ..., 709 at 8)
 CGROUP_LIMIT = Path("/sys/fs/cgroup/memory.max")  # a Slurm job's or a container's limit (cgroup v2)
+MMAP_THRESHOLD = 1 << 20  # bytes from which glibc's malloc gives a block pages of its own (`return_freed_memory`)
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter for it (malloc.h)
 
 
 @dataclass(frozen=True)
@@ -157,12 +168,17 @@ def head_tile() -> tuple[int, int] | None:
 
 def logits_memory(plan: StagePlan, vocab: int, hidden: int, tile: tuple[int, int] | None) -> int:
     """The bytes the log-probabilities of one micro-batch hold at their peak (the module docstring's logits)."""
+    return _scores(plan, vocab, tile) + (0 if plan.lora else 4 * vocab * hidden)  # a trained head's float32 gradient
+
+
+def _scores(plan: StagePlan, vocab: int, tile: tuple[int, int] | None) -> int:
+    """The bytes the head's scores of a micro-batch hold at their peak and free when its backward is done: the fused
+    head's tiles, or whole logits and their gradient."""
     if tile is None:  # whole logits: a batch of prompt + completion tokens over the vocabulary, and their gradient
         return 2 * plan.batch * (plan.prompt + plan.completion) * vocab * 4
     scored = plan.batch * (plan.completion if plan.gpu else plan.prompt + plan.completion)
     cells = min(scored, tile[0]) * min(vocab, tile[1])
-    held = cells * (2 if plan.bf16 else 4) if plan.gpu else cells * 4 * CPU_TILE_COPIES
-    return held + (0 if plan.lora else 4 * vocab * hidden)  # the trained head's float32 gradient, whole
+    return cells * (2 if plan.bf16 else 4) if plan.gpu else cells * 4 * CPU_TILE_COPIES
 
 
 def stage_memory(model: Any, plan: StagePlan, tile: tuple[int, int] | None = None) -> StageMemory:
@@ -184,7 +200,11 @@ def stage_memory(model: Any, plan: StagePlan, tile: tuple[int, int] | None = Non
     per_value = 2 if plan.bf16 else params[0].element_size()
     per_unit = ACTIVATIONS_PER_UNIT if plan.bf16 else FLOAT32_PER_UNIT["lora" if plan.lora else "full"]
     layers = config.num_hidden_layers
-    kept = layers + per_unit if plan.checkpointing else per_unit * layers
+    unit = tokens * config.hidden_size * per_value  # one value per token and hidden unit
+    if plan.checkpointing:  # each layer's input, and one layer recomputed where that outgrows the head's scores
+        activations = layers * unit + max(0, per_unit * unit - _scores(plan, config.vocab_size, tile))
+    else:
+        activations = per_unit * layers * unit
     # TRL's reference model: a copy of the policy in its dtype (`GRPOTrainer` loads it so); LoRA disables its adapters
     reference = sum(p.numel() * p.element_size() for p in params) if plan.reference and not plan.lora else 0
     vllm = int(plan.vllm_share * plan.device_bytes) if plan.gpu else 0
@@ -194,8 +214,20 @@ def stage_memory(model: Any, plan: StagePlan, tile: tuple[int, int] | None = Non
         runtime=runtime, weights=weights, reference=reference, autocast=autocast // plan.shards,
         gradients=4 * trained // plan.shards, optimizer=optimizer, vllm=0 if plan.vllm_sleeps else vllm,
         logits=logits_memory(plan, config.vocab_size, config.hidden_size, tile),
-        activations=tokens * config.hidden_size * kept * per_value,
+        activations=activations,
         generating=runtime + weights + reference + optimizer + vllm if plan.vllm_sleeps and vllm else 0)
+
+
+def return_freed_memory() -> bool:
+    """Have glibc's malloc map every block of `MMAP_THRESHOLD` bytes or more on pages of its own, given back to the
+    kernel when the block is freed, for the rest of this process (the module docstring's allocator); True where the
+    C library took the setting, False where it has no `mallopt` (it then allocates as it did)."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
 
 
 def refusal(model: Any, plan: StagePlan) -> str | None:

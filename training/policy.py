@@ -34,7 +34,7 @@ from training.resolve import SHIPPED, TINY_DIR  # noqa: F401 (TINY_DIR: the ship
 from training.tokenizer import build_tokenizer, compact_text, is_compact
 
 PromptStyle = Literal["compact", "chat"]
-Decoder = Literal["loop", "transformers"]
+Decoder = Literal["drafted", "loop", "transformers"]
 MARKER = "envlab.json"
 # Shape of the tiny model: deep and narrow. Following a path is a chain of small look-ups (where am I, is the
 # next cell a hole, where is the other agent), which depth serves better than width. Measured on the warm
@@ -62,9 +62,12 @@ class Policy:
     # the agent counts its warm start imitated (`envlab.json`'s `trained_agents`; None: not said), which the
     # Leaderboard states beside its benchmark row: a policy answers only for the counts it has seen
     trained_agents: tuple[int, ...] | None = None
-    # who writes the tokens: `training.decode`'s loop (rows leave the batch as they end), or transformers'
-    # `generate`, the reference the loop equals answer for answer (benchmarks/bench_decode.py compares the two)
-    decoder: Decoder = "loop"
+    # who writes the tokens: `training.decode`'s loop (rows leave the batch as they end), "drafted" the same loop
+    # where compact answers also write the tokens their board decides (a move's cell, the next agent's line start)
+    # in the forward of the token before them (`training.decode.decode_drafted`); or transformers' `generate`, the
+    # reference: the loop equals it answer for answer, greedy and sampled; "drafted" greedy answers too, sampled
+    # ones in distribution (benchmarks/bench_decode.py compares the three)
+    decoder: Decoder = "drafted"
 
     def configured(self, settings: RunSettings | None) -> Policy:
         """This policy set up as a run's settings say it answers (`thinking` and `completion_length`; None: the
@@ -96,8 +99,10 @@ class Policy:
         """Completions of `prompts`, in order, decoded without special tokens; stops at eos.
 
         Prompts are batched in order of length (left padding), so a batch holds little padding. With `decoder`
-        "loop", greedy answers and answers sampled at a `temperature` go through `training.decode` (the same
-        tokens, sooner); sampling as the model's own generation_config says goes through `generate`.
+        "loop" or "drafted", greedy answers and answers sampled at a `temperature` go through `training.decode`
+        (the same tokens, sooner; "drafted": compact answers through `decode_drafted`, greedy ones the same tokens,
+        sampled ones from the same distribution); sampling as the model's own generation_config says goes through
+        `generate`.
         """
         if seed is not None:
             torch.manual_seed(seed)
@@ -113,10 +118,13 @@ class Policy:
         sampling = dict(do_sample=False) if not do_sample else dict(do_sample=True) if temperature is None else \
             dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
         config = None  # the loop's config where it answers as `generate` would (`training.decode.fits`)
-        if self.decoder == "loop" and (not do_sample or temperature is not None):
+        if self.decoder != "transformers" and (not do_sample or temperature is not None):
             config = copy.deepcopy(self.model.generation_config)
             config.update(max_new_tokens=max_new_tokens, pad_token_id=pad_id, eos_token_id=tok.eos_token_id, **sampling)
             config = config if decode.fits(config) else None
+        # answers in the compact format: a row's next tokens where its board decides them are checked in one
+        # forward (`decode.decode_drafted`)
+        drafted = self.decoder == "drafted" and self.prompt_style == "compact" and is_compact(tok)
         for start in range(0, len(order), batch_size):
             chunk = order[start:start + batch_size]
             width = max(len(ids[i]) for i in chunk)
@@ -127,7 +135,8 @@ class Policy:
                 mask[row, width - len(ids[i]):] = 1
             device = self.model.device
             if config is not None:
-                new = decode.answer(self.model, input_ids.to(device), mask.to(device), config)
+                drafts = [decode.CompactDraft(ids[i]) for i in chunk] if drafted else None
+                new = decode.answer(self.model, input_ids.to(device), mask.to(device), config, drafts)
                 for row, i in enumerate(chunk):
                     out[i] = tok.decode(new[row], skip_special_tokens=True)
                 continue

@@ -73,6 +73,7 @@ from training.policy import Decoder, Policy, PolicyError, load_policy, local_dev
 from training.progress import Cancelled, Progress
 from training.resolve import SHIPPED
 from training.rewards import DEFAULT_WEIGHTS, REWARDS
+from training.tokenizer import is_compact
 
 log = logging.getLogger("envlab.stage")
 
@@ -525,18 +526,19 @@ class Trainer(GRPOTrainer):
     They are TRL's own, read where it logs them after scoring a batch (`_logs`: every process's answers, in the
     order it grouped them), so they follow whatever `scale_rewards` and `multi_objective_aggregation` the run set,
     with no extra forward pass. `cell_of` maps each prompt to its board's cell: one prompt is one board. With
-    `decoder` "loop" its rollouts are sampled by `training.decode` where that answers as `generate` would."""
+    `decoder` "loop" or "drafted" its rollouts are sampled by `training.decode` where that answers as `generate`
+    would ("drafted": a compact policy's through `decode.decode_drafted`, in fewer forwards)."""
 
     def __init__(self, *args: Any, cell_of: dict[str, advantage.Cell],
-                 on_cells: Callable[[dict[advantage.Cell, advantage.CellSignal]], None], decoder: Decoder = "loop",
+                 on_cells: Callable[[dict[advantage.Cell, advantage.CellSignal]], None], decoder: Decoder = "drafted",
                  **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.cell_of, self.on_cells, self.decoder = cell_of, on_cells, decoder
 
     def _generate_single_turn(self, *args: Any, **kwargs: Any) -> Any:
-        if self.decoder != "loop":
+        if self.decoder == "transformers":
             return super()._generate_single_turn(*args, **kwargs)
-        with decode.looped(self.model):
+        with decode.looped(self.model, drafted=self.decoder == "drafted" and is_compact(self.processing_class)):
             return super()._generate_single_turn(*args, **kwargs)
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -581,8 +583,11 @@ def trainer_for(engine: Engine, args: StageArgs, policy: Policy, progress: Progr
         if trackers.reported(args.settings.overrides.report_to) else None
     prompt = max(len(policy.tokenizer(p)["input_ids"]) for p in data["prompt"])  # as TRL tokenizes it
     config = grpo_config(args, args.settings.grpo, budget, policy.prompt_style, tracking, longest_prompt=prompt)
-    if (why := memory.refusal(policy.model, memory.plan_of(config, lora=args.lora, prompt=prompt))) is not None:
+    plan = memory.plan_of(config, lora=args.lora, prompt=prompt)
+    if (why := memory.refusal(policy.model, plan)) is not None:
         raise StageError(f"stage {args.stage_index} of run {args.run_id} {why}")
+    if not plan.gpu:  # the estimate's allocator: freed blocks go back to the kernel (`memory.return_freed_memory`)
+        memory.return_freed_memory()
     record = Record(engine, args, progress)
     cell_of = {p: (i.num_agents, i.size) for p, i in zip(data["prompt"], instances, strict=True)}
     trainer = Trainer(model=policy.model, reward_funcs=list(REWARDS), args=config, train_dataset=data,

@@ -23,8 +23,10 @@ def test_the_tiny_shape_prints_estimate_and_measured_peak_for_each_length(reques
         # what it measured: a loaded process, then more while it steps, the kernel's high-water mark at least that
         assert 0 < r.loaded <= r.peak and r.step <= r.peak and r.prompt > 0
         assert r.peak < 4e9
+        assert 0 <= r.free < r.peak  # the allocator's free heap at the step's peak, part of it
     out = capsys.readouterr().out
-    assert "tiny, LoRA off, 4 boards of size 3 with 2 agents a step, 1 threads, stop at 4 GB" in out
+    assert "tiny, LoRA off, 4 boards of size 3 with 2 agents a step, 1 threads, stop at 4 GB, glibc's malloc as a " \
+           "CPU stage sets it; GB of resident memory" in out
     assert bench.HEADER in out
     for r in rows:
         assert re.search(rf"^ +{r.length} +{r.prompt} +{r.total / 1e9:.2f} +{r.peak / 1e9:.2f} +"
