@@ -107,6 +107,7 @@ CLOCKED: tuple[tuple[str, Any, str], ...] = (
     ("GRPO step", GRPOTrainer, "training_step"),
     ("token generation", GenerationMixin, "generate"),
     ("token generation", training.decode, "decode"),  # the decode loop (training.decode)
+    ("token generation", training.decode, "decode_drafted"),  # and the loop with drafts, the default
     ("backward", torch.Tensor, "backward"),
     ("optimizer", torch.optim.AdamW, "step"),
     ("database commits", Session, "commit"),
