@@ -12,6 +12,10 @@ counted from the attention mask, pad after eos), picks tokens as `generate` does
 `logits / temperature` through `torch.multinomial` over the whole batch, the ended rows included, so the random
 stream is consumed alike), and stops at the same step. `tests/training/test_decode.py` checks the answers equal
 `generate`'s, token for token, greedy and sampled.
+
+For the compact answer format, whose cells and line starts its board decides, `decode_drafted` writes those tokens in
+the forward of the token before them (`CompactDraft`, docs/worker.md "Drafts"): greedy answers are the same, token for
+token; sampled ones come from the same distribution through other draws.
 """
 
 from __future__ import annotations
