@@ -222,7 +222,7 @@ def _verify(logits: torch.Tensor, drafted: list[list[int]], temperature: float |
     probs = torch.softmax(logits / temperature, dim=-1)
     span = probs.shape[1]
     draws = torch.rand((len(drafted), span), device=logits.device).tolist()
-    agreed, chosen, refused_rows, refused = [], [], [], []
+    agreed, refused_rows, refused = [], [], []
     for k, draft in enumerate(drafted):
         n = 0
         while n < len(draft) and draws[k][n] < float(probs[k, n, draft[n]]):
